@@ -1,0 +1,1 @@
+//! `InferenceGatewayConfig` CRD types and the upstream kinds infergate emits.

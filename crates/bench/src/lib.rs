@@ -1,0 +1,1 @@
+//! Workload generators, scenario runner and reports.

@@ -1,0 +1,62 @@
+//! `infergate`: one binary for every role — standalone gateway, ext_proc picker and body-based
+//! router, Kubernetes operator, model-server emulator, benchmarks, the demo, and CRD generation.
+//!
+//! Each subcommand lives in `cmd/<name>.rs` and is a thin shell over its library crate.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// GPU-aware inference gateway for Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "infergate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the standalone OpenAI-compatible gateway (no Kubernetes needed).
+    Gateway(cmd::gateway::Args),
+    /// Run the Envoy ext_proc endpoint picker for one InferencePool.
+    Picker(cmd::picker::Args),
+    /// Run the Envoy ext_proc body-based router.
+    Bbr(cmd::bbr::Args),
+    /// Run the Kubernetes operator.
+    Operator(cmd::operator::Args),
+    /// Serve a fleet of emulated model servers on 127.0.0.1.
+    Sim(cmd::sim::Args),
+    /// Run benchmark scenarios and write reports.
+    Bench(cmd::bench::Args),
+    /// Run the live demo: round-robin versus infergate on an emulated mixed-GPU fleet.
+    Demo(cmd::demo::Args),
+    /// Write the CustomResourceDefinitions to a folder.
+    Crdgen(cmd::crdgen::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Gateway(args) => cmd::gateway::run(args).await,
+            Command::Picker(args) => cmd::picker::run(args).await,
+            Command::Bbr(args) => cmd::bbr::run(args).await,
+            Command::Operator(args) => cmd::operator::run(args).await,
+            Command::Sim(args) => cmd::sim::run(args).await,
+            Command::Bench(args) => cmd::bench::run(args).await,
+            Command::Demo(args) => cmd::demo::run(args).await,
+            Command::Crdgen(args) => cmd::crdgen::run(args).await,
+        }
+    })
+}

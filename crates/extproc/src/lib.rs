@@ -1,0 +1,1 @@
+//! Envoy ext_proc server: body-based router and endpoint picker.

@@ -1,0 +1,1 @@
+//! Model-server `/metrics` ingestion for vLLM, SGLang and TGI.

@@ -1,0 +1,1 @@
+//! OpenAI wire types shared by the body-based router, the picker, the proxy and the emulator.

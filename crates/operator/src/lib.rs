@@ -1,0 +1,1 @@
+//! The infergate Kubernetes operator.

@@ -1,0 +1,1 @@
+//! The standalone HTTP gateway embedding the scheduler.

@@ -1,0 +1,1 @@
+//! Model-server emulator and discrete-event fleet simulator.
