@@ -172,6 +172,7 @@ pub struct MetricsSnapshot {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 

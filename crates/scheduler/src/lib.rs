@@ -4,12 +4,63 @@
 //! from a seeded generator passed in by the caller. The shells (ext_proc picker, standalone proxy,
 //! benchmark simulator) feed it endpoint state and carry out its decisions.
 //!
-//! Layout:
+//! # How the shells use it
+//!
+//! 1. Build a [`Scheduler`] from a [`SchedulerConfig`] (a preset such as `infergate` or
+//!    `gie-default`, or explicit weights) and keep it behind a `std::sync::Mutex`.
+//! 2. Keep the pool current: [`Scheduler::upsert_endpoint`], [`Scheduler::remove_endpoint`],
+//!    [`Scheduler::apply_metrics`] after every scrape.
+//! 3. Per request: build a [`RequestContext`] borrowing from the parsed body and call
+//!    [`Scheduler::pick`]. It returns a [`Decision`] (ranked distinct endpoints, first choice then
+//!    fallbacks, and a [`Ticket`]) or a [`Rejection`] that knows its HTTP status (503 / 429 with
+//!    `Retry-After`) and metric label.
+//! 4. Report the outcome on the ticket: [`Scheduler::first_token`] when the first streamed token
+//!    arrives, then exactly one of [`Scheduler::complete`] (with [`Usage`]), [`Scheduler::fail`] or
+//!    [`Scheduler::cancel`]. If the proxy fell back to another endpoint, call
+//!    [`Scheduler::reassign`] first. Completions teach the per-pod rate learner.
+//! 5. For debugging, [`Scheduler::pick_explained`] returns the same decision plus an
+//!    [`Explanation`]; a plain pick builds no record at all.
+//!
+//! # Layout
+//!
 //! - [`endpoint`] — endpoint identity, labels and the metrics snapshot the shells keep fresh.
+//! - [`request`] — [`RequestContext`] and [`Priority`].
+//! - [`config`] — [`SchedulerConfig`], presets, weights, validation.
+//! - [`decision`] — [`Decision`], [`Ranked`], [`Ticket`], [`Rejection`], [`Usage`].
+//! - [`explain`] — decision records.
+//! - [`prefix`] — the approximate prefix index and the chained block hasher.
+//! - `scheduler` — the [`Scheduler`]: endpoint table, in-flight accounting and the pick pipeline.
+//! - `filter`, `scorer` — the pipeline stages (each scorer's exact formula is documented there and
+//!   in `docs/scheduler.md`).
+//! - `rates` — the online learner of per-pod prefill and decode rates.
+//! - `state` — per-endpoint counters and the in-flight table.
+//! - [`error`] — the crate's error type.
 
+pub mod config;
+pub mod decision;
 pub mod endpoint;
+pub mod error;
+pub mod explain;
+pub mod prefix;
+pub mod request;
 
+mod filter;
+mod rates;
+mod scheduler;
+mod scorer;
+mod state;
+
+pub use config::{
+    AllFilteredAction, Policy, PrefixConfig, Preset, RateConfig, SchedulerConfig, Thresholds,
+    Weights,
+};
+pub use decision::{Decision, MAX_RETURNED, Ranked, Rejection, Ticket, Usage};
 pub use endpoint::{
     CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, Timestamp,
     UnknownEngineError,
 };
+pub use error::{ConfigError, Error, UnknownPresetError};
+pub use explain::{CandidateRecord, Explanation, FilteredOut, ScoreRecord};
+pub use prefix::PrefixStats;
+pub use request::{Priority, RequestContext};
+pub use scheduler::{EndpointInfo, Scheduler};

@@ -1,0 +1,3 @@
+//! Criterion benchmarks of one pick and of the prefix index.
+
+fn main() {}

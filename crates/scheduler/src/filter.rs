@@ -1,0 +1,82 @@
+//! Filters: each decides whether an endpoint stays a candidate for this request.
+//!
+//! The subset hint is applied first, while the candidate list is built (it is never relaxed).
+//! Then, in order: freshness, LoRA capability. Saturation headroom runs after the candidates'
+//! load views are built (see [`crate::scheduler`]) because it needs in-flight accounting.
+
+use std::time::Duration;
+
+use crate::endpoint::{LoraState, Timestamp};
+use crate::request::RequestContext;
+use crate::state::EndpointState;
+
+/// Per-pick inputs of the filters.
+pub(crate) struct FilterContext<'r, 'a> {
+    pub(crate) request: &'r RequestContext<'a>,
+    pub(crate) now: Timestamp,
+}
+
+/// One filter of the pipeline.
+pub(crate) trait Filter: Send + Sync {
+    /// Stable name, used in explanations and docs.
+    fn name(&self) -> &'static str;
+    /// Whether `ep` stays a candidate.
+    fn keep(&self, cx: &FilterContext<'_, '_>, ep: &EndpointState) -> bool;
+}
+
+/// `freshness`: metrics sampled no longer than `max_age` ago. An endpoint with no metrics yet is
+/// not fresh. The check is made on every pick, so a pod comes back the moment fresh metrics arrive.
+pub(crate) struct FreshnessFilter {
+    pub(crate) max_age: Duration,
+}
+
+impl Filter for FreshnessFilter {
+    fn name(&self) -> &'static str {
+        "freshness"
+    }
+    fn keep(&self, cx: &FilterContext<'_, '_>, ep: &EndpointState) -> bool {
+        ep.fresh(cx.now, self.max_age)
+    }
+}
+
+/// `lora`: for a request naming an adapter, keeps pods that run it, have it waiting, or have a free
+/// adapter slot. Pods that do not report LoRA state are kept (unknown is not incapable).
+pub(crate) struct LoraFilter;
+
+impl Filter for LoraFilter {
+    fn name(&self) -> &'static str {
+        "lora"
+    }
+    fn keep(&self, cx: &FilterContext<'_, '_>, ep: &EndpointState) -> bool {
+        let Some(adapter) = cx.request.lora_adapter else {
+            return true;
+        };
+        match ep.metrics.as_ref().and_then(|m| m.lora.as_ref()) {
+            None => true,
+            Some(l) => lora_affinity(l, adapter) > 0.0,
+        }
+    }
+}
+
+/// The LoRA affinity of a pod for `adapter`: 1.0 running, 0.8 free slot, 0.6 waiting, 0 otherwise.
+///
+/// Distinct adapters across the running and waiting lists count as loaded (vLLM repeats running
+/// adapters in its waiting list), and a slot is free when fewer than `max_lora` are loaded.
+pub(crate) fn lora_affinity(l: &LoraState, adapter: &str) -> f64 {
+    if l.running.iter().any(|a| a == adapter) {
+        return 1.0;
+    }
+    let waiting_only = l
+        .waiting
+        .iter()
+        .filter(|w| !l.running.iter().any(|r| r == *w))
+        .count();
+    let loaded = l.running.len() + waiting_only;
+    if (loaded as u64) < u64::from(l.max_lora) {
+        return 0.8;
+    }
+    if l.waiting.iter().any(|a| a == adapter) {
+        return 0.6;
+    }
+    0.0
+}

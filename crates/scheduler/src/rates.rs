@@ -1,0 +1,134 @@
+//! Online learning of each endpoint's prefill and decode speed.
+//!
+//! Rates are smoothed in log space (a geometric EWMA), so one request that was oddly fast or slow
+//! moves the estimate by a bounded factor, and a 5× faster pod is 5× apart in the estimate however
+//! noisy the samples. Early samples are averaged with weight 1/n so a new pod converges after a few
+//! requests; later ones with weight `rates.minAlpha` so the estimate keeps tracking drift.
+//!
+//! Until an endpoint has a sample, it is assumed to run at the pool's typical rate: the geometric
+//! mean over endpoints that have samples, or the configured prior when none has. That way a pod
+//! that has just joined is neither starved (as it would be with a low prior) nor flooded.
+
+/// A geometric EWMA of a positive rate.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct LogEwma {
+    ln: f64,
+    samples: u32,
+}
+
+impl LogEwma {
+    pub(crate) fn get(&self) -> Option<f64> {
+        (self.samples > 0).then(|| self.ln.exp())
+    }
+
+    pub(crate) fn ln(&self) -> Option<f64> {
+        (self.samples > 0).then_some(self.ln)
+    }
+
+    pub(crate) fn samples(&self) -> u32 {
+        self.samples
+    }
+
+    /// Adds a sample; returns the previous log value (if any) and the new one.
+    pub(crate) fn update(&mut self, rate: f64, min_alpha: f64) -> (Option<f64>, f64) {
+        let before = self.ln();
+        let x = rate.max(1e-9).ln();
+        self.samples = self.samples.saturating_add(1);
+        let alpha = (1.0 / f64::from(self.samples)).max(min_alpha);
+        self.ln = if before.is_some() {
+            self.ln + alpha * (x - self.ln)
+        } else {
+            x
+        };
+        (before, self.ln)
+    }
+}
+
+/// Pool-wide aggregates used as priors and as typical request sizes.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct PoolRates {
+    prefill_ln_sum: f64,
+    prefill_n: u32,
+    decode_ln_sum: f64,
+    decode_n: u32,
+    prior_prefill: f64,
+    prior_decode: f64,
+    /// EWMA of estimated prompt tokens per request.
+    pub(crate) mean_prompt: f64,
+    /// EWMA of reported output tokens per request.
+    pub(crate) mean_output: f64,
+}
+
+impl PoolRates {
+    pub(crate) fn new(prior_prefill: f64, prior_decode: f64) -> Self {
+        PoolRates {
+            prefill_ln_sum: 0.0,
+            prefill_n: 0,
+            decode_ln_sum: 0.0,
+            decode_n: 0,
+            prior_prefill,
+            prior_decode,
+            mean_prompt: 512.0,
+            mean_output: 256.0,
+        }
+    }
+
+    pub(crate) fn prefill_prior(&self) -> f64 {
+        if self.prefill_n == 0 {
+            self.prior_prefill
+        } else {
+            (self.prefill_ln_sum / f64::from(self.prefill_n)).exp()
+        }
+    }
+
+    pub(crate) fn decode_prior(&self) -> f64 {
+        if self.decode_n == 0 {
+            self.prior_decode
+        } else {
+            (self.decode_ln_sum / f64::from(self.decode_n)).exp()
+        }
+    }
+
+    pub(crate) fn prefill_changed(&mut self, before: Option<f64>, after: f64) {
+        Self::changed(&mut self.prefill_ln_sum, &mut self.prefill_n, before, after);
+    }
+
+    pub(crate) fn decode_changed(&mut self, before: Option<f64>, after: f64) {
+        Self::changed(&mut self.decode_ln_sum, &mut self.decode_n, before, after);
+    }
+
+    pub(crate) fn forget(&mut self, prefill: Option<f64>, decode: Option<f64>) {
+        if let Some(p) = prefill {
+            self.prefill_ln_sum -= p;
+            self.prefill_n = self.prefill_n.saturating_sub(1);
+        }
+        if let Some(d) = decode {
+            self.decode_ln_sum -= d;
+            self.decode_n = self.decode_n.saturating_sub(1);
+        }
+        if self.prefill_n == 0 {
+            self.prefill_ln_sum = 0.0;
+        }
+        if self.decode_n == 0 {
+            self.decode_ln_sum = 0.0;
+        }
+    }
+
+    fn changed(sum: &mut f64, n: &mut u32, before: Option<f64>, after: f64) {
+        match before {
+            Some(b) => *sum += after - b,
+            None => {
+                *sum += after;
+                *n += 1;
+            }
+        }
+    }
+
+    pub(crate) fn observe_prompt(&mut self, tokens: u32) {
+        self.mean_prompt += 0.02 * (f64::from(tokens) - self.mean_prompt);
+    }
+
+    pub(crate) fn observe_output(&mut self, tokens: u32) {
+        self.mean_output += 0.02 * (f64::from(tokens) - self.mean_output);
+    }
+}
