@@ -1,0 +1,2 @@
+//! Parse benchmark.
+fn main() {}

@@ -1,0 +1,168 @@
+//! The crate's error types: one enum per failure domain, causes kept as sources.
+
+use std::time::Duration;
+
+use infergate_scheduler::{EngineType, UnknownEngineError};
+
+/// Why a metrics page could not be turned into a snapshot.
+///
+/// The parser never guesses: a page that is cut off, malformed on a line it reads, or carries an
+/// impossible value for a field it reports is rejected as a whole, so a pod is never refreshed with
+/// data the engine did not send.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParseError {
+    /// The page does not end with a newline, so its last line may have been cut short.
+    #[error("metrics page is cut off: it does not end with a newline")]
+    Truncated,
+    /// A line of a family the parser reads does not follow the Prometheus text format.
+    #[error("metrics page line {line}: {reason}")]
+    Malformed {
+        /// 1-based line number in the page.
+        line: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A label value the parser reads is not valid UTF-8.
+    #[error("metrics page line {line}: label value is not valid UTF-8")]
+    InvalidUtf8 {
+        /// 1-based line number in the page.
+        line: usize,
+        /// The decoding failure.
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// A sample of a family the parser reads has a value that family cannot take.
+    #[error("metrics page line {line}: {family} has value {value}, which is {reason}")]
+    InvalidValue {
+        /// The metric name.
+        family: &'static str,
+        /// 1-based line number in the page.
+        line: usize,
+        /// The value as parsed.
+        value: f64,
+        /// Why it was rejected (e.g. "not finite", "negative", "above 1").
+        reason: &'static str,
+    },
+    /// The same series (same name and label text) appears twice.
+    #[error("metrics page line {line}: {family} repeats a series already on the page")]
+    DuplicateSeries {
+        /// The metric name.
+        family: &'static str,
+        /// 1-based line number of the repeat.
+        line: usize,
+    },
+    /// A label the parser needs has a value it cannot read.
+    #[error("metrics page line {line}: label {label} of {family} has unreadable value {value:?}")]
+    InvalidLabel {
+        /// The metric name.
+        family: &'static str,
+        /// The label name.
+        label: &'static str,
+        /// The label value as written.
+        value: String,
+        /// 1-based line number in the page.
+        line: usize,
+    },
+    /// A family the engine always exports, and routing cannot do without, is not on the page.
+    #[error("{engine} metrics page has no {family} samples")]
+    MissingFamily {
+        /// The engine the page was read as.
+        engine: EngineType,
+        /// The missing metric name.
+        family: &'static str,
+    },
+}
+
+impl ParseError {
+    /// A short, stable label for metrics (`reason` of the scrape error counter).
+    pub const fn metric_label(&self) -> &'static str {
+        match self {
+            ParseError::Truncated => "parse_truncated",
+            ParseError::Malformed { .. } | ParseError::InvalidUtf8 { .. } => "parse_malformed",
+            ParseError::InvalidValue { .. } | ParseError::InvalidLabel { .. } => {
+                "parse_invalid_value"
+            }
+            ParseError::DuplicateSeries { .. } => "parse_duplicate_series",
+            ParseError::MissingFamily { .. } => "parse_missing_family",
+        }
+    }
+}
+
+/// Why one scrape of one target failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// The TCP connection could not be opened.
+    #[error("connecting to the metrics endpoint failed")]
+    Connect(#[source] std::io::Error),
+    /// The HTTP exchange failed (handshake, request, or reading the body).
+    #[error("HTTP exchange with the metrics endpoint failed")]
+    Http(#[source] hyper::Error),
+    /// The request could not be built (for example a path that is not a valid URI).
+    #[error("building the scrape request failed")]
+    Request(#[source] http::Error),
+    /// The server answered with a non-success status.
+    #[error("metrics endpoint answered HTTP {0}")]
+    Status(http::StatusCode),
+    /// The page is larger than the configured cap.
+    #[error("metrics page exceeds the {limit}-byte cap")]
+    BodyTooLarge {
+        /// The configured cap in bytes.
+        limit: usize,
+    },
+    /// The scrape did not finish within the per-scrape timeout.
+    #[error("scrape did not finish within {0:?}")]
+    Timeout(Duration),
+    /// The page was read but could not be parsed.
+    #[error("metrics page could not be parsed")]
+    Parse(#[from] ParseError),
+}
+
+impl ScrapeError {
+    /// A short, stable label for metrics (`reason` of the scrape error counter).
+    pub const fn metric_label(&self) -> &'static str {
+        match self {
+            ScrapeError::Connect(_) => "connect",
+            ScrapeError::Http(_) => "http",
+            ScrapeError::Request(_) => "request",
+            ScrapeError::Status(_) => "status",
+            ScrapeError::BodyTooLarge { .. } => "body_too_large",
+            ScrapeError::Timeout(_) => "timeout",
+            ScrapeError::Parse(e) => e.metric_label(),
+        }
+    }
+}
+
+/// Errors of the metrics crate that reach its callers: configuration and engine selection.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pod's engine label (or configured engine) names an engine infergate does not know.
+    #[error("invalid engine for target {target}")]
+    UnknownEngine {
+        /// The target (pod) concerned.
+        target: String,
+        /// The unknown name.
+        #[source]
+        source: UnknownEngineError,
+    },
+    /// Neither the pod label nor the configuration says which engine serves the target.
+    #[error(
+        "target {target} has no engine: set the pod label {label} or a configured engine type",
+        label = crate::ENGINE_LABEL
+    )]
+    MissingEngine {
+        /// The target (pod) concerned.
+        target: String,
+    },
+    /// A scraper setting is out of range.
+    #[error("invalid scraper configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// A scrape target's path is not a valid URI path.
+    #[error("invalid metrics path {path:?}")]
+    InvalidPath {
+        /// The path given.
+        path: String,
+        /// Why it was rejected.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+}

@@ -1,0 +1,259 @@
+//! A zero-copy tokenizer for the Prometheus text exposition format.
+//!
+//! It splits a page into lines and, for the lines the caller asks about, into name, raw label text
+//! and value. Lines of families nobody reads are only scanned for their newline, which is what
+//! makes a full vLLM page cheap to read every 50 ms.
+
+use crate::error::ParseError;
+
+/// One sample line, borrowed from the page.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SampleLine<'a> {
+    /// Label text between the braces, as written (empty when there are none).
+    pub(crate) labels: &'a [u8],
+    /// The sample value.
+    pub(crate) value: f64,
+    /// 1-based line number.
+    pub(crate) line: usize,
+}
+
+/// Iterates over the lines of a page, with 1-based line numbers.
+///
+/// The page must end with `\n` (checked by the caller), so every yielded line is complete.
+pub(crate) struct Lines<'a> {
+    rest: &'a [u8],
+    line: usize,
+}
+
+impl<'a> Lines<'a> {
+    pub(crate) fn new(page: &'a [u8]) -> Self {
+        Lines {
+            rest: page,
+            line: 0,
+        }
+    }
+}
+
+impl<'a> Iterator for Lines<'a> {
+    type Item = (usize, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let end = self
+            .rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap_or(self.rest.len());
+        let (line, rest) = self.rest.split_at(end);
+        self.rest = rest.get(1..).unwrap_or_default();
+        self.line += 1;
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        Some((self.line, line))
+    }
+}
+
+/// The metric name at the start of a sample line, or `None` for comments and blank lines.
+pub(crate) fn metric_name(line: &[u8]) -> Option<&[u8]> {
+    let line = trim_start(line);
+    match line.first() {
+        None | Some(b'#') => None,
+        Some(_) => {
+            let end = line
+                .iter()
+                .position(|&b| b == b'{' || b == b' ' || b == b'\t')
+                .unwrap_or(line.len());
+            Some(&line[..end])
+        }
+    }
+}
+
+/// Splits a sample line whose name is `name_len` bytes long into labels and value.
+pub(crate) fn sample(
+    line_no: usize,
+    line: &[u8],
+    name_len: usize,
+) -> Result<SampleLine<'_>, ParseError> {
+    let malformed = |reason| ParseError::Malformed {
+        line: line_no,
+        reason,
+    };
+    let line = trim_start(line);
+    let mut rest = &line[name_len..];
+    let mut labels: &[u8] = &[];
+    if rest.first() == Some(&b'{') {
+        let close = label_block_end(rest).ok_or(malformed("label set is not closed"))?;
+        labels = &rest[1..close];
+        rest = &rest[close + 1..];
+    }
+    let rest = trim_start(rest);
+    let end = rest
+        .iter()
+        .position(|&b| b == b' ' || b == b'\t')
+        .unwrap_or(rest.len());
+    let (value, tail) = rest.split_at(end);
+    if value.is_empty() {
+        return Err(malformed("sample has no value"));
+    }
+    let value = std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or(malformed("sample value is not a number"))?;
+    // An optional integer timestamp may follow; anything else is an error.
+    let tail = trim_start(tail);
+    if !tail.is_empty() {
+        let ts = trim_end(tail);
+        let digits = ts.strip_prefix(b"-").unwrap_or(ts);
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(malformed("unexpected text after the sample value"));
+        }
+    }
+    Ok(SampleLine {
+        labels,
+        value,
+        line: line_no,
+    })
+}
+
+/// Index of the `}` closing the label block that starts at `block[0] == b'{'`, honouring quotes.
+fn label_block_end(block: &[u8]) -> Option<usize> {
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, &b) in block.iter().enumerate().skip(1) {
+        if in_quotes {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_quotes = false;
+            }
+        } else if b == b'"' {
+            in_quotes = true;
+        } else if b == b'}' {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Iterates over `name="value"` pairs of a label block (without braces); values stay escaped.
+pub(crate) struct Labels<'a> {
+    rest: &'a [u8],
+    line: usize,
+}
+
+impl<'a> Labels<'a> {
+    pub(crate) fn new(block: &'a [u8], line: usize) -> Self {
+        Labels { rest: block, line }
+    }
+}
+
+impl<'a> Iterator for Labels<'a> {
+    type Item = Result<(&'a [u8], &'a [u8]), ParseError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let malformed = ParseError::Malformed {
+            line: self.line,
+            reason: "label is not name=\"value\"",
+        };
+        let rest = trim_start(self.rest);
+        let rest = rest.strip_prefix(b",").map(trim_start).unwrap_or(rest);
+        if rest.is_empty() {
+            self.rest = rest;
+            return None;
+        }
+        let Some(eq) = rest.iter().position(|&b| b == b'=') else {
+            self.rest = &[];
+            return Some(Err(malformed));
+        };
+        let name = trim_end(&rest[..eq]);
+        let after = trim_start(&rest[eq + 1..]);
+        let Some(body) = after.strip_prefix(b"\"") else {
+            self.rest = &[];
+            return Some(Err(malformed));
+        };
+        let mut escaped = false;
+        let mut close = None;
+        for (i, &b) in body.iter().enumerate() {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                close = Some(i);
+                break;
+            }
+        }
+        let Some(close) = close else {
+            self.rest = &[];
+            return Some(Err(malformed));
+        };
+        if name.is_empty() {
+            self.rest = &[];
+            return Some(Err(malformed));
+        }
+        self.rest = &body[close + 1..];
+        let next = trim_start(self.rest);
+        if !(next.is_empty() || next.starts_with(b",")) {
+            self.rest = &[];
+            return Some(Err(malformed));
+        }
+        Some(Ok((name, &body[..close])))
+    }
+}
+
+/// Finds one label's (escaped) value in a label block.
+pub(crate) fn label<'a>(
+    block: &'a [u8],
+    line: usize,
+    wanted: &str,
+) -> Result<Option<&'a [u8]>, ParseError> {
+    for pair in Labels::new(block, line) {
+        let (name, value) = pair?;
+        if name == wanted.as_bytes() {
+            return Ok(Some(value));
+        }
+    }
+    Ok(None)
+}
+
+/// Decodes an escaped label value (`\\`, `\"`, `\n`) into text.
+pub(crate) fn unescape(raw: &[u8], line: usize) -> Result<String, ParseError> {
+    let text =
+        std::str::from_utf8(raw).map_err(|source| ParseError::InvalidUtf8 { line, source })?;
+    if !text.contains('\\') {
+        return Ok(text.to_owned());
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('n') => out.push('\n'),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+fn trim_start(s: &[u8]) -> &[u8] {
+    let start = s
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(s.len());
+    &s[start..]
+}
+
+fn trim_end(s: &[u8]) -> &[u8] {
+    let end = s
+        .iter()
+        .rposition(|&b| b != b' ' && b != b'\t')
+        .map_or(0, |i| i + 1);
+    &s[..end]
+}

@@ -1,0 +1,564 @@
+//! The scraper: polls a changing set of targets and reports snapshots and stale transitions.
+//!
+//! Each target gets its own task, so scrapes of one pod never overlap and a slow pod only ever
+//! delays itself. The task keeps one keep-alive connection to its pod, scrapes every
+//! [`ScraperConfig::interval`] (phase-shifted so that a thousand pods do not fire at once), bounds
+//! each scrape by [`ScraperConfig::timeout`] and [`ScraperConfig::max_body_bytes`], and takes a
+//! permit from a shared semaphore so that at most [`ScraperConfig::max_concurrency`] scrapes are in
+//! flight. Page buffers come from a pool the size of that bound, not one per pod.
+//!
+//! Freshness is judged by the task itself, on a timer that runs while a scrape hangs: a target
+//! whose last good page is older than [`ScraperConfig::stale_after`] is reported [`Update::Stale`]
+//! once, and fresh again with its next good page. Both transitions are logged once.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use http::{HeaderValue, Uri};
+use infergate_scheduler::{EngineType, MetricsSnapshot, Timestamp};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::error::{Error, ScrapeError};
+use crate::parse::{PrefixCounters, parse_page};
+use crate::telemetry::ScrapeMetrics;
+
+mod conn;
+
+/// Scraper settings. Defaults: 50 ms interval, stale after 250 ms, 250 ms timeout, 4 MiB cap,
+/// 128 scrapes in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScraperConfig {
+    /// Time between the starts of two scrapes of one target.
+    pub interval: Duration,
+    /// A target whose last good page is older than this is reported stale.
+    pub stale_after: Duration,
+    /// Limit on one scrape: connecting, sending, and reading the whole page.
+    pub timeout: Duration,
+    /// Cap on the bytes read from one page (a real vLLM page is 60–80 KB).
+    pub max_body_bytes: usize,
+    /// Scrapes in flight at once, across all targets.
+    pub max_concurrency: usize,
+}
+
+impl Default for ScraperConfig {
+    fn default() -> Self {
+        ScraperConfig {
+            interval: Duration::from_millis(50),
+            stale_after: Duration::from_millis(250),
+            timeout: Duration::from_millis(250),
+            max_body_bytes: 4 << 20,
+            max_concurrency: 128,
+        }
+    }
+}
+
+impl ScraperConfig {
+    /// Checks that every setting is usable.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.interval.is_zero() {
+            return Err(Error::InvalidConfig("interval must be above zero"));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::InvalidConfig("timeout must be above zero"));
+        }
+        if self.stale_after < self.interval {
+            return Err(Error::InvalidConfig(
+                "stale_after must be at least one interval",
+            ));
+        }
+        if self.max_body_bytes == 0 {
+            return Err(Error::InvalidConfig("max_body_bytes must be above zero"));
+        }
+        if self.max_concurrency == 0 || self.max_concurrency > Semaphore::MAX_PERMITS {
+            return Err(Error::InvalidConfig(
+                "max_concurrency must be between 1 and the semaphore limit",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Converts tokio instants into the scheduler's [`Timestamp`]s, relative to an origin.
+///
+/// Built on `tokio::time::Instant`, so a test running on tokio's paused clock gets exact,
+/// reproducible timestamps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Clock {
+    origin: Instant,
+}
+
+impl Clock {
+    /// A clock whose [`Timestamp::ZERO`] is `origin`.
+    pub const fn new(origin: Instant) -> Self {
+        Clock { origin }
+    }
+
+    /// A clock whose origin is now.
+    pub fn starting_now() -> Self {
+        Clock::new(Instant::now())
+    }
+
+    /// The origin.
+    pub const fn origin(&self) -> Instant {
+        self.origin
+    }
+
+    /// `instant` as a timestamp (zero if it is before the origin).
+    pub fn at(&self, instant: Instant) -> Timestamp {
+        Timestamp::from_duration(instant.saturating_duration_since(self.origin))
+    }
+
+    /// The current time as a timestamp.
+    pub fn now(&self) -> Timestamp {
+        self.at(Instant::now())
+    }
+}
+
+/// One pod to scrape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target<K> {
+    /// The caller's name for it; every [`Update`] carries it.
+    pub id: K,
+    /// Where the model server listens.
+    pub addr: SocketAddr,
+    /// Which engine's metric names to read.
+    pub engine: EngineType,
+    /// The metrics path (`/metrics` for all three engines by default).
+    pub path: String,
+}
+
+impl<K> Target<K> {
+    /// A target at `addr` with the usual `/metrics` path.
+    pub fn new(id: K, addr: SocketAddr, engine: EngineType) -> Self {
+        Target {
+            id,
+            addr,
+            engine,
+            path: "/metrics".to_owned(),
+        }
+    }
+}
+
+/// What the scraper reports about a target.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    /// A good page was read: the target is fresh, with this state.
+    Snapshot(MetricsSnapshot),
+    /// No good page for longer than the staleness threshold: its last state must not be routed on.
+    /// Sent once per transition; the next [`Update::Snapshot`] makes the target fresh again.
+    Stale {
+        /// When the target was judged stale.
+        at: Timestamp,
+        /// When its last good page was read, if ever.
+        last_sampled: Option<Timestamp>,
+    },
+}
+
+/// Receives the scraper's reports. Called from the targets' tasks: it must be quick and must not
+/// block (store the snapshot, swap a pointer, send on a channel).
+pub trait Sink<K>: Send + Sync + 'static {
+    /// `id`'s state changed.
+    fn update(&self, id: &K, update: Update);
+}
+
+impl<K, F> Sink<K> for F
+where
+    F: Fn(&K, Update) + Send + Sync + 'static,
+{
+    fn update(&self, id: &K, update: Update) {
+        self(id, update);
+    }
+}
+
+/// What every target task shares.
+struct Shared<K> {
+    config: ScraperConfig,
+    clock: Clock,
+    sink: Box<dyn Sink<K>>,
+    metrics: ScrapeMetrics,
+    permits: Semaphore,
+    buffers: Mutex<Vec<Vec<u8>>>,
+}
+
+struct Running<K> {
+    target: Target<K>,
+    task: JoinHandle<()>,
+}
+
+struct Inner<K> {
+    shared: Arc<Shared<K>>,
+    tasks: Mutex<HashMap<K, Running<K>>>,
+    spawned: AtomicU64,
+}
+
+impl<K> Drop for Inner<K> {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for (_, running) in tasks.drain() {
+            running.task.abort();
+        }
+    }
+}
+
+/// Handle to a running scraper. Clones share it; dropping the last one stops every target.
+pub struct Scraper<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for Scraper<K> {
+    fn clone(&self) -> Self {
+        Scraper {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K> Scraper<K>
+where
+    K: Clone + Eq + Hash + Debug + Send + Sync + 'static,
+{
+    /// Starts a scraper with no targets. Must be called within a tokio runtime.
+    ///
+    /// `clock` stamps snapshots, `metrics` records the scraper's own metrics (use
+    /// [`ScrapeMetrics::register`], or `ScrapeMetrics::default()` to keep them unexported), and
+    /// `sink` receives every [`Update`].
+    pub fn spawn(
+        config: ScraperConfig,
+        clock: Clock,
+        metrics: ScrapeMetrics,
+        sink: impl Sink<K>,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let permits = Semaphore::new(config.max_concurrency);
+        Ok(Scraper {
+            inner: Arc::new(Inner {
+                shared: Arc::new(Shared {
+                    config,
+                    clock,
+                    sink: Box::new(sink),
+                    metrics,
+                    permits,
+                    buffers: Mutex::new(Vec::new()),
+                }),
+                tasks: Mutex::new(HashMap::new()),
+                spawned: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Adds a target, or replaces the one with the same id if its address, engine or path changed
+    /// (an unchanged target keeps its connection and freshness). Its first scrape starts at once.
+    pub fn upsert(&self, target: Target<K>) -> Result<(), Error> {
+        let endpoint = endpoint(&target)?;
+        let mut tasks = self.lock();
+        if let Some(running) = tasks.get(&target.id)
+            && running.target == target
+        {
+            return Ok(());
+        }
+        let n = self.inner.spawned.fetch_add(1, Ordering::Relaxed);
+        let task = tokio::spawn(run_target(
+            Arc::clone(&self.inner.shared),
+            target.id.clone(),
+            target.engine,
+            endpoint,
+            phase(n, self.inner.shared.config.interval),
+        ));
+        match tasks.entry(target.id.clone()) {
+            Entry::Occupied(mut slot) => slot.insert(Running { target, task }).task.abort(),
+            Entry::Vacant(slot) => {
+                slot.insert(Running { target, task });
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops scraping `id`. Returns whether it was a target. No further updates arrive for it.
+    pub fn remove(&self, id: &K) -> bool {
+        let removed = self.lock().remove(id);
+        removed.map(|r| r.task.abort()).is_some()
+    }
+
+    /// Makes the target set exactly `targets`: adds new ones, replaces changed ones, removes the
+    /// rest. Validates every target before changing anything.
+    pub fn set_targets(&self, targets: impl IntoIterator<Item = Target<K>>) -> Result<(), Error> {
+        let targets: Vec<Target<K>> = targets.into_iter().collect();
+        for t in &targets {
+            endpoint(t)?;
+        }
+        let keep: std::collections::HashSet<&K> = targets.iter().map(|t| &t.id).collect();
+        let gone: Vec<K> = self
+            .lock()
+            .keys()
+            .filter(|id| !keep.contains(id))
+            .cloned()
+            .collect();
+        for id in &gone {
+            self.remove(id);
+        }
+        for t in targets {
+            self.upsert(t)?;
+        }
+        Ok(())
+    }
+
+    /// The ids of the current targets.
+    pub fn target_ids(&self) -> Vec<K> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Stops every target. The scraper stays usable: targets can be added again.
+    pub fn shutdown(&self) {
+        let drained: Vec<Running<K>> = self.lock().drain().map(|(_, r)| r).collect();
+        for running in drained {
+            running.task.abort();
+        }
+    }
+
+    /// Waits for `signal`, then stops every target.
+    pub async fn run_until(&self, signal: impl Future<Output = ()>) {
+        signal.await;
+        self.shutdown();
+    }
+
+    /// The clock that stamps snapshots.
+    pub fn clock(&self) -> Clock {
+        self.inner.shared.clock
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Running<K>>> {
+        // A panic elsewhere cannot leave the map half-updated: every change is one call.
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn endpoint<K>(target: &Target<K>) -> Result<conn::Endpoint, Error> {
+    let uri: Uri = target.path.parse().map_err(|source| Error::InvalidPath {
+        path: target.path.clone(),
+        source,
+    })?;
+    let host = HeaderValue::from_str(&target.addr.to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+    Ok(conn::Endpoint {
+        addr: target.addr,
+        uri,
+        host,
+    })
+}
+
+/// Spreads targets over the interval: the n-th target's ticks are offset by the fractional part of
+/// n × the golden ratio, which keeps any number of targets evenly spread without knowing the count.
+fn phase(n: u64, interval: Duration) -> Duration {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    let frac = n.wrapping_mul(GOLDEN);
+    // (frac / 2^64) of the interval, in nanoseconds; fits u64 for any interval under 584 years.
+    let nanos = (u128::from(frac) * interval.as_nanos()) >> 64;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(0))
+}
+
+/// Keeps the gauges right however the task ends (removal aborts it mid-await).
+struct Gauges<'a> {
+    metrics: &'a ScrapeMetrics,
+    stale: bool,
+}
+
+impl<'a> Gauges<'a> {
+    fn new(metrics: &'a ScrapeMetrics) -> Self {
+        metrics.targets_delta(1);
+        Gauges {
+            metrics,
+            stale: false,
+        }
+    }
+
+    fn set_stale(&mut self, stale: bool) {
+        if stale != self.stale {
+            self.stale = stale;
+            self.metrics.stale_delta(if stale { 1 } else { -1 });
+        }
+    }
+}
+
+impl Drop for Gauges<'_> {
+    fn drop(&mut self) {
+        self.set_stale(false);
+        self.metrics.targets_delta(-1);
+    }
+}
+
+/// One target's freshness, judged by its own task.
+struct Freshness<'a, K> {
+    shared: &'a Shared<K>,
+    id: &'a K,
+    engine: EngineType,
+    gauges: Gauges<'a>,
+    added: Instant,
+    last_good: Option<Instant>,
+    stale: bool,
+    last_error: Option<ScrapeError>,
+}
+
+impl<K: Debug + 'static> Freshness<'_, K> {
+    fn deadline(&self) -> Instant {
+        self.last_good.unwrap_or(self.added) + self.shared.config.stale_after
+    }
+
+    fn mark_stale(&mut self) {
+        self.stale = true;
+        self.gauges.set_stale(true);
+        let clock = self.shared.clock;
+        let at = clock.at(self.deadline());
+        let last_sampled = self.last_good.map(|t| clock.at(t));
+        let (id, engine) = (self.id, self.engine);
+        match &self.last_error {
+            Some(e) => tracing::warn!(
+                target_id = ?id, %engine, error = %e, cause = ?std::error::Error::source(e),
+                "metrics target is stale"
+            ),
+            None => tracing::warn!(
+                target_id = ?id, %engine,
+                "metrics target is stale: no page within the threshold"
+            ),
+        }
+        self.shared
+            .sink
+            .update(self.id, Update::Stale { at, last_sampled });
+    }
+
+    fn good(&mut self, snapshot: MetricsSnapshot) {
+        self.last_good = Some(Instant::now());
+        self.last_error = None;
+        if self.stale {
+            self.stale = false;
+            self.gauges.set_stale(false);
+            tracing::info!(target_id = ?self.id, engine = %self.engine, "metrics target is fresh again");
+        }
+        self.shared.sink.update(self.id, Update::Snapshot(snapshot));
+    }
+
+    fn bad(&mut self, e: ScrapeError) {
+        self.shared.metrics.count_error(e.metric_label());
+        tracing::debug!(target_id = ?self.id, engine = %self.engine, error = %e, "scrape failed");
+        self.last_error = Some(e);
+    }
+}
+
+/// One target's loop: scrape, report, repeat, watching the staleness deadline throughout.
+async fn run_target<K: Debug + 'static>(
+    shared: Arc<Shared<K>>,
+    id: K,
+    engine: EngineType,
+    endpoint: conn::Endpoint,
+    phase: Duration,
+) {
+    let config = &shared.config;
+    let added = Instant::now();
+    let mut state = Freshness {
+        shared: &shared,
+        id: &id,
+        engine,
+        gauges: Gauges::new(&shared.metrics),
+        added,
+        last_good: None,
+        stale: false,
+        last_error: None,
+    };
+    let mut conn = None;
+    let mut counters: Option<PrefixCounters> = None;
+    // First scrape at once (a new pod should become routable quickly), then on the phased grid.
+    let mut ticker = tokio::time::interval_at(added + phase, config.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut first = true;
+
+    loop {
+        if !first {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                () = tokio::time::sleep_until(state.deadline()), if !state.stale => {
+                    state.mark_stale();
+                    continue;
+                }
+            }
+        }
+        first = false;
+
+        let scrape = scrape_once(&shared, engine, &endpoint, &mut conn, counters);
+        tokio::pin!(scrape);
+        let result = loop {
+            tokio::select! {
+                r = &mut scrape => break r,
+                () = tokio::time::sleep_until(state.deadline()), if !state.stale => state.mark_stale(),
+            }
+        };
+        match result {
+            Ok((snapshot, new_counters)) => {
+                counters = new_counters;
+                state.good(snapshot);
+            }
+            Err(e) => state.bad(e),
+        }
+    }
+}
+
+/// Takes a permit and a buffer, fetches and parses one page within the timeout.
+async fn scrape_once<K>(
+    shared: &Shared<K>,
+    engine: EngineType,
+    endpoint: &conn::Endpoint,
+    conn: &mut Option<conn::Conn>,
+    counters: Option<PrefixCounters>,
+) -> Result<(MetricsSnapshot, Option<PrefixCounters>), ScrapeError> {
+    let config = &shared.config;
+    // The semaphore is never closed, so acquiring only fails if it were; treat that as no limit.
+    let _permit = shared.permits.acquire().await.ok();
+    let mut buf = shared
+        .buffers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .pop()
+        .unwrap_or_default();
+    let started = Instant::now();
+    let fetched = tokio::time::timeout(
+        config.timeout,
+        conn::fetch(conn, endpoint, &mut buf, config.max_body_bytes),
+    )
+    .await;
+    let result = match fetched {
+        Err(_elapsed) => {
+            // The exchange was abandoned mid-way: the connection cannot be reused.
+            *conn = None;
+            Err(ScrapeError::Timeout(config.timeout))
+        }
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => parse_page(engine, &buf, counters.as_ref(), shared.clock.now())
+            .map(|p| (p.snapshot, p.counters))
+            .map_err(ScrapeError::from),
+    };
+    shared.metrics.observe_duration(started.elapsed());
+    buf.clear();
+    if buf.capacity() > config.max_body_bytes.min(1 << 20) {
+        // One oversized page should not pin its memory in the pool for good.
+        buf = Vec::new();
+    }
+    shared
+        .buffers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(buf);
+    result
+}
+
+#[cfg(test)]
+mod tests;
