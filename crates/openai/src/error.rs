@@ -1,0 +1,297 @@
+//! Every error a client of infergate can see, in one place.
+//!
+//! Each variant maps to exactly one HTTP status ([`ApiError::status`]), one metric label
+//! ([`ApiError::metric_label`]) and an OpenAI-style JSON body ([`ApiError::to_json`]):
+//!
+//! ```json
+//! {"error":{"message":"...","type":"invalid_request_error","param":"model","code":"model_not_found"}}
+//! ```
+//!
+//! The ext_proc server sends these as `ImmediateResponse`s and the standalone gateway as HTTP
+//! responses, so a client sees the same error whichever path its request took.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// An error answered to the client instead of a model response.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not valid JSON, or not a JSON object.
+    #[error("the request body is not valid JSON: {source}")]
+    InvalidJson {
+        /// What the JSON parser reported.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A field has the wrong type or an impossible value.
+    #[error("invalid value for `{field}`: expected {expected}")]
+    InvalidField {
+        /// The JSON field, e.g. `messages[2].content`.
+        field: String,
+        /// What a valid value looks like.
+        expected: &'static str,
+    },
+    /// The body has no `model` field.
+    #[error("the request has no `model` field: set `model` to the name of a served model")]
+    MissingModel,
+    /// No pool serves the requested model.
+    #[error(
+        "the model `{model}` does not exist here: set the request's `model` field to one of the served models ({known})"
+    )]
+    UnknownModel {
+        /// The model the request asked for.
+        model: String,
+        /// The served model names, comma-separated (possibly shortened).
+        known: String,
+    },
+    /// The body is larger than the configured limit.
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The path is not an API this gateway serves.
+    #[error(
+        "no route for `{path}`: the gateway serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and /v1/models"
+    )]
+    NotFound {
+        /// The requested path.
+        path: String,
+    },
+    /// The method is not allowed on this path.
+    #[error("method {method} is not allowed here: use POST")]
+    MethodNotAllowed {
+        /// The request's method.
+        method: String,
+    },
+    /// Admission control shed the request because the pool is saturated.
+    #[error("the model `{model}` is overloaded: retry after {} s", retry_after_secs(*retry_after))]
+    Overloaded {
+        /// The model whose pool is saturated.
+        model: String,
+        /// How long until the pool is expected to have drained enough.
+        retry_after: Duration,
+    },
+    /// No endpoint of the model's pool is ready.
+    #[error("no ready endpoint serves the model `{model}`")]
+    NoEndpoints {
+        /// The requested model.
+        model: String,
+    },
+    /// Every upstream endpoint tried failed before sending a response.
+    #[error("the model server could not be reached: {reason}")]
+    UpstreamUnavailable {
+        /// What failed (connect error, reset, 5xx before the first byte).
+        reason: String,
+    },
+    /// The upstream endpoint did not answer in time.
+    #[error("the model server did not answer within {} ms", timeout.as_millis())]
+    UpstreamTimeout {
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+}
+
+/// Seconds for a `Retry-After` header: rounded up, at least one.
+pub fn retry_after_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: &'static str,
+}
+
+impl ApiError {
+    /// The HTTP status for this error. This is the only place statuses are chosen.
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::InvalidJson { .. }
+            | ApiError::InvalidField { .. }
+            | ApiError::MissingModel => 400,
+            ApiError::UnknownModel { .. } | ApiError::NotFound { .. } => 404,
+            ApiError::MethodNotAllowed { .. } => 405,
+            ApiError::BodyTooLarge { .. } => 413,
+            ApiError::Overloaded { .. } => 429,
+            ApiError::UpstreamUnavailable { .. } => 502,
+            ApiError::NoEndpoints { .. } => 503,
+            ApiError::UpstreamTimeout { .. } => 504,
+        }
+    }
+
+    /// A stable label for metrics (`rejections_total{reason=...}`).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ApiError::InvalidJson { .. } => "invalid_json",
+            ApiError::InvalidField { .. } => "invalid_field",
+            ApiError::MissingModel => "missing_model",
+            ApiError::UnknownModel { .. } => "unknown_model",
+            ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::NotFound { .. } => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::Overloaded { .. } => "shed",
+            ApiError::NoEndpoints { .. } => "no_endpoints",
+            ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
+            ApiError::UpstreamTimeout { .. } => "upstream_timeout",
+        }
+    }
+
+    /// The OpenAI error `type`.
+    fn error_type(&self) -> &'static str {
+        match self.status() {
+            400 | 404 | 405 | 413 => "invalid_request_error",
+            429 => "rate_limit_error",
+            _ => "server_error",
+        }
+    }
+
+    /// The OpenAI error `param`: the request field at fault, if one is.
+    fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::InvalidField { field, .. } => Some(field),
+            ApiError::MissingModel | ApiError::UnknownModel { .. } => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI error `code`.
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::UnknownModel { .. } => "model_not_found",
+            other => other.metric_label(),
+        }
+    }
+
+    /// The `Retry-After` value in seconds, for errors that carry one.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            ApiError::Overloaded { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI-style JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        let message = self.to_string();
+        let body = Body {
+            error: Inner {
+                message: &message,
+                kind: self.error_type(),
+                param: self.param(),
+                code: self.code(),
+            },
+        };
+        // Serialising plain strings into a Vec cannot fail; fall back to a fixed body regardless.
+        serde_json::to_vec(&body).unwrap_or_else(|_| {
+            br#"{"error":{"message":"internal error","type":"server_error","param":null,"code":"internal"}}"#
+                .to_vec()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(e: &ApiError) -> serde_json::Value {
+        serde_json::from_slice(&e.to_json()).unwrap()
+    }
+
+    #[test]
+    fn every_error_has_a_status_and_an_openai_body() {
+        let bad_json = serde_json::from_slice::<serde_json::Value>(b"{").unwrap_err();
+        let cases = [
+            (ApiError::InvalidJson { source: bad_json }, 400),
+            (
+                ApiError::InvalidField {
+                    field: "stream".into(),
+                    expected: "a boolean",
+                },
+                400,
+            ),
+            (ApiError::MissingModel, 400),
+            (
+                ApiError::UnknownModel {
+                    model: "x".into(),
+                    known: "a, b".into(),
+                },
+                404,
+            ),
+            (ApiError::BodyTooLarge { limit: 10 }, 413),
+            (ApiError::NotFound { path: "/x".into() }, 404),
+            (
+                ApiError::MethodNotAllowed {
+                    method: "GET".into(),
+                },
+                405,
+            ),
+            (
+                ApiError::Overloaded {
+                    model: "m".into(),
+                    retry_after: Duration::from_millis(1500),
+                },
+                429,
+            ),
+            (ApiError::NoEndpoints { model: "m".into() }, 503),
+            (
+                ApiError::UpstreamUnavailable {
+                    reason: "refused".into(),
+                },
+                502,
+            ),
+            (
+                ApiError::UpstreamTimeout {
+                    timeout: Duration::from_secs(1),
+                },
+                504,
+            ),
+        ];
+        for (err, status) in cases {
+            assert_eq!(err.status(), status, "{err}");
+            let v = json(&err);
+            assert_eq!(v["error"]["message"], err.to_string());
+            assert!(v["error"]["type"].is_string());
+            assert!(v["error"]["code"].is_string());
+        }
+    }
+
+    #[test]
+    fn unknown_model_says_to_set_the_model_field() {
+        let e = ApiError::UnknownModel {
+            model: "gpt-9".into(),
+            known: "llama".into(),
+        };
+        let v = json(&e);
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("gpt-9") && msg.contains("`model` field"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one_second() {
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(2001)), 3);
+        let e = ApiError::Overloaded {
+            model: "m".into(),
+            retry_after: Duration::from_secs(4),
+        };
+        assert_eq!(e.retry_after_secs(), Some(4));
+        assert_eq!(ApiError::MissingModel.retry_after_secs(), None);
+    }
+}

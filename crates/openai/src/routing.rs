@@ -1,0 +1,273 @@
+//! The body-based router's model table.
+//!
+//! Maps the `model` a client sends — a served base model or one of its LoRA adapters — to the
+//! target that serves it (a pool, an HTTPRoute header value, a set of endpoints: the caller's `T`)
+//! and to the base model name. The ext_proc body-based router and the standalone gateway both
+//! resolve through this one table, so they agree on every name.
+
+use std::collections::HashMap;
+
+use crate::error::ApiError;
+
+/// How many served names an "unknown model" error lists before it shortens the list.
+const KNOWN_NAMES_IN_ERRORS: usize = 16;
+
+/// A model name that cannot be added to the table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelRouterError {
+    /// The name is already taken by another model or adapter.
+    #[error("model name `{name}` is configured twice (as {first} and as {second})")]
+    Duplicate {
+        /// The repeated name.
+        name: String,
+        /// What it was first.
+        first: String,
+        /// What it was again.
+        second: String,
+    },
+    /// The name is empty or only whitespace.
+    #[error("model and adapter names must not be empty")]
+    Empty,
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    target: usize,
+    base: usize,
+    adapter: bool,
+}
+
+/// A resolved request model.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resolved<'r, T> {
+    /// Where requests for this model go.
+    pub target: &'r T,
+    /// The base model that serves it (equal to the requested name unless it is an adapter).
+    pub base_model: &'r str,
+    /// The LoRA adapter, when the requested name is one.
+    pub adapter: Option<&'r str>,
+}
+
+/// Served model names and LoRA adapters → target and base model.
+#[derive(Debug, Clone)]
+pub struct ModelRouter<T> {
+    routes: HashMap<String, Route>,
+    bases: Vec<String>,
+    targets: Vec<T>,
+    known: String,
+}
+
+impl<T> Default for ModelRouter<T> {
+    fn default() -> Self {
+        ModelRouter {
+            routes: HashMap::new(),
+            bases: Vec::new(),
+            targets: Vec::new(),
+            known: String::new(),
+        }
+    }
+}
+
+impl<T> ModelRouter<T> {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a base model served by `target`, with the LoRA adapters it serves.
+    pub fn add_model(
+        &mut self,
+        name: &str,
+        adapters: &[String],
+        target: T,
+    ) -> Result<(), ModelRouterError> {
+        let describe = |r: &Route, bases: &[String]| {
+            if r.adapter {
+                format!("an adapter of `{}`", bases[r.base])
+            } else {
+                "a model".to_owned()
+            }
+        };
+        for n in std::iter::once(name).chain(adapters.iter().map(String::as_str)) {
+            if n.trim().is_empty() {
+                return Err(ModelRouterError::Empty);
+            }
+            if let Some(r) = self.routes.get(n) {
+                let second = if n == name {
+                    "a model".to_owned()
+                } else {
+                    format!("an adapter of `{name}`")
+                };
+                return Err(ModelRouterError::Duplicate {
+                    name: n.to_owned(),
+                    first: describe(r, &self.bases),
+                    second,
+                });
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for a in adapters {
+            if a == name || !seen.insert(a.as_str()) {
+                return Err(ModelRouterError::Duplicate {
+                    name: a.clone(),
+                    first: format!("an adapter of `{name}`"),
+                    second: format!("an adapter of `{name}`"),
+                });
+            }
+        }
+        let target_ix = self.targets.len();
+        let base_ix = self.bases.len();
+        self.targets.push(target);
+        self.bases.push(name.to_owned());
+        self.routes.insert(
+            name.to_owned(),
+            Route {
+                target: target_ix,
+                base: base_ix,
+                adapter: false,
+            },
+        );
+        for a in adapters {
+            self.routes.insert(
+                a.clone(),
+                Route {
+                    target: target_ix,
+                    base: base_ix,
+                    adapter: true,
+                },
+            );
+        }
+        self.known = self.render_known();
+        Ok(())
+    }
+
+    fn render_known(&self) -> String {
+        let mut names: Vec<&str> = self.routes.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let more = names.len().saturating_sub(KNOWN_NAMES_IN_ERRORS);
+        let mut s = names
+            .into_iter()
+            .take(KNOWN_NAMES_IN_ERRORS)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if more > 0 {
+            s.push_str(&format!(" and {more} more"));
+        }
+        s
+    }
+
+    /// Resolves a request's `model`. An unknown name is [`ApiError::UnknownModel`] (404), whose
+    /// message tells the client to set the `model` field to a served model.
+    pub fn resolve(&self, model: &str) -> Result<Resolved<'_, T>, ApiError> {
+        match self.routes.get_key_value(model) {
+            Some((name, route)) => Ok(Resolved {
+                target: &self.targets[route.target],
+                base_model: &self.bases[route.base],
+                adapter: route.adapter.then_some(name.as_str()),
+            }),
+            None => Err(ApiError::UnknownModel {
+                model: model.to_owned(),
+                known: self.known.clone(),
+            }),
+        }
+    }
+
+    /// Every served name (base models and adapters) with its base model, sorted by name — what
+    /// `GET /v1/models` lists.
+    pub fn models(&self) -> Vec<(&str, &str)> {
+        let mut v: Vec<(&str, &str)> = self
+            .routes
+            .iter()
+            .map(|(n, r)| (n.as_str(), self.bases[r.base].as_str()))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The targets, in the order their models were added.
+    pub fn targets(&self) -> &[T] {
+        &self.targets
+    }
+
+    /// Whether no model is configured.
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router() -> ModelRouter<&'static str> {
+        let mut r = ModelRouter::new();
+        r.add_model("llama", &["sql-lora".into(), "chat-lora".into()], "pool-a")
+            .unwrap();
+        r.add_model("qwen", &[], "pool-b").unwrap();
+        r
+    }
+
+    #[test]
+    fn resolves_models_and_adapters() {
+        let r = router();
+        let x = r.resolve("llama").unwrap();
+        assert_eq!(
+            (*x.target, x.base_model, x.adapter),
+            ("pool-a", "llama", None)
+        );
+        let x = r.resolve("sql-lora").unwrap();
+        assert_eq!(
+            (*x.target, x.base_model, x.adapter),
+            ("pool-a", "llama", Some("sql-lora"))
+        );
+        assert_eq!(*r.resolve("qwen").unwrap().target, "pool-b");
+        assert_eq!(
+            r.models(),
+            vec![
+                ("chat-lora", "llama"),
+                ("llama", "llama"),
+                ("qwen", "qwen"),
+                ("sql-lora", "llama")
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_model_is_a_404_listing_served_models() {
+        let err = router().resolve("gpt-4").unwrap_err();
+        assert_eq!(err.status(), 404);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("gpt-4") && msg.contains("llama, qwen"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn duplicates_and_empty_names_are_rejected() {
+        let mut r = router();
+        assert!(matches!(
+            r.add_model("qwen", &[], "x"),
+            Err(ModelRouterError::Duplicate { .. })
+        ));
+        let err = r
+            .add_model("mistral", &["sql-lora".into()], "x")
+            .unwrap_err();
+        assert!(err.to_string().contains("adapter of `llama`"), "{err}");
+        assert_eq!(r.add_model(" ", &[], "x"), Err(ModelRouterError::Empty));
+        assert!(r.add_model("m2", &["a".into(), "a".into()], "x").is_err());
+        // A failed add leaves the table unchanged.
+        assert!(r.resolve("mistral").is_err());
+        assert_eq!(r.targets().len(), 2);
+    }
+
+    #[test]
+    fn long_name_lists_are_shortened() {
+        let mut r = ModelRouter::new();
+        for i in 0..20 {
+            r.add_model(&format!("m{i:02}"), &[], i).unwrap();
+        }
+        let msg = r.resolve("x").unwrap_err().to_string();
+        assert!(msg.contains("and 4 more"), "{msg}");
+    }
+}
