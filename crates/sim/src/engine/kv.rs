@@ -1,0 +1,236 @@
+//! The KV-cache block pool with prefix caching.
+//!
+//! Blocks are counted, not stored: a block only needs an identity while it carries a prompt-block
+//! hash. Hashed blocks live in a slab with an intrusive LRU list of the unreferenced ones, so an
+//! allocation that runs out of never-hashed free blocks evicts the least recently freed cached
+//! block, as vLLM's free-block queue does. Freed chains are queued tail-first so that a chain is
+//! evicted from its end and its start (the part other prompts share) survives longest.
+
+use std::collections::HashMap;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    hash: u64,
+    refs: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// Block accounting for one engine.
+#[derive(Debug)]
+pub(crate) struct BlockPool {
+    total: u64,
+    /// Free blocks that carry no hash.
+    free_plain: u64,
+    /// Cached blocks with no reference (evictable, in `head..tail` LRU order).
+    lru_len: u64,
+    head: u32,
+    tail: u32,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    map: HashMap<u64, u32>,
+    /// Cached blocks evicted so far.
+    pub(crate) evictions: u64,
+}
+
+impl BlockPool {
+    pub(crate) fn new(total: u64) -> Self {
+        BlockPool {
+            total,
+            free_plain: total,
+            lru_len: 0,
+            head: NIL,
+            tail: NIL,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            map: HashMap::new(),
+            evictions: 0,
+        }
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Blocks that an allocation may take (plain free + evictable cached).
+    pub(crate) fn available(&self) -> u64 {
+        self.free_plain + self.lru_len
+    }
+
+    /// Blocks referenced by requests.
+    pub(crate) fn used(&self) -> u64 {
+        self.total - self.available()
+    }
+
+    /// Takes `n` plain blocks, evicting cached ones if needed. False (and nothing taken) if short.
+    pub(crate) fn alloc(&mut self, n: u64) -> bool {
+        if n > self.available() {
+            return false;
+        }
+        let from_plain = n.min(self.free_plain);
+        self.free_plain -= from_plain;
+        for _ in from_plain..n {
+            self.evict_head();
+        }
+        true
+    }
+
+    /// Returns `n` plain blocks.
+    pub(crate) fn free(&mut self, n: u64) {
+        self.free_plain += n;
+    }
+
+    /// Whether a block with this hash is cached (referenced or not).
+    #[cfg(test)]
+    pub(crate) fn contains(&self, hash: u64) -> bool {
+        self.map.contains_key(&hash)
+    }
+
+    /// Adds a reference to a cached block (taking it off the LRU list if it was unreferenced).
+    /// Returns false if the hash is not cached.
+    pub(crate) fn acquire(&mut self, hash: u64) -> bool {
+        let Some(&idx) = self.map.get(&hash) else {
+            return false;
+        };
+        let i = idx as usize;
+        if self.slots[i].refs == 0 {
+            self.unlink(idx);
+            self.lru_len -= 1;
+        }
+        self.slots[i].refs += 1;
+        true
+    }
+
+    /// Drops a reference; an unreferenced block joins the LRU tail (most recently freed).
+    pub(crate) fn release(&mut self, hash: u64) {
+        let Some(&idx) = self.map.get(&hash) else {
+            return;
+        };
+        let i = idx as usize;
+        if self.slots[i].refs == 0 {
+            return;
+        }
+        self.slots[i].refs -= 1;
+        if self.slots[i].refs == 0 {
+            self.push_tail(idx);
+            self.lru_len += 1;
+        }
+    }
+
+    /// A request has computed a full prompt block it holds as a plain block: publish it under
+    /// `hash`. If another request published the same block meanwhile, share that one and return
+    /// the plain block to the pool.
+    pub(crate) fn publish(&mut self, hash: u64) {
+        if self.acquire(hash) {
+            self.free_plain += 1;
+            return;
+        }
+        let slot = Slot {
+            hash,
+            refs: 1,
+            prev: NIL,
+            next: NIL,
+        };
+        let idx = match self.free_slots.pop() {
+            Some(idx) => {
+                self.slots[idx as usize] = slot;
+                idx
+            }
+            None => {
+                self.slots.push(slot);
+                u32::try_from(self.slots.len() - 1).unwrap_or(NIL)
+            }
+        };
+        self.map.insert(hash, idx);
+    }
+
+    fn evict_head(&mut self) {
+        let idx = self.head;
+        if idx == NIL {
+            return;
+        }
+        self.unlink(idx);
+        self.lru_len -= 1;
+        let hash = self.slots[idx as usize].hash;
+        self.map.remove(&hash);
+        self.free_slots.push(idx);
+        self.evictions += 1;
+    }
+
+    fn unlink(&mut self, idx: u32) {
+        let Slot { prev, next, .. } = self.slots[idx as usize];
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+        let s = &mut self.slots[idx as usize];
+        s.prev = NIL;
+        s.next = NIL;
+    }
+
+    fn push_tail(&mut self, idx: u32) {
+        let tail = self.tail;
+        {
+            let s = &mut self.slots[idx as usize];
+            s.prev = tail;
+            s.next = NIL;
+        }
+        if tail == NIL {
+            self.head = idx;
+        } else {
+            self.slots[tail as usize].next = idx;
+        }
+        self.tail = idx;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_evicts_oldest_unreferenced_and_keeps_accounting() {
+        let mut p = BlockPool::new(4);
+        assert!(p.alloc(3));
+        p.publish(1);
+        p.publish(2);
+        p.publish(3);
+        assert_eq!(p.used(), 3);
+        p.release(3);
+        p.release(2);
+        p.release(1);
+        assert_eq!(p.used(), 0);
+        assert_eq!(p.available(), 4);
+        // one plain block, then the oldest freed (3) goes first
+        assert!(p.alloc(2));
+        assert!(!p.contains(3));
+        assert!(p.contains(2) && p.contains(1));
+        assert!(p.acquire(1));
+        assert_eq!(p.used(), 3);
+        assert!(!p.alloc(2));
+        assert!(p.alloc(1));
+        assert!(!p.contains(2));
+        assert_eq!(p.evictions, 2);
+    }
+
+    #[test]
+    fn publishing_a_duplicate_shares_the_block() {
+        let mut p = BlockPool::new(2);
+        assert!(p.alloc(2));
+        p.publish(7);
+        p.publish(7);
+        assert_eq!(p.used(), 1);
+        p.release(7);
+        assert_eq!(p.used(), 1);
+        p.release(7);
+        assert_eq!(p.used(), 0);
+    }
+}

@@ -1,0 +1,60 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the simulator and emulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// An embedded or user-supplied profile table did not parse.
+    #[error("profile table {name} is not valid YAML for profiles")]
+    ProfileYaml {
+        /// Which table.
+        name: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A profile's numbers are unusable (zero capacity, negative cost, ...).
+    #[error("profile {id} is invalid: {reason}")]
+    ProfileInvalid {
+        /// Profile id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A fleet names a profile that does not exist.
+    #[error("unknown profile {0:?}; known profiles: {1}")]
+    UnknownProfile(String, String),
+    /// A fleet file did not parse.
+    #[error("fleet file is not valid")]
+    FleetYaml(#[source] serde_yaml::Error),
+    /// A fleet file could not be read.
+    #[error("cannot read fleet file {path}")]
+    FleetRead {
+        /// The path.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A fleet is structurally wrong (no pods, duplicate names, ...).
+    #[error("fleet is invalid: {0}")]
+    FleetInvalid(String),
+    /// A request named a pod index that the fleet does not have.
+    #[error("no pod with index {0}")]
+    NoSuchPod(usize),
+    /// A request arrived before the simulator's current time.
+    #[error("request arrival {arrival}s is before the current virtual time {now}s")]
+    ArrivalInPast {
+        /// Arrival time of the request (s).
+        arrival: f64,
+        /// Current virtual time (s).
+        now: f64,
+    },
+    /// A request can never be served by the pod (prompt larger than its KV cache, unknown adapter).
+    #[error("request rejected: {0}")]
+    Rejected(String),
+    /// Binding or serving a socket failed.
+    #[error("emulator IO failed")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,352 @@
+//! The discrete-event fleet: many engines on one virtual clock.
+//!
+//! A router drives it: [`Fleet::submit`] a request to the pod it chose (the fleet first advances
+//! to the request's arrival), read pods' state with [`Fleet::view`] (exact, now) or
+//! [`Fleet::scraped`] (what a scraper polling every `interval` with `lag` would hold), and collect
+//! [`Completion`]s with [`Fleet::drain_completions`].
+//!
+//! Each busy pod has one pending event (its step's end) in a binary heap; a pod that only decodes
+//! runs a bulk step (many iterations priced in closed form) that an arrival cuts short, so the cost
+//! per request is a handful of heap operations and one pass over the pod's batch, not one event per
+//! token.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+use crate::spec::{EngineKind, FleetSpec};
+use crate::tokens::chain_seed;
+use crate::{Completion, Engine, EngineRequest, EngineView, Prompt, SimError};
+
+/// A request for the fleet.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Caller's id, echoed in the completion.
+    pub id: u64,
+    /// Arrival time (virtual seconds); must not be before [`Fleet::now`].
+    pub arrival: f64,
+    /// The prompt (text, or a token count with an optional shared prefix).
+    pub prompt: Prompt,
+    /// Output tokens to generate.
+    pub max_tokens: u32,
+    /// LoRA adapter name, if any (must be one of the pod's adapters).
+    pub lora: Option<Arc<str>>,
+}
+
+/// How the simulated scraper samples pods.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScrapeConfig {
+    /// Seconds between scrapes (upstream default 0.05).
+    pub interval: f64,
+    /// Seconds between a scrape and the router seeing it.
+    pub lag: f64,
+}
+
+#[derive(Debug)]
+struct SimPod {
+    name: Arc<str>,
+    engine_kind: EngineKind,
+    engine: Engine,
+    /// Bumped whenever the pending event is replaced; stale heap entries are skipped.
+    version: u32,
+    scraped: EngineView,
+    pending: VecDeque<(f64, EngineView)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    t: f64,
+    pod: u32,
+    version: u32,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    // Reversed: BinaryHeap is a max-heap and we want the earliest event (then lowest pod) first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .t
+            .total_cmp(&self.t)
+            .then_with(|| other.pod.cmp(&self.pod))
+    }
+}
+
+/// Receives completions and stamps the pod index.
+struct PodSink<'a> {
+    pod: u32,
+    out: &'a mut Vec<Completion>,
+}
+
+impl crate::Sink for PodSink<'_> {
+    fn completed(&mut self, mut c: Completion) {
+        c.pod = self.pod;
+        self.out.push(c);
+    }
+}
+
+/// A simulated fleet on a virtual clock.
+#[derive(Debug)]
+pub struct Fleet {
+    pods: Vec<SimPod>,
+    heap: BinaryHeap<Event>,
+    now: f64,
+    done: Vec<Completion>,
+    scrape: Option<ScrapeConfig>,
+    next_scrape: f64,
+}
+
+impl Fleet {
+    /// A fleet at virtual time 0, all pods idle.
+    pub fn new(spec: &FleetSpec) -> Result<Self, SimError> {
+        let mut pods = Vec::with_capacity(spec.pods.len());
+        for p in &spec.pods {
+            let mut engine = Engine::new(
+                p.profile.clone(),
+                p.lora_adapters.clone(),
+                p.max_loras,
+                chain_seed(&p.model),
+                false,
+            );
+            engine.set_slowdown(p.faults.slowdown);
+            let mut scraped = EngineView::default();
+            engine.view_into(0.0, &mut scraped);
+            pods.push(SimPod {
+                name: p.name.as_str().into(),
+                engine_kind: p.engine,
+                engine,
+                version: 0,
+                scraped,
+                pending: VecDeque::new(),
+            });
+        }
+        if u32::try_from(pods.len()).is_err() {
+            return Err(SimError::FleetInvalid("too many pods".into()));
+        }
+        Ok(Fleet {
+            heap: BinaryHeap::with_capacity(pods.len() * 2),
+            pods,
+            now: 0.0,
+            done: Vec::new(),
+            scrape: None,
+            next_scrape: 0.0,
+        })
+    }
+
+    /// Turns on scrape simulation from the current time on.
+    pub fn set_scrape(&mut self, scrape: Option<ScrapeConfig>) {
+        self.scrape = scrape.filter(|s| s.interval > 0.0 && s.interval.is_finite());
+        self.next_scrape = self.now;
+    }
+
+    /// Current virtual time (s).
+    pub fn now(&self) -> f64 {
+        self.now
+    }
+
+    /// Number of pods.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether the fleet has no pods (never, for a fleet built from a valid spec).
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// Pod name.
+    pub fn pod_name(&self, pod: usize) -> Option<&str> {
+        self.pods.get(pod).map(|p| &*p.name)
+    }
+
+    /// Pod's engine flavour.
+    pub fn pod_engine(&self, pod: usize) -> Option<EngineKind> {
+        self.pods.get(pod).map(|p| p.engine_kind)
+    }
+
+    /// The pod's engine (profile, stats).
+    pub fn engine(&self, pod: usize) -> Option<&Engine> {
+        self.pods.get(pod).map(|p| &p.engine)
+    }
+
+    /// Changes a pod's speed (fault injection).
+    pub fn set_slowdown(&mut self, pod: usize, factor: f64) -> Result<(), SimError> {
+        self.pods
+            .get_mut(pod)
+            .ok_or(SimError::NoSuchPod(pod))?
+            .engine
+            .set_slowdown(factor);
+        Ok(())
+    }
+
+    /// Time of the next pending event, if any.
+    pub fn next_event_time(&mut self) -> Option<f64> {
+        while let Some(ev) = self.heap.peek() {
+            if self.pods[ev.pod as usize].version == ev.version {
+                return Some(ev.t);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// Processes every event up to and including `t`, then sets the clock to `t` (if later).
+    pub fn advance_to(&mut self, t: f64) {
+        loop {
+            let next_ev = self.next_event_time();
+            let next_scrape = if self.scrape.is_some() {
+                self.next_scrape
+            } else {
+                f64::INFINITY
+            };
+            match next_ev {
+                Some(te) if te <= t && te <= next_scrape => {
+                    let Some(ev) = self.heap.pop() else { break };
+                    self.now = self.now.max(ev.t);
+                    self.step_pod(ev.pod as usize, ev.t);
+                }
+                _ if next_scrape <= t => {
+                    self.now = self.now.max(next_scrape);
+                    self.take_scrape(next_scrape);
+                }
+                _ => break,
+            }
+        }
+        if t > self.now {
+            self.now = t;
+        }
+    }
+
+    /// Runs until no pod has work left; returns the final time.
+    pub fn run_until_idle(&mut self) -> f64 {
+        while let Some(t) = self.next_event_time() {
+            self.advance_to(t);
+        }
+        self.now
+    }
+
+    fn step_pod(&mut self, i: usize, t: f64) {
+        let pod = &mut self.pods[i];
+        let mut sink = PodSink {
+            pod: i as u32,
+            out: &mut self.done,
+        };
+        pod.engine.finish_step(&mut sink);
+        if let Some(end) = pod.engine.start_step(t, true) {
+            pod.version = pod.version.wrapping_add(1);
+            self.heap.push(Event {
+                t: end,
+                pod: i as u32,
+                version: pod.version,
+            });
+        }
+    }
+
+    fn take_scrape(&mut self, t: f64) {
+        let Some(cfg) = self.scrape else { return };
+        for pod in &mut self.pods {
+            let mut v = EngineView::default();
+            pod.engine.view_into(t, &mut v);
+            if cfg.lag <= 0.0 {
+                pod.scraped = v;
+            } else {
+                pod.pending.push_back((t + cfg.lag, v));
+            }
+        }
+        self.next_scrape = t + cfg.interval;
+    }
+
+    /// Submits `req` to pod `pod`. The fleet first advances to `req.arrival`.
+    pub fn submit(&mut self, pod: usize, req: Request) -> Result<(), SimError> {
+        if pod >= self.pods.len() {
+            return Err(SimError::NoSuchPod(pod));
+        }
+        if req.arrival < self.now || !req.arrival.is_finite() {
+            return Err(SimError::ArrivalInPast {
+                arrival: req.arrival,
+                now: self.now,
+            });
+        }
+        self.advance_to(req.arrival);
+        let p = &mut self.pods[pod];
+        let lora = match &req.lora {
+            None => None,
+            Some(name) => Some(p.engine.adapter_index(name).ok_or_else(|| {
+                SimError::Rejected(format!("pod {} does not serve LoRA adapter {name}", p.name))
+            })?),
+        };
+        p.engine.submit(EngineRequest {
+            id: req.id,
+            arrival: req.arrival,
+            prompt: req.prompt,
+            max_tokens: req.max_tokens,
+            lora,
+        })?;
+        let t = req.arrival;
+        let new_end = if p.engine.in_step() {
+            let before = p.engine.step_end();
+            let after = p.engine.interrupt_at(t);
+            if after == before { None } else { after }
+        } else {
+            p.engine.start_step(t, true)
+        };
+        if let Some(end) = new_end {
+            p.version = p.version.wrapping_add(1);
+            self.heap.push(Event {
+                t: end,
+                pod: pod as u32,
+                version: p.version,
+            });
+        }
+        Ok(())
+    }
+
+    /// Moves the completions gathered so far into `out`.
+    pub fn drain_completions(&mut self, out: &mut Vec<Completion>) {
+        out.append(&mut self.done);
+    }
+
+    /// Completions gathered so far (not drained).
+    pub fn completions(&self) -> &[Completion] {
+        &self.done
+    }
+
+    /// The pod's exact state now, written into `out`.
+    pub fn view_into(&self, pod: usize, out: &mut EngineView) -> Result<(), SimError> {
+        let p = self.pods.get(pod).ok_or(SimError::NoSuchPod(pod))?;
+        p.engine.view_into(self.now, out);
+        Ok(())
+    }
+
+    /// The pod's exact state now.
+    pub fn view(&self, pod: usize) -> Result<EngineView, SimError> {
+        let mut v = EngineView::default();
+        self.view_into(pod, &mut v)?;
+        Ok(v)
+    }
+
+    /// What the simulated scraper holds for the pod now (the latest scrape older than the lag).
+    /// Without [`Fleet::set_scrape`], the state at time 0.
+    pub fn scraped(&mut self, pod: usize) -> Result<&EngineView, SimError> {
+        let now = self.now;
+        let p = self.pods.get_mut(pod).ok_or(SimError::NoSuchPod(pod))?;
+        while p.pending.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, v)) = p.pending.pop_front() {
+                p.scraped = v;
+            }
+        }
+        Ok(&p.scraped)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,366 @@
+//! Fleet descriptions: which pods, on which profile, speaking which engine's metrics, with which
+//! LoRA adapters and faults. Read from YAML (`infergate sim --fleet fleet.yaml`) or built in code.
+//!
+//! ```yaml
+//! seed: 7
+//! pods:
+//!   - name: h100            # with replicas > 1 the pods are h100-0, h100-1, ...
+//!     profile: llama-3.1-8b/h100
+//!     engine: vllm          # vllm | sglang | tgi
+//!     replicas: 2
+//!     lora_adapters: [sql-lora, chat-lora]
+//!     max_loras: 2
+//!     faults:               # live serving only
+//!       - { at_s: 30, hang: true }
+//!       - { at_s: 60, hang: false, metrics: frozen, error_rate: 0.1, slowdown: 2.0 }
+//! ```
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Catalog, Profile, SimError};
+
+/// Which model server a pod imitates: decides the `/metrics` names and format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// vLLM (`vllm:` families, as vLLM 0.32 serves them).
+    #[default]
+    Vllm,
+    /// SGLang (`sglang:` families).
+    Sglang,
+    /// Text Generation Inference (`tgi_` families; no KV gauge).
+    Tgi,
+}
+
+impl EngineKind {
+    /// Lower-case name, as in the `inference.networking.k8s.io/engine-type` pod label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Tgi => "tgi",
+        }
+    }
+}
+
+/// What the `/metrics` endpoint does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsFault {
+    /// Live values.
+    #[default]
+    Normal,
+    /// The page stops changing (the last page served is repeated).
+    Frozen,
+    /// `/metrics` answers 404.
+    Missing,
+}
+
+/// A pod's fault state. Every field is optional in a fleet file's fault step: unset fields keep
+/// their previous value.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// The pod accepts connections but never answers any endpoint.
+    pub hang: bool,
+    /// `/metrics` behaviour.
+    pub metrics: MetricsFault,
+    /// Fraction (0–1) of inference requests answered with HTTP 500.
+    pub error_rate: f64,
+    /// Step-time multiplier (1 = profile speed).
+    pub slowdown: f64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            hang: false,
+            metrics: MetricsFault::Normal,
+            error_rate: 0.0,
+            slowdown: 1.0,
+        }
+    }
+}
+
+/// A scripted change of faults, `at_s` seconds after the fleet starts serving.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultStep {
+    /// Seconds after start.
+    pub at_s: f64,
+    /// New `hang`, if set.
+    #[serde(default)]
+    pub hang: Option<bool>,
+    /// New metrics behaviour, if set.
+    #[serde(default)]
+    pub metrics: Option<MetricsFault>,
+    /// New error rate, if set.
+    #[serde(default)]
+    pub error_rate: Option<f64>,
+    /// New slowdown, if set.
+    #[serde(default)]
+    pub slowdown: Option<f64>,
+}
+
+impl FaultStep {
+    /// Applies the set fields to `f`.
+    pub fn apply(&self, f: &mut Faults) {
+        if let Some(v) = self.hang {
+            f.hang = v;
+        }
+        if let Some(v) = self.metrics {
+            f.metrics = v;
+        }
+        if let Some(v) = self.error_rate {
+            f.error_rate = v.clamp(0.0, 1.0);
+        }
+        if let Some(v) = self.slowdown {
+            f.slowdown = v;
+        }
+    }
+}
+
+/// One resolved pod.
+#[derive(Debug, Clone)]
+pub struct PodSpec {
+    /// Unique name (also sent in the `x-infergate-pod` response header).
+    pub name: String,
+    /// Its performance profile.
+    pub profile: Arc<Profile>,
+    /// Which engine's metrics it serves.
+    pub engine: EngineKind,
+    /// Served (base) model name.
+    pub model: Arc<str>,
+    /// LoRA adapters it can serve.
+    pub lora_adapters: Vec<Arc<str>>,
+    /// Resident LoRA slots.
+    pub max_loras: u32,
+    /// Seed for the pod's own randomness (error injection, generated text).
+    pub seed: u64,
+    /// Faults from the start.
+    pub faults: Faults,
+    /// Scripted fault changes, in time order.
+    pub fault_script: Vec<FaultStep>,
+    /// Fixed port for live serving (0 = any free port).
+    pub port: u16,
+}
+
+impl PodSpec {
+    /// A fault-free pod on `profile` with the profile's model name and LoRA slots.
+    pub fn new(name: impl Into<String>, profile: &Profile, engine: EngineKind) -> Self {
+        PodSpec {
+            name: name.into(),
+            model: profile.model.as_str().into(),
+            profile: Arc::new(profile.clone()),
+            engine,
+            lora_adapters: Vec::new(),
+            max_loras: profile.max_loras,
+            seed: 0,
+            faults: Faults::default(),
+            fault_script: Vec::new(),
+            port: 0,
+        }
+    }
+}
+
+/// A resolved fleet.
+#[derive(Debug, Clone, Default)]
+pub struct FleetSpec {
+    /// Base seed; pod seeds derive from it.
+    pub seed: u64,
+    /// The pods, in order (their index is the pod index of [`crate::fleet::Fleet`]).
+    pub pods: Vec<PodSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetFile {
+    #[serde(default)]
+    seed: u64,
+    pods: Vec<PodEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodEntry {
+    name: String,
+    profile: String,
+    #[serde(default)]
+    engine: EngineKind,
+    #[serde(default = "one")]
+    replicas: u32,
+    #[serde(default)]
+    served_model_name: Option<String>,
+    #[serde(default)]
+    lora_adapters: Vec<String>,
+    #[serde(default)]
+    max_loras: Option<u32>,
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default)]
+    faults: Vec<FaultStep>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl FleetSpec {
+    /// Parses a fleet file against the built-in profiles.
+    pub fn from_yaml(text: &str) -> Result<Self, SimError> {
+        Self::from_yaml_with(text, &Catalog::builtin()?)
+    }
+
+    /// Reads and parses a fleet file.
+    pub fn from_file(path: &Path) -> Result<Self, SimError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::FleetRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Parses a fleet file against `catalog`.
+    pub fn from_yaml_with(text: &str, catalog: &Catalog) -> Result<Self, SimError> {
+        let file: FleetFile = serde_yaml::from_str(text).map_err(SimError::FleetYaml)?;
+        let mut spec = FleetSpec {
+            seed: file.seed,
+            pods: Vec::new(),
+        };
+        for entry in file.pods {
+            let profile = catalog.get(&entry.profile)?;
+            if entry.replicas == 0 {
+                return Err(SimError::FleetInvalid(format!(
+                    "pod {} has replicas: 0",
+                    entry.name
+                )));
+            }
+            let mut script = entry.faults.clone();
+            script.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+            let mut faults = Faults::default();
+            script.retain(|s| {
+                if s.at_s <= 0.0 {
+                    s.apply(&mut faults);
+                    false
+                } else {
+                    true
+                }
+            });
+            for r in 0..entry.replicas {
+                let name = if entry.replicas == 1 {
+                    entry.name.clone()
+                } else {
+                    format!("{}-{r}", entry.name)
+                };
+                let mut pod = PodSpec::new(name, profile, entry.engine);
+                if let Some(m) = &entry.served_model_name {
+                    pod.model = m.as_str().into();
+                }
+                pod.lora_adapters = entry
+                    .lora_adapters
+                    .iter()
+                    .map(|a| a.as_str().into())
+                    .collect();
+                pod.max_loras = entry.max_loras.unwrap_or(profile.max_loras);
+                pod.faults = faults;
+                pod.fault_script = script.clone();
+                pod.port = match entry.port {
+                    Some(0) | None => 0,
+                    Some(p) => p.saturating_add(u16::try_from(r).unwrap_or(u16::MAX)),
+                };
+                spec.pods.push(pod);
+            }
+        }
+        spec.finish()
+    }
+
+    /// Assigns pod seeds and validates names and adapters.
+    pub fn finish(mut self) -> Result<Self, SimError> {
+        if self.pods.is_empty() {
+            return Err(SimError::FleetInvalid(
+                "a fleet needs at least one pod".into(),
+            ));
+        }
+        let mut names: Vec<&str> = self.pods.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(SimError::FleetInvalid(format!(
+                "two pods are named {}",
+                w[0]
+            )));
+        }
+        for (i, pod) in self.pods.iter_mut().enumerate() {
+            if pod.lora_adapters.len() > usize::from(u16::MAX) {
+                return Err(SimError::FleetInvalid(format!(
+                    "pod {} has too many adapters",
+                    pod.name
+                )));
+            }
+            if pod.seed == 0 {
+                pod.seed = self
+                    .seed
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    .wrapping_add(i as u64 + 1);
+            }
+        }
+        Ok(self)
+    }
+
+    /// A fleet of `n` identical pods named `prefix-0..n`.
+    pub fn uniform(
+        profile: &Profile,
+        engine: EngineKind,
+        prefix: &str,
+        n: usize,
+    ) -> Result<Self, SimError> {
+        let pods = (0..n)
+            .map(|i| PodSpec::new(format!("{prefix}-{i}"), profile, engine))
+            .collect();
+        FleetSpec { seed: 0, pods }.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fleet_file_expands_replicas_and_faults() {
+        let spec = FleetSpec::from_yaml(
+            "seed: 3\npods:\n  - name: a\n    profile: llama-3.1-8b/a10g\n    engine: tgi\n    replicas: 2\n    lora_adapters: [x]\n    faults:\n      - { at_s: 0, slowdown: 2 }\n      - { at_s: 5, hang: true }\n  - name: b\n    profile: llama-3.1-8b/h100\n",
+        )
+        .unwrap();
+        assert_eq!(spec.pods.len(), 3);
+        assert_eq!(spec.pods[1].name, "a-1");
+        assert_eq!(spec.pods[1].engine, EngineKind::Tgi);
+        assert_eq!(spec.pods[0].faults.slowdown, 2.0);
+        assert_eq!(spec.pods[0].fault_script.len(), 1);
+        assert_eq!(spec.pods[2].engine, EngineKind::Vllm);
+        assert_ne!(spec.pods[0].seed, spec.pods[1].seed);
+    }
+
+    #[test]
+    fn bad_fleets_get_typed_errors() {
+        assert!(matches!(
+            FleetSpec::from_yaml("pods:\n  - {name: a, profile: nope}\n"),
+            Err(SimError::UnknownProfile(..))
+        ));
+        assert!(matches!(
+            FleetSpec::from_yaml(
+                "pods:\n  - {name: a, profile: llama-3.1-8b/h100}\n  - {name: a, profile: llama-3.1-8b/h100}\n"
+            ),
+            Err(SimError::FleetInvalid(_))
+        ));
+        assert!(matches!(
+            FleetSpec::from_yaml("pods: 3"),
+            Err(SimError::FleetYaml(_))
+        ));
+        assert!(matches!(
+            FleetSpec::from_yaml("pods: []"),
+            Err(SimError::FleetInvalid(_))
+        ));
+    }
+}
