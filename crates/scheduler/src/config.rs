@@ -585,3 +585,7 @@ impl From<SchedulerConfig> for ConfigSpec {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests;
