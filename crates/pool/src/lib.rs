@@ -1,0 +1,371 @@
+//! A live inference pool: the scheduler, kept fresh by the metrics scraper.
+//!
+//! The ext_proc endpoint picker and the standalone gateway route the same way because they run
+//! on the same [`LivePool`]: a [`Scheduler`] behind one short-held mutex, a metrics [`Scraper`]
+//! whose snapshots flow straight into it, one clock, and one seeded random generator.
+//!
+//! Per request, a shell calls [`LivePool::pick`] and holds the returned [`Inflight`] guard for as
+//! long as the request runs. The guard reports the outcome back to the scheduler — first token,
+//! completion with usage (which teaches the rate learner), failure — and, if it is dropped without
+//! an outcome (client reset, stream cancelled, task aborted), cancels the in-flight entry. So no
+//! path through a shell can leak in-flight accounting.
+//!
+//! Layout:
+//! - this file — [`PoolConfig`], [`LivePool`], [`Inflight`];
+//! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`;
+//! - [`error`] — [`PoolError`].
+//!
+//! [`Scraper`]: infergate_metrics::Scraper
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use infergate_metrics::{Clock, ScrapeMetrics, Scraper, ScraperConfig, Target, Update};
+use infergate_scheduler::{
+    Decision, EndpointInfo, EndpointMeta, Explanation, Ranked, Rejection, RequestContext,
+    Scheduler, SchedulerConfig, Ticket, Usage,
+};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+pub mod admin;
+pub mod error;
+
+pub use error::PoolError;
+
+/// How a pool routes and how it watches its endpoints.
+#[derive(Clone, Debug, Default)]
+pub struct PoolConfig {
+    /// Filters, scorers, weights and admission.
+    pub scheduler: SchedulerConfig,
+    /// Scrape interval, staleness, timeouts and limits.
+    pub scrape: ScraperConfig,
+    /// Seed of the tie-breaking random generator (fixed seeds make runs reproducible).
+    pub seed: u64,
+}
+
+/// The scheduler and its random generator, locked together for one pick.
+struct State {
+    scheduler: Scheduler,
+    rng: SmallRng,
+}
+
+/// The pool's own metrics.
+#[derive(Clone)]
+struct Telemetry {
+    pick_seconds: Histogram,
+    endpoints: Gauge,
+}
+
+impl Telemetry {
+    fn new(registry: Option<&mut Registry>) -> Self {
+        // Pick latency buckets from 1 µs to ~4 ms: a pick is microseconds; anything in the
+        // milliseconds is lock contention worth seeing.
+        let t = Telemetry {
+            pick_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(1e-6, 2.0, 13),
+            ),
+            endpoints: Gauge::default(),
+        };
+        if let Some(r) = registry {
+            r.register(
+                "pool_pick_duration_seconds",
+                "Time to choose endpoints for one request, lock wait included",
+                t.pick_seconds.clone(),
+            );
+            r.register(
+                "pool_endpoints",
+                "Endpoints in the pool",
+                t.endpoints.clone(),
+            );
+        }
+        t
+    }
+}
+
+struct Shared {
+    state: Arc<Mutex<State>>,
+    scraper: Scraper<SocketAddr>,
+    clock: Clock,
+    stale_after: Duration,
+    telemetry: Telemetry,
+}
+
+/// A pool of model-server endpoints with live metrics and a scheduler. Cheap to clone.
+#[derive(Clone)]
+pub struct LivePool {
+    shared: Arc<Shared>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding the lock leaves the scheduler consistent enough to keep routing:
+    // every mutation it makes is a single counter or table update.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl LivePool {
+    /// Starts a pool with no endpoints. Must be called inside a tokio runtime (the scraper spawns
+    /// tasks). Metrics are registered into `registry` when one is given.
+    pub fn start(config: PoolConfig, registry: Option<&mut Registry>) -> Result<Self, PoolError> {
+        Self::start_with_clock(config, Clock::starting_now(), registry)
+    }
+
+    /// As [`LivePool::start`], with the clock given (tests pass one on tokio's paused time).
+    pub fn start_with_clock(
+        config: PoolConfig,
+        clock: Clock,
+        mut registry: Option<&mut Registry>,
+    ) -> Result<Self, PoolError> {
+        let scheduler = Scheduler::new(config.scheduler)?;
+        let state = Arc::new(Mutex::new(State {
+            scheduler,
+            rng: SmallRng::seed_from_u64(config.seed),
+        }));
+        let scrape_metrics = match registry.as_deref_mut() {
+            Some(r) => ScrapeMetrics::register(r),
+            None => ScrapeMetrics::default(),
+        };
+        let telemetry = Telemetry::new(registry);
+        let sink_state = Arc::clone(&state);
+        let sink = move |addr: &SocketAddr, update: Update| match update {
+            Update::Snapshot(snapshot) => {
+                if let Err(e) = lock(&sink_state).scheduler.apply_metrics(*addr, snapshot) {
+                    // The endpoint left the pool while its scrape was in flight.
+                    tracing::debug!(endpoint = %addr, error = %e, "snapshot for a removed endpoint dropped");
+                }
+            }
+            // Nothing to do: the scheduler's freshness filter ages the old snapshot out by itself,
+            // and the scraper has already logged the transition.
+            Update::Stale { .. } => {}
+        };
+        let stale_after = config.scrape.stale_after;
+        let scraper = Scraper::spawn(config.scrape, clock, scrape_metrics, sink)?;
+        Ok(LivePool {
+            shared: Arc::new(Shared {
+                state,
+                scraper,
+                clock,
+                stale_after,
+                telemetry,
+            }),
+        })
+    }
+
+    /// Replaces the pool's membership: endpoints not listed leave (their in-flight entries are
+    /// dropped with them), listed ones are added or updated, and the scraper follows.
+    pub fn set_endpoints(
+        &self,
+        endpoints: impl IntoIterator<Item = EndpointMeta>,
+    ) -> Result<(), PoolError> {
+        let endpoints: Vec<EndpointMeta> = endpoints.into_iter().collect();
+        for (i, e) in endpoints.iter().enumerate() {
+            if endpoints[..i].iter().any(|o| o.addr == e.addr) {
+                return Err(PoolError::DuplicateEndpoint { addr: e.addr });
+            }
+        }
+        {
+            let mut st = lock(&self.shared.state);
+            let leaving: Vec<SocketAddr> = st
+                .scheduler
+                .endpoints()
+                .map(|m| m.addr)
+                .filter(|a| !endpoints.iter().any(|e| e.addr == *a))
+                .collect();
+            for addr in leaving {
+                st.scheduler.remove_endpoint(addr);
+            }
+            for e in &endpoints {
+                st.scheduler.upsert_endpoint(e.clone());
+            }
+        }
+        // Scheduler first, scraper second: a first snapshot always finds its endpoint.
+        self.shared.scraper.set_targets(
+            endpoints
+                .iter()
+                .map(|e| Target::new(e.addr, e.addr, e.engine)),
+        )?;
+        self.shared
+            .telemetry
+            .endpoints
+            .set(i64::try_from(endpoints.len()).unwrap_or(i64::MAX));
+        Ok(())
+    }
+
+    /// Chooses endpoints for a request. The returned guard holds the in-flight entry.
+    pub fn pick(&self, req: &RequestContext<'_>) -> Result<Inflight, Rejection> {
+        let started = std::time::Instant::now();
+        let now = self.shared.clock.now();
+        let decision = {
+            let mut st = lock(&self.shared.state);
+            let State { scheduler, rng } = &mut *st;
+            scheduler.pick(req, now, rng)
+        };
+        self.shared
+            .telemetry
+            .pick_seconds
+            .observe(started.elapsed().as_secs_f64());
+        decision.map(|d| Inflight::new(self.clone(), d))
+    }
+
+    /// As [`LivePool::pick`], with the decision record (candidates, filters, every score).
+    pub fn pick_explained(
+        &self,
+        req: &RequestContext<'_>,
+    ) -> (Result<Inflight, Rejection>, Explanation) {
+        let now = self.shared.clock.now();
+        let (decision, explanation) = {
+            let mut st = lock(&self.shared.state);
+            let State { scheduler, rng } = &mut *st;
+            scheduler.pick_explained(req, now, rng)
+        };
+        (
+            decision.map(|d| Inflight::new(self.clone(), d)),
+            explanation,
+        )
+    }
+
+    /// Whether at least one endpoint has metrics fresher than the staleness threshold.
+    pub fn is_ready(&self) -> bool {
+        let now = self.shared.clock.now();
+        let st = lock(&self.shared.state);
+        let addrs: Vec<SocketAddr> = st.scheduler.endpoints().map(|m| m.addr).collect();
+        addrs.into_iter().any(|a| {
+            st.scheduler
+                .endpoint(a)
+                .and_then(|info| info.metrics)
+                .is_some_and(|m| now.saturating_since(m.sampled_at) <= self.shared.stale_after)
+        })
+    }
+
+    /// A view of every endpoint (identity, latest metrics, in-flight, learned rates).
+    pub fn endpoints_info(&self) -> Vec<EndpointInfo> {
+        let st = lock(&self.shared.state);
+        let addrs: Vec<SocketAddr> = st.scheduler.endpoints().map(|m| m.addr).collect();
+        addrs
+            .into_iter()
+            .filter_map(|a| st.scheduler.endpoint(a))
+            .collect()
+    }
+
+    /// Requests in flight across the pool, as the scheduler counts them.
+    pub fn inflight(&self) -> usize {
+        lock(&self.shared.state).scheduler.inflight()
+    }
+
+    /// The pool's clock.
+    pub fn clock(&self) -> Clock {
+        self.shared.clock
+    }
+
+    /// The scheduler configuration in force.
+    pub fn scheduler_config(&self) -> SchedulerConfig {
+        lock(&self.shared.state).scheduler.config().clone()
+    }
+
+    /// Stops scraping. Picks keep working on the last snapshots until they age out.
+    pub fn shutdown(&self) {
+        self.shared.scraper.shutdown();
+    }
+
+    fn with_scheduler<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+        f(&mut lock(&self.shared.state).scheduler)
+    }
+}
+
+/// The in-flight entry of one routed request. Report its outcome through it; dropping it without
+/// [`Inflight::complete`] or [`Inflight::fail`] cancels the entry.
+pub struct Inflight {
+    pool: LivePool,
+    decision: Decision,
+    current: SocketAddr,
+    first_token: bool,
+    finished: bool,
+}
+
+impl std::fmt::Debug for Inflight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inflight")
+            .field("endpoints", &self.decision.endpoints)
+            .field("current", &self.current)
+            .field("first_token", &self.first_token)
+            .finish()
+    }
+}
+
+impl Inflight {
+    fn new(pool: LivePool, decision: Decision) -> Self {
+        let current = decision.endpoints.first();
+        Inflight {
+            pool,
+            decision,
+            current,
+            first_token: false,
+            finished: false,
+        }
+    }
+
+    /// The ranked endpoints: first choice, then fallbacks.
+    pub fn endpoints(&self) -> &Ranked {
+        &self.decision.endpoints
+    }
+
+    /// The endpoint the entry is currently charged to.
+    pub fn endpoint(&self) -> SocketAddr {
+        self.current
+    }
+
+    /// The scheduler's ticket.
+    pub fn ticket(&self) -> Ticket {
+        self.decision.ticket
+    }
+
+    /// Moves the entry to `addr` after falling back to it.
+    pub fn reassign(&mut self, addr: SocketAddr) {
+        if addr != self.current {
+            let ticket = self.decision.ticket;
+            self.pool.with_scheduler(|s| s.reassign(ticket, addr));
+            self.current = addr;
+        }
+    }
+
+    /// Records the first generated token (the time to first token). Later calls do nothing.
+    pub fn first_token(&mut self) {
+        if !self.first_token {
+            self.first_token = true;
+            let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
+            self.pool.with_scheduler(|s| s.first_token(ticket, now));
+        }
+    }
+
+    /// Whether the first token has been recorded.
+    pub fn saw_first_token(&self) -> bool {
+        self.first_token
+    }
+
+    /// The request completed; `usage` teaches the rate learner.
+    pub fn complete(mut self, usage: Usage) {
+        self.finished = true;
+        let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
+        self.pool.with_scheduler(|s| s.complete(ticket, now, usage));
+    }
+
+    /// The request failed (upstream error or timeout).
+    pub fn fail(mut self) {
+        self.finished = true;
+        let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
+        self.pool.with_scheduler(|s| s.fail(ticket, now));
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        if !self.finished {
+            let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
+            self.pool.with_scheduler(|s| s.cancel(ticket, now));
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The live pool against real HTTP metrics servers on 127.0.0.1.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a failed test
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use infergate_metrics::ScraperConfig;
+use infergate_pool::{LivePool, PoolConfig};
+use infergate_scheduler::{EndpointMeta, EngineType, RequestContext, SchedulerConfig, Usage};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A vLLM-style page whose queue depth is read from `waiting` on every request.
+async fn metrics_server(waiting: Arc<AtomicU32>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let waiting = Arc::clone(&waiting);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    let mut got = 0;
+                    // Read one request head.
+                    loop {
+                        match s.read(&mut buf[got..]).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got += n,
+                        }
+                        if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                    let body = format!(
+                        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
+                         # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} 0\n\
+                         # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\n",
+                        waiting.load(Ordering::Relaxed)
+                    );
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if s.write_all(head.as_bytes()).await.is_err()
+                        || s.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn meta(addr: SocketAddr, name: &str) -> EndpointMeta {
+    EndpointMeta {
+        namespace: "default".into(),
+        pod: name.into(),
+        addr,
+        engine: EngineType::Vllm,
+        gpu: None,
+        labels: BTreeMap::new(),
+    }
+}
+
+fn config() -> PoolConfig {
+    PoolConfig {
+        scheduler: SchedulerConfig::default(),
+        scrape: ScraperConfig {
+            interval: Duration::from_millis(20),
+            stale_after: Duration::from_millis(200),
+            timeout: Duration::from_millis(150),
+            ..ScraperConfig::default()
+        },
+        seed: 7,
+    }
+}
+
+async fn wait_ready(pool: &LivePool) {
+    for _ in 0..200 {
+        if pool.is_ready() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("pool never became ready");
+}
+
+#[tokio::test]
+async fn picks_follow_scraped_load_and_guards_release_inflight() {
+    let busy = Arc::new(AtomicU32::new(6));
+    let idle = Arc::new(AtomicU32::new(0));
+    let a = metrics_server(Arc::clone(&busy)).await;
+    let b = metrics_server(Arc::clone(&idle)).await;
+    let mut registry = Registry::default();
+    let pool = LivePool::start(config(), Some(&mut registry)).unwrap();
+    assert!(!pool.is_ready(), "no endpoints, not ready");
+    pool.set_endpoints([meta(a, "busy"), meta(b, "idle")])
+        .unwrap();
+    wait_ready(&pool).await;
+    // Let both pages arrive.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let req = RequestContext::new("m", 100);
+    let first = pool.pick(&req).unwrap();
+    assert_eq!(first.endpoint(), b, "the idle pod wins");
+    assert_eq!(first.endpoints().len(), 2, "the other pod is the fallback");
+    assert_eq!(pool.inflight(), 1);
+
+    // Completing, failing and dropping each release exactly one entry.
+    let mut second = pool.pick(&req).unwrap();
+    let third = pool.pick(&req).unwrap();
+    assert_eq!(pool.inflight(), 3);
+    second.first_token();
+    second.complete(Usage {
+        prompt_tokens: 100,
+        cached_tokens: 0,
+        output_tokens: 10,
+    });
+    assert_eq!(pool.inflight(), 2);
+    third.fail();
+    assert_eq!(pool.inflight(), 1);
+    drop(first);
+    assert_eq!(pool.inflight(), 0, "a dropped guard cancels its entry");
+
+    // Membership changes follow: only the busy pod remains.
+    pool.set_endpoints([meta(a, "busy")]).unwrap();
+    let only = pool.pick(&req).unwrap();
+    assert_eq!(only.endpoint(), a);
+    assert_eq!(only.endpoints().len(), 1);
+    drop(only);
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("pool_pick_duration_seconds"), "{text}");
+    assert!(text.contains("pool_endpoints 1"), "{text}");
+    pool.shutdown();
+}
+
+#[tokio::test]
+async fn duplicate_endpoints_are_rejected() {
+    let pool = LivePool::start(config(), None).unwrap();
+    let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let err = pool
+        .set_endpoints([meta(addr, "x"), meta(addr, "y")])
+        .unwrap_err();
+    assert!(err.to_string().contains("listed twice"), "{err}");
+}
+
+#[tokio::test]
+async fn a_pool_whose_pods_stop_answering_becomes_unready() {
+    let mut cfg = config();
+    // Answer 503 rather than fall back to pods without fresh metrics.
+    cfg.scheduler.on_all_filtered = infergate_scheduler::AllFilteredAction::Reject;
+    cfg.scheduler.max_metrics_age = Some(Duration::from_millis(200));
+    let pool = LivePool::start(cfg, None).unwrap();
+    let idle = Arc::new(AtomicU32::new(0));
+    let a = metrics_server(idle).await;
+    pool.set_endpoints([meta(a, "a")]).unwrap();
+    wait_ready(&pool).await;
+    // Point the pool at a port nobody listens on: the old snapshot ages out.
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    pool.set_endpoints([meta(dead_addr, "dead")]).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pool.is_ready());
+    let err = pool.pick(&RequestContext::new("m", 10)).unwrap_err();
+    assert_eq!(err.http_status(), 503);
+}
+
+#[tokio::test]
+async fn admin_server_answers_metrics_health_and_readiness() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut registry = Registry::default();
+    let _pool = LivePool::start(config(), Some(&mut registry)).unwrap();
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = Arc::clone(&ready);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(infergate_pool::admin::serve(
+        listener,
+        Arc::new(registry),
+        move || r.load(Ordering::Relaxed),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        (status, out)
+    }
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    assert_eq!(get(addr, "/readyz").await.0, 503);
+    ready.store(true, Ordering::Relaxed);
+    assert_eq!(get(addr, "/readyz").await.0, 200);
+    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("pool_pick_duration_seconds"), "{body}");
+    assert_eq!(get(addr, "/nope").await.0, 404);
+    tx.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
