@@ -1,1 +1,17 @@
-//! The infergate Kubernetes operator.
+//! The infergate Kubernetes operator: reconciles each `InferenceGatewayConfig` into the Gateway
+//! API, Gateway API Inference Extension and Envoy Gateway objects that wire Envoy, the
+//! body-based router and one endpoint picker per model together.
+//!
+//! The shape follows kube-rs's controller-rs: the work is split into a pure part and thin IO.
+//! - [`render`]: config → desired children, a pure function golden-tested per example config.
+//! - [`status`]: observed children → status conditions, pure as well.
+//! - [`reconcile`]: the controller — validate, render, server-side apply under one field
+//!   manager, prune children that left the spec, finalizer, status write, `error_policy` with
+//!   backoff and a failure counter.
+//! - [`leader`]: a `coordination.k8s.io/v1` Lease elector so two replicas never both write.
+//! - [`metrics`]: Prometheus counters of reconciles and failures.
+
+pub mod error;
+pub mod render;
+
+pub use error::Error;

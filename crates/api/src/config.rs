@@ -1,0 +1,504 @@
+//! The `InferenceGatewayConfig` spec: one object describes a whole gateway — the Envoy Gateway
+//! listener, the body-based router, TLS, JWT auth, and one endpoint picker per model.
+//!
+//! Field names follow the public shape of the managed offering this resource answers, so a user
+//! moves their YAML by changing `apiVersion`. Defaults live in the schema (`#[serde(default)]`
+//! becomes the CRD's `default`) so the API server fills them in and `kubectl get -o yaml` shows
+//! the values the operator acts on.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::status::InferenceGatewayConfigStatus;
+use crate::validation;
+
+/// Desired state of an infergate gateway.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "infergate.dev",
+    version = "v1alpha1",
+    kind = "InferenceGatewayConfig",
+    namespaced,
+    shortname = "igwc",
+    doc = "An infergate gateway: Envoy Gateway, the body-based router and one endpoint picker per model.",
+    status = "InferenceGatewayConfigStatus",
+    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = validation::spec_rules)]
+pub struct InferenceGatewayConfigSpec {
+    /// The body-based router: reads `model` from the request body and sets the header the
+    /// HTTPRoutes match on. Required when more than one scheduler is configured.
+    #[serde(default)]
+    pub bbr: BbrSpec,
+    /// The Gateway (Envoy Gateway data plane) that fronts every scheduler.
+    #[serde(default)]
+    pub gateway: GatewaySpec,
+    /// TLS for HTTPS listeners: an existing certificate Secret, or a cert-manager issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+    /// Client authentication at the Gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+    /// Logging and metrics of the pods the operator runs.
+    #[serde(default)]
+    pub observability: ObservabilitySpec,
+    /// Settings applied to every pod the operator runs (BBR and endpoint pickers).
+    #[serde(default)]
+    pub pod_defaults: PodDefaults,
+    /// One endpoint picker (and InferencePool, HTTPRoute) per model. Between 1 and 100.
+    #[schemars(length(max = 100))]
+    pub schedulers: Vec<SchedulerSpec>,
+}
+
+/// The body-based router.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BbrSpec {
+    /// Run the body-based router. Must stay `true` with more than one scheduler.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// BBR pods.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 100))]
+    pub replicas: i32,
+    /// Largest request body the router reads, in bytes; larger bodies are rejected with 413.
+    #[serde(default = "default_max_body")]
+    #[schemars(range(min = 1024, max = 268435456))]
+    pub max_request_body_bytes: i64,
+}
+
+impl Default for BbrSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            replicas: default_replicas(),
+            max_request_body_bytes: default_max_body(),
+        }
+    }
+}
+
+/// The Gateway that carries client traffic.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// GatewayClass of the rendered Gateway (Envoy Gateway's default class is `eg`).
+    #[serde(default = "default_class")]
+    #[schemars(length(min = 1, max = 253))]
+    pub class_name: String,
+    /// Listeners of the Gateway. Defaults to one HTTP listener on port 80.
+    #[serde(default = "default_listeners")]
+    #[schemars(length(min = 1, max = 16))]
+    pub listeners: Vec<ListenerSpec>,
+}
+
+impl Default for GatewaySpec {
+    fn default() -> Self {
+        Self {
+            class_name: default_class(),
+            listeners: default_listeners(),
+        }
+    }
+}
+
+/// One Gateway listener.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerSpec {
+    /// Listener name, unique within the Gateway.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Port the Gateway listens on.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// `HTTP` or `HTTPS` (HTTPS needs `spec.tls`).
+    #[serde(default)]
+    pub protocol: ListenerProtocol,
+    /// Host name the listener answers for; all hosts when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub hostname: Option<String>,
+}
+
+/// Listener protocol.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ListenerProtocol {
+    /// Plain HTTP.
+    #[default]
+    #[serde(rename = "HTTP")]
+    Http,
+    /// HTTPS, terminated at the Gateway with the certificate from `spec.tls`.
+    #[serde(rename = "HTTPS")]
+    Https,
+}
+
+/// TLS certificate source: exactly one of `certificateSecretRef` and `issuerRef`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = validation::tls_rules)]
+pub struct TlsSpec {
+    /// An existing `kubernetes.io/tls` Secret in the config's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_secret_ref: Option<SecretRef>,
+    /// A cert-manager issuer; the Gateway is annotated so cert-manager issues the certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// Reference to a Secret in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct SecretRef {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Reference to a cert-manager issuer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct IssuerRef {
+    /// Issuer name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// `Issuer` (namespaced) or `ClusterIssuer`.
+    #[serde(default)]
+    pub kind: IssuerKind,
+}
+
+/// Kind of cert-manager issuer.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum IssuerKind {
+    /// A namespaced `Issuer`.
+    #[default]
+    Issuer,
+    /// A cluster-wide `ClusterIssuer`.
+    ClusterIssuer,
+}
+
+/// Client authentication.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct AuthSpec {
+    /// JSON Web Token validation at the Gateway.
+    pub jwt: JwtAuth,
+}
+
+/// JWT validation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct JwtAuth {
+    /// The token issuer.
+    pub provider: JwtProvider,
+}
+
+/// A JWT provider: where its keys are and which tokens it accepts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JwtProvider {
+    /// Provider name, unique within the policy.
+    #[serde(default = "default_provider_name")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Expected `iss` claim.
+    #[schemars(length(min = 1, max = 253))]
+    pub issuer: String,
+    /// Where the signing keys are published.
+    #[serde(rename = "remoteJWKS")]
+    pub remote_jwks: RemoteJwks,
+    /// Accepted `aud` values; any audience when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub audiences: Vec<String>,
+    /// Claims a token must carry, each with its accepted values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub required_claims: Vec<RequiredClaim>,
+}
+
+/// Remote JSON Web Key Set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct RemoteJwks {
+    /// HTTPS URI of the key set.
+    #[schemars(length(min = 1, max = 253), pattern(r"^https?://"))]
+    pub uri: String,
+}
+
+/// A claim a token must carry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct RequiredClaim {
+    /// Claim name (nested claims with dots, e.g. `org.team`).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Accepted values; the token's claim must equal one of them.
+    #[schemars(length(min = 1, max = 128))]
+    pub values: Vec<String>,
+}
+
+/// Logging and metrics.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservabilitySpec {
+    /// Log level of the BBR and endpoint-picker pods.
+    #[serde(default)]
+    pub log_level: LogLevel,
+    /// Log line format.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Annotate pods for Prometheus scraping (`prometheus.io/scrape`, port 9090).
+    #[serde(default = "default_true")]
+    pub metrics: bool,
+}
+
+/// Log level.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings and errors.
+    Warn,
+    /// The default.
+    #[default]
+    Info,
+    /// Each routing decision explained.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+/// Log line format.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line.
+    #[default]
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+/// Pod settings applied to every pod the operator runs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDefaults {
+    /// Container resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node selector.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Extra pod labels (the operator's own labels win on a clash).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra pod annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Extra container environment variables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+}
+
+/// One model served through one InferencePool and its endpoint picker.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = validation::scheduler_rules)]
+pub struct SchedulerSpec {
+    /// Scheduler name, unique in the config; children are named `<config>-<name>-…`.
+    #[schemars(length(min = 1, max = 40), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Model name clients send in `model`; the HTTPRoute matches it. Unique in the config.
+    #[schemars(length(min = 1, max = 253))]
+    pub model_name: String,
+    /// Labels selecting the model-server pods of this pool.
+    #[schemars(length(min = 1, max = 64))]
+    pub model_selector: BTreeMap<String, String>,
+    /// Port the model servers listen on.
+    #[serde(default = "default_target_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub target_port: i32,
+    /// Protocol the gateway speaks to the model servers.
+    #[serde(default)]
+    pub app_protocol: AppProtocol,
+    /// Model-server engine, which decides the metric names the picker reads.
+    #[serde(default)]
+    pub engine_type: EngineType,
+    /// Named scorer weights; exclusive with `weights`. `default` when neither is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<SchedulerPreset>,
+    /// Explicit scorer weights; exclusive with `preset`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<Weights>,
+    /// Endpoint-picker pods.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 100))]
+    pub replicas: i32,
+    /// LoRA adapters served on top of `modelName`; requests naming one route to this pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub lora_adapters: Vec<String>,
+    /// Request timeout on the route, e.g. `300s` (Gateway API duration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"))]
+    pub route_timeout: Option<String>,
+    /// What the gateway does when the picker does not answer.
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+}
+
+impl SchedulerSpec {
+    /// The scorer preset the picker runs: the explicit one, else `default` unless weights are set.
+    pub fn effective_preset(&self) -> Option<SchedulerPreset> {
+        match (&self.preset, &self.weights) {
+            (Some(p), _) => Some(*p),
+            (None, Some(_)) => None,
+            (None, None) => Some(SchedulerPreset::Default),
+        }
+    }
+}
+
+/// Protocol between the gateway and the model servers.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AppProtocol {
+    /// HTTP/1.1.
+    #[default]
+    #[serde(rename = "http")]
+    Http,
+    /// HTTP/2 over cleartext.
+    #[serde(rename = "kubernetes.io/h2c")]
+    H2c,
+}
+
+/// Model-server engine.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineType {
+    /// vLLM.
+    #[default]
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// Hugging Face Text Generation Inference.
+    Tgi,
+}
+
+impl EngineType {
+    /// The name used in labels and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+            Self::Tgi => "tgi",
+        }
+    }
+}
+
+/// Named scorer weight sets the picker knows.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulerPreset {
+    /// infergate's tuned default for mixed fleets.
+    Default,
+    /// The Gateway API Inference Extension default: queue 2, kv-cache 2, prefix 3.
+    GieDefault,
+    /// Favour prefix-cache hits (chat with long shared system prompts).
+    PrefixHeavy,
+    /// Favour pods that already run the requested LoRA adapter.
+    LoraAffinity,
+}
+
+impl SchedulerPreset {
+    /// The name written into the picker's config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::GieDefault => "gie-default",
+            Self::PrefixHeavy => "prefix-heavy",
+            Self::LoraAffinity => "lora-affinity",
+        }
+    }
+}
+
+/// Scorer weights; unset weights are 0. Each must be non-negative and one must be positive.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = validation::weights_rules)]
+pub struct Weights {
+    /// Weight of the waiting-queue scorer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<f64>,
+    /// Weight of the KV-cache utilisation scorer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<f64>,
+    /// Weight of the prefix-cache affinity scorer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<f64>,
+    /// Weight of the LoRA-affinity scorer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_affinity: Option<f64>,
+    /// Weight of the running-requests scorer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_requests: Option<f64>,
+    /// Weight of the estimated-wait scorer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_wait: Option<f64>,
+}
+
+impl Weights {
+    /// `(camelCase name, value)` of every weight, unset ones as 0.
+    pub fn entries(&self) -> [(&'static str, f64); 6] {
+        [
+            ("queue", self.queue.unwrap_or(0.0)),
+            ("kvCache", self.kv_cache.unwrap_or(0.0)),
+            ("prefix", self.prefix.unwrap_or(0.0)),
+            ("loraAffinity", self.lora_affinity.unwrap_or(0.0)),
+            ("runningRequests", self.running_requests.unwrap_or(0.0)),
+            ("estimatedWait", self.estimated_wait.unwrap_or(0.0)),
+        ]
+    }
+}
+
+/// What the gateway does when the endpoint picker does not answer.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailureMode {
+    /// Reject the request (the upstream default).
+    #[default]
+    FailClose,
+    /// Route to any pod of the pool.
+    FailOpen,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_replicas() -> i32 {
+    1
+}
+fn default_max_body() -> i64 {
+    4 * 1024 * 1024
+}
+fn default_class() -> String {
+    "eg".to_owned()
+}
+fn default_listeners() -> Vec<ListenerSpec> {
+    vec![ListenerSpec {
+        name: "http".to_owned(),
+        port: 80,
+        protocol: ListenerProtocol::Http,
+        hostname: None,
+    }]
+}
+fn default_provider_name() -> String {
+    "default".to_owned()
+}
+fn default_target_port() -> i32 {
+    8000
+}

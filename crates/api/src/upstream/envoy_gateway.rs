@@ -1,0 +1,206 @@
+//! Envoy Gateway policies, `gateway.envoyproxy.io/v1alpha1`: `EnvoyExtensionPolicy` (an ext_proc
+//! filter on a Gateway or route) and `SecurityPolicy` (JWT authentication and claim checks).
+
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+/// Attaches ext_proc servers to a Gateway or an HTTPRoute.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "gateway.envoyproxy.io",
+    version = "v1alpha1",
+    kind = "EnvoyExtensionPolicy",
+    namespaced,
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyExtensionPolicySpec {
+    /// What the policy attaches to.
+    pub target_refs: Vec<TargetRef>,
+    /// The ext_proc servers, called in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ext_proc: Vec<ExtProc>,
+}
+
+/// A Gateway API object a policy attaches to (same namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    /// `gateway.networking.k8s.io`.
+    pub group: String,
+    /// `Gateway` or `HTTPRoute`.
+    pub kind: String,
+    /// Object name.
+    pub name: String,
+}
+
+impl TargetRef {
+    /// A reference to a Gateway API object of `kind` named `name`.
+    pub fn gateway_api(kind: &str, name: &str) -> Self {
+        Self {
+            group: "gateway.networking.k8s.io".to_owned(),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+/// One ext_proc server.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtProc {
+    /// The gRPC server.
+    pub backend_refs: Vec<BackendRef>,
+    /// Which parts of the request and response are sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processing_mode: Option<ProcessingMode>,
+    /// Per-message timeout, e.g. `5s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_timeout: Option<String>,
+    /// Let requests through when the server fails (must be false with full-duplex bodies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_open: Option<bool>,
+}
+
+/// A Service backend.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendRef {
+    /// Core group (`""`) for a Service.
+    pub group: String,
+    /// `Service`.
+    pub kind: String,
+    /// Service name.
+    pub name: String,
+    /// Service port.
+    pub port: i32,
+}
+
+impl BackendRef {
+    /// A Service port in the policy's namespace.
+    pub fn service(name: &str, port: i32) -> Self {
+        Self {
+            group: String::new(),
+            kind: "Service".to_owned(),
+            name: name.to_owned(),
+            port,
+        }
+    }
+}
+
+/// ext_proc processing mode.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessingMode {
+    /// Request side; headers are sent whenever this is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<ProcessingModeDirection>,
+    /// Response side; headers are sent whenever this is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<ProcessingModeDirection>,
+}
+
+/// Body mode of one direction.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessingModeDirection {
+    /// `Streamed`, `Buffered`, `BufferedPartial` or `FullDuplexStreamed`; headers only when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+}
+
+/// Authentication and authorisation at a Gateway or route.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "gateway.envoyproxy.io",
+    version = "v1alpha1",
+    kind = "SecurityPolicy",
+    namespaced,
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityPolicySpec {
+    /// What the policy attaches to.
+    pub target_refs: Vec<TargetRef>,
+    /// JWT authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<Jwt>,
+    /// Claim-based authorisation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<Authorization>,
+}
+
+/// JWT authentication.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Jwt {
+    /// Accepted providers; a token valid for any one passes.
+    pub providers: Vec<SecurityJwtProvider>,
+}
+
+/// One JWT provider.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityJwtProvider {
+    /// Provider name.
+    pub name: String,
+    /// Expected issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    /// Accepted audiences.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audiences: Vec<String>,
+    /// Remote key set.
+    #[serde(rename = "remoteJWKS")]
+    pub remote_jwks: RemoteJwksRef,
+}
+
+/// Remote key set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RemoteJwksRef {
+    /// URI of the key set.
+    pub uri: String,
+}
+
+/// Authorisation rules.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Authorization {
+    /// `Allow` or `Deny` when no rule matches.
+    pub default_action: String,
+    /// Rules, first match wins.
+    pub rules: Vec<AuthorizationRule>,
+}
+
+/// One authorisation rule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct AuthorizationRule {
+    /// Rule name.
+    pub name: String,
+    /// `Allow` or `Deny`.
+    pub action: String,
+    /// Who the rule matches.
+    pub principal: Principal,
+}
+
+/// Principal of a rule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// JWT claims the request's token must carry.
+    pub jwt: JwtPrincipal,
+}
+
+/// JWT claim match.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct JwtPrincipal {
+    /// The provider that validated the token.
+    pub provider: String,
+    /// Claims, all of which must match.
+    pub claims: Vec<ClaimMatch>,
+}
+
+/// One claim and its accepted values.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ClaimMatch {
+    /// Claim name.
+    pub name: String,
+    /// Accepted values.
+    pub values: Vec<String>,
+}

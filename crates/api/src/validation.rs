@@ -1,0 +1,210 @@
+//! Admission rules of `InferenceGatewayConfig`, kept in one table per schema node.
+//!
+//! Each [`CelRule`] is written into the generated CRD as an `x-kubernetes-validations` entry (by
+//! the `schemars` transforms below) and is checked again in Rust by [`validate`] with the same
+//! message. The API server enforces the CEL form at admission; the operator runs the Rust form
+//! before rendering and reports a failure as `Accepted=False` with the message, which covers
+//! objects stored before the CRD carried a rule and clusters whose API server skips CEL.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde_json::{Value, json};
+
+use crate::config::{
+    InferenceGatewayConfigSpec, ListenerProtocol, SchedulerSpec, TlsSpec, Weights,
+};
+use crate::error::Error;
+
+/// One CEL rule and the message a person reads when it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CelRule {
+    /// The CEL expression, evaluated with `self` bound to the node that carries it.
+    pub rule: &'static str,
+    /// What the user is told when the rule fails.
+    pub message: &'static str,
+}
+
+/// Rules on `spec`.
+pub const SPEC_RULES: &[CelRule] = &[
+    SCHEDULER_COUNT,
+    BBR_REQUIRED,
+    MODEL_NAME_UNIQUE,
+    NAME_UNIQUE,
+    HTTPS_NEEDS_TLS,
+];
+/// Rules on each `spec.schedulers[*]`.
+pub const SCHEDULER_RULES: &[CelRule] = &[PRESET_XOR_WEIGHTS];
+/// Rules on each `spec.schedulers[*].weights`.
+pub const WEIGHTS_RULES: &[CelRule] = &[WEIGHTS_NON_NEGATIVE, WEIGHTS_ONE_POSITIVE];
+/// Rules on `spec.tls`.
+pub const TLS_RULES: &[CelRule] = &[TLS_ONE_SOURCE];
+
+/// Between 1 and 100 schedulers.
+pub const SCHEDULER_COUNT: CelRule = CelRule {
+    rule: "size(self.schedulers) >= 1 && size(self.schedulers) <= 100",
+    message: "spec.schedulers must list between 1 and 100 schedulers",
+};
+/// More than one scheduler needs the body-based router.
+pub const BBR_REQUIRED: CelRule = CelRule {
+    rule: "size(self.schedulers) <= 1 || self.bbr.enabled",
+    message: "spec.bbr.enabled must be true when more than one scheduler is configured: the body-based router is what picks the scheduler from the request's model name",
+};
+/// `modelName` unique.
+pub const MODEL_NAME_UNIQUE: CelRule = CelRule {
+    rule: "self.schedulers.all(s, self.schedulers.exists_one(t, t.modelName == s.modelName))",
+    message: "each scheduler must have a different modelName: two schedulers cannot serve the same model",
+};
+/// `name` unique.
+pub const NAME_UNIQUE: CelRule = CelRule {
+    rule: "self.schedulers.all(s, self.schedulers.exists_one(t, t.name == s.name))",
+    message: "each scheduler must have a different name: the name is part of its children's names",
+};
+/// HTTPS listeners need a certificate.
+pub const HTTPS_NEEDS_TLS: CelRule = CelRule {
+    rule: "!self.gateway.listeners.exists(l, l.protocol == 'HTTPS') || has(self.tls)",
+    message: "an HTTPS listener needs spec.tls (a certificate Secret or a cert-manager issuer)",
+};
+/// `preset` and `weights` are exclusive.
+pub const PRESET_XOR_WEIGHTS: CelRule = CelRule {
+    rule: "!(has(self.preset) && has(self.weights))",
+    message: "set either preset or weights on a scheduler, not both",
+};
+/// Weights are non-negative.
+pub const WEIGHTS_NON_NEGATIVE: CelRule = CelRule {
+    rule: "(!has(self.queue) || self.queue >= 0.0) && (!has(self.kvCache) || self.kvCache >= 0.0) && (!has(self.prefix) || self.prefix >= 0.0) && (!has(self.loraAffinity) || self.loraAffinity >= 0.0) && (!has(self.runningRequests) || self.runningRequests >= 0.0) && (!has(self.estimatedWait) || self.estimatedWait >= 0.0)",
+    message: "scorer weights must be zero or positive numbers",
+};
+/// At least one weight is positive.
+pub const WEIGHTS_ONE_POSITIVE: CelRule = CelRule {
+    rule: "(has(self.queue) && self.queue > 0.0) || (has(self.kvCache) && self.kvCache > 0.0) || (has(self.prefix) && self.prefix > 0.0) || (has(self.loraAffinity) && self.loraAffinity > 0.0) || (has(self.runningRequests) && self.runningRequests > 0.0) || (has(self.estimatedWait) && self.estimatedWait > 0.0)",
+    message: "at least one scorer weight must be greater than zero, otherwise every pod scores the same",
+};
+/// Exactly one certificate source.
+pub const TLS_ONE_SOURCE: CelRule = CelRule {
+    rule: "has(self.certificateSecretRef) != has(self.issuerRef)",
+    message: "spec.tls needs exactly one of certificateSecretRef and issuerRef",
+};
+
+/// A broken rule, with the path of the field that breaks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Path of the offending node, e.g. `spec.schedulers[1].weights`.
+    pub field: String,
+    /// The rule's message.
+    pub message: &'static str,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Checks every rule of the tables above against a (defaulted) spec; lists all violations.
+pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
+    let mut out = Vec::new();
+    let mut fail = |field: String, rule: CelRule| {
+        out.push(Violation {
+            field,
+            message: rule.message,
+        });
+    };
+    let n = spec.schedulers.len();
+    if !(1..=100).contains(&n) {
+        fail("spec.schedulers".into(), SCHEDULER_COUNT);
+    }
+    if n > 1 && !spec.bbr.enabled {
+        fail("spec.bbr.enabled".into(), BBR_REQUIRED);
+    }
+    if !all_unique(spec.schedulers.iter().map(|s| s.model_name.as_str())) {
+        fail("spec.schedulers".into(), MODEL_NAME_UNIQUE);
+    }
+    if !all_unique(spec.schedulers.iter().map(|s| s.name.as_str())) {
+        fail("spec.schedulers".into(), NAME_UNIQUE);
+    }
+    let https = spec
+        .gateway
+        .listeners
+        .iter()
+        .any(|l| l.protocol == ListenerProtocol::Https);
+    if https && spec.tls.is_none() {
+        fail("spec".into(), HTTPS_NEEDS_TLS);
+    }
+    if let Some(tls) = &spec.tls {
+        check_tls(tls, &mut fail);
+    }
+    for (i, s) in spec.schedulers.iter().enumerate() {
+        check_scheduler(i, s, &mut fail);
+    }
+    if out.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(out))
+    }
+}
+
+fn check_tls(tls: &TlsSpec, fail: &mut impl FnMut(String, CelRule)) {
+    if tls.certificate_secret_ref.is_some() == tls.issuer_ref.is_some() {
+        fail("spec.tls".into(), TLS_ONE_SOURCE);
+    }
+}
+
+fn check_scheduler(i: usize, s: &SchedulerSpec, fail: &mut impl FnMut(String, CelRule)) {
+    if s.preset.is_some() && s.weights.is_some() {
+        fail(format!("spec.schedulers[{i}]"), PRESET_XOR_WEIGHTS);
+    }
+    if let Some(w) = &s.weights {
+        check_weights(i, w, fail);
+    }
+}
+
+fn check_weights(i: usize, w: &Weights, fail: &mut impl FnMut(String, CelRule)) {
+    let entries = w.entries();
+    // NaN is rejected too: JSON cannot carry it, but a Rust caller can.
+    if entries.iter().any(|(_, v)| v.is_nan() || *v < 0.0) {
+        fail(
+            format!("spec.schedulers[{i}].weights"),
+            WEIGHTS_NON_NEGATIVE,
+        );
+    }
+    if !entries.iter().any(|(_, v)| *v > 0.0) {
+        fail(
+            format!("spec.schedulers[{i}].weights"),
+            WEIGHTS_ONE_POSITIVE,
+        );
+    }
+}
+
+fn all_unique<'a>(items: impl Iterator<Item = &'a str>) -> bool {
+    let mut seen = HashSet::new();
+    items.into_iter().all(|x| seen.insert(x))
+}
+
+/// `schemars` transform for the spec node.
+pub fn spec_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, SPEC_RULES);
+}
+/// `schemars` transform for a scheduler node.
+pub fn scheduler_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, SCHEDULER_RULES);
+}
+/// `schemars` transform for a weights node.
+pub fn weights_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, WEIGHTS_RULES);
+}
+/// `schemars` transform for the TLS node.
+pub fn tls_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, TLS_RULES);
+}
+
+fn add_rules(schema: &mut schemars::Schema, rules: &[CelRule]) {
+    let list: Vec<Value> = rules
+        .iter()
+        .map(|r| json!({ "rule": r.rule, "message": r.message }))
+        .collect();
+    schema.insert("x-kubernetes-validations".to_owned(), Value::Array(list));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,140 @@
+//! The example configs under `deploy/examples/` against the generated CRD's schema and the
+//! admission rules: every valid example passes both, every invalid one fails with its message.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a panic here is a failed assertion"
+)]
+use std::path::{Path, PathBuf};
+
+use infergate_api::validation::{self, CelRule};
+use infergate_api::{Error, InferenceGatewayConfig};
+use kube::CustomResourceExt;
+use serde_json::Value;
+
+fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples")
+}
+
+fn load(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn crd_validator() -> jsonschema::Validator {
+    let crd = InferenceGatewayConfig::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .unwrap();
+    let schema = serde_json::to_value(schema).unwrap();
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn valid_examples_pass_the_crd_schema_and_the_rules() {
+    let validator = crd_validator();
+    let files = yaml_files(&examples_dir());
+    assert!(files.len() >= 3, "examples: {files:?}");
+    for path in files {
+        let value = load(&path);
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", path.display());
+        let cfg: InferenceGatewayConfig = serde_json::from_value(value).unwrap();
+        validation::validate(&cfg.spec).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+/// Each invalid example and the one rule it breaks.
+const INVALID: &[(&str, CelRule)] = &[
+    ("no-schedulers.yaml", validation::SCHEDULER_COUNT),
+    ("too-many-schedulers.yaml", validation::SCHEDULER_COUNT),
+    ("bbr-disabled-two-models.yaml", validation::BBR_REQUIRED),
+    ("duplicate-model-name.yaml", validation::MODEL_NAME_UNIQUE),
+    ("duplicate-name.yaml", validation::NAME_UNIQUE),
+    ("preset-and-weights.yaml", validation::PRESET_XOR_WEIGHTS),
+    ("negative-weight.yaml", validation::WEIGHTS_NON_NEGATIVE),
+    ("all-zero-weights.yaml", validation::WEIGHTS_ONE_POSITIVE),
+    ("https-without-tls.yaml", validation::HTTPS_NEEDS_TLS),
+    ("tls-both-sources.yaml", validation::TLS_ONE_SOURCE),
+];
+
+#[test]
+fn each_invalid_example_is_rejected_with_its_message() {
+    let dir = examples_dir().join("invalid");
+    let files = yaml_files(&dir);
+    assert_eq!(
+        files.len(),
+        INVALID.len(),
+        "every invalid example has an expected rule"
+    );
+    for (file, rule) in INVALID {
+        let value = load(&dir.join(file));
+        let cfg: InferenceGatewayConfig = serde_json::from_value(value).unwrap();
+        match validation::validate(&cfg.spec) {
+            Err(Error::Invalid(v)) => {
+                let got: Vec<&str> = v.iter().map(|v| v.message).collect();
+                assert_eq!(got, vec![rule.message], "{file}");
+            }
+            other => panic!("{file}: expected rejection, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn every_rule_has_an_invalid_example() {
+    let tables = [
+        validation::SPEC_RULES,
+        validation::SCHEDULER_RULES,
+        validation::WEIGHTS_RULES,
+        validation::TLS_RULES,
+    ];
+    for rule in tables.iter().flat_map(|t| t.iter()) {
+        assert!(
+            INVALID.iter().any(|(_, r)| r == rule),
+            "no invalid example for {:?}",
+            rule.message
+        );
+    }
+}
+
+#[test]
+fn schema_rejects_structural_mistakes() {
+    let validator = crd_validator();
+    let mut value = load(&examples_dir().join("single-model.yaml"));
+    value["spec"]["schedulers"][0]["engineType"] = "triton".into();
+    assert!(!validator.is_valid(&value));
+    let mut value = load(&examples_dir().join("single-model.yaml"));
+    value["spec"]["schedulers"][0]["name"] = "Not_A_DNS_Label".into();
+    assert!(!validator.is_valid(&value));
+    let mut value = load(&examples_dir().join("single-model.yaml"));
+    value["spec"]["schedulers"][0]["routeTimeout"] = "five minutes".into();
+    assert!(!validator.is_valid(&value));
+}
+
+#[test]
+fn committed_crd_matches_the_generated_one() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
+    for (file, crd) in infergate_api::crd::crds() {
+        let committed = std::fs::read_to_string(dir.join(&file)).unwrap_or_default();
+        let generated = infergate_api::crd::to_yaml(&crd).unwrap();
+        assert!(
+            committed == generated,
+            "crds/{file} is stale: run `cargo run -q -p infergate-cli -- crdgen --out crds`"
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! The operator's error type.
+
+/// Errors of a reconcile, a render or the leader elector.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config breaks an admission rule; reported as `Accepted=False`, not retried quickly.
+    #[error(transparent)]
+    Invalid(#[from] infergate_api::Error),
+    /// The config lacks metadata the render needs (name, namespace, uid).
+    #[error("InferenceGatewayConfig has no {0}")]
+    MissingMetadata(&'static str),
+    /// A child name would exceed the 63-character Kubernetes limit.
+    #[error(
+        "child name {name:?} is longer than 63 characters: shorten the config or scheduler name"
+    )]
+    NameTooLong {
+        /// The name that does not fit.
+        name: String,
+    },
+    /// A rendered object does not fit its typed schema (a bug in the render).
+    #[error("rendered {kind} does not match its type")]
+    Shape {
+        /// Kind of the object.
+        kind: &'static str,
+        /// What did not fit.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A call to the Kubernetes API failed.
+    #[error("Kubernetes API call failed")]
+    Kube(#[from] kube::Error),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer step failed")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// Short, stable label for the failure metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "invalid",
+            Self::MissingMetadata(_) => "missing_metadata",
+            Self::NameTooLong { .. } => "name_too_long",
+            Self::Shape { .. } => "render_shape",
+            Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Self::Kube(_) => "kube",
+            Self::Finalizer(_) => "finalizer",
+        }
+    }
+}

@@ -1,0 +1,770 @@
+//! Pure render: one `InferenceGatewayConfig` in, every child object it implies out.
+//!
+//! No IO and no clock: the same config and options give byte-identical objects, which is what
+//! the golden files under `tests/golden/` pin. Every child carries a controller owner reference
+//! to the config and the label [`CONFIG_LABEL`] naming it, which is how the reconciler finds
+//! children to prune. Objects are built as JSON and deserialised into their typed form
+//! (k8s-openapi, gateway-api, `infergate_api::upstream`), so a misspelt field fails the render
+//! tests instead of reaching the cluster.
+
+use std::collections::BTreeMap;
+
+use gateway_api::gateways::Gateway;
+use gateway_api::httproutes::HttpRoute;
+use infergate_api::upstream::{
+    Authorization, AuthorizationRule, BackendRef, ClaimMatch, EndpointPickerRef,
+    EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, InferencePool, InferencePoolSpec, Jwt,
+    JwtPrincipal, PoolSelector, PortNumber, Principal, ProcessingMode, ProcessingModeDirection,
+    RemoteJwksRef, SecurityJwtProvider, SecurityPolicy, SecurityPolicySpec, TargetRef,
+};
+use infergate_api::{
+    AuthSpec, InferenceGatewayConfig, ListenerProtocol, SchedulerSpec, TlsSpec, validation,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ApiResource, DynamicObject};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::Error;
+
+/// Label on every child naming its `InferenceGatewayConfig`; the prune step selects on it.
+pub const CONFIG_LABEL: &str = "infergate.dev/config";
+/// Label on per-scheduler children naming the scheduler.
+pub const SCHEDULER_LABEL: &str = "infergate.dev/scheduler";
+/// Label on every child: which part of the gateway it is.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// `app.kubernetes.io/managed-by` value on every child.
+pub const MANAGED_BY: &str = "infergate-operator";
+/// Pod-template annotation holding a hash of the pod's ConfigMap, so a config change rolls pods.
+pub const CONFIG_HASH_ANNOTATION: &str = "infergate.dev/config-hash";
+/// Header the body-based router sets from the request's `model`.
+pub const MODEL_HEADER: &str = "X-Gateway-Model-Name";
+
+/// Endpoint-picker ext_proc port.
+pub const EPP_GRPC_PORT: i32 = 9002;
+/// Endpoint-picker gRPC health port.
+pub const EPP_HEALTH_PORT: i32 = 9003;
+/// Metrics port of the picker and the BBR.
+pub const METRICS_PORT: i32 = 9090;
+/// Body-based-router ext_proc port.
+pub const BBR_GRPC_PORT: i32 = 9004;
+/// Body-based-router gRPC health port.
+pub const BBR_HEALTH_PORT: i32 = 9005;
+/// Path of the scheduler config inside the picker pod.
+pub const SCHEDULER_CONFIG_PATH: &str = "/etc/infergate/scheduler.yaml";
+/// Path of the model map inside the BBR pod.
+pub const MODELS_CONFIG_PATH: &str = "/etc/infergate/models.yaml";
+
+/// Settings of the operator process that shape every render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Container image running `infergate picker` / `infergate bbr`.
+    pub image: String,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self {
+            image: format!("ghcr.io/infergate/infergate:{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// The kinds a config can own, in apply order (RBAC and config before the pods that use them,
+/// the pool before the route that points at it). The prune step lists each of these.
+pub fn child_kinds() -> Vec<ApiResource> {
+    vec![
+        ApiResource::erase::<ServiceAccount>(&()),
+        ApiResource::erase::<Role>(&()),
+        ApiResource::erase::<RoleBinding>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+        ApiResource::erase::<Deployment>(&()),
+        ApiResource::erase::<Service>(&()),
+        ApiResource::erase::<PodDisruptionBudget>(&()),
+        ApiResource::erase::<Gateway>(&()),
+        ApiResource::erase::<InferencePool>(&()),
+        ApiResource::erase::<HttpRoute>(&()),
+        ApiResource::erase::<EnvoyExtensionPolicy>(&()),
+        ApiResource::erase::<SecurityPolicy>(&()),
+    ]
+}
+
+/// One rendered child and the API it lives in.
+#[derive(Debug, Clone)]
+pub struct Child {
+    /// Group, version, kind and plural.
+    pub resource: ApiResource,
+    /// The object, with metadata, ready to apply.
+    pub object: DynamicObject,
+}
+
+impl Child {
+    /// `Kind/name`, for logs and golden files.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.resource.kind, self.object.name_any())
+    }
+}
+
+/// Renders every child of `cfg`. Fails on a config that breaks an admission rule.
+pub fn render(cfg: &InferenceGatewayConfig, opts: &RenderOptions) -> Result<Vec<Child>, Error> {
+    validation::validate(&cfg.spec)?;
+    let r = Renderer::new(cfg, opts)?;
+    let mut out = Vec::new();
+    r.gateway(&mut out)?;
+    if let Some(auth) = &cfg.spec.auth {
+        r.security_policy(auth, &mut out)?;
+    }
+    if cfg.spec.bbr.enabled {
+        r.bbr(&mut out)?;
+    }
+    for s in &cfg.spec.schedulers {
+        r.scheduler(s, &mut out)?;
+    }
+    let order = child_kinds();
+    out.sort_by_key(|c| {
+        let rank = order.iter().position(|k| k.kind == c.resource.kind);
+        (rank, c.object.name_any())
+    });
+    Ok(out)
+}
+
+/// Child names: `<config>` for the Gateway, `<config>-bbr`, `<config>-<scheduler>` for the
+/// pool and route, `<config>-<scheduler>-epp` for the picker's objects.
+pub fn scheduler_name(config: &str, scheduler: &str) -> String {
+    format!("{config}-{scheduler}")
+}
+
+/// Name of a scheduler's endpoint-picker Deployment, Service and RBAC objects.
+pub fn epp_name(config: &str, scheduler: &str) -> String {
+    format!("{config}-{scheduler}-epp")
+}
+
+/// Name of the BBR Deployment and its objects.
+pub fn bbr_name(config: &str) -> String {
+    format!("{config}-bbr")
+}
+
+struct Renderer<'a> {
+    cfg: &'a InferenceGatewayConfig,
+    opts: &'a RenderOptions,
+    name: String,
+    namespace: String,
+    owner: OwnerReference,
+}
+
+impl<'a> Renderer<'a> {
+    fn new(cfg: &'a InferenceGatewayConfig, opts: &'a RenderOptions) -> Result<Self, Error> {
+        let name = cfg
+            .metadata
+            .name
+            .clone()
+            .ok_or(Error::MissingMetadata("name"))?;
+        let namespace = cfg
+            .metadata
+            .namespace
+            .clone()
+            .ok_or(Error::MissingMetadata("namespace"))?;
+        let owner = cfg
+            .controller_owner_ref(&())
+            .ok_or(Error::MissingMetadata("uid"))?;
+        Ok(Self {
+            cfg,
+            opts,
+            name,
+            namespace,
+            owner,
+        })
+    }
+
+    fn meta(
+        &self,
+        name: &str,
+        component: &str,
+        scheduler: Option<&str>,
+    ) -> Result<ObjectMeta, Error> {
+        if name.len() > 63 {
+            return Err(Error::NameTooLong {
+                name: name.to_owned(),
+            });
+        }
+        let mut labels = self.base_labels(component);
+        if let Some(s) = scheduler {
+            labels.insert(SCHEDULER_LABEL.to_owned(), s.to_owned());
+        }
+        Ok(ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![self.owner.clone()]),
+            ..ObjectMeta::default()
+        })
+    }
+
+    fn base_labels(&self, component: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("app.kubernetes.io/name".to_owned(), "infergate".to_owned()),
+            ("app.kubernetes.io/instance".to_owned(), self.name.clone()),
+            (COMPONENT_LABEL.to_owned(), component.to_owned()),
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                MANAGED_BY.to_owned(),
+            ),
+            (CONFIG_LABEL.to_owned(), self.name.clone()),
+        ])
+    }
+
+    /// Labels selecting one component's pods (a subset of the pod labels, stable across
+    /// versions because a Deployment's selector is immutable).
+    fn selector(&self, component: &str, scheduler: Option<&str>) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::from([
+            (CONFIG_LABEL.to_owned(), self.name.clone()),
+            (COMPONENT_LABEL.to_owned(), component.to_owned()),
+        ]);
+        if let Some(s) = scheduler {
+            m.insert(SCHEDULER_LABEL.to_owned(), s.to_owned());
+        }
+        m
+    }
+
+    fn gateway(&self, out: &mut Vec<Child>) -> Result<(), Error> {
+        let spec = &self.cfg.spec;
+        let meta = self.meta(&self.name, "gateway", None)?;
+        let mut annotations = BTreeMap::new();
+        if let Some(TlsSpec {
+            issuer_ref: Some(issuer),
+            ..
+        }) = &spec.tls
+        {
+            let key = match issuer.kind {
+                infergate_api::IssuerKind::Issuer => "cert-manager.io/issuer",
+                infergate_api::IssuerKind::ClusterIssuer => "cert-manager.io/cluster-issuer",
+            };
+            annotations.insert(key.to_owned(), issuer.name.clone());
+        }
+        let cert_secret = match &spec.tls {
+            Some(TlsSpec {
+                certificate_secret_ref: Some(s),
+                ..
+            }) => s.name.clone(),
+            _ => format!("{}-tls", self.name),
+        };
+        let listeners: Vec<Value> = spec
+            .gateway
+            .listeners
+            .iter()
+            .map(|l| {
+                let mut v = json!({
+                    "name": l.name,
+                    "port": l.port,
+                    "protocol": match l.protocol {
+                        ListenerProtocol::Http => "HTTP",
+                        ListenerProtocol::Https => "HTTPS",
+                    },
+                    "allowedRoutes": { "namespaces": { "from": "Same" } },
+                });
+                if let Some(h) = &l.hostname {
+                    v["hostname"] = json!(h);
+                }
+                if l.protocol == ListenerProtocol::Https {
+                    v["tls"] = json!({
+                        "mode": "Terminate",
+                        "certificateRefs": [{ "group": "", "kind": "Secret", "name": cert_secret }],
+                    });
+                }
+                v
+            })
+            .collect();
+        let mut meta = meta;
+        if !annotations.is_empty() {
+            meta.annotations = Some(annotations);
+        }
+        let gw: Gateway = typed(
+            "Gateway",
+            json!({
+                "metadata": meta,
+                "spec": { "gatewayClassName": spec.gateway.class_name, "listeners": listeners },
+            }),
+        )?;
+        out.push(child(&gw)?);
+        Ok(())
+    }
+
+    fn security_policy(&self, auth: &AuthSpec, out: &mut Vec<Child>) -> Result<(), Error> {
+        let p = &auth.jwt.provider;
+        let authorization = (!p.required_claims.is_empty()).then(|| Authorization {
+            default_action: "Deny".to_owned(),
+            rules: vec![AuthorizationRule {
+                name: "required-claims".to_owned(),
+                action: "Allow".to_owned(),
+                principal: Principal {
+                    jwt: JwtPrincipal {
+                        provider: p.name.clone(),
+                        claims: p
+                            .required_claims
+                            .iter()
+                            .map(|c| ClaimMatch {
+                                name: c.name.clone(),
+                                values: c.values.clone(),
+                            })
+                            .collect(),
+                    },
+                },
+            }],
+        });
+        let mut sp = SecurityPolicy::new(
+            &format!("{}-auth", self.name),
+            SecurityPolicySpec {
+                target_refs: vec![TargetRef::gateway_api("Gateway", &self.name)],
+                jwt: Some(Jwt {
+                    providers: vec![SecurityJwtProvider {
+                        name: p.name.clone(),
+                        issuer: Some(p.issuer.clone()),
+                        audiences: p.audiences.clone(),
+                        remote_jwks: RemoteJwksRef {
+                            uri: p.remote_jwks.uri.clone(),
+                        },
+                    }],
+                }),
+                authorization,
+            },
+        );
+        sp.metadata = self.meta(&format!("{}-auth", self.name), "auth", None)?;
+        out.push(child(&sp)?);
+        Ok(())
+    }
+
+    fn bbr(&self, out: &mut Vec<Child>) -> Result<(), Error> {
+        let spec = &self.cfg.spec;
+        let name = bbr_name(&self.name);
+        let component = "bbr";
+        // The model map: each served model and the LoRA adapters that resolve to it.
+        let models: Vec<Value> = spec
+            .schedulers
+            .iter()
+            .map(|s| json!({ "model": s.model_name, "adapters": s.lora_adapters }))
+            .collect();
+        let models_yaml = to_yaml(&json!({ "models": models }));
+        let cm: ConfigMap = typed(
+            "ConfigMap",
+            json!({
+                "metadata": self.meta(&name, component, None)?,
+                "data": { "models.yaml": models_yaml },
+            }),
+        )?;
+        let hash = fnv_hex(&models_yaml);
+        out.push(child(&cm)?);
+        out.push(child(&self.service_account(&name, component, None)?)?);
+        let args = vec![
+            "bbr".to_owned(),
+            format!("--grpc-port={BBR_GRPC_PORT}"),
+            format!("--health-port={BBR_HEALTH_PORT}"),
+            format!("--metrics-port={METRICS_PORT}"),
+            format!("--models={MODELS_CONFIG_PATH}"),
+            format!(
+                "--max-request-body-bytes={}",
+                spec.bbr.max_request_body_bytes
+            ),
+        ];
+        let ports = [
+            ("grpc", BBR_GRPC_PORT),
+            ("health", BBR_HEALTH_PORT),
+            ("metrics", METRICS_PORT),
+        ];
+        out.push(child(&self.deployment(
+            &name,
+            component,
+            None,
+            spec.bbr.replicas,
+            args,
+            &ports,
+            &hash,
+        )?)?);
+        out.push(child(&self.service(&name, component, None, &ports)?)?);
+        out.push(child(&self.pdb(&name, component, None)?)?);
+        let mut eep = EnvoyExtensionPolicy::new(
+            &name,
+            EnvoyExtensionPolicySpec {
+                target_refs: vec![TargetRef::gateway_api("Gateway", &self.name)],
+                ext_proc: vec![ExtProc {
+                    backend_refs: vec![BackendRef::service(&name, BBR_GRPC_PORT)],
+                    processing_mode: Some(ProcessingMode {
+                        request: Some(ProcessingModeDirection {
+                            body: Some("Buffered".to_owned()),
+                        }),
+                        response: None,
+                    }),
+                    message_timeout: Some("5s".to_owned()),
+                    fail_open: Some(false),
+                }],
+            },
+        );
+        eep.metadata = self.meta(&name, component, None)?;
+        out.push(child(&eep)?);
+        Ok(())
+    }
+
+    fn scheduler(&self, s: &SchedulerSpec, out: &mut Vec<Child>) -> Result<(), Error> {
+        let pool_name = scheduler_name(&self.name, &s.name);
+        let epp = epp_name(&self.name, &s.name);
+        let component = "endpoint-picker";
+        let sched = Some(s.name.as_str());
+
+        let mut pool = InferencePool::new(
+            &pool_name,
+            InferencePoolSpec {
+                selector: PoolSelector {
+                    match_labels: s.model_selector.clone(),
+                },
+                target_ports: vec![PortNumber {
+                    number: s.target_port,
+                }],
+                app_protocol: Some(json_str(&s.app_protocol)),
+                endpoint_picker_ref: EndpointPickerRef {
+                    group: Some(String::new()),
+                    kind: Some("Service".to_owned()),
+                    name: epp.clone(),
+                    port: Some(PortNumber {
+                        number: EPP_GRPC_PORT,
+                    }),
+                    failure_mode: Some(json_str(&s.failure_mode)),
+                },
+            },
+        );
+        pool.metadata = self.meta(&pool_name, "inference-pool", sched)?;
+        out.push(child(&pool)?);
+
+        // Scorer settings the picker reads: a preset name or explicit weights.
+        let scheduler_cfg = match (s.effective_preset(), &s.weights) {
+            (Some(p), _) => json!({ "preset": p.as_str() }),
+            (None, Some(w)) => {
+                let weights: serde_json::Map<String, Value> = w
+                    .entries()
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                    .collect();
+                json!({ "weights": weights })
+            }
+            (None, None) => json!({ "preset": "default" }),
+        };
+        let scheduler_yaml = to_yaml(&scheduler_cfg);
+        let hash = fnv_hex(&scheduler_yaml);
+        let cm: ConfigMap = typed(
+            "ConfigMap",
+            json!({
+                "metadata": self.meta(&epp, component, sched)?,
+                "data": { "scheduler.yaml": scheduler_yaml },
+            }),
+        )?;
+        out.push(child(&cm)?);
+
+        out.push(child(&self.service_account(&epp, component, sched)?)?);
+        let role: Role = typed(
+            "Role",
+            json!({
+                "metadata": self.meta(&epp, component, sched)?,
+                "rules": [
+                    { "apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"] },
+                    {
+                        "apiGroups": ["inference.networking.k8s.io"],
+                        "resources": ["inferencepools"],
+                        "verbs": ["get", "list", "watch"],
+                    },
+                ],
+            }),
+        )?;
+        out.push(child(&role)?);
+        let binding: RoleBinding = typed(
+            "RoleBinding",
+            json!({
+                "metadata": self.meta(&epp, component, sched)?,
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp },
+                "subjects": [{ "kind": "ServiceAccount", "name": epp, "namespace": self.namespace }],
+            }),
+        )?;
+        out.push(child(&binding)?);
+
+        let args = vec![
+            "picker".to_owned(),
+            format!("--pool-name={pool_name}"),
+            format!("--pool-namespace={}", self.namespace),
+            format!("--config={SCHEDULER_CONFIG_PATH}"),
+            format!("--engine={}", s.engine_type.as_str()),
+            format!("--grpc-port={EPP_GRPC_PORT}"),
+            format!("--health-port={EPP_HEALTH_PORT}"),
+            format!("--metrics-port={METRICS_PORT}"),
+        ];
+        let ports = [
+            ("grpc", EPP_GRPC_PORT),
+            ("health", EPP_HEALTH_PORT),
+            ("metrics", METRICS_PORT),
+        ];
+        out.push(child(&self.deployment(
+            &epp, component, sched, s.replicas, args, &ports, &hash,
+        )?)?);
+        out.push(child(&self.service(&epp, component, sched, &ports)?)?);
+        out.push(child(&self.pdb(&epp, component, sched)?)?);
+
+        // Without the BBR there is one scheduler and nothing to choose: match every request.
+        let matches: Vec<Value> = if self.cfg.spec.bbr.enabled {
+            std::iter::once(&s.model_name)
+                .chain(s.lora_adapters.iter())
+                .map(|m| {
+                    json!({
+                        "path": { "type": "PathPrefix", "value": "/" },
+                        "headers": [{ "type": "Exact", "name": MODEL_HEADER, "value": m }],
+                    })
+                })
+                .collect()
+        } else {
+            vec![json!({ "path": { "type": "PathPrefix", "value": "/" } })]
+        };
+        let mut rule = json!({
+            "matches": matches,
+            "backendRefs": [{
+                "group": "inference.networking.k8s.io",
+                "kind": "InferencePool",
+                "name": pool_name,
+            }],
+        });
+        if let Some(t) = &s.route_timeout {
+            rule["timeouts"] = json!({ "request": t });
+        }
+        let route: HttpRoute = typed(
+            "HTTPRoute",
+            json!({
+                "metadata": self.meta(&pool_name, "route", sched)?,
+                "spec": {
+                    "parentRefs": [{
+                        "group": "gateway.networking.k8s.io",
+                        "kind": "Gateway",
+                        "name": self.name,
+                    }],
+                    "rules": [rule],
+                },
+            }),
+        )?;
+        out.push(child(&route)?);
+
+        let mut eep = EnvoyExtensionPolicy::new(
+            &epp,
+            EnvoyExtensionPolicySpec {
+                target_refs: vec![TargetRef::gateway_api("HTTPRoute", &pool_name)],
+                ext_proc: vec![ExtProc {
+                    backend_refs: vec![BackendRef::service(&epp, EPP_GRPC_PORT)],
+                    processing_mode: Some(ProcessingMode {
+                        request: Some(ProcessingModeDirection {
+                            body: Some("FullDuplexStreamed".to_owned()),
+                        }),
+                        response: Some(ProcessingModeDirection {
+                            body: Some("FullDuplexStreamed".to_owned()),
+                        }),
+                    }),
+                    message_timeout: Some("5s".to_owned()),
+                    // Envoy Gateway forbids fail-open with full-duplex bodies; the pool's
+                    // `failureMode` carries the user's choice instead.
+                    fail_open: Some(false),
+                }],
+            },
+        );
+        eep.metadata = self.meta(&epp, component, sched)?;
+        out.push(child(&eep)?);
+        Ok(())
+    }
+
+    fn service_account(
+        &self,
+        name: &str,
+        component: &str,
+        sched: Option<&str>,
+    ) -> Result<ServiceAccount, Error> {
+        Ok(ServiceAccount {
+            metadata: self.meta(name, component, sched)?,
+            automount_service_account_token: Some(sched.is_some()),
+            ..ServiceAccount::default()
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)] // one call per component; a struct would only rename these
+    fn deployment(
+        &self,
+        name: &str,
+        component: &str,
+        sched: Option<&str>,
+        replicas: i32,
+        args: Vec<String>,
+        ports: &[(&str, i32)],
+        config_hash: &str,
+    ) -> Result<Deployment, Error> {
+        let pd = &self.cfg.spec.pod_defaults;
+        let obs = &self.cfg.spec.observability;
+        let mut labels = pd.labels.clone();
+        labels.extend(self.base_labels(component));
+        if let Some(s) = sched {
+            labels.insert(SCHEDULER_LABEL.to_owned(), s.to_owned());
+        }
+        let mut annotations = pd.annotations.clone();
+        annotations.insert(CONFIG_HASH_ANNOTATION.to_owned(), config_hash.to_owned());
+        if obs.metrics {
+            annotations.insert("prometheus.io/scrape".to_owned(), "true".to_owned());
+            annotations.insert("prometheus.io/port".to_owned(), METRICS_PORT.to_string());
+        }
+        let health_port = ports
+            .iter()
+            .find(|(n, _)| *n == "health")
+            .map_or(0, |p| p.1);
+        let mut env = vec![
+            json!({ "name": "RUST_LOG", "value": json_str(&obs.log_level) }),
+            json!({ "name": "INFERGATE_LOG_FORMAT", "value": json_str(&obs.log_format) }),
+            json!({ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } }),
+            json!({ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
+        ];
+        env.extend(pd.env.iter().map(|e| json!(e)));
+        let (mount, file) = if component == "bbr" {
+            ("/etc/infergate", "models.yaml")
+        } else {
+            ("/etc/infergate", "scheduler.yaml")
+        };
+        let mut container = json!({
+            "name": component,
+            "image": self.opts.image,
+            "args": args,
+            "ports": ports.iter().map(|(n, p)| json!({ "name": n, "containerPort": p })).collect::<Vec<_>>(),
+            "env": env,
+            "readinessProbe": { "grpc": { "port": health_port, "service": "readiness" }, "periodSeconds": 5 },
+            "livenessProbe": { "grpc": { "port": health_port, "service": "liveness" }, "periodSeconds": 10 },
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": true,
+                "capabilities": { "drop": ["ALL"] },
+            },
+            "volumeMounts": [{ "name": "config", "mountPath": mount, "readOnly": true }],
+        });
+        if let Some(r) = &pd.resources {
+            container["resources"] = json!(r);
+        }
+        let mut pod_spec = json!({
+            "serviceAccountName": name,
+            "containers": [container],
+            "volumes": [{ "name": "config", "configMap": { "name": name, "items": [{ "key": file, "path": file }] } }],
+        });
+        if !pd.node_selector.is_empty() {
+            pod_spec["nodeSelector"] = json!(pd.node_selector);
+        }
+        if !pd.tolerations.is_empty() {
+            pod_spec["tolerations"] = json!(pd.tolerations);
+        }
+        if let Some(a) = &pd.affinity {
+            pod_spec["affinity"] = json!(a);
+        }
+        typed(
+            "Deployment",
+            json!({
+                "metadata": self.meta(name, component, sched)?,
+                "spec": {
+                    "replicas": replicas,
+                    "selector": { "matchLabels": self.selector(component, sched) },
+                    "template": {
+                        "metadata": { "labels": labels, "annotations": annotations },
+                        "spec": pod_spec,
+                    },
+                },
+            }),
+        )
+    }
+
+    fn service(
+        &self,
+        name: &str,
+        component: &str,
+        sched: Option<&str>,
+        ports: &[(&str, i32)],
+    ) -> Result<Service, Error> {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(n, p)| {
+                let mut v = json!({ "name": n, "port": p, "targetPort": n, "protocol": "TCP" });
+                if *n == "grpc" {
+                    v["appProtocol"] = json!("kubernetes.io/h2c");
+                }
+                v
+            })
+            .collect();
+        typed(
+            "Service",
+            json!({
+                "metadata": self.meta(name, component, sched)?,
+                "spec": { "selector": self.selector(component, sched), "ports": ports },
+            }),
+        )
+    }
+
+    fn pdb(
+        &self,
+        name: &str,
+        component: &str,
+        sched: Option<&str>,
+    ) -> Result<PodDisruptionBudget, Error> {
+        typed(
+            "PodDisruptionBudget",
+            json!({
+                "metadata": self.meta(name, component, sched)?,
+                "spec": { "maxUnavailable": 1, "selector": { "matchLabels": self.selector(component, sched) } },
+            }),
+        )
+    }
+}
+
+fn typed<T: DeserializeOwned>(kind: &'static str, v: Value) -> Result<T, Error> {
+    serde_json::from_value(v).map_err(|source| Error::Shape { kind, source })
+}
+
+fn child<K>(obj: &K) -> Result<Child, Error>
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let resource = ApiResource::erase::<K>(&());
+    let mut value = serde_json::to_value(obj).map_err(|source| Error::Shape {
+        kind: "child",
+        source,
+    })?;
+    // Typed objects from k8s-openapi do not always serialise apiVersion/kind; SSA needs both.
+    value["apiVersion"] = json!(resource.api_version);
+    value["kind"] = json!(resource.kind);
+    let object: DynamicObject = serde_json::from_value(value).map_err(|source| Error::Shape {
+        kind: "child",
+        source,
+    })?;
+    Ok(Child { resource, object })
+}
+
+/// The serde name of a unit enum value (`FailClose`, `kubernetes.io/h2c`, …).
+fn json_str<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+fn to_yaml(v: &Value) -> String {
+    serde_yaml::to_string(v).unwrap_or_default()
+}
+
+/// FNV-1a, hex: a hash that stays the same across Rust releases (golden files depend on it).
+fn fnv_hex(s: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests;
