@@ -1,0 +1,396 @@
+//! The scraper against real HTTP servers on 127.0.0.1.
+//!
+//! These tests run on the real clock: the scraper talks to real sockets, and tokio's paused clock
+//! would jump timers forward while a loopback reply is in flight. Intervals are short and the
+//! assertions carry the margins the contract gives (threshold + one interval), not sleeps tuned
+//! to pass.
+#![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+#[path = "common/server.rs"]
+mod server;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use infergate_metrics::{Clock, ScrapeMetrics, Scraper, ScraperConfig, Target, Update};
+use infergate_scheduler::{
+    EndpointMeta, EngineType, Preset, RequestContext, Scheduler, SchedulerConfig,
+};
+use prometheus_client::registry::Registry;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use server::{Mode, TestServer, closed_port};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout};
+
+const VLLM_QUEUED: &[u8] = include_bytes!("fixtures/vllm-queued-lora.txt");
+const VLLM_IDLE: &[u8] = include_bytes!("fixtures/vllm-idle.txt");
+const TGI_BUSY: &[u8] = include_bytes!("fixtures/tgi-busy.txt");
+
+type Events = mpsc::UnboundedReceiver<(u32, Update, Instant)>;
+
+fn page(bytes: &[u8]) -> Mode {
+    Mode::Page(Arc::new(bytes.to_vec()))
+}
+
+fn start(config: ScraperConfig, metrics: ScrapeMetrics) -> (Scraper<u32>, Events) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let scraper = Scraper::spawn(
+        config,
+        Clock::starting_now(),
+        metrics,
+        move |id: &u32, u: Update| {
+            let _ = tx.send((*id, u, Instant::now()));
+        },
+    )
+    .unwrap();
+    (scraper, rx)
+}
+
+async fn next_for(rx: &mut Events, id: u32, within: Duration) -> (Update, Instant) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, rx.recv()).await {
+            Ok(Some((got, u, at))) if got == id => return (u, at),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => panic!("no update for target {id} within {within:?}"),
+        }
+    }
+}
+
+fn fast() -> ScraperConfig {
+    ScraperConfig {
+        interval: Duration::from_millis(20),
+        stale_after: Duration::from_millis(200),
+        timeout: Duration::from_millis(100),
+        ..ScraperConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn scrapes_a_real_page_over_one_kept_alive_connection() {
+    let server = TestServer::start(page(VLLM_QUEUED)).await;
+    let (scraper, mut rx) = start(fast(), ScrapeMetrics::default());
+    scraper
+        .upsert(Target::new(1, server.addr, EngineType::Vllm))
+        .unwrap();
+    let mut last = None;
+    for _ in 0..5 {
+        match next_for(&mut rx, 1, Duration::from_secs(2)).await.0 {
+            Update::Snapshot(s) => {
+                assert_eq!((s.waiting, s.running), (6, 2));
+                assert_eq!(s.lora.as_ref().unwrap().running, vec!["lora-a".to_owned()]);
+                if let Some(prev) = last {
+                    assert!(s.sampled_at > prev, "timestamps move forward");
+                }
+                last = Some(s.sampled_at);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(server.requests() >= 5);
+    assert_eq!(server.connections(), 1, "one keep-alive connection per pod");
+}
+
+#[tokio::test]
+async fn chunked_pages_are_read_too() {
+    let server = TestServer::start(Mode::Chunked(Arc::new(TGI_BUSY.to_vec()))).await;
+    let (scraper, mut rx) = start(fast(), ScrapeMetrics::default());
+    scraper
+        .upsert(Target::new(1, server.addr, EngineType::Tgi))
+        .unwrap();
+    let (u, _) = next_for(&mut rx, 1, Duration::from_secs(2)).await;
+    let Update::Snapshot(s) = u else {
+        panic!("{u:?}")
+    };
+    assert_eq!((s.waiting, s.running, s.kv_cache_usage), (5, 12, None));
+}
+
+/// The contract of the issue: a pod that stops answering is excluded from picking within the
+/// staleness threshold plus one interval, and readmitted once it answers again.
+#[tokio::test]
+async fn a_pod_that_stops_answering_is_not_picked_until_it_answers_again() {
+    let config = ScraperConfig {
+        interval: Duration::from_millis(50),
+        stale_after: Duration::from_millis(200),
+        timeout: Duration::from_millis(100),
+        ..ScraperConfig::default()
+    };
+    let (stale_after, interval) = (config.stale_after, config.interval);
+    let a = TestServer::start(page(VLLM_IDLE)).await;
+    let b = TestServer::start(page(VLLM_QUEUED)).await;
+    let mut registry = Registry::default();
+    let metrics = ScrapeMetrics::register(&mut registry);
+    let (scraper, mut rx) = start(config, metrics.clone());
+    let clock = scraper.clock();
+
+    let mut sched_cfg = SchedulerConfig::preset(Preset::Infergate);
+    sched_cfg.max_metrics_age = Some(stale_after);
+    let mut sched = Scheduler::new(sched_cfg).unwrap();
+    let addrs: [SocketAddr; 2] = [a.addr, b.addr];
+    for (id, addr) in addrs.iter().enumerate() {
+        sched.upsert_endpoint(EndpointMeta {
+            namespace: "default".to_owned(),
+            pod: format!("pod-{id}"),
+            addr: *addr,
+            engine: EngineType::Vllm,
+            gpu: None,
+            labels: Default::default(),
+        });
+        scraper
+            .upsert(Target::new(
+                u32::try_from(id).unwrap(),
+                *addr,
+                EngineType::Vllm,
+            ))
+            .unwrap();
+    }
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut stale_log: Vec<(u32, Instant)> = Vec::new();
+    // Drains the scraper's reports into the scheduler and picks once, as a shell would.
+    let mut pick = |rx: &mut Events, sched: &mut Scheduler, stale_log: &mut Vec<(u32, Instant)>| {
+        while let Ok((id, u, at)) = rx.try_recv() {
+            match u {
+                Update::Snapshot(s) => sched.apply_metrics(addrs[id as usize], s).unwrap(),
+                Update::Stale { last_sampled, .. } => {
+                    assert!(last_sampled.is_some());
+                    stale_log.push((id, at));
+                }
+            }
+        }
+        let now = clock.now();
+        let d = sched
+            .pick(&RequestContext::new("tiny", 16), now, &mut rng)
+            .unwrap();
+        let chosen = d.endpoints.as_slice().to_vec();
+        sched.cancel(d.ticket, now);
+        chosen
+    };
+
+    // Both pods answer: both are candidates.
+    tokio::time::sleep(interval * 3).await;
+    let chosen = pick(&mut rx, &mut sched, &mut stale_log);
+    assert!(
+        chosen.contains(&a.addr) && chosen.contains(&b.addr),
+        "{chosen:?}"
+    );
+
+    // Pod A stops answering (accepts, reads the request, never replies).
+    a.set(Mode::Hang);
+    let stopped = Instant::now();
+    let bound = stale_after + interval;
+    let excluded_at = loop {
+        if !pick(&mut rx, &mut sched, &mut stale_log).contains(&a.addr) {
+            break Instant::now();
+        }
+        assert!(
+            stopped.elapsed() <= bound,
+            "A still picked {:?} after it stopped",
+            stopped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(excluded_at - stopped <= bound);
+    // The scraper reports the transition once, within the same bound.
+    tokio::time::sleep(interval).await;
+    let _ = pick(&mut rx, &mut sched, &mut stale_log);
+    assert_eq!(stale_log.len(), 1, "{stale_log:?}");
+    let (id, stale_seen) = stale_log[0];
+    assert_eq!(id, 0);
+    assert!(
+        stale_seen - stopped <= bound,
+        "stale after {:?}",
+        stale_seen - stopped
+    );
+    assert_eq!(metrics.stale_targets(), 1);
+    // It stays out while it does not answer.
+    tokio::time::sleep(interval * 4).await;
+    assert!(!pick(&mut rx, &mut sched, &mut stale_log).contains(&a.addr));
+    assert!(metrics.errors("timeout") >= 1);
+    assert_eq!(
+        stale_log.len(),
+        1,
+        "stale is reported once, not every interval"
+    );
+
+    // Pod A answers again: readmitted with its next good scrape (at most one timeout for the hung
+    // scrape to give up, plus one interval).
+    a.set(page(VLLM_IDLE));
+    let resumed = Instant::now();
+    loop {
+        if pick(&mut rx, &mut sched, &mut stale_log).contains(&a.addr) {
+            break;
+        }
+        assert!(
+            resumed.elapsed() <= Duration::from_millis(100) + interval * 2,
+            "A not readmitted after {:?}",
+            resumed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(metrics.stale_targets(), 0);
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("infergate_metrics_scrape_duration_seconds_bucket"));
+    assert!(text.contains("infergate_metrics_scrape_errors_total{reason=\"timeout\"}"));
+    assert!(text.contains("infergate_metrics_stale_targets 0"));
+    assert!(text.contains("infergate_metrics_targets 2"));
+}
+
+/// Every way a page can go wrong, side by side with a healthy pod: the healthy pod keeps its
+/// rhythm, no bad pod ever yields a snapshot, each failure is counted under its reason, and each
+/// bad pod is reported stale once.
+#[tokio::test]
+async fn bad_pods_are_counted_reported_stale_and_never_delay_a_healthy_one() {
+    let config = ScraperConfig {
+        interval: Duration::from_millis(50),
+        stale_after: Duration::from_millis(200),
+        timeout: Duration::from_millis(150),
+        max_body_bytes: 64 * 1024,
+        ..ScraperConfig::default()
+    };
+    let interval = config.interval;
+    let mut huge = VLLM_QUEUED.to_vec();
+    while huge.len() <= 64 * 1024 {
+        huge.extend_from_slice(VLLM_QUEUED);
+    }
+    let huge = Arc::new(huge);
+    let garbage: Vec<u8> = (0..=255u8).cycle().take(5000).chain([b'\n']).collect();
+    let healthy = TestServer::start(page(VLLM_QUEUED)).await;
+    let bad = [
+        (TestServer::start(Mode::Hang).await, "timeout"),
+        (TestServer::start(Mode::Drip).await, "timeout"),
+        (TestServer::start(Mode::Status500).await, "status"),
+        (TestServer::start(Mode::Page(Arc::clone(&huge))).await, "body_too_large"),
+        (TestServer::start(Mode::Chunked(huge)).await, "body_too_large"),
+        (TestServer::start(Mode::Page(Arc::new(garbage))).await, "parse_missing_family"),
+        (TestServer::start(page(b"vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n")).await, "parse_invalid_value"),
+        (TestServer::start(page(b"vllm:num_requests_waiting 1\nvllm:num_requests_running 1\nvllm:num_requests_running 1\n")).await, "parse_duplicate_series"),
+        (TestServer::start(page(b"vllm:num_requests_waiting 1\nvllm:num_requests_running 12")).await, "parse_truncated"),
+    ];
+    let metrics = ScrapeMetrics::default();
+    let (scraper, mut rx) = start(config, metrics.clone());
+    scraper
+        .upsert(Target::new(0, healthy.addr, EngineType::Vllm))
+        .unwrap();
+    for (i, (server, _)) in bad.iter().enumerate() {
+        let id = u32::try_from(i).unwrap() + 1;
+        scraper
+            .upsert(Target::new(id, server.addr, EngineType::Vllm))
+            .unwrap();
+    }
+    let refused = closed_port().await;
+    scraper
+        .upsert(Target::new(99, refused, EngineType::Vllm))
+        .unwrap();
+
+    let window = Duration::from_millis(1000);
+    let started = Instant::now();
+    let mut healthy_times = Vec::new();
+    let mut stale = std::collections::BTreeMap::<u32, usize>::new();
+    while started.elapsed() < window {
+        let left = window.saturating_sub(started.elapsed());
+        let Ok(Some((id, u, at))) = timeout(left, rx.recv()).await else {
+            break;
+        };
+        match (id, u) {
+            (0, Update::Snapshot(_)) => healthy_times.push(at),
+            (0, other) => panic!("healthy pod reported {other:?}"),
+            (id, Update::Snapshot(s)) => panic!("bad pod {id} yielded a snapshot {s:?}"),
+            (id, Update::Stale { last_sampled, .. }) => {
+                assert_eq!(last_sampled, None, "pod {id} never had a good page");
+                *stale.entry(id).or_default() += 1;
+            }
+        }
+    }
+    // Healthy pod: about one snapshot per interval, and no gap near the bad pods' timeout.
+    assert!(
+        healthy_times.len() >= 14,
+        "only {} snapshots in {window:?}",
+        healthy_times.len()
+    );
+    let worst_gap = healthy_times.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(worst_gap < interval * 2, "healthy pod waited {worst_gap:?}");
+    // Every bad pod stale exactly once (a state change is reported once, not every interval).
+    let expected: std::collections::BTreeMap<u32, usize> = (1..=u32::try_from(bad.len()).unwrap())
+        .chain([99])
+        .map(|id| (id, 1))
+        .collect();
+    assert_eq!(stale, expected);
+    assert_eq!(
+        metrics.stale_targets(),
+        i64::try_from(bad.len()).unwrap() + 1
+    );
+    for (_, reason) in &bad {
+        assert!(metrics.errors(reason) >= 1, "no {reason} error counted");
+    }
+    assert!(metrics.errors("connect") >= 1);
+
+    // Removing targets stops them and releases their gauges.
+    for id in 1..=u32::try_from(bad.len()).unwrap() {
+        assert!(scraper.remove(&id));
+    }
+    assert!(scraper.remove(&99));
+    assert!(!scraper.remove(&99));
+    // Aborted tasks release their gauges when the runtime drops them, on its next turn.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(metrics.stale_targets(), 0);
+    assert_eq!(scraper.target_ids(), vec![0]);
+}
+
+#[tokio::test]
+async fn targets_can_be_replaced_and_shut_down() {
+    let vllm = TestServer::start(page(VLLM_QUEUED)).await;
+    let tgi = TestServer::start(page(TGI_BUSY)).await;
+    let (scraper, mut rx) = start(fast(), ScrapeMetrics::default());
+    scraper
+        .set_targets([Target::new(1, vllm.addr, EngineType::Vllm)])
+        .unwrap();
+    let (u, _) = next_for(&mut rx, 1, Duration::from_secs(2)).await;
+    assert!(
+        matches!(u, Update::Snapshot(ref s) if s.waiting == 6),
+        "{u:?}"
+    );
+    // Same id, new address and engine: the target follows.
+    scraper
+        .set_targets([Target::new(1, tgi.addr, EngineType::Tgi)])
+        .unwrap();
+    let switched = loop {
+        let (u, _) = next_for(&mut rx, 1, Duration::from_secs(2)).await;
+        if let Update::Snapshot(s) = u
+            && s.waiting == 5
+        {
+            break s;
+        }
+    };
+    assert_eq!(switched.kv_cache_usage, None);
+    // An unchanged target keeps its connection.
+    let connections = tgi.connections();
+    scraper
+        .set_targets([Target::new(1, tgi.addr, EngineType::Tgi)])
+        .unwrap();
+    let _ = next_for(&mut rx, 1, Duration::from_secs(2)).await;
+    assert_eq!(tgi.connections(), connections);
+
+    let bad_path = Target {
+        path: "bad path".to_owned(),
+        ..Target::new(2, tgi.addr, EngineType::Tgi)
+    };
+    assert!(scraper.set_targets([bad_path]).is_err());
+    assert_eq!(
+        scraper.target_ids(),
+        vec![1],
+        "a rejected set changes nothing"
+    );
+
+    scraper.run_until(async {}).await;
+    assert!(scraper.target_ids().is_empty());
+    // Drain what was in flight, then nothing more arrives.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    while rx.try_recv().is_ok() {}
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(rx.try_recv().is_err());
+}
