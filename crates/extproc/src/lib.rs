@@ -1,1 +1,37 @@
-//! Envoy ext_proc server: body-based router and endpoint picker.
+//! Envoy ext_proc server: the endpoint picker (EPP) and the body-based router (BBR).
+//!
+//! In a cluster, Envoy Gateway carries the traffic and asks this server, over the
+//! `envoy.service.ext_proc.v3.ExternalProcessor` gRPC stream, where each request goes. The picker
+//! follows the Gateway API Inference Extension endpoint-picker protocol: it buffers the OpenAI
+//! body, picks endpoints on the shared live pool ([`infergate_pool::LivePool`]), and answers with
+//! `x-gateway-destination-endpoint` (header and `envoy.lb` metadata, first choice then
+//! fallbacks). On the response path it reads usage and the first token and releases the
+//! request's in-flight entry on every ending. The body-based router reads `model` and sets the
+//! headers an HTTPRoute matches on. `docs/extproc.md` documents the protocol as implemented.
+//!
+//! Layout:
+//! - [`wire`] — building and reading Envoy's messages (pure);
+//! - [`picker`] — the endpoint-picker service; `picker/exchange.rs` is the per-stream state
+//!   machine;
+//! - [`bbr`] — the body-based router service;
+//! - [`pool`] — the [`EndpointPool`] seam and its implementation for the live pool;
+//! - [`discovery`] — pool membership from a static file or from Kubernetes pods;
+//! - [`server`] — serving functions for the ext_proc and gRPC health ports;
+//! - [`telemetry`] — the server's Prometheus metrics;
+//! - [`error`] — [`Error`].
+
+pub mod bbr;
+pub mod discovery;
+pub mod error;
+pub mod picker;
+pub mod pool;
+pub mod server;
+pub mod telemetry;
+pub mod wire;
+
+pub use bbr::BodyRouter;
+pub use error::Error;
+pub use picker::{EndpointPicker, PickerConfig};
+pub use pool::{EndpointPool, InflightGuard};
+pub use telemetry::Telemetry;
+pub use wire::BodyMode;

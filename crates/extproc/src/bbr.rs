@@ -1,0 +1,263 @@
+//! The body-based router (BBR): reads `model` from the OpenAI body and sets the headers an
+//! HTTPRoute matches on, so that Envoy picks the model's pool.
+//!
+//! - `x-gateway-model-name`: the requested model (a served model or a LoRA adapter);
+//! - `x-gateway-base-model-name`: the base model serving it (set for every known model);
+//! - `clear_route_cache`, so that Envoy re-evaluates the route with the new headers;
+//! - an unknown model is answered 404 with a message telling the client to set `model`.
+//!
+//! The body itself is re-sent unchanged (with a corrected `content-length`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, ProcessingRequest, ProcessingResponse,
+};
+use infergate_openai::{ApiError, ApiKind, ModelRouter, parse_request};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::Error;
+use crate::picker::{DEFAULT_MAX_BODY_BYTES, Flow, spawn_stream};
+use crate::telemetry::Telemetry;
+use crate::wire::{self, BodyMode};
+
+/// The served models and their LoRA adapters, as written in a `--models` file:
+///
+/// ```yaml
+/// llama-3-8b: [sql-lora, chat-lora]
+/// qwen-2.5-7b: []
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct ModelsFile {
+    /// Base model → adapters.
+    pub models: BTreeMap<String, Vec<String>>,
+}
+
+impl ModelsFile {
+    /// Reads and parses a models file.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|source| Error::Yaml {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Parses a models file's text.
+    pub fn parse(text: &str) -> Result<Self, serde_yaml::Error> {
+        serde_yaml::from_str(text)
+    }
+
+    /// The router table for these models.
+    pub fn router(&self) -> Result<ModelRouter<()>, Error> {
+        let mut router = ModelRouter::new();
+        for (model, adapters) in &self.models {
+            router.add_model(model, adapters, ())?;
+        }
+        Ok(router)
+    }
+}
+
+/// How the body-based router behaves.
+#[derive(Clone, Debug)]
+pub struct BbrConfig {
+    /// Request bodies larger than this are answered 413.
+    pub max_body_bytes: usize,
+    /// Body mode assumed when Envoy does not announce one.
+    pub request_body_mode: BodyMode,
+}
+
+impl Default for BbrConfig {
+    fn default() -> Self {
+        BbrConfig {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            request_body_mode: BodyMode::FullDuplex,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: BbrConfig,
+    router: ModelRouter<()>,
+    telemetry: Telemetry,
+}
+
+/// The ext_proc body-based router service. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct BodyRouter {
+    shared: Arc<Shared>,
+}
+
+impl BodyRouter {
+    /// A router over `router`'s models.
+    pub fn new(config: BbrConfig, router: ModelRouter<()>, telemetry: Telemetry) -> Self {
+        BodyRouter {
+            shared: Arc::new(Shared {
+                config,
+                router,
+                telemetry,
+            }),
+        }
+    }
+}
+
+/// One request's conversation with the body-based router.
+struct Exchange {
+    shared: Arc<Shared>,
+    request_mode: BodyMode,
+    response_mode: BodyMode,
+    kind: Option<ApiKind>,
+    buffering: bool,
+    body: Vec<u8>,
+}
+
+impl Exchange {
+    fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow {
+        if let Some(pc) = msg.protocol_config {
+            self.request_mode = BodyMode::from_envoy(pc.request_body_mode);
+            self.response_mode = BodyMode::from_envoy(pc.response_body_mode);
+        }
+        match msg.request {
+            Some(Msg::RequestHeaders(h)) => {
+                let path = wire::find_header(&h, ":path").unwrap_or_default();
+                self.kind = std::str::from_utf8(path).ok().and_then(ApiKind::from_path);
+                if h.end_of_stream || self.request_mode != BodyMode::FullDuplex {
+                    out.push(wire::request_headers(None));
+                }
+                self.buffering = !h.end_of_stream && self.request_mode != BodyMode::HeadersOnly;
+                Flow::Continue
+            }
+            Some(Msg::RequestBody(b)) => self.on_body(b, out),
+            Some(Msg::RequestTrailers(_)) => {
+                let flow = if self.buffering {
+                    self.route(false, out)
+                } else {
+                    Flow::Continue
+                };
+                if flow == Flow::Continue {
+                    out.push(wire::trailers_continue(true));
+                }
+                flow
+            }
+            Some(Msg::ResponseHeaders(_)) => {
+                out.push(wire::response_headers_continue());
+                Flow::Continue
+            }
+            Some(Msg::ResponseBody(b)) => {
+                match self.response_mode {
+                    BodyMode::FullDuplex => {
+                        out.push(wire::streamed_chunk(false, b.body, b.end_of_stream));
+                    }
+                    _ => out.push(wire::buffered_body(false, Default::default(), None)),
+                }
+                Flow::Continue
+            }
+            Some(Msg::ResponseTrailers(_)) => {
+                out.push(wire::trailers_continue(false));
+                Flow::Continue
+            }
+            None => Flow::Continue,
+        }
+    }
+
+    fn on_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
+        if !self.buffering {
+            match self.request_mode {
+                BodyMode::FullDuplex => {
+                    out.push(wire::streamed_chunk(true, b.body, b.end_of_stream))
+                }
+                _ => out.push(wire::buffered_body(true, Default::default(), None)),
+            }
+            return Flow::Continue;
+        }
+        let cap = self.shared.config.max_body_bytes;
+        if self.body.len().saturating_add(b.body.len()) > cap {
+            return self.reject(&ApiError::BodyTooLarge { limit: cap }, out);
+        }
+        if self.body.is_empty() {
+            self.body = b.body;
+        } else {
+            self.body.extend_from_slice(&b.body);
+        }
+        if b.end_of_stream || self.request_mode != BodyMode::FullDuplex {
+            self.route(true, out)
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn route(&mut self, end_of_stream: bool, out: &mut Vec<ProcessingResponse>) -> Flow {
+        self.buffering = false;
+        let body = std::mem::take(&mut self.body);
+        let mut set = Vec::with_capacity(3);
+        if let Some(kind) = self.kind {
+            let parsed = match parse_request(kind, &body) {
+                Ok(p) => p,
+                Err(e) => return self.reject(&e, out),
+            };
+            let resolved = match self.shared.router.resolve(&parsed.model) {
+                Ok(r) => r,
+                Err(e) => return self.reject(&e, out),
+            };
+            set.push(wire::set_header(
+                wire::MODEL_HEADER,
+                parsed.model.as_bytes(),
+            ));
+            set.push(wire::set_header(
+                wire::BASE_MODEL_HEADER,
+                resolved.base_model.as_bytes(),
+            ));
+        }
+        set.push(wire::set_header("content-length", body.len().to_string()));
+        let common = wire::common(set, true);
+        match self.request_mode {
+            BodyMode::FullDuplex => {
+                out.push(wire::request_headers(Some(common)));
+                wire::push_chunks(out, true, &body, end_of_stream);
+            }
+            _ => out.push(wire::buffered_body(true, common, None)),
+        }
+        Flow::Continue
+    }
+
+    fn reject(&mut self, err: &ApiError, out: &mut Vec<ProcessingResponse>) -> Flow {
+        tracing::debug!(error = %err, status = err.status(), "request answered locally");
+        self.shared.telemetry.reject(err.metric_label());
+        out.push(wire::immediate_error(err));
+        Flow::Close
+    }
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for BodyRouter {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let ex = Exchange {
+            shared: Arc::clone(&self.shared),
+            request_mode: self.shared.config.request_body_mode,
+            response_mode: BodyMode::FullDuplex,
+            kind: None,
+            buffering: false,
+            body: Vec::new(),
+        };
+        Ok(Response::new(spawn_stream(
+            request.into_inner(),
+            ex,
+            |ex, msg, out| ex.on_message(msg, out),
+        )))
+    }
+}

@@ -1,0 +1,8 @@
+//! Pool membership: which endpoints the picker may route to.
+//!
+//! - [`static_file`] — a YAML list of endpoints with engine and labels (standalone and tests);
+//!
+//! Each source produces [`EndpointMeta`](infergate_scheduler::EndpointMeta) lists that the caller
+//! hands to the pool's `set_endpoints`.
+
+pub mod static_file;

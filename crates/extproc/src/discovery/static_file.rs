@@ -1,0 +1,149 @@
+//! Static discovery: endpoints listed in a YAML file.
+//!
+//! ```yaml
+//! engine: vllm                 # default engine for entries without one
+//! namespace: default           # default namespace
+//! endpoints:
+//!   - address: 10.0.0.7:8000
+//!     name: llama-a            # optional; defaults to the address
+//!     engine: sglang           # optional; the engine-type label also works
+//!     gpu: H100                # optional
+//!     labels: { zone: a }      # optional
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use infergate_metrics::{ENGINE_LABEL, engine_for};
+use infergate_scheduler::EndpointMeta;
+use serde::Deserialize;
+
+use crate::error::Error;
+
+/// The endpoints file as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointsFile {
+    /// Engine for entries that name none (and carry no engine-type label).
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// Namespace for entries that name none.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The endpoints.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointEntry>,
+}
+
+/// One endpoint in the file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointEntry {
+    /// `ip:port` requests and scrapes go to.
+    pub address: String,
+    /// A name for logs and metrics.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Namespace (or group).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// `vllm`, `sglang` or `tgi`.
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// GPU type, informational.
+    #[serde(default)]
+    pub gpu: Option<String>,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl EndpointsFile {
+    /// Reads and parses an endpoints file.
+    pub fn load(path: &Path) -> Result<Vec<EndpointMeta>, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let file: EndpointsFile = serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
+            path: path.to_owned(),
+            source,
+        })?;
+        file.endpoints()
+    }
+
+    /// The endpoints, validated: addresses parse, no address twice, every engine known.
+    pub fn endpoints(&self) -> Result<Vec<EndpointMeta>, Error> {
+        let mut out: Vec<EndpointMeta> = Vec::with_capacity(self.endpoints.len());
+        for e in &self.endpoints {
+            let addr: SocketAddr = e.address.trim().parse().map_err(|_| Error::Endpoint {
+                endpoint: e.address.clone(),
+                reason: "`address` must be ip:port",
+            })?;
+            if out.iter().any(|o| o.addr == addr) {
+                return Err(Error::Endpoint {
+                    endpoint: e.address.clone(),
+                    reason: "listed twice",
+                });
+            }
+            let mut labels = e.labels.clone();
+            if let Some(engine) = &e.engine {
+                labels.insert(ENGINE_LABEL.to_owned(), engine.clone());
+            }
+            let engine = engine_for(&e.address, &labels, self.engine.as_deref())?;
+            out.push(EndpointMeta {
+                namespace: e
+                    .namespace
+                    .clone()
+                    .or_else(|| self.namespace.clone())
+                    .unwrap_or_else(|| String::from("default")),
+                pod: e.name.clone().unwrap_or_else(|| addr.to_string()),
+                addr,
+                engine,
+                gpu: e.gpu.clone(),
+                labels,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infergate_scheduler::EngineType;
+
+    fn parse(text: &str) -> Result<Vec<EndpointMeta>, Error> {
+        serde_yaml::from_str::<EndpointsFile>(text)
+            .unwrap()
+            .endpoints()
+    }
+
+    #[test]
+    fn reads_engines_names_and_defaults() {
+        let eps = parse(
+            "engine: vllm\nendpoints:\n  - address: 127.0.0.1:8000\n  - address: 127.0.0.1:8001\n    name: b\n    engine: sglang\n    gpu: A10G\n",
+        )
+        .unwrap();
+        assert_eq!(eps.len(), 2);
+        assert_eq!(eps[0].engine, EngineType::Vllm);
+        assert_eq!(eps[0].pod, "127.0.0.1:8000");
+        assert_eq!(eps[0].namespace, "default");
+        assert_eq!(eps[1].engine, EngineType::Sglang);
+        assert_eq!(eps[1].pod, "b");
+        assert_eq!(eps[1].gpu.as_deref(), Some("A10G"));
+    }
+
+    #[test]
+    fn rejects_bad_addresses_duplicates_and_missing_engines() {
+        let bad = parse("engine: vllm\nendpoints:\n  - address: nope\n").unwrap_err();
+        assert!(bad.to_string().contains("ip:port"), "{bad}");
+        let dup =
+            parse("engine: vllm\nendpoints:\n  - address: 127.0.0.1:1\n  - address: 127.0.0.1:1\n")
+                .unwrap_err();
+        assert!(dup.to_string().contains("twice"), "{dup}");
+        let none = parse("endpoints:\n  - address: 127.0.0.1:1\n").unwrap_err();
+        assert!(matches!(none, Error::Engine(_)), "{none}");
+    }
+}

@@ -1,0 +1,43 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong starting or running the ext_proc servers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration or endpoints file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A YAML file did not parse.
+    #[error("{path} is not valid: {source}")]
+    Yaml {
+        /// The file.
+        path: PathBuf,
+        /// What the parser reported, with the failing location.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// An endpoint entry is unusable.
+    #[error("endpoint `{endpoint}`: {reason}")]
+    Endpoint {
+        /// The entry as written.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// An endpoint's engine is missing or unknown.
+    #[error(transparent)]
+    Engine(#[from] infergate_metrics::Error),
+    /// The model table is inconsistent.
+    #[error("model table: {0}")]
+    Models(#[from] infergate_openai::ModelRouterError),
+    /// The gRPC server failed.
+    #[error("gRPC server failed")]
+    Transport(#[from] tonic::transport::Error),
+}

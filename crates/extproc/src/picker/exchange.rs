@@ -1,0 +1,462 @@
+//! One request's ext_proc conversation, as a synchronous state machine.
+//!
+//! Protocol (Gateway API Inference Extension, proposal 004, on Envoy's ext_proc API):
+//! - `FULL_DUPLEX_STREAMED`: request headers are held unanswered while body chunks are buffered
+//!   to end-of-stream; then one headers response (destination header, corrected
+//!   `content-length`, `clear_route_cache`, `envoy.lb` dynamic metadata) followed by the body
+//!   re-sent as streamed body responses of at most 62,000 bytes.
+//! - `BUFFERED`: headers are answered at once with no change; the single body message is answered
+//!   with the header mutations, `clear_route_cache` and the metadata.
+//! - headers with `end_of_stream` (no body): routed on the headers alone.
+//! - the response path passes through unchanged while usage, the first token and the served
+//!   endpoint are read from it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use infergate_openai::{ApiError, ApiKind, SseScanner, extract_usage, parse_request};
+use infergate_scheduler::{Rejection, RequestContext};
+
+use super::Shared;
+use crate::pool::{EndpointPool, InflightGuard};
+use crate::wire::{self, BodyMode};
+
+/// Whether the stream goes on after a message.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// Keep reading.
+    Continue,
+    /// An immediate response was sent: the request is over.
+    Close,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for request headers.
+    Headers,
+    /// Buffering the request body.
+    Body,
+    /// Routed: waiting for (or reading) the response.
+    Routed,
+    /// The response ended (or the request was answered locally).
+    Done,
+}
+
+/// The routed request's in-flight entry and what the response path needs.
+struct Routed<G> {
+    inflight: Option<G>,
+    model: String,
+    status: u16,
+    sse: Option<SseScanner>,
+    json: Vec<u8>,
+    json_overflow: bool,
+}
+
+/// Per-stream state. Dropping it (stream end, reset) drops the in-flight guard, which cancels.
+pub(crate) struct Exchange<P: EndpointPool> {
+    shared: Arc<Shared<P>>,
+    request_mode: BodyMode,
+    response_mode: BodyMode,
+    phase: Phase,
+    kind: Option<ApiKind>,
+    body: Vec<u8>,
+    subset: Option<Vec<SocketAddr>>,
+    model_hint: Option<String>,
+    base_hint: Option<String>,
+    routed: Option<Routed<P::Inflight>>,
+    scratch: String,
+}
+
+impl<P: EndpointPool> Exchange<P> {
+    pub(crate) fn new(shared: Arc<Shared<P>>) -> Self {
+        Exchange {
+            request_mode: shared.config.request_body_mode,
+            response_mode: shared.config.response_body_mode,
+            shared,
+            phase: Phase::Headers,
+            kind: None,
+            body: Vec::new(),
+            subset: None,
+            model_hint: None,
+            base_hint: None,
+            routed: None,
+            scratch: String::new(),
+        }
+    }
+
+    /// Handles one message from Envoy, appending the answers to `out`.
+    pub(crate) fn on_message(
+        &mut self,
+        msg: ProcessingRequest,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> Flow {
+        if let Some(pc) = msg.protocol_config {
+            // Envoy announces its body modes on the first message of a stream.
+            self.request_mode = BodyMode::from_envoy(pc.request_body_mode);
+            self.response_mode = BodyMode::from_envoy(pc.response_body_mode);
+        }
+        let metadata = msg.metadata_context;
+        match msg.request {
+            Some(Msg::RequestHeaders(h)) => self.on_request_headers(&h, metadata.as_ref(), out),
+            Some(Msg::RequestBody(b)) => self.on_request_body(b, out),
+            Some(Msg::RequestTrailers(_)) => {
+                let flow = if self.phase == Phase::Body {
+                    // Trailers end the body: the last re-sent chunk must not claim end-of-stream.
+                    self.route_body(false, out)
+                } else {
+                    Flow::Continue
+                };
+                if flow == Flow::Continue {
+                    out.push(wire::trailers_continue(true));
+                }
+                flow
+            }
+            Some(Msg::ResponseHeaders(h)) => {
+                self.on_response_headers(&h, metadata.as_ref());
+                out.push(wire::response_headers_continue());
+                Flow::Continue
+            }
+            Some(Msg::ResponseBody(b)) => {
+                self.on_response_body(b, out);
+                Flow::Continue
+            }
+            Some(Msg::ResponseTrailers(_)) => {
+                self.finish_response();
+                out.push(wire::trailers_continue(false));
+                Flow::Continue
+            }
+            None => Flow::Continue,
+        }
+    }
+
+    fn on_request_headers(
+        &mut self,
+        h: &HttpHeaders,
+        metadata: Option<&Metadata>,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> Flow {
+        let path = wire::find_header(h, ":path").unwrap_or_default();
+        self.kind = std::str::from_utf8(path).ok().and_then(ApiKind::from_path);
+        self.subset = wire::subset_hint(metadata);
+        self.model_hint = wire::find_header(h, wire::MODEL_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_owned);
+        self.base_hint = wire::find_header(h, wire::BASE_MODEL_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_owned);
+        if h.end_of_stream || self.request_mode == BodyMode::HeadersOnly {
+            return self.route_headers_only(out);
+        }
+        self.phase = Phase::Body;
+        if self.request_mode == BodyMode::Buffered {
+            // One answer per message in buffered mode; the route goes with the body answer.
+            out.push(wire::request_headers(None));
+        }
+        Flow::Continue
+    }
+
+    fn on_request_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
+        if self.phase != Phase::Body {
+            // Not expected (already routed); pass it on unchanged.
+            match self.request_mode {
+                BodyMode::FullDuplex => {
+                    out.push(wire::streamed_chunk(true, b.body, b.end_of_stream))
+                }
+                _ => out.push(wire::buffered_body(true, Default::default(), None)),
+            }
+            return Flow::Continue;
+        }
+        let cap = self.shared.config.max_body_bytes;
+        if self.body.len().saturating_add(b.body.len()) > cap {
+            return self.reject(ApiError::BodyTooLarge { limit: cap }, out);
+        }
+        if self.body.is_empty() {
+            // Take the first chunk's buffer as is: a one-chunk body is never copied.
+            self.body = b.body;
+        } else {
+            self.body.extend_from_slice(&b.body);
+        }
+        if b.end_of_stream || self.request_mode != BodyMode::FullDuplex {
+            self.route_body(true, out)
+        } else {
+            Flow::Continue
+        }
+    }
+
+    /// Routes a request that has no body (or whose body Envoy does not send).
+    fn route_headers_only(&mut self, out: &mut Vec<ProcessingResponse>) -> Flow {
+        let model = self.model_hint.clone().unwrap_or_default();
+        let (model_ref, lora) = split_adapter(&model, self.base_hint.as_deref());
+        let cx = RequestContext::new(model_ref, 0)
+            .with_lora(lora)
+            .with_subset(self.subset.as_deref());
+        let started = Instant::now();
+        let picked = self.shared.pool.pick(&cx);
+        match picked {
+            Ok(inflight) => {
+                let common = self.route_common(&inflight, None);
+                let mut answer = wire::request_headers(Some(common));
+                answer.dynamic_metadata = Some(wire::destination_metadata(&self.scratch));
+                out.push(answer);
+                self.record_pick(started);
+                self.enter_routed(inflight, model, false);
+                Flow::Continue
+            }
+            Err(rejection) => self.reject(rejection_error(rejection, &model), out),
+        }
+    }
+
+    /// Parses the buffered body, picks, and answers with the route and the body.
+    fn route_body(&mut self, end_of_stream: bool, out: &mut Vec<ProcessingResponse>) -> Flow {
+        let started = Instant::now();
+        let body = std::mem::take(&mut self.body);
+        let (picked, model, stream) = match self.kind {
+            Some(kind) => {
+                let parsed = match parse_request(kind, &body) {
+                    Ok(p) => p,
+                    Err(e) => return self.reject(e, out),
+                };
+                let segments: Vec<&str> = parsed.segments().collect();
+                let (model, lora) = split_adapter(&parsed.model, self.base_hint.as_deref());
+                let mut cx = RequestContext::new(model, parsed.estimated_prompt_tokens())
+                    .with_prompt(&segments)
+                    .with_lora(lora)
+                    .with_subset(self.subset.as_deref());
+                if let Some(n) = parsed.max_output_tokens {
+                    cx = cx.with_output_tokens(n);
+                }
+                (
+                    self.shared.pool.pick(&cx),
+                    parsed.model.clone().into_owned(),
+                    parsed.stream,
+                )
+            }
+            None => {
+                // A path the picker does not parse: route on the headers' hints, body untouched.
+                let model = self.model_hint.clone().unwrap_or_default();
+                let (m, lora) = split_adapter(&model, self.base_hint.as_deref());
+                let cx = RequestContext::new(m, 0)
+                    .with_lora(lora)
+                    .with_subset(self.subset.as_deref());
+                (self.shared.pool.pick(&cx), model, false)
+            }
+        };
+        let inflight = match picked {
+            Ok(i) => i,
+            Err(rejection) => return self.reject(rejection_error(rejection, &model), out),
+        };
+        let common = self.route_common(&inflight, Some(body.len()));
+        let metadata = wire::destination_metadata(&self.scratch);
+        match self.request_mode {
+            BodyMode::FullDuplex => {
+                let mut answer = wire::request_headers(Some(common));
+                answer.dynamic_metadata = Some(metadata);
+                out.push(answer);
+                wire::push_chunks(out, true, &body, end_of_stream);
+            }
+            BodyMode::Buffered | BodyMode::HeadersOnly => {
+                let mut answer = wire::buffered_body(true, common, None);
+                answer.dynamic_metadata = Some(metadata);
+                out.push(answer);
+            }
+        }
+        self.record_pick(started);
+        self.enter_routed(inflight, model, stream);
+        Flow::Continue
+    }
+
+    /// The header mutations of a routing answer; leaves the endpoint list in `self.scratch`.
+    fn route_common(
+        &mut self,
+        inflight: &P::Inflight,
+        content_length: Option<usize>,
+    ) -> envoy_types::pb::envoy::service::ext_proc::v3::CommonResponse {
+        wire::write_endpoints(&mut self.scratch, inflight.endpoints());
+        let mut set = Vec::with_capacity(2);
+        set.push(wire::set_header(
+            wire::DESTINATION_HEADER,
+            self.scratch.as_bytes(),
+        ));
+        if let Some(n) = content_length {
+            set.push(wire::set_header("content-length", n.to_string()));
+        }
+        wire::common(set, true)
+    }
+
+    fn record_pick(&self, started: Instant) {
+        self.shared
+            .telemetry
+            .pick_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    fn enter_routed(&mut self, inflight: P::Inflight, model: String, stream: bool) {
+        self.phase = Phase::Routed;
+        self.routed = Some(Routed {
+            inflight: Some(inflight),
+            model,
+            status: 200,
+            sse: stream.then(SseScanner::new),
+            json: Vec::new(),
+            json_overflow: false,
+        });
+    }
+
+    fn reject(&mut self, err: ApiError, out: &mut Vec<ProcessingResponse>) -> Flow {
+        tracing::debug!(error = %err, status = err.status(), "request answered locally");
+        self.shared.telemetry.reject(err.metric_label());
+        out.push(wire::immediate_error(&err));
+        self.phase = Phase::Done;
+        Flow::Close
+    }
+
+    fn on_response_headers(&mut self, h: &HttpHeaders, metadata: Option<&Metadata>) {
+        let Some(r) = self.routed.as_mut() else {
+            return;
+        };
+        if let Some(status) = wire::find_header(h, ":status")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|s| s.parse().ok())
+        {
+            r.status = status;
+        }
+        if let (Some(served), Some(inflight)) = (wire::served_endpoint(metadata), &mut r.inflight) {
+            inflight.reassign(served);
+        }
+        let is_sse = wire::find_header(h, "content-type")
+            .is_some_and(|v| v.starts_with(b"text/event-stream"));
+        if is_sse && r.sse.is_none() {
+            r.sse = Some(SseScanner::new());
+        } else if !is_sse {
+            r.sse = None;
+        }
+        if h.end_of_stream {
+            self.finish_response();
+        }
+    }
+
+    fn on_response_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) {
+        let cap = self.shared.config.max_response_scan_bytes;
+        if let Some(r) = self.routed.as_mut() {
+            match r.sse.as_mut() {
+                Some(sse) => {
+                    if sse.feed(&b.body)
+                        && let Some(i) = r.inflight.as_mut()
+                    {
+                        i.first_token();
+                    }
+                }
+                None if !r.json_overflow => {
+                    if r.json.len() + b.body.len() <= cap {
+                        r.json.extend_from_slice(&b.body);
+                    } else {
+                        r.json_overflow = true;
+                        r.json = Vec::new();
+                    }
+                }
+                None => {}
+            }
+        }
+        let eos = b.end_of_stream;
+        match self.response_mode {
+            BodyMode::FullDuplex => out.push(wire::streamed_chunk(false, b.body, eos)),
+            BodyMode::Buffered | BodyMode::HeadersOnly => {
+                out.push(wire::buffered_body(false, Default::default(), None));
+            }
+        }
+        if eos || self.response_mode != BodyMode::FullDuplex {
+            self.finish_response();
+        }
+    }
+
+    /// The response is over: report usage (teaching the rate learner) or failure.
+    fn finish_response(&mut self) {
+        let Some(mut r) = self.routed.take() else {
+            return;
+        };
+        self.phase = Phase::Done;
+        let Some(inflight) = r.inflight.take() else {
+            return;
+        };
+        let pod = inflight.endpoints().first().map(ToString::to_string);
+        let usage = match r.sse.as_mut() {
+            Some(sse) => {
+                sse.finish();
+                sse.usage()
+            }
+            None if !r.json_overflow => extract_usage(&r.json),
+            None => None,
+        };
+        let telemetry = &self.shared.telemetry;
+        let pool = &self.shared.config.pool_name;
+        let pod = pod.unwrap_or_default();
+        if r.status >= 500 {
+            inflight.fail();
+            telemetry.request(pool, &r.model, &pod, "error");
+            return;
+        }
+        let usage = usage.unwrap_or_default();
+        telemetry.usage(&r.model, &usage);
+        inflight.complete(to_scheduler_usage(&usage));
+        telemetry.request(pool, &r.model, &pod, "success");
+    }
+}
+
+impl<P: EndpointPool> Drop for Exchange<P> {
+    fn drop(&mut self) {
+        if let Some(r) = self.routed.take()
+            && let Some(inflight) = r.inflight
+        {
+            // Stream reset or closed before the response ended: the guard's drop cancels.
+            let pod = inflight
+                .endpoints()
+                .first()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            self.shared.telemetry.request(
+                &self.shared.config.pool_name,
+                &r.model,
+                &pod,
+                "cancelled",
+            );
+            drop(inflight);
+        }
+    }
+}
+
+/// `(model, adapter)` for the scheduler: when the body-based router reported a base model that
+/// differs from the requested name, the requested name is a LoRA adapter of that base.
+fn split_adapter<'a>(model: &'a str, base: Option<&'a str>) -> (&'a str, Option<&'a str>) {
+    match base {
+        Some(b) if !b.is_empty() && b != model => (b, Some(model)),
+        _ => (model, None),
+    }
+}
+
+/// The client-visible error for a scheduler rejection.
+fn rejection_error(rejection: Rejection, model: &str) -> ApiError {
+    match rejection {
+        Rejection::Shed { retry_after } => ApiError::Overloaded {
+            model: model.to_owned(),
+            retry_after,
+        },
+        Rejection::NoEndpoints => ApiError::NoEndpoints {
+            model: model.to_owned(),
+        },
+    }
+}
+
+fn to_scheduler_usage(u: &infergate_openai::Usage) -> infergate_scheduler::Usage {
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    infergate_scheduler::Usage {
+        prompt_tokens: clamp(u.prompt_tokens),
+        cached_tokens: clamp(u.cached_tokens),
+        output_tokens: clamp(u.completion_tokens),
+    }
+}
