@@ -141,8 +141,12 @@ pub struct Stats {
     pub prefix_queries: u64,
     /// Prefix-cache hits (tokens).
     pub prefix_hits: u64,
-    /// Engine steps (a bulk step counts each iteration).
+    /// Engine iterations (a bulk step counts each of its iterations).
     pub steps: u64,
+    /// Steps planned one iteration at a time.
+    pub single_steps: u64,
+    /// Bulk steps planned (each covering several decode iterations).
+    pub bulk_steps: u64,
     /// LoRA adapter loads.
     pub lora_loads: u64,
     /// Cached KV blocks evicted.
@@ -229,6 +233,15 @@ impl Seq {
                 .unwrap_or(u32::MAX)
                 .min(self.prompt_len / bs),
             None => self.prompt_len / bs,
+        }
+    }
+
+    /// Prompt blocks that are published in the prefix cache: every full block of a text prompt;
+    /// only the shared part of a synthetic one (its unique tail can never match anything).
+    fn publishable_blocks(&self, bs: u32) -> u32 {
+        match &self.hashes {
+            Some(_) => self.full_prompt_blocks(bs),
+            None => self.full_prompt_blocks(bs).min(self.shared_tokens / bs),
         }
     }
 
@@ -501,7 +514,7 @@ impl Engine {
             return self.step.map(|s| s.end);
         }
         if allow_bulk
-            && self.waiting.is_empty()
+            && self.admission_blocked()
             && let Some(end) = self.try_bulk(now)
         {
             return Some(end);
@@ -548,6 +561,7 @@ impl Engine {
         }
         let d = self.profile.step_seconds(&shape) * self.slowdown;
         self.stats.steps += 1;
+        self.stats.single_steps += 1;
         if let Some(h) = self.stats.histograms.as_mut() {
             h.iteration_tokens
                 .observe((shape.prefill_tokens + shape.decode_seqs) as f64);
@@ -587,21 +601,13 @@ impl Engine {
                 }
                 load = true;
             }
-            // Prefix cache lookup (only for a request with nothing computed).
-            let mut hits = 0u32;
-            if self.waiting[j].computed == 0 {
-                let s = &self.waiting[j];
-                let max_hits = s
-                    .full_prompt_blocks(self.bs)
-                    .min((s.num_tokens() - 1) / self.bs);
-                while hits < max_hits {
-                    let h = s.block_hash(self.seed, self.bs, hits);
-                    if !self.pool.acquire(h) {
-                        break;
-                    }
-                    hits += 1;
-                }
-            }
+            // Prefix cache lookup (only for a request with nothing computed): count the hits
+            // without touching the cache, check that the rest fits, then take the references.
+            let hits = if self.waiting[j].computed == 0 {
+                self.cached_prefix_blocks(&self.waiting[j])
+            } else {
+                0
+            };
             let (n, need) = {
                 let s = &self.waiting[j];
                 let computed = hits * self.bs;
@@ -610,6 +616,13 @@ impl Engine {
                     u64::from((computed + n).div_ceil(self.bs)).saturating_sub(u64::from(hits));
                 (n, need)
             };
+            if need > self.pool.available() {
+                break;
+            }
+            for b in 0..hits {
+                let h = self.waiting[j].block_hash(self.seed, self.bs, b);
+                self.pool.acquire(h);
+            }
             if !self.pool.alloc(need) {
                 let s = &self.waiting[j];
                 for b in (0..hits).rev() {
@@ -663,6 +676,49 @@ impl Engine {
         admitted
     }
 
+    /// Leading prompt blocks of `s` found in the prefix cache (never the whole prompt: the last
+    /// token is always computed, as in vLLM).
+    fn cached_prefix_blocks(&self, s: &Seq) -> u32 {
+        let max_hits = s
+            .publishable_blocks(self.bs)
+            .min((s.num_tokens() - 1) / self.bs);
+        let mut hits = 0;
+        while hits < max_hits && self.pool.contains(s.block_hash(self.seed, self.bs, hits)) {
+            hits += 1;
+        }
+        hits
+    }
+
+    /// Whether no waiting request could be admitted at the next step boundary, nor at any of the
+    /// next decode-only iterations (KV only shrinks and no slot frees up until a request finishes).
+    fn admission_blocked(&self) -> bool {
+        if self.waiting.is_empty() || self.running.len() >= self.profile.max_num_seqs as usize {
+            return true;
+        }
+        if self.waiting.iter().any(|s| s.lora.is_some()) {
+            return false;
+        }
+        let Some(s) = self.waiting.front() else {
+            return true;
+        };
+        let budget = self
+            .profile
+            .max_num_batched_tokens
+            .saturating_sub(u32::try_from(self.running.len()).unwrap_or(u32::MAX));
+        if budget == 0 {
+            return true;
+        }
+        let hits = if s.computed == 0 {
+            self.cached_prefix_blocks(s)
+        } else {
+            0
+        };
+        let computed = hits * self.bs;
+        let n = (s.num_tokens() - computed).min(budget);
+        let need = u64::from((computed + n).div_ceil(self.bs)).saturating_sub(u64::from(hits));
+        need > self.pool.available()
+    }
+
     fn load_adapter(&mut self, lora: Option<u16>) {
         let Some(a) = lora else { return };
         if self.resident.len() >= self.max_loras as usize {
@@ -702,10 +758,7 @@ impl Engine {
     }
 
     fn free_blocks(&mut self, s: &Seq) {
-        for b in (0..s.held_hashed).rev() {
-            self.pool.release(s.block_hash(self.seed, self.bs, b));
-        }
-        self.pool.free(u64::from(s.plain_blocks));
+        release_blocks(&mut self.pool, s, self.seed, self.bs);
     }
 
     fn try_bulk(&mut self, now: f64) -> Option<f64> {
@@ -759,6 +812,7 @@ impl Engine {
         let a = self.profile.step_seconds(&shape(k0)) * self.slowdown;
         let b = self.profile.step_seconds(&shape(k0 + b_seqs)) * self.slowdown - a;
         let bulk = Bulk { k, a, b, reserved };
+        self.stats.bulk_steps += 1;
         let end = now + bulk.elapsed(k);
         self.step = Some(Step {
             start: now,
@@ -803,7 +857,7 @@ impl Engine {
             let s = &mut self.running[i];
             s.computed += s.scheduled;
             s.scheduled = 0;
-            let full = s.full_prompt_blocks(bs).min(s.computed / bs);
+            let full = s.publishable_blocks(bs).min(s.computed / bs);
             while s.held_hashed < full {
                 let h = s.block_hash(seed, bs, s.held_hashed);
                 s.plain_blocks = s.plain_blocks.saturating_sub(1);
@@ -883,10 +937,7 @@ impl Engine {
                     output_tokens: s.generated,
                     preemptions: s.preemptions,
                 };
-                for b in (0..s.held_hashed).rev() {
-                    self.pool.release(s.block_hash(self.seed, self.bs, b));
-                }
-                self.pool.free(u64::from(s.plain_blocks));
+                release_blocks(&mut self.pool, s, self.seed, self.bs);
                 if let Some(a) = s.lora {
                     let a = usize::from(a);
                     self.lora_running[a] = self.lora_running[a].saturating_sub(1);
@@ -961,6 +1012,21 @@ impl Engine {
         self.view_into(now, &mut v);
         v
     }
+}
+
+/// Returns a request's blocks to the pool, tail first: the unique computed prompt tail as one LRU
+/// run, then the published prefix blocks last to first, then the rest (decode blocks) as plain.
+fn release_blocks(pool: &mut BlockPool, s: &Seq, seed: u64, bs: u32) {
+    let unique = s
+        .full_prompt_blocks(bs)
+        .min(s.computed / bs)
+        .saturating_sub(s.publishable_blocks(bs))
+        .min(s.plain_blocks);
+    pool.free_unmatchable(u64::from(unique));
+    for b in (0..s.held_hashed).rev() {
+        pool.release(s.block_hash(seed, bs, b));
+    }
+    pool.free(u64::from(s.plain_blocks - unique));
 }
 
 fn add_to_shape(shape: &mut StepShape, s: &Seq, n: u32) {

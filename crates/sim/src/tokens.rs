@@ -79,12 +79,25 @@ pub fn text_block_hashes(text: &str, block_size: u32, seed: u64, out: &mut Vec<u
 /// Hash of block `index` of a synthetic prompt: shared blocks depend on the group only, the others
 /// on `unique` (a per-request value), so they never match another request's.
 pub fn synthetic_block_hash(seed: u64, group_or_unique: u64, index: u32, shared: bool) -> u64 {
-    let tag: u64 = if shared { 0x5348 } else { 0x554e };
-    let mut buf = [0u8; 20];
-    buf[..8].copy_from_slice(&group_or_unique.to_le_bytes());
-    buf[8..16].copy_from_slice(&tag.to_le_bytes());
-    buf[16..].copy_from_slice(&index.to_le_bytes());
-    xxh64(&buf, seed)
+    let tag: u64 = if shared {
+        0x5348_0000_0000_0000
+    } else {
+        0x554e_0000_0000_0000
+    };
+    let mut z = seed
+        ^ splitmix(group_or_unique ^ tag)
+        ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = splitmix(z);
+    // 0 is reserved for "no hash"
+    z.max(1)
+}
+
+/// SplitMix64's finaliser: a cheap, well-mixed 64-bit permutation.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]

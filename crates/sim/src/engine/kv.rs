@@ -7,13 +7,37 @@
 //! evicted from its end and its start (the part other prompts share) survives longest.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 const NIL: u32 = u32::MAX;
+
+/// Keys are already xxh64 hashes: pass them through instead of hashing them again.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     hash: u64,
     refs: u32,
+    /// Blocks this LRU entry stands for: 1 for a cached block; more for a run of blocks that no
+    /// lookup can ever match (a request's unique prompt tail), kept only for their LRU place.
+    count: u32,
+    /// Whether `hash` is in the map (false for runs).
+    mapped: bool,
     prev: u32,
     next: u32,
 }
@@ -30,7 +54,7 @@ pub(crate) struct BlockPool {
     tail: u32,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
-    map: HashMap<u64, u32>,
+    map: HashMap<u64, u32, BuildHasherDefault<PassThrough>>,
     /// Cached blocks evicted so far.
     pub(crate) evictions: u64,
 }
@@ -45,7 +69,7 @@ impl BlockPool {
             tail: NIL,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            map: HashMap::new(),
+            map: HashMap::default(),
             evictions: 0,
         }
     }
@@ -83,7 +107,6 @@ impl BlockPool {
     }
 
     /// Whether a block with this hash is cached (referenced or not).
-    #[cfg(test)]
     pub(crate) fn contains(&self, hash: u64) -> bool {
         self.map.contains_key(&hash)
     }
@@ -127,13 +150,39 @@ impl BlockPool {
             self.free_plain += 1;
             return;
         }
-        let slot = Slot {
+        let idx = self.new_slot(Slot {
             hash,
             refs: 1,
+            count: 1,
+            mapped: true,
             prev: NIL,
             next: NIL,
-        };
-        let idx = match self.free_slots.pop() {
+        });
+        self.map.insert(hash, idx);
+    }
+
+    /// Returns `n` blocks that hold KV nobody can ever look up again: they go to the LRU tail as
+    /// one entry, so they are evicted in their turn (and push older cached blocks out, as in vLLM)
+    /// without costing a map entry each.
+    pub(crate) fn free_unmatchable(&mut self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let count = u32::try_from(n).unwrap_or(u32::MAX);
+        let idx = self.new_slot(Slot {
+            hash: 0,
+            refs: 0,
+            count,
+            mapped: false,
+            prev: NIL,
+            next: NIL,
+        });
+        self.push_tail(idx);
+        self.lru_len += u64::from(count);
+    }
+
+    fn new_slot(&mut self, slot: Slot) -> u32 {
+        match self.free_slots.pop() {
             Some(idx) => {
                 self.slots[idx as usize] = slot;
                 idx
@@ -142,8 +191,7 @@ impl BlockPool {
                 self.slots.push(slot);
                 u32::try_from(self.slots.len() - 1).unwrap_or(NIL)
             }
-        };
-        self.map.insert(hash, idx);
+        }
     }
 
     fn evict_head(&mut self) {
@@ -151,12 +199,19 @@ impl BlockPool {
         if idx == NIL {
             return;
         }
-        self.unlink(idx);
         self.lru_len -= 1;
-        let hash = self.slots[idx as usize].hash;
-        self.map.remove(&hash);
-        self.free_slots.push(idx);
         self.evictions += 1;
+        let slot = &mut self.slots[idx as usize];
+        if slot.count > 1 {
+            slot.count -= 1;
+            return;
+        }
+        let (hash, mapped) = (slot.hash, slot.mapped);
+        self.unlink(idx);
+        if mapped {
+            self.map.remove(&hash);
+        }
+        self.free_slots.push(idx);
     }
 
     fn unlink(&mut self, idx: u32) {
@@ -219,6 +274,22 @@ mod tests {
         assert!(p.alloc(1));
         assert!(!p.contains(2));
         assert_eq!(p.evictions, 2);
+    }
+
+    #[test]
+    fn unmatchable_runs_take_their_lru_turn() {
+        let mut p = BlockPool::new(6);
+        assert!(p.alloc(6));
+        p.publish(1);
+        p.release(1);
+        p.free_unmatchable(3);
+        p.free(2);
+        assert_eq!(p.available(), 6);
+        assert!(p.alloc(3)); // 2 plain + the cached block 1
+        assert!(!p.contains(1));
+        assert!(p.alloc(3)); // the run
+        assert_eq!(p.available(), 0);
+        assert_eq!(p.evictions, 4);
     }
 
     #[test]
