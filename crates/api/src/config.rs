@@ -342,8 +342,9 @@ pub struct SchedulerSpec {
     #[schemars(range(min = 1, max = 100))]
     pub replicas: i32,
     /// LoRA adapters served on top of `modelName`; requests naming one route to this pool.
+    /// At most 63: each is one HTTPRoute match, and a route rule holds 64.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256))]
+    #[schemars(length(max = 63))]
     pub lora_adapters: Vec<String>,
     /// Request timeout on the route, e.g. `300s` (Gateway API duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -130,8 +130,11 @@ fn schema_rejects_structural_mistakes() {
 fn committed_crd_matches_the_generated_one() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
     for (file, crd) in infergate_api::crd::crds() {
-        let committed = std::fs::read_to_string(dir.join(&file)).unwrap_or_default();
         let generated = infergate_api::crd::to_yaml(&crd).unwrap();
+        if std::env::var_os("UPDATE_CRDS").is_some() {
+            std::fs::write(dir.join(&file), &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(dir.join(&file)).unwrap_or_default();
         assert!(
             committed == generated,
             "crds/{file} is stale: run `cargo run -q -p infergate-cli -- crdgen --out crds`"

@@ -642,6 +642,7 @@ impl<'a> Renderer<'a> {
                 "allowPrivilegeEscalation": false,
                 "readOnlyRootFilesystem": true,
                 "runAsNonRoot": true,
+                "runAsUser": 65532,
                 "capabilities": { "drop": ["ALL"] },
             },
             "volumeMounts": [{ "name": "config", "mountPath": mount, "readOnly": true }],

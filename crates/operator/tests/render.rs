@@ -1,0 +1,402 @@
+//! Golden tests of the pure render, upstream-schema validation of every emitted object, and
+//! "changing a field changes exactly the children it should".
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use common::{children, example, example_files, load};
+use infergate_api::{SchedulerPreset, Weights};
+use infergate_operator::render::{CONFIG_LABEL, Child};
+use serde_json::Value;
+
+fn golden_text(children: &[Child]) -> String {
+    let mut out = String::new();
+    for c in children {
+        out.push_str(&format!("---\n# {}\n", c.key()));
+        out.push_str(&serde_yaml::to_string(&c.object).unwrap());
+    }
+    out
+}
+
+#[test]
+fn golden_files_match_for_every_example() {
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    let mut stale = Vec::new();
+    for path in example_files() {
+        let text = golden_text(&children(&load(&path)));
+        let golden = golden_dir.join(path.file_name().unwrap());
+        if update {
+            std::fs::write(&golden, &text).unwrap();
+        } else if std::fs::read_to_string(&golden).unwrap_or_default() != text {
+            stale.push(golden.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "golden files differ (inspect, then regenerate with UPDATE_GOLDEN=1 cargo test -p infergate-operator --test render): {stale:?}"
+    );
+}
+
+/// `apiVersion/kind` → openAPIV3Schema of that served version, from the upstream CRDs.
+fn upstream_schemas() -> BTreeMap<String, Value> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream-crds");
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap();
+            if v["kind"] != "CustomResourceDefinition" {
+                continue;
+            }
+            let group = v["spec"]["group"].as_str().unwrap();
+            let kind = v["spec"]["names"]["kind"].as_str().unwrap();
+            for version in v["spec"]["versions"].as_array().unwrap() {
+                let name = version["name"].as_str().unwrap();
+                let schema = version["schema"]["openAPIV3Schema"].clone();
+                out.insert(format!("{group}/{name}/{kind}"), schema);
+            }
+        }
+    }
+    out
+}
+
+use serde::Deserialize;
+
+#[test]
+fn every_emitted_upstream_object_validates_against_its_crd() {
+    let schemas = upstream_schemas();
+    let mut checked = BTreeSet::new();
+    for path in example_files() {
+        for c in children(&load(&path)) {
+            if c.resource.group.is_empty()
+                || ["apps", "policy", "rbac.authorization.k8s.io"]
+                    .contains(&c.resource.group.as_str())
+            {
+                // Core kinds are typed by k8s-openapi; the render deserialises them into it.
+                continue;
+            }
+            let key = format!(
+                "{}/{}/{}",
+                c.resource.group, c.resource.version, c.resource.kind
+            );
+            let schema = schemas
+                .get(&key)
+                .unwrap_or_else(|| panic!("no upstream CRD for {key}"));
+            let validator = jsonschema::validator_for(schema).unwrap();
+            let value = serde_json::to_value(&c.object).unwrap();
+            let errors: Vec<String> = validator
+                .iter_errors(&value)
+                .map(|e| format!("{} at {}", e, e.instance_path))
+                .collect();
+            assert!(
+                errors.is_empty(),
+                "{} in {}: {errors:?}",
+                c.key(),
+                path.display()
+            );
+            checked.insert(c.resource.kind.clone());
+        }
+    }
+    let want: BTreeSet<String> = [
+        "Gateway",
+        "HTTPRoute",
+        "InferencePool",
+        "EnvoyExtensionPolicy",
+        "SecurityPolicy",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(
+        checked, want,
+        "every upstream kind is exercised by some example"
+    );
+}
+
+#[test]
+fn upstream_cel_rules_our_objects_could_break_hold() {
+    for path in example_files() {
+        for c in children(&load(&path)) {
+            let v = serde_json::to_value(&c.object).unwrap();
+            if c.resource.kind == "EnvoyExtensionPolicy" {
+                for ep in v["spec"]["extProc"].as_array().unwrap() {
+                    // "If FullDuplexStreamed body processing mode is used, FailOpen must be false."
+                    assert_ne!(ep["failOpen"], true, "{}", c.key());
+                    for b in ep["backendRefs"].as_array().unwrap() {
+                        // "Must have port for Service reference"
+                        assert!(b["port"].is_number(), "{}", c.key());
+                        assert_eq!(b["kind"], "Service");
+                    }
+                }
+                for t in v["spec"]["targetRefs"].as_array().unwrap() {
+                    assert_eq!(t["group"], "gateway.networking.k8s.io");
+                }
+            }
+            if c.resource.kind == "InferencePool" {
+                // "port is required when kind is 'Service'"
+                assert!(v["spec"]["endpointPickerRef"]["port"]["number"].is_number());
+            }
+        }
+    }
+}
+
+#[test]
+fn every_child_is_owned_labelled_and_namespaced() {
+    for path in example_files() {
+        let cfg = load(&path);
+        for c in children(&cfg) {
+            let m = &c.object.metadata;
+            assert_eq!(m.namespace, cfg.metadata.namespace, "{}", c.key());
+            let owners = m.owner_references.as_ref().unwrap();
+            assert_eq!(owners.len(), 1);
+            assert_eq!(owners[0].uid, common::UID);
+            assert_eq!(owners[0].kind, "InferenceGatewayConfig");
+            assert_eq!(owners[0].controller, Some(true));
+            let labels = m.labels.as_ref().unwrap();
+            assert_eq!(
+                labels.get(CONFIG_LABEL),
+                cfg.metadata.name.as_ref(),
+                "{}",
+                c.key()
+            );
+            assert!(m.name.as_ref().unwrap().len() <= 63);
+        }
+    }
+}
+
+#[test]
+fn picker_rbac_is_least_privilege() {
+    let cfg = example("multi-model.yaml");
+    for c in children(&cfg).iter().filter(|c| c.resource.kind == "Role") {
+        let rules = &c.object.data["rules"];
+        let rules = rules.as_array().unwrap();
+        assert_eq!(rules.len(), 2);
+        for r in rules {
+            assert_eq!(
+                r["verbs"],
+                serde_json::json!(["get", "list", "watch"]),
+                "{}",
+                c.key()
+            );
+        }
+        assert_eq!(rules[0]["resources"], serde_json::json!(["pods"]));
+        assert_eq!(rules[1]["resources"], serde_json::json!(["inferencepools"]));
+    }
+}
+
+#[test]
+fn kinds_per_example() {
+    let count = |name: &str| -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for c in children(&example(name)) {
+            *m.entry(c.resource.kind.clone()).or_default() += 1;
+        }
+        m
+    };
+    let multi = count("multi-model.yaml");
+    // Gateway; BBR: SA, CM, Deployment, Service, PDB, EEP; per scheduler (2): pool, SA, Role,
+    // RoleBinding, CM, Deployment, Service, PDB, HTTPRoute, EEP; SecurityPolicy.
+    let expect: BTreeMap<String, usize> = [
+        ("Gateway", 1),
+        ("SecurityPolicy", 1),
+        ("ServiceAccount", 3),
+        ("ConfigMap", 3),
+        ("Deployment", 3),
+        ("Service", 3),
+        ("PodDisruptionBudget", 3),
+        ("EnvoyExtensionPolicy", 3),
+        ("InferencePool", 2),
+        ("Role", 2),
+        ("RoleBinding", 2),
+        ("HTTPRoute", 2),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(multi, expect);
+    let tgi = count("tgi-tls-secret.yaml");
+    assert_eq!(tgi.get("SecurityPolicy"), None);
+    assert_eq!(
+        tgi.get("Deployment"),
+        Some(&1),
+        "BBR off: only the picker runs"
+    );
+}
+
+/// Keys of children that differ between two renders: (changed, added, removed).
+fn diff(a: &[Child], b: &[Child]) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
+    let index = |cs: &[Child]| -> BTreeMap<String, Value> {
+        cs.iter()
+            .map(|c| (c.key(), serde_json::to_value(&c.object).unwrap()))
+            .collect()
+    };
+    let (a, b) = (index(a), index(b));
+    let changed = a
+        .iter()
+        .filter(|(k, v)| b.get(*k).is_some_and(|w| w != *v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let added = b.keys().filter(|k| !a.contains_key(*k)).cloned().collect();
+    let removed = a.keys().filter(|k| !b.contains_key(*k)).cloned().collect();
+    (changed, added, removed)
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn changing_weights_touches_only_that_pickers_config_and_pods() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.schedulers[1].weights = Some(Weights {
+        queue: Some(1.0),
+        ..Weights::default()
+    });
+    let (changed, added, removed) = diff(&children(&before), &children(&after));
+    assert_eq!(
+        changed,
+        set(&[
+            "ConfigMap/fleet-qwen-7b-epp",
+            "Deployment/fleet-qwen-7b-epp"
+        ])
+    );
+    assert!(added.is_empty() && removed.is_empty());
+}
+
+#[test]
+fn switching_weights_to_a_preset_touches_only_that_picker() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.schedulers[1].weights = None;
+    after.spec.schedulers[1].preset = Some(SchedulerPreset::GieDefault);
+    let (changed, _, _) = diff(&children(&before), &children(&after));
+    assert_eq!(
+        changed,
+        set(&[
+            "ConfigMap/fleet-qwen-7b-epp",
+            "Deployment/fleet-qwen-7b-epp"
+        ])
+    );
+}
+
+#[test]
+fn bbr_replicas_touch_only_the_bbr_deployment() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.bbr.replicas = 5;
+    let (changed, added, removed) = diff(&children(&before), &children(&after));
+    assert_eq!(changed, set(&["Deployment/fleet-bbr"]));
+    assert!(added.is_empty() && removed.is_empty());
+}
+
+#[test]
+fn a_new_lora_adapter_touches_the_route_and_the_bbr_model_map() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.schedulers[0]
+        .lora_adapters
+        .push("legal".to_owned());
+    let (changed, _, _) = diff(&children(&before), &children(&after));
+    assert_eq!(
+        changed,
+        set(&[
+            "HTTPRoute/fleet-llama-70b",
+            "ConfigMap/fleet-bbr",
+            "Deployment/fleet-bbr"
+        ])
+    );
+}
+
+#[test]
+fn route_timeout_touches_only_the_route() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.schedulers[1].route_timeout = Some("60s".to_owned());
+    let (changed, _, _) = diff(&children(&before), &children(&after));
+    assert_eq!(changed, set(&["HTTPRoute/fleet-qwen-7b"]));
+}
+
+#[test]
+fn failure_mode_touches_only_the_pool() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.schedulers[1].failure_mode = infergate_api::FailureMode::FailClose;
+    let (changed, _, _) = diff(&children(&before), &children(&after));
+    assert_eq!(changed, set(&["InferencePool/fleet-qwen-7b"]));
+}
+
+#[test]
+fn removing_auth_removes_only_the_security_policy() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.auth = None;
+    let (changed, added, removed) = diff(&children(&before), &children(&after));
+    assert!(changed.is_empty() && added.is_empty());
+    assert_eq!(removed, set(&["SecurityPolicy/fleet-auth"]));
+}
+
+#[test]
+fn removing_a_scheduler_removes_exactly_its_children() {
+    let before = example("multi-model.yaml");
+    let mut after = before.clone();
+    after.spec.schedulers.truncate(1);
+    let (changed, added, removed) = diff(&children(&before), &children(&after));
+    assert!(added.is_empty());
+    // The BBR's model map loses the model, so its ConfigMap and pods change too.
+    assert_eq!(
+        changed,
+        set(&["ConfigMap/fleet-bbr", "Deployment/fleet-bbr"])
+    );
+    assert_eq!(
+        removed,
+        set(&[
+            "InferencePool/fleet-qwen-7b",
+            "HTTPRoute/fleet-qwen-7b",
+            "ServiceAccount/fleet-qwen-7b-epp",
+            "Role/fleet-qwen-7b-epp",
+            "RoleBinding/fleet-qwen-7b-epp",
+            "ConfigMap/fleet-qwen-7b-epp",
+            "Deployment/fleet-qwen-7b-epp",
+            "Service/fleet-qwen-7b-epp",
+            "PodDisruptionBudget/fleet-qwen-7b-epp",
+            "EnvoyExtensionPolicy/fleet-qwen-7b-epp",
+        ])
+    );
+}
+
+#[test]
+fn invalid_config_is_not_rendered() {
+    let mut cfg = example("multi-model.yaml");
+    cfg.spec.bbr.enabled = false;
+    let err = infergate_operator::render::render(&cfg, &common::opts()).unwrap_err();
+    assert!(
+        err.to_string().contains("spec.bbr.enabled must be true"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_uid_is_a_typed_error_not_a_panic() {
+    let mut cfg = example("single-model.yaml");
+    cfg.metadata.uid = None;
+    let err = infergate_operator::render::render(&cfg, &common::opts()).unwrap_err();
+    assert_eq!(err.metric_label(), "missing_metadata");
+}
+
+#[test]
+fn overlong_names_are_a_typed_error() {
+    let mut cfg = example("single-model.yaml");
+    cfg.metadata.name = Some("a".repeat(55));
+    let err = infergate_operator::render::render(&cfg, &common::opts()).unwrap_err();
+    assert_eq!(err.metric_label(), "name_too_long");
+}
