@@ -14,6 +14,8 @@ use crate::state::EndpointState;
 pub(crate) struct FilterContext<'r, 'a> {
     pub(crate) request: &'r RequestContext<'a>,
     pub(crate) now: Timestamp,
+    /// Hash of the requested adapter's name (0 when none).
+    pub(crate) adapter_hash: u64,
 }
 
 /// One filter of the pipeline.
@@ -51,10 +53,8 @@ impl Filter for LoraFilter {
         let Some(adapter) = cx.request.lora_adapter else {
             return true;
         };
-        match ep.metrics.as_ref().and_then(|m| m.lora.as_ref()) {
-            None => true,
-            Some(l) => lora_affinity(l, adapter) > 0.0,
-        }
+        ep.lora_affinity(adapter, cx.adapter_hash)
+            .is_none_or(|a| a > 0.0)
     }
 }
 
@@ -66,17 +66,23 @@ pub(crate) fn lora_affinity(l: &LoraState, adapter: &str) -> f64 {
     if l.running.iter().any(|a| a == adapter) {
         return 1.0;
     }
-    let waiting_only = l
-        .waiting
-        .iter()
-        .filter(|w| !l.running.iter().any(|r| r == *w))
-        .count();
-    let loaded = l.running.len() + waiting_only;
-    if (loaded as u64) < u64::from(l.max_lora) {
+    if lora_has_free_slot(l) {
         return 0.8;
     }
     if l.waiting.iter().any(|a| a == adapter) {
         return 0.6;
     }
     0.0
+}
+
+/// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).
+pub(crate) fn lora_has_free_slot(l: &LoraState) -> bool {
+    let waiting_only = l
+        .waiting
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| !l.running.contains(w) && !l.waiting[..*i].contains(w))
+        .count();
+    let loaded = l.running.len() + waiting_only;
+    (loaded as u64) < u64::from(l.max_lora)
 }

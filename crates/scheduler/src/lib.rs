@@ -61,6 +61,6 @@ pub use endpoint::{
 };
 pub use error::{ConfigError, Error, UnknownPresetError};
 pub use explain::{CandidateRecord, Explanation, FilteredOut, ScoreRecord};
-pub use prefix::PrefixStats;
+pub use prefix::{PrefixIndex, PrefixStats};
 pub use request::{Priority, RequestContext};
 pub use scheduler::{EndpointInfo, Scheduler};

@@ -156,8 +156,9 @@ pub struct PrefixStats {
     pub estimated_bytes: u64,
 }
 
-/// The approximate prefix index. Endpoints are identified by the scheduler's slot numbers.
-pub(crate) struct PrefixIndex {
+/// The approximate prefix index. Endpoints are identified by small integer slots (the scheduler
+/// uses its endpoint-table slots). Public for benchmarks and tools; the scheduler drives it.
+pub struct PrefixIndex {
     map: BlockMap,
     endpoints: Vec<EndpointLru>,
     entries: usize,
@@ -168,7 +169,8 @@ pub(crate) struct PrefixIndex {
 }
 
 impl PrefixIndex {
-    pub(crate) fn new(cfg: PrefixConfig) -> Self {
+    /// An empty index with the given settings.
+    pub fn new(cfg: PrefixConfig) -> Self {
         let max_entries = usize::try_from(cfg.byte_budget / BYTES_PER_ENTRY).unwrap_or(usize::MAX);
         PrefixIndex {
             map: BlockMap::default(),
@@ -181,7 +183,8 @@ impl PrefixIndex {
         }
     }
 
-    pub(crate) fn stats(&self) -> PrefixStats {
+    /// Occupancy and estimated memory.
+    pub fn stats(&self) -> PrefixStats {
         PrefixStats {
             blocks: self.map.len(),
             entries: self.entries,
@@ -191,7 +194,7 @@ impl PrefixIndex {
     }
 
     /// Capacity in blocks for an engine with `capacity_tokens` of KV cache (`None`: unknown).
-    pub(crate) fn tuned_capacity(&self, capacity_tokens: Option<u64>) -> usize {
+    pub fn tuned_capacity(&self, capacity_tokens: Option<u64>) -> usize {
         match capacity_tokens {
             Some(t) if t > 0 => {
                 let blocks =
@@ -209,8 +212,8 @@ impl PrefixIndex {
             .map_or(0, |e| e.tuned.min(fair.max(1)))
     }
 
-    /// Registers (or re-tunes) an endpoint.
-    pub(crate) fn set_endpoint(&mut self, slot: u32, capacity_tokens: Option<u64>) {
+    /// Registers (or re-tunes) an endpoint; `capacity_tokens` is the engine's KV capacity.
+    pub fn set_endpoint(&mut self, slot: u32, capacity_tokens: Option<u64>) {
         let i = slot as usize;
         if self.endpoints.len() <= i {
             self.endpoints.resize_with(i + 1, EndpointLru::default);
@@ -226,7 +229,7 @@ impl PrefixIndex {
     }
 
     /// Forgets everything about an endpoint.
-    pub(crate) fn remove_endpoint(&mut self, slot: u32) {
+    pub fn remove_endpoint(&mut self, slot: u32) {
         let i = slot as usize;
         let Some(e) = self.endpoints.get_mut(i) else {
             return;
@@ -252,7 +255,7 @@ impl PrefixIndex {
     }
 
     /// Records that `hashes` (one prompt's blocks) were sent to `slot`.
-    pub(crate) fn insert(&mut self, slot: u32, hashes: &[u64]) {
+    pub fn insert(&mut self, slot: u32, hashes: &[u64]) {
         let i = slot as usize;
         if !self.endpoints.get(i).is_some_and(|e| e.live) {
             return;
@@ -337,7 +340,7 @@ impl PrefixIndex {
     /// For each endpoint holding a prefix of `hashes`, sets `matched[slot]` to the number of
     /// leading blocks it holds and lists the slot in `touched`. `matched` must be all zeros on entry
     /// and as long as the slot table; the caller resets the touched positions afterwards.
-    pub(crate) fn match_prefix(&self, hashes: &[u64], matched: &mut [u32], touched: &mut Vec<u32>) {
+    pub fn match_prefix(&self, hashes: &[u64], matched: &mut [u32], touched: &mut Vec<u32>) {
         for (depth, h) in hashes.iter().enumerate() {
             let Some(entry) = self.map.get(h) else {
                 break;

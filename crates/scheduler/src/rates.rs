@@ -13,12 +13,14 @@
 #[derive(Copy, Clone, Debug, Default)]
 pub(crate) struct LogEwma {
     ln: f64,
+    /// `exp(ln)`, cached: the pick reads it for every candidate.
+    rate: f64,
     samples: u32,
 }
 
 impl LogEwma {
     pub(crate) fn get(&self) -> Option<f64> {
-        (self.samples > 0).then(|| self.ln.exp())
+        (self.samples > 0).then_some(self.rate)
     }
 
     pub(crate) fn ln(&self) -> Option<f64> {
@@ -40,6 +42,7 @@ impl LogEwma {
         } else {
             x
         };
+        self.rate = self.ln.exp();
         (before, self.ln)
     }
 }

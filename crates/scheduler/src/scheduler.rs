@@ -12,12 +12,12 @@ use crate::decision::{Decision, MAX_RETURNED, Ranked, Rejection, Ticket, Usage};
 use crate::endpoint::{EndpointMeta, MetricsSnapshot, Timestamp};
 use crate::error::Error;
 use crate::explain::{CandidateRecord, Explanation, FilteredOut, ScoreRecord};
-use crate::filter::{Filter, FilterContext, FreshnessFilter, LoraFilter, lora_affinity};
+use crate::filter::{Filter, FilterContext, FreshnessFilter, LoraFilter};
 use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
 use crate::rates::PoolRates;
 use crate::request::{Priority, RequestContext};
 use crate::scorer::{self, Scorer, View};
-use crate::state::{EndpointState, Entry, InflightTable, Phase, Slot};
+use crate::state::{EndpointState, Entry, InflightTable, Phase, Slot, adapter_hash};
 
 /// Scores closer than this are a tie, broken by the seeded generator.
 const TIE_EPSILON: f64 = 1e-9;
@@ -158,7 +158,7 @@ impl Scheduler {
     pub fn upsert_endpoint(&mut self, meta: EndpointMeta) {
         if let Some(&slot) = self.by_addr.get(&meta.addr) {
             if let Some(ep) = self.slots[slot as usize].state.as_mut() {
-                ep.meta = meta;
+                ep.cold.meta = meta;
             }
             return;
         }
@@ -223,20 +223,16 @@ impl Scheduler {
         let Some(ep) = self.slots[slot as usize].state.as_mut() else {
             return Err(Error::UnknownEndpoint(addr));
         };
-        if ep
-            .metrics
-            .as_ref()
-            .is_some_and(|old| old.sampled_at > m.sampled_at)
-        {
+        if ep.sampled_at.is_some_and(|old| old > m.sampled_at) {
             return Ok(());
         }
-        let old_capacity = ep.capacity_tokens();
-        ep.metrics = Some(m);
+        let old_capacity = ep.capacity;
+        ep.set_metrics(m);
         ep.epoch = ep.epoch.wrapping_add(1);
         ep.since_requests = 0;
         ep.since_pending = 0;
         ep.since_pending_tokens = 0;
-        let capacity = ep.capacity_tokens();
+        let capacity = ep.capacity;
         if capacity != old_capacity {
             self.prefix.set_endpoint(slot, capacity);
         }
@@ -248,8 +244,8 @@ impl Scheduler {
         let slot = *self.by_addr.get(&addr)?;
         let ep = self.slots[slot as usize].state.as_ref()?;
         Some(EndpointInfo {
-            meta: ep.meta.clone(),
-            metrics: ep.metrics.clone(),
+            meta: ep.cold.meta.clone(),
+            metrics: ep.cold.metrics.clone(),
             inflight: ep.inflight,
             awaiting_first_token: ep.pending,
             prefill_tokens_per_sec: ep.prefill.get(),
@@ -263,7 +259,7 @@ impl Scheduler {
     pub fn endpoints(&self) -> impl Iterator<Item = &EndpointMeta> + '_ {
         self.live
             .iter()
-            .filter_map(|&s| self.slots[s as usize].state.as_ref().map(|e| &e.meta))
+            .filter_map(|&s| self.slots[s as usize].state.as_ref().map(|e| &e.cold.meta))
     }
 
     /// Picks endpoints for one request: the first choice plus up to `returnedEndpoints − 1`
@@ -473,19 +469,6 @@ impl Scheduler {
         if self.scratch.candidates.is_empty() {
             return Err(Rejection::NoEndpoints);
         }
-        self.apply_filters(req, now, ex.as_deref_mut());
-        if self.scratch.candidates.is_empty() {
-            match self.cfg.on_all_filtered {
-                AllFilteredAction::Reject => return Err(Rejection::NoEndpoints),
-                AllFilteredAction::AllReady => {
-                    self.collect_candidates(req);
-                    if let Some(ex) = ex.as_deref_mut() {
-                        ex.fell_back_to_all_ready = true;
-                    }
-                }
-            }
-        }
-        self.pool.observe_prompt(req.prompt_tokens);
         let scored = self.cfg.policy == Policy::Scored;
         let use_prefix =
             scored && (self.cfg.weights.prefix > 0.0 || self.cfg.weights.estimated_wait > 0.0);
@@ -503,7 +486,34 @@ impl Scheduler {
         if let Some(ex) = ex.as_deref_mut() {
             ex.prompt_blocks = self.scratch.hashes.len();
         }
-        self.build_views(req);
+        let sc = &mut self.scratch;
+        if !sc.hashes.is_empty() {
+            self.prefix
+                .match_prefix(&sc.hashes, &mut sc.matched, &mut sc.touched);
+        }
+        let cx = FilterContext {
+            request: req,
+            now,
+            adapter_hash: req.lora_adapter.map_or(0, adapter_hash),
+        };
+        self.build_views(&cx, true, ex.as_deref_mut());
+        if self.scratch.views.is_empty() && self.cfg.on_all_filtered == AllFilteredAction::AllReady
+        {
+            self.build_views(&cx, false, None);
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.fell_back_to_all_ready = true;
+            }
+        }
+        let sc = &mut self.scratch;
+        for t in sc.touched.drain(..) {
+            if let Some(m) = sc.matched.get_mut(t as usize) {
+                *m = 0;
+            }
+        }
+        if self.scratch.views.is_empty() {
+            return Err(Rejection::NoEndpoints);
+        }
+        self.pool.observe_prompt(req.prompt_tokens);
         let ranked = match self.cfg.policy {
             Policy::Scored => self.select_scored(req, rng, ex)?,
             Policy::RoundRobin => self.select_round_robin(),
@@ -516,7 +526,7 @@ impl Scheduler {
         for &i in &ranked.1[..ranked.2] {
             let slot = self.scratch.views[i].slot;
             if let Some(ep) = self.slots[slot as usize].state.as_ref() {
-                endpoints.push(ep.meta.addr);
+                endpoints.push(ep.cold.meta.addr);
             }
         }
         let s = &mut self.slots[v.slot as usize];
@@ -565,49 +575,31 @@ impl Scheduler {
         }
     }
 
-    fn apply_filters(
+    /// Runs the filters (when `filter`) and builds one [`View`] per surviving candidate, from the
+    /// scraped metrics, in-flight accounting, the prefix match and the learned rates. One pass over
+    /// the candidates, reading only each endpoint's hot fields.
+    fn build_views(
         &mut self,
-        req: &RequestContext<'_>,
-        now: Timestamp,
+        cx: &FilterContext<'_, '_>,
+        filter: bool,
         mut ex: Option<&mut Explanation>,
     ) {
-        let cx = FilterContext { request: req, now };
+        let req = cx.request;
         let scored = self.cfg.policy == Policy::Scored;
-        let filters: [Option<&dyn Filter>; 2] = [
-            self.freshness.as_ref().map(|f| f as &dyn Filter),
-            if scored {
-                self.lora.as_ref().map(|f| f as &dyn Filter)
-            } else {
-                None
-            },
-        ];
-        let slots = &self.slots;
-        for f in filters.into_iter().flatten() {
-            self.scratch.candidates.retain(|&slot| {
-                let Some(ep) = slots[slot as usize].state.as_ref() else {
-                    return false;
-                };
-                let keep = f.keep(&cx, ep);
-                if !keep && let Some(ex) = ex.as_deref_mut() {
-                    ex.filtered.push(FilteredOut {
-                        addr: ep.meta.addr,
-                        filter: f.name(),
-                    });
-                }
-                keep
-            });
-        }
-    }
-
-    /// Builds one [`View`] per candidate, from scraped metrics, in-flight accounting, the prefix
-    /// match and the learned rates.
-    fn build_views(&mut self, req: &RequestContext<'_>) {
+        let filters: [Option<&dyn Filter>; 2] = if filter {
+            [
+                self.freshness.as_ref().map(|f| f as &dyn Filter),
+                if scored {
+                    self.lora.as_ref().map(|f| f as &dyn Filter)
+                } else {
+                    None
+                },
+            ]
+        } else {
+            [None, None]
+        };
         let sc = &mut self.scratch;
         let nblocks = sc.hashes.len();
-        if nblocks > 0 {
-            self.prefix
-                .match_prefix(&sc.hashes, &mut sc.matched, &mut sc.touched);
-        }
         let adj = self.cfg.inflight_accounting;
         let prefill_prior = self.pool.prefill_prior();
         let decode_prior = self.pool.decode_prior();
@@ -615,20 +607,27 @@ impl Scheduler {
         let mean_output = self.pool.mean_output;
         let sat = self.cfg.saturation;
         let over = self.cfg.overload;
+        let inv_blocks = if nblocks > 0 {
+            1.0 / nblocks as f64
+        } else {
+            0.0
+        };
         sc.views.clear();
-        for &slot in &sc.candidates {
+        'candidates: for &slot in &sc.candidates {
             let Some(ep) = self.slots[slot as usize].state.as_ref() else {
                 continue;
             };
-            let (m_wait, m_run, m_kv, m_lora) = match ep.metrics.as_ref() {
-                Some(m) => (
-                    f64::from(m.waiting),
-                    f64::from(m.running),
-                    m.kv_cache_usage,
-                    m.lora.as_ref(),
-                ),
-                None => (0.0, 0.0, None, None),
-            };
+            for f in filters.iter().flatten() {
+                if !f.keep(cx, ep) {
+                    if let Some(ex) = ex.as_deref_mut() {
+                        ex.filtered.push(FilteredOut {
+                            addr: ep.cold.meta.addr,
+                            filter: f.name(),
+                        });
+                    }
+                    continue 'candidates;
+                }
+            }
             let (since_pending, since_decoding, since_tokens) = if adj {
                 (
                     f64::from(ep.since_pending),
@@ -638,22 +637,18 @@ impl Scheduler {
             } else {
                 (0.0, 0.0, 0.0)
             };
+            let m_wait = f64::from(ep.waiting);
             let waiting = m_wait + since_pending;
-            let running = m_run + since_decoding;
-            let kv = m_kv.map(|k| match ep.capacity_tokens() {
+            let running = f64::from(ep.running) + since_decoding;
+            let kv = ep.kv.map(|k| match ep.capacity {
                 Some(cap) if adj => (k + since_tokens / cap as f64).min(1.0),
                 _ => k,
             });
             let prefix_blocks = sc.matched.get(slot as usize).copied().unwrap_or(0);
-            let prefix = if nblocks > 0 {
-                f64::from(prefix_blocks) / nblocks as f64
-            } else {
-                0.0
-            };
-            let lora = match (req.lora_adapter, m_lora) {
-                (None, _) => 1.0,
-                (Some(_), None) => 0.5,
-                (Some(a), Some(l)) => lora_affinity(l, a),
+            let prefix = f64::from(prefix_blocks) * inv_blocks;
+            let lora = match req.lora_adapter {
+                None => 1.0,
+                Some(a) => ep.lora_affinity(a, cx.adapter_hash).unwrap_or(0.5),
             };
             let scraped_queue = m_wait * mean_prompt;
             let queued_tokens = if adj {
@@ -663,9 +658,9 @@ impl Scheduler {
             };
             let own_tokens = f64::from(req.prompt_tokens) * (1.0 - prefix);
             let prefill_rate = ep.prefill.get().unwrap_or(prefill_prior);
-            let decode_rate = ep.decode.get().unwrap_or(decode_prior);
             let kv_wait = match kv {
                 Some(k) if k > KV_PRESSURE_START => {
+                    let decode_rate = ep.decode.get().unwrap_or(decode_prior);
                     (k - KV_PRESSURE_START) / (1.0 - KV_PRESSURE_START) * 0.5 * mean_output
                         / decode_rate
                 }
@@ -690,11 +685,6 @@ impl Scheduler {
                 overloaded: waiting >= f64::from(over.queue_depth) || kv_or_zero >= over.kv_cache,
                 total: 0.0,
             });
-        }
-        for t in sc.touched.drain(..) {
-            if let Some(m) = sc.matched.get_mut(t as usize) {
-                *m = 0;
-            }
         }
     }
 
@@ -769,7 +759,7 @@ impl Scheduler {
                         && let Some(ep) = slots[v.slot as usize].state.as_ref()
                     {
                         ex.filtered.push(FilteredOut {
-                            addr: ep.meta.addr,
+                            addr: ep.cold.meta.addr,
                             filter: "saturation",
                         });
                     }
@@ -790,8 +780,8 @@ impl Scheduler {
                 .filter_map(|v| {
                     let ep = self.slots[v.slot as usize].state.as_ref()?;
                     Some(CandidateRecord {
-                        addr: ep.meta.addr,
-                        name: format!("{}/{}", ep.meta.namespace, ep.meta.pod),
+                        addr: ep.cold.meta.addr,
+                        name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
                         scores: Vec::with_capacity(self.scorers.len()),
                         total: 0.0,
                         waiting: v.waiting,

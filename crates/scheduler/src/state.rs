@@ -1,14 +1,92 @@
 //! Per-endpoint state and the in-flight table (crate-internal).
 
 use crate::decision::Ticket;
-use crate::endpoint::{EndpointMeta, MetricsSnapshot, Timestamp};
+use crate::endpoint::{EndpointMeta, LoraState, MetricsSnapshot, Timestamp};
 use crate::rates::LogEwma;
+
+/// Adapters inline per list; longer lists fall back to comparing names.
+pub(crate) const LORA_INLINE: usize = 8;
+
+/// Hash of an adapter name, for allocation-free comparisons on the hot path.
+pub(crate) fn adapter_hash(name: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(name.as_bytes(), 0x4c6f_5241)
+}
+
+/// LoRA residency, pre-hashed at snapshot time so the pick compares integers, not strings.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct LoraHot {
+    /// The engine reported LoRA state.
+    pub(crate) known: bool,
+    /// A list was longer than [`LORA_INLINE`]: use the names in the snapshot instead.
+    pub(crate) overflow: bool,
+    /// A slot is free: fewer distinct adapters loaded than `max_lora`.
+    pub(crate) free_slot: bool,
+    running: [u64; LORA_INLINE],
+    n_running: u8,
+    waiting: [u64; LORA_INLINE],
+    n_waiting: u8,
+}
+
+impl LoraHot {
+    fn from_state(l: Option<&LoraState>) -> Self {
+        let Some(l) = l else {
+            return LoraHot::default();
+        };
+        let mut h = LoraHot {
+            known: true,
+            free_slot: crate::filter::lora_has_free_slot(l),
+            ..LoraHot::default()
+        };
+        if l.running.len() > LORA_INLINE || l.waiting.len() > LORA_INLINE {
+            h.overflow = true;
+            return h;
+        }
+        for (i, a) in l.running.iter().enumerate() {
+            h.running[i] = adapter_hash(a);
+        }
+        for (i, a) in l.waiting.iter().enumerate() {
+            h.waiting[i] = adapter_hash(a);
+        }
+        h.n_running = l.running.len() as u8;
+        h.n_waiting = l.waiting.len() as u8;
+        h
+    }
+
+    /// Affinity by hash (see [`crate::filter::lora_affinity`]); only valid when `known && !overflow`.
+    pub(crate) fn affinity(&self, hash: u64) -> f64 {
+        if self.running[..usize::from(self.n_running)].contains(&hash) {
+            1.0
+        } else if self.free_slot {
+            0.8
+        } else if self.waiting[..usize::from(self.n_waiting)].contains(&hash) {
+            0.6
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What the pick rarely reads, kept out of line so the hot fields of many endpoints share cache lines.
+#[derive(Clone, Debug)]
+pub(crate) struct Cold {
+    pub(crate) meta: EndpointMeta,
+    pub(crate) metrics: Option<MetricsSnapshot>,
+}
 
 /// One endpoint in the pool.
 #[derive(Clone, Debug)]
 pub(crate) struct EndpointState {
-    pub(crate) meta: EndpointMeta,
-    pub(crate) metrics: Option<MetricsSnapshot>,
+    pub(crate) cold: Box<Cold>,
+    /// Sample time of the newest snapshot, `None` before the first.
+    pub(crate) sampled_at: Option<Timestamp>,
+    /// Scraped queue depth and running batch.
+    pub(crate) waiting: u32,
+    pub(crate) running: u32,
+    /// Scraped KV-cache use.
+    pub(crate) kv: Option<f64>,
+    /// KV capacity in tokens, when reported.
+    pub(crate) capacity: Option<u64>,
+    pub(crate) lora: LoraHot,
     /// Bumped on every applied snapshot; in-flight entries remember the epoch they were picked in.
     pub(crate) epoch: u32,
     /// This gateway's requests in flight.
@@ -36,8 +114,16 @@ pub(crate) struct EndpointState {
 impl EndpointState {
     pub(crate) fn new(meta: EndpointMeta) -> Self {
         EndpointState {
-            meta,
-            metrics: None,
+            cold: Box::new(Cold {
+                meta,
+                metrics: None,
+            }),
+            sampled_at: None,
+            waiting: 0,
+            running: 0,
+            kv: None,
+            capacity: None,
+            lora: LoraHot::default(),
             epoch: 0,
             inflight: 0,
             inflight_tokens: 0,
@@ -52,19 +138,33 @@ impl EndpointState {
         }
     }
 
-    /// Whether the metrics are fresh enough at `now`.
-    pub(crate) fn fresh(&self, now: Timestamp, max_age: std::time::Duration) -> bool {
-        self.metrics
-            .as_ref()
-            .is_some_and(|m| now.saturating_since(m.sampled_at) <= max_age)
+    /// Installs a (validated) snapshot and its pre-digested hot fields.
+    pub(crate) fn set_metrics(&mut self, m: MetricsSnapshot) {
+        self.sampled_at = Some(m.sampled_at);
+        self.waiting = m.waiting;
+        self.running = m.running;
+        self.kv = m.kv_cache_usage;
+        self.capacity = m.cache.map(|c| c.capacity_tokens()).filter(|t| *t > 0);
+        self.lora = LoraHot::from_state(m.lora.as_ref());
+        self.cold.metrics = Some(m);
     }
 
-    pub(crate) fn capacity_tokens(&self) -> Option<u64> {
-        self.metrics
-            .as_ref()
-            .and_then(|m| m.cache)
-            .map(|c| c.capacity_tokens())
-            .filter(|t| *t > 0)
+    /// Whether the metrics are fresh enough at `now`.
+    pub(crate) fn fresh(&self, now: Timestamp, max_age: std::time::Duration) -> bool {
+        self.sampled_at
+            .is_some_and(|t| now.saturating_since(t) <= max_age)
+    }
+
+    /// LoRA affinity for the adapter `name` (hash `hash`); `None` when the pod reports no LoRA state.
+    pub(crate) fn lora_affinity(&self, name: &str, hash: u64) -> Option<f64> {
+        if !self.lora.known {
+            return None;
+        }
+        if self.lora.overflow {
+            let l = self.cold.metrics.as_ref().and_then(|m| m.lora.as_ref())?;
+            return Some(crate::filter::lora_affinity(l, name));
+        }
+        Some(self.lora.affinity(hash))
     }
 }
 

@@ -6,6 +6,8 @@ use rand::rngs::SmallRng;
 use super::*;
 use crate::config::{Preset, Thresholds, Weights};
 use crate::endpoint::{EngineType, LoraState};
+use crate::filter::lora_affinity;
+use crate::state::adapter_hash;
 
 fn addr(i: u32) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8000 + i as u16))
@@ -168,6 +170,30 @@ fn lora_affinity_levels() {
     assert_eq!(lora_affinity(&l(2, &["b"], &["b"]), "a"), 0.8);
     assert_eq!(lora_affinity(&l(1, &["b"], &["b", "a"]), "a"), 0.6);
     assert_eq!(lora_affinity(&l(1, &["b"], &[]), "a"), 0.0);
+    // The pre-hashed hot path agrees with the names, inline and overflowing.
+    let many: Vec<String> = (0..12).map(|i| format!("x{i}")).collect();
+    let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+    for state in [
+        l(2, &["a"], &["a"]),
+        l(2, &["b"], &["b"]),
+        l(1, &["b"], &["b", "a"]),
+        l(1, &["b"], &[]),
+        l(20, &many, &["a"]),
+        l(12, &many, &["a"]),
+    ] {
+        let mut ep = crate::state::EndpointState::new(meta(0));
+        ep.set_metrics(MetricsSnapshot {
+            lora: Some(state.clone()),
+            ..MetricsSnapshot::default()
+        });
+        for name in ["a", "b", "x3", "zz"] {
+            assert_eq!(
+                ep.lora_affinity(name, adapter_hash(name)),
+                Some(lora_affinity(&state, name)),
+                "{state:?} {name}"
+            );
+        }
+    }
 }
 
 #[test]
