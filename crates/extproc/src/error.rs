@@ -37,6 +37,12 @@ pub enum Error {
     /// The model table is inconsistent.
     #[error("model table: {0}")]
     Models(#[from] infergate_openai::ModelRouterError),
+    /// The live pool could not start or rejected its endpoints.
+    #[error(transparent)]
+    Pool(#[from] infergate_pool::PoolError),
+    /// A listener failed.
+    #[error("server IO failed")]
+    Io(#[from] std::io::Error),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Transport(#[from] tonic::transport::Error),

@@ -16,6 +16,7 @@
 //! - [`bbr`] — the body-based router service;
 //! - [`pool`] — the [`EndpointPool`] seam and its implementation for the live pool;
 //! - [`discovery`] — pool membership from a static file or from Kubernetes pods;
+//! - [`run`] — whole picker and body-based-router processes (every port), for the binary;
 //! - [`server`] — serving functions for the ext_proc and gRPC health ports;
 //! - [`telemetry`] — the server's Prometheus metrics;
 //! - [`error`] — [`Error`].
@@ -25,6 +26,7 @@ pub mod discovery;
 pub mod error;
 pub mod picker;
 pub mod pool;
+pub mod run;
 pub mod server;
 pub mod telemetry;
 pub mod wire;

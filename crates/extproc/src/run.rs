@@ -1,0 +1,164 @@
+//! Whole processes: the picker and the body-based router with all their ports, as functions the
+//! `infergate` binary calls and tests can call on 127.0.0.1.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use infergate_openai::ModelRouter;
+use infergate_pool::{LivePool, PoolConfig};
+use infergate_scheduler::EndpointMeta;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::bbr::{BbrConfig, BodyRouter};
+use crate::error::Error;
+use crate::picker::{EndpointPicker, PickerConfig};
+use crate::server::{serve_ext_proc, serve_health};
+use crate::telemetry::{PodStateLabels, Telemetry};
+
+/// How often the ready/stale pod gauges are refreshed.
+pub const POD_GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The listeners of a picker process.
+#[derive(Debug)]
+pub struct PickerListeners {
+    /// ext_proc gRPC (default port 9002).
+    pub grpc: TcpListener,
+    /// gRPC health (default port 9003).
+    pub health: TcpListener,
+    /// Prometheus `/metrics`, `/healthz`, `/readyz` (default port 9090).
+    pub metrics: TcpListener,
+}
+
+/// Where the picker's endpoints come from.
+pub enum Membership {
+    /// A fixed list (static file).
+    Static(Vec<EndpointMeta>),
+    /// A task that keeps the pool's membership current (e.g. the Kubernetes watch); it is given
+    /// the pool and runs until shutdown.
+    Dynamic(Box<dyn FnOnce(LivePool) -> futures_util::future::BoxFuture<'static, ()> + Send>),
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Membership::Static(v) => f.debug_tuple("Static").field(&v.len()).finish(),
+            Membership::Dynamic(_) => f.write_str("Dynamic"),
+        }
+    }
+}
+
+/// Runs an endpoint picker until `shutdown` completes: the live pool, the ext_proc server, gRPC
+/// health and the metrics server.
+pub async fn run_picker(
+    listeners: PickerListeners,
+    picker: PickerConfig,
+    pool: PoolConfig,
+    membership: Membership,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let mut registry = Registry::default();
+    let live = LivePool::start(pool, Some(&mut registry))?;
+    let telemetry = Telemetry::register(&mut registry);
+    let registry = Arc::new(registry);
+    let membership_task = match membership {
+        Membership::Static(endpoints) => {
+            live.set_endpoints(endpoints)?;
+            None
+        }
+        Membership::Dynamic(task) => Some(tokio::spawn(task(live.clone()))),
+    };
+    let gauges = tokio::spawn(report_pods(live.clone(), telemetry.clone()));
+    let shutdown = shutdown.shared();
+    let ready_pool = live.clone();
+    let admin = infergate_pool::admin::serve(
+        listeners.metrics,
+        registry,
+        move || ready_pool.is_ready(),
+        shutdown.clone(),
+    );
+    let health_pool = live.clone();
+    let health = serve_health(
+        listeners.health,
+        move || health_pool.is_ready(),
+        shutdown.clone(),
+    );
+    let service = EndpointPicker::new(picker, live.clone(), telemetry);
+    let grpc = serve_ext_proc(listeners.grpc, service, shutdown.clone());
+    let (admin, health, grpc) = tokio::join!(admin, health, grpc);
+    gauges.abort();
+    if let Some(t) = membership_task {
+        t.abort();
+    }
+    live.shutdown();
+    admin?;
+    health?;
+    grpc
+}
+
+/// Keeps the `extproc_pods{state}` gauges current.
+pub async fn report_pods(pool: LivePool, telemetry: Telemetry) {
+    let stale_after = pool.scheduler_config().max_metrics_age;
+    let mut tick = tokio::time::interval(POD_GAUGE_INTERVAL);
+    loop {
+        tick.tick().await;
+        let now = pool.clock().now();
+        let (mut ready, mut stale) = (0_i64, 0_i64);
+        for info in pool.endpoints_info() {
+            let fresh = info.metrics.is_some_and(|m| {
+                stale_after.is_none_or(|max| now.saturating_since(m.sampled_at) <= max)
+            });
+            if fresh {
+                ready += 1;
+            } else {
+                stale += 1;
+            }
+        }
+        telemetry
+            .pods
+            .get_or_create(&PodStateLabels { state: "ready" })
+            .set(ready);
+        telemetry
+            .pods
+            .get_or_create(&PodStateLabels { state: "stale" })
+            .set(stale);
+    }
+}
+
+/// Runs a body-based router until `shutdown` completes: the ext_proc server, gRPC health (always
+/// ready) and, when given, a metrics listener.
+pub async fn run_bbr(
+    grpc: TcpListener,
+    health: Option<TcpListener>,
+    metrics: Option<TcpListener>,
+    config: BbrConfig,
+    router: ModelRouter<()>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let mut registry = Registry::default();
+    let telemetry = Telemetry::register(&mut registry);
+    let registry = Arc::new(registry);
+    let shutdown = shutdown.shared();
+    let health = async {
+        match health {
+            Some(l) => serve_health(l, || true, shutdown.clone()).await,
+            None => Ok(()),
+        }
+    };
+    let admin = async {
+        match metrics {
+            Some(l) => infergate_pool::admin::serve(l, registry, || true, shutdown.clone())
+                .await
+                .map_err(Error::from),
+            None => Ok(()),
+        }
+    };
+    let service = BodyRouter::new(config, router, telemetry);
+    let grpc = serve_ext_proc(grpc, service, shutdown.clone());
+    let (health, admin, grpc) = tokio::join!(health, admin, grpc);
+    health?;
+    admin?;
+    grpc
+}

@@ -1,0 +1,646 @@
+//! The ext_proc conformance harness: a client playing Envoy's side of the stream against the
+//! endpoint picker and the body-based router, asserting exact header mutations, metadata,
+//! immediate responses and chunking.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "common/harness.rs"]
+mod harness;
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation;
+use harness::*;
+use infergate_extproc::bbr::{BbrConfig, ModelsFile};
+use infergate_extproc::wire::{self, MAX_CHUNK};
+use infergate_extproc::{BodyRouter, EndpointPicker, PickerConfig, Telemetry};
+use infergate_scheduler::Usage;
+
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+const C: &str = "10.0.0.3:8000";
+const CAP: usize = 256 * 1024;
+
+async fn picker(pool: ScriptedPool) -> (Server, Envoy) {
+    let config = PickerConfig {
+        pool_name: "llama".into(),
+        max_body_bytes: CAP,
+        ..PickerConfig::default()
+    };
+    let server = serve(EndpointPicker::new(config, pool, Telemetry::default())).await;
+    let envoy = Envoy::connect(server.addr).await;
+    (server, envoy)
+}
+
+fn chat_body(words: usize) -> Vec<u8> {
+    let text: String = (0..words).map(|i| format!("w{i} ")).collect();
+    serde_json::to_vec(&serde_json::json!({
+        "model": "llama-3-8b",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": text},
+        ],
+    }))
+    .unwrap()
+}
+
+/// Sends headers and `body` in chunks of `sizes`, then reads and checks the routing answer and the
+/// re-sent body; returns the route.
+async fn route_chunked(ex: &mut Exchange, path: &str, body: &[u8], sizes: &[usize]) -> Route {
+    ex.send(request_headers(path, &[], false)).await;
+    let chunks = split(body, sizes);
+    let last = chunks.len() - 1;
+    for (i, c) in chunks.iter().enumerate() {
+        ex.send(request_body(c, i == last)).await;
+    }
+    let route = headers_answer(&ex.next().await);
+    let resent = ex.streamed_body(true, usize::MAX).await;
+    let joined: Vec<u8> = resent.iter().flat_map(|(b, _)| b.clone()).collect();
+    assert_eq!(joined, body, "the body is re-sent unchanged");
+    assert_eq!(
+        resent.len(),
+        body.len().div_ceil(MAX_CHUNK),
+        "fewest chunks"
+    );
+    for (i, (b, eos)) in resent.iter().enumerate() {
+        assert!(b.len() <= MAX_CHUNK, "chunk of {} bytes", b.len());
+        assert_eq!(*eos, i + 1 == resent.len());
+    }
+    route
+}
+
+#[tokio::test]
+async fn chunked_chat_bodies_of_many_sizes_route_with_exact_mutations() {
+    let pool = ScriptedPool::new(&[A, B, C]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let small = chat_body(10);
+    let large = chat_body(30_000); // > 3 × 62,000 bytes
+    assert!(large.len() > 3 * MAX_CHUNK && large.len() < CAP);
+    let splits: [&[usize]; 6] = [
+        &[usize::MAX],
+        &[1],
+        &[7, 13],
+        &[4096],
+        &[65_536],
+        &[61_999, 1, 62_001],
+    ];
+    for body in [&small, &large] {
+        for sizes in splits {
+            if sizes == [1] && body.len() > 10_000 {
+                continue; // byte-by-byte on the large body is slow and adds nothing
+            }
+            let mut ex = envoy.open().await;
+            let route = route_chunked(&mut ex, "/v1/chat/completions", body, sizes).await;
+            assert_eq!(
+                route.set,
+                vec![
+                    (wire::DESTINATION_HEADER.to_owned(), format!("{A},{B},{C}")),
+                    ("content-length".to_owned(), body.len().to_string()),
+                ],
+                "exact header mutations"
+            );
+            assert!(route.removed.is_empty());
+            assert!(route.clear_route_cache);
+            assert_eq!(
+                route.metadata_destination.as_deref(),
+                Some(format!("{A},{B},{C}").as_str())
+            );
+        }
+    }
+    let picks: Vec<_> = pool
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::Picked { .. }))
+        .collect();
+    match &picks[0] {
+        Event::Picked {
+            model,
+            lora,
+            prompt,
+            output_tokens,
+            subset,
+            ..
+        } => {
+            assert_eq!(model, "llama-3-8b");
+            assert_eq!(*lora, None);
+            assert!(prompt.starts_with("systembe briefuserw0 w1"), "{prompt}");
+            assert_eq!(*output_tokens, 64);
+            assert_eq!(*subset, None);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn completions_path_parses_the_prompt() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let body = br#"{"model":"llama-3-8b","prompt":"Once upon a time","stream":false}"#;
+    let mut ex = envoy.open().await;
+    let route = route_chunked(&mut ex, "/v1/completions", body, &[5]).await;
+    assert_eq!(route.header(wire::DESTINATION_HEADER), Some(A));
+    assert!(
+        matches!(&pool.events()[0], Event::Picked { prompt, prompt_tokens: 4, .. } if prompt == "Once upon a time")
+    );
+}
+
+#[tokio::test]
+async fn end_of_stream_on_headers_routes_without_a_body() {
+    let pool = ScriptedPool::new(&[A, B]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers(
+        "/v1/models",
+        &[(wire::MODEL_HEADER, "llama-3-8b")],
+        true,
+    ))
+    .await;
+    let route = headers_answer(&ex.next().await);
+    assert_eq!(
+        route.set,
+        vec![(wire::DESTINATION_HEADER.to_owned(), format!("{A},{B}"))]
+    );
+    assert!(route.clear_route_cache);
+    assert_eq!(route.metadata_destination, Some(format!("{A},{B}")));
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    ex.send(response_body(br#"{"data":[]}"#, true)).await;
+    assert_eq!(
+        streamed(&ex.next().await, false),
+        (&br#"{"data":[]}"#[..], true)
+    );
+    assert!(
+        matches!(&pool.events()[0], Event::Picked { model, prompt_tokens: 0, .. } if model == "llama-3-8b")
+    );
+    assert_eq!(pool.events()[1], Event::Completed(Usage::default()));
+    assert_eq!(pool.inflight(), 0);
+}
+
+#[tokio::test]
+async fn trailers_end_the_body_and_are_answered_after_it() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let body = chat_body(20);
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    for c in split(&body, &[33]) {
+        ex.send(request_body(c, false)).await;
+    }
+    ex.send(request_trailers()).await;
+    let route = headers_answer(&ex.next().await);
+    assert_eq!(
+        route.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
+    let chunks = ex.streamed_body(true, 1).await;
+    assert_eq!(
+        chunks,
+        vec![(body.clone(), false)],
+        "trailers follow: the body does not end the stream"
+    );
+    assert!(is_trailers(&ex.next().await, true));
+}
+
+#[tokio::test]
+async fn bodies_at_the_cap_route_and_over_it_get_413() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let prefix = br#"{"model":"m","prompt":""#;
+    let suffix = br#""}"#;
+    let pad = CAP - prefix.len() - suffix.len();
+    let at_cap: Vec<u8> = [&prefix[..], &vec![b'x'; pad], &suffix[..]].concat();
+    assert_eq!(at_cap.len(), CAP);
+    let mut ex = envoy.open().await;
+    let route = route_chunked(&mut ex, "/v1/completions", &at_cap, &[70_000]).await;
+    assert_eq!(
+        route.header("content-length"),
+        Some(CAP.to_string().as_str())
+    );
+    let routed = ex;
+
+    let over: Vec<u8> = [&prefix[..], &vec![b'x'; pad + 1], &suffix[..]].concat();
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/completions", &[], false))
+        .await;
+    for c in split(&over, &[100_000]) {
+        // The server may close the stream before the last chunks: ignore send errors then.
+        let _ =
+            tokio::time::timeout(Duration::from_millis(100), ex.send(request_body(c, false))).await;
+    }
+    let (status, headers, json) = immediate_parts(&ex.next().await);
+    assert_eq!(status, 413);
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert_eq!(json["error"]["code"], "body_too_large");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&CAP.to_string())
+    );
+    ex.expect_end().await;
+    // Only the routed at-cap request is held, until its stream goes.
+    assert_eq!(pool.inflight(), 1);
+    drop(routed);
+    pool.wait_inflight(0).await;
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_400_with_an_openai_error() {
+    let (_s, envoy) = picker(ScriptedPool::new(&[A])).await;
+    let cases: [(&[u8], &str, &str); 4] = [
+        (b"not json at all", "invalid_json", "/v1/chat/completions"),
+        (b"[1,2,3]", "invalid_json", "/v1/chat/completions"),
+        (
+            br#"{"messages":[]}"#,
+            "missing_model",
+            "/v1/chat/completions",
+        ),
+        (
+            br#"{"model":"m","stream":"yes","prompt":"x"}"#,
+            "invalid_field",
+            "/v1/completions",
+        ),
+    ];
+    for (body, code, path) in cases {
+        let mut ex = envoy.open().await;
+        ex.send(request_headers(path, &[], false)).await;
+        ex.send(request_body(body, true)).await;
+        let (status, _, json) = immediate_parts(&ex.next().await);
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(body));
+        assert_eq!(json["error"]["code"], code);
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        ex.expect_end().await;
+    }
+}
+
+#[tokio::test]
+async fn subset_hints_restrict_the_pick_and_an_ineligible_subset_is_503() {
+    let pool = ScriptedPool::new(&[A, B, C]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let body = chat_body(3);
+    let hint = |addrs: &[&str]| {
+        let v: Vec<_> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        wire::subset_metadata(&v)
+    };
+    // Eligible subset: only its members, in the pool's order.
+    let mut ex = envoy.open().await;
+    ex.send(with_metadata(
+        request_headers("/v1/chat/completions", &[], false),
+        hint(&[C, A]),
+    ))
+    .await;
+    ex.send(request_body(&body, true)).await;
+    let route = headers_answer(&ex.next().await);
+    assert_eq!(
+        route.header(wire::DESTINATION_HEADER),
+        Some(format!("{A},{C}").as_str())
+    );
+    assert_eq!(route.metadata_destination, Some(format!("{A},{C}")));
+    drop(ex);
+    // No eligible pod, and an empty hint: 503.
+    for h in [hint(&["10.9.9.9:1"]), hint(&[])] {
+        let mut ex = envoy.open().await;
+        ex.send(with_metadata(
+            request_headers("/v1/chat/completions", &[], false),
+            h,
+        ))
+        .await;
+        ex.send(request_body(&body, true)).await;
+        let (status, headers, json) = immediate_parts(&ex.next().await);
+        assert_eq!(status, 503);
+        assert!(!headers.contains_key("retry-after"));
+        assert_eq!(json["error"]["code"], "no_endpoints");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("llama-3-8b")
+        );
+    }
+    pool.wait_inflight(0).await;
+}
+
+#[tokio::test]
+async fn shed_requests_get_429_with_retry_after() {
+    let pool = ScriptedPool::new(&[A]).shedding(Duration::from_millis(2_500));
+    let (_s, envoy) = picker(pool).await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(&chat_body(2), true)).await;
+    let (status, headers, json) = immediate_parts(&ex.next().await);
+    assert_eq!(status, 429);
+    assert_eq!(headers.get("retry-after").map(String::as_str), Some("3"));
+    assert_eq!(json["error"]["type"], "rate_limit_error");
+}
+
+#[tokio::test]
+async fn streaming_response_passes_through_and_reports_first_token_and_usage() {
+    let pool = ScriptedPool::new(&[A, B]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    let body = br#"{"model":"llama-3-8b","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    route_chunked(&mut ex, "/v1/chat/completions", body, &[10]).await;
+    let mut served = response_headers(200, "text/event-stream", false);
+    served.metadata_context = Some(wire::served_metadata(B.parse().unwrap()));
+    ex.send(served).await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    let sse = concat!(
+        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n",
+        "data: [DONE]\n\n",
+    )
+    .as_bytes();
+    let chunks = split(sse, &[17, 40, 3]);
+    let last = chunks.len() - 1;
+    for (i, c) in chunks.iter().enumerate() {
+        ex.send(response_body(c, i == last)).await;
+        let a = ex.next().await;
+        assert_eq!(
+            streamed(&a, false),
+            (*c, i == last),
+            "echoed unchanged, in order"
+        );
+    }
+    assert_eq!(
+        pool.events()[1..],
+        [
+            Event::Reassigned(B.parse().unwrap()),
+            Event::FirstToken,
+            Event::Completed(Usage {
+                prompt_tokens: 9,
+                cached_tokens: 4,
+                output_tokens: 2
+            }),
+        ]
+    );
+    assert_eq!(pool.inflight(), 0);
+}
+
+#[tokio::test]
+async fn non_streaming_json_usage_is_read_across_chunks() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(4), &[64]).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    let json = br#"{"id":"x","choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}"#;
+    for (i, c) in split(json, &[20]).iter().enumerate() {
+        ex.send(response_body(c, (i + 1) * 20 >= json.len())).await;
+        ex.next().await;
+    }
+    assert_eq!(
+        pool.events().last(),
+        Some(&Event::Completed(Usage {
+            prompt_tokens: 12,
+            cached_tokens: 0,
+            output_tokens: 3
+        }))
+    );
+}
+
+#[tokio::test]
+async fn response_trailers_end_the_response() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(4), &[64]).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    ex.next().await;
+    ex.send(response_body(
+        br#"{"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
+        false,
+    ))
+    .await;
+    ex.next().await;
+    ex.send(response_trailers()).await;
+    assert!(is_trailers(&ex.next().await, false));
+    assert!(matches!(pool.events().last(), Some(Event::Completed(_))));
+    assert_eq!(pool.inflight(), 0);
+}
+
+#[tokio::test]
+async fn server_errors_fail_the_request() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(4), &[64]).await;
+    ex.send(response_headers(503, "text/plain", true)).await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    assert_eq!(pool.events().last(), Some(&Event::Failed));
+    assert_eq!(pool.inflight(), 0);
+}
+
+#[tokio::test]
+async fn resets_release_in_flight_accounting() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    // Reset mid-body: nothing was picked, nothing is held.
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(b"{\"model\":\"llama", false)).await;
+    drop(ex);
+    // Reset after routing, mid-response: the pick is cancelled.
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(4), &[64]).await;
+    ex.send(response_headers(200, "text/event-stream", false))
+        .await;
+    ex.next().await;
+    assert_eq!(pool.inflight(), 1);
+    ex.send(response_body(
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        false,
+    ))
+    .await;
+    ex.next().await;
+    drop(ex);
+    pool.wait_inflight(0).await;
+    let events = pool.events();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::Picked { .. }))
+            .count(),
+        1
+    );
+    assert_eq!(events.last(), Some(&Event::Cancelled));
+    // Envoy half-closing before the response ends cancels too.
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(4), &[64]).await;
+    ex.close_send();
+    ex.expect_end().await;
+    pool.wait_inflight(0).await;
+}
+
+#[tokio::test]
+async fn buffered_mode_answers_every_message_once() {
+    let pool = ScriptedPool::new(&[A, B]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let body = chat_body(5);
+    let mut ex = envoy.open().await;
+    ex.send(with_modes(
+        request_headers("/v1/chat/completions", &[], false),
+        BodySendMode::Buffered,
+        BodySendMode::Buffered,
+    ))
+    .await;
+    let first = headers_answer(&ex.next().await);
+    assert!(
+        first.set.is_empty() && !first.clear_route_cache,
+        "headers pass unchanged: {first:?}"
+    );
+    ex.send(request_body(&body, true)).await;
+    let route = body_answer(&ex.next().await);
+    assert_eq!(
+        route.set,
+        vec![
+            (wire::DESTINATION_HEADER.to_owned(), format!("{A},{B}")),
+            ("content-length".to_owned(), body.len().to_string()),
+        ]
+    );
+    assert!(route.clear_route_cache);
+    assert_eq!(route.metadata_destination, Some(format!("{A},{B}")));
+    assert_eq!(route.body_mutation, None, "the body is not replaced");
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    ex.send(response_body(
+        br#"{"usage":{"prompt_tokens":5,"completion_tokens":7}}"#,
+        true,
+    ))
+    .await;
+    let a = ex.next().await;
+    assert!(matches!(a.response, Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::ResponseBody(_))));
+    assert_eq!(
+        pool.events().last(),
+        Some(&Event::Completed(Usage {
+            prompt_tokens: 5,
+            cached_tokens: 0,
+            output_tokens: 7
+        }))
+    );
+}
+
+#[tokio::test]
+async fn adapter_requests_route_on_the_base_model_with_the_adapter() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers(
+        "/v1/completions",
+        &[(wire::BASE_MODEL_HEADER, "llama-3-8b")],
+        false,
+    ))
+    .await;
+    ex.send(request_body(
+        br#"{"model":"sql-lora","prompt":"select"}"#,
+        true,
+    ))
+    .await;
+    headers_answer(&ex.next().await);
+    assert!(
+        matches!(&pool.events()[0], Event::Picked { model, lora: Some(l), .. } if model == "llama-3-8b" && l == "sql-lora")
+    );
+}
+
+// ---- body-based router -----------------------------------------------------------------------
+
+async fn bbr() -> (Server, Envoy) {
+    let models = ModelsFile::parse("llama-3-8b: [sql-lora, chat-lora]\nqwen-2.5-7b: []\n").unwrap();
+    let router = BodyRouter::new(
+        BbrConfig::default(),
+        models.router().unwrap(),
+        Telemetry::default(),
+    );
+    let server = serve(router).await;
+    let envoy = Envoy::connect(server.addr).await;
+    (server, envoy)
+}
+
+#[tokio::test]
+async fn bbr_sets_model_headers_and_clears_the_route_cache() {
+    let (_s, envoy) = bbr().await;
+    for (model, base) in [
+        ("llama-3-8b", "llama-3-8b"),
+        ("sql-lora", "llama-3-8b"),
+        ("qwen-2.5-7b", "qwen-2.5-7b"),
+    ] {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let mut ex = envoy.open().await;
+        let route = route_chunked(&mut ex, "/v1/chat/completions", body.as_bytes(), &[9]).await;
+        assert_eq!(
+            route.set,
+            vec![
+                (wire::MODEL_HEADER.to_owned(), model.to_owned()),
+                (wire::BASE_MODEL_HEADER.to_owned(), base.to_owned()),
+                ("content-length".to_owned(), body.len().to_string()),
+            ]
+        );
+        assert!(route.clear_route_cache);
+        assert_eq!(route.metadata_destination, None);
+    }
+}
+
+#[tokio::test]
+async fn bbr_unknown_model_is_404_telling_to_set_model() {
+    let (_s, envoy) = bbr().await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(
+        br#"{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}"#,
+        true,
+    ))
+    .await;
+    let (status, _, json) = immediate_parts(&ex.next().await);
+    assert_eq!(status, 404);
+    assert_eq!(json["error"]["param"], "model");
+    let msg = json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("gpt-9") && msg.contains("`model` field"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn bbr_buffered_mode_and_header_only_requests() {
+    let (_s, envoy) = bbr().await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/models", &[], true)).await;
+    let r = headers_answer(&ex.next().await);
+    assert!(r.set.is_empty());
+    let mut ex = envoy.open().await;
+    ex.send(with_modes(
+        request_headers("/v1/completions", &[], false),
+        BodySendMode::Buffered,
+        BodySendMode::None,
+    ))
+    .await;
+    headers_answer(&ex.next().await);
+    ex.send(request_body(br#"{"model":"chat-lora","prompt":"x"}"#, true))
+        .await;
+    let r = body_answer(&ex.next().await);
+    assert_eq!(r.header(wire::BASE_MODEL_HEADER), Some("llama-3-8b"));
+    assert!(r.clear_route_cache);
+    assert!(!matches!(
+        r.body_mutation,
+        Some(body_mutation::Mutation::Body(_))
+    ));
+}
