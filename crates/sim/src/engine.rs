@@ -177,7 +177,8 @@ pub struct Histograms {
 }
 
 impl Histograms {
-    fn new() -> Self {
+    /// Empty histograms with vLLM's bucket bounds.
+    pub fn empty() -> Self {
         Histograms {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
@@ -372,7 +373,7 @@ impl Engine {
             step: None,
             slowdown: 1.0,
             stats: Stats {
-                histograms: histograms.then(|| Box::new(Histograms::new())),
+                histograms: histograms.then(|| Box::new(Histograms::empty())),
                 ..Stats::default()
             },
             hash_buf: Vec::new(),

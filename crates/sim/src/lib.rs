@@ -14,13 +14,15 @@
 //!
 //! Layout: `profile` (cost model and tables), `tokens` (tokenizer stand-in, prefix hashes),
 //! `engine` (the state machine; `engine/kv.rs` the block pool), `histogram`, `spec` (fleet files),
-//! `fleet` (discrete-event driver), `serve` (HTTP emulator; `serve/metrics_page.rs` the pages).
+//! `fleet` (discrete-event driver), `serve` (HTTP emulator; `serve/http.rs` the OpenAI API,
+//! `serve/page.rs` the metrics pages).
 
 pub mod engine;
 mod error;
 pub mod fleet;
 pub mod histogram;
 pub mod profile;
+pub mod serve;
 pub mod spec;
 pub mod tokens;
 
@@ -28,5 +30,6 @@ pub use engine::{Completion, Engine, EngineRequest, EngineView, Sink};
 pub use error::SimError;
 pub use fleet::{Fleet, Request, ScrapeConfig};
 pub use profile::{Catalog, Profile, StepShape};
+pub use serve::{POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet};
 pub use spec::{EngineKind, Faults, FleetSpec, MetricsFault, PodSpec};
 pub use tokens::Prompt;

@@ -1,0 +1,364 @@
+//! The live emulator: each pod of a [`FleetSpec`] served over HTTP/1.1 on 127.0.0.1.
+//!
+//! [`serve_fleet`] binds one listener per pod (port 0 unless the fleet fixes one) and returns the
+//! addresses and a [`PodHandle`] per pod for fault injection. A driver task per pod runs the pod's
+//! [`Engine`] in single steps on tokio time: it plans a step, sleeps until its end, applies it
+//! and streams the tokens it produced. Step boundaries are kept on the engine's own timeline (the
+//! planned end, not the timer's wake-up), so the timings match the discrete-event fleet exactly
+//! under tokio's paused clock and to within timer resolution on a real one.
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (JSON or SSE with
+//! `stream_options.include_usage`), `GET /v1/models`, `GET /health`, `GET /metrics` (the pod's
+//! engine flavour, see [`page`]). Errors use the OpenAI JSON shape. Every response carries
+//! [`POD_HEADER`] naming the pod.
+
+mod http;
+pub mod page;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::engine::{Completion, Engine, EngineView, Sink};
+use crate::spec::{EngineKind, Faults, FleetSpec, PodSpec};
+use crate::tokens::chain_seed;
+use crate::{Profile, SimError};
+
+/// Response header that names the pod that answered.
+pub const POD_HEADER: &str = "x-infergate-pod";
+
+/// What the driver tells a waiting handler.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TokenEvent {
+    /// Output token `index` (1-based) was produced.
+    Token { index: u32 },
+    /// The request finished.
+    Done(Completion),
+}
+
+/// Per-page state that outlives a render.
+#[derive(Debug, Default)]
+pub(crate) struct PageState {
+    frozen: Option<String>,
+    lora_series: Vec<(String, String, f64)>,
+    http: Vec<(&'static str, &'static str, u64)>,
+}
+
+/// State shared by a pod's driver, handlers and handle.
+#[derive(Debug)]
+pub(crate) struct PodShared {
+    pub(crate) name: Arc<str>,
+    pub(crate) model: Arc<str>,
+    pub(crate) kind: EngineKind,
+    pub(crate) profile: Arc<Profile>,
+    pub(crate) adapters: Vec<Arc<str>>,
+    pub(crate) engine: Mutex<Engine>,
+    pub(crate) wake: Notify,
+    pub(crate) anchor: tokio::time::Instant,
+    pub(crate) start_unix: f64,
+    pub(crate) faults: watch::Sender<Faults>,
+    pub(crate) streams: Mutex<HashMap<u64, mpsc::UnboundedSender<TokenEvent>>>,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) rng: Mutex<SmallRng>,
+    pub(crate) pages: Mutex<PageState>,
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it (the state is still
+/// consistent: every critical section here is a handful of plain field updates).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl PodShared {
+    /// Engine time now: seconds since the pod started, on tokio's clock.
+    pub(crate) fn now(&self) -> f64 {
+        self.anchor.elapsed().as_secs_f64()
+    }
+
+    /// Renders the pod's `/metrics` page now.
+    pub(crate) fn render_page(&self) -> String {
+        let (view, stats) = {
+            let e = lock(&self.engine);
+            (e.view(self.now()), e.stats().clone())
+        };
+        let now_unix = unix_now();
+        let mut pages = lock(&self.pages);
+        let running = view.running_loras.join(",");
+        let mut any: Vec<&str> = view.running_loras.iter().map(|a| &**a).collect();
+        for a in &view.waiting_loras {
+            if !any.contains(&&**a) {
+                any.push(a);
+            }
+        }
+        let waiting = any.join(",");
+        match pages
+            .lora_series
+            .iter_mut()
+            .find(|(r, w, _)| *r == running && *w == waiting)
+        {
+            Some(s) => s.2 = now_unix,
+            None => pages.lora_series.push((running, waiting, now_unix)),
+        }
+        let input = page::PageInput {
+            model: &self.model,
+            profile: &self.profile,
+            view: &view,
+            stats: &stats,
+            start_unix: self.start_unix,
+            now_unix,
+            lora_series: &pages.lora_series,
+            http: &pages.http,
+        };
+        match self.kind {
+            EngineKind::Vllm => page::vllm(&input),
+            EngineKind::Sglang => page::sglang(&input),
+            EngineKind::Tgi => page::tgi(&input),
+        }
+    }
+
+    pub(crate) fn count_http(&self, handler: &'static str, status: u16) {
+        let class = match status {
+            200..=299 => "2xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        let mut pages = lock(&self.pages);
+        match pages
+            .http
+            .iter_mut()
+            .find(|(h, c, _)| *h == handler && *c == class)
+        {
+            Some(e) => e.2 += 1,
+            None => pages.http.push((handler, class, 1)),
+        }
+    }
+}
+
+/// Controls one served pod at runtime.
+#[derive(Debug, Clone)]
+pub struct PodHandle {
+    shared: Arc<PodShared>,
+}
+
+impl PodHandle {
+    /// The pod's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Current faults.
+    pub fn faults(&self) -> Faults {
+        *self.shared.faults.borrow()
+    }
+
+    /// Replaces the faults (takes effect for the next request, step or scrape).
+    pub fn set_faults(&self, faults: Faults) {
+        self.shared.faults.send_replace(faults);
+        if faults.metrics != crate::MetricsFault::Frozen {
+            lock(&self.shared.pages).frozen = None;
+        }
+    }
+
+    /// The engine state a scraper would read now.
+    pub fn view(&self) -> EngineView {
+        lock(&self.shared.engine).view(self.shared.now())
+    }
+}
+
+/// One served pod.
+#[derive(Debug, Clone)]
+pub struct ServedPod {
+    /// Pod name.
+    pub name: String,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Runtime control.
+    pub handle: PodHandle,
+}
+
+/// A running fleet of emulated pods.
+#[derive(Debug)]
+pub struct ServedFleet {
+    /// The pods, in fleet order.
+    pub pods: Vec<ServedPod>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ServedFleet {
+    /// `(name, address)` of every pod.
+    pub fn addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.pods.iter().map(|p| (p.name.clone(), p.addr)).collect()
+    }
+
+    /// Handle of the pod with this name.
+    pub fn handle(&self, name: &str) -> Option<&PodHandle> {
+        self.pods.iter().find(|p| p.name == name).map(|p| &p.handle)
+    }
+
+    /// Waits until every pod has stopped (after the shutdown future completed).
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Serves every pod of `spec` until `shutdown` completes. Returns once all listeners are bound.
+pub async fn serve_fleet<F>(spec: &FleetSpec, shutdown: F) -> Result<ServedFleet, SimError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let mut pods = Vec::with_capacity(spec.pods.len());
+    for pod in &spec.pods {
+        let listener = TcpListener::bind(("127.0.0.1", pod.port)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(new_shared(pod));
+        tasks.push(tokio::spawn(drive(shared.clone(), stop_rx.clone())));
+        tasks.push(tokio::spawn(http::accept_loop(
+            listener,
+            shared.clone(),
+            stop_rx.clone(),
+        )));
+        if !pod.fault_script.is_empty() {
+            tasks.push(tokio::spawn(run_fault_script(
+                pod.clone(),
+                shared.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        tracing::info!(pod = %pod.name, %addr, engine = pod.engine.as_str(), profile = %pod.profile.id, "emulated pod listening");
+        pods.push(ServedPod {
+            name: pod.name.clone(),
+            addr,
+            handle: PodHandle { shared },
+        });
+    }
+    tasks.push(tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    }));
+    Ok(ServedFleet { pods, tasks })
+}
+
+fn new_shared(pod: &PodSpec) -> PodShared {
+    let mut engine = Engine::new(
+        pod.profile.clone(),
+        pod.lora_adapters.clone(),
+        pod.max_loras,
+        chain_seed(&pod.model),
+        true,
+    );
+    engine.set_slowdown(pod.faults.slowdown);
+    PodShared {
+        name: pod.name.as_str().into(),
+        model: pod.model.clone(),
+        kind: pod.engine,
+        profile: pod.profile.clone(),
+        adapters: pod.lora_adapters.clone(),
+        engine: Mutex::new(engine),
+        wake: Notify::new(),
+        anchor: tokio::time::Instant::now(),
+        start_unix: unix_now(),
+        faults: watch::Sender::new(pod.faults),
+        streams: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        rng: Mutex::new(SmallRng::seed_from_u64(pod.seed)),
+        pages: Mutex::new(PageState::default()),
+    }
+}
+
+async fn run_fault_script(pod: PodSpec, shared: Arc<PodShared>, mut stop: watch::Receiver<bool>) {
+    for step in &pod.fault_script {
+        let at = shared.anchor + Duration::from_secs_f64(step.at_s.max(0.0));
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => {}
+            _ = stop.changed() => return,
+        }
+        let mut f = *shared.faults.borrow();
+        step.apply(&mut f);
+        PodHandle {
+            shared: shared.clone(),
+        }
+        .set_faults(f);
+        tracing::info!(pod = %pod.name, faults = ?f, "scripted fault change");
+    }
+}
+
+struct LiveSink<'a> {
+    tokens: &'a mut Vec<(u64, u32, f64)>,
+    done: &'a mut Vec<Completion>,
+}
+
+impl Sink for LiveSink<'_> {
+    fn token(&mut self, id: u64, index: u32, t: f64) {
+        self.tokens.push((id, index, t));
+    }
+    fn completed(&mut self, completion: Completion) {
+        self.done.push(completion);
+    }
+}
+
+/// The pod's engine loop on tokio time.
+async fn drive(shared: Arc<PodShared>, mut stop: watch::Receiver<bool>) {
+    let mut start_at: Option<f64> = None;
+    let mut tokens = Vec::new();
+    let mut done = Vec::new();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let end = {
+            let mut e = lock(&shared.engine);
+            e.set_slowdown(shared.faults.borrow().slowdown);
+            let t = start_at.take().unwrap_or_else(|| shared.now());
+            e.start_step(t, false)
+        };
+        let Some(end) = end else {
+            tokio::select! {
+                _ = shared.wake.notified() => {}
+                _ = stop.changed() => return,
+            }
+            continue;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(shared.anchor + Duration::from_secs_f64(end)) => {}
+            _ = stop.changed() => return,
+        }
+        lock(&shared.engine).finish_step(&mut LiveSink {
+            tokens: &mut tokens,
+            done: &mut done,
+        });
+        {
+            let mut streams = lock(&shared.streams);
+            for (id, index, _) in tokens.drain(..) {
+                if let Some(tx) = streams.get(&id) {
+                    let _ = tx.send(TokenEvent::Token { index });
+                }
+            }
+            for c in done.drain(..) {
+                if let Some(tx) = streams.remove(&c.id) {
+                    let _ = tx.send(TokenEvent::Done(c));
+                }
+            }
+        }
+        start_at = Some(end);
+    }
+}

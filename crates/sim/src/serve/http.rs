@@ -1,0 +1,641 @@
+//! HTTP side of an emulated pod: routing, OpenAI request parsing, JSON and SSE responses.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rand::Rng;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use super::{POD_HEADER, PodShared, TokenEvent, lock};
+use crate::engine::{Completion, EngineRequest};
+use crate::spec::MetricsFault;
+use crate::tokens::Prompt;
+
+/// Largest request body accepted (vLLM has no limit of its own; proxies usually cap far lower).
+const MAX_BODY: usize = 32 * 1024 * 1024;
+/// Output length when a chat request sets no limit.
+const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
+/// Output length when a completions request sets no limit (the OpenAI default).
+const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+
+const WORDS: [&str; 16] = [
+    " the",
+    " model",
+    " server",
+    " answers",
+    " with",
+    " tokens",
+    " from",
+    " an",
+    " emulated",
+    " GPU",
+    " and",
+    " a",
+    " simulated",
+    " cache",
+    " of",
+    " blocks",
+];
+
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<PodShared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let shared = shared.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(shared, req).await) }
+            });
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.changed() => {}
+            }
+        });
+    }
+}
+
+/// Response body: a whole buffer or a token stream.
+pub(crate) enum SimBody {
+    Full(Option<Bytes>),
+    Sse(Box<SseStream>),
+}
+
+impl Body for SimBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            SimBody::Sse(s) => s.poll_next(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Api {
+    Chat,
+    Completions,
+}
+
+impl Api {
+    fn handler(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// Streams SSE chunks as the driver reports tokens.
+pub(crate) struct SseStream {
+    rx: mpsc::UnboundedReceiver<TokenEvent>,
+    api: Api,
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+    finish_reason: &'static str,
+    seed: u64,
+    started: bool,
+    ended: bool,
+}
+
+impl SseStream {
+    fn chunk(&self, delta_or_text: Value, finish: Option<&str>) -> Value {
+        let choice = match self.api {
+            Api::Chat => {
+                json!({"index": 0, "delta": delta_or_text, "logprobs": null, "finish_reason": finish})
+            }
+            Api::Completions => {
+                json!({"index": 0, "text": delta_or_text, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        let object = match self.api {
+            Api::Chat => "chat.completion.chunk",
+            Api::Completions => "text_completion",
+        };
+        let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]});
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if !self.started && self.api == Api::Chat {
+            self.started = true;
+            let c = self.chunk(json!({"role": "assistant", "content": ""}), None);
+            return Poll::Ready(Some(sse(&c)));
+        }
+        self.started = true;
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.ended = true;
+                Poll::Ready(Some(Bytes::from_static(b"data: [DONE]\n\n")))
+            }
+            Poll::Ready(Some(TokenEvent::Token { index, .. })) => {
+                let word = word(self.seed, index);
+                let c = match self.api {
+                    Api::Chat => self.chunk(json!({"content": word}), None),
+                    Api::Completions => self.chunk(json!(word), None),
+                };
+                Poll::Ready(Some(sse(&c)))
+            }
+            Poll::Ready(Some(TokenEvent::Done(done))) => {
+                self.ended = true;
+                let mut out = Vec::new();
+                let last = match self.api {
+                    Api::Chat => self.chunk(json!({}), Some(self.finish_reason)),
+                    Api::Completions => self.chunk(json!(""), Some(self.finish_reason)),
+                };
+                out.extend_from_slice(&sse(&last));
+                if self.include_usage {
+                    let mut u = self.chunk(Value::Null, None);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage(&done);
+                    out.extend_from_slice(&sse(&u));
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                Poll::Ready(Some(Bytes::from(out)))
+            }
+        }
+    }
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+fn word(seed: u64, index: u32) -> &'static str {
+    let i = (seed.wrapping_mul(31).wrapping_add(u64::from(index)) % WORDS.len() as u64) as usize;
+    WORDS[i]
+}
+
+fn usage(c: &Completion) -> Value {
+    json!({
+        "prompt_tokens": c.prompt_tokens,
+        "total_tokens": c.prompt_tokens + c.output_tokens,
+        "completion_tokens": c.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+    })
+}
+
+fn response(
+    shared: &PodShared,
+    status: StatusCode,
+    content_type: &'static str,
+    body: SimBody,
+) -> Response<SimBody> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(v) = HeaderValue::from_str(&shared.name) {
+        r.headers_mut().insert(POD_HEADER, v);
+    }
+    r
+}
+
+fn json_response(shared: &PodShared, status: StatusCode, v: &Value) -> Response<SimBody> {
+    response(
+        shared,
+        status,
+        "application/json",
+        SimBody::Full(Some(Bytes::from(v.to_string()))),
+    )
+}
+
+/// An OpenAI-style error.
+fn error(
+    shared: &PodShared,
+    status: StatusCode,
+    message: &str,
+    param: Option<&str>,
+) -> Response<SimBody> {
+    let kind = match status {
+        StatusCode::NOT_FOUND => "NotFoundError",
+        StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+        s if s.is_server_error() => "InternalServerError",
+        _ => "BadRequestError",
+    };
+    json_response(
+        shared,
+        status,
+        &json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}}),
+    )
+}
+
+async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimBody> {
+    // A hung pod accepts the connection and never answers until the fault clears.
+    let mut faults = shared.faults.subscribe();
+    while faults.borrow_and_update().hang {
+        if faults.changed().await.is_err() {
+            break;
+        }
+    }
+    let path = req.uri().path().to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/health") => response(
+            &shared,
+            StatusCode::OK,
+            "application/json",
+            SimBody::Full(None),
+        ),
+        (&Method::GET, "/metrics") => metrics(&shared),
+        (&Method::GET, "/v1/models") => models(&shared),
+        (&Method::POST, "/v1/chat/completions") => inference(shared, req, Api::Chat).await,
+        (&Method::POST, "/v1/completions") => inference(shared, req, Api::Completions).await,
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+            json_response(
+                &shared,
+                StatusCode::METHOD_NOT_ALLOWED,
+                &json!({"detail": "Method Not Allowed"}),
+            )
+        }
+        _ => json_response(
+            &shared,
+            StatusCode::NOT_FOUND,
+            &json!({"detail": "Not Found"}),
+        ),
+    }
+}
+
+fn metrics(shared: &PodShared) -> Response<SimBody> {
+    let mode = shared.faults.borrow().metrics;
+    let page = match mode {
+        MetricsFault::Missing => {
+            return json_response(
+                shared,
+                StatusCode::NOT_FOUND,
+                &json!({"detail": "Not Found"}),
+            );
+        }
+        MetricsFault::Frozen => {
+            let frozen = lock(&shared.pages).frozen.clone();
+            match frozen {
+                Some(p) => p,
+                None => {
+                    let p = shared.render_page();
+                    lock(&shared.pages).frozen = Some(p.clone());
+                    p
+                }
+            }
+        }
+        MetricsFault::Normal => shared.render_page(),
+    };
+    response(
+        shared,
+        StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        SimBody::Full(Some(Bytes::from(page))),
+    )
+}
+
+fn models(shared: &PodShared) -> Response<SimBody> {
+    let created = shared.start_unix as u64;
+    let max_len = shared.profile.max_model_len;
+    let mut data = vec![json!({
+        "id": &*shared.model, "object": "model", "created": created, "owned_by": shared.kind.as_str(),
+        "root": &*shared.model, "parent": null, "max_model_len": max_len, "permission": [],
+    })];
+    for a in &shared.adapters {
+        data.push(json!({
+            "id": &**a, "object": "model", "created": created, "owned_by": shared.kind.as_str(),
+            "root": &**a, "parent": &*shared.model, "max_model_len": max_len, "permission": [],
+        }));
+    }
+    json_response(
+        shared,
+        StatusCode::OK,
+        &json!({"object": "list", "data": data}),
+    )
+}
+
+/// A parsed inference request.
+struct Parsed {
+    prompt: Prompt,
+    max_tokens: u32,
+    explicit_max: bool,
+    lora: Option<u16>,
+    stream: bool,
+    include_usage: bool,
+    model: String,
+}
+
+type Reject = (StatusCode, String, Option<&'static str>);
+
+fn bad(msg: impl Into<String>, param: &'static str) -> Reject {
+    (StatusCode::BAD_REQUEST, msg.into(), Some(param))
+}
+
+fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("request body is not valid JSON: {e}"),
+            None,
+        )
+    })?;
+    let obj = v.as_object().ok_or_else(|| {
+        (
+            StatusCode::BAD_REQUEST,
+            "request body must be a JSON object".to_owned(),
+            None,
+        )
+    })?;
+    let model = match obj.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => return Err(bad("model must be a string", "model")),
+        None => return Err(bad("field required: model", "model")),
+    };
+    let lora = if model == *shared.model {
+        None
+    } else {
+        match shared
+            .adapters
+            .iter()
+            .position(|a| **a == *model)
+            .and_then(|i| u16::try_from(i).ok())
+        {
+            Some(i) => Some(i),
+            None => {
+                return Err((
+                    StatusCode::NOT_FOUND,
+                    format!("The model `{model}` does not exist."),
+                    Some("model"),
+                ));
+            }
+        }
+    };
+    let prompt = match api {
+        Api::Completions => match obj.get("prompt") {
+            Some(Value::String(s)) => Prompt::Text(s.as_str().into()),
+            Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+                Prompt::Text(items[0].as_str().unwrap_or_default().into())
+            }
+            Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+                Prompt::tokens(u32::try_from(items.len()).unwrap_or(u32::MAX))
+            }
+            Some(Value::Array(_)) => {
+                return Err(bad(
+                    "batched prompts are not supported; send one prompt per request",
+                    "prompt",
+                ));
+            }
+            Some(_) => {
+                return Err(bad(
+                    "prompt must be a string, a list of one string, or a list of token ids",
+                    "prompt",
+                ));
+            }
+            None => return Err(bad("field required: prompt", "prompt")),
+        },
+        Api::Chat => {
+            let msgs = match obj.get("messages") {
+                Some(Value::Array(m)) if !m.is_empty() => m,
+                Some(Value::Array(_)) => return Err(bad("messages must not be empty", "messages")),
+                Some(_) => return Err(bad("messages must be a list", "messages")),
+                None => return Err(bad("field required: messages", "messages")),
+            };
+            let mut text = String::new();
+            for m in msgs {
+                let role = m
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad("every message needs a string role", "messages"))?;
+                text.push_str("<|");
+                text.push_str(role);
+                text.push_str("|>\n");
+                match m.get("content") {
+                    Some(Value::String(s)) => text.push_str(s),
+                    Some(Value::Array(parts)) => {
+                        for p in parts {
+                            if let Some(t) = p.get("text").and_then(Value::as_str) {
+                                text.push_str(t);
+                            }
+                        }
+                    }
+                    Some(Value::Null) | None => {}
+                    Some(_) => {
+                        return Err(bad(
+                            "message content must be a string or a list of parts",
+                            "messages",
+                        ));
+                    }
+                }
+                text.push('\n');
+            }
+            text.push_str("<|assistant|>\n");
+            Prompt::Text(text.into())
+        }
+    };
+    if let Some(n) = obj.get("n")
+        && n.as_u64() != Some(1)
+    {
+        return Err(bad("only n = 1 is supported", "n"));
+    }
+    let max_field = match api {
+        Api::Chat => obj
+            .get("max_completion_tokens")
+            .filter(|v| !v.is_null())
+            .or_else(|| obj.get("max_tokens")),
+        Api::Completions => obj.get("max_tokens"),
+    };
+    let prompt_tokens = prompt.token_count();
+    let (max_tokens, explicit_max) = match max_field {
+        None | Some(Value::Null) => {
+            let room = shared
+                .profile
+                .max_model_len
+                .saturating_sub(prompt_tokens)
+                .max(1);
+            let default = if api == Api::Chat {
+                DEFAULT_CHAT_MAX_TOKENS
+            } else {
+                DEFAULT_COMPLETION_MAX_TOKENS
+            };
+            (default.min(room), false)
+        }
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => (u32::try_from(n).unwrap_or(u32::MAX), true),
+            _ => {
+                return Err(bad(
+                    "max_tokens must be an integer of at least 1",
+                    "max_tokens",
+                ));
+            }
+        },
+    };
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("stream must be a boolean", "stream")),
+    };
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(Parsed {
+        prompt,
+        max_tokens,
+        explicit_max,
+        lora,
+        stream,
+        include_usage,
+        model,
+    })
+}
+
+async fn inference(shared: Arc<PodShared>, req: Request<Incoming>, api: Api) -> Response<SimBody> {
+    let handler = api.handler();
+    let r = inference_inner(&shared, req, api).await;
+    shared.count_http(handler, r.status().as_u16());
+    r
+}
+
+async fn inference_inner(
+    shared: &Arc<PodShared>,
+    req: Request<Incoming>,
+    api: Api,
+) -> Response<SimBody> {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return if e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                error(
+                    shared,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request body too large",
+                    None,
+                )
+            } else {
+                error(
+                    shared,
+                    StatusCode::BAD_REQUEST,
+                    "could not read the request body",
+                    None,
+                )
+            };
+        }
+    };
+    let p = match parse(shared, &body, api) {
+        Ok(p) => p,
+        Err((status, msg, param)) => return error(shared, status, &msg, param),
+    };
+    let error_rate = shared.faults.borrow().error_rate;
+    if error_rate > 0.0 && lock(&shared.rng).random::<f64>() < error_rate {
+        return error(
+            shared,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal server error (injected fault)",
+            None,
+        );
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    lock(&shared.streams).insert(id, tx);
+    let submitted = {
+        let mut e = lock(&shared.engine);
+        e.submit(EngineRequest {
+            id,
+            arrival: shared.now(),
+            prompt: p.prompt,
+            max_tokens: p.max_tokens,
+            lora: p.lora,
+        })
+    };
+    if let Err(e) = submitted {
+        lock(&shared.streams).remove(&id);
+        return error(shared, StatusCode::BAD_REQUEST, &e.to_string(), None);
+    }
+    shared.wake.notify_one();
+    let created = super::unix_now() as u64;
+    let rid = match api {
+        Api::Chat => format!("chatcmpl-{}-{id}", shared.name),
+        Api::Completions => format!("cmpl-{}-{id}", shared.name),
+    };
+    let finish_reason = if p.explicit_max { "length" } else { "stop" };
+    if p.stream {
+        let s = SseStream {
+            rx,
+            api,
+            id: rid,
+            model: p.model,
+            created,
+            include_usage: p.include_usage,
+            finish_reason,
+            seed: id,
+            started: false,
+            ended: false,
+        };
+        return response(
+            shared,
+            StatusCode::OK,
+            "text/event-stream",
+            SimBody::Sse(Box::new(s)),
+        );
+    }
+    let mut text = String::new();
+    let done = loop {
+        match rx.recv().await {
+            Some(TokenEvent::Token { index, .. }) => text.push_str(word(id, index)),
+            Some(TokenEvent::Done(c)) => break c,
+            None => {
+                return error(
+                    shared,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the engine stopped",
+                    None,
+                );
+            }
+        }
+    };
+    let body = match api {
+        Api::Chat => json!({
+            "id": rid, "object": "chat.completion", "created": created, "model": p.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason}],
+            "usage": usage(&done),
+        }),
+        Api::Completions => json!({
+            "id": rid, "object": "text_completion", "created": created, "model": p.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}],
+            "usage": usage(&done),
+        }),
+    };
+    json_response(shared, StatusCode::OK, &body)
+}

@@ -1,0 +1,529 @@
+//! The live emulator over real sockets on 127.0.0.1: OpenAI API, metrics pages, faults, and
+//! agreement with the discrete-event fleet (on tokio's paused clock).
+
+// Test helpers panic on purpose: a failed call is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use infergate_sim::{
+    Catalog, EngineKind, Faults, Fleet, FleetSpec, MetricsFault, POD_HEADER, PodSpec, Prompt,
+    Request, ServedFleet, serve_fleet,
+};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+struct Reply {
+    status: u16,
+    pod: String,
+    body: String,
+    /// Arrival time of each SSE event (relative to the request's start).
+    events: Vec<(Duration, String)>,
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Reply {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "sim")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .unwrap();
+    let start = Instant::now();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let pod = resp
+        .headers()
+        .get(POD_HEADER)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    let mut events = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        if let Some(data) = frame.data_ref() {
+            text.push_str(std::str::from_utf8(data).unwrap());
+            while let Some(end) = text[events_len(&events)..].find("\n\n") {
+                let from = events_len(&events);
+                let ev = text[from..from + end + 2].to_owned();
+                events.push((start.elapsed(), ev));
+            }
+        }
+    }
+    Reply {
+        status,
+        pod,
+        body: text,
+        events,
+    }
+}
+
+fn events_len(events: &[(Duration, String)]) -> usize {
+    events.iter().map(|(_, e)| e.len()).sum()
+}
+
+fn json_of(r: &Reply) -> Value {
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
+}
+
+fn profile(id: &str) -> infergate_sim::Profile {
+    Catalog::builtin().unwrap().get(id).unwrap().clone()
+}
+
+async fn serve(pods: Vec<PodSpec>) -> (ServedFleet, tokio::sync::oneshot::Sender<()>) {
+    let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let fleet = serve_fleet(&spec, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    (fleet, tx)
+}
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+#[tokio::test(start_paused = true)]
+async fn live_and_virtual_clocks_agree() {
+    let pods = vec![
+        PodSpec::new("h100", &profile("llama-3.1-8b/h100"), EngineKind::Vllm),
+        PodSpec::new("a10g", &profile("llama-3.1-8b/a10g"), EngineKind::Vllm),
+    ];
+    let spec = FleetSpec {
+        seed: 1,
+        pods: pods.clone(),
+    }
+    .finish()
+    .unwrap();
+    // A fixed workload: (arrival ms, pod, prompt bytes, output tokens), overlapping on both pods.
+    let work: Vec<(u64, usize, usize, u32)> = (0..24u64)
+        .map(|i| {
+            (
+                i * 37 % 400 + i * 5,
+                (i % 2) as usize,
+                400 + (i as usize * 613) % 6000,
+                8 + (i as u32 * 7) % 40,
+            )
+        })
+        .collect();
+    let prompt = |i: usize, bytes: usize| format!("{i:04}") + &"lorem ipsum ".repeat(bytes / 12);
+
+    // Virtual clock.
+    let mut des = Fleet::new(&spec).unwrap();
+    let mut order: Vec<usize> = (0..work.len()).collect();
+    order.sort_by_key(|&i| work[i].0);
+    for &i in &order {
+        let (at, pod, bytes, out) = work[i];
+        des.submit(
+            pod,
+            Request {
+                id: i as u64,
+                arrival: at as f64 / 1e3,
+                prompt: Prompt::Text(prompt(i, bytes).into()),
+                max_tokens: out,
+                lora: None,
+            },
+        )
+        .unwrap();
+    }
+    des.run_until_idle();
+    let mut virt = des.completions().to_vec();
+    virt.sort_by_key(|c| c.id);
+
+    // Real (paused) clock over HTTP.
+    let (fleet, stop) = serve(pods).await;
+    let addrs = fleet.addrs();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, &(at, pod, bytes, out)) in work.iter().enumerate() {
+        let addr = addrs[pod].1;
+        let body =
+            json!({"model": MODEL, "prompt": prompt(i, bytes), "max_tokens": out, "stream": true});
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(t0 + Duration::from_millis(at)).await;
+            let sent = t0.elapsed();
+            let r = call(addr, "POST", "/v1/completions", Some(body)).await;
+            (sent, r)
+        }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let (sent, r) = task.await.unwrap();
+        assert_eq!(r.status, 200);
+        let tokens: Vec<Duration> = r
+            .events
+            .iter()
+            .filter(|(_, e)| e.contains("\"text\":\" "))
+            .map(|(t, _)| *t)
+            .collect();
+        let v = &virt[i];
+        assert_eq!(tokens.len() as u32, v.output_tokens);
+        let ttft = tokens[0].as_secs_f64();
+        let last = tokens[tokens.len() - 1].as_secs_f64();
+        let tol = |x: f64| 0.003 + 0.01 * x;
+        assert!(sent.as_millis() as u64 == work[i].0, "arrival drifted");
+        assert!(
+            (ttft - v.ttft()).abs() <= tol(v.ttft()),
+            "req {i}: ttft live {ttft} virtual {}",
+            v.ttft()
+        );
+        let vlast = v.last_token - v.arrival;
+        assert!(
+            (last - vlast).abs() <= tol(vlast),
+            "req {i}: last token live {last} virtual {vlast}"
+        );
+    }
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
+#[tokio::test]
+async fn openai_endpoints_answer_like_a_model_server() {
+    let mut pod = PodSpec::new("pod-a", &profile("llama-3.1-8b/h100"), EngineKind::Vllm);
+    pod.lora_adapters = vec!["sql-lora".into()];
+    let (fleet, stop) = serve(vec![pod]).await;
+    let addr = fleet.pods[0].addr;
+
+    let r = call(addr, "GET", "/health", None).await;
+    assert_eq!((r.status, r.pod.as_str()), (200, "pod-a"));
+    let models = json_of(&call(addr, "GET", "/v1/models", None).await);
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec![MODEL, "sql-lora"]);
+    assert_eq!(models["data"][1]["parent"], MODEL);
+
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5});
+    let r = call(addr, "POST", "/v1/chat/completions", Some(chat.clone())).await;
+    assert_eq!(r.status, 200);
+    let v = json_of(&r);
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // streaming with usage: role chunk, 5 token chunks, finish chunk, usage chunk, [DONE]
+    let mut s = chat.clone();
+    s["stream"] = json!(true);
+    s["stream_options"] = json!({"include_usage": true});
+    let r = call(addr, "POST", "/v1/chat/completions", Some(s)).await;
+    assert_eq!(r.status, 200);
+    let evs: Vec<&str> = r.body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(evs.len(), 1 + 5 + 1 + 1 + 1, "{}", r.body);
+    assert_eq!(*evs.last().unwrap(), "data: [DONE]");
+    let usage: Value =
+        serde_json::from_str(evs[evs.len() - 2].trim_start_matches("data: ")).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    let first: Value = serde_json::from_str(evs[0].trim_start_matches("data: ")).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert!(first["usage"].is_null());
+
+    // completions, LoRA adapter by name
+    let r = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": "sql-lora", "prompt": "SELECT"})),
+    )
+    .await;
+    let v = json_of(&r);
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(
+        v["usage"]["completion_tokens"], 16,
+        "the OpenAI default max_tokens"
+    );
+
+    // a long shared prompt is cached the second time
+    let long = "x".repeat(4 * 2000);
+    let first = json_of(
+        &call(
+            addr,
+            "POST",
+            "/v1/completions",
+            Some(json!({"model": MODEL, "prompt": long, "max_tokens": 1})),
+        )
+        .await,
+    );
+    let again = json_of(
+        &call(
+            addr,
+            "POST",
+            "/v1/completions",
+            Some(json!({"model": MODEL, "prompt": long, "max_tokens": 1})),
+        )
+        .await,
+    );
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 1984
+    );
+
+    // errors
+    let err = |r: &Reply| json_of(r)["error"].clone();
+    let r = call(addr, "POST", "/v1/chat/completions", None).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(err(&r)["type"], "BadRequestError");
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    assert!(
+        err(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("`nope` does not exist")
+    );
+    let r = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "x", "max_tokens": 0})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, err(&r)["param"].as_str()),
+        (400, Some("max_tokens"))
+    );
+    let r = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "x", "max_tokens": 200_000})),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert!(
+        err(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length")
+    );
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": MODEL, "messages": []})),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(call(addr, "GET", "/v1/completions", None).await.status, 405);
+    assert_eq!(call(addr, "GET", "/nope", None).await.status, 404);
+
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
+fn families(page: &str) -> Vec<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn metrics_pages_use_each_engines_names() {
+    let h100 = profile("llama-3.1-8b/h100");
+    let mut vllm = PodSpec::new("v", &h100, EngineKind::Vllm);
+    vllm.lora_adapters = vec!["a".into(), "b".into()];
+    vllm.max_loras = 2;
+    let pods = vec![
+        vllm,
+        PodSpec::new("s", &h100, EngineKind::Sglang),
+        PodSpec::new("t", &h100, EngineKind::Tgi),
+    ];
+    let (fleet, stop) = serve(pods).await;
+    for p in &fleet.pods {
+        call(
+            p.addr,
+            "POST",
+            "/v1/completions",
+            Some(json!({"model": MODEL, "prompt": "hello", "max_tokens": 3})),
+        )
+        .await;
+    }
+    call(
+        fleet.pods[0].addr,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": "a", "prompt": "hello", "max_tokens": 3})),
+    )
+    .await;
+
+    let page = call(fleet.pods[0].addr, "GET", "/metrics", None).await.body;
+    let fixture = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/vllm-0.32-metrics-after-load.txt"
+    ))
+    .unwrap();
+    let ours = families(&page);
+    let missing: Vec<String> = families(&fixture)
+        .into_iter()
+        .filter(|f| {
+            !ours.contains(f)
+                && !f.starts_with("http_request_")
+                && !f.starts_with("http_response_")
+                && f != "http_requests_created"
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "families a real vLLM page has and ours lacks: {missing:?}"
+    );
+    assert!(page.contains(&format!(
+        "vllm:num_requests_running{{engine=\"0\",model_name=\"{MODEL}\"}} 0"
+    )));
+    assert!(page.contains("vllm:generation_tokens_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 6.0"));
+    assert!(page.contains("block_size=\"16\""));
+    assert!(page.contains(&format!("num_gpu_blocks=\"{}\"", h100.num_blocks())));
+    assert!(page.contains("vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}"));
+    assert!(page.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\",le=\"+Inf\"} 2.0"));
+
+    let page = call(fleet.pods[1].addr, "GET", "/metrics", None).await.body;
+    for f in [
+        "sglang:num_queue_reqs",
+        "sglang:num_running_reqs",
+        "sglang:token_usage",
+        "sglang:cache_hit_rate",
+        "sglang:time_to_first_token_seconds",
+    ] {
+        assert!(families(&page).iter().any(|x| x == f), "{f}");
+    }
+    let page = call(fleet.pods[2].addr, "GET", "/metrics", None).await.body;
+    for f in [
+        "tgi_queue_size",
+        "tgi_batch_current_size",
+        "tgi_request_duration",
+    ] {
+        assert!(families(&page).iter().any(|x| x == f), "{f}");
+    }
+    assert!(!page.contains("kv_cache"));
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn faults_hang_freeze_hide_fail_and_slow_down() {
+    let p = profile("llama-3.1-8b/a10g");
+    let (fleet, stop) = serve(vec![PodSpec::new("pod", &p, EngineKind::Vllm)]).await;
+    let (addr, handle) = (fleet.pods[0].addr, fleet.pods[0].handle.clone());
+    let req = json!({"model": MODEL, "prompt": "hello", "max_tokens": 11});
+
+    // slow down: ITL doubles
+    let base = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "hello", "max_tokens": 11, "stream": true})),
+    )
+    .await;
+    handle.set_faults(Faults {
+        slowdown: 2.0,
+        ..Faults::default()
+    });
+    let slow = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "hello", "max_tokens": 11, "stream": true})),
+    )
+    .await;
+    let span = |r: &Reply| {
+        let t: Vec<Duration> = r
+            .events
+            .iter()
+            .filter(|(_, e)| e.contains("\"text\":\" "))
+            .map(|(t, _)| *t)
+            .collect();
+        (t[t.len() - 1] - t[0]).as_secs_f64()
+    };
+    let ratio = span(&slow) / span(&base);
+    assert!((1.9..2.1).contains(&ratio), "{ratio}");
+
+    // errors at rate 1
+    handle.set_faults(Faults {
+        error_rate: 1.0,
+        ..Faults::default()
+    });
+    assert_eq!(
+        call(addr, "POST", "/v1/completions", Some(req.clone()))
+            .await
+            .status,
+        500
+    );
+
+    // frozen metrics keep the old numbers; missing metrics are a 404
+    handle.set_faults(Faults {
+        metrics: MetricsFault::Frozen,
+        ..Faults::default()
+    });
+    let before = call(addr, "GET", "/metrics", None).await.body;
+    call(addr, "POST", "/v1/completions", Some(req.clone())).await;
+    assert_eq!(call(addr, "GET", "/metrics", None).await.body, before);
+    handle.set_faults(Faults {
+        metrics: MetricsFault::Missing,
+        ..Faults::default()
+    });
+    assert_eq!(call(addr, "GET", "/metrics", None).await.status, 404);
+    handle.set_faults(Faults::default());
+    assert_ne!(call(addr, "GET", "/metrics", None).await.body, before);
+
+    // hang: no answer until the fault clears
+    handle.set_faults(Faults {
+        hang: true,
+        ..Faults::default()
+    });
+    let pending = tokio::spawn(async move { call(addr, "GET", "/health", None).await.status });
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(!pending.is_finished());
+    handle.set_faults(Faults::default());
+    assert_eq!(pending.await.unwrap(), 200);
+
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_script_from_the_fleet_file_applies_on_time() {
+    let spec = FleetSpec::from_yaml(
+        "pods:\n  - name: p\n    profile: llama-3.1-8b/h100\n    faults:\n      - { at_s: 10, metrics: missing }\n      - { at_s: 20, metrics: normal }\n",
+    )
+    .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let fleet = serve_fleet(&spec, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let addr = fleet.pods[0].addr;
+    assert_eq!(call(addr, "GET", "/metrics", None).await.status, 200);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(call(addr, "GET", "/metrics", None).await.status, 404);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(call(addr, "GET", "/metrics", None).await.status, 200);
+    let _ = tx.send(());
+    fleet.wait().await;
+}
