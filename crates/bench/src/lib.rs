@@ -1,1 +1,31 @@
-//! Workload generators, scenario runner and reports.
+//! infergate's benchmark harness: "how much better than round-robin, on a fleet like mine?"
+//!
+//! A scenario file (`benches/scenarios/*.yaml`) names a fleet of emulated pods, a workload, the
+//! seeds and the policies to compare. Each seed's arrivals are generated once and fed to every
+//! policy; each policy is the real [`infergate_scheduler::Scheduler`] with one of its presets,
+//! routing onto `infergate-sim`'s discrete-event fleet on a virtual clock and fed only what a
+//! scraper and a gateway would see. The result is a [`Report`]: TTFT, inter-token and end-to-end
+//! latency percentiles, throughput, rejections, per-pod load, each policy's change against
+//! round-robin, the clairvoyant floor, and verdicts against the scenario's targets, written as
+//! markdown, JSON and SVG plots.
+//!
+//! Layout:
+//! - [`scenario`] — the scenario file format and its validation (errors name the field);
+//! - [`workload`] — seeded arrival processes, length distributions, prefix groups, LoRA mix;
+//! - [`simulate`] — the simulated runner and the clairvoyant floor;
+//! - [`report`] — results, summary over seeds, verdicts, markdown / JSON / SVG;
+//! - [`stats`] — percentiles and spreads; [`progress`] — the stderr progress bar;
+//! - `error` — [`BenchError`].
+
+mod error;
+pub mod progress;
+pub mod report;
+pub mod scenario;
+pub mod simulate;
+pub mod stats;
+pub mod workload;
+
+pub use error::BenchError;
+pub use progress::{Progress, Silent, StderrBar};
+pub use report::Report;
+pub use scenario::Scenario;

@@ -1,0 +1,73 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading a scenario, running it or writing its report.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A scenario file could not be read.
+    #[error("cannot read scenario file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A scenario file is not valid YAML for a scenario; `field` is the path of the offending key.
+    #[error("scenario {origin}: field `{field}` is invalid")]
+    Parse {
+        /// File name (or `<inline>`).
+        origin: String,
+        /// Dotted path of the field, e.g. `workload.arrival.rate`.
+        field: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A scenario parsed but a value is out of range or inconsistent.
+    #[error("scenario {origin}: field `{field}` {reason}")]
+    Invalid {
+        /// File name (or `<inline>`).
+        origin: String,
+        /// Dotted path of the field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A pod's profile or the fleet built from the scenario was rejected by the simulator.
+    #[error("scenario {origin}: field `{field}` is rejected by the simulator")]
+    Fleet {
+        /// File name (or `<inline>`).
+        origin: String,
+        /// Dotted path of the field.
+        field: String,
+        /// The simulator's error.
+        #[source]
+        source: infergate_sim::SimError,
+    },
+    /// The simulator failed while running.
+    #[error("simulation failed")]
+    Sim(#[from] infergate_sim::SimError),
+    /// The scheduler configuration of a policy was rejected.
+    #[error("policy {policy} cannot be configured")]
+    Scheduler {
+        /// The policy name.
+        policy: String,
+        /// The scheduler's error.
+        #[source]
+        source: infergate_scheduler::Error,
+    },
+    /// A report file could not be written.
+    #[error("cannot write {path}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON report could not be encoded.
+    #[error("cannot encode the JSON report")]
+    Json(#[from] serde_json::Error),
+}

@@ -1,0 +1,375 @@
+//! Results and reports: per-run numbers, the summary over seeds, verdicts against the scenario's
+//! targets, and the markdown / JSON / SVG files.
+//!
+//! Layout: this file holds the result types and the summary; `report/markdown.rs` the tables;
+//! `report/svg.rs` the plots (hand-written SVG, no plotting dependency).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::BenchError;
+use crate::scenario::Scenario;
+use crate::simulate::LoadSeries;
+use crate::stats::{Percentiles, Spread};
+
+mod markdown;
+mod svg;
+
+/// Relative change of a policy's TTFT percentile under which a uniform-fleet run still counts as
+/// "not worse than round-robin" (run-to-run noise of the seeds used).
+pub const NOISE: f64 = 0.05;
+
+/// One pod of the fleet, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodInfo {
+    /// Pod name.
+    pub name: String,
+    /// Simulator profile.
+    pub profile: String,
+    /// GPU.
+    pub gpu: String,
+    /// Engine flavour.
+    pub engine: String,
+}
+
+/// One policy on one seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Policy (scheduler preset).
+    pub policy: String,
+    /// Seed.
+    pub seed: u64,
+    /// Requests offered.
+    pub requests: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests the router refused (429 / 503).
+    pub rejected: u64,
+    /// Requests no pod accepted (after fallbacks).
+    pub errors: u64,
+    /// Time to first token (s).
+    pub ttft: Percentiles,
+    /// Mean inter-token latency per request (s).
+    pub itl: Percentiles,
+    /// End-to-end latency (s).
+    pub e2e: Percentiles,
+    /// Completed requests per second, from the first arrival to the last completion.
+    pub requests_per_s: f64,
+    /// Output tokens per second over the same span.
+    pub output_tokens_per_s: f64,
+    /// Completed requests per pod, in fleet order.
+    pub per_pod_requests: Vec<u64>,
+    /// TTFT quantiles at 1/200, 2/200, ..., 1 (for the CDF plot).
+    pub ttft_cdf: Vec<f64>,
+    /// Per-pod load over time (first seed only).
+    pub load: Option<LoadSeries>,
+}
+
+/// The clairvoyant floor for one seed's arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FloorResult {
+    /// Seed.
+    pub seed: u64,
+    /// TTFT of each request's uncached prefill on its fastest pod, no queueing (s).
+    pub ttft: Percentiles,
+}
+
+/// One policy over all seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicySummary {
+    /// Policy.
+    pub policy: String,
+    /// TTFT P50 (s).
+    pub ttft_p50: Spread,
+    /// TTFT P95 (s).
+    pub ttft_p95: Spread,
+    /// TTFT P99 (s).
+    pub ttft_p99: Spread,
+    /// Inter-token latency P50 (s).
+    pub itl_p50: Spread,
+    /// Inter-token latency P99 (s).
+    pub itl_p99: Spread,
+    /// End-to-end P50 (s).
+    pub e2e_p50: Spread,
+    /// End-to-end P99 (s).
+    pub e2e_p99: Spread,
+    /// Completed requests per second.
+    pub requests_per_s: Spread,
+    /// Output tokens per second.
+    pub output_tokens_per_s: Spread,
+    /// Rejected requests per run.
+    pub rejected: Spread,
+    /// Failed requests per run.
+    pub errors: Spread,
+    /// TTFT P95 change against round-robin on the same seed (−0.97 = 97% lower).
+    pub ttft_p95_vs_rr: Option<Spread>,
+    /// TTFT P99 change against round-robin on the same seed.
+    pub ttft_p99_vs_rr: Option<Spread>,
+    /// Output-throughput change against round-robin on the same seed.
+    pub throughput_vs_rr: Option<Spread>,
+    /// TTFT P99 as a multiple of the clairvoyant floor's P99 on the same seed.
+    pub ttft_p99_vs_floor: Spread,
+    /// Share of completed requests per pod (mean over seeds).
+    pub pod_share: Vec<f64>,
+}
+
+/// Whether a target holds for the `infergate` policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// What is required.
+    pub target: String,
+    /// What was measured (mean over seeds, with range).
+    pub measured: String,
+    /// Met or not.
+    pub met: bool,
+}
+
+/// A scenario's full result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The scenario as run.
+    pub scenario: Scenario,
+    /// `simulated` or `live`.
+    pub mode: String,
+    /// The fleet.
+    pub pods: Vec<PodInfo>,
+    /// Every run.
+    pub runs: Vec<RunResult>,
+    /// The clairvoyant floor per seed.
+    pub floors: Vec<FloorResult>,
+    /// Per policy, over seeds.
+    pub summary: Vec<PolicySummary>,
+    /// The `infergate` policy against the scenario's targets.
+    pub verdicts: Vec<Verdict>,
+}
+
+fn change(new: f64, base: f64) -> f64 {
+    if base > 0.0 { new / base - 1.0 } else { 0.0 }
+}
+
+impl Report {
+    /// Builds the summary and verdicts from the runs.
+    pub fn new(
+        scenario: Scenario,
+        mode: &str,
+        pods: Vec<PodInfo>,
+        runs: Vec<RunResult>,
+        floors: Vec<FloorResult>,
+    ) -> Self {
+        let mut policies: Vec<&str> = Vec::new();
+        for r in &runs {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        let baseline = |seed: u64| {
+            runs.iter()
+                .find(|r| r.policy == "round-robin" && r.seed == seed)
+        };
+        let floor = |seed: u64| floors.iter().find(|f| f.seed == seed);
+        let summary: Vec<PolicySummary> =
+            policies
+                .iter()
+                .map(|&p| {
+                    let mine: Vec<&RunResult> = runs.iter().filter(|r| r.policy == p).collect();
+                    let s = |f: &dyn Fn(&RunResult) -> f64| Spread::of(mine.iter().map(|r| f(r)));
+                    let vs_rr = |f: &dyn Fn(&RunResult) -> f64| {
+                        let v: Vec<f64> = mine
+                            .iter()
+                            .filter_map(|r| baseline(r.seed).map(|b| change(f(r), f(b))))
+                            .collect();
+                        (!v.is_empty()).then(|| Spread::of(v))
+                    };
+                    let pods = mine.first().map_or(0, |r| r.per_pod_requests.len());
+                    let pod_share = (0..pods)
+                        .map(|i| {
+                            mine.iter()
+                                .map(|r| {
+                                    let total: u64 = r.per_pod_requests.iter().sum();
+                                    r.per_pod_requests[i] as f64 / total.max(1) as f64
+                                })
+                                .sum::<f64>()
+                                / mine.len().max(1) as f64
+                        })
+                        .collect();
+                    PolicySummary {
+                        policy: p.to_owned(),
+                        ttft_p50: s(&|r| r.ttft.p50),
+                        ttft_p95: s(&|r| r.ttft.p95),
+                        ttft_p99: s(&|r| r.ttft.p99),
+                        itl_p50: s(&|r| r.itl.p50),
+                        itl_p99: s(&|r| r.itl.p99),
+                        e2e_p50: s(&|r| r.e2e.p50),
+                        e2e_p99: s(&|r| r.e2e.p99),
+                        requests_per_s: s(&|r| r.requests_per_s),
+                        output_tokens_per_s: s(&|r| r.output_tokens_per_s),
+                        rejected: s(&|r| r.rejected as f64),
+                        errors: s(&|r| r.errors as f64),
+                        ttft_p95_vs_rr: vs_rr(&|r| r.ttft.p95),
+                        ttft_p99_vs_rr: vs_rr(&|r| r.ttft.p99),
+                        throughput_vs_rr: vs_rr(&|r| r.output_tokens_per_s),
+                        ttft_p99_vs_floor: Spread::of(mine.iter().filter_map(|r| {
+                            floor(r.seed).map(|f| r.ttft.p99 / f.ttft.p99.max(1e-9))
+                        })),
+                        pod_share,
+                    }
+                })
+                .collect();
+        let verdicts = verdicts(&scenario, &summary);
+        Report {
+            scenario,
+            mode: mode.to_owned(),
+            pods,
+            runs,
+            floors,
+            summary,
+            verdicts,
+        }
+    }
+
+    /// The summary of one policy.
+    pub fn policy(&self, name: &str) -> Option<&PolicySummary> {
+        self.summary.iter().find(|s| s.policy == name)
+    }
+
+    /// The report as markdown: tables and verdicts, plots linked by file name.
+    pub fn markdown(&self) -> String {
+        markdown::render(self)
+    }
+
+    /// The comparison table alone (for the terminal).
+    pub fn table(&self) -> String {
+        markdown::table(self)
+    }
+
+    /// TTFT CDF per policy (first seed), as SVG.
+    pub fn ttft_cdf_svg(&self) -> String {
+        svg::ttft_cdf(self)
+    }
+
+    /// Per-pod load over time for each policy (first seed), as SVG.
+    pub fn load_svg(&self) -> String {
+        svg::load(self)
+    }
+
+    /// Writes `NAME.md`, `NAME.json`, `NAME-ttft-cdf.svg` and `NAME-load.svg` into `dir`
+    /// (created if missing) and returns their paths.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
+        std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let name = format!("{}-{}", self.scenario.name, self.mode);
+        let files = [
+            (format!("{name}.md"), self.markdown()),
+            (format!("{name}.json"), serde_json::to_string_pretty(self)?),
+            (format!("{name}-ttft-cdf.svg"), self.ttft_cdf_svg()),
+            (format!("{name}-load.svg"), self.load_svg()),
+        ];
+        let mut out = Vec::new();
+        for (file, text) in files {
+            let path = dir.join(file);
+            std::fs::write(&path, text).map_err(|source| BenchError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            out.push(path);
+        }
+        Ok(out)
+    }
+}
+
+fn pct(s: &Spread) -> String {
+    format!(
+        "{:+.1}% ({:+.1}…{:+.1})",
+        s.mean * 100.0,
+        s.min * 100.0,
+        s.max * 100.0
+    )
+}
+
+fn verdicts(scenario: &Scenario, summary: &[PolicySummary]) -> Vec<Verdict> {
+    let t = &scenario.targets;
+    let mut out = Vec::new();
+    let Some(ig) = summary.iter().find(|s| s.policy == "infergate") else {
+        return out;
+    };
+    for (name, target, got) in [
+        ("TTFT P95", t.ttft_p95_reduction, &ig.ttft_p95_vs_rr),
+        ("TTFT P99", t.ttft_p99_reduction, &ig.ttft_p99_vs_rr),
+    ] {
+        if let (Some(target), Some(got)) = (target, got) {
+            out.push(Verdict {
+                target: format!("{name} ≥ {:.0}% below round-robin", target * 100.0),
+                measured: pct(got),
+                // A hair of tolerance: −0.9 computed from ratios can land at −0.8999999.
+                met: -got.mean >= target - 1e-9,
+            });
+        }
+    }
+    if t.throughput_not_lower
+        && let Some(got) = &ig.throughput_vs_rr
+    {
+        out.push(Verdict {
+            target: "output throughput not lower than round-robin (−1% noise allowed)".into(),
+            measured: pct(got),
+            met: got.mean >= -0.01,
+        });
+    }
+    if t.not_worse_than_round_robin
+        && let (Some(p95), Some(p99)) = (&ig.ttft_p95_vs_rr, &ig.ttft_p99_vs_rr)
+    {
+        out.push(Verdict {
+            target: format!(
+                "TTFT P95 and P99 not worse than round-robin beyond noise (+{:.0}%)",
+                NOISE * 100.0
+            ),
+            measured: format!("P95 {}, P99 {}", pct(p95), pct(p99)),
+            met: p95.mean <= NOISE && p99.mean <= NOISE,
+        });
+    }
+    if t.beat_gie_default
+        && let Some(gie) = summary.iter().find(|s| s.policy == "gie-default")
+    {
+        out.push(Verdict {
+            target: "TTFT P95 and P99 below gie-default's".into(),
+            measured: format!(
+                "P95 {} vs {}, P99 {} vs {}",
+                secs(ig.ttft_p95.mean),
+                secs(gie.ttft_p95.mean),
+                secs(ig.ttft_p99.mean),
+                secs(gie.ttft_p99.mean)
+            ),
+            met: ig.ttft_p95.mean < gie.ttft_p95.mean && ig.ttft_p99.mean < gie.ttft_p99.mean,
+        });
+    }
+    if let Some(m) = t.floor_multiple {
+        out.push(Verdict {
+            target: format!("TTFT P99 within {m}× the clairvoyant floor"),
+            measured: format!(
+                "{:.2}× ({:.2}…{:.2})",
+                ig.ttft_p99_vs_floor.mean, ig.ttft_p99_vs_floor.min, ig.ttft_p99_vs_floor.max
+            ),
+            met: ig.ttft_p99_vs_floor.mean <= m,
+        });
+    }
+    out
+}
+
+/// A duration in seconds, written with a unit that keeps three significant figures.
+pub fn secs(s: f64) -> String {
+    let mut out = String::new();
+    if s < 1.0 {
+        let _ = write!(out, "{:.0} ms", s * 1e3);
+    } else if s < 100.0 {
+        let _ = write!(out, "{s:.2} s");
+    } else {
+        let _ = write!(out, "{s:.0} s");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,148 @@
+//! Markdown tables.
+
+use std::fmt::Write as _;
+
+use super::{Report, pct, secs};
+use crate::stats::Spread;
+
+fn range(s: &Spread) -> String {
+    if (s.max - s.min).abs() < 1e-12 {
+        secs(s.mean)
+    } else {
+        format!("{} ({}–{})", secs(s.mean), secs(s.min), secs(s.max))
+    }
+}
+
+/// The comparison table: one row per policy, means over seeds with ranges.
+pub(super) fn table(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| policy | TTFT P50 | TTFT P95 | TTFT P99 | ITL P50 | ITL P99 | E2E P99 | req/s | out tok/s | rejected | errors | P95 vs RR | P99 vs RR | tput vs RR | P99 / floor |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let opt = |o: &Option<Spread>| o.as_ref().map_or("—".to_owned(), pct);
+    for p in &r.summary {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {:.2}× |",
+            p.policy,
+            secs(p.ttft_p50.mean),
+            range(&p.ttft_p95),
+            range(&p.ttft_p99),
+            secs(p.itl_p50.mean),
+            secs(p.itl_p99.mean),
+            secs(p.e2e_p99.mean),
+            p.requests_per_s.mean,
+            p.output_tokens_per_s.mean,
+            p.rejected.mean,
+            p.errors.mean,
+            opt(&p.ttft_p95_vs_rr),
+            opt(&p.ttft_p99_vs_rr),
+            opt(&p.throughput_vs_rr),
+            p.ttft_p99_vs_floor.mean,
+        );
+    }
+    let floor = Spread::of(r.floors.iter().map(|f| f.ttft.p99));
+    let floor95 = Spread::of(r.floors.iter().map(|f| f.ttft.p95));
+    let _ = writeln!(
+        s,
+        "| *clairvoyant floor* | | {} | {} | | | | | | | | | | | 1.00× |",
+        range(&floor95),
+        range(&floor)
+    );
+    s
+}
+
+/// The verdict list.
+pub(super) fn verdicts(r: &Report) -> String {
+    let mut s = String::new();
+    for v in &r.verdicts {
+        let _ = writeln!(
+            s,
+            "- {} **{}** — {}: {}",
+            if v.met { "✅" } else { "❌" },
+            if v.met { "met" } else { "missed" },
+            v.target,
+            v.measured
+        );
+    }
+    s
+}
+
+/// Per-pod share of completed requests.
+pub(super) fn pod_shares(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "| pod | GPU |");
+    for p in &r.summary {
+        let _ = write!(s, " {} |", p.policy);
+    }
+    let _ = writeln!(s);
+    let _ = write!(s, "|---|---|");
+    for _ in &r.summary {
+        let _ = write!(s, "---:|");
+    }
+    let _ = writeln!(s);
+    for (i, pod) in r.pods.iter().enumerate() {
+        let _ = write!(s, "| {} | {} |", pod.name, pod.gpu);
+        for p in &r.summary {
+            let share = p.pod_share.get(i).copied().unwrap_or(0.0);
+            let _ = write!(s, " {:.1}% |", share * 100.0);
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
+/// The whole report page.
+pub(super) fn render(r: &Report) -> String {
+    let sc = &r.scenario;
+    let mut s = String::new();
+    let _ = writeln!(s, "# {} ({})\n", sc.name, r.mode);
+    if !sc.description.is_empty() {
+        let _ = writeln!(s, "{}\n", sc.description.trim());
+    }
+    let seeds: Vec<String> = sc.seeds.iter().map(u64::to_string).collect();
+    let requests = Spread::of(
+        r.runs
+            .iter()
+            .filter(|x| x.policy == r.summary.first().map_or("", |p| p.policy.as_str()))
+            .map(|x| x.requests as f64),
+    );
+    let _ = writeln!(
+        s,
+        "Fleet: {} pods. Seeds: {} (every policy sees the same arrivals per seed; about {:.0} requests per run). \
+         Figures are means over seeds, ranges in parentheses; \"vs RR\" compares with round-robin on the same seed.\n",
+        r.pods.len(),
+        seeds.join(", "),
+        requests.mean
+    );
+    if let Some(st) = &sc.study {
+        let f = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:+.0}%"));
+        let _ = writeln!(
+            s,
+            "Published study, against round-robin: TTFT P95 {}, P99 {}, throughput {}.\n",
+            f(st.ttft_p95_pct),
+            f(st.ttft_p99_pct),
+            f(st.throughput_pct)
+        );
+    }
+    let _ = writeln!(s, "{}", table(r));
+    if !r.verdicts.is_empty() {
+        let _ = writeln!(s, "Targets for `infergate`:\n\n{}", verdicts(r));
+    }
+    let _ = writeln!(
+        s,
+        "Share of completed requests per pod:\n\n{}",
+        pod_shares(r)
+    );
+    let name = format!("{}-{}", sc.name, r.mode);
+    let _ = writeln!(
+        s,
+        "![TTFT CDF per policy]({name}-ttft-cdf.svg)\n\n![Per-pod load over time]({name}-load.svg)"
+    );
+    s
+}

@@ -1,0 +1,195 @@
+//! Plots as hand-written SVG: small, dependency-free, and they open in any browser.
+
+use std::fmt::Write as _;
+
+use super::{Report, RunResult, secs};
+
+const COLORS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn first_seed_runs(r: &Report) -> Vec<&RunResult> {
+    let Some(seed) = r.scenario.seeds.first() else {
+        return Vec::new();
+    };
+    r.runs.iter().filter(|x| x.seed == *seed).collect()
+}
+
+/// TTFT CDF per policy, log-scale time axis.
+pub(super) fn ttft_cdf(r: &Report) -> String {
+    let (w, h, left, right, top, bottom) = (760.0, 420.0, 70.0, 170.0, 40.0, 50.0);
+    let runs = first_seed_runs(r);
+    let values = runs.iter().flat_map(|x| x.ttft_cdf.iter().copied());
+    let lo = values
+        .clone()
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min)
+        .max(1e-4);
+    let hi = values.fold(0.0f64, f64::max).max(lo * 10.0);
+    let (l0, l1) = (lo.log10().floor(), hi.log10().ceil());
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let x = |v: f64| left + (v.max(lo).log10() - l0) / (l1 - l0) * pw;
+    let y = |q: f64| top + (1.0 - q) * ph;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="14">{} ({}): TTFT CDF per policy, seed {}</text>"#,
+        esc(&r.scenario.name),
+        r.mode,
+        r.scenario.seeds.first().copied().unwrap_or(0)
+    );
+    let mut d = l0;
+    while d <= l1 {
+        let v = 10f64.powf(d);
+        let xx = x(v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{xx:.1}" y1="{top}" x2="{xx:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            top + ph,
+            top + ph + 16.0,
+            secs(v)
+        );
+        d += 1.0;
+    }
+    for q in [0.0, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0] {
+        let yy = y(q);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{q}</text>"##,
+            left + pw,
+            left - 6.0,
+            yy + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">time to first token (log scale)</text>"#,
+        left + pw / 2.0,
+        h - 10.0
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let n = run.ttft_cdf.len().max(1) as f64;
+        let pts: Vec<String> = run
+            .ttft_cdf
+            .iter()
+            .enumerate()
+            .map(|(k, v)| format!("{:.1},{:.1}", x(*v), y((k + 1) as f64 / n)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = top + 10.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            left + pw + 12.0,
+            left + pw + 32.0,
+            left + pw + 38.0,
+            ly + 4.0,
+            esc(&run.policy)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Per-pod load (running + waiting) over time, one panel per policy.
+pub(super) fn load(r: &Report) -> String {
+    let runs: Vec<&RunResult> = first_seed_runs(r)
+        .into_iter()
+        .filter(|x| x.load.is_some())
+        .collect();
+    let (w, panel_h, left, right, top) = (760.0, 150.0, 60.0, 170.0, 40.0);
+    let h = top + runs.len() as f64 * (panel_h + 30.0) + 20.0;
+    let pw = w - left - right;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="14">{} ({}): requests on each pod (running + waiting), seed {}</text>"#,
+        esc(&r.scenario.name),
+        r.mode,
+        r.scenario.seeds.first().copied().unwrap_or(0)
+    );
+    let peak = runs
+        .iter()
+        .filter_map(|x| x.load.as_ref())
+        .flat_map(|l| l.pods.iter().flatten().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    for (pi, run) in runs.iter().enumerate() {
+        let Some(load) = &run.load else { continue };
+        let y0 = top + pi as f64 * (panel_h + 30.0) + 20.0;
+        let len = load.pods.iter().map(Vec::len).max().unwrap_or(1).max(2);
+        let span = (len - 1) as f64 * load.every_s;
+        let _ = writeln!(
+            s,
+            r##"<text x="{left}" y="{:.1}" font-weight="bold">{}</text><rect x="{left}" y="{y0:.1}" width="{pw}" height="{panel_h}" fill="none" stroke="#999"/><text x="{:.1}" y="{:.1}" text-anchor="end">{peak}</text><text x="{:.1}" y="{:.1}" text-anchor="end">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{:.0} s</text>"##,
+            y0 - 4.0,
+            esc(&run.policy),
+            left - 6.0,
+            y0 + 10.0,
+            left - 6.0,
+            y0 + panel_h,
+            left + pw,
+            y0 + panel_h + 14.0,
+            span
+        );
+        for (k, series) in load.pods.iter().enumerate() {
+            let color = COLORS[k % COLORS.len()];
+            let pts: Vec<String> = series
+                .iter()
+                .enumerate()
+                .map(|(t, v)| {
+                    format!(
+                        "{:.1},{:.1}",
+                        left + t as f64 / (len - 1) as f64 * pw,
+                        y0 + panel_h - f64::from(*v) / f64::from(peak) * panel_h
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="1.2" points="{}"/>"#,
+                pts.join(" ")
+            );
+        }
+    }
+    for (k, pod) in r.pods.iter().enumerate().take(24) {
+        let color = COLORS[k % COLORS.len()];
+        let ly = top + 30.0 + k as f64 * 16.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{} ({})</text>"#,
+            left + pw + 12.0,
+            left + pw + 32.0,
+            left + pw + 38.0,
+            ly + 4.0,
+            esc(&pod.name),
+            esc(&pod.gpu)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}

@@ -1,0 +1,126 @@
+#![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+use super::*;
+use crate::stats::Percentiles;
+
+fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
+    RunResult {
+        policy: policy.into(),
+        seed,
+        requests: 10,
+        completed: 10,
+        rejected: 0,
+        errors: 0,
+        ttft: Percentiles {
+            mean: p99 / 4.0,
+            p50: p99 / 4.0,
+            p95: p99 / 2.0,
+            p99,
+        },
+        itl: Percentiles::default(),
+        e2e: Percentiles::default(),
+        requests_per_s: 1.0,
+        output_tokens_per_s: tput,
+        per_pod_requests: vec![7, 3],
+        ttft_cdf: vec![0.1, 0.2, p99],
+        load: Some(LoadSeries {
+            every_s: 1.0,
+            pods: vec![vec![1, 2, 3], vec![0, 1, 0]],
+        }),
+    }
+}
+
+fn report() -> Report {
+    let mut scenario = Scenario::from_yaml(
+        "name: r\nfleet: [{name: a, profile: llama-3.1-8b/h100, replicas: 2}]\nworkload:\n  duration_s: 1\n  arrival: {kind: poisson, rate: 1}\n  prompt_tokens: {dist: fixed, value: 1}\n  output_tokens: {dist: fixed, value: 1}\nseeds: [1, 2]\n",
+        "t",
+    )
+    .unwrap();
+    scenario.targets.ttft_p99_reduction = Some(0.9);
+    scenario.targets.throughput_not_lower = true;
+    let runs = vec![
+        run("round-robin", 1, 10.0, 100.0),
+        run("round-robin", 2, 20.0, 100.0),
+        run("gie-default", 1, 2.0, 100.0),
+        run("gie-default", 2, 2.0, 100.0),
+        run("infergate", 1, 0.5, 101.0),
+        run("infergate", 2, 3.0, 99.0),
+    ];
+    let floors = vec![
+        FloorResult {
+            seed: 1,
+            ttft: Percentiles {
+                p99: 0.25,
+                ..Percentiles::default()
+            },
+        },
+        FloorResult {
+            seed: 2,
+            ttft: Percentiles {
+                p99: 1.0,
+                ..Percentiles::default()
+            },
+        },
+    ];
+    let pods = vec![
+        PodInfo {
+            name: "a-0".into(),
+            profile: "p".into(),
+            gpu: "H100".into(),
+            engine: "vllm".into(),
+        },
+        PodInfo {
+            name: "a-1".into(),
+            profile: "p".into(),
+            gpu: "H100".into(),
+            engine: "vllm".into(),
+        },
+    ];
+    Report::new(scenario, "simulated", pods, runs, floors)
+}
+
+#[test]
+fn changes_are_per_seed_against_round_robin() {
+    let r = report();
+    let ig = r.policy("infergate").unwrap();
+    let p99 = ig.ttft_p99_vs_rr.unwrap();
+    // Seed 1: 0.5 / 10 − 1 = −0.95; seed 2: 3 / 20 − 1 = −0.85.
+    assert!((p99.min + 0.95).abs() < 1e-9 && (p99.max + 0.85).abs() < 1e-9);
+    assert!((p99.mean + 0.90).abs() < 1e-9);
+    assert!((ig.ttft_p99_vs_floor.mean - 2.5).abs() < 1e-9);
+    assert!((ig.pod_share[0] - 0.7).abs() < 1e-9);
+}
+
+#[test]
+fn verdicts_follow_the_targets() {
+    let r = report();
+    let get = |prefix: &str| {
+        r.verdicts
+            .iter()
+            .find(|v| v.target.starts_with(prefix))
+            .unwrap()
+    };
+    assert!(get("TTFT P99 ≥ 90%").met);
+    assert!(get("output throughput").met);
+    // P95 0.875 s and P99 1.75 s are below gie-default's 1 s and 2 s.
+    assert!(get("TTFT P95 and P99 below gie-default").met);
+    assert!(!get("TTFT P99 within 1.5").met);
+}
+
+#[test]
+fn files_are_written_and_plots_are_svg() {
+    let r = report();
+    let dir = tempfile::tempdir().unwrap();
+    let files = r.write(dir.path()).unwrap();
+    assert_eq!(files.len(), 4);
+    let md = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(md.contains("| infergate |") && md.contains("clairvoyant floor"));
+    let json: Report = serde_json::from_str(&std::fs::read_to_string(&files[1]).unwrap()).unwrap();
+    assert_eq!(json.verdicts, r.verdicts);
+    assert_eq!(json.runs.len(), r.runs.len());
+    for f in &files[2..] {
+        let svg = std::fs::read_to_string(f).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("infergate"));
+    }
+}

@@ -1,0 +1,129 @@
+#![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+use super::*;
+
+const GOOD: &str = r#"
+name: tiny
+fleet:
+  - { name: h100, profile: llama-3.1-8b/h100 }
+  - { name: a10g, profile: llama-3.1-8b/a10g, engine: tgi, replicas: 2 }
+workload:
+  duration_s: 10
+  arrival: { kind: poisson, rate: 2 }
+  prompt_tokens: { dist: uniform, min: 10, max: 100 }
+  output_tokens: { dist: fixed, value: 8 }
+seeds: [4]
+policies: [round-robin, infergate]
+"#;
+
+fn err(text: &str) -> BenchError {
+    Scenario::from_yaml(text, "t.yaml").unwrap_err()
+}
+
+fn field(e: &BenchError) -> &str {
+    match e {
+        BenchError::Parse { field, .. }
+        | BenchError::Invalid { field, .. }
+        | BenchError::Fleet { field, .. } => field,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_good_scenario_loads_with_defaults() {
+    let s = Scenario::from_yaml(GOOD, "t.yaml").unwrap();
+    assert_eq!(s.policies, vec![Preset::RoundRobin, Preset::Infergate]);
+    assert_eq!(s.scrape.interval_ms, 50.0);
+    assert!(s.targets.beat_gie_default);
+    let fleet = s
+        .fleet_spec(&Catalog::builtin().unwrap(), "t.yaml")
+        .unwrap();
+    assert_eq!(fleet.pods.len(), 3);
+    assert_eq!(fleet.pods[2].name, "a10g-1");
+    assert_eq!(fleet.pods[2].engine, EngineKind::Tgi);
+}
+
+#[test]
+fn wrong_types_and_unknown_keys_name_the_field() {
+    let e = err(&GOOD.replace("rate: 2", "rate: fast"));
+    assert_eq!(field(&e), "workload.arrival");
+    let cause = std::error::Error::source(&e).unwrap().to_string();
+    assert!(cause.contains("fast"), "{cause}");
+    let e = err(&GOOD.replace("duration_s: 10", "duration_s: 10\n  durration: 3"));
+    assert_eq!(field(&e), "workload.durration");
+    let e = err(&GOOD.replace(
+        "policies: [round-robin, infergate]",
+        "policies: [round-robin, smart]",
+    ));
+    assert_eq!(field(&e), "policies[1]");
+    let e = err(&GOOD.replace("replicas: 2", "replicas: -2"));
+    assert_eq!(field(&e), "fleet[1].replicas");
+    let e = err(&GOOD.replace("kind: poisson", "kind: lumpy"));
+    assert_eq!(field(&e), "workload.arrival.kind");
+    let e = err("name: [");
+    assert!(matches!(e, BenchError::Parse { .. }));
+}
+
+#[test]
+fn out_of_range_values_name_the_field() {
+    for (from, to, want) in [
+        ("rate: 2", "rate: -1", "workload.arrival.rate"),
+        ("duration_s: 10", "duration_s: 0", "workload.duration_s"),
+        (
+            "min: 10, max: 100",
+            "min: 100, max: 10",
+            "workload.prompt_tokens.max",
+        ),
+        ("value: 8", "value: 0", "workload.output_tokens.value"),
+        ("replicas: 2", "replicas: 0", "fleet[1].replicas"),
+        ("seeds: [4]", "seeds: []", "seeds"),
+        ("name: tiny", "name: 'a b'", "name"),
+    ] {
+        let text = GOOD.replace(from, to);
+        assert_ne!(text, GOOD, "{from}");
+        assert_eq!(field(&err(&text)), want, "{from} -> {to}");
+    }
+    let e = err(&GOOD.replace(
+        "output_tokens: { dist: fixed, value: 8 }",
+        "output_tokens: { dist: fixed, value: 8 }\n  lora: { adapters: [sql], fraction: 0.5 }",
+    ));
+    assert_eq!(field(&e), "workload.lora.adapters[0]");
+    let e = err(&GOOD.replace(
+        "output_tokens: { dist: fixed, value: 8 }",
+        "output_tokens: { dist: fixed, value: 8 }\n  prefix: { groups: 2, tokens: 10, fraction: 1.5 }",
+    ));
+    assert_eq!(field(&e), "workload.prefix.fraction");
+}
+
+#[test]
+fn fleet_problems_name_the_field() {
+    let catalog = Catalog::builtin().unwrap();
+    let s =
+        Scenario::from_yaml(&GOOD.replace("llama-3.1-8b/a10g", "llama-3.1-8b/b200"), "t").unwrap();
+    let e = s.fleet_spec(&catalog, "t").unwrap_err();
+    assert_eq!(field(&e), "fleet[1].profile");
+    let s =
+        Scenario::from_yaml(&GOOD.replace("llama-3.1-8b/a10g", "qwen3-32b/h100x2"), "t").unwrap();
+    assert_eq!(field(&s.fleet_spec(&catalog, "t").unwrap_err()), "fleet");
+    let s = Scenario::from_yaml(&GOOD.replace("max: 100", "max: 40000"), "t").unwrap();
+    assert_eq!(
+        field(&s.fleet_spec(&catalog, "t").unwrap_err()),
+        "fleet[1].profile"
+    );
+}
+
+#[test]
+fn every_shipped_scenario_loads() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/scenarios");
+    let catalog = Catalog::builtin().unwrap();
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let s = Scenario::from_file(&path).unwrap();
+            s.fleet_spec(&catalog, &path.display().to_string()).unwrap();
+            n += 1;
+        }
+    }
+    assert!(n >= 6, "found {n} scenarios in {}", dir.display());
+}

@@ -1,0 +1,435 @@
+//! Simulated mode: the discrete-event fleet of `infergate-sim` on a virtual clock, routed by the
+//! real `infergate_scheduler::Scheduler` of each policy.
+//!
+//! The scheduler sees what it would see in production and nothing more: a scrape of every pod
+//! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, and each request's
+//! first-token time and usage once the request completes (the simulator's bulk decode steps report
+//! completions, not individual tokens, so the first token is learned together with the completion;
+//! a streaming gateway would learn it earlier). A pick's endpoints are tried in order when a pod
+//! refuses a request, as the gateway's retry does.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use infergate_scheduler::{
+    CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, RequestContext, Scheduler,
+    SchedulerConfig, Ticket, Timestamp, Usage,
+};
+use infergate_sim::fleet::{Request, ScrapeConfig};
+use infergate_sim::{Completion, EngineKind, EngineView, Fleet, FleetSpec, Prompt, SimError};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::{Deserialize, Serialize};
+
+use crate::BenchError;
+use crate::progress::Progress;
+use crate::report::{FloorResult, PodInfo, Report, RunResult};
+use crate::scenario::Scenario;
+use crate::stats::{Percentiles, quantile};
+use crate::workload::{self, Arrival};
+
+/// Points kept of each run's TTFT distribution, for the CDF plot.
+const CDF_POINTS: usize = 200;
+
+/// Per-pod load samples of one run: `running + waiting` every `every_s` seconds.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LoadSeries {
+    /// Seconds between samples.
+    pub every_s: f64,
+    /// One series per pod, in fleet order.
+    pub pods: Vec<Vec<u32>>,
+}
+
+/// Runs every policy of `scenario` on every seed, simulated.
+pub fn run(
+    scenario: &Scenario,
+    origin: &str,
+    progress: &mut dyn Progress,
+) -> Result<Report, BenchError> {
+    let catalog = infergate_sim::Catalog::builtin()?;
+    let spec = scenario.fleet_spec(&catalog, origin)?;
+    let adapters: Vec<Arc<str>> = scenario
+        .workload
+        .lora
+        .as_ref()
+        .map(|l| l.adapters.iter().map(|a| a.as_str().into()).collect())
+        .unwrap_or_default();
+    let mut runs = Vec::new();
+    let mut floors = Vec::new();
+    for (si, &seed) in scenario.seeds.iter().enumerate() {
+        let arrivals = workload::generate(&scenario.workload, seed);
+        floors.push(floor(&spec, &arrivals, seed));
+        for &policy in &scenario.policies {
+            let label = format!(
+                "{} seed {seed} ({}/{}) {policy}",
+                scenario.name,
+                si + 1,
+                scenario.seeds.len()
+            );
+            progress.start(&label, arrivals.len() as u64);
+            let cfg = SchedulerConfig::preset(policy);
+            let mut r = run_one(
+                scenario,
+                &spec,
+                &adapters,
+                cfg,
+                &arrivals,
+                seed,
+                si == 0,
+                progress,
+            )?;
+            r.policy = policy.as_str().to_owned();
+            progress.finish();
+            runs.push(r);
+        }
+    }
+    let pods = spec
+        .pods
+        .iter()
+        .map(|p| PodInfo {
+            name: p.name.clone(),
+            profile: p.profile.id.clone(),
+            gpu: p.profile.gpu.clone(),
+            engine: p.engine.as_str().to_owned(),
+        })
+        .collect();
+    Ok(Report::new(
+        scenario.clone(),
+        "simulated",
+        pods,
+        runs,
+        floors,
+    ))
+}
+
+/// The address standing for pod `i` in the scheduler (never bound: the fleet is virtual).
+pub fn pod_addr(i: usize) -> SocketAddr {
+    let [a, b] = u16::try_from(i).unwrap_or(u16::MAX).to_be_bytes();
+    SocketAddr::from((Ipv4Addr::new(10, 0, a, b.wrapping_add(1)), 8000))
+}
+
+fn engine_type(k: EngineKind) -> EngineType {
+    match k {
+        EngineKind::Vllm => EngineType::Vllm,
+        EngineKind::Sglang => EngineType::Sglang,
+        EngineKind::Tgi => EngineType::Tgi,
+    }
+}
+
+fn ts(t: f64) -> Timestamp {
+    Timestamp::from_nanos((t.max(0.0) * 1e9) as u64)
+}
+
+/// Per-pod counters the simulated scraper keeps between scrapes.
+#[derive(Debug, Clone, Copy, Default)]
+struct PrefixCounters {
+    queries: u64,
+    hits: u64,
+    rate: Option<f64>,
+}
+
+fn snapshot(
+    kind: EngineKind,
+    v: &EngineView,
+    sampled_at: f64,
+    prev: &mut PrefixCounters,
+) -> MetricsSnapshot {
+    let dq = v.prefix_queries.saturating_sub(prev.queries);
+    if dq > 0 {
+        prev.rate = Some(v.prefix_hits.saturating_sub(prev.hits) as f64 / dq as f64);
+    }
+    prev.queries = v.prefix_queries;
+    prev.hits = v.prefix_hits;
+    let vllm = kind == EngineKind::Vllm;
+    MetricsSnapshot {
+        sampled_at: ts(sampled_at),
+        waiting: v.waiting,
+        running: v.running,
+        kv_cache_usage: (kind != EngineKind::Tgi).then_some(v.kv_usage),
+        lora: vllm.then(|| LoraState {
+            max_lora: v.max_loras,
+            running: v.running_loras.iter().map(|a| a.to_string()).collect(),
+            waiting: v.waiting_loras.iter().map(|a| a.to_string()).collect(),
+        }),
+        cache: vllm.then_some(CacheConfig {
+            block_size: v.block_size,
+            num_blocks: v.num_blocks,
+        }),
+        prefix_cache_hit_rate: if kind == EngineKind::Tgi {
+            None
+        } else {
+            prev.rate
+        },
+    }
+}
+
+struct Sim<'a> {
+    fleet: Fleet,
+    sched: Scheduler,
+    kinds: Vec<EngineKind>,
+    counters: Vec<PrefixCounters>,
+    interval: f64,
+    lag: f64,
+    applied: i64,
+    tickets: Vec<Option<Ticket>>,
+    arrivals: &'a [Arrival],
+    done: Vec<Completion>,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
+    e2e: Vec<f64>,
+    per_pod: Vec<u64>,
+    output_tokens: u64,
+    last_done: f64,
+    load: Option<LoadSeries>,
+    next_sample: f64,
+}
+
+impl Sim<'_> {
+    /// Feeds the scheduler the newest scrape visible at the fleet's current time.
+    fn refresh_metrics(&mut self) -> Result<(), BenchError> {
+        let now = self.fleet.now();
+        if now < self.lag {
+            return Ok(());
+        }
+        let k = ((now - self.lag) / self.interval).floor() as i64;
+        if k <= self.applied {
+            return Ok(());
+        }
+        self.applied = k;
+        let sampled_at = k as f64 * self.interval;
+        for i in 0..self.kinds.len() {
+            let view = self.fleet.scraped(i)?;
+            let snap = snapshot(self.kinds[i], view, sampled_at, &mut self.counters[i]);
+            // Snapshots come from the simulator's own numbers, which are always finite; a
+            // refused snapshot would only leave the previous one in place.
+            let _ = self.sched.apply_metrics(pod_addr(i), snap);
+        }
+        Ok(())
+    }
+
+    /// Tells the scheduler about completions, in completion order, and records them.
+    fn absorb(&mut self) {
+        self.fleet.drain_completions(&mut self.done);
+        self.done
+            .sort_by(|a, b| a.last_token.total_cmp(&b.last_token));
+        for c in self.done.drain(..) {
+            let Some(ticket) = self.tickets.get_mut(c.id as usize).and_then(Option::take) else {
+                continue;
+            };
+            self.sched.first_token(ticket, ts(c.first_token));
+            self.sched.complete(
+                ticket,
+                ts(c.last_token),
+                Usage {
+                    prompt_tokens: c.prompt_tokens,
+                    cached_tokens: c.cached_tokens,
+                    output_tokens: c.output_tokens,
+                },
+            );
+            self.ttft.push(c.ttft());
+            self.itl.push(c.mean_itl());
+            self.e2e.push(c.last_token - c.arrival);
+            if let Some(n) = self.per_pod.get_mut(c.pod as usize) {
+                *n += 1;
+            }
+            self.output_tokens += u64::from(c.output_tokens);
+            self.last_done = self.last_done.max(c.last_token);
+        }
+    }
+
+    /// Advances the fleet to `t`, sampling per-pod load on the way.
+    fn advance(&mut self, t: f64) -> Result<(), BenchError> {
+        if let Some(load) = &mut self.load {
+            while self.next_sample <= t {
+                self.fleet.advance_to(self.next_sample);
+                for (i, series) in load.pods.iter_mut().enumerate() {
+                    let v = self.fleet.view(i)?;
+                    series.push(v.running + v.waiting);
+                }
+                self.next_sample += load.every_s;
+            }
+        }
+        self.fleet.advance_to(t);
+        Ok(())
+    }
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one private call site; a struct would only rename them"
+)]
+fn run_one(
+    scenario: &Scenario,
+    spec: &FleetSpec,
+    adapters: &[Arc<str>],
+    cfg: SchedulerConfig,
+    arrivals: &[Arrival],
+    seed: u64,
+    record_load: bool,
+    progress: &mut dyn Progress,
+) -> Result<RunResult, BenchError> {
+    let policy = cfg.preset.as_str().to_owned();
+    let mut sched = Scheduler::new(cfg).map_err(|source| BenchError::Scheduler {
+        policy: policy.clone(),
+        source,
+    })?;
+    for (i, p) in spec.pods.iter().enumerate() {
+        sched.upsert_endpoint(EndpointMeta {
+            namespace: "sim".to_owned(),
+            pod: p.name.clone(),
+            addr: pod_addr(i),
+            engine: engine_type(p.engine),
+            gpu: Some(p.profile.gpu.clone()),
+            labels: Default::default(),
+        });
+    }
+    let mut fleet = Fleet::new(spec)?;
+    let interval = scenario.scrape.interval_ms / 1e3;
+    let lag = scenario.scrape.lag_ms / 1e3;
+    fleet.set_scrape(Some(ScrapeConfig { interval, lag }));
+    let model = spec
+        .pods
+        .first()
+        .map(|p| p.model.clone())
+        .unwrap_or_default();
+    let n = spec.pods.len();
+    let every_s = (scenario.workload.duration_s / 300.0).max(0.25);
+    let mut sim = Sim {
+        fleet,
+        sched,
+        kinds: spec.pods.iter().map(|p| p.engine).collect(),
+        counters: vec![PrefixCounters::default(); n],
+        interval,
+        lag,
+        applied: -1,
+        tickets: vec![None; arrivals.len()],
+        arrivals,
+        done: Vec::new(),
+        ttft: Vec::with_capacity(arrivals.len()),
+        itl: Vec::with_capacity(arrivals.len()),
+        e2e: Vec::with_capacity(arrivals.len()),
+        per_pod: vec![0; n],
+        output_tokens: 0,
+        last_done: 0.0,
+        load: record_load.then(|| LoadSeries {
+            every_s,
+            pods: vec![Vec::new(); n],
+        }),
+        next_sample: 0.0,
+    };
+    // Every policy draws its random choices from the same seed.
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x7363_6865_645f_726e);
+    let (mut rejected, mut errors) = (0u64, 0u64);
+    for (done, a) in sim.arrivals.iter().enumerate() {
+        sim.advance(a.at)?;
+        sim.absorb();
+        sim.refresh_metrics()?;
+        let text = workload::prompt_text(a);
+        let segments = [&*text];
+        let lora = a.lora.and_then(|i| adapters.get(usize::from(i)));
+        let cx = RequestContext::new(&model, a.prompt_tokens)
+            .with_prompt(&segments)
+            .with_lora(lora.map(|l| &**l))
+            .with_priority(a.priority)
+            .with_output_tokens(a.output_tokens);
+        match sim.sched.pick(&cx, ts(a.at), &mut rng) {
+            Err(_) => rejected += 1,
+            Ok(decision) => {
+                let mut placed = false;
+                for (j, addr) in decision.endpoints.iter().enumerate() {
+                    let Some(pod) = (0..n).find(|&i| pod_addr(i) == *addr) else {
+                        continue;
+                    };
+                    if j > 0 && !sim.sched.reassign(decision.ticket, *addr) {
+                        continue;
+                    }
+                    let req = Request {
+                        id: a.id,
+                        arrival: a.at,
+                        prompt: Prompt::Text(text.clone()),
+                        max_tokens: a.output_tokens,
+                        lora: lora.cloned(),
+                    };
+                    match sim.fleet.submit(pod, req) {
+                        Ok(()) => {
+                            placed = true;
+                            break;
+                        }
+                        Err(SimError::Rejected(_)) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                if placed {
+                    if let Some(t) = sim.tickets.get_mut(a.id as usize) {
+                        *t = Some(decision.ticket);
+                    }
+                } else {
+                    sim.sched.fail(decision.ticket, ts(a.at));
+                    errors += 1;
+                }
+            }
+        }
+        progress.advance(done as u64 + 1);
+    }
+    // Drain: keep sampling load until the fleet is idle.
+    while let Some(t) = sim.fleet.next_event_time() {
+        sim.advance(t)?;
+    }
+    sim.absorb();
+    let completed = sim.ttft.len() as u64;
+    let first_arrival = arrivals.first().map_or(0.0, |a| a.at);
+    let span = (sim.last_done - first_arrival).max(1e-9);
+    let mut ttft = std::mem::take(&mut sim.ttft);
+    let ttft_p = Percentiles::of(&mut ttft);
+    let cdf = (1..=CDF_POINTS)
+        .map(|i| quantile(&ttft, i as f64 / CDF_POINTS as f64))
+        .collect();
+    Ok(RunResult {
+        policy,
+        seed,
+        requests: arrivals.len() as u64,
+        completed,
+        rejected,
+        errors,
+        ttft: ttft_p,
+        itl: Percentiles::of(&mut sim.itl),
+        e2e: Percentiles::of(&mut sim.e2e),
+        requests_per_s: completed as f64 / span,
+        output_tokens_per_s: sim.output_tokens as f64 / span,
+        per_pod_requests: sim.per_pod,
+        ttft_cdf: cdf,
+        load: sim.load,
+    })
+}
+
+/// The clairvoyant floor: each request's uncached prefill on the pod that does it fastest, with
+/// no queueing. A prefix counts as cached once an earlier request of its group has arrived
+/// (whole blocks only, as the engines cache).
+pub fn floor(spec: &FleetSpec, arrivals: &[Arrival], seed: u64) -> FloorResult {
+    let mut seen = std::collections::HashSet::new();
+    let mut v: Vec<f64> = arrivals
+        .iter()
+        .map(|a| {
+            let cached = match a.prefix_group {
+                Some(g) if !seen.insert(g) => a.prefix_tokens,
+                _ => 0,
+            };
+            spec.pods
+                .iter()
+                .map(|p| {
+                    let bs = p.profile.block_size.max(1);
+                    let cached = cached / bs * bs;
+                    let uncached = a.prompt_tokens.saturating_sub(cached).max(1);
+                    p.profile.nominal_ttft(u64::from(uncached))
+                })
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    FloorResult {
+        seed,
+        ttft: Percentiles::of(&mut v),
+    }
+}
+
+#[cfg(test)]
+mod tests;
