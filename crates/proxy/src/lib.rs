@@ -1,1 +1,38 @@
-//! The standalone HTTP gateway embedding the scheduler.
+//! The standalone gateway: an OpenAI-compatible HTTP front door that routes every request with
+//! the same scheduler as the Envoy ext_proc endpoint picker, without Kubernetes.
+//!
+//! `infergate gateway --config gateway.yaml` runs it; tests and the benchmarks start it in-process
+//! with [`serve`], which takes bound [`Listeners`] and a shutdown future and returns a running
+//! [`Gateway`] with its addresses.
+//!
+//! A request's path through the gateway: the body is read (bounded), parsed and routed by its
+//! `model` with `infergate_openai` — the same code as the ext_proc body-based router — then the
+//! model's `infergate_pool::LivePool` picks a ranked list of endpoints. The gateway forwards to
+//! the first, falls back to the next on a connect failure or a 5xx before any byte reached the
+//! client, and streams the answer back frame by frame while reading first-token time and usage on
+//! the side. Every error the gateway answers itself is an `infergate_openai::ApiError`.
+//!
+//! Layout:
+//! - [`config`] — the configuration file: types, defaults, validation with field and line.
+//! - `server` — [`serve`], [`Gateway`], [`Handle`] (reloads, file watching), accept loop.
+//! - `proxy` — the per-request path: routing, picking, forwarding, retries, error answers.
+//! - [`body`] — the response body: pass-through with first-token and usage tracking.
+//! - `state` — a loaded configuration: model table, pools, upstream client.
+//! - `backend` — one model's pool (`LivePool`) and when a reload may keep it.
+//! - `telemetry` — the `infergate_gateway_*` Prometheus series.
+//! - [`error`] — [`Error`] and [`ConfigError`].
+
+pub mod body;
+pub mod config;
+pub mod error;
+
+mod backend;
+mod proxy;
+mod server;
+mod state;
+mod telemetry;
+
+pub use config::{EndpointConfig, GatewayConfig, Limits, ModelConfig, Retries, Scrape, Timeouts};
+pub use error::{ConfigError, Error};
+pub use proxy::{ENDPOINT_HEADER, REQUEST_ID_HEADER};
+pub use server::{Gateway, Handle, Listeners, serve};

@@ -1,0 +1,448 @@
+//! The gateway's configuration file: models, their endpoints, scheduler presets and limits.
+//!
+//! The file is YAML (JSON is YAML too). Every section but `models` is optional. Field names are
+//! camelCase and durations are integer milliseconds (`...Ms`), as in the scheduler's own
+//! configuration, which each model embeds unchanged under `scheduler:`.
+//!
+//! ```yaml
+//! listen: 127.0.0.1:8080        # front door (HTTP/1.1 and h2c)
+//! admin: 127.0.0.1:9090         # /metrics, /healthz, /readyz
+//! limits: { maxRequestBodyBytes: 4194304 }
+//! timeouts: { connectMs: 2000, firstByteMs: 300000, idleMs: 60000, poolIdleMs: 90000 }
+//! retries: { maxAttempts: 3 }
+//! models:
+//!   - name: llama-3-8b
+//!     engine: vllm
+//!     loraAdapters: [sql-lora]
+//!     scheduler: { preset: infergate }
+//!     endpoints: [127.0.0.1:8001, { address: 127.0.0.1:8002, name: pod-b, gpu: a10g }]
+//! ```
+//!
+//! Validation happens while the file is read, so every error names the field's path *and* its
+//! line: `models[1].endpoints[0]: invalid socket address syntax at line 9 column 7`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use infergate_openai::ModelRouter;
+use infergate_scheduler::{EngineType, SchedulerConfig};
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+
+/// Default cap on a request body: 4 MiB, enough for a long chat history.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The whole gateway configuration.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", try_from = "RawGateway")]
+pub struct GatewayConfig {
+    /// Front-door address (`infergate gateway --listen` overrides it). Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// Admin address for `/metrics`, `/healthz`, `/readyz`. Default `127.0.0.1:9090`.
+    pub admin: SocketAddr,
+    /// Request limits.
+    pub limits: Limits,
+    /// Upstream timeouts.
+    pub timeouts: Timeouts,
+    /// Retry policy.
+    pub retries: Retries,
+    /// How model-server metrics are scraped.
+    pub scrape: Scrape,
+    /// How often the file is checked for changes; 0 turns reloading off.
+    pub reload_interval: Duration,
+    /// Seed of the schedulers' random tie-breaks (each model derives its own from it).
+    pub seed: u64,
+    /// The served models, each with its endpoints and scheduler.
+    pub models: Vec<ModelConfig>,
+}
+
+/// Request limits.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Limits {
+    /// Larger request bodies are answered 413 without being read further.
+    pub max_request_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_request_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// Upstream timeouts, in milliseconds in the file.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, from = "RawTimeouts")]
+pub struct Timeouts {
+    /// Establishing a TCP connection to a model server. A timeout counts as a connect failure
+    /// (retried on the next endpoint).
+    pub connect: Duration,
+    /// From sending the request to the response headers (prefill plus queueing). Not retried: the
+    /// server may still be working on it.
+    pub first_byte: Duration,
+    /// Longest gap between two body chunks of a response; the stream is cut after it.
+    pub idle: Duration,
+    /// How long an unused keep-alive upstream connection is kept.
+    pub pool_idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        RawTimeouts::default().into()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+struct RawTimeouts {
+    connect_ms: u64,
+    first_byte_ms: u64,
+    idle_ms: u64,
+    pool_idle_ms: u64,
+}
+
+impl Default for RawTimeouts {
+    fn default() -> Self {
+        RawTimeouts {
+            connect_ms: 2_000,
+            first_byte_ms: 300_000,
+            idle_ms: 60_000,
+            pool_idle_ms: 90_000,
+        }
+    }
+}
+
+impl From<RawTimeouts> for Timeouts {
+    fn from(r: RawTimeouts) -> Self {
+        Timeouts {
+            connect: Duration::from_millis(r.connect_ms.max(1)),
+            first_byte: Duration::from_millis(r.first_byte_ms.max(1)),
+            idle: Duration::from_millis(r.idle_ms.max(1)),
+            pool_idle: Duration::from_millis(r.pool_idle_ms),
+        }
+    }
+}
+
+/// Retry policy: attempts on the picker's fallback endpoints.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Retries {
+    /// Attempts per request including the first (1 = no retry). Retries happen only on a connect
+    /// failure or a 5xx answer, before any response byte reached the client, and each goes to the
+    /// next endpoint of the pick's ranked list, so there are never more attempts than endpoints.
+    pub max_attempts: u8,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries { max_attempts: 3 }
+    }
+}
+
+/// Metrics scraping settings (see `infergate_metrics::ScraperConfig`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, from = "RawScrape")]
+pub struct Scrape {
+    /// Time between two scrapes of one endpoint.
+    pub interval: Duration,
+    /// An endpoint whose last good page is older is stale.
+    pub stale_after: Duration,
+    /// Limit on one scrape.
+    pub timeout: Duration,
+}
+
+impl Default for Scrape {
+    fn default() -> Self {
+        RawScrape::default().into()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+struct RawScrape {
+    interval_ms: u64,
+    stale_after_ms: u64,
+    timeout_ms: u64,
+}
+
+impl Default for RawScrape {
+    fn default() -> Self {
+        RawScrape {
+            interval_ms: 50,
+            stale_after_ms: 250,
+            timeout_ms: 250,
+        }
+    }
+}
+
+impl From<RawScrape> for Scrape {
+    fn from(r: RawScrape) -> Self {
+        Scrape {
+            interval: Duration::from_millis(r.interval_ms),
+            stale_after: Duration::from_millis(r.stale_after_ms),
+            timeout: Duration::from_millis(r.timeout_ms),
+        }
+    }
+}
+
+impl Scrape {
+    /// The scraper configuration these settings stand for.
+    pub fn to_scraper_config(&self) -> infergate_metrics::ScraperConfig {
+        infergate_metrics::ScraperConfig {
+            interval: self.interval,
+            stale_after: self.stale_after,
+            timeout: self.timeout,
+            ..infergate_metrics::ScraperConfig::default()
+        }
+    }
+}
+
+/// One served model.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", try_from = "RawModel")]
+pub struct ModelConfig {
+    /// The served model name clients put in `model`.
+    pub name: String,
+    /// The engine of its endpoints (decides the metric names scraped). Default `vllm`.
+    pub engine: EngineType,
+    /// LoRA adapter names served by the same endpoints; requests naming one route here.
+    pub lora_adapters: Vec<String>,
+    /// The scheduler: a preset (`infergate`, `gie-default`, `round-robin`, `random`,
+    /// `least-request`) plus any overrides, exactly as the scheduler crate reads it.
+    pub scheduler: SchedulerConfig,
+    /// The model servers.
+    pub endpoints: Vec<EndpointConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawModel {
+    name: String,
+    #[serde(default)]
+    engine: Option<EngineType>,
+    #[serde(default)]
+    lora_adapters: Vec<String>,
+    #[serde(default)]
+    scheduler: SchedulerConfig,
+    #[serde(default)]
+    endpoints: Vec<EndpointConfig>,
+    #[serde(default)]
+    pod_selector: Option<BTreeMap<String, String>>,
+}
+
+impl TryFrom<RawModel> for ModelConfig {
+    type Error = String;
+
+    fn try_from(r: RawModel) -> Result<Self, String> {
+        if r.name.trim().is_empty() {
+            return Err("`name` must not be empty".into());
+        }
+        if r.pod_selector.is_some() {
+            return Err(format!(
+                "model `{}`: `podSelector` needs in-cluster discovery; the standalone gateway \
+                 reads `endpoints` (in Kubernetes, run `infergate picker` behind Envoy Gateway)",
+                r.name
+            ));
+        }
+        if let Err(e) = r.scheduler.validate() {
+            return Err(format!("model `{}`: scheduler: {e}", r.name));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for ep in &r.endpoints {
+            if !seen.insert(ep.address) {
+                return Err(format!(
+                    "model `{}`: endpoint {} is listed twice",
+                    r.name, ep.address
+                ));
+            }
+        }
+        Ok(ModelConfig {
+            name: r.name,
+            engine: r.engine.unwrap_or(EngineType::Vllm),
+            lora_adapters: r.lora_adapters,
+            scheduler: r.scheduler,
+            endpoints: r.endpoints,
+        })
+    }
+}
+
+/// One model server: an address, or an address with a name and labels.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "RawEndpoint")]
+pub struct EndpointConfig {
+    /// Where the server listens (`ip:port`).
+    pub address: SocketAddr,
+    /// A name for logs, explanations and metrics (default: the address).
+    pub name: Option<String>,
+    /// The GPU type, informational.
+    pub gpu: Option<String>,
+    /// This endpoint's engine, when it differs from the model's.
+    pub engine: Option<EngineType>,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// An endpoint as written: a plain address or a map. Written by hand rather than as an untagged
+/// enum so that a bad value is reported at its own line, with the real reason.
+enum RawEndpoint {
+    Addr(SocketAddr),
+    Full(FullEndpoint),
+}
+
+impl<'de> Deserialize<'de> for RawEndpoint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawEndpoint;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an `ip:port` address or {address, name, gpu, engine, labels}")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawEndpoint, E> {
+                v.parse().map(RawEndpoint::Addr).map_err(|_| {
+                    E::custom(format_args!(
+                        "`{v}` is not an `ip:port` address (host names are not resolved)"
+                    ))
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                a: A,
+            ) -> Result<RawEndpoint, A::Error> {
+                FullEndpoint::deserialize(serde::de::value::MapAccessDeserializer::new(a))
+                    .map(RawEndpoint::Full)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FullEndpoint {
+    address: SocketAddr,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    gpu: Option<String>,
+    #[serde(default)]
+    engine: Option<EngineType>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+impl From<RawEndpoint> for EndpointConfig {
+    fn from(r: RawEndpoint) -> Self {
+        match r {
+            RawEndpoint::Addr(address) => EndpointConfig {
+                address,
+                name: None,
+                gpu: None,
+                engine: None,
+                labels: BTreeMap::new(),
+            },
+            RawEndpoint::Full(f) => EndpointConfig {
+                address: f.address,
+                name: f.name,
+                gpu: f.gpu,
+                engine: f.engine,
+                labels: f.labels,
+            },
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGateway {
+    #[serde(default = "default_listen")]
+    listen: SocketAddr,
+    #[serde(default = "default_admin")]
+    admin: SocketAddr,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default)]
+    timeouts: Timeouts,
+    #[serde(default)]
+    retries: Retries,
+    #[serde(default)]
+    scrape: Scrape,
+    #[serde(default = "default_reload_ms")]
+    reload_interval_ms: u64,
+    #[serde(default)]
+    seed: u64,
+    models: Vec<ModelConfig>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+fn default_admin() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9090))
+}
+
+fn default_reload_ms() -> u64 {
+    1_000
+}
+
+impl TryFrom<RawGateway> for GatewayConfig {
+    type Error = String;
+
+    fn try_from(r: RawGateway) -> Result<Self, String> {
+        if r.models.is_empty() {
+            return Err("`models` must list at least one model".into());
+        }
+        if r.limits.max_request_body_bytes == 0 {
+            return Err("`limits.maxRequestBodyBytes` must be above zero".into());
+        }
+        if r.retries.max_attempts == 0 {
+            return Err("`retries.maxAttempts` must be at least 1".into());
+        }
+        if let Err(e) = r.scrape.to_scraper_config().validate() {
+            return Err(format!("`scrape`: {e}"));
+        }
+        // The same table the request path uses, so a name clash is caught here, not per request.
+        let mut router = ModelRouter::new();
+        for m in &r.models {
+            router
+                .add_model(&m.name, &m.lora_adapters, ())
+                .map_err(|e| format!("`models`: {e}"))?;
+        }
+        Ok(GatewayConfig {
+            listen: r.listen,
+            admin: r.admin,
+            limits: r.limits,
+            timeouts: r.timeouts,
+            retries: r.retries,
+            scrape: r.scrape,
+            reload_interval: Duration::from_millis(r.reload_interval_ms),
+            seed: r.seed,
+            models: r.models,
+        })
+    }
+}
+
+impl GatewayConfig {
+    /// Parses and validates a configuration. Errors name the field's path and its line.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        // serde_yaml's messages already carry the field path and the line.
+        serde_yaml::from_str(text).map_err(|source| ConfigError::Invalid { source })
+    }
+
+    /// Reads and validates a configuration file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests;

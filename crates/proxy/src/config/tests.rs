@@ -1,0 +1,71 @@
+use super::*;
+
+const GOOD: &str = "
+listen: 127.0.0.1:0
+models:
+  - name: llama
+    loraAdapters: [sql-lora]
+    scheduler: { preset: round-robin }
+    endpoints:
+      - 127.0.0.1:8001
+      - { address: 127.0.0.1:8002, name: pod-b, gpu: a10g }
+";
+
+#[test]
+fn a_good_file_parses_with_defaults() {
+    let c = GatewayConfig::from_yaml(GOOD).unwrap();
+    assert_eq!(c.models.len(), 1);
+    let m = &c.models[0];
+    assert_eq!(m.engine, EngineType::Vllm);
+    assert_eq!(m.scheduler.preset, infergate_scheduler::Preset::RoundRobin);
+    assert_eq!(m.endpoints[1].name.as_deref(), Some("pod-b"));
+    assert_eq!(c.retries.max_attempts, 3);
+    assert_eq!(c.limits.max_request_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    assert_eq!(c.timeouts.connect, Duration::from_secs(2));
+    assert_eq!(c.admin, SocketAddr::from(([127, 0, 0, 1], 9090)));
+}
+
+fn err(text: &str) -> String {
+    GatewayConfig::from_yaml(text).unwrap_err().to_string()
+}
+
+#[test]
+fn a_bad_address_names_the_field_and_line() {
+    let e = err("models:\n  - name: a\n    endpoints:\n      - 127.0.0.1:1\n      - nope\n");
+    assert!(e.contains("models[0].endpoints[1]"), "{e}");
+    assert!(e.contains("line 5"), "{e}");
+}
+
+#[test]
+fn an_unknown_field_names_the_field_and_line() {
+    let e = err("models:\n  - name: a\n    endpoints: []\n    wieghts: {}\n");
+    assert!(e.contains("wieghts") && e.contains("line 4"), "{e}");
+}
+
+#[test]
+fn a_bad_preset_names_the_field() {
+    let e = err("models:\n  - name: a\n    scheduler: { preset: fastest }\n");
+    assert!(e.contains("models[0].scheduler"), "{e}");
+    assert!(e.contains("fastest"), "{e}");
+}
+
+#[test]
+fn semantic_errors_name_the_model_and_line() {
+    let e = err("models:\n  - name: a\n    endpoints: [127.0.0.1:1, 127.0.0.1:1]\n");
+    assert!(e.contains("listed twice") && e.contains("model `a`"), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+    let e = err("models:\n  - name: a\n  - name: b\n    loraAdapters: [a]\n");
+    assert!(e.contains("configured twice"), "{e}");
+    let e = err("models: []\n");
+    assert!(e.contains("at least one model"), "{e}");
+    let e = err("retries: { maxAttempts: 0 }\nmodels:\n  - name: a\n");
+    assert!(e.contains("maxAttempts"), "{e}");
+    let e = err("models:\n  - name: a\n    podSelector: { app: vllm }\n");
+    assert!(e.contains("podSelector"), "{e}");
+}
+
+#[test]
+fn not_yaml_is_a_clear_error() {
+    let e = err("models: [\n");
+    assert!(e.contains("line"), "{e}");
+}

@@ -1,0 +1,47 @@
+//! The crate's error type. Errors a *client* sees are `infergate_openai::ApiError`; these are
+//! the operator's: a bad configuration file, a listener that cannot be used, a pool that fails to
+//! start.
+
+use std::path::PathBuf;
+
+/// A configuration file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML or a value is wrong. The message names the field's path
+    /// (e.g. `models[1].endpoints[0]`) and its line.
+    #[error("{source}")]
+    Invalid {
+        /// The parser's error, with path, line and column.
+        #[source]
+        source: serde_yaml::Error,
+    },
+}
+
+/// Everything that can stop the gateway from starting or reloading.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error("invalid gateway configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// A model's endpoint pool could not be started or updated.
+    #[error("model `{model}`: {source}")]
+    Pool {
+        /// The model.
+        model: String,
+        /// What failed.
+        #[source]
+        source: infergate_pool::PoolError,
+    },
+    /// A listener could not be used.
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}

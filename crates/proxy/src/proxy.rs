@@ -1,0 +1,352 @@
+//! The request path: route by the body's `model`, pick endpoints, forward with bounded retries,
+//! and stream the answer back.
+//!
+//! Per request the gateway reads the body once (bounded by `limits.maxRequestBodyBytes`), parses
+//! it with the same [`parse_request`] and [`ModelRouter`](infergate_openai::ModelRouter) as the
+//! ext_proc body-based router, takes one pick from the model's pool and forwards the unchanged
+//! bytes. Retries go to the pick's next fallback endpoint and only happen while nothing has been
+//! sent to the client: on a connect failure, or on a 5xx status (whose body is then discarded).
+//! Once response headers are forwarded the request is committed to that endpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme, Uri};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use infergate_openai::{ApiError, ApiKind, parse_request};
+use infergate_scheduler::{Rejection, RequestContext};
+use tokio::time::Instant;
+
+use crate::body::{ResponseBody, Tracked};
+use crate::state::State;
+use crate::telemetry::Telemetry;
+
+/// Response header naming the endpoint that served the request.
+pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
+/// Request and response header carrying the request id.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+static X_INFERGATE_ENDPOINT: HeaderName = HeaderName::from_static(ENDPOINT_HEADER);
+static X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
+
+/// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub(crate) state: arc_swap::ArcSwap<State>,
+    pub(crate) telemetry: Telemetry,
+    ids: RequestIds,
+}
+
+impl Shared {
+    pub(crate) fn new(state: State, telemetry: Telemetry, seed: u64) -> Self {
+        Shared {
+            state: arc_swap::ArcSwap::from_pointee(state),
+            telemetry,
+            ids: RequestIds::new(seed),
+        }
+    }
+}
+
+/// Generates request ids: a per-process prefix and a counter, so ids are unique without a lock.
+struct RequestIds {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new(seed: u64) -> Self {
+        // Mix the start time in so that two gateways (or two runs) do not repeat ids.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        RequestIds {
+            prefix: (t ^ seed.rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> HeaderValue {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut buf = [0u8; 32];
+        for (i, v) in [self.prefix, n].into_iter().enumerate() {
+            for j in 0..16 {
+                buf[i * 16 + j] = HEX[((v >> (60 - 4 * j)) & 0xf) as usize];
+            }
+        }
+        // 32 lowercase hex digits are always a valid header value.
+        HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    }
+}
+
+/// Serves one request. Never fails: every problem becomes an OpenAI-style error response, except
+/// a request body that breaks off, which closes the connection.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, hyper::Error> {
+    let started = Instant::now();
+    let request_id = match req.headers().get(&X_REQUEST_ID) {
+        Some(v) if !v.is_empty() && v.len() <= 200 => v.clone(),
+        _ => shared.ids.next(),
+    };
+    let state = shared.state.load_full();
+    let path = req.uri().path();
+    let kind = match ApiKind::from_path(path) {
+        Some(kind) if req.method() == Method::POST => kind,
+        Some(_) => {
+            let e = ApiError::MethodNotAllowed {
+                method: req.method().to_string(),
+            };
+            return Ok(error_response(&shared.telemetry, &e, request_id));
+        }
+        None if is_models_path(path) && req.method() == Method::GET => {
+            return Ok(models_response(&state, request_id));
+        }
+        None => {
+            let e = ApiError::NotFound {
+                path: path.chars().take(200).collect(),
+            };
+            return Ok(error_response(&shared.telemetry, &e, request_id));
+        }
+    };
+    let limit = state.config.limits.max_request_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        let e = ApiError::BodyTooLarge { limit };
+        return Ok(error_response(&shared.telemetry, &e, request_id));
+    }
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(e) => return Err(*e),
+            Err(_) => {
+                let e = ApiError::BodyTooLarge { limit };
+                return Ok(error_response(&shared.telemetry, &e, request_id));
+            }
+        },
+    };
+    let parsed = match parse_request(kind, &body) {
+        Ok(p) => p,
+        Err(e) => return Ok(error_response(&shared.telemetry, &e, request_id)),
+    };
+    let resolved = match state.router.resolve(&parsed.model) {
+        Ok(r) => r,
+        Err(e) => return Ok(error_response(&shared.telemetry, &e, request_id)),
+    };
+    let model = Arc::clone(resolved.target);
+    let segments: Vec<&str> = parsed.segments().collect();
+    let cx = RequestContext::new(resolved.base_model, parsed.estimated_prompt_tokens())
+        .with_prompt(&segments)
+        .with_lora(resolved.adapter)
+        .with_output_tokens(
+            parsed
+                .max_output_tokens
+                .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS),
+        );
+    let mut inflight = match model.backend.pool.pick(&cx) {
+        Ok(i) => i,
+        Err(r) => {
+            let e = match r {
+                Rejection::NoEndpoints => ApiError::NoEndpoints {
+                    model: model.name.clone(),
+                },
+                Rejection::Shed { retry_after } => ApiError::Overloaded {
+                    model: model.name.clone(),
+                    retry_after,
+                },
+            };
+            return Ok(error_response(&shared.telemetry, &e, request_id));
+        }
+    };
+    let streaming = parsed.stream;
+    let generates = kind.generates();
+    drop(segments);
+    drop(parsed);
+
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+
+    let timeouts = &state.config.timeouts;
+    let attempts = usize::from(state.config.retries.max_attempts).min(inflight.endpoints().len());
+    let mut last_error: Option<ApiError> = None;
+    for attempt in 0..attempts {
+        let addr = inflight.endpoints().as_slice()[attempt];
+        if attempt > 0 {
+            model.metrics.retry();
+            inflight.reassign(addr);
+        }
+        model.metrics.pick(addr);
+        let Some(ep) = model.endpoints.get(&addr) else {
+            continue;
+        };
+        let last = attempt + 1 == attempts;
+        let uri = match upstream_uri(&ep.authority, &path_and_query) {
+            Some(u) => u,
+            None => continue,
+        };
+        let mut up = Request::new(Full::new(body.clone()));
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        *up.headers_mut() = if last {
+            std::mem::take(&mut headers)
+        } else {
+            headers.clone()
+        };
+        let sent = tokio::time::timeout(timeouts.first_byte, state.client.request(up)).await;
+        let resp = match sent {
+            Err(_elapsed) => {
+                tracing::debug!(endpoint = %addr, "no response headers within the first-byte timeout");
+                inflight.fail();
+                let e = ApiError::UpstreamTimeout {
+                    timeout: timeouts.first_byte,
+                };
+                return Ok(error_response(&shared.telemetry, &e, request_id));
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(endpoint = %addr, error = %err, "upstream request failed");
+                last_error = Some(ApiError::UpstreamUnavailable {
+                    reason: describe_client_error(addr, &err),
+                });
+                continue;
+            }
+            Ok(Ok(resp)) => resp,
+        };
+        if resp.status().is_server_error() && !last {
+            tracing::debug!(endpoint = %addr, status = %resp.status(), "retrying on the next endpoint");
+            last_error = None;
+            continue;
+        }
+        let status = resp.status();
+        model.metrics.response(status.as_u16());
+        let (mut rparts, rbody) = resp.into_parts();
+        strip_hop_by_hop(&mut rparts.headers);
+        rparts
+            .headers
+            .insert(X_INFERGATE_ENDPOINT.clone(), ep.header.clone());
+        rparts.headers.insert(X_REQUEST_ID.clone(), request_id);
+        let sse = streaming
+            || rparts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let tracked = Tracked::new(
+            rbody,
+            inflight,
+            Arc::clone(&model),
+            status,
+            sse,
+            generates,
+            started,
+            timeouts.idle,
+        );
+        return Ok(Response::from_parts(
+            rparts,
+            ResponseBody::Stream(Box::new(tracked)),
+        ));
+    }
+    inflight.fail();
+    let e = last_error.unwrap_or_else(|| ApiError::UpstreamUnavailable {
+        reason: "every endpoint tried failed".into(),
+    });
+    Ok(error_response(&shared.telemetry, &e, request_id))
+}
+
+fn is_models_path(path: &str) -> bool {
+    matches!(path, "/v1/models" | "/v1/models/" | "/models")
+}
+
+fn upstream_uri(authority: &http::uri::Authority, pq: &PathAndQuery) -> Option<Uri> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(authority.clone());
+    parts.path_and_query = Some(pq.clone());
+    Uri::from_parts(parts).ok()
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named by `Connection` are hop-by-hop too.
+    if let Some(conn) = headers.get(header::CONNECTION).cloned()
+        && let Ok(list) = conn.to_str()
+    {
+        for name in list.split(',') {
+            if let Ok(n) = HeaderName::try_from(name.trim()) {
+                headers.remove(n);
+            }
+        }
+    }
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+}
+
+fn describe_client_error(addr: SocketAddr, err: &hyper_util::client::legacy::Error) -> String {
+    if err.is_connect() {
+        format!("cannot connect to {addr}")
+    } else {
+        format!("{addr} closed the connection before answering")
+    }
+}
+
+fn models_response(state: &State, request_id: HeaderValue) -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::Full(Full::new(state.models_body.clone())));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(X_REQUEST_ID.clone(), request_id);
+    r
+}
+
+/// The one way the gateway answers an error itself: status, `Retry-After` and JSON body from
+/// [`ApiError`].
+pub(crate) fn error_response(
+    telemetry: &Telemetry,
+    err: &ApiError,
+    request_id: HeaderValue,
+) -> Response<ResponseBody> {
+    telemetry.rejected(err.metric_label());
+    let mut r = Response::new(ResponseBody::Full(Full::new(Bytes::from(err.to_json()))));
+    *r.status_mut() =
+        StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(secs) = err.retry_after_secs() {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    h.insert(X_REQUEST_ID.clone(), request_id);
+    r
+}

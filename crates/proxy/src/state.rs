@@ -1,0 +1,172 @@
+//! What one loaded configuration turns into: the model table, each model's live pool and
+//! metrics, the upstream HTTP client, and the prebuilt `/v1/models` answer.
+//!
+//! A reload builds a new [`State`] next to the old one and swaps it in atomically; requests
+//! already running keep the `Arc` of the state they started with. Pools whose model and scheduler
+//! configuration are unchanged are carried over (only their membership is updated), so their
+//! in-flight accounting, learned rates and prefix index survive a reload.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http::uri::Authority;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use infergate_openai::ModelRouter;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::config::{GatewayConfig, Timeouts};
+use crate::error::Error;
+use crate::telemetry::{ModelMetrics, Telemetry};
+
+/// The upstream client: pooled keep-alive HTTP/1.1 connections.
+pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Per-endpoint values computed once: the URI authority and the `x-infergate-endpoint` value.
+pub(crate) struct EndpointHeaders {
+    pub(crate) authority: Authority,
+    pub(crate) header: HeaderValue,
+}
+
+/// One served model.
+pub(crate) struct Model {
+    pub(crate) name: String,
+    pub(crate) backend: Backend,
+    pub(crate) metrics: ModelMetrics,
+    pub(crate) endpoints: HashMap<SocketAddr, EndpointHeaders>,
+}
+
+/// A loaded configuration, ready to serve.
+pub(crate) struct State {
+    pub(crate) config: GatewayConfig,
+    pub(crate) router: ModelRouter<Arc<Model>>,
+    pub(crate) client: UpstreamClient,
+    pub(crate) models_body: Bytes,
+}
+
+#[derive(Serialize)]
+struct ModelList<'a> {
+    object: &'static str,
+    data: Vec<ModelEntry<'a>>,
+}
+
+#[derive(Serialize)]
+struct ModelEntry<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    root: &'a str,
+}
+
+fn client(t: &Timeouts) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(t.connect));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(t.pool_idle)
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(connector)
+}
+
+fn endpoint_headers(addrs: &[SocketAddr]) -> HashMap<SocketAddr, EndpointHeaders> {
+    addrs
+        .iter()
+        .filter_map(|a| {
+            let s = a.to_string();
+            let authority = Authority::try_from(s.as_str()).ok()?;
+            let header = HeaderValue::try_from(s).ok()?;
+            Some((*a, EndpointHeaders { authority, header }))
+        })
+        .collect()
+}
+
+impl State {
+    /// Builds the state for `config`, carrying over what `previous` can share.
+    pub(crate) fn build(
+        config: GatewayConfig,
+        previous: Option<&State>,
+        telemetry: &Telemetry,
+        mut registry: Option<&mut Registry>,
+    ) -> Result<State, Error> {
+        let mut router = ModelRouter::new();
+        for (i, m) in config.models.iter().enumerate() {
+            let reused = previous
+                .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
+                .filter(|old| old.backend.reusable_for(m, &config.scrape));
+            let backend = match reused {
+                Some(old) => {
+                    old.backend.set_endpoints(m)?;
+                    old.backend.clone()
+                }
+                None => Backend::start(
+                    m,
+                    &config.scrape,
+                    config.seed.wrapping_add(i as u64),
+                    registry.as_deref_mut().map(|r| {
+                        r.sub_registry_with_label((
+                            std::borrow::Cow::Borrowed("model"),
+                            std::borrow::Cow::Owned(m.name.clone()),
+                        ))
+                    }),
+                )?,
+            };
+            let addrs: Vec<SocketAddr> = m.endpoints.iter().map(|e| e.address).collect();
+            let model = Arc::new(Model {
+                name: m.name.clone(),
+                backend,
+                metrics: telemetry.model(&m.name, &addrs),
+                endpoints: endpoint_headers(&addrs),
+            });
+            // The configuration was validated with the same table, so this cannot clash.
+            router
+                .add_model(&m.name, &m.lora_adapters, model)
+                .map_err(|e| {
+                    Error::Config(crate::error::ConfigError::Invalid {
+                        source: <serde_yaml::Error as serde::de::Error>::custom(e),
+                    })
+                })?;
+        }
+        let client = match previous {
+            Some(p) if p.config.timeouts == config.timeouts => p.client.clone(),
+            _ => client(&config.timeouts),
+        };
+        let list = ModelList {
+            object: "list",
+            data: router
+                .models()
+                .into_iter()
+                .map(|(id, root)| ModelEntry {
+                    id,
+                    object: "model",
+                    created: 0,
+                    owned_by: "infergate",
+                    root,
+                })
+                .collect(),
+        };
+        let models_body = Bytes::from(serde_json::to_vec(&list).unwrap_or_default());
+        Ok(State {
+            config,
+            router,
+            client,
+            models_body,
+        })
+    }
+
+    /// Whether every model has an endpoint with fresh metrics.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.router
+            .targets()
+            .iter()
+            .all(|m| m.backend.pool.is_ready())
+    }
+}

@@ -1,0 +1,266 @@
+//! Small OpenAI-compatible model servers on 127.0.0.1 with scripted behaviour, and a client.
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+
+/// How an upstream answers model requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    /// A normal answer: JSON, or SSE when the request streams.
+    Ok,
+    /// `500` with a JSON error body.
+    Fail500,
+    /// `200` SSE headers and one event, then the connection breaks.
+    AbortMidStream,
+    /// SSE: one event, then one more every time `Upstream::step` is notified; never ends.
+    Stepped,
+}
+
+/// What an upstream saw.
+#[derive(Default)]
+pub struct Seen {
+    pub requests: AtomicUsize,
+    pub disconnected: AtomicBool,
+    pub last_request_id: std::sync::Mutex<Option<String>>,
+    pub last_path: std::sync::Mutex<Option<String>>,
+}
+
+/// A running upstream.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Seen>,
+    pub step: Arc<Notify>,
+    pub waiting: Arc<AtomicU32>,
+}
+
+/// A body fed from a channel, so a test decides when each chunk leaves.
+struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+}
+
+type Boxed = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn full(s: impl Into<Bytes>) -> Boxed {
+    Full::new(s.into())
+        .map_err(|n: Infallible| match n {})
+        .boxed()
+}
+
+pub const CHAT_JSON: &str = r#"{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}"#;
+pub const COMPLETION_JSON: &str = r#"{"id":"t1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#;
+
+fn sse_event(text: &str) -> Bytes {
+    Bytes::from(format!(
+        "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+    ))
+}
+
+const SSE_USAGE: &str = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"total_tokens\":9}}\n\n";
+
+impl Upstream {
+    pub async fn start(behaviour: Behaviour) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Seen::default());
+        let step = Arc::new(Notify::new());
+        let waiting = Arc::new(AtomicU32::new(0));
+        let (s, st, w) = (Arc::clone(&seen), Arc::clone(&step), Arc::clone(&waiting));
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (seen, step, waiting) = (Arc::clone(&s), Arc::clone(&st), Arc::clone(&w));
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (seen, step, waiting) =
+                            (Arc::clone(&seen), Arc::clone(&step), Arc::clone(&waiting));
+                        async move {
+                            Ok::<_, Infallible>(answer(req, behaviour, seen, step, waiting).await)
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Upstream {
+            addr,
+            seen,
+            step,
+            waiting,
+        }
+    }
+
+    pub fn requests(&self) -> usize {
+        self.seen.requests.load(Ordering::SeqCst)
+    }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    behaviour: Behaviour,
+    seen: Arc<Seen>,
+    step: Arc<Notify>,
+    waiting: Arc<AtomicU32>,
+) -> Response<Boxed> {
+    if req.uri().path() == "/metrics" {
+        let page = format!(
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
+             # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} 0\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\n",
+            waiting.load(Ordering::SeqCst)
+        );
+        return Response::new(full(page));
+    }
+    seen.requests.fetch_add(1, Ordering::SeqCst);
+    *seen.last_request_id.lock().unwrap() = req
+        .headers()
+        .get("x-request-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    *seen.last_path.lock().unwrap() = Some(req.uri().path().to_owned());
+    let path = req.uri().path().to_owned();
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let stream = v["stream"].as_bool().unwrap_or(false);
+    match behaviour {
+        Behaviour::Fail500 => {
+            let mut r = Response::new(full(r#"{"error":{"message":"engine died"}}"#));
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            r
+        }
+        Behaviour::Ok if !stream => Response::new(full(if path.ends_with("/chat/completions") {
+            CHAT_JSON
+        } else {
+            COMPLETION_JSON
+        })),
+        Behaviour::Ok => {
+            let (tx, rx) = mpsc::channel(8);
+            tokio::spawn(async move {
+                for t in ["hel", "lo"] {
+                    let _ = tx.send(Ok(sse_event(t))).await;
+                }
+                let _ = tx.send(Ok(Bytes::from_static(SSE_USAGE.as_bytes()))).await;
+                let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+            });
+            sse(rx)
+        }
+        Behaviour::AbortMidStream => {
+            let (tx, rx) = mpsc::channel(8);
+            tokio::spawn(async move {
+                let _ = tx.send(Ok(sse_event("partial"))).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = tx.send(Err(std::io::Error::other("engine crashed"))).await;
+            });
+            sse(rx)
+        }
+        Behaviour::Stepped => {
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(async move {
+                let mut i = 0u32;
+                loop {
+                    if tx.send(Ok(sse_event(&format!("t{i}")))).await.is_err() {
+                        seen.disconnected.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    i += 1;
+                    tokio::select! {
+                        () = step.notified() => {}
+                        () = tx.closed() => {
+                            seen.disconnected.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            });
+            sse(rx)
+        }
+    }
+}
+
+fn sse(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response<Boxed> {
+    let mut r = Response::new(ChannelBody(rx).boxed());
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+/// An address nothing listens on: connecting to it is refused.
+pub async fn refused_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    drop(l);
+    a
+}
+
+/// A plain HTTP/1.1 client.
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// Sends a request and returns status, headers and the whole body.
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client()
+        .request(b.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts.headers, bytes)
+}
+
+/// POSTs a JSON body.
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    body: &str,
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    send(addr, "POST", path, body, &[]).await
+}
+
+/// GETs a path.
+pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
+    let (s, _, b) = send(addr, "GET", path, "", &[]).await;
+    (s, String::from_utf8_lossy(&b).into_owned())
+}

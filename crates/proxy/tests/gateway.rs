@@ -1,0 +1,618 @@
+//! The gateway end to end on 127.0.0.1: real sockets to small scripted model servers.
+//!
+//! These run on the real clock (loopback IO does not mix with tokio's paused time); nothing
+//! sleeps to let something happen — tests wait on the observable effect with a deadline.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use infergate_proxy::{Gateway, GatewayConfig, Listeners, serve};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use upstream::{Behaviour, Upstream, get, post, refused_addr, send};
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+const CHAT_STREAM: &str = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+const COMPLETION: &str = r#"{"model":"m","prompt":"say hi","max_tokens":4}"#;
+
+struct Running {
+    gw: Gateway,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Running {
+    fn addr(&self) -> SocketAddr {
+        self.gw.http_addr()
+    }
+    fn admin(&self) -> SocketAddr {
+        self.gw.admin_addr().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+fn yaml(models: &str) -> String {
+    format!(
+        "retries: {{ maxAttempts: 3 }}\ntimeouts: {{ connectMs: 500, idleMs: 5000 }}\nreloadIntervalMs: 20\nmodels:\n{models}"
+    )
+}
+
+fn model(name: &str, preset: &str, addrs: &[SocketAddr]) -> String {
+    let eps: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    format!(
+        "  - name: {name}\n    loraAdapters: [{name}-lora]\n    scheduler: {{ preset: {preset} }}\n    endpoints: [{}]\n",
+        eps.join(", ")
+    )
+}
+
+async fn start(config: &str) -> Running {
+    let config = GatewayConfig::from_yaml(config).unwrap();
+    let listeners = Listeners {
+        http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        admin: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let gw = serve(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    Running { gw, stop: Some(tx) }
+}
+
+async fn eventually<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn json(b: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
+}
+
+#[tokio::test]
+async fn non_streaming_chat_and_completions_are_routed_with_headers() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+
+    let (status, headers, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, Bytes::from_static(upstream::CHAT_JSON.as_bytes()));
+    assert_eq!(
+        headers["x-infergate-endpoint"],
+        up.addr.to_string().as_str()
+    );
+    let id = headers["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32);
+    assert_eq!(
+        up.seen.last_request_id.lock().unwrap().as_deref(),
+        Some(id.as_str())
+    );
+
+    // The client's own request id is kept, end to end; completions work the same way.
+    let (status, headers, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/completions",
+        COMPLETION,
+        &[("x-request-id", "abc-123")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(json(&body)["choices"][0]["text"], "hello");
+    assert_eq!(headers["x-request-id"], "abc-123");
+    assert_eq!(
+        up.seen.last_request_id.lock().unwrap().as_deref(),
+        Some("abc-123")
+    );
+    assert_eq!(
+        up.seen.last_path.lock().unwrap().as_deref(),
+        Some("/v1/completions")
+    );
+
+    // A LoRA adapter name routes to its base model's pool.
+    let (status, _, _) = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &CHAT.replace("\"m\"", "\"m-lora\""),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(up.requests(), 3);
+
+    // Usage was counted, and every request released its in-flight entry.
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    assert!(
+        metrics.contains(r#"infergate_gateway_tokens_total{model="m",direction="in"} 19"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"infergate_gateway_tokens_total{model="m",direction="out"} 8"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"infergate_gateway_requests_total{model="m",code="2xx"} 3"#),
+        "{metrics}"
+    );
+    assert_eq!(gw.gw.handle().inflight("m"), Some(0));
+}
+
+#[tokio::test]
+async fn streaming_chat_is_passed_through_chunk_by_chunk() {
+    let up = Upstream::start(Behaviour::Stepped).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .body(Full::new(Bytes::from_static(CHAT_STREAM.as_bytes())))
+        .unwrap();
+    let resp = upstream::client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    // Each event reaches the client while the upstream is still holding back the next one: the
+    // gateway buffers nothing.
+    for i in 0..3 {
+        let frame = body.frame().await.unwrap().unwrap();
+        let data = frame.into_data().unwrap();
+        assert!(
+            String::from_utf8_lossy(&data).contains(&format!("\"t{i}\"")),
+            "{data:?}"
+        );
+        up.step.notify_one();
+    }
+    // The first token was seen and timed.
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    assert!(
+        metrics.contains(r#"infergate_gateway_ttft_seconds_count{model="m"} 1"#),
+        "{metrics}"
+    );
+    assert_eq!(gw.gw.handle().inflight("m"), Some(1));
+    drop(body);
+}
+
+#[tokio::test]
+async fn a_full_stream_reports_usage_and_completes() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let (status, headers, body) = post(gw.addr(), "/v1/chat/completions", CHAT_STREAM).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["x-infergate-endpoint"],
+        up.addr.to_string().as_str()
+    );
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("\"hel\"") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    assert!(
+        metrics.contains(r#"infergate_gateway_tokens_total{model="m",direction="out"} 2"#),
+        "{metrics}"
+    );
+    assert_eq!(gw.gw.handle().inflight("m"), Some(0));
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_cancels_upstream_and_releases_the_pod() {
+    let up = Upstream::start(Behaviour::Stepped).await;
+    let gw = start(&yaml(&model("m", "least-request", &[up.addr]))).await;
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .body(Full::new(Bytes::from_static(CHAT_STREAM.as_bytes())))
+        .unwrap();
+    let resp = upstream::client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(gw.gw.handle().inflight("m"), Some(1));
+    // The client goes away mid-stream.
+    drop(body);
+    let handle = gw.gw.handle();
+    eventually("the in-flight entry to be released", || {
+        let h = handle.clone();
+        async move { h.inflight("m") == Some(0) }
+    })
+    .await;
+    eventually("the model server to see the request cancelled", || {
+        up.step.notify_one();
+        let d = up
+            .seen
+            .disconnected
+            .load(std::sync::atomic::Ordering::SeqCst);
+        async move { d }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_refused_endpoint_is_retried_on_the_fallback() {
+    let good = Upstream::start(Behaviour::Ok).await;
+    let dead = refused_addr().await;
+    let gw = start(&yaml(&model("m", "round-robin", &[dead, good.addr]))).await;
+    for _ in 0..4 {
+        let (status, headers, _) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            headers["x-infergate-endpoint"],
+            good.addr.to_string().as_str()
+        );
+    }
+    assert_eq!(good.requests(), 4);
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    // Round-robin puts the dead endpoint first on every other request.
+    assert!(
+        metrics.contains(r#"infergate_gateway_retries_total{model="m"} 2"#),
+        "{metrics}"
+    );
+    assert_eq!(gw.gw.handle().inflight("m"), Some(0));
+}
+
+#[tokio::test]
+async fn a_5xx_before_any_byte_is_retried_and_the_last_one_passed_through() {
+    let good = Upstream::start(Behaviour::Ok).await;
+    let bad = Upstream::start(Behaviour::Fail500).await;
+    let gw = start(&yaml(
+        &(model("m", "round-robin", &[bad.addr, good.addr])
+            + &model("solo", "round-robin", &[bad.addr])),
+    ))
+    .await;
+    for _ in 0..4 {
+        let (status, _, _) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!((good.requests(), bad.requests()), (4, 2));
+    // With no endpoint left to try, the model server's own 5xx reaches the client unchanged.
+    let (status, headers, body) = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &CHAT.replace("\"m\"", "\"solo\""),
+    )
+    .await;
+    assert_eq!(status, 500);
+    assert_eq!(json(&body)["error"]["message"], "engine died");
+    assert_eq!(
+        headers["x-infergate-endpoint"],
+        bad.addr.to_string().as_str()
+    );
+}
+
+#[tokio::test]
+async fn a_failure_after_the_first_byte_is_passed_through_not_retried() {
+    let good = Upstream::start(Behaviour::Ok).await;
+    let broken = Upstream::start(Behaviour::AbortMidStream).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[broken.addr, good.addr]))).await;
+    let mut broken_streams = 0;
+    for _ in 0..4 {
+        let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+            .body(Full::new(Bytes::from_static(CHAT_STREAM.as_bytes())))
+            .unwrap();
+        let resp = upstream::client().request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let from = resp.headers()["x-infergate-endpoint"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        match resp.into_body().collect().await {
+            Ok(_) => assert_eq!(from, good.addr.to_string()),
+            Err(_) => {
+                assert_eq!(from, broken.addr.to_string());
+                broken_streams += 1;
+            }
+        }
+    }
+    // Every request reached exactly one model server: nothing was sent twice.
+    assert_eq!(broken_streams, 2);
+    assert_eq!((broken.requests(), good.requests()), (2, 2));
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    assert!(
+        metrics.contains(r#"infergate_gateway_retries_total{model="m"} 0"#),
+        "{metrics}"
+    );
+    assert_eq!(gw.gw.handle().inflight("m"), Some(0));
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_json_errors() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&format!(
+        "limits: {{ maxRequestBodyBytes: 1000 }}\n{}",
+        yaml(&model("m", "round-robin", &[up.addr]))
+    ))
+    .await;
+    let cases: [(&str, &str, &str, u16, &str); 7] = [
+        (
+            "POST",
+            "/v1/chat/completions",
+            "{not json",
+            400,
+            "invalid_json",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages":[]}"#,
+            400,
+            "missing_model",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#,
+            404,
+            "model_not_found",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"model":"m","stream":"yes","prompt":"x"}"#,
+            400,
+            "invalid_field",
+        ),
+        ("GET", "/v1/chat/completions", "", 405, "method_not_allowed"),
+        ("POST", "/v2/whatever", "{}", 404, "not_found"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            &"x".repeat(1001),
+            413,
+            "body_too_large",
+        ),
+    ];
+    for (method, path, body, status, code) in cases {
+        let (s, headers, b) = send(gw.addr(), method, path, body, &[]).await;
+        assert_eq!(s.as_u16(), status, "{method} {path} {body}");
+        assert_eq!(headers["content-type"], "application/json");
+        assert!(headers.contains_key("x-request-id"));
+        let v = json(&b);
+        assert_eq!(v["error"]["code"], code, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().len() > 10, "{v}");
+    }
+    // The unknown-model answer tells the client what to do.
+    let (_, _, b) = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &CHAT.replace("\"m\"", "\"gpt-9\""),
+    )
+    .await;
+    let msg = json(&b)["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        msg.contains("gpt-9") && msg.contains("`model` field") && msg.contains("m-lora"),
+        "{msg}"
+    );
+
+    // A chunked body with no length is cut off at the limit too.
+    let chunks = futures_stream(vec![
+        Bytes::from(vec![b' '; 600]),
+        Bytes::from(vec![b' '; 600]),
+    ]);
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .body(chunks)
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(up.requests(), 0);
+}
+
+/// A request body of several chunks and no `content-length`.
+fn futures_stream(chunks: Vec<Bytes>) -> http_body_util::StreamBody<ChunkIter> {
+    http_body_util::StreamBody::new(ChunkIter(chunks.into_iter()))
+}
+
+struct ChunkIter(std::vec::IntoIter<Bytes>);
+
+impl futures_util::Stream for ChunkIter {
+    type Item = Result<http_body::Frame<Bytes>, std::convert::Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::task::Poll::Ready(self.0.next().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+#[tokio::test]
+async fn models_are_listed() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(
+        &(model("m", "round-robin", &[up.addr]) + &model("q", "infergate", &[up.addr])),
+    ))
+    .await;
+    let (status, body) = get(gw.addr(), "/v1/models").await;
+    assert_eq!(status, 200);
+    let v = json(body.as_bytes());
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["m", "m-lora", "q", "q-lora"]);
+    assert_eq!(v["data"][1]["root"], "m");
+}
+
+#[tokio::test]
+async fn no_endpoint_is_503_and_a_saturated_pool_is_429_with_retry_after() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    up.waiting.store(1_000, std::sync::atomic::Ordering::SeqCst);
+    let gw = start(&yaml(
+        &(model("m", "infergate", &[up.addr]) + "  - name: empty\n    endpoints: []\n"),
+    ))
+    .await;
+    let (status, headers, body) = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &CHAT.replace("\"m\"", "\"empty\""),
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert!(!headers.contains_key("retry-after"));
+    assert_eq!(json(&body)["error"]["code"], "no_endpoints");
+
+    // Once the scraped queue says every pod is overloaded, standard requests are shed.
+    let admin = gw.admin();
+    eventually("the pool's metrics to be scraped", || async move {
+        let (_, m) = get(admin, "/metrics").await;
+        m.contains("infergate_metrics_scrape_duration_seconds_count{model=\"m\"} ")
+            && !m.contains("infergate_metrics_scrape_duration_seconds_count{model=\"m\"} 0")
+    })
+    .await;
+    let (status, headers, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    let secs: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(secs >= 1);
+    assert_eq!(json(&body)["error"]["type"], "rate_limit_error");
+    assert_eq!(up.requests(), 0);
+    let (_, m) = get(admin, "/metrics").await;
+    assert!(
+        m.contains(r#"infergate_gateway_rejections_total{reason="shed"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"infergate_gateway_rejections_total{reason="no_endpoints"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn admin_port_serves_health_and_readiness() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    assert_eq!(get(gw.admin(), "/healthz").await.0, 200);
+    let admin = gw.admin();
+    eventually("readiness", || async move {
+        get(admin, "/readyz").await.0 == 200
+    })
+    .await;
+    let (_, m) = get(admin, "/metrics").await;
+    assert!(
+        m.contains("infergate_gateway_config_reloads_total")
+            || m.contains("infergate_gateway_requests_total"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn h2c_clients_are_served() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .body(Full::new(Bytes::from_static(CHAT.as_bytes())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, Bytes::from_static(upstream::CHAT_JSON.as_bytes()));
+}
+
+#[tokio::test]
+async fn config_reload_applies_good_files_and_rejects_bad_ones() {
+    let a = Upstream::start(Behaviour::Ok).await;
+    let b = Upstream::start(Behaviour::Ok).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, yaml(&model("m", "round-robin", &[a.addr]))).unwrap();
+    let gw = start(&std::fs::read_to_string(&path).unwrap()).await;
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let watcher = gw.gw.handle().watch_file(path.clone(), async move {
+        let _ = stop_rx.await;
+    });
+
+    // A new model and a moved endpoint take effect without a restart.
+    std::fs::write(
+        &path,
+        yaml(&(model("m", "round-robin", &[b.addr]) + &model("n", "round-robin", &[a.addr]))),
+    )
+    .unwrap();
+    let addr = gw.addr();
+    eventually("the new model to be served", || async move {
+        post(
+            addr,
+            "/v1/chat/completions",
+            &CHAT.replace("\"m\"", "\"n\""),
+        )
+        .await
+        .0 == 200
+    })
+    .await;
+    let (_, headers, _) = post(addr, "/v1/chat/completions", CHAT).await;
+    assert_eq!(headers["x-infergate-endpoint"], b.addr.to_string().as_str());
+
+    // A broken file is rejected with the line at fault, and the running configuration stays.
+    std::fs::write(
+        &path,
+        "models:\n  - name: m\n    endpoints: [not-an-address]\n",
+    )
+    .unwrap();
+    let err = gw.gw.handle().reload_file(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("not-an-address") && err.contains("line 3"),
+        "{err}"
+    );
+    let admin = gw.admin();
+    eventually("the watcher to reject the file", || async move {
+        let (_, m) = get(admin, "/metrics").await;
+        m.contains(r#"infergate_gateway_config_reloads_total{result="error"} 2"#)
+    })
+    .await;
+    assert_eq!(
+        post(
+            addr,
+            "/v1/chat/completions",
+            &CHAT.replace("\"m\"", "\"n\"")
+        )
+        .await
+        .0,
+        200
+    );
+    let _ = stop_tx.send(());
+    watcher.await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let config = GatewayConfig::from_yaml(&yaml(&model("m", "round-robin", &[up.addr]))).unwrap();
+    let listeners = Listeners {
+        http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        admin: None,
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let gw = serve(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let addr = gw.http_addr();
+    assert_eq!(post(addr, "/v1/chat/completions", CHAT).await.0, 200);
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), gw.wait())
+        .await
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
