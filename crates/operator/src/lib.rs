@@ -12,6 +12,9 @@
 //! - [`metrics`]: Prometheus counters of reconciles and failures.
 
 pub mod error;
+pub mod metrics;
+pub mod reconcile;
 pub mod render;
+pub mod status;
 
 pub use error::Error;

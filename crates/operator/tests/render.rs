@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+#[path = "common/render.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,0 +1,347 @@
+//! The controller: `reconcile` and `error_policy` in the shape of kube-rs's controller-rs.
+//!
+//! One reconcile: add the finalizer (first time), validate and render, list the config's
+//! children by [`CONFIG_LABEL`], server-side apply each desired child that differs from what is
+//! there, delete owned children that left the spec, then write the status if it changed. A
+//! config whose children and status already match causes list calls only, no writes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{debug, info, instrument, warn};
+
+use crate::Error;
+use crate::metrics::Metrics;
+use crate::render::{CONFIG_LABEL, Child, MANAGED_BY, RenderOptions, child_kinds, render};
+use crate::status::{self, Observed};
+
+/// The one field manager every write uses.
+pub const FIELD_MANAGER: &str = "infergate-operator";
+/// Finalizer that deletes the children before the config goes away.
+pub const FINALIZER: &str = "infergate.dev/cleanup";
+/// Requeue while the gateway is not ready yet (owned Deployments also trigger reconciles).
+pub const REQUEUE_NOT_READY: Duration = Duration::from_secs(15);
+/// Requeue of a ready config, to catch drift nothing watched reported.
+pub const REQUEUE_READY: Duration = Duration::from_secs(300);
+/// First retry delay after a failure; doubles per consecutive failure.
+pub const BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// Longest retry delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Attempts of one apply when the API server answers 409 Conflict.
+pub const CONFLICT_ATTEMPTS: u32 = 3;
+
+/// Shared state of the reconciler.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Render settings.
+    pub opts: RenderOptions,
+    /// Counters.
+    pub metrics: Metrics,
+    /// Consecutive failures per `namespace/name`, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// The clock (a function so tests can pin it).
+    now: fn() -> Time,
+}
+
+impl Context {
+    /// A context with the system clock.
+    pub fn new(client: Client, opts: RenderOptions, metrics: Metrics) -> Self {
+        Self {
+            client,
+            opts,
+            metrics,
+            failures: Mutex::new(HashMap::new()),
+            now: || Time(k8s_openapi::jiff::Timestamp::now()),
+        }
+    }
+
+    /// Replaces the clock.
+    pub fn with_clock(mut self, now: fn() -> Time) -> Self {
+        self.now = now;
+        self
+    }
+
+    fn failure_count(&self, key: &str, bump: bool) -> u32 {
+        let mut map = match self.failures.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if bump {
+            let n = map.entry(key.to_owned()).or_insert(0);
+            *n += 1;
+            *n
+        } else {
+            map.remove(key);
+            0
+        }
+    }
+}
+
+fn key(cfg: &InferenceGatewayConfig) -> String {
+    format!("{}/{}", cfg.namespace().unwrap_or_default(), cfg.name_any())
+}
+
+/// Reconciles one config.
+#[instrument(skip_all, fields(config = %key(&cfg)))]
+pub async fn reconcile(
+    cfg: Arc<InferenceGatewayConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.metrics.reconciliations.inc();
+    let ns = cfg.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let api: Api<InferenceGatewayConfig> = Api::namespaced(ctx.client.clone(), &ns);
+    let k = key(&cfg);
+    let action = finalizer(&api, FINALIZER, cfg, |event| async {
+        match event {
+            Event::Apply(cfg) => apply(&cfg, &ctx, &api).await,
+            Event::Cleanup(cfg) => cleanup(&cfg, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(Box::new(other)),
+    })?;
+    ctx.failure_count(&k, false);
+    Ok(action)
+}
+
+/// Backs off exponentially per config and counts the failure.
+pub fn error_policy(cfg: Arc<InferenceGatewayConfig>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(error);
+    let n = ctx.failure_count(&key(&cfg), true);
+    let delay = BACKOFF_BASE
+        .saturating_mul(1u32 << (n.saturating_sub(1)).min(16))
+        .min(BACKOFF_MAX);
+    warn!(config = %key(&cfg), error = %error, kind = error.metric_label(), attempt = n, ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn apply(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+    api: &Api<InferenceGatewayConfig>,
+) -> Result<Action, Error> {
+    let now = (ctx.now)();
+    let desired = match render(cfg, &ctx.opts) {
+        Ok(d) => d,
+        Err(Error::Invalid(e)) => {
+            // A spec problem: say so in the status and wait for the user to change it.
+            let st = status::rejected(cfg, &e.to_string(), &now);
+            write_status(cfg, api, st).await?;
+            return Ok(Action::await_change());
+        }
+        Err(e) => return Err(e),
+    };
+    let existing = list_children(cfg, ctx).await?;
+    let mut writes = 0usize;
+    for child in &desired {
+        let current = existing.get(&(child.resource.kind.clone(), child.object.name_any()));
+        if current.is_some_and(|cur| up_to_date(&child.object, cur)) {
+            continue;
+        }
+        apply_child(ctx, child).await?;
+        writes += 1;
+    }
+    let uid = cfg.uid().unwrap_or_default();
+    let mut pruned = 0usize;
+    for ((kind, name), obj) in &existing {
+        if desired
+            .iter()
+            .any(|c| &c.resource.kind == kind && &c.object.name_any() == name)
+            || !owned_by(obj, &uid)
+        {
+            continue;
+        }
+        delete_child(ctx, kind, obj).await?;
+        pruned += 1;
+    }
+    let observed = Observed {
+        gateway: existing
+            .iter()
+            .find(|((k, _), _)| k == "Gateway")
+            .and_then(|(_, o)| serde_json::to_value(o).ok()),
+        deployments: existing
+            .iter()
+            .filter(|((k, _), _)| k == "Deployment")
+            .filter_map(|(_, o)| {
+                serde_json::to_value(o)
+                    .ok()
+                    .and_then(|v| serde_json::from_value::<Deployment>(v).ok())
+            })
+            .collect(),
+    };
+    let st = status::accepted(cfg, &observed, desired.len(), &now);
+    let ready = st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == infergate_api::status::READY && c.status == "True");
+    write_status(cfg, api, st).await?;
+    info!(
+        children = desired.len(),
+        writes, pruned, ready, "reconciled"
+    );
+    Ok(Action::requeue(if ready {
+        REQUEUE_READY
+    } else {
+        REQUEUE_NOT_READY
+    }))
+}
+
+async fn cleanup(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Action, Error> {
+    // Owner references would let the garbage collector do this too; deleting explicitly makes
+    // removal immediate and independent of the collector's foreground/background choice.
+    let uid = cfg.uid().unwrap_or_default();
+    let existing = list_children(cfg, ctx).await?;
+    for ((kind, _), obj) in &existing {
+        if owned_by(obj, &uid) {
+            delete_child(ctx, kind, obj).await?;
+        }
+    }
+    info!(deleted = existing.len(), "cleaned up");
+    Ok(Action::await_change())
+}
+
+type Existing = BTreeMap<(String, String), DynamicObject>;
+
+async fn list_children(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Existing, Error> {
+    let ns = cfg.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let lp = ListParams::default().labels(&format!("{CONFIG_LABEL}={}", cfg.name_any()));
+    let mut out = BTreeMap::new();
+    for ar in child_kinds() {
+        let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
+        for obj in api.list(&lp).await? {
+            out.insert((ar.kind.clone(), obj.name_any()), obj);
+        }
+    }
+    Ok(out)
+}
+
+async fn apply_child(ctx: &Context, child: &Child) -> Result<(), Error> {
+    let ns = child.object.namespace().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &child.resource);
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let mut attempt = 1;
+    loop {
+        match api
+            .patch(&child.object.name_any(), &pp, &Patch::Apply(&child.object))
+            .await
+        {
+            Ok(_) => {
+                debug!(child = %child.key(), "applied");
+                return Ok(());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < CONFLICT_ATTEMPTS => {
+                debug!(child = %child.key(), attempt, "conflict, retrying");
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn delete_child(ctx: &Context, kind: &str, obj: &DynamicObject) -> Result<(), Error> {
+    let Some(ar) = child_kinds().into_iter().find(|k| k.kind == kind) else {
+        return Ok(());
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &obj.namespace().unwrap_or_default(),
+        &ar,
+    );
+    match api
+        .delete(&obj.name_any(), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {
+            debug!(child = %format!("{kind}/{}", obj.name_any()), "pruned");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn write_status(
+    cfg: &InferenceGatewayConfig,
+    api: &Api<InferenceGatewayConfig>,
+    st: InferenceGatewayConfigStatus,
+) -> Result<(), Error> {
+    if cfg.status.as_ref() == Some(&st) {
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": InferenceGatewayConfig::api_version(&()),
+        "kind": InferenceGatewayConfig::kind(&()),
+        "status": st,
+    });
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(&cfg.name_any(), &pp, &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+fn owned_by(obj: &DynamicObject, uid: &str) -> bool {
+    obj.owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+}
+
+/// Whether `current` already carries every field of `desired` with the same value (the API
+/// server adds defaults and status, which do not count as drift).
+pub fn up_to_date(desired: &DynamicObject, current: &DynamicObject) -> bool {
+    let m = &desired.metadata;
+    let c = &current.metadata;
+    let meta_ok = subset(&json!(m.labels), &json!(c.labels))
+        && (m.annotations.is_none() || subset(&json!(m.annotations), &json!(c.annotations)))
+        && subset(&json!(m.owner_references), &json!(c.owner_references));
+    meta_ok && subset(&desired.data, &current.data)
+}
+
+fn subset(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w
+            .iter()
+            .all(|(k, v)| h.get(k).is_some_and(|hv| subset(v, hv))),
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
+        }
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        _ => want == have,
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let configs: Api<InferenceGatewayConfig> = Api::all(client.clone());
+    let owned =
+        watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+    Controller::new(configs, watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
+        .owns(Api::<gateway_api::gateways::Gateway>::all(client), owned)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+}

@@ -1,0 +1,241 @@
+//! Pure status computation: rendered config + observed children → `InferenceGatewayConfigStatus`.
+//!
+//! The clock is passed in; a condition keeps its `lastTransitionTime` while its status stays the
+//! same, so an unchanged world yields an identical status and the reconciler writes nothing.
+
+use infergate_api::status::{ACCEPTED, BBR_READY, GATEWAY_PROGRAMMED, READY};
+use infergate_api::{
+    InferenceGatewayConfig, InferenceGatewayConfigStatus, RolloutState, SchedulerStatus,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::Value;
+
+use crate::render::{bbr_name, epp_name};
+
+/// What the reconciler saw of the children before applying.
+#[derive(Debug, Default, Clone)]
+pub struct Observed {
+    /// The Gateway as read from the cluster (its `status` is what matters).
+    pub gateway: Option<Value>,
+    /// Deployments owned by the config.
+    pub deployments: Vec<Deployment>,
+}
+
+/// Status for a config that rendered; `rendered` is the number of children applied.
+pub fn accepted(
+    cfg: &InferenceGatewayConfig,
+    observed: &Observed,
+    rendered: usize,
+    now: &Time,
+) -> InferenceGatewayConfigStatus {
+    let prev = cfg.status.clone().unwrap_or_default();
+    let name = cfg.metadata.name.clone().unwrap_or_default();
+    let generation = cfg.metadata.generation;
+    let mut conditions = Vec::new();
+    conditions.push(cond(
+        &prev.conditions,
+        ACCEPTED,
+        true,
+        "Rendered",
+        &format!("{rendered} child objects applied"),
+        generation,
+        now,
+    ));
+
+    let programmed = observed.gateway.as_ref().is_some_and(gateway_programmed);
+    conditions.push(cond(
+        &prev.conditions,
+        GATEWAY_PROGRAMMED,
+        programmed,
+        if programmed { "Programmed" } else { "Pending" },
+        if programmed {
+            "the Gateway is programmed"
+        } else {
+            "waiting for the Gateway controller to program the Gateway"
+        },
+        generation,
+        now,
+    ));
+
+    let bbr_ok = if cfg.spec.bbr.enabled {
+        let state = rollout(find(&observed.deployments, &bbr_name(&name)));
+        let ok = state == RolloutState::Available;
+        conditions.push(cond(
+            &prev.conditions,
+            BBR_READY,
+            ok,
+            state_reason(state),
+            &format!("body-based router rollout is {}", state_reason(state)),
+            generation,
+            now,
+        ));
+        ok
+    } else {
+        conditions.push(cond(
+            &prev.conditions,
+            BBR_READY,
+            true,
+            "Disabled",
+            "the body-based router is disabled",
+            generation,
+            now,
+        ));
+        true
+    };
+
+    let mut schedulers = Vec::with_capacity(cfg.spec.schedulers.len());
+    let mut all_available = true;
+    for s in &cfg.spec.schedulers {
+        let state = rollout(find(&observed.deployments, &epp_name(&name, &s.name)));
+        let ok = state == RolloutState::Available;
+        all_available &= ok;
+        let prev_s = prev
+            .schedulers
+            .iter()
+            .find(|p| p.name == s.name)
+            .map(|p| p.conditions.as_slice())
+            .unwrap_or_default();
+        schedulers.push(SchedulerStatus {
+            name: s.name.clone(),
+            conditions: vec![cond(
+                prev_s,
+                READY,
+                ok,
+                state_reason(state),
+                &format!("endpoint picker rollout is {}", state_reason(state)),
+                generation,
+                now,
+            )],
+            rollout_state: state,
+        });
+    }
+    let ready = programmed && bbr_ok && all_available;
+    let msg = if ready {
+        "the gateway serves traffic"
+    } else {
+        "waiting for the Gateway, the body-based router or an endpoint picker"
+    };
+    conditions.push(cond(
+        &prev.conditions,
+        READY,
+        ready,
+        if ready { "Ready" } else { "Pending" },
+        msg,
+        generation,
+        now,
+    ));
+    InferenceGatewayConfigStatus {
+        conditions,
+        observed_generation: generation,
+        schedulers,
+    }
+}
+
+/// Status for a config that failed validation: `Accepted=False` with every rule's message.
+pub fn rejected(
+    cfg: &InferenceGatewayConfig,
+    message: &str,
+    now: &Time,
+) -> InferenceGatewayConfigStatus {
+    let prev = cfg.status.clone().unwrap_or_default();
+    let generation = cfg.metadata.generation;
+    InferenceGatewayConfigStatus {
+        conditions: vec![
+            cond(
+                &prev.conditions,
+                ACCEPTED,
+                false,
+                "Invalid",
+                message,
+                generation,
+                now,
+            ),
+            cond(
+                &prev.conditions,
+                READY,
+                false,
+                "Invalid",
+                "the spec was not accepted",
+                generation,
+                now,
+            ),
+        ],
+        observed_generation: generation,
+        schedulers: Vec::new(),
+    }
+}
+
+/// Rollout state of a Deployment as one word.
+pub fn rollout(d: Option<&Deployment>) -> RolloutState {
+    let Some(d) = d else {
+        return RolloutState::Pending;
+    };
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let Some(st) = &d.status else {
+        return RolloutState::Progressing;
+    };
+    let stalled = st
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Progressing" && c.status == "False");
+    if stalled {
+        return RolloutState::Degraded;
+    }
+    let current = st.observed_generation >= d.metadata.generation;
+    let updated = st.updated_replicas.unwrap_or(0) >= want;
+    let available = st.available_replicas.unwrap_or(0) >= want;
+    if current && updated && available {
+        RolloutState::Available
+    } else {
+        RolloutState::Progressing
+    }
+}
+
+fn gateway_programmed(gw: &Value) -> bool {
+    gw["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Programmed" && c["status"] == "True")
+    })
+}
+
+fn find<'a>(ds: &'a [Deployment], name: &str) -> Option<&'a Deployment> {
+    ds.iter().find(|d| d.metadata.name.as_deref() == Some(name))
+}
+
+fn state_reason(s: RolloutState) -> &'static str {
+    match s {
+        RolloutState::Pending => "Pending",
+        RolloutState::Progressing => "Progressing",
+        RolloutState::Available => "Available",
+        RolloutState::Degraded => "Degraded",
+    }
+}
+
+fn cond(
+    prev: &[Condition],
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let since = prev
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+#[cfg(test)]
+mod tests;

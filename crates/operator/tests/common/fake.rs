@@ -1,0 +1,286 @@
+//! A small stateful Kubernetes API behind a `tower-test` mock: it keeps objects by path, lists
+//! by label selector, applies server-side-apply and JSON patches, deletes, records every request
+//! and can inject error answers. Enough for the reconciler's calls, nothing more.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    dead_code,
+    reason = "test helpers"
+)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+/// One request as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// HTTP method.
+    pub method: String,
+    /// URL path.
+    pub path: String,
+    /// URL query.
+    pub query: String,
+    /// `content-type` header.
+    pub content_type: String,
+    /// Parsed JSON body (Null when empty).
+    pub body: Value,
+}
+
+struct Fault {
+    method: String,
+    path: String,
+    code: u16,
+    remaining: u32,
+}
+
+#[derive(Default)]
+struct State {
+    objects: BTreeMap<String, Value>,
+    log: Vec<Seen>,
+    faults: Vec<Fault>,
+    rv: u64,
+}
+
+/// Handle on the fake's state.
+#[derive(Clone, Default)]
+pub struct Fake {
+    state: Arc<Mutex<State>>,
+}
+
+/// A client talking to a fresh fake.
+pub fn client() -> (Client, Fake) {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let fake = Fake::default();
+    let served = fake.clone();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let resp = served.handle(req).await;
+            send.send_response(resp);
+        }
+    });
+    (Client::new(svc, "default"), fake)
+}
+
+impl Fake {
+    /// Stores an object at its item path.
+    pub fn put(&self, path: &str, obj: Value) {
+        self.state
+            .lock()
+            .unwrap()
+            .objects
+            .insert(path.to_owned(), obj);
+    }
+
+    /// The object at `path`.
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.state.lock().unwrap().objects.get(path).cloned()
+    }
+
+    /// Changes the object at `path` in place.
+    pub fn edit(&self, path: &str, f: impl FnOnce(&mut Value)) {
+        let mut st = self.state.lock().unwrap();
+        f(st.objects.get_mut(path).expect("object to edit"));
+    }
+
+    /// Item paths of every stored object.
+    pub fn paths(&self) -> Vec<String> {
+        self.state.lock().unwrap().objects.keys().cloned().collect()
+    }
+
+    /// Requests seen so far.
+    pub fn log(&self) -> Vec<Seen> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// Forgets the requests seen so far.
+    pub fn clear_log(&self) {
+        self.state.lock().unwrap().log.clear();
+    }
+
+    /// Answers the next `times` requests with `method` on exactly `path` with status `code`.
+    pub fn fail(&self, method: &str, path: &str, code: u16, times: u32) {
+        self.state.lock().unwrap().faults.push(Fault {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            code,
+            remaining: times,
+        });
+    }
+
+    async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().to_string();
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or_default().to_owned();
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let mut st = self.state.lock().unwrap();
+        st.log.push(Seen {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            content_type: content_type.clone(),
+            body: body.clone(),
+        });
+        if let Some(f) = st
+            .faults
+            .iter_mut()
+            .find(|f| f.method == method && f.path == path && f.remaining > 0)
+        {
+            f.remaining -= 1;
+            let code = f.code;
+            return status(code, "injected failure");
+        }
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let Some(i) = segs.iter().position(|s| *s == "namespaces") else {
+            return status(404, "not a namespaced path");
+        };
+        let collection = format!("/{}", segs[..(i + 3).min(segs.len())].join("/"));
+        let name = segs.get(i + 3).copied();
+        let sub = segs.get(i + 4).copied();
+        let item = name.map(|n| format!("{collection}/{n}"));
+        match (method.as_str(), item) {
+            ("GET", None) => {
+                let selector = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("labelSelector="))
+                    .map(|s| s.replace("%2F", "/").replace("%3D", "="));
+                let items: Vec<Value> = st
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.starts_with(&format!("{collection}/"))
+                            && k[collection.len() + 1..].find('/').is_none()
+                    })
+                    .filter(|(_, v)| selector.as_deref().is_none_or(|s| matches(v, s)))
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                ok(
+                    &json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": st.rv.to_string() }, "items": items }),
+                )
+            }
+            ("GET", Some(item)) => match st.objects.get(&item) {
+                Some(v) => ok(v),
+                None => status(404, "not found"),
+            },
+            ("PATCH", Some(item)) if content_type.starts_with("application/apply-patch") => {
+                st.rv += 1;
+                let rv = st.rv.to_string();
+                let existing = st.objects.get(&item).cloned();
+                let stored = if sub == Some("status") {
+                    let Some(mut cur) = existing else {
+                        return status(404, "not found");
+                    };
+                    cur["status"] = body["status"].clone();
+                    cur
+                } else {
+                    let mut new = body.clone();
+                    if let Some(cur) = existing {
+                        if !cur["status"].is_null() {
+                            new["status"] = cur["status"].clone();
+                        }
+                        new["metadata"]["uid"] = cur["metadata"]["uid"].clone();
+                    } else {
+                        new["metadata"]["uid"] = json!(format!("uid-{rv}"));
+                    }
+                    new
+                };
+                let mut stored = stored;
+                stored["metadata"]["resourceVersion"] = json!(rv);
+                st.objects.insert(item, stored.clone());
+                ok(&stored)
+            }
+            ("PATCH", Some(item)) if content_type.starts_with("application/json-patch") => {
+                let Some(mut cur) = st.objects.get(&item).cloned() else {
+                    return status(404, "not found");
+                };
+                for op in body.as_array().unwrap() {
+                    let p = op["path"].as_str().unwrap();
+                    match op["op"].as_str().unwrap() {
+                        "test" => {}
+                        "add" if p == "/metadata/finalizers" => {
+                            cur["metadata"]["finalizers"] = op["value"].clone()
+                        }
+                        "add" if p == "/metadata/finalizers/-" => {
+                            cur["metadata"]["finalizers"]
+                                .as_array_mut()
+                                .unwrap()
+                                .push(op["value"].clone());
+                        }
+                        "remove" => {
+                            let idx: usize = p.rsplit('/').next().unwrap().parse().unwrap();
+                            cur["metadata"]["finalizers"]
+                                .as_array_mut()
+                                .unwrap()
+                                .remove(idx);
+                        }
+                        other => panic!("unsupported json patch op {other} {p}"),
+                    }
+                }
+                let gone = !cur["metadata"]["deletionTimestamp"].is_null()
+                    && cur["metadata"]["finalizers"]
+                        .as_array()
+                        .is_none_or(Vec::is_empty);
+                if gone {
+                    st.objects.remove(&item);
+                } else {
+                    st.objects.insert(item, cur.clone());
+                }
+                ok(&cur)
+            }
+            ("DELETE", Some(item)) => match st.objects.remove(&item) {
+                Some(v) => ok(&v),
+                None => status(404, "not found"),
+            },
+            _ => status(405, "unsupported"),
+        }
+    }
+}
+
+fn matches(obj: &Value, selector: &str) -> bool {
+    selector.split(',').all(|kv| {
+        let (k, v) = kv.split_once('=').unwrap();
+        obj["metadata"]["labels"][k] == v
+    })
+}
+
+fn ok(v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(v).unwrap()))
+        .unwrap()
+}
+
+fn status(code: u16, message: &str) -> Response<Body> {
+    let reason = match code {
+        404 => "NotFound",
+        409 => "Conflict",
+        _ => "InternalError",
+    };
+    let body = json!({
+        "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    });
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap()
+}

@@ -1,0 +1,399 @@
+//! The reconcile loop against a stateful fake API behind `tower-test`: create, no-op
+//! re-reconcile, update, scheduler removal, deletion with the finalizer, API errors with backoff
+//! and the failure metric, conflict retry, status conditions — asserting the exact requests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+#[path = "common/render.rs"]
+mod common;
+#[path = "common/fake.rs"]
+mod fake;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fake::{Fake, Seen};
+use infergate_api::{InferenceGatewayConfig, RolloutState};
+use infergate_operator::metrics::Metrics;
+use infergate_operator::reconcile::{Context, FIELD_MANAGER, FINALIZER, error_policy, reconcile};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+const NS: &str = "inference";
+const CFG: &str = "/apis/infergate.dev/v1alpha1/namespaces/inference/inferencegatewayconfigs/fleet";
+
+fn clock() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+}
+
+fn setup(example: &str) -> (Arc<Context>, Fake) {
+    let (client, fake) = fake::client();
+    let mut cfg = serde_json::to_value(common::example(example)).unwrap();
+    cfg["metadata"]["resourceVersion"] = json!("1");
+    let path = format!(
+        "/apis/infergate.dev/v1alpha1/namespaces/{}/inferencegatewayconfigs/{}",
+        cfg["metadata"]["namespace"].as_str().unwrap(),
+        cfg["metadata"]["name"].as_str().unwrap()
+    );
+    fake.put(&path, cfg);
+    let ctx = Context::new(client, common::opts(), Metrics::default()).with_clock(clock);
+    (Arc::new(ctx), fake)
+}
+
+fn config(fake: &Fake) -> Arc<InferenceGatewayConfig> {
+    let path = fake
+        .paths()
+        .into_iter()
+        .find(|p| p.contains("/inferencegatewayconfigs/"))
+        .expect("config stored");
+    Arc::new(serde_json::from_value(fake.get(&path).unwrap()).unwrap())
+}
+
+fn writes(log: &[Seen]) -> Vec<&Seen> {
+    log.iter().filter(|s| s.method != "GET").collect()
+}
+
+fn paths(seen: &[&Seen], method: &str) -> BTreeSet<String> {
+    seen.iter()
+        .filter(|s| s.method == method)
+        .map(|s| s.path.clone())
+        .collect()
+}
+
+/// Adds the finalizer, then applies every child: the state after a user's `kubectl apply`.
+async fn created(example: &str) -> (Arc<Context>, Fake) {
+    let (ctx, fake) = setup(example);
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.clear_log();
+    (ctx, fake)
+}
+
+fn condition(cfg: &Value, type_: &str) -> (String, String) {
+    let c = cfg["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"));
+    (
+        c["status"].as_str().unwrap().to_owned(),
+        c["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn create_adds_the_finalizer_first_then_applies_every_child_by_ssa() {
+    let (ctx, fake) = setup("multi-model.yaml");
+    let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    let log = fake.log();
+    assert_eq!(log.len(), 1, "only the finalizer patch: {log:?}");
+    assert_eq!(log[0].method, "PATCH");
+    assert_eq!(log[0].path, CFG);
+    assert!(
+        log[0]
+            .content_type
+            .starts_with("application/json-patch+json")
+    );
+    assert_eq!(
+        fake.get(CFG).unwrap()["metadata"]["finalizers"],
+        json!([FINALIZER])
+    );
+
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let log = fake.log();
+    let desired = common::children(&config(&fake));
+    let applies: Vec<&Seen> = log
+        .iter()
+        .filter(|s| s.method == "PATCH" && !s.path.ends_with("/status"))
+        .collect();
+    assert_eq!(applies.len(), desired.len(), "one apply per child");
+    for s in &applies {
+        assert!(
+            s.content_type.starts_with("application/apply-patch+yaml"),
+            "{s:?}"
+        );
+        assert!(
+            s.query.contains(&format!("fieldManager={FIELD_MANAGER}")),
+            "{s:?}"
+        );
+        assert!(s.query.contains("force=true"), "{s:?}");
+        assert!(
+            s.body["apiVersion"].is_string() && s.body["kind"].is_string(),
+            "{s:?}"
+        );
+    }
+    let status_patches: Vec<&Seen> = log.iter().filter(|s| s.path.ends_with("/status")).collect();
+    assert_eq!(status_patches.len(), 1);
+    assert!(
+        status_patches[0]
+            .content_type
+            .starts_with("application/apply-patch+yaml")
+    );
+    assert!(
+        status_patches[0]
+            .query
+            .contains("fieldManager=infergate-operator")
+    );
+    assert_eq!(paths(&writes(&log), "DELETE"), BTreeSet::new());
+    // Every child is now stored under its own path.
+    let stored = fake.paths();
+    for c in &desired {
+        assert!(
+            stored.iter().any(|p| p.ends_with(&format!(
+                "/{}/{}",
+                c.resource.plural,
+                c.object.metadata.name.as_deref().unwrap()
+            ))),
+            "{} not stored",
+            c.key()
+        );
+    }
+    // Listing went by the owner label, once per child kind.
+    let lists: Vec<&Seen> = log.iter().filter(|s| s.method == "GET").collect();
+    assert_eq!(lists.len(), infergate_operator::render::child_kinds().len());
+    assert!(lists.iter().all(|s| {
+        s.query
+            .contains("labelSelector=infergate.dev%2Fconfig%3Dfleet")
+    }));
+}
+
+#[tokio::test]
+async fn status_conditions_and_observed_generation_are_written() {
+    let (_ctx, fake) = created("multi-model.yaml").await;
+    let cfg = fake.get(CFG).unwrap();
+    assert_eq!(cfg["status"]["observedGeneration"], 1);
+    assert_eq!(condition(&cfg, "Accepted").0, "True");
+    assert_eq!(condition(&cfg, "Ready").0, "False");
+    assert_eq!(condition(&cfg, "GatewayProgrammed").0, "False");
+    assert_eq!(condition(&cfg, "BBRReady").0, "False");
+    let scheds = cfg["status"]["schedulers"].as_array().unwrap();
+    assert_eq!(scheds.len(), 2);
+    // Before the apply nothing existed, so the rollouts are still pending.
+    assert_eq!(scheds[0]["rolloutState"], "Pending");
+}
+
+#[tokio::test]
+async fn no_op_re_reconcile_writes_nothing() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    // One more pass picks up the Deployments that now exist (Pending → Progressing).
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let log = fake.log();
+    assert!(
+        writes(&log).is_empty(),
+        "unexpected writes: {:?}",
+        writes(&log)
+    );
+    assert!(!log.is_empty(), "it still looked");
+}
+
+#[tokio::test]
+async fn update_reapplies_only_the_children_that_changed() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.edit(CFG, |c| {
+        c["spec"]["schedulers"][1]["weights"] = json!({ "queue": 1.0 });
+        c["metadata"]["generation"] = json!(2);
+    });
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let log = fake.log();
+    let w = writes(&log);
+    let applied: BTreeSet<String> = paths(&w, "PATCH")
+        .into_iter()
+        .filter(|p| !p.ends_with("/status"))
+        .collect();
+    let want: BTreeSet<String> = [
+        "/api/v1/namespaces/inference/configmaps/fleet-qwen-7b-epp",
+        "/apis/apps/v1/namespaces/inference/deployments/fleet-qwen-7b-epp",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(applied, want);
+    assert!(paths(&w, "DELETE").is_empty());
+    assert_eq!(fake.get(CFG).unwrap()["status"]["observedGeneration"], 2);
+}
+
+#[tokio::test]
+async fn removing_a_scheduler_prunes_exactly_its_children() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    fake.edit(CFG, |c| {
+        c["spec"]["schedulers"].as_array_mut().unwrap().truncate(1);
+        c["metadata"]["generation"] = json!(2);
+    });
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let log = fake.log();
+    let deleted = paths(&writes(&log), "DELETE");
+    assert_eq!(deleted.len(), 10, "{deleted:?}");
+    assert!(
+        deleted
+            .iter()
+            .all(|p| p.ends_with("/fleet-qwen-7b") || p.ends_with("/fleet-qwen-7b-epp")),
+        "{deleted:?}"
+    );
+    assert!(fake.paths().iter().all(|p| !p.contains("qwen")));
+    assert_eq!(
+        fake.get(CFG).unwrap()["status"]["schedulers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn children_owned_by_someone_else_are_never_pruned() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    // Same label, different owner: e.g. a hand-made object that copied our labels.
+    fake.put(
+        "/api/v1/namespaces/inference/configmaps/stranger",
+        json!({ "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": { "name": "stranger", "namespace": NS, "labels": { "infergate.dev/config": "fleet" } } }),
+    );
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert!(
+        fake.get("/api/v1/namespaces/inference/configmaps/stranger")
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn deletion_runs_cleanup_then_removes_the_finalizer() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    let children = common::children(&config(&fake)).len();
+    fake.edit(CFG, |c| {
+        c["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z")
+    });
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let log = fake.log();
+    let w = writes(&log);
+    assert_eq!(paths(&w, "DELETE").len(), children);
+    let last = w.last().unwrap();
+    assert_eq!((last.method.as_str(), last.path.as_str()), ("PATCH", CFG));
+    assert!(last.content_type.starts_with("application/json-patch+json"));
+    assert_eq!(last.body[1]["op"], "remove");
+    assert_eq!(
+        fake.paths(),
+        Vec::<String>::new(),
+        "children and the config are gone"
+    );
+}
+
+#[tokio::test]
+async fn api_errors_back_off_exponentially_and_are_counted() {
+    let (ctx, fake) = created("single-model.yaml").await;
+    let deployments = "/apis/apps/v1/namespaces/inference/deployments";
+    fake.fail("GET", deployments, 500, 3);
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        let cfg = config(&fake);
+        let err = reconcile(cfg.clone(), ctx.clone()).await.unwrap_err();
+        assert_eq!(err.metric_label(), "kube");
+        delays.push(error_policy(cfg, &err, ctx.clone()));
+    }
+    assert_eq!(
+        delays,
+        vec![
+            Action::requeue(Duration::from_secs(5)),
+            Action::requeue(Duration::from_secs(10)),
+            Action::requeue(Duration::from_secs(20)),
+        ]
+    );
+    assert_eq!(ctx.metrics.failures_with("kube"), 3);
+    // A success resets the backoff.
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.fail("GET", deployments, 500, 1);
+    let cfg = config(&fake);
+    let err = reconcile(cfg.clone(), ctx.clone()).await.unwrap_err();
+    assert_eq!(
+        error_policy(cfg, &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(5))
+    );
+}
+
+#[tokio::test]
+async fn conflict_is_retried_within_the_reconcile() {
+    let (ctx, fake) = setup("single-model.yaml");
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let path = "/apis/apps/v1/namespaces/inference/deployments/llama-llama-8b-epp";
+    fake.fail("PATCH", path, 409, 1);
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let log = fake.log();
+    assert_eq!(
+        log.iter()
+            .filter(|s| s.method == "PATCH" && s.path == path)
+            .count(),
+        2
+    );
+    assert!(fake.get(path).is_some());
+    assert_eq!(ctx.metrics.failures_with("conflict"), 0);
+}
+
+#[tokio::test]
+async fn persistent_conflict_fails_with_the_conflict_label() {
+    let (ctx, fake) = setup("single-model.yaml");
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let path = "/apis/apps/v1/namespaces/inference/deployments/llama-llama-8b-epp";
+    fake.fail("PATCH", path, 409, 10);
+    let cfg = config(&fake);
+    let err = reconcile(cfg.clone(), ctx.clone()).await.unwrap_err();
+    assert_eq!(err.metric_label(), "conflict");
+    error_policy(cfg, &err, ctx.clone());
+    assert_eq!(ctx.metrics.failures_with("conflict"), 1);
+}
+
+#[tokio::test]
+async fn invalid_spec_sets_accepted_false_with_the_rule_message_and_writes_no_children() {
+    let (ctx, fake) = setup("multi-model.yaml");
+    fake.edit(CFG, |c| c["spec"]["bbr"]["enabled"] = json!(false));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.clear_log();
+    let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    let log = fake.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(log[0].path.ends_with("/status"));
+    let (status, message) = condition(&fake.get(CFG).unwrap(), "Accepted");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains(infergate_api::validation::BBR_REQUIRED.message),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn readiness_rolls_up_from_children() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    for d in ["fleet-bbr", "fleet-llama-70b-epp", "fleet-qwen-7b-epp"] {
+        fake.edit(&format!("/apis/apps/v1/namespaces/inference/deployments/{d}"), |o| {
+            let want = o["spec"]["replicas"].clone();
+            o["status"] = json!({ "observedGeneration": 0, "replicas": want, "updatedReplicas": want, "availableReplicas": want });
+        });
+    }
+    fake.edit("/apis/gateway.networking.k8s.io/v1/namespaces/inference/gateways/fleet", |o| {
+        o["status"] = json!({ "conditions": [{ "type": "Programmed", "status": "True", "reason": "Programmed",
+            "message": "", "lastTransitionTime": "2027-01-01T00:00:00Z" }] });
+    });
+    let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let cfg = fake.get(CFG).unwrap();
+    for c in ["Accepted", "Ready", "GatewayProgrammed", "BBRReady"] {
+        assert_eq!(condition(&cfg, c).0, "True", "{c}");
+    }
+    let typed: InferenceGatewayConfig = serde_json::from_value(cfg).unwrap();
+    let st = typed.status.unwrap();
+    assert!(
+        st.schedulers
+            .iter()
+            .all(|s| s.rollout_state == RolloutState::Available)
+    );
+}
