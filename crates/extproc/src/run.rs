@@ -2,13 +2,15 @@
 //! `infergate` binary calls and tests can call on 127.0.0.1.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+pub use infergate_metrics::ScraperConfig;
 use infergate_openai::ModelRouter;
-use infergate_pool::{LivePool, PoolConfig};
-use infergate_scheduler::EndpointMeta;
+pub use infergate_pool::{LivePool, PoolConfig};
+pub use infergate_scheduler::{EndpointMeta, SchedulerConfig};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
@@ -48,6 +50,19 @@ impl std::fmt::Debug for Membership {
             Membership::Dynamic(_) => f.write_str("Dynamic"),
         }
     }
+}
+
+/// Reads a scheduler configuration file (`preset: infergate`, or explicit weights; every key
+/// optional).
+pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Runs an endpoint picker until `shutdown` completes: the live pool, the ext_proc server, gRPC

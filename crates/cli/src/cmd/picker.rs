@@ -1,10 +1,114 @@
-//! `infergate picker`.
+//! `infergate picker`: the Envoy ext_proc endpoint picker for one InferencePool.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use infergate_extproc::discovery::static_file::EndpointsFile;
+use infergate_extproc::picker::{DEFAULT_MAX_BODY_BYTES, PickerConfig};
+use infergate_extproc::run::{
+    Membership, PickerListeners, PoolConfig, SchedulerConfig, load_scheduler_config, run_picker,
+};
+use tokio::net::TcpListener;
 
 /// Arguments of `infergate picker`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The InferencePool this picker serves.
+    #[arg(long, env = "POOL_NAME", default_value = "default")]
+    pub pool_name: String,
+    /// The InferencePool's namespace.
+    #[arg(long, env = "POOL_NAMESPACE", default_value = "default")]
+    pub pool_namespace: String,
+    /// Scheduler configuration (YAML: `preset: infergate`, or explicit weights).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Static discovery: a YAML list of endpoints. Without it, pods are discovered in Kubernetes.
+    #[arg(long)]
+    pub endpoints_file: Option<PathBuf>,
+    /// ext_proc gRPC port.
+    #[arg(long, default_value_t = 9002)]
+    pub grpc_port: u16,
+    /// gRPC health port (`liveness`, `readiness`, and the ext_proc service).
+    #[arg(long, default_value_t = 9003)]
+    pub grpc_health_port: u16,
+    /// Prometheus metrics port (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(long, default_value_t = 9090)]
+    pub metrics_port: u16,
+    /// Largest request body accepted (bytes); larger bodies get 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Seed of the scheduler's tie-breaking random generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+async fn bind(port: u16) -> anyhow::Result<TcpListener> {
+    let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Resolves on Ctrl-C or SIGTERM (how Kubernetes stops a pod).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
 
 /// Runs `infergate picker`.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`infergate picker` is not part of this build yet")
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let scheduler = match &args.config {
+        Some(path) => load_scheduler_config(path)?,
+        None => SchedulerConfig::default(),
+    };
+    let membership = match &args.endpoints_file {
+        Some(path) => Membership::Static(EndpointsFile::load(path)?),
+        None => anyhow::bail!(
+            "Kubernetes discovery of pool {}/{} is not part of this build: pass --endpoints-file",
+            args.pool_namespace,
+            args.pool_name
+        ),
+    };
+    let listeners = PickerListeners {
+        grpc: bind(args.grpc_port).await?,
+        health: bind(args.grpc_health_port).await?,
+        metrics: bind(args.metrics_port).await?,
+    };
+    tracing::info!(
+        pool = %args.pool_name,
+        grpc = args.grpc_port,
+        health = args.grpc_health_port,
+        metrics = args.metrics_port,
+        "endpoint picker listening"
+    );
+    let picker = PickerConfig {
+        pool_name: args.pool_name,
+        max_body_bytes: args.max_body_bytes,
+        ..PickerConfig::default()
+    };
+    let pool = PoolConfig {
+        scheduler,
+        seed: args.seed,
+        ..PoolConfig::default()
+    };
+    run_picker(listeners, picker, pool, membership, shutdown_signal()).await?;
+    Ok(())
 }
