@@ -343,6 +343,18 @@ mod tests {
     }
 
     #[test]
+    fn shipped_example_fleets_parse() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fleets");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            FleetSpec::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+        assert!(n >= 3);
+    }
+
+    #[test]
     fn bad_fleets_get_typed_errors() {
         assert!(matches!(
             FleetSpec::from_yaml("pods:\n  - {name: a, profile: nope}\n"),
