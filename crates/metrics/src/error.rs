@@ -74,6 +74,22 @@ pub enum ParseError {
 }
 
 impl ParseError {
+    /// Turns the byte offset the scan keeps in `line` into a 1-based line number of `page`.
+    pub(crate) fn offset_to_line(mut self, page: &[u8]) -> Self {
+        match &mut self {
+            ParseError::Malformed { line, .. }
+            | ParseError::InvalidUtf8 { line, .. }
+            | ParseError::InvalidValue { line, .. }
+            | ParseError::DuplicateSeries { line, .. }
+            | ParseError::InvalidLabel { line, .. } => {
+                let offset = (*line).min(page.len());
+                *line = memchr::memchr_iter(b'\n', &page[..offset]).count() + 1;
+            }
+            ParseError::Truncated | ParseError::MissingFamily { .. } => {}
+        }
+        self
+    }
+
     /// A short, stable label for metrics (`reason` of the scrape error counter).
     pub const fn metric_label(&self) -> &'static str {
         match self {

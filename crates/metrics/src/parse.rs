@@ -2,8 +2,10 @@
 //!
 //! [`parse_page`] is pure: engine, page bytes, the previous counters (for rates) and the sample time
 //! in; a snapshot and the new counters, or a typed [`ParseError`], out. It reads only the families
-//! listed in [`families`] and skips every other line after finding its newline, without allocating
-//! (a LoRA list is the only thing it allocates for).
+//! listed in [`families`]: the sample lines of any other family are jumped over in one search for
+//! the next `#` line, and nothing is allocated except a LoRA adapter list. A family's samples are
+//! expected in its own block (after its `# TYPE` line, as every exporter writes them); a sample
+//! placed in another family's block is not seen, which can only make a field "not reported".
 //!
 //! Aggregation when a family has several series (data-parallel engines label each rank):
 //! queue and running counts are summed, KV use takes the fullest rank, SGLang's hit rate the mean.
@@ -244,16 +246,49 @@ pub fn parse_page(
     if !page.is_empty() && !page.ends_with(b"\n") {
         return Err(ParseError::Truncated);
     }
+    parse_lines(engine, page, previous, sampled_at).map_err(|e| e.offset_to_line(page))
+}
+
+/// The scan. Positions inside errors are byte offsets of the line start until [`parse_page`]
+/// turns them into line numbers: counting lines is only paid for on the error path.
+fn parse_lines(
+    engine: EngineType,
+    page: &[u8],
+    previous: Option<&PrefixCounters>,
+    sampled_at: Timestamp,
+) -> Result<ParsedPage, ParseError> {
     let wanted = families(engine);
+    let next_comment = memchr::memmem::Finder::new(b"\n#");
     let mut acc = [Acc::new(); FIELDS];
-    for (line_no, line) in text::Lines::new(page) {
+    let mut pos = 0;
+    // Inside the sample block of a family nobody reads (after its `# TYPE` line): its samples are
+    // jumped over in one search for the next comment line, which is most of a vLLM page.
+    let mut skipping = false;
+    while pos < page.len() {
+        let rest = &page[pos..];
+        let len = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+        let line = &rest[..len];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let offset = pos;
+        pos += len + 1;
         let Some(name) = text::metric_name(line) else {
+            if let Some(family) = text::type_line_family(line) {
+                // Err towards reading: a block is skipped only if no read name starts with it.
+                skipping = !wanted.iter().any(|f| f.name.as_bytes().starts_with(family));
+            }
             continue;
         };
+        if skipping {
+            match next_comment.find(&page[offset..]) {
+                Some(i) => pos = offset + i + 1,
+                None => break,
+            }
+            continue;
+        }
         let Some(fam) = wanted.iter().find(|f| f.name.as_bytes() == name) else {
             continue;
         };
-        let sample = text::sample(line_no, line, name.len())?;
+        let sample = text::sample(offset, line, name.len())?;
         check_value(fam, sample.value, sample.line)?;
         acc[fam.field.index()].add(fam.name, sample.labels, sample.value, sample.line)?;
     }

@@ -461,3 +461,32 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn family_blocks_decide_what_is_scanned() {
+    // OpenMetrics-style counter TYPE (no `_total`) is still read; an unread family's block is
+    // jumped over, including a stray sample of a read family placed inside it.
+    let page = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n\
+        # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 4\n\
+        # TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total 10\n\
+        # TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total 5\n\
+        # TYPE vllm:num_requests_waiting_by_reason gauge\n\
+        vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 9\n\
+        vllm:kv_cache_usage_perc NaN\n";
+    let p = parse(EngineType::Vllm, page).unwrap();
+    assert_eq!((p.snapshot.waiting, p.snapshot.running), (3, 4));
+    assert_eq!(p.snapshot.prefix_cache_hit_rate, Some(0.5));
+    assert_eq!(p.snapshot.kv_cache_usage, None);
+}
+
+#[test]
+fn type_lines_are_recognised() {
+    assert_eq!(
+        text::type_line_family(b"# TYPE vllm:x gauge"),
+        Some(&b"vllm:x"[..])
+    );
+    assert_eq!(text::type_line_family(b"#TYPE\tx counter"), Some(&b"x"[..]));
+    assert_eq!(text::type_line_family(b"# HELP x TYPE y"), None);
+    assert_eq!(text::type_line_family(b"# TYPEx y"), None);
+    assert_eq!(text::type_line_family(b"# TYPE "), None);
+}

@@ -13,45 +13,21 @@ pub(crate) struct SampleLine<'a> {
     pub(crate) labels: &'a [u8],
     /// The sample value.
     pub(crate) value: f64,
-    /// 1-based line number.
+    /// Where the line starts (a byte offset until the error path makes it a line number).
     pub(crate) line: usize,
 }
 
-/// Iterates over the lines of a page, with 1-based line numbers.
-///
-/// The page must end with `\n` (checked by the caller), so every yielded line is complete.
-pub(crate) struct Lines<'a> {
-    rest: &'a [u8],
-    line: usize,
-}
-
-impl<'a> Lines<'a> {
-    pub(crate) fn new(page: &'a [u8]) -> Self {
-        Lines {
-            rest: page,
-            line: 0,
-        }
+/// The family named by a `# TYPE <name> <type>` line, or `None` for any other line.
+pub(crate) fn type_line_family(line: &[u8]) -> Option<&[u8]> {
+    let rest = trim_start(trim_start(line).strip_prefix(b"#")?);
+    let rest = rest.strip_prefix(b"TYPE")?;
+    if !rest.first().is_some_and(|b| *b == b' ' || *b == b'\t') {
+        return None;
     }
-}
-
-impl<'a> Iterator for Lines<'a> {
-    type Item = (usize, &'a [u8]);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.rest.is_empty() {
-            return None;
-        }
-        let end = self
-            .rest
-            .iter()
-            .position(|&b| b == b'\n')
-            .unwrap_or(self.rest.len());
-        let (line, rest) = self.rest.split_at(end);
-        self.rest = rest.get(1..).unwrap_or_default();
-        self.line += 1;
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        Some((self.line, line))
-    }
+    let rest = trim_start(rest);
+    let end = memchr::memchr2(b' ', b'\t', rest).unwrap_or(rest.len());
+    let name = &rest[..end];
+    (!name.is_empty()).then_some(name)
 }
 
 /// The metric name at the start of a sample line, or `None` for comments and blank lines.
@@ -60,10 +36,7 @@ pub(crate) fn metric_name(line: &[u8]) -> Option<&[u8]> {
     match line.first() {
         None | Some(b'#') => None,
         Some(_) => {
-            let end = line
-                .iter()
-                .position(|&b| b == b'{' || b == b' ' || b == b'\t')
-                .unwrap_or(line.len());
+            let end = memchr::memchr3(b'{', b' ', b'\t', line).unwrap_or(line.len());
             Some(&line[..end])
         }
     }
