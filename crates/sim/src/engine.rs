@@ -135,6 +135,8 @@ pub struct Stats {
     pub generation_tokens: u64,
     /// Requests finished.
     pub requests_finished: u64,
+    /// Requests aborted (client went away).
+    pub requests_aborted: u64,
     /// Preemptions.
     pub preemptions: u64,
     /// Prefix-cache queries (tokens).
@@ -505,6 +507,32 @@ impl Engine {
             preemptions: 0,
         });
         Ok(())
+    }
+
+    /// Drops request `id` (waiting or running), freeing its KV blocks: the client went away.
+    /// Returns whether it was found.
+    pub fn abort(&mut self, id: u64) -> bool {
+        let seq = if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let s = self.waiting.remove(i);
+            if let Some(a) = s.as_ref().and_then(|s| s.lora) {
+                let a = usize::from(a);
+                self.lora_waiting[a] = self.lora_waiting[a].saturating_sub(1);
+            }
+            s
+        } else if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let s = self.running.remove(i);
+            if let Some(a) = s.lora {
+                let a = usize::from(a);
+                self.lora_running[a] = self.lora_running[a].saturating_sub(1);
+            }
+            Some(s)
+        } else {
+            None
+        };
+        let Some(s) = seq else { return false };
+        self.free_blocks(&s);
+        self.stats.requests_aborted += 1;
+        true
     }
 
     /// Plans the next step at `now`. Returns its end time, or `None` if there is nothing to run

@@ -527,3 +527,45 @@ async fn fault_script_from_the_fleet_file_applies_on_time() {
     let _ = tx.send(());
     fleet.wait().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_goes_away_frees_its_slot_and_kv() {
+    let (fleet, stop) = serve(vec![PodSpec::new(
+        "pod",
+        &profile("llama-3.1-8b/a10g"),
+        EngineKind::Vllm,
+    )])
+    .await;
+    let (addr, handle) = (fleet.pods[0].addr, fleet.pods[0].handle.clone());
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let body =
+        json!({"model": MODEL, "prompt": "x".repeat(4000), "max_tokens": 1000, "stream": true});
+    let req = http::Request::post("/v1/completions")
+        .header("host", "sim")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let mut resp = send.send_request(req).await.unwrap().into_body();
+    for _ in 0..3 {
+        resp.frame().await.unwrap().unwrap();
+    }
+    let v = handle.view();
+    assert_eq!(v.running, 1);
+    assert!(v.kv_usage > 0.0);
+    drop(resp);
+    drop(send);
+    conn.abort();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let v = handle.view();
+    assert_eq!((v.running, v.waiting, v.kv_usage), (0, 0, 0.0));
+    let page = call(addr, "GET", "/metrics", None).await.body;
+    assert!(page.contains(
+        "finished_reason=\"abort\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 1.0"
+    ));
+    let _ = stop.send(());
+    fleet.wait().await;
+}

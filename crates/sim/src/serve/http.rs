@@ -113,8 +113,26 @@ impl Api {
     }
 }
 
+/// Aborts the request in the engine if the response is dropped before the request finished
+/// (client disconnect), as vLLM does.
+pub(crate) struct AbortOnDrop {
+    shared: Arc<PodShared>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.shared.streams).remove(&self.id);
+            lock(&self.shared.engine).abort(self.id);
+        }
+    }
+}
+
 /// Streams SSE chunks as the driver reports tokens.
 pub(crate) struct SseStream {
+    guard: AbortOnDrop,
     rx: mpsc::UnboundedReceiver<TokenEvent>,
     api: Api,
     id: String,
@@ -174,6 +192,7 @@ impl SseStream {
             }
             Poll::Ready(Some(TokenEvent::Done(done))) => {
                 self.ended = true;
+                self.guard.armed = false;
                 let mut out = Vec::new();
                 let last = match self.api {
                     Api::Chat => self.chunk(json!({}), Some(self.finish_reason)),
@@ -584,6 +603,11 @@ async fn inference_inner(
         return error(shared, StatusCode::BAD_REQUEST, &e.to_string(), None);
     }
     shared.wake.notify_one();
+    let mut guard = AbortOnDrop {
+        shared: shared.clone(),
+        id,
+        armed: true,
+    };
     let created = super::unix_now() as u64;
     let rid = match api {
         Api::Chat => format!("chatcmpl-{}-{id}", shared.name),
@@ -592,6 +616,7 @@ async fn inference_inner(
     let finish_reason = if p.explicit_max { "length" } else { "stop" };
     if p.stream {
         let s = SseStream {
+            guard,
             rx,
             api,
             id: rid,
@@ -614,7 +639,10 @@ async fn inference_inner(
     let done = loop {
         match rx.recv().await {
             Some(TokenEvent::Token { index, .. }) => text.push_str(word(id, index)),
-            Some(TokenEvent::Done(c)) => break c,
+            Some(TokenEvent::Done(c)) => {
+                guard.armed = false;
+                break c;
+            }
             None => {
                 return error(
                     shared,

@@ -328,7 +328,7 @@ pub fn vllm(p: &PageInput<'_>) -> String {
         &[
             (lf("stop"), 0.0),
             (lf("length"), s.requests_finished as f64),
-            (lf("abort"), 0.0),
+            (lf("abort"), s.requests_aborted as f64),
             (lf("error"), 0.0),
             (lf("repetition"), 0.0),
         ],
