@@ -29,6 +29,9 @@ pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
+    /// Another replica holds the leader Lease now, or renewing it failed for too long.
+    #[error("lost the leader Lease")]
+    LostLease,
     /// Adding or removing the finalizer failed.
     #[error("finalizer step failed")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -44,6 +47,7 @@ impl Error {
             Self::Shape { .. } => "render_shape",
             Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Kube(_) => "kube",
+            Self::LostLease => "lost_lease",
             Self::Finalizer(_) => "finalizer",
         }
     }

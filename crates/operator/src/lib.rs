@@ -10,11 +10,14 @@
 //!   backoff and a failure counter.
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease elector so two replicas never both write.
 //! - [`metrics`]: Prometheus counters of reconciles and failures.
+//! - [`serve`]: the `infergate operator` process tying these together.
 
 pub mod error;
+pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod render;
+pub mod serve;
 pub mod status;
 
 pub use error::Error;

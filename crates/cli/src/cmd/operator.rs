@@ -1,10 +1,48 @@
-//! `infergate operator`.
+//! `infergate operator`: reconciles `InferenceGatewayConfig` objects into Gateway API and
+//! Envoy Gateway objects; several replicas elect one leader through a Lease.
+
+use std::time::Duration;
+
+use infergate_operator::render::RenderOptions;
+use infergate_operator::serve::{ServeOptions, serve};
 
 /// Arguments of `infergate operator`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Image the body-based router and endpoint pickers run (default: this build's release).
+    #[arg(long, env = "INFERGATE_IMAGE")]
+    image: Option<String>,
+    /// Namespace of the leader Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "infergate-system")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "infergate-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME", default_value = "infergate-operator")]
+    identity: String,
+    /// Lease duration in seconds; the leader renews every third of it.
+    #[arg(long, default_value_t = 15)]
+    lease_seconds: u64,
+    /// Run without leader election (one replica only, for development).
+    #[arg(long)]
+    no_leader_election: bool,
+}
 
 /// Runs `infergate operator`.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`infergate operator` is not part of this build yet")
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let mut render = RenderOptions::default();
+    if let Some(image) = args.image {
+        render.image = image;
+    }
+    serve(ServeOptions {
+        render,
+        leader_election: !args.no_leader_election,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity: args.identity,
+        lease_duration: Duration::from_secs(args.lease_seconds.max(3)),
+    })
+    .await?;
+    Ok(())
 }

@@ -244,6 +244,35 @@ impl Fake {
                 }
                 ok(&cur)
             }
+            ("POST", None) => {
+                let name = body["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let item = format!("{collection}/{name}");
+                if st.objects.contains_key(&item) {
+                    return status(409, "already exists");
+                }
+                st.rv += 1;
+                let mut stored = body.clone();
+                stored["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                st.objects.insert(item, stored.clone());
+                ok(&stored)
+            }
+            ("PUT", Some(item)) => {
+                let Some(cur) = st.objects.get(&item) else {
+                    return status(404, "not found");
+                };
+                // Optimistic concurrency, as the API server does it.
+                if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"] {
+                    return status(409, "the object has been modified");
+                }
+                st.rv += 1;
+                let mut stored = body.clone();
+                stored["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                st.objects.insert(item, stored.clone());
+                ok(&stored)
+            }
             ("DELETE", Some(item)) => match st.objects.remove(&item) {
                 Some(v) => ok(&v),
                 None => status(404, "not found"),
