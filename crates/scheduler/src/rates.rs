@@ -13,14 +13,19 @@
 #[derive(Copy, Clone, Debug, Default)]
 pub(crate) struct LogEwma {
     ln: f64,
-    /// `exp(ln)`, cached: the pick reads it for every candidate.
+    /// `exp(ln)` and its inverse, cached: the pick reads them for every candidate.
     rate: f64,
+    inv: f64,
     samples: u32,
 }
 
 impl LogEwma {
     pub(crate) fn get(&self) -> Option<f64> {
         (self.samples > 0).then_some(self.rate)
+    }
+
+    pub(crate) fn inv(&self) -> Option<f64> {
+        (self.samples > 0).then_some(self.inv)
     }
 
     pub(crate) fn ln(&self) -> Option<f64> {
@@ -43,6 +48,7 @@ impl LogEwma {
             x
         };
         self.rate = self.ln.exp();
+        self.inv = 1.0 / self.rate;
         (before, self.ln)
     }
 }

@@ -16,7 +16,7 @@ use crate::filter::{Filter, FilterContext, FreshnessFilter, LoraFilter};
 use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
 use crate::rates::PoolRates;
 use crate::request::{Priority, RequestContext};
-use crate::scorer::{self, Scorer, View};
+use crate::scorer::{self, Scorer, ScorerKind, Spans, View};
 use crate::state::{EndpointState, Entry, InflightTable, Phase, Slot, adapter_hash};
 
 /// Scores closer than this are a tie, broken by the seeded generator.
@@ -51,7 +51,6 @@ pub struct EndpointInfo {
 struct Scratch {
     candidates: Vec<u32>,
     views: Vec<View>,
-    scores: Vec<f64>,
     hashes: Vec<u64>,
     matched: Vec<u32>,
     touched: Vec<u32>,
@@ -85,7 +84,7 @@ struct Scratch {
 /// ```
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    scorers: Vec<(Box<dyn Scorer>, f64)>,
+    scorers: Vec<(ScorerKind, f64)>,
     freshness: Option<FreshnessFilter>,
     lora: Option<LoraFilter>,
     slots: Vec<Slot>,
@@ -586,22 +585,16 @@ impl Scheduler {
     ) {
         let req = cx.request;
         let scored = self.cfg.policy == Policy::Scored;
-        let filters: [Option<&dyn Filter>; 2] = if filter {
-            [
-                self.freshness.as_ref().map(|f| f as &dyn Filter),
-                if scored {
-                    self.lora.as_ref().map(|f| f as &dyn Filter)
-                } else {
-                    None
-                },
-            ]
-        } else {
-            [None, None]
-        };
+        // Static dispatch: the filters are inlined into this loop.
+        let freshness = self.freshness.as_ref().filter(|_| filter);
+        let lora_filter = self
+            .lora
+            .as_ref()
+            .filter(|_| filter && scored && req.lora_adapter.is_some());
         let sc = &mut self.scratch;
         let nblocks = sc.hashes.len();
         let adj = self.cfg.inflight_accounting;
-        let prefill_prior = self.pool.prefill_prior();
+        let inv_prefill_prior = 1.0 / self.pool.prefill_prior();
         let decode_prior = self.pool.decode_prior();
         let mean_prompt = self.pool.mean_prompt;
         let mean_output = self.pool.mean_output;
@@ -617,16 +610,21 @@ impl Scheduler {
             let Some(ep) = self.slots[slot as usize].state.as_ref() else {
                 continue;
             };
-            for f in filters.iter().flatten() {
-                if !f.keep(cx, ep) {
-                    if let Some(ex) = ex.as_deref_mut() {
-                        ex.filtered.push(FilteredOut {
-                            addr: ep.cold.meta.addr,
-                            filter: f.name(),
-                        });
-                    }
-                    continue 'candidates;
+            let removed_by = if freshness.is_some_and(|f| !f.keep(cx, ep)) {
+                freshness.map(Filter::name)
+            } else if lora_filter.is_some_and(|f| !f.keep(cx, ep)) {
+                lora_filter.map(Filter::name)
+            } else {
+                None
+            };
+            if let Some(name) = removed_by {
+                if let Some(ex) = ex.as_deref_mut() {
+                    ex.filtered.push(FilteredOut {
+                        addr: ep.cold.meta.addr,
+                        filter: name,
+                    });
                 }
+                continue 'candidates;
             }
             let (since_pending, since_decoding, since_tokens) = if adj {
                 (
@@ -640,9 +638,12 @@ impl Scheduler {
             let m_wait = f64::from(ep.waiting);
             let waiting = m_wait + since_pending;
             let running = f64::from(ep.running) + since_decoding;
-            let kv = ep.kv.map(|k| match ep.capacity {
-                Some(cap) if adj => (k + since_tokens / cap as f64).min(1.0),
-                _ => k,
+            let kv = ep.kv.map(|k| {
+                if since_tokens > 0.0 {
+                    (k + since_tokens * ep.inv_capacity).min(1.0)
+                } else {
+                    k
+                }
             });
             let prefix_blocks = sc.matched.get(slot as usize).copied().unwrap_or(0);
             let prefix = f64::from(prefix_blocks) * inv_blocks;
@@ -657,7 +658,7 @@ impl Scheduler {
                 scraped_queue
             };
             let own_tokens = f64::from(req.prompt_tokens) * (1.0 - prefix);
-            let prefill_rate = ep.prefill.get().unwrap_or(prefill_prior);
+            let inv_prefill_rate = ep.prefill.inv().unwrap_or(inv_prefill_prior);
             let kv_wait = match kv {
                 Some(k) if k > KV_PRESSURE_START => {
                     let decode_rate = ep.decode.get().unwrap_or(decode_prior);
@@ -666,7 +667,7 @@ impl Scheduler {
                 }
                 _ => 0.0,
             };
-            let wait = (queued_tokens + own_tokens) / prefill_rate + kv_wait;
+            let wait = (queued_tokens + own_tokens) * inv_prefill_rate + kv_wait;
             let kv_or_zero = kv.unwrap_or(0.0);
             sc.views.push(View {
                 slot,
@@ -770,46 +771,47 @@ impl Scheduler {
             });
         }
         let sc = &mut self.scratch;
-        let n = sc.views.len();
-        sc.scores.clear();
-        sc.scores.resize(n, 0.0);
-        if let Some(ex) = ex.as_deref_mut() {
-            ex.candidates = sc
-                .views
-                .iter()
-                .filter_map(|v| {
-                    let ep = self.slots[v.slot as usize].state.as_ref()?;
-                    Some(CandidateRecord {
+        let spans = Spans::of(&sc.views);
+        match ex {
+            None => {
+                // The hot path: one straight pass per weighted scorer.
+                for v in sc.views.iter_mut() {
+                    v.total = 0.0;
+                }
+                for (s, w) in &self.scorers {
+                    s.accumulate(*w, &mut sc.views, &spans);
+                }
+            }
+            Some(ex) => {
+                // Same arithmetic in the same order, recording every value.
+                ex.candidates.clear();
+                for v in sc.views.iter_mut() {
+                    let Some(ep) = self.slots[v.slot as usize].state.as_ref() else {
+                        continue;
+                    };
+                    let mut scores = Vec::with_capacity(self.scorers.len());
+                    let mut total = 0.0;
+                    for (s, w) in &self.scorers {
+                        let value = s.score(v, &spans);
+                        total += *w * value;
+                        scores.push(ScoreRecord {
+                            scorer: s.name(),
+                            weight: *w,
+                            value,
+                        });
+                    }
+                    v.total = total;
+                    ex.candidates.push(CandidateRecord {
                         addr: ep.cold.meta.addr,
                         name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
-                        scores: Vec::with_capacity(self.scorers.len()),
-                        total: 0.0,
+                        scores,
+                        total,
                         waiting: v.waiting,
                         estimated_wait_secs: v.wait,
                         prefix_blocks: v.prefix_blocks,
                         saturated: v.saturated,
-                    })
-                })
-                .collect();
-        }
-        for (s, w) in &self.scorers {
-            s.score(&sc.views, &mut sc.scores);
-            for (v, score) in sc.views.iter_mut().zip(&sc.scores) {
-                v.total += w * score;
-            }
-            if let Some(ex) = ex.as_deref_mut() {
-                for (c, score) in ex.candidates.iter_mut().zip(&sc.scores) {
-                    c.scores.push(ScoreRecord {
-                        scorer: s.name(),
-                        weight: *w,
-                        value: *score,
                     });
                 }
-            }
-        }
-        if let Some(ex) = ex {
-            for (c, v) in ex.candidates.iter_mut().zip(&sc.views) {
-                c.total = v.total;
             }
         }
         let k = usize::from(self.cfg.returned_endpoints);

@@ -1,4 +1,4 @@
-//! Scorers: each turns the candidates' [`View`]s into one score per candidate in `[0, 1]`.
+//! Scorers: each turns a candidate's [`View`] into a score in `[0, 1]`.
 //!
 //! Scores are combined as Σ weight·score (see [`Weights`]); a scorer with weight 0 is never built.
 //! Min-max scorers give every candidate 1.0 when all candidates are equal, so an uninformative
@@ -41,141 +41,204 @@ pub(crate) struct View {
     pub(crate) total: f64,
 }
 
+/// Pool-wide quantities the relative scorers normalise by, computed once per pick over the final
+/// candidates.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Spans {
+    waiting: MinMax,
+    running: MinMax,
+    inflight_tokens: MinMax,
+    best_wait: f64,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct MinMax {
+    hi: f64,
+    /// `1 / (max − min)`, or 0 when every candidate is equal.
+    inv_span: f64,
+}
+
+impl MinMax {
+    fn new(lo: f64, hi: f64) -> Self {
+        let span = hi - lo;
+        MinMax {
+            hi,
+            inv_span: if span > 0.0 { 1.0 / span } else { 0.0 },
+        }
+    }
+
+    /// `(max − x) / (max − min)`, and 1.0 when `max == min`.
+    fn lower_better(&self, x: f64) -> f64 {
+        if self.inv_span > 0.0 {
+            ((self.hi - x) * self.inv_span).clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
+}
+
+impl Spans {
+    pub(crate) fn of(views: &[View]) -> Self {
+        let (mut wl, mut wh) = (f64::INFINITY, f64::NEG_INFINITY);
+        let (mut rl, mut rh) = (f64::INFINITY, f64::NEG_INFINITY);
+        let (mut tl, mut th) = (f64::INFINITY, f64::NEG_INFINITY);
+        let mut best_wait = f64::INFINITY;
+        for v in views {
+            wl = wl.min(v.waiting);
+            wh = wh.max(v.waiting);
+            rl = rl.min(v.running);
+            rh = rh.max(v.running);
+            tl = tl.min(v.inflight_tokens);
+            th = th.max(v.inflight_tokens);
+            best_wait = best_wait.min(v.wait);
+        }
+        Spans {
+            waiting: MinMax::new(wl, wh),
+            running: MinMax::new(rl, rh),
+            inflight_tokens: MinMax::new(tl, th),
+            best_wait,
+        }
+    }
+}
+
 /// One scoring signal.
 pub(crate) trait Scorer: Send + Sync {
     /// Stable name, used in explanations, docs and metrics.
     fn name(&self) -> &'static str;
-    /// Writes one score in `[0, 1]` per view into `out` (same length as `views`).
-    fn score(&self, views: &[View], out: &mut [f64]);
-}
-
-/// Min-max normalisation where lower is better: `(max − x) / (max − min)`, and 1.0 when
-/// `max == min`.
-fn min_max_lower_better(views: &[View], out: &mut [f64], x: impl Fn(&View) -> f64) {
-    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-    for v in views {
-        let x = x(v);
-        lo = lo.min(x);
-        hi = hi.max(x);
-    }
-    let span = hi - lo;
-    for (o, v) in out.iter_mut().zip(views) {
-        *o = if span > 0.0 {
-            ((hi - x(v)) / span).clamp(0.0, 1.0)
-        } else {
-            1.0
-        };
-    }
-}
-
-/// `queue`: `(max_q − q) / (max_q − min_q)` over candidates, q = waiting requests.
-pub(crate) struct QueueScorer;
-impl Scorer for QueueScorer {
-    fn name(&self) -> &'static str {
-        "queue"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        min_max_lower_better(views, out, |v| v.waiting);
-    }
-}
-
-/// `kv-cache`: `1 − use`; 0.5 (neutral) when the engine reports no KV gauge (TGI).
-pub(crate) struct KvCacheScorer;
-impl Scorer for KvCacheScorer {
-    fn name(&self) -> &'static str {
-        "kv-cache"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        for (o, v) in out.iter_mut().zip(views) {
-            *o = v.kv.map_or(0.5, |k| (1.0 - k).clamp(0.0, 1.0));
-        }
-    }
-}
-
-/// `prefix`: matched leading blocks / prompt blocks.
-pub(crate) struct PrefixScorer;
-impl Scorer for PrefixScorer {
-    fn name(&self) -> &'static str {
-        "prefix"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        for (o, v) in out.iter_mut().zip(views) {
-            *o = v.prefix.clamp(0.0, 1.0);
-        }
-    }
-}
-
-/// `lora-affinity`: 1.0 adapter running, 0.8 free adapter slot, 0.6 adapter waiting, 0 otherwise;
-/// 1.0 for every pod when the request names no adapter.
-pub(crate) struct LoraAffinityScorer;
-impl Scorer for LoraAffinityScorer {
-    fn name(&self) -> &'static str {
-        "lora-affinity"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        for (o, v) in out.iter_mut().zip(views) {
-            *o = v.lora.clamp(0.0, 1.0);
-        }
-    }
-}
-
-/// `running-requests`: `(max_r − r) / (max_r − min_r)` over candidates.
-pub(crate) struct RunningRequestsScorer;
-impl Scorer for RunningRequestsScorer {
-    fn name(&self) -> &'static str {
-        "running-requests"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        min_max_lower_better(views, out, |v| v.running);
-    }
-}
-
-/// `inflight-tokens`: `(max_t − t) / (max_t − min_t)` over candidates, t = tokens in flight from
-/// this gateway.
-pub(crate) struct InflightTokensScorer;
-impl Scorer for InflightTokensScorer {
-    fn name(&self) -> &'static str {
-        "inflight-tokens"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        min_max_lower_better(views, out, |v| v.inflight_tokens);
-    }
+    /// The score in `[0, 1]` of one candidate, given the spans over all candidates.
+    fn score(&self, view: &View, spans: &Spans) -> f64;
 }
 
 /// Seconds added to both sides of the wait ratio so that idle pods compare by a meaningful margin
 /// instead of dividing by ~0.
 pub(crate) const WAIT_EPSILON_SECS: f64 = 0.001;
 
-/// `estimated-wait`: `(w_min + ε) / (w + ε)`, w = estimated time to first token, ε = 1 ms.
-/// A pod with twice the best wait scores 0.5; one five times slower scores ~0.2.
-pub(crate) struct EstimatedWaitScorer;
-impl Scorer for EstimatedWaitScorer {
-    fn name(&self) -> &'static str {
-        "estimated-wait"
-    }
-    fn score(&self, views: &[View], out: &mut [f64]) {
-        let best = views.iter().map(|v| v.wait).fold(f64::INFINITY, f64::min);
-        for (o, v) in out.iter_mut().zip(views) {
-            let r = (best + WAIT_EPSILON_SECS) / (v.wait + WAIT_EPSILON_SECS);
-            *o = if r.is_finite() {
-                r.clamp(0.0, 1.0)
-            } else {
-                0.0
+/// The built-in scorers. An enum rather than boxed trait objects so the per-candidate loop is
+/// statically dispatched; each variant's formula is below and in `docs/scheduler.md`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ScorerKind {
+    /// `queue`: `(max_q − q) / (max_q − min_q)` over candidates (1 when all equal), q = waiting
+    /// requests (scraped queue + routed since the scrape, awaiting the first token).
+    Queue,
+    /// `kv-cache`: `1 − use`; 0.5 (neutral) when the engine reports no KV gauge (TGI).
+    KvCache,
+    /// `prefix`: matched leading blocks / prompt blocks (0 for prompts shorter than one block).
+    Prefix,
+    /// `lora-affinity`: 1.0 adapter running, 0.8 free adapter slot, 0.6 adapter waiting, 0
+    /// otherwise; 1.0 for every pod when the request names no adapter, 0.5 when the pod reports
+    /// no LoRA state.
+    LoraAffinity,
+    /// `running-requests`: `(max_r − r) / (max_r − min_r)` over candidates.
+    RunningRequests,
+    /// `inflight-tokens`: `(max_t − t) / (max_t − min_t)` over candidates, t = prompt + output
+    /// tokens in flight from this gateway.
+    InflightTokens,
+    /// `estimated-wait`: `(w_min + ε) / (w + ε)`, w = estimated time to first token, ε = 1 ms.
+    /// A pod with twice the best wait scores about 0.5; one five times slower about 0.2.
+    EstimatedWait,
+}
+
+impl ScorerKind {
+    /// Adds `weight × score` to every view's total: the kind is matched once, outside the loop,
+    /// so each scorer is a straight pass over the candidates. Same arithmetic as [`Scorer::score`].
+    pub(crate) fn accumulate(&self, weight: f64, views: &mut [View], spans: &Spans) {
+        macro_rules! each {
+            ($f:path) => {
+                for v in views.iter_mut() {
+                    v.total += weight * $f(v, spans);
+                }
             };
+        }
+        match self {
+            ScorerKind::Queue => each!(queue),
+            ScorerKind::KvCache => each!(kv_cache),
+            ScorerKind::Prefix => each!(prefix),
+            ScorerKind::LoraAffinity => each!(lora_affinity),
+            ScorerKind::RunningRequests => each!(running_requests),
+            ScorerKind::InflightTokens => each!(inflight_tokens),
+            ScorerKind::EstimatedWait => each!(estimated_wait),
+        }
+    }
+}
+
+#[inline]
+fn queue(v: &View, spans: &Spans) -> f64 {
+    spans.waiting.lower_better(v.waiting)
+}
+
+#[inline]
+fn kv_cache(v: &View, _: &Spans) -> f64 {
+    v.kv.map_or(0.5, |k| (1.0 - k).clamp(0.0, 1.0))
+}
+
+#[inline]
+fn prefix(v: &View, _: &Spans) -> f64 {
+    v.prefix.clamp(0.0, 1.0)
+}
+
+#[inline]
+fn lora_affinity(v: &View, _: &Spans) -> f64 {
+    v.lora.clamp(0.0, 1.0)
+}
+
+#[inline]
+fn running_requests(v: &View, spans: &Spans) -> f64 {
+    spans.running.lower_better(v.running)
+}
+
+#[inline]
+fn inflight_tokens(v: &View, spans: &Spans) -> f64 {
+    spans.inflight_tokens.lower_better(v.inflight_tokens)
+}
+
+#[inline]
+fn estimated_wait(v: &View, spans: &Spans) -> f64 {
+    let r = (spans.best_wait + WAIT_EPSILON_SECS) / (v.wait + WAIT_EPSILON_SECS);
+    if r.is_finite() {
+        r.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+impl Scorer for ScorerKind {
+    fn name(&self) -> &'static str {
+        match self {
+            ScorerKind::Queue => "queue",
+            ScorerKind::KvCache => "kv-cache",
+            ScorerKind::Prefix => "prefix",
+            ScorerKind::LoraAffinity => "lora-affinity",
+            ScorerKind::RunningRequests => "running-requests",
+            ScorerKind::InflightTokens => "inflight-tokens",
+            ScorerKind::EstimatedWait => "estimated-wait",
+        }
+    }
+
+    fn score(&self, v: &View, spans: &Spans) -> f64 {
+        match self {
+            ScorerKind::Queue => queue(v, spans),
+            ScorerKind::KvCache => kv_cache(v, spans),
+            ScorerKind::Prefix => prefix(v, spans),
+            ScorerKind::LoraAffinity => lora_affinity(v, spans),
+            ScorerKind::RunningRequests => running_requests(v, spans),
+            ScorerKind::InflightTokens => inflight_tokens(v, spans),
+            ScorerKind::EstimatedWait => estimated_wait(v, spans),
         }
     }
 }
 
 /// Builds the weighted scorers a configuration asks for, skipping zero weights.
-pub(crate) fn build(weights: &Weights) -> Vec<(Box<dyn Scorer>, f64)> {
-    let all: [(Box<dyn Scorer>, f64); 7] = [
-        (Box::new(QueueScorer), weights.queue),
-        (Box::new(KvCacheScorer), weights.kv_cache),
-        (Box::new(PrefixScorer), weights.prefix),
-        (Box::new(LoraAffinityScorer), weights.lora_affinity),
-        (Box::new(RunningRequestsScorer), weights.running_requests),
-        (Box::new(InflightTokensScorer), weights.inflight_tokens),
-        (Box::new(EstimatedWaitScorer), weights.estimated_wait),
-    ];
-    all.into_iter().filter(|(_, w)| *w > 0.0).collect()
+pub(crate) fn build(weights: &Weights) -> Vec<(ScorerKind, f64)> {
+    [
+        (ScorerKind::Queue, weights.queue),
+        (ScorerKind::KvCache, weights.kv_cache),
+        (ScorerKind::Prefix, weights.prefix),
+        (ScorerKind::LoraAffinity, weights.lora_affinity),
+        (ScorerKind::RunningRequests, weights.running_requests),
+        (ScorerKind::InflightTokens, weights.inflight_tokens),
+        (ScorerKind::EstimatedWait, weights.estimated_wait),
+    ]
+    .into_iter()
+    .filter(|(_, w)| *w > 0.0)
+    .collect()
 }

@@ -86,6 +86,8 @@ pub(crate) struct EndpointState {
     pub(crate) kv: Option<f64>,
     /// KV capacity in tokens, when reported.
     pub(crate) capacity: Option<u64>,
+    /// `1 / capacity` (0 when unknown), so the pick multiplies instead of dividing.
+    pub(crate) inv_capacity: f64,
     pub(crate) lora: LoraHot,
     /// Bumped on every applied snapshot; in-flight entries remember the epoch they were picked in.
     pub(crate) epoch: u32,
@@ -123,6 +125,7 @@ impl EndpointState {
             running: 0,
             kv: None,
             capacity: None,
+            inv_capacity: 0.0,
             lora: LoraHot::default(),
             epoch: 0,
             inflight: 0,
@@ -145,6 +148,7 @@ impl EndpointState {
         self.running = m.running;
         self.kv = m.kv_cache_usage;
         self.capacity = m.cache.map(|c| c.capacity_tokens()).filter(|t| *t > 0);
+        self.inv_capacity = self.capacity.map_or(0.0, |c| 1.0 / c as f64);
         self.lora = LoraHot::from_state(m.lora.as_ref());
         self.cold.metrics = Some(m);
     }
