@@ -1,0 +1,267 @@
+//! The picker end to end: emulated model servers (`infergate-sim`) on 127.0.0.1, the live pool
+//! scraping them, and the harness standing in for Envoy — routing through ext_proc, forwarding to
+//! the chosen endpoint, streaming the response back.
+//!
+//! These run on the real clock: the pool scrapes real sockets every 50 ms. Assertions are about
+//! where requests go and about in-flight accounting, never about how long anything took.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "common/forward.rs"]
+mod forward;
+#[path = "common/harness.rs"]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use forward::forward;
+use harness::*;
+use infergate_extproc::{EndpointPicker, PickerConfig, Telemetry};
+use infergate_metrics::ScraperConfig;
+use infergate_pool::{LivePool, PoolConfig};
+use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
+use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
+
+const PROFILE: &str = "llama-3.1-8b/a10g";
+
+struct Rig {
+    fleet: ServedFleet,
+    pool: LivePool,
+    envoy: Envoy,
+    model: String,
+    _server: Server,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn rig(pods: usize) -> Rig {
+    let catalog = Catalog::builtin().unwrap();
+    let profile = catalog.get(PROFILE).unwrap().clone();
+    let model = profile.model.to_string();
+    let spec = FleetSpec {
+        seed: 7,
+        pods: (0..pods)
+            .map(|i| PodSpec::new(format!("pod-{i}"), &profile, EngineKind::Vllm))
+            .collect(),
+    }
+    .finish()
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let fleet = serve_fleet(&spec, async move {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let pool = LivePool::start(
+        PoolConfig {
+            scheduler: SchedulerConfig::default(),
+            scrape: ScraperConfig::default(),
+            seed: 11,
+        },
+        None,
+    )
+    .unwrap();
+    pool.set_endpoints(fleet.pods.iter().map(|p| EndpointMeta {
+        namespace: "default".into(),
+        pod: p.name.clone(),
+        addr: p.addr,
+        engine: EngineType::Vllm,
+        gpu: None,
+        labels: BTreeMap::new(),
+    }))
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !pool.endpoints_info().iter().all(|i| i.metrics.is_some()) {
+        assert!(tokio::time::Instant::now() < deadline, "pods never scraped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let server = serve(EndpointPicker::new(
+        PickerConfig::default(),
+        pool.clone(),
+        Telemetry::default(),
+    ))
+    .await;
+    let envoy = Envoy::connect(server.addr).await;
+    Rig {
+        fleet,
+        pool,
+        envoy,
+        model,
+        _server: server,
+        _stop: stop,
+    }
+}
+
+fn chat(model: &str, system: &str, user: &str, max_tokens: u32, stream: bool) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "stream_options": {"include_usage": true},
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ],
+    }))
+    .unwrap()
+}
+
+async fn wait_inflight(pool: &LivePool, n: usize) {
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while pool.inflight() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "in-flight stuck at {}",
+            pool.inflight()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_requests_complete_and_release_in_flight() {
+    let rig = rig(2).await;
+    for stream in [false, true] {
+        let body = chat(&rig.model, "be brief", "say hello", 8, stream);
+        let f = forward(&rig.envoy, "/v1/chat/completions", &body, 13).await;
+        assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
+        assert!(
+            rig.fleet
+                .pods
+                .iter()
+                .any(|p| p.addr == f.endpoint && p.name == f.pod)
+        );
+        assert_eq!(
+            f.destination.split(',').count(),
+            2,
+            "first choice and fallback"
+        );
+        let text = String::from_utf8(f.body).unwrap();
+        assert!(text.contains("\"usage\""), "{text}");
+        wait_inflight(&rig.pool, 0).await;
+    }
+    // A learned rate after streamed completions: the response path fed the scheduler.
+    assert!(
+        rig.pool
+            .endpoints_info()
+            .iter()
+            .any(|i| i.picked > 0 && i.inflight == 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_mid_response_releases_in_flight_on_the_live_pool() {
+    let rig = rig(1).await;
+    let body = chat(&rig.model, "x", "y", 64, true);
+    let mut ex = rig.envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(&body, true)).await;
+    headers_answer(&ex.next().await);
+    ex.streamed_body(true, usize::MAX).await;
+    assert_eq!(rig.pool.inflight(), 1);
+    ex.send(response_headers(200, "text/event-stream", false))
+        .await;
+    ex.next().await;
+    drop(ex); // Envoy resets the stream (client went away)
+    wait_inflight(&rig.pool, 0).await;
+
+    // A reset mid-body never picked anything.
+    let mut ex = rig.envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(&body[..10], false)).await;
+    drop(ex);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(rig.pool.inflight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_follows_load() {
+    let rig = rig(3).await;
+    // Load pod-0 directly (as other gateways would): long generations keep its queue busy.
+    let busy = rig.fleet.pods[0].addr;
+    let model = rig.model.clone();
+    let mut load = Vec::new();
+    for i in 0..48 {
+        let body = chat(&model, "load", &format!("background job {i}"), 2_000, false);
+        load.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(busy).await.unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let req = http::Request::builder()
+                .method("POST")
+                .uri("/v1/chat/completions")
+                .header("host", "x")
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .unwrap();
+            let _ = send.send_request(req).await;
+        }));
+    }
+    // Wait until the scraper has seen the load on pod-0.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = rig.pool.endpoints_info();
+        let running = info
+            .iter()
+            .find(|i| i.meta.addr == busy)
+            .and_then(|i| i.metrics.as_ref())
+            .map_or(0, |m| m.running + m.waiting);
+        if running >= 40 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "load never visible");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut on_busy = 0;
+    for i in 0..20 {
+        let body = chat(&rig.model, "q", &format!("question {i}"), 4, false);
+        let f = forward(&rig.envoy, "/v1/chat/completions", &body, 4096).await;
+        assert_eq!(f.status, 200);
+        if f.endpoint == busy {
+            on_busy += 1;
+        }
+    }
+    assert_eq!(on_busy, 0, "requests avoid the loaded pod");
+    for l in load {
+        l.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_follows_prefix() {
+    let rig = rig(3).await;
+    // Three conversations with long distinct system prompts; each follow-up must land where its
+    // conversation's prefix is cached.
+    let systems: Vec<String> = (0..3)
+        .map(|c| format!("conversation {c}: ") + &"context sentence number. ".repeat(400))
+        .collect();
+    let mut home = Vec::new();
+    for s in &systems {
+        let f = forward(
+            &rig.envoy,
+            "/v1/chat/completions",
+            &chat(&rig.model, s, "first", 4, false),
+            16_384,
+        )
+        .await;
+        home.push(f.endpoint);
+    }
+    for round in 0..4 {
+        for (c, s) in systems.iter().enumerate() {
+            let body = chat(&rig.model, s, &format!("follow-up {round}"), 4, false);
+            let f = forward(&rig.envoy, "/v1/chat/completions", &body, 16_384).await;
+            assert_eq!(
+                f.endpoint, home[c],
+                "conversation {c} round {round} left its cached pod"
+            );
+        }
+    }
+}
