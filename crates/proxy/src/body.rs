@@ -83,8 +83,9 @@ impl Body for ResponseBody {
 enum Watch {
     /// An SSE stream: first token and final usage.
     Sse(SseScanner),
-    /// A JSON answer kept to read `usage` at the end.
-    Json(Vec<u8>),
+    /// A JSON answer kept to read `usage` at the end. A body that arrives as one frame (the usual
+    /// case) is kept by reference, without a copy.
+    Json(Option<Bytes>, Vec<u8>),
     /// Nothing to read (errors, embeddings over the cap, ...).
     Nothing,
 }
@@ -119,7 +120,7 @@ impl Tracked {
         } else if sse {
             Watch::Sse(SseScanner::new())
         } else if generates {
-            Watch::Json(Vec::new())
+            Watch::Json(None, Vec::new())
         } else {
             Watch::Nothing
         };
@@ -146,10 +147,16 @@ impl Tracked {
                     self.model.metrics.ttft(self.started.elapsed());
                 }
             }
-            Watch::Json(buf) => {
-                if buf.len() + data.len() > MAX_USAGE_BODY {
+            Watch::Json(first, buf) => {
+                let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
+                if held + data.len() > MAX_USAGE_BODY {
                     self.watch = Watch::Nothing;
+                } else if first.is_none() && buf.is_empty() {
+                    *first = Some(data.clone());
                 } else {
+                    if let Some(f) = first.take() {
+                        buf.extend_from_slice(&f);
+                    }
                     buf.extend_from_slice(data);
                 }
             }
@@ -179,7 +186,8 @@ impl Tracked {
                 scanner.finish();
                 scanner.usage()
             }
-            Watch::Json(buf) => extract_usage(buf),
+            Watch::Json(Some(first), _) => extract_usage(first),
+            Watch::Json(None, buf) => extract_usage(buf),
             Watch::Nothing => None,
         };
         let usage = usage.unwrap_or(Usage::default());
