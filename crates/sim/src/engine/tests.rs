@@ -91,10 +91,14 @@ fn bulk_and_single_steps_agree() {
 #[test]
 fn preemption_under_kv_pressure_completes_everything_and_frees_all_blocks() {
     let p = small_profile();
-    let reqs: Vec<_> = (0..30).map(|i| req(i, 0.0, 200, 150)).collect();
+    let reqs: Vec<_> = (0..30).map(|i| req(i, i as f64 * 0.05, 200, 150)).collect();
+    let mut runs = Vec::new();
     for bulk in [false, true] {
         let mut e = Engine::new(p.clone(), vec![], 4, 1, true);
-        let done = run(&mut e, reqs.clone(), bulk);
+        let mut done = run(&mut e, reqs.clone(), bulk);
+        done.sort_by_key(|c| c.id);
+        runs.push(done.clone());
+        assert_eq!(e.stats().bulk_steps > 0, bulk);
         assert_eq!(done.len(), 30);
         assert!(
             e.stats().preemptions > 0,
@@ -103,6 +107,11 @@ fn preemption_under_kv_pressure_completes_everything_and_frees_all_blocks() {
         assert!(done.iter().all(|c| c.output_tokens == 150));
         assert_eq!(e.pool.used(), 0);
         assert_eq!(e.view(1e9).kv_usage, 0.0);
+    }
+    // bulk decoding while admission is blocked by KV gives the same timings as single steps
+    for (a, b) in runs[0].iter().zip(&runs[1]) {
+        assert!((a.first_token - b.first_token).abs() < 1e-9 && (a.last_token - b.last_token).abs() < 1e-9, "{a:?} {b:?}");
+        assert_eq!(a.preemptions, b.preemptions);
     }
 }
 
