@@ -67,6 +67,30 @@ pub enum BenchError {
         #[source]
         source: std::io::Error,
     },
+    /// The gateway could not be started for a live run.
+    #[error("the gateway for policy {policy} did not start")]
+    Gateway {
+        /// The policy.
+        policy: String,
+        /// The gateway's error.
+        #[source]
+        source: infergate_proxy::Error,
+    },
+    /// The gateway's configuration built for a live run was refused.
+    #[error("the gateway configuration for policy {policy} was refused")]
+    GatewayConfig {
+        /// The policy.
+        policy: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A socket for a live run could not be bound.
+    #[error("cannot bind 127.0.0.1 for the live run")]
+    Bind(#[source] std::io::Error),
+    /// The gateway never became ready (no pod answered its scrapes).
+    #[error("the gateway for policy {0} did not become ready within 10 s")]
+    NotReady(String),
     /// A JSON report could not be encoded.
     #[error("cannot encode the JSON report")]
     Json(#[from] serde_json::Error),

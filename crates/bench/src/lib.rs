@@ -4,7 +4,8 @@
 //! seeds and the policies to compare. Each seed's arrivals are generated once and fed to every
 //! policy; each policy is the real [`infergate_scheduler::Scheduler`] with one of its presets,
 //! routing onto `infergate-sim`'s discrete-event fleet on a virtual clock and fed only what a
-//! scraper and a gateway would see. The result is a [`Report`]: TTFT, inter-token and end-to-end
+//! scraper and a gateway would see (simulated mode), or running inside the standalone gateway in
+//! front of emulated pods on loopback (live mode). The result is a [`Report`]: TTFT, inter-token and end-to-end
 //! latency percentiles, throughput, rejections, per-pod load, each policy's change against
 //! round-robin, the clairvoyant floor, and verdicts against the scenario's targets, written as
 //! markdown, JSON and SVG plots.
@@ -13,11 +14,14 @@
 //! - [`scenario`] — the scenario file format and its validation (errors name the field);
 //! - [`workload`] — seeded arrival processes, length distributions, prefix groups, LoRA mix;
 //! - [`simulate`] — the simulated runner and the clairvoyant floor;
+//! - [`live`] — the live runner: emulated pods on 127.0.0.1 behind the standalone gateway, driven
+//!   over real HTTP with streaming requests;
 //! - [`report`] — results, summary over seeds, verdicts, markdown / JSON / SVG;
 //! - [`stats`] — percentiles and spreads; [`progress`] — the stderr progress bar;
 //! - `error` — [`BenchError`].
 
 mod error;
+pub mod live;
 pub mod progress;
 pub mod report;
 pub mod scenario;

@@ -477,6 +477,25 @@ impl Scenario {
         Ok(())
     }
 
+    /// Multiplies every arrival rate by `factor` (a load sweep on one scenario).
+    pub fn scale_load(&mut self, factor: f64) {
+        match &mut self.workload.arrival {
+            ArrivalProcess::Poisson { rate } => *rate *= factor,
+            ArrivalProcess::Bursty {
+                base_rate,
+                burst_rate,
+                ..
+            } => {
+                *base_rate *= factor;
+                *burst_rate *= factor;
+            }
+            ArrivalProcess::Ramp { from_rate, to_rate } => {
+                *from_rate *= factor;
+                *to_rate *= factor;
+            }
+        }
+    }
+
     /// Resolves the fleet against the simulator's profile catalog.
     pub fn fleet_spec(&self, catalog: &Catalog, origin: &str) -> Result<FleetSpec, BenchError> {
         let mut pods = Vec::new();

@@ -1,10 +1,126 @@
-//! `infergate bench`.
+//! `infergate bench`: runs scenario files (simulated or live) and writes their reports.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use infergate_bench::{Report, Scenario, StderrBar};
 
 /// Arguments of `infergate bench`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Scenario files, or folders of them.
+    #[arg(default_value = "benches/scenarios")]
+    scenarios: Vec<PathBuf>,
+    /// Folder for the reports (markdown, JSON, SVG).
+    #[arg(long, default_value = "target/bench-reports")]
+    out: PathBuf,
+    /// Mode: `simulated` (virtual time) or `live` (HTTP through the gateway).
+    #[arg(long, default_value = "simulated")]
+    mode: String,
+    /// Seeds to run instead of the scenario's (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<u64>,
+    /// Seconds of arrivals instead of the scenario's.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Policies instead of the scenario's (comma-separated presets).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Multiplies every arrival rate (a load sweep on one scenario).
+    #[arg(long)]
+    load_scale: Option<f64>,
+}
+
+fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect();
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Loads a scenario and applies the command-line overrides.
+fn load(path: &Path, args: &Args) -> anyhow::Result<Scenario> {
+    let mut s = Scenario::from_file(path)?;
+    if !args.seeds.is_empty() {
+        s.seeds.clone_from(&args.seeds);
+    }
+    if let Some(d) = args.duration {
+        s.workload.duration_s = d;
+    }
+    if let Some(f) = args.load_scale {
+        s.scale_load(f);
+    }
+    if !args.policies.is_empty() {
+        s.policies = args
+            .policies
+            .iter()
+            .map(|p| p.parse())
+            .collect::<Result<_, _>>()?;
+    }
+    s.validate(&path.display().to_string())?;
+    Ok(s)
+}
+
+/// Prints a report's table and verdicts on stdout.
+pub fn print(report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\n## {} ({})\n", report.scenario.name, report.mode)?;
+    writeln!(out, "{}", report.table())?;
+    for v in &report.verdicts {
+        writeln!(
+            out,
+            "{} {}: {}",
+            if v.met { "met   " } else { "MISSED" },
+            v.target,
+            v.measured
+        )?;
+    }
+    if let Some(md) = written.first() {
+        writeln!(out, "\nreport: {}", md.display())?;
+    }
+    Ok(())
+}
 
 /// Runs `infergate bench`.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`infergate bench` is not part of this build yet")
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let live = match args.mode.as_str() {
+        "simulated" => false,
+        "live" => true,
+        other => anyhow::bail!("unknown mode {other:?}: expected `simulated` or `live`"),
+    };
+    let paths = files(&args.scenarios)?;
+    if paths.is_empty() {
+        anyhow::bail!("no scenario files found");
+    }
+    // Load every file first so a typo in the last one is reported before minutes of running.
+    let scenarios: Vec<(PathBuf, Scenario)> = paths
+        .iter()
+        .map(|p| load(p, &args).map(|s| (p.clone(), s)))
+        .collect::<anyhow::Result<_>>()?;
+    for (path, scenario) in scenarios {
+        let origin = path.display().to_string();
+        let report = if live {
+            infergate_bench::live::run(&scenario, &origin, &mut StderrBar::default()).await?
+        } else {
+            tokio::task::spawn_blocking(move || {
+                infergate_bench::simulate::run(&scenario, &origin, &mut StderrBar::default())
+            })
+            .await??
+        };
+        let written = report.write(&args.out)?;
+        print(&report, &written)?;
+    }
+    Ok(())
 }

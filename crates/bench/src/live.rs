@@ -1,0 +1,385 @@
+//! Live mode: the scenario's fleet served by `infergate-sim`'s HTTP emulator on 127.0.0.1, the
+//! standalone gateway (`infergate_proxy::serve`) in front of it with each policy's scheduler
+//! preset, and the workload sent as real streaming OpenAI chat requests on the wall clock.
+//!
+//! Each policy gets a fresh fleet and a fresh gateway (cold caches, nothing learned), and the
+//! same arrivals as every other policy. TTFT is measured at the client: from the moment the
+//! request is sent to the first SSE event that carries text.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use infergate_openai::SseScanner;
+use infergate_proxy::{GatewayConfig, Listeners};
+use infergate_sim::{Catalog, FleetSpec};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::BenchError;
+use crate::progress::Progress;
+use crate::report::{PodInfo, Report, RunResult};
+use crate::scenario::Scenario;
+use crate::simulate::{LoadSeries, floor};
+use crate::stats::{Percentiles, quantile};
+use crate::workload::{self, Arrival};
+
+const CDF_POINTS: usize = 200;
+
+/// How one live request ended.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Done {
+        pod: Option<String>,
+        ttft: f64,
+        e2e: f64,
+        output_tokens: u32,
+        finished: f64,
+    },
+    Rejected,
+    Failed,
+}
+
+/// Runs every policy of `scenario` on every seed, live on loopback. Must run inside a
+/// multi-threaded tokio runtime.
+pub async fn run(
+    scenario: &Scenario,
+    origin: &str,
+    progress: &mut dyn Progress,
+) -> Result<Report, BenchError> {
+    let catalog = Catalog::builtin()?;
+    let spec = scenario.fleet_spec(&catalog, origin)?;
+    let mut runs = Vec::new();
+    let mut floors = Vec::new();
+    for (si, &seed) in scenario.seeds.iter().enumerate() {
+        let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
+        floors.push(floor(&spec, &arrivals, seed));
+        for &policy in &scenario.policies {
+            let label = format!(
+                "{} live seed {seed} ({}/{}) {policy}",
+                scenario.name,
+                si + 1,
+                scenario.seeds.len()
+            );
+            progress.start(&label, arrivals.len() as u64);
+            let r = run_one(
+                scenario,
+                &spec,
+                policy.as_str(),
+                &arrivals,
+                seed,
+                si == 0,
+                progress,
+            )
+            .await?;
+            progress.finish();
+            runs.push(r);
+        }
+    }
+    let pods = spec
+        .pods
+        .iter()
+        .map(|p| PodInfo {
+            name: p.name.clone(),
+            profile: p.profile.id.clone(),
+            gpu: p.profile.gpu.clone(),
+            engine: p.engine.as_str().to_owned(),
+        })
+        .collect();
+    Ok(Report::new(scenario.clone(), "live", pods, runs, floors))
+}
+
+fn gateway_config(
+    scenario: &Scenario,
+    spec: &FleetSpec,
+    served: &[(String, std::net::SocketAddr)],
+    policy: &str,
+    seed: u64,
+) -> Result<GatewayConfig, BenchError> {
+    let model = spec
+        .pods
+        .first()
+        .map(|p| p.model.to_string())
+        .unwrap_or_default();
+    let adapters: Vec<String> = scenario
+        .workload
+        .lora
+        .as_ref()
+        .map(|l| l.adapters.clone())
+        .unwrap_or_default();
+    let endpoints: Vec<serde_json::Value> = served
+        .iter()
+        .zip(&spec.pods)
+        .map(|((name, addr), p)| {
+            serde_json::json!({
+                "address": addr.to_string(),
+                "name": name,
+                "gpu": p.profile.gpu,
+                "engine": p.engine.as_str(),
+            })
+        })
+        .collect();
+    let cfg = serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "admin": "127.0.0.1:0",
+        "seed": seed,
+        "reloadIntervalMs": 0,
+        "scrape": { "intervalMs": scenario.scrape.interval_ms.round() as u64 },
+        "models": [{
+            "name": model,
+            "loraAdapters": adapters,
+            "scheduler": { "preset": policy },
+            "endpoints": endpoints,
+        }],
+    });
+    GatewayConfig::deserialize(cfg).map_err(|source| BenchError::GatewayConfig {
+        policy: policy.to_owned(),
+        source,
+    })
+}
+
+#[allow(clippy::too_many_arguments, reason = "one private call site")]
+async fn run_one(
+    scenario: &Scenario,
+    spec: &FleetSpec,
+    policy: &str,
+    arrivals: &Arc<Vec<Arrival>>,
+    seed: u64,
+    record_load: bool,
+    progress: &mut dyn Progress,
+) -> Result<RunResult, BenchError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let fleet = infergate_sim::serve::serve_fleet(spec, stop(stop_rx.clone())).await?;
+    let served = fleet.addrs();
+    let config = gateway_config(scenario, spec, &served, policy, seed)?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(BenchError::Bind)?;
+    let gateway = infergate_proxy::serve(
+        config,
+        Listeners {
+            http: listener,
+            admin: None,
+        },
+        stop(stop_rx.clone()),
+    )
+    .await
+    .map_err(|source| BenchError::Gateway {
+        policy: policy.to_owned(),
+        source,
+    })?;
+    let handle = gateway.handle();
+    let ready_by = Instant::now() + Duration::from_secs(10);
+    while !handle.is_ready() {
+        if Instant::now() > ready_by {
+            let _ = stop_tx.send(true);
+            return Err(BenchError::NotReady(policy.to_owned()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let a few scrapes land so every policy starts from fresh metrics.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let url: Arc<str> = format!("http://{}/v1/chat/completions", gateway.http_addr()).into();
+    let model: Arc<str> = spec
+        .pods
+        .first()
+        .map(|p| p.model.clone())
+        .unwrap_or_default();
+    let adapters: Arc<Vec<String>> = Arc::new(
+        scenario
+            .workload
+            .lora
+            .as_ref()
+            .map(|l| l.adapters.clone())
+            .unwrap_or_default(),
+    );
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(connector);
+
+    // Per-pod load sampler.
+    let every_s = (scenario.workload.duration_s / 300.0).max(0.25);
+    let load_task = record_load.then(|| {
+        let handles: Vec<_> = fleet.pods.iter().map(|p| p.handle.clone()).collect();
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut series = vec![Vec::new(); handles.len()];
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(every_s));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        for (s, h) in series.iter_mut().zip(&handles) {
+                            let v = h.view();
+                            s.push(v.running + v.waiting);
+                        }
+                    }
+                    _ = rx.wait_for(|v| *v) => break,
+                }
+            }
+            series
+        })
+    });
+
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let mut tasks = JoinSet::new();
+    for a in arrivals.iter() {
+        let a = a.clone();
+        let client = client.clone();
+        let url = url.clone();
+        let model = model.clone();
+        let adapters = adapters.clone();
+        tasks.spawn(async move {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(a.at)).await;
+            let target = a
+                .lora
+                .and_then(|i| adapters.get(usize::from(i)).map(|s| s.as_str()))
+                .unwrap_or(&model);
+            one_request(&client, &url, target, &a, start).await
+        });
+    }
+    let mut outcomes = Vec::with_capacity(arrivals.len());
+    while let Some(joined) = tasks.join_next().await {
+        outcomes.push(joined.unwrap_or(Outcome::Failed));
+        progress.advance(outcomes.len() as u64);
+    }
+    let _ = stop_tx.send(true);
+    let load = match load_task {
+        Some(t) => t.await.ok().map(|pods| LoadSeries { every_s, pods }),
+        None => None,
+    };
+    fleet.wait().await;
+    gateway.wait().await;
+
+    let names: Vec<&str> = spec.pods.iter().map(|p| p.name.as_str()).collect();
+    let mut per_pod = vec![0u64; names.len()];
+    let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rejected, mut errors, mut out_tokens, mut last) = (0u64, 0u64, 0u64, 0.0f64);
+    for o in &outcomes {
+        match o {
+            Outcome::Done {
+                pod,
+                ttft: t,
+                e2e: e,
+                output_tokens,
+                finished,
+            } => {
+                ttft.push(*t);
+                e2e.push(*e);
+                if *output_tokens > 1 {
+                    itl.push((e - t) / f64::from(output_tokens - 1));
+                }
+                out_tokens += u64::from(*output_tokens);
+                last = last.max(*finished);
+                if let Some(i) = pod
+                    .as_deref()
+                    .and_then(|p| names.iter().position(|n| *n == p))
+                {
+                    per_pod[i] += 1;
+                }
+            }
+            Outcome::Rejected => rejected += 1,
+            Outcome::Failed => errors += 1,
+        }
+    }
+    let completed = ttft.len() as u64;
+    let span = (last - arrivals.first().map_or(0.0, |a| a.at)).max(1e-9);
+    let ttft_p = Percentiles::of(&mut ttft);
+    let cdf = (1..=CDF_POINTS)
+        .map(|i| quantile(&ttft, i as f64 / CDF_POINTS as f64))
+        .collect();
+    Ok(RunResult {
+        policy: policy.to_owned(),
+        seed,
+        requests: arrivals.len() as u64,
+        completed,
+        rejected,
+        errors,
+        ttft: ttft_p,
+        itl: Percentiles::of(&mut itl),
+        e2e: Percentiles::of(&mut e2e),
+        requests_per_s: completed as f64 / span,
+        output_tokens_per_s: out_tokens as f64 / span,
+        per_pod_requests: per_pod,
+        ttft_cdf: cdf,
+        load,
+    })
+}
+
+async fn one_request(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    model: &str,
+    a: &Arrival,
+    start: tokio::time::Instant,
+) -> Outcome {
+    let text = workload::prompt_text(a);
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{ "role": "user", "content": &*text }],
+        "max_tokens": a.output_tokens,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+    });
+    let Ok(body) = serde_json::to_vec(&body) else {
+        return Outcome::Failed;
+    };
+    let Ok(req) = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+    else {
+        return Outcome::Failed;
+    };
+    let sent = tokio::time::Instant::now();
+    let Ok(resp) = client.request(req).await else {
+        return Outcome::Failed;
+    };
+    let status = resp.status().as_u16();
+    if status == 429 || status == 503 {
+        return Outcome::Rejected;
+    }
+    if status != 200 {
+        return Outcome::Failed;
+    }
+    let pod = resp
+        .headers()
+        .get(infergate_sim::serve::POD_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut body = resp.into_body();
+    let mut scanner = SseScanner::new();
+    let mut first = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Outcome::Failed;
+        };
+        if let Some(data) = frame.data_ref()
+            && scanner.feed(data)
+            && first.is_none()
+        {
+            first = Some(sent.elapsed().as_secs_f64());
+        }
+    }
+    let e2e = sent.elapsed().as_secs_f64();
+    scanner.finish();
+    let output_tokens = scanner.usage().map_or(a.output_tokens, |u| {
+        u32::try_from(u.completion_tokens).unwrap_or(u32::MAX)
+    });
+    Outcome::Done {
+        pod,
+        ttft: first.unwrap_or(e2e),
+        e2e,
+        output_tokens,
+        finished: start.elapsed().as_secs_f64(),
+    }
+}
