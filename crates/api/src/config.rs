@@ -331,7 +331,7 @@ pub struct SchedulerSpec {
     /// Model-server engine, which decides the metric names the picker reads.
     #[serde(default)]
     pub engine_type: EngineType,
-    /// Named scorer weights; exclusive with `weights`. `default` when neither is set.
+    /// Named scorer settings; exclusive with `weights`. `infergate` when neither is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<SchedulerPreset>,
     /// Explicit scorer weights; exclusive with `preset`.
@@ -356,12 +356,12 @@ pub struct SchedulerSpec {
 }
 
 impl SchedulerSpec {
-    /// The scorer preset the picker runs: the explicit one, else `default` unless weights are set.
+    /// The scorer preset the picker runs: the explicit one, else `infergate` unless weights are set.
     pub fn effective_preset(&self) -> Option<SchedulerPreset> {
         match (&self.preset, &self.weights) {
             (Some(p), _) => Some(*p),
             (None, Some(_)) => None,
-            (None, None) => Some(SchedulerPreset::Default),
+            (None, None) => Some(SchedulerPreset::Infergate),
         }
     }
 }
@@ -402,28 +402,31 @@ impl EngineType {
     }
 }
 
-/// Named scorer weight sets the picker knows.
+/// Named scorer settings the picker knows (the scheduler's presets, same names).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SchedulerPreset {
-    /// infergate's tuned default for mixed fleets.
-    Default,
+    /// infergate's default: estimated wait first, with prefix, LoRA, KV-cache and queue scorers.
+    Infergate,
     /// The Gateway API Inference Extension default: queue 2, kv-cache 2, prefix 3.
     GieDefault,
-    /// Favour prefix-cache hits (chat with long shared system prompts).
-    PrefixHeavy,
-    /// Favour pods that already run the requested LoRA adapter.
-    LoraAffinity,
+    /// Baseline: next endpoint in turn.
+    RoundRobin,
+    /// Baseline: uniformly random endpoint.
+    Random,
+    /// Baseline: fewest requests in flight.
+    LeastRequest,
 }
 
 impl SchedulerPreset {
     /// The name written into the picker's config.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Default => "default",
+            Self::Infergate => "infergate",
             Self::GieDefault => "gie-default",
-            Self::PrefixHeavy => "prefix-heavy",
-            Self::LoraAffinity => "lora-affinity",
+            Self::RoundRobin => "round-robin",
+            Self::Random => "random",
+            Self::LeastRequest => "least-request",
         }
     }
 }

@@ -450,7 +450,7 @@ impl<'a> Renderer<'a> {
                     .collect();
                 json!({ "weights": weights })
             }
-            (None, None) => json!({ "preset": "default" }),
+            (None, None) => json!({ "preset": "infergate" }),
         };
         let scheduler_yaml = to_yaml(&scheduler_cfg);
         let hash = fnv_hex(&scheduler_yaml);

@@ -401,3 +401,70 @@ fn overlong_names_are_a_typed_error() {
     let err = infergate_operator::render::render(&cfg, &common::opts()).unwrap_err();
     assert_eq!(err.metric_label(), "name_too_long");
 }
+
+#[test]
+fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator/operator.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let role = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .find(|v| v["kind"] == "ClusterRole")
+        .unwrap();
+    let rules = role["rules"].as_array().unwrap();
+    let allows = |group: &str, resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            r["apiGroups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g == group)
+                && r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == resource)
+                && r["verbs"].as_array().unwrap().iter().any(|v| v == verb)
+        })
+    };
+    for k in infergate_operator::render::child_kinds() {
+        for verb in ["get", "list", "watch", "patch", "delete"] {
+            assert!(
+                allows(&k.group, &k.plural, verb),
+                "{verb} {}/{}",
+                k.group,
+                k.plural
+            );
+        }
+    }
+    // RBAC escalation prevention: the operator must hold what the pickers' Roles grant.
+    for c in children(&example("multi-model.yaml"))
+        .iter()
+        .filter(|c| c.resource.kind == "Role")
+    {
+        for r in c.object.data["rules"].as_array().unwrap() {
+            for g in r["apiGroups"].as_array().unwrap() {
+                for res in r["resources"].as_array().unwrap() {
+                    for v in r["verbs"].as_array().unwrap() {
+                        assert!(
+                            allows(
+                                g.as_str().unwrap(),
+                                res.as_str().unwrap(),
+                                v.as_str().unwrap()
+                            ),
+                            "{g} {res} {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(allows(
+        "infergate.dev",
+        "inferencegatewayconfigs/status",
+        "patch"
+    ));
+    assert!(
+        allows("infergate.dev", "inferencegatewayconfigs", "patch"),
+        "finalizer patch"
+    );
+}

@@ -118,7 +118,7 @@ fn single_scheduler_without_bbr_is_fine() {
 fn every_broken_rule_is_listed_with_its_field() {
     let s = spec(
         "{bbr: {enabled: false}, schedulers: [
-            {name: a, modelName: m, modelSelector: {app: a}, preset: default, weights: {queue: -1}},
+            {name: a, modelName: m, modelSelector: {app: a}, preset: infergate, weights: {queue: -1}},
             {name: a, modelName: m, modelSelector: {app: b}}]}",
     );
     let err = validate(&s).unwrap_err();
@@ -162,7 +162,7 @@ fn effective_preset_defaults_only_without_weights() {
     );
     assert_eq!(
         s.schedulers[0].effective_preset(),
-        Some(SchedulerPreset::Default)
+        Some(SchedulerPreset::Infergate)
     );
     assert_eq!(s.schedulers[1].effective_preset(), None);
 }

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# End-to-end check of the operator on a kind cluster: Envoy Gateway, the InferencePool CRD,
+# infergate's CRD and operator, two emulated vLLM pods, one InferenceGatewayConfig, and a real
+# chat-completion request through Envoy → body-based router → endpoint picker → pod.
+#
+# Needs: docker, kind, kubectl, helm, curl, jq. Takes ~10 minutes (most of it the image build).
+# Versions it expects are below; override with the environment. KEEP=1 keeps the cluster.
+# Documented in docs/operator.md. Not run in CI (no cluster can start there).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.33.1}
+EG_VERSION=${EG_VERSION:-v1.6.0}             # Envoy Gateway Helm chart (ships Gateway API CRDs)
+GIE_VERSION=${GIE_VERSION:-v1.0.0}           # Gateway API Inference Extension (InferencePool v1)
+SOCAT_IMAGE=${SOCAT_IMAGE:-alpine/socat:1.8.0.1}
+CLUSTER=${CLUSTER:-infergate-e2e}
+IMAGE=infergate:e2e
+NS=inference
+MODEL=meta-llama/Llama-3.1-8B-Instruct
+
+step() { printf '\n== %s ==\n' "$*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+for tool in docker kind kubectl helm curl jq; do
+  command -v "$tool" >/dev/null || fail "$tool is not installed"
+done
+
+cleanup() {
+  [ -n "${PF_PID:-}" ] && kill "$PF_PID" 2>/dev/null || true
+  if [ "${KEEP:-0}" != 1 ]; then kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+
+step "cluster"
+kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --wait 120s
+docker build -t "$IMAGE" .
+kind load docker-image "$IMAGE" --name "$CLUSTER"
+
+step "Envoy Gateway $EG_VERSION and InferencePool CRD $GIE_VERSION"
+helm install eg oci://docker.io/envoyproxy/gateway-helm --version "$EG_VERSION" \
+  -n envoy-gateway-system --create-namespace --wait
+kubectl apply -f "https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/$GIE_VERSION/manifests.yaml"
+kubectl apply -f - <<YAML
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: eg}
+spec: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
+YAML
+
+step "infergate CRD and operator"
+kubectl apply -f crds/
+kubectl wait --for=condition=Established crd/inferencegatewayconfigs.infergate.dev --timeout=60s
+sed "s#ghcr.io/infergate/infergate:0.1.0#$IMAGE#g" deploy/operator/operator.yaml | kubectl apply -f -
+kubectl -n infergate-system rollout status deploy/infergate-operator --timeout=180s
+
+step "emulated vLLM pods"
+kubectl create namespace "$NS"
+# The emulator listens on 127.0.0.1:7000 inside the pod; a socat sidecar exposes it on :8000.
+kubectl apply -n "$NS" -f - <<YAML
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: sim-fleet}
+data:
+  fleet.yaml: |
+    seed: 1
+    pods:
+      - {name: pod, profile: llama-3.1-8b/h100, engine: vllm, port: 7000, served_model_name: "$MODEL"}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm-llama-8b}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: vllm-llama-8b}}
+  template:
+    metadata:
+      labels: {app: vllm-llama-8b, inference.networking.k8s.io/engine-type: vllm}
+    spec:
+      containers:
+        - name: sim
+          image: $IMAGE
+          imagePullPolicy: IfNotPresent
+          args: [sim, --fleet, /etc/sim/fleet.yaml]
+          volumeMounts: [{name: fleet, mountPath: /etc/sim}]
+        - name: expose
+          image: $SOCAT_IMAGE
+          args: ["TCP-LISTEN:8000,fork,reuseaddr", "TCP:127.0.0.1:7000"]
+          ports: [{containerPort: 8000}]
+      volumes: [{name: fleet, configMap: {name: sim-fleet}}]
+YAML
+kubectl -n "$NS" rollout status deploy/vllm-llama-8b --timeout=180s
+
+step "InferenceGatewayConfig"
+kubectl apply -f deploy/examples/single-model.yaml
+kubectl -n "$NS" wait --for=condition=Accepted igwc/llama --timeout=60s
+kubectl -n "$NS" wait --for=condition=Ready igwc/llama --timeout=300s \
+  || { kubectl -n "$NS" get igwc llama -o yaml; fail "config did not become Ready"; }
+kubectl -n "$NS" get igwc,gateway,httproute,inferencepool,envoyextensionpolicy,deploy,svc
+
+step "request end to end"
+svc=$(kubectl -n envoy-gateway-system get svc \
+  -l "gateway.envoyproxy.io/owning-gateway-name=llama,gateway.envoyproxy.io/owning-gateway-namespace=$NS" \
+  -o jsonpath='{.items[0].metadata.name}')
+kubectl -n envoy-gateway-system port-forward "svc/$svc" 18080:80 >/dev/null 2>&1 &
+PF_PID=$!
+for _ in $(seq 30); do curl -s -o /dev/null localhost:18080 && break; sleep 1; done
+body=$(curl -sS --fail-with-body localhost:18080/v1/chat/completions -H 'content-type: application/json' \
+  -d "{\"model\":\"$MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":8}")
+echo "$body" | jq -e '.choices[0].message.content | length > 0' >/dev/null || fail "no completion: $body"
+code=$(curl -s -o /dev/null -w '%{http_code}' localhost:18080/v1/chat/completions -H 'content-type: application/json' \
+  -d '{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}')
+[ "$code" = 404 ] || fail "unknown model answered $code, want 404"
+
+step "one leader"
+holder=$(kubectl -n infergate-system get lease infergate-operator -o jsonpath='{.spec.holderIdentity}')
+kubectl -n infergate-system get pod "$holder" >/dev/null || fail "lease holder $holder is not an operator pod"
+
+step "deletion cleans up"
+kubectl -n "$NS" delete igwc llama --wait --timeout=120s
+left=$(kubectl -n "$NS" get deploy,svc,configmap,inferencepool,httproute -l infergate.dev/config=llama -o name | wc -l)
+[ "$left" = 0 ] || fail "$left children left after deletion"
+
+echo "PASS"
