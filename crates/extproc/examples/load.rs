@@ -1,0 +1,254 @@
+//! Load benchmark of the endpoint picker: an open-loop client plays Envoy at a fixed request rate
+//! through the full ext_proc conversation (headers, body, routing answer, re-sent body, response
+//! headers and an SSE body with usage), against the picker on the live pool scraping emulated
+//! vLLM pods.
+//!
+//! Reports the picker's added latency — from the request body's last chunk sent to the routing
+//! answer received, which is what Envoy waits for before forwarding — and the picker's CPU time
+//! per 1,000 requests, read from `/proc/self/task/*/stat` for the picker runtime's threads only
+//! (the client and the emulated pods run on their own threads).
+//!
+//! ```text
+//! cargo run --release -p infergate-extproc --example load -- [--rps 2000] [--seconds 60] [--pods 4]
+//! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "a benchmark binary: failures abort, results go to stdout"
+)]
+
+#[path = "../tests/common/harness.rs"]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::*;
+use infergate_extproc::{EndpointPicker, PickerConfig, Telemetry};
+use infergate_pool::{LivePool, PoolConfig};
+use infergate_scheduler::{EndpointMeta, EngineType};
+use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, serve_fleet};
+
+const PICKER_THREAD: &str = "picker-rt";
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+/// utime + stime (clock ticks) of this process's threads, optionally only those named `name`.
+fn cpu_ticks(name: Option<&str>) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        if name.is_some_and(|n| !comm.starts_with(n)) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        // Fields after the command: state is index 0, utime 11, stime 12 (proc(5) 14 and 15).
+        total += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    total
+}
+
+fn ticks_per_sec() -> f64 {
+    // Linux's USER_HZ is 100 on every mainstream architecture.
+    100.0
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn main() {
+    let rps = arg("--rps", 2000);
+    let seconds = arg("--seconds", 60);
+    let pods = arg("--pods", 4) as usize;
+
+    // The emulated pods: their own thread, so their CPU is not counted as the picker's.
+    let sim_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let catalog = Catalog::builtin().unwrap();
+    let profile = catalog.get("llama-3.1-8b/h100").unwrap().clone();
+    let model = profile.model.to_string();
+    let spec = FleetSpec {
+        seed: 1,
+        pods: (0..pods)
+            .map(|i| PodSpec::new(format!("pod-{i}"), &profile, EngineKind::Vllm))
+            .collect(),
+    }
+    .finish()
+    .unwrap();
+    let fleet = sim_rt
+        .block_on(serve_fleet(&spec, std::future::pending()))
+        .unwrap();
+    let addrs: Vec<_> = fleet
+        .pods
+        .iter()
+        .map(|p| (p.name.clone(), p.addr))
+        .collect();
+    std::thread::Builder::new()
+        .name("sim".into())
+        .spawn(move || sim_rt.block_on(std::future::pending::<()>()))
+        .unwrap();
+
+    // The picker: one worker thread (Envoy's ext_proc server would have a core of its own).
+    let picker_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(PICKER_THREAD)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (pool, server) = picker_rt.block_on(async {
+        let pool = LivePool::start(PoolConfig::default(), None).unwrap();
+        pool.set_endpoints(addrs.iter().map(|(name, addr)| EndpointMeta {
+            namespace: "default".into(),
+            pod: name.clone(),
+            addr: *addr,
+            engine: EngineType::Vllm,
+            gpu: None,
+            labels: BTreeMap::new(),
+        }))
+        .unwrap();
+        while !pool.is_ready() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let server = serve(EndpointPicker::new(
+            PickerConfig::default(),
+            pool.clone(),
+            Telemetry::default(),
+        ))
+        .await;
+        (pool, server)
+    });
+
+    // The client (Envoy's side): its own runtime.
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("client")
+        .enable_all()
+        .build()
+        .unwrap();
+    let errors = Arc::new(AtomicU64::new(0));
+    let (latencies, elapsed, cpu_picker, cpu_all) = client_rt.block_on(async {
+        let envoy = Envoy::connect(server.addr).await;
+        let bodies: Vec<Vec<u8>> = (0..64)
+            .map(|i| {
+                serde_json::to_vec(&serde_json::json!({
+                    "model": model,
+                    "stream": true,
+                    "max_tokens": 32,
+                    "messages": [
+                        {"role": "system", "content": format!("tenant {} ", i % 8).repeat(40)},
+                        {"role": "user", "content": format!("question {i}: ").repeat(20)},
+                    ],
+                }))
+                .unwrap()
+            })
+            .collect();
+        let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n".to_vec();
+        let bodies = Arc::new(bodies);
+        let sse = Arc::new(sse);
+        let total = rps * seconds;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+        let cpu0 = (cpu_ticks(Some(PICKER_THREAD)), cpu_ticks(None));
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut sent = 0_u64;
+        while sent < total {
+            tick.tick().await;
+            // Open loop: the number due by now, whatever the answers do.
+            let due = ((start.elapsed().as_secs_f64() * rps as f64) as u64).min(total);
+            while sent < due {
+                let (envoy, bodies, sse, tx, errors) = (
+                    envoy.clone(),
+                    Arc::clone(&bodies),
+                    Arc::clone(&sse),
+                    tx.clone(),
+                    Arc::clone(&errors),
+                );
+                let i = sent as usize;
+                tokio::spawn(async move {
+                    let body = &bodies[i % bodies.len()];
+                    let mut ex = envoy.open().await;
+                    ex.send(request_headers("/v1/chat/completions", &[], false))
+                        .await;
+                    ex.send(request_body(body, true)).await;
+                    let t0 = Instant::now();
+                    let answer = ex.next().await;
+                    let added = t0.elapsed();
+                    if !matches!(
+                        answer.response,
+                        Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::RequestHeaders(_))
+                    ) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    ex.streamed_body(true, usize::MAX).await;
+                    ex.send(response_headers(200, "text/event-stream", false))
+                        .await;
+                    ex.next().await;
+                    ex.send(response_body(&sse, true)).await;
+                    ex.next().await;
+                    let _ = tx.send(u32::try_from(added.as_micros()).unwrap_or(u32::MAX));
+                });
+                sent += 1;
+            }
+        }
+        drop(tx);
+        let mut latencies = Vec::with_capacity(total as usize);
+        while let Some(l) = rx.recv().await {
+            latencies.push(l);
+        }
+        let elapsed = start.elapsed();
+        let cpu1 = (cpu_ticks(Some(PICKER_THREAD)), cpu_ticks(None));
+        (latencies, elapsed, cpu1.0 - cpu0.0, cpu1.1 - cpu0.1)
+    });
+    let mut sorted = latencies;
+    sorted.sort_unstable();
+    let n = sorted.len() as f64;
+    let per_k = |ticks: u64| ticks as f64 / ticks_per_sec() * 1000.0 / (n / 1000.0);
+    println!("picker load benchmark: {rps} req/s for {seconds} s, {pods} emulated vLLM pods");
+    println!(
+        "completed {} requests in {:.1} s ({:.0} req/s), {} errors, {} in flight after",
+        sorted.len(),
+        elapsed.as_secs_f64(),
+        n / elapsed.as_secs_f64(),
+        errors.load(Ordering::Relaxed),
+        pool.inflight()
+    );
+    println!(
+        "added latency (last body chunk sent -> routing answer received): p50 {} us, p90 {} us, p99 {} us, p99.9 {} us, max {} us",
+        percentile(&sorted, 0.50),
+        percentile(&sorted, 0.90),
+        percentile(&sorted, 0.99),
+        percentile(&sorted, 0.999),
+        sorted.last().copied().unwrap_or(0)
+    );
+    println!(
+        "CPU per 1,000 requests: picker runtime {:.1} ms, whole process (client + pods included) {:.1} ms",
+        per_k(cpu_picker),
+        per_k(cpu_all)
+    );
+    drop(server);
+}
