@@ -12,6 +12,35 @@
 //! - [`serve`]: live OpenAI-compatible HTTP pods on 127.0.0.1 driven by tokio time, with vLLM,
 //!   SGLang or TGI `/metrics` pages and runtime fault injection.
 //!
+//! ```
+//! use infergate_sim::{Catalog, EngineKind, Fleet, FleetSpec, PodSpec, Prompt, Request, ScrapeConfig};
+//!
+//! # fn main() -> Result<(), infergate_sim::SimError> {
+//! let catalog = Catalog::builtin()?;
+//! let spec = FleetSpec {
+//!     seed: 1,
+//!     pods: vec![
+//!         PodSpec::new("h100-0", catalog.get("llama-3.1-8b/h100")?, EngineKind::Vllm),
+//!         PodSpec::new("a10g-0", catalog.get("llama-3.1-8b/a10g")?, EngineKind::Vllm),
+//!     ],
+//! }
+//! .finish()?;
+//! let mut fleet = Fleet::new(&spec)?;
+//! fleet.set_scrape(Some(ScrapeConfig { interval: 0.05, lag: 0.01 }));
+//! fleet.advance_to(0.2);
+//! let seen = fleet.scraped(1)?.clone(); // what a scraper holds for pod 1 at t = 0.2 s
+//! assert_eq!(seen.running, 0);
+//! let prompt = Prompt::Tokens { tokens: 900, prefix_group: 3, prefix_tokens: 512 };
+//! fleet.submit(0, Request { id: 7, arrival: 0.2, prompt, max_tokens: 128, lora: None })?;
+//! fleet.run_until_idle();
+//! let mut done = Vec::new();
+//! fleet.drain_completions(&mut done);
+//! assert_eq!((done[0].id, done[0].pod, done[0].output_tokens), (7, 0, 128));
+//! assert!(done[0].ttft() < 0.1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Layout: `profile` (cost model and tables), `tokens` (tokenizer stand-in, prefix hashes),
 //! `engine` (the state machine; `engine/kv.rs` the block pool), `histogram`, `spec` (fleet files),
 //! `fleet` (discrete-event driver), `serve` (HTTP emulator; `serve/http.rs` the OpenAI API,

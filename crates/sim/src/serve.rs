@@ -1,4 +1,4 @@
-//! The live emulator: each pod of a [`FleetSpec`] served over HTTP/1.1 on 127.0.0.1.
+//! The live emulator: each pod of a [`FleetSpec`] served over HTTP/1.1 or h2c on 127.0.0.1.
 //!
 //! [`serve_fleet`] binds one listener per pod (port 0 unless the fleet fixes one) and returns the
 //! addresses and a [`PodHandle`] per pod for fault injection. A driver task per pod runs the pod's

@@ -569,3 +569,33 @@ async fn a_client_that_goes_away_frees_its_slot_and_kv() {
     let _ = stop.send(());
     fleet.wait().await;
 }
+
+#[tokio::test]
+async fn pods_also_speak_h2c() {
+    let (fleet, stop) = serve(vec![PodSpec::new(
+        "pod",
+        &profile("llama-3.1-8b/h100"),
+        EngineKind::Vllm,
+    )])
+    .await;
+    let stream = TcpStream::connect(fleet.pods[0].addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2}).to_string();
+    let req = http::Request::post("http://sim/v1/completions")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.headers()[POD_HEADER], "pod");
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    let _ = stop.send(());
+    fleet.wait().await;
+}

@@ -110,7 +110,11 @@ fn preemption_under_kv_pressure_completes_everything_and_frees_all_blocks() {
     }
     // bulk decoding while admission is blocked by KV gives the same timings as single steps
     for (a, b) in runs[0].iter().zip(&runs[1]) {
-        assert!((a.first_token - b.first_token).abs() < 1e-9 && (a.last_token - b.last_token).abs() < 1e-9, "{a:?} {b:?}");
+        assert!(
+            (a.first_token - b.first_token).abs() < 1e-9
+                && (a.last_token - b.last_token).abs() < 1e-9,
+            "{a:?} {b:?}"
+        );
         assert_eq!(a.preemptions, b.preemptions);
     }
 }

@@ -11,9 +11,9 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use rand::Rng;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -68,7 +68,9 @@ pub(crate) async fn accept_loop(
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(handle(shared, req).await) }
             });
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            // HTTP/1.1, or HTTP/2 with prior knowledge (h2c), as an Envoy upstream may speak.
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
                 _ = stop.changed() => {}
