@@ -342,6 +342,13 @@ mod tests {
         assert_ne!(spec.pods[0].seed, spec.pods[1].seed);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_a_fleet_or_a_typed_error(text in "(pods|name|profile|replicas|faults|at_s|[-:{}\\[\\], \n]|[a-z0-9./]){0,200}") {
+            let _ = FleetSpec::from_yaml(&text);
+        }
+    }
+
     #[test]
     fn shipped_example_fleets_parse() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fleets");

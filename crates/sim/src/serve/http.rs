@@ -669,3 +669,78 @@ async fn inference_inner(
     };
     json_response(shared, StatusCode::OK, &body)
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::spec::PodSpec;
+    use crate::{Catalog, EngineKind};
+
+    fn shared() -> PodShared {
+        let p = Catalog::builtin()
+            .unwrap()
+            .get("llama-3.1-8b/h100")
+            .unwrap()
+            .clone();
+        let mut pod = PodSpec::new("p", &p, EngineKind::Vllm);
+        pod.lora_adapters = vec!["a".into()];
+        super::super::new_shared(&pod)
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|n| json!(n)),
+            "[a-z<|> ]{0,12}".prop_map(Value::String),
+            Just(json!("meta-llama/Llama-3.1-8B-Instruct")),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(
+                    (
+                        prop_oneof![
+                            Just("model".to_owned()),
+                            Just("messages".to_owned()),
+                            Just("prompt".to_owned()),
+                            Just("max_tokens".to_owned()),
+                            Just("stream".to_owned()),
+                            Just("role".to_owned()),
+                            Just("content".to_owned()),
+                            Just("n".to_owned()),
+                            "[a-z_]{1,8}",
+                        ],
+                        inner
+                    ),
+                    0..5
+                )
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_body_parses_or_gets_a_typed_rejection(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let s = shared();
+            let _ = parse(&s, &bytes, Api::Chat);
+            let _ = parse(&s, &bytes, Api::Completions);
+        }
+
+        #[test]
+        fn any_json_parses_or_gets_a_client_error(v in json_value()) {
+            let s = shared();
+            let body = v.to_string();
+            for api in [Api::Chat, Api::Completions] {
+                if let Err((status, msg, _)) = parse(&s, body.as_bytes(), api) {
+                    prop_assert!(status.is_client_error());
+                    prop_assert!(!msg.is_empty());
+                }
+            }
+        }
+    }
+}
