@@ -14,6 +14,9 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
 use crate::spec::{EngineKind, FleetSpec};
 use crate::tokens::chain_seed;
 use crate::{Completion, Engine, EngineRequest, EngineView, Prompt, SimError};
@@ -103,6 +106,9 @@ pub struct Fleet {
     done: Vec<Completion>,
     scrape: Option<ScrapeConfig>,
     next_scrape: f64,
+    /// Per-pod scrape times when scrapes are staggered (each pod on its own phase).
+    staggered: bool,
+    scrape_heap: BinaryHeap<Event>,
 }
 
 impl Fleet {
@@ -139,13 +145,35 @@ impl Fleet {
             done: Vec::new(),
             scrape: None,
             next_scrape: 0.0,
+            staggered: false,
+            scrape_heap: BinaryHeap::new(),
         })
     }
 
-    /// Turns on scrape simulation from the current time on.
+    /// Turns on scrape simulation from the current time on: every pod is scraped at the same
+    /// instants, every `interval`.
     pub fn set_scrape(&mut self, scrape: Option<ScrapeConfig>) {
         self.scrape = scrape.filter(|s| s.interval > 0.0 && s.interval.is_finite());
         self.next_scrape = self.now;
+        self.staggered = false;
+        self.scrape_heap.clear();
+    }
+
+    /// Like [`Fleet::set_scrape`], but each pod is scraped on its own phase, drawn uniformly in
+    /// `[0, interval)` from `seed`, as independent per-pod scrape loops do.
+    pub fn set_scrape_staggered(&mut self, scrape: ScrapeConfig, seed: u64) {
+        self.set_scrape(Some(scrape));
+        let Some(cfg) = self.scrape else { return };
+        self.staggered = true;
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for i in 0..self.pods.len() {
+            let phase = rng.random::<f64>() * cfg.interval;
+            self.scrape_heap.push(Event {
+                t: self.now + phase,
+                pod: i as u32,
+                version: 0,
+            });
+        }
     }
 
     /// Current virtual time (s).
@@ -203,10 +231,10 @@ impl Fleet {
     pub fn advance_to(&mut self, t: f64) {
         loop {
             let next_ev = self.next_event_time();
-            let next_scrape = if self.scrape.is_some() {
-                self.next_scrape
-            } else {
-                f64::INFINITY
+            let next_scrape = match (self.scrape.is_some(), self.staggered) {
+                (false, _) => f64::INFINITY,
+                (true, false) => self.next_scrape,
+                (true, true) => self.scrape_heap.peek().map_or(f64::INFINITY, |e| e.t),
             };
             match next_ev {
                 Some(te) if te <= t && te <= next_scrape => {
@@ -216,7 +244,13 @@ impl Fleet {
                 }
                 _ if next_scrape <= t => {
                     self.now = self.now.max(next_scrape);
-                    self.take_scrape(next_scrape);
+                    if self.staggered {
+                        if let Some(ev) = self.scrape_heap.pop() {
+                            self.take_pod_scrape(ev.pod as usize, ev.t);
+                        }
+                    } else {
+                        self.take_scrape(next_scrape);
+                    }
                 }
                 _ => break,
             }
@@ -249,6 +283,23 @@ impl Fleet {
                 version: pod.version,
             });
         }
+    }
+
+    fn take_pod_scrape(&mut self, i: usize, t: f64) {
+        let Some(cfg) = self.scrape else { return };
+        let pod = &mut self.pods[i];
+        let mut v = EngineView::default();
+        pod.engine.view_into(t, &mut v);
+        if cfg.lag <= 0.0 {
+            pod.scraped = v;
+        } else {
+            pod.pending.push_back((t + cfg.lag, v));
+        }
+        self.scrape_heap.push(Event {
+            t: t + cfg.interval,
+            pod: i as u32,
+            version: 0,
+        });
     }
 
     fn take_scrape(&mut self, t: f64) {

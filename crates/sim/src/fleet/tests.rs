@@ -340,3 +340,63 @@ fn same_seed_same_results() {
     assert_eq!(a, b);
     assert!(a.iter().any(|c| c.cached_tokens >= 256));
 }
+
+#[test]
+fn staggered_scrapes_see_each_pod_at_its_own_phase() {
+    let p = profile("llama-3.1-8b/a10g");
+    let mut fleet = fleet_of(&p, 8);
+    fleet.set_scrape_staggered(
+        ScrapeConfig {
+            interval: 1.0,
+            lag: 0.0,
+        },
+        9,
+    );
+    for pod in 0..8 {
+        let r = Request {
+            id: pod as u64,
+            arrival: 0.0,
+            prompt: Prompt::tokens(100),
+            max_tokens: 1000,
+            lora: None,
+        };
+        fleet.submit(pod, r).unwrap();
+    }
+    // Each pod is first scraped at its own phase in [0, 1 s): by 0.5 s only some have been.
+    fleet.advance_to(0.5);
+    let seen_early = (0..8)
+        .filter(|&i| fleet.scraped(i).unwrap().running == 1)
+        .count();
+    assert!(
+        seen_early > 0 && seen_early < 8,
+        "phases must spread: {seen_early} of 8 scraped by 0.5 s"
+    );
+    fleet.advance_to(1.0);
+    assert!((0..8).all(|i| fleet.scraped(i).unwrap().running == 1));
+    // deterministic per seed
+    let mut again = fleet_of(&p, 8);
+    again.set_scrape_staggered(
+        ScrapeConfig {
+            interval: 1.0,
+            lag: 0.0,
+        },
+        9,
+    );
+    for pod in 0..8 {
+        let r = Request {
+            id: pod as u64,
+            arrival: 0.0,
+            prompt: Prompt::tokens(100),
+            max_tokens: 1000,
+            lora: None,
+        };
+        again.submit(pod, r).unwrap();
+    }
+    again.advance_to(0.5);
+    assert_eq!(
+        (0..8)
+            .filter(|&i| again.scraped(i).unwrap().running == 1)
+            .count(),
+        seen_early
+    );
+}
