@@ -43,6 +43,9 @@ pub enum Error {
     /// A listener failed.
     #[error("server IO failed")]
     Io(#[from] std::io::Error),
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API call failed")]
+    Kube(#[from] kube::Error),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Transport(#[from] tonic::transport::Error),

@@ -4,6 +4,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use infergate_extproc::discovery::kubernetes::membership;
 use infergate_extproc::discovery::static_file::EndpointsFile;
 use infergate_extproc::picker::{DEFAULT_MAX_BODY_BYTES, PickerConfig};
 use infergate_extproc::run::{
@@ -38,6 +39,9 @@ pub struct Args {
     /// Largest request body accepted (bytes); larger bodies get 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
+    #[arg(long)]
+    pub default_engine: Option<String>,
     /// Seed of the scheduler's tie-breaking random generator.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -81,11 +85,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let membership = match &args.endpoints_file {
         Some(path) => Membership::Static(EndpointsFile::load(path)?),
-        None => anyhow::bail!(
-            "Kubernetes discovery of pool {}/{} is not part of this build: pass --endpoints-file",
-            args.pool_namespace,
-            args.pool_name
-        ),
+        None => membership(
+            args.pool_namespace.clone(),
+            args.pool_name.clone(),
+            args.default_engine.clone(),
+        )
+        .await
+        .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
     let listeners = PickerListeners {
         grpc: bind(args.grpc_port).await?,
