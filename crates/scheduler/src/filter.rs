@@ -29,7 +29,15 @@ pub(crate) trait Filter: Send + Sync {
 /// `freshness`: metrics sampled no longer than `max_age` ago. An endpoint with no metrics yet is
 /// not fresh. The check is made on every pick, so a pod comes back the moment fresh metrics arrive.
 pub(crate) struct FreshnessFilter {
-    pub(crate) max_age: Duration,
+    pub(crate) max_age_nanos: u64,
+}
+
+impl FreshnessFilter {
+    pub(crate) fn new(max_age: Duration) -> Self {
+        FreshnessFilter {
+            max_age_nanos: u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 impl Filter for FreshnessFilter {
@@ -37,7 +45,7 @@ impl Filter for FreshnessFilter {
         "freshness"
     }
     fn keep(&self, cx: &FilterContext<'_, '_>, ep: &EndpointState) -> bool {
-        ep.fresh(cx.now, self.max_age)
+        ep.fresh(cx.now, self.max_age_nanos)
     }
 }
 

@@ -107,9 +107,7 @@ impl Scheduler {
         scratch.touched.reserve(crate::prefix::ENDPOINTS_PER_BLOCK);
         Ok(Scheduler {
             scorers: scorer::build(&cfg.weights),
-            freshness: cfg
-                .max_metrics_age
-                .map(|max_age| FreshnessFilter { max_age }),
+            freshness: cfg.max_metrics_age.map(FreshnessFilter::new),
             lora: cfg.lora_filter.then_some(LoraFilter),
             slots: Vec::new(),
             free_slots: Vec::new(),

@@ -5,7 +5,7 @@ use crate::endpoint::{EndpointMeta, LoraState, MetricsSnapshot, Timestamp};
 use crate::rates::LogEwma;
 
 /// Adapters inline per list; longer lists fall back to comparing names.
-pub(crate) const LORA_INLINE: usize = 8;
+pub(crate) const LORA_INLINE: usize = 4;
 
 /// Hash of an adapter name, for allocation-free comparisons on the hot path.
 pub(crate) fn adapter_hash(name: &str) -> u64 {
@@ -74,9 +74,12 @@ pub(crate) struct Cold {
 }
 
 /// One endpoint in the pool.
+///
+/// `repr(C)` so that the fields every pick reads come first, in declaration order, and share the
+/// first cache lines; what only snapshots and reports touch comes after.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub(crate) struct EndpointState {
-    pub(crate) cold: Box<Cold>,
     /// Sample time of the newest snapshot, `None` before the first.
     pub(crate) sampled_at: Option<Timestamp>,
     /// Scraped queue depth and running batch.
@@ -84,33 +87,34 @@ pub(crate) struct EndpointState {
     pub(crate) running: u32,
     /// Scraped KV-cache use.
     pub(crate) kv: Option<f64>,
-    /// KV capacity in tokens, when reported.
-    pub(crate) capacity: Option<u64>,
-    /// `1 / capacity` (0 when unknown), so the pick multiplies instead of dividing.
+    /// `1 / KV capacity in tokens` (0 when unknown), so the pick multiplies instead of dividing.
     pub(crate) inv_capacity: f64,
-    pub(crate) lora: LoraHot,
-    /// Bumped on every applied snapshot; in-flight entries remember the epoch they were picked in.
-    pub(crate) epoch: u32,
-    /// This gateway's requests in flight.
-    pub(crate) inflight: u32,
-    /// Their estimated prompt + output tokens.
-    pub(crate) inflight_tokens: u64,
-    /// In-flight requests still waiting for their first token.
-    pub(crate) pending: u32,
-    /// Their estimated uncached prompt tokens.
-    pub(crate) pending_tokens: u64,
     /// In-flight requests picked since the last snapshot (the snapshot cannot know them).
     pub(crate) since_requests: u32,
     /// Of those, the ones still waiting for their first token.
     pub(crate) since_pending: u32,
     /// Their estimated uncached prompt tokens.
     pub(crate) since_pending_tokens: u64,
+    /// Estimated uncached prompt tokens of in-flight requests still waiting for their first token.
+    pub(crate) pending_tokens: u64,
+    /// This gateway's requests in flight.
+    pub(crate) inflight: u32,
+    /// Bumped on every applied snapshot; in-flight entries remember the epoch they were picked in.
+    pub(crate) epoch: u32,
+    /// Their estimated prompt + output tokens.
+    pub(crate) inflight_tokens: u64,
     /// Learned prefill rate, tokens/s of work cleared before this pod's first token.
     pub(crate) prefill: LogEwma,
     /// Learned per-request decode rate, tokens/s.
     pub(crate) decode: LogEwma,
+    pub(crate) lora: LoraHot,
+    /// In-flight requests still waiting for their first token.
+    pub(crate) pending: u32,
+    /// KV capacity in tokens, when reported.
+    pub(crate) capacity: Option<u64>,
     /// Requests picked onto this endpoint, ever.
     pub(crate) picked: u64,
+    pub(crate) cold: Box<Cold>,
 }
 
 impl EndpointState {
@@ -153,10 +157,10 @@ impl EndpointState {
         self.cold.metrics = Some(m);
     }
 
-    /// Whether the metrics are fresh enough at `now`.
-    pub(crate) fn fresh(&self, now: Timestamp, max_age: std::time::Duration) -> bool {
+    /// Whether the metrics were sampled at most `max_age_nanos` before `now`.
+    pub(crate) fn fresh(&self, now: Timestamp, max_age_nanos: u64) -> bool {
         self.sampled_at
-            .is_some_and(|t| now.saturating_since(t) <= max_age)
+            .is_some_and(|t| now.as_nanos().saturating_sub(t.as_nanos()) <= max_age_nanos)
     }
 
     /// LoRA affinity for the adapter `name` (hash `hash`); `None` when the pod reports no LoRA state.
