@@ -151,8 +151,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         let snapshots = Arc::new(AtomicU64::new(0));
         let stale = Arc::new(AtomicU64::new(0));
         let metrics = ScrapeMetrics::default();
+        // Defaults scaled to the interval (the defaults are 5 intervals of 50 ms).
         let config = ScraperConfig {
             interval: a.interval,
+            stale_after: a.interval * 5,
+            timeout: a.interval * 5,
             ..ScraperConfig::default()
         };
         let sink = {
@@ -207,6 +210,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             wall0.elapsed(),
         );
         let scrapes = snapshots.load(Ordering::Relaxed) - snap0;
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let wall_s = wall.as_secs_f64();
         #[allow(clippy::cast_precision_loss, reason = "report arithmetic")]
         let (rate, expected) = (
@@ -214,8 +218,11 @@ fn main() -> Result<(), Box<dyn Error>> {
             a.pods as f64 / a.interval.as_secs_f64(),
         );
         println!(
-            "pods {} interval {:?} window {:.1} s",
-            a.pods, a.interval, wall_s
+            "pods {} interval {:?} window {:.1} s; machine load average {}",
+            a.pods,
+            a.interval,
+            wall_s,
+            load.split_whitespace().next().unwrap_or("?")
         );
         println!(
             "scrapes/s {rate:.0} (schedule asks {expected:.0}); errors {}; stale reports {}",

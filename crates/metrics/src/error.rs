@@ -116,6 +116,9 @@ pub enum ScrapeError {
     /// The request could not be built (for example a path that is not a valid URI).
     #[error("building the scrape request failed")]
     Request(#[source] http::Error),
+    /// The server closed the connection before the page arrived.
+    #[error("metrics endpoint closed the connection before the page arrived")]
+    Closed,
     /// The server answered with a non-success status.
     #[error("metrics endpoint answered HTTP {0}")]
     Status(http::StatusCode),
@@ -138,7 +141,7 @@ impl ScrapeError {
     pub const fn metric_label(&self) -> &'static str {
         match self {
             ScrapeError::Connect(_) => "connect",
-            ScrapeError::Http(_) => "http",
+            ScrapeError::Http(_) | ScrapeError::Closed => "http",
             ScrapeError::Request(_) => "request",
             ScrapeError::Status(_) => "status",
             ScrapeError::BodyTooLarge { .. } => "body_too_large",

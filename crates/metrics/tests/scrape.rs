@@ -95,6 +95,24 @@ async fn scrapes_a_real_page_over_one_kept_alive_connection() {
 }
 
 #[tokio::test]
+async fn a_server_that_closes_kept_alive_connections_costs_no_scrape() {
+    let server = TestServer::start(Mode::PageThenClose(Arc::new(VLLM_QUEUED.to_vec()))).await;
+    let metrics = ScrapeMetrics::default();
+    let (scraper, mut rx) = start(fast(), metrics.clone());
+    scraper
+        .upsert(Target::new(1, server.addr, EngineType::Vllm))
+        .unwrap();
+    for _ in 0..5 {
+        let (u, _) = next_for(&mut rx, 1, Duration::from_secs(2)).await;
+        assert!(matches!(u, Update::Snapshot(_)), "{u:?}");
+    }
+    // Each scrape found the old connection closed and retried at once on a new one.
+    assert!(server.connections() >= 5);
+    assert_eq!(metrics.errors("http"), 0);
+    assert_eq!(metrics.errors("connect"), 0);
+}
+
+#[tokio::test]
 async fn chunked_pages_are_read_too() {
     let server = TestServer::start(Mode::Chunked(Arc::new(TGI_BUSY.to_vec()))).await;
     let (scraper, mut rx) = start(fast(), ScrapeMetrics::default());

@@ -91,24 +91,28 @@ pub(crate) fn sample(
 
 /// Index of the `}` closing the label block that starts at `block[0] == b'{'`, honouring quotes.
 fn label_block_end(block: &[u8]) -> Option<usize> {
-    let mut in_quotes = false;
-    let mut escaped = false;
-    for (i, &b) in block.iter().enumerate().skip(1) {
-        if in_quotes {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_quotes = false;
-            }
-        } else if b == b'"' {
-            in_quotes = true;
-        } else if b == b'}' {
+    let mut i = 1;
+    loop {
+        // Outside quotes: the next quote or the closing brace.
+        i += memchr::memchr2(b'"', b'}', block.get(i..)?)?;
+        if block[i] == b'}' {
             return Some(i);
         }
+        i = closing_quote(block, i + 1)? + 1;
     }
-    None
+}
+
+/// Index of the unescaped `"` ending a quoted value whose text starts at `from`.
+fn closing_quote(s: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    loop {
+        i += memchr::memchr2(b'"', b'\\', s.get(i..)?)?;
+        if s[i] == b'"' {
+            return Some(i);
+        }
+        // A backslash escapes the next byte, whatever it is.
+        i += 2;
+    }
 }
 
 /// Iterates over `name="value"` pairs of a label block (without braces); values stay escaped.
@@ -147,18 +151,7 @@ impl<'a> Iterator for Labels<'a> {
             self.rest = &[];
             return Some(Err(malformed));
         };
-        let mut escaped = false;
-        let mut close = None;
-        for (i, &b) in body.iter().enumerate() {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                close = Some(i);
-                break;
-            }
-        }
+        let close = closing_quote(body, 0);
         let Some(close) = close else {
             self.rest = &[];
             return Some(Err(malformed));

@@ -8,22 +8,17 @@ use http::{HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use std::pin::Pin;
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 
 use crate::error::ScrapeError;
 
-/// A live connection: the request handle plus the task driving the socket.
+/// A live connection: the request handle plus the connection state machine, which the scrape
+/// polls itself (no task of its own, so a scrape wakes one task, not two). Dropping it closes the
+/// socket.
 pub(super) struct Conn {
     sender: SendRequest<Empty<Bytes>>,
-    driver: JoinHandle<()>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        // The driver owns the socket; stopping it closes the connection at once.
-        self.driver.abort();
-    }
+    connection: Pin<Box<http1::Connection<TokioIo<TcpStream>, Empty<Bytes>>>>,
 }
 
 /// Where and how to fetch one target's page.
@@ -54,11 +49,10 @@ async fn connect(addr: SocketAddr) -> Result<Conn, ScrapeError> {
     let (sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(ScrapeError::Http)?;
-    let driver = tokio::spawn(async move {
-        // A connection error surfaces on the next request through `SendRequest`.
-        let _ = connection.await;
-    });
-    Ok(Conn { sender, driver })
+    Ok(Conn {
+        sender,
+        connection: Box::pin(connection),
+    })
 }
 
 /// Fetches the page into `buf` (cleared first), reusing `conn` when it is still open.
@@ -72,13 +66,19 @@ pub(super) async fn fetch(
     cap: usize,
 ) -> Result<(), ScrapeError> {
     let reused = conn.as_ref().is_some_and(|c| !c.sender.is_closed());
+    // The connection is not polled between scrapes, so a close by the server shows up only now:
+    // as a cancelled request or a connection that ends first. Either way, retry once on a new one.
     if !reused {
         *conn = None;
     }
     let result = fetch_on(conn, endpoint, buf, cap).await;
     match result {
+        Err(ScrapeError::Closed) if reused => {
+            *conn = None;
+            fetch_on(conn, endpoint, buf, cap).await
+        }
         Err(ScrapeError::Http(ref e))
-            if reused && (e.is_canceled() || e.is_incomplete_message()) =>
+            if reused && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) =>
         {
             *conn = None;
             fetch_on(conn, endpoint, buf, cap).await
@@ -110,9 +110,27 @@ async fn exchange(
     buf: &mut Vec<u8>,
     cap: usize,
 ) -> Result<(), ScrapeError> {
-    conn.sender.ready().await.map_err(ScrapeError::Http)?;
-    let response = conn
-        .sender
+    let Conn { sender, connection } = conn;
+    let work = request(sender, endpoint, buf, cap);
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        done = &mut work => done,
+        ended = connection.as_mut() => Err(match ended {
+            Err(e) => ScrapeError::Http(e),
+            Ok(()) => ScrapeError::Closed,
+        }),
+    }
+}
+
+async fn request(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    endpoint: &Endpoint,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> Result<(), ScrapeError> {
+    sender.ready().await.map_err(ScrapeError::Http)?;
+    let response = sender
         .send_request(endpoint.request()?)
         .await
         .map_err(ScrapeError::Http)?;

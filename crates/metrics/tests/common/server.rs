@@ -18,6 +18,8 @@ pub enum Mode {
     Page(Arc<Vec<u8>>),
     /// 200 with this page in chunked encoding (no length up front).
     Chunked(Arc<Vec<u8>>),
+    /// 200 with this page, then the server closes the connection (without saying so).
+    PageThenClose(Arc<Vec<u8>>),
     /// 500 with a short body.
     Status500,
     /// Reads the request and never answers.
@@ -117,6 +119,14 @@ async fn serve(mut stream: TcpStream, mode: Arc<Mutex<Mode>>, requests: Arc<Atom
                 );
                 stream.write_all(head.as_bytes()).await.is_ok()
                     && stream.write_all(&page).await.is_ok()
+            }
+            Mode::PageThenClose(page) => {
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", page.len());
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(&page).await;
+                // Let the client see the whole answer before the close.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                false
             }
             Mode::Chunked(page) => {
                 let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
