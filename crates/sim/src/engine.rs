@@ -453,12 +453,17 @@ impl Engine {
                 self.pool.total() * u64::from(self.bs)
             )));
         }
-        if let Some(a) = lora
-            && usize::from(a) >= self.adapters.len()
-        {
-            return Err(SimError::Rejected(format!(
-                "unknown LoRA adapter index {a}"
-            )));
+        if let Some(a) = lora {
+            if usize::from(a) >= self.adapters.len() {
+                return Err(SimError::Rejected(format!(
+                    "unknown LoRA adapter index {a}"
+                )));
+            }
+            if self.max_loras == 0 {
+                return Err(SimError::Rejected(
+                    "this pod has no LoRA slots (max_loras: 0)".into(),
+                ));
+            }
         }
         Ok(())
     }

@@ -293,6 +293,12 @@ impl FleetSpec {
             )));
         }
         for (i, pod) in self.pods.iter_mut().enumerate() {
+            if !pod.lora_adapters.is_empty() && pod.max_loras == 0 {
+                return Err(SimError::FleetInvalid(format!(
+                    "pod {} lists LoRA adapters but has max_loras: 0",
+                    pod.name
+                )));
+            }
             if pod.lora_adapters.len() > usize::from(u16::MAX) {
                 return Err(SimError::FleetInvalid(format!(
                     "pod {} has too many adapters",
