@@ -29,6 +29,9 @@ pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
+    /// The metrics listener could not be bound.
+    #[error("cannot bind the metrics listener")]
+    Io(#[source] std::io::Error),
     /// Another replica holds the leader Lease now, or renewing it failed for too long.
     #[error("lost the leader Lease")]
     LostLease,
@@ -48,6 +51,7 @@ impl Error {
             Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Kube(_) => "kube",
             Self::LostLease => "lost_lease",
+            Self::Io(_) => "io",
             Self::Finalizer(_) => "finalizer",
         }
     }

@@ -138,7 +138,7 @@ async fn apply(
     let now = (ctx.now)();
     let desired = match render(cfg, &ctx.opts) {
         Ok(d) => d,
-        Err(Error::Invalid(e)) => {
+        Err(e @ (Error::Invalid(_) | Error::NameTooLong { .. })) => {
             // A spec problem: say so in the status and wait for the user to change it.
             let st = status::rejected(cfg, &e.to_string(), &now);
             write_status(cfg, api, st).await?;

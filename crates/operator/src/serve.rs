@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
+use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::Error;
@@ -28,22 +29,42 @@ pub struct ServeOptions {
     pub identity: String,
     /// Lease duration; the leader renews every third of it.
     pub lease_duration: Duration,
+    /// Where to serve `/metrics` and `/healthz`; nowhere when `None`.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Runs the operator until SIGTERM / Ctrl-C, or until leadership is lost (an error, so the
 /// process exits and its pod restarts as a follower).
 pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let client = Client::try_default().await?;
+    let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(
         client.clone(),
         opts.render.clone(),
-        Metrics::default(),
+        metrics.clone(),
     ));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = tx.send(());
+        let _ = stop_metrics.send(());
     });
+    if let Some(addr) = opts.metrics_addr {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(Error::Io)?;
+        info!(%addr, "serving /metrics and /healthz");
+        tokio::spawn(crate::metrics::serve_http(
+            listener,
+            Arc::new(registry),
+            async move {
+                let _ = metrics_stopped.await;
+            },
+        ));
+    }
     let shutdown = async move {
         let _ = rx.await;
     };

@@ -397,3 +397,27 @@ async fn readiness_rolls_up_from_children() {
             .all(|s| s.rollout_state == RolloutState::Available)
     );
 }
+
+#[tokio::test]
+async fn overlong_child_names_are_reported_as_not_accepted() {
+    let (client, fake) = fake::client();
+    let mut cfg = serde_json::to_value(common::example("single-model.yaml")).unwrap();
+    let name = "llama-with-a-rather-long-config-name";
+    cfg["metadata"]["name"] = json!(name);
+    cfg["spec"]["schedulers"][0]["name"] = json!("and-a-long-scheduler-name");
+    let path =
+        format!("/apis/infergate.dev/v1alpha1/namespaces/inference/inferencegatewayconfigs/{name}");
+    fake.put(&path, cfg);
+    let ctx = Arc::new(Context::new(client, common::opts(), Metrics::default()).with_clock(clock));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let (status, message) = condition(&fake.get(&path).unwrap(), "Accepted");
+    assert_eq!(status, "False");
+    assert!(message.contains("longer than 63 characters"), "{message}");
+    assert!(
+        fake.paths()
+            .iter()
+            .all(|p| p.contains("inferencegatewayconfigs")),
+        "no child applied"
+    );
+}

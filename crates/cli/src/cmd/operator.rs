@@ -24,6 +24,9 @@ pub struct Args {
     /// Lease duration in seconds; the leader renews every third of it.
     #[arg(long, default_value_t = 15)]
     lease_seconds: u64,
+    /// Address serving `/metrics` and `/healthz`.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_addr: std::net::SocketAddr,
     /// Run without leader election (one replica only, for development).
     #[arg(long)]
     no_leader_election: bool,
@@ -42,6 +45,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         lease_name: args.lease_name,
         identity: args.identity,
         lease_duration: Duration::from_secs(args.lease_seconds.max(3)),
+        metrics_addr: Some(args.metrics_addr),
     })
     .await?;
     Ok(())
