@@ -16,6 +16,7 @@
 //! - [`bbr`] — the body-based router service;
 //! - [`pool`] — the [`EndpointPool`] seam and its implementation for the live pool;
 //! - [`discovery`] — pool membership from a static file or from Kubernetes pods;
+//! - [`rewrite`] — the response-path model-name rewriter;
 //! - [`run`] — whole picker and body-based-router processes (every port), for the binary;
 //! - [`server`] — serving functions for the ext_proc and gRPC health ports;
 //! - [`telemetry`] — the server's Prometheus metrics;
@@ -26,6 +27,7 @@ pub mod discovery;
 pub mod error;
 pub mod picker;
 pub mod pool;
+pub mod rewrite;
 pub mod run;
 pub mod server;
 pub mod telemetry;

@@ -6,6 +6,7 @@
 //! messages between the gRPC stream and the exchange, so dropping the stream drops the exchange
 //! and, with it, the request's in-flight guard.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
@@ -41,6 +42,9 @@ pub struct PickerConfig {
     pub request_body_mode: BodyMode,
     /// As `request_body_mode`, for the response path.
     pub response_body_mode: BodyMode,
+    /// Model names rewritten on the way in (requested → served); responses get the requested
+    /// name back.
+    pub model_rewrites: HashMap<String, String>,
 }
 
 impl Default for PickerConfig {
@@ -51,6 +55,7 @@ impl Default for PickerConfig {
             max_response_scan_bytes: DEFAULT_MAX_RESPONSE_SCAN_BYTES,
             request_body_mode: BodyMode::FullDuplex,
             response_body_mode: BodyMode::FullDuplex,
+            model_rewrites: HashMap::new(),
         }
     }
 }

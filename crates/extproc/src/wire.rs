@@ -236,6 +236,25 @@ pub fn response_headers_continue() -> ProcessingResponse {
     }
 }
 
+/// `response_headers` answer that removes `content-length` (the picker is about to change the
+/// body's length by rewriting the model name; Envoy then frames the body itself).
+pub fn response_headers_drop_length() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(processing_response::Response::ResponseHeaders(
+            HeadersResponse {
+                response: Some(CommonResponse {
+                    header_mutation: Some(HeaderMutation {
+                        set_headers: Vec::new(),
+                        remove_headers: vec![String::from("content-length")],
+                    }),
+                    ..CommonResponse::default()
+                }),
+            },
+        )),
+        ..ProcessingResponse::default()
+    }
+}
+
 /// One streamed body chunk (FULL_DUPLEX_STREAMED), on the request or the response path.
 pub fn streamed_chunk(request: bool, body: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
     let br = BodyResponse {

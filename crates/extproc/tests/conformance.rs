@@ -559,6 +559,58 @@ async fn adapter_requests_route_on_the_base_model_with_the_adapter() {
     );
 }
 
+#[tokio::test]
+async fn model_names_are_rewritten_both_ways() {
+    let pool = ScriptedPool::new(&[A]);
+    let config = PickerConfig {
+        model_rewrites: [("llama".to_owned(), "meta/llama-3-8b".to_owned())].into(),
+        ..PickerConfig::default()
+    };
+    let server = serve(EndpointPicker::new(
+        config,
+        pool.clone(),
+        Telemetry::default(),
+    ))
+    .await;
+    let envoy = Envoy::connect(server.addr).await;
+    let mut ex = envoy.open().await;
+    let body = br#"{"model":"llama","stream":true,"prompt":"hi"}"#;
+    let sent = br#"{"model":"meta/llama-3-8b","stream":true,"prompt":"hi"}"#;
+    ex.send(request_headers("/v1/completions", &[], false))
+        .await;
+    ex.send(request_body(body, true)).await;
+    let route = headers_answer(&ex.next().await);
+    assert_eq!(
+        route.header("content-length"),
+        Some(sent.len().to_string().as_str())
+    );
+    assert_eq!(ex.streamed_body(true, 1).await, vec![(sent.to_vec(), true)]);
+    assert!(matches!(&pool.events()[0], Event::Picked { model, .. } if model == "meta/llama-3-8b"));
+    ex.send(response_headers(200, "text/event-stream", false))
+        .await;
+    let answer = ex.next().await;
+    let removed = match &answer.response {
+        Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::ResponseHeaders(h)) => {
+            h.response.clone().unwrap().header_mutation.unwrap().remove_headers
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(removed, ["content-length"]);
+    let sse =
+        b"data: {\"model\":\"meta/llama-3-8b\",\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n";
+    let mut echoed = Vec::new();
+    let chunks = split(sse, &[11]);
+    for (i, c) in chunks.iter().enumerate() {
+        ex.send(response_body(c, i + 1 == chunks.len())).await;
+        echoed.extend_from_slice(streamed(&ex.next().await, false).0);
+    }
+    assert_eq!(
+        String::from_utf8(echoed).unwrap(),
+        "data: {\"model\":\"llama\",\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n"
+    );
+    assert!(matches!(pool.events().last(), Some(Event::Completed(_))));
+}
+
 // ---- body-based router -----------------------------------------------------------------------
 
 async fn bbr() -> (Server, Envoy) {

@@ -39,6 +39,10 @@ pub struct Args {
     /// Largest request body accepted (bytes); larger bodies get 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Rewrite a model name on the way in, `REQUESTED=SERVED` (repeatable); responses get the
+    /// requested name back.
+    #[arg(long = "model-rewrite", value_name = "REQUESTED=SERVED")]
+    pub model_rewrites: Vec<String>,
     /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
     #[arg(long)]
     pub default_engine: Option<String>,
@@ -105,8 +109,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics = args.metrics_port,
         "endpoint picker listening"
     );
+    let mut model_rewrites = std::collections::HashMap::new();
+    for r in &args.model_rewrites {
+        let (from, to) = r
+            .split_once('=')
+            .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+            .with_context(|| format!("--model-rewrite `{r}`: expected REQUESTED=SERVED"))?;
+        model_rewrites.insert(from.to_owned(), to.to_owned());
+    }
     let picker = PickerConfig {
         pool_name: args.pool_name,
+        model_rewrites,
         max_body_bytes: args.max_body_bytes,
         ..PickerConfig::default()
     };

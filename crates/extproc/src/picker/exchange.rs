@@ -25,6 +25,7 @@ use infergate_scheduler::{Rejection, RequestContext};
 
 use super::Shared;
 use crate::pool::{EndpointPool, InflightGuard};
+use crate::rewrite::ModelRewriter;
 use crate::wire::{self, BodyMode};
 
 /// Whether the stream goes on after a message.
@@ -56,6 +57,7 @@ struct Routed<G> {
     sse: Option<SseScanner>,
     json: Vec<u8>,
     json_overflow: bool,
+    rewriter: Option<ModelRewriter>,
 }
 
 /// Per-stream state. Dropping it (stream end, reset) drops the in-flight guard, which cancels.
@@ -118,8 +120,13 @@ impl<P: EndpointPool> Exchange<P> {
                 flow
             }
             Some(Msg::ResponseHeaders(h)) => {
+                let rewriting = self.routed.as_ref().is_some_and(|r| r.rewriter.is_some());
                 self.on_response_headers(&h, metadata.as_ref());
-                out.push(wire::response_headers_continue());
+                out.push(if rewriting && !h.end_of_stream {
+                    wire::response_headers_drop_length()
+                } else {
+                    wire::response_headers_continue()
+                });
                 Flow::Continue
             }
             Some(Msg::ResponseBody(b)) => {
@@ -127,6 +134,15 @@ impl<P: EndpointPool> Exchange<P> {
                 Flow::Continue
             }
             Some(Msg::ResponseTrailers(_)) => {
+                // Bytes a model-name rewrite held back go out before the trailers.
+                if self.response_mode == BodyMode::FullDuplex
+                    && let Some(rw) = self.routed.as_mut().and_then(|r| r.rewriter.as_mut())
+                {
+                    let rest = rw.feed(&[], true);
+                    if !rest.is_empty() {
+                        out.push(wire::streamed_chunk(false, rest, false));
+                    }
+                }
                 self.finish_response();
                 out.push(wire::trailers_continue(false));
                 Flow::Continue
@@ -215,15 +231,19 @@ impl<P: EndpointPool> Exchange<P> {
     /// Parses the buffered body, picks, and answers with the route and the body.
     fn route_body(&mut self, end_of_stream: bool, out: &mut Vec<ProcessingResponse>) -> Flow {
         let started = Instant::now();
-        let body = std::mem::take(&mut self.body);
+        let mut body = std::mem::take(&mut self.body);
+        let mut rewriter = None;
         let (picked, model, stream) = match self.kind {
             Some(kind) => {
                 let parsed = match parse_request(kind, &body) {
                     Ok(p) => p,
                     Err(e) => return self.reject(e, out),
                 };
+                let rewrite = self.shared.config.model_rewrites.get(parsed.model.as_ref());
+                let rewritten = rewrite.map(|served| parsed.rewrite_model(&body, served));
+                let routed_model = rewrite.map_or(parsed.model.as_ref(), String::as_str);
                 let segments: Vec<&str> = parsed.segments().collect();
-                let (model, lora) = split_adapter(&parsed.model, self.base_hint.as_deref());
+                let (model, lora) = split_adapter(routed_model, self.base_hint.as_deref());
                 let mut cx = RequestContext::new(model, parsed.estimated_prompt_tokens())
                     .with_prompt(&segments)
                     .with_lora(lora)
@@ -231,11 +251,14 @@ impl<P: EndpointPool> Exchange<P> {
                 if let Some(n) = parsed.max_output_tokens {
                     cx = cx.with_output_tokens(n);
                 }
-                (
-                    self.shared.pool.pick(&cx),
-                    parsed.model.clone().into_owned(),
-                    parsed.stream,
-                )
+                let picked = self.shared.pool.pick(&cx);
+                let (requested, stream) = (parsed.model.clone().into_owned(), parsed.stream);
+                drop(parsed);
+                if let (Some(served), Some(new_body)) = (rewrite, rewritten) {
+                    rewriter = Some(ModelRewriter::new(served, &requested));
+                    body = new_body;
+                }
+                (picked, requested, stream)
             }
             None => {
                 // A path the picker does not parse: route on the headers' hints, body untouched.
@@ -261,13 +284,18 @@ impl<P: EndpointPool> Exchange<P> {
                 wire::push_chunks(out, true, &body, end_of_stream);
             }
             BodyMode::Buffered | BodyMode::HeadersOnly => {
-                let mut answer = wire::buffered_body(true, common, None);
+                // The whole body is replaced only when its model was rewritten.
+                let replaced = rewriter.is_some().then_some(body);
+                let mut answer = wire::buffered_body(true, common, replaced);
                 answer.dynamic_metadata = Some(metadata);
                 out.push(answer);
             }
         }
         self.record_pick(started);
         self.enter_routed(inflight, model, stream);
+        if let Some(r) = self.routed.as_mut() {
+            r.rewriter = rewriter;
+        }
         Flow::Continue
     }
 
@@ -305,6 +333,7 @@ impl<P: EndpointPool> Exchange<P> {
             sse: stream.then(SseScanner::new),
             json: Vec::new(),
             json_overflow: false,
+            rewriter: None,
         });
     }
 
@@ -364,10 +393,18 @@ impl<P: EndpointPool> Exchange<P> {
             }
         }
         let eos = b.end_of_stream;
-        match self.response_mode {
-            BodyMode::FullDuplex => out.push(wire::streamed_chunk(false, b.body, eos)),
-            BodyMode::Buffered | BodyMode::HeadersOnly => {
+        let rewriter = self.routed.as_mut().and_then(|r| r.rewriter.as_mut());
+        match (self.response_mode, rewriter) {
+            (BodyMode::FullDuplex, None) => out.push(wire::streamed_chunk(false, b.body, eos)),
+            (BodyMode::FullDuplex, Some(rw)) => {
+                out.push(wire::streamed_chunk(false, rw.feed(&b.body, eos), eos));
+            }
+            (BodyMode::Buffered | BodyMode::HeadersOnly, None) => {
                 out.push(wire::buffered_body(false, Default::default(), None));
+            }
+            (BodyMode::Buffered | BodyMode::HeadersOnly, Some(rw)) => {
+                let body = rw.feed(&b.body, true);
+                out.push(wire::buffered_body(false, Default::default(), Some(body)));
             }
         }
         if eos || self.response_mode != BodyMode::FullDuplex {
