@@ -26,6 +26,16 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// An API the children need is not served by the cluster.
+    #[error(
+        "the {kind} API ({api_version}) is not installed: install Envoy Gateway and the Gateway API Inference Extension CRDs"
+    )]
+    MissingApi {
+        /// Kind whose API is missing.
+        kind: String,
+        /// Its `group/version`.
+        api_version: String,
+    },
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
@@ -48,6 +58,7 @@ impl Error {
             Self::MissingMetadata(_) => "missing_metadata",
             Self::NameTooLong { .. } => "name_too_long",
             Self::Shape { .. } => "render_shape",
+            Self::MissingApi { .. } => "missing_api",
             Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Kube(_) => "kube",
             Self::LostLease => "lost_lease",

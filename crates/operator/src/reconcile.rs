@@ -223,7 +223,17 @@ async fn list_children(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Ex
     let mut out = BTreeMap::new();
     for ar in child_kinds() {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
-        for obj in api.list(&lp).await? {
+        let list = match api.list(&lp).await {
+            Ok(l) => l,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(Error::MissingApi {
+                    kind: ar.kind.clone(),
+                    api_version: ar.api_version.clone(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for obj in list {
             out.insert((ar.kind.clone(), obj.name_any()), obj);
         }
     }

@@ -421,3 +421,24 @@ async fn overlong_child_names_are_reported_as_not_accepted() {
         "no child applied"
     );
 }
+
+#[tokio::test]
+async fn a_missing_upstream_api_is_named_in_the_error() {
+    let (ctx, fake) = created("single-model.yaml").await;
+    fake.fail(
+        "GET",
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/inference/securitypolicies",
+        404,
+        1,
+    );
+    let cfg = config(&fake);
+    let err = reconcile(cfg.clone(), ctx.clone()).await.unwrap_err();
+    assert_eq!(err.metric_label(), "missing_api");
+    assert!(
+        err.to_string()
+            .contains("SecurityPolicy API (gateway.envoyproxy.io/v1alpha1) is not installed"),
+        "{err}"
+    );
+    error_policy(cfg, &err, ctx.clone());
+    assert_eq!(ctx.metrics.failures_with("missing_api"), 1);
+}
