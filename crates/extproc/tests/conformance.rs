@@ -611,6 +611,61 @@ async fn model_names_are_rewritten_both_ways() {
     assert!(matches!(pool.events().last(), Some(Event::Completed(_))));
 }
 
+#[tokio::test]
+async fn metrics_count_outcomes_rejections_and_tokens() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let telemetry = Telemetry::register(&mut registry);
+    let pool = ScriptedPool::new(&[A]);
+    let config = PickerConfig {
+        pool_name: "llama".into(),
+        ..PickerConfig::default()
+    };
+    let server = serve(EndpointPicker::new(config, pool.clone(), telemetry)).await;
+    let envoy = Envoy::connect(server.addr).await;
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(2), &[64]).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    ex.next().await;
+    let usage = br#"{"usage":{"prompt_tokens":7,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}}"#;
+    ex.send(response_body(usage, true)).await;
+    ex.next().await;
+    let mut ex = envoy.open().await;
+    route_chunked(&mut ex, "/v1/chat/completions", &chat_body(2), &[64]).await;
+    drop(ex);
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(b"nope", true)).await;
+    ex.next().await;
+    pool.wait_inflight(0).await;
+    // The cancelled stream is counted when its task notices the reset.
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    let text = loop {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        if text.contains("outcome=\"cancelled\"") || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    for line in [
+        format!(
+            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"success\"}} 1"
+        ),
+        format!(
+            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"cancelled\"}} 1"
+        ),
+        "extproc_rejections_total{reason=\"invalid_json\"} 1".to_owned(),
+        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"input\"} 7".to_owned(),
+        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"output\"} 5".to_owned(),
+        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"cached\"} 3".to_owned(),
+        "extproc_pick_duration_seconds_count 2".to_owned(),
+    ] {
+        assert!(text.contains(&line), "missing `{line}` in:\n{text}");
+    }
+}
+
 // ---- body-based router -----------------------------------------------------------------------
 
 async fn bbr() -> (Server, Envoy) {
