@@ -48,11 +48,31 @@ pub(super) fn table(r: &Report) -> String {
     }
     let floor = Spread::of(r.floors.iter().map(|f| f.ttft.p99));
     let floor95 = Spread::of(r.floors.iter().map(|f| f.ttft.p95));
+    // The floor against round-robin is the largest reduction any router could show.
+    let vs_rr = |get: fn(&crate::stats::Percentiles) -> f64| {
+        let v: Vec<f64> = r
+            .floors
+            .iter()
+            .filter_map(|f| {
+                r.runs
+                    .iter()
+                    .find(|x| x.policy == "round-robin" && x.seed == f.seed)
+                    .map(|b| super::change(get(&f.ttft), get(&b.ttft)))
+            })
+            .collect();
+        if v.is_empty() {
+            "—".to_owned()
+        } else {
+            pct(&Spread::of(v))
+        }
+    };
     let _ = writeln!(
         s,
-        "| *clairvoyant floor* | | {} | {} | | | | | | | | | | | 1.00× |",
+        "| *clairvoyant floor* | | {} | {} | | | | | | | | {} | {} | | 1.00× |",
         range(&floor95),
-        range(&floor)
+        range(&floor),
+        vs_rr(|p| p.p95),
+        vs_rr(|p| p.p99)
     );
     s
 }
