@@ -52,3 +52,34 @@ pub fn engine_for(
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+    use super::*;
+
+    #[test]
+    fn engine_comes_from_the_label_then_the_configuration() {
+        let mut labels = BTreeMap::new();
+        assert!(matches!(
+            engine_for("pod-a", &labels, None),
+            Err(Error::MissingEngine { ref target }) if target == "pod-a"
+        ));
+        assert_eq!(
+            engine_for("pod-a", &labels, Some("tgi")).unwrap(),
+            EngineType::Tgi
+        );
+        labels.insert(ENGINE_LABEL.to_owned(), "SGLang".to_owned());
+        assert_eq!(
+            engine_for("pod-a", &labels, Some("tgi")).unwrap(),
+            EngineType::Sglang
+        );
+        labels.insert(ENGINE_LABEL.to_owned(), "triton".to_owned());
+        let err = engine_for("pod-a", &labels, Some("vllm")).unwrap_err();
+        assert!(matches!(err, Error::UnknownEngine { .. }));
+        assert!(err.to_string().contains("pod-a"));
+        let cause = std::error::Error::source(&err).unwrap().to_string();
+        assert!(cause.contains("triton"), "{cause}");
+    }
+}
