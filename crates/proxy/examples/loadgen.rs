@@ -55,10 +55,14 @@ async fn worker(
     total: u64,
     measure_from: u64,
 ) -> Result<(Vec<u32>, u64), Box<dyn std::error::Error + Send + Sync>> {
-    let stream = TcpStream::connect(&a.host).await?;
-    stream.set_nodelay(true)?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
+    let connect = || async {
+        let stream = TcpStream::connect(&a.host).await?;
+        stream.set_nodelay(true)?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(send)
+    };
+    let mut send = connect().await?;
     let mut lat = Vec::new();
     let mut errors = 0;
     loop {
@@ -73,7 +77,11 @@ async fn worker(
         } else {
             Instant::now()
         };
-        send.ready().await?;
+        // A server may close a keep-alive connection after some requests (nginx does after
+        // `keepalive_requests`): open a new one, as any client would.
+        if send.ready().await.is_err() {
+            send = connect().await?;
+        }
         let req = Request::post(a.path.as_str())
             .header("host", a.host.as_str())
             .header("content-type", "application/json")
