@@ -332,6 +332,31 @@ async fn a_failure_after_the_first_byte_is_passed_through_not_retried() {
 }
 
 #[tokio::test]
+async fn a_first_byte_timeout_is_504_and_not_retried() {
+    let hung = Upstream::start(Behaviour::Hang).await;
+    let good = Upstream::start(Behaviour::Ok).await;
+    let config = format!(
+        "timeouts: {{ firstByteMs: 200 }}\nmodels:\n{}",
+        model("m", "round-robin", &[hung.addr, good.addr])
+    );
+    let gw = start(&config).await;
+    let mut timeouts = 0;
+    for _ in 0..2 {
+        let (status, _, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+        if status == 504 {
+            assert_eq!(json(&body)["error"]["code"], "upstream_timeout");
+            timeouts += 1;
+        } else {
+            assert_eq!(status, 200);
+        }
+    }
+    // The model server may still be working on it: the request is not sent a second time.
+    assert_eq!(timeouts, 1);
+    assert_eq!((hung.requests(), good.requests()), (1, 1));
+    assert_eq!(gw.gw.handle().inflight("m"), Some(0));
+}
+
+#[tokio::test]
 async fn bad_requests_get_clear_json_errors() {
     let up = Upstream::start(Behaviour::Ok).await;
     let gw = start(&format!(

@@ -32,6 +32,8 @@ pub enum Behaviour {
     AbortMidStream,
     /// SSE: one event, then one more every time `Upstream::step` is notified; never ends.
     Stepped,
+    /// Reads the request and never answers.
+    Hang,
 }
 
 /// What an upstream saw.
@@ -152,6 +154,7 @@ async fn answer(
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let stream = v["stream"].as_bool().unwrap_or(false);
     match behaviour {
+        Behaviour::Hang => std::future::pending().await,
         Behaviour::Fail500 => {
             let mut r = Response::new(full(r#"{"error":{"message":"engine died"}}"#));
             *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
