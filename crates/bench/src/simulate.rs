@@ -2,11 +2,12 @@
 //! real `infergate_scheduler::Scheduler` of each policy.
 //!
 //! The scheduler sees what it would see in production and nothing more: a scrape of every pod
-//! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, and each request's
-//! first-token time and usage once the request completes (the simulator's bulk decode steps report
-//! completions, not individual tokens, so the first token is learned together with the completion;
-//! a streaming gateway would learn it earlier). A pick's endpoints are tried in order when a pod
-//! refuses a request, as the gateway's retry does.
+//! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, each request's first
+//! token when it is produced (as a streaming gateway sees it) and its usage when it completes. A
+//! pick's endpoints are tried in order when a pod refuses a request, as the gateway's retry does.
+//!
+//! `driver.rs` runs the simulator's engines on the virtual clock (the fleet's event logic plus
+//! first-token events).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -15,8 +16,10 @@ use infergate_scheduler::{
     CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, RequestContext, Scheduler,
     SchedulerConfig, Ticket, Timestamp, Usage,
 };
-use infergate_sim::fleet::{Request, ScrapeConfig};
-use infergate_sim::{Completion, EngineKind, EngineView, Fleet, FleetSpec, Prompt, SimError};
+use std::collections::VecDeque;
+
+use infergate_sim::fleet::Request;
+use infergate_sim::{EngineKind, EngineView, FleetSpec, Prompt, SimError};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
@@ -27,6 +30,9 @@ use crate::report::{FloorResult, PodInfo, Report, RunResult};
 use crate::scenario::Scenario;
 use crate::stats::{Percentiles, quantile};
 use crate::workload::{self, Arrival};
+use driver::{Driver, Observed};
+
+mod driver;
 
 /// Points kept of each run's TTFT distribution, for the CDF plot.
 const CDF_POINTS: usize = 200;
@@ -164,16 +170,18 @@ fn snapshot(
 }
 
 struct Sim<'a> {
-    fleet: Fleet,
+    fleet: Driver,
     sched: Scheduler,
     kinds: Vec<EngineKind>,
     counters: Vec<PrefixCounters>,
     interval: f64,
     lag: f64,
-    applied: i64,
+    /// Scrapes taken and not yet visible: (visible at, sampled at, one view per pod).
+    scrapes: VecDeque<(f64, f64, Vec<EngineView>)>,
+    next_scrape: f64,
     tickets: Vec<Option<Ticket>>,
     arrivals: &'a [Arrival],
-    done: Vec<Completion>,
+    observed: Observed,
     ttft: Vec<f64>,
     itl: Vec<f64>,
     e2e: Vec<f64>,
@@ -185,37 +193,42 @@ struct Sim<'a> {
 }
 
 impl Sim<'_> {
-    /// Feeds the scheduler the newest scrape visible at the fleet's current time.
-    fn refresh_metrics(&mut self) -> Result<(), BenchError> {
+    /// Feeds the scheduler the newest scrape visible at the current time.
+    fn refresh_metrics(&mut self) {
         let now = self.fleet.now();
-        if now < self.lag {
-            return Ok(());
+        let mut newest = None;
+        while self.scrapes.front().is_some_and(|(at, _, _)| *at <= now) {
+            newest = self.scrapes.pop_front();
         }
-        let k = ((now - self.lag) / self.interval).floor() as i64;
-        if k <= self.applied {
-            return Ok(());
-        }
-        self.applied = k;
-        let sampled_at = k as f64 * self.interval;
-        for i in 0..self.kinds.len() {
-            let view = self.fleet.scraped(i)?;
+        let Some((_, sampled_at, views)) = newest else {
+            return;
+        };
+        for (i, view) in views.iter().enumerate() {
             let snap = snapshot(self.kinds[i], view, sampled_at, &mut self.counters[i]);
             // Snapshots come from the simulator's own numbers, which are always finite; a
             // refused snapshot would only leave the previous one in place.
             let _ = self.sched.apply_metrics(pod_addr(i), snap);
         }
-        Ok(())
     }
 
-    /// Tells the scheduler about completions, in completion order, and records them.
+    /// Tells the scheduler about first tokens and completions, in time order, and records them.
     fn absorb(&mut self) {
-        self.fleet.drain_completions(&mut self.done);
-        self.done
-            .sort_by(|a, b| a.last_token.total_cmp(&b.last_token));
-        for c in self.done.drain(..) {
+        self.fleet.take(&mut self.observed);
+        let mut firsts = std::mem::take(&mut self.observed.firsts);
+        let mut done = std::mem::take(&mut self.observed.done);
+        firsts.sort_by(|a, b| a.1.total_cmp(&b.1));
+        done.sort_by(|a, b| a.last_token.total_cmp(&b.last_token));
+        let mut f = firsts.iter().peekable();
+        for c in &done {
+            while let Some((id, t)) = f.next_if(|(_, t)| *t <= c.last_token) {
+                if let Some(Some(ticket)) = self.tickets.get(*id as usize) {
+                    self.sched.first_token(*ticket, ts(*t));
+                }
+            }
             let Some(ticket) = self.tickets.get_mut(c.id as usize).and_then(Option::take) else {
                 continue;
             };
+            // Normally reported already, when it happened; a no-op then.
             self.sched.first_token(ticket, ts(c.first_token));
             self.sched.complete(
                 ticket,
@@ -235,22 +248,52 @@ impl Sim<'_> {
             self.output_tokens += u64::from(c.output_tokens);
             self.last_done = self.last_done.max(c.last_token);
         }
+        for (id, t) in f {
+            if let Some(Some(ticket)) = self.tickets.get(*id as usize) {
+                self.sched.first_token(*ticket, ts(*t));
+            }
+        }
+        firsts.clear();
+        done.clear();
+        self.observed.firsts = firsts;
+        self.observed.done = done;
     }
 
-    /// Advances the fleet to `t`, sampling per-pod load on the way.
-    fn advance(&mut self, t: f64) -> Result<(), BenchError> {
-        if let Some(load) = &mut self.load {
-            while self.next_sample <= t {
-                self.fleet.advance_to(self.next_sample);
+    /// Advances the fleet to `t`, taking scrapes and per-pod load samples on the way.
+    fn advance(&mut self, t: f64) {
+        loop {
+            let sample = self
+                .load
+                .as_ref()
+                .map_or(f64::INFINITY, |_| self.next_sample);
+            let next = sample.min(self.next_scrape);
+            if next > t {
+                break;
+            }
+            self.fleet.advance_to(next);
+            if next == self.next_scrape {
+                let views = (0..self.kinds.len())
+                    .map(|i| {
+                        let mut v = EngineView::default();
+                        self.fleet.view_into(i, &mut v);
+                        v
+                    })
+                    .collect();
+                self.scrapes.push_back((next + self.lag, next, views));
+                self.next_scrape += self.interval;
+            }
+            if next == sample
+                && let Some(load) = &mut self.load
+            {
+                let mut v = EngineView::default();
                 for (i, series) in load.pods.iter_mut().enumerate() {
-                    let v = self.fleet.view(i)?;
+                    self.fleet.view_into(i, &mut v);
                     series.push(v.running + v.waiting);
                 }
                 self.next_sample += load.every_s;
             }
         }
         self.fleet.advance_to(t);
-        Ok(())
     }
 }
 
@@ -283,10 +326,9 @@ fn run_one(
             labels: Default::default(),
         });
     }
-    let mut fleet = Fleet::new(spec)?;
+    let fleet = Driver::new(spec);
     let interval = scenario.scrape.interval_ms / 1e3;
     let lag = scenario.scrape.lag_ms / 1e3;
-    fleet.set_scrape(Some(ScrapeConfig { interval, lag }));
     let model = spec
         .pods
         .first()
@@ -301,10 +343,11 @@ fn run_one(
         counters: vec![PrefixCounters::default(); n],
         interval,
         lag,
-        applied: -1,
+        scrapes: VecDeque::new(),
+        next_scrape: 0.0,
         tickets: vec![None; arrivals.len()],
         arrivals,
-        done: Vec::new(),
+        observed: Observed::default(),
         ttft: Vec::with_capacity(arrivals.len()),
         itl: Vec::with_capacity(arrivals.len()),
         e2e: Vec::with_capacity(arrivals.len()),
@@ -321,9 +364,9 @@ fn run_one(
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x7363_6865_645f_726e);
     let (mut rejected, mut errors) = (0u64, 0u64);
     for (done, a) in sim.arrivals.iter().enumerate() {
-        sim.advance(a.at)?;
+        sim.advance(a.at);
         sim.absorb();
-        sim.refresh_metrics()?;
+        sim.refresh_metrics();
         let text = workload::prompt_text(a);
         let segments = [&*text];
         let lora = a.lora.and_then(|i| adapters.get(usize::from(i)));
@@ -373,7 +416,7 @@ fn run_one(
     }
     // Drain: keep sampling load until the fleet is idle.
     while let Some(t) = sim.fleet.next_event_time() {
-        sim.advance(t)?;
+        sim.advance(t);
     }
     sim.absorb();
     let completed = sim.ttft.len() as u64;
