@@ -115,11 +115,24 @@ impl LivePool {
     }
 
     /// As [`LivePool::start`], with the clock given (tests pass one on tokio's paused time).
+    ///
+    /// The scraper's staleness threshold and the scheduler's freshness filter (`maxMetricsAge`)
+    /// describe one fact — how old a page may be before a pod is not routed on — so the pool runs
+    /// both on the smaller of the two (never below one scrape interval). A pod therefore leaves
+    /// the candidates exactly when the scraper reports it stale. A scheduler configured to keep
+    /// stale pods (`maxMetricsAge` unset, as the baseline presets do) keeps them.
     pub fn start_with_clock(
-        config: PoolConfig,
+        mut config: PoolConfig,
         clock: Clock,
         mut registry: Option<&mut Registry>,
     ) -> Result<Self, PoolError> {
+        if let Some(age) = config.scheduler.max_metrics_age {
+            let threshold = age
+                .min(config.scrape.stale_after)
+                .max(config.scrape.interval);
+            config.scheduler.max_metrics_age = Some(threshold);
+            config.scrape.stale_after = threshold;
+        }
         let scheduler = Scheduler::new(config.scheduler)?;
         let state = Arc::new(Mutex::new(State {
             scheduler,

@@ -161,7 +161,6 @@ async fn a_pool_whose_pods_stop_answering_becomes_unready() {
     let mut cfg = config();
     // Answer 503 rather than fall back to pods without fresh metrics.
     cfg.scheduler.on_all_filtered = infergate_scheduler::AllFilteredAction::Reject;
-    cfg.scheduler.max_metrics_age = Some(Duration::from_millis(200));
     let pool = LivePool::start(cfg, None).unwrap();
     let idle = Arc::new(AtomicU32::new(0));
     let a = metrics_server(idle).await;
@@ -217,4 +216,30 @@ async fn admin_server_answers_metrics_health_and_readiness() {
     assert_eq!(get(addr, "/nope").await.0, 404);
     tx.send(()).unwrap();
     server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn freshness_filter_and_scraper_share_one_threshold() {
+    let mut cfg = config();
+    cfg.scheduler.max_metrics_age = Some(Duration::from_secs(2));
+    let pool = LivePool::start(cfg.clone(), None).unwrap();
+    assert_eq!(
+        pool.scheduler_config().max_metrics_age,
+        Some(Duration::from_millis(200)),
+        "the tighter scraper threshold wins"
+    );
+    cfg.scheduler.max_metrics_age = Some(Duration::from_millis(1));
+    let pool = LivePool::start(cfg.clone(), None).unwrap();
+    assert_eq!(
+        pool.scheduler_config().max_metrics_age,
+        Some(Duration::from_millis(20)),
+        "never below one scrape interval"
+    );
+    cfg.scheduler.max_metrics_age = None;
+    let pool = LivePool::start(cfg, None).unwrap();
+    assert_eq!(
+        pool.scheduler_config().max_metrics_age,
+        None,
+        "stale pods kept when asked"
+    );
 }
