@@ -3,6 +3,8 @@
 //!
 //! Each subcommand lives in `cmd/<name>.rs` and is a thin shell over its library crate.
 
+use std::io::IsTerminal;
+
 use clap::{Parser, Subcommand};
 
 mod cmd;
@@ -43,6 +45,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: logs captured to files or collectors stay plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
