@@ -5,9 +5,6 @@
 //! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, each request's first
 //! token when it is produced (as a streaming gateway sees it) and its usage when it completes. A
 //! pick's endpoints are tried in order when a pod refuses a request, as the gateway's retry does.
-//!
-//! `driver.rs` runs the simulator's engines on the virtual clock (the fleet's event logic plus
-//! first-token events).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -19,7 +16,9 @@ use infergate_scheduler::{
 use std::collections::VecDeque;
 
 use infergate_sim::fleet::Request;
-use infergate_sim::{EngineKind, EngineView, FleetSpec, Prompt, SimError};
+use infergate_sim::{
+    Completion, EngineKind, EngineView, FirstToken, Fleet, FleetSpec, Prompt, SimError,
+};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
@@ -30,9 +29,6 @@ use crate::report::{FloorResult, PodInfo, Report, RunResult};
 use crate::scenario::Scenario;
 use crate::stats::{Percentiles, quantile};
 use crate::workload::{self, Arrival};
-use driver::{Driver, Observed};
-
-mod driver;
 
 /// Points kept of each run's TTFT distribution, for the CDF plot.
 const CDF_POINTS: usize = 200;
@@ -170,7 +166,7 @@ fn snapshot(
 }
 
 struct Sim<'a> {
-    fleet: Driver,
+    fleet: Fleet,
     sched: Scheduler,
     kinds: Vec<EngineKind>,
     counters: Vec<PrefixCounters>,
@@ -181,7 +177,8 @@ struct Sim<'a> {
     next_scrape: f64,
     tickets: Vec<Option<Ticket>>,
     arrivals: &'a [Arrival],
-    observed: Observed,
+    firsts: Vec<FirstToken>,
+    done: Vec<Completion>,
     ttft: Vec<f64>,
     itl: Vec<f64>,
     e2e: Vec<f64>,
@@ -213,16 +210,17 @@ impl Sim<'_> {
 
     /// Tells the scheduler about first tokens and completions, in time order, and records them.
     fn absorb(&mut self) {
-        self.fleet.take(&mut self.observed);
-        let mut firsts = std::mem::take(&mut self.observed.firsts);
-        let mut done = std::mem::take(&mut self.observed.done);
-        firsts.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let mut firsts = std::mem::take(&mut self.firsts);
+        let mut done = std::mem::take(&mut self.done);
+        self.fleet.drain_first_tokens(&mut firsts);
+        self.fleet.drain_completions(&mut done);
+        firsts.sort_by(|a, b| a.t.total_cmp(&b.t));
         done.sort_by(|a, b| a.last_token.total_cmp(&b.last_token));
         let mut f = firsts.iter().peekable();
         for c in &done {
-            while let Some((id, t)) = f.next_if(|(_, t)| *t <= c.last_token) {
-                if let Some(Some(ticket)) = self.tickets.get(*id as usize) {
-                    self.sched.first_token(*ticket, ts(*t));
+            while let Some(first) = f.next_if(|first| first.t <= c.last_token) {
+                if let Some(Some(ticket)) = self.tickets.get(first.id as usize) {
+                    self.sched.first_token(*ticket, ts(first.t));
                 }
             }
             let Some(ticket) = self.tickets.get_mut(c.id as usize).and_then(Option::take) else {
@@ -248,15 +246,15 @@ impl Sim<'_> {
             self.output_tokens += u64::from(c.output_tokens);
             self.last_done = self.last_done.max(c.last_token);
         }
-        for (id, t) in f {
-            if let Some(Some(ticket)) = self.tickets.get(*id as usize) {
-                self.sched.first_token(*ticket, ts(*t));
+        for first in f {
+            if let Some(Some(ticket)) = self.tickets.get(first.id as usize) {
+                self.sched.first_token(*ticket, ts(first.t));
             }
         }
         firsts.clear();
         done.clear();
-        self.observed.firsts = firsts;
-        self.observed.done = done;
+        self.firsts = firsts;
+        self.done = done;
     }
 
     /// Advances the fleet to `t`, taking scrapes and per-pod load samples on the way.
@@ -275,7 +273,8 @@ impl Sim<'_> {
                 let views = (0..self.kinds.len())
                     .map(|i| {
                         let mut v = EngineView::default();
-                        self.fleet.view_into(i, &mut v);
+                        // `i` is below the fleet's pod count: the view is always written.
+                        let _ = self.fleet.view_into(i, &mut v);
                         v
                     })
                     .collect();
@@ -287,7 +286,7 @@ impl Sim<'_> {
             {
                 let mut v = EngineView::default();
                 for (i, series) in load.pods.iter_mut().enumerate() {
-                    self.fleet.view_into(i, &mut v);
+                    let _ = self.fleet.view_into(i, &mut v);
                     series.push(v.running + v.waiting);
                 }
                 self.next_sample += load.every_s;
@@ -326,7 +325,8 @@ fn run_one(
             labels: Default::default(),
         });
     }
-    let fleet = Driver::new(spec);
+    let mut fleet = Fleet::new(spec)?;
+    fleet.record_first_tokens(true);
     let interval = scenario.scrape.interval_ms / 1e3;
     let lag = scenario.scrape.lag_ms / 1e3;
     let model = spec
@@ -347,7 +347,8 @@ fn run_one(
         next_scrape: 0.0,
         tickets: vec![None; arrivals.len()],
         arrivals,
-        observed: Observed::default(),
+        firsts: Vec::new(),
+        done: Vec::new(),
         ttft: Vec::with_capacity(arrivals.len()),
         itl: Vec::with_capacity(arrivals.len()),
         e2e: Vec::with_capacity(arrivals.len()),

@@ -84,13 +84,39 @@ impl Ord for Event {
     }
 }
 
-/// Receives completions and stamps the pod index.
+/// A request's first generated token: the moment a streaming client sees it, and so the moment a
+/// gateway reports it to its scheduler (completions alone would tell it seconds late).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct FirstToken {
+    /// The request's id.
+    pub id: u64,
+    /// The pod that produced it.
+    pub pod: u32,
+    /// Virtual time of the token, in seconds.
+    pub t: f64,
+}
+
+/// Receives completions (and, when recorded, first tokens) and stamps the pod index.
 struct PodSink<'a> {
     pod: u32,
     out: &'a mut Vec<Completion>,
+    firsts: Option<&'a mut Vec<FirstToken>>,
 }
 
 impl crate::Sink for PodSink<'_> {
+    fn token(&mut self, id: u64, index: u32, t: f64) {
+        // Token 1 always comes from a single (prefill) step, which reports tokens one by one.
+        if index == 1
+            && let Some(firsts) = self.firsts.as_deref_mut()
+        {
+            firsts.push(FirstToken {
+                id,
+                pod: self.pod,
+                t,
+            });
+        }
+    }
+
     fn completed(&mut self, mut c: Completion) {
         c.pod = self.pod;
         self.out.push(c);
@@ -104,6 +130,8 @@ pub struct Fleet {
     heap: BinaryHeap<Event>,
     now: f64,
     done: Vec<Completion>,
+    /// First tokens, gathered only after [`Fleet::record_first_tokens`].
+    firsts: Option<Vec<FirstToken>>,
     scrape: Option<ScrapeConfig>,
     next_scrape: f64,
     /// Per-pod scrape times when scrapes are staggered (each pod on its own phase).
@@ -143,6 +171,7 @@ impl Fleet {
             pods,
             now: 0.0,
             done: Vec::new(),
+            firsts: None,
             scrape: None,
             next_scrape: 0.0,
             staggered: false,
@@ -273,6 +302,7 @@ impl Fleet {
         let mut sink = PodSink {
             pod: i as u32,
             out: &mut self.done,
+            firsts: self.firsts.as_mut(),
         };
         pod.engine.finish_step(&mut sink);
         if let Some(end) = pod.engine.start_step(t, true) {
@@ -359,6 +389,24 @@ impl Fleet {
             });
         }
         Ok(())
+    }
+
+    /// Starts (or stops) gathering each request's first token as it is produced; drain them with
+    /// [`Fleet::drain_first_tokens`]. Off by default: large runs that only need completions keep
+    /// no per-request record.
+    pub fn record_first_tokens(&mut self, on: bool) {
+        match (on, self.firsts.is_some()) {
+            (true, false) => self.firsts = Some(Vec::new()),
+            (false, true) => self.firsts = None,
+            _ => {}
+        }
+    }
+
+    /// Moves the first tokens gathered so far into `out`, in the order they were produced per pod.
+    pub fn drain_first_tokens(&mut self, out: &mut Vec<FirstToken>) {
+        if let Some(firsts) = &mut self.firsts {
+            out.append(firsts);
+        }
     }
 
     /// Moves the completions gathered so far into `out`.

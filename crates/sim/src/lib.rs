@@ -57,7 +57,7 @@ pub mod tokens;
 
 pub use engine::{Completion, Engine, EngineRequest, EngineView, Sink};
 pub use error::SimError;
-pub use fleet::{Fleet, Request, ScrapeConfig};
+pub use fleet::{FirstToken, Fleet, Request, ScrapeConfig};
 pub use profile::{Catalog, Profile, StepShape};
 pub use serve::{POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet};
 pub use spec::{EngineKind, Faults, FleetSpec, MetricsFault, PodSpec};

@@ -95,39 +95,3 @@ fn pod_addresses_are_distinct() {
     let addrs: std::collections::HashSet<_> = (0..600).map(pod_addr).collect();
     assert_eq!(addrs.len(), 600);
 }
-
-#[test]
-fn the_driver_reports_first_tokens_when_they_happen() {
-    let catalog = infergate_sim::Catalog::builtin().unwrap();
-    let p = catalog.get("llama-3.1-8b/a10g").unwrap();
-    let spec = FleetSpec::uniform(p, EngineKind::Vllm, "a", 1).unwrap();
-    let mut d = driver::Driver::new(&spec);
-    for id in 0..3u64 {
-        d.submit(
-            0,
-            Request {
-                id,
-                arrival: id as f64 * 0.01,
-                prompt: Prompt::tokens(500),
-                max_tokens: 200,
-                lora: None,
-            },
-        )
-        .unwrap();
-    }
-    // Long before the 200th token, every first token is known and nothing has completed.
-    d.advance_to(2.0);
-    let mut seen = driver::Observed::default();
-    d.take(&mut seen);
-    assert_eq!(seen.firsts.len(), 3);
-    assert!(seen.done.is_empty());
-    while let Some(t) = d.next_event_time() {
-        d.advance_to(t);
-    }
-    d.take(&mut seen);
-    assert_eq!(seen.done.len(), 3);
-    for c in &seen.done {
-        let (_, t) = seen.firsts.iter().find(|(id, _)| *id == c.id).unwrap();
-        assert_eq!(*t, c.first_token);
-    }
-}

@@ -400,3 +400,52 @@ fn staggered_scrapes_see_each_pod_at_its_own_phase() {
         seen_early
     );
 }
+
+#[test]
+fn first_tokens_are_reported_when_produced_and_match_completions() {
+    let catalog = Catalog::builtin().unwrap();
+    let profile = catalog.get("llama-3.1-8b/h100").unwrap();
+    let spec = FleetSpec {
+        seed: 1,
+        pods: vec![PodSpec::new("p0", profile, EngineKind::Vllm)],
+    }
+    .finish()
+    .unwrap();
+    let mut fleet = Fleet::new(&spec).unwrap();
+    let mut firsts = Vec::new();
+    fleet.drain_first_tokens(&mut firsts);
+    assert!(firsts.is_empty(), "nothing is recorded unless asked");
+    fleet.record_first_tokens(true);
+    for id in 0..3u64 {
+        fleet
+            .submit(
+                0,
+                Request {
+                    id,
+                    arrival: id as f64 * 0.01,
+                    prompt: Prompt::Tokens {
+                        tokens: 512,
+                        prefix_group: 0,
+                        prefix_tokens: 0,
+                    },
+                    max_tokens: 64,
+                    lora: None,
+                },
+            )
+            .unwrap();
+    }
+    // Stop before any request can finish its 64 tokens: first tokens are known already.
+    fleet.advance_to(0.2);
+    fleet.drain_first_tokens(&mut firsts);
+    let mut done = Vec::new();
+    fleet.drain_completions(&mut done);
+    assert_eq!(firsts.len(), 3, "{firsts:?}");
+    assert!(done.is_empty());
+    fleet.run_until_idle();
+    fleet.drain_completions(&mut done);
+    for f in &firsts {
+        let c = done.iter().find(|c| c.id == f.id).unwrap();
+        assert_eq!(c.first_token, f.t);
+        assert_eq!(f.pod, 0);
+    }
+}
