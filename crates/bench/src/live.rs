@@ -81,16 +81,7 @@ pub async fn run(
             runs.push(r);
         }
     }
-    let pods = spec
-        .pods
-        .iter()
-        .map(|p| PodInfo {
-            name: p.name.clone(),
-            profile: p.profile.id.clone(),
-            gpu: p.profile.gpu.clone(),
-            engine: p.engine.as_str().to_owned(),
-        })
-        .collect();
+    let pods = PodInfo::list(&spec);
     Ok(Report::new(scenario.clone(), "live", pods, runs, floors))
 }
 

@@ -34,6 +34,21 @@ pub struct PodInfo {
     pub engine: String,
 }
 
+impl PodInfo {
+    /// One entry per pod of a fleet, in fleet order.
+    pub fn list(spec: &infergate_sim::FleetSpec) -> Vec<PodInfo> {
+        spec.pods
+            .iter()
+            .map(|p| PodInfo {
+                name: p.name.clone(),
+                profile: p.profile.id.clone(),
+                gpu: p.profile.gpu.clone(),
+                engine: p.engine.as_str().to_owned(),
+            })
+            .collect()
+    }
+}
+
 /// One policy on one seed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {

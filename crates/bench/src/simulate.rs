@@ -85,16 +85,7 @@ pub fn run(
             runs.push(r);
         }
     }
-    let pods = spec
-        .pods
-        .iter()
-        .map(|p| PodInfo {
-            name: p.name.clone(),
-            profile: p.profile.id.clone(),
-            gpu: p.profile.gpu.clone(),
-            engine: p.engine.as_str().to_owned(),
-        })
-        .collect();
+    let pods = PodInfo::list(&spec);
     Ok(Report::new(
         scenario.clone(),
         "simulated",
