@@ -85,12 +85,19 @@ pub(crate) fn lora_affinity(l: &LoraState, adapter: &str) -> f64 {
 
 /// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).
 pub(crate) fn lora_has_free_slot(l: &LoraState) -> bool {
+    // Engines may repeat a name (one entry per series or per request): count each adapter once.
+    let running = l
+        .running
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !l.running[..*i].contains(r))
+        .count();
     let waiting_only = l
         .waiting
         .iter()
         .enumerate()
         .filter(|(i, w)| !l.running.contains(w) && !l.waiting[..*i].contains(w))
         .count();
-    let loaded = l.running.len() + waiting_only;
+    let loaded = running + waiting_only;
     (loaded as u64) < u64::from(l.max_lora)
 }

@@ -170,6 +170,9 @@ fn lora_affinity_levels() {
     assert_eq!(lora_affinity(&l(2, &["b"], &["b"]), "a"), 0.8);
     assert_eq!(lora_affinity(&l(1, &["b"], &["b", "a"]), "a"), 0.6);
     assert_eq!(lora_affinity(&l(1, &["b"], &[]), "a"), 0.0);
+    // A repeated name is one adapter: one of two slots is still free.
+    assert_eq!(lora_affinity(&l(2, &["b", "b"], &[]), "a"), 0.8);
+    assert_eq!(lora_affinity(&l(2, &["b", "c", "b"], &["c"]), "a"), 0.0);
     // The pre-hashed hot path agrees with the names, inline and overflowing.
     let many: Vec<String> = (0..12).map(|i| format!("x{i}")).collect();
     let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
@@ -178,6 +181,7 @@ fn lora_affinity_levels() {
         l(2, &["b"], &["b"]),
         l(1, &["b"], &["b", "a"]),
         l(1, &["b"], &[]),
+        l(2, &["b", "b"], &[]),
         l(20, &many, &["a"]),
         l(12, &many, &["a"]),
     ] {
