@@ -139,33 +139,23 @@ pub fn vllm(p: &PageInput<'_>) -> String {
     let lr = |k: &str, val: &str| format!("engine=\"0\",model_name=\"{}\",{k}=\"{val}\"", p.model);
 
     // Python process collectors, as every prometheus_client page has them.
-    w.counter(
-        "python_gc_objects_collected",
-        "Objects collected during gc",
-        &(0..3)
-            .map(|g| (format!("generation=\"{g}\""), 0.0))
-            .collect::<Vec<_>>(),
-        created,
-    );
-    trim_created(&mut w, "python_gc_objects_collected");
-    w.counter(
-        "python_gc_objects_uncollectable",
-        "Uncollectable objects found during GC",
-        &(0..3)
-            .map(|g| (format!("generation=\"{g}\""), 0.0))
-            .collect::<Vec<_>>(),
-        created,
-    );
-    trim_created(&mut w, "python_gc_objects_uncollectable");
-    w.counter(
-        "python_gc_collections",
-        "Number of times this generation was collected",
-        &(0..3)
-            .map(|g| (format!("generation=\"{g}\""), 0.0))
-            .collect::<Vec<_>>(),
-        created,
-    );
-    trim_created(&mut w, "python_gc_collections");
+    let generations: Vec<(String, f64)> = (0..3)
+        .map(|g| (format!("generation=\"{g}\""), 0.0))
+        .collect();
+    for (name, help) in [
+        ("python_gc_objects_collected", "Objects collected during gc"),
+        (
+            "python_gc_objects_uncollectable",
+            "Uncollectable objects found during GC",
+        ),
+        (
+            "python_gc_collections",
+            "Number of times this generation was collected",
+        ),
+    ] {
+        w.counter(name, help, &generations, created);
+        trim_created(&mut w, name);
+    }
     w.gauge("python_info", "Python platform information",
         &one("implementation=\"CPython\",major=\"3\",minor=\"12\",patchlevel=\"0\",version=\"3.12.0\"", 1.0));
     w.gauge(
