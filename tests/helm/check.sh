@@ -10,6 +10,7 @@
 #   6. the validator itself rejects a broken object (so step 2 can fail);
 #   7. the templates avoid what an EKS add-on cannot render: hooks, `lookup`, `.Capabilities`,
 #      `.Release.Service`.
+#   8. the built-in objects the operator renders (its golden files) pass the same strict check.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
 # or HELM (tests/helm/install-helm.sh).
 set -euo pipefail
@@ -116,4 +117,15 @@ if grep -rnE 'helm\.sh/hook|\blookup\b|\.Capabilities|\.Release\.Service' "$char
   fail "a template uses a hook, lookup, .Capabilities or .Release.Service (not renderable as an EKS add-on)"
 fi
 ok "no hooks, lookup, .Capabilities or .Release.Service in the templates"
+# 8. What the operator renders at run time: its golden files, built-in kinds in strict mode (the
+# Gateway API / InferencePool / Envoy Gateway kinds are validated against their upstream CRDs by
+# `cargo test -p infergate-operator`).
+for golden in crates/operator/tests/golden/*.yaml; do
+  python3 tests/helm/validate.py --skip-kind Gateway --skip-kind HTTPRoute --skip-kind InferencePool \
+    --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy "$golden" >/dev/null \
+    || { python3 tests/helm/validate.py --skip-kind Gateway --skip-kind HTTPRoute --skip-kind InferencePool \
+      --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy "$golden" >&2 || true
+      fail "operator golden $golden has an invalid built-in object"; }
+done
+ok "operator goldens: built-in objects valid (strict)"
 echo "helm chart checks passed"
