@@ -10,7 +10,14 @@
 # (the upstream directly, nginx, the gateway):
 #   1. fixed-rate latency: `loadgen URL RATE SECONDS CONNS` (open loop, p50/p90/p99);
 #   2. throughput: `wrk -t2 -cWRK_CONNS -dSECONDS` with a POST body (closed loop, requests/s).
-# and prints the gateway/nginx ratios, including the latency each proxy adds over the direct path.
+# and prints the gateway/nginx ratios, including the latency each proxy adds over the direct path,
+# and the CPU time each proxy spends per request (user + system, all threads and worker
+# processes, from /proc/PID/stat) during each phase: a figure that other load on the machine
+# disturbs much less than latency.
+#
+# BIN=DIR runs prebuilt bench_upstream, bench_gateway and loadgen from DIR instead of building
+# them (to compare two builds with the same script); GATEWAY_ARGS are extra arguments of
+# bench_gateway (for example the number of workers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATE=${RATE:-2000}
@@ -27,8 +34,11 @@ if ! need nginx || ! need wrk; then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-cargo build --release -q -p infergate-proxy --examples
-BIN=target/release/examples
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -q -p infergate-proxy --examples
+  BIN=target/release/examples
+fi
+GATEWAY_ARGS=${GATEWAY_ARGS:-}
 
 RUN=$(mktemp -d)
 pids=()
@@ -40,9 +50,12 @@ pids+=($!)
 mkdir -p "$RUN/tmp"
 cp benches/nginx/nginx.conf "$RUN/nginx.conf"
 "$NGINX" -p "$RUN" -c nginx.conf >"$RUN/nginx.log" 2>&1 &
-pids+=($!)
-RUST_LOG=warn "$BIN/bench_gateway" benches/nginx/gateway.yaml >"$RUN/gateway.log" 2>&1 &
-pids+=($!)
+nginx_pid=$!
+pids+=($nginx_pid)
+# shellcheck disable=SC2086 # GATEWAY_ARGS is a list of words
+RUST_LOG=warn "$BIN/bench_gateway" benches/nginx/gateway.yaml $GATEWAY_ARGS >"$RUN/gateway.log" 2>&1 &
+gateway_pid=$!
+pids+=($gateway_pid)
 
 wait_port() {
   for _ in $(seq 1 200); do
@@ -60,16 +73,36 @@ wrk.headers["Content-Type"] = "application/json"
 LUA
 
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
-declare -A P50 P99 RPS
+# CPU clock ticks (user + system) of a process and its worker processes (nginx forks them).
+procs_of() { echo "$1"; cat /proc/[0-9]*/stat 2>/dev/null | awk -v p="$1" '$4 == p {print $1}'; }
+cpu_ticks() {
+  local total=0 t
+  for p in $(procs_of "$1"); do
+    t=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) || continue
+    total=$((total + ${t:-0}))
+  done
+  echo "$total"
+}
+HZ=$(getconf CLK_TCK)
+us_per_req() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }'; }
+# Every request loadgen sends, its one-second warm-up included (the CPU counters see those too).
+LOADGEN_REQS=$(awk -v r="$RATE" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%d", r * (s + 1) }')
+declare -A P50 P99 RPS CPU_LAT CPU_WRK
 for target in direct:18001 nginx:18081 gateway:18080; do
   name=${target%%:*}; port=${target##*:}
+  case $name in nginx) pid=$nginx_pid ;; gateway) pid=$gateway_pid ;; *) pid= ;; esac
   url="http://127.0.0.1:$port/v1/chat/completions"
+  [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
   lat=$("$BIN/loadgen" "$url" "$RATE" "$SECONDS_PER_RUN" "$CONNS")
-  echo "$name loadgen rate=$RATE conns=$CONNS: $lat"
+  [ -n "$pid" ] && CPU_LAT[$name]=$(us_per_req $(($(cpu_ticks "$pid") - c0)) "$LOADGEN_REQS")
+  echo "$name loadgen rate=$RATE conns=$CONNS: $lat cpu_us_per_req=${CPU_LAT[$name]:-}"
   P50[$name]=$(field p50_us "$lat"); P99[$name]=$(field p99_us "$lat")
+  [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
   wrk_out=$(wrk -t2 -c"$WRK_CONNS" -d"${SECONDS_PER_RUN}s" -s "$RUN/post.lua" "$url")
+  n=$(awk '/requests in/ {print $1}' <<<"$wrk_out")
+  [ -n "$pid" ] && CPU_WRK[$name]=$(us_per_req $(($(cpu_ticks "$pid") - c0)) "$n")
   RPS[$name]=$(awk '/Requests\/sec/ {print $2}' <<<"$wrk_out")
-  echo "$name wrk -t2 -c$WRK_CONNS: ${RPS[$name]} req/s"
+  echo "$name wrk -t2 -c$WRK_CONNS: ${RPS[$name]} req/s cpu_us_per_req=${CPU_WRK[$name]:-}"
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
@@ -84,3 +117,6 @@ ng99=$(added "${P99[nginx]}" "${P99[direct]}"); gw99=$(added "${P99[gateway]}" "
 echo "| p50 added over direct (µs) | – | $ng50 | $gw50 | $(ratio "$gw50" "$ng50") |"
 echo "| p99 added over direct (µs) | – | $ng99 | $gw99 | $(ratio "$gw99" "$ng99") |"
 echo "| throughput, wrk -c$WRK_CONNS (req/s) | ${RPS[direct]} | ${RPS[nginx]} | ${RPS[gateway]} | $(ratio "${RPS[gateway]}" "${RPS[nginx]}") |"
+echo "| proxy CPU per request at $RATE req/s (µs) | – | ${CPU_LAT[nginx]} | ${CPU_LAT[gateway]} | $(ratio "${CPU_LAT[gateway]}" "${CPU_LAT[nginx]}") |"
+echo "| proxy CPU per request under wrk (µs) | – | ${CPU_WRK[nginx]} | ${CPU_WRK[gateway]} | $(ratio "${CPU_WRK[gateway]}" "${CPU_WRK[nginx]}") |"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

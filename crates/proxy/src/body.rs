@@ -7,6 +7,10 @@
 //! its `usage` at the end. When the body ends it reports the outcome on the request's in-flight
 //! guard. If the client goes away, hyper drops the body: the upstream connection is dropped with
 //! it (cancelling the model server's work) and the guard cancels the in-flight entry.
+//!
+//! The body also drives its upstream connection ([`Lease`]): each poll first lets the connection
+//! read, then takes the next frame, so upstream bytes wake only the client connection's task.
+//! A body read to its end gives the connection back to the worker's pool.
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -24,6 +28,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::backend::Inflight;
 use crate::state::Model;
+use crate::upstream::Lease;
 
 /// The largest non-streamed response kept to read its `usage` (larger ones are passed through
 /// all the same, without usage accounting).
@@ -93,13 +98,19 @@ enum Watch {
 /// An upstream body passed through to the client, reporting its outcome.
 pub struct Tracked {
     inner: Incoming,
+    lease: Option<Lease>,
     inflight: Option<Inflight>,
     model: Arc<Model>,
     status: StatusCode,
     watch: Watch,
     started: Instant,
     idle: Duration,
-    idle_timer: Pin<Box<Sleep>>,
+    /// When the last frame arrived (kept once the idle timer is armed); the idle timeout counts
+    /// from there.
+    last_frame: Instant,
+    /// Armed only when the upstream makes the body wait: most answers arrive whole, and a
+    /// timer per request would cost an allocation and two timer-wheel updates for nothing.
+    idle_timer: Option<Pin<Box<Sleep>>>,
     done: bool,
 }
 
@@ -107,6 +118,7 @@ impl Tracked {
     #[allow(clippy::too_many_arguments)] // one call site; a builder would only rename these
     pub(crate) fn new(
         inner: Incoming,
+        lease: Lease,
         inflight: Inflight,
         model: Arc<Model>,
         status: StatusCode,
@@ -126,13 +138,15 @@ impl Tracked {
         };
         Tracked {
             inner,
+            lease: Some(lease),
             inflight: Some(inflight),
             model,
             status,
             watch,
             started,
             idle,
-            idle_timer: Box::pin(tokio::time::sleep(idle)),
+            last_frame: Instant::now(),
+            idle_timer: None,
             done: false,
         }
     }
@@ -207,13 +221,33 @@ impl Tracked {
         if this.done {
             return Poll::Ready(None);
         }
+        if let Some(lease) = &mut this.lease {
+            lease.drive(cx);
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => {
-                ready!(this.idle_timer.as_mut().poll(cx));
+                let timer = match &mut this.idle_timer {
+                    Some(t) => {
+                        let deadline = this.last_frame + this.idle;
+                        if t.deadline() != deadline {
+                            t.as_mut().reset(deadline);
+                        }
+                        t
+                    }
+                    // The first wait: the last frame (if any) was taken just before this poll.
+                    None => {
+                        this.last_frame = Instant::now();
+                        let deadline = this.last_frame + this.idle;
+                        this.idle_timer
+                            .insert(Box::pin(tokio::time::sleep_until(deadline)))
+                    }
+                };
+                ready!(timer.as_mut().poll(cx));
                 this.finish(false);
                 Poll::Ready(Some(Err(BodyError::Idle(this.idle))))
             }
             Poll::Ready(None) => {
+                this.release();
                 this.finish(true);
                 Poll::Ready(None)
             }
@@ -225,8 +259,11 @@ impl Tracked {
                 if let Some(data) = frame.data_ref() {
                     this.on_data(data);
                 }
-                this.idle_timer.as_mut().reset(Instant::now() + this.idle);
+                if this.idle_timer.is_some() {
+                    this.last_frame = Instant::now();
+                }
                 if this.inner.is_end_stream() {
+                    this.release();
                     this.finish(true);
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -236,6 +273,13 @@ impl Tracked {
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+
+    /// The upstream body ended cleanly: its connection can serve another request.
+    fn release(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release();
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! The standalone gateway: an OpenAI-compatible HTTP front door that routes every request with
 //! the same scheduler as the Envoy ext_proc endpoint picker, without Kubernetes.
 //!
-//! `infergate gateway --config gateway.yaml` runs it; tests and the benchmarks start it in-process
-//! with [`serve`], which takes bound [`Listeners`] and a shutdown future and returns a running
+//! `infergate gateway --config gateway.yaml` runs it with [`serve_workers`]: one thread per core,
+//! each with its own runtime, `SO_REUSEPORT` listener and upstream connections. Tests, the
+//! benchmarks and embedders start it in-process the same way (or with [`serve`], one accept loop
+//! on their own runtime); both take bound listeners and a shutdown future and return a running
 //! [`Gateway`] with its addresses.
 //!
 //! A request's path through the gateway: the body is read (bounded), parsed and routed by its
@@ -14,10 +16,13 @@
 //!
 //! Layout:
 //! - [`config`] — the configuration file: types, defaults, validation with field and line.
-//! - `server` — [`serve`], [`Gateway`], [`Handle`] (reloads, file watching), accept loop.
+//! - `server` — [`serve_workers`] (thread per core, what `infergate gateway` runs), [`serve`]
+//!   (one accept loop on the caller's runtime), [`Gateway`], [`Handle`] (reloads, file
+//!   watching), accept loops.
 //! - `proxy` — the per-request path: routing, picking, forwarding, retries, error answers.
 //! - [`body`] — the response body: pass-through with first-token and usage tracking.
-//! - `state` — a loaded configuration: model table, pools, upstream client.
+//! - `state` — a loaded configuration: model table, pools, prebuilt answers.
+//! - `upstream` — each worker's pooled upstream HTTP/1.1 connections, driven by the requests.
 //! - `backend` — one model's pool (`LivePool`) and when a reload may keep it.
 //! - `telemetry` — the `infergate_gateway_*` Prometheus series.
 //! - [`error`] — [`Error`] and [`ConfigError`].
@@ -31,8 +36,11 @@ mod proxy;
 mod server;
 mod state;
 mod telemetry;
+mod upstream;
 
 pub use config::{EndpointConfig, GatewayConfig, Limits, ModelConfig, Retries, Scrape, Timeouts};
 pub use error::{ConfigError, Error};
 pub use proxy::{ENDPOINT_HEADER, REQUEST_ID_HEADER};
-pub use server::{Gateway, Handle, Listeners, serve};
+pub use server::{
+    Gateway, Handle, Listeners, WorkerListeners, default_workers, serve, serve_workers,
+};

@@ -8,7 +8,6 @@
 //! sent to the client: on a connect failure, or on a 5xx status (whose body is then discarded).
 //! Once response headers are forwarded the request is committed to that endpoint.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,6 +24,7 @@ use tokio::time::Instant;
 use crate::body::{ResponseBody, Tracked};
 use crate::state::State;
 use crate::telemetry::Telemetry;
+use crate::upstream::{SendError, Upstreams};
 
 /// Response header naming the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
@@ -63,6 +63,13 @@ impl Shared {
     }
 }
 
+/// What one worker's connections share: the gateway's state and the worker's own upstream
+/// connections.
+pub(crate) struct Worker {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) upstreams: Arc<Upstreams>,
+}
+
 /// Generates request ids: a per-process prefix and a counter, so ids are unique without a lock.
 struct RequestIds {
     prefix: u64,
@@ -98,10 +105,11 @@ impl RequestIds {
 /// Serves one request. Never fails: every problem becomes an OpenAI-style error response, except
 /// a request body that breaks off, which closes the connection.
 pub(crate) async fn handle(
-    shared: Arc<Shared>,
+    worker: Arc<Worker>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, hyper::Error> {
     let started = Instant::now();
+    let shared = &worker.shared;
     let request_id = match req.headers().get(&X_REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 200 => v.clone(),
         _ => shared.ids.next(),
@@ -222,8 +230,14 @@ pub(crate) async fn handle(
         } else {
             headers.clone()
         };
-        let sent = tokio::time::timeout(timeouts.first_byte, state.client.request(up)).await;
-        let resp = match sent {
+        let sent = tokio::time::timeout(
+            timeouts.first_byte,
+            worker
+                .upstreams
+                .send(addr, up, timeouts.connect, timeouts.pool_idle),
+        )
+        .await;
+        let (resp, lease) = match sent {
             Err(_elapsed) => {
                 tracing::debug!(endpoint = %addr, "no response headers within the first-byte timeout");
                 inflight.fail();
@@ -235,11 +249,11 @@ pub(crate) async fn handle(
             Ok(Err(err)) => {
                 tracing::debug!(endpoint = %addr, error = %err, "upstream request failed");
                 last_error = Some(ApiError::UpstreamUnavailable {
-                    reason: describe_client_error(addr, &err),
+                    reason: describe_send_error(&err),
                 });
                 continue;
             }
-            Ok(Ok(resp)) => resp,
+            Ok(Ok(sent)) => sent,
         };
         if resp.status().is_server_error() && !last {
             tracing::debug!(endpoint = %addr, status = %resp.status(), "retrying on the next endpoint");
@@ -261,6 +275,7 @@ pub(crate) async fn handle(
                 .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let tracked = Tracked::new(
             rbody,
+            lease,
             inflight,
             Arc::clone(&model),
             status,
@@ -309,11 +324,12 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn describe_client_error(addr: SocketAddr, err: &hyper_util::client::legacy::Error) -> String {
-    if err.is_connect() {
-        format!("cannot connect to {addr}")
-    } else {
-        format!("{addr} closed the connection before answering")
+fn describe_send_error(err: &SendError) -> String {
+    match err {
+        SendError::Connect { addr, .. } | SendError::ConnectTimeout { addr, .. } => {
+            format!("cannot connect to {addr}")
+        }
+        SendError::Http { addr, .. } => format!("{addr} closed the connection before answering"),
     }
 }
 

@@ -1,5 +1,15 @@
-//! Starting the gateway: the front-door accept loop (HTTP/1.1 and h2c on one port), the admin
+//! Starting the gateway: the front-door accept loops (HTTP/1.1 and h2c on one port), the admin
 //! server, configuration reloads, and graceful shutdown.
+//!
+//! Two ways to run the front door, on the same request path:
+//! - [`serve_workers`] — what `infergate gateway` runs: thread per core, like nginx's worker
+//!   processes. Each worker thread has a single-threaded tokio runtime, its own `SO_REUSEPORT`
+//!   listener on the front-door address (the kernel spreads connections across them) and its own
+//!   upstream connections; a request is served start to end on the thread that accepted its
+//!   connection, so nothing on the request path wakes another thread. The workers share only
+//!   the configuration state (models and their `LivePool`s), whose scrapers, the admin server
+//!   and the reload watcher run on the caller's runtime.
+//! - [`serve`] — one accept loop on the caller's runtime (tests, embedding).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,9 +27,10 @@ use tokio::task::JoinHandle;
 
 use crate::config::GatewayConfig;
 use crate::error::Error;
-use crate::proxy::{Shared, handle};
+use crate::proxy::{Shared, Worker, handle};
 use crate::state::State;
 use crate::telemetry::Telemetry;
+use crate::upstream::Upstreams;
 
 /// The sockets the gateway serves on. Bind them first (port 0 in tests) and pass them in.
 #[derive(Debug)]
@@ -177,68 +188,235 @@ impl Handle {
     }
 }
 
+/// The sockets of a thread-per-core gateway ([`serve_workers`]): one front-door listener per
+/// worker, all on the same address, plus the admin listener.
+#[derive(Debug)]
+pub struct WorkerListeners {
+    /// One listener per worker thread, bound to one address with `SO_REUSEPORT`.
+    pub http: Vec<std::net::TcpListener>,
+    /// `/metrics`, `/healthz`, `/readyz`; `None` serves no admin port.
+    pub admin: Option<std::net::TcpListener>,
+}
+
+impl WorkerListeners {
+    /// Binds `workers` front-door listeners on `http` (port 0 picks one free port for all of
+    /// them) and the admin listener on `admin`.
+    pub fn bind(
+        http: SocketAddr,
+        admin: Option<SocketAddr>,
+        workers: usize,
+    ) -> Result<Self, Error> {
+        let first = reuseport_listener(http)?;
+        // Port 0 in `http` bound a free port: the other workers join that one.
+        let addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..workers.max(1) {
+            listeners.push(reuseport_listener(addr)?);
+        }
+        let admin = match admin {
+            Some(a) => {
+                let l = std::net::TcpListener::bind(a)?;
+                l.set_nonblocking(true)?;
+                Some(l)
+            }
+            None => None,
+        };
+        Ok(WorkerListeners {
+            http: listeners,
+            admin,
+        })
+    }
+}
+
+/// The number of worker threads [`serve_workers`] is meant to run by default: one per core.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    // As deep as nginx's `backlog=4096`: bursts of new connections wait instead of failing.
+    socket.listen(4096)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// What both ways of serving set up on the caller's runtime: state, metrics, admin, handle.
+struct Control {
+    shared: Arc<Shared>,
+    handle: Handle,
+    stop_tx: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    admin_task: Option<JoinHandle<std::io::Result<()>>>,
+    admin_addr: Option<SocketAddr>,
+}
+
+impl Control {
+    fn start(config: GatewayConfig, admin: Option<TcpListener>) -> Result<Control, Error> {
+        let mut registry = Registry::default();
+        let telemetry = Telemetry::register(&mut registry);
+        let seed = config.seed;
+        let state = State::build(config, None, &telemetry, Some(&mut registry))?;
+        let shared = Arc::new(Shared::new(state, telemetry, seed));
+        let registry = Arc::new(registry);
+        let admin_addr = match &admin {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let handle = Handle {
+            shared: Arc::clone(&shared),
+            reload_lock: Arc::new(Mutex::new(())),
+        };
+        let admin_task = admin.map(|listener| {
+            let ready_handle = handle.clone();
+            let mut rx = stop_rx.clone();
+            tokio::spawn(infergate_pool::admin::serve(
+                listener,
+                registry,
+                move || ready_handle.is_ready(),
+                async move { stopped(&mut rx).await },
+            ))
+        });
+        Ok(Control {
+            shared,
+            handle,
+            stop_tx,
+            stop_rx,
+            admin_task,
+            admin_addr,
+        })
+    }
+
+    /// The task that, once `shutdown` completes, stops everything and waits for `serving`.
+    fn supervise(
+        self,
+        http_addr: SocketAddr,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        serving: impl Future<Output = ()> + Send + 'static,
+    ) -> Gateway {
+        let Control {
+            handle,
+            stop_tx,
+            admin_task,
+            admin_addr,
+            ..
+        } = self;
+        let task = tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+            serving.await;
+            if let Some(t) = admin_task {
+                match t.await {
+                    Ok(Err(e)) => tracing::error!(error = %e, "admin server failed"),
+                    Err(e) => tracing::error!(error = %e, "admin server ended abnormally"),
+                    Ok(Ok(())) => {}
+                }
+            }
+        });
+        tracing::info!(%http_addr, admin = ?admin_addr, "gateway serving");
+        Gateway {
+            http_addr,
+            admin_addr,
+            handle,
+            task,
+        }
+    }
+}
+
 /// Starts the gateway on `listeners` with `config` and returns once it is serving. It runs until
 /// `shutdown` completes, then stops accepting and lets open connections finish.
 ///
-/// Must be called inside a tokio runtime.
+/// One accept loop on the caller's runtime serves every connection; [`serve_workers`] is the
+/// thread-per-core form `infergate gateway` runs. Must be called inside a tokio runtime.
 pub async fn serve(
     config: GatewayConfig,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Gateway, Error> {
-    let mut registry = Registry::default();
-    let telemetry = Telemetry::register(&mut registry);
-    let seed = config.seed;
-    let state = State::build(config, None, &telemetry, Some(&mut registry))?;
-    let shared = Arc::new(Shared::new(state, telemetry, seed));
-    let registry = Arc::new(registry);
-
     let http_addr = listeners.http.local_addr()?;
-    let admin_addr = match &listeners.admin {
-        Some(l) => Some(l.local_addr()?),
-        None => None,
-    };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let handle = Handle {
-        shared: Arc::clone(&shared),
-        reload_lock: Arc::new(Mutex::new(())),
-    };
-
-    let admin_task = listeners.admin.map(|listener| {
-        let ready_handle = handle.clone();
-        let mut rx = stop_rx.clone();
-        tokio::spawn(infergate_pool::admin::serve(
-            listener,
-            registry,
-            move || ready_handle.is_ready(),
-            async move { stopped(&mut rx).await },
-        ))
+    let control = Control::start(config, listeners.admin)?;
+    let worker = Arc::new(Worker {
+        shared: Arc::clone(&control.shared),
+        upstreams: Arc::new(Upstreams::default()),
     });
-    let accept = tokio::spawn(accept_loop(listeners.http, shared, stop_rx));
-    let task = tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
+    let accept = tokio::spawn(accept_loop(listeners.http, worker, control.stop_rx.clone()));
+    let serving = async move {
         if let Err(e) = accept.await {
             tracing::error!(error = %e, "accept loop ended abnormally");
         }
-        if let Some(t) = admin_task {
-            match t.await {
-                Ok(Err(e)) => tracing::error!(error = %e, "admin server failed"),
-                Err(e) => tracing::error!(error = %e, "admin server ended abnormally"),
-                Ok(Ok(())) => {}
-            }
-        }
-    });
-    tracing::info!(%http_addr, admin = ?admin_addr, "gateway serving");
-    Ok(Gateway {
-        http_addr,
-        admin_addr,
-        handle,
-        task,
-    })
+    };
+    Ok(control.supervise(http_addr, shutdown, serving))
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+/// Starts the gateway thread per core: one worker thread per front-door listener in
+/// `listeners`, each with a single-threaded runtime, its own listener and its own upstream
+/// connections (see the module documentation). Returns once every worker is accepting. It runs
+/// until `shutdown` completes, then stops accepting and lets open connections finish.
+///
+/// Must be called inside a tokio runtime: the model pools' scrapers, the admin server and
+/// reloads run there.
+pub async fn serve_workers(
+    config: GatewayConfig,
+    listeners: WorkerListeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Gateway, Error> {
+    let http_addr = match listeners.http.first() {
+        Some(l) => l.local_addr()?,
+        None => {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no front-door listener: at least one worker is needed",
+            )));
+        }
+    };
+    let admin = listeners.admin.map(TcpListener::from_std).transpose()?;
+    let control = Control::start(config, admin)?;
+    // Runtimes and listeners are set up here, so that any failure is returned, not logged.
+    let mut workers = Vec::with_capacity(listeners.http.len());
+    for listener in listeners.http {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener)?
+        };
+        workers.push((runtime, listener));
+    }
+    let mut done = Vec::with_capacity(workers.len());
+    for (i, (runtime, listener)) in workers.into_iter().enumerate() {
+        let worker = Arc::new(Worker {
+            shared: Arc::clone(&control.shared),
+            upstreams: Arc::new(Upstreams::default()),
+        });
+        let stop = control.stop_rx.clone();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        // If spawning fails, dropping `control` below stops the workers already started.
+        std::thread::Builder::new()
+            .name(format!("infergate-gw-{i}"))
+            .spawn(move || {
+                runtime.block_on(accept_loop(listener, worker, stop));
+                drop(runtime);
+                let _ = done_tx.send(());
+            })?;
+        done.push(done_rx);
+    }
+    let serving = async move {
+        for d in done {
+            if d.await.is_err() {
+                tracing::error!("a gateway worker thread ended abnormally");
+            }
+        }
+    };
+    Ok(control.supervise(http_addr, shutdown, serving))
+}
+
+async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch::Receiver<bool>) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -264,13 +442,13 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
             () = stopped(&mut stop) => break,
         };
         let _ = stream.set_nodelay(true);
-        let shared = Arc::clone(&shared);
+        let worker = Arc::clone(&worker);
         let builder = Arc::clone(&builder);
         let mut stop = stop.clone();
         let conn_guard = conns_rx.clone();
         tokio::spawn(async move {
             let service =
-                service_fn(move |req: hyper::Request<Incoming>| handle(Arc::clone(&shared), req));
+                service_fn(move |req: hyper::Request<Incoming>| handle(Arc::clone(&worker), req));
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {

@@ -1,5 +1,6 @@
 //! What one loaded configuration turns into: the model table, each model's live pool and
-//! metrics, the upstream HTTP client, and the prebuilt `/v1/models` answer.
+//! metrics, and the prebuilt `/v1/models` answer. (Upstream connections belong to the workers,
+//! not to a configuration: see `upstream`.)
 //!
 //! A reload builds a new [`State`] next to the old one and swaps it in atomically; requests
 //! already running keep the `Arc` of the state they started with. Pools whose model and scheduler
@@ -13,21 +14,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderValue;
 use http::uri::Authority;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use infergate_openai::ModelRouter;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::config::{GatewayConfig, Timeouts};
+use crate::config::GatewayConfig;
 use crate::error::Error;
 use crate::telemetry::{ModelMetrics, Telemetry};
-
-/// The upstream client: pooled keep-alive HTTP/1.1 connections.
-pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Per-endpoint values computed once: the URI authority and the `x-infergate-endpoint` value.
 pub(crate) struct EndpointHeaders {
@@ -47,7 +41,6 @@ pub(crate) struct Model {
 pub(crate) struct State {
     pub(crate) config: GatewayConfig,
     pub(crate) router: ModelRouter<Arc<Model>>,
-    pub(crate) client: UpstreamClient,
     pub(crate) models_body: Bytes,
 }
 
@@ -64,17 +57,6 @@ struct ModelEntry<'a> {
     created: u64,
     owned_by: &'static str,
     root: &'a str,
-}
-
-fn client(t: &Timeouts) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(t.connect));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(t.pool_idle)
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(connector)
 }
 
 fn endpoint_headers(addrs: &[SocketAddr]) -> HashMap<SocketAddr, EndpointHeaders> {
@@ -135,10 +117,6 @@ impl State {
                     })
                 })?;
         }
-        let client = match previous {
-            Some(p) if p.config.timeouts == config.timeouts => p.client.clone(),
-            _ => client(&config.timeouts),
-        };
         let list = ModelList {
             object: "list",
             data: router
@@ -157,7 +135,6 @@ impl State {
         Ok(State {
             config,
             router,
-            client,
             models_body,
         })
     }

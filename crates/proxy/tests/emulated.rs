@@ -11,9 +11,8 @@ mod upstream;
 
 use std::time::Duration;
 
-use infergate_proxy::{GatewayConfig, Listeners, serve};
+use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
 use infergate_sim::{FleetSpec, serve_fleet};
-use tokio::net::TcpListener;
 use upstream::{get, post};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,12 +33,10 @@ async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
         addrs[0].1, addrs[1].1
     ))
     .unwrap();
-    let listeners = Listeners {
-        http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        admin: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
-    };
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let gw = serve(config, listeners, async move {
+    let gw = serve_workers(config, listeners, async move {
         let _ = rx.await;
     })
     .await

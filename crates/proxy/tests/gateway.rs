@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use infergate_proxy::{Gateway, GatewayConfig, Listeners, serve};
+use infergate_proxy::{Gateway, GatewayConfig, Listeners, WorkerListeners, serve, serve_workers};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use upstream::{Behaviour, Upstream, get, post, refused_addr, send};
@@ -62,14 +62,14 @@ fn model(name: &str, preset: &str, addrs: &[SocketAddr]) -> String {
     )
 }
 
+/// The gateway as `infergate gateway` runs it: two worker threads, each with its own runtime,
+/// `SO_REUSEPORT` listener and upstream connections.
 async fn start(config: &str) -> Running {
     let config = GatewayConfig::from_yaml(config).unwrap();
-    let listeners = Listeners {
-        http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        admin: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
-    };
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let gw = serve(config, listeners, async move {
+    let gw = serve_workers(config, listeners, async move {
         let _ = rx.await;
     })
     .await
@@ -619,6 +619,48 @@ async fn config_reload_applies_good_files_and_rejects_bad_ones() {
     watcher.await.unwrap();
 }
 
+#[tokio::test]
+async fn workers_share_the_port_and_stop_accepting_at_shutdown() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let config = GatewayConfig::from_yaml(&yaml(&model("m", "round-robin", &[up.addr]))).unwrap();
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, None, 3).unwrap();
+    assert_eq!(listeners.http.len(), 3);
+    let (tx, rx) = oneshot::channel::<()>();
+    let gw = serve_workers(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let addr = gw.http_addr();
+    // New connections land on any of the workers; every one of them serves.
+    for _ in 0..12 {
+        assert_eq!(post(addr, "/v1/chat/completions", CHAT).await.0, 200);
+    }
+    assert_eq!(up.requests(), 12);
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), gw.wait())
+        .await
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn no_front_door_listener_is_an_error() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let config = GatewayConfig::from_yaml(&yaml(&model("m", "round-robin", &[up.addr]))).unwrap();
+    let listeners = WorkerListeners {
+        http: Vec::new(),
+        admin: None,
+    };
+    let err = serve_workers(config, listeners, async {})
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("at least one worker"), "{err}");
+}
+
+/// `serve`: one accept loop on the caller's runtime, the same request path.
 #[tokio::test]
 async fn shutdown_stops_accepting() {
     let up = Upstream::start(Behaviour::Ok).await;

@@ -13,8 +13,7 @@ mod upstream;
 
 use std::path::Path;
 
-use infergate_proxy::{GatewayConfig, Listeners, serve};
-use tokio::net::TcpListener;
+use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
 use upstream::{Behaviour, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,12 +25,10 @@ async fn the_openai_python_sdk_works_against_the_gateway() {
         a.addr, b.addr
     ))
     .unwrap();
-    let listeners = Listeners {
-        http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        admin: None,
-    };
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, None, 2).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let gw = serve(config, listeners, async move {
+    let gw = serve_workers(config, listeners, async move {
         let _ = rx.await;
     })
     .await

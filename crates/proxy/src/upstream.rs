@@ -1,0 +1,293 @@
+//! Upstream HTTP/1.1 connections, pooled per endpoint and driven by the request that uses them.
+//!
+//! A connection here is hyper's `client::conn::http1` pair: the request handle and the connection
+//! state machine. The state machine has no task of its own: while a request waits for response
+//! headers, the request's own future polls it ([`Upstreams::send`]); afterwards the response body
+//! ([`Lease`], held by `body::Tracked`) polls it with every frame. So one upstream event wakes
+//! exactly one task — the client connection's — instead of a pooled-connection task that then
+//! wakes the client's, possibly on another thread.
+//!
+//! Idle connections wait in a per-endpoint stack (the most recently used is reused first, so the
+//! warm ones stay warm and the old ones age out at the bottom). They are not polled while idle; a
+//! connection the server closed meanwhile is noticed when it is taken (one non-blocking poll) and
+//! dropped, and a request that a reused connection could not even start is repeated once on a new
+//! connection. Each gateway worker has its own [`Upstreams`], so the lock around the stacks is
+//! never contended in the thread-per-core mode.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Idle connections kept per endpoint and worker; more are closed when they come back.
+const MAX_IDLE_PER_ENDPOINT: usize = 512;
+
+type Connection = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// Why an upstream request failed before any response header arrived.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    /// The TCP connection could not be established.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TCP connection was not established within the connect timeout.
+    #[error("cannot connect to {addr} within {} ms", .timeout.as_millis())]
+    ConnectTimeout {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The connection failed or closed before the response headers.
+    #[error("{addr} closed the connection before answering")]
+    Http {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// hyper's error, when there is one (`None`: the connection simply ended).
+        #[source]
+        source: Option<hyper::Error>,
+    },
+}
+
+/// One keep-alive connection to a model server.
+struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    // Boxed so that a connection moves between the pool, the request and the body as a pointer.
+    connection: Pin<Box<Connection>>,
+    /// When it was put back; idle connections older than the pool's idle timeout are closed.
+    idle_since: Instant,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr, timeout: Duration) -> Result<Conn, SendError> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Err(_elapsed) => return Err(SendError::ConnectTimeout { addr, timeout }),
+            Ok(Err(source)) => return Err(SendError::Connect { addr, source }),
+            Ok(Ok(s)) => s,
+        };
+        // Requests and first answers are small: waiting to coalesce them only adds latency.
+        stream
+            .set_nodelay(true)
+            .map_err(|source| SendError::Connect { addr, source })?;
+        let (sender, connection) =
+            http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| SendError::Http {
+                    addr,
+                    source: Some(e),
+                })?;
+        Ok(Conn {
+            sender,
+            connection: Box::pin(connection),
+            idle_since: Instant::now(),
+        })
+    }
+
+    /// Whether a pooled connection may still be used: one poll, without waiting, lets hyper
+    /// read a close (or stray bytes) that arrived while it sat in the pool.
+    fn usable(&mut self) -> bool {
+        if self.sender.is_closed() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.connection.as_mut().poll(&mut cx) {
+            Poll::Ready(_) => false,
+            Poll::Pending => !self.sender.is_closed(),
+        }
+    }
+
+    /// Sends `req` and waits for the response headers, driving the connection meanwhile. A
+    /// request that was never written comes back with the error.
+    async fn exchange(
+        mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<(Response<Incoming>, Option<Conn>), Failed> {
+        // Until hyper has the request, a connection that turns out to be closed (the server
+        // closed it while it sat in the pool) hands the request back for a new connection.
+        let not_ready = tokio::select! {
+            biased;
+            r = self.sender.ready() => r.err().map(Some),
+            ended = self.connection.as_mut() => Some(ended.err()),
+        };
+        if let Some(error) = not_ready {
+            return Err(Failed {
+                error,
+                unsent: Some(req),
+            });
+        }
+        // The response future does not borrow the sender; the connection is driven beside it.
+        let work = self.sender.try_send_request(req);
+        tokio::pin!(work);
+        let ended = tokio::select! {
+            biased;
+            r = &mut work => return match r {
+                Ok(resp) => Ok((resp, Some(self))),
+                Err(mut e) => Err(Failed {
+                    unsent: e.take_message(),
+                    error: Some(e.into_error()),
+                }),
+            },
+            ended = self.connection.as_mut() => ended,
+        };
+        // The connection ended first. Dropping it fails the request's callback, handing the
+        // request back if hyper had not written it yet.
+        drop(self);
+        match work.await {
+            // It answered and closed (`Connection: close`) in one go: the answer is whole.
+            Ok(resp) => Ok((resp, None)),
+            Err(mut e) => Err(Failed {
+                unsent: e.take_message(),
+                error: ended.err(),
+            }),
+        }
+    }
+}
+
+/// A failed exchange: hyper's error (`None` when the connection simply ended) and the request,
+/// if it was never written.
+struct Failed {
+    error: Option<hyper::Error>,
+    unsent: Option<Request<Full<Bytes>>>,
+}
+
+/// A worker's upstream connections, by endpoint.
+#[derive(Default)]
+pub(crate) struct Upstreams {
+    idle: Mutex<HashMap<SocketAddr, VecDeque<Conn>>>,
+}
+
+impl Upstreams {
+    /// Sends `req` to `addr` on a pooled connection (or a new one) and returns the response
+    /// headers with the connection, which the caller drives while it reads the body.
+    ///
+    /// A pooled connection that fails before the request could be written (hyper reports it as
+    /// cancelled) is replaced by a new connection once; any other failure is returned.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        req: Request<Full<Bytes>>,
+        connect_timeout: Duration,
+        pool_idle: Duration,
+    ) -> Result<(Response<Incoming>, Lease), SendError> {
+        let mut req = req;
+        if let Some(conn) = self.take(addr, pool_idle) {
+            match conn.exchange(req).await {
+                Ok((resp, conn)) => return Ok((resp, self.lease(addr, conn))),
+                // The server closed it while idle and hyper noticed only now: a new connection.
+                Err(Failed {
+                    unsent: Some(back), ..
+                }) => req = back,
+                Err(Failed { error, .. }) => {
+                    return Err(SendError::Http {
+                        addr,
+                        source: error,
+                    });
+                }
+            }
+        }
+        let conn = Conn::open(addr, connect_timeout).await?;
+        match conn.exchange(req).await {
+            Ok((resp, conn)) => Ok((resp, self.lease(addr, conn))),
+            Err(Failed { error, .. }) => Err(SendError::Http {
+                addr,
+                source: error,
+            }),
+        }
+    }
+
+    fn lease(self: &Arc<Self>, addr: SocketAddr, conn: Option<Conn>) -> Lease {
+        Lease {
+            conn,
+            home: Arc::clone(self),
+            addr,
+        }
+    }
+
+    /// Takes the most recently used live connection to `addr`, closing stale ones on the way.
+    fn take(&self, addr: SocketAddr, pool_idle: Duration) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let stack = idle.get_mut(&addr)?;
+        let now = Instant::now();
+        while let Some(mut conn) = stack.pop_back() {
+            if now.saturating_duration_since(conn.idle_since) <= pool_idle && conn.usable() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn put(&self, addr: SocketAddr, mut conn: Conn) {
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let stack = idle.entry(addr).or_default();
+        if stack.len() >= MAX_IDLE_PER_ENDPOINT {
+            // The oldest goes: it is the likeliest to have been closed by the server already.
+            stack.pop_front();
+        }
+        stack.push_back(conn);
+    }
+
+    /// Idle connections to `addr` (tests).
+    #[cfg(test)]
+    pub(crate) fn idle(&self, addr: SocketAddr) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&addr)
+            .map_or(0, VecDeque::len)
+    }
+}
+
+/// An upstream connection lent to one response: the body drives it while it streams and gives
+/// it back when the response ended cleanly. Dropped otherwise, which closes the socket (and so
+/// cancels the model server's work when a client leaves mid-stream).
+pub(crate) struct Lease {
+    conn: Option<Conn>,
+    home: Arc<Upstreams>,
+    addr: SocketAddr,
+}
+
+impl Lease {
+    /// Lets the connection make progress (read the next body bytes into hyper's channel). Call
+    /// it before polling the body, with the body's context: then the body's task is the one woken
+    /// when more bytes arrive.
+    pub(crate) fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(conn) = &mut self.conn
+            && conn.connection.as_mut().poll(cx).is_ready()
+        {
+            // Closed by the server, or failed (the body reports that itself). A finished
+            // connection is never polled again, nor reused.
+            self.conn = None;
+        }
+    }
+
+    /// The response body was read to its end: the connection goes back to the pool.
+    pub(crate) fn release(mut self) {
+        if let Some(conn) = self.conn.take()
+            && !conn.sender.is_closed()
+        {
+            self.home.put(self.addr, conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

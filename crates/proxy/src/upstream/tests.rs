@@ -1,0 +1,175 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body::Body as _;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// A server on 127.0.0.1 that answers every request with `hello` and counts its connections.
+async fn server(close_after_each: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&conns);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: Request<Incoming>| async move {
+                    let mut r = Response::new(Full::new(Bytes::from_static(b"hello")));
+                    if close_after_each {
+                        r.headers_mut()
+                            .insert(http::header::CONNECTION, "close".parse().unwrap());
+                    }
+                    Ok::<_, Infallible>(r)
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, conns)
+}
+
+fn request(addr: SocketAddr) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header(http::header::HOST, addr.to_string())
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap()
+}
+
+/// Reads the body to its end the way `body::Tracked` does, then releases the connection.
+async fn read_all(resp: Response<Incoming>, mut lease: Lease) -> Vec<u8> {
+    let mut body = resp.into_body();
+    let mut out = Vec::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| {
+            lease.drive(cx);
+            Pin::new(&mut body).poll_frame(cx)
+        })
+        .await;
+        match frame {
+            Some(f) => out.extend_from_slice(&f.unwrap().into_data().unwrap()),
+            None => break,
+        }
+        if body.is_end_stream() {
+            break;
+        }
+    }
+    lease.release();
+    out
+}
+
+const CONNECT: Duration = Duration::from_secs(2);
+const IDLE: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn sequential_requests_reuse_one_connection() {
+    let (addr, conns) = server(false).await;
+    let up = Arc::new(Upstreams::default());
+    for _ in 0..5 {
+        let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(read_all(resp, lease).await, b"hello");
+        assert_eq!(up.idle(addr), 1);
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_connection_closed_by_the_server_is_not_reused() {
+    let (addr, conns) = server(true).await;
+    let up = Arc::new(Upstreams::default());
+    for _ in 0..3 {
+        let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+        assert_eq!(read_all(resp, lease).await, b"hello");
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_body_not_read_to_the_end_closes_its_connection() {
+    let (addr, conns) = server(false).await;
+    let up = Arc::new(Upstreams::default());
+    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    drop((resp, lease));
+    assert_eq!(up.idle(addr), 0);
+    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    assert_eq!(read_all(resp, lease).await, b"hello");
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn idle_connections_past_the_idle_timeout_are_not_reused() {
+    let (addr, conns) = server(false).await;
+    let up = Arc::new(Upstreams::default());
+    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    read_all(resp, lease).await;
+    // An idle timeout of zero: the pooled connection is too old by the time it is taken.
+    let (resp, lease) = up
+        .send(addr, request(addr), CONNECT, Duration::ZERO)
+        .await
+        .unwrap();
+    read_all(resp, lease).await;
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_connect_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let up = Arc::new(Upstreams::default());
+    let err = up
+        .send(addr, request(addr), CONNECT, IDLE)
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, SendError::Connect { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_is_replaced() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A raw server: one keep-alive answer per connection, then it closes the socket.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let closed_tx = closed_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.ends_with(b"{}") {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    assert!(n > 0);
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+                    .await
+                    .unwrap();
+                drop(s);
+                let _ = closed_tx.send(());
+            });
+        }
+    });
+    let up = Arc::new(Upstreams::default());
+    for _ in 0..3 {
+        let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+        assert_eq!(read_all(resp, lease).await, b"hello");
+        closed_rx.recv().await.unwrap();
+    }
+}
