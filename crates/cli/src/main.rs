@@ -48,9 +48,14 @@ fn main() -> anyhow::Result<()> {
         // Colour only on a terminal: logs captured to files or collectors stay plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = match cli.command {
+        // The gateway serves on its own per-core worker threads; this runtime only carries its
+        // control plane (scrapes, admin port, reloads).
+        Command::Gateway(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()?;
     runtime.block_on(async move {
         match cli.command {
             Command::Gateway(args) => cmd::gateway::run(args).await,

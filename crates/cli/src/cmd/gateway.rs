@@ -1,11 +1,15 @@
 //! `infergate gateway`: the standalone OpenAI-compatible gateway (`infergate_proxy`).
+//!
+//! It runs thread per core (`infergate_proxy::serve_workers`): `--workers` threads, each with its
+//! own runtime, `SO_REUSEPORT` listener on the front-door address and upstream connections. The
+//! runtime this command is called on carries the control plane: metrics scrapes, the admin port
+//! and configuration reloads.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use infergate_proxy::{GatewayConfig, Listeners};
-use tokio::net::TcpListener;
+use infergate_proxy::{GatewayConfig, WorkerListeners, default_workers};
 
 /// Arguments of `infergate gateway`.
 #[derive(Debug, clap::Args)]
@@ -21,6 +25,9 @@ pub struct Args {
     /// Admin address (`/metrics`, `/healthz`, `/readyz`); overrides `admin` in the file.
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// Worker threads serving the front door (default: one per core).
+    #[arg(long, env = "INFERGATE_GATEWAY_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
+    workers: Option<u16>,
     /// Check the configuration file and exit.
     #[arg(long)]
     check: bool,
@@ -44,18 +51,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(a) = args.admin {
         config.admin = a;
     }
-    let listeners = Listeners {
-        http: TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding the front door on {}", config.listen))?,
-        admin: Some(
-            TcpListener::bind(config.admin)
-                .await
-                .with_context(|| format!("binding the admin port on {}", config.admin))?,
-        ),
-    };
+    let workers = args.workers.map_or_else(default_workers, usize::from);
+    let listeners = WorkerListeners::bind(config.listen, Some(config.admin), workers)
+        .with_context(|| {
+            format!(
+                "binding the front door on {} ({workers} workers) and the admin port on {}",
+                config.listen, config.admin
+            )
+        })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let gateway = infergate_proxy::serve(config, listeners, {
+    let gateway = infergate_proxy::serve_workers(config, listeners, {
         let mut rx = stop_rx.clone();
         async move {
             let _ = rx.wait_for(|s| *s).await.is_ok();
