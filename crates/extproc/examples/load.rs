@@ -78,6 +78,15 @@ fn percentile(sorted: &[u32], p: f64) -> u32 {
 }
 
 fn main() {
+    // The same subscriber as the `infergate` binary (`RUST_LOG`, default `info`): what tracing
+    // costs per request is part of what is measured.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let rps = arg("--rps", 2000);
     let seconds = arg("--seconds", 60);
     let pods = arg("--pods", 4) as usize;

@@ -18,11 +18,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, ProcessingRequest, ProcessingResponse,
 };
 use infergate_openai::{ApiError, ApiKind, ModelRouter, parse_request};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
-use crate::picker::{DEFAULT_MAX_BODY_BYTES, Flow, spawn_stream};
+use crate::picker::DEFAULT_MAX_BODY_BYTES;
+use crate::stream::{AnswerStream, Conversation, Flow};
 use crate::telemetry::Telemetry;
 use crate::wire::{self, BodyMode};
 
@@ -121,7 +122,7 @@ struct Exchange {
     body: Vec<u8>,
 }
 
-impl Exchange {
+impl Conversation for Exchange {
     fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow {
         if let Some(pc) = msg.protocol_config {
             self.request_mode = BodyMode::from_envoy(pc.request_body_mode);
@@ -169,7 +170,9 @@ impl Exchange {
             None => Flow::Continue,
         }
     }
+}
 
+impl Exchange {
     fn on_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
         if !self.buffering {
             match self.request_mode {
@@ -223,7 +226,7 @@ impl Exchange {
         match self.request_mode {
             BodyMode::FullDuplex => {
                 out.push(wire::request_headers(Some(common)));
-                wire::push_chunks(out, true, &body, end_of_stream);
+                wire::push_chunks(out, true, body, end_of_stream);
             }
             _ => out.push(wire::buffered_body(true, common, None)),
         }
@@ -240,7 +243,7 @@ impl Exchange {
 
 #[tonic::async_trait]
 impl ExternalProcessor for BodyRouter {
-    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+    type ProcessStream = BbrStream;
 
     async fn process(
         &self,
@@ -254,10 +257,23 @@ impl ExternalProcessor for BodyRouter {
             buffering: false,
             body: Vec::new(),
         };
-        Ok(Response::new(spawn_stream(
+        Ok(Response::new(BbrStream(AnswerStream::new(
             request.into_inner(),
             ex,
-            |ex, msg, out| ex.on_message(msg, out),
-        )))
+        ))))
+    }
+}
+
+/// The answers of one body-based-router stream (see [`crate::stream`]).
+pub struct BbrStream(AnswerStream<Exchange>);
+
+impl Stream for BbrStream {
+    type Item = Result<ProcessingResponse, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.0).poll_next(cx)
     }
 }

@@ -19,6 +19,8 @@
 //! - [`rewrite`] — the response-path model-name rewriter;
 //! - [`run`] — whole picker and body-based-router processes (every port), for the binary;
 //! - [`server`] — serving functions for the ext_proc and gRPC health ports;
+//! - `stream` — the per-request answer stream that runs a conversation inline (no task or
+//!   channel per request);
 //! - [`telemetry`] — the server's Prometheus metrics;
 //! - [`error`] — [`Error`].
 
@@ -30,6 +32,7 @@ pub mod pool;
 pub mod rewrite;
 pub mod run;
 pub mod server;
+mod stream;
 pub mod telemetry;
 pub mod wire;
 

@@ -2,26 +2,26 @@
 //! endpoint and its fallbacks.
 //!
 //! [`EndpointPicker`] is the tonic service; each stream runs an `Exchange` (in `picker/exchange.rs`),
-//! a synchronous state machine that turns Envoy's messages into answers. The service only moves
-//! messages between the gRPC stream and the exchange, so dropping the stream drops the exchange
-//! and, with it, the request's in-flight guard.
+//! a synchronous state machine that turns Envoy's messages into answers, inside the stream's
+//! response body ([`PickerStream`], see [`crate::stream`]): no task or channel per request, and
+//! dropping the stream drops the exchange and, with it, the request's in-flight guard.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::pool::EndpointPool;
-use crate::telemetry::Telemetry;
+use crate::stream::AnswerStream;
+use crate::telemetry::{PoolTelemetry, Telemetry};
 use crate::wire::BodyMode;
 
 mod exchange;
 
-pub(crate) use exchange::{Exchange, Flow};
+use exchange::Exchange;
 
 /// Default request body cap (bytes): large chat prompts fit, runaway uploads do not.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -66,6 +66,8 @@ pub(crate) struct Shared<P> {
     pub(crate) config: PickerConfig,
     pub(crate) pool: P,
     pub(crate) telemetry: Telemetry,
+    /// The pool's request and token counters (cached handles).
+    pub(crate) counters: PoolTelemetry,
 }
 
 /// The ext_proc endpoint-picker service. Cheap to clone.
@@ -85,11 +87,13 @@ impl<P> Clone for EndpointPicker<P> {
 impl<P: EndpointPool> EndpointPicker<P> {
     /// A picker routing on `pool`, counting into `telemetry`.
     pub fn new(config: PickerConfig, pool: P, telemetry: Telemetry) -> Self {
+        let counters = telemetry.for_pool(&config.pool_name);
         EndpointPicker {
             shared: Arc::new(Shared {
                 config,
                 pool,
                 telemetry,
+                counters,
             }),
         }
     }
@@ -100,60 +104,33 @@ impl<P: EndpointPool> EndpointPicker<P> {
     }
 }
 
-/// Runs one ext_proc stream: reads Envoy's messages, feeds them to `on_message`, sends every
-/// answer in order, and stops at the end of the stream, on a reset, or when the handler closes.
-pub(crate) fn spawn_stream<S>(
-    mut inbound: Streaming<ProcessingRequest>,
-    mut state: S,
-    mut on_message: impl FnMut(&mut S, ProcessingRequest, &mut Vec<ProcessingResponse>) -> Flow
-    + Send
-    + 'static,
-) -> ReceiverStream<Result<ProcessingResponse, Status>>
-where
-    S: Send + 'static,
-{
-    // A few answers in flight are plenty: Envoy reads them as fast as it forwards bodies.
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let mut out = Vec::with_capacity(4);
-        loop {
-            let msg = match inbound.message().await {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(status) => {
-                    // A reset from the proxy: the HTTP request is gone; dropping `state` cancels.
-                    tracing::debug!(%status, "ext_proc stream ended by the proxy");
-                    break;
-                }
-            };
-            let flow = on_message(&mut state, msg, &mut out);
-            for r in out.drain(..) {
-                if tx.send(Ok(r)).await.is_err() {
-                    return;
-                }
-            }
-            if flow == Flow::Close {
-                break;
-            }
-        }
-        drop(state);
-    });
-    ReceiverStream::new(rx)
-}
-
 #[tonic::async_trait]
 impl<P: EndpointPool> ExternalProcessor for EndpointPicker<P> {
-    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+    type ProcessStream = PickerStream<P>;
 
     async fn process(
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let exchange = Exchange::new(Arc::clone(&self.shared));
-        Ok(Response::new(spawn_stream(
+        Ok(Response::new(PickerStream(AnswerStream::new(
             request.into_inner(),
             exchange,
-            |ex, msg, out| ex.on_message(msg, out),
-        )))
+        ))))
+    }
+}
+
+/// The answers of one endpoint-picker stream. The request's state lives inside it: dropping it
+/// (the stream ended or was reset) releases the request's in-flight entry.
+pub struct PickerStream<P: EndpointPool>(AnswerStream<Exchange<P>>);
+
+impl<P: EndpointPool> Stream for PickerStream<P> {
+    type Item = Result<ProcessingResponse, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.0).poll_next(cx)
     }
 }

@@ -2,6 +2,18 @@
 //!
 //! Label values are few and bounded: the pool is fixed per process, models and pods are the
 //! pool's own, outcomes and reasons are fixed strings.
+//!
+//! Counting a finished request is on the per-request path, so the picker does not go through
+//! [`Family::get_or_create`] for it (which builds an owned label set, hashes it and takes the
+//! family's lock on every call): [`PoolTelemetry`] keeps, per model and per serving endpoint, the
+//! counter handles it has already created, and counting is then a map lookup by `&str` and
+//! `SocketAddr` under a shared read lock plus an atomic add. The first request of a new
+//! (model, endpoint) pair creates its series in the family as before, so the exported text is
+//! the same.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{OnceLock, PoisonError, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -124,11 +136,7 @@ impl Telemetry {
 
     /// Adds reported usage.
     pub fn usage(&self, model: &str, usage: &infergate_openai::Usage) {
-        for (kind, n) in [
-            ("input", usage.prompt_tokens),
-            ("output", usage.completion_tokens),
-            ("cached", usage.cached_tokens),
-        ] {
+        for (kind, n) in token_kinds(usage) {
             if n > 0 {
                 self.tokens
                     .get_or_create(&TokenLabels {
@@ -139,4 +147,154 @@ impl Telemetry {
             }
         }
     }
+
+    /// The request and token counters of pool `pool`, with cached handles (see the module
+    /// documentation). Build it once per pool and keep it.
+    pub fn for_pool(&self, pool: &str) -> PoolTelemetry {
+        PoolTelemetry {
+            telemetry: self.clone(),
+            pool: pool.to_owned(),
+            models: RwLock::default(),
+        }
+    }
 }
+
+/// How a routed request ended: the `outcome` label of `requests_total`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The response ended normally.
+    Success,
+    /// The model server answered 5xx.
+    Error,
+    /// The stream was reset or closed before the response ended.
+    Cancelled,
+}
+
+impl Outcome {
+    /// Every outcome, in index order.
+    pub const ALL: [Outcome; 3] = [Outcome::Success, Outcome::Error, Outcome::Cancelled];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Error => "error",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Outcome::Success => 0,
+            Outcome::Error => 1,
+            Outcome::Cancelled => 2,
+        }
+    }
+}
+
+/// The `kind` label and the count of each token kind in a usage report, in index order.
+fn token_kinds(usage: &infergate_openai::Usage) -> [(&'static str, u64); 3] {
+    [
+        ("input", usage.prompt_tokens),
+        ("output", usage.completion_tokens),
+        ("cached", usage.cached_tokens),
+    ]
+}
+
+/// One pool's request and token counters, with the handles of every label set already used
+/// kept per model and endpoint. Made by [`Telemetry::for_pool`].
+#[derive(Debug)]
+pub struct PoolTelemetry {
+    telemetry: Telemetry,
+    pool: String,
+    models: RwLock<HashMap<Box<str>, ModelCounters>>,
+}
+
+/// A model's cached handles. Each counter is created in its family on first use, so a series
+/// appears in the export only once it has counted something.
+#[derive(Debug, Default)]
+struct ModelCounters {
+    /// `tokens_total{model, kind}` by kind index (input, output, cached).
+    tokens: [OnceLock<Counter>; 3],
+    /// `requests_total{pool, model, pod, outcome}` by endpoint (`None`: no endpoint), then by
+    /// outcome index.
+    pods: RwLock<HashMap<Option<SocketAddr>, [OnceLock<Counter>; 3]>>,
+}
+
+impl PoolTelemetry {
+    /// The pool label.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// Counts one finished request of `model` served by `pod`, and its reported `usage`.
+    pub fn finished(
+        &self,
+        model: &str,
+        pod: Option<SocketAddr>,
+        outcome: Outcome,
+        usage: Option<&infergate_openai::Usage>,
+    ) {
+        self.with_model(model, |counters| {
+            if let Some(usage) = usage {
+                for (i, (kind, n)) in token_kinds(usage).into_iter().enumerate() {
+                    if n > 0 {
+                        counters.tokens[i]
+                            .get_or_init(|| {
+                                self.telemetry
+                                    .tokens
+                                    .get_or_create(&TokenLabels {
+                                        model: model.to_owned(),
+                                        kind,
+                                    })
+                                    .clone()
+                            })
+                            .inc_by(n);
+                    }
+                }
+            }
+            let count = |by_outcome: &[OnceLock<Counter>; 3]| {
+                by_outcome[outcome.index()]
+                    .get_or_init(|| {
+                        self.telemetry
+                            .requests
+                            .get_or_create(&RequestLabels {
+                                pool: self.pool.clone(),
+                                model: model.to_owned(),
+                                pod: pod.map(|p| p.to_string()).unwrap_or_default(),
+                                outcome: outcome.as_str(),
+                            })
+                            .clone()
+                    })
+                    .inc();
+            };
+            let pods = counters.pods.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(by_outcome) = pods.get(&pod) {
+                count(by_outcome);
+                return;
+            }
+            drop(pods);
+            let mut pods = counters
+                .pods
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            count(pods.entry(pod).or_default());
+        });
+    }
+
+    /// Runs `f` on `model`'s cached handles, creating the entry on first use.
+    fn with_model<R>(&self, model: &str, f: impl FnOnce(&ModelCounters) -> R) -> R {
+        // Poisoning cannot leave a half-made entry worth refusing: entries are inserted whole and
+        // counters are atomics.
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(counters) = models.get(model) {
+            return f(counters);
+        }
+        drop(models);
+        let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
+        f(models.entry(Box::from(model)).or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests;

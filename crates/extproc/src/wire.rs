@@ -283,15 +283,24 @@ pub fn streamed_chunk(request: bool, body: Vec<u8>, end_of_stream: bool) -> Proc
 
 /// Appends `body` to `out` as streamed chunks of at most [`MAX_CHUNK`] bytes; the last one carries
 /// `end_of_stream`. An empty body becomes one empty chunk so that the end of stream is still sent.
-pub fn push_chunks(out: &mut Vec<ProcessingResponse>, request: bool, body: &[u8], eos: bool) {
-    if body.is_empty() {
-        out.push(streamed_chunk(request, Vec::new(), eos));
+///
+/// The body's own buffer becomes the first chunk: a body of up to [`MAX_CHUNK`] bytes (nearly
+/// every chat request) is moved, not copied; a longer one copies only what follows the first
+/// chunk.
+pub fn push_chunks(out: &mut Vec<ProcessingResponse>, request: bool, mut body: Vec<u8>, eos: bool) {
+    if body.len() <= MAX_CHUNK {
+        out.push(streamed_chunk(request, body, eos));
         return;
     }
     let n = body.len().div_ceil(MAX_CHUNK);
-    for (i, chunk) in body.chunks(MAX_CHUNK).enumerate() {
-        out.push(streamed_chunk(request, chunk.to_vec(), eos && i + 1 == n));
+    let first = out.len();
+    // Placeholder for the first chunk, filled once the rest has been copied out of `body`.
+    out.push(ProcessingResponse::default());
+    for (i, chunk) in body[MAX_CHUNK..].chunks(MAX_CHUNK).enumerate() {
+        out.push(streamed_chunk(request, chunk.to_vec(), eos && i + 2 == n));
     }
+    body.truncate(MAX_CHUNK);
+    out[first] = streamed_chunk(request, body, false);
 }
 
 /// A buffered-mode body answer: optional header mutations, optional whole-body replacement.

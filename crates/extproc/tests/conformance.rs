@@ -615,20 +615,34 @@ async fn model_names_are_rewritten_both_ways() {
 async fn metrics_count_outcomes_rejections_and_tokens() {
     let mut registry = prometheus_client::registry::Registry::default();
     let telemetry = Telemetry::register(&mut registry);
-    let pool = ScriptedPool::new(&[A]);
+    let pool = ScriptedPool::new(&[A, B]);
     let config = PickerConfig {
         pool_name: "llama".into(),
         ..PickerConfig::default()
     };
     let server = serve(EndpointPicker::new(config, pool.clone(), telemetry)).await;
     let envoy = Envoy::connect(server.addr).await;
+    let usage = br#"{"usage":{"prompt_tokens":7,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}}"#;
+    // Twice on the first choice, once on the fallback the proxy reports having used: the pod
+    // label is the endpoint that served, not the first choice.
+    for served in [None, None, Some(B)] {
+        let mut ex = envoy.open().await;
+        route_chunked(&mut ex, "/v1/chat/completions", &chat_body(2), &[64]).await;
+        let mut headers = response_headers(200, "application/json", false);
+        if let Some(b) = served {
+            headers.metadata_context = Some(wire::served_metadata(b.parse().unwrap()));
+        }
+        ex.send(headers).await;
+        ex.next().await;
+        ex.send(response_body(usage, true)).await;
+        ex.next().await;
+    }
     let mut ex = envoy.open().await;
     route_chunked(&mut ex, "/v1/chat/completions", &chat_body(2), &[64]).await;
-    ex.send(response_headers(200, "application/json", false))
+    ex.send(response_headers(503, "application/json", false))
         .await;
     ex.next().await;
-    let usage = br#"{"usage":{"prompt_tokens":7,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}}"#;
-    ex.send(response_body(usage, true)).await;
+    ex.send(response_body(b"{}", true)).await;
     ex.next().await;
     let mut ex = envoy.open().await;
     route_chunked(&mut ex, "/v1/chat/completions", &chat_body(2), &[64]).await;
@@ -651,19 +665,33 @@ async fn metrics_count_outcomes_rejections_and_tokens() {
     };
     for line in [
         format!(
-            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"success\"}} 1"
+            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"success\"}} 2"
+        ),
+        format!(
+            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{B}\",outcome=\"success\"}} 1"
+        ),
+        format!(
+            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"error\"}} 1"
         ),
         format!(
             "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"cancelled\"}} 1"
         ),
         "extproc_rejections_total{reason=\"invalid_json\"} 1".to_owned(),
-        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"input\"} 7".to_owned(),
-        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"output\"} 5".to_owned(),
-        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"cached\"} 3".to_owned(),
-        "extproc_pick_duration_seconds_count 2".to_owned(),
+        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"input\"} 21".to_owned(),
+        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"output\"} 15".to_owned(),
+        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"cached\"} 9".to_owned(),
+        "extproc_pick_duration_seconds_count 5".to_owned(),
     ] {
         assert!(text.contains(&line), "missing `{line}` in:\n{text}");
     }
+    // Exactly those four request series: no zero-valued series for unseen label sets.
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("extproc_requests_total{"))
+            .count(),
+        4,
+        "{text}"
+    );
 }
 
 // ---- body-based router -----------------------------------------------------------------------

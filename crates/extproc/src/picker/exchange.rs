@@ -26,16 +26,9 @@ use infergate_scheduler::{Rejection, RequestContext};
 use super::Shared;
 use crate::pool::{EndpointPool, InflightGuard};
 use crate::rewrite::ModelRewriter;
+use crate::stream::{Conversation, Flow};
+use crate::telemetry::Outcome;
 use crate::wire::{self, BodyMode};
-
-/// Whether the stream goes on after a message.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Flow {
-    /// Keep reading.
-    Continue,
-    /// An immediate response was sent: the request is over.
-    Close,
-}
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Phase {
@@ -52,6 +45,9 @@ enum Phase {
 /// The routed request's in-flight entry and what the response path needs.
 struct Routed<G> {
     inflight: Option<G>,
+    /// The endpoint serving the request: the first choice, or the one the proxy reports having
+    /// used.
+    pod: SocketAddr,
     model: String,
     status: u16,
     sse: Option<SseScanner>,
@@ -281,7 +277,7 @@ impl<P: EndpointPool> Exchange<P> {
                 let mut answer = wire::request_headers(Some(common));
                 answer.dynamic_metadata = Some(metadata);
                 out.push(answer);
-                wire::push_chunks(out, true, &body, end_of_stream);
+                wire::push_chunks(out, true, body, end_of_stream);
             }
             BodyMode::Buffered | BodyMode::HeadersOnly => {
                 // The whole body is replaced only when its model was rewritten.
@@ -326,8 +322,15 @@ impl<P: EndpointPool> Exchange<P> {
 
     fn enter_routed(&mut self, inflight: P::Inflight, model: String, stream: bool) {
         self.phase = Phase::Routed;
+        // The pool never returns an empty list; the unspecified address stands in regardless.
+        let pod = inflight
+            .endpoints()
+            .first()
+            .copied()
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
         self.routed = Some(Routed {
             inflight: Some(inflight),
+            pod,
             model,
             status: 200,
             sse: stream.then(SseScanner::new),
@@ -357,6 +360,7 @@ impl<P: EndpointPool> Exchange<P> {
         }
         if let (Some(served), Some(inflight)) = (wire::served_endpoint(metadata), &mut r.inflight) {
             inflight.reassign(served);
+            r.pod = served;
         }
         let is_sse = wire::find_header(h, "content-type")
             .is_some_and(|v| v.starts_with(b"text/event-stream"));
@@ -421,7 +425,6 @@ impl<P: EndpointPool> Exchange<P> {
         let Some(inflight) = r.inflight.take() else {
             return;
         };
-        let pod = inflight.endpoints().first().map(ToString::to_string);
         let usage = match r.sse.as_mut() {
             Some(sse) => {
                 sse.finish();
@@ -430,18 +433,21 @@ impl<P: EndpointPool> Exchange<P> {
             None if !r.json_overflow => extract_usage(&r.json),
             None => None,
         };
-        let telemetry = &self.shared.telemetry;
-        let pool = &self.shared.config.pool_name;
-        let pod = pod.unwrap_or_default();
+        let counters = &self.shared.counters;
         if r.status >= 500 {
             inflight.fail();
-            telemetry.request(pool, &r.model, &pod, "error");
+            counters.finished(&r.model, Some(r.pod), Outcome::Error, None);
             return;
         }
         let usage = usage.unwrap_or_default();
-        telemetry.usage(&r.model, &usage);
         inflight.complete(to_scheduler_usage(&usage));
-        telemetry.request(pool, &r.model, &pod, "success");
+        counters.finished(&r.model, Some(r.pod), Outcome::Success, Some(&usage));
+    }
+}
+
+impl<P: EndpointPool> Conversation for Exchange<P> {
+    fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow {
+        Exchange::on_message(self, msg, out)
     }
 }
 
@@ -451,18 +457,10 @@ impl<P: EndpointPool> Drop for Exchange<P> {
             && let Some(inflight) = r.inflight
         {
             // Stream reset or closed before the response ended: the guard's drop cancels.
-            let pod = inflight
-                .endpoints()
-                .first()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            self.shared.telemetry.request(
-                &self.shared.config.pool_name,
-                &r.model,
-                &pod,
-                "cancelled",
-            );
             drop(inflight);
+            self.shared
+                .counters
+                .finished(&r.model, Some(r.pod), Outcome::Cancelled, None);
         }
     }
 }

@@ -27,9 +27,11 @@ fn chunks_are_at_most_62000_bytes_and_only_the_last_ends_the_stream() {
         3 * MAX_CHUNK + 17,
     ] {
         let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-        let mut out = Vec::new();
-        push_chunks(&mut out, true, &body, true);
-        assert_eq!(out.len(), len.div_ceil(MAX_CHUNK).max(1), "len {len}");
+        // An answer already queued (the headers response) stays first.
+        let mut out = vec![request_headers(None)];
+        push_chunks(&mut out, true, body.clone(), true);
+        assert_eq!(out.len(), 1 + len.div_ceil(MAX_CHUNK).max(1), "len {len}");
+        let out = &out[1..];
         let mut joined = Vec::new();
         for (i, r) in out.iter().enumerate() {
             let (b, eos) = chunk_of(r);
@@ -39,9 +41,25 @@ fn chunks_are_at_most_62000_bytes_and_only_the_last_ends_the_stream() {
         }
         assert_eq!(joined, body);
     }
-    let mut out = Vec::new();
-    push_chunks(&mut out, true, b"abc", false);
-    assert!(!chunk_of(&out[0]).1, "trailers follow: no end of stream");
+    for len in [3, 2 * MAX_CHUNK + 1] {
+        let mut out = Vec::new();
+        push_chunks(&mut out, true, vec![7; len], false);
+        assert!(
+            out.iter().all(|r| !chunk_of(r).1),
+            "trailers follow: no end of stream"
+        );
+    }
+}
+
+#[test]
+fn the_first_chunk_is_the_bodys_own_buffer() {
+    for len in [1_000, MAX_CHUNK, 2 * MAX_CHUNK + 5] {
+        let body = vec![1_u8; len];
+        let ptr = body.as_ptr();
+        let mut out = Vec::new();
+        push_chunks(&mut out, true, body, true);
+        assert_eq!(chunk_of(&out[0]).0.as_ptr(), ptr, "len {len}: copied");
+    }
 }
 
 #[test]

@@ -37,6 +37,8 @@ use tonic::transport::Channel;
 
 /// How long a test waits for an answer before failing (a hang is a failure, not a pass).
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Envoy's default HTTP/2 stream and connection windows (256 MiB), which its gRPC client uses.
+pub const ENVOY_WINDOW: u32 = 256 << 20;
 
 /// A running ext_proc server on 127.0.0.1.
 pub struct Server {
@@ -81,6 +83,8 @@ impl Envoy {
         let channel = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .tcp_nodelay(true)
+            .initial_stream_window_size(ENVOY_WINDOW)
+            .initial_connection_window_size(ENVOY_WINDOW)
             .connect()
             .await
             .unwrap();

@@ -1,0 +1,97 @@
+//! The answer stream of one ext_proc conversation, driven inline by the gRPC response body.
+//!
+//! Each Envoy request opens one bidirectional stream. Its answers are produced by a synchronous
+//! state machine (a [`Conversation`]); [`AnswerStream`] runs that machine directly inside the
+//! response body's `poll_next`: when the server asks for the next answer, the stream hands out
+//! one already produced or reads the next message from Envoy and feeds it to the machine. There is
+//! no task and no channel per request — the HTTP/2 stream task that polls the response body is the
+//! only one — so a request costs no spawn, no channel allocation and no cross-task wake-ups.
+//!
+//! Dropping the stream (the request ended, Envoy reset the stream, or the connection closed)
+//! drops the conversation, which releases the request's in-flight entry.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use tokio_stream::Stream;
+use tonic::{Status, Streaming};
+
+/// Whether the stream goes on after a message.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// Keep reading.
+    Continue,
+    /// An immediate response was sent: the request is over.
+    Close,
+}
+
+/// A per-request state machine: one message from Envoy in, zero or more answers out, in order.
+pub(crate) trait Conversation: Send + 'static {
+    /// Handles one message from Envoy, appending the answers to `out`.
+    fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow;
+}
+
+/// Runs a [`Conversation`] as the response stream of one ext_proc call.
+pub(crate) struct AnswerStream<C> {
+    inbound: Streaming<ProcessingRequest>,
+    /// `None` once the conversation is over (dropped as soon as it ends, not when the stream is).
+    conversation: Option<C>,
+    /// Answers produced and not yet handed out: `pending[next..]`.
+    pending: Vec<ProcessingResponse>,
+    next: usize,
+}
+
+impl<C: Conversation> AnswerStream<C> {
+    pub(crate) fn new(inbound: Streaming<ProcessingRequest>, conversation: C) -> Self {
+        AnswerStream {
+            inbound,
+            conversation: Some(conversation),
+            // A routed request answers with a headers response and (usually) one body chunk.
+            pending: Vec::with_capacity(4),
+            next: 0,
+        }
+    }
+}
+
+// The conversation is never pinned (it is only reached through `&mut`), so the stream may move
+// whatever the conversation holds.
+impl<C> Unpin for AnswerStream<C> {}
+
+impl<C: Conversation> Stream for AnswerStream<C> {
+    type Item = Result<ProcessingResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.next < this.pending.len() {
+                let answer = std::mem::take(&mut this.pending[this.next]);
+                this.next += 1;
+                if this.next == this.pending.len() {
+                    this.pending.clear();
+                    this.next = 0;
+                }
+                return Poll::Ready(Some(Ok(answer)));
+            }
+            let Some(conversation) = this.conversation.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match Pin::new(&mut this.inbound).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(msg))) => {
+                    if conversation.on_message(msg, &mut this.pending) == Flow::Close {
+                        // The answers already produced still go out; then the stream ends.
+                        this.conversation = None;
+                    }
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    // A reset from the proxy: the HTTP request is gone; dropping the
+                    // conversation cancels it.
+                    tracing::debug!(%status, "ext_proc stream ended by the proxy");
+                    this.conversation = None;
+                }
+                Poll::Ready(None) => this.conversation = None,
+            }
+        }
+    }
+}
