@@ -27,7 +27,7 @@ use infergate_openai::{SseScanner, Usage, extract_usage};
 use tokio::time::{Instant, Sleep};
 
 use crate::backend::Inflight;
-use crate::state::Model;
+use crate::state::{Model, Permit};
 use crate::upstream::Lease;
 
 /// The largest non-streamed response kept to read its `usage` (larger ones are passed through
@@ -99,6 +99,8 @@ enum Watch {
 pub struct Tracked {
     inner: Incoming,
     lease: Option<Lease>,
+    /// The model's concurrency slot, if it has a limit: held until the body is dropped.
+    _permit: Option<Permit>,
     inflight: Option<Inflight>,
     model: Arc<Model>,
     status: StatusCode,
@@ -119,6 +121,7 @@ impl Tracked {
     pub(crate) fn new(
         inner: Incoming,
         lease: Lease,
+        permit: Option<Permit>,
         inflight: Inflight,
         model: Arc<Model>,
         status: StatusCode,
@@ -139,6 +142,7 @@ impl Tracked {
         Tracked {
             inner,
             lease: Some(lease),
+            _permit: permit,
             inflight: Some(inflight),
             model,
             status,

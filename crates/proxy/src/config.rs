@@ -7,7 +7,7 @@
 //! ```yaml
 //! listen: 127.0.0.1:8080        # front door (HTTP/1.1 and h2c)
 //! admin: 127.0.0.1:9090         # /metrics, /healthz, /readyz
-//! limits: { maxRequestBodyBytes: 4194304 }
+//! limits: { maxRequestBodyBytes: 4194304, maxConcurrentRequests: 256 }   # the latter per model
 //! timeouts: { connectMs: 2000, firstByteMs: 300000, idleMs: 60000, poolIdleMs: 90000 }
 //! retries: { maxAttempts: 3 }
 //! models:
@@ -15,6 +15,7 @@
 //!     engine: vllm
 //!     loraAdapters: [sql-lora]
 //!     scheduler: { preset: infergate }
+//!     limits: { maxConcurrentRequests: 64 }   # overrides the default above for this model
 //!     endpoints: [127.0.0.1:8001, { address: 127.0.0.1:8002, name: pod-b, gpu: a10g }]
 //! ```
 //!
@@ -59,20 +60,39 @@ pub struct GatewayConfig {
     pub models: Vec<ModelConfig>,
 }
 
+/// How long a client turned away by a model's `maxConcurrentRequests` is told to wait
+/// (`Retry-After`, whole seconds).
+pub const CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Request limits.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Limits {
     /// Larger request bodies are answered 413 without being read further.
     pub max_request_body_bytes: usize,
+    /// The default for every model's [`ModelLimits::max_concurrent_requests`] (each model counts
+    /// its own requests); `None`, the default, sets no limit.
+    pub max_concurrent_requests: Option<u32>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_request_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_concurrent_requests: None,
         }
     }
+}
+
+/// One model's limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModelLimits {
+    /// Requests to this model (its LoRA adapters included) that may run at once, from routing
+    /// to the last response byte. One more is answered `429` with `Retry-After` (see
+    /// [`CONCURRENCY_RETRY_AFTER`]) without reaching a model server. `None` falls back to the
+    /// top-level `limits.maxConcurrentRequests`.
+    pub max_concurrent_requests: Option<u32>,
 }
 
 /// Upstream timeouts, in milliseconds in the file.
@@ -217,6 +237,8 @@ pub struct ModelConfig {
     pub scheduler: SchedulerConfig,
     /// The model servers.
     pub endpoints: Vec<EndpointConfig>,
+    /// This model's limits.
+    pub limits: ModelLimits,
 }
 
 #[derive(Deserialize)]
@@ -233,6 +255,8 @@ struct RawModel {
     endpoints: Vec<EndpointConfig>,
     #[serde(default)]
     pod_selector: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    limits: ModelLimits,
 }
 
 impl TryFrom<RawModel> for ModelConfig {
@@ -252,6 +276,13 @@ impl TryFrom<RawModel> for ModelConfig {
         if let Err(e) = r.scheduler.validate() {
             return Err(format!("model `{}`: scheduler: {e}", r.name));
         }
+        if r.limits.max_concurrent_requests == Some(0) {
+            return Err(format!(
+                "model `{}`: `limits.maxConcurrentRequests` must be at least 1 (leave it out for \
+                 no limit)",
+                r.name
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for ep in &r.endpoints {
             if !seen.insert(ep.address) {
@@ -267,6 +298,7 @@ impl TryFrom<RawModel> for ModelConfig {
             lora_adapters: r.lora_adapters,
             scheduler: r.scheduler,
             endpoints: r.endpoints,
+            limits: r.limits,
         })
     }
 }
@@ -400,6 +432,12 @@ impl TryFrom<RawGateway> for GatewayConfig {
         if r.limits.max_request_body_bytes == 0 {
             return Err("`limits.maxRequestBodyBytes` must be above zero".into());
         }
+        if r.limits.max_concurrent_requests == Some(0) {
+            return Err(
+                "`limits.maxConcurrentRequests` must be at least 1 (leave it out for no limit)"
+                    .into(),
+            );
+        }
         if r.retries.max_attempts == 0 {
             return Err("`retries.maxAttempts` must be at least 1".into());
         }
@@ -428,6 +466,14 @@ impl TryFrom<RawGateway> for GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// The concurrency limit in force for `model`: its own, or the top-level default.
+    pub fn max_concurrent_requests(&self, model: &ModelConfig) -> Option<u32> {
+        model
+            .limits
+            .max_concurrent_requests
+            .or(self.limits.max_concurrent_requests)
+    }
+
     /// Parses and validates a configuration. Errors name the field's path and its line.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         // serde_yaml's messages already carry the field path and the line.

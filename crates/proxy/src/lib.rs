@@ -38,7 +38,9 @@ mod state;
 mod telemetry;
 mod upstream;
 
-pub use config::{EndpointConfig, GatewayConfig, Limits, ModelConfig, Retries, Scrape, Timeouts};
+pub use config::{
+    EndpointConfig, GatewayConfig, Limits, ModelConfig, ModelLimits, Retries, Scrape, Timeouts,
+};
 pub use error::{ConfigError, Error};
 pub use proxy::{ENDPOINT_HEADER, REQUEST_ID_HEADER};
 pub use server::{

@@ -22,6 +22,7 @@ use infergate_scheduler::{Rejection, RequestContext};
 use tokio::time::Instant;
 
 use crate::body::{ResponseBody, Tracked};
+use crate::config::CONCURRENCY_RETRY_AFTER;
 use crate::state::State;
 use crate::telemetry::Telemetry;
 use crate::upstream::{SendError, Upstreams};
@@ -164,6 +165,24 @@ pub(crate) async fn handle(
         Err(e) => return Ok(error_response(&shared.telemetry, &e, request_id)),
     };
     let model = Arc::clone(resolved.target);
+    let permit = match &model.concurrency {
+        None => None,
+        Some(c) => match c.try_acquire() {
+            Some(p) => Some(p),
+            None => {
+                let e = ApiError::Overloaded {
+                    model: model.name.clone(),
+                    retry_after: CONCURRENCY_RETRY_AFTER,
+                };
+                return Ok(reject(
+                    &shared.telemetry,
+                    &e,
+                    "concurrency_limit",
+                    request_id,
+                ));
+            }
+        },
+    };
     let segments: Vec<&str> = parsed.segments().collect();
     let cx = RequestContext::new(resolved.base_model, parsed.estimated_prompt_tokens())
         .with_prompt(&segments)
@@ -276,6 +295,7 @@ pub(crate) async fn handle(
         let tracked = Tracked::new(
             rbody,
             lease,
+            permit,
             inflight,
             Arc::clone(&model),
             status,
@@ -351,7 +371,17 @@ pub(crate) fn error_response(
     err: &ApiError,
     request_id: HeaderValue,
 ) -> Response<ResponseBody> {
-    telemetry.rejected(err.metric_label());
+    reject(telemetry, err, err.metric_label(), request_id)
+}
+
+/// As [`error_response`], counted under `reason` (a finer cause than the error's own label).
+fn reject(
+    telemetry: &Telemetry,
+    err: &ApiError,
+    reason: &'static str,
+    request_id: HeaderValue,
+) -> Response<ResponseBody> {
+    telemetry.rejected(reason);
     let mut r = Response::new(ResponseBody::Full(Full::new(Bytes::from(err.to_json()))));
     *r.status_mut() =
         StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

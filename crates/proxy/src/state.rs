@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -35,6 +36,38 @@ pub(crate) struct Model {
     pub(crate) backend: Backend,
     pub(crate) metrics: ModelMetrics,
     pub(crate) endpoints: HashMap<SocketAddr, EndpointHeaders>,
+    /// `maxConcurrentRequests`, when the model has one.
+    pub(crate) concurrency: Option<Concurrency>,
+}
+
+/// A model's concurrency limit. The counter is carried over by reloads that keep a limit on the
+/// model, so requests already running keep counting against the new maximum; a model without a
+/// limit counts nothing (no shared counter touched per request).
+pub(crate) struct Concurrency {
+    active: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl Concurrency {
+    /// Admits one more request, or `None` when `max` are already running.
+    pub(crate) fn try_acquire(&self) -> Option<Permit> {
+        let before = self.active.fetch_add(1, Ordering::AcqRel);
+        if before >= self.max {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Permit(Arc::clone(&self.active)))
+    }
+}
+
+/// One admitted request; dropping it (when the response ends, fails or is abandoned) frees the
+/// slot.
+pub(crate) struct Permit(Arc<AtomicUsize>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A loaded configuration, ready to serve.
@@ -102,11 +135,22 @@ impl State {
                 )?,
             };
             let addrs: Vec<SocketAddr> = m.endpoints.iter().map(|e| e.address).collect();
+            let concurrency = config.max_concurrent_requests(m).map(|max| {
+                let active = previous
+                    .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
+                    .and_then(|old| old.concurrency.as_ref())
+                    .map_or_else(|| Arc::new(AtomicUsize::new(0)), |c| Arc::clone(&c.active));
+                Concurrency {
+                    active,
+                    max: usize::try_from(max).unwrap_or(usize::MAX),
+                }
+            });
             let model = Arc::new(Model {
                 name: m.name.clone(),
                 backend,
                 metrics: telemetry.model(&m.name, &addrs),
                 endpoints: endpoint_headers(&addrs),
+                concurrency,
             });
             // The configuration was validated with the same table, so this cannot clash.
             router

@@ -520,6 +520,70 @@ async fn no_endpoint_is_503_and_a_saturated_pool_is_429_with_retry_after() {
     );
 }
 
+/// Opens a streaming chat request to `model` and returns its body once the first event arrived.
+async fn open_stream(gw: SocketAddr, model: &str) -> hyper::body::Incoming {
+    let req = http::Request::post(format!("http://{gw}/v1/chat/completions"))
+        .body(Full::new(Bytes::from(
+            CHAT_STREAM.replace("\"m\"", &format!("\"{model}\"")),
+        )))
+        .unwrap();
+    let resp = upstream::client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    body
+}
+
+#[tokio::test]
+async fn max_concurrent_requests_answers_429_with_retry_after_and_follows_reloads() {
+    let up = Upstream::start(Behaviour::Stepped).await;
+    let limited = |n: u32| {
+        yaml(
+            &(model("m", "round-robin", &[up.addr])
+                + &format!("    limits: {{ maxConcurrentRequests: {n} }}\n")),
+        )
+    };
+    let gw = start(&limited(1)).await;
+
+    let first = open_stream(gw.addr(), "m").await;
+    // The model's one slot is taken: plain and adapter requests alike are turned away.
+    for name in ["m", "m-lora"] {
+        let (status, headers, body) = post(
+            gw.addr(),
+            "/v1/chat/completions",
+            &CHAT.replace("\"m\"", &format!("\"{name}\"")),
+        )
+        .await;
+        assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(json(&body)["error"]["type"], "rate_limit_error");
+    }
+    assert_eq!(up.requests(), 1);
+    let (_, m) = get(gw.admin(), "/metrics").await;
+    assert!(
+        m.contains(r#"infergate_gateway_rejections_total{reason="concurrency_limit"} 2"#),
+        "{m}"
+    );
+
+    // A reload to two slots keeps counting the request already running.
+    let config = GatewayConfig::from_yaml(&limited(2)).unwrap();
+    gw.gw.handle().reload(config).unwrap();
+    let second = open_stream(gw.addr(), "m").await;
+    assert_eq!(post(gw.addr(), "/v1/chat/completions", CHAT).await.0, 429);
+
+    // Clients leaving free their slots.
+    drop(first);
+    drop(second);
+    let addr = gw.addr();
+    eventually("a slot to be free again", || async move {
+        let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+            .body(Full::new(Bytes::from_static(CHAT_STREAM.as_bytes())))
+            .unwrap();
+        upstream::client().request(req).await.unwrap().status() == 200
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn admin_port_serves_health_and_readiness() {
     let up = Upstream::start(Behaviour::Ok).await;

@@ -69,3 +69,31 @@ fn not_yaml_is_a_clear_error() {
     let e = err("models: [\n");
     assert!(e.contains("line"), "{e}");
 }
+
+#[test]
+fn concurrency_limits_default_per_model_and_can_be_overridden() {
+    let c = GatewayConfig::from_yaml(
+        "limits: { maxConcurrentRequests: 8 }\nmodels:\n  - name: a\n  - name: b\n    limits: { maxConcurrentRequests: 2 }\n",
+    )
+    .unwrap();
+    assert_eq!(c.max_concurrent_requests(&c.models[0]), Some(8));
+    assert_eq!(c.max_concurrent_requests(&c.models[1]), Some(2));
+    let c = GatewayConfig::from_yaml(GOOD).unwrap();
+    assert_eq!(c.max_concurrent_requests(&c.models[0]), None);
+}
+
+#[test]
+fn a_zero_concurrency_limit_is_rejected_with_the_model_and_line() {
+    let e = err("models:\n  - name: a\n  - name: b\n    limits: { maxConcurrentRequests: 0 }\n");
+    assert!(e.contains("model `b`"), "{e}");
+    assert!(e.contains("maxConcurrentRequests"), "{e}");
+    // A model's own checks run once the model is read: serde_yaml places them at its list.
+    assert!(e.contains("line 2"), "{e}");
+    let e = err("limits: { maxConcurrentRequests: 0 }\nmodels:\n  - name: a\n");
+    assert!(
+        e.contains("`limits.maxConcurrentRequests` must be at least 1"),
+        "{e}"
+    );
+    let e = err("models:\n  - name: a\n    limits: { maxConcurrentRequests: -1 }\n");
+    assert!(e.contains("models[0].limits.maxConcurrentRequests"), "{e}");
+}
