@@ -1,5 +1,12 @@
-//! One model's live pool: an `infergate_pool::LivePool` plus what the gateway needs to decide,
-//! on reload, whether the pool can be kept.
+//! One model's live pool: an `infergate_pool::LivePool`, the registry of its own metrics, and
+//! what the gateway needs to decide, on reload, whether the pool can be kept.
+//!
+//! Each pool registers its scrape and pick metrics in a registry of its own, labelled with the
+//! model, rather than in the gateway's: the admin port encodes the pools of the configuration in
+//! force at each scrape, so pools started by a reload are exported and removed ones are not.
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, SchedulerConfig};
@@ -14,25 +21,26 @@ pub(crate) use infergate_pool::Inflight;
 #[derive(Clone)]
 pub(crate) struct Backend {
     pub(crate) pool: LivePool,
+    /// The pool's scrape and pick metrics, labelled `model`.
+    pub(crate) registry: Arc<Registry>,
     config: SchedulerConfig,
     scrape: Scrape,
 }
 
 impl Backend {
     /// Starts the pool for `model` with its endpoints. Must run inside a tokio runtime.
-    pub(crate) fn start(
-        model: &ModelConfig,
-        scrape: &Scrape,
-        seed: u64,
-        registry: Option<&mut Registry>,
-    ) -> Result<Self, Error> {
+    pub(crate) fn start(model: &ModelConfig, scrape: &Scrape, seed: u64) -> Result<Self, Error> {
+        let mut registry = Registry::with_labels(std::iter::once((
+            Cow::Borrowed("model"),
+            Cow::Owned(model.name.clone()),
+        )));
         let pool = LivePool::start(
             PoolConfig {
                 scheduler: model.scheduler.clone(),
                 scrape: scrape.to_scraper_config(),
                 seed,
             },
-            registry,
+            Some(&mut registry),
         )
         .map_err(|source| Error::Pool {
             model: model.name.clone(),
@@ -40,6 +48,7 @@ impl Backend {
         })?;
         let backend = Backend {
             pool,
+            registry: Arc::new(registry),
             config: model.scheduler.clone(),
             scrape: scrape.clone(),
         };

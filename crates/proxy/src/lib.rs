@@ -23,7 +23,9 @@
 //! - [`body`] — the response body: pass-through with first-token and usage tracking.
 //! - `state` — a loaded configuration: model table, pools, prebuilt answers.
 //! - `upstream` — each worker's pooled upstream HTTP/1.1 connections, driven by the requests.
-//! - `backend` — one model's pool (`LivePool`) and when a reload may keep it.
+//! - `backend` — one model's pool (`LivePool`), its metrics registry, and when a reload may keep
+//!   it.
+//! - `admin` — the admin port; `/metrics` covers the pools of the configuration in force.
 //! - `telemetry` — the `infergate_gateway_*` Prometheus series.
 //! - [`error`] — [`Error`] and [`ConfigError`].
 
@@ -31,6 +33,7 @@ pub mod body;
 pub mod config;
 pub mod error;
 
+mod admin;
 mod backend;
 mod proxy;
 mod server;

@@ -106,7 +106,7 @@ impl Handle {
         if old.config.listen != config.listen || old.config.admin != config.admin {
             tracing::warn!("`listen` and `admin` changes take effect only after a restart");
         }
-        match State::build(config, Some(&old), &self.shared.telemetry, None) {
+        match State::build(config, Some(&old), &self.shared.telemetry) {
             Ok(state) => {
                 self.shared.state.store(Arc::new(state));
                 self.shared.telemetry.reloaded(true);
@@ -260,7 +260,7 @@ impl Control {
         let mut registry = Registry::default();
         let telemetry = Telemetry::register(&mut registry);
         let seed = config.seed;
-        let state = State::build(config, None, &telemetry, Some(&mut registry))?;
+        let state = State::build(config, None, &telemetry)?;
         let shared = Arc::new(Shared::new(state, telemetry, seed));
         let registry = Arc::new(registry);
         let admin_addr = match &admin {
@@ -273,12 +273,11 @@ impl Control {
             reload_lock: Arc::new(Mutex::new(())),
         };
         let admin_task = admin.map(|listener| {
-            let ready_handle = handle.clone();
             let mut rx = stop_rx.clone();
-            tokio::spawn(infergate_pool::admin::serve(
+            tokio::spawn(crate::admin::serve(
                 listener,
                 registry,
-                move || ready_handle.is_ready(),
+                Arc::clone(&shared),
                 async move { stopped(&mut rx).await },
             ))
         });

@@ -16,7 +16,6 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http::uri::Authority;
 use infergate_openai::ModelRouter;
-use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::backend::Backend;
@@ -110,7 +109,6 @@ impl State {
         config: GatewayConfig,
         previous: Option<&State>,
         telemetry: &Telemetry,
-        mut registry: Option<&mut Registry>,
     ) -> Result<State, Error> {
         let mut router = ModelRouter::new();
         for (i, m) in config.models.iter().enumerate() {
@@ -122,17 +120,7 @@ impl State {
                     old.backend.set_endpoints(m)?;
                     old.backend.clone()
                 }
-                None => Backend::start(
-                    m,
-                    &config.scrape,
-                    config.seed.wrapping_add(i as u64),
-                    registry.as_deref_mut().map(|r| {
-                        r.sub_registry_with_label((
-                            std::borrow::Cow::Borrowed("model"),
-                            std::borrow::Cow::Owned(m.name.clone()),
-                        ))
-                    }),
-                )?,
+                None => Backend::start(m, &config.scrape, config.seed.wrapping_add(i as u64))?,
             };
             let addrs: Vec<SocketAddr> = m.endpoints.iter().map(|e| e.address).collect();
             let concurrency = config.max_concurrent_requests(m).map(|max| {

@@ -585,6 +585,45 @@ async fn max_concurrent_requests_answers_429_with_retry_after_and_follows_reload
 }
 
 #[tokio::test]
+async fn pools_started_by_a_reload_export_their_metrics_and_removed_ones_stop() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let admin = gw.admin();
+    let scraped = |m: &str, model: &str| {
+        m.lines().any(|l| {
+            l.starts_with(&format!(
+                "infergate_metrics_scrape_duration_seconds_count{{model=\"{model}\"}} "
+            )) && !l.ends_with(" 0")
+        })
+    };
+    eventually("model m's scrapes in /metrics", || async move {
+        scraped(&get(admin, "/metrics").await.1, "m")
+    })
+    .await;
+
+    let config = GatewayConfig::from_yaml(&yaml(&model("n", "round-robin", &[up.addr]))).unwrap();
+    gw.gw.handle().reload(config).unwrap();
+    eventually("model n's scrapes in /metrics", || async move {
+        scraped(&get(admin, "/metrics").await.1, "n")
+    })
+    .await;
+    let (_, m) = get(admin, "/metrics").await;
+    assert!(m.contains("pool_endpoints{model=\"n\"} 1"), "{m}");
+    // The removed pool's series go with it (the gateway's own per-model counters stay, as
+    // counters do).
+    assert!(!m.contains("pool_endpoints{model=\"m\"}"), "{m}");
+    assert!(
+        !m.contains("scrape_duration_seconds_count{model=\"m\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("infergate_gateway_config_reloads_total{result=\"ok\"} 1"),
+        "{m}"
+    );
+    assert!(m.ends_with("# EOF\n"), "{m}");
+}
+
+#[tokio::test]
 async fn admin_port_serves_health_and_readiness() {
     let up = Upstream::start(Behaviour::Ok).await;
     let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
