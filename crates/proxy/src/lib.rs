@@ -22,6 +22,7 @@
 //! - `proxy` — the per-request path: routing, picking, forwarding, retries, error answers.
 //! - [`body`] — the response body: pass-through with first-token and usage tracking.
 //! - `state` — a loaded configuration: model table, pools, prebuilt answers.
+//! - `graceful` — one client connection served until it ends, finished gracefully at shutdown.
 //! - `upstream` — each worker's pooled upstream HTTP/1.1 connections, driven by the requests.
 //! - `backend` — one model's pool (`LivePool`), its metrics registry, and when a reload may keep
 //!   it.
@@ -35,6 +36,7 @@ pub mod error;
 
 mod admin;
 mod backend;
+mod graceful;
 mod proxy;
 mod server;
 mod state;

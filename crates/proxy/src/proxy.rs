@@ -35,6 +35,9 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 static X_INFERGATE_ENDPOINT: HeaderName = HeaderName::from_static(ENDPOINT_HEADER);
 static X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 
+/// Prompt segments kept on the stack while picking (more go to a heap list).
+const INLINE_SEGMENTS: usize = 16;
+
 /// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
 static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
@@ -183,9 +186,29 @@ pub(crate) async fn handle(
             }
         },
     };
-    let segments: Vec<&str> = parsed.segments().collect();
+    // A chat has a handful of segments: they go on the stack, and only a long conversation
+    // takes a heap list.
+    let mut inline: [&str; INLINE_SEGMENTS] = [""; INLINE_SEGMENTS];
+    let mut heap: Vec<&str> = Vec::new();
+    let mut count = 0;
+    for seg in parsed.segments() {
+        if count < INLINE_SEGMENTS {
+            inline[count] = seg;
+        } else {
+            if heap.is_empty() {
+                heap.extend_from_slice(&inline);
+            }
+            heap.push(seg);
+        }
+        count += 1;
+    }
+    let segments: &[&str] = if count <= INLINE_SEGMENTS {
+        &inline[..count]
+    } else {
+        &heap
+    };
     let cx = RequestContext::new(resolved.base_model, parsed.estimated_prompt_tokens())
-        .with_prompt(&segments)
+        .with_prompt(segments)
         .with_lora(resolved.adapter)
         .with_output_tokens(
             parsed
@@ -209,7 +232,7 @@ pub(crate) async fn handle(
     };
     let streaming = parsed.stream;
     let generates = kind.generates();
-    drop(segments);
+    drop(heap);
     drop(parsed);
 
     let path_and_query = parts
@@ -329,6 +352,11 @@ fn upstream_uri(authority: &http::uri::Authority, pq: &PathAndQuery) -> Option<U
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Usually there is none: one pass over the few headers present is cheaper than a lookup per
+    // hop-by-hop name.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     // Headers named by `Connection` are hop-by-hop too.
     if let Some(conn) = headers.get(header::CONNECTION).cloned()
         && let Ok(list) = conn.to_str()

@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::GatewayConfig;
 use crate::error::Error;
+use crate::graceful::Graceful;
 use crate::proxy::{Shared, Worker, handle};
 use crate::state::State;
 use crate::telemetry::Telemetry;
@@ -449,14 +450,9 @@ async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch
             let service =
                 service_fn(move |req: hyper::Request<Incoming>| handle(Arc::clone(&worker), req));
             let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = stopped(&mut stop) => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
+            let conn = std::pin::pin!(conn);
+            let stop = std::pin::pin!(stopped(&mut stop));
+            let result = Graceful::new(conn, stop, |c| c.graceful_shutdown()).await;
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection ended with an error");
             }

@@ -9,8 +9,8 @@
 //!
 //! Idle connections wait in a per-endpoint stack (the most recently used is reused first, so the
 //! warm ones stay warm and the old ones age out at the bottom). They are not polled while idle; a
-//! connection the server closed meanwhile is noticed when it is taken (one non-blocking poll) and
-//! dropped, and a request that a reused connection could not even start is repeated once on a new
+//! connection the server closed meanwhile is noticed when it is used (hyper reads the close before
+//! it writes the request, and hands the request back), and the request goes out once more on a new
 //! connection. Each gateway worker has its own [`Upstreams`], so the lock around the stacks is
 //! never contended in the thread-per-core mode.
 
@@ -19,7 +19,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::Context;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -101,17 +101,11 @@ impl Conn {
         })
     }
 
-    /// Whether a pooled connection may still be used: one poll, without waiting, lets hyper
-    /// read a close (or stray bytes) that arrived while it sat in the pool.
-    fn usable(&mut self) -> bool {
-        if self.sender.is_closed() {
-            return false;
-        }
-        let mut cx = Context::from_waker(Waker::noop());
-        match self.connection.as_mut().poll(&mut cx) {
-            Poll::Ready(_) => false,
-            Poll::Pending => !self.sender.is_closed(),
-        }
+    /// Whether a pooled connection may still be used as far as hyper already knows. A close by
+    /// the server that hyper has not read yet is found by [`Conn::exchange`], which polls the
+    /// connection before handing it the request and gets the request back if it is closed.
+    fn usable(&self) -> bool {
+        !self.sender.is_closed()
     }
 
     /// Sends `req` and waits for the response headers, driving the connection meanwhile. A
@@ -226,7 +220,7 @@ impl Upstreams {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let stack = idle.get_mut(&addr)?;
         let now = Instant::now();
-        while let Some(mut conn) = stack.pop_back() {
+        while let Some(conn) = stack.pop_back() {
             if now.saturating_duration_since(conn.idle_since) <= pool_idle && conn.usable() {
                 return Some(conn);
             }
