@@ -54,7 +54,7 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 pub(crate) struct Shared {
     pub(crate) state: arc_swap::ArcSwap<State>,
     pub(crate) telemetry: Telemetry,
-    ids: RequestIds,
+    seed: u64,
 }
 
 impl Shared {
@@ -62,7 +62,7 @@ impl Shared {
         Shared {
             state: arc_swap::ArcSwap::from_pointee(state),
             telemetry,
-            ids: RequestIds::new(seed),
+            seed,
         }
     }
 }
@@ -72,22 +72,39 @@ impl Shared {
 pub(crate) struct Worker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) upstreams: Arc<Upstreams>,
+    /// Each worker numbers its own requests: no counter shared between threads.
+    ids: RequestIds,
 }
 
-/// Generates request ids: a per-process prefix and a counter, so ids are unique without a lock.
+impl Worker {
+    /// Worker `index` (distinct per worker, so that their request ids never collide).
+    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Self {
+        let ids = RequestIds::new(shared.seed, index);
+        Worker {
+            shared,
+            upstreams: Arc::new(Upstreams::default()),
+            ids,
+        }
+    }
+}
+
+/// Generates request ids: a per-worker prefix and a counter, so ids are unique without a lock.
 struct RequestIds {
     prefix: u64,
     next: AtomicU64,
 }
 
 impl RequestIds {
-    fn new(seed: u64) -> Self {
-        // Mix the start time in so that two gateways (or two runs) do not repeat ids.
+    fn new(seed: u64, worker: usize) -> Self {
+        // Mix the start time in so that two gateways (or two runs) do not repeat ids; the worker
+        // index keeps the workers of one gateway apart (the multiplication is a bijection, so
+        // different inputs give different prefixes).
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         RequestIds {
-            prefix: (t ^ seed.rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            prefix: (t ^ seed.rotate_left(32) ^ (worker as u64).rotate_left(48))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
             next: AtomicU64::new(0),
         }
     }
@@ -116,7 +133,7 @@ pub(crate) async fn handle(
     let shared = &worker.shared;
     let request_id = match req.headers().get(&X_REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 200 => v.clone(),
-        _ => shared.ids.next(),
+        _ => worker.ids.next(),
     };
     let state = shared.state.load_full();
     let path = req.uri().path();
@@ -423,4 +440,23 @@ fn reject(
     }
     h.insert(X_REQUEST_ID.clone(), request_id);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_32_hex_digits_and_differ_across_workers_and_requests() {
+        let a = RequestIds::new(7, 0);
+        let b = RequestIds::new(7, 1);
+        let (a1, a2, b1) = (a.next(), a.next(), b.next());
+        for id in [&a1, &a2, &b1] {
+            assert_eq!(id.len(), 32);
+            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+        }
+        assert_ne!(a1, a2);
+        assert_ne!(a1, b1);
+        assert_ne!(a1.as_bytes()[..16], b1.as_bytes()[..16]);
+    }
 }

@@ -31,7 +31,6 @@ use crate::graceful::Graceful;
 use crate::proxy::{Shared, Worker, handle};
 use crate::state::State;
 use crate::telemetry::Telemetry;
-use crate::upstream::Upstreams;
 
 /// The sockets the gateway serves on. Bind them first (port 0 in tests) and pass them in.
 #[derive(Debug)]
@@ -340,10 +339,7 @@ pub async fn serve(
 ) -> Result<Gateway, Error> {
     let http_addr = listeners.http.local_addr()?;
     let control = Control::start(config, listeners.admin)?;
-    let worker = Arc::new(Worker {
-        shared: Arc::clone(&control.shared),
-        upstreams: Arc::new(Upstreams::default()),
-    });
+    let worker = Arc::new(Worker::new(Arc::clone(&control.shared), 0));
     let accept = tokio::spawn(accept_loop(listeners.http, worker, control.stop_rx.clone()));
     let serving = async move {
         if let Err(e) = accept.await {
@@ -390,10 +386,7 @@ pub async fn serve_workers(
     }
     let mut done = Vec::with_capacity(workers.len());
     for (i, (runtime, listener)) in workers.into_iter().enumerate() {
-        let worker = Arc::new(Worker {
-            shared: Arc::clone(&control.shared),
-            upstreams: Arc::new(Upstreams::default()),
-        });
+        let worker = Arc::new(Worker::new(Arc::clone(&control.shared), i));
         let stop = control.stop_rx.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         // If spawning fails, dropping `control` below stops the workers already started.
