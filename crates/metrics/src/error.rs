@@ -110,12 +110,12 @@ pub enum ScrapeError {
     /// The TCP connection could not be opened.
     #[error("connecting to the metrics endpoint failed")]
     Connect(#[source] std::io::Error),
-    /// The HTTP exchange failed (handshake, request, or reading the body).
-    #[error("HTTP exchange with the metrics endpoint failed")]
-    Http(#[source] hyper::Error),
-    /// The request could not be built (for example a path that is not a valid URI).
-    #[error("building the scrape request failed")]
-    Request(#[source] http::Error),
+    /// Writing the request or reading the answer failed (for example a reset connection).
+    #[error("reading from or writing to the metrics endpoint failed")]
+    Io(#[source] std::io::Error),
+    /// The answer is not an HTTP/1.1 response this client can read.
+    #[error("metrics endpoint sent an unreadable HTTP response")]
+    Protocol(#[from] HttpError),
     /// The server closed the connection before the page arrived.
     #[error("metrics endpoint closed the connection before the page arrived")]
     Closed,
@@ -141,14 +141,37 @@ impl ScrapeError {
     pub const fn metric_label(&self) -> &'static str {
         match self {
             ScrapeError::Connect(_) => "connect",
-            ScrapeError::Http(_) | ScrapeError::Closed => "http",
-            ScrapeError::Request(_) => "request",
+            ScrapeError::Io(_) | ScrapeError::Protocol(_) | ScrapeError::Closed => "http",
             ScrapeError::Status(_) => "status",
             ScrapeError::BodyTooLarge { .. } => "body_too_large",
             ScrapeError::Timeout(_) => "timeout",
             ScrapeError::Parse(e) => e.metric_label(),
         }
     }
+}
+
+/// Why a metrics endpoint's answer could not be read as an HTTP/1.1 response.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The status line or a header is malformed.
+    #[error("malformed response head")]
+    Head(#[source] httparse::Error),
+    /// The status line and headers do not end within the limit.
+    #[error("response head exceeds {limit} bytes")]
+    HeadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// `Content-Length` is not a number, is given twice with different values, or accompanies
+    /// chunked coding.
+    #[error("invalid or conflicting content-length")]
+    ContentLength,
+    /// A transfer coding other than chunked (this client decodes no compression).
+    #[error("unsupported transfer-encoding")]
+    TransferEncoding,
+    /// The chunked body is malformed.
+    #[error("malformed chunked body: {0}")]
+    Chunk(&'static str),
 }
 
 /// Errors of the metrics crate that reach its callers: configuration and engine selection.

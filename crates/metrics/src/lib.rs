@@ -11,7 +11,8 @@
 //! - [`scraper`] — the async shell: [`Scraper`] polls a changing set of targets over keep-alive
 //!   HTTP/1 connections and hands snapshots and stale transitions to a caller's [`Sink`].
 //! - [`telemetry`] — the crate's own Prometheus metrics ([`ScrapeMetrics`]).
-//! - [`error`] — [`ParseError`], [`ScrapeError`] and the caller-facing [`Error`].
+//! - [`error`] — [`ParseError`], [`ScrapeError`] (with [`HttpError`]) and the caller-facing
+//!   [`Error`].
 //!
 //! [`MetricsSnapshot`]: infergate_scheduler::MetricsSnapshot
 
@@ -24,7 +25,7 @@ pub mod parse;
 pub mod scraper;
 pub mod telemetry;
 
-pub use error::{Error, ParseError, ScrapeError};
+pub use error::{Error, HttpError, ParseError, ScrapeError};
 pub use parse::{ParsedPage, PrefixCounters, families, parse_page};
 pub use scraper::{Clock, Scraper, ScraperConfig, Sink, Target, Update};
 pub use telemetry::ScrapeMetrics;

@@ -258,12 +258,8 @@ fn parse_lines(
     sampled_at: Timestamp,
 ) -> Result<ParsedPage, ParseError> {
     let wanted = families(engine);
-    let next_comment = memchr::memmem::Finder::new(b"\n#");
     let mut acc = [Acc::new(); FIELDS];
     let mut pos = 0;
-    // Inside the sample block of a family nobody reads (after its `# TYPE` line): its samples are
-    // jumped over in one search for the next comment line, which is most of a vLLM page.
-    let mut skipping = false;
     while pos < page.len() {
         let rest = &page[pos..];
         let len = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
@@ -272,19 +268,15 @@ fn parse_lines(
         let offset = pos;
         pos += len + 1;
         let Some(name) = text::metric_name(line) else {
-            if let Some(family) = text::type_line_family(line) {
-                // Err towards reading: a block is skipped only if no read name starts with it.
-                skipping = !wanted.iter().any(|f| f.name.as_bytes().starts_with(family));
+            if let Some(family) = text::type_line_family(line)
+                && !is_read(wanted, family)
+            {
+                // The block of a family nobody reads (most of a vLLM page): jump from `# TYPE`
+                // line to `# TYPE` line until one opens a block that is read.
+                pos = next_read_block(wanted, page, pos);
             }
             continue;
         };
-        if skipping {
-            match next_comment.find(&page[offset..]) {
-                Some(i) => pos = offset + i + 1,
-                None => break,
-            }
-            continue;
-        }
         let Some(fam) = wanted.iter().find(|f| f.name.as_bytes() == name) else {
             continue;
         };
@@ -293,6 +285,34 @@ fn parse_lines(
         acc[fam.field.index()].add(fam.name, sample.labels, sample.value, sample.line)?;
     }
     build(engine, &acc, previous, sampled_at)
+}
+
+/// Whether the block opened by `# TYPE family` may hold samples that are read. Errs towards
+/// reading: a block is skipped only if no read name starts with its family name (an OpenMetrics
+/// counter is typed without its `_total`).
+fn is_read(wanted: &[Family], family: &[u8]) -> bool {
+    let Some(&last) = family.last() else {
+        return true;
+    };
+    wanted.iter().any(|f| {
+        let name = f.name.as_bytes();
+        // The byte where the family name would end tells most names apart without a comparison.
+        name.get(family.len() - 1) == Some(&last) && name.starts_with(family)
+    })
+}
+
+/// The offset of the line after the next `# TYPE` line at or after `from` whose family is read,
+/// or the end of the page. Sample and `# HELP` lines in between are not looked at.
+fn next_read_block(wanted: &[Family], page: &[u8], mut from: usize) -> usize {
+    while let Some((line, next)) = text::next_type_line(page, from) {
+        if let Some(family) = text::type_line_family(line)
+            && is_read(wanted, family)
+        {
+            return next;
+        }
+        from = next;
+    }
+    page.len()
 }
 
 fn check_value(fam: &Family, value: f64, line: usize) -> Result<(), ParseError> {

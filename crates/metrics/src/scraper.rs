@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::{HeaderValue, Uri};
+use http::Uri;
 use infergate_scheduler::{EngineType, MetricsSnapshot, Timestamp};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -349,13 +349,7 @@ fn endpoint<K>(target: &Target<K>) -> Result<conn::Endpoint, Error> {
         path: target.path.clone(),
         source,
     })?;
-    let host = HeaderValue::from_str(&target.addr.to_string())
-        .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-    Ok(conn::Endpoint {
-        addr: target.addr,
-        uri,
-        host,
-    })
+    Ok(conn::Endpoint::new(target.addr, &uri))
 }
 
 /// Spreads targets over the interval: the n-th target's ticks are offset by the fractional part of
@@ -542,7 +536,7 @@ async fn scrape_once<K>(
             Err(ScrapeError::Timeout(config.timeout))
         }
         Ok(Err(e)) => Err(e),
-        Ok(Ok(())) => parse_page(engine, &buf, counters.as_ref(), shared.clock.now())
+        Ok(Ok(page)) => parse_page(engine, &buf[page], counters.as_ref(), shared.clock.now())
             .map(|p| (p.snapshot, p.counters))
             .map_err(ScrapeError::from),
     };

@@ -30,6 +30,30 @@ pub(crate) fn type_line_family(line: &[u8]) -> Option<&[u8]> {
     (!name.is_empty()).then_some(name)
 }
 
+/// The next `# TYPE` line that starts at or after `from`, and the offset just past it.
+///
+/// Found by visiting only the `#` bytes of the page: sample lines and most of each `# HELP` line
+/// are never split into lines at all.
+pub(crate) fn next_type_line(page: &[u8], from: usize) -> Option<(&[u8], usize)> {
+    let rest = page.get(from..)?;
+    for i in memchr::memchr_iter(b'#', rest) {
+        let hash = from + i;
+        // A comment only if nothing but blanks stands before the `#` on its line.
+        let before = page[..hash].iter().rposition(|&b| b != b' ' && b != b'\t');
+        if before.is_some_and(|b| page[b] != b'\n') {
+            continue;
+        }
+        if !trim_start(&page[hash + 1..]).starts_with(b"TYPE") {
+            continue;
+        }
+        let start = before.map_or(0, |b| b + 1);
+        let end = memchr::memchr(b'\n', &page[hash..]).map_or(page.len(), |e| hash + e);
+        let line = &page[start..end];
+        return Some((line.strip_suffix(b"\r").unwrap_or(line), end + 1));
+    }
+    None
+}
+
 /// The metric name at the start of a sample line, or `None` for comments and blank lines.
 pub(crate) fn metric_name(line: &[u8]) -> Option<&[u8]> {
     let line = trim_start(line);
