@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! cargo run --release -p infergate-extproc --example load -- [--rps 2000] [--seconds 60] [--pods 4]
+//!     [--picker-threads 1]   (0: a current-thread runtime on a thread of its own)
 //! ```
 #![allow(
     clippy::unwrap_used,
@@ -120,13 +121,23 @@ fn main() {
         .spawn(move || sim_rt.block_on(std::future::pending::<()>()))
         .unwrap();
 
-    // The picker: one worker thread (Envoy's ext_proc server would have a core of its own).
-    let picker_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name(PICKER_THREAD)
-        .enable_all()
-        .build()
-        .unwrap();
+    // The picker: by default one worker thread (Envoy's ext_proc server would have a core of its
+    // own); `--picker-threads N` gives it N workers, and `--picker-threads 0` a current-thread
+    // runtime driven by a thread of its own.
+    let picker_threads = arg("--picker-threads", 1) as usize;
+    let picker_rt = if picker_threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(picker_threads)
+            .thread_name(PICKER_THREAD)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     let (pool, server) = picker_rt.block_on(async {
         let pool = LivePool::start(PoolConfig::default(), None).unwrap();
         pool.set_endpoints(addrs.iter().map(|(name, addr)| EndpointMeta {
@@ -149,6 +160,17 @@ fn main() {
         .await;
         (pool, server)
     });
+    // A current-thread runtime runs its tasks only inside `Runtime::block_on`: hand it to a
+    // thread of its own for the rest of the run.
+    let _picker_rt = if picker_threads == 0 {
+        std::thread::Builder::new()
+            .name(PICKER_THREAD.into())
+            .spawn(move || picker_rt.block_on(std::future::pending::<()>()))
+            .unwrap();
+        None
+    } else {
+        Some(picker_rt)
+    };
 
     // The client (Envoy's side): its own runtime.
     let client_rt = tokio::runtime::Builder::new_multi_thread()
@@ -237,7 +259,14 @@ fn main() {
     sorted.sort_unstable();
     let n = sorted.len() as f64;
     let per_k = |ticks: u64| ticks as f64 / ticks_per_sec() * 1000.0 / (n / 1000.0);
-    println!("picker load benchmark: {rps} req/s for {seconds} s, {pods} emulated vLLM pods");
+    println!(
+        "picker load benchmark: {rps} req/s for {seconds} s, {pods} emulated vLLM pods, picker runtime {}",
+        if picker_threads == 0 {
+            String::from("current-thread")
+        } else {
+            format!("multi-thread with {picker_threads} worker(s)")
+        }
+    );
     println!(
         "completed {} requests in {:.1} s ({:.0} req/s), {} errors, {} in flight after",
         sorted.len(),

@@ -257,10 +257,9 @@ impl ExternalProcessor for BodyRouter {
             buffering: false,
             body: Vec::new(),
         };
-        Ok(Response::new(BbrStream(AnswerStream::new(
-            request.into_inner(),
-            ex,
-        ))))
+        let mut answers = AnswerStream::new(request.into_inner(), ex);
+        answers.first_answer().await;
+        Ok(Response::new(BbrStream(answers)))
     }
 }
 

@@ -113,10 +113,9 @@ impl<P: EndpointPool> ExternalProcessor for EndpointPicker<P> {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let exchange = Exchange::new(Arc::clone(&self.shared));
-        Ok(Response::new(PickerStream(AnswerStream::new(
-            request.into_inner(),
-            exchange,
-        ))))
+        let mut answers = AnswerStream::new(request.into_inner(), exchange);
+        answers.first_answer().await;
+        Ok(Response::new(PickerStream(answers)))
     }
 }
 

@@ -7,6 +7,10 @@
 //! no task and no channel per request — the HTTP/2 stream task that polls the response body is the
 //! only one — so a request costs no spawn, no channel allocation and no cross-task wake-ups.
 //!
+//! The services return the stream only once its first answer is ready
+//! ([`AnswerStream::first_answer`]), so the gRPC response headers and that answer leave in one
+//! write.
+//!
 //! Dropping the stream (the request ended, Envoy reset the stream, or the connection closed)
 //! drops the conversation, which releases the request's in-flight entry.
 
@@ -58,40 +62,64 @@ impl<C: Conversation> AnswerStream<C> {
 // whatever the conversation holds.
 impl<C> Unpin for AnswerStream<C> {}
 
-impl<C: Conversation> Stream for AnswerStream<C> {
-    type Item = Result<ProcessingResponse, Status>;
+impl<C: Conversation> AnswerStream<C> {
+    /// Resolves once an answer is ready to go out or the conversation has ended.
+    ///
+    /// The services await this before returning the stream, so that the gRPC response headers
+    /// leave together with the first answer (one write instead of two), as grpc-go servers send
+    /// them lazily with the first message. Envoy does not wait for the response headers before
+    /// sending its messages.
+    pub(crate) async fn first_answer(&mut self) {
+        std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+    }
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
+    /// Reads Envoy's messages into the conversation until an answer is pending or the
+    /// conversation is over.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            if this.next < this.pending.len() {
-                let answer = std::mem::take(&mut this.pending[this.next]);
-                this.next += 1;
-                if this.next == this.pending.len() {
-                    this.pending.clear();
-                    this.next = 0;
-                }
-                return Poll::Ready(Some(Ok(answer)));
+            if self.next < self.pending.len() {
+                return Poll::Ready(());
             }
-            let Some(conversation) = this.conversation.as_mut() else {
-                return Poll::Ready(None);
+            let Some(conversation) = self.conversation.as_mut() else {
+                return Poll::Ready(());
             };
-            match Pin::new(&mut this.inbound).poll_next(cx) {
+            match Pin::new(&mut self.inbound).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(msg))) => {
-                    if conversation.on_message(msg, &mut this.pending) == Flow::Close {
+                    if conversation.on_message(msg, &mut self.pending) == Flow::Close {
                         // The answers already produced still go out; then the stream ends.
-                        this.conversation = None;
+                        self.conversation = None;
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
                     // A reset from the proxy: the HTTP request is gone; dropping the
                     // conversation cancels it.
                     tracing::debug!(%status, "ext_proc stream ended by the proxy");
-                    this.conversation = None;
+                    self.conversation = None;
                 }
-                Poll::Ready(None) => this.conversation = None,
+                Poll::Ready(None) => self.conversation = None,
             }
         }
+    }
+}
+
+impl<C: Conversation> Stream for AnswerStream<C> {
+    type Item = Result<ProcessingResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.poll_fill(cx).is_pending() {
+            return Poll::Pending;
+        }
+        if this.next == this.pending.len() {
+            return Poll::Ready(None);
+        }
+        let answer = std::mem::take(&mut this.pending[this.next]);
+        this.next += 1;
+        if this.next == this.pending.len() {
+            this.pending.clear();
+            this.next = 0;
+        }
+        Poll::Ready(Some(Ok(answer)))
     }
 }

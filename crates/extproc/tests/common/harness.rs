@@ -10,9 +10,12 @@
 )]
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
@@ -26,14 +29,15 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingResponse, ProtocolConfiguration, body_mutation,
 };
 use envoy_types::pb::google::protobuf::value;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use infergate_extproc::pool::{EndpointPool, InflightGuard};
 use infergate_extproc::server::serve_ext_proc;
 use infergate_extproc::wire;
 use infergate_scheduler::{Rejection, RequestContext, Usage};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Channel;
 
 /// How long a test waits for an answer before failing (a hang is a failure, not a pass).
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -75,33 +79,46 @@ pub async fn serve<S: ExternalProcessor>(service: S) -> Server {
 /// Envoy's side: a gRPC client that opens one stream per HTTP request.
 #[derive(Clone)]
 pub struct Envoy {
-    client: ExternalProcessorClient<Channel>,
+    client: ExternalProcessorClient<Direct>,
 }
 
 impl Envoy {
+    /// One HTTP/2 connection to `addr` (TCP_NODELAY, Envoy's default windows), as Envoy keeps
+    /// to an ext_proc cluster.
     pub async fn connect(addr: SocketAddr) -> Envoy {
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .tcp_nodelay(true)
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(ENVOY_WINDOW)
             .initial_connection_window_size(ENVOY_WINDOW)
-            .connect()
+            .handshake(TokioIo::new(stream))
             .await
             .unwrap();
+        tokio::spawn(conn);
+        let origin = format!("http://{addr}").parse().unwrap();
         Envoy {
-            client: ExternalProcessorClient::new(channel),
+            client: ExternalProcessorClient::with_origin(Direct(send), origin),
         }
     }
 
-    /// Opens the stream for one HTTP request.
+    /// Opens the stream for one HTTP request. Like Envoy, it does not wait for the server's
+    /// response headers before sending messages (the picker sends them with its first answer).
     pub async fn open(&self) -> Exchange {
         let (tx, rx) = mpsc::channel(64);
         let mut client = self.client.clone();
-        let answers = client
-            .process(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut call: Call = Box::pin(async move {
+            client
+                .process(ReceiverStream::new(rx))
+                .await
+                .map(tonic::Response::into_inner)
+        });
+        // One poll starts the call (the request headers go to the connection); the rest of it is
+        // polled by whoever reads the first answer, so no extra task sits between the response
+        // and its reader.
+        let answers = match std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
+            Poll::Ready(r) => Answers::Open(r.expect("the server refused the stream")),
+            Poll::Pending => Answers::Opening(call),
+        };
         Exchange {
             tx: Some(tx),
             answers,
@@ -109,10 +126,40 @@ impl Envoy {
     }
 }
 
+type Call =
+    Pin<Box<dyn Future<Output = Result<Streaming<ProcessingResponse>, tonic::Status>> + Send>>;
+
+/// The answer side of a stream: the call in flight until the response headers arrive.
+enum Answers {
+    Opening(Call),
+    Open(Streaming<ProcessingResponse>),
+}
+
+/// The HTTP/2 connection as the gRPC transport: each call goes straight to the connection, as in
+/// Envoy's in-thread gRPC client (tonic's `Channel` first queues it to a buffer task, a hop Envoy
+/// does not have and that would count in the measured latency).
+#[derive(Clone)]
+pub struct Direct(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Direct {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(req))
+    }
+}
+
 /// One HTTP request's ext_proc stream, from Envoy's side.
 pub struct Exchange {
     tx: Option<mpsc::Sender<ProcessingRequest>>,
-    answers: Streaming<ProcessingResponse>,
+    answers: Answers,
 }
 
 impl Exchange {
@@ -125,9 +172,25 @@ impl Exchange {
             .unwrap();
     }
 
+    /// The answer stream, once the server's response headers have arrived.
+    async fn answers(&mut self) -> &mut Streaming<ProcessingResponse> {
+        if let Answers::Opening(call) = &mut self.answers {
+            let answers = tokio::time::timeout(ANSWER_TIMEOUT, call)
+                .await
+                .expect("no response headers in time")
+                .expect("the server refused the stream");
+            self.answers = Answers::Open(answers);
+        }
+        match &mut self.answers {
+            Answers::Open(a) => a,
+            Answers::Opening(_) => unreachable!("opened above"),
+        }
+    }
+
     /// The next answer; panics on a timeout, an error or the end of the stream.
     pub async fn next(&mut self) -> ProcessingResponse {
-        match tokio::time::timeout(ANSWER_TIMEOUT, self.answers.message()).await {
+        let answers = self.answers().await;
+        match tokio::time::timeout(ANSWER_TIMEOUT, answers.message()).await {
             Ok(Ok(Some(m))) => m,
             other => panic!("expected an answer, got {other:?}"),
         }
@@ -135,7 +198,8 @@ impl Exchange {
 
     /// The end of the answer stream (the server closed it cleanly).
     pub async fn expect_end(&mut self) {
-        match tokio::time::timeout(ANSWER_TIMEOUT, self.answers.message()).await {
+        let answers = self.answers().await;
+        match tokio::time::timeout(ANSWER_TIMEOUT, answers.message()).await {
             Ok(Ok(None)) => {}
             other => panic!("expected the stream to end, got {other:?}"),
         }
