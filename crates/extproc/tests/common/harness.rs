@@ -116,7 +116,7 @@ impl Envoy {
         // polled by whoever reads the first answer, so no extra task sits between the response
         // and its reader.
         let answers = match std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
-            Poll::Ready(r) => Answers::Open(r.expect("the server refused the stream")),
+            Poll::Ready(r) => Answers::Open(Box::new(r.expect("the server refused the stream"))),
             Poll::Pending => Answers::Opening(call),
         };
         Exchange {
@@ -132,7 +132,7 @@ type Call =
 /// The answer side of a stream: the call in flight until the response headers arrive.
 enum Answers {
     Opening(Call),
-    Open(Streaming<ProcessingResponse>),
+    Open(Box<Streaming<ProcessingResponse>>),
 }
 
 /// The HTTP/2 connection as the gRPC transport: each call goes straight to the connection, as in
@@ -179,7 +179,7 @@ impl Exchange {
                 .await
                 .expect("no response headers in time")
                 .expect("the server refused the stream");
-            self.answers = Answers::Open(answers);
+            self.answers = Answers::Open(Box::new(answers));
         }
         match &mut self.answers {
             Answers::Open(a) => a,
