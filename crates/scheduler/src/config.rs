@@ -268,7 +268,7 @@ impl SchedulerConfig {
             weights: Weights {
                 queue: 1.0,
                 kv_cache: 1.0,
-                prefix: 1.0,
+                prefix: 3.0,
                 lora_affinity: 2.0,
                 running_requests: 0.0,
                 inflight_tokens: 0.0,

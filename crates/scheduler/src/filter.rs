@@ -66,21 +66,51 @@ impl Filter for LoraFilter {
     }
 }
 
-/// The LoRA affinity of a pod for `adapter`: 1.0 running, 0.8 free slot, 0.6 waiting, 0 otherwise.
+/// Affinity of a pod that runs the adapter while another adapter waits there for a slot: below a
+/// free slot and a waiting adapter, so that, where another pod can take the request, this pod's
+/// running adapter drains and the waiting one gets its slot instead of starving.
+pub(crate) const LORA_RUNNING_BLOCKED: f64 = 0.5;
+
+/// Affinity of a pod with a free adapter slot.
+pub(crate) const LORA_FREE_SLOT: f64 = 0.8;
+
+/// Affinity of a free slot when another candidate already runs the adapter unblocked: loading the
+/// adapter there would take a slot that an adapter running nowhere may need.
+pub(crate) const LORA_FREE_SLOT_SPREAD: f64 = 0.3;
+
+/// The LoRA affinity of a pod for `adapter`: 1.0 running, 0.8 free slot, 0.6 waiting, 0 otherwise;
+/// running but with another adapter blocked there (see [`lora_blocked`]), [`LORA_RUNNING_BLOCKED`].
 ///
 /// Distinct adapters across the running and waiting lists count as loaded (vLLM repeats running
 /// adapters in its waiting list), and a slot is free when fewer than `max_lora` are loaded.
 pub(crate) fn lora_affinity(l: &LoraState, adapter: &str) -> f64 {
     if l.running.iter().any(|a| a == adapter) {
-        return 1.0;
+        return if lora_blocked(l) {
+            LORA_RUNNING_BLOCKED
+        } else {
+            1.0
+        };
     }
     if lora_has_free_slot(l) {
-        return 0.8;
+        return LORA_FREE_SLOT;
     }
     if l.waiting.iter().any(|a| a == adapter) {
         return 0.6;
     }
     0.0
+}
+
+/// Whether an adapter waits for a slot: as many distinct adapters run as there are slots, and the
+/// waiting list names one that is not running. The engine admits it only once one of the running
+/// adapters has no request left.
+pub(crate) fn lora_blocked(l: &LoraState) -> bool {
+    let running = l
+        .running
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !l.running[..*i].contains(r))
+        .count();
+    (running as u64) >= u64::from(l.max_lora) && l.waiting.iter().any(|w| !l.running.contains(w))
 }
 
 /// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).

@@ -685,6 +685,16 @@ impl Scheduler {
                 total: 0.0,
             });
         }
+        // Consolidate adapters: where a pod runs the adapter with no other adapter blocked, a free
+        // slot elsewhere is worth less — loading the adapter there would take a slot another
+        // adapter may need.
+        if req.lora_adapter.is_some() && sc.views.iter().any(|v| v.lora >= 1.0) {
+            for v in sc.views.iter_mut() {
+                if v.lora == crate::filter::LORA_FREE_SLOT {
+                    v.lora = crate::filter::LORA_FREE_SLOT_SPREAD;
+                }
+            }
+        }
     }
 
     /// Estimated seconds until a saturated endpoint is back under the saturation thresholds.

@@ -21,6 +21,8 @@ pub(crate) struct LoraHot {
     pub(crate) overflow: bool,
     /// A slot is free: fewer distinct adapters loaded than `max_lora`.
     pub(crate) free_slot: bool,
+    /// An adapter waits for a slot here (see [`crate::filter::lora_blocked`]).
+    pub(crate) blocked: bool,
     running: [u64; LORA_INLINE],
     n_running: u8,
     waiting: [u64; LORA_INLINE],
@@ -35,6 +37,7 @@ impl LoraHot {
         let mut h = LoraHot {
             known: true,
             free_slot: crate::filter::lora_has_free_slot(l),
+            blocked: crate::filter::lora_blocked(l),
             ..LoraHot::default()
         };
         if l.running.len() > LORA_INLINE || l.waiting.len() > LORA_INLINE {
@@ -55,9 +58,13 @@ impl LoraHot {
     /// Affinity by hash (see [`crate::filter::lora_affinity`]); only valid when `known && !overflow`.
     pub(crate) fn affinity(&self, hash: u64) -> f64 {
         if self.running[..usize::from(self.n_running)].contains(&hash) {
-            1.0
+            if self.blocked {
+                crate::filter::LORA_RUNNING_BLOCKED
+            } else {
+                1.0
+            }
         } else if self.free_slot {
-            0.8
+            crate::filter::LORA_FREE_SLOT
         } else if self.waiting[..usize::from(self.n_waiting)].contains(&hash) {
             0.6
         } else {

@@ -159,6 +159,59 @@ fn lora_resident_pod_is_preferred_over_an_equal_one() {
     }
 }
 
+fn with_lora(waiting: u32, max: u32, running: &[&str], queued: &[&str]) -> MetricsSnapshot {
+    let mut m = snap(T0, waiting, 0.1);
+    m.lora = Some(LoraState {
+        max_lora: max,
+        running: running.iter().map(|s| s.to_string()).collect(),
+        waiting: queued.iter().map(|s| s.to_string()).collect(),
+    });
+    m
+}
+
+#[test]
+fn a_running_adapter_drains_from_the_pod_where_another_waits_for_its_slot() {
+    for seed in 0..50 {
+        let mut s = pool(SchedulerConfig::default(), 2);
+        // Both run `sql` in their one slot; on pod 0 `legal` waits for that slot.
+        s.apply_metrics(addr(0), with_lora(0, 1, &["sql"], &["sql", "legal"]))
+            .unwrap();
+        s.apply_metrics(addr(1), with_lora(0, 1, &["sql"], &["sql"]))
+            .unwrap();
+        let req = RequestContext::new("m", 10).with_lora(Some("sql"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(1), "seed {seed}");
+        // `legal` itself still goes where it already waits.
+        let req = RequestContext::new("m", 10).with_lora(Some("legal"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(0), "seed {seed}");
+    }
+}
+
+#[test]
+fn a_running_adapter_is_not_spread_into_free_slots_for_a_small_queue_difference() {
+    let cfg = weights_only(Weights {
+        queue: 1.0,
+        lora_affinity: 2.0,
+        ..Weights::default()
+    });
+    for seed in 0..20 {
+        let mut s = pool(cfg.clone(), 2);
+        // Pod 0 runs `sql` with a short queue; pod 1 is idle with a free slot.
+        s.apply_metrics(addr(0), with_lora(3, 2, &["sql"], &["sql"]))
+            .unwrap();
+        s.apply_metrics(addr(1), with_lora(0, 2, &["chat"], &["chat"]))
+            .unwrap();
+        let req = RequestContext::new("m", 10).with_lora(Some("sql"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(0), "seed {seed}");
+        // An adapter that runs nowhere takes the free slot.
+        let req = RequestContext::new("m", 10).with_lora(Some("code"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(1), "seed {seed}");
+    }
+}
+
 #[test]
 fn lora_affinity_levels() {
     let l = |max, run: &[&str], wait: &[&str]| LoraState {
@@ -173,6 +226,17 @@ fn lora_affinity_levels() {
     // A repeated name is one adapter: one of two slots is still free.
     assert_eq!(lora_affinity(&l(2, &["b", "b"], &[]), "a"), 0.8);
     assert_eq!(lora_affinity(&l(2, &["b", "c", "b"], &["c"]), "a"), 0.0);
+    // Running, but another adapter waits for this pod's only slot: let this one drain here.
+    assert_eq!(lora_affinity(&l(1, &["b"], &["b", "a"]), "b"), 0.5);
+    assert_eq!(
+        lora_affinity(&l(2, &["a", "b"], &["a", "b", "c"]), "a"),
+        0.5
+    );
+    // Waiting with a slot still free is loading, not blocked.
+    assert_eq!(
+        lora_affinity(&l(3, &["a", "b"], &["a", "b", "c"]), "a"),
+        1.0
+    );
     // The pre-hashed hot path agrees with the names, inline and overflowing.
     let many: Vec<String> = (0..12).map(|i| format!("x{i}")).collect();
     let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
@@ -182,6 +246,8 @@ fn lora_affinity_levels() {
         l(1, &["b"], &["b", "a"]),
         l(1, &["b"], &[]),
         l(2, &["b", "b"], &[]),
+        l(2, &["a", "b"], &["a", "b", "c"]),
+        l(3, &["a", "b"], &["a", "b", "c"]),
         l(20, &many, &["a"]),
         l(12, &many, &["a"]),
     ] {
