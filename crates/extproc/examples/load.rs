@@ -5,8 +5,9 @@
 //!
 //! Reports the picker's added latency — from the request body's last chunk sent to the routing
 //! answer received, which is what Envoy waits for before forwarding — and the picker's CPU time
-//! per 1,000 requests, read from `/proc/self/task/*/stat` for the picker runtime's threads only
-//! (the client and the emulated pods run on their own threads).
+//! per 1,000 requests, read from `/proc/self/task/*/stat` for the picker's threads only: its
+//! runtime (ext_proc serving, the pool) and, when the pool scrapes on a thread of its own, that
+//! thread. The client and the emulated pods run on their own threads.
 //!
 //! ```text
 //! cargo run --release -p infergate-extproc --example load -- [--rps 2000] [--seconds 60] [--pods 4]
@@ -34,6 +35,9 @@ use infergate_scheduler::{EndpointMeta, EngineType};
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, serve_fleet};
 
 const PICKER_THREAD: &str = "picker-rt";
+/// The metrics scraper's own thread, when the pool runs one (`infergate-scraper`, as the kernel
+/// truncates thread names to 15 bytes).
+const SCRAPER_THREAD: &str = "infergate-scrap";
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -43,8 +47,9 @@ fn arg(name: &str, default: u64) -> u64 {
         .map_or(default, |v| v.parse().expect("a number"))
 }
 
-/// utime + stime (clock ticks) of this process's threads, optionally only those named `name`.
-fn cpu_ticks(name: Option<&str>) -> u64 {
+/// utime + stime (clock ticks) of this process's threads whose name starts with one of
+/// `prefixes` (every thread when `None`).
+fn cpu_ticks(prefixes: Option<&[&str]>) -> u64 {
     let mut total = 0;
     for entry in std::fs::read_dir("/proc/self/task").unwrap() {
         let path = entry.unwrap().path();
@@ -55,7 +60,7 @@ fn cpu_ticks(name: Option<&str>) -> u64 {
             continue;
         };
         let comm = &stat[open + 1..close];
-        if name.is_some_and(|n| !comm.starts_with(n)) {
+        if prefixes.is_some_and(|ps| !ps.iter().any(|p| comm.starts_with(p))) {
             continue;
         }
         let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
@@ -201,7 +206,14 @@ fn main() {
         let sse = Arc::new(sse);
         let total = rps * seconds;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
-        let cpu0 = (cpu_ticks(Some(PICKER_THREAD)), cpu_ticks(None));
+        let cpu = || {
+            (
+                cpu_ticks(Some(&[PICKER_THREAD])),
+                cpu_ticks(Some(&[SCRAPER_THREAD])),
+                cpu_ticks(None),
+            )
+        };
+        let cpu0 = cpu();
         let start = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -252,8 +264,13 @@ fn main() {
             latencies.push(l);
         }
         let elapsed = start.elapsed();
-        let cpu1 = (cpu_ticks(Some(PICKER_THREAD)), cpu_ticks(None));
-        (latencies, elapsed, cpu1.0 - cpu0.0, cpu1.1 - cpu0.1)
+        let cpu1 = cpu();
+        (
+            latencies,
+            elapsed,
+            (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1),
+            cpu1.2 - cpu0.2,
+        )
     });
     let mut sorted = latencies;
     sorted.sort_unstable();
@@ -284,8 +301,10 @@ fn main() {
         sorted.last().copied().unwrap_or(0)
     );
     println!(
-        "CPU per 1,000 requests: picker runtime {:.1} ms, whole process (client + pods included) {:.1} ms",
-        per_k(cpu_picker),
+        "CPU per 1,000 requests: picker {:.1} ms (ext_proc runtime {:.1} ms + scraper thread {:.1} ms), whole process (client + pods included) {:.1} ms",
+        per_k(cpu_picker.0 + cpu_picker.1),
+        per_k(cpu_picker.0),
+        per_k(cpu_picker.1),
         per_k(cpu_all)
     );
     drop(server);

@@ -9,6 +9,8 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
@@ -24,9 +26,20 @@ pub const LIVENESS: &str = "liveness";
 pub const READINESS: &str = "readiness";
 /// How often readiness is re-evaluated for the health service.
 pub const READINESS_POLL: Duration = Duration::from_millis(500);
+/// HTTP/2 stream and connection receive windows of the ext_proc port (bytes).
+pub const RECEIVE_WINDOW: u32 = 1 << 20;
+/// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves an ext_proc service (the picker or the body-based router) on `listener` until
-/// `shutdown` completes.
+/// `shutdown` completes, then lets open streams finish.
+///
+/// Each connection is served by hyper's HTTP/2 server with the generated gRPC service as its
+/// only service: ext_proc has one method, so tonic's router (path matching, boxed futures and
+/// per-request extensions) would be pure per-request cost. Settings: `TCP_NODELAY` (answers are
+/// small and latency-bound), no limit on concurrent streams (Envoy multiplexes every in-flight
+/// request on few connections, and a stream lives as long as its response), and 1 MiB receive
+/// windows so bodies do not wait for window updates.
 pub async fn serve_ext_proc<S>(
     listener: TcpListener,
     service: S,
@@ -35,11 +48,42 @@ pub async fn serve_ext_proc<S>(
 where
     S: ExternalProcessor,
 {
-    Server::builder()
-        .tcp_nodelay(true)
-        .add_service(ExternalProcessorServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await?;
+    let service = ExternalProcessorServer::new(service);
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .max_concurrent_streams(None)
+        .initial_stream_window_size(RECEIVE_WINDOW)
+        .initial_connection_window_size(RECEIVE_WINDOW);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: the listener itself is fine.
+                    tracing::warn!(error = %e, "ext_proc accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+        let conn = builder.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(service.clone()),
+        );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "ext_proc connection ended");
+            }
+        });
+    }
+    graceful.shutdown().await;
     Ok(())
 }
 
