@@ -1,10 +1,13 @@
 //! CPU cost of scraping many pods: `cargo run --release -p infergate-metrics --example scrape_load`.
 //!
-//! Starts a child process that serves a real vLLM page (635 lines, 60 KB) on `--pods` ports of
-//! 127.0.0.1, then scrapes all of them every `--interval-ms` with the production [`Scraper`] for
-//! `--seconds` after a warm-up, and reports the scraper process's CPU time (user + system, read
-//! from `/proc/self/stat`) divided by wall time, i.e. cores used. The child's CPU is reported
-//! separately and is not counted. Options: `--pods 1000 --interval-ms 50 --seconds 10`.
+//! Starts a child process that serves a real vLLM 0.32 page (635 lines, 52.8 KB) on `--pods`
+//! ports of 127.0.0.1, with the head a vLLM server sends (uvicorn's `date` and `server` headers,
+//! `content-length`, the Prometheus content type), then scrapes all of them every `--interval-ms`
+//! with the production [`Scraper`] in its default configuration for `--seconds` after a warm-up,
+//! and reports the scraper process's CPU time (user + system, read from `/proc/self/stat`) divided
+//! by wall time, i.e. cores used. The child's CPU is reported separately and is not counted.
+//! Options: `--pods 1000 --interval-ms 50 --seconds 10`, and `--caller-runtime` to scrape on the
+//! example's own 2-worker runtime instead of the scraper's thread (`own_thread: false`).
 #![allow(clippy::print_stdout, reason = "the example's output is its report")]
 #![allow(clippy::unwrap_used, reason = "a benchmark harness fails loudly")]
 
@@ -27,6 +30,7 @@ struct Args {
     pods: usize,
     interval: Duration,
     seconds: u64,
+    caller_runtime: bool,
 }
 
 fn args() -> Result<(bool, Args), Box<dyn Error>> {
@@ -35,6 +39,7 @@ fn args() -> Result<(bool, Args), Box<dyn Error>> {
         pods: 1000,
         interval: Duration::from_millis(50),
         seconds: 10,
+        caller_runtime: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -46,21 +51,28 @@ fn args() -> Result<(bool, Args), Box<dyn Error>> {
                     Duration::from_millis(it.next().ok_or("--interval-ms needs a value")?.parse()?);
             }
             "--seconds" => a.seconds = it.next().ok_or("--seconds needs a value")?.parse()?,
+            "--caller-runtime" => a.caller_runtime = true,
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
     Ok((serve, a))
 }
 
-/// CPU seconds (user + system) of a process from its `/proc/<pid>/stat`.
-fn cpu_seconds(pid: &str, ticks_per_sec: f64) -> Result<f64, Box<dyn Error>> {
+/// CPU seconds of a process from its `/proc/<pid>/stat`: (user, system).
+fn cpu_times(pid: &str, ticks_per_sec: f64) -> Result<(f64, f64), Box<dyn Error>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').ok_or("bad /proc stat")?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: f64 = fields.get(11).ok_or("short stat")?.parse()?;
     let stime: f64 = fields.get(12).ok_or("short stat")?.parse()?;
-    Ok((utime + stime) / ticks_per_sec)
+    Ok((utime / ticks_per_sec, stime / ticks_per_sec))
+}
+
+/// CPU seconds (user + system) of a process.
+fn cpu_seconds(pid: &str, ticks_per_sec: f64) -> Result<f64, Box<dyn Error>> {
+    let (user, system) = cpu_times(pid, ticks_per_sec)?;
+    Ok(user + system)
 }
 
 fn ticks_per_sec() -> f64 {
@@ -80,8 +92,11 @@ fn serve(pods: usize) -> Result<(), Box<dyn Error>> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        // The head uvicorn writes for vLLM's /metrics route (a fixed date: the child does not
+        // format one per answer, which a real server does but the scraper never reads).
         let mut response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ndate: Mon, 30 Nov 2026 06:00:00 GMT\r\nserver: uvicorn\r\n\
+             content-length: {}\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n\r\n",
             PAGE.len()
         )
         .into_bytes();
@@ -156,6 +171,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             interval: a.interval,
             stale_after: a.interval * 5,
             timeout: a.interval * 5,
+            own_thread: !a.caller_runtime,
             ..ScraperConfig::default()
         };
         let sink = {
@@ -183,32 +199,35 @@ fn main() -> Result<(), Box<dyn Error>> {
             snapshots.load(Ordering::Relaxed),
             stale.load(Ordering::Relaxed),
         );
-        let errors = |m: &ScrapeMetrics| -> u64 {
-            [
-                "connect",
-                "http",
-                "status",
-                "timeout",
-                "body_too_large",
-                "parse_missing_family",
-                "parse_malformed",
-            ]
-            .iter()
-            .map(|r| m.errors(r))
-            .sum()
-        };
+        const REASONS: [&str; 10] = [
+            "connect",
+            "http",
+            "status",
+            "timeout",
+            "body_too_large",
+            "parse_truncated",
+            "parse_malformed",
+            "parse_invalid_value",
+            "parse_duplicate_series",
+            "parse_missing_family",
+        ];
+        let errors = |m: &ScrapeMetrics| -> u64 { REASONS.iter().map(|r| m.errors(r)).sum() };
+        let by_reason =
+            |m: &ScrapeMetrics| -> Vec<u64> { REASONS.iter().map(|r| m.errors(r)).collect() };
+        let reasons0 = by_reason(&metrics);
         let err0 = errors(&metrics);
-        let (cpu0, child0, wall0) = (
-            cpu_seconds("self", ticks)?,
+        let (times0, child0, wall0) = (
+            cpu_times("self", ticks)?,
             cpu_seconds(&child_pid, ticks)?,
             Instant::now(),
         );
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
-        let (cpu1, child1, wall) = (
-            cpu_seconds("self", ticks)?,
+        let (times1, child1, wall) = (
+            cpu_times("self", ticks)?,
             cpu_seconds(&child_pid, ticks)?,
             wall0.elapsed(),
         );
+        let (cpu0, cpu1) = (times0.0 + times0.1, times1.0 + times1.1);
         let scrapes = snapshots.load(Ordering::Relaxed) - snap0;
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let wall_s = wall.as_secs_f64();
@@ -218,10 +237,15 @@ fn main() -> Result<(), Box<dyn Error>> {
             a.pods as f64 / a.interval.as_secs_f64(),
         );
         println!(
-            "pods {} interval {:?} window {:.1} s; machine load average {}",
+            "pods {} interval {:?} window {:.1} s; scrapes on {}; machine load average {}",
             a.pods,
             a.interval,
             wall_s,
+            if a.caller_runtime {
+                "the caller's 2-worker runtime"
+            } else {
+                "the scraper's own thread"
+            },
             load.split_whitespace().next().unwrap_or("?")
         );
         println!(
@@ -229,6 +253,15 @@ fn main() -> Result<(), Box<dyn Error>> {
             errors(&metrics) - err0,
             stale.load(Ordering::Relaxed) - stale0
         );
+        let failed: Vec<String> = REASONS
+            .iter()
+            .zip(by_reason(&metrics).iter().zip(&reasons0))
+            .filter(|(_, (now, then))| now > then)
+            .map(|(r, (now, then))| format!("{r} {}", now - then))
+            .collect();
+        if !failed.is_empty() {
+            println!("errors by reason: {}", failed.join(", "));
+        }
         println!(
             "scraper CPU: {:.3} cores ({:.2} s CPU over {:.1} s)",
             (cpu1 - cpu0) / wall_s,
@@ -236,8 +269,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             wall_s
         );
         #[allow(clippy::cast_precision_loss, reason = "report arithmetic")]
-        let per_scrape = (cpu1 - cpu0) / scrapes.max(1) as f64 * 1e6;
-        println!("scraper CPU per scrape: {per_scrape:.1} µs");
+        let per = |seconds: f64| seconds / scrapes.max(1) as f64 * 1e6;
+        println!(
+            "scraper CPU per scrape: {:.1} µs (user {:.1} µs, system {:.1} µs)",
+            per(cpu1 - cpu0),
+            per(times1.0 - times0.0),
+            per(times1.1 - times0.1)
+        );
         println!(
             "page server (child, not counted): {:.3} cores",
             (child1 - child0) / wall_s

@@ -198,6 +198,9 @@ pub enum Error {
     /// A scraper setting is out of range.
     #[error("invalid scraper configuration: {0}")]
     InvalidConfig(&'static str),
+    /// The scraper's own thread or runtime could not be started.
+    #[error("starting the scraper's thread failed")]
+    Runtime(#[source] std::io::Error),
     /// A scrape target's path is not a valid URI path.
     #[error("invalid metrics path {path:?}")]
     InvalidPath {

@@ -8,8 +8,10 @@
 //! Layout:
 //! - [`parse`] — the pure part: engine + page bytes (+ previous counters) → snapshot or
 //!   [`ParseError`]; a streaming reader that looks only at the families each engine needs.
-//! - [`scraper`] — the async shell: [`Scraper`] polls a changing set of targets over keep-alive
-//!   HTTP/1 connections and hands snapshots and stale transitions to a caller's [`Sink`].
+//! - [`scraper`] — the async shell: [`Scraper`] polls a changing set of targets, on a thread of its
+//!   own by default, over keep-alive HTTP/1.1 connections (a small purpose-built client that reads
+//!   each page straight into a reused buffer) and hands snapshots and stale transitions to a
+//!   caller's [`Sink`].
 //! - [`telemetry`] — the crate's own Prometheus metrics ([`ScrapeMetrics`]).
 //! - [`error`] — [`ParseError`], [`ScrapeError`] (with [`HttpError`]) and the caller-facing
 //!   [`Error`].

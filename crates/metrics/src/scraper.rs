@@ -1,7 +1,9 @@
 //! The scraper: polls a changing set of targets and reports snapshots and stale transitions.
 //!
 //! Each target gets its own task, so scrapes of one pod never overlap and a slow pod only ever
-//! delays itself. The task keeps one keep-alive connection to its pod, scrapes every
+//! delays itself. By default the tasks run on a thread of the scraper's own (a single-threaded
+//! tokio runtime, see [`ScraperConfig::own_thread`]): a scrape then never wakes a task on another
+//! thread, and parsing pages never competes with request handling on the caller's workers. The task keeps one keep-alive connection to its pod, scrapes every
 //! [`ScraperConfig::interval`] (phase-shifted so that a thousand pods do not fire at once), bounds
 //! each scrape by [`ScraperConfig::timeout`] and [`ScraperConfig::max_body_bytes`], and takes a
 //! permit from a shared semaphore so that at most [`ScraperConfig::max_concurrency`] scrapes are in
@@ -23,7 +25,8 @@ use std::time::Duration;
 
 use http::Uri;
 use infergate_scheduler::{EngineType, MetricsSnapshot, Timestamp};
-use tokio::sync::Semaphore;
+use tokio::runtime::Handle;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -34,7 +37,7 @@ use crate::telemetry::ScrapeMetrics;
 mod conn;
 
 /// Scraper settings. Defaults: 50 ms interval, stale after 250 ms, 250 ms timeout, 4 MiB cap,
-/// 128 scrapes in flight.
+/// 128 scrapes in flight, on a thread of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScraperConfig {
     /// Time between the starts of two scrapes of one target.
@@ -47,6 +50,12 @@ pub struct ScraperConfig {
     pub max_body_bytes: usize,
     /// Scrapes in flight at once, across all targets.
     pub max_concurrency: usize,
+    /// Run the scrapes on a thread of the scraper's own, with a single-threaded tokio runtime,
+    /// instead of on the runtime that calls [`Scraper::upsert`]. Cheaper per scrape (no wake-ups
+    /// across worker threads; see `docs/benchmarks.md`), bounded to one core by construction, and
+    /// kept apart from request handling. Set it to `false` to scrape on the caller's runtime, for
+    /// example in a test on tokio's paused clock.
+    pub own_thread: bool,
 }
 
 impl Default for ScraperConfig {
@@ -57,6 +66,7 @@ impl Default for ScraperConfig {
             timeout: Duration::from_millis(250),
             max_body_bytes: 4 << 20,
             max_concurrency: 128,
+            own_thread: true,
         }
     }
 }
@@ -198,6 +208,37 @@ struct Inner<K> {
     shared: Arc<Shared<K>>,
     tasks: Mutex<HashMap<K, Running<K>>>,
     spawned: AtomicU64,
+    /// The scraper's own runtime, when it has one.
+    own: Option<OwnRuntime>,
+}
+
+/// A single-threaded runtime on a thread of its own, which runs until its handle is dropped.
+struct OwnRuntime {
+    handle: Handle,
+    /// Dropping it ends the thread, and with it every task still on the runtime.
+    _stop: oneshot::Sender<()>,
+}
+
+impl OwnRuntime {
+    fn start() -> Result<Self, Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::Runtime)?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("infergate-scraper".to_owned())
+            .spawn(move || {
+                // Either a stop or a dropped sender ends the wait.
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(Error::Runtime)?;
+        Ok(OwnRuntime {
+            handle,
+            _stop: stop,
+        })
+    }
 }
 
 impl<K> Drop for Inner<K> {
@@ -226,7 +267,9 @@ impl<K> Scraper<K>
 where
     K: Clone + Eq + Hash + Debug + Send + Sync + 'static,
 {
-    /// Starts a scraper with no targets. Must be called within a tokio runtime.
+    /// Starts a scraper with no targets. With [`ScraperConfig::own_thread`] (the default) this
+    /// starts the scraper's thread; otherwise targets run on the runtime that adds them, and
+    /// [`Scraper::upsert`] must be called within one.
     ///
     /// `clock` stamps snapshots, `metrics` records the scraper's own metrics (use
     /// [`ScrapeMetrics::register`], or `ScrapeMetrics::default()` to keep them unexported), and
@@ -239,6 +282,11 @@ where
     ) -> Result<Self, Error> {
         config.validate()?;
         let permits = Semaphore::new(config.max_concurrency);
+        let own = if config.own_thread {
+            Some(OwnRuntime::start()?)
+        } else {
+            None
+        };
         Ok(Scraper {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared {
@@ -251,6 +299,7 @@ where
                 }),
                 tasks: Mutex::new(HashMap::new()),
                 spawned: AtomicU64::new(0),
+                own,
             }),
         })
     }
@@ -266,13 +315,17 @@ where
             return Ok(());
         }
         let n = self.inner.spawned.fetch_add(1, Ordering::Relaxed);
-        let task = tokio::spawn(run_target(
+        let run = run_target(
             Arc::clone(&self.inner.shared),
             target.id.clone(),
             target.engine,
             endpoint,
             phase(n, self.inner.shared.config.interval),
-        ));
+        );
+        let task = match &self.inner.own {
+            Some(own) => own.handle.spawn(run),
+            None => tokio::spawn(run),
+        };
         match tasks.entry(target.id.clone()) {
             Entry::Occupied(mut slot) => slot.insert(Running { target, task }).task.abort(),
             Entry::Vacant(slot) => {

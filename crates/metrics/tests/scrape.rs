@@ -95,6 +95,77 @@ async fn scrapes_a_real_page_over_one_kept_alive_connection() {
 }
 
 #[tokio::test]
+async fn scrapes_on_the_callers_runtime_when_asked() {
+    let server = TestServer::start(page(VLLM_QUEUED)).await;
+    let config = ScraperConfig {
+        own_thread: false,
+        ..fast()
+    };
+    let (scraper, mut rx) = start(config, ScrapeMetrics::default());
+    scraper
+        .upsert(Target::new(1, server.addr, EngineType::Vllm))
+        .unwrap();
+    for _ in 0..3 {
+        let (u, _) = next_for(&mut rx, 1, Duration::from_secs(2)).await;
+        assert!(
+            matches!(u, Update::Snapshot(ref s) if s.waiting == 6),
+            "{u:?}"
+        );
+    }
+    assert_eq!(server.connections(), 1);
+}
+
+/// With its own thread the scraper needs no runtime from the caller, and the last handle going
+/// away stops it.
+#[test]
+fn the_own_thread_needs_no_runtime_and_stops_with_the_last_handle() {
+    let servers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = servers.block_on(TestServer::start(page(VLLM_QUEUED)));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let scraper = Scraper::spawn(
+        fast(),
+        Clock::starting_now(),
+        ScrapeMetrics::default(),
+        move |id: &u32, u: Update| {
+            let _ = tx.send((*id, u));
+        },
+    )
+    .unwrap();
+    scraper
+        .upsert(Target::new(1, server.addr, EngineType::Vllm))
+        .unwrap();
+    for _ in 0..3 {
+        let (id, u) = rx.recv_timeout(Duration::from_secs(2)).unwrap();
+        assert_eq!(id, 1);
+        assert!(
+            matches!(u, Update::Snapshot(ref s) if s.waiting == 6),
+            "{u:?}"
+        );
+    }
+    let other = scraper.clone();
+    drop(scraper);
+    assert!(
+        rx.recv_timeout(Duration::from_secs(2)).is_ok(),
+        "a clone keeps it running"
+    );
+    drop(other);
+    // Whatever was in flight may still land; then nothing more.
+    while rx.recv_timeout(Duration::from_millis(100)).is_ok() {}
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    assert!(
+        matches!(
+            rx.recv_timeout(Duration::from_millis(1)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+        ),
+        "the sink (and with it the scraper's tasks) is gone"
+    );
+}
+
+#[tokio::test]
 async fn a_server_that_closes_kept_alive_connections_costs_no_scrape() {
     let server = TestServer::start(Mode::PageThenClose(Arc::new(VLLM_QUEUED.to_vec()))).await;
     let metrics = ScrapeMetrics::default();
