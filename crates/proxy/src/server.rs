@@ -418,6 +418,24 @@ async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch
         .header_read_timeout(Some(std::time::Duration::from_secs(30)));
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
+    // The worker's idle upstream connections are swept on the worker's own thread.
+    let sweeper = tokio::spawn({
+        let worker = Arc::clone(&worker);
+        let mut stop = stop.clone();
+        async move {
+            loop {
+                let pool_idle = worker.shared.state.load().config.timeouts.pool_idle;
+                let every = (pool_idle / 2).clamp(
+                    std::time::Duration::from_millis(100),
+                    std::time::Duration::from_secs(30),
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(every) => worker.upstreams.sweep(pool_idle),
+                    () = stopped(&mut stop) => return,
+                }
+            }
+        }
+    });
     // Each connection holds a clone of this receiver; `closed()` on the sender below resolves
     // once every connection has finished.
     let (conns_tx, conns_rx) = watch::channel(());
@@ -455,6 +473,7 @@ async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch
     drop(listener);
     drop(conns_rx);
     conns_tx.closed().await;
+    let _ = sweeper.await;
 }
 
 /// Resolves once shutdown was signalled (or the signal's sender is gone).

@@ -239,6 +239,23 @@ impl Upstreams {
         stack.push_back(conn);
     }
 
+    /// Closes idle connections older than `pool_idle` and those the server already closed, and
+    /// forgets endpoints left with none (an endpoint removed by a reload, say). The worker runs
+    /// it periodically, so a quiet endpoint does not keep sockets open forever.
+    pub(crate) fn sweep(&self, pool_idle: Duration) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|_, stack| {
+            // Oldest first: stop at the first one still young enough (the rest are younger).
+            while stack.front().is_some_and(|c| {
+                now.saturating_duration_since(c.idle_since) > pool_idle || !c.usable()
+            }) {
+                stack.pop_front();
+            }
+            !stack.is_empty()
+        });
+    }
+
     /// Idle connections to `addr` (tests).
     #[cfg(test)]
     pub(crate) fn idle(&self, addr: SocketAddr) -> usize {

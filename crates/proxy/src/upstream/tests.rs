@@ -173,3 +173,17 @@ async fn a_connection_the_server_closed_while_idle_is_replaced() {
         closed_rx.recv().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_sweep_closes_expired_idle_connections_and_forgets_the_endpoint() {
+    let (addr, _conns) = server(false).await;
+    let up = Arc::new(Upstreams::default());
+    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    read_all(resp, lease).await;
+    assert_eq!(up.idle(addr), 1);
+    up.sweep(IDLE);
+    assert_eq!(up.idle(addr), 1, "a young connection stays");
+    up.sweep(Duration::ZERO);
+    assert_eq!(up.idle(addr), 0);
+    assert!(up.idle.lock().unwrap().is_empty());
+}
