@@ -8,9 +8,9 @@
 //! guard. If the client goes away, hyper drops the body: the upstream connection is dropped with
 //! it (cancelling the model server's work) and the guard cancels the in-flight entry.
 //!
-//! The body also drives its upstream connection ([`Lease`]): each poll first lets the connection
-//! read, then takes the next frame, so upstream bytes wake only the client connection's task.
-//! A body read to its end gives the connection back to the worker's pool.
+//! The body also drives its upstream connection (`upstream::Lease`): each poll first lets the
+//! connection read, then takes the next frame, so upstream bytes wake only the client
+//! connection's task. A body read to its end gives the connection back to the worker's pool.
 
 use std::future::Future as _;
 use std::pin::Pin;
