@@ -273,7 +273,7 @@ fn parse_lines(
             {
                 // The block of a family nobody reads (most of a vLLM page): jump from `# TYPE`
                 // line to `# TYPE` line until one opens a block that is read.
-                pos = next_read_block(wanted, page, pos);
+                pos = text::skip_to_read_block(page, pos, |f| is_read(wanted, f));
             }
             continue;
         };
@@ -299,20 +299,6 @@ fn is_read(wanted: &[Family], family: &[u8]) -> bool {
         // The byte where the family name would end tells most names apart without a comparison.
         name.get(family.len() - 1) == Some(&last) && name.starts_with(family)
     })
-}
-
-/// The offset of the line after the next `# TYPE` line at or after `from` whose family is read,
-/// or the end of the page. Sample and `# HELP` lines in between are not looked at.
-fn next_read_block(wanted: &[Family], page: &[u8], mut from: usize) -> usize {
-    while let Some((line, next)) = text::next_type_line(page, from) {
-        if let Some(family) = text::type_line_family(line)
-            && is_read(wanted, family)
-        {
-            return next;
-        }
-        from = next;
-    }
-    page.len()
 }
 
 fn check_value(fam: &Family, value: f64, line: usize) -> Result<(), ParseError> {

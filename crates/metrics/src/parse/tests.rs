@@ -490,3 +490,26 @@ fn type_lines_are_recognised() {
     assert_eq!(text::type_line_family(b"# TYPEx y"), None);
     assert_eq!(text::type_line_family(b"# TYPE "), None);
 }
+
+#[test]
+fn skipping_finds_every_form_of_type_line_and_nothing_else() {
+    let page = b"# TYPE skipped gauge\nskipped{y=\"TYPE x\"} 1\n# HELP x TYPE wanted\n\
+        YY TYPE wanted\n  #  TYPE other counter\n#TYPE\twanted gauge\r\nwanted 1\n";
+    let read = |f: &[u8]| f == b"wanted";
+    let after = text::skip_to_read_block(page, 0, read);
+    assert_eq!(&page[after..], b"wanted 1\n");
+    // An indented TYPE line is found too, and a family that is never read runs to the end.
+    let other = |f: &[u8]| f == b"other";
+    let after = text::skip_to_read_block(page, 0, other);
+    assert!(page[after..].starts_with(b"#TYPE\twanted"));
+    assert_eq!(text::skip_to_read_block(page, 0, |_| false), page.len());
+    assert_eq!(
+        text::skip_to_read_block(page, page.len() + 5, read),
+        page.len()
+    );
+    // A TYPE line at the very end without a newline.
+    assert_eq!(
+        text::skip_to_read_block(b"x 1\n# TYPE wanted", 0, read),
+        b"x 1\n# TYPE wanted".len()
+    );
+}

@@ -30,28 +30,52 @@ pub(crate) fn type_line_family(line: &[u8]) -> Option<&[u8]> {
     (!name.is_empty()).then_some(name)
 }
 
-/// The next `# TYPE` line that starts at or after `from`, and the offset just past it.
+/// Jumps over the blocks of families that are not read: the offset of the line after the next
+/// `# TYPE` line at or after `from` whose family `read` accepts, or the page length.
 ///
-/// Found by visiting only the `#` bytes of the page: sample lines and most of each `# HELP` line
-/// are never split into lines at all.
-pub(crate) fn next_type_line(page: &[u8], from: usize) -> Option<(&[u8], usize)> {
-    let rest = page.get(from..)?;
-    for i in memchr::memchr_iter(b'#', rest) {
-        let hash = from + i;
-        // A comment only if nothing but blanks stands before the `#` on its line.
-        let before = page[..hash].iter().rposition(|&b| b != b' ' && b != b'\t');
-        if before.is_some_and(|b| page[b] != b'\n') {
+/// Only the page's `Y` bytes are visited (on an exporter's page, one per `# TYPE` line): sample
+/// lines and `# HELP` lines are never split into lines at all, which is most of a vLLM page.
+pub(crate) fn skip_to_read_block(page: &[u8], from: usize, read: impl Fn(&[u8]) -> bool) -> usize {
+    let Some(rest) = page.get(from..) else {
+        return page.len();
+    };
+    for i in memchr::memchr_iter(b'Y', rest) {
+        let y = from + i;
+        // `TYPE` around it, then at least one blank.
+        let Some(t) = y.checked_sub(1) else { continue };
+        if page.get(t..y + 3) != Some(b"TYPE".as_slice())
+            || !page.get(y + 3).is_some_and(|b| *b == b' ' || *b == b'\t')
+        {
             continue;
         }
-        if !trim_start(&page[hash + 1..]).starts_with(b"TYPE") {
+        // Before it: `#`, blanks around it, and nothing else back to the start of the line.
+        let Some(hash) = page[..t].iter().rposition(|&b| b != b' ' && b != b'\t') else {
+            continue;
+        };
+        if page[hash] != b'#'
+            || page[..hash]
+                .iter()
+                .rposition(|&b| b != b' ' && b != b'\t')
+                .is_some_and(|b| page[b] != b'\n')
+        {
             continue;
         }
-        let start = before.map_or(0, |b| b + 1);
-        let end = memchr::memchr(b'\n', &page[hash..]).map_or(page.len(), |e| hash + e);
-        let line = &page[start..end];
-        return Some((line.strip_suffix(b"\r").unwrap_or(line), end + 1));
+        let name_start = y
+            + 3
+            + page[y + 3..]
+                .iter()
+                .take_while(|&&b| b == b' ' || b == b'\t')
+                .count();
+        let tail = &page[name_start..];
+        let name_len = memchr::memchr3(b' ', b'\t', b'\n', tail).unwrap_or(tail.len());
+        let name = &tail[..name_len];
+        let name = name.strip_suffix(b"\r").unwrap_or(name);
+        if !name.is_empty() && read(name) {
+            let end = name_start + name_len;
+            return memchr::memchr(b'\n', &page[end..]).map_or(page.len(), |e| end + e + 1);
+        }
     }
-    None
+    page.len()
 }
 
 /// The metric name at the start of a sample line, or `None` for comments and blank lines.
