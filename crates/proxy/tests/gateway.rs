@@ -624,6 +624,44 @@ async fn pools_started_by_a_reload_export_their_metrics_and_removed_ones_stop() 
 }
 
 #[tokio::test]
+async fn every_metric_family_appears_once_with_several_models() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let two = yaml(&format!(
+        "{}{}",
+        model("m", "round-robin", &[up.addr]),
+        model("n", "round-robin", &[up.addr])
+    ));
+    let gw = start(&two).await;
+    let admin = gw.admin();
+    eventually("both models' pools in /metrics", || async move {
+        let m = get(admin, "/metrics").await.1;
+        m.contains("pool_endpoints{model=\"m\"} 1") && m.contains("pool_endpoints{model=\"n\"} 1")
+    })
+    .await;
+    let (_, m) = get(admin, "/metrics").await;
+    let mut seen = std::collections::HashSet::new();
+    for line in m.lines().filter(|l| l.starts_with("# TYPE ")) {
+        assert!(seen.insert(line), "family declared twice: {line}\n{m}");
+    }
+    // Each family's samples follow its own metadata: no sample of a family after another began.
+    let mut current = String::new();
+    let mut closed = std::collections::HashSet::new();
+    for line in m.lines().filter(|l| !l.is_empty() && *l != "# EOF") {
+        let name = match line.strip_prefix("# ") {
+            Some(meta) => meta.split(' ').nth(1).unwrap_or_default().to_owned(),
+            None => continue,
+        };
+        if name != current {
+            assert!(
+                closed.insert(current.clone()),
+                "family {current} split\n{m}"
+            );
+            current = name;
+        }
+    }
+}
+
+#[tokio::test]
 async fn admin_port_serves_health_and_readiness() {
     let up = Upstream::start(Behaviour::Ok).await;
     let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
