@@ -73,6 +73,19 @@ pub enum ApiError {
         /// How long until the pool is expected to have drained enough.
         retry_after: Duration,
     },
+    /// The model already has as many requests in flight as its configured limit allows.
+    #[error(
+        "the model `{model}` is at its limit of {limit} concurrent requests: retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    ConcurrencyLimit {
+        /// The model whose limit is reached.
+        model: String,
+        /// The configured limit (`limits.maxConcurrentRequests`).
+        limit: usize,
+        /// When to try again.
+        retry_after: Duration,
+    },
     /// No endpoint of the model's pool is ready.
     #[error("no ready endpoint serves the model `{model}`")]
     NoEndpoints {
@@ -123,7 +136,7 @@ impl ApiError {
             ApiError::UnknownModel { .. } | ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } => 413,
-            ApiError::Overloaded { .. } => 429,
+            ApiError::Overloaded { .. } | ApiError::ConcurrencyLimit { .. } => 429,
             ApiError::UpstreamUnavailable { .. } => 502,
             ApiError::NoEndpoints { .. } => 503,
             ApiError::UpstreamTimeout { .. } => 504,
@@ -141,6 +154,7 @@ impl ApiError {
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Overloaded { .. } => "shed",
+            ApiError::ConcurrencyLimit { .. } => "concurrency_limit",
             ApiError::NoEndpoints { .. } => "no_endpoints",
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ApiError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -176,7 +190,10 @@ impl ApiError {
     /// The `Retry-After` value in seconds, for errors that carry one.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            ApiError::Overloaded { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            ApiError::Overloaded { retry_after, .. }
+            | ApiError::ConcurrencyLimit { retry_after, .. } => {
+                Some(retry_after_secs(*retry_after))
+            }
             _ => None,
         }
     }
@@ -243,6 +260,14 @@ mod tests {
                 },
                 429,
             ),
+            (
+                ApiError::ConcurrencyLimit {
+                    model: "m".into(),
+                    limit: 8,
+                    retry_after: Duration::from_secs(1),
+                },
+                429,
+            ),
             (ApiError::NoEndpoints { model: "m".into() }, 503),
             (
                 ApiError::UpstreamUnavailable {
@@ -293,5 +318,21 @@ mod tests {
         };
         assert_eq!(e.retry_after_secs(), Some(4));
         assert_eq!(ApiError::MissingModel.retry_after_secs(), None);
+        let e = ApiError::ConcurrencyLimit {
+            model: "m".into(),
+            limit: 2,
+            retry_after: Duration::from_millis(300),
+        };
+        assert_eq!(e.retry_after_secs(), Some(1));
+        let v = json(&e);
+        assert_eq!(v["error"]["code"], "concurrency_limit");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("limit of 2 concurrent requests"),
+            "{v}"
+        );
     }
 }

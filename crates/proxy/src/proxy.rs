@@ -190,16 +190,12 @@ pub(crate) async fn handle(
         Some(c) => match c.try_acquire() {
             Some(p) => Some(p),
             None => {
-                let e = ApiError::Overloaded {
+                let e = ApiError::ConcurrencyLimit {
                     model: model.name.clone(),
+                    limit: c.max(),
                     retry_after: CONCURRENCY_RETRY_AFTER,
                 };
-                return Ok(reject(
-                    &shared.telemetry,
-                    &e,
-                    "concurrency_limit",
-                    request_id,
-                ));
+                return Ok(error_response(&shared.telemetry, &e, request_id));
             }
         },
     };
@@ -416,17 +412,7 @@ pub(crate) fn error_response(
     err: &ApiError,
     request_id: HeaderValue,
 ) -> Response<ResponseBody> {
-    reject(telemetry, err, err.metric_label(), request_id)
-}
-
-/// As [`error_response`], counted under `reason` (a finer cause than the error's own label).
-fn reject(
-    telemetry: &Telemetry,
-    err: &ApiError,
-    reason: &'static str,
-    request_id: HeaderValue,
-) -> Response<ResponseBody> {
-    telemetry.rejected(reason);
+    telemetry.rejected(err.metric_label());
     let mut r = Response::new(ResponseBody::Full(Full::new(Bytes::from(err.to_json()))));
     *r.status_mut() =
         StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -48,6 +48,11 @@ pub(crate) struct Concurrency {
 }
 
 impl Concurrency {
+    /// The configured limit.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
     /// Admits one more request, or `None` when `max` are already running.
     pub(crate) fn try_acquire(&self) -> Option<Permit> {
         let before = self.active.fetch_add(1, Ordering::AcqRel);
