@@ -528,12 +528,16 @@ async fn run_target<K: Debug + 'static>(
     let mut ticker = tokio::time::interval_at(added + phase, config.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut first = true;
+    // One staleness timer for the task's life, moved only when a good page moves the deadline:
+    // cheaper than a new timer for every wait.
+    let stale_timer = tokio::time::sleep_until(state.deadline());
+    tokio::pin!(stale_timer);
 
     loop {
         if !first {
             tokio::select! {
                 _ = ticker.tick() => {}
-                () = tokio::time::sleep_until(state.deadline()), if !state.stale => {
+                () = &mut stale_timer, if !state.stale => {
                     state.mark_stale();
                     continue;
                 }
@@ -546,13 +550,14 @@ async fn run_target<K: Debug + 'static>(
         let result = loop {
             tokio::select! {
                 r = &mut scrape => break r,
-                () = tokio::time::sleep_until(state.deadline()), if !state.stale => state.mark_stale(),
+                () = &mut stale_timer, if !state.stale => state.mark_stale(),
             }
         };
         match result {
             Ok((snapshot, new_counters)) => {
                 counters = new_counters;
                 state.good(snapshot);
+                stale_timer.as_mut().reset(state.deadline());
             }
             Err(e) => state.bad(e),
         }
