@@ -27,7 +27,7 @@ valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg.%
 n=$(grep -oP 'completed \K[0-9]+' "$dir/out.txt")
 # Inclusive instructions of the first function whose name contains $2, in annotated profile $1.
 inclusive() { { grep -F "$2" "$1" || true; } | head -1 | awk '{gsub(",", "", $1); print $1 + 0}'; }
-picker=0 subtracted=0
+picker=0 subtracted=0 profiles=()
 for f in "$dir"/cg.*; do
     callgrind_annotate --inclusive=yes "$f" >"$f.txt" 2>/dev/null || continue
     total=$({ grep -m1 "^summary" "$f" || echo "summary 0"; } | awk "{print \$2}")
@@ -35,8 +35,23 @@ for f in "$dir"/cg.*; do
     if grep -q 'ExternalProcessorServer' "$f.txt"; then
         picker=$((picker + total - ${s:-0}))
         subtracted=$((subtracted + ${s:-0}))
+        profiles+=("$f.txt")
     fi
 done
 echo "requests: $n at $rps req/s for $seconds s ($*)"
 echo "picker instructions per request: $((picker / n))"
 echo "scrape task instructions subtracted from those threads (whole run): $subtracted"
+echo "per request, inclusive (parts overlap: the stream task contains the exchange):"
+for part in \
+    'H2Stream<F,B,Ex> as core::future::future::Future>::poll [|HTTP/2 stream tasks (service, answers, encoding)' \
+    '<hyper::server::conn::http2::Connection<I,S,E> as core::future::future::Future>::poll [|HTTP/2 connection task (frames, HPACK, socket reads and writes)' \
+    'Exchange<P>::route_body [|routing at the end of the body (parse, pick, answer)' \
+    'ProstDecoder<U> as tonic::codec::Decoder>::decode [|protobuf decoding of Envoy messages'; do
+    pattern=${part%%|*}
+    sum=0
+    for t in "${profiles[@]}"; do
+        v=$(inclusive "$t" "$pattern")
+        sum=$((sum + ${v:-0}))
+    done
+    printf '  %8d  %s\n' $((sum / n)) "${part#*|}"
+done
