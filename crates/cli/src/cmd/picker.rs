@@ -1,4 +1,10 @@
 //! `infergate picker`: the Envoy ext_proc endpoint picker for one InferencePool.
+//!
+//! The picker runs on a runtime of its own, on a thread of its own: by default a current-thread
+//! runtime (`--threads 1`), which costs about 10% less CPU per request than a one-worker
+//! multi-thread runtime and about 30% less than the two workers the binary's default runtime has
+//! on a 2-core node (`docs/benchmarks.md`, ext_proc section); `--threads N` gives it a
+//! multi-thread runtime with N workers. Metric scrapes have a thread of their own either way.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -49,7 +55,15 @@ pub struct Args {
     /// Seed of the scheduler's tie-breaking random generator.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Threads serving ext_proc: 1 is a single-threaded runtime (the cheapest per request); more
+    /// give a multi-thread runtime with that many workers.
+    #[arg(long, env = "INFERGATE_PICKER_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: u16,
 }
+
+/// The name of the picker's runtime threads.
+const PICKER_THREAD: &str = "infergate-picker";
 
 async fn bind(port: u16) -> anyhow::Result<TcpListener> {
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
@@ -81,8 +95,32 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Runs `infergate picker`.
+/// Runs `infergate picker` on its own runtime (see the module documentation) until it stops.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let runtime = match args.threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n));
+            b
+        }
+    }
+    .enable_all()
+    .thread_name(PICKER_THREAD)
+    .build()
+    .context("cannot start the picker's runtime")?;
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(PICKER_THREAD.to_owned())
+        .spawn(move || {
+            let _ = done.send(runtime.block_on(serve(args)));
+        })
+        .context("cannot start the picker's thread")?;
+    finished.await.context("the picker's thread stopped")?
+}
+
+/// Everything the picker does, on the runtime `run` gives it.
+async fn serve(args: Args) -> anyhow::Result<()> {
     let scheduler = match &args.config {
         Some(path) => load_scheduler_config(path)?,
         None => SchedulerConfig::default(),
