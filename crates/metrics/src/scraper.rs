@@ -36,6 +36,10 @@ use crate::telemetry::ScrapeMetrics;
 
 mod conn;
 
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub use conn::fuzzing;
+
 /// Scraper settings. Defaults: 50 ms interval, stale after 250 ms, 250 ms timeout, 4 MiB cap,
 /// 128 scrapes in flight, on a thread of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]

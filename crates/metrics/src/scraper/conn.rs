@@ -549,3 +549,30 @@ fn chunk_size(line: &[u8]) -> Result<usize, HttpError> {
 
 #[cfg(test)]
 mod tests;
+
+/// Entry points for the fuzz targets in `fuzz/`: the response-head parser and the in-place chunked
+/// decoder, fed from memory instead of a socket. Built only with `--cfg fuzzing`.
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    use super::{Dechunk, HttpError, ScrapeError, parse_head};
+
+    /// What [`parse_head`] made of `buf`: `None` while incomplete, else the head's length,
+    /// status code and whether the connection stays open.
+    pub fn head(buf: &[u8]) -> Result<Option<(usize, u16, bool)>, HttpError> {
+        Ok(parse_head(buf)?.map(|h| (h.len, h.status.as_u16(), h.keep_alive)))
+    }
+
+    /// Decodes a chunked body arriving as `reads`, as the scraper does with socket reads: the
+    /// page once complete, `None` if the reads end first.
+    pub fn dechunk(reads: &[&[u8]], cap: usize) -> Result<Option<Vec<u8>>, ScrapeError> {
+        let mut buf = Vec::new();
+        let mut d = Dechunk::new(0, cap);
+        for read in reads {
+            buf.extend_from_slice(read);
+            if d.advance(&mut buf)? {
+                return Ok(Some(buf[d.page()].to_vec()));
+            }
+        }
+        Ok(None)
+    }
+}
