@@ -11,7 +11,8 @@
 //!
 //! ```text
 //! cargo run --release -p infergate-extproc --example load -- [--rps 2000] [--seconds 60] [--pods 4]
-//!     [--picker-threads 1]   (0: a current-thread runtime on a thread of its own)
+//!     [--picker-threads 0]   (0: a current-thread runtime on a thread of its own, as
+//!                             `infergate picker` runs by default; N: N workers)
 //! ```
 #![allow(
     clippy::unwrap_used,
@@ -126,10 +127,10 @@ fn main() {
         .spawn(move || sim_rt.block_on(std::future::pending::<()>()))
         .unwrap();
 
-    // The picker: by default one worker thread (Envoy's ext_proc server would have a core of its
-    // own); `--picker-threads N` gives it N workers, and `--picker-threads 0` a current-thread
-    // runtime driven by a thread of its own.
-    let picker_threads = arg("--picker-threads", 1) as usize;
+    // The picker: by default as `infergate picker` runs it, a current-thread runtime driven by a
+    // thread of its own (`--picker-threads 0`); `--picker-threads N` gives it a multi-thread
+    // runtime with N workers instead.
+    let picker_threads = arg("--picker-threads", 0) as usize;
     let picker_rt = if picker_threads == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
