@@ -13,6 +13,10 @@
 //! cargo run --release -p infergate-extproc --example load -- [--rps 2000] [--seconds 60] [--pods 4]
 //!     [--picker-threads 0]   (0: a current-thread runtime on a thread of its own, as
 //!                             `infergate picker` runs by default; N: N workers)
+//!     [--pin]                (the picker's threads on the last CPU, everything else — the
+//!                             Envoy stand-in, the emulated pods — on the others, with `taskset`:
+//!                             the picker with a core of its own, as in a deployment where Envoy
+//!                             and the model servers run elsewhere)
 //! ```
 #![allow(
     clippy::unwrap_used,
@@ -84,6 +88,32 @@ fn percentile(sorted: &[u32], p: f64) -> u32 {
     sorted[i]
 }
 
+/// Puts the picker's threads on the last CPU and every other thread of this process on the rest.
+fn pin_threads() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(cpus >= 2, "--pin needs at least two CPUs");
+    let last = (cpus - 1).to_string();
+    let rest = if cpus == 2 {
+        "0".to_owned()
+    } else {
+        format!("0-{}", cpus - 2)
+    };
+    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = entry.unwrap().path();
+        let tid = path.file_name().unwrap().to_string_lossy().into_owned();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        let picker = comm.starts_with(PICKER_THREAD) || comm.starts_with(SCRAPER_THREAD);
+        let list = if picker { &last } else { &rest };
+        let status = std::process::Command::new("taskset")
+            .args(["-p", "-c", list, &tid])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("taskset (util-linux) is needed for --pin");
+        assert!(status.success(), "taskset failed for thread {tid}");
+    }
+    println!("pinned: picker threads on CPU {last}, the rest on CPU {rest}");
+}
+
 fn main() {
     // The same subscriber as the `infergate` binary (`RUST_LOG`, default `info`): what tracing
     // costs per request is part of what is measured.
@@ -131,6 +161,7 @@ fn main() {
     // thread of its own (`--picker-threads 0`); `--picker-threads N` gives it a multi-thread
     // runtime with N workers instead.
     let picker_threads = arg("--picker-threads", 0) as usize;
+    let pin = std::env::args().any(|a| a == "--pin");
     let picker_rt = if picker_threads == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -214,6 +245,9 @@ fn main() {
                 cpu_ticks(None),
             )
         };
+        if pin {
+            pin_threads();
+        }
         let cpu0 = cpu();
         let start = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(1));
