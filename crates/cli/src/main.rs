@@ -49,9 +49,10 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match cli.command {
-        // The gateway serves on its own per-core worker threads; this runtime only carries its
-        // control plane (scrapes, admin port, reloads).
-        Command::Gateway(_) => tokio::runtime::Builder::new_current_thread(),
+        // The gateway serves on its own per-core worker threads (this runtime carries its control
+        // plane: scrapes, admin port, reloads); the picker runs on a runtime of its own
+        // (`--threads`) and this one only waits for it.
+        Command::Gateway(_) | Command::Picker(_) => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
     }
     .enable_all()

@@ -1,7 +1,8 @@
 //! The ext_proc server's own Prometheus metrics.
 //!
-//! Label values are few and bounded: the pool is fixed per process, models and pods are the
-//! pool's own, outcomes and reasons are fixed strings.
+//! Label values are few and bounded: the pool is fixed per process, pods are the pool's own,
+//! outcomes and reasons are fixed strings, and models — named by clients — are capped at
+//! [`MAX_MODEL_LABELS`] per pool, later names counting as [`OTHER_MODEL`].
 //!
 //! Counting a finished request is on the per-request path, so the picker does not go through
 //! [`Family::get_or_create`] for it (which builds an owned label set, hashes it and takes the
@@ -201,6 +202,12 @@ fn token_kinds(usage: &infergate_openai::Usage) -> [(&'static str, u64); 3] {
     ]
 }
 
+/// Distinct `model` label values a pool counts before new names go to [`OTHER_MODEL`].
+pub const MAX_MODEL_LABELS: usize = 256;
+
+/// The `model` label value of requests naming a model beyond the first [`MAX_MODEL_LABELS`].
+pub const OTHER_MODEL: &str = "(other)";
+
 /// One pool's request and token counters, with the handles of every label set already used
 /// kept per model and endpoint. Made by [`Telemetry::for_pool`].
 #[derive(Debug)]
@@ -235,7 +242,7 @@ impl PoolTelemetry {
         outcome: Outcome,
         usage: Option<&infergate_openai::Usage>,
     ) {
-        self.with_model(model, |counters| {
+        self.with_model(model, |model, counters| {
             if let Some(usage) = usage {
                 for (i, (kind, n)) in token_kinds(usage).into_iter().enumerate() {
                     if n > 0 {
@@ -282,17 +289,25 @@ impl PoolTelemetry {
         });
     }
 
-    /// Runs `f` on `model`'s cached handles, creating the entry on first use.
-    fn with_model<R>(&self, model: &str, f: impl FnOnce(&ModelCounters) -> R) -> R {
+    /// Runs `f` on the label value and cached handles for `model`, creating the entry on first
+    /// use. The name comes from the client's request body, so once [`MAX_MODEL_LABELS`] models
+    /// have been counted, new names are counted as [`OTHER_MODEL`]: a client cannot make the
+    /// picker grow a series per made-up name.
+    fn with_model<R>(&self, model: &str, f: impl FnOnce(&str, &ModelCounters) -> R) -> R {
         // Poisoning cannot leave a half-made entry worth refusing: entries are inserted whole and
         // counters are atomics.
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(counters) = models.get(model) {
-            return f(counters);
+            return f(model, counters);
         }
         drop(models);
         let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
-        f(models.entry(Box::from(model)).or_default())
+        let label = if models.len() < MAX_MODEL_LABELS || models.contains_key(model) {
+            model
+        } else {
+            OTHER_MODEL
+        };
+        f(label, models.entry(Box::from(label)).or_default())
     }
 }
 

@@ -161,3 +161,25 @@ fn concurrent_counting_loses_nothing() {
         "two models times eight pods, one outcome"
     );
 }
+
+#[test]
+fn client_chosen_model_names_cannot_grow_the_series_without_bound() {
+    let mut registry = Registry::default();
+    let pool = Telemetry::register(&mut registry).for_pool("p");
+    let pod = Some(addr("10.0.0.1:8000"));
+    for i in 0..MAX_MODEL_LABELS + 100 {
+        pool.finished(&format!("made-up-{i}"), pod, Outcome::Success, None);
+    }
+    // A model counted before the cap keeps its own series after it.
+    pool.finished("made-up-0", pod, Outcome::Success, None);
+    let lines = samples(&registry);
+    let requests: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("extproc_requests_total"))
+        .collect();
+    assert_eq!(requests.len(), MAX_MODEL_LABELS + 1, "{requests:#?}");
+    assert!(lines.iter().any(|l| l
+        == r#"extproc_requests_total{pool="p",model="(other)",pod="10.0.0.1:8000",outcome="success"} 100"#));
+    assert!(lines.iter().any(|l| l
+        == r#"extproc_requests_total{pool="p",model="made-up-0",pod="10.0.0.1:8000",outcome="success"} 2"#));
+}
