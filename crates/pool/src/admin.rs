@@ -29,23 +29,22 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-fn respond<R: Fn() -> bool>(
-    req: &Request<Incoming>,
-    registry: &Registry,
-    ready: &R,
-) -> Response<Full<Bytes>> {
+fn respond<M, R>(req: &Request<Incoming>, metrics: &M, ready: &R) -> Response<Full<Bytes>>
+where
+    M: Fn() -> Result<String, std::fmt::Error>,
+    R: Fn() -> bool,
+{
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
     }
     match req.uri().path() {
         "/metrics" => {
-            let mut out = String::new();
-            if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+            let Ok(out) = metrics() else {
                 return text(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "metrics encoding failed\n",
                 );
-            }
+            };
             let mut r = Response::new(Full::new(Bytes::from(out)));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -68,7 +67,8 @@ fn respond<R: Fn() -> bool>(
     }
 }
 
-/// Serves the admin endpoints on `listener` until `shutdown` completes.
+/// Serves the admin endpoints on `listener` until `shutdown` completes, with `/metrics` encoding
+/// `registry`.
 ///
 /// `ready` answers `/readyz` (for a pool: [`LivePool::is_ready`](crate::LivePool::is_ready)).
 pub async fn serve<R>(
@@ -80,7 +80,27 @@ pub async fn serve<R>(
 where
     R: Fn() -> bool + Send + Sync + 'static,
 {
-    let ready = Arc::new(ready);
+    let metrics = move || {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    };
+    serve_with(listener, metrics, ready, shutdown).await
+}
+
+/// As [`serve`], with `/metrics` answered by `metrics` at each scrape: for a server whose set of
+/// registries changes while it runs (the gateway's pools come and go with its configuration).
+pub async fn serve_with<M, R>(
+    listener: TcpListener,
+    metrics: M,
+    ready: R,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
+    R: Fn() -> bool + Send + Sync + 'static,
+{
+    let handlers = Arc::new((metrics, ready));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -95,11 +115,10 @@ where
             },
             () = &mut shutdown => return Ok(()),
         };
-        let registry = Arc::clone(&registry);
-        let ready = Arc::clone(&ready);
+        let handlers = Arc::clone(&handlers);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let r = respond(&req, &registry, &*ready);
+                let r = respond(&req, &handlers.0, &handlers.1);
                 async move { Ok::<_, Infallible>(r) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

@@ -104,24 +104,23 @@ pub(crate) fn lora_affinity(l: &LoraState, adapter: &str) -> f64 {
 /// waiting list names one that is not running. The engine admits it only once one of the running
 /// adapters has no request left.
 pub(crate) fn lora_blocked(l: &LoraState) -> bool {
-    let running = l
-        .running
+    (distinct_running(l) as u64) >= u64::from(l.max_lora)
+        && l.waiting.iter().any(|w| !l.running.contains(w))
+}
+
+/// Distinct adapters in the running list (engines may repeat a name: one entry per series or per
+/// request).
+fn distinct_running(l: &LoraState) -> usize {
+    l.running
         .iter()
         .enumerate()
         .filter(|(i, r)| !l.running[..*i].contains(r))
-        .count();
-    (running as u64) >= u64::from(l.max_lora) && l.waiting.iter().any(|w| !l.running.contains(w))
+        .count()
 }
 
 /// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).
 pub(crate) fn lora_has_free_slot(l: &LoraState) -> bool {
-    // Engines may repeat a name (one entry per series or per request): count each adapter once.
-    let running = l
-        .running
-        .iter()
-        .enumerate()
-        .filter(|(i, r)| !l.running[..*i].contains(r))
-        .count();
+    let running = distinct_running(l);
     let waiting_only = l
         .waiting
         .iter()
