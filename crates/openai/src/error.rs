@@ -92,6 +92,18 @@ pub enum ApiError {
         /// The requested model.
         model: String,
     },
+    /// The model's pool has endpoints but none has fresh metrics: every pod is stale or
+    /// unreachable. Answered instead of routing to pods that are most likely down.
+    #[error(
+        "no endpoint serving the model `{model}` has answered its metrics scrape recently (every pod is stale or unreachable): retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    NoFreshEndpoints {
+        /// The requested model.
+        model: String,
+        /// When to try again (a pod is readmitted on its first good scrape).
+        retry_after: Duration,
+    },
     /// Every upstream endpoint tried failed before sending a response.
     #[error("the model server could not be reached: {reason}")]
     UpstreamUnavailable {
@@ -138,7 +150,7 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::Overloaded { .. } | ApiError::ConcurrencyLimit { .. } => 429,
             ApiError::UpstreamUnavailable { .. } => 502,
-            ApiError::NoEndpoints { .. } => 503,
+            ApiError::NoEndpoints { .. } | ApiError::NoFreshEndpoints { .. } => 503,
             ApiError::UpstreamTimeout { .. } => 504,
         }
     }
@@ -156,6 +168,7 @@ impl ApiError {
             ApiError::Overloaded { .. } => "shed",
             ApiError::ConcurrencyLimit { .. } => "concurrency_limit",
             ApiError::NoEndpoints { .. } => "no_endpoints",
+            ApiError::NoFreshEndpoints { .. } => "no_fresh_endpoints",
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ApiError::UpstreamTimeout { .. } => "upstream_timeout",
         }
@@ -191,7 +204,8 @@ impl ApiError {
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             ApiError::Overloaded { retry_after, .. }
-            | ApiError::ConcurrencyLimit { retry_after, .. } => {
+            | ApiError::ConcurrencyLimit { retry_after, .. }
+            | ApiError::NoFreshEndpoints { retry_after, .. } => {
                 Some(retry_after_secs(*retry_after))
             }
             _ => None,
@@ -270,6 +284,13 @@ mod tests {
             ),
             (ApiError::NoEndpoints { model: "m".into() }, 503),
             (
+                ApiError::NoFreshEndpoints {
+                    model: "m".into(),
+                    retry_after: Duration::from_secs(1),
+                },
+                503,
+            ),
+            (
                 ApiError::UpstreamUnavailable {
                     reason: "refused".into(),
                 },
@@ -318,6 +339,13 @@ mod tests {
         };
         assert_eq!(e.retry_after_secs(), Some(4));
         assert_eq!(ApiError::MissingModel.retry_after_secs(), None);
+        let e = ApiError::NoFreshEndpoints {
+            model: "m".into(),
+            retry_after: Duration::from_secs(1),
+        };
+        assert_eq!(e.retry_after_secs(), Some(1));
+        assert_eq!(json(&e)["error"]["code"], "no_fresh_endpoints");
+        assert_eq!(json(&e)["error"]["type"], "server_error");
         let e = ApiError::ConcurrencyLimit {
             model: "m".into(),
             limit: 2,

@@ -235,6 +235,10 @@ pub(crate) async fn handle(
                 Rejection::NoEndpoints => ApiError::NoEndpoints {
                     model: model.name.clone(),
                 },
+                Rejection::Unavailable { retry_after } => ApiError::NoFreshEndpoints {
+                    model: model.name.clone(),
+                    retry_after,
+                },
                 Rejection::Shed { retry_after } => ApiError::Overloaded {
                     model: model.name.clone(),
                     retry_after,

@@ -148,8 +148,11 @@ impl Weights {
 pub enum AllFilteredAction {
     /// Reject with [`Rejection::NoEndpoints`](crate::Rejection::NoEndpoints) (HTTP 503).
     Reject,
-    /// Ignore the freshness and LoRA filters and score every endpoint in the pool (still within
-    /// the subset hint, which is never relaxed).
+    /// Relax the LoRA filter and score every endpoint with fresh metrics (still within the subset
+    /// hint, which is never relaxed). Freshness is never relaxed either: when no candidate has
+    /// fresh metrics the pick is [`Rejection::Unavailable`](crate::Rejection::Unavailable) (503
+    /// with `Retry-After`) whatever this setting, because a pod whose scrapes fail is most likely
+    /// down and routing to it turns an outage into upstream errors.
     AllReady,
 }
 

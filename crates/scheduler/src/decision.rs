@@ -112,6 +112,15 @@ pub enum Rejection {
     /// No endpoint is eligible (empty pool, every pod filtered out, or an empty subset hint).
     #[error("no ready endpoint can serve this request")]
     NoEndpoints,
+    /// The pool has endpoints (within the subset hint) but none has fresh metrics: every pod is
+    /// stale or unreachable. Unlike [`Rejection::NoEndpoints`] this is expected to pass (a pod is
+    /// readmitted on its first good scrape), so the client is told when to retry.
+    #[error("no endpoint has fresh metrics (every pod is stale or unreachable); retry after {} s", retry_after.as_secs())]
+    Unavailable {
+        /// When to retry: the scheduler's `retryAfterMinMs` (a recovered pod is readmitted on its
+        /// next good scrape, so there is no drain to wait for).
+        retry_after: Duration,
+    },
     /// The pool is saturated and this request's priority is shed; retry after the estimated drain time.
     #[error("the pool is saturated; retry after {} s", retry_after.as_secs())]
     Shed {
@@ -121,10 +130,10 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    /// The HTTP status a client should see: 503 for no endpoint, 429 for shed.
+    /// The HTTP status a client should see: 503 for no endpoint or none fresh, 429 for shed.
     pub const fn http_status(&self) -> u16 {
         match self {
-            Rejection::NoEndpoints => 503,
+            Rejection::NoEndpoints | Rejection::Unavailable { .. } => 503,
             Rejection::Shed { .. } => 429,
         }
     }
@@ -133,6 +142,7 @@ impl Rejection {
     pub const fn metric_label(&self) -> &'static str {
         match self {
             Rejection::NoEndpoints => "no_endpoints",
+            Rejection::Unavailable { .. } => "no_fresh_endpoints",
             Rejection::Shed { .. } => "shed",
         }
     }
@@ -141,7 +151,9 @@ impl Rejection {
     pub const fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::NoEndpoints => None,
-            Rejection::Shed { retry_after } => Some(*retry_after),
+            Rejection::Shed { retry_after } | Rejection::Unavailable { retry_after } => {
+                Some(*retry_after)
+            }
         }
     }
 }

@@ -493,8 +493,13 @@ impl Scheduler {
             now,
             adapter_hash: req.lora_adapter.map_or(0, adapter_hash),
         };
-        self.build_views(&cx, true, ex.as_deref_mut());
-        if self.scratch.views.is_empty() && self.cfg.on_all_filtered == AllFilteredAction::AllReady
+        let fresh = self.build_views(&cx, true, ex.as_deref_mut());
+        // Freshness is never relaxed: a pod whose scrapes fail is most likely down, and routing
+        // on its last numbers turns an outage into upstream errors. The fallback relaxes LoRA only.
+        let none_fresh = fresh == 0 && self.freshness.is_some();
+        if self.scratch.views.is_empty()
+            && !none_fresh
+            && self.cfg.on_all_filtered == AllFilteredAction::AllReady
         {
             self.build_views(&cx, false, None);
             if let Some(ex) = ex.as_deref_mut() {
@@ -508,7 +513,13 @@ impl Scheduler {
             }
         }
         if self.scratch.views.is_empty() {
-            return Err(Rejection::NoEndpoints);
+            return Err(if none_fresh {
+                Rejection::Unavailable {
+                    retry_after: self.cfg.retry_after_min,
+                }
+            } else {
+                Rejection::NoEndpoints
+            });
         }
         self.pool.observe_prompt(req.prompt_tokens);
         let ranked = match self.cfg.policy {
@@ -572,23 +583,25 @@ impl Scheduler {
         }
     }
 
-    /// Runs the filters (when `filter`) and builds one [`View`] per surviving candidate, from the
-    /// scraped metrics, in-flight accounting, the prefix match and the learned rates. One pass over
-    /// the candidates, reading only each endpoint's hot fields.
+    /// Runs the filters — freshness always, LoRA when `lora` — and builds one [`View`] per
+    /// surviving candidate, from the scraped metrics, in-flight accounting, the prefix match and
+    /// the learned rates. One pass over the candidates, reading only each endpoint's hot fields.
+    /// Returns how many candidates passed the freshness filter.
     fn build_views(
         &mut self,
         cx: &FilterContext<'_, '_>,
-        filter: bool,
+        lora: bool,
         mut ex: Option<&mut Explanation>,
-    ) {
+    ) -> usize {
         let req = cx.request;
         let scored = self.cfg.policy == Policy::Scored;
         // Static dispatch: the filters are inlined into this loop.
-        let freshness = self.freshness.as_ref().filter(|_| filter);
+        let freshness = self.freshness.as_ref();
         let lora_filter = self
             .lora
             .as_ref()
-            .filter(|_| filter && scored && req.lora_adapter.is_some());
+            .filter(|_| lora && scored && req.lora_adapter.is_some());
+        let mut fresh = 0usize;
         let sc = &mut self.scratch;
         let nblocks = sc.hashes.len();
         let adj = self.cfg.inflight_accounting;
@@ -610,10 +623,13 @@ impl Scheduler {
             };
             let removed_by = if freshness.is_some_and(|f| !f.keep(cx, ep)) {
                 freshness.map(Filter::name)
-            } else if lora_filter.is_some_and(|f| !f.keep(cx, ep)) {
-                lora_filter.map(Filter::name)
             } else {
-                None
+                fresh += 1;
+                if lora_filter.is_some_and(|f| !f.keep(cx, ep)) {
+                    lora_filter.map(Filter::name)
+                } else {
+                    None
+                }
             };
             if let Some(name) = removed_by {
                 if let Some(ex) = ex.as_deref_mut() {
@@ -695,6 +711,7 @@ impl Scheduler {
                 }
             }
         }
+        fresh
     }
 
     /// Estimated seconds until a saturated endpoint is back under the saturation thresholds.

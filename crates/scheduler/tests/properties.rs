@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use infergate_scheduler::{
     AllFilteredAction, EndpointMeta, EngineType, LoraState, MetricsSnapshot, Preset, Priority,
-    RequestContext, Scheduler, SchedulerConfig, Timestamp, Usage, Weights,
+    Rejection, RequestContext, Scheduler, SchedulerConfig, Timestamp, Usage, Weights,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -162,6 +162,31 @@ proptest! {
                 let shed = r.retry_after().is_some();
                 prop_assert!(eligible.is_empty() || (shed && prio != Priority::Critical));
             }
+        }
+    }
+
+    /// With the default `onAllFiltered: all-ready`, a stale pod is never returned (the fallback
+    /// relaxes LoRA only), and when every candidate is stale the answer is 503 with Retry-After.
+    #[test]
+    fn all_ready_never_returns_a_stale_pod(
+        pods in prop::collection::vec(pod(), 1..12),
+        lora in prop::option::of(0u8..4),
+        prio in prop::sample::select(vec![Priority::Critical, Priority::Standard, Priority::Sheddable]),
+        seed in any::<u64>(),
+    ) {
+        let mut s = build(SchedulerConfig::default(), &pods);
+        let name = lora.map(adapter);
+        let req = RequestContext::new("m", 200).with_lora(name.as_deref()).with_priority(prio);
+        match s.pick(&req, NOW, &mut SmallRng::seed_from_u64(seed)) {
+            Ok(d) => {
+                for a in d.endpoints.as_slice() {
+                    prop_assert!(!pods[usize::from(a.port() - 9000)].stale, "{} is stale", a);
+                }
+            }
+            Err(r) if pods.iter().all(|p| p.stale) => {
+                prop_assert_eq!(r, Rejection::Unavailable { retry_after: Duration::from_secs(1) });
+            }
+            Err(r) => prop_assert!(matches!(r, Rejection::Shed { .. }), "{:?}", r),
         }
     }
 

@@ -484,6 +484,10 @@ fn rejection_error(rejection: Rejection, model: &str) -> ApiError {
         Rejection::NoEndpoints => ApiError::NoEndpoints {
             model: model.to_owned(),
         },
+        Rejection::Unavailable { retry_after } => ApiError::NoFreshEndpoints {
+            model: model.to_owned(),
+            retry_after,
+        },
     }
 }
 

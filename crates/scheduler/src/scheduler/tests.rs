@@ -292,22 +292,87 @@ fn stale_pod_is_excluded_and_readmitted() {
         .pick(&RequestContext::new("m", 10), later, &mut rng(1))
         .unwrap();
     assert_eq!(d.endpoints.len(), 2);
-    // Everything stale: the configured decision (reject) applies.
+    // Everything stale: 503 with Retry-After (changed deliberately from a plain NoEndpoints:
+    // a stale pool is expected to come back, so the client is told when to retry).
     let much_later = later.saturating_add(Duration::from_secs(10));
+    let err = s
+        .pick(&RequestContext::new("m", 10), much_later, &mut rng(1))
+        .unwrap_err();
     assert_eq!(
-        s.pick(&RequestContext::new("m", 10), much_later, &mut rng(1)),
-        Err(Rejection::NoEndpoints)
+        err,
+        Rejection::Unavailable {
+            retry_after: Duration::from_secs(1)
+        }
     );
+    assert_eq!(err.http_status(), 503);
+    assert_eq!(err.metric_label(), "no_fresh_endpoints");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
 }
 
 #[test]
-fn all_filtered_falls_back_to_all_ready_when_configured() {
+fn all_ready_never_falls_back_to_stale_pods() {
+    // The default (`onAllFiltered: all-ready`): every pod stale is 503 + Retry-After, not a pick
+    // on dead pods' last numbers.
     let mut s = pool(SchedulerConfig::default(), 3);
     let later = T0.saturating_add(Duration::from_secs(60));
     let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), later, &mut rng(1));
-    assert_eq!(d.unwrap().endpoints.len(), 3);
-    assert!(ex.fell_back_to_all_ready);
+    assert!(matches!(d, Err(Rejection::Unavailable { .. })), "{d:?}");
+    assert!(!ex.fell_back_to_all_ready);
     assert_eq!(ex.filtered.len(), 3);
+    assert_eq!(ex.rejection, Some("no_fresh_endpoints"));
+    assert_eq!(ex.retry_after_secs, Some(1));
+    // One pod back: it alone is routed to.
+    s.apply_metrics(addr(2), snap(later, 0, 0.1)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 10), later, &mut rng(1))
+        .unwrap();
+    assert_eq!(d.endpoints.as_slice(), &[addr(2)]);
+}
+
+#[test]
+fn all_filtered_by_lora_falls_back_to_the_fresh_pods_when_configured() {
+    // Every pod's adapter slots are taken by other adapters: the LoRA filter removes them all.
+    let full = |t: Timestamp| MetricsSnapshot {
+        lora: Some(LoraState {
+            max_lora: 1,
+            running: vec!["other".into()],
+            waiting: vec![],
+        }),
+        ..snap(t, 0, 0.1)
+    };
+    let mut s = pool(SchedulerConfig::default(), 3);
+    for i in 0..3 {
+        s.apply_metrics(addr(i), full(T0)).unwrap();
+    }
+    // pod 2 is stale: the fallback relaxes LoRA, not freshness.
+    let later = T0.saturating_add(Duration::from_secs(1));
+    s.apply_metrics(addr(0), full(later)).unwrap();
+    s.apply_metrics(addr(1), full(later)).unwrap();
+    let stale_later = later.saturating_add(Duration::from_millis(1_500));
+    let req = RequestContext::new("m", 10).with_lora(Some("mine"));
+    let (d, ex) = s.pick_explained(&req, stale_later, &mut rng(1));
+    let mut got = d.unwrap().endpoints.as_slice().to_vec();
+    got.sort();
+    assert_eq!(got, [addr(0), addr(1)]);
+    assert!(ex.fell_back_to_all_ready);
+    assert!(ex.filtered.contains(&FilteredOut {
+        addr: addr(2),
+        filter: "freshness"
+    }));
+    assert!(ex.filtered.contains(&FilteredOut {
+        addr: addr(0),
+        filter: "lora"
+    }));
+    // `reject` answers 503 without Retry-After: no pod can take the adapter, waiting will not help.
+    let mut s = pool(
+        SchedulerConfig {
+            on_all_filtered: AllFilteredAction::Reject,
+            ..SchedulerConfig::default()
+        },
+        1,
+    );
+    s.apply_metrics(addr(0), full(T0)).unwrap();
+    assert_eq!(s.pick(&req, T0, &mut rng(1)), Err(Rejection::NoEndpoints));
 }
 
 #[test]
