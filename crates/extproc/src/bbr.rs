@@ -7,6 +7,13 @@
 //! - an unknown model is answered 404 with a message telling the client to set `model`.
 //!
 //! The body itself is re-sent unchanged (with a corrected `content-length`).
+//!
+//! The two routing headers belong to the router, never to the client: a value the client sent
+//! (in any letter case) is overwritten on a routed request and removed on every other one —
+//! a path that is not one of the OpenAI APIs, a request without a body, a body mode that does
+//! not show the body — so that no client can pick a pool by setting a header. Requests that
+//! carry neither header and are not routed pass through untouched (no mutation, no
+//! `clear_route_cache`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,7 +22,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, ProcessingRequest, ProcessingResponse,
+    CommonResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use infergate_openai::{ApiError, ApiKind, ModelRouter, parse_request};
 use tokio_stream::Stream;
@@ -112,13 +119,52 @@ impl BodyRouter {
     }
 }
 
+/// The headers the router owns: whatever the client sent under these names must not reach
+/// route matching.
+const ROUTING_HEADERS: [&str; 2] = [wire::MODEL_HEADER, wire::BASE_MODEL_HEADER];
+
+/// Which of [`ROUTING_HEADERS`] the client sent (matched in any letter case; Envoy's header
+/// maps are lowercase anyway).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+struct ClientRoutingHeaders([bool; 2]);
+
+impl ClientRoutingHeaders {
+    fn of(headers: &HttpHeaders) -> Self {
+        ClientRoutingHeaders(ROUTING_HEADERS.map(|name| wire::find_header(headers, name).is_some()))
+    }
+
+    fn any(self) -> bool {
+        self.0.contains(&true)
+    }
+
+    /// The names to list in `remove_headers` (lowercase, as Envoy stores them).
+    fn removals(self) -> Vec<String> {
+        ROUTING_HEADERS
+            .iter()
+            .zip(self.0)
+            .filter(|(_, sent)| *sent)
+            .map(|(name, _)| (*name).to_owned())
+            .collect()
+    }
+
+    /// The answer to request headers for a request the router does not route: `None` (no
+    /// change) unless the client sent a routing header, which is then removed, with
+    /// `clear_route_cache` so that a route already matched on it is matched again.
+    fn scrub(self) -> Option<CommonResponse> {
+        self.any()
+            .then(|| wire::common_with_removals(Vec::new(), self.removals(), true))
+    }
+}
+
 /// One request's conversation with the body-based router.
 struct Exchange {
     shared: Arc<Shared>,
     request_mode: BodyMode,
     response_mode: BodyMode,
-    kind: Option<ApiKind>,
-    buffering: bool,
+    /// The routing headers the client sent, removed or overwritten in every header answer.
+    client_headers: ClientRoutingHeaders,
+    /// `Some(api)` while the body of an API request is being collected to route on.
+    buffering: Option<ApiKind>,
     body: Vec<u8>,
 }
 
@@ -131,19 +177,31 @@ impl Conversation for Exchange {
         match msg.request {
             Some(Msg::RequestHeaders(h)) => {
                 let path = wire::find_header(&h, ":path").unwrap_or_default();
-                self.kind = std::str::from_utf8(path).ok().and_then(ApiKind::from_path);
-                if h.end_of_stream || self.request_mode != BodyMode::FullDuplex {
-                    out.push(wire::request_headers(None));
+                let kind = std::str::from_utf8(path).ok().and_then(ApiKind::from_path);
+                self.client_headers = ClientRoutingHeaders::of(&h);
+                if self.client_headers.any() {
+                    tracing::debug!(
+                        path = %String::from_utf8_lossy(path),
+                        "client-sent routing headers: removed or overwritten"
+                    );
                 }
-                self.buffering = !h.end_of_stream && self.request_mode != BodyMode::HeadersOnly;
+                // Only an API request whose body Envoy shows us is routed; anything else passes
+                // unchanged but for the client's routing headers.
+                self.buffering =
+                    kind.filter(|_| !h.end_of_stream && self.request_mode != BodyMode::HeadersOnly);
+                // Full duplex holds the headers answer until the route is known; otherwise the
+                // headers are answered now (buffered mode routes in the body answer, and a
+                // spoofed header is removed already here).
+                if self.buffering.is_none() || self.request_mode != BodyMode::FullDuplex {
+                    out.push(wire::request_headers(self.client_headers.scrub()));
+                }
                 Flow::Continue
             }
             Some(Msg::RequestBody(b)) => self.on_body(b, out),
             Some(Msg::RequestTrailers(_)) => {
-                let flow = if self.buffering {
-                    self.route(false, out)
-                } else {
-                    Flow::Continue
+                let flow = match self.buffering {
+                    Some(kind) => self.route(kind, false, out),
+                    None => Flow::Continue,
                 };
                 if flow == Flow::Continue {
                     out.push(wire::trailers_continue(true));
@@ -174,7 +232,7 @@ impl Conversation for Exchange {
 
 impl Exchange {
     fn on_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
-        if !self.buffering {
+        let Some(kind) = self.buffering else {
             match self.request_mode {
                 BodyMode::FullDuplex => {
                     out.push(wire::streamed_chunk(true, b.body, b.end_of_stream))
@@ -182,7 +240,7 @@ impl Exchange {
                 _ => out.push(wire::buffered_body(true, Default::default(), None)),
             }
             return Flow::Continue;
-        }
+        };
         let cap = self.shared.config.max_body_bytes;
         if self.body.len().saturating_add(b.body.len()) > cap {
             return self.reject(&ApiError::BodyTooLarge { limit: cap }, out);
@@ -193,36 +251,37 @@ impl Exchange {
             self.body.extend_from_slice(&b.body);
         }
         if b.end_of_stream || self.request_mode != BodyMode::FullDuplex {
-            self.route(true, out)
+            self.route(kind, true, out)
         } else {
             Flow::Continue
         }
     }
 
-    fn route(&mut self, end_of_stream: bool, out: &mut Vec<ProcessingResponse>) -> Flow {
-        self.buffering = false;
+    fn route(
+        &mut self,
+        kind: ApiKind,
+        end_of_stream: bool,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> Flow {
+        self.buffering = None;
         let body = std::mem::take(&mut self.body);
-        let mut set = Vec::with_capacity(3);
-        if let Some(kind) = self.kind {
-            let parsed = match parse_request(kind, &body) {
-                Ok(p) => p,
-                Err(e) => return self.reject(&e, out),
-            };
-            let resolved = match self.shared.router.resolve(&parsed.model) {
-                Ok(r) => r,
-                Err(e) => return self.reject(&e, out),
-            };
-            set.push(wire::set_header(
-                wire::MODEL_HEADER,
-                parsed.model.as_bytes(),
-            ));
-            set.push(wire::set_header(
-                wire::BASE_MODEL_HEADER,
-                resolved.base_model.as_bytes(),
-            ));
-        }
-        set.push(wire::set_header("content-length", body.len().to_string()));
-        let common = wire::common(set, true);
+        let parsed = match parse_request(kind, &body) {
+            Ok(p) => p,
+            Err(e) => return self.reject(&e, out),
+        };
+        let resolved = match self.shared.router.resolve(&parsed.model) {
+            Ok(r) => r,
+            Err(e) => return self.reject(&e, out),
+        };
+        let set = vec![
+            wire::set_header(wire::MODEL_HEADER, parsed.model.as_bytes()),
+            wire::set_header(wire::BASE_MODEL_HEADER, resolved.base_model.as_bytes()),
+            wire::set_header("content-length", body.len().to_string()),
+        ];
+        // Both routing headers are set with OVERWRITE_IF_EXISTS_OR_ADD. A client-sent one is
+        // also removed (Envoy removes before it sets): older Envoys overwrite only the first
+        // of several values, so a repeated spoofed header would otherwise survive.
+        let common = wire::common_with_removals(set, self.client_headers.removals(), true);
         match self.request_mode {
             BodyMode::FullDuplex => {
                 out.push(wire::request_headers(Some(common)));
@@ -253,8 +312,8 @@ impl ExternalProcessor for BodyRouter {
             shared: Arc::clone(&self.shared),
             request_mode: self.shared.config.request_body_mode,
             response_mode: BodyMode::FullDuplex,
-            kind: None,
-            buffering: false,
+            client_headers: ClientRoutingHeaders::default(),
+            buffering: None,
             body: Vec::new(),
         };
         let mut answers = AnswerStream::new(request.into_inner(), ex);

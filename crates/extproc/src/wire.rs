@@ -216,6 +216,25 @@ pub fn common(set: Vec<HeaderValueOption>, clear_route_cache: bool) -> CommonRes
     }
 }
 
+/// A common response that removes the headers `remove` and sets `set`, with
+/// `clear_route_cache` when asked. Envoy applies `remove_headers` before `set_headers`
+/// (`MutationUtils::applyHeaderMutations`) and compares names case-insensitively, so a header
+/// both removed and set ends with the set value only, whatever values it had before.
+pub fn common_with_removals(
+    set: Vec<HeaderValueOption>,
+    remove: Vec<String>,
+    clear_route_cache: bool,
+) -> CommonResponse {
+    CommonResponse {
+        header_mutation: (!set.is_empty() || !remove.is_empty()).then_some(HeaderMutation {
+            set_headers: set,
+            remove_headers: remove,
+        }),
+        clear_route_cache,
+        ..CommonResponse::default()
+    }
+}
+
 /// `request_headers` answer.
 pub fn request_headers(response: Option<CommonResponse>) -> ProcessingResponse {
     ProcessingResponse {
