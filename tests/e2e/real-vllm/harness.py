@@ -1,0 +1,221 @@
+"""Process, port, HTTP and Prometheus helpers for the real-vLLM suite (stdlib + httpx only)."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+LOCAL = "127.0.0.1"
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind((LOCAL, 0))
+        return s.getsockname()[1]
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def expect(cond, what):
+    """One assertion: prints what was measured, raises when it does not hold."""
+    print(f"    {'ok  ' if cond else 'FAIL'} {what}", flush=True)
+    if not cond:
+        raise CheckFailed(what)
+
+
+class Procs:
+    """Every process the suite starts, each in its own session (process group), so a stop takes
+    its children too (vLLM forks an engine core and a worker). Group ids are also written to
+    PIDFILE so run.sh's trap can kill what a crashed suite left behind."""
+
+    def __init__(self, logdir, pidfile):
+        self.logdir = logdir
+        self.pidfile = pidfile
+        self.procs = {}
+        os.makedirs(logdir, exist_ok=True)
+
+    def _write_pids(self):
+        with open(self.pidfile, "w") as f:
+            for p in self.procs.values():
+                f.write(f"{p.pid}\n")
+
+    def start(self, name, argv, env=None, cwd=None):
+        logf = open(os.path.join(self.logdir, f"{name}.log"), "ab")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=full_env,
+                             cwd=cwd, start_new_session=True)
+        logf.close()
+        self.procs[name] = p
+        self._write_pids()
+        return p
+
+    def alive(self, name):
+        p = self.procs.get(name)
+        return p is not None and p.poll() is None
+
+    def stop(self, name, sig=signal.SIGTERM, timeout=15):
+        p = self.procs.pop(name, None)
+        if p is None:
+            return
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(10)
+        # vLLM's engine core and worker are in the same group; make sure none outlives it.
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._write_pids()
+
+    def stop_all(self):
+        for name in list(self.procs):
+            self.stop(name, timeout=10)
+
+    def tail(self, name, n=30):
+        path = os.path.join(self.logdir, f"{name}.log")
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().decode(errors="replace").splitlines()
+            return "\n".join(lines[-n:])
+        except OSError:
+            return ""
+
+
+def wait_until(fn, timeout, interval=0.5, what="condition"):
+    """Poll fn() until it returns a truthy value or timeout seconds pass (bounded)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - a poll target that is not up yet
+            last = e
+        time.sleep(interval)
+    raise CheckFailed(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def http_ok(url, timeout=2.0):
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# ---------------------------------------------------------------- Prometheus text format
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_samples(text):
+    """[(name, {label: value}, float)] for every sample line."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(3) or ""))
+        try:
+            v = float(m.group(4))
+        except ValueError:
+            continue
+        out.append((m.group(1), labels, v))
+    return out
+
+
+def parse_families(text):
+    """{family: {"type": str, "labels": frozenset}} from # TYPE lines and the samples under them.
+    Label names are the union over the family's samples, without histogram `le` and summary
+    `quantile`."""
+    fams = {}
+    types = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(None, 3)
+            types[name] = typ.strip()
+            fams.setdefault(name, {"type": typ.strip(), "labels": set()})
+    suffixes = ("_bucket", "_count", "_sum", "_total", "_created", "_info")
+    for name, labels, _ in parse_samples(text):
+        fam = name if name in types else None
+        if fam is None:
+            for s in suffixes:
+                if name.endswith(s) and name[: -len(s)] in types:
+                    fam = name[: -len(s)]
+                    break
+        if fam is None:
+            fams.setdefault(name, {"type": "untyped", "labels": set()})
+            fam = name
+        fams[fam]["labels"].update(k for k in labels if k not in ("le", "quantile"))
+    return {k: {"type": v["type"], "labels": frozenset(v["labels"])} for k, v in fams.items()}
+
+
+def metric(text, name, **match):
+    """Sum of the samples called `name` whose labels include `match`."""
+    total = 0.0
+    for n, labels, v in parse_samples(text):
+        if n == name and all(labels.get(k) == val for k, val in match.items()):
+            total += v
+    return total
+
+
+def scrape(url, timeout=5.0):
+    return httpx.get(url, timeout=timeout).text
+
+
+def lora_state(metrics_text):
+    """vLLM's vllm:lora_requests_info: the series with the newest timestamp value gives the
+    current running and waiting adapters; also every adapter named in any series."""
+    best = None
+    seen = set()
+    for n, labels, v in parse_samples(metrics_text):
+        if n != "vllm:lora_requests_info":
+            continue
+        for k in ("running_lora_adapters", "waiting_lora_adapters"):
+            seen.update(a for a in labels.get(k, "").split(",") if a)
+        if best is None or v > best[0]:
+            best = (v, labels)
+    running = set()
+    if best:
+        running = {a for a in best[1].get("running_lora_adapters", "").split(",") if a}
+    return running, seen
+
+
+def fmt_ms(x):
+    return f"{x * 1000:.1f}"
+
+
+def pct(values, q):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = min(len(v) - 1, max(0, int(round(q / 100 * (len(v) - 1)))))
+    return v[k]
+
+
+def die(msg):
+    print(f"real-vllm: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)

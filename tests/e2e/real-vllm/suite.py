@@ -1,0 +1,908 @@
+"""The real-vLLM end-to-end suite: two vLLM CPU instances serving a tiny random-weight model,
+infergate's gateway, BBR and picker in front, and the checks of issue #14.
+
+Run by run.sh, which prepares the venvs and the infergate binary and passes:
+  --bin INFERGATE --work DIR --reports DIR --perf-python PY
+REAL_VLLM_CHECKS=1,2,... runs a subset (setup always runs). Each check prints its numbers; the
+suite exits 1 if any check failed.
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (LOCAL, CheckFailed, Procs, expect, fmt_ms, free_port, http_ok,  # noqa: E402
+                     log, lora_state, metric, parse_families, pct, scrape, wait_until)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = "tiny"
+# Gateway scrape settings for the routing and fault checks.
+SCRAPE_INTERVAL_MS = 100
+STALE_AFTER_MS = 1000
+SCRAPE_TIMEOUT_MS = 900
+
+
+class Suite:
+    def __init__(self, args):
+        self.a = args
+        self.work = args.work
+        self.reports = args.reports
+        os.makedirs(self.work, exist_ok=True)
+        os.makedirs(self.reports, exist_ok=True)
+        self.procs = Procs(os.path.join(self.work, "logs"), os.path.join(self.work, "pids"))
+        self.vllm_ports = {"A": free_port(), "B": free_port()}
+        while self.vllm_ports["B"] == self.vllm_ports["A"]:
+            self.vllm_ports["B"] = free_port()
+        self.gw_port = None
+        self.gw_admin = None
+        self.timings = {}
+        self.results = {}
+        self.http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+
+    # ------------------------------------------------------------------ addresses
+    def addr(self, inst):
+        return f"{LOCAL}:{self.vllm_ports[inst]}"
+
+    def url(self, inst, path):
+        return f"http://{self.addr(inst)}{path}"
+
+    def inst_of(self, endpoint):
+        for k in self.vllm_ports:
+            if endpoint == self.addr(k):
+                return k
+        return endpoint
+
+    def gw(self, path):
+        return f"http://{LOCAL}:{self.gw_port}{path}"
+
+    def gw_metrics(self):
+        return scrape(f"http://{LOCAL}:{self.gw_admin}/metrics")
+
+    # ------------------------------------------------------------------ setup
+    def make_model(self):
+        out = os.path.join(self.work, "tiny")
+        shutil.rmtree(out, ignore_errors=True)
+        r = subprocess.run([sys.executable, os.path.join(HERE, "make_model.py"), out],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise CheckFailed(f"make_model.py failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+        self.model_dir = info["model"]
+        self.adapters = {"lora-a": info["adapters"][0], "lora-b": info["adapters"][1]}
+        log(f"tiny model: vocab {info['vocab_size']}, hidden 128, 2 layers, 4 heads; adapters "
+            f"{', '.join(self.adapters)}")
+
+    def vllm_argv(self, inst):
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--host", LOCAL, "--port", str(self.vllm_ports[inst]),
+                "--model", self.model_dir, "--served-model-name", MODEL,
+                "--load-format", "dummy", "--max-model-len", "2048",
+                "--distributed-executor-backend", "uni", "--num-gpu-blocks-override", "64",
+                "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
+                "--lora-modules", *(f"{n}={p}" for n, p in self.adapters.items()),
+                "--enable-prefix-caching", "--seed", "0"]
+
+    def vllm_env(self, inst):
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+        if inst == "B":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "1"
+        return env
+
+    def start_vllm(self, inst):
+        self.procs.start(f"vllm-{inst}", self.vllm_argv(inst), env=self.vllm_env(inst),
+                         cwd=self.work)
+
+    def wait_vllm(self, inst, timeout=240):
+        t0 = time.monotonic()
+
+        def up():
+            if not self.procs.alive(f"vllm-{inst}"):
+                raise CheckFailed(f"vLLM {inst} exited:\n{self.procs.tail(f'vllm-{inst}', 40)}")
+            return http_ok(self.url(inst, "/health"))
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if up():
+                return time.monotonic() - t0
+            time.sleep(0.5)
+        raise CheckFailed(f"vLLM {inst} not healthy after {timeout}s:\n"
+                          f"{self.procs.tail(f'vllm-{inst}', 40)}")
+
+    def gateway_config(self, endpoints, interval_ms=SCRAPE_INTERVAL_MS, stale_ms=STALE_AFTER_MS,
+                       timeout_ms=SCRAPE_TIMEOUT_MS, port=None, admin=None):
+        eps = "\n".join(f"      - {e}" for e in endpoints)
+        return f"""# written by tests/e2e/real-vllm/suite.py
+listen: {LOCAL}:{port}
+admin: {LOCAL}:{admin}
+reloadIntervalMs: 0
+limits:
+  maxRequestBodyBytes: 65536
+timeouts:
+  connectMs: 1000
+  firstByteMs: 60000
+retries:
+  maxAttempts: 2
+scrape:
+  intervalMs: {interval_ms}
+  staleAfterMs: {stale_ms}
+  timeoutMs: {timeout_ms}
+models:
+  - name: {MODEL}
+    engine: vllm
+    loraAdapters: [lora-a, lora-b]
+    scheduler:
+      preset: infergate
+    endpoints:
+{eps}
+"""
+
+    def start_gateway(self, name="gateway", endpoints=None, **kw):
+        port, admin = free_port(), free_port()
+        cfg = self.gateway_config(endpoints or [self.addr("A"), self.addr("B")], port=port,
+                                  admin=admin, **kw)
+        path = os.path.join(self.work, f"{name}.yaml")
+        with open(path, "w") as f:
+            f.write(cfg)
+        self.procs.start(name, [self.a.bin, "gateway", "--config", path, "--workers", "1"],
+                         env={"RUST_LOG": "info"})
+        wait_until(lambda: http_ok(f"http://{LOCAL}:{admin}/healthz"), 30, 0.2,
+                   f"{name} /healthz")
+        return port, admin
+
+    def start_main_gateway(self):
+        self.gw_port, self.gw_admin = self.start_gateway()
+        wait_until(lambda: http_ok(f"http://{LOCAL}:{self.gw_admin}/readyz"), 30, 0.2,
+                   "gateway /readyz (both instances scraped)")
+
+    def setup(self):
+        t0 = time.monotonic()
+        self.make_model()
+        self.timings["model"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        for inst in ("A", "B"):
+            self.start_vllm(inst)
+        for inst in ("A", "B"):
+            dt = self.wait_vllm(inst)
+            log(f"vLLM {inst} on {self.addr(inst)} healthy after {dt:.1f}s "
+                f"(rss {self.rss_mib(f'vllm-{inst}')} MiB)")
+        self.timings["vllm start"] = time.monotonic() - t1
+        self.start_main_gateway()
+        log(f"gateway on {LOCAL}:{self.gw_port}, admin {LOCAL}:{self.gw_admin}")
+
+    def rss_mib(self, name):
+        p = self.procs.procs.get(name)
+        if p is None:
+            return 0
+        total = 0
+        try:
+            out = subprocess.run(["ps", "-o", "rss=", "-g", str(p.pid)], capture_output=True,
+                                 text=True, timeout=5).stdout
+            total = sum(int(x) for x in out.split())
+        except Exception:  # noqa: BLE001
+            pass
+        return total // 1024
+
+    # ------------------------------------------------------------------ request helpers
+    def completion_body(self, model=MODEL, prompt="hello world", max_tokens=8, stream=False,
+                        **extra):
+        b = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+             "stream": stream}
+        if stream:
+            b["stream_options"] = {"include_usage": True}
+        b.update(extra)
+        return b
+
+    def post(self, url, body, timeout=60.0):
+        return self.http.post(url, json=body, timeout=timeout)
+
+    def stream(self, url, body, client=None, on_headers=None, timeout=60.0):
+        """One streamed request; returns status, endpoint, ttft, inter-token gaps, usage."""
+        c = client or self.http
+        t0 = time.monotonic()
+        res = {"status": None, "endpoint": None, "ttft": None, "itl": [], "usage": None,
+               "error": None, "t_headers": None, "tokens": 0, "t_start": t0}
+        try:
+            with c.stream("POST", url, json=body, timeout=timeout) as r:
+                res["status"] = r.status_code
+                res["endpoint"] = r.headers.get("x-infergate-endpoint")
+                res["t_headers"] = time.monotonic()
+                if on_headers:
+                    on_headers(res)
+                if r.status_code != 200:
+                    res["body"] = r.read().decode(errors="replace")
+                    return res
+                last = None
+                done = False
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    ev = json.loads(data)
+                    if ev.get("usage"):
+                        res["usage"] = ev["usage"]
+                    ch = ev.get("choices") or []
+                    if ch and (ch[0].get("text") or (ch[0].get("delta") or {}).get("content")):
+                        now = time.monotonic()
+                        if last is None:
+                            res["ttft"] = now - t0
+                        else:
+                            res["itl"].append(now - last)
+                        last = now
+                        res["tokens"] += 1
+                if not done:
+                    res["error"] = "stream ended without [DONE]"
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        res["t_end"] = time.monotonic()
+        return res
+
+    class Background:
+        """N worker threads sending streamed requests in a loop until stop(); bounded by a
+        deadline and a request count."""
+
+        def __init__(self, suite, url, body_fn, workers, max_seconds=120, max_requests=2000):
+            self.results = []
+            self._stop = threading.Event()
+            self._lock = threading.Lock()
+            self._n = 0
+            deadline = time.monotonic() + max_seconds
+
+            def run(w):
+                client = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+                try:
+                    while not self._stop.is_set() and time.monotonic() < deadline:
+                        with self._lock:
+                            if self._n >= max_requests:
+                                return
+                            self._n += 1
+                            i = self._n
+                        r = suite.stream(url, body_fn(w, i), client=client)
+                        with self._lock:
+                            self.results.append(r)
+                finally:
+                    client.close()
+
+            self.threads = [threading.Thread(target=run, args=(w,), daemon=True)
+                            for w in range(workers)]
+            for t in self.threads:
+                t.start()
+
+        def stop(self, timeout=60):
+            self._stop.set()
+            for t in self.threads:
+                t.join(timeout)
+
+    # ------------------------------------------------------------------ check 1
+    def check_gateway_sdk(self):
+        import openai
+        client = openai.OpenAI(base_url=self.gw("/v1"), api_key="unused", max_retries=0,
+                               timeout=60)
+        x = {"ignore_eos": True}
+        # chat, not streamed
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "say something"}], max_tokens=8,
+            extra_body=x)
+        chat = raw.parse()
+        ep = raw.headers.get("x-infergate-endpoint")
+        expect(chat.choices[0].message.content is not None and chat.usage.completion_tokens == 8,
+               f"chat: {chat.usage.completion_tokens} completion tokens (want 8), "
+               f"{chat.usage.prompt_tokens} prompt tokens, served by {self.inst_of(ep)}")
+        # chat, streamed with usage
+        chunks, usage, text = 0, None, ""
+        for ev in client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "count numbers"}],
+                max_tokens=12, stream=True, stream_options={"include_usage": True},
+                extra_body=x):
+            if ev.usage:
+                usage = ev.usage
+            if ev.choices and ev.choices[0].delta.content:
+                chunks += 1
+                text += ev.choices[0].delta.content
+        expect(usage is not None and usage.completion_tokens == 12 and chunks >= 1,
+               f"chat stream: {chunks} content chunks, usage chunk "
+               f"{'present' if usage else 'MISSING'} ({usage.completion_tokens if usage else '-'}"
+               " completion tokens, want 12)")
+        # completions, not streamed and streamed
+        comp = client.completions.create(model=MODEL, prompt="the quick brown fox",
+                                         max_tokens=8, extra_body=x)
+        expect(comp.usage.completion_tokens == 8 and comp.choices[0].text is not None,
+               f"completion: {comp.usage.completion_tokens} tokens, text {comp.choices[0].text!r}")
+        chunks, usage = 0, None
+        for ev in client.completions.create(model=MODEL, prompt="the lazy dog", max_tokens=10,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body=x):
+            if ev.usage:
+                usage = ev.usage
+            if ev.choices and ev.choices[0].text:
+                chunks += 1
+        expect(usage is not None and usage.completion_tokens == 10,
+               f"completion stream: {chunks} text chunks, usage chunk "
+               f"{'present' if usage else 'MISSING'}")
+        # LoRA by name (lora-b: lora-a is kept untouched for the routing check)
+        raw = client.chat.completions.with_raw_response.create(
+            model="lora-b", messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+            extra_body=x)
+        lc = raw.parse()
+        expect(lc.model == "lora-b" and lc.usage.completion_tokens == 4,
+               f"LoRA by name: model in answer {lc.model!r}, served by "
+               f"{self.inst_of(raw.headers.get('x-infergate-endpoint'))}")
+        models = [m.id for m in client.models.list()]
+        expect({"tiny", "lora-a", "lora-b"} <= set(models), f"/v1/models lists {models}")
+        # errors, as JSON
+        try:
+            client.chat.completions.create(model="no-such-model",
+                                           messages=[{"role": "user", "content": "x"}])
+            expect(False, "unknown model was answered")
+        except openai.NotFoundError as e:
+            body = e.response.json()
+            expect(e.status_code == 404 and "error" in body,
+                   f"unknown model: {e.status_code}, code {body['error'].get('code')!r}, "
+                   f"message {body['error'].get('message', '')[:80]!r}")
+        r = self.http.post(self.gw("/v1/chat/completions"), content=b'{"model": "tiny", ',
+                           headers={"content-type": "application/json"})
+        expect(r.status_code == 400 and "error" in r.json(),
+               f"bad body: {r.status_code}, code {r.json()['error'].get('code')!r}")
+        try:
+            client.completions.create(model=MODEL, prompt="x" * 70000, max_tokens=1)
+            expect(False, "a 70 kB body was answered")
+        except openai.APIStatusError as e:
+            body = e.response.json()
+            expect(e.status_code == 413 and "error" in body,
+                   f"too large (70 kB, limit 64 KiB): {e.status_code}, "
+                   f"code {body['error'].get('code')!r}")
+        m = self.gw_metrics()
+        picks = {self.inst_of(l.get("endpoint")): v for n, l, v in __import__("harness").parse_samples(m)
+                 if n == "infergate_gateway_picks_total"}
+        print(f"    picks so far: {picks}")
+
+    # ------------------------------------------------------------------ check 2
+    def check_extproc(self):
+        import grpc
+        import extproc_client as xp
+        models = os.path.join(self.work, "models.yaml")
+        with open(models, "w") as f:
+            f.write(f"{MODEL}: [lora-a, lora-b]\n")
+        eps = os.path.join(self.work, "endpoints.yaml")
+        with open(eps, "w") as f:
+            f.write("engine: vllm\nnamespace: default\nendpoints:\n" + "".join(
+                f"  - {{address: {self.addr(i)}, name: vllm-{i}}}\n" for i in ("A", "B")))
+        bbr_port = free_port()
+        self.procs.start("bbr", [self.a.bin, "bbr", "--models", models, "--grpc-port",
+                                 str(bbr_port), "--grpc-health-port", "0", "--metrics-port", "0"],
+                         env={"RUST_LOG": "info"})
+        pk_port, pk_health, pk_metrics = free_port(), free_port(), free_port()
+        self.procs.start("picker", [self.a.bin, "picker", "--endpoints-file", eps,
+                                    "--pool-name", MODEL, "--pool-namespace", "default",
+                                    "--grpc-port", str(pk_port), "--grpc-health-port",
+                                    str(pk_health), "--metrics-port", str(pk_metrics)],
+                         env={"RUST_LOG": "info"})
+        try:
+            wait_until(lambda: http_ok(f"http://{LOCAL}:{pk_metrics}/readyz"), 30, 0.2,
+                       "picker /readyz")
+            bbr_ch = grpc.insecure_channel(f"{LOCAL}:{bbr_port}")
+            pk_ch = grpc.insecure_channel(f"{LOCAL}:{pk_port}")
+            grpc.channel_ready_future(bbr_ch).result(timeout=20)
+            grpc.channel_ready_future(pk_ch).result(timeout=20)
+            for path, body_obj in [
+                ("/v1/chat/completions", {"model": "lora-b", "max_tokens": 6, "ignore_eos": True,
+                                          "messages": [{"role": "user",
+                                                        "content": "route me " * 40}]}),
+                ("/v1/completions", {"model": MODEL, "max_tokens": 6, "ignore_eos": True,
+                                     "prompt": "hello from the ext_proc client " * 30}),
+            ]:
+                body = json.dumps(body_obj, separators=(", ", ": ")).encode()
+                t0 = time.monotonic()
+                st, b = xp.request(bbr_ch, path, body, chunk=500)
+                st.close()
+                base = MODEL
+                expect(b["headers"].get("x-gateway-model-name") == body_obj["model"]
+                       and b["headers"].get("x-gateway-base-model-name") == base
+                       and b["clear_route_cache"],
+                       f"BBR {path}: x-gateway-model-name={b['headers'].get('x-gateway-model-name')}"
+                       f", x-gateway-base-model-name={b['headers'].get('x-gateway-base-model-name')}"
+                       f", clear_route_cache={b['clear_route_cache']}")
+                expect(b["body"] == body, f"BBR re-sent the body byte-identical "
+                       f"({len(b['body'])} of {len(body)} bytes, chunks {b['body_chunks']})")
+                st, p = xp.request(pk_ch, path, body, chunk=500, headers=[
+                    ("x-gateway-model-name", b["headers"]["x-gateway-model-name"]),
+                    ("x-gateway-base-model-name", b["headers"]["x-gateway-base-model-name"])])
+                pick_ms = (time.monotonic() - t0) * 1000
+                dest = p["headers"].get("x-gateway-destination-endpoint", "")
+                md = (p["metadata"] or {}).get("envoy.lb", {}).get(
+                    "x-gateway-destination-endpoint")
+                first = dest.split(",")[0]
+                expect(first in (self.addr("A"), self.addr("B")) and md == dest,
+                       f"picker {path}: destination {dest!r} (= vLLM {self.inst_of(first)}), "
+                       f"envoy.lb metadata {md!r}, bbr+picker {pick_ms:.1f} ms")
+                expect(p["body"] == body and int(p["headers"].get("content-length", -1))
+                       == len(body),
+                       f"picker re-sent the body byte-identical ({len(p['body'])} bytes in "
+                       f"chunks {p['body_chunks']}), content-length "
+                       f"{p['headers'].get('content-length')}")
+                r = self.http.post(f"http://{first}{path}", content=p["body"],
+                                   headers={"content-type": "application/json"})
+                expect(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6,
+                       f"forwarded to {first}: {r.status_code}, "
+                       f"{r.json().get('usage', {}).get('completion_tokens')} tokens")
+                back = xp.response(st, r.status_code, r.content)
+                expect(back == r.content, f"picker passed the {len(r.content)}-byte response "
+                       "through unchanged")
+            # a body over one 62,000-byte chunk comes back identical in the fewest chunks
+            big = json.dumps({"model": MODEL, "prompt": "z" * 150000, "max_tokens": 1}).encode()
+            st, p = xp.request(pk_ch, "/v1/completions", big, chunk=16384)
+            st.close()
+            expect(p["body"] == big and p["body_chunks"] == [62000, 62000, len(big) - 124000],
+                   f"150 kB body: identical, re-sent in chunks {p['body_chunks']}")
+            st, p = xp.request(bbr_ch, "/v1/completions",
+                               json.dumps({"model": "nope", "prompt": "x"}).encode())
+            st.close()
+            im = p["immediate"] or {}
+            expect(im.get("status") == 404 and b"model_not_found" in im.get("body", b""),
+                   f"BBR unknown model: immediate {im.get('status')} {im.get('body', b'')[:90]!r}")
+            m = scrape(f"http://{LOCAL}:{pk_metrics}/metrics")
+            ok = metric(m, "extproc_requests_total", outcome="success")
+            print(f"    picker counted {ok:.0f} successful requests")
+            expect(ok >= 2, f"picker extproc_requests_total{{outcome=success}} = {ok:.0f} (want 2)")
+            bbr_ch.close()
+            pk_ch.close()
+        finally:
+            self.procs.stop("bbr")
+            self.procs.stop("picker")
+
+    # ------------------------------------------------------------------ check 3
+    def check_routing(self):
+        ua = self.url("A", "/v1/completions")
+        gw = self.gw("/v1/completions")
+        tag = random.randrange(1 << 30)
+
+        # (a) LoRA: lora-a runs on A only (a background stream there), requests for it follow.
+        held = self.Background(self, ua, lambda w, i: self.completion_body(
+            model="lora-a", prompt=f"hold {w} {i}", max_tokens=900, stream=True), 1,
+            max_seconds=60)
+        wait_until(lambda: "lora-a" in lora_state(scrape(self.url("A", "/metrics")))[0], 20,
+                   0.05, "lora-a running on A")
+        time.sleep(3 * SCRAPE_INTERVAL_MS / 1000)
+        served = []
+        for i in range(6):
+            r = self.post(gw, self.completion_body(model="lora-a", prompt=f"adapter {tag} {i}",
+                                                   max_tokens=4))
+            served.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
+            if r.status_code != 200:
+                served[-1] += f"({r.status_code})"
+        held.stop()
+        ra, seen_a = lora_state(scrape(self.url("A", "/metrics")))
+        rb, seen_b = lora_state(scrape(self.url("B", "/metrics")))
+        expect(served.count("A") == len(served),
+               f"lora-a requests (adapter running on A only): served by {served}")
+        expect("lora-a" in seen_a and "lora-a" not in seen_b,
+               f"instances' own vllm:lora_requests_info: A has seen {sorted(seen_a)}, "
+               f"B has seen {sorted(seen_b)}")
+
+        # (b) prefix: a long prompt repeated goes back where its blocks are cached.
+        words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+        rng = random.Random(tag)
+        long_prompt = f"[{tag}] " + " ".join(rng.choice(words) for _ in range(300))
+
+        def hits():
+            return {i: metric(scrape(self.url(i, "/metrics")), "vllm:prefix_cache_hits_total")
+                    for i in ("A", "B")}
+
+        h0 = hits()
+        first = self.post(gw, self.completion_body(prompt=long_prompt, max_tokens=2))
+        p_tokens = first.json()["usage"]["prompt_tokens"]
+        where = [self.inst_of(first.headers.get("x-infergate-endpoint"))]
+        for i in range(3):
+            r = self.post(gw, self.completion_body(prompt=long_prompt, max_tokens=2))
+            where.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
+        h1 = hits()
+        rose = {i: h1[i] - h0[i] for i in h0}
+        x = where[0]
+        other = "B" if x == "A" else "A"
+        expect(all(w == x for w in where) and rose[x] >= 3 * (p_tokens - 16) and rose[other] == 0,
+               f"prompt of {p_tokens} tokens sent 4 times: served by {where}; "
+               f"prefix_cache_hits_total rose A +{rose['A']:.0f}, B +{rose['B']:.0f}")
+
+        # (c) load sent to A directly moves new requests to B.
+        load = self.Background(self, ua, lambda w, i: self.completion_body(
+            prompt=f"load {tag} {w} {i}", max_tokens=200, stream=True), 4, max_seconds=60)
+        wait_until(lambda: metric(scrape(self.url("A", "/metrics")),
+                                  "vllm:num_requests_running") >= 3, 20, 0.05,
+                   "3+ requests running on A")
+        time.sleep(3 * SCRAPE_INTERVAL_MS / 1000)
+        served = []
+        running_a = []
+        for i in range(6):
+            running_a.append(metric(scrape(self.url("A", "/metrics")), "vllm:num_requests_running"))
+            r = self.post(gw, self.completion_body(prompt=f"new {tag} {i}", max_tokens=4))
+            served.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
+            time.sleep(0.1)
+        load.stop()
+        expect(served.count("B") == len(served),
+               f"with A running {running_a} direct requests: new requests served by {served}")
+
+    # ------------------------------------------------------------------ check 4
+    def check_faults(self):
+        gw = self.gw("/v1/completions")
+        threshold = (STALE_AFTER_MS + SCRAPE_INTERVAL_MS) / 1000
+        kill_at = {}
+
+        def mark(res):
+            res["started_before_kill"] = "t" not in kill_at
+
+        bodies = lambda w, i: self.completion_body(prompt=f"fault {w} {i}", max_tokens=120,
+                                                   stream=True)
+        results = []
+        stop = threading.Event()
+
+        def worker(w):
+            client = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+            for i in range(400):
+                if stop.is_set():
+                    break
+                results.append(self.stream(gw, bodies(w, i), client=client, on_headers=mark))
+            client.close()
+
+        ths = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(4)]
+        for t in ths:
+            t.start()
+        time.sleep(3)
+        kill_at["t"] = time.monotonic()
+        self.procs.stop("vllm-A", sig=signal.SIGKILL)
+        log("killed vLLM A (SIGKILL) under load")
+        stale_at = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if metric(self.gw_metrics(), "infergate_metrics_stale_targets") >= 1:
+                stale_at = time.monotonic()
+                break
+            time.sleep(0.02)
+        time.sleep(3)
+        stop.set()
+        for t in ths:
+            t.join(70)
+        t_kill = kill_at["t"]
+        failed = [r for r in results if r["status"] != 200 or r["error"]]
+        streaming_from_a = [r for r in failed if r.get("started_before_kill")
+                            and self.inst_of(r["endpoint"]) == "A" and r["status"] == 200]
+        lost = [r for r in failed if r not in streaming_from_a]
+        after = [r for r in results if r["t_start"] > t_kill]
+        to_b_after = sum(1 for r in after if self.inst_of(r["endpoint"]) == "B")
+        stale_s = (stale_at - t_kill) if stale_at else float("inf")
+        print(f"    {len(results)} streamed requests; {len(failed)} failed, of which "
+              f"{len(streaming_from_a)} were already streaming from A; {len(after)} started "
+              f"after the kill ({to_b_after} on B)")
+        for r in lost[:5]:
+            print(f"      lost: status {r['status']} endpoint {r['endpoint']} error {r['error']} "
+                  f"{r.get('body', '')[:120]}")
+        expect(not lost, f"no request lost except those streaming from A ({len(lost)} lost)")
+        expect(stale_s <= threshold + 0.05,
+               f"gateway marked A stale {stale_s * 1000:.0f} ms after the kill "
+               f"(threshold {STALE_AFTER_MS} + interval {SCRAPE_INTERVAL_MS} ms, 50 ms polling)")
+        # restart A, readmitted
+        t0 = time.monotonic()
+        self.start_vllm("A")
+        dt = self.wait_vllm("A")
+        wait_until(lambda: metric(self.gw_metrics(), "infergate_metrics_stale_targets") == 0,
+                   10, 0.02, "A fresh again in the gateway")
+        fresh = time.monotonic() - t0
+        served = []
+        for i in range(10):
+            r = self.post(gw, self.completion_body(prompt=f"back {i}", max_tokens=2))
+            served.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
+            if "A" in served:
+                break
+        expect("A" in served, f"A restarted: healthy after {dt:.1f}s, fresh in the gateway after "
+               f"{fresh:.1f}s, first requests served by {served}")
+        # both dead: 503 with Retry-After
+        self.procs.stop("vllm-A", sig=signal.SIGKILL)
+        self.procs.stop("vllm-B", sig=signal.SIGKILL)
+        wait_until(lambda: metric(self.gw_metrics(), "infergate_metrics_stale_targets") >= 2,
+                   10, 0.05, "both instances stale")
+        r = self.post(gw, self.completion_body(max_tokens=2), timeout=30)
+        body = r.text[:200]
+        expect(r.status_code == 503 and r.headers.get("retry-after") is not None,
+               f"both instances dead: {r.status_code}, Retry-After "
+               f"{r.headers.get('retry-after')!r}, body {body!r}")
+
+    # ------------------------------------------------------------------ check 5
+    def check_emulator(self):
+        fleet = os.path.join(self.work, "fleet.yaml")
+        port = free_port()
+        with open(fleet, "w") as f:
+            f.write(f"seed: 1\npods:\n  - {{name: vllm, profile: llama-3.1-8b/h100, engine: "
+                    f"vllm, port: {port}, lora_adapters: [lora-a, lora-b], max_loras: 2}}\n")
+        self.procs.start("sim", [self.a.bin, "sim", "--fleet", fleet])
+        try:
+            wait_until(lambda: http_ok(f"http://{LOCAL}:{port}/health"), 30, 0.2, "emulator pod")
+            # one request each way so lazily created series exist on both pages
+            for base in (f"http://{LOCAL}:{port}", f"http://{self.addr('B')}"):
+                self.post(base + "/v1/completions", self.completion_body(
+                    model="lora-a" if base.endswith(str(port)) else "lora-b", max_tokens=2))
+                self.post(base + "/v1/chat/completions", {
+                    "model": "llama-3.1-8b" if base.endswith(str(port)) else MODEL,
+                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            emu_text = scrape(f"http://{LOCAL}:{port}/metrics")
+            live_text = scrape(self.url("B", "/metrics"))
+            with open(os.path.join(self.reports, "emulator-vllm-metrics.txt"), "w") as f:
+                f.write(emu_text)
+            with open(os.path.join(self.reports, "live-vllm-metrics.txt"), "w") as f:
+                f.write(live_text)
+            emu = {k: v for k, v in parse_families(emu_text).items() if k.startswith("vllm:")}
+            live = parse_families(live_text)
+            diffs = []
+            for name, e in sorted(emu.items()):
+                l = live.get(name)
+                if l is None:
+                    diffs.append(f"  {name}: emulator {e['type']} {sorted(e['labels'])}; "
+                                 "live page has no such family")
+                elif l["type"] != e["type"] or l["labels"] != e["labels"]:
+                    diffs.append(f"  {name}: emulator {e['type']} {sorted(e['labels'])}; "
+                                 f"live {l['type']} {sorted(l['labels'])}")
+            print(f"    emulator emits {len(emu)} vllm: families; live page has "
+                  f"{sum(1 for k in live if k.startswith('vllm:'))}")
+            if diffs:
+                print("    differences (emulator vs live vLLM 0.32.0):")
+                print("\n".join(diffs))
+            expect(not diffs, f"every emulated family matches the live page in name, type and "
+                   f"label names ({len(diffs)} differ)")
+        finally:
+            self.procs.stop("sim")
+
+    # ------------------------------------------------------------------ check 6
+    def check_scrape_cost(self):
+        self.procs.stop("gateway")  # no other scraper on A while measuring
+        ua = self.url("A", "/v1/completions")
+
+        def run_load(label, rnd):
+            body = lambda w, i: self.completion_body(
+                prompt=f"scrape cost {label} {rnd} {w} {i} the quick brown fox", max_tokens=128,
+                stream=True)
+            results = []
+
+            def worker(w):
+                c = httpx.Client(timeout=60)
+                for i in range(8):
+                    results.append(self.stream(ua, body(w, i), client=c))
+                c.close()
+
+            ths = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join(120)
+            return results
+
+        conds = [("none", None), ("50 ms", 50), ("200 ms", 200)]
+        acc = {c: {"ttft": [], "itl": [], "err": 0, "scrapes": 0} for c, _ in conds}
+        for rnd in range(3):
+            for label, interval in conds:
+                if interval:
+                    _, admin = self.start_gateway(name="scraper", endpoints=[self.addr("A")],
+                                                  interval_ms=interval, stale_ms=interval * 5,
+                                                  timeout_ms=min(250, interval * 5))
+                    time.sleep(0.5)
+                    s0 = self._scrapes(admin)
+                res = run_load(label, rnd)
+                if interval:
+                    acc[label]["scrapes"] += self._scrapes(admin) - s0
+                    self.procs.stop("scraper")
+                for r in res:
+                    if r["status"] != 200 or r["error"]:
+                        acc[label]["err"] += 1
+                        continue
+                    acc[label]["ttft"].append(r["ttft"])
+                    acc[label]["itl"].extend(r["itl"])
+        rows = []
+        print("    | scraper | requests | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | "
+              "ITL mean ms | scrapes |")
+        print("    |---|---|---|---|---|---|---|---|")
+        for label, _ in conds:
+            a = acc[label]
+            row = (label, len(a["ttft"]), fmt_ms(pct(a["ttft"], 50)), fmt_ms(pct(a["ttft"], 90)),
+                   fmt_ms(pct(a["itl"], 50)), fmt_ms(pct(a["itl"], 90)),
+                   fmt_ms(statistics.mean(a["itl"]) if a["itl"] else float("nan")), a["scrapes"])
+            rows.append(row)
+            print("    | " + " | ".join(str(x) for x in row) + " |")
+        with open(os.path.join(self.reports, "scrape-cost.md"), "w") as f:
+            f.write("| scraper | requests | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | "
+                    "ITL mean ms | scrapes |\n|---|---|---|---|---|---|---|---|\n")
+            for row in rows:
+                f.write("| " + " | ".join(str(x) for x in row) + " |\n")
+        self.start_main_gateway()
+        errs = sum(acc[c]["err"] for c, _ in conds)
+        expect(errs == 0 and all(len(acc[c]["ttft"]) == 48 for c, _ in conds),
+               f"3 x 16 streamed requests per condition, {errs} errors")
+        expect(acc["50 ms"]["scrapes"] > acc["200 ms"]["scrapes"] > 0,
+               f"the scrapers did scrape ({acc['50 ms']['scrapes']} at 50 ms, "
+               f"{acc['200 ms']['scrapes']} at 200 ms)")
+
+    def _scrapes(self, admin):
+        m = scrape(f"http://{LOCAL}:{admin}/metrics")
+        total = 0.0
+        from harness import parse_samples
+        for n, labels, v in parse_samples(m):
+            if n.startswith("infergate_metrics_scrapes") and n.endswith("_total"):
+                total += v
+        return int(total)
+
+    # ------------------------------------------------------------------ check 7
+    def check_inference_perf(self):
+        py = self.a.perf_python
+        out = {}
+        for target, base in (("gateway", f"http://{LOCAL}:{self.gw_port}"),
+                             ("direct", f"http://{self.addr('A')}")):
+            d = os.path.join(self.work, f"perf-{target}")
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            cfg = os.path.join(d, "config.yml")
+            with open(cfg, "w") as f:
+                f.write(f"""# written by tests/e2e/real-vllm/suite.py (same config for both targets)
+load:
+  type: constant
+  stages:
+    - rate: 4
+      duration: 15
+  num_workers: 1
+api:
+  type: completion
+  streaming: true
+server:
+  type: vllm
+  model_name: {MODEL}
+  base_url: {base}
+  ignore_eos: true
+tokenizer:
+  pretrained_model_name_or_path: {self.model_dir}
+data:
+  type: random
+  input_distribution: {{min: 20, max: 200, mean: 100, std: 40, total_count: 200}}
+  output_distribution: {{min: 16, max: 64, mean: 32, std: 10, total_count: 200}}
+report:
+  request_lifecycle:
+    summary: true
+    per_stage: false
+    per_request: false
+storage:
+  local_storage:
+    path: {d}/reports
+""")
+            t0 = time.monotonic()
+            r = subprocess.run([py, "-m", "inference_perf.main", "--config_file", cfg],
+                               capture_output=True, text=True, timeout=240, cwd=d,
+                               env=dict(os.environ, HF_HUB_OFFLINE="1",
+                                        TRANSFORMERS_OFFLINE="1"))
+            with open(os.path.join(d, "inference-perf.log"), "w") as f:
+                f.write(r.stdout + r.stderr)
+            if r.returncode != 0:
+                print((r.stdout + r.stderr)[-3000:])
+            expect(r.returncode == 0, f"inference-perf against the {target}: exit "
+                   f"{r.returncode} in {time.monotonic() - t0:.0f}s")
+            summary = None
+            for root, _, files in os.walk(os.path.join(d, "reports")):
+                for fn in files:
+                    if "summary" in fn and fn.endswith(".json"):
+                        summary = os.path.join(root, fn)
+            expect(summary is not None, f"{target}: summary report written ({summary})")
+            dst = os.path.join(self.reports, f"inference-perf-{target}-summary.json")
+            shutil.copy(summary, dst)
+            out[target] = json.load(open(summary))
+        def get(rep, *path):
+            x = rep
+            for p in path:
+                x = x.get(p) if isinstance(x, dict) else None
+                if x is None:
+                    return None
+            return x
+
+        rows = []
+        for target in ("gateway", "direct"):
+            rep = out[target]
+            s = get(rep, "successes") or {}
+            lat = s.get("latency", {})
+            ttft = get(lat, "time_to_first_token") or {}
+            itl = get(lat, "inter_token_latency") or {}
+            rows.append((target, s.get("count"), get(rep, "failures", "count"),
+                         ttft.get("mean"), ttft.get("p50"), ttft.get("p90"), itl.get("mean")))
+        print("    | target | ok | failed | TTFT mean ms | TTFT p50 ms | TTFT p90 ms | "
+              "ITL mean ms |")
+        for row in rows:
+            print("    | " + " | ".join(fmt_ms(x) if isinstance(x, float) else str(x)
+                                        for x in row) + " |")
+        g, dct = rows[0], rows[1]
+        if g[3] is not None and dct[3] is not None:
+            print(f"    gateway added TTFT: mean {fmt_ms(g[3] - dct[3])} ms, p50 "
+                  f"{fmt_ms(g[4] - dct[4])} ms")
+        expect(g[1] and dct[1] and not g[2] and not dct[2],
+               f"both runs succeeded entirely (gateway {g[1]} ok / {g[2]} failed, direct "
+               f"{dct[1]} ok / {dct[2]} failed)")
+
+    # ------------------------------------------------------------------ driver
+    CHECKS = [
+        ("1", "standalone gateway + openai SDK", "check_gateway_sdk"),
+        ("2", "BBR + picker over ext_proc", "check_extproc"),
+        ("3", "routing on real signals", "check_routing"),
+        ("5", "emulator fidelity", "check_emulator"),
+        ("6", "scrape cost", "check_scrape_cost"),
+        ("7", "inference-perf", "check_inference_perf"),
+        ("4", "faults", "check_faults"),  # last: it kills the instances
+    ]
+
+    def run(self, selected):
+        t_all = time.monotonic()
+        try:
+            log("setup: model, two vLLM instances, gateway")
+            self.setup()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            print(f"real-vllm: setup failed: {e}")
+            return 1
+        for num, title, fn in self.CHECKS:
+            if selected and num not in selected:
+                continue
+            log(f"check {num}: {title}")
+            t0 = time.monotonic()
+            try:
+                getattr(self, fn)()
+                self.results[num] = "pass"
+            except CheckFailed as e:
+                self.results[num] = f"FAIL: {e}"
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                self.results[num] = f"FAIL (error): {type(e).__name__}: {e}"
+            self.timings[f"check {num}"] = time.monotonic() - t0
+            log(f"check {num}: {self.results[num]} ({self.timings[f'check {num}']:.1f}s)")
+        total = time.monotonic() - t_all
+        print("\n== real-vllm summary ==")
+        for num, title, _ in sorted(self.CHECKS):
+            if num in self.results:
+                print(f"  {num}. {title:36s} {self.timings[f'check {num}']:6.1f}s  "
+                      f"{self.results[num]}")
+        print(f"  setup: model {self.timings.get('model', 0):.1f}s, vLLM start "
+              f"{self.timings.get('vllm start', 0):.1f}s; suite total {total:.1f}s")
+        with open(os.path.join(self.reports, "summary.json"), "w") as f:
+            json.dump({"results": self.results, "timings": self.timings, "total_s": total}, f,
+                      indent=1)
+        return 0 if all(v == "pass" for v in self.results.values()) else 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--reports", required=True)
+    ap.add_argument("--perf-python", required=True)
+    args = ap.parse_args()
+    sel = {s.strip() for s in os.environ.get("REAL_VLLM_CHECKS", "").split(",") if s.strip()}
+    suite = Suite(args)
+
+    def on_signal(signum, _frame):
+        suite.procs.stop_all()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        rc = suite.run(sel)
+    finally:
+        suite.procs.stop_all()
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
