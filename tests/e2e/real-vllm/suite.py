@@ -188,9 +188,10 @@ models:
             return 0
         total = 0
         try:
-            out = subprocess.run(["ps", "-o", "rss=", "-g", str(p.pid)], capture_output=True,
-                                 text=True, timeout=5).stdout
-            total = sum(int(x) for x in out.split())
+            out = subprocess.run(["ps", "-eo", "pgid=,rss="], capture_output=True, text=True,
+                                 timeout=5).stdout
+            total = sum(int(r) for g, r in (l.split() for l in out.splitlines() if l.strip())
+                        if int(g) == p.pid)
         except Exception:  # noqa: BLE001
             pass
         return total // 1024
@@ -408,7 +409,7 @@ models:
             ]:
                 body = json.dumps(body_obj, separators=(", ", ": ")).encode()
                 t0 = time.monotonic()
-                st, b = xp.request(bbr_ch, path, body, chunk=500)
+                st, b = xp.request(bbr_ch, path, body, chunk=100)
                 st.close()
                 base = MODEL
                 expect(b["headers"].get("x-gateway-model-name") == body_obj["model"]
@@ -419,7 +420,7 @@ models:
                        f", clear_route_cache={b['clear_route_cache']}")
                 expect(b["body"] == body, f"BBR re-sent the body byte-identical "
                        f"({len(b['body'])} of {len(body)} bytes, chunks {b['body_chunks']})")
-                st, p = xp.request(pk_ch, path, body, chunk=500, headers=[
+                st, p = xp.request(pk_ch, path, body, chunk=100, headers=[
                     ("x-gateway-model-name", b["headers"]["x-gateway-model-name"]),
                     ("x-gateway-base-model-name", b["headers"]["x-gateway-base-model-name"])])
                 pick_ms = (time.monotonic() - t0) * 1000
