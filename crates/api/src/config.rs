@@ -451,6 +451,10 @@ pub struct Weights {
     /// Weight of the running-requests scorer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_requests: Option<f64>,
+    /// Weight of the in-flight-tokens scorer (estimated tokens this gateway has in flight on
+    /// each pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inflight_tokens: Option<f64>,
     /// Weight of the estimated-wait scorer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_wait: Option<f64>,
@@ -458,13 +462,14 @@ pub struct Weights {
 
 impl Weights {
     /// `(camelCase name, value)` of every weight, unset ones as 0.
-    pub fn entries(&self) -> [(&'static str, f64); 6] {
+    pub fn entries(&self) -> [(&'static str, f64); 7] {
         [
             ("queue", self.queue.unwrap_or(0.0)),
             ("kvCache", self.kv_cache.unwrap_or(0.0)),
             ("prefix", self.prefix.unwrap_or(0.0)),
             ("loraAffinity", self.lora_affinity.unwrap_or(0.0)),
             ("runningRequests", self.running_requests.unwrap_or(0.0)),
+            ("inflightTokens", self.inflight_tokens.unwrap_or(0.0)),
             ("estimatedWait", self.estimated_wait.unwrap_or(0.0)),
         ]
     }

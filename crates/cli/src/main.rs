@@ -13,8 +13,21 @@ mod cmd;
 #[derive(Debug, Parser)]
 #[command(name = "infergate", version, about, long_about = None)]
 struct Cli {
+    /// Log line format: `text` (human-readable) or `json` (one object per line). The operator
+    /// sets it on the pods it runs from `spec.observability.logFormat`.
+    #[arg(long, global = true, env = "INFERGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -35,19 +48,22 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Write the CustomResourceDefinitions to a folder.
     Crdgen(cmd::crdgen::Args),
+    /// Print the objects the operator would apply for an InferenceGatewayConfig file.
+    Render(cmd::render::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
         // Colour only on a terminal: logs captured to files or collectors stay plain text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
     let runtime = match cli.command {
         // The gateway serves on its own per-core worker threads (this runtime carries its control
         // plane: scrapes, admin port, reloads); the picker runs on a runtime of its own
@@ -67,6 +83,10 @@ fn main() -> anyhow::Result<()> {
             Command::Bench(args) => cmd::bench::run(args).await,
             Command::Demo(args) => cmd::demo::run(args).await,
             Command::Crdgen(args) => cmd::crdgen::run(args).await,
+            Command::Render(args) => cmd::render::run(args).await,
         }
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -40,7 +40,7 @@ use crate::wire::{self, BodyMode};
 /// llama-3-8b: [sql-lora, chat-lora]
 /// qwen-2.5-7b: []
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct ModelsFile {
     /// Base model → adapters.

@@ -10,6 +10,8 @@
 //! headers an HTTPRoute matches on. `docs/extproc.md` documents the protocol as implemented.
 //!
 //! Layout:
+//! - [`args`] — the command lines of `infergate picker` and `infergate bbr`, shared with the
+//!   operator that renders them;
 //! - [`wire`] — building and reading Envoy's messages (pure);
 //! - [`picker`] — the endpoint-picker service; `picker/exchange.rs` is the per-stream state
 //!   machine;
@@ -24,6 +26,7 @@
 //! - [`telemetry`] — the server's Prometheus metrics;
 //! - [`error`] — [`Error`].
 
+pub mod args;
 pub mod bbr;
 pub mod discovery;
 pub mod error;

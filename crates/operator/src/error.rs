@@ -26,6 +26,15 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A process's arguments could not be written as a command line (a bug in the render).
+    #[error("cannot write a container command line")]
+    CommandLine(#[source] infergate_extproc::args::CommandLineError),
+    /// The scheduler settings of a scheduler do not make a valid picker configuration.
+    #[error("invalid scheduler settings: {0}")]
+    SchedulerConfig(String),
+    /// A rendered file did not serialise (a bug in the render).
+    #[error("cannot write a rendered file as YAML")]
+    Yaml(#[source] serde_yaml::Error),
     /// An API the children need is not served by the cluster.
     #[error(
         "the {kind} API ({api_version}) is not installed: install Envoy Gateway and the Gateway API Inference Extension CRDs"
@@ -57,7 +66,8 @@ impl Error {
             Self::Invalid(_) => "invalid",
             Self::MissingMetadata(_) => "missing_metadata",
             Self::NameTooLong { .. } => "name_too_long",
-            Self::Shape { .. } => "render_shape",
+            Self::Shape { .. } | Self::CommandLine(_) | Self::Yaml(_) => "render_shape",
+            Self::SchedulerConfig(_) => "invalid",
             Self::MissingApi { .. } => "missing_api",
             Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Kube(_) => "kube",

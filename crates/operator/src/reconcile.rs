@@ -138,7 +138,7 @@ async fn apply(
     let now = (ctx.now)();
     let desired = match render(cfg, &ctx.opts) {
         Ok(d) => d,
-        Err(e @ (Error::Invalid(_) | Error::NameTooLong { .. })) => {
+        Err(e @ (Error::Invalid(_) | Error::NameTooLong { .. } | Error::SchedulerConfig(_))) => {
             // A spec problem: say so in the status and wait for the user to change it.
             let st = status::rejected(cfg, &e.to_string(), &now);
             write_status(cfg, api, st).await?;
@@ -146,7 +146,7 @@ async fn apply(
         }
         Err(e) => return Err(e),
     };
-    let existing = list_children(cfg, ctx).await?;
+    let existing = list_children(cfg, ctx, MissingApi::Fail).await?;
     let mut writes = 0usize;
     for child in &desired {
         let current = existing.get(&(child.resource.kind.clone(), child.object.name_any()));
@@ -205,7 +205,9 @@ async fn cleanup(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Action, 
     // Owner references would let the garbage collector do this too; deleting explicitly makes
     // removal immediate and independent of the collector's foreground/background choice.
     let uid = cfg.uid().unwrap_or_default();
-    let existing = list_children(cfg, ctx).await?;
+    // An upstream API removed before the config (Envoy Gateway or the Inference Extension
+    // uninstalled first) holds no children to delete: the finalizer must not stick on it.
+    let existing = list_children(cfg, ctx, MissingApi::Skip).await?;
     for ((kind, _), obj) in &existing {
         if owned_by(obj, &uid) {
             delete_child(ctx, kind, obj).await?;
@@ -217,7 +219,20 @@ async fn cleanup(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Action, 
 
 type Existing = BTreeMap<(String, String), DynamicObject>;
 
-async fn list_children(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Existing, Error> {
+/// What listing children does when the cluster does not serve one of the child kinds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MissingApi {
+    /// Fail with [`Error::MissingApi`]: the children cannot be applied.
+    Fail,
+    /// Treat the kind as having no objects (deletion: nothing of that kind can exist).
+    Skip,
+}
+
+async fn list_children(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+    missing: MissingApi,
+) -> Result<Existing, Error> {
     let ns = cfg.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let lp = ListParams::default().labels(&format!("{CONFIG_LABEL}={}", cfg.name_any()));
     let mut out = BTreeMap::new();
@@ -225,6 +240,10 @@ async fn list_children(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Ex
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
         let list = match api.list(&lp).await {
             Ok(l) => l,
+            Err(kube::Error::Api(s)) if s.code == 404 && missing == MissingApi::Skip => {
+                debug!(kind = %ar.kind, "API not served; no children of this kind");
+                continue;
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 return Err(Error::MissingApi {
                     kind: ar.kind.clone(),

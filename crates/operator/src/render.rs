@@ -1,9 +1,9 @@
 //! Pure render: one `InferenceGatewayConfig` in, every child object it implies out.
 //!
 //! No IO and no clock: the same config and options give byte-identical objects, which is what
-//! the golden files under `tests/golden/` pin. Every child carries a controller owner reference
-//! to the config and the label [`CONFIG_LABEL`] naming it, which is how the reconciler finds
-//! children to prune. Objects are built as JSON and deserialised into their typed form
+//! the golden files under `tests/golden/` pin. Every child carries the label [`CONFIG_LABEL`]
+//! naming its config, which is how the reconciler finds children to prune, and, when the config
+//! has a uid (one the API server handed over), a controller owner reference to it. Objects are built as JSON and deserialised into their typed form
 //! (k8s-openapi, gateway-api, `infergate_api::upstream`), so a misspelt field fails the render
 //! tests instead of reaching the cluster.
 
@@ -22,6 +22,7 @@ use infergate_api::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -30,6 +31,10 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+use infergate_extproc::args::{self, BbrArgs, PickerArgs, command_line};
+use infergate_extproc::bbr::ModelsFile;
+use infergate_scheduler::SchedulerConfig;
 
 use crate::Error;
 
@@ -46,20 +51,31 @@ pub const CONFIG_HASH_ANNOTATION: &str = "infergate.dev/config-hash";
 /// Header the body-based router sets from the request's `model`.
 pub const MODEL_HEADER: &str = "X-Gateway-Model-Name";
 
-/// Endpoint-picker ext_proc port.
-pub const EPP_GRPC_PORT: i32 = 9002;
+/// Endpoint-picker ext_proc port (the picker's own default, so the rendered flag and the
+/// binary agree).
+pub const EPP_GRPC_PORT: i32 = args::PICKER_GRPC_PORT as i32;
 /// Endpoint-picker gRPC health port.
-pub const EPP_HEALTH_PORT: i32 = 9003;
+pub const EPP_HEALTH_PORT: i32 = args::PICKER_HEALTH_PORT as i32;
 /// Metrics port of the picker and the BBR.
-pub const METRICS_PORT: i32 = 9090;
+pub const METRICS_PORT: i32 = args::METRICS_PORT as i32;
 /// Body-based-router ext_proc port.
-pub const BBR_GRPC_PORT: i32 = 9004;
+pub const BBR_GRPC_PORT: i32 = args::BBR_GRPC_PORT as i32;
 /// Body-based-router gRPC health port.
-pub const BBR_HEALTH_PORT: i32 = 9005;
+pub const BBR_HEALTH_PORT: i32 = args::BBR_HEALTH_PORT as i32;
+/// Folder the picker's and the BBR's ConfigMap is mounted at.
+pub const CONFIG_MOUNT: &str = "/etc/infergate";
+/// File name of the scheduler config in the picker's ConfigMap (read by `--config`).
+pub const SCHEDULER_CONFIG_FILE: &str = "scheduler.yaml";
+/// File name of the model map in the BBR's ConfigMap (read by `--models`).
+pub const MODELS_CONFIG_FILE: &str = "models.yaml";
 /// Path of the scheduler config inside the picker pod.
 pub const SCHEDULER_CONFIG_PATH: &str = "/etc/infergate/scheduler.yaml";
 /// Path of the model map inside the BBR pod.
 pub const MODELS_CONFIG_PATH: &str = "/etc/infergate/models.yaml";
+/// Label Envoy Gateway puts on the data-plane pods of a Gateway (its name).
+pub const EG_OWNING_GATEWAY_NAME: &str = "gateway.envoyproxy.io/owning-gateway-name";
+/// Label Envoy Gateway puts on the data-plane pods of a Gateway (its namespace).
+pub const EG_OWNING_GATEWAY_NAMESPACE: &str = "gateway.envoyproxy.io/owning-gateway-namespace";
 
 /// Settings of the operator process that shape every render.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +103,7 @@ pub fn child_kinds() -> Vec<ApiResource> {
         ApiResource::erase::<Deployment>(&()),
         ApiResource::erase::<Service>(&()),
         ApiResource::erase::<PodDisruptionBudget>(&()),
+        ApiResource::erase::<NetworkPolicy>(&()),
         ApiResource::erase::<Gateway>(&()),
         ApiResource::erase::<InferencePool>(&()),
         ApiResource::erase::<HttpRoute>(&()),
@@ -155,7 +172,9 @@ struct Renderer<'a> {
     opts: &'a RenderOptions,
     name: String,
     namespace: String,
-    owner: OwnerReference,
+    /// `None` for a config read from a file (`infergate render`): it has no uid yet, and a
+    /// made-up owner would have the garbage collector delete what a user applies.
+    owner: Option<OwnerReference>,
 }
 
 impl<'a> Renderer<'a> {
@@ -170,9 +189,7 @@ impl<'a> Renderer<'a> {
             .namespace
             .clone()
             .ok_or(Error::MissingMetadata("namespace"))?;
-        let owner = cfg
-            .controller_owner_ref(&())
-            .ok_or(Error::MissingMetadata("uid"))?;
+        let owner = cfg.controller_owner_ref(&());
         Ok(Self {
             cfg,
             opts,
@@ -201,7 +218,7 @@ impl<'a> Renderer<'a> {
             name: Some(name.to_owned()),
             namespace: Some(self.namespace.clone()),
             labels: Some(labels),
-            owner_references: Some(vec![self.owner.clone()]),
+            owner_references: self.owner.clone().map(|o| vec![o]),
             ..ObjectMeta::default()
         })
     }
@@ -343,48 +360,49 @@ impl<'a> Renderer<'a> {
         let spec = &self.cfg.spec;
         let name = bbr_name(&self.name);
         let component = "bbr";
-        // The model map: each served model and the LoRA adapters that resolve to it.
-        let models: Vec<Value> = spec
-            .schedulers
-            .iter()
-            .map(|s| json!({ "model": s.model_name, "adapters": s.lora_adapters }))
-            .collect();
-        let models_yaml = to_yaml(&json!({ "models": models }));
+        // The model map, in the BBR's own file format: each served model and the LoRA
+        // adapters that resolve to it.
+        let models = ModelsFile {
+            models: spec
+                .schedulers
+                .iter()
+                .map(|s| (s.model_name.clone(), s.lora_adapters.clone()))
+                .collect(),
+        };
+        let models_yaml = to_yaml(&models)?;
         let cm: ConfigMap = typed(
             "ConfigMap",
             json!({
                 "metadata": self.meta(&name, component, None)?,
-                "data": { "models.yaml": models_yaml },
+                "data": { MODELS_CONFIG_FILE: models_yaml },
             }),
         )?;
         let hash = fnv_hex(&models_yaml);
         out.push(child(&cm)?);
         out.push(child(&self.service_account(&name, component, None)?)?);
-        let args = vec![
-            "bbr".to_owned(),
-            format!("--grpc-port={BBR_GRPC_PORT}"),
-            format!("--health-port={BBR_HEALTH_PORT}"),
-            format!("--metrics-port={METRICS_PORT}"),
-            format!("--models={MODELS_CONFIG_PATH}"),
-            format!(
-                "--max-request-body-bytes={}",
-                spec.bbr.max_request_body_bytes
-            ),
-        ];
+        let mut bbr = BbrArgs::new(MODELS_CONFIG_PATH);
+        bbr.max_body_bytes = body_limit(spec.bbr.max_request_body_bytes)?;
         let ports = [
-            ("grpc", BBR_GRPC_PORT),
-            ("health", BBR_HEALTH_PORT),
-            ("metrics", METRICS_PORT),
+            ("grpc", i32::from(bbr.grpc_port)),
+            ("health", i32::from(bbr.grpc_health_port)),
+            ("metrics", i32::from(bbr.metrics_port)),
         ];
+        let process = Process {
+            args: command_line("bbr", &bbr).map_err(Error::CommandLine)?,
+            ports: &ports,
+            config_file: MODELS_CONFIG_FILE,
+            config_hash: &hash,
+        };
         out.push(child(&self.deployment(
             &name,
             component,
             None,
             spec.bbr.replicas,
-            args,
-            &ports,
-            &hash,
+            &process,
         )?)?);
+        out.push(child(
+            &self.network_policy(&name, component, None, &ports)?,
+        )?);
         out.push(child(&self.service(&name, component, None, &ports)?)?);
         out.push(child(&self.pdb(&name, component, None)?)?);
         let mut eep = EnvoyExtensionPolicy::new(
@@ -439,26 +457,14 @@ impl<'a> Renderer<'a> {
         pool.metadata = self.meta(&pool_name, "inference-pool", sched)?;
         out.push(child(&pool)?);
 
-        // Scorer settings the picker reads: a preset name or explicit weights.
-        let scheduler_cfg = match (s.effective_preset(), &s.weights) {
-            (Some(p), _) => json!({ "preset": p.as_str() }),
-            (None, Some(w)) => {
-                let weights: serde_json::Map<String, Value> = w
-                    .entries()
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), json!(v)))
-                    .collect();
-                json!({ "weights": weights })
-            }
-            (None, None) => json!({ "preset": "infergate" }),
-        };
-        let scheduler_yaml = to_yaml(&scheduler_cfg);
+        // What the picker runs with, in the picker's own file format (`--config`).
+        let scheduler_yaml = to_yaml(&scheduler_config(s)?)?;
         let hash = fnv_hex(&scheduler_yaml);
         let cm: ConfigMap = typed(
             "ConfigMap",
             json!({
                 "metadata": self.meta(&epp, component, sched)?,
-                "data": { "scheduler.yaml": scheduler_yaml },
+                "data": { SCHEDULER_CONFIG_FILE: scheduler_yaml },
             }),
         )?;
         out.push(child(&cm)?);
@@ -489,24 +495,28 @@ impl<'a> Renderer<'a> {
         )?;
         out.push(child(&binding)?);
 
-        let args = vec![
-            "picker".to_owned(),
-            format!("--pool-name={pool_name}"),
-            format!("--pool-namespace={}", self.namespace),
-            format!("--config={SCHEDULER_CONFIG_PATH}"),
-            format!("--engine={}", s.engine_type.as_str()),
-            format!("--grpc-port={EPP_GRPC_PORT}"),
-            format!("--health-port={EPP_HEALTH_PORT}"),
-            format!("--metrics-port={METRICS_PORT}"),
-        ];
+        let mut picker = PickerArgs::new(&pool_name, &self.namespace);
+        picker.config = Some(SCHEDULER_CONFIG_PATH.into());
+        picker.default_engine = Some(s.engine_type.as_str().to_owned());
+        // The body passes the BBR first: the picker must accept what the BBR accepted.
+        picker.max_body_bytes = body_limit(self.cfg.spec.bbr.max_request_body_bytes)?;
         let ports = [
-            ("grpc", EPP_GRPC_PORT),
-            ("health", EPP_HEALTH_PORT),
-            ("metrics", METRICS_PORT),
+            ("grpc", i32::from(picker.grpc_port)),
+            ("health", i32::from(picker.grpc_health_port)),
+            ("metrics", i32::from(picker.metrics_port)),
         ];
-        out.push(child(&self.deployment(
-            &epp, component, sched, s.replicas, args, &ports, &hash,
-        )?)?);
+        let process = Process {
+            args: command_line("picker", &picker).map_err(Error::CommandLine)?,
+            ports: &ports,
+            config_file: SCHEDULER_CONFIG_FILE,
+            config_hash: &hash,
+        };
+        out.push(child(
+            &self.deployment(&epp, component, sched, s.replicas, &process)?,
+        )?);
+        out.push(child(
+            &self.network_policy(&epp, component, sched, &ports)?,
+        )?);
         out.push(child(&self.service(&epp, component, sched, &ports)?)?);
         out.push(child(&self.pdb(&epp, component, sched)?)?);
 
@@ -551,29 +561,9 @@ impl<'a> Renderer<'a> {
         )?;
         out.push(child(&route)?);
 
-        let mut eep = EnvoyExtensionPolicy::new(
-            &epp,
-            EnvoyExtensionPolicySpec {
-                target_refs: vec![TargetRef::gateway_api("HTTPRoute", &pool_name)],
-                ext_proc: vec![ExtProc {
-                    backend_refs: vec![BackendRef::service(&epp, EPP_GRPC_PORT)],
-                    processing_mode: Some(ProcessingMode {
-                        request: Some(ProcessingModeDirection {
-                            body: Some("FullDuplexStreamed".to_owned()),
-                        }),
-                        response: Some(ProcessingModeDirection {
-                            body: Some("FullDuplexStreamed".to_owned()),
-                        }),
-                    }),
-                    message_timeout: Some("5s".to_owned()),
-                    // Envoy Gateway forbids fail-open with full-duplex bodies; the pool's
-                    // `failureMode` carries the user's choice instead.
-                    fail_open: Some(false),
-                }],
-            },
-        );
-        eep.metadata = self.meta(&epp, component, sched)?;
-        out.push(child(&eep)?);
+        // No EnvoyExtensionPolicy for the picker: Envoy Gateway calls the pool's
+        // `endpointPickerRef` itself for every route whose backend is an InferencePool
+        // (docs/operator.md cites where), so a policy would make it call the picker twice.
         Ok(())
     }
 
@@ -590,16 +580,13 @@ impl<'a> Renderer<'a> {
         })
     }
 
-    #[allow(clippy::too_many_arguments)] // one call per component; a struct would only rename these
     fn deployment(
         &self,
         name: &str,
         component: &str,
         sched: Option<&str>,
         replicas: i32,
-        args: Vec<String>,
-        ports: &[(&str, i32)],
-        config_hash: &str,
+        process: &Process<'_>,
     ) -> Result<Deployment, Error> {
         let pd = &self.cfg.spec.pod_defaults;
         let obs = &self.cfg.spec.observability;
@@ -609,15 +596,18 @@ impl<'a> Renderer<'a> {
             labels.insert(SCHEDULER_LABEL.to_owned(), s.to_owned());
         }
         let mut annotations = pd.annotations.clone();
-        annotations.insert(CONFIG_HASH_ANNOTATION.to_owned(), config_hash.to_owned());
-        if obs.metrics {
+        annotations.insert(
+            CONFIG_HASH_ANNOTATION.to_owned(),
+            process.config_hash.to_owned(),
+        );
+        let port = |n: &str| process.ports.iter().find(|(p, _)| *p == n).map(|p| p.1);
+        if obs.metrics
+            && let Some(m) = port("metrics")
+        {
             annotations.insert("prometheus.io/scrape".to_owned(), "true".to_owned());
-            annotations.insert("prometheus.io/port".to_owned(), METRICS_PORT.to_string());
+            annotations.insert("prometheus.io/port".to_owned(), m.to_string());
+            annotations.insert("prometheus.io/path".to_owned(), "/metrics".to_owned());
         }
-        let health_port = ports
-            .iter()
-            .find(|(n, _)| *n == "health")
-            .map_or(0, |p| p.1);
         let mut env = vec![
             json!({ "name": "RUST_LOG", "value": json_str(&obs.log_level) }),
             json!({ "name": "INFERGATE_LOG_FORMAT", "value": json_str(&obs.log_format) }),
@@ -625,33 +615,41 @@ impl<'a> Renderer<'a> {
             json!({ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
         ];
         env.extend(pd.env.iter().map(|e| json!(e)));
-        let (mount, file) = if component == "bbr" {
-            ("/etc/infergate", "models.yaml")
-        } else {
-            ("/etc/infergate", "scheduler.yaml")
-        };
         let mut container = json!({
             "name": component,
             "image": self.opts.image,
-            "args": args,
-            "ports": ports.iter().map(|(n, p)| json!({ "name": n, "containerPort": p })).collect::<Vec<_>>(),
+            "args": process.args,
+            "ports": process.ports.iter().map(|(n, p)| json!({ "name": n, "containerPort": p, "protocol": "TCP" })).collect::<Vec<_>>(),
             "env": env,
-            "readinessProbe": { "grpc": { "port": health_port, "service": "readiness" }, "periodSeconds": 5 },
-            "livenessProbe": { "grpc": { "port": health_port, "service": "liveness" }, "periodSeconds": 10 },
             "securityContext": {
                 "allowPrivilegeEscalation": false,
                 "readOnlyRootFilesystem": true,
                 "runAsNonRoot": true,
                 "runAsUser": 65532,
+                "runAsGroup": 65532,
                 "capabilities": { "drop": ["ALL"] },
+                "seccompProfile": { "type": "RuntimeDefault" },
             },
-            "volumeMounts": [{ "name": "config", "mountPath": mount, "readOnly": true }],
+            "volumeMounts": [{ "name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true }],
+            "resources": match &pd.resources {
+                Some(r) => json!(r),
+                None => default_resources(),
+            },
         });
-        if let Some(r) = &pd.resources {
-            container["resources"] = json!(r);
+        if let Some(h) = port("health") {
+            container["readinessProbe"] =
+                json!({ "grpc": { "port": h, "service": "readiness" }, "periodSeconds": 5 });
+            container["livenessProbe"] =
+                json!({ "grpc": { "port": h, "service": "liveness" }, "periodSeconds": 10 });
         }
+        let file = process.config_file;
         let mut pod_spec = json!({
             "serviceAccountName": name,
+            "automountServiceAccountToken": sched.is_some(),
+            "securityContext": {
+                "runAsNonRoot": true,
+                "seccompProfile": { "type": "RuntimeDefault" },
+            },
             "containers": [container],
             "volumes": [{ "name": "config", "configMap": { "name": name, "items": [{ "key": file, "path": file }] } }],
         });
@@ -675,6 +673,50 @@ impl<'a> Renderer<'a> {
                         "metadata": { "labels": labels, "annotations": annotations },
                         "spec": pod_spec,
                     },
+                },
+            }),
+        )
+    }
+
+    /// Admits only what a picker or BBR pod must answer: ext_proc from this config's Envoy
+    /// Gateway data plane (the pods Envoy Gateway labels with the owning Gateway, in any
+    /// namespace, since it runs them in its own), and health and metrics from anywhere (kubelet
+    /// probes and Prometheus). Egress is left open: the picker scrapes model-server pods and
+    /// watches the API server.
+    fn network_policy(
+        &self,
+        name: &str,
+        component: &str,
+        sched: Option<&str>,
+        ports: &[(&str, i32)],
+    ) -> Result<NetworkPolicy, Error> {
+        let port_of = |names: &[&str]| -> Vec<Value> {
+            ports
+                .iter()
+                .filter(|(n, _)| names.contains(n))
+                .map(|(_, p)| json!({ "protocol": "TCP", "port": p }))
+                .collect()
+        };
+        typed(
+            "NetworkPolicy",
+            json!({
+                "metadata": self.meta(name, component, sched)?,
+                "spec": {
+                    "podSelector": { "matchLabels": self.selector(component, sched) },
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {
+                            "from": [{
+                                "namespaceSelector": {},
+                                "podSelector": { "matchLabels": {
+                                    EG_OWNING_GATEWAY_NAME: self.name,
+                                    EG_OWNING_GATEWAY_NAMESPACE: self.namespace,
+                                } },
+                            }],
+                            "ports": port_of(&["grpc"]),
+                        },
+                        { "ports": port_of(&["health", "metrics"]) },
+                    ],
                 },
             }),
         )
@@ -722,6 +764,66 @@ impl<'a> Renderer<'a> {
     }
 }
 
+/// One process the render runs in a Deployment: its command line (from the binary's own
+/// argument struct), the ports that command line opens, and the ConfigMap file it reads.
+struct Process<'a> {
+    args: Vec<String>,
+    ports: &'a [(&'a str, i32)],
+    config_file: &'a str,
+    config_hash: &'a str,
+}
+
+/// Requests sized for the measured footprint of a picker or BBR at a few thousand requests per
+/// second, with a memory limit so a leak cannot take the node; `podDefaults.resources` replaces
+/// them as a whole.
+fn default_resources() -> Value {
+    json!({
+        "requests": { "cpu": "100m", "memory": "128Mi" },
+        "limits": { "memory": "512Mi" },
+    })
+}
+
+/// The scheduler configuration one scheduler's picker runs with: the preset, or the `infergate`
+/// preset with the CRD's weights in place of its own (scorers the CRD leaves out weigh 0). The
+/// CRD's weights map onto the scheduler's by name; a CRD weight the scheduler does not know is a
+/// render error, never a silently dropped scorer.
+pub fn scheduler_config(s: &SchedulerSpec) -> Result<SchedulerConfig, Error> {
+    let cfg = match (s.effective_preset(), &s.weights) {
+        (Some(p), _) => {
+            let preset =
+                p.as_str()
+                    .parse()
+                    .map_err(|e: infergate_scheduler::UnknownPresetError| {
+                        Error::SchedulerConfig(e.to_string())
+                    })?;
+            SchedulerConfig::preset(preset)
+        }
+        (None, weights) => {
+            let v = serde_json::to_value(weights).map_err(|source| Error::Shape {
+                kind: "weights",
+                source,
+            })?;
+            SchedulerConfig {
+                weights: serde_json::from_value(v)
+                    .map_err(|e| Error::SchedulerConfig(format!("weights: {e}")))?,
+                ..SchedulerConfig::default()
+            }
+        }
+    };
+    cfg.validate()
+        .map_err(|e| Error::SchedulerConfig(e.to_string()))?;
+    Ok(cfg)
+}
+
+/// `maxRequestBodyBytes` as the processes take it.
+fn body_limit(bytes: i64) -> Result<usize, Error> {
+    usize::try_from(bytes).map_err(|_| {
+        Error::SchedulerConfig(format!(
+            "maxRequestBodyBytes must be a positive byte count, got {bytes}"
+        ))
+    })
+}
+
 fn typed<T: DeserializeOwned>(kind: &'static str, v: Value) -> Result<T, Error> {
     serde_json::from_value(v).map_err(|source| Error::Shape { kind, source })
 }
@@ -753,8 +855,8 @@ fn json_str<T: Serialize>(v: &T) -> String {
     }
 }
 
-fn to_yaml(v: &Value) -> String {
-    serde_yaml::to_string(v).unwrap_or_default()
+fn to_yaml<T: Serialize>(v: &T) -> Result<String, Error> {
+    serde_yaml::to_string(v).map_err(Error::Yaml)
 }
 
 /// FNV-1a, hex: a hash that stays the same across Rust releases (golden files depend on it).

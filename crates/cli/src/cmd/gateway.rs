@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use infergate_proxy::{GatewayConfig, WorkerListeners, default_workers};
 
+use super::shutdown_signal;
+
 /// Arguments of `infergate gateway`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -79,27 +81,4 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     gateway.wait().await;
     watcher.await.context("configuration watcher")?;
     Ok(())
-}
-
-/// Ctrl-C, or SIGTERM on Unix (what Kubernetes and systemd send).
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

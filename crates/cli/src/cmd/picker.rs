@@ -6,94 +6,21 @@
 //! on a 2-core node (`docs/benchmarks.md`, ext_proc section); `--threads N` gives it a
 //! multi-thread runtime with N workers. Metric scrapes have a thread of their own either way.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-
 use anyhow::Context as _;
 use infergate_extproc::discovery::kubernetes::membership;
 use infergate_extproc::discovery::static_file::EndpointsFile;
-use infergate_extproc::picker::{DEFAULT_MAX_BODY_BYTES, PickerConfig};
+use infergate_extproc::picker::PickerConfig;
 use infergate_extproc::run::{
     Membership, PickerListeners, PoolConfig, SchedulerConfig, load_scheduler_config, run_picker,
 };
-use tokio::net::TcpListener;
 
-/// Arguments of `infergate picker`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// The InferencePool this picker serves.
-    #[arg(long, env = "POOL_NAME", default_value = "default")]
-    pub pool_name: String,
-    /// The InferencePool's namespace.
-    #[arg(long, env = "POOL_NAMESPACE", default_value = "default")]
-    pub pool_namespace: String,
-    /// Scheduler configuration (YAML: `preset: infergate`, or explicit weights).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Static discovery: a YAML list of endpoints. Without it, pods are discovered in Kubernetes.
-    #[arg(long)]
-    pub endpoints_file: Option<PathBuf>,
-    /// ext_proc gRPC port.
-    #[arg(long, default_value_t = 9002)]
-    pub grpc_port: u16,
-    /// gRPC health port (`liveness`, `readiness`, and the ext_proc service).
-    #[arg(long, default_value_t = 9003)]
-    pub grpc_health_port: u16,
-    /// Prometheus metrics port (`/metrics`, `/healthz`, `/readyz`).
-    #[arg(long, default_value_t = 9090)]
-    pub metrics_port: u16,
-    /// Largest request body accepted (bytes); larger bodies get 413.
-    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
-    pub max_body_bytes: usize,
-    /// Rewrite a model name on the way in, `REQUESTED=SERVED` (repeatable); responses get the
-    /// requested name back.
-    #[arg(long = "model-rewrite", value_name = "REQUESTED=SERVED")]
-    pub model_rewrites: Vec<String>,
-    /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
-    #[arg(long)]
-    pub default_engine: Option<String>,
-    /// Seed of the scheduler's tie-breaking random generator.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Threads serving ext_proc: 1 is a single-threaded runtime (the cheapest per request); more
-    /// give a multi-thread runtime with that many workers.
-    #[arg(long, env = "INFERGATE_PICKER_THREADS", default_value_t = 1,
-          value_parser = clap::value_parser!(u16).range(1..))]
-    pub threads: u16,
-}
+use super::{bind, shutdown_signal};
+
+/// Arguments of `infergate picker` (shared with the operator that renders them).
+pub use infergate_extproc::args::PickerArgs as Args;
 
 /// The name of the picker's runtime threads.
 const PICKER_THREAD: &str = "infergate-picker";
-
-async fn bind(port: u16) -> anyhow::Result<TcpListener> {
-    let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))
-}
-
-/// Resolves on Ctrl-C or SIGTERM (how Kubernetes stops a pod).
-pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
 
 /// Runs `infergate picker` on its own runtime (see the module documentation) until it stops.
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -136,9 +63,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
     let listeners = PickerListeners {
-        grpc: bind(args.grpc_port).await?,
-        health: bind(args.grpc_health_port).await?,
-        metrics: bind(args.metrics_port).await?,
+        grpc: bind(args.listen_address, args.grpc_port).await?,
+        health: bind(args.listen_address, args.grpc_health_port).await?,
+        metrics: bind(args.listen_address, args.metrics_port).await?,
     };
     tracing::info!(
         pool = %args.pool_name,

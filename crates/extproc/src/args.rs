@@ -1,0 +1,311 @@
+//! The command lines of `infergate picker` and `infergate bbr`, as one contract.
+//!
+//! The binary parses these structs (clap), and the operator builds them and turns them into the
+//! `args` of the containers it renders with [`command_line`]. Both sides therefore share every
+//! flag name, default and port: a flag renamed here is renamed in what the operator renders, and
+//! [`command_line`] refuses a value it cannot express as a flag. The file formats those flags
+//! point at are shared the same way: the picker's `--config` is a serialised
+//! [`SchedulerConfig`](infergate_scheduler::SchedulerConfig) and the BBR's `--models` a
+//! [`ModelsFile`](crate::bbr::ModelsFile).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::picker::DEFAULT_MAX_BODY_BYTES;
+
+/// Default ext_proc port of the endpoint picker (the Gateway API Inference Extension's).
+pub const PICKER_GRPC_PORT: u16 = 9002;
+/// Default gRPC health port of the endpoint picker.
+pub const PICKER_HEALTH_PORT: u16 = 9003;
+/// Default ext_proc port of the body-based router.
+pub const BBR_GRPC_PORT: u16 = 9004;
+/// Default gRPC health port of the body-based router.
+pub const BBR_HEALTH_PORT: u16 = 9005;
+/// Default metrics port (`/metrics`, `/healthz`, `/readyz`) of both.
+pub const METRICS_PORT: u16 = 9090;
+
+/// Arguments of `infergate picker`: the Envoy ext_proc endpoint picker for one InferencePool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct PickerArgs {
+    /// The InferencePool this picker serves.
+    #[arg(long, env = "POOL_NAME", default_value = "default")]
+    pub pool_name: String,
+    /// The InferencePool's namespace.
+    #[arg(long, env = "POOL_NAMESPACE", default_value = "default")]
+    pub pool_namespace: String,
+    /// Scheduler configuration (YAML: `preset: infergate`, or explicit weights).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Static discovery: a YAML list of endpoints. Without it, pods are discovered in Kubernetes.
+    #[arg(long)]
+    pub endpoints_file: Option<PathBuf>,
+    /// Address every port is bound on (default: all interfaces). Set it to the pod's IP, or,
+    /// as the tests do, to one loopback address per process.
+    #[arg(long, env = "INFERGATE_LISTEN_ADDRESS")]
+    pub listen_address: Option<IpAddr>,
+    /// ext_proc gRPC port.
+    #[arg(long, default_value_t = PICKER_GRPC_PORT)]
+    pub grpc_port: u16,
+    /// gRPC health port (`liveness`, `readiness`, and the ext_proc service).
+    #[arg(long, default_value_t = PICKER_HEALTH_PORT)]
+    pub grpc_health_port: u16,
+    /// Prometheus metrics port (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(long, default_value_t = METRICS_PORT)]
+    pub metrics_port: u16,
+    /// Largest request body accepted (bytes); larger bodies get 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Rewrite a model name on the way in, `REQUESTED=SERVED` (repeatable); responses get the
+    /// requested name back.
+    #[arg(long = "model-rewrite", value_name = "REQUESTED=SERVED")]
+    pub model_rewrites: Vec<String>,
+    /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
+    #[arg(long)]
+    pub default_engine: Option<String>,
+    /// Seed of the scheduler's tie-breaking random generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Threads serving ext_proc: 1 is a single-threaded runtime (the cheapest per request); more
+    /// give a multi-thread runtime with that many workers.
+    #[arg(long, env = "INFERGATE_PICKER_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: u16,
+}
+
+impl PickerArgs {
+    /// The arguments with every default, for the pool `name` in `namespace`.
+    pub fn new(name: &str, namespace: &str) -> Self {
+        PickerArgs {
+            pool_name: name.to_owned(),
+            pool_namespace: namespace.to_owned(),
+            config: None,
+            endpoints_file: None,
+            listen_address: None,
+            grpc_port: PICKER_GRPC_PORT,
+            grpc_health_port: PICKER_HEALTH_PORT,
+            metrics_port: METRICS_PORT,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            model_rewrites: Vec::new(),
+            default_engine: None,
+            seed: 0,
+            threads: 1,
+        }
+    }
+}
+
+/// Arguments of `infergate bbr`: the Envoy ext_proc body-based router.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct BbrArgs {
+    /// Served models and their LoRA adapters (YAML map: model → list of adapters).
+    #[arg(long)]
+    pub models: PathBuf,
+    /// Address every port is bound on (default: all interfaces). Set it to the pod's IP, or,
+    /// as the tests do, to one loopback address per process.
+    #[arg(long, env = "INFERGATE_LISTEN_ADDRESS")]
+    pub listen_address: Option<IpAddr>,
+    /// ext_proc gRPC port.
+    #[arg(long, default_value_t = BBR_GRPC_PORT)]
+    pub grpc_port: u16,
+    /// gRPC health port; 0 disables it.
+    #[arg(long, default_value_t = BBR_HEALTH_PORT)]
+    pub grpc_health_port: u16,
+    /// Prometheus metrics port; 0 disables it.
+    #[arg(long, default_value_t = METRICS_PORT)]
+    pub metrics_port: u16,
+    /// Largest request body accepted (bytes); larger bodies get 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+}
+
+impl BbrArgs {
+    /// The arguments with every default, reading the models file at `models`.
+    pub fn new(models: impl Into<PathBuf>) -> Self {
+        BbrArgs {
+            models: models.into(),
+            listen_address: None,
+            grpc_port: BBR_GRPC_PORT,
+            grpc_health_port: BBR_HEALTH_PORT,
+            metrics_port: METRICS_PORT,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// The socket address of `port` on `listen_address` (all interfaces when unset).
+pub fn socket_addr(listen_address: Option<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(
+        listen_address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        port,
+    )
+}
+
+/// Why a value could not be written as a command line.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandLineError {
+    /// The arguments did not serialise.
+    #[error("the arguments do not serialise")]
+    Serialize(#[from] serde_json::Error),
+    /// The arguments serialised to something other than a map of fields.
+    #[error("the arguments are not a struct of fields")]
+    NotAStruct,
+    /// A field's value has no flag form (a map or a nested list).
+    #[error("`--{flag}` cannot carry a {kind} value")]
+    Unsupported {
+        /// The flag.
+        flag: String,
+        /// What the value was.
+        kind: &'static str,
+    },
+    /// A field of the struct has no flag: it would be lost on the way.
+    #[error("field `{0}` has no command-line flag")]
+    NoFlag(String),
+}
+
+/// `subcommand` followed by one `--flag=value` per set field of `args`, in the order clap
+/// declares the flags: `None` and `false` are left out, `true` is a bare `--flag`, a list repeats
+/// its flag. The flag names come from clap itself, so they are the ones the binary parses.
+pub fn command_line<A>(subcommand: &str, args: &A) -> Result<Vec<String>, CommandLineError>
+where
+    A: clap::Args + Serialize,
+{
+    let command = A::augment_args(clap::Command::new("infergate"));
+    let Value::Object(mut fields) = serde_json::to_value(args)? else {
+        return Err(CommandLineError::NotAStruct);
+    };
+    let mut out = vec![subcommand.to_owned()];
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        let Some(value) = fields.remove(arg.get_id().as_str()) else {
+            continue;
+        };
+        match value {
+            Value::Null | Value::Bool(false) => {}
+            Value::Bool(true) => out.push(format!("--{long}")),
+            Value::Array(items) => {
+                for item in items {
+                    out.push(format!("--{long}={}", scalar(long, item)?));
+                }
+            }
+            v => out.push(format!("--{long}={}", scalar(long, v)?)),
+        }
+    }
+    match fields.into_iter().next() {
+        Some((field, _)) => Err(CommandLineError::NoFlag(field)),
+        None => Ok(out),
+    }
+}
+
+fn scalar(flag: &str, v: Value) -> Result<String, CommandLineError> {
+    match v {
+        Value::String(s) => Ok(s),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        Value::Null => Ok(String::new()),
+        Value::Array(_) => Err(CommandLineError::Unsupported {
+            flag: flag.to_owned(),
+            kind: "nested list",
+        }),
+        Value::Object(_) => Err(CommandLineError::Unsupported {
+            flag: flag.to_owned(),
+            kind: "map",
+        }),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use clap::{FromArgMatches as _, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Picker {
+        #[command(flatten)]
+        args: PickerArgs,
+    }
+
+    #[derive(Debug, Parser)]
+    struct Bbr {
+        #[command(flatten)]
+        args: BbrArgs,
+    }
+
+    #[test]
+    fn picker_command_line_parses_back_to_the_same_arguments() {
+        let mut a = PickerArgs::new("pool", "ns");
+        a.config = Some("/etc/infergate/scheduler.yaml".into());
+        a.default_engine = Some("sglang".to_owned());
+        a.model_rewrites = vec!["a=b".to_owned(), "c=d".to_owned()];
+        a.grpc_port = 19002;
+        a.threads = 2;
+        let line = command_line("picker", &a).unwrap();
+        assert_eq!(line[0], "picker");
+        assert!(line.contains(&"--model-rewrite=a=b".to_owned()), "{line:?}");
+        assert!(line.contains(&"--grpc-port=19002".to_owned()), "{line:?}");
+        let parsed = Picker::try_parse_from(&line).unwrap().args;
+        assert_eq!(parsed, a);
+    }
+
+    #[test]
+    fn defaults_of_new_are_the_parsers_defaults() {
+        let parsed = Picker::try_parse_from(["picker"]).unwrap().args;
+        assert_eq!(parsed, PickerArgs::new("default", "default"));
+        let parsed = Bbr::try_parse_from(["bbr", "--models=m.yaml"])
+            .unwrap()
+            .args;
+        assert_eq!(parsed, BbrArgs::new("m.yaml"));
+    }
+
+    #[test]
+    fn bbr_command_line_parses_back_to_the_same_arguments() {
+        let mut a = BbrArgs::new("/etc/infergate/models.yaml");
+        a.max_body_bytes = 1234;
+        a.grpc_health_port = 0;
+        let line = command_line("bbr", &a).unwrap();
+        let matches = Bbr::command_for_test().try_get_matches_from(&line).unwrap();
+        assert_eq!(BbrArgs::from_arg_matches(&matches).unwrap(), a);
+    }
+
+    #[test]
+    fn a_field_without_a_flag_is_refused() {
+        #[derive(Serialize, clap::Args)]
+        struct Odd {
+            #[arg(long)]
+            kept: u32,
+            #[arg(skip)]
+            hidden: u32,
+        }
+        let err = command_line("odd", &Odd { kept: 1, hidden: 2 }).unwrap_err();
+        assert!(matches!(err, CommandLineError::NoFlag(f) if f == "hidden"));
+    }
+
+    #[test]
+    fn a_map_value_is_refused_with_the_flag_named() {
+        #[derive(Serialize, clap::Args)]
+        struct Odd {
+            #[arg(long, value_parser = clap::value_parser!(String))]
+            #[serde(serialize_with = "as_map")]
+            table: String,
+        }
+        fn as_map<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(Some(1))?;
+            m.serialize_entry("k", "v")?;
+            m.end()
+        }
+        let err = command_line("odd", &Odd { table: "x".into() }).unwrap_err();
+        assert_eq!(err.to_string(), "`--table` cannot carry a map value");
+    }
+
+    impl Bbr {
+        fn command_for_test() -> clap::Command {
+            <Bbr as clap::CommandFactory>::command()
+        }
+    }
+}
