@@ -13,7 +13,7 @@ mod harness;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
-use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation;
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingResponse, body_mutation};
 use harness::*;
 use infergate_extproc::bbr::{BbrConfig, ModelsFile};
 use infergate_extproc::wire::{self, MAX_CHUNK};
@@ -778,4 +778,264 @@ async fn bbr_buffered_mode_and_header_only_requests() {
         r.body_mutation,
         Some(body_mutation::Mutation::Body(_))
     ));
+}
+
+// ---- body-based router: client-sent routing headers ------------------------------------------
+
+/// A value a client might put in a routing header to pick a pool of its choosing.
+const SPOOF: &str = "spoofed-pool";
+
+/// Request headers as the harness sends them.
+type Headers = Vec<(&'static str, &'static str)>;
+
+/// Client-sent routing headers, in several letter cases, repeated, and naming a real pool; with
+/// the header names the router must list in `remove_headers` (lowercase, model first).
+fn spoofed_header_sets() -> Vec<(Headers, Vec<String>)> {
+    let both = vec![
+        wire::MODEL_HEADER.to_owned(),
+        wire::BASE_MODEL_HEADER.to_owned(),
+    ];
+    vec![
+        (
+            vec![
+                ("x-gateway-model-name", SPOOF),
+                ("x-gateway-base-model-name", SPOOF),
+            ],
+            both.clone(),
+        ),
+        (
+            vec![("X-Gateway-Model-Name", SPOOF)],
+            vec![wire::MODEL_HEADER.to_owned()],
+        ),
+        (
+            vec![("X-GATEWAY-BASE-MODEL-NAME", "qwen-2.5-7b")],
+            vec![wire::BASE_MODEL_HEADER.to_owned()],
+        ),
+        (
+            vec![
+                ("x-gateway-model-name", "qwen-2.5-7b"),
+                ("X-Gateway-Model-NAME", SPOOF),
+                ("x-gateway-BASE-model-name", SPOOF),
+            ],
+            both,
+        ),
+    ]
+}
+
+/// Fails if any of `answers` carries `value`, as text or as bytes (a header's `raw_value` and a
+/// body are `Vec<u8>`, which `Debug` prints as numbers).
+fn assert_no_trace(answers: &[ProcessingResponse], value: &str) {
+    let as_numbers = value
+        .bytes()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    for a in answers {
+        let text = format!("{a:?}");
+        assert!(
+            !text.contains(value) && !text.contains(&as_numbers),
+            "`{value}` reached an answer: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bbr_overwrites_client_routing_headers_with_the_body_model() {
+    let (_s, envoy) = bbr().await;
+    for (headers, removed) in spoofed_header_sets() {
+        for (model, base) in [("sql-lora", "llama-3-8b"), ("llama-3-8b", "llama-3-8b")] {
+            let body =
+                format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+            let expected_set = vec![
+                (wire::MODEL_HEADER.to_owned(), model.to_owned()),
+                (wire::BASE_MODEL_HEADER.to_owned(), base.to_owned()),
+                ("content-length".to_owned(), body.len().to_string()),
+            ];
+
+            // Full duplex: one routing answer once the body has ended, then the body.
+            let mut ex = envoy.open().await;
+            ex.send(request_headers("/v1/chat/completions", &headers, false))
+                .await;
+            let chunks = split(body.as_bytes(), &[7]);
+            for (i, c) in chunks.iter().enumerate() {
+                ex.send(request_body(c, i + 1 == chunks.len())).await;
+            }
+            let first = ex.next().await;
+            let route = headers_answer(&first);
+            assert_eq!(route.set, expected_set, "{headers:?}");
+            assert_eq!(route.removed, removed, "{headers:?}");
+            assert!(route.clear_route_cache);
+            let chunk = ex.next().await;
+            assert_eq!(streamed(&chunk, true), (body.as_bytes(), true));
+            let answers = [first, chunk];
+            assert_no_trace(&answers, SPOOF);
+            assert_no_trace(&answers, "qwen-2.5-7b");
+
+            // Buffered: the headers answer already removes them; the body answer routes.
+            let mut ex = envoy.open().await;
+            ex.send(with_modes(
+                request_headers("/v1/chat/completions", &headers, false),
+                BodySendMode::Buffered,
+                BodySendMode::None,
+            ))
+            .await;
+            let on_headers = ex.next().await;
+            let r = headers_answer(&on_headers);
+            assert!(r.set.is_empty());
+            assert_eq!(r.removed, removed);
+            assert!(r.clear_route_cache);
+            ex.send(request_body(body.as_bytes(), true)).await;
+            let on_body = ex.next().await;
+            let r = body_answer(&on_body);
+            assert_eq!(r.set, expected_set);
+            assert_eq!(r.removed, removed);
+            assert!(r.clear_route_cache);
+            let answers = [on_headers, on_body];
+            assert_no_trace(&answers, SPOOF);
+            assert_no_trace(&answers, "qwen-2.5-7b");
+        }
+    }
+}
+
+#[tokio::test]
+async fn bbr_removes_client_routing_headers_on_other_paths_and_header_only_requests() {
+    let (_s, envoy) = bbr().await;
+    for (headers, removed) in spoofed_header_sets() {
+        // Header-only requests: a non-API path, the model list, and an API path with no body.
+        for path in ["/metrics", "/v1/models", "/v1/chat/completions"] {
+            let mut ex = envoy.open().await;
+            ex.send(request_headers(path, &headers, true)).await;
+            let a = ex.next().await;
+            let r = headers_answer(&a);
+            assert!(r.set.is_empty(), "{path}: {:?}", r.set);
+            assert_eq!(r.removed, removed, "{path}");
+            assert!(r.clear_route_cache, "{path}");
+            assert!(r.body_mutation.is_none());
+            let answers = [a];
+            assert_no_trace(&answers, SPOOF);
+            assert_no_trace(&answers, "qwen-2.5-7b");
+        }
+
+        // A non-API path with a body (full duplex): the headers are answered at once, before
+        // any body, and each chunk passes back as it came; nothing else is changed.
+        let mut ex = envoy.open().await;
+        ex.send(request_headers("/internal/upload", &headers, false))
+            .await;
+        let a = ex.next().await;
+        let r = headers_answer(&a);
+        assert!(r.set.is_empty(), "no content-length or model headers");
+        assert_eq!(r.removed, removed);
+        assert!(r.clear_route_cache);
+        let mut answers = vec![a];
+        for (chunk, eos) in [(&b"not "[..], false), (&b"json"[..], true)] {
+            ex.send(request_body(chunk, eos)).await;
+            let echo = ex.next().await;
+            assert_eq!(streamed(&echo, true), (chunk, eos));
+            answers.push(echo);
+        }
+        assert_no_trace(&answers, SPOOF);
+        assert_no_trace(&answers, "qwen-2.5-7b");
+
+        // A body mode that does not show the body: removed when the headers are answered.
+        let mut ex = envoy.open().await;
+        ex.send(with_modes(
+            request_headers("/v1/completions", &headers, false),
+            BodySendMode::None,
+            BodySendMode::None,
+        ))
+        .await;
+        let a = ex.next().await;
+        let r = headers_answer(&a);
+        assert!(r.set.is_empty());
+        assert_eq!(r.removed, removed);
+        assert!(r.clear_route_cache);
+        let answers = [a];
+        assert_no_trace(&answers, SPOOF);
+        assert_no_trace(&answers, "qwen-2.5-7b");
+    }
+}
+
+#[tokio::test]
+async fn bbr_leaves_other_requests_without_routing_headers_untouched() {
+    let (_s, envoy) = bbr().await;
+    // Header-only, full duplex with a body, buffered with a body: no mutation at all and no
+    // `clear_route_cache` (nothing changed that a route could match on).
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/metrics", &[("x-other", "1")], true))
+        .await;
+    let r = headers_answer(&ex.next().await);
+    assert!(r.set.is_empty() && r.removed.is_empty() && !r.clear_route_cache);
+
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/files", &[], false)).await;
+    let r = headers_answer(&ex.next().await);
+    assert!(r.set.is_empty() && r.removed.is_empty() && !r.clear_route_cache);
+    ex.send(request_body(b"abc", false)).await;
+    assert_eq!(streamed(&ex.next().await, true), (&b"abc"[..], false));
+    ex.send(request_trailers()).await;
+    assert!(is_trailers(&ex.next().await, true));
+
+    let mut ex = envoy.open().await;
+    ex.send(with_modes(
+        request_headers("/v1/files", &[], false),
+        BodySendMode::Buffered,
+        BodySendMode::None,
+    ))
+    .await;
+    let r = headers_answer(&ex.next().await);
+    assert!(r.set.is_empty() && r.removed.is_empty() && !r.clear_route_cache);
+    ex.send(request_body(b"{}", true)).await;
+    let r = body_answer(&ex.next().await);
+    assert!(r.set.is_empty() && r.removed.is_empty() && !r.clear_route_cache);
+    assert!(r.body_mutation.is_none(), "the body is not replaced");
+}
+
+#[tokio::test]
+async fn bbr_bodies_without_a_model_get_400_json_and_no_spoofed_value() {
+    let (_s, envoy) = bbr().await;
+    let headers = [
+        ("X-Gateway-Model-Name", SPOOF),
+        ("x-gateway-base-model-name", SPOOF),
+    ];
+    let cases: [(&[u8], &str); 5] = [
+        (
+            br#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            "missing_model",
+        ),
+        (br#"{"model":"","messages":[]}"#, "missing_model"),
+        (b"not json at all", "invalid_json"),
+        (br#"{"model":"llama-3-8b","messages":"#, "invalid_json"),
+        (b"", "invalid_json"),
+    ];
+    for (body, code) in cases {
+        for buffered in [false, true] {
+            let what = format!("{} (buffered: {buffered})", String::from_utf8_lossy(body));
+            let mut ex = envoy.open().await;
+            let h = request_headers("/v1/chat/completions", &headers, false);
+            let mut answers = Vec::new();
+            if buffered {
+                ex.send(with_modes(h, BodySendMode::Buffered, BodySendMode::None))
+                    .await;
+                let a = ex.next().await;
+                assert_eq!(headers_answer(&a).removed.len(), 2);
+                answers.push(a);
+            } else {
+                ex.send(h).await;
+            }
+            ex.send(request_body(body, true)).await;
+            let a = ex.next().await;
+            let (status, h, json) = immediate_parts(&a);
+            assert_eq!(status, 400, "{what}");
+            assert_eq!(
+                h.get("content-type").map(String::as_str),
+                Some("application/json"),
+                "{what}"
+            );
+            assert_eq!(json["error"]["code"], code, "{what}");
+            assert_eq!(json["error"]["type"], "invalid_request_error", "{what}");
+            answers.push(a);
+            ex.expect_end().await;
+            assert_no_trace(&answers, SPOOF);
+        }
+    }
 }
