@@ -13,6 +13,7 @@
 //! Layout:
 //! - this file — [`PoolConfig`], [`LivePool`], [`Inflight`];
 //! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`;
+//! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
 //! - [`error`] — [`PoolError`].
 //!
 //! [`Scraper`]: infergate_metrics::Scraper
@@ -34,6 +35,7 @@ use rand::rngs::SmallRng;
 
 pub mod admin;
 pub mod error;
+pub mod pods;
 
 pub use error::PoolError;
 
@@ -142,6 +144,14 @@ impl LivePool {
             Some(r) => ScrapeMetrics::register(r),
             None => ScrapeMetrics::default(),
         };
+        let stale_after = config.scrape.stale_after;
+        if let Some(r) = registry.as_deref_mut() {
+            r.register_collector(Box::new(pods::PodCollector {
+                state: Arc::clone(&state),
+                clock,
+                stale_after,
+            }));
+        }
         let telemetry = Telemetry::new(registry);
         let sink_state = Arc::clone(&state);
         let sink = move |addr: &SocketAddr, update: Update| match update {
@@ -155,7 +165,6 @@ impl LivePool {
             // and the scraper has already logged the transition.
             Update::Stale { .. } => {}
         };
-        let stale_after = config.scrape.stale_after;
         let scraper = Scraper::spawn(config.scrape, clock, scrape_metrics, sink)?;
         Ok(LivePool {
             shared: Arc::new(Shared {
@@ -262,6 +271,15 @@ impl LivePool {
             .into_iter()
             .filter_map(|a| st.scheduler.endpoint(a))
             .collect()
+    }
+
+    /// What the per-pod gauges (`infergate_pod_*`) show now, one sample per endpoint.
+    pub fn pod_samples(&self) -> Vec<pods::PodSample> {
+        pods::sample(
+            &self.shared.state,
+            self.shared.clock,
+            self.shared.stale_after,
+        )
     }
 
     /// Requests in flight across the pool, as the scheduler counts them.

@@ -9,11 +9,12 @@
 #[path = "common/upstream.rs"]
 mod upstream;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
-use infergate_sim::{FleetSpec, serve_fleet};
-use upstream::{get, post};
+use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
+use upstream::{get, post, send};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
@@ -85,4 +86,302 @@ async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
     gw.wait().await;
     fleet_stop.send(()).unwrap();
     fleet.wait().await;
+}
+
+/// Emulated vLLM pods `a`, `b`, … behind a gateway with the `infergate` preset (extra YAML for the
+/// model in `model_extra`), ready (every pod scraped).
+struct Rig {
+    fleet: Option<ServedFleet>,
+    fleet_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    gw: Gateway,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Rig {
+    async fn start(pods: usize, top: &str, model_extra: &str) -> Rig {
+        let names: Vec<String> = (0..pods)
+            .map(|i| ((b'a' + i as u8) as char).to_string())
+            .collect();
+        let mut yaml = String::from("seed: 7\npods:\n");
+        for n in &names {
+            yaml += &format!(
+                "  - {{ name: {n}, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }}\n"
+            );
+        }
+        let spec = FleetSpec::from_yaml(&yaml).unwrap();
+        let (fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
+        let fleet = serve_fleet(&spec, async move {
+            let _ = fleet_rx.await;
+        })
+        .await
+        .unwrap();
+        let mut config = format!(
+            "{top}models:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n{model_extra}    endpoints:\n"
+        );
+        for (name, addr) in fleet.addrs() {
+            config += &format!("      - {{ address: {addr}, name: {name}, engine: vllm }}\n");
+        }
+        let config = GatewayConfig::from_yaml(&config).unwrap();
+        let local = "127.0.0.1:0".parse().unwrap();
+        let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let gw = serve_workers(config, listeners, async move {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        let admin = gw.admin_addr().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, m) = get(admin, "/metrics").await;
+            if fleet.pods.iter().all(|p| {
+                metric(&m, "infergate_pod_stale", &[("pod", &p.addr.to_string())]) == Some(0.0)
+            }) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "pods never scraped\n{m}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Rig {
+            fleet: Some(fleet),
+            fleet_stop: Some(fleet_stop),
+            gw,
+            _stop: stop,
+        }
+    }
+
+    fn fleet(&self) -> &ServedFleet {
+        self.fleet.as_ref().unwrap()
+    }
+
+    fn pod(&self, name: &str) -> SocketAddr {
+        self.fleet()
+            .pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap()
+            .addr
+    }
+
+    fn set_metrics(&self, name: &str, metrics: MetricsFault) {
+        let h = self.fleet().handle(name).unwrap();
+        h.set_faults(Faults {
+            metrics,
+            ..h.faults()
+        });
+    }
+
+    async fn metrics(&self) -> String {
+        get(self.gw.admin_addr().unwrap(), "/metrics").await.1
+    }
+
+    /// Waits until `family{pod=<name's address>, …}` reads `value` on the gateway's `/metrics`.
+    async fn wait_metric(&self, family: &str, name: &str, value: f64) {
+        let pod = self.pod(name).to_string();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = self.metrics().await;
+            if metric(&m, family, &[("pod", &pod)]) == Some(value) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{family} of {name} never {value}\n{m}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends one chat request and returns (status, serving pod address, headers).
+    async fn chat(&self, i: usize) -> (u16, Option<SocketAddr>, http::HeaderMap) {
+        let body = format!(
+            r#"{{"model":"llama","max_tokens":2,"messages":[{{"role":"user","content":"question {i}"}}]}}"#
+        );
+        let (status, headers, _) = post(self.gw.http_addr(), "/v1/chat/completions", &body).await;
+        let from = headers
+            .get("x-infergate-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        (status.as_u16(), from, headers)
+    }
+}
+
+/// The value of the first sample of `family` whose labels include every pair of `labels`.
+fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Keeps `n` long generations running on `pod`, sent directly (as other gateways would).
+fn load(pod: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            tokio::spawn(async move {
+                let body = format!(
+                    r#"{{"model":"llama","max_tokens":4000,"messages":[{{"role":"user","content":"background job {i}"}}]}}"#
+                );
+                let _ = send(pod, "POST", "/v1/chat/completions", &body, &[]).await;
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_pod_metrics_on_the_gateway_match_the_pods_own_pages() {
+    let rig = Rig::start(2, "", "").await;
+    let a = rig.pod("a");
+    let jobs = load(a, 300);
+    // Wait until pod a's page shows the load (running and queued), then freeze it so that the
+    // gateway's copy and ours are the same page.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, page) = get(a, "/metrics").await;
+        if metric(&page, "vllm:num_requests_running", &[]).unwrap_or(0.0) > 0.0
+            && metric(&page, "vllm:num_requests_waiting", &[]).unwrap_or(0.0) > 0.0
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "load never visible\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.set_metrics("a", MetricsFault::Frozen);
+    let (_, page) = get(a, "/metrics").await;
+    let waiting = metric(&page, "vllm:num_requests_waiting", &[]).unwrap();
+    let running = metric(&page, "vllm:num_requests_running", &[]).unwrap();
+    let kv = metric(&page, "vllm:kv_cache_usage_perc", &[]).unwrap();
+    assert!(waiting > 0.0 && running > 0.0 && kv > 0.0, "{page}");
+    rig.wait_metric("infergate_pod_waiting_requests", "a", waiting)
+        .await;
+    let m = rig.metrics().await;
+    let pod = a.to_string();
+    let labels = [
+        ("model", "llama"),
+        ("pod", pod.as_str()),
+        ("name", "llama/a"),
+    ];
+    assert_eq!(
+        metric(&m, "infergate_pod_running_requests", &labels),
+        Some(running),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "infergate_pod_kv_cache_usage_ratio", &labels),
+        Some(kv),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "infergate_pod_inflight_requests", &labels),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(metric(&m, "infergate_pod_stale", &labels), Some(0.0), "{m}");
+    let age = metric(&m, "infergate_pod_metrics_age_seconds", &labels).unwrap();
+    assert!((0.0..0.25).contains(&age), "{age}");
+    // Pod b is idle, and its series are its own.
+    let b = rig.pod("b").to_string();
+    let labels_b = [("pod", b.as_str()), ("name", "llama/b")];
+    assert_eq!(
+        metric(&m, "infergate_pod_waiting_requests", &labels_b),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "infergate_pod_running_requests", &labels_b),
+        Some(0.0),
+        "{m}"
+    );
+    // One series per pod and family.
+    let count = m
+        .lines()
+        .filter(|l| l.starts_with("infergate_pod_running_requests{"))
+        .count();
+    assert_eq!(count, 2, "{m}");
+    for j in jobs {
+        j.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_pod_is_excluded_and_readmitted_by_the_gateway() {
+    let rig = Rig::start(2, "", "").await;
+    let (a, b) = (rig.pod("a"), rig.pod("b"));
+    // b's metrics page goes away (404): it turns stale and gets no traffic.
+    rig.set_metrics("b", MetricsFault::Missing);
+    rig.wait_metric("infergate_pod_stale", "b", 1.0).await;
+    for i in 0..20 {
+        let (status, from, _) = rig.chat(i).await;
+        assert_eq!(status, 200);
+        assert_eq!(from, Some(a), "request {i} went to the stale pod");
+    }
+    // The page comes back: b is readmitted on its next good scrape.
+    rig.set_metrics("b", MetricsFault::Normal);
+    rig.wait_metric("infergate_pod_stale", "b", 0.0).await;
+    let mut on_b = 0;
+    for i in 0..40 {
+        let (status, from, _) = rig.chat(100 + i).await;
+        assert_eq!(status, 200);
+        on_b += usize::from(from == Some(b));
+    }
+    assert!(on_b > 0, "b never readmitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pod_dead_is_503_with_retry_after_on_the_gateway() {
+    let mut rig = Rig::start(2, "", "").await;
+    assert_eq!(rig.chat(0).await.0, 200);
+    // Every pod dies (connections refused, scrapes fail).
+    rig.fleet_stop.take().unwrap().send(()).unwrap();
+    rig.fleet.take().unwrap().wait().await;
+    // Within the staleness threshold the gateway still tries them (502); then it stops routing
+    // to dead pods and says when to come back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let headers = loop {
+        let (status, _, headers) = rig.chat(1).await;
+        if status == 503 {
+            break headers;
+        }
+        assert_eq!(status, 502);
+        assert!(tokio::time::Instant::now() < deadline, "never 503");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(headers["retry-after"], "1");
+    let body = r#"{"model":"llama","messages":[{"role":"user","content":"x"}]}"#;
+    let (status, _, body) = post(rig.gw.http_addr(), "/v1/chat/completions", body).await;
+    assert_eq!(status, 503);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "no_fresh_endpoints", "{v}");
+    let m = rig.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "infergate_gateway_rejections_total",
+            &[("reason", "no_fresh_endpoints")]
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{m}"
+    );
+    assert_eq!(
+        m.lines()
+            .filter(|l| l.starts_with("infergate_pod_stale{") && l.ends_with(" 1"))
+            .count(),
+        2,
+        "{m}"
+    );
+    assert_eq!(get(rig.gw.admin_addr().unwrap(), "/readyz").await.0, 503);
 }
