@@ -1,6 +1,7 @@
 //! Whole processes: the picker and the body-based router with all their ports, as functions the
 //! `infergate` binary calls and tests can call on 127.0.0.1.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -75,7 +76,15 @@ pub async fn run_picker(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let mut registry = Registry::default();
-    let live = LivePool::start(pool, Some(&mut registry))?;
+    // The pool's series (pick latency, scrapes, per-pod gauges) carry the pool's name, so that
+    // dashboards over several pickers tell their pods apart.
+    let live = LivePool::start(
+        pool,
+        Some(registry.sub_registry_with_label((
+            Cow::Borrowed("pool"),
+            Cow::Owned(picker.pool_name.clone()),
+        ))),
+    )?;
     let telemetry = Telemetry::register(&mut registry);
     let registry = Arc::new(registry);
     let membership_task = match membership {

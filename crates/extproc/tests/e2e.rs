@@ -20,11 +20,15 @@ use std::time::Duration;
 
 use forward::forward;
 use harness::*;
+use infergate_extproc::run::{Membership, PickerListeners, run_picker};
 use infergate_extproc::{EndpointPicker, PickerConfig, Telemetry};
 use infergate_metrics::ScraperConfig;
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
-use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
+use infergate_sim::{
+    Catalog, EngineKind, Faults, FleetSpec, MetricsFault, PodSpec, ServedFleet, serve_fleet,
+};
+use std::net::SocketAddr;
 
 const PROFILE: &str = "llama-3.1-8b/a10g";
 
@@ -264,4 +268,335 @@ async fn routing_follows_prefix() {
             );
         }
     }
+}
+
+/// Emulated vLLM pods and a whole picker process (`run_picker`, as `infergate picker` runs it:
+/// live pool, ext_proc, health and metrics ports), pool `llama-pool`, static membership.
+struct Process {
+    fleet: Option<ServedFleet>,
+    fleet_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    envoy: Envoy,
+    metrics: SocketAddr,
+    model: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Process {
+    async fn start(pods: usize, picker: PickerConfig) -> Process {
+        let catalog = Catalog::builtin().unwrap();
+        let profile = catalog.get(PROFILE).unwrap().clone();
+        let model = profile.model.to_string();
+        let spec = FleetSpec {
+            seed: 7,
+            pods: (0..pods)
+                .map(|i| PodSpec::new(format!("pod-{i}"), &profile, EngineKind::Vllm))
+                .collect(),
+        }
+        .finish()
+        .unwrap();
+        let (fleet_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let fleet = serve_fleet(&spec, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+        let bind = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
+        let listeners = PickerListeners {
+            grpc: bind().await,
+            health: bind().await,
+            metrics: bind().await,
+        };
+        let grpc = listeners.grpc.local_addr().unwrap();
+        let metrics = listeners.metrics.local_addr().unwrap();
+        let endpoints = fleet
+            .pods
+            .iter()
+            .map(|p| EndpointMeta {
+                namespace: "default".into(),
+                pod: p.name.clone(),
+                addr: p.addr,
+                engine: EngineType::Vllm,
+                gpu: None,
+                labels: BTreeMap::new(),
+            })
+            .collect();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(run_picker(
+            listeners,
+            PickerConfig {
+                pool_name: "llama-pool".into(),
+                ..picker
+            },
+            PoolConfig {
+                scheduler: SchedulerConfig::default(),
+                scrape: ScraperConfig::default(),
+                seed: 11,
+            },
+            Membership::Static(endpoints),
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        let envoy = Envoy::connect(grpc).await;
+        let p = Process {
+            fleet: Some(fleet),
+            fleet_stop: Some(fleet_stop),
+            envoy,
+            metrics,
+            model,
+            _stop: stop,
+        };
+        for i in 0..pods {
+            p.wait_metric("infergate_pod_stale", &format!("pod-{i}"), 0.0)
+                .await;
+        }
+        p
+    }
+
+    fn pod(&self, name: &str) -> SocketAddr {
+        let fleet = self.fleet.as_ref().unwrap();
+        fleet.pods.iter().find(|p| p.name == name).unwrap().addr
+    }
+
+    fn set_metrics(&self, name: &str, metrics: MetricsFault) {
+        let h = self.fleet.as_ref().unwrap().handle(name).unwrap();
+        h.set_faults(Faults {
+            metrics,
+            ..h.faults()
+        });
+    }
+
+    async fn scrape(&self) -> String {
+        http_get(self.metrics, "/metrics").await
+    }
+
+    async fn wait_metric(&self, family: &str, name: &str, value: f64) {
+        let labels = [("pool", "llama-pool"), ("name", &format!("default/{name}"))];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = self.scrape().await;
+            if metric(&m, family, &labels) == Some(value) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{family} of {name} never {value}\n{m}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Routes one chat request (not forwarded) and returns the picker's answer; the stream is
+    /// reset when this returns.
+    async fn route(
+        &self,
+        i: usize,
+        extra_headers: &[(&str, &str)],
+    ) -> envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse {
+        self.open_route(i, extra_headers).await.0
+    }
+
+    /// As [`Process::route`], with the stream kept open.
+    async fn open_route(
+        &self,
+        i: usize,
+        extra_headers: &[(&str, &str)],
+    ) -> (
+        envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse,
+        Exchange,
+    ) {
+        let body = chat(&self.model, "be brief", &format!("question {i}"), 4, false);
+        let mut ex = self.envoy.open().await;
+        ex.send(request_headers(
+            "/v1/chat/completions",
+            extra_headers,
+            false,
+        ))
+        .await;
+        ex.send(request_body(&body, true)).await;
+        (ex.next().await, ex)
+    }
+}
+
+/// A plain HTTP/1.1 GET; the body as text.
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header("host", "x")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// The value of the first sample of `family` whose labels include every pair of `labels`.
+fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_pod_metrics_on_the_picker_match_the_pods_own_pages() {
+    let p = Process::start(2, PickerConfig::default()).await;
+    let busy = p.pod("pod-0");
+    let model = p.model.clone();
+    let mut load = Vec::new();
+    for i in 0..300 {
+        let body = chat(&model, "load", &format!("background job {i}"), 4_000, false);
+        load.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(busy).await.unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let req = http::Request::builder()
+                .method("POST")
+                .uri("/v1/chat/completions")
+                .header("host", "x")
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .unwrap();
+            let _ = send.send_request(req).await;
+        }));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = http_get(busy, "/metrics").await;
+        if metric(&page, "vllm:num_requests_running", &[]).unwrap_or(0.0) > 0.0
+            && metric(&page, "vllm:num_requests_waiting", &[]).unwrap_or(0.0) > 0.0
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "load never visible\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Freeze the page: the picker's copy and ours are then the same page.
+    p.set_metrics("pod-0", MetricsFault::Frozen);
+    let page = http_get(busy, "/metrics").await;
+    let waiting = metric(&page, "vllm:num_requests_waiting", &[]).unwrap();
+    let running = metric(&page, "vllm:num_requests_running", &[]).unwrap();
+    let kv = metric(&page, "vllm:kv_cache_usage_perc", &[]).unwrap();
+    p.wait_metric("infergate_pod_waiting_requests", "pod-0", waiting)
+        .await;
+    let m = p.scrape().await;
+    let pod = busy.to_string();
+    let labels = [
+        ("pool", "llama-pool"),
+        ("pod", pod.as_str()),
+        ("name", "default/pod-0"),
+    ];
+    assert_eq!(
+        metric(&m, "infergate_pod_running_requests", &labels),
+        Some(running),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "infergate_pod_kv_cache_usage_ratio", &labels),
+        Some(kv),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "infergate_pod_inflight_requests", &labels),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(metric(&m, "infergate_pod_stale", &labels), Some(0.0), "{m}");
+    // The pool's own series carry the pool label too.
+    assert_eq!(
+        metric(&m, "pool_endpoints", &[("pool", "llama-pool")]),
+        Some(2.0),
+        "{m}"
+    );
+    // A routed request is in flight on its pod until the stream ends.
+    let (answer, open) = p.open_route(0, &[]).await;
+    let dest = headers_answer(&answer)
+        .header(infergate_extproc::wire::DESTINATION_HEADER)
+        .unwrap()
+        .to_owned();
+    let first = dest.split(',').next().unwrap().to_owned();
+    let m = p.scrape().await;
+    assert_eq!(
+        metric(
+            &m,
+            "infergate_pod_inflight_requests",
+            &[("pod", first.as_str())]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    drop(open);
+    for l in load {
+        l.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_pod_is_excluded_and_readmitted_by_the_picker() {
+    let p = Process::start(2, PickerConfig::default()).await;
+    let stale = p.pod("pod-1").to_string();
+    p.set_metrics("pod-1", MetricsFault::Missing);
+    p.wait_metric("infergate_pod_stale", "pod-1", 1.0).await;
+    for i in 0..20 {
+        let answer = p.route(i, &[]).await;
+        let dest = headers_answer(&answer)
+            .header(infergate_extproc::wire::DESTINATION_HEADER)
+            .unwrap()
+            .to_owned();
+        assert!(!dest.contains(&stale), "{dest} names the stale pod");
+    }
+    p.set_metrics("pod-1", MetricsFault::Normal);
+    p.wait_metric("infergate_pod_stale", "pod-1", 0.0).await;
+    // Readmitted: with two pods and fallbacks, every answer names both again.
+    let answer = p.route(100, &[]).await;
+    let dest = headers_answer(&answer)
+        .header(infergate_extproc::wire::DESTINATION_HEADER)
+        .unwrap()
+        .to_owned();
+    assert!(dest.contains(&stale), "{dest}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pod_dead_is_503_with_retry_after_from_the_picker() {
+    let mut p = Process::start(2, PickerConfig::default()).await;
+    headers_answer(&p.route(0, &[]).await);
+    p.fleet_stop.take().unwrap().send(()).unwrap();
+    p.fleet.take().unwrap().wait().await;
+    for name in ["pod-0", "pod-1"] {
+        p.wait_metric("infergate_pod_stale", name, 1.0).await;
+    }
+    let (status, headers, json) = immediate_parts(&p.route(1, &[]).await);
+    assert_eq!(status, 503);
+    assert_eq!(headers.get("retry-after").map(String::as_str), Some("1"));
+    assert_eq!(json["error"]["code"], "no_fresh_endpoints", "{json}");
+    let m = p.scrape().await;
+    assert_eq!(
+        metric(
+            &m,
+            "extproc_rejections_total",
+            &[("reason", "no_fresh_endpoints")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
 }
