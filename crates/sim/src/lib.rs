@@ -59,6 +59,6 @@ pub use engine::{Completion, Engine, EngineRequest, EngineView, Sink};
 pub use error::SimError;
 pub use fleet::{FirstToken, Fleet, Request, ScrapeConfig};
 pub use profile::{Catalog, Profile, StepShape};
-pub use serve::{POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet};
+pub use serve::{POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet, serve_fleet_at};
 pub use spec::{EngineKind, Faults, FleetSpec, MetricsFault, PodSpec};
 pub use tokens::Prompt;

@@ -224,11 +224,30 @@ pub async fn serve_fleet<F>(spec: &FleetSpec, shutdown: F) -> Result<ServedFleet
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_fleet_at(
+        spec,
+        |pod| SocketAddr::from(([127, 0, 0, 1], pod.port)),
+        shutdown,
+    )
+    .await
+}
+
+/// Like [`serve_fleet`], with each pod bound where `addr` says: several pods can then share a
+/// port on their own loopback addresses, as pods of a Kubernetes Service share a target port on
+/// their own IPs.
+pub async fn serve_fleet_at<F>(
+    spec: &FleetSpec,
+    addr: impl Fn(&PodSpec) -> SocketAddr,
+    shutdown: F,
+) -> Result<ServedFleet, SimError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let mut pods = Vec::with_capacity(spec.pods.len());
     for pod in &spec.pods {
-        let listener = TcpListener::bind(("127.0.0.1", pod.port)).await?;
+        let listener = TcpListener::bind(addr(pod)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(new_shared(pod));
         tasks.push(tokio::spawn(drive(shared.clone(), stop_rx.clone())));

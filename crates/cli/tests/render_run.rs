@@ -1,0 +1,569 @@
+//! Render and run: what the operator renders for every example is *executed*.
+//!
+//! For each file in `deploy/examples/`, `infergate render` (the real binary) prints the objects.
+//! For every rendered Deployment the test starts the real `infergate` binary with the rendered
+//! container's command line and environment, each mounted ConfigMap file written to its mount path
+//! under a temporary root. Each "pod" gets its own loopback address (`INFERGATE_LISTEN_ADDRESS`),
+//! standing in for its network namespace, so the rendered ports are used as they are. The
+//! picker's pod discovery talks to a fake Kubernetes API over real HTTP that serves the rendered
+//! InferencePool and pods pointing at emulated model servers. Then:
+//! - every rendered readiness and liveness probe answers SERVING on its rendered port and service;
+//! - every rendered metrics port serves `/metrics`;
+//! - an Envoy-side ext_proc client sends a request through the BBR, follows the rendered
+//!   HTTPRoute that matches the header the BBR set to its InferencePool, and through that pool's
+//!   picker to a pick, which must name an emulated pod of that pool.
+//!
+//! A flag, port, probe, mount path or ConfigMap format changed on one side only fails here.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "../../extproc/tests/common/harness.rs"]
+mod harness;
+#[path = "common/kube_api.rs"]
+mod kube_api;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use harness::{Envoy, headers_answer, request_body, request_headers};
+use infergate_extproc::wire;
+use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, serve_fleet_at};
+use kube_api::FakeKube;
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// How long a rendered process may take to become ready.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_infergate")
+}
+
+fn examples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `infergate render -f PATH`, parsed.
+fn render(path: &Path) -> Vec<Value> {
+    let out = Command::new(bin())
+        .args(["render", "-f"])
+        .arg(path)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "infergate render -f {} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_json::to_value(serde_yaml::Value::deserialize(d).unwrap()).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn name(o: &Value) -> &str {
+    o["metadata"]["name"].as_str().unwrap()
+}
+
+/// A started process; killed when dropped.
+struct Proc {
+    deployment: String,
+    host: IpAddr,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails the test with the process's log if it has exited.
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!(
+                "{} exited ({status}) with:\n{}",
+                self.deployment,
+                self.log()
+            );
+        }
+    }
+}
+
+/// Starts the container of `deployment` as a process on `host`, files under `root`.
+fn start(
+    deployment: &Value,
+    objects: &[Value],
+    root: &Path,
+    host: IpAddr,
+    kubeconfig: &Path,
+) -> Proc {
+    let pod = &deployment["spec"]["template"]["spec"];
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "{}: one container", name(deployment));
+    let c = &containers[0];
+    assert!(
+        c["command"].is_null(),
+        "the image's entrypoint is the binary"
+    );
+    // Mounted ConfigMap files, written where the container would see them.
+    let mut mounts = Vec::new();
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let mount_path = m["mountPath"].as_str().unwrap();
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap_or_else(|| panic!("no volume {}", m["name"]));
+        let cm_name = volume["configMap"]["name"]
+            .as_str()
+            .expect("a ConfigMap volume");
+        let cm = objects
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap" && name(o) == cm_name)
+            .unwrap_or_else(|| panic!("ConfigMap {cm_name} is mounted but not rendered"));
+        let dir = root.join(mount_path.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).unwrap();
+        for item in volume["configMap"]["items"].as_array().unwrap() {
+            let key = item["key"].as_str().unwrap();
+            let text = cm["data"][key]
+                .as_str()
+                .unwrap_or_else(|| panic!("ConfigMap {cm_name} has no key {key}"));
+            std::fs::write(dir.join(item["path"].as_str().unwrap()), text).unwrap();
+        }
+        mounts.push(mount_path.to_owned());
+    }
+    // A flag naming a file under a mount reads it under the temporary root.
+    let args: Vec<String> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let a = a.as_str().unwrap();
+            match a.split_once('=') {
+                Some((flag, value)) if mounts.iter().any(|m| value.starts_with(m.as_str())) => {
+                    format!(
+                        "{flag}={}",
+                        root.join(value.trim_start_matches('/')).display()
+                    )
+                }
+                _ => a.to_owned(),
+            }
+        })
+        .collect();
+    let mut cmd = Command::new(bin());
+    cmd.args(&args).env_clear();
+    if let Ok(path) = std::env::var("PATH") {
+        cmd.env("PATH", path);
+    }
+    for e in c["env"].as_array().into_iter().flatten() {
+        let key = e["name"].as_str().unwrap();
+        let value = match (&e["value"], &e["valueFrom"]["fieldRef"]["fieldPath"]) {
+            (Value::String(v), _) => v.clone(),
+            (_, Value::String(f)) if f == "metadata.namespace" => {
+                deployment["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            }
+            (_, Value::String(f)) if f == "metadata.name" => format!("{}-0", name(deployment)),
+            other => panic!("env {key}: cannot provide {other:?}"),
+        };
+        cmd.env(key, value);
+    }
+    // Quiet logs keep the test output small; errors still show.
+    cmd.env("RUST_LOG", "warn");
+    cmd.env("KUBECONFIG", kubeconfig);
+    cmd.env("INFERGATE_LISTEN_ADDRESS", host.to_string());
+    let log = root.join(format!("{}.log", name(deployment)));
+    let file = std::fs::File::create(&log).unwrap();
+    cmd.stdout(Stdio::null()).stderr(file);
+    let child = cmd.spawn().unwrap();
+    Proc {
+        deployment: name(deployment).to_owned(),
+        host,
+        child,
+        log,
+    }
+}
+
+/// The container port named `port_name` (probes may name a port or give its number).
+fn port_of(c: &Value, port: &Value) -> u16 {
+    match port {
+        Value::Number(n) => u16::try_from(n.as_u64().unwrap()).unwrap(),
+        Value::String(n) => c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == *n)
+            .map(|p| u16::try_from(p["containerPort"].as_u64().unwrap()).unwrap())
+            .unwrap_or_else(|| panic!("no container port named {n}")),
+        other => panic!("port {other:?}"),
+    }
+}
+
+async fn grpc_health(addr: SocketAddr, service: &str) -> Result<ServingStatus, String> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let answer = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    ServingStatus::try_from(answer.into_inner().status).map_err(|e| e.to_string())
+}
+
+/// Waits until the probe `probe` of container `c` answers SERVING.
+async fn wait_probe(p: &mut Proc, c: &Value, probe: &str) {
+    let spec = &c[probe];
+    assert!(spec.is_object(), "{}: no {probe}", p.deployment);
+    let grpc = &spec["grpc"];
+    assert!(
+        grpc.is_object(),
+        "{}: {probe} is not a gRPC probe",
+        p.deployment
+    );
+    let addr = SocketAddr::new(p.host, port_of(c, &grpc["port"]));
+    let service = grpc["service"].as_str().unwrap_or("");
+    let deadline = Instant::now() + READY_WITHIN;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        p.assert_running();
+        match grpc_health(addr, service).await {
+            Ok(ServingStatus::Serving) => return,
+            Ok(s) => last = format!("{s:?}"),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "{}: {probe} ({addr}, service {service:?}) never SERVING: {last}\n{}",
+        p.deployment,
+        p.log()
+    );
+}
+
+/// GET `/metrics` on the rendered metrics port (the `prometheus.io/port` annotation and the
+/// container port named `metrics` must agree).
+async fn check_metrics(p: &Proc, deployment: &Value, c: &Value) -> String {
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    let port = port_of(c, &json!("metrics"));
+    if let Some(annotated) = annotations["prometheus.io/port"].as_str() {
+        assert_eq!(
+            annotated,
+            port.to_string(),
+            "{}: the scrape annotation",
+            p.deployment
+        );
+    }
+    let path = annotations["prometheus.io/path"]
+        .as_str()
+        .unwrap_or("/metrics");
+    let (status, body) = http_get(SocketAddr::new(p.host, port), path).await;
+    assert_eq!(status, 200, "{}: GET {path}: {body}", p.deployment);
+    assert!(body.contains("# TYPE "), "{}: {body}", p.deployment);
+    body
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |x| x.1).to_owned();
+    (status, body)
+}
+
+/// The emulated engine for a rendered picker's `--default-engine`.
+fn engine_of(args: &[Value]) -> EngineKind {
+    let e = args
+        .iter()
+        .filter_map(|a| a.as_str()?.strip_prefix("--default-engine="))
+        .next()
+        .unwrap_or("vllm");
+    match e {
+        "vllm" => EngineKind::Vllm,
+        "sglang" => EngineKind::Sglang,
+        "tgi" => EngineKind::Tgi,
+        other => panic!("engine {other}"),
+    }
+}
+
+fn flag<'a>(args: &'a [Value], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .filter_map(|a| a.as_str()?.strip_prefix(flag)?.strip_prefix('='))
+        .next()
+}
+
+/// One example, end to end.
+async fn run_example(path: &Path, example_index: u8) {
+    let objects = render(path);
+    let root = tempfile::tempdir().unwrap();
+    let kube = FakeKube::start().await;
+    let kubeconfig = root.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let catalog = Catalog::builtin().unwrap();
+    let profile = catalog.get("llama-3.1-8b/a10g").unwrap().clone();
+
+    // The pools the render produced, served by the fake API, each with two emulated pods on
+    // addresses of their own at the pool's target port.
+    let mut pods_of_pool: BTreeMap<String, Vec<SocketAddr>> = BTreeMap::new();
+    let mut fleets = Vec::new();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for (pi, pool) in of_kind(&objects, "InferencePool").into_iter().enumerate() {
+        kube.put(pool.clone());
+        let pool_name = name(pool).to_owned();
+        let picker = of_kind(&objects, "Deployment")
+            .into_iter()
+            .find(|d| {
+                let args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+                    .as_array()
+                    .unwrap();
+                flag(args, "--pool-name") == Some(pool_name.as_str())
+            })
+            .unwrap_or_else(|| panic!("no rendered picker serves pool {pool_name}"));
+        let picker_args = picker["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let port =
+            u16::try_from(pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap()).unwrap();
+        let engine = engine_of(&picker_args);
+        let ns = pool["metadata"]["namespace"].as_str().unwrap();
+        let labels = pool["spec"]["selector"]["matchLabels"].clone();
+        let spec = FleetSpec {
+            seed: 1,
+            pods: (0..2)
+                .map(|i| PodSpec::new(format!("{pool_name}-pod-{i}"), &profile, engine))
+                .collect(),
+        }
+        .finish()
+        .unwrap();
+        let ip = |i: usize| {
+            IpAddr::V4(Ipv4Addr::new(
+                127,
+                2 + example_index,
+                1 + pi as u8,
+                1 + i as u8,
+            ))
+        };
+        let addrs: Vec<SocketAddr> = (0..spec.pods.len())
+            .map(|i| SocketAddr::new(ip(i), port))
+            .collect();
+        let by_name: BTreeMap<String, SocketAddr> = spec
+            .pods
+            .iter()
+            .zip(&addrs)
+            .map(|(p, a)| (p.name.clone(), *a))
+            .collect();
+        let mut rx = stopped.clone();
+        let fleet = serve_fleet_at(&spec, |p| by_name[&p.name], async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })
+        .await
+        .unwrap();
+        for (i, a) in addrs.iter().enumerate() {
+            kube.put(json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": format!("{pool_name}-pod-{i}"),
+                    "namespace": ns,
+                    "labels": labels,
+                },
+                "spec": { "containers": [{ "name": "server", "image": "model-server", "ports": [{ "containerPort": port }] }] },
+                "status": {
+                    "phase": "Running",
+                    "podIP": a.ip().to_string(),
+                    "conditions": [{ "type": "Ready", "status": "True" }],
+                },
+            }));
+        }
+        pods_of_pool.insert(pool_name, addrs);
+        fleets.push(fleet);
+    }
+
+    // Every Deployment as a process, on an address of its own.
+    let deployments = of_kind(&objects, "Deployment");
+    assert!(!deployments.is_empty());
+    let mut procs = Vec::new();
+    for (i, d) in deployments.iter().enumerate() {
+        let host = IpAddr::V4(Ipv4Addr::new(127, 100 + example_index, 0, 1 + i as u8));
+        procs.push(start(d, &objects, root.path(), host, &kubeconfig));
+    }
+    for (p, d) in procs.iter_mut().zip(&deployments) {
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        wait_probe(p, c, "livenessProbe").await;
+        wait_probe(p, c, "readinessProbe").await;
+        check_metrics(p, d, c).await;
+    }
+    let ext_proc_addr = |deployment: &str| -> SocketAddr {
+        let (p, d) = procs
+            .iter()
+            .zip(&deployments)
+            .find(|(_, d)| name(d) == deployment)
+            .unwrap_or_else(|| panic!("no Deployment {deployment}"));
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        SocketAddr::new(p.host, port_of(c, &json!("grpc")))
+    };
+
+    // A request for every route: through the BBR (when rendered) to the route it selects, its
+    // pool, and that pool's picker.
+    let bbr = deployments
+        .iter()
+        .find(|d| d["spec"]["template"]["spec"]["containers"][0]["args"][0] == "bbr");
+    for route in of_kind(&objects, "HTTPRoute") {
+        let rule = &route["spec"]["rules"][0];
+        let backend = &rule["backendRefs"][0];
+        assert_eq!(backend["kind"], "InferencePool");
+        let pool_name = backend["name"].as_str().unwrap();
+        let pool = objects
+            .iter()
+            .find(|o| o["kind"] == "InferencePool" && name(o) == pool_name)
+            .unwrap();
+        let model_header = rule["matches"][0]["headers"][0].clone();
+        let model = match &model_header["value"] {
+            Value::String(m) => m.clone(),
+            _ => "any-model".to_owned(),
+        };
+        let body = serde_json::to_vec(&json!({
+            "model": model,
+            "max_tokens": 4,
+            "messages": [{ "role": "user", "content": "hello" }],
+        }))
+        .unwrap();
+        if let Some(bbr) = bbr {
+            let envoy = Envoy::connect(ext_proc_addr(name(bbr))).await;
+            let mut ex = envoy.open().await;
+            ex.send(request_headers("/v1/chat/completions", &[], false))
+                .await;
+            ex.send(request_body(&body, true)).await;
+            let answer = headers_answer(&ex.next().await);
+            let header = model_header["name"].as_str().unwrap().to_ascii_lowercase();
+            assert_eq!(
+                header,
+                wire::MODEL_HEADER,
+                "the route matches the header the BBR sets"
+            );
+            assert_eq!(answer.header(&header), Some(model.as_str()), "{answer:?}");
+        }
+        // The pool's picker: the Service the InferencePool names, to the Deployment it selects.
+        let svc_name = pool["spec"]["endpointPickerRef"]["name"].as_str().unwrap();
+        let svc_port = pool["spec"]["endpointPickerRef"]["port"]["number"]
+            .as_u64()
+            .unwrap();
+        let svc = objects
+            .iter()
+            .find(|o| o["kind"] == "Service" && name(o) == svc_name)
+            .unwrap_or_else(|| panic!("the pool's picker Service {svc_name} is not rendered"));
+        let sp = svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["port"].as_u64() == Some(svc_port))
+            .unwrap_or_else(|| panic!("Service {svc_name} has no port {svc_port}"));
+        let selector = svc["spec"]["selector"].as_object().unwrap();
+        let (p, d) = procs
+            .iter()
+            .zip(&deployments)
+            .find(|(_, d)| {
+                selector
+                    .iter()
+                    .all(|(k, v)| d["spec"]["template"]["metadata"]["labels"][k] == *v)
+            })
+            .unwrap_or_else(|| panic!("Service {svc_name} selects no rendered pod"));
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        let picker_addr = SocketAddr::new(p.host, port_of(c, &sp["targetPort"]));
+        let envoy = Envoy::connect(picker_addr).await;
+        let mut ex = envoy.open().await;
+        let mut headers = vec![];
+        if bbr.is_some() {
+            headers.push((wire::MODEL_HEADER, model.as_str()));
+        }
+        ex.send(request_headers("/v1/chat/completions", &headers, false))
+            .await;
+        ex.send(request_body(&body, true)).await;
+        let answer = headers_answer(&ex.next().await);
+        let dest = answer
+            .header(wire::DESTINATION_HEADER)
+            .unwrap_or_else(|| panic!("{}: no destination in {answer:?}", p.deployment));
+        let first: SocketAddr = dest.split(',').next().unwrap().parse().unwrap();
+        assert!(
+            pods_of_pool[pool_name].contains(&first),
+            "{}: picked {first}, pool {pool_name} has {:?}",
+            p.deployment,
+            pods_of_pool[pool_name]
+        );
+    }
+    assert!(
+        kube.requests()
+            .iter()
+            .any(|r| r.contains("/inferencepools") && r.contains("watch")),
+        "the picker watched its pool: {:?}",
+        kube.requests()
+    );
+    for p in &mut procs {
+        p.assert_running();
+    }
+    let _ = stop.send(true);
+    drop(procs);
+    drop(fleets);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_renders_starts_and_routes() {
+    let files = examples();
+    assert!(files.len() >= 3, "{files:?}");
+    for (i, path) in files.iter().enumerate() {
+        run_example(path, u8::try_from(i).unwrap()).await;
+    }
+}
