@@ -442,3 +442,41 @@ async fn a_missing_upstream_api_is_named_in_the_error() {
     error_policy(cfg, &err, ctx.clone());
     assert_eq!(ctx.metrics.failures_with("missing_api"), 1);
 }
+
+#[tokio::test]
+async fn deletion_with_an_upstream_api_gone_still_removes_the_finalizer() {
+    // Envoy Gateway uninstalled before the config: its kinds answer 404. Nothing of theirs can
+    // exist, so cleanup deletes the rest and the finalizer goes; the config must not stick.
+    let (ctx, fake) = created("single-model.yaml").await;
+    let cfg_path = fake
+        .paths()
+        .into_iter()
+        .find(|p| p.contains("/inferencegatewayconfigs/"))
+        .unwrap();
+    fake.fail(
+        "GET",
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/inference/securitypolicies",
+        404,
+        1,
+    );
+    fake.fail(
+        "GET",
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/inference/envoyextensionpolicies",
+        404,
+        1,
+    );
+    fake.edit(&cfg_path, |c| {
+        c["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z")
+    });
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let remaining: Vec<String> = fake
+        .paths()
+        .into_iter()
+        .filter(|p| !p.contains("envoyextensionpolicies"))
+        .collect();
+    assert_eq!(
+        remaining,
+        Vec::<String>::new(),
+        "children and the config are gone"
+    );
+}

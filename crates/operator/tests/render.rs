@@ -484,3 +484,68 @@ fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() 
         "finalizer patch"
     );
 }
+
+#[test]
+fn the_crd_and_the_scheduler_have_the_same_scorers() {
+    // One list of scorers: the scheduler's weights, the CRD's weights and the CRD schema's
+    // properties name the same scorers in the same order. Adding one on one side fails here.
+    let scheduler: Vec<String> = infergate_scheduler::Weights::default()
+        .fields()
+        .iter()
+        .map(|(path, _)| path.trim_start_matches("weights.").to_owned())
+        .collect();
+    let crd: Vec<String> = Weights::default()
+        .entries()
+        .iter()
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    assert_eq!(crd, scheduler);
+    let schema = serde_json::to_value(schemars::schema_for!(Weights)).unwrap();
+    let props: BTreeSet<String> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(props, scheduler.iter().cloned().collect::<BTreeSet<_>>());
+    // Each CRD weight reaches the picker's configuration as that scorer's weight.
+    for (i, name) in scheduler.iter().enumerate() {
+        let mut cfg = example("single-model.yaml");
+        let mut w = serde_json::Map::new();
+        w.insert(name.clone(), serde_json::json!(2.5));
+        cfg.spec.schedulers[0].weights = Some(serde_json::from_value(Value::Object(w)).unwrap());
+        let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
+        let fields = sc.weights.fields();
+        for (j, (path, v)) in fields.iter().enumerate() {
+            let want = if i == j { 2.5 } else { 0.0 };
+            assert_eq!(*v, want, "CRD weight {name}: scheduler {path}");
+        }
+    }
+}
+
+#[test]
+fn every_crd_preset_is_a_scheduler_preset() {
+    // The presets the CRD schema admits, each one the picker knows by the same name.
+    let schema = serde_json::to_value(schemars::schema_for!(SchedulerPreset)).unwrap();
+    let names: Vec<String> = schema["enum"]
+        .as_array()
+        .or_else(|| schema["oneOf"].as_array())
+        .unwrap()
+        .iter()
+        .flat_map(|v| match v {
+            Value::String(s) => vec![s.clone()],
+            other => other["enum"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(other.get("const"))
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect(),
+        })
+        .collect();
+    assert!(names.len() >= 5, "{schema}");
+    for n in names {
+        let parsed: infergate_scheduler::Preset = n.parse().unwrap();
+        assert_eq!(parsed.as_str(), n);
+    }
+}
