@@ -385,3 +385,108 @@ async fn every_pod_dead_is_503_with_retry_after_on_the_gateway() {
     );
     assert_eq!(get(rig.gw.admin_addr().unwrap(), "/readyz").await.0, 503);
 }
+
+/// Pool exhaustion: every pod saturated, standard requests shed with a `Retry-After` that is the
+/// pool's estimated drain time. The test measures the real drain time on emulated A10G pods (the
+/// time from the first 429 until a retry is routed again, with no new load) and requires the
+/// advertised `Retry-After` to be within a factor of two of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shed_retry_after_is_within_twice_the_emulated_drain_time() {
+    let spec = FleetSpec::from_yaml(
+        "seed: 7\npods:\n  - { name: a, profile: llama-3.1-8b/a10g, engine: vllm, served_model_name: llama }\n  - { name: b, profile: llama-3.1-8b/a10g, engine: vllm, served_model_name: llama }\n",
+    )
+    .unwrap();
+    let (_fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
+    let fleet = serve_fleet(&spec, async move {
+        let _ = fleet_rx.await;
+    })
+    .await
+    .unwrap();
+    let mut config = String::from(
+        "retries: { maxAttempts: 1 }\nmodels:\n  - name: llama\n    scheduler: { preset: infergate }\n    endpoints:\n",
+    );
+    for (name, addr) in fleet.addrs() {
+        config += &format!("      - {{ address: {addr}, name: {name}, engine: vllm }}\n");
+    }
+    let config = GatewayConfig::from_yaml(&config).unwrap();
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
+    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let gw = serve_workers(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let (http, admin) = (gw.http_addr(), gw.admin_addr().unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while get(admin, "/readyz").await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let filler = "The quick brown fox jumps over the lazy dog. ".repeat(25);
+    let job = move |i: usize| {
+        format!(
+            r#"{{"model":"llama","max_tokens":48,"stream":true,"stream_options":{{"include_usage":true}},"messages":[{{"role":"user","content":"job {i}: {filler}"}}]}}"#
+        )
+    };
+    // Warm-up: the gateway learns the pods' rates and the traffic's shape, as it would have in
+    // production before an overload.
+    for i in 0..4 {
+        let (status, _, _) = post(http, "/v1/chat/completions", &job(i)).await;
+        assert_eq!(status, 200);
+    }
+    // Overload: jobs arrive faster than the pods take them until the gateway sheds.
+    let (shed_tx, mut shed_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let mut running = Vec::new();
+    let mut retry_after = None;
+    for i in 0..2_000 {
+        let body = job(100 + i);
+        let tx = shed_tx.clone();
+        running.push(tokio::spawn(async move {
+            let (status, headers, _) = post(http, "/v1/chat/completions", &body).await;
+            if status == 429 {
+                let secs = headers["retry-after"].to_str().unwrap().parse().unwrap();
+                let _ = tx.send(secs);
+            }
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if let Ok(secs) = shed_rx.try_recv() {
+            retry_after = Some(secs);
+            break;
+        }
+    }
+    let shed_at = tokio::time::Instant::now();
+    let retry_after = retry_after.expect("never shed");
+    // No new load: probe until a request is routed again.
+    let probe =
+        r#"{"model":"llama","max_tokens":1,"messages":[{"role":"user","content":"probe"}]}"#;
+    let drained = loop {
+        let (status, _, _) = post(http, "/v1/chat/completions", probe).await;
+        if status != 429 {
+            break shed_at.elapsed();
+        }
+        assert!(
+            shed_at.elapsed() < Duration::from_secs(120),
+            "never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let drained = drained.as_secs_f64();
+    let m = get(admin, "/metrics").await.1;
+    let waiting: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("infergate_pod_waiting_requests{"))
+        .collect();
+    eprintln!(
+        "Retry-After {retry_after} s, drained after {drained:.2} s, {} jobs, {waiting:?}",
+        running.len()
+    );
+    let ra = retry_after as f64;
+    assert!(
+        ra <= 2.0 * drained.max(0.5) && ra >= drained / 2.0,
+        "Retry-After {retry_after} s against a drain of {drained:.2} s"
+    );
+    for r in running {
+        r.abort();
+    }
+}
