@@ -536,7 +536,13 @@ async fn run_example(path: &Path, example_index: u8) {
         let dest = answer
             .header(wire::DESTINATION_HEADER)
             .unwrap_or_else(|| panic!("{}: no destination in {answer:?}", p.deployment));
-        let first: SocketAddr = dest.split(',').next().unwrap().parse().unwrap();
+        // Envoy Gateway's ORIGINAL_DST cluster reads the header as one address.
+        let first: SocketAddr = dest.parse().unwrap_or_else(|e| {
+            panic!(
+                "{}: destination {dest:?} is not one ip:port: {e}",
+                p.deployment
+            )
+        });
         assert!(
             pods_of_pool[pool_name].contains(&first),
             "{}: picked {first}, pool {pool_name} has {:?}",

@@ -810,6 +810,13 @@ pub fn scheduler_config(s: &SchedulerSpec) -> Result<SchedulerConfig, Error> {
             }
         }
     };
+    // Envoy Gateway routes an InferencePool backend through an ORIGINAL_DST cluster that reads
+    // `x-gateway-destination-endpoint` as one `ip:port` (docs/operator.md cites the source); a
+    // fallback list there is not an address. So the picker answers with its first choice only.
+    let cfg = SchedulerConfig {
+        returned_endpoints: 1,
+        ..cfg
+    };
     cfg.validate()
         .map_err(|e| Error::SchedulerConfig(e.to_string()))?;
     Ok(cfg)
