@@ -488,9 +488,10 @@ models:
 
         # (a) LoRA: lora-a runs on A only (a background stream there), requests for it follow.
         held = self.Background(self, ua, lambda w, i: self.completion_body(
-            model="lora-a", prompt=f"hold {w} {i}", max_tokens=1000), 1,
-            max_seconds=60)
-        wait_until(lambda: "lora-a" in lora_state(scrape(self.url("A", "/metrics")))[0], 20,
+            model="lora-a", prompt=f"hold {w} {i}", max_tokens=1900), 1,
+            max_seconds=90)
+        wait_until(lambda: "lora-a" in lora_state(scrape(self.url("A", "/metrics"),
+                                                         timeout=30))[0], 45,
                    0.05, "lora-a running on A")
         time.sleep(3 * SCRAPE_INTERVAL_MS / 1000)
         served = []
@@ -713,9 +714,11 @@ models:
             return results
 
         conds = [("none", None), ("50 ms", 50), ("200 ms", 200)]
-        acc = {c: {"ttft": [], "itl": [], "err": 0, "scrapes": 0} for c, _ in conds}
-        for rnd in range(3):
+        acc = {c: {"ttft": [], "e2e": [], "err": 0, "scrapes": 0, "sums": {}} for c, _ in conds}
+        hists = ("time_to_first_token", "inter_token_latency")
+        for rnd in range(3):  # interleaved rounds, so drift on a shared machine hits all alike
             for label, interval in conds:
+                before = scrape(self.url("A", "/metrics"), timeout=30)
                 if interval:
                     _, admin = self.start_gateway(name="scraper", endpoints=[self.addr("A")],
                                                   interval_ms=interval, stale_ms=interval * 5,
@@ -726,29 +729,36 @@ models:
                 if interval:
                     acc[label]["scrapes"] += self._scrapes(admin) - s0
                     self.procs.stop("scraper")
+                after = scrape(self.url("A", "/metrics"), timeout=30)
+                for h in hists:  # vLLM's own view, from its histograms
+                    for part in ("sum", "count"):
+                        n = f"vllm:{h}_seconds_{part}"
+                        acc[label]["sums"][(h, part)] = acc[label]["sums"].get((h, part), 0) + \
+                            metric(after, n) - metric(before, n)
                 for r in res:
                     if r["status"] != 200 or r["error"]:
                         acc[label]["err"] += 1
                         continue
                     acc[label]["ttft"].append(r["ttft"])
-                    # inter-token latency of the request: first to last token over the gaps
-                    # (several SSE events often arrive in one read, so single gaps are noise)
-                    if r["tokens"] > 1:
-                        acc[label]["itl"].append(sum(r["itl"]) / (r["tokens"] - 1))
+                    acc[label]["e2e"].append(r["t_end"] - r["t_start"])
+        hdr = ("| scraper | requests | client TTFT p50 ms | client TTFT p90 ms | client e2e p50 ms"
+               " | client e2e p90 ms | vLLM TTFT mean ms | vLLM ITL mean ms | scrapes |")
+        sep = "|---|---|---|---|---|---|---|---|---|"
         rows = []
-        print("    | scraper | requests | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | "
-              "ITL mean ms | scrapes |")
-        print("    |---|---|---|---|---|---|---|---|")
+        print("    " + hdr)
+        print("    " + sep)
         for label, _ in conds:
             a = acc[label]
+            sm = a["sums"]
+            mean = lambda h: sm.get((h, "sum"), 0) / max(1, sm.get((h, "count"), 0))
             row = (label, len(a["ttft"]), fmt_ms(pct(a["ttft"], 50)), fmt_ms(pct(a["ttft"], 90)),
-                   fmt_ms(pct(a["itl"], 50)), fmt_ms(pct(a["itl"], 90)),
-                   fmt_ms(statistics.mean(a["itl"]) if a["itl"] else float("nan")), a["scrapes"])
+                   fmt_ms(pct(a["e2e"], 50)), fmt_ms(pct(a["e2e"], 90)),
+                   fmt_ms(mean("time_to_first_token")), f"{mean('inter_token_latency') * 1000:.2f}",
+                   a["scrapes"])
             rows.append(row)
             print("    | " + " | ".join(str(x) for x in row) + " |")
         with open(os.path.join(self.reports, "scrape-cost.md"), "w") as f:
-            f.write("| scraper | requests | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | "
-                    "ITL mean ms | scrapes |\n|---|---|---|---|---|---|---|---|\n")
+            f.write(hdr + "\n" + sep + "\n")
             for row in rows:
                 f.write("| " + " | ".join(str(x) for x in row) + " |\n")
         self.start_main_gateway()
@@ -842,11 +852,11 @@ storage:
             s = get(rep, "successes") or {}
             lat = s.get("latency", {})
             ttft = get(lat, "time_to_first_token") or {}
-            itl = get(lat, "inter_token_latency") or {}
             rows.append((target, s.get("count"), get(rep, "failures", "count"),
-                         ttft.get("mean"), ttft.get("p50"), ttft.get("p90"), itl.get("mean")))
+                         ttft.get("mean"), ttft.get("median"), ttft.get("p90"),
+                         (lat.get("request_latency") or {}).get("median")))
         print("    | target | ok | failed | TTFT mean ms | TTFT p50 ms | TTFT p90 ms | "
-              "ITL mean ms |")
+              "latency p50 ms |")
         for row in rows:
             print("    | " + " | ".join(fmt_ms(x) if isinstance(x, float) else str(x)
                                         for x in row) + " |")
