@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# End-to-end check of the operator on a kind cluster: Envoy Gateway, the InferencePool CRD,
-# infergate's CRD and operator, two emulated vLLM pods, one InferenceGatewayConfig, and a real
-# chat-completion request through Envoy → body-based router → endpoint picker → pod.
+# End-to-end check of the operator on a kind cluster: Envoy Gateway with Envoy AI Gateway's
+# InferencePool extension, the InferencePool CRD, infergate installed from its Helm chart as a
+# user installs it, two emulated vLLM pods, one InferenceGatewayConfig, a check that the operator
+# applied exactly what `infergate render` prints, and a real chat-completion request through
+# Envoy → body-based router → endpoint picker → pod.
 #
 # Needs: docker, kind, kubectl, helm, curl, jq. Takes ~10 minutes (most of it the image build).
 # Versions it expects are below; override with the environment. KEEP=1 keeps the cluster.
@@ -11,6 +13,7 @@ cd "$(dirname "$0")/../.."
 
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.33.1}
 EG_VERSION=${EG_VERSION:-v1.6.0}             # Envoy Gateway Helm chart (ships Gateway API CRDs)
+AIGW_VERSION=${AIGW_VERSION:-v0.4.0}         # Envoy AI Gateway (translates InferencePool backends)
 GIE_VERSION=${GIE_VERSION:-v1.0.0}           # Gateway API Inference Extension (InferencePool v1)
 SOCAT_IMAGE=${SOCAT_IMAGE:-alpine/socat:1.8.0.1}
 CLUSTER=${CLUSTER:-infergate-e2e}
@@ -35,10 +38,28 @@ kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --wait 120s
 docker build -t "$IMAGE" .
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
-step "Envoy Gateway $EG_VERSION and InferencePool CRD $GIE_VERSION"
+step "Envoy Gateway $EG_VERSION with Envoy AI Gateway $AIGW_VERSION, InferencePool CRD $GIE_VERSION"
+# Envoy Gateway accepts an InferencePool backend only when an extension handles it
+# (docs/operator.md): Envoy AI Gateway's extension server, registered as a backend resource.
 helm install eg oci://docker.io/envoyproxy/gateway-helm --version "$EG_VERSION" \
-  -n envoy-gateway-system --create-namespace --wait
+  -n envoy-gateway-system --create-namespace -f - --wait <<'YAML'
+config:
+  envoyGateway:
+    extensionManager:
+      hooks:
+        xdsTranslator:
+          translation: {listener: {includeAll: true}, route: {includeAll: true}, cluster: {includeAll: true}, secret: {includeAll: true}}
+          post: [Translation, Cluster, Route]
+      service:
+        fqdn: {hostname: ai-gateway-controller.envoy-ai-gateway-system.svc.cluster.local, port: 1063}
+      backendResources:
+        - {group: inference.networking.k8s.io, kind: InferencePool, version: v1}
+YAML
 kubectl apply -f "https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/$GIE_VERSION/manifests.yaml"
+helm install aieg-crd oci://docker.io/envoyproxy/ai-gateway-crds-helm --version "$AIGW_VERSION" \
+  -n envoy-ai-gateway-system --create-namespace --wait
+helm install aieg oci://docker.io/envoyproxy/ai-gateway-helm --version "$AIGW_VERSION" \
+  -n envoy-ai-gateway-system --wait
 kubectl apply -f - <<YAML
 apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
@@ -46,10 +67,10 @@ metadata: {name: eg}
 spec: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
 YAML
 
-step "infergate CRD and operator"
-kubectl apply -f crds/
+step "infergate from its Helm chart (CRDs and operator), as docs/install.md installs it"
+helm install infergate charts/infergate -n infergate-system --create-namespace \
+  --set image.repository="${IMAGE%%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=IfNotPresent
 kubectl wait --for=condition=Established crd/inferencegatewayconfigs.infergate.dev --timeout=60s
-sed "s#ghcr.io/infergate/infergate:0.1.0#$IMAGE#g" deploy/operator/operator.yaml | kubectl apply -f -
 kubectl -n infergate-system rollout status deploy/infergate-operator --timeout=180s
 
 step "emulated vLLM pods"
@@ -95,6 +116,16 @@ kubectl -n "$NS" wait --for=condition=Accepted igwc/llama --timeout=60s
 kubectl -n "$NS" wait --for=condition=Ready igwc/llama --timeout=300s \
   || { kubectl -n "$NS" get igwc llama -o yaml; fail "config did not become Ready"; }
 kubectl -n "$NS" get igwc,gateway,httproute,inferencepool,envoyextensionpolicy,deploy,svc
+
+step "the operator applied what infergate render prints"
+rendered=$(docker run --rm -i "$IMAGE" render -f - --image "$IMAGE" <deploy/examples/single-model.yaml \
+  | kubectl create --dry-run=client -o json -f -)
+for d in $(kubectl -n "$NS" get deploy -l infergate.dev/config=llama -o name); do
+  live=$(kubectl -n "$NS" get "$d" -o json | jq -c '.spec.template.spec.containers[0].args')
+  want=$(echo "$rendered" | jq -c --arg n "${d#*/}" \
+    '.items[] | select(.kind == "Deployment" and .metadata.name == $n) | .spec.template.spec.containers[0].args')
+  [ "$live" = "$want" ] || fail "$d runs $live, infergate render prints $want"
+done
 
 step "request end to end"
 svc=$(kubectl -n envoy-gateway-system get svc \
