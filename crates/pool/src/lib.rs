@@ -218,7 +218,14 @@ impl LivePool {
     }
 
     /// Chooses endpoints for a request. The returned guard holds the in-flight entry.
+    ///
+    /// With debug logging on for this crate (`RUST_LOG=debug`), every pick is made with
+    /// [`LivePool::pick_explained`] and logged as one line: candidates, which filter removed
+    /// which pod, every scorer's value. With it off, nothing is built (one cached check).
     pub fn pick(&self, req: &RequestContext<'_>) -> Result<Inflight, Rejection> {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            return self.pick_explained(req).0;
+        }
         let started = std::time::Instant::now();
         let now = self.shared.clock.now();
         let decision = {
@@ -233,17 +240,34 @@ impl LivePool {
         decision.map(|d| Inflight::new(self.clone(), d))
     }
 
-    /// As [`LivePool::pick`], with the decision record (candidates, filters, every score).
+    /// As [`LivePool::pick`], with the decision record (candidates, filters, every score). Logs
+    /// the decision at debug level.
     pub fn pick_explained(
         &self,
         req: &RequestContext<'_>,
     ) -> (Result<Inflight, Rejection>, Explanation) {
+        let started = std::time::Instant::now();
         let now = self.shared.clock.now();
         let (decision, explanation) = {
             let mut st = lock(&self.shared.state);
             let State { scheduler, rng } = &mut *st;
             scheduler.pick_explained(req, now, rng)
         };
+        self.shared
+            .telemetry
+            .pick_seconds
+            .observe(started.elapsed().as_secs_f64());
+        tracing::debug!(
+            model = req.model,
+            lora = req.lora_adapter,
+            priority = req.priority.as_str(),
+            considered = explanation.considered,
+            filtered = explanation.filtered.len(),
+            scored = explanation.candidates.len(),
+            rejection = explanation.rejection,
+            explanation = %explanation.summary(usize::MAX),
+            "routing decision"
+        );
         (
             decision.map(|d| Inflight::new(self.clone(), d)),
             explanation,

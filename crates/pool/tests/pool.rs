@@ -243,3 +243,77 @@ async fn freshness_filter_and_scraper_share_one_threshold() {
         "stale pods kept when asked"
     );
 }
+
+/// A `tracing` writer that keeps every line in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Picks with a subscriber at `level` installed, returning what was logged.
+fn logged_picks(pool: &LivePool, level: tracing::Level, n: usize) -> String {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        for _ in 0..n {
+            drop(pool.pick(&RequestContext::new("m", 100)).unwrap());
+        }
+    });
+    out.text()
+}
+
+#[tokio::test]
+async fn debug_logging_explains_each_pick_and_info_logs_nothing() {
+    let busy = Arc::new(AtomicU32::new(6));
+    let idle = Arc::new(AtomicU32::new(0));
+    let a = metrics_server(Arc::clone(&busy)).await;
+    let b = metrics_server(Arc::clone(&idle)).await;
+    let pool = LivePool::start(config(), None).unwrap();
+    pool.set_endpoints([meta(a, "busy"), meta(b, "idle")])
+        .unwrap();
+    wait_ready(&pool).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let quiet = logged_picks(&pool, tracing::Level::INFO, 3);
+    assert!(!quiet.contains("routing decision"), "{quiet}");
+
+    let text = logged_picks(&pool, tracing::Level::DEBUG, 2);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("routing decision"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per pick: {text}");
+    let line = lines[0];
+    for want in [
+        "model=\"m\"",
+        "considered=2",
+        &format!("chosen={b},{a}"),
+        "default/idle",
+        "default/busy",
+        "estimated-wait=",
+        "queue=1.000*1",
+    ] {
+        assert!(line.contains(want), "{want} missing: {line}");
+    }
+    assert_eq!(pool.inflight(), 0);
+    pool.shutdown();
+}

@@ -73,3 +73,85 @@ pub struct Explanation {
     /// The rejection's `Retry-After`, in seconds, when shed.
     pub retry_after_secs: Option<u64>,
 }
+
+impl Explanation {
+    /// The record on one line of printable ASCII (safe as an HTTP header value): the chosen
+    /// endpoints or the rejection, what was considered and filtered (and by which filter), then
+    /// the `max_candidates` best-scored candidates with their totals and every scorer's value
+    /// (`scorer=value*weight`). Used for the debug log line and the opt-in response header.
+    pub fn summary(&self, max_candidates: usize) -> String {
+        let mut s = String::with_capacity(128 + 160 * self.candidates.len().min(max_candidates));
+        // Writing into a String cannot fail.
+        let _ = self.write_summary(&mut s, max_candidates);
+        // Names come from configuration and pod labels: keep the line one printable line.
+        s.retain(|c| c.is_ascii() && !c.is_ascii_control());
+        s
+    }
+
+    fn write_summary(&self, s: &mut String, max_candidates: usize) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        match self.rejection {
+            Some(r) => {
+                write!(s, "rejected={r}")?;
+                if let Some(secs) = self.retry_after_secs {
+                    write!(s, " retry_after={secs}s")?;
+                }
+            }
+            None => {
+                s.push_str("chosen=");
+                for (i, a) in self.chosen.iter().enumerate() {
+                    if i > 0 {
+                        s.push(',');
+                    }
+                    write!(s, "{a}")?;
+                }
+            }
+        }
+        if let Some(p) = self.policy {
+            write!(s, " policy={}", p.as_str())?;
+        }
+        write!(
+            s,
+            " priority={} considered={} prompt_blocks={}",
+            self.priority.as_str(),
+            self.considered,
+            self.prompt_blocks
+        )?;
+        if self.fell_back_to_all_ready {
+            s.push_str(" fell_back_to_all_ready");
+        }
+        if !self.filtered.is_empty() {
+            s.push_str(" filtered=");
+            for (i, f) in self.filtered.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write!(s, "{}:{}", f.addr, f.filter)?;
+            }
+        }
+        let mut order: Vec<&CandidateRecord> = self.candidates.iter().collect();
+        order.sort_by(|a, b| b.total.total_cmp(&a.total));
+        for c in order.iter().take(max_candidates) {
+            write!(
+                s,
+                " | {} {} total={:.3} waiting={:.0} est_wait_ms={:.1} prefix_blocks={}",
+                c.name,
+                c.addr,
+                c.total,
+                c.waiting,
+                c.estimated_wait_secs * 1e3,
+                c.prefix_blocks
+            )?;
+            if c.saturated {
+                s.push_str(" saturated");
+            }
+            for r in &c.scores {
+                write!(s, " {}={:.3}*{}", r.scorer, r.value, r.weight)?;
+            }
+        }
+        if order.len() > max_candidates {
+            write!(s, " | +{} more", order.len() - max_candidates)?;
+        }
+        Ok(())
+    }
+}

@@ -796,3 +796,46 @@ fn thresholds_validate() {
     };
     assert_eq!(cfg.validate().unwrap_err().field, "overload.queueDepth");
 }
+
+#[test]
+fn an_explanation_summary_names_the_choice_the_filters_and_every_score() {
+    let mut s = pool(SchedulerConfig::default(), 3);
+    let later = T0.saturating_add(Duration::from_secs(1));
+    s.apply_metrics(addr(0), snap(later, 0, 0.1)).unwrap();
+    s.apply_metrics(addr(1), snap(later, 5, 0.5)).unwrap();
+    // pod 2 stays at T0: 2.5 s old at `now`, stale.
+    let now = later.saturating_add(Duration::from_millis(1_500));
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), now, &mut rng(1));
+    let d = d.unwrap();
+    let line = ex.summary(8);
+    assert!(
+        line.starts_with(&format!("chosen={}", d.endpoints)),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("filtered={}:freshness", addr(2))),
+        "{line}"
+    );
+    assert!(line.contains("| ns/pod-0 127.0.0.1:8000 total="), "{line}");
+    assert!(line.contains("estimated-wait="), "{line}");
+    assert!(line.contains("queue=0.000*1"), "{line}");
+    assert!(
+        line.find("ns/pod-0").unwrap() < line.find("ns/pod-1").unwrap(),
+        "best first: {line}"
+    );
+    assert!(line.bytes().all(|b| (0x20..0x7f).contains(&b)), "{line}");
+    assert!(ex.summary(1).ends_with("| +1 more"), "{}", ex.summary(1));
+    let err = s
+        .pick_explained(
+            &RequestContext::new("m", 10),
+            now.saturating_add(Duration::from_secs(9)),
+            &mut rng(1),
+        )
+        .1;
+    assert!(
+        err.summary(8)
+            .starts_with("rejected=no_fresh_endpoints retry_after=1s"),
+        "{}",
+        err.summary(8)
+    );
+}
