@@ -56,6 +56,10 @@ pub struct GatewayConfig {
     pub reload_interval: Duration,
     /// Seed of the schedulers' random tie-breaks (each model derives its own from it).
     pub seed: u64,
+    /// Whether a request carrying `x-infergate-explain: 1` gets its routing decision back in the
+    /// `x-infergate-explain` response header. Off by default: the explanation names pods,
+    /// addresses and scores, which a public endpoint should not hand to every client.
+    pub explain_header: bool,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,
 }
@@ -407,6 +411,8 @@ struct RawGateway {
     reload_interval_ms: u64,
     #[serde(default)]
     seed: u64,
+    #[serde(default)]
+    explain_header: bool,
     models: Vec<ModelConfig>,
 }
 
@@ -460,6 +466,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             scrape: r.scrape,
             reload_interval: Duration::from_millis(r.reload_interval_ms),
             seed: r.seed,
+            explain_header: r.explain_header,
             models: r.models,
         })
     }

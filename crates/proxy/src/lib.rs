@@ -47,7 +47,7 @@ pub use config::{
     EndpointConfig, GatewayConfig, Limits, ModelConfig, ModelLimits, Retries, Scrape, Timeouts,
 };
 pub use error::{ConfigError, Error};
-pub use proxy::{ENDPOINT_HEADER, REQUEST_ID_HEADER};
+pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, REQUEST_ID_HEADER};
 pub use server::{
     Gateway, Handle, Listeners, WorkerListeners, default_workers, serve, serve_workers,
 };

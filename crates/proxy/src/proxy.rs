@@ -31,9 +31,16 @@ use crate::upstream::{SendError, Upstreams};
 pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
 /// Request and response header carrying the request id.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Request header asking for the routing decision (`1`), and response header carrying it
+/// (when `explainHeader` is on).
+pub const EXPLAIN_HEADER: &str = "x-infergate-explain";
+
+/// Candidates listed, best first, in an `x-infergate-explain` answer.
+const EXPLAIN_CANDIDATES: usize = 8;
 
 static X_INFERGATE_ENDPOINT: HeaderName = HeaderName::from_static(ENDPOINT_HEADER);
 static X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
+static X_INFERGATE_EXPLAIN: HeaderName = HeaderName::from_static(EXPLAIN_HEADER);
 
 /// Prompt segments kept on the stack while picking (more go to a heap list).
 const INLINE_SEGMENTS: usize = 16;
@@ -228,7 +235,28 @@ pub(crate) async fn handle(
                 .max_output_tokens
                 .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS),
         );
-    let mut inflight = match model.backend.pool.pick(&cx) {
+    let explain = state.config.explain_header
+        && parts
+            .headers
+            .get(&X_INFERGATE_EXPLAIN)
+            .is_some_and(|v| v.as_bytes() == b"1");
+    let (picked, explanation) = if explain {
+        let (picked, ex) = model.backend.pool.pick_explained(&cx);
+        (
+            picked,
+            HeaderValue::try_from(ex.summary(EXPLAIN_CANDIDATES)).ok(),
+        )
+    } else {
+        (model.backend.pool.pick(&cx), None)
+    };
+    let with_explanation = |mut r: Response<ResponseBody>| {
+        if let Some(v) = &explanation {
+            r.headers_mut()
+                .insert(X_INFERGATE_EXPLAIN.clone(), v.clone());
+        }
+        r
+    };
+    let mut inflight = match picked {
         Ok(i) => i,
         Err(r) => {
             let e = match r {
@@ -244,7 +272,11 @@ pub(crate) async fn handle(
                     retry_after,
                 },
             };
-            return Ok(error_response(&shared.telemetry, &e, request_id));
+            return Ok(with_explanation(error_response(
+                &shared.telemetry,
+                &e,
+                request_id,
+            )));
         }
     };
     let streaming = parsed.stream;
@@ -303,7 +335,11 @@ pub(crate) async fn handle(
                 let e = ApiError::UpstreamTimeout {
                     timeout: timeouts.first_byte,
                 };
-                return Ok(error_response(&shared.telemetry, &e, request_id));
+                return Ok(with_explanation(error_response(
+                    &shared.telemetry,
+                    &e,
+                    request_id,
+                )));
             }
             Ok(Err(err)) => {
                 tracing::debug!(endpoint = %addr, error = %err, "upstream request failed");
@@ -327,6 +363,11 @@ pub(crate) async fn handle(
             .headers
             .insert(X_INFERGATE_ENDPOINT.clone(), ep.header.clone());
         rparts.headers.insert(X_REQUEST_ID.clone(), request_id);
+        if let Some(v) = &explanation {
+            rparts
+                .headers
+                .insert(X_INFERGATE_EXPLAIN.clone(), v.clone());
+        }
         let sse = streaming
             || rparts
                 .headers
@@ -353,7 +394,11 @@ pub(crate) async fn handle(
     let e = last_error.unwrap_or_else(|| ApiError::UpstreamUnavailable {
         reason: "every endpoint tried failed".into(),
     });
-    Ok(error_response(&shared.telemetry, &e, request_id))
+    Ok(with_explanation(error_response(
+        &shared.telemetry,
+        &e,
+        request_id,
+    )))
 }
 
 fn is_models_path(path: &str) -> bool {

@@ -490,3 +490,73 @@ async fn shed_retry_after_is_within_twice_the_emulated_drain_time() {
         r.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_explain_header_is_off_by_default_and_names_the_chosen_pod_when_on() {
+    let chat = r#"{"model":"llama","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#;
+    let ask = [("x-infergate-explain", "1")];
+    // Off by default: asking changes nothing.
+    let off = Rig::start(2, "", "").await;
+    let (status, headers, _) = send(
+        off.gw.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        chat,
+        &ask,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(!headers.contains_key("x-infergate-explain"), "{headers:?}");
+    drop(off);
+
+    let on = Rig::start(2, "explainHeader: true\n", "").await;
+    // On, but not asked: nothing.
+    let (_, headers, _) = post(on.gw.http_addr(), "/v1/chat/completions", chat).await;
+    assert!(!headers.contains_key("x-infergate-explain"), "{headers:?}");
+    // Asked: the decision, naming the pod that served.
+    let (status, headers, _) = send(
+        on.gw.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        chat,
+        &ask,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let served = headers["x-infergate-endpoint"].to_str().unwrap().to_owned();
+    let explained = headers["x-infergate-explain"].to_str().unwrap().to_owned();
+    assert!(
+        explained.starts_with(&format!("chosen={served}")),
+        "{explained}"
+    );
+    let name = if served == on.pod("a").to_string() {
+        "llama/a"
+    } else {
+        "llama/b"
+    };
+    assert!(
+        explained.contains(&format!("| {name} {served} total=")),
+        "{explained}"
+    );
+    assert!(explained.contains("estimated-wait="), "{explained}");
+    // A rejection is explained too.
+    on.set_metrics("a", MetricsFault::Missing);
+    on.set_metrics("b", MetricsFault::Missing);
+    on.wait_metric("infergate_pod_stale", "a", 1.0).await;
+    on.wait_metric("infergate_pod_stale", "b", 1.0).await;
+    let (status, headers, _) = send(
+        on.gw.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        chat,
+        &ask,
+    )
+    .await;
+    assert_eq!(status, 503);
+    let explained = headers["x-infergate-explain"].to_str().unwrap();
+    assert!(
+        explained.starts_with("rejected=no_fresh_endpoints retry_after=1s"),
+        "{explained}"
+    );
+    assert!(explained.contains(":freshness"), "{explained}");
+}
