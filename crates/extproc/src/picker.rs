@@ -45,6 +45,11 @@ pub struct PickerConfig {
     /// Model names rewritten on the way in (requested → served); responses get the requested
     /// name back.
     pub model_rewrites: HashMap<String, String>,
+    /// Whether a request carrying `x-infergate-explain: 1` gets its routing decision back in the
+    /// `x-infergate-explain` response header (set by the response-path header mutation, or on
+    /// the immediate response of a rejection). Off by default: the explanation names pods,
+    /// addresses and scores.
+    pub explain_header: bool,
 }
 
 impl Default for PickerConfig {
@@ -56,6 +61,7 @@ impl Default for PickerConfig {
             request_body_mode: BodyMode::FullDuplex,
             response_body_mode: BodyMode::FullDuplex,
             model_rewrites: HashMap::new(),
+            explain_header: false,
         }
     }
 }

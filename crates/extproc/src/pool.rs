@@ -20,6 +20,15 @@ pub trait EndpointPool: Clone + Send + Sync + 'static {
 
     /// Whether the pool can route (discovery synced, at least one endpoint with fresh metrics).
     fn is_ready(&self) -> bool;
+
+    /// As [`EndpointPool::pick`], with the decision explained on one line of printable ASCII
+    /// (`None` when the pool keeps no decision record).
+    fn pick_explained(
+        &self,
+        cx: &RequestContext<'_>,
+    ) -> (Result<Self::Inflight, Rejection>, Option<String>) {
+        (self.pick(cx), None)
+    }
 }
 
 /// The in-flight entry of one routed request. Dropping it without [`InflightGuard::complete`] or

@@ -255,6 +255,33 @@ pub fn response_headers_continue() -> ProcessingResponse {
     }
 }
 
+/// Request header asking for the routing decision (`1`), and response header carrying it.
+pub const EXPLAIN_HEADER: &str = "x-infergate-explain";
+
+/// `response_headers` answer with header mutations: `set`, and `content-length` removed when
+/// `drop_length` (see [`response_headers_drop_length`]).
+pub fn response_headers_with(set: Vec<HeaderValueOption>, drop_length: bool) -> ProcessingResponse {
+    let remove = if drop_length {
+        vec![String::from("content-length")]
+    } else {
+        Vec::new()
+    };
+    ProcessingResponse {
+        response: Some(processing_response::Response::ResponseHeaders(
+            HeadersResponse {
+                response: Some(CommonResponse {
+                    header_mutation: Some(HeaderMutation {
+                        set_headers: set,
+                        remove_headers: remove,
+                    }),
+                    ..CommonResponse::default()
+                }),
+            },
+        )),
+        ..ProcessingResponse::default()
+    }
+}
+
 /// `response_headers` answer that removes `content-length` (the picker is about to change the
 /// body's length by rewriting the model name; Envoy then frames the body itself).
 pub fn response_headers_drop_length() -> ProcessingResponse {

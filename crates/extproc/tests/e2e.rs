@@ -600,3 +600,101 @@ async fn every_pod_dead_is_503_with_retry_after_from_the_picker() {
         "{m}"
     );
 }
+
+#[test]
+fn the_explain_environment_switch_takes_1_or_true() {
+    use infergate_extproc::run::explain_enabled_by;
+    assert!(explain_enabled_by(Some("1")));
+    assert!(explain_enabled_by(Some("TRUE")));
+    assert!(!explain_enabled_by(Some("0")));
+    assert!(!explain_enabled_by(Some("")));
+    assert!(!explain_enabled_by(None));
+}
+
+/// The value of `key` set by an answer's header mutation, if any.
+fn set_header_value(
+    a: &envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse,
+    key: &str,
+) -> Option<String> {
+    use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
+    let mutation = match a.response.as_ref()? {
+        Response::ResponseHeaders(h) => h.response.as_ref()?.header_mutation.as_ref()?,
+        Response::ImmediateResponse(i) => i.headers.as_ref()?,
+        _ => return None,
+    };
+    mutation
+        .set_headers
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == key)
+        .map(|h| String::from_utf8_lossy(infergate_extproc::wire::header_value(h)).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_explains_a_decision_only_when_enabled_and_asked() {
+    let ask = [("x-infergate-explain", "1")];
+    // Off by default: asking changes nothing on the response path.
+    let off = Process::start(2, PickerConfig::default()).await;
+    let (answer, mut ex) = off.open_route(0, &ask).await;
+    headers_answer(&answer);
+    ex.streamed_body(true, usize::MAX).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    drop(ex);
+    drop(off);
+
+    let on = Process::start(
+        2,
+        PickerConfig {
+            explain_header: true,
+            ..PickerConfig::default()
+        },
+    )
+    .await;
+    // On but not asked: nothing.
+    let (_, mut ex) = on.open_route(1, &[]).await;
+    ex.streamed_body(true, usize::MAX).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    drop(ex);
+    // Asked: the response headers get the decision, naming the chosen pod.
+    let (answer, mut ex) = on.open_route(2, &ask).await;
+    let dest = headers_answer(&answer)
+        .header(infergate_extproc::wire::DESTINATION_HEADER)
+        .unwrap()
+        .to_owned();
+    let first = dest.split(',').next().unwrap().to_owned();
+    ex.streamed_body(true, usize::MAX).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    let explained =
+        set_header_value(&ex.next().await, "x-infergate-explain").expect("no explanation");
+    assert!(
+        explained.starts_with(&format!("chosen={dest}")),
+        "{explained}"
+    );
+    let name = if first == on.pod("pod-0").to_string() {
+        "default/pod-0"
+    } else {
+        "default/pod-1"
+    };
+    assert!(
+        explained.contains(&format!("| {name} {first} total=")),
+        "{explained}"
+    );
+    drop(ex);
+    // A rejection carries it on the immediate response.
+    on.set_metrics("pod-0", MetricsFault::Missing);
+    on.set_metrics("pod-1", MetricsFault::Missing);
+    on.wait_metric("infergate_pod_stale", "pod-0", 1.0).await;
+    on.wait_metric("infergate_pod_stale", "pod-1", 1.0).await;
+    let answer = on.route(3, &ask).await;
+    assert_eq!(immediate_parts(&answer).0, 503);
+    let explained = set_header_value(&answer, "x-infergate-explain").expect("no explanation");
+    assert!(
+        explained.starts_with("rejected=no_fresh_endpoints"),
+        "{explained}"
+    );
+}

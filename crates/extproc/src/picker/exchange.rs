@@ -18,7 +18,7 @@ use std::time::Instant;
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, processing_response,
 };
 use infergate_openai::{ApiError, ApiKind, SseScanner, extract_usage, parse_request};
 use infergate_scheduler::{Rejection, RequestContext};
@@ -54,6 +54,8 @@ struct Routed<G> {
     json: Vec<u8>,
     json_overflow: bool,
     rewriter: Option<ModelRewriter>,
+    /// The decision's summary, for the `x-infergate-explain` response header.
+    explanation: Option<String>,
 }
 
 /// Per-stream state. Dropping it (stream end, reset) drops the in-flight guard, which cancels.
@@ -69,6 +71,10 @@ pub(crate) struct Exchange<P: EndpointPool> {
     base_hint: Option<String>,
     routed: Option<Routed<P::Inflight>>,
     scratch: String,
+    /// The request asked for its routing decision (and the picker allows it).
+    explain: bool,
+    /// The decision's summary, until it is answered.
+    explanation: Option<String>,
 }
 
 impl<P: EndpointPool> Exchange<P> {
@@ -85,6 +91,8 @@ impl<P: EndpointPool> Exchange<P> {
             base_hint: None,
             routed: None,
             scratch: String::new(),
+            explain: false,
+            explanation: None,
         }
     }
 
@@ -117,11 +125,16 @@ impl<P: EndpointPool> Exchange<P> {
             }
             Some(Msg::ResponseHeaders(h)) => {
                 let rewriting = self.routed.as_ref().is_some_and(|r| r.rewriter.is_some());
+                let explanation = self.routed.as_mut().and_then(|r| r.explanation.take());
                 self.on_response_headers(&h, metadata.as_ref());
-                out.push(if rewriting && !h.end_of_stream {
-                    wire::response_headers_drop_length()
-                } else {
-                    wire::response_headers_continue()
+                let drop_length = rewriting && !h.end_of_stream;
+                out.push(match explanation {
+                    Some(e) => wire::response_headers_with(
+                        vec![wire::set_header(wire::EXPLAIN_HEADER, e)],
+                        drop_length,
+                    ),
+                    None if drop_length => wire::response_headers_drop_length(),
+                    None => wire::response_headers_continue(),
                 });
                 Flow::Continue
             }
@@ -162,6 +175,8 @@ impl<P: EndpointPool> Exchange<P> {
         self.base_hint = wire::find_header(h, wire::BASE_MODEL_HEADER)
             .and_then(|v| std::str::from_utf8(v).ok())
             .map(str::to_owned);
+        self.explain = self.shared.config.explain_header
+            && wire::find_header(h, wire::EXPLAIN_HEADER) == Some(b"1");
         if h.end_of_stream || self.request_mode == BodyMode::HeadersOnly {
             return self.route_headers_only(out);
         }
@@ -209,7 +224,8 @@ impl<P: EndpointPool> Exchange<P> {
             .with_lora(lora)
             .with_subset(self.subset.as_deref());
         let started = Instant::now();
-        let picked = self.shared.pool.pick(&cx);
+        let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
+        self.explanation = explanation;
         match picked {
             Ok(inflight) => {
                 let common = self.route_common(&inflight, None);
@@ -247,7 +263,8 @@ impl<P: EndpointPool> Exchange<P> {
                 if let Some(n) = parsed.max_output_tokens {
                     cx = cx.with_output_tokens(n);
                 }
-                let picked = self.shared.pool.pick(&cx);
+                let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
+                self.explanation = explanation;
                 let (requested, stream) = (parsed.model.clone().into_owned(), parsed.stream);
                 drop(parsed);
                 if let (Some(served), Some(new_body)) = (rewrite, rewritten) {
@@ -263,7 +280,9 @@ impl<P: EndpointPool> Exchange<P> {
                 let cx = RequestContext::new(m, 0)
                     .with_lora(lora)
                     .with_subset(self.subset.as_deref());
-                (self.shared.pool.pick(&cx), model, false)
+                let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
+                self.explanation = explanation;
+                (picked, model, false)
             }
         };
         let inflight = match picked {
@@ -337,13 +356,22 @@ impl<P: EndpointPool> Exchange<P> {
             json: Vec::new(),
             json_overflow: false,
             rewriter: None,
+            explanation: self.explanation.take(),
         });
     }
 
     fn reject(&mut self, err: ApiError, out: &mut Vec<ProcessingResponse>) -> Flow {
         tracing::debug!(error = %err, status = err.status(), "request answered locally");
         self.shared.telemetry.reject(err.metric_label());
-        out.push(wire::immediate_error(&err));
+        let mut answer = wire::immediate_error(&err);
+        if let Some(e) = self.explanation.take()
+            && let Some(processing_response::Response::ImmediateResponse(i)) = &mut answer.response
+            && let Some(h) = &mut i.headers
+        {
+            h.set_headers
+                .push(wire::set_header(wire::EXPLAIN_HEADER, e));
+        }
+        out.push(answer);
         self.phase = Phase::Done;
         Flow::Close
     }
@@ -462,6 +490,19 @@ impl<P: EndpointPool> Drop for Exchange<P> {
                 .counters
                 .finished(&r.model, Some(r.pod), Outcome::Cancelled, None);
         }
+    }
+}
+
+/// Picks on `pool`, with the decision's summary when the request asked for it.
+fn pick<P: EndpointPool>(
+    pool: &P,
+    explain: bool,
+    cx: &RequestContext<'_>,
+) -> (Result<P::Inflight, Rejection>, Option<String>) {
+    if explain {
+        pool.pick_explained(cx)
+    } else {
+        (pool.pick(cx), None)
     }
 }
 

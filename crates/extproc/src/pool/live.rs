@@ -17,7 +17,18 @@ impl EndpointPool for LivePool {
     fn is_ready(&self) -> bool {
         LivePool::is_ready(self)
     }
+
+    fn pick_explained(
+        &self,
+        cx: &RequestContext<'_>,
+    ) -> (Result<Inflight, Rejection>, Option<String>) {
+        let (picked, explanation) = LivePool::pick_explained(self, cx);
+        (picked, Some(explanation.summary(EXPLAIN_CANDIDATES)))
+    }
 }
+
+/// Candidates listed, best first, in an `x-infergate-explain` answer.
+const EXPLAIN_CANDIDATES: usize = 8;
 
 impl InflightGuard for Inflight {
     fn endpoints(&self) -> &[SocketAddr] {
