@@ -591,12 +591,16 @@ models:
         self.procs.stop("vllm-A", sig=signal.SIGKILL)
         log("killed vLLM A (SIGKILL) under load")
         stale_at = None
-        deadline = time.monotonic() + 10
+        polls = [kill_at["t"]]
+        deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            if metric(self.gw_metrics(), "infergate_metrics_stale_targets") >= 1:
-                stale_at = time.monotonic()
+            stale_now = metric(self.gw_metrics(), "infergate_metrics_stale_targets") >= 1
+            polls.append(time.monotonic())
+            if stale_now:
+                stale_at = polls[-1]
                 break
             time.sleep(0.02)
+        poll_gap = max(b - a for a, b in zip(polls, polls[1:]))
         time.sleep(3)
         stop.set()
         for t in ths:
@@ -615,10 +619,19 @@ models:
         for r in lost[:5]:
             print(f"      lost: status {r['status']} endpoint {r['endpoint']} error {r['error']} "
                   f"{r.get('body', '')[:120]}")
-        expect(not lost, f"no request lost except those streaming from A ({len(lost)} lost)")
-        expect(stale_s <= threshold + 0.05,
-               f"gateway marked A stale {stale_s * 1000:.0f} ms after the kill "
-               f"(threshold {STALE_AFTER_MS} + interval {SCRAPE_INTERVAL_MS} ms, 50 ms polling)")
+        soft = []  # the later parts still run when one of these fails
+
+        def check(cond, what):
+            try:
+                expect(cond, what)
+            except CheckFailed as e:
+                soft.append(str(e))
+
+        check(not lost, f"no request lost except those streaming from A ({len(lost)} lost)")
+        check(stale_s <= threshold + poll_gap,
+              f"gateway marked A stale {stale_s * 1000:.0f} ms after the kill (threshold "
+              f"{STALE_AFTER_MS} + interval {SCRAPE_INTERVAL_MS} ms; {len(polls) - 1} polls of "
+              f"the admin page, longest gap {poll_gap * 1000:.0f} ms)")
         # restart A, readmitted
         t0 = time.monotonic()
         self.start_vllm("A")
@@ -632,8 +645,8 @@ models:
             served.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
             if "A" in served:
                 break
-        expect("A" in served, f"A restarted: healthy after {dt:.1f}s, fresh in the gateway after "
-               f"{fresh:.1f}s, first requests served by {served}")
+        check("A" in served, f"A restarted: healthy after {dt:.1f}s, fresh in the gateway after "
+              f"{fresh:.1f}s, first requests served by {served}")
         # both dead: 503 with Retry-After
         self.procs.stop("vllm-A", sig=signal.SIGKILL)
         self.procs.stop("vllm-B", sig=signal.SIGKILL)
@@ -641,9 +654,11 @@ models:
                    10, 0.05, "both instances stale")
         r = self.post(gw, self.completion_body(max_tokens=2), timeout=30)
         body = r.text[:200]
-        expect(r.status_code == 503 and r.headers.get("retry-after") is not None,
-               f"both instances dead: {r.status_code}, Retry-After "
-               f"{r.headers.get('retry-after')!r}, body {body!r}")
+        check(r.status_code == 503 and r.headers.get("retry-after") is not None,
+              f"both instances dead: {r.status_code}, Retry-After "
+              f"{r.headers.get('retry-after')!r}, body {body!r}")
+        if soft:
+            raise CheckFailed("; ".join(soft))
 
     # ------------------------------------------------------------------ check 5
     def check_emulator(self):
