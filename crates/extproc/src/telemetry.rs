@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{OnceLock, PoisonError, RwLock};
 
+use infergate_pool::histogram::AtomicHistogram;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -52,6 +53,26 @@ pub struct TokenLabels {
     pub kind: &'static str,
 }
 
+/// Labels of the per-pool histograms.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The pool.
+    pub pool: String,
+}
+
+/// A family of lock-free histograms (recording is atomic adds only).
+pub type HistogramFamily = Family<PoolLabels, AtomicHistogram, fn() -> AtomicHistogram>;
+
+fn ttft_histogram() -> AtomicHistogram {
+    // 0.5 ms .. ~16 s, as the gateway's `infergate_gateway_ttft_seconds`.
+    AtomicHistogram::new(exponential_buckets(0.000_5, 2.0, 16))
+}
+
+fn duration_histogram() -> AtomicHistogram {
+    // 1 ms .. ~65 s, as the gateway's `infergate_gateway_request_duration_seconds`.
+    AtomicHistogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
 /// Labels of the pod gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PodStateLabels {
@@ -72,6 +93,10 @@ pub struct Telemetry {
     pub tokens: Family<TokenLabels, Counter>,
     /// Pods by state.
     pub pods: Family<PodStateLabels, Gauge>,
+    /// Routing answer to the first streamed token, by pool.
+    pub ttft: HistogramFamily,
+    /// Routing answer to the end of the response (or its cancellation), by pool.
+    pub duration: HistogramFamily,
 }
 
 impl Default for Telemetry {
@@ -83,6 +108,8 @@ impl Default for Telemetry {
             rejections: Family::default(),
             tokens: Family::default(),
             pods: Family::default(),
+            ttft: Family::new_with_constructor(ttft_histogram),
+            duration: Family::new_with_constructor(duration_histogram),
         }
     }
 }
@@ -113,6 +140,16 @@ impl Telemetry {
             t.tokens.clone(),
         );
         r.register("pods", "Pool pods by state (ready, stale)", t.pods.clone());
+        r.register(
+            "ttft_seconds",
+            "Time from the routing answer to the first generated token of a streamed response, by pool",
+            t.ttft.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from the routing answer to the end of the response (or its cancellation), by pool",
+            t.duration.clone(),
+        );
         t
     }
 
@@ -153,6 +190,8 @@ impl Telemetry {
     /// documentation). Build it once per pool and keep it.
     pub fn for_pool(&self, pool: &str) -> PoolTelemetry {
         PoolTelemetry {
+            ttft: OnceLock::new(),
+            duration: OnceLock::new(),
             telemetry: self.clone(),
             pool: pool.to_owned(),
             models: RwLock::default(),
@@ -212,6 +251,10 @@ pub const OTHER_MODEL: &str = "(other)";
 /// kept per model and endpoint. Made by [`Telemetry::for_pool`].
 #[derive(Debug)]
 pub struct PoolTelemetry {
+    /// `ttft_seconds{pool}`, created on first use.
+    ttft: OnceLock<AtomicHistogram>,
+    /// `request_duration_seconds{pool}`, created on first use.
+    duration: OnceLock<AtomicHistogram>,
     telemetry: Telemetry,
     pool: String,
     models: RwLock<HashMap<Box<str>, ModelCounters>>,
@@ -232,6 +275,31 @@ impl PoolTelemetry {
     /// The pool label.
     pub fn pool(&self) -> &str {
         &self.pool
+    }
+
+    /// Records a time to first token, in seconds.
+    pub fn observe_ttft(&self, secs: f64) {
+        self.ttft
+            .get_or_init(|| self.telemetry.ttft.get_or_create(&self.labels()).clone())
+            .observe(secs);
+    }
+
+    /// Records a request's duration (routing answer to the end of the response), in seconds.
+    pub fn observe_duration(&self, secs: f64) {
+        self.duration
+            .get_or_init(|| {
+                self.telemetry
+                    .duration
+                    .get_or_create(&self.labels())
+                    .clone()
+            })
+            .observe(secs);
+    }
+
+    fn labels(&self) -> PoolLabels {
+        PoolLabels {
+            pool: self.pool.clone(),
+        }
     }
 
     /// Counts one finished request of `model` served by `pod`, and its reported `usage`.

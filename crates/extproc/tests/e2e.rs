@@ -698,3 +698,41 @@ async fn the_picker_explains_a_decision_only_when_enabled_and_asked() {
         "{explained}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_times_first_token_and_duration_per_pool() {
+    let p = Process::start(1, PickerConfig::default()).await;
+    let body = chat(&p.model, "be brief", "say hello", 8, true);
+    let f = forward(&p.envoy, "/v1/chat/completions", &body, 4096).await;
+    assert_eq!(f.status, 200);
+    let labels = [("pool", "llama-pool")];
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    let m = loop {
+        let m = p.scrape().await;
+        if metric(&m, "extproc_request_duration_seconds_count", &labels) == Some(1.0) {
+            break m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(
+        metric(&m, "extproc_ttft_seconds_count", &labels),
+        Some(1.0),
+        "{m}"
+    );
+    let ttft = metric(&m, "extproc_ttft_seconds_sum", &labels).unwrap();
+    let total = metric(&m, "extproc_request_duration_seconds_sum", &labels).unwrap();
+    assert!(ttft > 0.0 && ttft <= total, "ttft {ttft} total {total}");
+    // A stream reset after routing ends the request too: its duration is counted.
+    drop(p.open_route(1, &[]).await);
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while metric(
+        &p.scrape().await,
+        "extproc_request_duration_seconds_count",
+        &labels,
+    ) != Some(2.0)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "reset not timed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -13,6 +13,8 @@
 //! Layout:
 //! - this file — [`PoolConfig`], [`LivePool`], [`Inflight`];
 //! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`;
+//! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
+//!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
 //! - [`error`] — [`PoolError`].
 //!
@@ -35,6 +37,7 @@ use rand::rngs::SmallRng;
 
 pub mod admin;
 pub mod error;
+pub mod histogram;
 pub mod pods;
 
 pub use error::PoolError;

@@ -56,6 +56,8 @@ struct Routed<G> {
     rewriter: Option<ModelRewriter>,
     /// The decision's summary, for the `x-infergate-explain` response header.
     explanation: Option<String>,
+    /// When the routing answer was made (the start of TTFT and duration).
+    routed_at: Instant,
 }
 
 /// Per-stream state. Dropping it (stream end, reset) drops the in-flight guard, which cancels.
@@ -233,7 +235,7 @@ impl<P: EndpointPool> Exchange<P> {
                 answer.dynamic_metadata = Some(wire::destination_metadata(&self.scratch));
                 out.push(answer);
                 self.record_pick(started);
-                self.enter_routed(inflight, model, false);
+                self.enter_routed(inflight, model, false, started);
                 Flow::Continue
             }
             Err(rejection) => self.reject(rejection_error(rejection, &model), out),
@@ -307,7 +309,7 @@ impl<P: EndpointPool> Exchange<P> {
             }
         }
         self.record_pick(started);
-        self.enter_routed(inflight, model, stream);
+        self.enter_routed(inflight, model, stream, started);
         if let Some(r) = self.routed.as_mut() {
             r.rewriter = rewriter;
         }
@@ -339,7 +341,13 @@ impl<P: EndpointPool> Exchange<P> {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    fn enter_routed(&mut self, inflight: P::Inflight, model: String, stream: bool) {
+    fn enter_routed(
+        &mut self,
+        inflight: P::Inflight,
+        model: String,
+        stream: bool,
+        routed_at: Instant,
+    ) {
         self.phase = Phase::Routed;
         // The pool never returns an empty list; the unspecified address stands in regardless.
         let pod = inflight
@@ -357,6 +365,7 @@ impl<P: EndpointPool> Exchange<P> {
             json_overflow: false,
             rewriter: None,
             explanation: self.explanation.take(),
+            routed_at,
         });
     }
 
@@ -411,6 +420,9 @@ impl<P: EndpointPool> Exchange<P> {
                         && let Some(i) = r.inflight.as_mut()
                     {
                         i.first_token();
+                        self.shared
+                            .counters
+                            .observe_ttft(r.routed_at.elapsed().as_secs_f64());
                     }
                 }
                 None if !r.json_overflow => {
@@ -462,6 +474,7 @@ impl<P: EndpointPool> Exchange<P> {
             None => None,
         };
         let counters = &self.shared.counters;
+        counters.observe_duration(r.routed_at.elapsed().as_secs_f64());
         if r.status >= 500 {
             inflight.fail();
             counters.finished(&r.model, Some(r.pod), Outcome::Error, None);
@@ -486,6 +499,9 @@ impl<P: EndpointPool> Drop for Exchange<P> {
         {
             // Stream reset or closed before the response ended: the guard's drop cancels.
             drop(inflight);
+            self.shared
+                .counters
+                .observe_duration(r.routed_at.elapsed().as_secs_f64());
             self.shared
                 .counters
                 .finished(&r.model, Some(r.pod), Outcome::Cancelled, None);
