@@ -655,6 +655,8 @@ async fn every_metric_on_the_dashboard_is_exported() {
         "extproc_requests_total",
         "extproc_rejections_total",
         "extproc_pick_duration_seconds_bucket",
+        "extproc_ttft_seconds_bucket",
+        "extproc_request_duration_seconds_bucket",
         "infergate_pod_kv_cache_usage_ratio",
         "infergate_pod_lora_adapters",
         "infergate_metrics_scrape_duration_seconds_bucket",
