@@ -17,6 +17,21 @@ use tokio::net::TcpListener;
 
 /// A vLLM-style page whose queue depth is read from `waiting` on every request.
 async fn metrics_server(waiting: Arc<AtomicU32>) -> SocketAddr {
+    page_server(Arc::new(move || {
+        format!(
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
+             # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} 0\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\n",
+            waiting.load(Ordering::Relaxed)
+        )
+    }))
+    .await
+}
+
+type Page = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// A metrics server answering every request with `page()`.
+async fn page_server(page: Page) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -24,7 +39,7 @@ async fn metrics_server(waiting: Arc<AtomicU32>) -> SocketAddr {
             let Ok((mut s, _)) = listener.accept().await else {
                 return;
             };
-            let waiting = Arc::clone(&waiting);
+            let page = Arc::clone(&page);
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 loop {
@@ -39,12 +54,7 @@ async fn metrics_server(waiting: Arc<AtomicU32>) -> SocketAddr {
                             break;
                         }
                     }
-                    let body = format!(
-                        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
-                         # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} 0\n\
-                         # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\n",
-                        waiting.load(Ordering::Relaxed)
-                    );
+                    let body = page();
                     let head = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
                         body.len()
@@ -315,5 +325,82 @@ async fn debug_logging_explains_each_pick_and_info_logs_nothing() {
         assert!(line.contains(want), "{want} missing: {line}");
     }
     assert_eq!(pool.inflight(), 0);
+    pool.shutdown();
+}
+
+#[tokio::test]
+async fn per_pod_gauges_show_lora_adapters_staleness_and_in_flight() {
+    let page: Page = Arc::new(|| {
+        String::from(
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 3\n\
+             # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 5\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n\
+             # TYPE vllm:lora_requests_info gauge\n\
+             vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.0e9\n\
+             vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"sql,chat,poem\"} 2.0e9\n",
+        )
+    });
+    let a = page_server(page).await;
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        addr
+    };
+    let mut registry = Registry::default();
+    let pool = LivePool::start(config(), Some(&mut registry)).unwrap();
+    pool.set_endpoints([meta(a, "lora"), meta(dead, "dead")])
+        .unwrap();
+    wait_ready(&pool).await;
+    let held = pool.pick(&RequestContext::new("m", 10)).unwrap();
+    assert_eq!(held.endpoint(), a);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let (pa, pd) = (a.to_string(), dead.to_string());
+    for want in [
+        format!("infergate_pod_waiting_requests{{pod=\"{pa}\",name=\"default/lora\"}} 3"),
+        format!("infergate_pod_running_requests{{pod=\"{pa}\",name=\"default/lora\"}} 5"),
+        format!("infergate_pod_kv_cache_usage_ratio{{pod=\"{pa}\",name=\"default/lora\"}} 0.25"),
+        format!("infergate_pod_inflight_requests{{pod=\"{pa}\",name=\"default/lora\"}} 1"),
+        format!(
+            "infergate_pod_lora_adapters{{pod=\"{pa}\",name=\"default/lora\",state=\"running\"}} 2"
+        ),
+        format!(
+            "infergate_pod_lora_adapters{{pod=\"{pa}\",name=\"default/lora\",state=\"waiting\"}} 1"
+        ),
+        format!(
+            "infergate_pod_lora_adapter_info{{pod=\"{pa}\",name=\"default/lora\",adapter=\"poem\",state=\"waiting\"}} 1"
+        ),
+        format!(
+            "infergate_pod_lora_adapter_info{{pod=\"{pa}\",name=\"default/lora\",adapter=\"sql\",state=\"running\"}} 1"
+        ),
+        format!("infergate_pod_lora_max_adapters{{pod=\"{pa}\",name=\"default/lora\"}} 2"),
+        format!("infergate_pod_stale{{pod=\"{pa}\",name=\"default/lora\"}} 0"),
+        // A pod never scraped: stale, no age, no load series.
+        format!("infergate_pod_stale{{pod=\"{pd}\",name=\"default/dead\"}} 1"),
+        format!("infergate_pod_inflight_requests{{pod=\"{pd}\",name=\"default/dead\"}} 0"),
+    ] {
+        assert!(text.contains(&want), "{want} missing:\n{text}");
+    }
+    assert!(
+        text.contains(&format!("infergate_pod_metrics_age_seconds{{pod=\"{pa}\"")),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!("infergate_pod_metrics_age_seconds{{pod=\"{pd}\"")),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!("infergate_pod_waiting_requests{{pod=\"{pd}\"")),
+        "{text}"
+    );
+    // The same numbers through the API.
+    let samples = pool.pod_samples();
+    let s = samples.iter().find(|s| s.addr == a).unwrap();
+    assert_eq!(
+        s.lora_running.as_deref(),
+        Some(&["sql".to_owned(), "chat".to_owned()][..])
+    );
+    drop(held);
     pool.shutdown();
 }
