@@ -620,6 +620,15 @@ models:
         print(f"    {len(results)} streamed requests; {len(failed)} failed, of which "
               f"{len(streaming_from_a)} were already streaming from A; {len(after)} started "
               f"after the kill ({to_b_after} on B)")
+        with open(os.path.join(self.reports, "faults-failed-requests.json"), "w") as f:
+            json.dump([{"endpoint": r["endpoint"], "status": r["status"], "error": r["error"],
+                        "tokens": r["tokens"], "usage": r["usage"],
+                        "start_after_kill_s": r["t_start"] - t_kill,
+                        "headers_after_kill_s": (r["t_headers"] - t_kill) if r["t_headers"]
+                        else None,
+                        "end_after_kill_s": r.get("t_end", 0) - t_kill,
+                        "classified": "streaming from A" if r in streaming_from_a else "lost"}
+                       for r in failed], f, indent=1)
         for r in lost[:5]:
             print(f"      lost: status {r['status']} endpoint {r['endpoint']} error {r['error']} "
                   f"{r.get('body', '')[:120]}")
@@ -656,6 +665,8 @@ models:
                 if "A" in served:
                     break
                 time.sleep(0.2)
+        with open(os.path.join(self.reports, "faults-gateway-after-restart.txt"), "w") as f:
+            f.write(self.gw_metrics())
         check("A" in served, f"A restarted: healthy after {dt:.1f}s, fresh in the gateway after "
               f"{fresh:.1f}s, first requests served by {served}")
         # both dead: 503 with Retry-After
