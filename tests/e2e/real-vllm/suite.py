@@ -230,11 +230,14 @@ models:
                     return res
                 last = None
                 done = False
-                for line in r.iter_lines():
-                    if not line.startswith("data: "):
+                # SSE lines end at b"\n" only: httpx's iter_lines() also splits on U+0085 and
+                # U+2028, which JSON leaves unescaped and a random-weight model does emit.
+                buf = b""
+                for line in self._sse_lines(r, buf):
+                    if not line.startswith(b"data: "):
                         continue
                     data = line[6:]
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
                         done = True
                         break
                     ev = json.loads(data)
@@ -255,6 +258,16 @@ models:
             res["error"] = f"{type(e).__name__}: {e}"
         res["t_end"] = time.monotonic()
         return res
+
+    @staticmethod
+    def _sse_lines(resp, buf):
+        for chunk in resp.iter_bytes():
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                yield line.rstrip(b"\r")
+        if buf:
+            yield buf
 
     class Background:
         """N worker threads sending streamed requests in a loop until stop(); bounded by a
