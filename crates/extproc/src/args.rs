@@ -68,6 +68,10 @@ pub struct PickerArgs {
     /// Seed of the scheduler's tie-breaking random generator.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Answer a request that carries `x-infergate-explain: 1` with the routing decision's summary
+    /// in an `x-infergate-explain` response header (off by default: it shows the pool's pods).
+    #[arg(long, env = "INFERGATE_EXPLAIN_HEADER")]
+    pub explain_header: bool,
     /// Threads serving ext_proc: 1 is a single-threaded runtime (the cheapest per request); more
     /// give a multi-thread runtime with that many workers.
     #[arg(long, env = "INFERGATE_PICKER_THREADS", default_value_t = 1,
@@ -91,6 +95,7 @@ impl PickerArgs {
             model_rewrites: Vec::new(),
             default_engine: None,
             seed: 0,
+            explain_header: false,
             threads: 1,
         }
     }
@@ -244,12 +249,26 @@ mod tests {
         a.model_rewrites = vec!["a=b".to_owned(), "c=d".to_owned()];
         a.grpc_port = 19002;
         a.threads = 2;
+        a.explain_header = true;
         let line = command_line("picker", &a).unwrap();
+        assert!(line.contains(&"--explain-header".to_owned()), "{line:?}");
         assert_eq!(line[0], "picker");
         assert!(line.contains(&"--model-rewrite=a=b".to_owned()), "{line:?}");
         assert!(line.contains(&"--grpc-port=19002".to_owned()), "{line:?}");
         let parsed = Picker::try_parse_from(&line).unwrap().args;
         assert_eq!(parsed, a);
+    }
+
+    #[test]
+    fn explanations_are_off_unless_asked_for() {
+        assert!(
+            !Picker::try_parse_from(["picker"])
+                .unwrap()
+                .args
+                .explain_header
+        );
+        let on = Picker::try_parse_from(["picker", "--explain-header"]).unwrap();
+        assert!(on.args.explain_header);
     }
 
     #[test]

@@ -24,16 +24,6 @@ use crate::telemetry::{PodStateLabels, Telemetry};
 /// How often the ready/stale pod gauges are refreshed.
 pub const POD_GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Environment variable that turns the picker's `x-infergate-explain` answers on (`1` or
-/// `true`) when the configuration leaves them off, so a deployment can switch them on without a
-/// new command line.
-pub const EXPLAIN_HEADER_ENV: &str = "INFERGATE_EXPLAIN_HEADER";
-
-/// Whether a value of [`EXPLAIN_HEADER_ENV`] turns explanations on.
-pub fn explain_enabled_by(value: Option<&str>) -> bool {
-    value.is_some_and(|v| v.trim() == "1" || v.trim().eq_ignore_ascii_case("true"))
-}
-
 /// The listeners of a picker process.
 #[derive(Debug)]
 pub struct PickerListeners {
@@ -85,8 +75,6 @@ pub async fn run_picker(
     membership: Membership,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let mut picker = picker;
-    picker.explain_header |= explain_enabled_by(std::env::var(EXPLAIN_HEADER_ENV).ok().as_deref());
     let mut registry = Registry::default();
     // The pool's series (pick latency, scrapes, per-pod gauges) carry the pool's name, so that
     // dashboards over several pickers tell their pods apart.

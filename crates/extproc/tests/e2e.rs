@@ -601,16 +601,6 @@ async fn every_pod_dead_is_503_with_retry_after_from_the_picker() {
     );
 }
 
-#[test]
-fn the_explain_environment_switch_takes_1_or_true() {
-    use infergate_extproc::run::explain_enabled_by;
-    assert!(explain_enabled_by(Some("1")));
-    assert!(explain_enabled_by(Some("TRUE")));
-    assert!(!explain_enabled_by(Some("0")));
-    assert!(!explain_enabled_by(Some("")));
-    assert!(!explain_enabled_by(None));
-}
-
 /// The value of `key` set by an answer's header mutation, if any.
 fn set_header_value(
     a: &envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse,

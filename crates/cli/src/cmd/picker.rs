@@ -86,6 +86,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         pool_name: args.pool_name,
         model_rewrites,
         max_body_bytes: args.max_body_bytes,
+        explain_header: args.explain_header,
         ..PickerConfig::default()
     };
     let pool = PoolConfig {
