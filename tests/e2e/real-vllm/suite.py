@@ -560,11 +560,15 @@ models:
         wait_until(lambda: metric(scrape(self.url("A", "/metrics"), timeout=30),
                                   "vllm:num_requests_running") >= 2, 45, 0.05,
                    "2+ requests running on A")
-        time.sleep(3 * SCRAPE_INTERVAL_MS / 1000)
+        # The gateway's last page of A may predate the load while a slow scrape hangs; within
+        # stale_after it has either a page showing the load or it has marked A stale.
+        time.sleep(STALE_AFTER_MS / 1000 + 0.5)
         served = []
         running_a = []
+        stale = []
         for i in range(6):
             g = self.gw_metrics()
+            stale.append(int(metric(g, "infergate_metrics_stale_targets")))
             running_a.append(metric(scrape(self.url("A", "/metrics"), timeout=30),
                                     "vllm:num_requests_running"))
             r = self.post(gw, self.completion_body(prompt=f"new {tag} {i}", max_tokens=4))
@@ -572,7 +576,8 @@ models:
             time.sleep(0.1)
         load.stop()
         expect(served.count("B") == len(served),
-               f"with A running {running_a} direct requests: new requests served by {served}")
+               f"with A running {running_a} direct requests: new requests served by {served} "
+               f"(gateway's stale targets at each: {stale})")
 
     # ------------------------------------------------------------------ check 4
     def check_faults(self):
