@@ -1,0 +1,307 @@
+//! Helpers shared by infergate's test suites; a dev-dependency only, never shipped.
+//!
+//! Tests across the workspace talk to real servers on 127.0.0.1 (the admin port, the gateway,
+//! the emulated model servers). They used to carry their own copies of a small HTTP/1.1 client;
+//! this crate is the one copy. Each call opens one connection, sends one request, reads the whole
+//! answer and closes, all within [`TIMEOUT`], so a server that never answers fails the test
+//! instead of hanging it.
+//!
+//! - [`get`] and [`post`] — the usual calls; they panic on failure (a failed call is a failed
+//!   test) with the address, method and path in the message;
+//! - [`try_get`], [`try_post`] and [`send`] — the same, returning an [`Error`], for callers that
+//!   expect a failure or do not care about the answer (background load);
+//! - [`send_within`] — any request with a timeout of the caller's choosing;
+//! - [`Response`] — status, headers and the whole body.
+//!
+//! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
+//! too, and only passes when the runtime has nothing else to do.
+//!
+//! Helpers that must misbehave on purpose (malformed bytes, a client that goes away mid-stream,
+//! timing of each streamed event) stay next to their tests.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// How long [`get`], [`post`], [`try_get`], [`try_post`] and [`send`] wait for a whole answer,
+/// connecting included. Long enough for any test's slowest server; a test waiting longer is hung.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A whole HTTP answer.
+#[derive(Clone, Debug)]
+pub struct Response {
+    /// The status code.
+    pub status: StatusCode,
+    /// The response headers.
+    pub headers: HeaderMap,
+    /// The body, de-chunked.
+    pub body: Bytes,
+}
+
+/// Why a request got no whole answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The TCP connection could not be opened.
+    #[error("connecting to {addr}")]
+    Connect {
+        /// Where.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed (reset, malformed answer, body cut short).
+    #[error("HTTP/1.1 exchange with {addr}")]
+    Http {
+        /// Where.
+        addr: SocketAddr,
+        /// hyper's error.
+        #[source]
+        source: hyper::Error,
+    },
+    /// No whole answer within the timeout.
+    #[error("no whole answer from {addr} within {timeout:?}")]
+    TimedOut {
+        /// Where.
+        addr: SocketAddr,
+        /// The timeout that passed.
+        timeout: Duration,
+    },
+}
+
+impl Response {
+    /// The body as text (invalid UTF-8 replaced).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The value of header `name`, when present and visible ASCII.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// `GET path` on `addr`. Panics when there is no whole answer within [`TIMEOUT`].
+pub async fn get(addr: SocketAddr, path: &str) -> Response {
+    try_get(addr, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} on {addr}: {}", chain(&e)))
+}
+
+/// `POST path` on `addr` with `body` as `content_type`. Panics when there is no whole answer
+/// within [`TIMEOUT`].
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    content_type: &str,
+    body: impl AsRef<[u8]>,
+) -> Response {
+    try_post(addr, path, content_type, body)
+        .await
+        .unwrap_or_else(|e| panic!("POST {path} on {addr}: {}", chain(&e)))
+}
+
+/// As [`get`], returning the failure.
+pub async fn try_get(addr: SocketAddr, path: &str) -> Result<Response, Error> {
+    send(addr, request(Method::GET, path, None, Bytes::new())).await
+}
+
+/// As [`post`], returning the failure.
+pub async fn try_post(
+    addr: SocketAddr,
+    path: &str,
+    content_type: &str,
+    body: impl AsRef<[u8]>,
+) -> Result<Response, Error> {
+    let body = Bytes::copy_from_slice(body.as_ref());
+    send(addr, request(Method::POST, path, Some(content_type), body)).await
+}
+
+/// Sends `request` (its URI a path, as a server sees it) to `addr` within [`TIMEOUT`].
+pub async fn send(addr: SocketAddr, request: Request<Bytes>) -> Result<Response, Error> {
+    send_within(addr, request, TIMEOUT).await
+}
+
+/// Sends `request` to `addr` on a fresh HTTP/1.1 connection and reads the whole answer within
+/// `timeout`. A `host` header naming `addr` is added when the request has none.
+pub async fn send_within(
+    addr: SocketAddr,
+    mut request: Request<Bytes>,
+    timeout: Duration,
+) -> Result<Response, Error> {
+    if !request.headers().contains_key(header::HOST)
+        && let Ok(host) = HeaderValue::from_str(&addr.to_string())
+    {
+        request.headers_mut().insert(header::HOST, host);
+    }
+    let exchange = async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| Error::Connect { addr, source })?;
+        let http = |source| Error::Http { addr, source };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(http)?;
+        // The connection task ends with the exchange (or when the sender is dropped).
+        tokio::spawn(conn);
+        let response = sender
+            .send_request(request.map(Full::new))
+            .await
+            .map_err(http)?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.map_err(http)?.to_bytes();
+        Ok(Response {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or(Err(Error::TimedOut { addr, timeout }))
+}
+
+fn request(method: Method, path: &str, content_type: Option<&str>, body: Bytes) -> Request<Bytes> {
+    let mut r = Request::new(body);
+    *r.method_mut() = method;
+    match path.parse() {
+        Ok(uri) => *r.uri_mut() = uri,
+        Err(e) => panic!("{path:?} is not a request path: {e}"),
+    }
+    if let Some(ct) = content_type {
+        match HeaderValue::from_str(ct) {
+            Ok(v) => {
+                r.headers_mut().insert(header::CONTENT_TYPE, v);
+            }
+            Err(e) => panic!("{ct:?} is not a content type: {e}"),
+        }
+    }
+    r
+}
+
+/// An error with its causes, for a panic message.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Answers each connection with `answer` after reading its request head, and hands the
+    /// request bytes back.
+    async fn canned(answer: &'static [u8]) -> (SocketAddr, tokio::sync::mpsc::Receiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            // Connections left unanswered stay open until the test ends.
+            let mut held = Vec::new();
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0; 4096];
+                let mut seen = 0;
+                // Head, then as much body as content-length says.
+                let text = loop {
+                    let n = s.read(&mut buf[seen..]).await.unwrap();
+                    seen += n;
+                    let text = String::from_utf8_lossy(&buf[..seen]).into_owned();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .map_or(0, |v| v.parse().unwrap());
+                        if body.len() >= len {
+                            break text;
+                        }
+                    }
+                    if n == 0 {
+                        break text;
+                    }
+                };
+                tx.send(text).await.unwrap();
+                if !answer.is_empty() {
+                    s.write_all(answer).await.unwrap();
+                    s.shutdown().await.unwrap();
+                } else {
+                    held.push(s);
+                }
+            }
+        });
+        (addr, rx)
+    }
+
+    #[tokio::test]
+    async fn get_returns_status_headers_and_the_dechunked_body() {
+        let (addr, mut seen) = canned(
+            b"HTTP/1.1 503 Service Unavailable\r\nx-why: busy\r\ntransfer-encoding: chunked\r\n\r\n\
+              3\r\nnot\r\n7\r\n ready\n\r\n0\r\n\r\n",
+        )
+        .await;
+        let r = get(addr, "/readyz?x=1").await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.header("x-why"), Some("busy"));
+        assert_eq!(r.text(), "not ready\n");
+        let request = seen.recv().await.unwrap();
+        assert!(
+            request.starts_with("GET /readyz?x=1 HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(request.contains(&format!("host: {addr}\r\n")), "{request}");
+    }
+
+    #[tokio::test]
+    async fn post_sends_the_body_with_its_type_and_length() {
+        let (addr, mut seen) = canned(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        let r = post(addr, "/v1/completions", "application/json", "{\"a\":1}").await;
+        assert_eq!((r.status, r.text().as_str()), (StatusCode::OK, "ok"));
+        let request = seen.recv().await.unwrap();
+        assert!(
+            request.starts_with("POST /v1/completions HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(
+            request.contains("content-type: application/json\r\n"),
+            "{request}"
+        );
+        assert!(request.contains("content-length: 7\r\n"), "{request}");
+        assert!(request.ends_with("\r\n\r\n{\"a\":1}"), "{request}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_never_answers_times_out() {
+        let (addr, _seen) = canned(b"").await;
+        let r = send_within(
+            addr,
+            request(Method::GET, "/", None, Bytes::new()),
+            Duration::from_secs(1),
+        )
+        .await;
+        assert!(matches!(r, Err(Error::TimedOut { .. })), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_an_error() {
+        let addr = {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap()
+        };
+        let r = try_get(addr, "/").await;
+        assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
+    }
+}
