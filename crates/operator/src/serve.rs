@@ -1,11 +1,16 @@
-//! The `infergate operator` process: client, leader election, controller, shutdown on signal.
+//! The `infergate operator` process: client, admin port, leader election, controller; it stops
+//! when the caller's shutdown future completes.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+use infergate_pool::admin;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::Error;
@@ -29,13 +34,20 @@ pub struct ServeOptions {
     pub identity: String,
     /// Lease duration; the leader renews every third of it.
     pub lease_duration: Duration,
-    /// Where to serve `/metrics` and `/healthz`; nowhere when `None`.
-    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
-/// Runs the operator until SIGTERM / Ctrl-C, or until leadership is lost (an error, so the
-/// process exits and its pod restarts as a follower).
-pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
+/// Runs the operator until `shutdown` completes (the CLI passes SIGTERM / Ctrl-C), or until
+/// leadership is lost (an error, so the process exits and its pod restarts as a follower).
+///
+/// On `admin`, when given, `/metrics`, `/healthz` and `/readyz` are served by the admin server
+/// every infergate process shares ([`infergate_pool::admin`]), until `shutdown`. The operator is
+/// ready as soon as it serves: a follower waiting for the Lease is as ready as the leader.
+pub async fn serve(
+    opts: ServeOptions,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let shutdown = shutdown.shared();
     let client = Client::try_default().await?;
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(
@@ -43,31 +55,19 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         opts.render.clone(),
         metrics.clone(),
     ));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = tx.send(());
-        let _ = stop_metrics.send(());
-    });
-    if let Some(addr) = opts.metrics_addr {
+    if let Some(listener) = admin {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(Error::Io)?;
-        info!(%addr, "serving /metrics and /healthz");
-        tokio::spawn(crate::metrics::serve_http(
-            listener,
-            Arc::new(registry),
-            async move {
-                let _ = metrics_stopped.await;
-            },
-        ));
+        if let Ok(addr) = listener.local_addr() {
+            info!(%addr, "serving /metrics, /healthz and /readyz");
+        }
+        let server = admin::serve(listener, Arc::new(registry), || true, shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::warn!(error = %e, "admin server stopped");
+            }
+        });
     }
-    let shutdown = async move {
-        let _ = rx.await;
-    };
     let controller = reconcile::run(client.clone(), ctx, shutdown);
     if !opts.leader_election {
         controller.await;
@@ -82,19 +82,4 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     );
     info!(lease = %opts.lease_name, identity = %opts.identity, "waiting for leadership");
     elector.lead(controller, opts.lease_duration / 3).await
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -3,8 +3,12 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use infergate_operator::render::RenderOptions;
 use infergate_operator::serve::{ServeOptions, serve};
+use tokio::net::TcpListener;
+
+use super::shutdown_signal;
 
 /// Arguments of `infergate operator`.
 #[derive(Debug, clap::Args)]
@@ -24,7 +28,7 @@ pub struct Args {
     /// Lease duration in seconds; the leader renews every third of it.
     #[arg(long, default_value_t = 15)]
     lease_seconds: u64,
-    /// Address serving `/metrics` and `/healthz`.
+    /// Address serving `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: std::net::SocketAddr,
     /// Run without leader election (one replica only, for development).
@@ -38,15 +42,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(image) = args.image {
         render.image = image;
     }
-    serve(ServeOptions {
-        render,
-        leader_election: !args.no_leader_election,
-        lease_namespace: args.lease_namespace,
-        lease_name: args.lease_name,
-        identity: args.identity,
-        lease_duration: Duration::from_secs(args.lease_seconds.max(3)),
-        metrics_addr: Some(args.metrics_addr),
-    })
+    let admin = TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
+    serve(
+        ServeOptions {
+            render,
+            leader_election: !args.no_leader_election,
+            lease_namespace: args.lease_namespace,
+            lease_name: args.lease_name,
+            identity: args.identity,
+            lease_duration: Duration::from_secs(args.lease_seconds.max(3)),
+        },
+        Some(admin),
+        shutdown_signal(),
+    )
     .await?;
     Ok(())
 }
