@@ -12,6 +12,8 @@
 //!
 //! Layout:
 //! - this file — [`PoolConfig`], [`LivePool`], [`Inflight`];
+//! - [`lifecycle`] — one request's lifecycle for both front doors: context, pick, the rejection
+//!   table, the response watch and how the in-flight entry ends;
 //! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`;
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
@@ -38,6 +40,7 @@ use rand::rngs::SmallRng;
 pub mod admin;
 pub mod error;
 pub mod histogram;
+pub mod lifecycle;
 pub mod pods;
 
 pub use error::PoolError;

@@ -20,8 +20,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request a
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, processing_response,
 };
-use infergate_openai::{ApiError, ApiKind, SseScanner, extract_usage, parse_request};
-use infergate_scheduler::{Rejection, RequestContext};
+use infergate_openai::{ApiError, ApiKind, parse_request};
+use infergate_pool::lifecycle::{self, Ending, ResponseWatch, Segments, pick, rejection_error};
+use infergate_scheduler::RequestContext;
 
 use super::Shared;
 use crate::pool::{EndpointPool, InflightGuard};
@@ -50,9 +51,8 @@ struct Routed<G> {
     pod: SocketAddr,
     model: String,
     status: u16,
-    sse: Option<SseScanner>,
-    json: Vec<u8>,
-    json_overflow: bool,
+    /// What the response is read for (first token, usage).
+    watch: ResponseWatch,
     rewriter: Option<ModelRewriter>,
     /// The decision's summary, for the `x-infergate-explain` response header.
     explanation: Option<String>,
@@ -256,15 +256,10 @@ impl<P: EndpointPool> Exchange<P> {
                 let rewrite = self.shared.config.model_rewrites.get(parsed.model.as_ref());
                 let rewritten = rewrite.map(|served| parsed.rewrite_model(&body, served));
                 let routed_model = rewrite.map_or(parsed.model.as_ref(), String::as_str);
-                let segments: Vec<&str> = parsed.segments().collect();
+                let segments = Segments::new(parsed.segments());
                 let (model, lora) = split_adapter(routed_model, self.base_hint.as_deref());
-                let mut cx = RequestContext::new(model, parsed.estimated_prompt_tokens())
-                    .with_prompt(&segments)
-                    .with_lora(lora)
-                    .with_subset(self.subset.as_deref());
-                if let Some(n) = parsed.max_output_tokens {
-                    cx = cx.with_output_tokens(n);
-                }
+                let cx =
+                    lifecycle::context(&parsed, model, lora, &segments, self.subset.as_deref());
                 let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
                 self.explanation = explanation;
                 let (requested, stream) = (parsed.model.clone().into_owned(), parsed.stream);
@@ -360,9 +355,7 @@ impl<P: EndpointPool> Exchange<P> {
             pod,
             model,
             status: 200,
-            sse: stream.then(SseScanner::new),
-            json: Vec::new(),
-            json_overflow: false,
+            watch: ResponseWatch::new(200, stream, self.shared.config.max_response_scan_bytes),
             rewriter: None,
             explanation: self.explanation.take(),
             routed_at,
@@ -401,40 +394,21 @@ impl<P: EndpointPool> Exchange<P> {
         }
         let is_sse = wire::find_header(h, "content-type")
             .is_some_and(|v| v.starts_with(b"text/event-stream"));
-        if is_sse && r.sse.is_none() {
-            r.sse = Some(SseScanner::new());
-        } else if !is_sse {
-            r.sse = None;
-        }
+        r.watch = ResponseWatch::new(r.status, is_sse, self.shared.config.max_response_scan_bytes);
         if h.end_of_stream {
             self.finish_response();
         }
     }
 
     fn on_response_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) {
-        let cap = self.shared.config.max_response_scan_bytes;
-        if let Some(r) = self.routed.as_mut() {
-            match r.sse.as_mut() {
-                Some(sse) => {
-                    if sse.feed(&b.body)
-                        && let Some(i) = r.inflight.as_mut()
-                    {
-                        i.first_token();
-                        self.shared
-                            .counters
-                            .observe_ttft(r.routed_at.elapsed().as_secs_f64());
-                    }
-                }
-                None if !r.json_overflow => {
-                    if r.json.len() + b.body.len() <= cap {
-                        r.json.extend_from_slice(&b.body);
-                    } else {
-                        r.json_overflow = true;
-                        r.json = Vec::new();
-                    }
-                }
-                None => {}
-            }
+        if let Some(r) = self.routed.as_mut()
+            && r.watch.feed(&b.body)
+            && let Some(i) = r.inflight.as_mut()
+        {
+            i.first_token();
+            self.shared
+                .counters
+                .observe_ttft(r.routed_at.elapsed().as_secs_f64());
         }
         let eos = b.end_of_stream;
         let rewriter = self.routed.as_mut().and_then(|r| r.rewriter.as_mut());
@@ -465,24 +439,14 @@ impl<P: EndpointPool> Exchange<P> {
         let Some(inflight) = r.inflight.take() else {
             return;
         };
-        let usage = match r.sse.as_mut() {
-            Some(sse) => {
-                sse.finish();
-                sse.usage()
-            }
-            None if !r.json_overflow => extract_usage(&r.json),
-            None => None,
-        };
         let counters = &self.shared.counters;
         counters.observe_duration(r.routed_at.elapsed().as_secs_f64());
-        if r.status >= 500 {
-            inflight.fail();
-            counters.finished(&r.model, Some(r.pod), Outcome::Error, None);
-            return;
+        match lifecycle::finish(inflight, r.status, true, &mut r.watch) {
+            (Ending::Failed, _) => counters.finished(&r.model, Some(r.pod), Outcome::Error, None),
+            (Ending::Completed | Ending::Refused, usage) => {
+                counters.finished(&r.model, Some(r.pod), Outcome::Success, Some(&usage));
+            }
         }
-        let usage = usage.unwrap_or_default();
-        inflight.complete(to_scheduler_usage(&usage));
-        counters.finished(&r.model, Some(r.pod), Outcome::Success, Some(&usage));
     }
 }
 
@@ -509,50 +473,11 @@ impl<P: EndpointPool> Drop for Exchange<P> {
     }
 }
 
-/// Picks on `pool`, with the decision's summary when the request asked for it.
-fn pick<P: EndpointPool>(
-    pool: &P,
-    explain: bool,
-    cx: &RequestContext<'_>,
-) -> (Result<P::Inflight, Rejection>, Option<String>) {
-    if explain {
-        pool.pick_explained(cx)
-    } else {
-        (pool.pick(cx), None)
-    }
-}
-
 /// `(model, adapter)` for the scheduler: when the body-based router reported a base model that
 /// differs from the requested name, the requested name is a LoRA adapter of that base.
 fn split_adapter<'a>(model: &'a str, base: Option<&'a str>) -> (&'a str, Option<&'a str>) {
     match base {
         Some(b) if !b.is_empty() && b != model => (b, Some(model)),
         _ => (model, None),
-    }
-}
-
-/// The client-visible error for a scheduler rejection.
-fn rejection_error(rejection: Rejection, model: &str) -> ApiError {
-    match rejection {
-        Rejection::Shed { retry_after } => ApiError::Overloaded {
-            model: model.to_owned(),
-            retry_after,
-        },
-        Rejection::NoEndpoints => ApiError::NoEndpoints {
-            model: model.to_owned(),
-        },
-        Rejection::Unavailable { retry_after } => ApiError::NoFreshEndpoints {
-            model: model.to_owned(),
-            retry_after,
-        },
-    }
-}
-
-fn to_scheduler_usage(u: &infergate_openai::Usage) -> infergate_scheduler::Usage {
-    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    infergate_scheduler::Usage {
-        prompt_tokens: clamp(u.prompt_tokens),
-        cached_tokens: clamp(u.cached_tokens),
-        output_tokens: clamp(u.completion_tokens),
     }
 }

@@ -1,0 +1,326 @@
+//! One request's lifecycle, shared by both front doors.
+//!
+//! The ext_proc picker (`infergate-extproc`) and the standalone gateway (`infergate-proxy`) speak
+//! different protocols, but route a request the same way, and this module is that way, written
+//! once:
+//!
+//! 1. **Context**: from the parsed OpenAI request, the resolved model and LoRA adapter and an
+//!    optional subset of endpoints, the scheduler's [`RequestContext`] ([`context`]; the prompt's
+//!    segments are kept on the stack by [`Segments`]).
+//! 2. **Pick**: [`pick`] on an [`EndpointPool`], with the decision's one-line summary when the
+//!    request asked for it (`x-infergate-explain`).
+//! 3. **Rejection**: every way a pick can fail becomes one client error ([`rejection_error`]);
+//!    [`ApiError::status`] and [`ApiError::retry_after_secs`] are the one table from those errors
+//!    to an HTTP status, a code and a `Retry-After`. Every status the product answers is an
+//!    [`ApiError`] variant.
+//! 4. **Response**: a [`ResponseWatch`] reads the answer on the side (the first token and usage
+//!    of an SSE stream, or the `usage` of a JSON answer up to a cap), and [`finish`] releases the
+//!    in-flight entry by one rule: a broken answer or a 5xx fails it, another non-2xx answer
+//!    teaches nothing and cancels it, a 2xx completes it with the usage the server reported
+//!    ([`scheduler_usage`]). A guard dropped before any of these cancels itself.
+//!
+//! Each shell keeps only its protocol: the ext_proc stream (`picker/exchange.rs`) and the HTTP
+//! connection (`proxy.rs`, `body.rs`). Authentication, tenancy and flow control plug in here.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use infergate_openai::{ApiError, ParsedRequest, SseScanner, Usage, extract_usage};
+use infergate_scheduler::{Rejection, RequestContext};
+
+use crate::{Inflight, LivePool};
+
+/// Candidates listed, best first, in an explained decision.
+pub const EXPLAIN_CANDIDATES: usize = 8;
+
+/// The largest non-streamed response kept to read its `usage`; a larger one is passed through
+/// all the same, without usage accounting.
+pub const MAX_USAGE_BODY: usize = 1 << 20;
+
+/// Prompt segments kept on the stack while picking (more go to a heap list).
+const INLINE_SEGMENTS: usize = 16;
+
+/// A pool of endpoints that can route one request: [`LivePool`] in production; the ext_proc
+/// conformance harness implements it with a scripted pool to assert exact endpoint lists.
+pub trait EndpointPool: Clone + Send + Sync + 'static {
+    /// The in-flight guard a pick returns.
+    type Inflight: InflightGuard;
+
+    /// Chooses endpoints for a request, or says why not.
+    fn pick(&self, cx: &RequestContext<'_>) -> Result<Self::Inflight, Rejection>;
+
+    /// Whether the pool can route (discovery synced, at least one endpoint with fresh metrics).
+    fn is_ready(&self) -> bool;
+
+    /// As [`EndpointPool::pick`], with the decision explained on one line of printable ASCII
+    /// (`None` when the pool keeps no decision record).
+    fn pick_explained(
+        &self,
+        cx: &RequestContext<'_>,
+    ) -> (Result<Self::Inflight, Rejection>, Option<String>) {
+        (self.pick(cx), None)
+    }
+}
+
+/// The in-flight entry of one routed request. Dropping it without [`InflightGuard::complete`] or
+/// [`InflightGuard::fail`] must cancel the entry, so a reset stream never leaks accounting.
+pub trait InflightGuard: Send + 'static {
+    /// First choice, then fallbacks; never empty.
+    fn endpoints(&self) -> &[SocketAddr];
+    /// The proxy fell back to `addr`: move the entry there.
+    fn reassign(&mut self, addr: SocketAddr);
+    /// The first generated token passed by.
+    fn first_token(&mut self);
+    /// The response ended normally with this usage.
+    fn complete(self, usage: infergate_scheduler::Usage);
+    /// The response failed (5xx from the model server, or it broke off).
+    fn fail(self);
+}
+
+impl EndpointPool for LivePool {
+    type Inflight = Inflight;
+
+    fn pick(&self, cx: &RequestContext<'_>) -> Result<Inflight, Rejection> {
+        LivePool::pick(self, cx)
+    }
+
+    fn is_ready(&self) -> bool {
+        LivePool::is_ready(self)
+    }
+
+    fn pick_explained(
+        &self,
+        cx: &RequestContext<'_>,
+    ) -> (Result<Inflight, Rejection>, Option<String>) {
+        let (picked, explanation) = LivePool::pick_explained(self, cx);
+        (picked, Some(explanation.summary(EXPLAIN_CANDIDATES)))
+    }
+}
+
+impl InflightGuard for Inflight {
+    fn endpoints(&self) -> &[SocketAddr] {
+        Inflight::endpoints(self).as_slice()
+    }
+
+    fn reassign(&mut self, addr: SocketAddr) {
+        Inflight::reassign(self, addr);
+    }
+
+    fn first_token(&mut self) {
+        Inflight::first_token(self);
+    }
+
+    fn complete(self, usage: infergate_scheduler::Usage) {
+        Inflight::complete(self, usage);
+    }
+
+    fn fail(self) {
+        Inflight::fail(self);
+    }
+}
+
+/// A prompt's segments for the scheduler's prefix index: a chat has a handful, kept on the
+/// stack; only a long conversation takes a heap list.
+pub struct Segments<'a> {
+    inline: [&'a str; INLINE_SEGMENTS],
+    heap: Vec<&'a str>,
+    len: usize,
+}
+
+impl<'a> Segments<'a> {
+    /// Collects `segments`.
+    pub fn new(segments: impl Iterator<Item = &'a str>) -> Self {
+        let mut s = Segments {
+            inline: [""; INLINE_SEGMENTS],
+            heap: Vec::new(),
+            len: 0,
+        };
+        for seg in segments {
+            if s.len < INLINE_SEGMENTS {
+                s.inline[s.len] = seg;
+            } else {
+                if s.heap.is_empty() {
+                    s.heap.extend_from_slice(&s.inline);
+                }
+                s.heap.push(seg);
+            }
+            s.len += 1;
+        }
+        s
+    }
+
+    /// The segments, in order.
+    pub fn as_slice(&self) -> &[&'a str] {
+        if self.len <= INLINE_SEGMENTS {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+}
+
+/// The scheduler's view of a parsed request routed to `model` (the base model) with `lora`.
+pub fn context<'a>(
+    parsed: &ParsedRequest<'_>,
+    model: &'a str,
+    lora: Option<&'a str>,
+    segments: &'a Segments<'a>,
+    subset: Option<&'a [SocketAddr]>,
+) -> RequestContext<'a> {
+    RequestContext::new(model, parsed.estimated_prompt_tokens())
+        .with_prompt(segments.as_slice())
+        .with_lora(lora)
+        .with_subset(subset)
+        .with_output_tokens(
+            parsed
+                .max_output_tokens
+                .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS),
+        )
+}
+
+/// Picks on `pool`; with `explain`, also the decision's summary.
+pub fn pick<P: EndpointPool>(
+    pool: &P,
+    explain: bool,
+    cx: &RequestContext<'_>,
+) -> (Result<P::Inflight, Rejection>, Option<String>) {
+    if explain {
+        pool.pick_explained(cx)
+    } else {
+        (pool.pick(cx), None)
+    }
+}
+
+/// The client-visible error for a scheduler rejection of a request for `model`.
+pub fn rejection_error(rejection: Rejection, model: &str) -> ApiError {
+    match rejection {
+        Rejection::Shed { retry_after } => ApiError::Overloaded {
+            model: model.to_owned(),
+            retry_after,
+        },
+        Rejection::NoEndpoints => ApiError::NoEndpoints {
+            model: model.to_owned(),
+        },
+        Rejection::Unavailable { retry_after } => ApiError::NoFreshEndpoints {
+            model: model.to_owned(),
+            retry_after,
+        },
+    }
+}
+
+/// The scheduler's usage record from what the model server reported (counts saturate at
+/// `u32::MAX`).
+pub fn scheduler_usage(u: &Usage) -> infergate_scheduler::Usage {
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    infergate_scheduler::Usage {
+        prompt_tokens: clamp(u.prompt_tokens),
+        cached_tokens: clamp(u.cached_tokens),
+        output_tokens: clamp(u.completion_tokens),
+    }
+}
+
+/// What a response is read for, on the side, while it passes through untouched.
+pub enum ResponseWatch {
+    /// An SSE stream: its first token and final usage.
+    Sse(SseScanner),
+    /// A JSON answer kept (up to its cap, in bytes) to read `usage` at the end. A body that
+    /// arrives as one [`Bytes`] frame is kept by reference, without a copy.
+    Json(Option<Bytes>, Vec<u8>, usize),
+    /// Nothing to read: an error answer, or a JSON answer over the cap.
+    Nothing,
+}
+
+impl ResponseWatch {
+    /// The watch for an answer with this status whose body is SSE (`sse`) or JSON kept up to
+    /// `json_cap` bytes ([`MAX_USAGE_BODY`] unless configured).
+    pub fn new(status: u16, sse: bool, json_cap: usize) -> Self {
+        if !(200..300).contains(&status) {
+            ResponseWatch::Nothing
+        } else if sse {
+            ResponseWatch::Sse(SseScanner::new())
+        } else {
+            ResponseWatch::Json(None, Vec::new(), json_cap)
+        }
+    }
+
+    /// Reads the next body chunk; `true` when it carried the first generated token.
+    pub fn feed(&mut self, data: &[u8]) -> bool {
+        match self {
+            ResponseWatch::Sse(scanner) => scanner.feed(data),
+            ResponseWatch::Json(first, buf, cap) => {
+                let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
+                if held + data.len() > *cap {
+                    *self = ResponseWatch::Nothing;
+                } else {
+                    if let Some(f) = first.take() {
+                        buf.extend_from_slice(&f);
+                    }
+                    buf.extend_from_slice(data);
+                }
+                false
+            }
+            ResponseWatch::Nothing => false,
+        }
+    }
+
+    /// As [`ResponseWatch::feed`], keeping a JSON answer's first frame by reference.
+    pub fn feed_bytes(&mut self, data: &Bytes) -> bool {
+        match self {
+            ResponseWatch::Json(first @ None, buf, cap) if buf.is_empty() && data.len() <= *cap => {
+                *first = Some(data.clone());
+                false
+            }
+            _ => self.feed(data),
+        }
+    }
+
+    /// The usage the answer reported, once it has ended.
+    pub fn usage(&mut self) -> Option<Usage> {
+        match self {
+            ResponseWatch::Sse(scanner) => {
+                scanner.finish();
+                scanner.usage()
+            }
+            ResponseWatch::Json(Some(first), _, _) => extract_usage(first),
+            ResponseWatch::Json(None, buf, _) => extract_usage(buf),
+            ResponseWatch::Nothing => None,
+        }
+    }
+}
+
+/// How a routed request ended, as [`finish`] reported it on the in-flight entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// A 2xx answer read to its end: completed with the reported usage.
+    Completed,
+    /// A 5xx, or an answer that broke off: the endpoint failed it.
+    Failed,
+    /// Another answer (a 4xx about the request itself): nothing to learn, cancelled.
+    Refused,
+}
+
+/// Releases `inflight` for an answer with `status` that ended cleanly (`clean`) or broke off,
+/// with the usage the watch read. Returns how it ended and the usage counted (zero when the
+/// server reported none).
+pub fn finish<G: InflightGuard>(
+    inflight: G,
+    status: u16,
+    clean: bool,
+    watch: &mut ResponseWatch,
+) -> (Ending, Usage) {
+    if !clean || status >= 500 {
+        inflight.fail();
+        return (Ending::Failed, Usage::default());
+    }
+    if !(200..300).contains(&status) {
+        drop(inflight);
+        return (Ending::Refused, Usage::default());
+    }
+    let usage = watch.usage().unwrap_or_default();
+    inflight.complete(scheduler_usage(&usage));
+    (Ending::Completed, usage)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests;

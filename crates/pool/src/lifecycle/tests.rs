@@ -1,0 +1,156 @@
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::*;
+
+/// The one table, tested once: every scheduler rejection → status, error code, `Retry-After`.
+#[test]
+fn every_rejection_has_one_status_code_and_retry_after() {
+    let rows = [
+        (
+            Rejection::Shed {
+                retry_after: Duration::from_millis(2500),
+            },
+            429,
+            "shed",
+            Some(3),
+        ),
+        (Rejection::NoEndpoints, 503, "no_endpoints", None),
+        (
+            Rejection::Unavailable {
+                retry_after: Duration::from_secs(1),
+            },
+            503,
+            "no_fresh_endpoints",
+            Some(1),
+        ),
+    ];
+    for (rejection, status, code, retry_after) in rows {
+        let e = rejection_error(rejection, "m");
+        assert_eq!(e.status(), status, "{rejection:?}");
+        assert_eq!(e.metric_label(), code, "{rejection:?}");
+        assert_eq!(e.retry_after_secs(), retry_after, "{rejection:?}");
+        let json = String::from_utf8(e.to_json()).unwrap();
+        assert!(json.contains("`m`"), "names the model: {json}");
+    }
+}
+
+#[test]
+fn usage_saturates_instead_of_wrapping() {
+    let u = Usage {
+        prompt_tokens: u64::MAX,
+        completion_tokens: 7,
+        cached_tokens: 3,
+    };
+    let s = scheduler_usage(&u);
+    assert_eq!(
+        (s.prompt_tokens, s.output_tokens, s.cached_tokens),
+        (u32::MAX, 7, 3)
+    );
+}
+
+#[test]
+fn segments_stay_in_order_past_the_inline_capacity() {
+    let words: Vec<String> = (0..40).map(|i| format!("s{i}")).collect();
+    for n in [0, 1, 16, 17, 40] {
+        let s = Segments::new(words[..n].iter().map(String::as_str));
+        let want: Vec<&str> = words[..n].iter().map(String::as_str).collect();
+        assert_eq!(s.as_slice(), want.as_slice(), "{n} segments");
+    }
+}
+
+#[derive(Default, Clone)]
+struct Events(Arc<Mutex<Vec<String>>>);
+
+struct Guard {
+    events: Events,
+    endpoints: Vec<SocketAddr>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.events.0.lock().unwrap().push("dropped".into());
+    }
+}
+
+impl InflightGuard for Guard {
+    fn endpoints(&self) -> &[SocketAddr] {
+        &self.endpoints
+    }
+    fn reassign(&mut self, _addr: SocketAddr) {}
+    fn first_token(&mut self) {}
+    fn complete(self, usage: infergate_scheduler::Usage) {
+        self.events
+            .0
+            .lock()
+            .unwrap()
+            .push(format!("complete {}", usage.output_tokens));
+    }
+    fn fail(self) {
+        self.events.0.lock().unwrap().push("fail".into());
+    }
+}
+
+fn guard(events: &Events) -> Guard {
+    Guard {
+        events: events.clone(),
+        endpoints: vec![SocketAddr::from(([127, 0, 0, 1], 1))],
+    }
+}
+
+#[test]
+fn finish_completes_2xx_fails_5xx_and_broken_answers_and_cancels_the_rest() {
+    let json = br#"{"usage":{"prompt_tokens":5,"completion_tokens":9}}"#;
+    let cases: [(u16, bool, Ending, &str); 5] = [
+        (200, true, Ending::Completed, "complete 9"),
+        (200, false, Ending::Failed, "fail"),
+        (503, true, Ending::Failed, "fail"),
+        (404, true, Ending::Refused, "dropped"),
+        (429, true, Ending::Refused, "dropped"),
+    ];
+    for (status, clean, want, event) in cases {
+        let events = Events::default();
+        let mut watch = ResponseWatch::new(status, false, MAX_USAGE_BODY);
+        watch.feed(json);
+        let (ending, usage) = finish(guard(&events), status, clean, &mut watch);
+        assert_eq!(ending, want, "{status} clean={clean}");
+        let seen = events.0.lock().unwrap().clone();
+        assert_eq!(
+            seen.first().map(String::as_str),
+            Some(event),
+            "{status}: {seen:?}"
+        );
+        if want == Ending::Completed {
+            assert_eq!(usage.completion_tokens, 9);
+        }
+    }
+}
+
+#[test]
+fn the_watch_reads_sse_first_token_and_usage_and_bounds_json() {
+    let mut sse = ResponseWatch::new(200, true, MAX_USAGE_BODY);
+    assert!(!sse.feed(b": keep-alive\n\n"));
+    assert!(sse.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"));
+    sse.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n");
+    assert_eq!(sse.usage().unwrap().completion_tokens, 1);
+
+    let body = Bytes::from_static(br#"{"usage":{"prompt_tokens":4,"completion_tokens":2}}"#);
+    let mut one_frame = ResponseWatch::new(200, false, MAX_USAGE_BODY);
+    one_frame.feed_bytes(&body);
+    assert_eq!(one_frame.usage().unwrap().completion_tokens, 2);
+    let mut two_frames = ResponseWatch::new(200, false, MAX_USAGE_BODY);
+    two_frames.feed_bytes(&body.slice(..10));
+    two_frames.feed_bytes(&body.slice(10..));
+    assert_eq!(two_frames.usage().unwrap().prompt_tokens, 4);
+
+    let mut big = ResponseWatch::new(200, false, MAX_USAGE_BODY);
+    big.feed(&vec![b' '; MAX_USAGE_BODY]);
+    big.feed(&body);
+    assert!(matches!(big, ResponseWatch::Nothing));
+    assert!(big.usage().is_none());
+    assert!(matches!(
+        ResponseWatch::new(500, true, MAX_USAGE_BODY),
+        ResponseWatch::Nothing
+    ));
+}
