@@ -204,26 +204,21 @@ async fn admin_server_answers_metrics_health_and_readiness() {
             let _ = rx.await;
         },
     ));
-    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        let status = out[9..12].parse().unwrap();
-        (status, out)
-    }
-    assert_eq!(get(addr, "/healthz").await.0, 200);
-    assert_eq!(get(addr, "/readyz").await.0, 503);
+    let get = |path: &'static str| async move {
+        let r = infergate_testkit::get(addr, path).await;
+        (r.status.as_u16(), r.text())
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    assert_eq!(get("/livez").await.0, 200);
+    assert_eq!(get("/readyz").await.0, 503);
     ready.store(true, Ordering::Relaxed);
-    assert_eq!(get(addr, "/readyz").await.0, 200);
-    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(get("/readyz").await.0, 200);
+    let (status, body) = get("/metrics").await;
     assert_eq!(status, 200);
     assert!(body.contains("pool_pick_duration_seconds"), "{body}");
-    assert_eq!(get(addr, "/nope").await.0, 404);
+    assert_eq!(get("/nope").await.0, 404);
+    let post = infergate_testkit::post(addr, "/metrics", "text/plain", "").await;
+    assert_eq!(post.status, 405);
     tx.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
