@@ -1,7 +1,8 @@
 //! Criterion benchmarks: one pick with every scorer enabled over 10 / 100 / 1,000 / 10,000
 //! endpoints, and the prefix index's insert and match.
 //!
-//! Run with `cargo bench -p infergate-scheduler --bench pick`.
+//! Run with `cargo bench -p infergate-scheduler --bench pick`. The pool, its load and the prompts
+//! are the crate's shared fixtures (`infergate_scheduler::fixtures`, feature `fixtures`).
 
 #![allow(
     clippy::unwrap_used,
@@ -12,89 +13,21 @@
     reason = "criterion_group! generates an undocumented function"
 )]
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::net::SocketAddr;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use infergate_scheduler::fixtures::{all_scorers, loaded_scheduler, shared_prefix_prompts};
 use infergate_scheduler::prefix::{hash_blocks, model_seed};
-use infergate_scheduler::{
-    CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, PrefixConfig, PrefixIndex,
-    RequestContext, Scheduler, SchedulerConfig, Timestamp, Weights,
-};
+use infergate_scheduler::{PrefixConfig, PrefixIndex, RequestContext, Timestamp};
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-fn addr(i: u32) -> SocketAddr {
-    SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 8000))
-}
-
-/// Every scorer on, the infergate preset otherwise (freshness, LoRA and saturation filters).
-fn all_scorers() -> SchedulerConfig {
-    SchedulerConfig {
-        weights: Weights {
-            queue: 1.0,
-            kv_cache: 1.0,
-            prefix: 1.0,
-            lora_affinity: 2.0,
-            running_requests: 1.0,
-            inflight_tokens: 1.0,
-            estimated_wait: 6.0,
-        },
-        ..SchedulerConfig::default()
-    }
-}
-
-fn pool(n: u32, now: Timestamp) -> Scheduler {
-    let mut s = Scheduler::new(all_scorers()).unwrap();
-    let mut rng = SmallRng::seed_from_u64(3);
-    for i in 0..n {
-        s.upsert_endpoint(EndpointMeta {
-            namespace: "bench".into(),
-            pod: format!("pod-{i}"),
-            addr: addr(i),
-            engine: EngineType::Vllm,
-            gpu: None,
-            labels: BTreeMap::new(),
-        });
-        s.apply_metrics(
-            addr(i),
-            MetricsSnapshot {
-                sampled_at: now,
-                waiting: rng.random_range(0..8),
-                running: rng.random_range(0..32),
-                kv_cache_usage: Some(rng.random_range(0.0..0.9)),
-                lora: Some(LoraState {
-                    max_lora: 4,
-                    running: vec![format!("adapter-{}", i % 8)],
-                    waiting: vec![],
-                }),
-                cache: Some(CacheConfig {
-                    block_size: 16,
-                    num_blocks: 20_000,
-                }),
-                prefix_cache_hit_rate: None,
-            },
-        )
-        .unwrap();
-    }
-    s
-}
-
-fn prompts() -> Vec<String> {
-    // ~2 KiB prompts (32 blocks) sharing a system prompt, 64 conversations.
-    let system = "You are a helpful assistant that answers briefly and precisely. ".repeat(8);
-    (0..64)
-        .map(|i| format!("{system}conversation {i}: {}", "question text ".repeat(100)))
-        .collect()
-}
 
 fn bench_pick(c: &mut Criterion) {
     let now = Timestamp::from_millis(1_000);
-    let prompts = prompts();
+    let prompts = shared_prefix_prompts();
     let mut g = c.benchmark_group("pick_all_scorers");
     for n in [10u32, 100, 1_000, 10_000] {
-        let mut s = pool(n, now);
+        let mut s = loaded_scheduler(all_scorers(), n, now);
         let mut rng = SmallRng::seed_from_u64(7);
         g.throughput(Throughput::Elements(1));
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
@@ -116,7 +49,7 @@ fn bench_pick(c: &mut Criterion) {
 }
 
 fn bench_prefix(c: &mut Criterion) {
-    let prompts = prompts();
+    let prompts = shared_prefix_prompts();
     let seed = model_seed("llama-3-8b", None);
     let hashes: Vec<Vec<u64>> = prompts
         .iter()

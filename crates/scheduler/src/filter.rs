@@ -1,14 +1,22 @@
 //! Filters: each decides whether an endpoint stays a candidate for this request.
 //!
-//! The subset hint is applied first, while the candidate list is built (it is never relaxed).
-//! Then, in order: freshness, LoRA capability. Saturation headroom runs after the candidates'
-//! load views are built (see [`crate::scheduler`]) because it needs in-flight accounting.
+//! The subset hint is applied first, while the candidate list is built (it is never relaxed; see
+//! [`crate::view::collect_candidates`]). Then, in order: `freshness` and `lora`, on the endpoint's
+//! state, inlined into the one pass that builds the candidate views; and `saturation`, on the
+//! views themselves, because headroom includes this gateway's in-flight accounting.
+//!
+//! Static dispatch throughout: [`Filter`] is generic over what it inspects, and the pipeline holds
+//! the concrete filters in [`Filters`], never behind `dyn`.
 
 use std::time::Duration;
 
-use crate::endpoint::{LoraState, Timestamp};
+use crate::config::{SchedulerConfig, Thresholds};
+use crate::endpoint::Timestamp;
+use crate::explain::{Explanation, FilteredOut};
 use crate::request::RequestContext;
 use crate::state::EndpointState;
+use crate::table::EndpointTable;
+use crate::view::View;
 
 /// Per-pick inputs of the filters.
 pub(crate) struct FilterContext<'r, 'a> {
@@ -18,12 +26,31 @@ pub(crate) struct FilterContext<'r, 'a> {
     pub(crate) adapter_hash: u64,
 }
 
-/// One filter of the pipeline.
-pub(crate) trait Filter: Send + Sync {
+/// One filter of the pipeline, over `T` (an endpoint's state, or a candidate's view).
+pub(crate) trait Filter<T: ?Sized>: Send + Sync {
     /// Stable name, used in explanations and docs.
     fn name(&self) -> &'static str;
-    /// Whether `ep` stays a candidate.
-    fn keep(&self, cx: &FilterContext<'_, '_>, ep: &EndpointState) -> bool;
+    /// Whether `item` stays a candidate.
+    fn keep(&self, cx: &FilterContext<'_, '_>, item: &T) -> bool;
+}
+
+/// The filters a configuration asks for.
+pub(crate) struct Filters {
+    pub(crate) freshness: Option<FreshnessFilter>,
+    pub(crate) lora: Option<LoraFilter>,
+    pub(crate) saturation: SaturationFilter,
+}
+
+impl Filters {
+    pub(crate) fn new(cfg: &SchedulerConfig) -> Self {
+        Filters {
+            freshness: cfg.max_metrics_age.map(FreshnessFilter::new),
+            lora: cfg.lora_filter.then_some(LoraFilter),
+            saturation: SaturationFilter {
+                thresholds: cfg.saturation,
+            },
+        }
+    }
 }
 
 /// `freshness`: metrics sampled no longer than `max_age` ago. An endpoint with no metrics yet is
@@ -40,7 +67,7 @@ impl FreshnessFilter {
     }
 }
 
-impl Filter for FreshnessFilter {
+impl Filter<EndpointState> for FreshnessFilter {
     fn name(&self) -> &'static str {
         "freshness"
     }
@@ -53,7 +80,7 @@ impl Filter for FreshnessFilter {
 /// adapter slot. Pods that do not report LoRA state are kept (unknown is not incapable).
 pub(crate) struct LoraFilter;
 
-impl Filter for LoraFilter {
+impl Filter<EndpointState> for LoraFilter {
     fn name(&self) -> &'static str {
         "lora"
     }
@@ -66,67 +93,68 @@ impl Filter for LoraFilter {
     }
 }
 
-/// Affinity of a pod that runs the adapter while another adapter waits there for a slot: below a
-/// free slot and a waiting adapter, so that, where another pod can take the request, this pod's
-/// running adapter drains and the waiting one gets its slot instead of starving.
-pub(crate) const LORA_RUNNING_BLOCKED: f64 = 0.5;
+/// Whether a load of `waiting` requests and KV-cache use `kv` is at or over `t`.
+#[inline]
+pub(crate) fn at_or_over(t: Thresholds, waiting: f64, kv: f64) -> bool {
+    waiting >= f64::from(t.queue_depth) || kv >= t.kv_cache
+}
 
-/// Affinity of a pod with a free adapter slot.
-pub(crate) const LORA_FREE_SLOT: f64 = 0.8;
+/// `saturation`: keeps candidates below the saturation thresholds (see [`View::saturated`]) —
+/// applied only while at least one candidate is below them. When none is, every candidate stays
+/// and admission decides whether to shed ([`crate::admission`]).
+pub(crate) struct SaturationFilter {
+    pub(crate) thresholds: Thresholds,
+}
 
-/// Affinity of a free slot when another candidate already runs the adapter unblocked: loading the
-/// adapter there would take a slot that an adapter running nowhere may need.
-pub(crate) const LORA_FREE_SLOT_SPREAD: f64 = 0.3;
-
-/// The LoRA affinity of a pod for `adapter`: 1.0 running, 0.8 free slot, 0.6 waiting, 0 otherwise;
-/// running but with another adapter blocked there (see [`lora_blocked`]), [`LORA_RUNNING_BLOCKED`].
-///
-/// Distinct adapters across the running and waiting lists count as loaded (vLLM repeats running
-/// adapters in its waiting list), and a slot is free when fewer than `max_lora` are loaded.
-pub(crate) fn lora_affinity(l: &LoraState, adapter: &str) -> f64 {
-    if l.running.iter().any(|a| a == adapter) {
-        return if lora_blocked(l) {
-            LORA_RUNNING_BLOCKED
-        } else {
-            1.0
-        };
+impl SaturationFilter {
+    /// Whether a candidate with this load is saturated.
+    #[inline]
+    pub(crate) fn saturated(&self, waiting: f64, kv: f64) -> bool {
+        at_or_over(self.thresholds, waiting, kv)
     }
-    if lora_has_free_slot(l) {
-        return LORA_FREE_SLOT;
+
+    /// Removes the saturated views when some view has headroom, recording each removal.
+    pub(crate) fn apply(
+        &self,
+        cx: &FilterContext<'_, '_>,
+        views: &mut Vec<View>,
+        table: &EndpointTable,
+        mut ex: Option<&mut Explanation>,
+    ) {
+        let headroom = views.iter().filter(|v| self.keep(cx, v)).count();
+        if headroom == 0 || headroom == views.len() {
+            return;
+        }
+        views.retain(|v| {
+            if self.keep(cx, v) {
+                return true;
+            }
+            if let Some(ex) = ex.as_deref_mut()
+                && let Some(ep) = table.get(v.slot)
+            {
+                ex.filtered.push(FilteredOut {
+                    addr: ep.cold.meta.addr,
+                    filter: self.name(),
+                });
+            }
+            false
+        });
     }
-    if l.waiting.iter().any(|a| a == adapter) {
-        return 0.6;
+}
+
+impl Filter<View> for SaturationFilter {
+    fn name(&self) -> &'static str {
+        "saturation"
     }
-    0.0
+    fn keep(&self, _: &FilterContext<'_, '_>, v: &View) -> bool {
+        !v.saturated
+    }
 }
 
-/// Whether an adapter waits for a slot: as many distinct adapters run as there are slots, and the
-/// waiting list names one that is not running. The engine admits it only once one of the running
-/// adapters has no request left.
-pub(crate) fn lora_blocked(l: &LoraState) -> bool {
-    (distinct_running(l) as u64) >= u64::from(l.max_lora)
-        && l.waiting.iter().any(|w| !l.running.contains(w))
-}
-
-/// Distinct adapters in the running list (engines may repeat a name: one entry per series or per
-/// request).
-fn distinct_running(l: &LoraState) -> usize {
-    l.running
-        .iter()
-        .enumerate()
-        .filter(|(i, r)| !l.running[..*i].contains(r))
-        .count()
-}
-
-/// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).
-pub(crate) fn lora_has_free_slot(l: &LoraState) -> bool {
-    let running = distinct_running(l);
-    let waiting_only = l
-        .waiting
-        .iter()
-        .enumerate()
-        .filter(|(i, w)| !l.running.contains(w) && !l.waiting[..*i].contains(w))
-        .count();
-    let loaded = running + waiting_only;
-    (loaded as u64) < u64::from(l.max_lora)
-}
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+mod tests;

@@ -23,17 +23,31 @@
 //!
 //! # Layout
 //!
+//! Public:
 //! - [`endpoint`] — endpoint identity, labels and the metrics snapshot the shells keep fresh.
 //! - [`request`] — [`RequestContext`] and [`Priority`].
 //! - [`config`] — [`SchedulerConfig`], presets, weights, validation.
 //! - [`decision`] — [`Decision`], [`Ranked`], [`Ticket`], [`Rejection`], [`Usage`].
 //! - [`explain`] — decision records.
 //! - [`prefix`] — the approximate prefix index and the chained block hasher.
-//! - `scheduler` — the [`Scheduler`]: endpoint table, in-flight accounting and the pick pipeline.
-//! - `filter`, `scorer` — the pipeline stages (each scorer's exact formula is documented there and
-//!   in `docs/scheduler.md`).
+//! - `fixtures` — shared test fixtures, only under `cfg(test)` or the non-default `fixtures`
+//!   feature (which the crate's dev-dependency on itself enables for `tests/` and `benches/`).
+//!
+//! Internal, one file per stage of a pick, in pipeline order:
+//! - `scheduler` — the [`Scheduler`]: the public methods, and `pick` running the stages below.
+//! - `table` — the endpoint table (slots, generations, the address index).
+//! - `state` — one endpoint's hot and cold state. `inflight` — tickets: the in-flight table and
+//!   how a request is charged to, and released from, its endpoint's counters.
+//! - `view` — the candidate list and one load view per candidate (with the endpoint filters
+//!   inlined into that pass).
+//! - `filter` — `freshness`, `lora` (on endpoint state) and `saturation` (on views).
+//! - `admission` — shedding by priority when no candidate has headroom, and `Retry-After`.
+//! - `scorer` — the scorers and their combination (each formula is documented there and in
+//!   `docs/scheduler.md`).
+//! - `picker` — top-k with seeded ties, and the baseline policies.
+//! - `lora` — the LoRA-adapter arithmetic shared by the filter, the state and the views the
+//!   `lora-affinity` scorer reads.
 //! - `rates` — the online learner of per-pod prefill and decode rates.
-//! - `state` — per-endpoint counters and the in-flight table.
 //! - [`error`] — the crate's error type.
 
 pub mod config;
@@ -44,11 +58,20 @@ pub mod explain;
 pub mod prefix;
 pub mod request;
 
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
+
+mod admission;
 mod filter;
+mod inflight;
+mod lora;
+mod picker;
 mod rates;
 mod scheduler;
 mod scorer;
 mod state;
+mod table;
+mod view;
 
 pub use config::{
     AllFilteredAction, Policy, PrefixConfig, Preset, RateConfig, SchedulerConfig, Thresholds,

@@ -5,41 +5,9 @@
 //! signal never decides a pick.
 
 use crate::config::Weights;
-
-/// What a scorer may read about one candidate. Built once per candidate per pick.
-#[derive(Copy, Clone, Debug, Default)]
-pub(crate) struct View {
-    pub(crate) slot: u32,
-    /// Engine queue, plus (with in-flight accounting) this gateway's requests routed since the
-    /// last scrape that have not produced a first token.
-    pub(crate) waiting: f64,
-    /// Engine running batch, plus this gateway's requests routed since the last scrape that have.
-    pub(crate) running: f64,
-    /// KV-cache use in [0, 1], adjusted by routed-since-scrape prompt tokens when the capacity is known.
-    pub(crate) kv: Option<f64>,
-    /// Tokens (prompt + expected output) of this gateway's requests in flight on the endpoint.
-    pub(crate) inflight_tokens: f64,
-    /// This gateway's requests in flight on the endpoint.
-    pub(crate) inflight: f64,
-    /// Leading prompt blocks the endpoint probably holds.
-    pub(crate) prefix_blocks: u32,
-    /// `prefix_blocks / prompt blocks` (0 for prompts shorter than one block).
-    pub(crate) prefix: f64,
-    /// LoRA affinity score for the requested adapter.
-    pub(crate) lora: f64,
-    /// Prefill tokens estimated ahead of this request on the endpoint.
-    pub(crate) queued_tokens: f64,
-    /// This request's uncached prefill tokens on the endpoint.
-    pub(crate) own_tokens: f64,
-    /// Estimated time to first token, seconds.
-    pub(crate) wait: f64,
-    /// At or over the saturation thresholds.
-    pub(crate) saturated: bool,
-    /// At or over the overload thresholds.
-    pub(crate) overloaded: bool,
-    /// Weighted total, filled by the combination step.
-    pub(crate) total: f64,
-}
+use crate::explain::{CandidateRecord, Explanation, ScoreRecord};
+use crate::table::EndpointTable;
+use crate::view::View;
 
 /// Pool-wide quantities the relative scorers normalise by, computed once per pick over the final
 /// candidates.
@@ -124,9 +92,10 @@ pub(crate) enum ScorerKind {
     KvCache,
     /// `prefix`: matched leading blocks / prompt blocks (0 for prompts shorter than one block).
     Prefix,
-    /// `lora-affinity`: 1.0 adapter running, 0.8 free adapter slot, 0.6 adapter waiting, 0
-    /// otherwise; 1.0 for every pod when the request names no adapter, 0.5 when the pod reports
-    /// no LoRA state.
+    /// `lora-affinity`: the view's affinity, computed by [`crate::lora`]: 1.0 adapter running,
+    /// 0.8 free adapter slot (0.3 while another candidate runs the adapter unblocked), 0.6 adapter
+    /// waiting, 0.5 running while another adapter waits for the slot, 0 otherwise; 1.0 for every
+    /// pod when the request names no adapter, 0.5 when the pod reports no LoRA state.
     LoraAffinity,
     /// `running-requests`: `(max_r − r) / (max_r − min_r)` over candidates.
     RunningRequests,
@@ -242,3 +211,63 @@ pub(crate) fn build(weights: &Weights) -> Vec<(ScorerKind, f64)> {
     .filter(|(_, w)| *w > 0.0)
     .collect()
 }
+
+/// The combination step: every view's `total` = Σ weight·score over `scorers`. With an
+/// explanation, the same arithmetic in the same order, recording every value per candidate.
+pub(crate) fn score_all(
+    scorers: &[(ScorerKind, f64)],
+    views: &mut [View],
+    table: &EndpointTable,
+    ex: Option<&mut Explanation>,
+) {
+    let spans = Spans::of(views);
+    match ex {
+        None => {
+            // The hot path: one straight pass per weighted scorer.
+            for v in views.iter_mut() {
+                v.total = 0.0;
+            }
+            for (s, w) in scorers {
+                s.accumulate(*w, views, &spans);
+            }
+        }
+        Some(ex) => {
+            ex.candidates.clear();
+            for v in views.iter_mut() {
+                let Some(ep) = table.get(v.slot) else {
+                    continue;
+                };
+                let mut scores = Vec::with_capacity(scorers.len());
+                let mut total = 0.0;
+                for (s, w) in scorers {
+                    let value = s.score(v, &spans);
+                    total += *w * value;
+                    scores.push(ScoreRecord {
+                        scorer: s.name(),
+                        weight: *w,
+                        value,
+                    });
+                }
+                v.total = total;
+                ex.candidates.push(CandidateRecord {
+                    addr: ep.cold.meta.addr,
+                    name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
+                    scores,
+                    total,
+                    waiting: v.waiting,
+                    estimated_wait_secs: v.wait,
+                    prefix_blocks: v.prefix_blocks,
+                    saturated: v.saturated,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+mod tests;

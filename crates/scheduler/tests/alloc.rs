@@ -6,13 +6,11 @@
 #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 
 use std::alloc::System;
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
+use infergate_scheduler::fixtures::{mixed_snapshot, scheduler_with};
 use infergate_scheduler::{
-    CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, Preset, Priority,
-    RequestContext, Scheduler, SchedulerConfig, Timestamp, Usage,
+    Preset, Priority, RequestContext, Scheduler, SchedulerConfig, Timestamp, Usage,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -21,43 +19,10 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-fn addr(i: u32) -> SocketAddr {
-    SocketAddr::from(([127, 0, (i >> 8) as u8, i as u8], 8000))
-}
-
 fn build(preset: Preset, n: u32, now: Timestamp) -> Scheduler {
-    let mut s = Scheduler::new(SchedulerConfig::preset(preset)).unwrap();
-    for i in 0..n {
-        s.upsert_endpoint(EndpointMeta {
-            namespace: "bench".into(),
-            pod: format!("pod-{i}"),
-            addr: addr(i),
-            engine: EngineType::Vllm,
-            gpu: None,
-            labels: BTreeMap::new(),
-        });
-        s.apply_metrics(
-            addr(i),
-            MetricsSnapshot {
-                sampled_at: now,
-                waiting: i % 5,
-                running: i % 7,
-                kv_cache_usage: Some(f64::from(i % 10) / 20.0),
-                lora: Some(LoraState {
-                    max_lora: 2,
-                    running: vec![format!("adapter-{}", i % 3)],
-                    waiting: vec![],
-                }),
-                cache: Some(CacheConfig {
-                    block_size: 16,
-                    num_blocks: 10_000,
-                }),
-                prefix_cache_hit_rate: None,
-            },
-        )
-        .unwrap();
-    }
-    s
+    scheduler_with(SchedulerConfig::preset(preset), n, |i| {
+        mixed_snapshot(i, now)
+    })
 }
 
 /// One request cycle: pick, first token, completion. Returns the number of picks that succeeded.

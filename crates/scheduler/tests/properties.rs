@@ -2,13 +2,14 @@
 
 #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use infergate_scheduler::fixtures::{addr, index_of, scheduler_with, snapshot};
 use infergate_scheduler::{
-    AllFilteredAction, EndpointMeta, EngineType, LoraState, MetricsSnapshot, Preset, Priority,
-    Rejection, RequestContext, Scheduler, SchedulerConfig, Timestamp, Usage, Weights,
+    AllFilteredAction, LoraState, Preset, Priority, Rejection, RequestContext, Scheduler,
+    SchedulerConfig, Timestamp, Usage, Weights,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -46,48 +47,27 @@ fn pod() -> impl Strategy<Value = Pod> {
         })
 }
 
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 9000 + i as u16))
-}
-
 fn adapter(i: u8) -> String {
     format!("adapter-{i}")
 }
 
 fn build(cfg: SchedulerConfig, pods: &[Pod]) -> Scheduler {
-    let mut s = Scheduler::new(cfg).unwrap();
-    for (i, p) in pods.iter().enumerate() {
-        s.upsert_endpoint(EndpointMeta {
-            namespace: "ns".into(),
-            pod: format!("pod-{i}"),
-            addr: addr(i),
-            engine: EngineType::Vllm,
-            gpu: None,
-            labels: BTreeMap::new(),
-        });
+    scheduler_with(cfg, pods.len() as u32, |i| {
+        let p = &pods[i as usize];
         let sampled_at = if p.stale {
             Timestamp::from_millis(1_000)
         } else {
             NOW
         };
-        s.apply_metrics(
-            addr(i),
-            MetricsSnapshot {
-                sampled_at,
-                waiting: p.waiting,
-                running: p.running,
-                kv_cache_usage: Some(p.kv),
-                lora: p.lora.as_ref().map(|(max, run, wait)| LoraState {
-                    max_lora: *max,
-                    running: run.iter().map(|a| adapter(*a)).collect(),
-                    waiting: wait.iter().map(|a| adapter(*a)).collect(),
-                }),
-                ..MetricsSnapshot::default()
-            },
-        )
-        .unwrap();
-    }
-    s
+        let mut m = snapshot(sampled_at, p.waiting, p.kv);
+        m.running = p.running;
+        m.lora = p.lora.as_ref().map(|(max, run, wait)| LoraState {
+            max_lora: *max,
+            running: run.iter().map(|a| adapter(*a)).collect(),
+            waiting: wait.iter().map(|a| adapter(*a)).collect(),
+        });
+        m
+    })
 }
 
 fn lora_capable(p: &Pod, a: u8) -> bool {
@@ -127,7 +107,7 @@ proptest! {
         let mut a = build(cfg.clone(), &pods);
         let mut b = build(cfg, &pods);
         let subset: Option<Vec<SocketAddr>> = subset_mask.map(|m| {
-            (0..pods.len()).filter(|i| m[*i]).map(addr).collect()
+            (0..pods.len() as u32).filter(|i| m[*i as usize]).map(addr).collect()
         });
         let text = prompt(p);
         let segs = [text.as_str()];
@@ -141,7 +121,7 @@ proptest! {
         let (db, ex) = b.pick_explained(&req, NOW, &mut SmallRng::seed_from_u64(seed));
         prop_assert_eq!(&da, &db);
         let eligible: Vec<usize> = (0..pods.len())
-            .filter(|i| subset.as_ref().is_none_or(|s| s.contains(&addr(*i))))
+            .filter(|i| subset.as_ref().is_none_or(|s| s.contains(&addr(*i as u32))))
             .filter(|i| !pods[*i].stale)
             .filter(|i| lora.is_none_or(|l| lora_capable(&pods[*i], l)))
             .collect();
@@ -153,7 +133,7 @@ proptest! {
                 let distinct: HashSet<_> = got.iter().collect();
                 prop_assert_eq!(distinct.len(), got.len());
                 for a in got {
-                    let i = usize::from(a.port() - 9000);
+                    let i = index_of(*a);
                     prop_assert!(eligible.contains(&i), "{} was filtered: {:?}", a, ex.filtered);
                     prop_assert!(!ex.filtered.iter().any(|f| f.addr == *a));
                 }
@@ -180,7 +160,7 @@ proptest! {
         match s.pick(&req, NOW, &mut SmallRng::seed_from_u64(seed)) {
             Ok(d) => {
                 for a in d.endpoints.as_slice() {
-                    prop_assert!(!pods[usize::from(a.port() - 9000)].stale, "{} is stale", a);
+                    prop_assert!(!pods[index_of(*a)].stale, "{} is stale", a);
                 }
             }
             Err(r) if pods.iter().all(|p| p.stale) => {
@@ -249,14 +229,14 @@ proptest! {
                 }
             }
             prop_assert_eq!(s.inflight(), live);
-            let sum: u32 = (0..n).map(|i| s.endpoint(addr(i)).unwrap().inflight).sum();
+            let sum: u32 = (0..n as u32).map(|i| s.endpoint(addr(i)).unwrap().inflight).sum();
             prop_assert_eq!(sum as usize, live);
         }
         for tk in tickets {
             s.fail(tk, t);
         }
         prop_assert_eq!(s.inflight(), 0);
-        for i in 0..n {
+        for i in 0..n as u32 {
             let e = s.endpoint(addr(i)).unwrap();
             prop_assert_eq!((e.inflight, e.awaiting_first_token), (0, 0));
         }

@@ -1,0 +1,163 @@
+//! Admission: whether a request is shed when no candidate has headroom, and the `Retry-After`
+//! told to the client (crate-internal).
+//!
+//! Runs on the candidate views, before the saturation filter: while some candidate is below the
+//! saturation thresholds every request is admitted (the filter then routes among those). When every
+//! candidate is saturated, with shedding on, `Sheddable` requests are shed, `Standard` ones only
+//! when every candidate is also over the overload thresholds, and `Critical` ones never.
+//!
+//! `Retry-After` is the pool's estimated drain time: for each candidate, the time until it is back
+//! under the saturation thresholds at its learned rates; the smallest, rounded up to whole seconds
+//! and clamped to `[retryAfterMinMs, retryAfterMaxMs]`.
+
+use std::time::Duration;
+
+use crate::config::SchedulerConfig;
+use crate::decision::Rejection;
+use crate::rates::PoolRates;
+use crate::request::Priority;
+use crate::table::EndpointTable;
+use crate::view::View;
+
+/// Admits the request, or sheds it with the estimated drain time.
+pub(crate) fn admit(
+    cfg: &SchedulerConfig,
+    priority: Priority,
+    views: &[View],
+    table: &EndpointTable,
+    rates: &PoolRates,
+) -> Result<(), Rejection> {
+    if !views.iter().all(|v| v.saturated) {
+        return Ok(());
+    }
+    let shed = cfg.shedding
+        && match priority {
+            Priority::Critical => false,
+            Priority::Standard => views.iter().all(|v| v.overloaded),
+            Priority::Sheddable => true,
+        };
+    if shed {
+        return Err(Rejection::Shed {
+            retry_after: retry_after(cfg, views, table, rates),
+        });
+    }
+    Ok(())
+}
+
+/// Estimated seconds until a saturated endpoint is back under the saturation thresholds.
+fn drain_secs(cfg: &SchedulerConfig, v: &View, table: &EndpointTable, rates: &PoolRates) -> f64 {
+    let Some(ep) = table.get(v.slot) else {
+        return f64::INFINITY;
+    };
+    let sat = cfg.saturation;
+    let prefill_rate = ep.prefill.get().unwrap_or(rates.prefill_prior());
+    let decode_rate = ep.decode.get().unwrap_or(rates.decode_prior());
+    let excess = (v.waiting - f64::from(sat.queue_depth) + 1.0).max(0.0);
+    let queue = if v.waiting > 0.0 {
+        v.queued_tokens * excess / v.waiting
+    } else {
+        0.0
+    };
+    let mut secs = queue / prefill_rate;
+    if let Some(k) = v.kv
+        && k >= sat.kv_cache
+    {
+        let frac = ((k - sat.kv_cache) / (1.0 - sat.kv_cache).max(0.01)).clamp(0.1, 1.0);
+        secs += frac * rates.mean_output / decode_rate;
+    }
+    secs
+}
+
+/// The pool's `Retry-After`: the first candidate's drain time, clamped.
+fn retry_after(
+    cfg: &SchedulerConfig,
+    views: &[View],
+    table: &EndpointTable,
+    rates: &PoolRates,
+) -> Duration {
+    let secs = views
+        .iter()
+        .map(|v| drain_secs(cfg, v, table, rates))
+        .fold(f64::INFINITY, f64::min);
+    let lo = cfg.retry_after_min;
+    let hi = cfg.retry_after_max;
+    let d = if secs.is_finite() {
+        Duration::from_secs_f64(secs.max(0.0).ceil())
+    } else {
+        hi
+    };
+    d.clamp(lo, hi)
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::fixtures::*;
+    use crate::*;
+
+    #[test]
+    fn saturated_pool_sheds_sheddable_first_and_never_critical() {
+        let mut s = saturated_scheduler();
+        let shed = s
+            .pick(
+                &RequestContext::new("m", 100).with_priority(Priority::Sheddable),
+                T0,
+                &mut rng(1),
+            )
+            .unwrap_err();
+        assert_eq!(shed.http_status(), 429);
+        assert_eq!(shed.metric_label(), "shed");
+        assert!(shed.retry_after().unwrap() >= Duration::from_secs(1));
+        // Standard still gets through while the pool is saturated but not overloaded.
+        let d = s
+            .pick(&RequestContext::new("m", 100), T0, &mut rng(2))
+            .unwrap();
+        s.cancel(d.ticket, T0);
+        // Overloaded: Standard is shed too, Critical is not.
+        let over = s.config().overload.queue_depth;
+        for i in 0..3 {
+            s.apply_metrics(addr(i), snapshot(T0, over + i, 0.5))
+                .unwrap();
+        }
+        let std = s.pick(&RequestContext::new("m", 100), T0, &mut rng(3));
+        assert!(matches!(std, Err(Rejection::Shed { .. })));
+        for seed in 0..20 {
+            let d = s
+                .pick(
+                    &RequestContext::new("m", 100).with_priority(Priority::Critical),
+                    T0,
+                    &mut rng(seed),
+                )
+                .unwrap();
+            // Critical goes to the least loaded pod.
+            assert_eq!(d.endpoints.first(), addr(0));
+            s.cancel(d.ticket, T0);
+        }
+    }
+
+    #[test]
+    fn retry_after_follows_the_estimated_drain_time() {
+        let req = RequestContext::new("m", 100).with_priority(Priority::Sheddable);
+        let mut retry = Vec::new();
+        for depth in [16, 40, 200] {
+            let mut s = scheduler(SchedulerConfig::default(), 2);
+            for i in 0..2 {
+                s.apply_metrics(addr(i), snapshot(T0, depth, 0.5)).unwrap();
+            }
+            retry.push(
+                s.pick(&req, T0, &mut rng(1))
+                    .unwrap_err()
+                    .retry_after()
+                    .unwrap(),
+            );
+        }
+        assert!(retry[0] < retry[1] && retry[1] < retry[2], "{retry:?}");
+        assert!(retry.iter().all(|d| d.subsec_nanos() == 0));
+    }
+}

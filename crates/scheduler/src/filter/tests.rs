@@ -1,0 +1,149 @@
+use std::time::Duration;
+
+use crate::fixtures::*;
+use crate::*;
+
+#[test]
+fn stale_pod_is_excluded_and_readmitted() {
+    let cfg = SchedulerConfig {
+        on_all_filtered: AllFilteredAction::Reject,
+        ..SchedulerConfig::default()
+    };
+    let mut s = scheduler(cfg, 2);
+    let later = T0.saturating_add(Duration::from_secs(5));
+    s.apply_metrics(addr(0), snapshot(later, 0, 0.1)).unwrap();
+    // pod 1's metrics are 5 s old: never a candidate, not even as a fallback.
+    for seed in 0..20 {
+        let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), later, &mut rng(seed));
+        let d = d.unwrap();
+        assert_eq!(d.endpoints.as_slice(), &[addr(0)]);
+        assert!(ex.filtered.contains(&FilteredOut {
+            addr: addr(1),
+            filter: "freshness"
+        }));
+        s.cancel(d.ticket, later);
+    }
+    // Fresh metrics arrive: readmitted on the very next pick.
+    s.apply_metrics(addr(1), snapshot(later, 0, 0.1)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 10), later, &mut rng(1))
+        .unwrap();
+    assert_eq!(d.endpoints.len(), 2);
+    // Everything stale: 503 with Retry-After (changed deliberately from a plain NoEndpoints:
+    // a stale pool is expected to come back, so the client is told when to retry).
+    let much_later = later.saturating_add(Duration::from_secs(10));
+    let err = s
+        .pick(&RequestContext::new("m", 10), much_later, &mut rng(1))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Rejection::Unavailable {
+            retry_after: Duration::from_secs(1)
+        }
+    );
+    assert_eq!(err.http_status(), 503);
+    assert_eq!(err.metric_label(), "no_fresh_endpoints");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
+}
+
+#[test]
+fn all_ready_never_falls_back_to_stale_pods() {
+    // The default (`onAllFiltered: all-ready`): every pod stale is 503 + Retry-After, not a pick
+    // on dead pods' last numbers.
+    let mut s = scheduler(SchedulerConfig::default(), 3);
+    let later = T0.saturating_add(Duration::from_secs(60));
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), later, &mut rng(1));
+    assert!(matches!(d, Err(Rejection::Unavailable { .. })), "{d:?}");
+    assert!(!ex.fell_back_to_all_ready);
+    assert_eq!(ex.filtered.len(), 3);
+    assert_eq!(ex.rejection, Some("no_fresh_endpoints"));
+    assert_eq!(ex.retry_after_secs, Some(1));
+    // One pod back: it alone is routed to.
+    s.apply_metrics(addr(2), snapshot(later, 0, 0.1)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 10), later, &mut rng(1))
+        .unwrap();
+    assert_eq!(d.endpoints.as_slice(), &[addr(2)]);
+}
+
+#[test]
+fn all_filtered_by_lora_falls_back_to_the_fresh_pods_when_configured() {
+    // Every pod's adapter slots are taken by other adapters: the LoRA filter removes them all.
+    let full = |t: Timestamp| MetricsSnapshot {
+        lora: Some(LoraState {
+            max_lora: 1,
+            running: vec!["other".into()],
+            waiting: vec![],
+        }),
+        ..snapshot(t, 0, 0.1)
+    };
+    let mut s = scheduler(SchedulerConfig::default(), 3);
+    for i in 0..3 {
+        s.apply_metrics(addr(i), full(T0)).unwrap();
+    }
+    // pod 2 is stale: the fallback relaxes LoRA, not freshness.
+    let later = T0.saturating_add(Duration::from_secs(1));
+    s.apply_metrics(addr(0), full(later)).unwrap();
+    s.apply_metrics(addr(1), full(later)).unwrap();
+    let stale_later = later.saturating_add(Duration::from_millis(1_500));
+    let req = RequestContext::new("m", 10).with_lora(Some("mine"));
+    let (d, ex) = s.pick_explained(&req, stale_later, &mut rng(1));
+    let mut got = d.unwrap().endpoints.as_slice().to_vec();
+    got.sort();
+    assert_eq!(got, [addr(0), addr(1)]);
+    assert!(ex.fell_back_to_all_ready);
+    assert!(ex.filtered.contains(&FilteredOut {
+        addr: addr(2),
+        filter: "freshness"
+    }));
+    assert!(ex.filtered.contains(&FilteredOut {
+        addr: addr(0),
+        filter: "lora"
+    }));
+    // `reject` answers 503 without Retry-After: no pod can take the adapter, waiting will not help.
+    let mut s = scheduler(
+        SchedulerConfig {
+            on_all_filtered: AllFilteredAction::Reject,
+            ..SchedulerConfig::default()
+        },
+        1,
+    );
+    s.apply_metrics(addr(0), full(T0)).unwrap();
+    assert_eq!(s.pick(&req, T0, &mut rng(1)), Err(Rejection::NoEndpoints));
+}
+
+#[test]
+fn subset_hint_restricts_and_an_empty_or_unknown_subset_is_503() {
+    let mut s = scheduler(SchedulerConfig::default(), 5);
+    let subset = [addr(3), addr(3), addr(4), addr(77)];
+    for seed in 0..20 {
+        let req = RequestContext::new("m", 10).with_subset(Some(&subset));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.len(), 2);
+        assert!(d.endpoints.iter().all(|a| *a == addr(3) || *a == addr(4)));
+        s.cancel(d.ticket, T0);
+    }
+    let req = RequestContext::new("m", 10).with_subset(Some(&[]));
+    assert_eq!(s.pick(&req, T0, &mut rng(1)), Err(Rejection::NoEndpoints));
+    let unknown = [addr(50)];
+    let req = RequestContext::new("m", 10).with_subset(Some(&unknown));
+    assert_eq!(s.pick(&req, T0, &mut rng(1)), Err(Rejection::NoEndpoints));
+}
+
+#[test]
+fn sheddable_is_admitted_while_any_pod_has_headroom() {
+    let mut s = saturated_scheduler();
+    s.apply_metrics(addr(2), snapshot(T0, 0, 0.2)).unwrap();
+    let req = RequestContext::new("m", 100).with_priority(Priority::Sheddable);
+    let (d, ex) = s.pick_explained(&req, T0, &mut rng(1));
+    let d = d.unwrap();
+    // The saturation filter leaves only the pod with headroom.
+    assert_eq!(d.endpoints.as_slice(), &[addr(2)]);
+    assert_eq!(
+        ex.filtered
+            .iter()
+            .filter(|f| f.filter == "saturation")
+            .count(),
+        2
+    );
+}

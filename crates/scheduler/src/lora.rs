@@ -1,0 +1,218 @@
+//! LoRA-adapter arithmetic: affinity levels, slot accounting and the pre-hashed residency the pick
+//! compares by integer.
+//!
+//! One home for the rules the LoRA filter ([`crate::filter::LoraFilter`]), the endpoint state
+//! ([`crate::state::EndpointState::lora_affinity`]) and the candidate views feeding the
+//! `lora-affinity` scorer all apply, so they cannot drift apart. Depends on nothing in the crate
+//! but [`LoraState`].
+
+use crate::endpoint::LoraState;
+
+/// Affinity of a pod that runs the adapter.
+pub(crate) const RUNNING: f64 = 1.0;
+
+/// Affinity of a pod that runs the adapter while another adapter waits there for a slot: below a
+/// free slot and a waiting adapter, so that, where another pod can take the request, this pod's
+/// running adapter drains and the waiting one gets its slot instead of starving.
+pub(crate) const RUNNING_BLOCKED: f64 = 0.5;
+
+/// Affinity of a pod with a free adapter slot.
+pub(crate) const FREE_SLOT: f64 = 0.8;
+
+/// Affinity of a free slot when another candidate already runs the adapter unblocked: loading the
+/// adapter there would take a slot that an adapter running nowhere may need.
+pub(crate) const FREE_SLOT_SPREAD: f64 = 0.3;
+
+/// Affinity of a pod where the adapter waits (no free slot).
+pub(crate) const WAITING: f64 = 0.6;
+
+/// Affinity of every pod when the request names no adapter.
+pub(crate) const NOT_REQUESTED: f64 = 1.0;
+
+/// Affinity of a pod that reports no LoRA state (unknown is neither good nor bad).
+pub(crate) const UNKNOWN: f64 = 0.5;
+
+/// Adapters inline per list; longer lists fall back to comparing names.
+pub(crate) const INLINE: usize = 4;
+
+/// Hash of an adapter name, for allocation-free comparisons on the hot path.
+pub(crate) fn adapter_hash(name: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(name.as_bytes(), 0x4c6f_5241)
+}
+
+/// The LoRA affinity of a pod for `adapter`: 1.0 running, 0.8 free slot, 0.6 waiting, 0 otherwise;
+/// running but with another adapter blocked there (see [`blocked`]), [`RUNNING_BLOCKED`].
+///
+/// Distinct adapters across the running and waiting lists count as loaded (vLLM repeats running
+/// adapters in its waiting list), and a slot is free when fewer than `max_lora` are loaded.
+pub(crate) fn affinity(l: &LoraState, adapter: &str) -> f64 {
+    if l.running.iter().any(|a| a == adapter) {
+        return if blocked(l) { RUNNING_BLOCKED } else { RUNNING };
+    }
+    if has_free_slot(l) {
+        return FREE_SLOT;
+    }
+    if l.waiting.iter().any(|a| a == adapter) {
+        return WAITING;
+    }
+    0.0
+}
+
+/// Consolidation: where some candidate runs the adapter unblocked (`running_elsewhere`), a free
+/// slot is worth [`FREE_SLOT_SPREAD`] instead of [`FREE_SLOT`]; every other level is unchanged.
+pub(crate) fn consolidated(affinity: f64, running_elsewhere: bool) -> f64 {
+    if running_elsewhere && affinity == FREE_SLOT {
+        FREE_SLOT_SPREAD
+    } else {
+        affinity
+    }
+}
+
+/// Whether an adapter waits for a slot: as many distinct adapters run as there are slots, and the
+/// waiting list names one that is not running. The engine admits it only once one of the running
+/// adapters has no request left.
+pub(crate) fn blocked(l: &LoraState) -> bool {
+    (distinct_running(l) as u64) >= u64::from(l.max_lora)
+        && l.waiting.iter().any(|w| !l.running.contains(w))
+}
+
+/// Distinct adapters in the running list (engines may repeat a name: one entry per series or per
+/// request).
+fn distinct_running(l: &LoraState) -> usize {
+    l.running
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !l.running[..*i].contains(r))
+        .count()
+}
+
+/// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).
+pub(crate) fn has_free_slot(l: &LoraState) -> bool {
+    let running = distinct_running(l);
+    let waiting_only = l
+        .waiting
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| !l.running.contains(w) && !l.waiting[..*i].contains(w))
+        .count();
+    let loaded = running + waiting_only;
+    (loaded as u64) < u64::from(l.max_lora)
+}
+
+/// LoRA residency, pre-hashed at snapshot time so the pick compares integers, not strings.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct LoraHot {
+    /// The engine reported LoRA state.
+    pub(crate) known: bool,
+    /// A list was longer than [`INLINE`]: use the names in the snapshot instead.
+    pub(crate) overflow: bool,
+    /// A slot is free: fewer distinct adapters loaded than `max_lora`.
+    pub(crate) free_slot: bool,
+    /// An adapter waits for a slot here (see [`blocked`]).
+    pub(crate) blocked: bool,
+    running: [u64; INLINE],
+    n_running: u8,
+    waiting: [u64; INLINE],
+    n_waiting: u8,
+}
+
+impl LoraHot {
+    /// Digests a snapshot's LoRA state (`None`: the engine reports none).
+    pub(crate) fn from_state(l: Option<&LoraState>) -> Self {
+        let Some(l) = l else {
+            return LoraHot::default();
+        };
+        let mut h = LoraHot {
+            known: true,
+            free_slot: has_free_slot(l),
+            blocked: blocked(l),
+            ..LoraHot::default()
+        };
+        if l.running.len() > INLINE || l.waiting.len() > INLINE {
+            h.overflow = true;
+            return h;
+        }
+        for (i, a) in l.running.iter().enumerate() {
+            h.running[i] = adapter_hash(a);
+        }
+        for (i, a) in l.waiting.iter().enumerate() {
+            h.waiting[i] = adapter_hash(a);
+        }
+        h.n_running = l.running.len() as u8;
+        h.n_waiting = l.waiting.len() as u8;
+        h
+    }
+
+    /// Affinity by hash (see [`affinity`]); only valid when `known && !overflow`.
+    pub(crate) fn affinity(&self, hash: u64) -> f64 {
+        if self.running[..usize::from(self.n_running)].contains(&hash) {
+            if self.blocked {
+                RUNNING_BLOCKED
+            } else {
+                RUNNING
+            }
+        } else if self.free_slot {
+            FREE_SLOT
+        } else if self.waiting[..usize::from(self.n_waiting)].contains(&hash) {
+            WAITING
+        } else {
+            0.0
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+mod tests {
+    use super::*;
+    use crate::endpoint::MetricsSnapshot;
+    use crate::fixtures::{lora_state as l, meta};
+    use crate::state::EndpointState;
+
+    #[test]
+    fn lora_affinity_levels() {
+        assert_eq!(affinity(&l(2, &["a"], &["a"]), "a"), 1.0);
+        assert_eq!(affinity(&l(2, &["b"], &["b"]), "a"), 0.8);
+        assert_eq!(affinity(&l(1, &["b"], &["b", "a"]), "a"), 0.6);
+        assert_eq!(affinity(&l(1, &["b"], &[]), "a"), 0.0);
+        // A repeated name is one adapter: one of two slots is still free.
+        assert_eq!(affinity(&l(2, &["b", "b"], &[]), "a"), 0.8);
+        assert_eq!(affinity(&l(2, &["b", "c", "b"], &["c"]), "a"), 0.0);
+        // Running, but another adapter waits for this pod's only slot: let this one drain here.
+        assert_eq!(affinity(&l(1, &["b"], &["b", "a"]), "b"), 0.5);
+        assert_eq!(affinity(&l(2, &["a", "b"], &["a", "b", "c"]), "a"), 0.5);
+        // Waiting with a slot still free is loading, not blocked.
+        assert_eq!(affinity(&l(3, &["a", "b"], &["a", "b", "c"]), "a"), 1.0);
+        // The pre-hashed hot path agrees with the names, inline and overflowing.
+        let many: Vec<String> = (0..12).map(|i| format!("x{i}")).collect();
+        let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+        for state in [
+            l(2, &["a"], &["a"]),
+            l(2, &["b"], &["b"]),
+            l(1, &["b"], &["b", "a"]),
+            l(1, &["b"], &[]),
+            l(2, &["b", "b"], &[]),
+            l(2, &["a", "b"], &["a", "b", "c"]),
+            l(3, &["a", "b"], &["a", "b", "c"]),
+            l(20, &many, &["a"]),
+            l(12, &many, &["a"]),
+        ] {
+            let mut ep = EndpointState::new(meta(0));
+            ep.set_metrics(MetricsSnapshot {
+                lora: Some(state.clone()),
+                ..MetricsSnapshot::default()
+            });
+            for name in ["a", "b", "x3", "zz"] {
+                assert_eq!(
+                    ep.lora_affinity(name, adapter_hash(name)),
+                    Some(affinity(&state, name)),
+                    "{state:?} {name}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+use std::time::Duration;
+
+use crate::fixtures::*;
+use crate::*;
+
+#[test]
+fn lora_resident_pod_is_preferred_over_an_equal_one() {
+    for seed in 0..50 {
+        let mut s = scheduler(SchedulerConfig::default(), 2);
+        let mut m = snapshot(T0, 0, 0.1);
+        m.lora = Some(LoraState {
+            max_lora: 1,
+            running: vec!["sql".into()],
+            waiting: vec![],
+        });
+        s.apply_metrics(addr(1), m.clone()).unwrap();
+        m.lora = Some(LoraState {
+            max_lora: 1,
+            running: vec!["other".into()],
+            waiting: vec![],
+        });
+        s.apply_metrics(addr(0), m).unwrap();
+        let req = RequestContext::new("m", 10).with_lora(Some("sql"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(1), "seed {seed}");
+    }
+}
+
+#[test]
+fn a_running_adapter_drains_from_the_pod_where_another_waits_for_its_slot() {
+    for seed in 0..50 {
+        let mut s = scheduler(SchedulerConfig::default(), 2);
+        // Both run `sql` in their one slot; on pod 0 `legal` waits for that slot.
+        s.apply_metrics(addr(0), with_lora(0, 1, &["sql"], &["sql", "legal"]))
+            .unwrap();
+        s.apply_metrics(addr(1), with_lora(0, 1, &["sql"], &["sql"]))
+            .unwrap();
+        let req = RequestContext::new("m", 10).with_lora(Some("sql"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(1), "seed {seed}");
+        // `legal` itself still goes where it already waits.
+        let req = RequestContext::new("m", 10).with_lora(Some("legal"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(0), "seed {seed}");
+    }
+}
+
+#[test]
+fn a_running_adapter_is_not_spread_into_free_slots_for_a_small_queue_difference() {
+    let cfg = weights_only(Weights {
+        queue: 1.0,
+        lora_affinity: 2.0,
+        ..Weights::default()
+    });
+    for seed in 0..20 {
+        let mut s = scheduler(cfg.clone(), 2);
+        // Pod 0 runs `sql` with a short queue; pod 1 is idle with a free slot.
+        s.apply_metrics(addr(0), with_lora(3, 2, &["sql"], &["sql"]))
+            .unwrap();
+        s.apply_metrics(addr(1), with_lora(0, 2, &["chat"], &["chat"]))
+            .unwrap();
+        let req = RequestContext::new("m", 10).with_lora(Some("sql"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(0), "seed {seed}");
+        // An adapter that runs nowhere takes the free slot.
+        let req = RequestContext::new("m", 10).with_lora(Some("code"));
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(1), "seed {seed}");
+    }
+}
+
+#[test]
+fn wait_scorer_ranks_a_5x_slower_pod_below_an_equally_loaded_fast_one() {
+    let cfg = weights_only(Weights {
+        estimated_wait: 1.0,
+        ..Weights::default()
+    });
+    let mut s = scheduler(cfg, 2);
+    teach(&mut s, 0, 1000, Duration::from_millis(50), 10);
+    teach(&mut s, 1, 1000, Duration::from_millis(250), 10);
+    let fast = s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    let slow = s.endpoint(addr(1)).unwrap().prefill_tokens_per_sec.unwrap();
+    assert!((fast / slow - 5.0).abs() < 0.01, "{fast} / {slow}");
+    for i in 0..2 {
+        s.apply_metrics(addr(i), snapshot(T0, 3, 0.4)).unwrap();
+    }
+    for seed in 0..20 {
+        let (d, ex) = s.pick_explained(&RequestContext::new("m", 800), T0, &mut rng(seed));
+        let d = d.unwrap();
+        assert_eq!(d.endpoints.as_slice(), &[addr(0), addr(1)]);
+        let score = |a| ex.candidates.iter().find(|c| c.addr == a).unwrap().scores[0].value;
+        assert_eq!(score(addr(0)), 1.0);
+        assert!(score(addr(1)) < 0.25);
+        s.cancel(d.ticket, T0);
+    }
+}
+
+#[test]
+fn the_fast_pod_takes_traffic_until_its_queue_evens_the_wait() {
+    let mut s = scheduler(SchedulerConfig::default(), 2);
+    teach(&mut s, 0, 1000, Duration::from_millis(50), 10);
+    teach(&mut s, 1, 1000, Duration::from_millis(250), 10);
+    let mut on_fast = 0;
+    for seed in 0..12 {
+        let d = s
+            .pick(&RequestContext::new("m", 1000), T0, &mut rng(seed))
+            .unwrap();
+        if d.endpoints.first() == addr(0) {
+            on_fast += 1;
+        }
+    }
+    // Join-the-shortest-expected-wait: about 5 of every 6 go to the 5x faster pod, not all 12.
+    assert!(
+        (8..=11).contains(&on_fast),
+        "{on_fast} of 12 on the fast pod"
+    );
+}
+
+#[test]
+fn cold_start_pods_use_the_pool_rate() {
+    let mut s = scheduler(SchedulerConfig::default(), 3);
+    teach(&mut s, 0, 1000, Duration::from_millis(100), 5);
+    teach(&mut s, 1, 1000, Duration::from_millis(100), 5);
+    // pod 2 never completed anything: it is assumed typical, so an idle pod 2 beats loaded ones.
+    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
+    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 1000), T0, &mut rng(1))
+        .unwrap();
+    assert_eq!(d.endpoints.first(), addr(2));
+    assert!(
+        s.endpoint(addr(2))
+            .unwrap()
+            .prefill_tokens_per_sec
+            .is_none()
+    );
+}
+
+#[test]
+fn zero_weight_removes_a_scorers_influence() {
+    let cfg = weights_only(Weights {
+        queue: 1.0,
+        kv_cache: 0.0,
+        ..Weights::default()
+    });
+    let mut s = scheduler(cfg, 2);
+    s.apply_metrics(addr(0), snapshot(T0, 1, 0.0)).unwrap();
+    s.apply_metrics(addr(1), snapshot(T0, 0, 0.9)).unwrap();
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
+    assert_eq!(d.unwrap().endpoints.first(), addr(1));
+    assert!(
+        ex.candidates[0]
+            .scores
+            .iter()
+            .all(|r| r.scorer != "kv-cache")
+    );
+}
