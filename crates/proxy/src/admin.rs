@@ -1,18 +1,17 @@
-//! The gateway's admin port: `/metrics`, `/healthz` (also `/livez`), `/readyz`.
+//! What the gateway's admin port exports on `/metrics`.
 //!
-//! It is `infergate_pool::admin`'s server, with one difference: `/metrics` is put together at
-//! each scrape from the gateway's own registry *and* the registry of every model pool in the
-//! configuration in force. A fixed registry would only ever show the
-//! pools that existed at start; this way a pool started by a reload is exported from its first
-//! scrape, and a removed one disappears.
+//! The port itself (`/metrics`, `/healthz`, `/livez`, `/readyz`) is the admin server every
+//! infergate process shares, [`infergate_pool::admin::serve_with`], started by the server module
+//! with [`encode_metrics`] and the configuration's readiness. What is particular to the gateway
+//! is that `/metrics` is put together at each scrape from the gateway's own registry *and* the
+//! registry of every model pool in the configuration in force. A fixed registry would only ever
+//! show the pools that existed at start; this way a pool started by a reload is exported from
+//! its first scrape, and a removed one disappears.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::Arc;
 
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 use crate::proxy::Shared;
 
@@ -113,24 +112,6 @@ impl Families {
         }
         out
     }
-}
-
-/// Serves the admin endpoints on `listener` until `shutdown` completes (the pool crate's admin
-/// server, with `/metrics` from [`encode_metrics`] and `/readyz` from the configuration in force).
-pub(crate) async fn serve(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    shared: Arc<Shared>,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    let ready_shared = Arc::clone(&shared);
-    infergate_pool::admin::serve_with(
-        listener,
-        move || encode_metrics(&registry, &shared),
-        move || ready_shared.state.load().is_ready(),
-        shutdown,
-    )
-    .await
 }
 
 #[cfg(test)]

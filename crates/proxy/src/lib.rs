@@ -26,7 +26,8 @@
 //! - `upstream` — each worker's pooled upstream HTTP/1.1 connections, driven by the requests.
 //! - `backend` — one model's pool (`LivePool`), its metrics registry, and when a reload may keep
 //!   it.
-//! - `admin` — the admin port; `/metrics` covers the pools of the configuration in force.
+//! - `admin` — what the admin port (the shared `infergate_pool::admin` server) exports on
+//!   `/metrics`: the gateway's series and those of every pool of the configuration in force.
 //! - `telemetry` — the `infergate_gateway_*` Prometheus series.
 //! - [`error`] — [`Error`] and [`ConfigError`].
 

@@ -274,10 +274,11 @@ impl Control {
         };
         let admin_task = admin.map(|listener| {
             let mut rx = stop_rx.clone();
-            tokio::spawn(crate::admin::serve(
+            let (metrics, ready) = (Arc::clone(&shared), Arc::clone(&shared));
+            tokio::spawn(infergate_pool::admin::serve_with(
                 listener,
-                registry,
-                Arc::clone(&shared),
+                move || crate::admin::encode_metrics(&registry, &metrics),
+                move || ready.state.load().is_ready(),
                 async move { stopped(&mut rx).await },
             ))
         });

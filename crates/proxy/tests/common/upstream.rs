@@ -1,4 +1,5 @@
-//! Small OpenAI-compatible model servers on 127.0.0.1 with scripted behaviour, and a client.
+//! Small OpenAI-compatible model servers on 127.0.0.1 with scripted behaviour, and the client
+//! calls the tests make (over `infergate_testkit`).
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
 use std::convert::Infallible;
@@ -229,7 +230,7 @@ pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
-/// Sends a request and returns status, headers and the whole body.
+/// Sends a request (a JSON body, and `headers`) and returns status, headers and the whole body.
 pub async fn send(
     addr: SocketAddr,
     method: &str,
@@ -239,18 +240,16 @@ pub async fn send(
 ) -> (StatusCode, http::HeaderMap, Bytes) {
     let mut b = Request::builder()
         .method(method)
-        .uri(format!("http://{addr}{path}"))
+        .uri(path)
         .header("content-type", "application/json");
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    let resp = client()
-        .request(b.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+    let request = b.body(Bytes::from(body.to_owned())).unwrap();
+    let r = infergate_testkit::send(addr, request)
         .await
-        .unwrap();
-    let (parts, body) = resp.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    (parts.status, parts.headers, bytes)
+        .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"));
+    (r.status, r.headers, r.body)
 }
 
 /// POSTs a JSON body.
@@ -259,11 +258,12 @@ pub async fn post(
     path: &str,
     body: &str,
 ) -> (StatusCode, http::HeaderMap, Bytes) {
-    send(addr, "POST", path, body, &[]).await
+    let r = infergate_testkit::post(addr, path, "application/json", body).await;
+    (r.status, r.headers, r.body)
 }
 
 /// GETs a path.
 pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
-    let (s, _, b) = send(addr, "GET", path, "", &[]).await;
-    (s, String::from_utf8_lossy(&b).into_owned())
+    let r = infergate_testkit::get(addr, path).await;
+    (r.status, r.text())
 }
