@@ -23,7 +23,7 @@ use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use infergate_openai::{SseScanner, Usage, extract_usage};
+use infergate_pool::lifecycle::{self, Ending, ResponseWatch};
 use tokio::time::{Instant, Sleep};
 
 use crate::backend::Inflight;
@@ -32,7 +32,7 @@ use crate::upstream::Lease;
 
 /// The largest non-streamed response kept to read its `usage` (larger ones are passed through
 /// all the same, without usage accounting).
-pub const MAX_USAGE_BODY: usize = 1 << 20;
+pub use infergate_pool::lifecycle::MAX_USAGE_BODY;
 
 /// Why a response body ended early.
 #[derive(Debug, thiserror::Error)]
@@ -84,17 +84,6 @@ impl Body for ResponseBody {
     }
 }
 
-/// What the side channel watches for.
-enum Watch {
-    /// An SSE stream: first token and final usage.
-    Sse(SseScanner),
-    /// A JSON answer kept to read `usage` at the end. A body that arrives as one frame (the usual
-    /// case) is kept by reference, without a copy.
-    Json(Option<Bytes>, Vec<u8>),
-    /// Nothing to read (errors, embeddings over the cap, ...).
-    Nothing,
-}
-
 /// An upstream body passed through to the client, reporting its outcome.
 pub struct Tracked {
     inner: Incoming,
@@ -104,7 +93,7 @@ pub struct Tracked {
     inflight: Option<Inflight>,
     model: Arc<Model>,
     status: StatusCode,
-    watch: Watch,
+    watch: ResponseWatch,
     started: Instant,
     idle: Duration,
     /// When the last frame arrived (kept once the idle timer is armed); the idle timeout counts
@@ -116,39 +105,40 @@ pub struct Tracked {
     done: bool,
 }
 
+/// What a [`Tracked`] body is made of: the upstream answer and the request's state.
+pub(crate) struct Upstream {
+    /// The model server's body.
+    pub(crate) body: Incoming,
+    /// Its connection, driven by the body and given back to the pool at the end.
+    pub(crate) lease: Lease,
+    /// The model's concurrency slot, held until the body is dropped.
+    pub(crate) permit: Option<Permit>,
+    /// The request's in-flight entry.
+    pub(crate) inflight: Inflight,
+    /// The model (for its metrics).
+    pub(crate) model: Arc<Model>,
+    /// The answer's status.
+    pub(crate) status: StatusCode,
+    /// Whether the body is an SSE stream.
+    pub(crate) sse: bool,
+    /// When the request arrived.
+    pub(crate) started: Instant,
+    /// Longest wait for the next body bytes.
+    pub(crate) idle: Duration,
+}
+
 impl Tracked {
-    #[allow(clippy::too_many_arguments)] // one call site; a builder would only rename these
-    pub(crate) fn new(
-        inner: Incoming,
-        lease: Lease,
-        permit: Option<Permit>,
-        inflight: Inflight,
-        model: Arc<Model>,
-        status: StatusCode,
-        sse: bool,
-        generates: bool,
-        started: Instant,
-        idle: Duration,
-    ) -> Self {
-        let watch = if !status.is_success() {
-            Watch::Nothing
-        } else if sse {
-            Watch::Sse(SseScanner::new())
-        } else if generates {
-            Watch::Json(None, Vec::new())
-        } else {
-            Watch::Nothing
-        };
+    pub(crate) fn new(up: Upstream) -> Self {
         Tracked {
-            inner,
-            lease: Some(lease),
-            _permit: permit,
-            inflight: Some(inflight),
-            model,
-            status,
-            watch,
-            started,
-            idle,
+            inner: up.body,
+            lease: Some(up.lease),
+            _permit: up.permit,
+            inflight: Some(up.inflight),
+            model: up.model,
+            status: up.status,
+            watch: ResponseWatch::new(up.status.as_u16(), up.sse, MAX_USAGE_BODY),
+            started: up.started,
+            idle: up.idle,
             last_frame: Instant::now(),
             idle_timer: None,
             done: false,
@@ -156,29 +146,11 @@ impl Tracked {
     }
 
     fn on_data(&mut self, data: &Bytes) {
-        match &mut self.watch {
-            Watch::Sse(scanner) => {
-                if scanner.feed(data)
-                    && let Some(i) = self.inflight.as_mut()
-                {
-                    i.first_token();
-                    self.model.metrics.ttft(self.started.elapsed());
-                }
-            }
-            Watch::Json(first, buf) => {
-                let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
-                if held + data.len() > MAX_USAGE_BODY {
-                    self.watch = Watch::Nothing;
-                } else if first.is_none() && buf.is_empty() {
-                    *first = Some(data.clone());
-                } else {
-                    if let Some(f) = first.take() {
-                        buf.extend_from_slice(&f);
-                    }
-                    buf.extend_from_slice(data);
-                }
-            }
-            Watch::Nothing => {}
+        if self.watch.feed_bytes(data)
+            && let Some(i) = self.inflight.as_mut()
+        {
+            i.first_token();
+            self.model.metrics.ttft(self.started.elapsed());
         }
     }
 
@@ -190,31 +162,11 @@ impl Tracked {
         let Some(inflight) = self.inflight.take() else {
             return;
         };
-        if !ok || self.status.is_server_error() {
-            inflight.fail();
-            return;
+        if let (Ending::Completed, usage) =
+            lifecycle::finish(inflight, self.status.as_u16(), ok, &mut self.watch)
+        {
+            self.model.metrics.tokens(&usage);
         }
-        if !self.status.is_success() {
-            // The server answered (a 4xx about the request itself): nothing to learn from it.
-            drop(inflight);
-            return;
-        }
-        let usage = match &mut self.watch {
-            Watch::Sse(scanner) => {
-                scanner.finish();
-                scanner.usage()
-            }
-            Watch::Json(Some(first), _) => extract_usage(first),
-            Watch::Json(None, buf) => extract_usage(buf),
-            Watch::Nothing => None,
-        };
-        let usage = usage.unwrap_or(Usage::default());
-        self.model.metrics.tokens(&usage);
-        inflight.complete(infergate_scheduler::Usage {
-            prompt_tokens: clamp(usage.prompt_tokens),
-            cached_tokens: clamp(usage.cached_tokens),
-            output_tokens: clamp(usage.completion_tokens),
-        });
     }
 
     fn poll_frame(
@@ -293,8 +245,4 @@ impl Drop for Tracked {
         self.model.metrics.duration(self.started.elapsed());
         // `inflight`, if still held, cancels itself when dropped.
     }
-}
-
-fn clamp(v: u64) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
 }

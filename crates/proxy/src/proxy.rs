@@ -18,12 +18,13 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use infergate_openai::{ApiError, ApiKind, parse_request};
-use infergate_scheduler::{Rejection, RequestContext};
+use infergate_pool::lifecycle::{self, Segments, rejection_error};
 use tokio::time::Instant;
 
-use crate::body::{ResponseBody, Tracked};
+use crate::backend::Inflight;
+use crate::body::{ResponseBody, Tracked, Upstream};
 use crate::config::CONCURRENCY_RETRY_AFTER;
-use crate::state::State;
+use crate::state::{Model, Permit, State};
 use crate::telemetry::Telemetry;
 use crate::upstream::{SendError, Upstreams};
 
@@ -35,15 +36,9 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// (when `explainHeader` is on).
 pub const EXPLAIN_HEADER: &str = "x-infergate-explain";
 
-/// Candidates listed, best first, in an `x-infergate-explain` answer.
-const EXPLAIN_CANDIDATES: usize = 8;
-
 static X_INFERGATE_ENDPOINT: HeaderName = HeaderName::from_static(ENDPOINT_HEADER);
 static X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 static X_INFERGATE_EXPLAIN: HeaderName = HeaderName::from_static(EXPLAIN_HEADER);
-
-/// Prompt segments kept on the stack while picking (more go to a heap list).
-const INLINE_SEGMENTS: usize = 16;
 
 /// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
 static HOP_BY_HOP: [HeaderName; 8] = [
@@ -130,36 +125,76 @@ impl RequestIds {
     }
 }
 
-/// Serves one request. Never fails: every problem becomes an OpenAI-style error response, except
-/// a request body that breaks off, which closes the connection.
+/// Serves one request in three steps, each in a function of its own: [`admit`] (method, path,
+/// body within its limit), [`route`] (parse, model, concurrency slot, pick — the shared request
+/// lifecycle, `infergate_pool::lifecycle`), and [`forward`] (the retry loop over the ranked
+/// endpoints). Never fails: every problem becomes an OpenAI-style error response, except a
+/// request body that breaks off, which closes the connection.
 pub(crate) async fn handle(
     worker: Arc<Worker>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, hyper::Error> {
     let started = Instant::now();
-    let shared = &worker.shared;
+    let telemetry = &worker.shared.telemetry;
     let request_id = match req.headers().get(&X_REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 200 => v.clone(),
         _ => worker.ids.next(),
     };
-    let state = shared.state.load_full();
+    let state = worker.shared.state.load_full();
+    let admitted = match admit(&state, req).await? {
+        Admission::Admitted(a) => a,
+        Admission::Models => return Ok(models_response(&state, request_id)),
+        Admission::Refused(e) => return Ok(error_response(telemetry, &e, request_id)),
+    };
+    let routed = match route(&state, &admitted) {
+        Ok(r) => r,
+        Err((e, explanation)) => {
+            let r = error_response(telemetry, &e, request_id);
+            return Ok(with_explanation(r, explanation.as_ref()));
+        }
+    };
+    Ok(forward(&worker, &state, admitted, routed, request_id, started).await)
+}
+
+/// A request read and checked, ready to route.
+struct Admitted {
+    kind: ApiKind,
+    parts: http::request::Parts,
+    body: Bytes,
+}
+
+/// What [`admit`] decided.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "moved once per request; boxing would allocate on the request path"
+)]
+enum Admission {
+    /// An API request, its body read within the limit.
+    Admitted(Admitted),
+    /// `GET /v1/models`: answered from the configuration.
+    Models,
+    /// Answered with this error.
+    Refused(ApiError),
+}
+
+/// Checks method and path and reads the body within `limits.maxRequestBodyBytes`. Errors only
+/// when the client's body breaks off.
+async fn admit(state: &State, req: Request<Incoming>) -> Result<Admission, hyper::Error> {
     let path = req.uri().path();
     let kind = match ApiKind::from_path(path) {
         Some(kind) if req.method() == Method::POST => kind,
         Some(_) => {
-            let e = ApiError::MethodNotAllowed {
+            return Ok(Admission::Refused(ApiError::MethodNotAllowed {
                 method: req.method().to_string(),
-            };
-            return Ok(error_response(&shared.telemetry, &e, request_id));
+            }));
         }
         None if is_models_path(path) && req.method() == Method::GET => {
-            return Ok(models_response(&state, request_id));
+            return Ok(Admission::Models);
         }
         None => {
-            let e = ApiError::NotFound {
+            return Ok(Admission::Refused(ApiError::NotFound {
                 path: path.chars().take(200).collect(),
-            };
-            return Ok(error_response(&shared.telemetry, &e, request_id));
+            }));
         }
     };
     let limit = state.config.limits.max_request_body_bytes;
@@ -169,28 +204,34 @@ pub(crate) async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        let e = ApiError::BodyTooLarge { limit };
-        return Ok(error_response(&shared.telemetry, &e, request_id));
+        return Ok(Admission::Refused(ApiError::BodyTooLarge { limit }));
     }
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => match e.downcast::<hyper::Error>() {
             Ok(e) => return Err(*e),
-            Err(_) => {
-                let e = ApiError::BodyTooLarge { limit };
-                return Ok(error_response(&shared.telemetry, &e, request_id));
-            }
+            Err(_) => return Ok(Admission::Refused(ApiError::BodyTooLarge { limit })),
         },
     };
-    let parsed = match parse_request(kind, &body) {
-        Ok(p) => p,
-        Err(e) => return Ok(error_response(&shared.telemetry, &e, request_id)),
-    };
-    let resolved = match state.router.resolve(&parsed.model) {
-        Ok(r) => r,
-        Err(e) => return Ok(error_response(&shared.telemetry, &e, request_id)),
-    };
+    Ok(Admission::Admitted(Admitted { kind, parts, body }))
+}
+
+/// A routed request: its model, its concurrency slot, its in-flight entry.
+struct Routed {
+    model: Arc<Model>,
+    permit: Option<Permit>,
+    inflight: Inflight,
+    streaming: bool,
+    /// The decision's summary, when the request asked for it and the gateway allows it.
+    explanation: Option<HeaderValue>,
+}
+
+/// Parses the body, resolves the model, takes its concurrency slot and picks (the shared
+/// lifecycle). A refusal carries the decision's summary when one was asked for.
+fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<HeaderValue>)> {
+    let parsed = parse_request(a.kind, &a.body).map_err(|e| (e, None))?;
+    let resolved = state.router.resolve(&parsed.model).map_err(|e| (e, None))?;
     let model = Arc::clone(resolved.target);
     let permit = match &model.concurrency {
         None => None,
@@ -202,88 +243,57 @@ pub(crate) async fn handle(
                     limit: c.max(),
                     retry_after: CONCURRENCY_RETRY_AFTER,
                 };
-                return Ok(error_response(&shared.telemetry, &e, request_id));
+                return Err((e, None));
             }
         },
     };
-    // A chat has a handful of segments: they go on the stack, and only a long conversation
-    // takes a heap list.
-    let mut inline: [&str; INLINE_SEGMENTS] = [""; INLINE_SEGMENTS];
-    let mut heap: Vec<&str> = Vec::new();
-    let mut count = 0;
-    for seg in parsed.segments() {
-        if count < INLINE_SEGMENTS {
-            inline[count] = seg;
-        } else {
-            if heap.is_empty() {
-                heap.extend_from_slice(&inline);
-            }
-            heap.push(seg);
-        }
-        count += 1;
-    }
-    let segments: &[&str] = if count <= INLINE_SEGMENTS {
-        &inline[..count]
-    } else {
-        &heap
-    };
-    let cx = RequestContext::new(resolved.base_model, parsed.estimated_prompt_tokens())
-        .with_prompt(segments)
-        .with_lora(resolved.adapter)
-        .with_output_tokens(
-            parsed
-                .max_output_tokens
-                .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS),
-        );
+    let segments = Segments::new(parsed.segments());
+    let cx = lifecycle::context(
+        &parsed,
+        resolved.base_model,
+        resolved.adapter,
+        &segments,
+        None,
+    );
     let explain = state.config.explain_header
-        && parts
+        && a.parts
             .headers
             .get(&X_INFERGATE_EXPLAIN)
             .is_some_and(|v| v.as_bytes() == b"1");
-    let (picked, explanation) = if explain {
-        let (picked, ex) = model.backend.pool.pick_explained(&cx);
-        (
-            picked,
-            HeaderValue::try_from(ex.summary(EXPLAIN_CANDIDATES)).ok(),
-        )
-    } else {
-        (model.backend.pool.pick(&cx), None)
-    };
-    let with_explanation = |mut r: Response<ResponseBody>| {
-        if let Some(v) = &explanation {
-            r.headers_mut()
-                .insert(X_INFERGATE_EXPLAIN.clone(), v.clone());
-        }
-        r
-    };
-    let mut inflight = match picked {
-        Ok(i) => i,
-        Err(r) => {
-            let e = match r {
-                Rejection::NoEndpoints => ApiError::NoEndpoints {
-                    model: model.name.clone(),
-                },
-                Rejection::Unavailable { retry_after } => ApiError::NoFreshEndpoints {
-                    model: model.name.clone(),
-                    retry_after,
-                },
-                Rejection::Shed { retry_after } => ApiError::Overloaded {
-                    model: model.name.clone(),
-                    retry_after,
-                },
-            };
-            return Ok(with_explanation(error_response(
-                &shared.telemetry,
-                &e,
-                request_id,
-            )));
-        }
-    };
-    let streaming = parsed.stream;
-    let generates = kind.generates();
-    drop(heap);
-    drop(parsed);
+    let (picked, explanation) = lifecycle::pick(&model.backend.pool, explain, &cx);
+    let explanation = explanation.and_then(|e| HeaderValue::try_from(e).ok());
+    match picked {
+        Ok(inflight) => Ok(Routed {
+            streaming: parsed.stream,
+            model,
+            permit,
+            inflight,
+            explanation,
+        }),
+        Err(r) => Err((rejection_error(r, &model.name), explanation)),
+    }
+}
 
+/// Sends the request to the pick's endpoints in rank order until one answers: a connect
+/// failure, or a 5xx while another endpoint remains, moves on (nothing has reached the client
+/// yet); the first other answer is streamed back through a [`Tracked`] body.
+async fn forward(
+    worker: &Worker,
+    state: &State,
+    admitted: Admitted,
+    routed: Routed,
+    request_id: HeaderValue,
+    started: Instant,
+) -> Response<ResponseBody> {
+    let telemetry = &worker.shared.telemetry;
+    let Admitted { parts, body, .. } = admitted;
+    let Routed {
+        model,
+        permit,
+        mut inflight,
+        streaming,
+        explanation,
+    } = routed;
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -335,11 +345,8 @@ pub(crate) async fn handle(
                 let e = ApiError::UpstreamTimeout {
                     timeout: timeouts.first_byte,
                 };
-                return Ok(with_explanation(error_response(
-                    &shared.telemetry,
-                    &e,
-                    request_id,
-                )));
+                let r = error_response(telemetry, &e, request_id);
+                return with_explanation(r, explanation.as_ref());
             }
             Ok(Err(err)) => {
                 tracing::debug!(endpoint = %addr, error = %err, "upstream request failed");
@@ -363,42 +370,45 @@ pub(crate) async fn handle(
             .headers
             .insert(X_INFERGATE_ENDPOINT.clone(), ep.header.clone());
         rparts.headers.insert(X_REQUEST_ID.clone(), request_id);
-        if let Some(v) = &explanation {
-            rparts
-                .headers
-                .insert(X_INFERGATE_EXPLAIN.clone(), v.clone());
-        }
         let sse = streaming
             || rparts
                 .headers
                 .get(header::CONTENT_TYPE)
                 .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let tracked = Tracked::new(
-            rbody,
+        let tracked = Tracked::new(Upstream {
+            body: rbody,
             lease,
             permit,
             inflight,
-            Arc::clone(&model),
+            model,
             status,
             sse,
-            generates,
             started,
-            timeouts.idle,
-        );
-        return Ok(Response::from_parts(
-            rparts,
-            ResponseBody::Stream(Box::new(tracked)),
-        ));
+            idle: timeouts.idle,
+        });
+        let r = Response::from_parts(rparts, ResponseBody::Stream(Box::new(tracked)));
+        return with_explanation(r, explanation.as_ref());
     }
     inflight.fail();
     let e = last_error.unwrap_or_else(|| ApiError::UpstreamUnavailable {
         reason: "every endpoint tried failed".into(),
     });
-    Ok(with_explanation(error_response(
-        &shared.telemetry,
-        &e,
-        request_id,
-    )))
+    with_explanation(
+        error_response(telemetry, &e, request_id),
+        explanation.as_ref(),
+    )
+}
+
+/// `r` with the decision's summary in `x-infergate-explain`, when there is one.
+fn with_explanation(
+    mut r: Response<ResponseBody>,
+    explanation: Option<&HeaderValue>,
+) -> Response<ResponseBody> {
+    if let Some(v) = explanation {
+        r.headers_mut()
+            .insert(X_INFERGATE_EXPLAIN.clone(), v.clone());
+    }
+    r
 }
 
 fn is_models_path(path: &str) -> bool {
