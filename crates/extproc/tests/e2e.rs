@@ -193,20 +193,10 @@ async fn routing_follows_load() {
     for i in 0..48 {
         let body = chat(&model, "load", &format!("background job {i}"), 2_000, false);
         load.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(busy).await.unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
-            let req = http::Request::builder()
-                .method("POST")
-                .uri("/v1/chat/completions")
-                .header("host", "x")
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                .unwrap();
-            let _ = send.send_request(req).await;
+            // Its answer does not matter (the load is aborted at the end).
+            let _ =
+                infergate_testkit::try_post(busy, "/v1/chat/completions", "application/json", body)
+                    .await;
         }));
     }
     // Wait until the scraper has seen the load on pod-0.
@@ -420,20 +410,7 @@ impl Process {
 
 /// A plain HTTP/1.1 GET; the body as text.
 async fn http_get(addr: SocketAddr, path: &str) -> String {
-    use http_body_util::BodyExt;
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get(path)
-        .header("host", "x")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8_lossy(&body).into_owned()
+    infergate_testkit::get(addr, path).await.text()
 }
 
 /// The value of the first sample of `family` whose labels include every pair of `labels`.
@@ -461,20 +438,10 @@ async fn per_pod_metrics_on_the_picker_match_the_pods_own_pages() {
     for i in 0..300 {
         let body = chat(&model, "load", &format!("background job {i}"), 4_000, false);
         load.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(busy).await.unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
-            let req = http::Request::builder()
-                .method("POST")
-                .uri("/v1/chat/completions")
-                .header("host", "x")
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                .unwrap();
-            let _ = send.send_request(req).await;
+            // Its answer does not matter (the load is aborted at the end).
+            let _ =
+                infergate_testkit::try_post(busy, "/v1/chat/completions", "application/json", body)
+                    .await;
         }));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

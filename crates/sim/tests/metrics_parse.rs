@@ -7,47 +7,24 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
 use infergate_metrics::parse_page;
 use infergate_scheduler::{EngineType, Timestamp};
 use infergate_sim::{Catalog, EngineKind, Faults, FleetSpec, PodSpec, serve_fleet};
 use serde_json::json;
-use tokio::net::TcpStream;
 
 async fn get(addr: SocketAddr, path: &str) -> Vec<u8> {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get(path)
-        .header("host", "sim")
-        .body(Empty::<bytes::Bytes>::new())
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    resp.into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec()
+    infergate_testkit::get(addr, path).await.body.to_vec()
 }
 
+/// Starts a completion whose answer does not matter (its steps never end).
 async fn post(addr: SocketAddr, body: serde_json::Value) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::post("/v1/completions")
-        .header("host", "sim")
-        .body(http_body_util::Full::new(bytes::Bytes::from(
-            body.to_string(),
-        )))
-        .unwrap();
-    let _ = send.send_request(req).await;
+    let _ = infergate_testkit::try_post(
+        addr,
+        "/v1/completions",
+        "application/json",
+        body.to_string(),
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
