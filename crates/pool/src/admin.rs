@@ -1,4 +1,11 @@
-//! The admin HTTP server: `/metrics` (Prometheus text format), `/healthz`, `/readyz`.
+//! The admin HTTP server: `/metrics` (Prometheus text format), `/healthz` (also `/livez`),
+//! `/readyz`; any other path is 404, any method but `GET` and `HEAD` 405.
+//!
+//! It is the one admin server of every infergate process: the picker and the BBR
+//! (`infergate_extproc::run`), the standalone gateway (`infergate_proxy`, with `/metrics` merged
+//! over its pools' registries at each scrape) and the operator (`infergate_operator::serve`) call
+//! [`serve`] or [`serve_with`] with their listener, their readiness and their shutdown future.
+//! It lives here because every shell already depends on this crate.
 //!
 //! It runs on its own port, apart from the traffic it describes, so that a scrape of the gateway's
 //! metrics never queues behind model requests.

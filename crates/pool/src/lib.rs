@@ -14,7 +14,8 @@
 //! - this file — [`PoolConfig`], [`LivePool`], [`Inflight`];
 //! - [`lifecycle`] — one request's lifecycle for both front doors: context, pick, the rejection
 //!   table, the response watch and how the in-flight entry ends;
-//! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`;
+//! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`, the one admin
+//!   port of the gateway, the picker, the BBR and the operator;
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
