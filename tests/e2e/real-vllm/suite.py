@@ -411,11 +411,11 @@ models:
             f.write("engine: vllm\nnamespace: default\nendpoints:\n" + "".join(
                 f"  - {{address: {self.addr(i)}, name: vllm-{i}}}\n" for i in ("A", "B")))
         bbr_port = free_port()
-        self.procs.start("bbr", [self.a.bin, "bbr", "--models", models, "--grpc-port",
+        self.procs.start("bbr", [self.a.bin, "bbr", "--listen-address", LOCAL, "--models", models, "--grpc-port",
                                  str(bbr_port), "--grpc-health-port", "0", "--metrics-port", "0"],
                          env={"RUST_LOG": "info"})
         pk_port, pk_health, pk_metrics = free_port(), free_port(), free_port()
-        self.procs.start("picker", [self.a.bin, "picker", "--endpoints-file", eps,
+        self.procs.start("picker", [self.a.bin, "picker", "--listen-address", LOCAL, "--endpoints-file", eps,
                                     "--pool-name", MODEL, "--pool-namespace", "default",
                                     "--grpc-port", str(pk_port), "--grpc-health-port",
                                     str(pk_health), "--metrics-port", str(pk_metrics)],
