@@ -6,10 +6,11 @@
 #   REAL_VLLM_CHECKS=1,3 tests/e2e/real-vllm/run.sh   # a subset of the checks
 #   REAL_VLLM_SKIP=1 ...                       # skip, loudly
 #
-# Environment: REAL_VLLM_CACHE (default <repo>/target/real-vllm: venvs, uv cache, work files,
-# reports), INFERGATE_BIN (default: cargo build -p infergate-cli, target/debug/infergate),
+# Environment: REAL_VLLM_CACHE (default <repo>/target/real-vllm: venvs, uv cache, the
+# install only; .ci/run points it outside the clone so CI runs on one machine share it);
+# work files and reports go under <repo>/target/real-vllm (REAL_VLLM_OUT); INFERGATE_BIN (default: cargo build -p infergate-cli, target/debug/infergate),
 # REAL_VLLM_PYTHON (a Python 3.12 for both venvs; default: pyenv's 3.12.x, else python3.12).
-# Everything written goes under target/. Every server listens on 127.0.0.1 only.
+# Every server listens on 127.0.0.1 only.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
@@ -25,8 +26,11 @@ fi
 CACHE="${REAL_VLLM_CACHE:-$ROOT/target/real-vllm}"
 mkdir -p "$CACHE"
 CACHE="$(cd "$CACHE" && pwd)"
-WORK="$CACHE/work"
-REPORTS="$CACHE/reports"
+OUT="${REAL_VLLM_OUT:-$ROOT/target/real-vllm}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+WORK="$OUT/work"
+REPORTS="$OUT/reports"
 export UV_CACHE_DIR="$CACHE/uv-cache"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$CACHE/hf-home"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
