@@ -297,30 +297,11 @@ async fn check_metrics(p: &Proc, deployment: &Value, c: &Value) -> String {
     let path = annotations["prometheus.io/path"]
         .as_str()
         .unwrap_or("/metrics");
-    let (status, body) = http_get(SocketAddr::new(p.host, port), path).await;
-    assert_eq!(status, 200, "{}: GET {path}: {body}", p.deployment);
+    let answer = infergate_testkit::get(SocketAddr::new(p.host, port), path).await;
+    let body = answer.text();
+    assert_eq!(answer.status, 200, "{}: GET {path}: {body}", p.deployment);
     assert!(body.contains("# TYPE "), "{}: {body}", p.deployment);
     body
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |x| x.1).to_owned();
-    (status, body)
 }
 
 /// The emulated engine for a rendered picker's `--default-engine`.
