@@ -513,7 +513,7 @@ models:
                                                    max_tokens=4))
             served.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
             if r.status_code != 200:
-                served[-1] += f"({r.status_code})"
+                served[-1] = f"{served[-1]}({r.status_code}: {r.text[:160]})"
         held.stop()
         ra, seen_a = lora_state(scrape(self.url("A", "/metrics")))
         rb, seen_b = lora_state(scrape(self.url("B", "/metrics")))
