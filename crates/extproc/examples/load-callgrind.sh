@@ -45,7 +45,7 @@ echo "per request, inclusive (parts overlap: the stream task contains the exchan
 for part in \
     'H2Stream<F,B,Ex> as core::future::future::Future>::poll [|HTTP/2 stream tasks (service, answers, encoding)' \
     '<hyper::server::conn::http2::Connection<I,S,E> as core::future::future::Future>::poll [|HTTP/2 connection task (frames, HPACK, socket reads and writes)' \
-    'Exchange<P>::route_body [|routing at the end of the body (parse, pick, answer)' \
+    'PickerExchange<P>::route_body [|routing at the end of the body (parse, pick, answer)' \
     'ProstDecoder<U> as tonic::codec::Decoder>::decode [|protobuf decoding of Envoy messages'; do
     pattern=${part%%|*}
     sum=0

@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
 use crate::picker::DEFAULT_MAX_BODY_BYTES;
-use crate::stream::{AnswerStream, Conversation, Flow};
+use crate::stream::{AnswerStream, Exchange, Flow};
 use crate::telemetry::Telemetry;
 use crate::wire::{self, BodyMode};
 
@@ -156,8 +156,8 @@ impl ClientRoutingHeaders {
     }
 }
 
-/// One request's conversation with the body-based router.
-struct Exchange {
+/// One request's exchange with the body-based router.
+struct BbrExchange {
     shared: Arc<Shared>,
     request_mode: BodyMode,
     response_mode: BodyMode,
@@ -168,7 +168,7 @@ struct Exchange {
     body: Vec<u8>,
 }
 
-impl Conversation for Exchange {
+impl Exchange for BbrExchange {
     fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow {
         if let Some(pc) = msg.protocol_config {
             self.request_mode = BodyMode::from_envoy(pc.request_body_mode);
@@ -230,7 +230,7 @@ impl Conversation for Exchange {
     }
 }
 
-impl Exchange {
+impl BbrExchange {
     fn on_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
         let Some(kind) = self.buffering else {
             match self.request_mode {
@@ -308,7 +308,7 @@ impl ExternalProcessor for BodyRouter {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let ex = Exchange {
+        let ex = BbrExchange {
             shared: Arc::clone(&self.shared),
             request_mode: self.shared.config.request_body_mode,
             response_mode: BodyMode::FullDuplex,
@@ -323,7 +323,7 @@ impl ExternalProcessor for BodyRouter {
 }
 
 /// The answers of one body-based-router stream (see [`crate::stream`]).
-pub struct BbrStream(AnswerStream<Exchange>);
+pub struct BbrStream(AnswerStream<BbrExchange>);
 
 impl Stream for BbrStream {
     type Item = Result<ProcessingResponse, Status>;

@@ -21,7 +21,7 @@
 //! - [`rewrite`] — the response-path model-name rewriter;
 //! - [`run`] — whole picker and body-based-router processes (every port), for the binary;
 //! - [`server`] — serving functions for the ext_proc and gRPC health ports;
-//! - `stream` — the per-request answer stream that runs a conversation inline (no task or
+//! - `stream` — the per-request answer stream that runs a exchange inline (no task or
 //!   channel per request);
 //! - [`telemetry`] — the server's Prometheus metrics;
 //! - [`error`] — [`Error`].

@@ -1,7 +1,7 @@
 //! The endpoint picker (EPP): one ext_proc stream per HTTP request, answered with the chosen
 //! endpoint and its fallbacks.
 //!
-//! [`EndpointPicker`] is the tonic service; each stream runs an `Exchange` (in `picker/exchange.rs`),
+//! [`EndpointPicker`] is the tonic service; each stream runs a `PickerExchange` (in `picker/exchange.rs`),
 //! a synchronous state machine that turns Envoy's messages into answers, inside the stream's
 //! response body ([`PickerStream`], see [`crate::stream`]): no task or channel per request, and
 //! dropping the stream drops the exchange and, with it, the request's in-flight guard.
@@ -21,7 +21,7 @@ use crate::wire::BodyMode;
 
 mod exchange;
 
-use exchange::Exchange;
+use exchange::PickerExchange;
 
 /// Default request body cap (bytes): large chat prompts fit, runaway uploads do not.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -118,7 +118,7 @@ impl<P: EndpointPool> ExternalProcessor for EndpointPicker<P> {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let exchange = Exchange::new(Arc::clone(&self.shared));
+        let exchange = PickerExchange::new(Arc::clone(&self.shared));
         let mut answers = AnswerStream::new(request.into_inner(), exchange);
         answers.first_answer().await;
         Ok(Response::new(PickerStream(answers)))
@@ -127,7 +127,7 @@ impl<P: EndpointPool> ExternalProcessor for EndpointPicker<P> {
 
 /// The answers of one endpoint-picker stream. The request's state lives inside it: dropping it
 /// (the stream ended or was reset) releases the request's in-flight entry.
-pub struct PickerStream<P: EndpointPool>(AnswerStream<Exchange<P>>);
+pub struct PickerStream<P: EndpointPool>(AnswerStream<PickerExchange<P>>);
 
 impl<P: EndpointPool> Stream for PickerStream<P> {
     type Item = Result<ProcessingResponse, Status>;

@@ -1,7 +1,7 @@
-//! The answer stream of one ext_proc conversation, driven inline by the gRPC response body.
+//! The answer stream of one ext_proc exchange, driven inline by the gRPC response body.
 //!
 //! Each Envoy request opens one bidirectional stream. Its answers are produced by a synchronous
-//! state machine (a [`Conversation`]); [`AnswerStream`] runs that machine directly inside the
+//! state machine (an [`Exchange`]); [`AnswerStream`] runs that machine directly inside the
 //! response body's `poll_next`: when the server asks for the next answer, the stream hands out
 //! one already produced or reads the next message from Envoy and feeds it to the machine. There is
 //! no task and no channel per request — the HTTP/2 stream task that polls the response body is the
@@ -12,7 +12,7 @@
 //! write.
 //!
 //! Dropping the stream (the request ended, Envoy reset the stream, or the connection closed)
-//! drops the conversation, which releases the request's in-flight entry.
+//! drops the exchange, which releases the request's in-flight entry.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -31,26 +31,26 @@ pub(crate) enum Flow {
 }
 
 /// A per-request state machine: one message from Envoy in, zero or more answers out, in order.
-pub(crate) trait Conversation: Send + 'static {
+pub(crate) trait Exchange: Send + 'static {
     /// Handles one message from Envoy, appending the answers to `out`.
     fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow;
 }
 
-/// Runs a [`Conversation`] as the response stream of one ext_proc call.
+/// Runs an [`Exchange`] as the response stream of one ext_proc call.
 pub(crate) struct AnswerStream<C> {
     inbound: Streaming<ProcessingRequest>,
-    /// `None` once the conversation is over (dropped as soon as it ends, not when the stream is).
-    conversation: Option<C>,
+    /// `None` once the exchange is over (dropped as soon as it ends, not when the stream is).
+    exchange: Option<C>,
     /// Answers produced and not yet handed out: `pending[next..]`.
     pending: Vec<ProcessingResponse>,
     next: usize,
 }
 
-impl<C: Conversation> AnswerStream<C> {
-    pub(crate) fn new(inbound: Streaming<ProcessingRequest>, conversation: C) -> Self {
+impl<C: Exchange> AnswerStream<C> {
+    pub(crate) fn new(inbound: Streaming<ProcessingRequest>, exchange: C) -> Self {
         AnswerStream {
             inbound,
-            conversation: Some(conversation),
+            exchange: Some(exchange),
             // A routed request answers with a headers response and (usually) one body chunk.
             pending: Vec::with_capacity(4),
             next: 0,
@@ -58,12 +58,12 @@ impl<C: Conversation> AnswerStream<C> {
     }
 }
 
-// The conversation is never pinned (it is only reached through `&mut`), so the stream may move
-// whatever the conversation holds.
+// The exchange is never pinned (it is only reached through `&mut`), so the stream may move
+// whatever the exchange holds.
 impl<C> Unpin for AnswerStream<C> {}
 
-impl<C: Conversation> AnswerStream<C> {
-    /// Resolves once an answer is ready to go out or the conversation has ended.
+impl<C: Exchange> AnswerStream<C> {
+    /// Resolves once an answer is ready to go out or the exchange has ended.
     ///
     /// The services await this before returning the stream, so that the gRPC response headers
     /// leave together with the first answer (one write instead of two), as grpc-go servers send
@@ -73,37 +73,37 @@ impl<C: Conversation> AnswerStream<C> {
         std::future::poll_fn(|cx| self.poll_fill(cx)).await;
     }
 
-    /// Reads Envoy's messages into the conversation until an answer is pending or the
-    /// conversation is over.
+    /// Reads Envoy's messages into the exchange until an answer is pending or the
+    /// exchange is over.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             if self.next < self.pending.len() {
                 return Poll::Ready(());
             }
-            let Some(conversation) = self.conversation.as_mut() else {
+            let Some(exchange) = self.exchange.as_mut() else {
                 return Poll::Ready(());
             };
             match Pin::new(&mut self.inbound).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(msg))) => {
-                    if conversation.on_message(msg, &mut self.pending) == Flow::Close {
+                    if exchange.on_message(msg, &mut self.pending) == Flow::Close {
                         // The answers already produced still go out; then the stream ends.
-                        self.conversation = None;
+                        self.exchange = None;
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
                     // A reset from the proxy: the HTTP request is gone; dropping the
-                    // conversation cancels it.
+                    // exchange cancels it.
                     tracing::debug!(%status, "ext_proc stream ended by the proxy");
-                    self.conversation = None;
+                    self.exchange = None;
                 }
-                Poll::Ready(None) => self.conversation = None,
+                Poll::Ready(None) => self.exchange = None,
             }
         }
     }
 }
 
-impl<C: Conversation> Stream for AnswerStream<C> {
+impl<C: Exchange> Stream for AnswerStream<C> {
     type Item = Result<ProcessingResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {

@@ -27,7 +27,7 @@ use infergate_scheduler::RequestContext;
 use super::Shared;
 use crate::pool::{EndpointPool, InflightGuard};
 use crate::rewrite::ModelRewriter;
-use crate::stream::{Conversation, Flow};
+use crate::stream::{Exchange, Flow};
 use crate::telemetry::Outcome;
 use crate::wire::{self, BodyMode};
 
@@ -61,7 +61,7 @@ struct Routed<G> {
 }
 
 /// Per-stream state. Dropping it (stream end, reset) drops the in-flight guard, which cancels.
-pub(crate) struct Exchange<P: EndpointPool> {
+pub(crate) struct PickerExchange<P: EndpointPool> {
     shared: Arc<Shared<P>>,
     request_mode: BodyMode,
     response_mode: BodyMode,
@@ -79,9 +79,9 @@ pub(crate) struct Exchange<P: EndpointPool> {
     explanation: Option<String>,
 }
 
-impl<P: EndpointPool> Exchange<P> {
+impl<P: EndpointPool> PickerExchange<P> {
     pub(crate) fn new(shared: Arc<Shared<P>>) -> Self {
-        Exchange {
+        PickerExchange {
             request_mode: shared.config.request_body_mode,
             response_mode: shared.config.response_body_mode,
             shared,
@@ -450,13 +450,13 @@ impl<P: EndpointPool> Exchange<P> {
     }
 }
 
-impl<P: EndpointPool> Conversation for Exchange<P> {
+impl<P: EndpointPool> Exchange for PickerExchange<P> {
     fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow {
-        Exchange::on_message(self, msg, out)
+        PickerExchange::on_message(self, msg, out)
     }
 }
 
-impl<P: EndpointPool> Drop for Exchange<P> {
+impl<P: EndpointPool> Drop for PickerExchange<P> {
     fn drop(&mut self) {
         if let Some(r) = self.routed.take()
             && let Some(inflight) = r.inflight
