@@ -33,7 +33,7 @@ MODEL = "tiny"
 # vLLM's API server answers /metrics from the same Python event loop that streams tokens; on two
 # busy cores a scrape can take seconds, so the stale threshold is generous.
 SCRAPE_INTERVAL_MS = 100
-STALE_AFTER_MS = 3000
+STALE_AFTER_MS = 5000
 SCRAPE_TIMEOUT_MS = 2500
 
 
@@ -148,6 +148,9 @@ models:
     loraAdapters: [lora-a, lora-b]
     scheduler:
       preset: infergate
+      # The scheduler's own freshness bound (2 s in the preset) follows the scraper's: a busy
+      # vLLM on two cores answers /metrics in seconds (docs/testing.md).
+      maxMetricsAgeMs: {stale_ms + 1000}
     endpoints:
 {eps}
 """
@@ -555,8 +558,10 @@ models:
         # (c) load sent to A directly moves new requests to B.
         # Not streamed and long: vLLM's API server detokenizes on its event loop, so a scrape of
         # a busy instance can take seconds; few long requests keep A visibly busy.
+        # Five of them overfill A's 64 KV blocks (8,192 tokens), so A also queues: a load every
+        # router must see, not only one its model of batching may discount.
         load = self.Background(self, ua, lambda w, i: self.completion_body(
-            prompt=f"load {tag} {w} {i}", max_tokens=1900), 3, max_seconds=240)
+            prompt=f"load {tag} {w} {i}", max_tokens=1900), 5, max_seconds=240)
         wait_until(lambda: metric(scrape(self.url("A", "/metrics"), timeout=30),
                                   "vllm:num_requests_running") >= 2, 45, 0.05,
                    "2+ requests running on A")
