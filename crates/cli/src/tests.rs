@@ -131,3 +131,48 @@ fn check_file(objects: &[Value], deployment: &Value, path: &Path, load: impl Fn(
     let text = cm["data"][item["key"].as_str().unwrap()].as_str().unwrap();
     load(text);
 }
+
+#[test]
+fn render_refuses_bad_input_with_the_operators_message() {
+    use crate::cmd::render::render_documents;
+    let opts = RenderOptions::default();
+    let invalid = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/examples/invalid/negative-weight.yaml"),
+    )
+    .unwrap();
+    let err = format!("{:#}", render_documents(&invalid, &opts).unwrap_err());
+    assert!(
+        err.contains("scorer weights must be zero or positive numbers"),
+        "{err}"
+    );
+    let err = format!("{:#}", render_documents("a: [unclosed", &opts).unwrap_err());
+    assert!(err.contains("document 1 is not YAML"), "{err}");
+    let err = format!(
+        "{:#}",
+        render_documents("kind: ConfigMap\napiVersion: v1\n", &opts).unwrap_err()
+    );
+    assert!(err.contains("no InferenceGatewayConfig"), "{err}");
+    let err = format!(
+        "{:#}",
+        render_documents(
+            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nmetadata: {name: x, namespace: y}\nspec: {schedulers: 7}\n",
+            &opts
+        )
+        .unwrap_err()
+    );
+    assert!(err.contains("not a valid InferenceGatewayConfig"), "{err}");
+    // Several documents: other kinds are skipped, every config is rendered.
+    let good = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/single-model.yaml"),
+    )
+    .unwrap();
+    let stream =
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: inference}}\n---\n{good}");
+    let out = render_documents(&stream, &opts).unwrap();
+    assert!(
+        out.contains("# Deployment/llama-llama-8b-epp (from inference/llama)"),
+        "{out}"
+    );
+    assert!(!out.contains("kind: Namespace"));
+}
