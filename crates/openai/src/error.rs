@@ -25,7 +25,7 @@ pub enum ApiError {
         source: serde_json::Error,
     },
     /// A field has the wrong type or an impossible value.
-    #[error("invalid value for `{field}`: expected {expected}")]
+    #[error("invalid value for `{}`: expected {expected}", Echo(field))]
     InvalidField {
         /// The JSON field, e.g. `messages[2].content`.
         field: String,
@@ -37,7 +37,8 @@ pub enum ApiError {
     MissingModel,
     /// No pool serves the requested model.
     #[error(
-        "the model `{model}` does not exist here: set the request's `model` field to one of the served models ({known})"
+        "the model `{}` does not exist here: set the request's `model` field to one of the served models ({known})",
+        Echo(model)
     )]
     UnknownModel {
         /// The model the request asked for.
@@ -53,14 +54,15 @@ pub enum ApiError {
     },
     /// The path is not an API this gateway serves.
     #[error(
-        "no route for `{path}`: the gateway serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and /v1/models"
+        "no route for `{}`: the gateway serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and /v1/models",
+        Echo(path)
     )]
     NotFound {
         /// The requested path.
         path: String,
     },
     /// The method is not allowed on this path.
-    #[error("method {method} is not allowed here: use POST")]
+    #[error("method {} is not allowed here: use POST", Echo(method))]
     MethodNotAllowed {
         /// The request's method.
         method: String,
@@ -116,11 +118,61 @@ pub enum ApiError {
         /// The timeout that expired.
         timeout: Duration,
     },
+    /// The client did not send the whole request body in time (`limits.bodyReadTimeoutMs`).
+    #[error(
+        "the request body did not arrive within {} ms: send the whole body at once",
+        timeout.as_millis()
+    )]
+    RequestTimeout {
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+    /// The gateway already serves as many requests as `limits.maxRequestsInFlight` allows.
+    #[error(
+        "the gateway is at its limit of {limit} requests in flight: retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    GatewayBusy {
+        /// The configured limit.
+        limit: usize,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// Taking this request's body would exceed `limits.maxBufferedRequestBytes`, the bytes of
+    /// request bodies the gateway holds at once across all connections.
+    #[error(
+        "the gateway is holding as many request bodies as its memory budget allows: retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    BufferBudget {
+        /// When to try again.
+        retry_after: Duration,
+    },
+}
+
+/// The longest client-supplied value echoed in an error message, in characters; longer values
+/// are cut there and end in `…`, so an error body stays small whatever the request held.
+pub const MAX_ECHO_CHARS: usize = 128;
+
+/// A client-supplied value as error messages echo it: at most [`MAX_ECHO_CHARS`] characters.
+/// The one place echoed values are bounded.
+struct Echo<'a>(&'a str);
+
+impl std::fmt::Display for Echo<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(MAX_ECHO_CHARS) {
+            None => f.write_str(self.0),
+            Some((cut, _)) => {
+                f.write_str(&self.0[..cut])?;
+                f.write_str("…")
+            }
+        }
+    }
 }
 
 /// Seconds for a `Retry-After` header: rounded up, at least one.
 pub fn retry_after_secs(d: Duration) -> u64 {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     secs.max(1)
 }
 
@@ -147,10 +199,14 @@ impl ApiError {
             | ApiError::MissingModel => 400,
             ApiError::UnknownModel { .. } | ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
+            ApiError::RequestTimeout { .. } => 408,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::Overloaded { .. } | ApiError::ConcurrencyLimit { .. } => 429,
             ApiError::UpstreamUnavailable { .. } => 502,
-            ApiError::NoEndpoints { .. } | ApiError::NoFreshEndpoints { .. } => 503,
+            ApiError::NoEndpoints { .. }
+            | ApiError::NoFreshEndpoints { .. }
+            | ApiError::GatewayBusy { .. }
+            | ApiError::BufferBudget { .. } => 503,
             ApiError::UpstreamTimeout { .. } => 504,
         }
     }
@@ -171,13 +227,16 @@ impl ApiError {
             ApiError::NoFreshEndpoints { .. } => "no_fresh_endpoints",
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ApiError::UpstreamTimeout { .. } => "upstream_timeout",
+            ApiError::RequestTimeout { .. } => "request_timeout",
+            ApiError::GatewayBusy { .. } => "gateway_busy",
+            ApiError::BufferBudget { .. } => "buffer_budget_exhausted",
         }
     }
 
     /// The OpenAI error `type`.
     fn error_type(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 405 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             _ => "server_error",
         }
@@ -205,9 +264,9 @@ impl ApiError {
         match self {
             ApiError::Overloaded { retry_after, .. }
             | ApiError::ConcurrencyLimit { retry_after, .. }
-            | ApiError::NoFreshEndpoints { retry_after, .. } => {
-                Some(retry_after_secs(*retry_after))
-            }
+            | ApiError::NoFreshEndpoints { retry_after, .. }
+            | ApiError::GatewayBusy { retry_after, .. }
+            | ApiError::BufferBudget { retry_after } => Some(retry_after_secs(*retry_after)),
             _ => None,
         }
     }
@@ -302,6 +361,25 @@ mod tests {
                 },
                 504,
             ),
+            (
+                ApiError::RequestTimeout {
+                    timeout: Duration::from_secs(2),
+                },
+                408,
+            ),
+            (
+                ApiError::GatewayBusy {
+                    limit: 4,
+                    retry_after: Duration::from_secs(1),
+                },
+                503,
+            ),
+            (
+                ApiError::BufferBudget {
+                    retry_after: Duration::from_secs(1),
+                },
+                503,
+            ),
         ];
         for (err, status) in cases {
             assert_eq!(err.status(), status, "{err}");
@@ -362,5 +440,49 @@ mod tests {
                 .contains("limit of 2 concurrent requests"),
             "{v}"
         );
+    }
+
+    #[test]
+    fn a_huge_echoed_value_gives_a_small_body() {
+        let model = "m".repeat(1 << 20);
+        let e = ApiError::UnknownModel {
+            model,
+            known: "llama".into(),
+        };
+        let body = e.to_json();
+        assert!(body.len() < 2048, "{} bytes", body.len());
+        let msg = json(&e)["error"]["message"].as_str().unwrap().to_owned();
+        let echoed = format!("`{}…`", "m".repeat(MAX_ECHO_CHARS));
+        assert!(msg.contains(&echoed), "{msg}");
+        // Multi-byte characters are cut on a character boundary.
+        let e = ApiError::NotFound {
+            path: "é".repeat(10_000),
+        };
+        assert!(e.to_json().len() < 2048);
+        assert!(
+            e.to_string()
+                .contains(&format!("`{}…`", "é".repeat(MAX_ECHO_CHARS)))
+        );
+        // A value at the limit is echoed whole.
+        let e = ApiError::MethodNotAllowed {
+            method: "X".repeat(MAX_ECHO_CHARS),
+        };
+        assert!(!e.to_string().contains('…'));
+    }
+
+    #[test]
+    fn absurd_retry_after_values_saturate_instead_of_panicking() {
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+        let e = ApiError::Overloaded {
+            model: "m".into(),
+            retry_after: Duration::MAX,
+        };
+        assert_eq!(e.retry_after_secs(), Some(u64::MAX));
+        assert!(e.to_string().contains(&u64::MAX.to_string()));
+        let e = ApiError::RequestTimeout {
+            timeout: Duration::MAX,
+        };
+        assert_eq!(e.status(), 408);
+        assert_eq!(json(&e)["error"]["code"], "request_timeout");
     }
 }
