@@ -79,14 +79,15 @@ fn retry_after(
         .iter()
         .map(|v| drain_secs(cfg, v, table, rates))
         .fold(f64::INFINITY, f64::min);
-    let lo = cfg.retry_after_min;
-    let hi = cfg.retry_after_max;
-    let d = if secs.is_finite() {
-        Duration::from_secs_f64(secs.max(0.0).ceil())
-    } else {
-        hi
-    };
-    d.clamp(lo, hi)
+    clamp_secs(secs, cfg.retry_after_min, cfg.retry_after_max)
+}
+
+/// `secs` rounded up to whole seconds within `lo..=hi`. A drain time beyond what a `Duration`
+/// holds (absurd rates), infinite or not a number is `hi` or `lo`, never a panic.
+fn clamp_secs(secs: f64, lo: Duration, hi: Duration) -> Duration {
+    let d = Duration::try_from_secs_f64(secs.max(0.0).ceil()).unwrap_or(hi);
+    // `max` then `min` rather than `clamp`: `clamp` panics when `lo > hi`.
+    d.max(lo).min(hi)
 }
 
 #[cfg(test)]
@@ -139,6 +140,19 @@ mod tests {
             assert_eq!(d.endpoints.first(), addr(0));
             s.cancel(d.ticket, T0);
         }
+    }
+
+    #[test]
+    fn retry_after_from_absurd_drain_times_is_clamped_not_a_panic() {
+        let (lo, hi) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(super::clamp_secs(1e30, lo, hi), hi);
+        assert_eq!(super::clamp_secs(f64::INFINITY, lo, hi), hi);
+        assert_eq!(super::clamp_secs(f64::NAN, lo, hi), lo);
+        assert_eq!(super::clamp_secs(-5.0, lo, hi), lo);
+        assert_eq!(super::clamp_secs(2.1, lo, hi), Duration::from_secs(3));
+        assert_eq!(super::clamp_secs(1e30, lo, Duration::MAX), Duration::MAX);
+        // An inverted range (min above max) gives the maximum instead of panicking.
+        assert_eq!(super::clamp_secs(5.0, hi, lo), lo);
     }
 
     #[test]
