@@ -244,6 +244,22 @@ fn token_kinds(usage: &infergate_openai::Usage) -> [(&'static str, u64); 3] {
 /// Distinct `model` label values a pool counts before new names go to [`OTHER_MODEL`].
 pub const MAX_MODEL_LABELS: usize = 256;
 
+/// The longest `model` label value, in bytes: a longer name from a request is cut there (at a
+/// character boundary), so a client's 1 MiB `model` cannot become a 1 MiB series.
+pub const MAX_MODEL_LABEL_BYTES: usize = 128;
+
+/// `model` cut to at most [`MAX_MODEL_LABEL_BYTES`], at a character boundary.
+fn bounded_label(model: &str) -> &str {
+    if model.len() <= MAX_MODEL_LABEL_BYTES {
+        return model;
+    }
+    let mut cut = MAX_MODEL_LABEL_BYTES;
+    while !model.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &model[..cut]
+}
+
 /// The `model` label value of requests naming a model beyond the first [`MAX_MODEL_LABELS`].
 pub const OTHER_MODEL: &str = "(other)";
 
@@ -362,6 +378,7 @@ impl PoolTelemetry {
     /// have been counted, new names are counted as [`OTHER_MODEL`]: a client cannot make the
     /// picker grow a series per made-up name.
     fn with_model<R>(&self, model: &str, f: impl FnOnce(&str, &ModelCounters) -> R) -> R {
+        let model = bounded_label(model);
         // Poisoning cannot leave a half-made entry worth refusing: entries are inserted whole and
         // counters are atomics.
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);

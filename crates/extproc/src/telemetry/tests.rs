@@ -183,3 +183,26 @@ fn client_chosen_model_names_cannot_grow_the_series_without_bound() {
     assert!(lines.iter().any(|l| l
         == r#"extproc_requests_total{pool="p",model="made-up-0",pod="10.0.0.1:8000",outcome="success"} 2"#));
 }
+
+#[test]
+fn a_huge_model_name_is_cut_to_a_bounded_label() {
+    let mut registry = Registry::default();
+    let pool = Telemetry::register(&mut registry).for_pool("p");
+    let pod = Some(addr("10.0.0.1:8000"));
+    let huge = "x".repeat(1 << 20);
+    pool.finished(&huge, pod, Outcome::Success, None);
+    // Another name with the same first 128 bytes counts in the same series.
+    pool.finished(
+        &format!("{}-other", &huge[..MAX_MODEL_LABEL_BYTES]),
+        pod,
+        Outcome::Success,
+        None,
+    );
+    let lines = samples(&registry);
+    let expected = format!(
+        r#"extproc_requests_total{{pool="p",model="{}",pod="10.0.0.1:8000",outcome="success"}} 2"#,
+        "x".repeat(MAX_MODEL_LABEL_BYTES)
+    );
+    assert!(lines.contains(&expected), "{lines:#?}");
+    assert!(lines.iter().all(|l| l.len() < 1024), "a line is too long");
+}
