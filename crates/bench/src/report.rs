@@ -17,6 +17,23 @@ use crate::stats::{Percentiles, Spread};
 mod markdown;
 mod svg;
 
+/// One panel of [`time_series_svg`]: a title, the values' unit, and named `(seconds, value)`
+/// series.
+pub struct Panel<'a> {
+    /// What the panel shows.
+    pub title: &'a str,
+    /// The unit of the values.
+    pub unit: &'a str,
+    /// Named series of `(seconds since start, value)` points.
+    pub series: Vec<(&'a str, Vec<(f64, f64)>)>,
+}
+
+/// A plot of values over time, one panel per [`Panel`] on a shared time axis (the soak run's
+/// RSS, open fds and latency figures).
+pub fn time_series_svg(title: &str, panels: &[Panel<'_>]) -> String {
+    svg::time_series(title, panels)
+}
+
 /// Relative change of a policy's TTFT percentile under which a uniform-fleet run still counts as
 /// "not worse than round-robin" (run-to-run noise of the seeds used).
 pub const NOISE: f64 = 0.05;

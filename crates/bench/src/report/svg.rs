@@ -193,3 +193,75 @@ pub(super) fn load(r: &Report) -> String {
     s.push_str("</svg>\n");
     s
 }
+
+/// One panel per `(title, unit, series)`, sharing the time axis (seconds): each series a named
+/// polyline of `(t, value)` points. Used by the soak run for RSS, open fds and latency.
+pub(super) fn time_series(title: &str, panels: &[super::Panel<'_>]) -> String {
+    let (w, panel_h, left, right, top) = (760.0, 170.0, 70.0, 170.0, 40.0);
+    let h = top + panels.len() as f64 * (panel_h + 40.0) + 20.0;
+    let pw = w - left - right;
+    let t_max = panels
+        .iter()
+        .flat_map(|p| p.series.iter().flat_map(|(_, pts)| pts.iter().map(|q| q.0)))
+        .fold(1.0f64, f64::max);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="14">{}</text>"#,
+        esc(title)
+    );
+    for (pi, panel) in panels.iter().enumerate() {
+        let y0 = top + pi as f64 * (panel_h + 40.0) + 20.0;
+        let v_max = panel
+            .series
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().map(|q| q.1))
+            .fold(0.0f64, f64::max)
+            .max(1e-9)
+            * 1.1;
+        let x = |t: f64| left + t / t_max * pw;
+        let y = |v: f64| y0 + panel_h - v / v_max * panel_h;
+        let _ = writeln!(
+            s,
+            r##"<text x="{left}" y="{:.1}" font-weight="bold">{} ({})</text><rect x="{left}" y="{y0:.1}" width="{pw}" height="{panel_h}" fill="none" stroke="#999"/><text x="{:.1}" y="{:.1}" text-anchor="end">{:.1}</text><text x="{:.1}" y="{:.1}" text-anchor="end">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{:.0} min</text>"##,
+            y0 - 4.0,
+            esc(panel.title),
+            esc(panel.unit),
+            left - 6.0,
+            y0 + 10.0,
+            v_max / 1.1,
+            left - 6.0,
+            y0 + panel_h,
+            left + pw,
+            y0 + panel_h + 14.0,
+            t_max / 60.0,
+        );
+        for (si, (name, pts)) in panel.series.iter().enumerate() {
+            let color = COLORS[si % COLORS.len()];
+            let mut d = String::new();
+            for (i, (t, v)) in pts.iter().enumerate() {
+                let _ = write!(
+                    d,
+                    "{}{:.1},{:.1}",
+                    if i == 0 { "M" } else { " L" },
+                    x(*t),
+                    y(*v)
+                );
+            }
+            let _ = writeln!(
+                s,
+                r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"#,
+                left + pw + 8.0,
+                y0 + 14.0 + si as f64 * 16.0,
+                esc(name)
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
