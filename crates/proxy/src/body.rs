@@ -27,6 +27,7 @@ use infergate_pool::lifecycle::{self, Ending, ResponseWatch};
 use tokio::time::{Instant, Sleep};
 
 use crate::backend::Inflight;
+use crate::limits::RequestSlot;
 use crate::state::{Model, Permit};
 use crate::upstream::Lease;
 
@@ -90,6 +91,8 @@ pub struct Tracked {
     lease: Option<Lease>,
     /// The model's concurrency slot, if it has a limit: held until the body is dropped.
     _permit: Option<Permit>,
+    /// The gateway-wide `maxRequestsInFlight` slot, held until the body is dropped.
+    _slot: RequestSlot,
     inflight: Option<Inflight>,
     model: Arc<Model>,
     status: StatusCode,
@@ -113,6 +116,8 @@ pub(crate) struct Upstream {
     pub(crate) lease: Lease,
     /// The model's concurrency slot, held until the body is dropped.
     pub(crate) permit: Option<Permit>,
+    /// The gateway-wide request slot, held until the body is dropped.
+    pub(crate) slot: RequestSlot,
     /// The request's in-flight entry.
     pub(crate) inflight: Inflight,
     /// The model (for its metrics).
@@ -133,6 +138,7 @@ impl Tracked {
             inner: up.body,
             lease: Some(up.lease),
             _permit: up.permit,
+            _slot: up.slot,
             inflight: Some(up.inflight),
             model: up.model,
             status: up.status,

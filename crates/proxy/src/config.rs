@@ -33,8 +33,14 @@ use serde::Deserialize;
 
 use crate::error::ConfigError;
 
-/// Default cap on a request body: 4 MiB, enough for a long chat history.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+mod limits;
+
+pub use limits::{
+    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BUFFERED_REQUEST_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_REQUESTS_IN_FLIGHT, Http2Limits, Limits, MAX_DURATION, MAX_HEADER_BYTES,
+    MIN_HEADER_BYTES,
+};
 
 /// The whole gateway configuration.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -67,26 +73,6 @@ pub struct GatewayConfig {
 /// How long a client turned away by a model's `maxConcurrentRequests` is told to wait
 /// (`Retry-After`, whole seconds).
 pub const CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// Request limits.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct Limits {
-    /// Larger request bodies are answered 413 without being read further.
-    pub max_request_body_bytes: usize,
-    /// The default for every model's [`ModelLimits::max_concurrent_requests`] (each model counts
-    /// its own requests); `None`, the default, sets no limit.
-    pub max_concurrent_requests: Option<u32>,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_request_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            max_concurrent_requests: None,
-        }
-    }
-}
 
 /// One model's limits.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -144,10 +130,11 @@ impl Default for RawTimeouts {
 impl From<RawTimeouts> for Timeouts {
     fn from(r: RawTimeouts) -> Self {
         Timeouts {
-            connect: Duration::from_millis(r.connect_ms.max(1)),
-            first_byte: Duration::from_millis(r.first_byte_ms.max(1)),
-            idle: Duration::from_millis(r.idle_ms.max(1)),
-            pool_idle: Duration::from_millis(r.pool_idle_ms),
+            // Clamped: a deadline computed from an absurd value must not overflow the clock.
+            connect: limits::clamped_millis(r.connect_ms.max(1)),
+            first_byte: limits::clamped_millis(r.first_byte_ms.max(1)),
+            idle: limits::clamped_millis(r.idle_ms.max(1)),
+            pool_idle: limits::clamped_millis(r.pool_idle_ms),
         }
     }
 }
@@ -207,9 +194,9 @@ impl Default for RawScrape {
 impl From<RawScrape> for Scrape {
     fn from(r: RawScrape) -> Self {
         Scrape {
-            interval: Duration::from_millis(r.interval_ms),
-            stale_after: Duration::from_millis(r.stale_after_ms),
-            timeout: Duration::from_millis(r.timeout_ms),
+            interval: limits::clamped_millis(r.interval_ms),
+            stale_after: limits::clamped_millis(r.stale_after_ms),
+            timeout: limits::clamped_millis(r.timeout_ms),
         }
     }
 }
@@ -435,15 +422,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
         if r.models.is_empty() {
             return Err("`models` must list at least one model".into());
         }
-        if r.limits.max_request_body_bytes == 0 {
-            return Err("`limits.maxRequestBodyBytes` must be above zero".into());
-        }
-        if r.limits.max_concurrent_requests == Some(0) {
-            return Err(
-                "`limits.maxConcurrentRequests` must be at least 1 (leave it out for no limit)"
-                    .into(),
-            );
-        }
+        r.limits.validate()?;
         if r.retries.max_attempts == 0 {
             return Err("`retries.maxAttempts` must be at least 1".into());
         }
@@ -464,7 +443,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             timeouts: r.timeouts,
             retries: r.retries,
             scrape: r.scrape,
-            reload_interval: Duration::from_millis(r.reload_interval_ms),
+            reload_interval: limits::clamped_millis(r.reload_interval_ms),
             seed: r.seed,
             explain_header: r.explain_header,
             models: r.models,

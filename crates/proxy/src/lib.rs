@@ -22,6 +22,8 @@
 //! - `proxy` — the per-request path: routing, picking, forwarding, retries, error answers.
 //! - [`body`] — the response body: pass-through with first-token and usage tracking.
 //! - `state` — a loaded configuration: model table, pools, prebuilt answers.
+//! - `limits` — what bounds hostile clients at run time: connection slots, the head timeout of
+//!   new connections, the gateway-wide request slot, the buffered-bytes budget and body timeout.
 //! - `graceful` — one client connection served until it ends, finished gracefully at shutdown.
 //! - `upstream` — each worker's pooled upstream HTTP/1.1 connections, driven by the requests.
 //! - `backend` — one model's pool (`LivePool`), its metrics registry, and when a reload may keep
@@ -38,6 +40,7 @@ pub mod error;
 mod admin;
 mod backend;
 mod graceful;
+mod limits;
 mod proxy;
 mod server;
 mod state;
@@ -45,7 +48,8 @@ mod telemetry;
 mod upstream;
 
 pub use config::{
-    EndpointConfig, GatewayConfig, Limits, ModelConfig, ModelLimits, Retries, Scrape, Timeouts,
+    EndpointConfig, GatewayConfig, Http2Limits, Limits, ModelConfig, ModelLimits, Retries, Scrape,
+    Timeouts,
 };
 pub use error::{ConfigError, Error};
 pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, REQUEST_ID_HEADER};

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use infergate_openai::{ApiError, ApiKind, parse_request};
 use infergate_pool::lifecycle::{self, Segments, rejection_error};
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::backend::Inflight;
 use crate::body::{ResponseBody, Tracked, Upstream};
 use crate::config::CONCURRENCY_RETRY_AFTER;
+use crate::limits::{BodyRead, BufferCharge, Counters, RequestSlot, read_body};
 use crate::state::{Model, Permit, State};
 use crate::telemetry::Telemetry;
 use crate::upstream::{SendError, Upstreams};
@@ -141,7 +142,7 @@ pub(crate) async fn handle(
         _ => worker.ids.next(),
     };
     let state = worker.shared.state.load_full();
-    let admitted = match admit(&state, req).await? {
+    let admitted = match admit(&state, &telemetry.limits, req).await? {
         Admission::Admitted(a) => a,
         Admission::Models => return Ok(models_response(&state, request_id)),
         Admission::Refused(e) => return Ok(error_response(telemetry, &e, request_id)),
@@ -161,6 +162,10 @@ struct Admitted {
     kind: ApiKind,
     parts: http::request::Parts,
     body: Bytes,
+    /// The body's share of `limits.maxBufferedRequestBytes`, held while the body may be resent.
+    charge: BufferCharge,
+    /// The request's `limits.maxRequestsInFlight` slot, held to the last response byte.
+    slot: RequestSlot,
 }
 
 /// What [`admit`] decided.
@@ -177,9 +182,14 @@ enum Admission {
     Refused(ApiError),
 }
 
-/// Checks method and path and reads the body within `limits.maxRequestBodyBytes`. Errors only
-/// when the client's body breaks off.
-async fn admit(state: &State, req: Request<Incoming>) -> Result<Admission, hyper::Error> {
+/// Checks method and path, takes the gateway-wide request slot (`limits.maxRequestsInFlight`)
+/// and reads the body within its limits (`crate::limits::read_body`). Errors only when the
+/// client's body breaks off.
+async fn admit(
+    state: &State,
+    counters: &Counters,
+    req: Request<Incoming>,
+) -> Result<Admission, hyper::Error> {
     let path = req.uri().path();
     let kind = match ApiKind::from_path(path) {
         Some(kind) if req.method() == Method::POST => kind,
@@ -197,24 +207,28 @@ async fn admit(state: &State, req: Request<Incoming>) -> Result<Admission, hyper
             }));
         }
     };
-    let limit = state.config.limits.max_request_body_bytes;
+    let limits = &state.config.limits;
+    // Before the body is read: the per-model limit needs the body's `model`, this one does not.
+    let slot = match counters.start_request(limits.max_requests_in_flight) {
+        Ok(slot) => slot,
+        Err(e) => return Ok(Admission::Refused(e)),
+    };
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Ok(Admission::Refused(ApiError::BodyTooLarge { limit }));
-    }
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => match e.downcast::<hyper::Error>() {
-            Ok(e) => return Err(*e),
-            Err(_) => return Ok(Admission::Refused(ApiError::BodyTooLarge { limit })),
-        },
-    };
-    Ok(Admission::Admitted(Admitted { kind, parts, body }))
+    match read_body(counters, limits, declared, body).await? {
+        BodyRead::Read(body, charge) => Ok(Admission::Admitted(Admitted {
+            kind,
+            parts,
+            body,
+            charge,
+            slot,
+        })),
+        BodyRead::Refused(e) => Ok(Admission::Refused(e)),
+    }
 }
 
 /// A routed request: its model, its concurrency slot, its in-flight entry.
@@ -286,7 +300,14 @@ async fn forward(
     started: Instant,
 ) -> Response<ResponseBody> {
     let telemetry = &worker.shared.telemetry;
-    let Admitted { parts, body, .. } = admitted;
+    // `_charge` lives to the end of this function: the body may be sent again until then.
+    let Admitted {
+        parts,
+        body,
+        charge: _charge,
+        slot,
+        ..
+    } = admitted;
     let Routed {
         model,
         permit,
@@ -379,6 +400,7 @@ async fn forward(
             body: rbody,
             lease,
             permit,
+            slot,
             inflight,
             model,
             status,

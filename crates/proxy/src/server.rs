@@ -18,8 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -411,14 +410,9 @@ pub async fn serve_workers(
 }
 
 async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch::Receiver<bool>) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .header_read_timeout(Some(std::time::Duration::from_secs(30)));
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    // Connection settings follow `limits:`; rebuilt when a reload changes them.
+    let mut conn_limits = worker.shared.state.load().config.limits.clone();
+    let mut builder = Arc::new(crate::limits::http_builder(&conn_limits));
     // The worker's idle upstream connections are swept on the worker's own thread.
     let sweeper = tokio::spawn({
         let worker = Arc::clone(&worker);
@@ -453,21 +447,45 @@ async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch
             },
             () = stopped(&mut stop) => break,
         };
+        let counters = worker.shared.telemetry.limits.clone();
+        let (slot, header_timeout) = {
+            let state = worker.shared.state.load();
+            let limits = &state.config.limits;
+            if *limits != conn_limits {
+                conn_limits = limits.clone();
+                builder = Arc::new(crate::limits::http_builder(&conn_limits));
+            }
+            // Over `maxConnections`: closed at once (dropping the stream), counted.
+            let Some(slot) = counters.open_connection(limits.max_connections) else {
+                continue;
+            };
+            (slot, limits.header_read_timeout())
+        };
         let _ = stream.set_nodelay(true);
         let worker = Arc::clone(&worker);
         let builder = Arc::clone(&builder);
         let mut stop = stop.clone();
         let conn_guard = conns_rx.clone();
         tokio::spawn(async move {
-            let service =
-                service_fn(move |req: hyper::Request<Incoming>| handle(Arc::clone(&worker), req));
+            let first = crate::limits::FirstRequest::default();
+            let seen = first.clone();
+            let service = service_fn(move |req: hyper::Request<Incoming>| {
+                seen.seen();
+                handle(Arc::clone(&worker), req)
+            });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             let conn = std::pin::pin!(conn);
             let stop = std::pin::pin!(stopped(&mut stop));
-            let result = Graceful::new(conn, stop, |c| c.graceful_shutdown()).await;
-            if let Err(e) = result {
+            let graceful = Graceful::new(conn, stop, |c| c.graceful_shutdown());
+            // A connection with no complete request head in time is dropped (closed).
+            let result = tokio::select! {
+                r = graceful => Some(r),
+                () = crate::limits::no_request_within(&first, header_timeout, &counters) => None,
+            };
+            if let Some(Err(e)) = result {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(slot);
             drop(conn_guard);
         });
     }

@@ -39,6 +39,8 @@ pub(crate) struct Telemetry {
     retries: Family<Labels, Counter>,
     rejections: Family<StaticLabels, Counter>,
     reloads: Family<StaticLabels, Counter>,
+    /// The counters behind `limits:` (they are exported as they are).
+    pub(crate) limits: crate::limits::Counters,
 }
 
 impl Telemetry {
@@ -53,6 +55,7 @@ impl Telemetry {
             retries: Family::default(),
             rejections: Family::default(),
             reloads: Family::default(),
+            limits: crate::limits::Counters::default(),
         };
         let r = registry.sub_registry_with_prefix("infergate_gateway");
         r.register(
@@ -95,11 +98,37 @@ impl Telemetry {
             "Configuration reloads, by result (ok, error)",
             t.reloads.clone(),
         );
+        r.register(
+            "connections_open",
+            "Open client connections, all workers together (limits.maxConnections)",
+            t.limits.connections.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Client connections accepted and closed at once because limits.maxConnections were open",
+            t.limits.connections_refused.clone(),
+        );
+        r.register(
+            "header_timeouts",
+            "Client connections closed because no request head arrived within limits.headerReadTimeoutMs",
+            t.limits.header_timeouts.clone(),
+        );
+        r.register(
+            "requests_in_flight",
+            "Requests between their complete head and their last response byte (limits.maxRequestsInFlight)",
+            t.limits.in_flight.clone(),
+        );
+        r.register(
+            "buffered_request_bytes",
+            "Request body bytes held, charged to limits.maxBufferedRequestBytes",
+            t.limits.buffered.clone(),
+        );
         t
     }
 
     /// Resolves one model's series.
     pub(crate) fn model(&self, model: &str, endpoints: &[SocketAddr]) -> ModelMetrics {
+        let model = label_value(model);
         let m = || vec![("model", model.to_owned())];
         let class = |c: &str| {
             self.requests
@@ -155,6 +184,22 @@ impl Telemetry {
     }
 }
 
+/// The longest label value exported, in bytes: a model name longer than this (names come from
+/// the configuration) is cut at a character boundary, so no series name grows without bound.
+pub(crate) const MAX_LABEL_BYTES: usize = 128;
+
+/// `s` cut to at most [`MAX_LABEL_BYTES`], at a character boundary.
+pub(crate) fn label_value(s: &str) -> &str {
+    if s.len() <= MAX_LABEL_BYTES {
+        return s;
+    }
+    let mut cut = MAX_LABEL_BYTES;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
 /// One model's series, resolved when the configuration was loaded.
 #[derive(Clone)]
 pub(crate) struct ModelMetrics {
@@ -194,5 +239,23 @@ impl ModelMetrics {
         if let Some(c) = self.picks.get(&addr) {
             c.inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_cut_at_a_character_boundary() {
+        assert_eq!(label_value("llama"), "llama");
+        let long = "a".repeat(1 << 20);
+        assert_eq!(label_value(&long).len(), MAX_LABEL_BYTES);
+        let wide = "é".repeat(100); // 200 bytes, 2 per character
+        let cut = label_value(&wide);
+        assert_eq!(cut.len(), MAX_LABEL_BYTES);
+        assert!(cut.chars().all(|c| c == 'é'));
+        let odd = format!("a{}", "é".repeat(100));
+        assert_eq!(label_value(&odd).len(), MAX_LABEL_BYTES - 1);
     }
 }
