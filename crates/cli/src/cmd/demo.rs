@@ -14,8 +14,9 @@ const DEMO: &str = include_str!("../../../../benches/scenarios/demo.yaml");
 /// Arguments of `infergate demo`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Folder for the report (markdown, JSON, SVG plots).
-    #[arg(long, default_value = "infergate-demo")]
+    /// Folder for the report (markdown, JSON, SVG plots); under `target/` by default, so a run
+    /// from a clone leaves nothing untracked.
+    #[arg(long, default_value = "target/infergate-demo")]
     out: PathBuf,
     /// Run on the discrete-event simulator (virtual time, seconds) instead of live HTTP.
     #[arg(long)]
