@@ -120,6 +120,8 @@ fn gateway_config(
         "admin": "127.0.0.1:0",
         "seed": seed,
         "reloadIntervalMs": 0,
+        // The benchmark's gateway listens on loopback for its own load generator only.
+        "auth": "none",
         "scrape": { "intervalMs": scenario.scrape.interval_ms.round() as u64 },
         "models": [{
             "name": model,

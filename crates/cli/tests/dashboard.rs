@@ -537,6 +537,7 @@ async fn every_metric_on_the_dashboard_is_exported() {
         "admin": gateway_admin.to_string(),
         "reloadIntervalMs": 100,
         "retries": { "maxAttempts": 3 },
+        "auth": "none",
         "models": [{
             "name": model,
             "engine": "vllm",

@@ -1,11 +1,12 @@
 //! The gateway's configuration file: models, their endpoints, scheduler presets and limits.
 //!
-//! The file is YAML (JSON is YAML too). Every section but `models` is optional. Field names are
-//! camelCase and durations are integer milliseconds (`...Ms`), as in the scheduler's own
-//! configuration, which each model embeds unchanged under `scheduler:`.
+//! The file is YAML (JSON is YAML too). Every section but `auth` and `models` is optional. Field
+//! names are camelCase and durations are integer milliseconds (`...Ms`), as in the scheduler's
+//! own configuration, which each model embeds unchanged under `scheduler:`.
 //!
 //! ```yaml
 //! listen: 127.0.0.1:8080        # front door (HTTP/1.1 and h2c)
+//! auth: none                    # required: `none`, or `jwt` and/or `apiKeys` (see [`auth`])
 //! admin: 127.0.0.1:9090         # /metrics, /healthz, /readyz
 //! limits: { maxRequestBodyBytes: 4194304, maxConcurrentRequests: 256 }   # the latter per model
 //! timeouts: { connectMs: 2000, firstByteMs: 300000, idleMs: 60000, poolIdleMs: 90000 }
@@ -32,6 +33,9 @@ use infergate_scheduler::{EngineType, SchedulerConfig};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
+
+pub mod auth;
+pub use auth::AuthConfig;
 
 mod limits;
 
@@ -66,6 +70,8 @@ pub struct GatewayConfig {
     /// `x-infergate-explain` response header. Off by default: the explanation names pods,
     /// addresses and scores, which a public endpoint should not hand to every client.
     pub explain_header: bool,
+    /// Who may call the gateway (required; `auth: none` turns authentication off).
+    pub auth: AuthConfig,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,
 }
@@ -400,6 +406,8 @@ struct RawGateway {
     seed: u64,
     #[serde(default)]
     explain_header: bool,
+    #[serde(default)]
+    auth: Option<AuthConfig>,
     models: Vec<ModelConfig>,
 }
 
@@ -419,6 +427,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
     type Error = String;
 
     fn try_from(r: RawGateway) -> Result<Self, String> {
+        let auth = r.auth.ok_or(auth::MISSING_AUTH)?;
         if r.models.is_empty() {
             return Err("`models` must list at least one model".into());
         }
@@ -446,6 +455,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             reload_interval: limits::clamped_millis(r.reload_interval_ms),
             seed: r.seed,
             explain_header: r.explain_header,
+            auth,
             models: r.models,
         })
     }

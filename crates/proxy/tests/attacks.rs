@@ -42,7 +42,7 @@ impl Running {
 /// front of `up`, with `limits` as the `limits:` section; returns once a request is served.
 async fn start(up: &Upstream, limits: &str) -> Running {
     let yaml = format!(
-        "limits: {limits}\ntimeouts: {{ firstByteMs: 20000 }}\nmodels:\n  - name: m\n    \
+        "auth: none\nlimits: {limits}\ntimeouts: {{ firstByteMs: 20000 }}\nmodels:\n  - name: m\n    \
          scheduler: {{ preset: round-robin }}\n    endpoints: [{}]\n",
         up.addr
     );

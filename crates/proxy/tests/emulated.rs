@@ -30,7 +30,7 @@ async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
     .unwrap();
     let addrs = fleet.addrs();
     let config = GatewayConfig::from_yaml(&format!(
-        "models:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n    endpoints:\n      - {{ address: {}, name: a, engine: vllm }}\n      - {{ address: {}, name: b, engine: sglang }}\n",
+        "auth: none\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n    endpoints:\n      - {{ address: {}, name: a, engine: vllm }}\n      - {{ address: {}, name: b, engine: sglang }}\n",
         addrs[0].1, addrs[1].1
     ))
     .unwrap();
@@ -116,7 +116,7 @@ impl Rig {
         .await
         .unwrap();
         let mut config = format!(
-            "{top}models:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n{model_extra}    endpoints:\n"
+            "auth: none\n{top}models:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n{model_extra}    endpoints:\n"
         );
         for (name, addr) in fleet.addrs() {
             config += &format!("      - {{ address: {addr}, name: {name}, engine: vllm }}\n");
@@ -410,7 +410,7 @@ async fn shed_retry_after_is_within_twice_the_emulated_drain_time() {
     .await
     .unwrap();
     let mut config = String::from(
-        "retries: { maxAttempts: 1 }\nmodels:\n  - name: llama\n    scheduler: { preset: infergate }\n    endpoints:\n",
+        "auth: none\nretries: { maxAttempts: 1 }\nmodels:\n  - name: llama\n    scheduler: { preset: infergate }\n    endpoints:\n",
     );
     for (name, addr) in fleet.addrs() {
         config += &format!("      - {{ address: {addr}, name: {name}, engine: vllm }}\n");

@@ -50,7 +50,7 @@ impl Drop for Running {
 
 fn yaml(models: &str) -> String {
     format!(
-        "retries: {{ maxAttempts: 3 }}\ntimeouts: {{ connectMs: 500, idleMs: 5000 }}\nreloadIntervalMs: 20\nmodels:\n{models}"
+        "auth: none\nretries: {{ maxAttempts: 3 }}\ntimeouts: {{ connectMs: 500, idleMs: 5000 }}\nreloadIntervalMs: 20\nmodels:\n{models}"
     )
 }
 
@@ -336,7 +336,7 @@ async fn a_first_byte_timeout_is_504_and_not_retried() {
     let hung = Upstream::start(Behaviour::Hang).await;
     let good = Upstream::start(Behaviour::Ok).await;
     let config = format!(
-        "timeouts: {{ firstByteMs: 200 }}\nmodels:\n{}",
+        "auth: none\ntimeouts: {{ firstByteMs: 200 }}\nmodels:\n{}",
         model("m", "round-robin", &[hung.addr, good.addr])
     );
     let gw = start(&config).await;
@@ -732,7 +732,7 @@ async fn config_reload_applies_good_files_and_rejects_bad_ones() {
     // A broken file is rejected with the line at fault, and the running configuration stays.
     std::fs::write(
         &path,
-        "models:\n  - name: m\n    endpoints: [not-an-address]\n",
+        "models:\n  - name: m\n    endpoints: [not-an-address]\nauth: none\n",
     )
     .unwrap();
     let err = gw.gw.handle().reload_file(&path).unwrap_err().to_string();

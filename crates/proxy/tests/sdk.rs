@@ -21,7 +21,7 @@ async fn the_openai_python_sdk_works_against_the_gateway() {
     let a = Upstream::start(Behaviour::Ok).await;
     let b = Upstream::start(Behaviour::Ok).await;
     let config = GatewayConfig::from_yaml(&format!(
-        "models:\n  - name: m\n    loraAdapters: [m-lora]\n    scheduler: {{ preset: round-robin }}\n    endpoints: [{}, {}]\n",
+        "auth: none\nmodels:\n  - name: m\n    loraAdapters: [m-lora]\n    scheduler: {{ preset: round-robin }}\n    endpoints: [{}, {}]\n",
         a.addr, b.addr
     ))
     .unwrap();

@@ -131,6 +131,7 @@ class Suite:
 listen: {LOCAL}:{port}
 admin: {LOCAL}:{admin}
 reloadIntervalMs: 0
+auth: none
 limits:
   maxRequestBodyBytes: 65536
 timeouts:

@@ -2,6 +2,7 @@ use super::*;
 
 const GOOD: &str = "
 listen: 127.0.0.1:0
+auth: none
 models:
   - name: llama
     loraAdapters: [sql-lora]
@@ -26,7 +27,9 @@ fn a_good_file_parses_with_defaults() {
 }
 
 fn err(text: &str) -> String {
-    GatewayConfig::from_yaml(text).unwrap_err().to_string()
+    GatewayConfig::from_yaml(&format!("{text}auth: none\n"))
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
@@ -73,7 +76,7 @@ fn not_yaml_is_a_clear_error() {
 #[test]
 fn concurrency_limits_default_per_model_and_can_be_overridden() {
     let c = GatewayConfig::from_yaml(
-        "limits: { maxConcurrentRequests: 8 }\nmodels:\n  - name: a\n  - name: b\n    limits: { maxConcurrentRequests: 2 }\n",
+        "auth: none\nlimits: { maxConcurrentRequests: 8 }\nmodels:\n  - name: a\n  - name: b\n    limits: { maxConcurrentRequests: 2 }\n",
     )
     .unwrap();
     assert_eq!(c.max_concurrent_requests(&c.models[0]), Some(8));
