@@ -94,7 +94,7 @@ impl Default for BbrConfig {
 }
 
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     config: BbrConfig,
     router: ModelRouter<()>,
     telemetry: Telemetry,
@@ -103,7 +103,7 @@ struct Shared {
 /// The ext_proc body-based router service. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct BodyRouter {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl BodyRouter {
@@ -157,7 +157,7 @@ impl ClientRoutingHeaders {
 }
 
 /// One request's exchange with the body-based router.
-struct BbrExchange {
+pub(crate) struct BbrExchange {
     shared: Arc<Shared>,
     request_mode: BodyMode,
     response_mode: BodyMode,
@@ -215,7 +215,7 @@ impl Exchange for BbrExchange {
             Some(Msg::ResponseBody(b)) => {
                 match self.response_mode {
                     BodyMode::FullDuplex => {
-                        out.push(wire::streamed_chunk(false, b.body, b.end_of_stream));
+                        wire::push_chunks(out, false, b.body, b.end_of_stream);
                     }
                     _ => out.push(wire::buffered_body(false, Default::default(), None)),
                 }
@@ -231,12 +231,23 @@ impl Exchange for BbrExchange {
 }
 
 impl BbrExchange {
+    /// A new exchange, before Envoy's first message.
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        BbrExchange {
+            request_mode: shared.config.request_body_mode,
+            response_mode: BodyMode::FullDuplex,
+            shared,
+            client_headers: ClientRoutingHeaders::default(),
+            buffering: None,
+            body: Vec::new(),
+        }
+    }
+
     fn on_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
         let Some(kind) = self.buffering else {
             match self.request_mode {
-                BodyMode::FullDuplex => {
-                    out.push(wire::streamed_chunk(true, b.body, b.end_of_stream))
-                }
+                // In chunks of at most MAX_CHUNK, whatever size Envoy's chunk was.
+                BodyMode::FullDuplex => wire::push_chunks(out, true, b.body, b.end_of_stream),
                 _ => out.push(wire::buffered_body(true, Default::default(), None)),
             }
             return Flow::Continue;
@@ -308,14 +319,7 @@ impl ExternalProcessor for BodyRouter {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let ex = BbrExchange {
-            shared: Arc::clone(&self.shared),
-            request_mode: self.shared.config.request_body_mode,
-            response_mode: BodyMode::FullDuplex,
-            client_headers: ClientRoutingHeaders::default(),
-            buffering: None,
-            body: Vec::new(),
-        };
+        let ex = BbrExchange::new(Arc::clone(&self.shared));
         let mut answers = AnswerStream::new(request.into_inner(), ex);
         answers.first_answer().await;
         Ok(Response::new(BbrStream(answers)))

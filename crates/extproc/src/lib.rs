@@ -24,12 +24,17 @@
 //! - `stream` — the per-request answer stream that runs a exchange inline (no task or
 //!   channel per request);
 //! - [`telemetry`] — the server's Prometheus metrics;
-//! - [`error`] — [`Error`].
+//! - [`error`] — [`Error`];
+//! - `fuzzing` — with `--cfg fuzzing` only (cargo-fuzz sets it): the picker's and the router's
+//!   state machines on a scripted pool, for the targets in `fuzz/`.
 
 pub mod args;
 pub mod bbr;
 pub mod discovery;
 pub mod error;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod picker;
 pub mod pool;
 pub mod rewrite;

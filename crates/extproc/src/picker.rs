@@ -21,7 +21,7 @@ use crate::wire::BodyMode;
 
 mod exchange;
 
-use exchange::PickerExchange;
+pub(crate) use exchange::PickerExchange;
 
 /// Default request body cap (bytes): large chat prompts fit, runaway uploads do not.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -79,7 +79,7 @@ pub(crate) struct Shared<P> {
 /// The ext_proc endpoint-picker service. Cheap to clone.
 #[derive(Debug)]
 pub struct EndpointPicker<P> {
-    shared: Arc<Shared<P>>,
+    pub(crate) shared: Arc<Shared<P>>,
 }
 
 impl<P> Clone for EndpointPicker<P> {

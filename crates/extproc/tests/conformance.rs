@@ -434,6 +434,64 @@ async fn response_trailers_end_the_response() {
     assert_eq!(pool.inflight(), 0);
 }
 
+/// Found by the `extproc_picker` fuzz target: a response chunk larger than 62,000 bytes was
+/// passed on as one streamed answer. Every answer chunk is at most `MAX_CHUNK` bytes, in order,
+/// the last alone ending the stream.
+#[tokio::test]
+async fn large_response_chunks_pass_in_answers_of_at_most_62000_bytes() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    route_chunked(
+        &mut ex,
+        "/v1/embeddings",
+        br#"{"model":"e5","input":"x"}"#,
+        &[64],
+    )
+    .await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    assert!(is_response_headers_continue(&ex.next().await));
+    let big: Vec<u8> = (0..2 * MAX_CHUNK + 10)
+        .map(|i| b'a' + (i % 26) as u8)
+        .collect();
+    ex.send(response_body(&big, true)).await;
+    let passed = ex.streamed_body(false, usize::MAX).await;
+    let sizes: Vec<usize> = passed.iter().map(|(b, _)| b.len()).collect();
+    assert_eq!(sizes, [MAX_CHUNK, MAX_CHUNK, 10]);
+    let ends: Vec<bool> = passed.iter().map(|(_, eos)| *eos).collect();
+    assert_eq!(ends, [false, false, true]);
+    let joined: Vec<u8> = passed.into_iter().flat_map(|(b, _)| b).collect();
+    assert_eq!(joined, big);
+    assert_eq!(pool.inflight(), 0);
+}
+
+/// Found by the `extproc_picker` fuzz target: a second response headers message restarted the
+/// response watch, and the first token was reported (and its TTFT observed) twice.
+#[tokio::test]
+async fn the_first_token_is_reported_once_even_after_repeated_response_headers() {
+    let pool = ScriptedPool::new(&[A]);
+    let (_s, envoy) = picker(pool.clone()).await;
+    let mut ex = envoy.open().await;
+    let body =
+        br#"{"model":"llama-3-8b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    route_chunked(&mut ex, "/v1/chat/completions", body, &[64]).await;
+    let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+    for _ in 0..2 {
+        ex.send(response_headers(200, "text/event-stream", false))
+            .await;
+        assert!(is_response_headers_continue(&ex.next().await));
+        ex.send(response_body(token, false)).await;
+        assert_eq!(streamed(&ex.next().await, false), (&token[..], false));
+    }
+    let first_tokens = pool
+        .events()
+        .iter()
+        .filter(|e| **e == Event::FirstToken)
+        .count();
+    assert_eq!(first_tokens, 1, "events: {:?}", pool.events());
+}
+
 #[tokio::test]
 async fn server_errors_fail_the_request() {
     let pool = ScriptedPool::new(&[A]);
@@ -731,6 +789,37 @@ async fn bbr_sets_model_headers_and_clears_the_route_cache() {
         assert!(route.clear_route_cache);
         assert_eq!(route.metadata_destination, None);
     }
+}
+
+/// As `large_response_chunks_pass_in_answers_of_at_most_62000_bytes`, for the body-based router
+/// (found by the `extproc_bbr` fuzz target): a request passed through unrouted and a response
+/// chunk, each larger than 62,000 bytes, go back in answers of at most `MAX_CHUNK` bytes.
+#[tokio::test]
+async fn bbr_passes_large_chunks_in_answers_of_at_most_62000_bytes() {
+    let (_s, envoy) = bbr().await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/files", &[], false)).await;
+    ex.next().await;
+    let big = vec![b'x'; MAX_CHUNK + 1];
+    ex.send(request_body(&big, true)).await;
+    let sizes: Vec<(usize, bool)> = ex
+        .streamed_body(true, usize::MAX)
+        .await
+        .iter()
+        .map(|(b, eos)| (b.len(), *eos))
+        .collect();
+    assert_eq!(sizes, [(MAX_CHUNK, false), (1, true)]);
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    ex.next().await;
+    ex.send(response_body(&big, true)).await;
+    let sizes: Vec<(usize, bool)> = ex
+        .streamed_body(false, usize::MAX)
+        .await
+        .iter()
+        .map(|(b, eos)| (b.len(), *eos))
+        .collect();
+    assert_eq!(sizes, [(MAX_CHUNK, false), (1, true)]);
 }
 
 #[tokio::test]

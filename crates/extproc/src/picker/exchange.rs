@@ -53,6 +53,9 @@ struct Routed<G> {
     status: u16,
     /// What the response is read for (first token, usage).
     watch: ResponseWatch,
+    /// The first token was reported: a second response headers message starts a new watch,
+    /// which must not report (and time) the first token again.
+    first_token_seen: bool,
     rewriter: Option<ModelRewriter>,
     /// The decision's summary, for the `x-infergate-explain` response header.
     explanation: Option<String>,
@@ -192,11 +195,9 @@ impl<P: EndpointPool> PickerExchange<P> {
 
     fn on_request_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) -> Flow {
         if self.phase != Phase::Body {
-            // Not expected (already routed); pass it on unchanged.
+            // Not expected (already routed); pass it on unchanged, in chunks the answer may carry.
             match self.request_mode {
-                BodyMode::FullDuplex => {
-                    out.push(wire::streamed_chunk(true, b.body, b.end_of_stream))
-                }
+                BodyMode::FullDuplex => wire::push_chunks(out, true, b.body, b.end_of_stream),
                 _ => out.push(wire::buffered_body(true, Default::default(), None)),
             }
             return Flow::Continue;
@@ -356,6 +357,7 @@ impl<P: EndpointPool> PickerExchange<P> {
             model,
             status: 200,
             watch: ResponseWatch::new(200, stream, self.shared.config.max_response_scan_bytes),
+            first_token_seen: false,
             rewriter: None,
             explanation: self.explanation.take(),
             routed_at,
@@ -403,8 +405,10 @@ impl<P: EndpointPool> PickerExchange<P> {
     fn on_response_body(&mut self, b: HttpBody, out: &mut Vec<ProcessingResponse>) {
         if let Some(r) = self.routed.as_mut()
             && r.watch.feed(&b.body)
+            && !r.first_token_seen
             && let Some(i) = r.inflight.as_mut()
         {
+            r.first_token_seen = true;
             i.first_token();
             self.shared
                 .counters
@@ -413,9 +417,10 @@ impl<P: EndpointPool> PickerExchange<P> {
         let eos = b.end_of_stream;
         let rewriter = self.routed.as_mut().and_then(|r| r.rewriter.as_mut());
         match (self.response_mode, rewriter) {
-            (BodyMode::FullDuplex, None) => out.push(wire::streamed_chunk(false, b.body, eos)),
+            // Envoy's chunk, or its rewrite, may be larger than one answer may carry.
+            (BodyMode::FullDuplex, None) => wire::push_chunks(out, false, b.body, eos),
             (BodyMode::FullDuplex, Some(rw)) => {
-                out.push(wire::streamed_chunk(false, rw.feed(&b.body, eos), eos));
+                wire::push_chunks(out, false, rw.feed(&b.body, eos), eos);
             }
             (BodyMode::Buffered | BodyMode::HeadersOnly, None) => {
                 out.push(wire::buffered_body(false, Default::default(), None));
