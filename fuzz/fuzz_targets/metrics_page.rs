@@ -25,13 +25,22 @@ fuzz_target!(|data: &[u8]| {
     let s = &first.snapshot;
     assert_eq!(s.sampled_at, Timestamp::from_millis(50));
     assert!(fraction(s.kv_cache_usage), "kv {:?}", s.kv_cache_usage);
-    assert!(fraction(s.prefix_cache_hit_rate), "hit rate {:?}", s.prefix_cache_hit_rate);
+    assert!(
+        fraction(s.prefix_cache_hit_rate),
+        "hit rate {:?}",
+        s.prefix_cache_hit_rate
+    );
     if let Some(c) = &first.counters {
         assert!(c.queries.is_finite() && c.queries >= 0.0);
         assert!(c.hits.is_finite() && c.hits >= 0.0);
     }
     // The same page again, with the first parse's counters: still accepted, still sane.
-    let second = match parse_page(engine, page, first.counters.as_ref(), Timestamp::from_millis(100)) {
+    let second = match parse_page(
+        engine,
+        page,
+        first.counters.as_ref(),
+        Timestamp::from_millis(100),
+    ) {
         Ok(p) => p,
         Err(e) => panic!("a page accepted once is refused the second time: {e}"),
     };
