@@ -3,7 +3,7 @@ use crate::config::GatewayConfig;
 
 fn parse(limits: &str) -> Result<GatewayConfig, String> {
     GatewayConfig::from_yaml(&format!(
-        "limits: {limits}\nmodels:\n  - name: m\n    endpoints: [127.0.0.1:1]\n"
+        "auth: none\nlimits: {limits}\nmodels:\n  - name: m\n    endpoints: [127.0.0.1:1]\n"
     ))
     .map_err(|e| e.to_string())
 }
@@ -93,7 +93,7 @@ fn absurd_values_are_clamped_not_a_panic() {
     let now = tokio::time::Instant::now();
     let _ = now + l.body_read_timeout();
     let t = GatewayConfig::from_yaml(&format!(
-        "timeouts: {{ connectMs: {max}, firstByteMs: {max}, idleMs: {max}, \
+        "auth: none\ntimeouts: {{ connectMs: {max}, firstByteMs: {max}, idleMs: {max}, \
          poolIdleMs: {max} }}\nmodels:\n  - name: m\n"
     ))
     .unwrap()
