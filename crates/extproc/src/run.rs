@@ -131,9 +131,11 @@ pub async fn report_pods(pool: LivePool, telemetry: Telemetry) {
         let now = pool.clock().now();
         let (mut ready, mut stale) = (0_i64, 0_i64);
         for info in pool.endpoints_info() {
-            let fresh = info.metrics.is_some_and(|m| {
-                stale_after.is_none_or(|max| now.saturating_since(m.sampled_at) <= max)
-            });
+            // Late pods (alive, slow to answer `/metrics`) are routed on; failed ones are not.
+            let fresh = match stale_after {
+                Some(max) => infergate_pool::routable(&info, now, max) == Some(true),
+                None => info.metrics.is_some(),
+            };
             if fresh {
                 ready += 1;
             } else {

@@ -181,7 +181,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                     std::hint::black_box(s);
                     snapshots.fetch_add(1, Ordering::Relaxed);
                 }
-                Update::Stale { .. } => {
+                Update::Late { .. } | Update::Stale { .. } => {
                     stale.fetch_add(1, Ordering::Relaxed);
                 }
             }

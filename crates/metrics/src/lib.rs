@@ -29,7 +29,7 @@ pub mod telemetry;
 
 pub use error::{Error, HttpError, ParseError, ScrapeError};
 pub use parse::{ParsedPage, PrefixCounters, families, parse_page};
-pub use scraper::{Clock, Scraper, ScraperConfig, Sink, Target, Update};
+pub use scraper::{Clock, ScrapeState, Scraper, ScraperConfig, Sink, Target, Update};
 pub use telemetry::ScrapeMetrics;
 
 /// The pod label that names a pod's engine (Gateway API Inference Extension convention).

@@ -9,9 +9,21 @@
 //! permit from a shared semaphore so that at most [`ScraperConfig::max_concurrency`] scrapes are in
 //! flight. Page buffers come from a pool the size of that bound, not one per pod.
 //!
-//! Freshness is judged by the task itself, on a timer that runs while a scrape hangs: a target
-//! whose last good page is older than [`ScraperConfig::stale_after`] is reported [`Update::Stale`]
-//! once, and fresh again with its next good page. Both transitions are logged once.
+//! Freshness is judged by the task itself, on a timer that runs while a scrape hangs. A target is
+//! in one of three states ([`ScrapeState`]):
+//! - **ok**: its last good page is at most [`ScraperConfig::stale_after`] old;
+//! - **late**: no good page for longer than that, but the scrape in flight is connected to a
+//!   server whose last scrape succeeded — the server is alive and slow to answer (a loaded vLLM
+//!   answers `/metrics` on the event loop that streams tokens, so a page can take seconds). It is
+//!   reported [`Update::Late`] once, and may stay late until [`ScraperConfig::max_late`] after the
+//!   scrape started;
+//! - **failed**: a scrape failed (connect refused, reset, an HTTP or parse error, a late scrape
+//!   past `max_late`), or no connection was made within the staleness threshold. Reported
+//!   [`Update::Stale`] at once — a refused connection means the server is gone now, not after
+//!   `stale_after`.
+//!
+//! The next good page makes the target ok again ([`Update::Snapshot`]). Every transition is
+//! logged once.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -24,6 +36,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::Uri;
+pub use infergate_scheduler::ScrapeState;
 use infergate_scheduler::{EngineType, MetricsSnapshot, Timestamp};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot};
@@ -40,16 +53,20 @@ mod conn;
 #[doc(hidden)]
 pub use conn::fuzzing;
 
-/// Scraper settings. Defaults: 50 ms interval, stale after 250 ms, 250 ms timeout, 4 MiB cap,
-/// 128 scrapes in flight, on a thread of its own.
+/// Scraper settings. Defaults: 50 ms interval, stale after 250 ms, 250 ms timeout, late for at
+/// most 20 s, 4 MiB cap, 128 scrapes in flight, on a thread of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScraperConfig {
     /// Time between the starts of two scrapes of one target.
     pub interval: Duration,
     /// A target whose last good page is older than this is reported stale.
     pub stale_after: Duration,
-    /// Limit on one scrape: connecting, sending, and reading the whole page.
+    /// Limit on one scrape that has no connection to the server yet (connecting, or waiting for
+    /// a permit), and on a connected one before it counts as slow.
     pub timeout: Duration,
+    /// Limit on one scrape once connected to a server that answered its last scrape: until then
+    /// a slow page makes the target late (still routed on its last page), not failed.
+    pub max_late: Duration,
     /// Cap on the bytes read from one page (a real vLLM page is 60–80 KB).
     pub max_body_bytes: usize,
     /// Scrapes in flight at once, across all targets.
@@ -68,6 +85,7 @@ impl Default for ScraperConfig {
             interval: Duration::from_millis(50),
             stale_after: Duration::from_millis(250),
             timeout: Duration::from_millis(250),
+            max_late: Duration::from_secs(20),
             max_body_bytes: 4 << 20,
             max_concurrency: 128,
             own_thread: true,
@@ -83,6 +101,11 @@ impl ScraperConfig {
         }
         if self.timeout.is_zero() {
             return Err(Error::InvalidConfig("timeout must be above zero"));
+        }
+        if self.max_late < self.timeout {
+            return Err(Error::InvalidConfig(
+                "max_late must be at least the timeout",
+            ));
         }
         if self.stale_after < self.interval {
             return Err(Error::InvalidConfig(
@@ -165,15 +188,30 @@ impl<K> Target<K> {
 /// What the scraper reports about a target.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {
-    /// A good page was read: the target is fresh, with this state.
+    /// A good page was read: the target is fresh ([`ScrapeState::Ok`]), with this state.
     Snapshot(MetricsSnapshot),
-    /// No good page for longer than the staleness threshold: its last state must not be routed on.
-    /// Sent once per transition; the next [`Update::Snapshot`] makes the target fresh again.
+    /// The target went [`ScrapeState::Late`]: its scrape is connected but has not answered within
+    /// the staleness threshold. Its last page is old but the server is alive; the next
+    /// [`Update::Snapshot`] or [`Update::Stale`] ends it. Sent once per transition.
+    Late {
+        /// When the target was judged late.
+        at: Timestamp,
+        /// When its last good page was read.
+        last_sampled: Option<Timestamp>,
+        /// When the scrape in flight started.
+        scrape_started: Timestamp,
+    },
+    /// The target went [`ScrapeState::Failed`]: its last state must not be routed on. Sent once
+    /// per transition (and once more, with `unreachable`, when a failure first seen as a reset
+    /// turns into refused connections); the next [`Update::Snapshot`] makes it fresh again.
     Stale {
-        /// When the target was judged stale.
+        /// When the target was judged failed.
         at: Timestamp,
         /// When its last good page was read, if ever.
         last_sampled: Option<Timestamp>,
+        /// The failure was a refused or failed connection: nothing listens there (the process is
+        /// gone), so whatever answers next is a new process.
+        unreachable: bool,
     },
 }
 
@@ -422,7 +460,7 @@ fn phase(n: u64, interval: Duration) -> Duration {
 /// Keeps the gauges right however the task ends (removal aborts it mid-await).
 struct Gauges<'a> {
     metrics: &'a ScrapeMetrics,
-    stale: bool,
+    state: ScrapeState,
 }
 
 impl<'a> Gauges<'a> {
@@ -430,21 +468,22 @@ impl<'a> Gauges<'a> {
         metrics.targets_delta(1);
         Gauges {
             metrics,
-            stale: false,
+            state: ScrapeState::Ok,
         }
     }
 
-    fn set_stale(&mut self, stale: bool) {
-        if stale != self.stale {
-            self.stale = stale;
-            self.metrics.stale_delta(if stale { 1 } else { -1 });
+    fn set(&mut self, state: ScrapeState) {
+        if state != self.state {
+            self.metrics.state_delta(self.state, -1);
+            self.metrics.state_delta(state, 1);
+            self.state = state;
         }
     }
 }
 
 impl Drop for Gauges<'_> {
     fn drop(&mut self) {
-        self.set_stale(false);
+        self.set(ScrapeState::Ok);
         self.metrics.targets_delta(-1);
     }
 }
@@ -457,44 +496,91 @@ struct Freshness<'a, K> {
     gauges: Gauges<'a>,
     added: Instant,
     last_good: Option<Instant>,
-    stale: bool,
+    /// When the target went late or failed (for the log line that ends it).
+    since: Instant,
     last_error: Option<ScrapeError>,
+    /// Whether the current failure was reported unreachable.
+    unreachable: bool,
 }
 
 impl<K: Debug + 'static> Freshness<'_, K> {
+    fn state(&self) -> ScrapeState {
+        self.gauges.state
+    }
+
     fn deadline(&self) -> Instant {
         self.last_good.unwrap_or(self.added) + self.shared.config.stale_after
     }
 
-    fn mark_stale(&mut self) {
-        self.stale = true;
-        self.gauges.set_stale(true);
+    /// The staleness threshold passed with the scrape that started at `started` in flight.
+    fn overdue(&mut self, started: Instant, connected: bool) {
+        // Late needs a live server: connected now, and its last scrape was good.
+        if connected && self.last_good.is_some() && self.last_error.is_none() {
+            self.mark_late(started);
+        } else {
+            self.mark_failed(self.deadline(), false);
+        }
+    }
+
+    fn mark_late(&mut self, started: Instant) {
+        self.gauges.set(ScrapeState::Late);
+        self.since = Instant::now();
         let clock = self.shared.clock;
-        let at = clock.at(self.deadline());
+        let (id, engine) = (self.id, self.engine);
+        tracing::warn!(
+            target_id = ?id, %engine,
+            scrape_ms = started.elapsed().as_millis() as u64,
+            "metrics target is late: connected, no page within the threshold; routed on its last page"
+        );
+        self.shared.sink.update(
+            self.id,
+            Update::Late {
+                at: clock.at(self.deadline()),
+                last_sampled: self.last_good.map(|t| clock.at(t)),
+                scrape_started: clock.at(started),
+            },
+        );
+    }
+
+    fn mark_failed(&mut self, at: Instant, unreachable: bool) {
+        self.gauges.set(ScrapeState::Failed);
+        self.unreachable = unreachable;
+        self.since = Instant::now();
+        let clock = self.shared.clock;
         let last_sampled = self.last_good.map(|t| clock.at(t));
         let (id, engine) = (self.id, self.engine);
         match &self.last_error {
             Some(e) => tracing::warn!(
                 target_id = ?id, %engine, error = %e, cause = ?std::error::Error::source(e),
-                "metrics target is stale"
+                unreachable, "metrics target failed: not routed on until it answers again"
             ),
             None => tracing::warn!(
                 target_id = ?id, %engine,
-                "metrics target is stale: no page within the threshold"
+                "metrics target failed: no connection within the threshold"
             ),
         }
-        self.shared
-            .sink
-            .update(self.id, Update::Stale { at, last_sampled });
+        self.shared.sink.update(
+            self.id,
+            Update::Stale {
+                at: clock.at(at),
+                last_sampled,
+                unreachable,
+            },
+        );
     }
 
     fn good(&mut self, snapshot: MetricsSnapshot) {
         self.last_good = Some(Instant::now());
         self.last_error = None;
-        if self.stale {
-            self.stale = false;
-            self.gauges.set_stale(false);
-            tracing::info!(target_id = ?self.id, engine = %self.engine, "metrics target is fresh again");
+        self.unreachable = false;
+        let was = self.state();
+        if was != ScrapeState::Ok {
+            self.gauges.set(ScrapeState::Ok);
+            tracing::info!(
+                target_id = ?self.id, engine = %self.engine, was = was.as_str(),
+                for_ms = self.since.elapsed().as_millis() as u64,
+                "metrics target is fresh again"
+            );
         }
         self.shared.sink.update(self.id, Update::Snapshot(snapshot));
     }
@@ -502,7 +588,14 @@ impl<K: Debug + 'static> Freshness<'_, K> {
     fn bad(&mut self, e: ScrapeError) {
         self.shared.metrics.count_error(e.metric_label());
         tracing::debug!(target_id = ?self.id, engine = %self.engine, error = %e, "scrape failed");
+        let unreachable = matches!(e, ScrapeError::Connect(_));
         self.last_error = Some(e);
+        // A failed scrape fails the target at once: a refused connection is a server gone now.
+        // A failure that turns out to be unreachable (reset first, refused next) is reported
+        // again, once, saying so.
+        if self.state() != ScrapeState::Failed || (unreachable && !self.unreachable) {
+            self.mark_failed(Instant::now(), unreachable);
+        }
     }
 }
 
@@ -523,8 +616,9 @@ async fn run_target<K: Debug + 'static>(
         gauges: Gauges::new(&shared.metrics),
         added,
         last_good: None,
-        stale: false,
+        since: added,
         last_error: None,
+        unreachable: false,
     };
     let mut conn = None;
     let mut counters: Option<PrefixCounters> = None;
@@ -540,21 +634,31 @@ async fn run_target<K: Debug + 'static>(
     loop {
         if !first {
             tokio::select! {
+                // A due scrape goes first: it judges the target better than the timer can.
+                biased;
                 _ = ticker.tick() => {}
-                () = &mut stale_timer, if !state.stale => {
-                    state.mark_stale();
+                () = &mut stale_timer, if state.state() == ScrapeState::Ok => {
+                    // No scrape in flight (this task ran late): alive if its kept-alive
+                    // connection to a server that answered is still there.
+                    state.overdue(Instant::now(), conn.is_some());
                     continue;
                 }
             }
         }
         first = false;
 
-        let scrape = scrape_once(&shared, engine, &endpoint, &mut conn, counters);
+        let started = Instant::now();
+        endpoint.connected.store(false, Ordering::Relaxed);
+        // Only a server that answered its last scrape may be late; any other waits `timeout`.
+        let may_be_late = state.last_good.is_some() && state.last_error.is_none();
+        let scrape = scrape_once(&shared, engine, &endpoint, &mut conn, counters, may_be_late);
         tokio::pin!(scrape);
         let result = loop {
             tokio::select! {
                 r = &mut scrape => break r,
-                () = &mut stale_timer, if !state.stale => state.mark_stale(),
+                () = &mut stale_timer, if state.state() == ScrapeState::Ok => {
+                    state.overdue(started, endpoint.connected.load(Ordering::Relaxed));
+                }
             }
         };
         match result {
@@ -568,34 +672,45 @@ async fn run_target<K: Debug + 'static>(
     }
 }
 
-/// Takes a permit and a buffer, fetches and parses one page within the timeout.
+/// Takes a permit and a buffer, fetches and parses one page: within [`ScraperConfig::timeout`],
+/// or, when `may_be_late` and connected by then, within [`ScraperConfig::max_late`].
 async fn scrape_once<K>(
     shared: &Shared<K>,
     engine: EngineType,
     endpoint: &conn::Endpoint,
     conn: &mut Option<conn::Conn>,
     counters: Option<PrefixCounters>,
+    may_be_late: bool,
 ) -> Result<(MetricsSnapshot, Option<PrefixCounters>), ScrapeError> {
     let config = &shared.config;
     // The semaphore is never closed, so acquiring only fails if it were; treat that as no limit.
     let _permit = shared.permits.acquire().await.ok();
+    let started = Instant::now();
     let mut buf = shared
         .buffers
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .pop()
         .unwrap_or_default();
-    let started = Instant::now();
-    let fetched = tokio::time::timeout(
-        config.timeout,
-        conn::fetch(conn, endpoint, &mut buf, config.max_body_bytes),
-    )
-    .await;
+    let fetched = {
+        let fetch = conn::fetch(conn, endpoint, &mut buf, config.max_body_bytes);
+        tokio::pin!(fetch);
+        match tokio::time::timeout_at(started + config.timeout, &mut fetch).await {
+            Ok(r) => Ok(r),
+            // Connected to a live server: a slow page is late, and worth waiting for.
+            Err(_) if may_be_late && endpoint.connected.load(Ordering::Relaxed) => {
+                tokio::time::timeout_at(started + config.max_late, &mut fetch)
+                    .await
+                    .map_err(|_| config.max_late)
+            }
+            Err(_) => Err(config.timeout),
+        }
+    };
     let result = match fetched {
-        Err(_elapsed) => {
+        Err(limit) => {
             // The exchange was abandoned mid-way: the connection cannot be reused.
             *conn = None;
-            Err(ScrapeError::Timeout(config.timeout))
+            Err(ScrapeError::Timeout(limit))
         }
         Ok(Err(e)) => Err(e),
         Ok(Ok(page)) => parse_page(engine, &buf[page], counters.as_ref(), shared.clock.now())

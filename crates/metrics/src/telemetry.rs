@@ -21,6 +21,7 @@ pub struct ScrapeMetrics {
     duration: Histogram,
     errors: Family<ReasonLabel, Counter>,
     stale: Gauge,
+    late: Gauge,
     targets: Gauge,
 }
 
@@ -31,6 +32,7 @@ impl Default for ScrapeMetrics {
             duration: Histogram::new(exponential_buckets(0.000_25, 2.0, 15)),
             errors: Family::default(),
             stale: Gauge::default(),
+            late: Gauge::default(),
             targets: Gauge::default(),
         }
     }
@@ -39,7 +41,8 @@ impl Default for ScrapeMetrics {
 impl ScrapeMetrics {
     /// Creates the metrics and registers them in `registry` under `infergate_metrics_`:
     /// `scrape_duration_seconds` (histogram, successful and failed scrapes),
-    /// `scrape_errors_total{reason}`, `stale_targets` and `targets` (gauges).
+    /// `scrape_errors_total{reason}`, `stale_targets` (failed: not routed on), `late_targets`
+    /// (connected, slow: routed on their last page) and `targets` (gauges).
     pub fn register(registry: &mut Registry) -> Self {
         let m = ScrapeMetrics::default();
         let sub = registry.sub_registry_with_prefix("infergate_metrics");
@@ -56,8 +59,13 @@ impl ScrapeMetrics {
         );
         sub.register(
             "stale_targets",
-            "Scrape targets whose last good page is older than the staleness threshold",
+            "Scrape targets whose scrapes failed (refused, reset, an HTTP or parse error, nothing connected within the staleness threshold); not routed on",
             m.stale.clone(),
+        );
+        sub.register(
+            "late_targets",
+            "Scrape targets with no page within the staleness threshold but a scrape connected to a server that answered its last one; routed on their last page",
+            m.late.clone(),
         );
         sub.register("targets", "Scrape targets being polled", m.targets.clone());
         m
@@ -71,8 +79,16 @@ impl ScrapeMetrics {
         self.errors.get_or_create(&[("reason", reason)]).inc();
     }
 
-    pub(crate) fn stale_delta(&self, delta: i64) {
-        self.stale.inc_by(delta);
+    pub(crate) fn state_delta(&self, state: crate::ScrapeState, delta: i64) {
+        match state {
+            crate::ScrapeState::Ok => {}
+            crate::ScrapeState::Late => {
+                self.late.inc_by(delta);
+            }
+            crate::ScrapeState::Failed => {
+                self.stale.inc_by(delta);
+            }
+        }
     }
 
     pub(crate) fn targets_delta(&self, delta: i64) {
@@ -84,8 +100,13 @@ impl ScrapeMetrics {
         self.errors.get_or_create(&[("reason", reason)]).get()
     }
 
-    /// Targets currently stale.
+    /// Targets currently failed (stale).
     pub fn stale_targets(&self) -> i64 {
         self.stale.get()
+    }
+
+    /// Targets currently late.
+    pub fn late_targets(&self) -> i64 {
+        self.late.get()
     }
 }

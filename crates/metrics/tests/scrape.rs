@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use infergate_metrics::{Clock, ScrapeMetrics, Scraper, ScraperConfig, Target, Update};
+use infergate_metrics::{
+    Clock, ScrapeMetrics, ScrapeState, Scraper, ScraperConfig, Target, Update,
+};
 use infergate_scheduler::{
     EndpointMeta, EngineType, Preset, RequestContext, Scheduler, SchedulerConfig,
 };
@@ -199,134 +201,229 @@ async fn chunked_pages_are_read_too() {
 
 /// The contract of the issue: a pod that stops answering is excluded from picking within the
 /// staleness threshold plus one interval, and readmitted once it answers again.
+/// Two pods behind a scheduler, fed by the scraper the way the pool feeds it.
+struct Routed {
+    a: TestServer,
+    b: TestServer,
+    scraper: Scraper<u32>,
+    rx: Events,
+    sched: Scheduler,
+    rng: SmallRng,
+    metrics: ScrapeMetrics,
+    registry: Registry,
+    /// Every late and stale report: (target, "late" | "stale", when, unreachable).
+    log: Vec<(u32, &'static str, Instant, bool)>,
+}
+
+impl Routed {
+    async fn start(config: ScraperConfig) -> Routed {
+        let stale_after = config.stale_after;
+        let a = TestServer::start(page(VLLM_IDLE)).await;
+        let b = TestServer::start(page(VLLM_QUEUED)).await;
+        let mut registry = Registry::default();
+        let metrics = ScrapeMetrics::register(&mut registry);
+        let (scraper, rx) = start(config, metrics.clone());
+        let mut sched_cfg = SchedulerConfig::preset(Preset::Infergate);
+        sched_cfg.max_metrics_age = Some(stale_after);
+        let mut sched = Scheduler::new(sched_cfg).unwrap();
+        for (id, addr) in [a.addr, b.addr].into_iter().enumerate() {
+            sched.upsert_endpoint(EndpointMeta {
+                namespace: "default".to_owned(),
+                pod: format!("pod-{id}"),
+                addr,
+                engine: EngineType::Vllm,
+                gpu: None,
+                labels: Default::default(),
+            });
+            let id = u32::try_from(id).unwrap();
+            scraper
+                .upsert(Target::new(id, addr, EngineType::Vllm))
+                .unwrap();
+        }
+        Routed {
+            a,
+            b,
+            scraper,
+            rx,
+            sched,
+            rng: SmallRng::seed_from_u64(7),
+            metrics,
+            registry,
+            log: Vec::new(),
+        }
+    }
+
+    /// Drains the scraper's reports into the scheduler and picks once, as the pool does.
+    fn pick(&mut self) -> Vec<SocketAddr> {
+        let addrs = [self.a.addr, self.b.addr];
+        while let Ok((id, u, at)) = self.rx.try_recv() {
+            let addr = addrs[id as usize];
+            match u {
+                Update::Snapshot(s) => self.sched.apply_metrics(addr, s).unwrap(),
+                Update::Late { last_sampled, .. } => {
+                    assert!(last_sampled.is_some());
+                    self.sched
+                        .set_scrape_state(addr, ScrapeState::Late)
+                        .unwrap();
+                    self.log.push((id, "late", at, false));
+                }
+                Update::Stale {
+                    last_sampled,
+                    unreachable,
+                    ..
+                } => {
+                    assert!(last_sampled.is_some());
+                    self.sched
+                        .set_scrape_state(addr, ScrapeState::Failed)
+                        .unwrap();
+                    self.log.push((id, "stale", at, unreachable));
+                }
+            }
+        }
+        let now = self.scraper.clock().now();
+        let d = self
+            .sched
+            .pick(&RequestContext::new("tiny", 16), now, &mut self.rng)
+            .unwrap();
+        let chosen = d.endpoints.as_slice().to_vec();
+        self.sched.cancel(d.ticket, now);
+        chosen
+    }
+
+    /// Picks every 5 ms until `a`'s presence in the pick is `present`; panics after `bound`
+    /// from `since`. Returns when.
+    async fn until_a(&mut self, present: bool, since: Instant, bound: Duration) -> Instant {
+        loop {
+            if self.pick().contains(&self.a.addr) == present {
+                return Instant::now();
+            }
+            assert!(
+                since.elapsed() <= bound,
+                "A {} after {:?}",
+                if present { "still out" } else { "still picked" },
+                since.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A pod whose page is slow (connected, answering nothing) is late, not failed: it stays a
+/// candidate on its last page until `max_late`, then fails; it is readmitted with its next page.
 #[tokio::test]
-async fn a_pod_that_stops_answering_is_not_picked_until_it_answers_again() {
+async fn a_slow_pod_is_late_and_still_picked_then_failed_after_max_late() {
     let config = ScraperConfig {
         interval: Duration::from_millis(50),
         stale_after: Duration::from_millis(200),
         timeout: Duration::from_millis(100),
+        max_late: Duration::from_millis(700),
         ..ScraperConfig::default()
     };
-    let (stale_after, interval) = (config.stale_after, config.interval);
-    let a = TestServer::start(page(VLLM_IDLE)).await;
-    let b = TestServer::start(page(VLLM_QUEUED)).await;
-    let mut registry = Registry::default();
-    let metrics = ScrapeMetrics::register(&mut registry);
-    let (scraper, mut rx) = start(config, metrics.clone());
-    let clock = scraper.clock();
-
-    let mut sched_cfg = SchedulerConfig::preset(Preset::Infergate);
-    sched_cfg.max_metrics_age = Some(stale_after);
-    let mut sched = Scheduler::new(sched_cfg).unwrap();
-    let addrs: [SocketAddr; 2] = [a.addr, b.addr];
-    for (id, addr) in addrs.iter().enumerate() {
-        sched.upsert_endpoint(EndpointMeta {
-            namespace: "default".to_owned(),
-            pod: format!("pod-{id}"),
-            addr: *addr,
-            engine: EngineType::Vllm,
-            gpu: None,
-            labels: Default::default(),
-        });
-        scraper
-            .upsert(Target::new(
-                u32::try_from(id).unwrap(),
-                *addr,
-                EngineType::Vllm,
-            ))
-            .unwrap();
-    }
-    let mut rng = SmallRng::seed_from_u64(7);
-    let mut stale_log: Vec<(u32, Instant)> = Vec::new();
-    // Drains the scraper's reports into the scheduler and picks once, as a shell would.
-    let mut pick = |rx: &mut Events, sched: &mut Scheduler, stale_log: &mut Vec<(u32, Instant)>| {
-        while let Ok((id, u, at)) = rx.try_recv() {
-            match u {
-                Update::Snapshot(s) => sched.apply_metrics(addrs[id as usize], s).unwrap(),
-                Update::Stale { last_sampled, .. } => {
-                    assert!(last_sampled.is_some());
-                    stale_log.push((id, at));
-                }
-            }
-        }
-        let now = clock.now();
-        let d = sched
-            .pick(&RequestContext::new("tiny", 16), now, &mut rng)
-            .unwrap();
-        let chosen = d.endpoints.as_slice().to_vec();
-        sched.cancel(d.ticket, now);
-        chosen
-    };
+    let (stale_after, interval, max_late) = (config.stale_after, config.interval, config.max_late);
+    let mut r = Routed::start(config).await;
 
     // Both pods answer: both are candidates.
     tokio::time::sleep(interval * 3).await;
-    let chosen = pick(&mut rx, &mut sched, &mut stale_log);
+    let chosen = r.pick();
     assert!(
-        chosen.contains(&a.addr) && chosen.contains(&b.addr),
+        chosen.contains(&r.a.addr) && chosen.contains(&r.b.addr),
         "{chosen:?}"
     );
 
-    // Pod A stops answering (accepts, reads the request, never replies).
-    a.set(Mode::Hang);
+    // Pod A stops answering (accepts, reads the request, never replies) on its kept-alive
+    // connection: late after the staleness threshold, and still picked.
+    r.a.set(Mode::Hang);
     let stopped = Instant::now();
-    let bound = stale_after + interval;
-    let excluded_at = loop {
-        if !pick(&mut rx, &mut sched, &mut stale_log).contains(&a.addr) {
-            break Instant::now();
-        }
-        assert!(
-            stopped.elapsed() <= bound,
-            "A still picked {:?} after it stopped",
-            stopped.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    assert!(excluded_at - stopped <= bound);
-    // The scraper reports the transition once, within the same bound.
-    tokio::time::sleep(interval).await;
-    let _ = pick(&mut rx, &mut sched, &mut stale_log);
-    assert_eq!(stale_log.len(), 1, "{stale_log:?}");
-    let (id, stale_seen) = stale_log[0];
-    assert_eq!(id, 0);
+    tokio::time::sleep(stale_after + interval * 2).await;
+    assert!(r.pick().contains(&r.a.addr), "a late pod stays a candidate");
+    assert_eq!(r.log.len(), 1, "{:?}", r.log);
+    let (id, what, late_at, _) = r.log[0];
+    assert_eq!((id, what), (0, "late"));
     assert!(
-        stale_seen - stopped <= bound,
-        "stale after {:?}",
-        stale_seen - stopped
+        late_at - stopped <= stale_after + interval,
+        "late after {:?}",
+        late_at - stopped
     );
-    assert_eq!(metrics.stale_targets(), 1);
-    // It stays out while it does not answer.
-    tokio::time::sleep(interval * 4).await;
-    assert!(!pick(&mut rx, &mut sched, &mut stale_log).contains(&a.addr));
-    assert!(metrics.errors("timeout") >= 1);
     assert_eq!(
-        stale_log.len(),
-        1,
-        "stale is reported once, not every interval"
+        (r.metrics.late_targets(), r.metrics.stale_targets()),
+        (1, 0)
     );
 
-    // Pod A answers again: readmitted with its next good scrape (at most one timeout for the hung
-    // scrape to give up, plus one interval).
-    a.set(page(VLLM_IDLE));
+    // The hung scrape gives up at max_late (it started at most one interval after the stop):
+    // failed, out of the candidates, reported once.
+    let out_at = r.until_a(false, stopped, max_late + interval * 2).await;
+    assert!(
+        out_at - stopped >= max_late - interval,
+        "failed early: {:?}",
+        out_at - stopped
+    );
+    tokio::time::sleep(interval * 4).await;
+    assert!(!r.pick().contains(&r.a.addr));
+    assert_eq!(r.log.len(), 2, "{:?}", r.log);
+    assert_eq!((r.log[1].0, r.log[1].1, r.log[1].3), (0, "stale", false));
+    assert_eq!(
+        (r.metrics.late_targets(), r.metrics.stale_targets()),
+        (0, 1)
+    );
+    assert!(r.metrics.errors("timeout") >= 1);
+
+    // A answers again: readmitted with its next good scrape (a failed pod's scrape in flight
+    // gives up at `timeout`, not `max_late`, then one interval).
+    r.a.set(page(VLLM_IDLE));
     let resumed = Instant::now();
-    loop {
-        if pick(&mut rx, &mut sched, &mut stale_log).contains(&a.addr) {
-            break;
-        }
-        assert!(
-            resumed.elapsed() <= Duration::from_millis(100) + interval * 2,
-            "A not readmitted after {:?}",
-            resumed.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(metrics.stale_targets(), 0);
+    r.until_a(true, resumed, Duration::from_millis(100) + interval * 2)
+        .await;
+    assert_eq!(
+        (r.metrics.late_targets(), r.metrics.stale_targets()),
+        (0, 0)
+    );
 
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    prometheus_client::encoding::text::encode(&mut text, &r.registry).unwrap();
     assert!(text.contains("infergate_metrics_scrape_duration_seconds_bucket"));
     assert!(text.contains("infergate_metrics_scrape_errors_total{reason=\"timeout\"}"));
     assert!(text.contains("infergate_metrics_stale_targets 0"));
+    assert!(text.contains("infergate_metrics_late_targets 0"));
     assert!(text.contains("infergate_metrics_targets 2"));
+}
+
+/// A pod whose process dies (its connections close, its port refuses) fails at once: within
+/// about one interval, well before the staleness threshold, and reported unreachable.
+#[tokio::test]
+async fn a_dead_pod_fails_at_once_not_after_the_threshold() {
+    let config = ScraperConfig {
+        interval: Duration::from_millis(50),
+        stale_after: Duration::from_millis(500),
+        timeout: Duration::from_millis(100),
+        ..ScraperConfig::default()
+    };
+    let interval = config.interval;
+    let mut r = Routed::start(config).await;
+    tokio::time::sleep(interval * 3).await;
+    assert!(r.pick().contains(&r.a.addr));
+
+    // The process dies: open connections close unanswered, nothing listens any more.
+    r.a.set(Mode::Close);
+    r.a.stop_listening();
+    let died = Instant::now();
+    let out_at = r.until_a(false, died, interval * 3).await;
+    assert!(
+        out_at - died <= interval * 3,
+        "out after {:?} (threshold 500 ms)",
+        out_at - died
+    );
+    assert_eq!(r.log.len(), 1, "{:?}", r.log);
+    let (id, what, at, unreachable) = r.log[0];
+    assert_eq!((id, what, unreachable), (0, "stale", true));
+    assert!(
+        at - died <= interval * 2 + Duration::from_millis(20),
+        "{:?}",
+        at - died
+    );
+    assert_eq!(r.metrics.stale_targets(), 1);
+    assert!(r.metrics.errors("connect") >= 1);
+    // B never left.
+    assert!(r.pick().contains(&r.b.addr));
 }
 
 /// Every way a page can go wrong, side by side with a healthy pod: the healthy pod keeps its
@@ -392,6 +489,9 @@ async fn bad_pods_are_counted_reported_stale_and_never_delay_a_healthy_one() {
             (id, Update::Stale { last_sampled, .. }) => {
                 assert_eq!(last_sampled, None, "pod {id} never had a good page");
                 *stale.entry(id).or_default() += 1;
+            }
+            (id, late @ Update::Late { .. }) => {
+                panic!("pod {id} never answered, so it cannot be late: {late:?}")
             }
         }
     }
@@ -482,4 +582,63 @@ async fn targets_can_be_replaced_and_shut_down() {
     while rx.try_recv().is_ok() {}
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(rx.try_recv().is_err());
+}
+
+/// The same contract on tokio's paused clock, where the timings are exact: a pod that answered
+/// and then hangs is late exactly `stale_after` after its last page and failed exactly
+/// `max_late` after the hung scrape started. (Only this test runs on the paused clock: the
+/// hung server sends nothing, so no loopback reply is in flight while timers jump.)
+#[tokio::test(start_paused = true)]
+async fn late_and_failed_happen_at_exact_times_on_the_paused_clock() {
+    let config = ScraperConfig {
+        interval: Duration::from_millis(50),
+        stale_after: Duration::from_millis(250),
+        timeout: Duration::from_millis(250),
+        max_late: Duration::from_secs(20),
+        own_thread: false,
+        ..ScraperConfig::default()
+    };
+    let slow = TestServer::start(page(VLLM_IDLE)).await;
+    let (scraper, mut rx) = start(config, ScrapeMetrics::default());
+    let clock = scraper.clock();
+    scraper
+        .upsert(Target::new(0, slow.addr, EngineType::Vllm))
+        .unwrap();
+    let (u, _) = next_for(&mut rx, 0, Duration::from_secs(1)).await;
+    let Update::Snapshot(first) = u else {
+        panic!("{u:?}")
+    };
+    // Hang from the next request on: the last good page is the one just read, or the one after.
+    slow.set(Mode::Hang);
+    let mut last_good = first.sampled_at;
+    let late = loop {
+        match next_for(&mut rx, 0, Duration::from_secs(30)).await.0 {
+            Update::Snapshot(s) => last_good = s.sampled_at,
+            other => break other,
+        }
+    };
+    let Update::Late {
+        at,
+        last_sampled,
+        scrape_started,
+    } = late
+    else {
+        panic!("{late:?}")
+    };
+    assert_eq!(last_sampled, Some(last_good));
+    assert_eq!(at.saturating_since(last_good), Duration::from_millis(250));
+    let (failed, seen) = next_for(&mut rx, 0, Duration::from_secs(30)).await;
+    let Update::Stale {
+        last_sampled,
+        unreachable,
+        ..
+    } = failed
+    else {
+        panic!("{failed:?}")
+    };
+    assert_eq!((last_sampled, unreachable), (Some(last_good), false));
+    assert_eq!(
+        clock.at(seen).saturating_since(scrape_started),
+        Duration::from_secs(20)
+    );
 }

@@ -23,11 +23,14 @@
 //!
 //! [`Scraper`]: infergate_metrics::Scraper
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use infergate_metrics::{Clock, ScrapeMetrics, Scraper, ScraperConfig, Target, Update};
+use infergate_metrics::{
+    Clock, ScrapeMetrics, ScrapeState, Scraper, ScraperConfig, Target, Update,
+};
 use infergate_scheduler::{
     Decision, EndpointInfo, EndpointMeta, Explanation, Ranked, Rejection, RequestContext,
     Scheduler, SchedulerConfig, Ticket, Usage,
@@ -61,6 +64,9 @@ pub struct PoolConfig {
 struct State {
     scheduler: Scheduler,
     rng: SmallRng,
+    /// Endpoints whose scrapes failed because nothing listened (connection refused): whatever
+    /// answers there next is a new process, whose speed must be learned afresh.
+    unreachable: HashSet<SocketAddr>,
 }
 
 /// The pool's own metrics.
@@ -146,6 +152,7 @@ impl LivePool {
         let state = Arc::new(Mutex::new(State {
             scheduler,
             rng: SmallRng::seed_from_u64(config.seed),
+            unreachable: HashSet::new(),
         }));
         let scrape_metrics = match registry.as_deref_mut() {
             Some(r) => ScrapeMetrics::register(r),
@@ -161,16 +168,31 @@ impl LivePool {
         }
         let telemetry = Telemetry::new(registry);
         let sink_state = Arc::clone(&state);
-        let sink = move |addr: &SocketAddr, update: Update| match update {
-            Update::Snapshot(snapshot) => {
-                if let Err(e) = lock(&sink_state).scheduler.apply_metrics(*addr, snapshot) {
-                    // The endpoint left the pool while its scrape was in flight.
-                    tracing::debug!(endpoint = %addr, error = %e, "snapshot for a removed endpoint dropped");
+        // The scraper has already logged every transition; the scheduler follows it: a late pod
+        // stays a candidate on its last page, a failed one leaves the candidates at once.
+        let sink = move |addr: &SocketAddr, update: Update| {
+            let mut st = lock(&sink_state);
+            let applied = match update {
+                Update::Snapshot(snapshot) => {
+                    let applied = st.scheduler.apply_metrics(*addr, snapshot);
+                    if applied.is_ok() && st.unreachable.remove(addr) {
+                        st.scheduler.forget_learned_rates(*addr);
+                        tracing::info!(endpoint = %addr, "endpoint answers again after being unreachable: its learned rates start afresh");
+                    }
+                    applied
                 }
+                Update::Late { .. } => st.scheduler.set_scrape_state(*addr, ScrapeState::Late),
+                Update::Stale { unreachable, .. } => {
+                    if unreachable {
+                        st.unreachable.insert(*addr);
+                    }
+                    st.scheduler.set_scrape_state(*addr, ScrapeState::Failed)
+                }
+            };
+            if let Err(e) = applied {
+                // The endpoint left the pool while its scrape was in flight.
+                tracing::debug!(endpoint = %addr, error = %e, "update for a removed endpoint dropped");
             }
-            // Nothing to do: the scheduler's freshness filter ages the old snapshot out by itself,
-            // and the scraper has already logged the transition.
-            Update::Stale { .. } => {}
         };
         let scraper = Scraper::spawn(config.scrape, clock, scrape_metrics, sink)?;
         Ok(LivePool {
@@ -237,7 +259,7 @@ impl LivePool {
         let now = self.shared.clock.now();
         let decision = {
             let mut st = lock(&self.shared.state);
-            let State { scheduler, rng } = &mut *st;
+            let State { scheduler, rng, .. } = &mut *st;
             scheduler.pick(req, now, rng)
         };
         self.shared
@@ -257,7 +279,7 @@ impl LivePool {
         let now = self.shared.clock.now();
         let (decision, explanation) = {
             let mut st = lock(&self.shared.state);
-            let State { scheduler, rng } = &mut *st;
+            let State { scheduler, rng, .. } = &mut *st;
             scheduler.pick_explained(req, now, rng)
         };
         self.shared
@@ -281,7 +303,8 @@ impl LivePool {
         )
     }
 
-    /// Whether at least one endpoint has metrics fresher than the staleness threshold.
+    /// Whether at least one endpoint can be routed on: metrics fresher than the staleness
+    /// threshold, or a late scrape (alive, slow) with metrics from before; never a failed one.
     pub fn is_ready(&self) -> bool {
         let now = self.shared.clock.now();
         let st = lock(&self.shared.state);
@@ -289,8 +312,7 @@ impl LivePool {
         addrs.into_iter().any(|a| {
             st.scheduler
                 .endpoint(a)
-                .and_then(|info| info.metrics)
-                .is_some_and(|m| now.saturating_since(m.sampled_at) <= self.shared.stale_after)
+                .is_some_and(|info| routable(&info, now, self.shared.stale_after) == Some(true))
         })
     }
 
@@ -336,6 +358,21 @@ impl LivePool {
     fn with_scheduler<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut lock(&self.shared.state).scheduler)
     }
+}
+
+/// Whether `info` can be routed on at `now` with `stale_after` as the age bound of an `ok`
+/// endpoint's metrics: `None` before its first page.
+pub fn routable(
+    info: &EndpointInfo,
+    now: infergate_scheduler::Timestamp,
+    stale_after: Duration,
+) -> Option<bool> {
+    let m = info.metrics.as_ref()?;
+    Some(match info.scrape {
+        ScrapeState::Failed => false,
+        ScrapeState::Late => true,
+        ScrapeState::Ok => now.saturating_since(m.sampled_at) <= stale_after,
+    })
 }
 
 /// The in-flight entry of one routed request. Report its outcome through it; dropping it without

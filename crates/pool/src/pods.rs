@@ -60,8 +60,11 @@ pub struct PodSample {
     pub name: String,
     /// Seconds since the last good page (`None` before the first one).
     pub metrics_age: Option<Duration>,
-    /// Whether the last good page is older than the staleness threshold (or there is none).
+    /// Whether the pod is not routed on: its scrapes failed, or its last good page is older
+    /// than the staleness threshold with no late scrape in flight, or there is none.
     pub stale: bool,
+    /// How its scrapes are going.
+    pub scrape: infergate_metrics::ScrapeState,
     /// Scraped queue depth.
     pub waiting: Option<u32>,
     /// Scraped running batch.
@@ -116,7 +119,8 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 addr: info.meta.addr,
                 name: format!("{}/{}", info.meta.namespace, info.meta.pod),
                 metrics_age: age,
-                stale: age.is_none_or(|a| a > stale_after),
+                stale: crate::routable(&info, now, stale_after) != Some(true),
+                scrape: info.scrape,
                 waiting: m.map(|m| m.waiting),
                 running: m.map(|m| m.running),
                 kv_cache_usage: m.and_then(|m| m.kv_cache_usage),
@@ -275,10 +279,30 @@ impl Collector for PodCollector {
         gauge(
             e,
             "infergate_pod_stale",
-            "1 when the pod's last good metrics page is older than the staleness threshold, or there is none (a scheduler with freshness on does not route to it), else 0",
+            "1 when the pod is not routed on (a scheduler with freshness on): its scrapes failed, or its last good metrics page is older than the staleness threshold with no late scrape, or there is none; else 0",
             &labelled,
             |s| Some(u64::from(s.stale)),
         )?;
+        if !labelled.is_empty() {
+            let mut family = e.encode_descriptor(
+                "infergate_pod_scrape_state",
+                "1 for the state the pod's scrapes are in: ok (fresh page), late (connected, no page within the staleness threshold: routed on its last page), failed (refused, reset, an HTTP or parse error: not routed on)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (l, s) in &labelled {
+                for state in infergate_metrics::ScrapeState::ALL {
+                    let labels = StateLabels {
+                        pod: l.pod.clone(),
+                        name: l.name.clone(),
+                        state: state.as_str(),
+                    };
+                    family
+                        .encode_family(&labels)?
+                        .encode_gauge(&u64::from(s.scrape == state))?;
+                }
+            }
+        }
         gauge(
             e,
             "infergate_pod_prefill_tokens_per_second",

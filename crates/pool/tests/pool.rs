@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use infergate_metrics::ScraperConfig;
+use infergate_metrics::{ScrapeState, ScraperConfig};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, RequestContext, SchedulerConfig, Usage};
 use prometheus_client::registry::Registry;
@@ -398,4 +398,172 @@ async fn per_pod_gauges_show_lora_adapters_staleness_and_in_flight() {
     );
     drop(held);
     pool.shutdown();
+}
+
+/// A metrics server that can be killed (listener and every connection gone, as when the process
+/// dies) and started again on the same port.
+struct Killable {
+    addr: SocketAddr,
+    tasks: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
+}
+
+impl Killable {
+    async fn start(addr: SocketAddr) -> Killable {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tasks = Arc::new(std::sync::Mutex::new(tokio::task::JoinSet::new()));
+        let conns = Arc::clone(&tasks);
+        tasks.lock().unwrap().spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                conns.lock().unwrap().spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    loop {
+                        let mut got = 0;
+                        loop {
+                            match s.read(&mut buf[got..]).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got += n,
+                            }
+                            if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                                break;
+                            }
+                        }
+                        let body = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.0\n";
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        if s.write_all(head.as_bytes()).await.is_err()
+                            || s.write_all(body.as_bytes()).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Killable { addr, tasks }
+    }
+
+    fn kill(&self) {
+        self.tasks.lock().unwrap().abort_all();
+    }
+}
+
+async fn wait_state(pool: &LivePool, addr: SocketAddr, state: ScrapeState, within: Duration) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let s = pool
+            .pod_samples()
+            .into_iter()
+            .find(|s| s.addr == addr)
+            .unwrap();
+        if s.scrape == state {
+            return;
+        }
+        assert!(
+            started.elapsed() <= within,
+            "{addr} still {:?} after {within:?}",
+            s.scrape
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The readmission defect of the real-vLLM fault check: a pod killed and restarted came back
+/// fresh but, judged on the rates learned before it died, lost every pick to the other pod —
+/// and non-streamed requests, which teach nothing, never corrected it. A pod that was
+/// unreachable comes back with its learned rates forgotten.
+#[tokio::test]
+async fn a_killed_pod_fails_at_once_and_comes_back_with_its_rates_forgotten() {
+    let a = Killable::start("127.0.0.1:0".parse().unwrap()).await;
+    let b = metrics_server(Arc::new(AtomicU32::new(0))).await;
+    let mut registry = Registry::default();
+    let pool = LivePool::start(config(), Some(&mut registry)).unwrap();
+    pool.set_endpoints([meta(a.addr, "a"), meta(b, "b")])
+        .unwrap();
+    wait_ready(&pool).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // Teach A a slow prefill (300 ms to a first token), B a fast one.
+    for (addr, ttft) in [(a.addr, 300), (b, 1)] {
+        let only = [addr];
+        let req = RequestContext::new("m", 100).with_subset(Some(&only[..]));
+        let mut g = pool.pick(&req).unwrap();
+        assert_eq!(g.endpoint(), addr);
+        tokio::time::sleep(Duration::from_millis(ttft)).await;
+        g.first_token();
+        g.complete(Usage {
+            prompt_tokens: 100,
+            cached_tokens: 0,
+            output_tokens: 10,
+        });
+    }
+    let rate = |addr| {
+        pool.endpoints_info()
+            .into_iter()
+            .find(|i| i.meta.addr == addr)
+            .unwrap()
+            .prefill_tokens_per_sec
+    };
+    assert!(rate(a.addr).unwrap() < rate(b).unwrap() / 10.0);
+
+    // Killed: failed within a few intervals (20 ms), not after staleAfter (200 ms).
+    a.kill();
+    let killed = tokio::time::Instant::now();
+    wait_state(
+        &pool,
+        a.addr,
+        ScrapeState::Failed,
+        Duration::from_millis(100),
+    )
+    .await;
+    let took = killed.elapsed();
+    for _ in 0..5 {
+        let g = pool.pick(&RequestContext::new("m", 10)).unwrap();
+        assert_eq!(
+            g.endpoints().as_slice(),
+            &[b],
+            "a failed pod is never a fallback"
+        );
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for want in [
+        format!(
+            "infergate_pod_scrape_state{{pod=\"{}\",name=\"default/a\",state=\"failed\"}} 1",
+            a.addr
+        ),
+        format!(
+            "infergate_pod_scrape_state{{pod=\"{}\",name=\"default/a\",state=\"ok\"}} 0",
+            a.addr
+        ),
+        format!("infergate_pod_scrape_state{{pod=\"{b}\",name=\"default/b\",state=\"ok\"}} 1"),
+        format!(
+            "infergate_pod_stale{{pod=\"{}\",name=\"default/a\"}} 1",
+            a.addr
+        ),
+        "infergate_metrics_stale_targets 1".to_owned(),
+    ] {
+        assert!(
+            text.contains(&want),
+            "{want} missing after {took:?}:\n{text}"
+        );
+    }
+
+    // Restarted on the same port: ok again, its old rates gone, and a pair of requests splits.
+    let a2 = Killable::start(a.addr).await;
+    wait_state(&pool, a.addr, ScrapeState::Ok, Duration::from_millis(200)).await;
+    assert_eq!(rate(a.addr), None);
+    assert!(rate(b).is_some());
+    let first = pool.pick(&RequestContext::new("m", 100)).unwrap();
+    let second = pool.pick(&RequestContext::new("m", 100)).unwrap();
+    let mut got = vec![first.endpoint(), second.endpoint()];
+    got.sort();
+    let mut want = vec![a.addr, b];
+    want.sort();
+    assert_eq!(got, want);
+    drop(a2);
 }

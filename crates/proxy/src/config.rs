@@ -169,8 +169,11 @@ pub struct Scrape {
     pub interval: Duration,
     /// An endpoint whose last good page is older is stale.
     pub stale_after: Duration,
-    /// Limit on one scrape.
+    /// Limit on one scrape before it is connected (and before a connected one counts as late).
     pub timeout: Duration,
+    /// Limit on one connected scrape: until then a slow page makes the endpoint late (routed on
+    /// its last page), not failed.
+    pub max_late: Duration,
 }
 
 impl Default for Scrape {
@@ -185,6 +188,7 @@ struct RawScrape {
     interval_ms: u64,
     stale_after_ms: u64,
     timeout_ms: u64,
+    max_late_ms: u64,
 }
 
 impl Default for RawScrape {
@@ -193,6 +197,7 @@ impl Default for RawScrape {
             interval_ms: 50,
             stale_after_ms: 250,
             timeout_ms: 250,
+            max_late_ms: 20_000,
         }
     }
 }
@@ -203,6 +208,7 @@ impl From<RawScrape> for Scrape {
             interval: limits::clamped_millis(r.interval_ms),
             stale_after: limits::clamped_millis(r.stale_after_ms),
             timeout: limits::clamped_millis(r.timeout_ms),
+            max_late: limits::clamped_millis(r.max_late_ms),
         }
     }
 }
@@ -214,6 +220,7 @@ impl Scrape {
             interval: self.interval,
             stale_after: self.stale_after,
             timeout: self.timeout,
+            max_late: self.max_late,
             ..infergate_metrics::ScraperConfig::default()
         }
     }

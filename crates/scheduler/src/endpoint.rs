@@ -106,6 +106,34 @@ impl FromStr for EngineType {
     }
 }
 
+/// How a target's scrapes are going as the metrics scraper judges it (see `infergate-metrics`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrapeState {
+    /// The last good page is within the staleness threshold (also: no scraper reports states).
+    #[default]
+    Ok,
+    /// No good page within the threshold, but a scrape is connected to a server that answered
+    /// its last one: alive and slow.
+    Late,
+    /// A scrape failed, or nothing connected within the threshold.
+    Failed,
+}
+
+impl ScrapeState {
+    /// The three states, in a stable order.
+    pub const ALL: [ScrapeState; 3] = [ScrapeState::Ok, ScrapeState::Late, ScrapeState::Failed];
+
+    /// `ok`, `late` or `failed` (metric labels, logs).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ScrapeState::Ok => "ok",
+            ScrapeState::Late => "late",
+            ScrapeState::Failed => "failed",
+        }
+    }
+}
+
 /// Who an endpoint is: set when it joins the pool, unchanged while it stays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointMeta {

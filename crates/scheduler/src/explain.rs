@@ -47,6 +47,11 @@ pub struct CandidateRecord {
     pub prefix_blocks: u32,
     /// Whether the pod was at or over the saturation thresholds.
     pub saturated: bool,
+    /// How its scrapes were going: `late` means it was scored on an old page (plus this
+    /// gateway's requests since then).
+    pub scrape: crate::endpoint::ScrapeState,
+    /// Age of the metrics it was scored on, in seconds.
+    pub metrics_age_secs: Option<f64>,
 }
 
 /// The full record of one pick.
@@ -144,6 +149,12 @@ impl Explanation {
             )?;
             if c.saturated {
                 s.push_str(" saturated");
+            }
+            if c.scrape != crate::endpoint::ScrapeState::Ok {
+                write!(s, " scrape={}", c.scrape.as_str())?;
+                if let Some(age) = c.metrics_age_secs {
+                    write!(s, " metrics_age_ms={:.0}", age * 1e3)?;
+                }
             }
             for r in &c.scores {
                 write!(s, " {}={:.3}*{}", r.scorer, r.value, r.weight)?;

@@ -79,7 +79,7 @@ pub use config::{
 };
 pub use decision::{Decision, MAX_RETURNED, Ranked, Rejection, Ticket, Usage};
 pub use endpoint::{
-    CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, Timestamp,
+    CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, ScrapeState, Timestamp,
     UnknownEngineError,
 };
 pub use error::{ConfigError, Error, UnknownPresetError};

@@ -32,6 +32,11 @@ impl LogEwma {
         (self.samples > 0).then_some(self.ln)
     }
 
+    /// Back to no samples (the cold-start prior applies again).
+    pub(crate) fn reset(&mut self) {
+        *self = LogEwma::default();
+    }
+
     pub(crate) fn samples(&self) -> u32 {
         self.samples
     }

@@ -11,7 +11,7 @@ use rand::Rng;
 use crate::admission;
 use crate::config::{AllFilteredAction, Policy, SchedulerConfig};
 use crate::decision::{Decision, Ranked, Rejection, Ticket, Usage};
-use crate::endpoint::{EndpointMeta, MetricsSnapshot, Timestamp};
+use crate::endpoint::{EndpointMeta, MetricsSnapshot, ScrapeState, Timestamp};
 use crate::error::Error;
 use crate::explain::Explanation;
 use crate::filter::{FilterContext, Filters};
@@ -44,6 +44,8 @@ pub struct EndpointInfo {
     pub rate_samples: u32,
     /// Requests routed to it, ever.
     pub picked: u64,
+    /// How its scrapes are going, as last reported ([`Scheduler::set_scrape_state`]).
+    pub scrape: ScrapeState,
 }
 
 /// Reusable buffers so that a pick allocates nothing once the pool's size is stable.
@@ -201,6 +203,7 @@ impl Scheduler {
         }
         let old_capacity = ep.capacity;
         ep.set_metrics(m);
+        ep.scrape = ScrapeState::Ok;
         ep.epoch = ep.epoch.wrapping_add(1);
         ep.since_requests = 0;
         ep.since_pending = 0;
@@ -210,6 +213,41 @@ impl Scheduler {
             self.prefix.set_endpoint(slot, capacity);
         }
         Ok(())
+    }
+
+    /// Records how the endpoint's scrapes are going. [`ScrapeState::Late`] keeps it a candidate
+    /// on its last snapshot however old (with this gateway's requests since then added by
+    /// in-flight accounting); [`ScrapeState::Failed`] removes it from the candidates at once,
+    /// however recent that snapshot; [`ScrapeState::Ok`] leaves the age check to `maxMetricsAge`.
+    /// A new snapshot ([`Scheduler::apply_metrics`]) sets `Ok` by itself.
+    pub fn set_scrape_state(&mut self, addr: SocketAddr, state: ScrapeState) -> Result<(), Error> {
+        let slot = self
+            .endpoints
+            .slot_of(&addr)
+            .ok_or(Error::UnknownEndpoint(addr))?;
+        if let Some(ep) = self.endpoints.get_mut(slot) {
+            ep.scrape = state;
+        }
+        Ok(())
+    }
+
+    /// Forgets what was learned about the endpoint's speed (its prefill and decode rates), so the
+    /// pool's prior applies until it has taught again. For a process that restarted: its old
+    /// rates (or those learned from the requests that broke when it died) no longer describe
+    /// it, and a pod that looks slow is sent no streamed request to prove otherwise. Returns
+    /// false when it is not in the pool.
+    pub fn forget_learned_rates(&mut self, addr: SocketAddr) -> bool {
+        let Some(ep) = self
+            .endpoints
+            .slot_of(&addr)
+            .and_then(|slot| self.endpoints.get_mut(slot))
+        else {
+            return false;
+        };
+        self.rates.forget(ep.prefill.ln(), ep.decode.ln());
+        ep.prefill.reset();
+        ep.decode.reset();
+        true
     }
 
     /// A read-only view of one endpoint.
@@ -224,6 +262,7 @@ impl Scheduler {
             decode_tokens_per_sec: ep.decode.get(),
             rate_samples: ep.prefill.samples(),
             picked: ep.picked,
+            scrape: ep.scrape,
         })
     }
 
@@ -479,7 +518,7 @@ impl Scheduler {
             self.filters
                 .saturation
                 .apply(&cx, &mut sc.views, &self.endpoints, ex.as_deref_mut());
-            scorer::score_all(&self.scorers, &mut sc.views, &self.endpoints, ex);
+            scorer::score_all(&self.scorers, &mut sc.views, &self.endpoints, now, ex);
         }
         let k = usize::from(self.cfg.returned_endpoints);
         let ranking = self.picker.pick(&mut sc.views, k, rng);

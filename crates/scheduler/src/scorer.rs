@@ -218,6 +218,7 @@ pub(crate) fn score_all(
     scorers: &[(ScorerKind, f64)],
     views: &mut [View],
     table: &EndpointTable,
+    now: crate::endpoint::Timestamp,
     ex: Option<&mut Explanation>,
 ) {
     let spans = Spans::of(views);
@@ -258,6 +259,8 @@ pub(crate) fn score_all(
                     estimated_wait_secs: v.wait,
                     prefix_blocks: v.prefix_blocks,
                     saturated: v.saturated,
+                    scrape: ep.scrape,
+                    metrics_age_secs: ep.sampled_at.map(|t| now.saturating_since(t).as_secs_f64()),
                 });
             }
         }

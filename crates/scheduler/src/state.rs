@@ -1,7 +1,7 @@
 //! Per-endpoint state: the hot fields every pick reads, pre-digested at snapshot time, and the
 //! cold identity and raw snapshot kept out of line (crate-internal).
 
-use crate::endpoint::{EndpointMeta, MetricsSnapshot, Timestamp};
+use crate::endpoint::{EndpointMeta, MetricsSnapshot, ScrapeState, Timestamp};
 use crate::lora::{self, LoraHot};
 use crate::rates::LogEwma;
 
@@ -53,6 +53,8 @@ pub(crate) struct EndpointState {
     pub(crate) capacity: Option<u64>,
     /// Requests picked onto this endpoint, ever.
     pub(crate) picked: u64,
+    /// How its scrapes are going, as the shell reports it (see [`ScrapeState`]).
+    pub(crate) scrape: ScrapeState,
     pub(crate) cold: Box<Cold>,
 }
 
@@ -81,6 +83,7 @@ impl EndpointState {
             prefill: LogEwma::default(),
             decode: LogEwma::default(),
             picked: 0,
+            scrape: ScrapeState::Ok,
         }
     }
 
@@ -96,10 +99,18 @@ impl EndpointState {
         self.cold.metrics = Some(m);
     }
 
-    /// Whether the metrics were sampled at most `max_age_nanos` before `now`.
+    /// Whether the endpoint may be routed on its metrics: sampled at most `max_age_nanos` before
+    /// `now`; or older while its scrape is late (the server is alive and slow: its last page
+    /// stands, aged, and this gateway's requests since then are added by in-flight accounting);
+    /// never while its scrapes fail.
     pub(crate) fn fresh(&self, now: Timestamp, max_age_nanos: u64) -> bool {
-        self.sampled_at
-            .is_some_and(|t| now.as_nanos().saturating_sub(t.as_nanos()) <= max_age_nanos)
+        match self.scrape {
+            ScrapeState::Failed => false,
+            ScrapeState::Late => self.sampled_at.is_some(),
+            ScrapeState::Ok => self
+                .sampled_at
+                .is_some_and(|t| now.as_nanos().saturating_sub(t.as_nanos()) <= max_age_nanos),
+        }
     }
 
     /// LoRA affinity for the adapter `name` (hash `hash`); `None` when the pod reports no LoRA state.

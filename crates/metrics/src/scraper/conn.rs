@@ -13,6 +13,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::{StatusCode, Uri};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,6 +35,10 @@ const READ_SPACE: usize = 128 * 1024;
 pub(super) struct Endpoint {
     pub(super) addr: SocketAddr,
     request: Box<[u8]>,
+    /// Set once the scrape in flight has a connection to the server (an open kept-alive one, or
+    /// a new one past its connect): a scrape that is slow from then on is late, not failed. The
+    /// scraper clears it before each scrape.
+    pub(super) connected: AtomicBool,
 }
 
 impl Endpoint {
@@ -47,6 +52,7 @@ impl Endpoint {
         Endpoint {
             addr,
             request: request.into_bytes().into_boxed_slice(),
+            connected: AtomicBool::new(false),
         }
     }
 }
@@ -82,6 +88,7 @@ pub(super) async fn fetch(
         Some(c) if c.still_open() => c,
         _ => return fetch_new(conn, endpoint, buf, cap).await,
     };
+    endpoint.connected.store(true, Ordering::Relaxed);
     match exchange(reused, endpoint, buf, cap).await {
         Ok((page, keep)) => {
             *conn = keep;
@@ -103,6 +110,7 @@ async fn fetch_new(
         .map_err(ScrapeError::Connect)?;
     // Small request, then nothing until the next one: waiting to coalesce only adds latency.
     stream.set_nodelay(true).map_err(ScrapeError::Connect)?;
+    endpoint.connected.store(true, Ordering::Relaxed);
     let (page, keep) = exchange(Conn { stream }, endpoint, buf, cap)
         .await
         .map_err(|f| f.error)?;

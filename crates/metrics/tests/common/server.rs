@@ -26,6 +26,8 @@ pub enum Mode {
     Hang,
     /// Sends headers promising 100 bytes, then one byte a second.
     Drip,
+    /// Reads the request and closes the connection unanswered (a process that died).
+    Close,
 }
 
 /// A running test server.
@@ -73,6 +75,11 @@ impl TestServer {
             requests,
             task,
         }
+    }
+
+    /// Closes the listening socket: new connections are refused (the served ones go on).
+    pub fn stop_listening(&self) {
+        self.task.abort();
     }
 
     pub fn set(&self, mode: Mode) {
@@ -142,6 +149,7 @@ async fn serve(mut stream: TcpStream, mode: Arc<Mutex<Mode>>, requests: Arc<Atom
                 .write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 5\r\n\r\nerror")
                 .await
                 .is_ok(),
+            Mode::Close => false,
             Mode::Hang => {
                 std::future::pending::<()>().await;
                 false

@@ -1,3 +1,4 @@
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::fixtures::*;
@@ -146,4 +147,141 @@ fn sheddable_is_admitted_while_any_pod_has_headroom() {
             .count(),
         2
     );
+}
+
+#[test]
+fn a_late_pod_stays_a_candidate_on_its_last_page_plus_what_was_routed_since() {
+    let mut s = scheduler(SchedulerConfig::default(), 2);
+    // Pod 0 answered at T0 with a queue of 3; its next page is late. Pod 1 is fresh and idle.
+    s.set_scrape_state(addr(0), ScrapeState::Late).unwrap();
+    s.apply_metrics(addr(0), snapshot(T0, 3, 0.2)).unwrap();
+    assert_eq!(
+        s.endpoint(addr(0)).unwrap().scrape,
+        ScrapeState::Ok,
+        "a page makes a pod ok"
+    );
+    s.set_scrape_state(addr(0), ScrapeState::Late).unwrap();
+    let later = T0.saturating_add(Duration::from_secs(5));
+    s.apply_metrics(addr(1), snapshot(later, 0, 0.1)).unwrap();
+    // 5 s old, past the 2 s maxMetricsAge: kept while late, and scored on that page.
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), later, &mut rng(1));
+    let d = d.unwrap();
+    assert!(ex.filtered.is_empty(), "{:?}", ex.filtered);
+    assert_eq!(d.endpoints.as_slice(), &[addr(1), addr(0)]);
+    let late = ex.candidates.iter().find(|c| c.addr == addr(0)).unwrap();
+    assert_eq!(late.scrape, ScrapeState::Late);
+    assert_eq!(late.metrics_age_secs, Some(5.0));
+    assert_eq!(late.waiting, 3.0);
+    assert!(
+        ex.summary(8).contains("scrape=late metrics_age_ms=5000"),
+        "{}",
+        ex.summary(8)
+    );
+    // Requests routed to the late pod since its page count on top of it (fail-open: the load
+    // it must have gained from this gateway is estimated, not ignored).
+    s.cancel(d.ticket, later);
+    let only_late = [addr(0)];
+    let req = RequestContext::new("m", 10).with_subset(Some(&only_late[..]));
+    let first = s.pick(&req, later, &mut rng(2)).unwrap();
+    assert_eq!(first.endpoints.as_slice(), &[addr(0)]);
+    let (_, ex) = s.pick_explained(&req, later, &mut rng(3));
+    assert_eq!(ex.candidates[0].waiting, 4.0, "3 scraped + 1 routed since");
+}
+
+#[test]
+fn a_failed_pod_leaves_the_candidates_at_once_however_recent_its_page() {
+    let mut s = scheduler(SchedulerConfig::default(), 2);
+    s.set_scrape_state(addr(0), ScrapeState::Failed).unwrap();
+    // Its page is from T0 itself: fresh by age, out by state.
+    for seed in 0..10 {
+        let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(seed));
+        let d = d.unwrap();
+        assert_eq!(d.endpoints.as_slice(), &[addr(1)]);
+        assert_eq!(
+            ex.filtered,
+            vec![FilteredOut {
+                addr: addr(0),
+                filter: "freshness"
+            }]
+        );
+        s.cancel(d.ticket, T0);
+    }
+    // Both failed: 503 with Retry-After, as for stale pods.
+    s.set_scrape_state(addr(1), ScrapeState::Failed).unwrap();
+    assert_eq!(
+        s.pick(&RequestContext::new("m", 10), T0, &mut rng(1))
+            .unwrap_err(),
+        Rejection::Unavailable {
+            retry_after: Duration::from_secs(1)
+        }
+    );
+    // Its next page readmits it.
+    s.apply_metrics(addr(0), snapshot(T0, 0, 0.1)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 10), T0, &mut rng(1))
+        .unwrap();
+    assert_eq!(d.endpoints.as_slice(), &[addr(0)]);
+    assert!(matches!(
+        s.set_scrape_state(addr(7), ScrapeState::Late),
+        Err(Error::UnknownEndpoint(_))
+    ));
+}
+
+#[test]
+fn forgotten_rates_let_a_restarted_pod_be_picked_again() {
+    let mut s = scheduler(SchedulerConfig::default(), 2);
+    let t = |ms: u64| T0.saturating_add(Duration::from_millis(ms));
+    // Pod 0 teaches a very slow prefill (its last requests before it died), pod 1 a fast one.
+    for (pod, ttft_ms) in [(0u32, 2_000u64), (1, 20)] {
+        let only = [addr(pod)];
+        let req = RequestContext::new("m", 100).with_subset(Some(&only[..]));
+        for i in 0..5 {
+            let start = t(i * 3_000);
+            s.apply_metrics(addr(pod), snapshot(start, 0, 0.0)).unwrap();
+            let d = s.pick(&req, start, &mut rng(i)).unwrap();
+            assert!(s.first_token(
+                d.ticket,
+                start.saturating_add(Duration::from_millis(ttft_ms))
+            ));
+            let usage = Usage {
+                prompt_tokens: 100,
+                cached_tokens: 0,
+                output_tokens: 10,
+            };
+            assert!(s.complete(
+                d.ticket,
+                start.saturating_add(Duration::from_secs(1)),
+                usage
+            ));
+        }
+    }
+    let now = t(20_000);
+    for i in 0..2 {
+        s.apply_metrics(addr(i), snapshot(now, 0, 0.0)).unwrap();
+    }
+    let slow = s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    let fast = s.endpoint(addr(1)).unwrap().prefill_tokens_per_sec.unwrap();
+    assert!(fast > 50.0 * slow, "{slow} vs {fast}");
+    // Idle pods, two requests at once: the slow-looking pod loses both.
+    let pair = |s: &mut Scheduler| -> Vec<SocketAddr> {
+        let a = s
+            .pick(&RequestContext::new("m", 100), now, &mut rng(9))
+            .unwrap();
+        let b = s
+            .pick(&RequestContext::new("m", 100), now, &mut rng(10))
+            .unwrap();
+        let out = vec![a.endpoints.first(), b.endpoints.first()];
+        s.cancel(a.ticket, now);
+        s.cancel(b.ticket, now);
+        out
+    };
+    assert_eq!(pair(&mut s), vec![addr(1), addr(1)]);
+    // The pod restarted: its rates are forgotten, the pool's prior applies, and a pair splits.
+    assert!(s.forget_learned_rates(addr(0)));
+    assert_eq!(s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec, None);
+    assert_eq!(s.endpoint(addr(0)).unwrap().rate_samples, 0);
+    let mut got = pair(&mut s);
+    got.sort();
+    assert_eq!(got, vec![addr(0), addr(1)]);
+    assert!(!s.forget_learned_rates(addr(7)));
 }
