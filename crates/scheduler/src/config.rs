@@ -205,6 +205,12 @@ pub struct RateConfig {
     pub decode_tokens_per_sec: f64,
     /// Floor of the EWMA weight of a new sample (early samples are averaged with weight 1/n).
     pub min_alpha: f64,
+    /// Time a pod takes to load a requested LoRA adapter it does not hold (a free slot, or the
+    /// adapter only waiting there), in milliseconds, added to its estimated wait. Without it, two
+    /// idle pods differ only by a few milliseconds of learned prefill speed, and that noise
+    /// outweighed adapter affinity: requests for an adapter running on one pod went to another
+    /// that had to load it.
+    pub lora_load_ms: f64,
 }
 
 impl Default for RateConfig {
@@ -213,6 +219,7 @@ impl Default for RateConfig {
             prefill_tokens_per_sec: 4_000.0,
             decode_tokens_per_sec: 40.0,
             min_alpha: 0.1,
+            lora_load_ms: 50.0,
         }
     }
 }
@@ -432,6 +439,15 @@ impl SchedulerConfig {
                     format!("must be a finite number above 0, got {v}"),
                 ));
             }
+        }
+        if !r.lora_load_ms.is_finite() || r.lora_load_ms < 0.0 {
+            return Err(ConfigError::new(
+                "rates.loraLoadMs",
+                format!(
+                    "must be a finite number of at least 0, got {}",
+                    r.lora_load_ms
+                ),
+            ));
         }
         if !(r.min_alpha > 0.0 && r.min_alpha <= 1.0) {
             return Err(ConfigError::new(

@@ -58,6 +58,12 @@ pub(crate) fn affinity(l: &LoraState, adapter: &str) -> f64 {
     0.0
 }
 
+/// Whether a pod with this (unconsolidated) affinity must load the adapter before it can serve
+/// it: a free slot, or the adapter only waiting there.
+pub(crate) fn must_load(affinity: f64) -> bool {
+    affinity == FREE_SLOT || affinity == WAITING
+}
+
 /// Consolidation: where some candidate runs the adapter unblocked (`running_elsewhere`), a free
 /// slot is worth [`FREE_SLOT_SPREAD`] instead of [`FREE_SLOT`]; every other level is unchanged.
 pub(crate) fn consolidated(affinity: f64, running_elsewhere: bool) -> f64 {

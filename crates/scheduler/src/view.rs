@@ -122,6 +122,7 @@ pub(crate) fn build(
     let mean_prompt = src.rates.mean_prompt;
     let mean_output = src.rates.mean_output;
     let over = cfg.overload;
+    let lora_load_secs = cfg.rates.lora_load_ms * 1e-3;
     let inv_blocks = if nblocks > 0 {
         1.0 / nblocks as f64
     } else {
@@ -194,7 +195,12 @@ pub(crate) fn build(
             }
             _ => 0.0,
         };
-        let wait = (queued_tokens + own_tokens) * inv_prefill_rate + kv_wait;
+        let load_wait = if req.lora_adapter.is_some() && lora::must_load(lora) {
+            lora_load_secs
+        } else {
+            0.0
+        };
+        let wait = (queued_tokens + own_tokens) * inv_prefill_rate + kv_wait + load_wait;
         let kv_or_zero = kv.unwrap_or(0.0);
         views.push(View {
             slot,

@@ -285,3 +285,63 @@ fn forgotten_rates_let_a_restarted_pod_be_picked_again() {
     assert_eq!(got, vec![addr(0), addr(1)]);
     assert!(!s.forget_learned_rates(addr(7)));
 }
+
+#[test]
+fn an_adapter_running_on_one_pod_outweighs_a_faster_pod_that_must_load_it() {
+    let t = |ms: u64| T0.saturating_add(Duration::from_millis(ms));
+    let run = |load_ms: f64| -> Vec<SocketAddr> {
+        let mut cfg = SchedulerConfig::default();
+        cfg.rates.lora_load_ms = load_ms;
+        let mut s = Scheduler::new(cfg).unwrap();
+        let snap = |s: &mut Scheduler, at| {
+            let mut a = with_lora(0, 2, &["lora-a"], &[]);
+            a.sampled_at = at;
+            let mut b = with_lora(0, 2, &[], &[]);
+            b.sampled_at = at;
+            s.apply_metrics(addr(0), a).unwrap();
+            s.apply_metrics(addr(1), b).unwrap();
+        };
+        s.upsert_endpoint(meta(0));
+        s.upsert_endpoint(meta(1));
+        // Pod 0 (running the adapter) learned a prefill half as fast as pod 1's: 40 vs 20 ms
+        // to a first token for 100 tokens. Both idle.
+        for (pod, ttft_ms) in [(0u32, 40u64), (1, 20)] {
+            let only = [addr(pod)];
+            let req = RequestContext::new("m", 100).with_subset(Some(&only[..]));
+            for i in 0..3 {
+                let start = t(i * 1_000);
+                snap(&mut s, start);
+                let d = s.pick(&req, start, &mut rng(i)).unwrap();
+                assert!(s.first_token(
+                    d.ticket,
+                    start.saturating_add(Duration::from_millis(ttft_ms))
+                ));
+                let usage = Usage {
+                    prompt_tokens: 100,
+                    cached_tokens: 0,
+                    output_tokens: 4,
+                };
+                assert!(s.complete(
+                    d.ticket,
+                    start.saturating_add(Duration::from_millis(100)),
+                    usage
+                ));
+            }
+        }
+        let now = t(5_000);
+        snap(&mut s, now);
+        (0..10)
+            .map(|seed| {
+                let req = RequestContext::new("m", 5).with_lora(Some("lora-a"));
+                let d = s.pick(&req, now, &mut rng(seed)).unwrap();
+                s.cancel(d.ticket, now);
+                d.endpoints.first()
+            })
+            .collect()
+    };
+    // Counting the adapter load (50 ms by default) on the pod that must load it: the pod that
+    // runs it wins every time.
+    assert_eq!(run(50.0), vec![addr(0); 10]);
+    // Without it, a few milliseconds of learned speed outweigh the affinity.
+    assert_eq!(run(0.0), vec![addr(1); 10]);
+}
