@@ -148,6 +148,21 @@ pub enum ApiError {
         /// When to try again.
         retry_after: Duration,
     },
+    /// The request carries no credential, or one the gateway does not accept. The reason is one
+    /// of a fixed set of phrases: the message never repeats the token or key.
+    #[error("authentication failed: {reason}; send `Authorization: Bearer <token or API key>`")]
+    Unauthorized {
+        /// Why, e.g. `the token has expired` (never the credential itself).
+        reason: &'static str,
+    },
+    /// The caller is authenticated but may not call this model.
+    #[error("tenant `{}` may not call the model `{}`", Echo(tenant), Echo(model))]
+    Forbidden {
+        /// The authenticated tenant.
+        tenant: String,
+        /// The model the request asked for.
+        model: String,
+    },
 }
 
 /// The longest client-supplied value echoed in an error message, in characters; longer values
@@ -197,6 +212,8 @@ impl ApiError {
             ApiError::InvalidJson { .. }
             | ApiError::InvalidField { .. }
             | ApiError::MissingModel => 400,
+            ApiError::Unauthorized { .. } => 401,
+            ApiError::Forbidden { .. } => 403,
             ApiError::UnknownModel { .. } | ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::RequestTimeout { .. } => 408,
@@ -230,6 +247,8 @@ impl ApiError {
             ApiError::RequestTimeout { .. } => "request_timeout",
             ApiError::GatewayBusy { .. } => "gateway_busy",
             ApiError::BufferBudget { .. } => "buffer_budget_exhausted",
+            ApiError::Unauthorized { .. } => "unauthorized",
+            ApiError::Forbidden { .. } => "forbidden",
         }
     }
 
@@ -237,6 +256,8 @@ impl ApiError {
     fn error_type(&self) -> &'static str {
         match self.status() {
             400 | 404 | 405 | 408 | 413 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
             429 => "rate_limit_error",
             _ => "server_error",
         }
@@ -267,6 +288,14 @@ impl ApiError {
             | ApiError::NoFreshEndpoints { retry_after, .. }
             | ApiError::GatewayBusy { retry_after, .. }
             | ApiError::BufferBudget { retry_after } => Some(retry_after_secs(*retry_after)),
+            _ => None,
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge (RFC 6750 §3), for errors that carry one: a 401.
+    pub fn www_authenticate(&self) -> Option<&'static str> {
+        match self {
+            ApiError::Unauthorized { .. } => Some(r#"Bearer realm="infergate""#),
             _ => None,
         }
     }
@@ -379,6 +408,19 @@ mod tests {
                     retry_after: Duration::from_secs(1),
                 },
                 503,
+            ),
+            (
+                ApiError::Unauthorized {
+                    reason: "the token has expired",
+                },
+                401,
+            ),
+            (
+                ApiError::Forbidden {
+                    tenant: "team-a".into(),
+                    model: "m".into(),
+                },
+                403,
             ),
         ];
         for (err, status) in cases {

@@ -41,6 +41,9 @@ pub enum Error {
         #[source]
         source: infergate_pool::PoolError,
     },
+    /// Authentication could not be set up (JWKS client, API key file).
+    #[error("{0}")]
+    Auth(#[from] crate::auth::AuthSetupError),
     /// A listener could not be used.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),

@@ -15,6 +15,7 @@
 //! the side. Every error the gateway answers itself is an `infergate_openai::ApiError`.
 //!
 //! Layout:
+//! - [`auth`] — who may call (JWT, API keys) and which models; 401 and 403.
 //! - [`config`] — the configuration file: types, defaults, validation with field and line.
 //! - `server` — [`serve_workers`] (thread per core, what `infergate gateway` runs), [`serve`]
 //!   (one accept loop on the caller's runtime), [`Gateway`], [`Handle`] (reloads, file
@@ -33,6 +34,7 @@
 //! - `telemetry` — the `infergate_gateway_*` Prometheus series.
 //! - [`error`] — [`Error`] and [`ConfigError`].
 
+pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;

@@ -21,6 +21,7 @@ use infergate_openai::{ApiError, ApiKind, parse_request};
 use infergate_pool::lifecycle::{self, Segments, rejection_error};
 use tokio::time::Instant;
 
+use crate::auth::Identity;
 use crate::backend::Inflight;
 use crate::body::{ResponseBody, Tracked, Upstream};
 use crate::config::CONCURRENCY_RETRY_AFTER;
@@ -142,7 +143,12 @@ pub(crate) async fn handle(
         _ => worker.ids.next(),
     };
     let state = worker.shared.state.load_full();
-    let admitted = match admit(&state, &telemetry.limits, req).await? {
+    // Headers only, before any slot is taken or body byte read (`crate::auth`).
+    let identity = match state.auth.authenticate(req.headers()).await {
+        Ok(identity) => identity,
+        Err(e) => return Ok(error_response(telemetry, &e, request_id)),
+    };
+    let admitted = match admit(&state, &telemetry.limits, req, identity).await? {
         Admission::Admitted(a) => a,
         Admission::Models => return Ok(models_response(&state, request_id)),
         Admission::Refused(e) => return Ok(error_response(telemetry, &e, request_id)),
@@ -166,6 +172,8 @@ struct Admitted {
     charge: BufferCharge,
     /// The request's `limits.maxRequestsInFlight` slot, held to the last response byte.
     slot: RequestSlot,
+    /// Who sent it (`crate::auth`): its tenant and the models it may call.
+    identity: Identity,
 }
 
 /// What [`admit`] decided.
@@ -189,6 +197,7 @@ async fn admit(
     state: &State,
     counters: &Counters,
     req: Request<Incoming>,
+    identity: Identity,
 ) -> Result<Admission, hyper::Error> {
     let path = req.uri().path();
     let kind = match ApiKind::from_path(path) {
@@ -226,6 +235,7 @@ async fn admit(
             body,
             charge,
             slot,
+            identity,
         })),
         BodyRead::Refused(e) => Ok(Admission::Refused(e)),
     }
@@ -246,6 +256,9 @@ struct Routed {
 fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<HeaderValue>)> {
     let parsed = parse_request(a.kind, &a.body).map_err(|e| (e, None))?;
     let resolved = state.router.resolve(&parsed.model).map_err(|e| (e, None))?;
+    a.identity
+        .may_call(&parsed.model, resolved.base_model)
+        .map_err(|e| (e, None))?;
     let model = Arc::clone(resolved.target);
     let permit = match &model.concurrency {
         None => None,
@@ -322,6 +335,10 @@ async fn forward(
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    if state.auth.is_enabled() {
+        // The gateway's credential is not the model server's.
+        crate::auth::strip_credentials(&mut headers);
+    }
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
@@ -504,6 +521,12 @@ pub(crate) fn error_response(
     );
     if let Some(secs) = err.retry_after_secs() {
         h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if let Some(challenge) = err.www_authenticate() {
+        h.insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
     }
     h.insert(X_REQUEST_ID.clone(), request_id);
     r

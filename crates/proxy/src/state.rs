@@ -18,6 +18,7 @@ use http::uri::Authority;
 use infergate_openai::ModelRouter;
 use serde::Serialize;
 
+use crate::auth::Authenticator;
 use crate::backend::Backend;
 use crate::config::GatewayConfig;
 use crate::error::Error;
@@ -79,6 +80,8 @@ pub(crate) struct State {
     pub(crate) config: GatewayConfig,
     pub(crate) router: ModelRouter<Arc<Model>>,
     pub(crate) models_body: Bytes,
+    /// Who may call, kept across reloads that leave `auth:` unchanged (with its cached keys).
+    pub(crate) auth: Arc<Authenticator>,
 }
 
 #[derive(Serialize)]
@@ -169,10 +172,15 @@ impl State {
                 .collect(),
         };
         let models_body = Bytes::from(serde_json::to_vec(&list).unwrap_or_default());
+        let auth = match previous.filter(|p| p.auth.serves(&config.auth)) {
+            Some(p) => Arc::clone(&p.auth),
+            None => Arc::new(Authenticator::new(&config.auth)?),
+        };
         Ok(State {
             config,
             router,
             models_body,
+            auth,
         })
     }
 
