@@ -50,8 +50,8 @@ for t in "${targets[@]}"; do
     echo "input: fuzz/$artifact (replay: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -a $t $artifact)"
     echo "log: target/fuzz-logs/$t.log"
   fi
-  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}' | tail -1)
+  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | awk '{print $2}' | tail -1)
+  rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$log" | awk '{print $2}' | tail -1)
   units=$(find "corpus/$t" -type f | wc -l)
   summary+=("$(printf '%-18s %-7s %12s runs %8s exec/s %6s corpus' "$t" "$status" "${runs:-?}" "${rate:-?}" "$units")")
 done
