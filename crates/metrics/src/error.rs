@@ -110,6 +110,10 @@ pub enum ScrapeError {
     /// The TCP connection could not be opened.
     #[error("connecting to the metrics endpoint failed")]
     Connect(#[source] std::io::Error),
+    /// The TLS handshake with the metrics endpoint failed (an untrusted certificate, a name
+    /// that does not match, no TLS on that port).
+    #[error("TLS handshake with the metrics endpoint failed")]
+    Tls(#[source] std::io::Error),
     /// Writing the request or reading the answer failed (for example a reset connection).
     #[error("reading from or writing to the metrics endpoint failed")]
     Io(#[source] std::io::Error),
@@ -141,6 +145,7 @@ impl ScrapeError {
     pub const fn metric_label(&self) -> &'static str {
         match self {
             ScrapeError::Connect(_) => "connect",
+            ScrapeError::Tls(_) => "tls",
             ScrapeError::Io(_) | ScrapeError::Protocol(_) | ScrapeError::Closed => "http",
             ScrapeError::Status(_) => "status",
             ScrapeError::BodyTooLarge { .. } => "body_too_large",

@@ -13,6 +13,7 @@
 //!   each page straight into a reused buffer) and hands snapshots and stale transitions to a
 //!   caller's [`Sink`].
 //! - [`telemetry`] — the crate's own Prometheus metrics ([`ScrapeMetrics`]).
+//! - [`tls`] — HTTPS to model servers ([`ClientTls`]), for the scraper and the gateway.
 //! - [`error`] — [`ParseError`], [`ScrapeError`] (with [`HttpError`]) and the caller-facing
 //!   [`Error`].
 //!
@@ -26,11 +27,13 @@ pub mod error;
 pub mod parse;
 pub mod scraper;
 pub mod telemetry;
+pub mod tls;
 
 pub use error::{Error, HttpError, ParseError, ScrapeError};
 pub use parse::{ParsedPage, PrefixCounters, families, parse_page};
 pub use scraper::{Clock, ScrapeState, Scraper, ScraperConfig, Sink, Target, Update};
 pub use telemetry::ScrapeMetrics;
+pub use tls::ClientTls;
 
 /// The pod label that names a pod's engine (Gateway API Inference Extension convention).
 pub const ENGINE_LABEL: &str = "inference.networking.k8s.io/engine-type";

@@ -77,6 +77,8 @@ pub struct ScraperConfig {
     /// kept apart from request handling. Set it to `false` to scrape on the caller's runtime, for
     /// example in a test on tokio's paused clock.
     pub own_thread: bool,
+    /// Scrape over HTTPS with this client configuration; `None` (the default) is plain HTTP.
+    pub tls: Option<crate::tls::ClientTls>,
 }
 
 impl Default for ScraperConfig {
@@ -89,6 +91,7 @@ impl Default for ScraperConfig {
             max_body_bytes: 4 << 20,
             max_concurrency: 128,
             own_thread: true,
+            tls: None,
         }
     }
 }
@@ -349,7 +352,7 @@ where
     /// Adds a target, or replaces the one with the same id if its address, engine or path changed
     /// (an unchanged target keeps its connection and freshness). Its first scrape starts at once.
     pub fn upsert(&self, target: Target<K>) -> Result<(), Error> {
-        let endpoint = endpoint(&target)?;
+        let endpoint = endpoint(&target, self.inner.shared.config.tls.as_ref())?;
         let mut tasks = self.lock();
         if let Some(running) = tasks.get(&target.id)
             && running.target == target
@@ -388,7 +391,7 @@ where
     pub fn set_targets(&self, targets: impl IntoIterator<Item = Target<K>>) -> Result<(), Error> {
         let targets: Vec<Target<K>> = targets.into_iter().collect();
         for t in &targets {
-            endpoint(t)?;
+            endpoint(t, None)?;
         }
         let keep: std::collections::HashSet<&K> = targets.iter().map(|t| &t.id).collect();
         let gone: Vec<K> = self
@@ -439,12 +442,15 @@ where
     }
 }
 
-fn endpoint<K>(target: &Target<K>) -> Result<conn::Endpoint, Error> {
+fn endpoint<K>(
+    target: &Target<K>,
+    tls: Option<&crate::tls::ClientTls>,
+) -> Result<conn::Endpoint, Error> {
     let uri: Uri = target.path.parse().map_err(|source| Error::InvalidPath {
         path: target.path.clone(),
         source,
     })?;
-    Ok(conn::Endpoint::new(target.addr, &uri))
+    Ok(conn::Endpoint::new(target.addr, &uri, tls.cloned()))
 }
 
 /// Spreads targets over the interval: the n-th target's ticks are offset by the fractional part of

@@ -19,6 +19,8 @@
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
+//! - [`tls`] — TLS for the server ports (certificate files reloaded on change, or
+//!   self-signed) and HTTPS to model servers;
 //! - [`error`] — [`PoolError`].
 //!
 //! [`Scraper`]: infergate_metrics::Scraper
@@ -46,6 +48,7 @@ pub mod error;
 pub mod histogram;
 pub mod lifecycle;
 pub mod pods;
+pub mod tls;
 
 pub use error::PoolError;
 

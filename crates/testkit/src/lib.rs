@@ -12,6 +12,7 @@
 //!   expect a failure or do not care about the answer (background load);
 //! - [`send_within`] — any request with a timeout of the caller's choosing;
 //! - [`Response`] — status, headers and the whole body.
+//! - [`tls`] — a private CA, client configurations and HTTP/1.1 over TLS.
 //!
 //! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
 //! too, and only passes when the runtime has nothing else to do.
@@ -27,6 +28,8 @@ use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+
+pub mod tls;
 
 /// How long [`get`], [`post`], [`try_get`], [`try_post`] and [`send`] wait for a whole answer,
 /// connecting included. Long enough for any test's slowest server; a test waiting longer is hung.

@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::error::{HttpError, ScrapeError};
+use crate::tls::{ClientTls, Stream};
 
 /// Largest response head (status line and headers) accepted.
 pub(super) const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -35,6 +36,8 @@ const READ_SPACE: usize = 128 * 1024;
 pub(super) struct Endpoint {
     pub(super) addr: SocketAddr,
     request: Box<[u8]>,
+    /// HTTPS when set.
+    tls: Option<ClientTls>,
     /// Set once the scrape in flight has a connection to the server (an open kept-alive one, or
     /// a new one past its connect): a scrape that is slow from then on is late, not failed. The
     /// scraper clears it before each scrape.
@@ -42,8 +45,9 @@ pub(super) struct Endpoint {
 }
 
 impl Endpoint {
-    /// The endpoint for `path` (already checked to be a valid URI) on `addr`.
-    pub(super) fn new(addr: SocketAddr, path: &Uri) -> Self {
+    /// The endpoint for `path` (already checked to be a valid URI) on `addr`, over HTTPS when
+    /// `tls` is set.
+    pub(super) fn new(addr: SocketAddr, path: &Uri, tls: Option<ClientTls>) -> Self {
         let target = path.path_and_query().map_or("/", |p| p.as_str());
         let target = if target.is_empty() { "/" } else { target };
         let request = format!(
@@ -52,6 +56,7 @@ impl Endpoint {
         Endpoint {
             addr,
             request: request.into_bytes().into_boxed_slice(),
+            tls,
             connected: AtomicBool::new(false),
         }
     }
@@ -59,16 +64,28 @@ impl Endpoint {
 
 /// A kept-alive connection, idle between scrapes. Dropping it closes the socket.
 pub(super) struct Conn {
-    stream: TcpStream,
+    stream: Stream,
 }
 
 impl Conn {
     /// Whether the idle connection can carry another request. Nothing arrives on an idle
     /// connection unasked, so any readiness means the server closed it (or wrote something out of
     /// turn); either way it is not reused. Costs a syscall only when readiness was signalled.
+    ///
+    /// Over TLS the socket is peeked, not read: a byte taken from under the TLS layer would break
+    /// its record stream.
     fn still_open(&self) -> bool {
         let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        match &self.stream {
+            Stream::Plain(s) => {
+                matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+            Stream::Tls(s) => {
+                let mut buf = tokio::io::ReadBuf::new(&mut probe);
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                s.get_ref().0.poll_peek(&mut cx, &mut buf).is_pending()
+            }
+        }
     }
 }
 
@@ -110,6 +127,13 @@ async fn fetch_new(
         .map_err(ScrapeError::Connect)?;
     // Small request, then nothing until the next one: waiting to coalesce only adds latency.
     stream.set_nodelay(true).map_err(ScrapeError::Connect)?;
+    let stream = match &endpoint.tls {
+        None => Stream::Plain(stream),
+        Some(tls) => tls
+            .connect(endpoint.addr, stream)
+            .await
+            .map_err(ScrapeError::Tls)?,
+    };
     endpoint.connected.store(true, Ordering::Relaxed);
     let (page, keep) = exchange(Conn { stream }, endpoint, buf, cap)
         .await
@@ -199,7 +223,7 @@ async fn exchange(
 
 /// Reads into the free space of `buf`, first making at least `space` bytes free. Returns how many
 /// bytes arrived (0: the server closed its side).
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, space: usize) -> io::Result<usize> {
+async fn read_more(stream: &mut Stream, buf: &mut Vec<u8>, space: usize) -> io::Result<usize> {
     // `reserve` grows the pooled buffer once; later pages of the same size find the room there.
     buf.reserve(space);
     // The read is offered all the free space, more than the server has left to send, so a read
@@ -330,7 +354,7 @@ fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// Reads a body of `len` bytes that starts at `start`. Returns its range and whether nothing
 /// followed it.
 async fn read_sized(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     buf: &mut Vec<u8>,
     start: usize,
     len: usize,
@@ -354,7 +378,7 @@ async fn read_sized(
 
 /// Reads until the server closes the connection.
 async fn read_to_close(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     buf: &mut Vec<u8>,
     start: usize,
     cap: usize,
@@ -373,7 +397,7 @@ async fn read_to_close(
 
 /// Reads a chunked body whose first chunk-size line starts at `start`, and de-chunks it in place.
 async fn read_chunked(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     buf: &mut Vec<u8>,
     start: usize,
     cap: usize,

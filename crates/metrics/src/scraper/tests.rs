@@ -72,5 +72,8 @@ fn invalid_paths_are_rejected_before_anything_runs() {
         engine: EngineType::Vllm,
         path: "not a path".to_owned(),
     };
-    assert!(matches!(endpoint(&target), Err(Error::InvalidPath { .. })));
+    assert!(matches!(
+        endpoint(&target, None),
+        Err(Error::InvalidPath { .. })
+    ));
 }

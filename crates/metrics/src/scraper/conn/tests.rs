@@ -107,7 +107,7 @@ fn chunked(page: &[u8], chunk: usize) -> Vec<u8> {
 }
 
 fn endpoint(addr: SocketAddr) -> Endpoint {
-    Endpoint::new(addr, &"/metrics".parse().unwrap())
+    Endpoint::new(addr, &"/metrics".parse().unwrap(), None)
 }
 
 /// Bounds a step so that a client waiting forever fails the test instead of hanging it.

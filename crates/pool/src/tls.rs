@@ -1,0 +1,602 @@
+//! TLS for every infergate server port that speaks it (the gateway's front door, the picker's and
+//! the BBR's ext_proc ports), and the client side to model servers built from files.
+//!
+//! Server side, a [`ServerTls`] holds a rustls acceptor whose certificate is chosen per handshake
+//! by a resolver that reads an [`ArcSwap`]: a certificate replaced on disk is loaded by a poller
+//! (every [`DEFAULT_RELOAD_INTERVAL`] by default) and swapped in, so new handshakes get the new
+//! certificate while running connections keep theirs, with no restart. A pair that does not load
+//! (a half-written file, a key that does not match) is logged and counted, and the previous
+//! certificate stays. The certificate comes from PEM files ([`Certificate::Files`]) or is
+//! generated at start ([`Certificate::SelfSigned`], for a peer that does not verify, as Envoy AI
+//! Gateway's connection to an endpoint picker does not).
+//!
+//! A handshake has a deadline ([`DEFAULT_HANDSHAKE_TIMEOUT`]): a plaintext client, or one that
+//! sends nothing, is closed when its bytes are not a TLS ClientHello or when the deadline passes.
+//! Failures are logged at debug level and counted (`tls_handshake_failures_total{reason}`).
+//!
+//! Client side, [`client_tls`] reads a CA bundle and builds an
+//! [`infergate_metrics::ClientTls`], which the scraper and the gateway's upstream connections use.
+//!
+//! Only the ring crypto provider is used.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use infergate_metrics::ClientTls;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How often certificate and key files are checked for changes.
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a client has to complete the TLS handshake.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// ALPN of an HTTP front door: HTTP/2 first, then HTTP/1.1.
+pub const ALPN_HTTP: [&[u8]; 2] = [b"h2", b"http/1.1"];
+/// ALPN of a gRPC port: HTTP/2 only.
+pub const ALPN_GRPC: [&[u8]; 1] = [b"h2"];
+
+/// Why a certificate, key or CA bundle could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("cannot read `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: io::Error,
+    },
+    /// A file is not valid PEM.
+    #[error("`{}` is not valid PEM", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    /// A certificate file holds no `CERTIFICATE` block.
+    #[error("`{}` holds no PEM certificate", path.display())]
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A key file holds no private key block (PKCS#8, PKCS#1 or SEC1).
+    #[error("`{}` holds no PEM private key", path.display())]
+    NoPrivateKey {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The private key is not one rustls can sign with (RSA, ECDSA P-256/P-384, Ed25519).
+    #[error("the private key in `{}` is not usable", path.display())]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// rustls' reason.
+        #[source]
+        source: rustls::Error,
+    },
+    /// The private key is not the certificate's.
+    #[error("the private key in `{}` does not match the certificate in `{}`", key.display(), cert.display())]
+    KeyMismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+    },
+    /// The first certificate of the chain could not be parsed.
+    #[error("the certificate in `{}` is not a valid X.509 certificate", path.display())]
+    Certificate {
+        /// The certificate file.
+        path: PathBuf,
+        /// rustls' reason.
+        #[source]
+        source: rustls::Error,
+    },
+    /// A CA certificate could not be added to the trust roots.
+    #[error("the CA certificate in `{}` is not usable", path.display())]
+    CaCertificate {
+        /// The CA file.
+        path: PathBuf,
+        /// rustls' reason.
+        #[source]
+        source: rustls::Error,
+    },
+    /// `serverName` is neither a DNS name nor an IP address.
+    #[error("`{name}` is not a valid TLS server name")]
+    ServerName {
+        /// The name as given.
+        name: String,
+        /// Why it is not valid.
+        #[source]
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
+    /// A self-signed certificate could not be generated.
+    #[error("cannot generate a self-signed certificate")]
+    SelfSigned(#[source] rcgen::Error),
+    /// rustls refused the configuration (protocol versions of the provider).
+    #[error("TLS configuration refused")]
+    Config(#[source] rustls::Error),
+    /// Reloading certificate files needs a tokio runtime to poll them on.
+    #[error("certificate files are watched on a tokio runtime; none is running")]
+    NoRuntime,
+}
+
+/// Why one TLS handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The client did not finish the handshake in time.
+    #[error("TLS handshake not completed within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// The handshake failed: not TLS at all (a plaintext client), no shared protocol, a reset.
+    #[error("TLS handshake failed")]
+    Failed(#[source] io::Error),
+}
+
+impl HandshakeError {
+    /// A short label for the `reason` of the failure counter.
+    pub const fn metric_label(&self) -> &'static str {
+        match self {
+            HandshakeError::Timeout(_) => "timeout",
+            HandshakeError::Failed(_) => "error",
+        }
+    }
+}
+
+/// Where a server's certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Certificate {
+    /// A PEM certificate chain (leaf first) and its PEM private key, reloaded when they change.
+    Files {
+        /// The certificate chain.
+        cert: PathBuf,
+        /// The private key (PKCS#8, PKCS#1 or SEC1).
+        key: PathBuf,
+    },
+    /// A certificate generated at start for these subject alternative names (DNS names or IP
+    /// addresses), signed by its own key. For peers that do not verify certificates.
+    SelfSigned {
+        /// The names the certificate carries.
+        names: Vec<String>,
+    },
+}
+
+/// How a [`ServerTls`] serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerTlsOptions {
+    /// ALPN protocols offered, in order of preference ([`ALPN_HTTP`], [`ALPN_GRPC`]).
+    pub alpn: Vec<Vec<u8>>,
+    /// How often certificate files are checked for changes.
+    pub reload_interval: Duration,
+    /// How long a client has to complete the handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl ServerTlsOptions {
+    /// The defaults with `alpn`.
+    pub fn new(alpn: &[&[u8]]) -> Self {
+        ServerTlsOptions {
+            alpn: alpn.iter().map(|p| p.to_vec()).collect(),
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Default)]
+struct TlsMetrics {
+    handshake_failures: Family<ReasonLabels, Counter>,
+    reloads: Family<ResultLabels, Counter>,
+}
+
+/// The resolver rustls asks for a certificate at each handshake: whatever is current.
+#[derive(Debug)]
+struct Current(ArcSwap<CertifiedKey>);
+
+impl ResolvesServerCert for Current {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+/// A server port's TLS: the acceptor, its reloading certificate and its counters. Cheap to
+/// clone; the file poller runs as long as a clone is alive.
+#[derive(Clone)]
+pub struct ServerTls {
+    acceptor: TlsAcceptor,
+    current: Arc<Current>,
+    handshake_timeout: Duration,
+    metrics: TlsMetrics,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl ServerTls {
+    /// Loads `certificate` and builds the acceptor. With [`Certificate::Files`] the files are
+    /// polled every `options.reload_interval` on the current tokio runtime (so this must be
+    /// called inside one).
+    pub fn new(certificate: &Certificate, options: &ServerTlsOptions) -> Result<Self, TlsError> {
+        let provider = provider();
+        // The files as loaded: the poller compares against these bytes, so a change made right
+        // after this call is seen as a change.
+        let mut loaded = None;
+        let key = match certificate {
+            Certificate::Files { cert, key } => {
+                let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+                let pair = pair_from_pem(&cert_pem, &key_pem, cert, key, &provider)?;
+                loaded = Some((Some(cert_pem), Some(key_pem)));
+                pair
+            }
+            Certificate::SelfSigned { names } => self_signed(names, &provider)?,
+        };
+        let current = Arc::new(Current(ArcSwap::from_pointee(key)));
+        let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Config)?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::clone(&current) as Arc<dyn ResolvesServerCert>);
+        config.alpn_protocols = options.alpn.clone();
+        let tls = ServerTls {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            current,
+            handshake_timeout: options.handshake_timeout,
+            metrics: TlsMetrics::default(),
+        };
+        if let (Certificate::Files { cert, key }, Some(last)) = (certificate, loaded)
+            && !options.reload_interval.is_zero()
+        {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|_| TlsError::NoRuntime)?;
+            runtime.spawn(watch(
+                Arc::downgrade(&tls.current),
+                tls.metrics.clone(),
+                last,
+                cert.clone(),
+                key.clone(),
+                options.reload_interval,
+                provider,
+            ));
+        }
+        Ok(tls)
+    }
+
+    /// Registers `tls_handshake_failures_total{reason}` and
+    /// `tls_certificate_reloads_total{result}` in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed (reason: timeout, error)",
+            self.metrics.handshake_failures.clone(),
+        );
+        registry.register(
+            "tls_certificate_reloads",
+            "Certificate reloads after the files changed (result: ok, error)",
+            self.metrics.reloads.clone(),
+        );
+    }
+
+    /// The certificate chain new handshakes are served (leaf first).
+    pub fn certificate_chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current.0.load().cert.clone()
+    }
+
+    /// Runs the server side of the handshake on `stream` within the handshake timeout. A
+    /// failure is logged at debug level and counted.
+    pub async fn accept<S>(&self, stream: S) -> Result<TlsStream<S>, HandshakeError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let result = match tokio::time::timeout(
+            self.handshake_timeout,
+            self.acceptor.accept(stream),
+        )
+        .await
+        {
+            Err(_elapsed) => Err(HandshakeError::Timeout(self.handshake_timeout)),
+            Ok(Err(e)) => Err(HandshakeError::Failed(e)),
+            Ok(Ok(s)) => Ok(s),
+        };
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, cause = ?std::error::Error::source(e), "TLS handshake failed");
+            self.metrics
+                .handshake_failures
+                .get_or_create(&ReasonLabels {
+                    reason: e.metric_label(),
+                })
+                .inc();
+        }
+        result
+    }
+}
+
+/// A served connection: plain TCP, or TLS when the port has a [`ServerTls`].
+#[derive(Debug)]
+pub enum ServerStream {
+    /// Plaintext.
+    Plain(TcpStream),
+    /// TLS (boxed: the TLS state is large).
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// Runs the handshake on an accepted `stream` when `tls` is set; hands it back unchanged when
+/// not.
+pub async fn accept_tls(
+    tls: Option<&ServerTls>,
+    stream: TcpStream,
+) -> Result<ServerStream, HandshakeError> {
+    match tls {
+        None => Ok(ServerStream::Plain(stream)),
+        Some(tls) => Ok(ServerStream::Tls(Box::new(tls.accept(stream).await?))),
+    }
+}
+
+impl AsyncRead for ServerStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ServerStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ServerStream::Plain(s) => s.is_write_vectored(),
+            ServerStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Polls the files every `every` until the resolver is gone. A changed pair that loads is
+/// swapped in; one that does not is logged once (per distinct content) and the old stays.
+async fn watch(
+    current: Weak<Current>,
+    metrics: TlsMetrics,
+    mut last: (Option<Vec<u8>>, Option<Vec<u8>>),
+    cert: PathBuf,
+    key: PathBuf,
+    every: Duration,
+    provider: Arc<CryptoProvider>,
+) {
+    // A certificate file is a few KB on a local disk: reading it inline is cheaper than a hop
+    // to a blocking thread.
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(current) = current.upgrade() else {
+            return;
+        };
+        let now = (std::fs::read(&cert).ok(), std::fs::read(&key).ok());
+        if now.0.is_none() || now.1.is_none() || now == last {
+            continue;
+        }
+        let loaded = match (&now.0, &now.1) {
+            (Some(c), Some(k)) => pair_from_pem(c, k, &cert, &key, &provider),
+            _ => continue,
+        };
+        last = now;
+        match loaded {
+            Ok(pair) => {
+                current.0.store(Arc::new(pair));
+                metrics
+                    .reloads
+                    .get_or_create(&ResultLabels { result: "ok" })
+                    .inc();
+                tracing::info!(cert = %cert.display(), "TLS certificate reloaded");
+            }
+            Err(e) => {
+                metrics
+                    .reloads
+                    .get_or_create(&ResultLabels { result: "error" })
+                    .inc();
+                tracing::warn!(
+                    error = %e,
+                    cause = ?std::error::Error::source(&e),
+                    "TLS certificate reload rejected; the previous certificate stays in force"
+                );
+            }
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Loads a certificate chain and its key from PEM files, checking that they belong together.
+pub fn load_pair(
+    cert: &Path,
+    key: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    pair_from_pem(&read(cert)?, &read(key)?, cert, key, provider)
+}
+
+fn pair_from_pem(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    cert: &Path,
+    key: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let chain = certificates(cert_pem, cert)?;
+    let der = match PrivateKeyDer::from_pem_slice(key_pem) {
+        Ok(k) => k,
+        Err(rustls_pki_types::pem::Error::NoItemsFound) => {
+            return Err(TlsError::NoPrivateKey {
+                path: key.to_owned(),
+            });
+        }
+        Err(source) => {
+            return Err(TlsError::Pem {
+                path: key.to_owned(),
+                source,
+            });
+        }
+    };
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|source| TlsError::Key {
+            path: key.to_owned(),
+            source,
+        })?;
+    let pair = CertifiedKey::new(chain, signing);
+    match pair.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+            Ok(pair)
+        }
+        Err(rustls::Error::InconsistentKeys(_)) => Err(TlsError::KeyMismatch {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+        }),
+        Err(source) => Err(TlsError::Certificate {
+            path: cert.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Every `CERTIFICATE` block of a PEM file, in order; at least one.
+fn certificates(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TlsError::Pem {
+            path: path.to_owned(),
+            source,
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(chain)
+}
+
+fn self_signed(names: &[String], provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
+    let generated =
+        rcgen::generate_simple_self_signed(names.to_vec()).map_err(TlsError::SelfSigned)?;
+    let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        generated.signing_key.serialize_der(),
+    ));
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(TlsError::Config)?;
+    Ok(CertifiedKey::new(
+        vec![generated.cert.der().clone()],
+        signing,
+    ))
+}
+
+/// The TLS client configuration for model servers whose certificates are signed by a CA in
+/// `ca_file` (PEM, one or more certificates), verifying `server_name` (a DNS name or an IP
+/// address; `None`: the IP address connected to). ALPN offers `http/1.1` only: the gateway and
+/// the scraper speak HTTP/1.1 to model servers.
+pub fn client_tls(ca_file: &Path, server_name: Option<&str>) -> Result<ClientTls, TlsError> {
+    let pem = read(ca_file)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in certificates(&pem, ca_file)? {
+        roots.add(ca).map_err(|source| TlsError::CaCertificate {
+            path: ca_file.to_owned(),
+            source,
+        })?;
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Config)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = server_name
+        .map(|n| {
+            ServerName::try_from(n.to_owned()).map_err(|source| TlsError::ServerName {
+                name: n.to_owned(),
+                source,
+            })
+        })
+        .transpose()?;
+    Ok(ClientTls::new(Arc::new(config), name))
+}
+
+#[cfg(test)]
+mod tests;

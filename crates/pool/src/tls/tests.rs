@@ -1,0 +1,273 @@
+#![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+use std::time::Duration;
+
+use infergate_testkit::tls::{TestCa, accept_any_config};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+
+fn opts(reload: Duration) -> ServerTlsOptions {
+    ServerTlsOptions {
+        reload_interval: reload,
+        ..ServerTlsOptions::new(&ALPN_HTTP)
+    }
+}
+
+/// Serves `tls` on 127.0.0.1: each connection's handshake result goes to the channel.
+async fn serve(
+    tls: ServerTls,
+) -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<Result<(), String>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (tls, tx) = (tls.clone(), tx.clone());
+            tokio::spawn(async move {
+                match accept_tls(Some(&tls), stream).await {
+                    Ok(mut s) => {
+                        let _ = tx.send(Ok(()));
+                        let _ = s.write_all(b"hello").await;
+                        let _ = s.shutdown().await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e.metric_label().to_owned()));
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+use std::net::SocketAddr;
+
+#[tokio::test]
+async fn a_pair_from_files_is_served_and_checked_against_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test ca");
+    let leaf = ca.issue(&["gateway.test", "127.0.0.1"]);
+    let (cert, key) = leaf.write(dir.path());
+    let tls = ServerTls::new(&Certificate::Files { cert, key }, &opts(Duration::ZERO)).unwrap();
+    let (addr, mut results) = serve(tls).await;
+    let mut s = infergate_testkit::tls::connect(addr, "gateway.test", ca.client_config(&[b"h2"]))
+        .await
+        .unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let peer = s.get_ref().1.peer_certificates().unwrap()[0].clone();
+    assert_eq!(peer, leaf.der);
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, b"hello");
+    assert_eq!(results.recv().await.unwrap(), Ok(()));
+    // A name the certificate does not carry is refused by the client.
+    let wrong = infergate_testkit::tls::connect(addr, "other.test", ca.client_config(&[])).await;
+    assert!(wrong.is_err());
+}
+
+#[tokio::test]
+async fn a_replaced_certificate_is_served_to_new_handshakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test ca");
+    let first = ca.issue(&["gateway.test"]);
+    let (cert, key) = first.write(dir.path());
+    let tls = ServerTls::new(
+        &Certificate::Files { cert, key },
+        &opts(Duration::from_millis(20)),
+    )
+    .unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    assert_eq!(tls.certificate_chain()[0], first.der);
+    // Another CA's certificate: the replacement need not share the old one's issuer.
+    let second = TestCa::new("other ca").issue(&["gateway.test"]);
+    second.write(dir.path());
+    let mut waited = Duration::ZERO;
+    while tls.certificate_chain()[0] != second.der {
+        assert!(
+            waited < Duration::from_secs(10),
+            "the new certificate was never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+    let (addr, _results) = serve(tls.clone()).await;
+    assert_eq!(
+        infergate_testkit::tls::peer_certificate(addr, "gateway.test").await,
+        second.der
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("tls_certificate_reloads_total{result=\"ok\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_replacement_keeps_the_old_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test ca");
+    let first = ca.issue(&["gateway.test"]);
+    let (cert, key) = first.write(dir.path());
+    let tls = ServerTls::new(
+        &Certificate::Files {
+            cert: cert.clone(),
+            key,
+        },
+        &opts(Duration::from_millis(20)),
+    )
+    .unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    // A new certificate whose key was not replaced: the pair does not match.
+    std::fs::write(&cert, ca.issue(&["gateway.test"]).cert_pem).unwrap();
+    let mut text = String::new();
+    for _ in 0..1000 {
+        text.clear();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        if text.contains("result=\"error\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        text.contains("tls_certificate_reloads_total{result=\"error\"} 1"),
+        "{text}"
+    );
+    assert_eq!(tls.certificate_chain()[0], first.der);
+}
+
+#[tokio::test]
+async fn a_plaintext_client_is_refused_at_once() {
+    let tls = ServerTls::new(
+        &Certificate::SelfSigned {
+            names: vec!["localhost".into()],
+        },
+        &ServerTlsOptions::new(&ALPN_GRPC),
+    )
+    .unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    let (addr, mut results) = serve(tls).await;
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // rustls answers a non-TLS record with an alert (or nothing) and closes: the read ends.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the connection was not closed");
+    assert!(!got.starts_with(b"HTTP/"), "{got:?}");
+    assert_eq!(results.recv().await.unwrap(), Err("error".to_owned()));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("tls_handshake_failures_total{reason=\"error\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_client_is_cut_at_the_handshake_timeout() {
+    let tls = ServerTls::new(
+        &Certificate::SelfSigned {
+            names: vec!["localhost".into()],
+        },
+        &ServerTlsOptions::new(&ALPN_GRPC),
+    )
+    .unwrap();
+    let (server, _client) = tokio::io::duplex(1024);
+    let started = tokio::time::Instant::now();
+    let err = tls.accept(server).await.unwrap_err();
+    assert!(matches!(err, HandshakeError::Timeout(t) if t == DEFAULT_HANDSHAKE_TIMEOUT));
+    assert_eq!(started.elapsed(), DEFAULT_HANDSHAKE_TIMEOUT);
+}
+
+#[tokio::test]
+async fn a_self_signed_certificate_carries_its_names() {
+    let tls = ServerTls::new(
+        &Certificate::SelfSigned {
+            names: vec!["picker.default.svc".into()],
+        },
+        &ServerTlsOptions::new(&ALPN_GRPC),
+    )
+    .unwrap();
+    let (addr, _results) = serve(tls.clone()).await;
+    let s = infergate_testkit::tls::connect(addr, "anything", accept_any_config(&[b"h2"]))
+        .await
+        .unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    assert_eq!(
+        s.get_ref().1.peer_certificates().unwrap()[0],
+        tls.certificate_chain()[0]
+    );
+}
+
+#[test]
+fn bad_files_get_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test ca");
+    let leaf = ca.issue(&["a.test"]);
+    let (cert, key) = leaf.write(dir.path());
+    let p = provider();
+    let missing = dir.path().join("missing.pem");
+    assert!(matches!(
+        load_pair(&missing, &key, &p),
+        Err(TlsError::Read { path, .. }) if path == missing
+    ));
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not pem at all\n").unwrap();
+    assert!(matches!(
+        load_pair(&garbage, &key, &p),
+        Err(TlsError::NoCertificate { .. })
+    ));
+    assert!(matches!(
+        load_pair(&cert, &garbage, &p),
+        Err(TlsError::NoPrivateKey { .. })
+    ));
+    let cut = dir.path().join("cut.pem");
+    std::fs::write(&cut, "-----BEGIN CERTIFICATE-----\nMIIB\n").unwrap();
+    assert!(matches!(
+        load_pair(&cut, &key, &p),
+        Err(TlsError::Pem { .. })
+    ));
+    let other_key = dir.path().join("other-key.pem");
+    std::fs::write(&other_key, ca.issue(&["a.test"]).key_pem).unwrap();
+    let err = load_pair(&cert, &other_key, &p).unwrap_err();
+    assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains("does not match"), "{err}");
+    assert!(load_pair(&cert, &key, &p).is_ok());
+}
+
+#[test]
+fn a_ca_file_and_server_name_make_a_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test ca");
+    let path = ca.write_ca(dir.path());
+    let tls = client_tls(&path, Some("model.test")).unwrap();
+    assert_eq!(
+        tls.server_name("10.0.0.1:8000".parse().unwrap()),
+        ServerName::try_from("model.test").unwrap()
+    );
+    let by_ip = client_tls(&path, None).unwrap();
+    assert_eq!(
+        by_ip.server_name("10.0.0.1:8000".parse().unwrap()),
+        ServerName::try_from("10.0.0.1").unwrap()
+    );
+    assert!(matches!(
+        client_tls(&path, Some("not a name!")),
+        Err(TlsError::ServerName { .. })
+    ));
+    assert!(matches!(
+        client_tls(&dir.path().join("nope.pem"), None),
+        Err(TlsError::Read { .. })
+    ));
+}

@@ -1,0 +1,248 @@
+//! TLS for tests: a private CA that issues server certificates, client configurations (trusting
+//! that CA, or accepting any certificate the way Envoy AI Gateway connects to an endpoint
+//! picker), and HTTP/1.1 over TLS.
+#![allow(
+    clippy::expect_used,
+    reason = "test helpers: a failure is a failed test"
+)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+use crate::{Error, Response, TIMEOUT};
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A private certificate authority.
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A server certificate and its key, PEM-encoded.
+#[derive(Clone, Debug)]
+pub struct Leaf {
+    /// The certificate (PEM).
+    pub cert_pem: String,
+    /// The private key (PKCS#8 PEM).
+    pub key_pem: String,
+    /// The certificate (DER), to compare with what a server presents.
+    pub der: CertificateDer<'static>,
+}
+
+impl TestCa {
+    /// A new CA named `name`.
+    pub fn new(name: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().expect("CA key");
+        TestCa {
+            issuer: CertifiedIssuer::self_signed(params, key).expect("CA certificate"),
+        }
+    }
+
+    /// The CA certificate (PEM), what a client trusts.
+    pub fn cert_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// Issues a server certificate for `names` (DNS names or IP addresses).
+    pub fn issue(&self, names: &[&str]) -> Leaf {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let params = CertificateParams::new(names).expect("leaf parameters");
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().clone(),
+        }
+    }
+
+    /// Writes the CA certificate to `dir/ca.pem` and returns its path.
+    pub fn write_ca(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("ca.pem");
+        std::fs::write(&path, self.cert_pem()).expect("write ca.pem");
+        path
+    }
+
+    /// A client configuration trusting this CA only, offering `alpn`.
+    pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.issuer.der().clone()).expect("CA root");
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+impl Leaf {
+    /// Writes `cert.pem` and `key.pem` into `dir` (replacing them atomically by rename, as a
+    /// Kubernetes Secret update does) and returns their paths.
+    pub fn write(&self, dir: &Path) -> (PathBuf, PathBuf) {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        for (path, text) in [(&cert, &self.cert_pem), (&key, &self.key_pem)] {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, text).expect("write PEM");
+            std::fs::rename(&tmp, path).expect("rename PEM");
+        }
+        (cert, key)
+    }
+}
+
+/// Accepts any server certificate: the verification Envoy AI Gateway applies to an endpoint
+/// picker's (an empty validation context). Signatures are still checked.
+#[derive(Debug)]
+struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A client configuration that accepts any server certificate, offering `alpn`.
+pub fn accept_any_config(alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let provider = provider();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// Opens TCP to `addr` and runs the TLS handshake for `name`.
+pub async fn connect(
+    addr: SocketAddr,
+    name: &str,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from(name.to_owned())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    TlsConnector::from(config).connect(name, tcp).await
+}
+
+/// The leaf certificate `addr` presents to a client asking for `name` (any certificate
+/// accepted).
+pub async fn peer_certificate(addr: SocketAddr, name: &str) -> CertificateDer<'static> {
+    let tls = tokio::time::timeout(
+        TIMEOUT,
+        connect(addr, name, accept_any_config(&[b"h2", b"http/1.1"])),
+    )
+    .await
+    .expect("TLS handshake timed out")
+    .expect("TLS handshake");
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .expect("a server certificate")
+        .clone()
+        .into_owned()
+}
+
+/// Sends `request` over HTTP/1.1 on a fresh TLS connection to `addr` (verifying `name` with
+/// `config`) and reads the whole answer within `timeout`.
+pub async fn send_within(
+    addr: SocketAddr,
+    name: &str,
+    config: Arc<rustls::ClientConfig>,
+    mut request: Request<Bytes>,
+    timeout: Duration,
+) -> Result<Response, Error> {
+    if !request.headers().contains_key(header::HOST)
+        && let Ok(host) = HeaderValue::from_str(name)
+    {
+        request.headers_mut().insert(header::HOST, host);
+    }
+    let exchange = async {
+        let stream = connect(addr, name, config)
+            .await
+            .map_err(|source| Error::Connect { addr, source })?;
+        let http = |source| Error::Http { addr, source };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(http)?;
+        tokio::spawn(conn);
+        let response = sender
+            .send_request(request.map(Full::new))
+            .await
+            .map_err(http)?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.map_err(http)?.to_bytes();
+        Ok(Response {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or(Err(Error::TimedOut { addr, timeout }))
+}
