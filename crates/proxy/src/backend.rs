@@ -8,11 +8,12 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use infergate_metrics::ClientTls;
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, SchedulerConfig};
 use prometheus_client::registry::Registry;
 
-use crate::config::{ModelConfig, Scrape};
+use crate::config::{ModelConfig, Scrape, UpstreamTls};
 use crate::error::Error;
 
 pub(crate) use infergate_pool::Inflight;
@@ -25,6 +26,9 @@ pub(crate) struct Backend {
     pub(crate) registry: Arc<Registry>,
     config: SchedulerConfig,
     scrape: Scrape,
+    /// HTTPS to the model's servers, built from `tls` when the pool started.
+    pub(crate) tls: Option<ClientTls>,
+    tls_config: Option<UpstreamTls>,
 }
 
 impl Backend {
@@ -34,10 +38,24 @@ impl Backend {
             Cow::Borrowed("model"),
             Cow::Owned(model.name.clone()),
         )));
+        let tls = match &model.tls {
+            Some(t) => Some(
+                infergate_pool::tls::client_tls(&t.ca_file, t.server_name.as_deref()).map_err(
+                    |source| Error::UpstreamTls {
+                        model: model.name.clone(),
+                        source: Box::new(source),
+                    },
+                )?,
+            ),
+            None => None,
+        };
         let pool = LivePool::start(
             PoolConfig {
                 scheduler: model.scheduler.clone(),
-                scrape: scrape.to_scraper_config(),
+                scrape: infergate_metrics::ScraperConfig {
+                    tls: tls.clone(),
+                    ..scrape.to_scraper_config()
+                },
                 seed,
             },
             Some(&mut registry),
@@ -51,6 +69,8 @@ impl Backend {
             registry: Arc::new(registry),
             config: model.scheduler.clone(),
             scrape: scrape.clone(),
+            tls,
+            tls_config: model.tls.clone(),
         };
         backend.set_endpoints(model)?;
         Ok(backend)
@@ -75,9 +95,9 @@ impl Backend {
             })
     }
 
-    /// Whether a reload to `model` under `scrape` can keep this pool (same scheduler and scrape
-    /// settings; membership is updated in place).
+    /// Whether a reload to `model` under `scrape` can keep this pool (same scheduler, scrape
+    /// and TLS settings; membership is updated in place).
     pub(crate) fn reusable_for(&self, model: &ModelConfig, scrape: &Scrape) -> bool {
-        self.config == model.scheduler && &self.scrape == scrape
+        self.config == model.scheduler && &self.scrape == scrape && self.tls_config == model.tls
     }
 }

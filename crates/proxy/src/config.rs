@@ -36,6 +36,8 @@ use crate::error::ConfigError;
 
 pub mod auth;
 pub use auth::AuthConfig;
+pub mod tls;
+pub use tls::{ListenerTls, UpstreamTls};
 
 mod limits;
 
@@ -72,6 +74,8 @@ pub struct GatewayConfig {
     pub explain_header: bool,
     /// Who may call the gateway (required; `auth: none` turns authentication off).
     pub auth: AuthConfig,
+    /// HTTPS on the front door (`tls: { certFile, keyFile }`); `None` serves plain HTTP.
+    pub tls: Option<ListenerTls>,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,
 }
@@ -243,6 +247,8 @@ pub struct ModelConfig {
     pub endpoints: Vec<EndpointConfig>,
     /// This model's limits.
     pub limits: ModelLimits,
+    /// HTTPS to this model's servers (requests and metrics scrapes); `None` is plain HTTP.
+    pub tls: Option<UpstreamTls>,
 }
 
 #[derive(Deserialize)]
@@ -261,6 +267,8 @@ struct RawModel {
     pod_selector: Option<BTreeMap<String, String>>,
     #[serde(default)]
     limits: ModelLimits,
+    #[serde(default)]
+    tls: Option<UpstreamTls>,
 }
 
 impl TryFrom<RawModel> for ModelConfig {
@@ -303,6 +311,7 @@ impl TryFrom<RawModel> for ModelConfig {
             scheduler: r.scheduler,
             endpoints: r.endpoints,
             limits: r.limits,
+            tls: r.tls,
         })
     }
 }
@@ -415,6 +424,8 @@ struct RawGateway {
     explain_header: bool,
     #[serde(default)]
     auth: Option<AuthConfig>,
+    #[serde(default)]
+    tls: Option<ListenerTls>,
     models: Vec<ModelConfig>,
 }
 
@@ -463,6 +474,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             seed: r.seed,
             explain_header: r.explain_header,
             auth,
+            tls: r.tls,
             models: r.models,
         })
     }

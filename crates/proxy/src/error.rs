@@ -47,4 +47,16 @@ pub enum Error {
     /// A listener could not be used.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    /// The front door's certificate or key could not be loaded.
+    #[error("tls: {0}")]
+    Tls(#[source] Box<infergate_pool::tls::TlsError>),
+    /// A model's `tls` section (CA file, server name) could not be used.
+    #[error("model `{model}`: tls: {source}")]
+    UpstreamTls {
+        /// The model.
+        model: String,
+        /// What failed (boxed: the error stays small on the happy path).
+        #[source]
+        source: Box<infergate_pool::tls::TlsError>,
+    },
 }

@@ -47,6 +47,7 @@ mod proxy;
 mod server;
 mod state;
 mod telemetry;
+mod tls;
 mod upstream;
 
 pub use config::{

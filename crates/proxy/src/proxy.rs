@@ -371,9 +371,13 @@ async fn forward(
         };
         let sent = tokio::time::timeout(
             timeouts.first_byte,
-            worker
-                .upstreams
-                .send(addr, up, timeouts.connect, timeouts.pool_idle),
+            worker.upstreams.send(
+                addr,
+                model.backend.tls.as_ref(),
+                up,
+                timeouts.connect,
+                timeouts.pool_idle,
+            ),
         )
         .await;
         let (resp, lease) = match sent {
@@ -488,6 +492,7 @@ fn describe_send_error(err: &SendError) -> String {
         SendError::Connect { addr, .. } | SendError::ConnectTimeout { addr, .. } => {
             format!("cannot connect to {addr}")
         }
+        SendError::Tls { addr, .. } => format!("TLS handshake with {addr} failed"),
         SendError::Http { addr, .. } => format!("{addr} closed the connection before answering"),
     }
 }

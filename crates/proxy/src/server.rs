@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use infergate_pool::tls::{ServerTls, accept_tls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -102,8 +103,12 @@ impl Handle {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let old = self.shared.state.load_full();
-        if old.config.listen != config.listen || old.config.admin != config.admin {
-            tracing::warn!("`listen` and `admin` changes take effect only after a restart");
+        if old.config.listen != config.listen
+            || old.config.admin != config.admin
+            || old.config.tls != config.tls
+        {
+            // (The certificate files themselves are reloaded when they change: see `tls`.)
+            tracing::warn!("`listen`, `admin` and `tls` changes take effect only after a restart");
         }
         match State::build(config, Some(&old), &self.shared.telemetry) {
             Ok(state) => {
@@ -252,12 +257,18 @@ struct Control {
     stop_rx: watch::Receiver<bool>,
     admin_task: Option<JoinHandle<std::io::Result<()>>>,
     admin_addr: Option<SocketAddr>,
+    /// The front door's TLS, when `tls` is configured.
+    tls: Option<ServerTls>,
 }
 
 impl Control {
     fn start(config: GatewayConfig, admin: Option<TcpListener>) -> Result<Control, Error> {
         let mut registry = Registry::default();
         let telemetry = Telemetry::register(&mut registry);
+        let tls = crate::tls::listener_tls(config.tls.as_ref())?;
+        if let Some(t) = &tls {
+            t.register(&mut registry);
+        }
         let seed = config.seed;
         let state = State::build(config, None, &telemetry)?;
         let shared = Arc::new(Shared::new(state, telemetry, seed));
@@ -288,6 +299,7 @@ impl Control {
             stop_rx,
             admin_task,
             admin_addr,
+            tls,
         })
     }
 
@@ -340,7 +352,12 @@ pub async fn serve(
     let http_addr = listeners.http.local_addr()?;
     let control = Control::start(config, listeners.admin)?;
     let worker = Arc::new(Worker::new(Arc::clone(&control.shared), 0));
-    let accept = tokio::spawn(accept_loop(listeners.http, worker, control.stop_rx.clone()));
+    let accept = tokio::spawn(accept_loop(
+        listeners.http,
+        worker,
+        control.stop_rx.clone(),
+        control.tls.clone(),
+    ));
     let serving = async move {
         if let Err(e) = accept.await {
             tracing::error!(error = %e, "accept loop ended abnormally");
@@ -388,12 +405,13 @@ pub async fn serve_workers(
     for (i, (runtime, listener)) in workers.into_iter().enumerate() {
         let worker = Arc::new(Worker::new(Arc::clone(&control.shared), i));
         let stop = control.stop_rx.clone();
+        let tls = control.tls.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         // If spawning fails, dropping `control` below stops the workers already started.
         std::thread::Builder::new()
             .name(format!("infergate-gw-{i}"))
             .spawn(move || {
-                runtime.block_on(accept_loop(listener, worker, stop));
+                runtime.block_on(accept_loop(listener, worker, stop, tls));
                 drop(runtime);
                 let _ = done_tx.send(());
             })?;
@@ -409,7 +427,12 @@ pub async fn serve_workers(
     Ok(control.supervise(http_addr, shutdown, serving))
 }
 
-async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    worker: Arc<Worker>,
+    mut stop: watch::Receiver<bool>,
+    tls: Option<ServerTls>,
+) {
     // Connection settings follow `limits:`; rebuilt when a reload changes them.
     let mut conn_limits = worker.shared.state.load().config.limits.clone();
     let mut builder = Arc::new(crate::limits::http_builder(&conn_limits));
@@ -466,7 +489,12 @@ async fn accept_loop(listener: TcpListener, worker: Arc<Worker>, mut stop: watch
         let builder = Arc::clone(&builder);
         let mut stop = stop.clone();
         let conn_guard = conns_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
+            // With `tls`, the handshake first (bounded; a failure is logged and counted).
+            let Ok(stream) = accept_tls(tls.as_ref(), stream).await else {
+                return;
+            };
             let first = crate::limits::FirstRequest::default();
             let seen = first.clone();
             let service = service_fn(move |req: hyper::Request<Incoming>| {

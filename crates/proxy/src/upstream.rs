@@ -28,13 +28,15 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use infergate_metrics::ClientTls;
+use infergate_metrics::tls::Stream;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Idle connections kept per endpoint and worker; more are closed when they come back.
 const MAX_IDLE_PER_ENDPOINT: usize = 512;
 
-type Connection = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Connection = http1::Connection<TokioIo<Stream>, Full<Bytes>>;
 
 /// Why an upstream request failed before any response header arrived.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +50,17 @@ pub(crate) enum SendError {
         #[source]
         source: std::io::Error,
     },
-    /// The TCP connection was not established within the connect timeout.
+    /// The TLS handshake failed (untrusted certificate, wrong name, no TLS on that port).
+    #[error("TLS handshake with {addr} failed: {source}")]
+    Tls {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// rustls' error, as an IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection (TCP and, with TLS, the handshake) was not established within the
+    /// connect timeout.
     #[error("cannot connect to {addr} within {} ms", .timeout.as_millis())]
     ConnectTimeout {
         /// The endpoint.
@@ -74,19 +86,36 @@ struct Conn {
     connection: Pin<Box<Connection>>,
     /// When it was put back; idle connections older than the pool's idle timeout are closed.
     idle_since: Instant,
+    /// The TLS it was opened with: reused only for requests asking for the same.
+    tls: Option<ClientTls>,
 }
 
 impl Conn {
-    async fn open(addr: SocketAddr, timeout: Duration) -> Result<Conn, SendError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Err(_elapsed) => return Err(SendError::ConnectTimeout { addr, timeout }),
-            Ok(Err(source)) => return Err(SendError::Connect { addr, source }),
-            Ok(Ok(s)) => s,
+    async fn open(
+        addr: SocketAddr,
+        tls: Option<&ClientTls>,
+        timeout: Duration,
+    ) -> Result<Conn, SendError> {
+        let connect = async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|source| SendError::Connect { addr, source })?;
+            // Requests and first answers are small: waiting to coalesce them only adds latency.
+            stream
+                .set_nodelay(true)
+                .map_err(|source| SendError::Connect { addr, source })?;
+            match tls {
+                None => Ok(Stream::Plain(stream)),
+                Some(tls) => tls
+                    .connect(addr, stream)
+                    .await
+                    .map_err(|source| SendError::Tls { addr, source }),
+            }
         };
-        // Requests and first answers are small: waiting to coalesce them only adds latency.
-        stream
-            .set_nodelay(true)
-            .map_err(|source| SendError::Connect { addr, source })?;
+        let stream = match tokio::time::timeout(timeout, connect).await {
+            Err(_elapsed) => return Err(SendError::ConnectTimeout { addr, timeout }),
+            Ok(r) => r?,
+        };
         let (sender, connection) =
             http1::handshake(TokioIo::new(stream))
                 .await
@@ -98,6 +127,7 @@ impl Conn {
             sender,
             connection: Box::pin(connection),
             idle_since: Instant::now(),
+            tls: tls.cloned(),
         })
     }
 
@@ -169,20 +199,22 @@ pub(crate) struct Upstreams {
 }
 
 impl Upstreams {
-    /// Sends `req` to `addr` on a pooled connection (or a new one) and returns the response
-    /// headers with the connection, which the caller drives while it reads the body.
+    /// Sends `req` to `addr` (over TLS when `tls` is set) on a pooled connection (or a new one)
+    /// and returns the response headers with the connection, which the caller drives while it
+    /// reads the body.
     ///
     /// A pooled connection that fails before the request could be written (hyper reports it as
     /// cancelled) is replaced by a new connection once; any other failure is returned.
     pub(crate) async fn send(
         self: &Arc<Self>,
         addr: SocketAddr,
+        tls: Option<&ClientTls>,
         req: Request<Full<Bytes>>,
         connect_timeout: Duration,
         pool_idle: Duration,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
         let mut req = req;
-        if let Some(conn) = self.take(addr, pool_idle) {
+        if let Some(conn) = self.take(addr, pool_idle, tls) {
             match conn.exchange(req).await {
                 Ok((resp, conn)) => return Ok((resp, self.lease(addr, conn))),
                 // The server closed it while idle and hyper noticed only now: a new connection.
@@ -197,7 +229,7 @@ impl Upstreams {
                 }
             }
         }
-        let conn = Conn::open(addr, connect_timeout).await?;
+        let conn = Conn::open(addr, tls, connect_timeout).await?;
         match conn.exchange(req).await {
             Ok((resp, conn)) => Ok((resp, self.lease(addr, conn))),
             Err(Failed { error, .. }) => Err(SendError::Http {
@@ -215,13 +247,17 @@ impl Upstreams {
         }
     }
 
-    /// Takes the most recently used live connection to `addr`, closing stale ones on the way.
-    fn take(&self, addr: SocketAddr, pool_idle: Duration) -> Option<Conn> {
+    /// Takes the most recently used live connection to `addr` opened with `tls`, closing stale
+    /// ones on the way (and ones opened with other TLS settings: the model's changed).
+    fn take(&self, addr: SocketAddr, pool_idle: Duration, tls: Option<&ClientTls>) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let stack = idle.get_mut(&addr)?;
         let now = Instant::now();
         while let Some(conn) = stack.pop_back() {
-            if now.saturating_duration_since(conn.idle_since) <= pool_idle && conn.usable() {
+            if now.saturating_duration_since(conn.idle_since) <= pool_idle
+                && conn.usable()
+                && conn.tls.as_ref() == tls
+            {
                 return Some(conn);
             }
         }

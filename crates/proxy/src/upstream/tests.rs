@@ -79,7 +79,10 @@ async fn sequential_requests_reuse_one_connection() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
     for _ in 0..5 {
-        let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+        let (resp, lease) = up
+            .send(addr, None, request(addr), CONNECT, IDLE)
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
         assert_eq!(read_all(resp, lease).await, b"hello");
         assert_eq!(up.idle(addr), 1);
@@ -92,7 +95,10 @@ async fn a_connection_closed_by_the_server_is_not_reused() {
     let (addr, conns) = server(true).await;
     let up = Arc::new(Upstreams::default());
     for _ in 0..3 {
-        let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+        let (resp, lease) = up
+            .send(addr, None, request(addr), CONNECT, IDLE)
+            .await
+            .unwrap();
         assert_eq!(read_all(resp, lease).await, b"hello");
     }
     assert_eq!(conns.load(Ordering::SeqCst), 3);
@@ -102,10 +108,16 @@ async fn a_connection_closed_by_the_server_is_not_reused() {
 async fn a_body_not_read_to_the_end_closes_its_connection() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    let (resp, lease) = up
+        .send(addr, None, request(addr), CONNECT, IDLE)
+        .await
+        .unwrap();
     drop((resp, lease));
     assert_eq!(up.idle(addr), 0);
-    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    let (resp, lease) = up
+        .send(addr, None, request(addr), CONNECT, IDLE)
+        .await
+        .unwrap();
     assert_eq!(read_all(resp, lease).await, b"hello");
     assert_eq!(conns.load(Ordering::SeqCst), 2);
 }
@@ -114,11 +126,14 @@ async fn a_body_not_read_to_the_end_closes_its_connection() {
 async fn idle_connections_past_the_idle_timeout_are_not_reused() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    let (resp, lease) = up
+        .send(addr, None, request(addr), CONNECT, IDLE)
+        .await
+        .unwrap();
     read_all(resp, lease).await;
     // An idle timeout of zero: the pooled connection is too old by the time it is taken.
     let (resp, lease) = up
-        .send(addr, request(addr), CONNECT, Duration::ZERO)
+        .send(addr, None, request(addr), CONNECT, Duration::ZERO)
         .await
         .unwrap();
     read_all(resp, lease).await;
@@ -132,7 +147,7 @@ async fn a_refused_connection_is_a_connect_error() {
     drop(listener);
     let up = Arc::new(Upstreams::default());
     let err = up
-        .send(addr, request(addr), CONNECT, IDLE)
+        .send(addr, None, request(addr), CONNECT, IDLE)
         .await
         .err()
         .unwrap();
@@ -168,7 +183,10 @@ async fn a_connection_the_server_closed_while_idle_is_replaced() {
     });
     let up = Arc::new(Upstreams::default());
     for _ in 0..3 {
-        let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+        let (resp, lease) = up
+            .send(addr, None, request(addr), CONNECT, IDLE)
+            .await
+            .unwrap();
         assert_eq!(read_all(resp, lease).await, b"hello");
         closed_rx.recv().await.unwrap();
     }
@@ -178,7 +196,10 @@ async fn a_connection_the_server_closed_while_idle_is_replaced() {
 async fn a_sweep_closes_expired_idle_connections_and_forgets_the_endpoint() {
     let (addr, _conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up.send(addr, request(addr), CONNECT, IDLE).await.unwrap();
+    let (resp, lease) = up
+        .send(addr, None, request(addr), CONNECT, IDLE)
+        .await
+        .unwrap();
     read_all(resp, lease).await;
     assert_eq!(up.idle(addr), 1);
     up.sweep(IDLE);

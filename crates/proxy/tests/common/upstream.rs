@@ -89,6 +89,14 @@ const SSE_USAGE: &str = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk
 
 impl Upstream {
     pub async fn start(behaviour: Behaviour) -> Upstream {
+        Upstream::start_with(behaviour, None).await
+    }
+
+    /// As [`Upstream::start`], serving HTTPS (API and `/metrics`) when `tls` is set.
+    pub async fn start_with(
+        behaviour: Behaviour,
+        tls: Option<infergate_pool::tls::ServerTls>,
+    ) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Seen::default());
@@ -101,7 +109,12 @@ impl Upstream {
                     return;
                 };
                 let (seen, step, waiting) = (Arc::clone(&s), Arc::clone(&st), Arc::clone(&w));
+                let tls = tls.clone();
                 tokio::spawn(async move {
+                    let Ok(stream) = infergate_pool::tls::accept_tls(tls.as_ref(), stream).await
+                    else {
+                        return;
+                    };
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let (seen, step, waiting) =
                             (Arc::clone(&seen), Arc::clone(&step), Arc::clone(&waiting));

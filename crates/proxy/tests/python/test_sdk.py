@@ -1,6 +1,10 @@
 """The official `openai` Python SDK against a running infergate gateway.
 
-Usage: python3 test_sdk.py <base_url>   (e.g. http://127.0.0.1:8080)
+Usage: python3 test_sdk.py <base_url> [ca_file]   (e.g. http://127.0.0.1:8080)
+
+With `ca_file` (an https:// base URL), the SDK verifies the gateway's certificate against that CA
+bundle only: the SDK's own HTTP client class, `openai.DefaultHttpxClient(verify=<SSL context of
+that CA file>)`.
 
 Exit status: 0 when every check passes, 1 on a failed check, 77 when the `openai` package is not
 installed (the Rust test that runs this decides whether that is a skip or a failure).
@@ -22,8 +26,17 @@ def check(cond, what):
         sys.exit(1)
 
 
-def main(base_url):
-    client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="not-needed", max_retries=0)
+def main(base_url, ca_file=None):
+    extra = {}
+    if ca_file is not None:
+        import ssl
+
+        # Only this CA: the system's trust store is not consulted.
+        context = ssl.create_default_context(cafile=ca_file)
+        extra["http_client"] = openai.DefaultHttpxClient(verify=context)
+    client = OpenAI(
+        base_url=base_url.rstrip("/") + "/v1", api_key="not-needed", max_retries=0, **extra
+    )
 
     # Chat completion.
     raw = client.chat.completions.with_raw_response.create(
@@ -70,7 +83,7 @@ def main(base_url):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    main(sys.argv[1])
+    main(*sys.argv[1:])
