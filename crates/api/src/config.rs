@@ -221,8 +221,9 @@ pub struct JwtProvider {
 /// Remote JSON Web Key Set.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct RemoteJwks {
-    /// HTTPS URI of the key set.
-    #[schemars(length(min = 1, max = 253), pattern(r"^https?://"))]
+    /// HTTPS URI of the key set (`https://` only: keys fetched in clear text could be replaced
+    /// on the way).
+    #[schemars(length(min = 1, max = 253), pattern(r"^https://"))]
     pub uri: String,
 }
 

@@ -86,6 +86,10 @@ pub const TLS_ONE_SOURCE: CelRule = CelRule {
     message: "spec.tls needs exactly one of certificateSecretRef and issuerRef",
 };
 
+/// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
+/// API server's side of the same check).
+pub const JWKS_HTTPS_MESSAGE: &str = "spec.auth.jwt.provider.remoteJWKS.uri must start with https://: keys fetched in clear text could be replaced on the way";
+
 /// A broken rule, with the path of the field that breaks it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -136,6 +140,14 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
     }
     for (i, s) in spec.schedulers.iter().enumerate() {
         check_scheduler(i, s, &mut fail);
+    }
+    if let Some(auth) = &spec.auth
+        && !auth.jwt.provider.remote_jwks.uri.starts_with("https://")
+    {
+        out.push(Violation {
+            field: "spec.auth.jwt.provider.remoteJWKS.uri".into(),
+            message: JWKS_HTTPS_MESSAGE,
+        });
     }
     if out.is_empty() {
         Ok(())

@@ -166,3 +166,30 @@ fn effective_preset_defaults_only_without_weights() {
     );
     assert_eq!(s.schedulers[1].effective_preset(), None);
 }
+
+#[test]
+fn a_jwks_uri_must_be_https_in_the_validator_and_the_schema() {
+    let with_uri = |uri: &str| {
+        spec(&format!(
+            "{{auth: {{jwt: {{provider: {{issuer: i, remoteJWKS: {{uri: \"{uri}\"}}}}}}}}, schedulers: [{{name: a, modelName: m, modelSelector: {{app: a}}}}]}}"
+        ))
+    };
+    assert_eq!(
+        messages(&with_uri("https://issuer/jwks")),
+        Vec::<&str>::new()
+    );
+    let err = validate(&with_uri("http://issuer/jwks")).unwrap_err();
+    let Error::Invalid(v) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(
+        v.iter()
+            .map(|v| (v.field.as_str(), v.message))
+            .collect::<Vec<_>>(),
+        vec![("spec.auth.jwt.provider.remoteJWKS.uri", JWKS_HTTPS_MESSAGE)]
+    );
+    let s = schema();
+    let uri = &s["properties"]["spec"]["properties"]["auth"]["properties"]["jwt"]["properties"]["provider"]
+        ["properties"]["remoteJWKS"]["properties"]["uri"];
+    assert_eq!(uri["pattern"], "^https://", "{uri}");
+}
