@@ -12,15 +12,15 @@
 //! Freshness is judged by the task itself, on a timer that runs while a scrape hangs. A target is
 //! in one of three states ([`ScrapeState`]):
 //! - **ok**: its last good page is at most [`ScraperConfig::stale_after`] old;
-//! - **late**: no good page for longer than that, but the scrape in flight is connected to a
-//!   server whose last scrape succeeded — the server is alive and slow to answer (a loaded vLLM
+//! - **late**: no good page for longer than that, but the server answered its last scrape and
+//!   the one in flight has not failed — the server is alive and slow to answer (a loaded vLLM
 //!   answers `/metrics` on the event loop that streams tokens, so a page can take seconds). It is
-//!   reported [`Update::Late`] once, and may stay late until [`ScraperConfig::max_late`] after the
-//!   scrape started;
-//! - **failed**: a scrape failed (connect refused, reset, an HTTP or parse error, a late scrape
-//!   past `max_late`), or no connection was made within the staleness threshold. Reported
-//!   [`Update::Stale`] at once — a refused connection means the server is gone now, not after
-//!   `stale_after`.
+//!   reported [`Update::Late`] once. The scrape in flight has [`ScraperConfig::timeout`] to
+//!   connect and, once connected, until [`ScraperConfig::max_late`] after its start to answer;
+//! - **failed**: a scrape failed (connect refused or timed out, reset, an HTTP or parse error, a
+//!   late scrape past `max_late`), or a target that never answered passed the staleness
+//!   threshold. Reported [`Update::Stale`] at once — a refused connection means the server is
+//!   gone now, not after `stale_after`.
 //!
 //! The next good page makes the target ok again ([`Update::Snapshot`]). Every transition is
 //! logged once.
@@ -193,8 +193,8 @@ impl<K> Target<K> {
 pub enum Update {
     /// A good page was read: the target is fresh ([`ScrapeState::Ok`]), with this state.
     Snapshot(MetricsSnapshot),
-    /// The target went [`ScrapeState::Late`]: its scrape is connected but has not answered within
-    /// the staleness threshold. Its last page is old but the server is alive; the next
+    /// The target went [`ScrapeState::Late`]: no page within the staleness threshold, but the
+    /// server answered its last scrape and the one in flight has not failed. Its last page is old but the server is alive; the next
     /// [`Update::Snapshot`] or [`Update::Stale`] ends it. Sent once per transition.
     Late {
         /// When the target was judged late.
@@ -518,10 +518,12 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         self.last_good.unwrap_or(self.added) + self.shared.config.stale_after
     }
 
-    /// The staleness threshold passed with the scrape that started at `started` in flight.
-    fn overdue(&mut self, started: Instant, connected: bool) {
-        // Late needs a live server: connected now, and its last scrape was good.
-        if connected && self.last_good.is_some() && self.last_error.is_none() {
+    /// The staleness threshold passed with the scrape that started at `started` in flight (or
+    /// none: this task itself ran late). Late needs a live server: its last scrape was good and
+    /// nothing has failed since. The scrape in flight then decides: it has `timeout` to connect
+    /// and, once connected, `max_late` to answer; any failure fails the target at once.
+    fn overdue(&mut self, started: Instant) {
+        if self.last_good.is_some() && self.last_error.is_none() {
             self.mark_late(started);
         } else {
             self.mark_failed(self.deadline(), false);
@@ -536,7 +538,7 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         tracing::warn!(
             target_id = ?id, %engine,
             scrape_ms = started.elapsed().as_millis() as u64,
-            "metrics target is late: connected, no page within the threshold; routed on its last page"
+            "metrics target is late: answered its last scrape, no page within the threshold; routed on its last page"
         );
         self.shared.sink.update(
             self.id,
@@ -644,9 +646,8 @@ async fn run_target<K: Debug + 'static>(
                 biased;
                 _ = ticker.tick() => {}
                 () = &mut stale_timer, if state.state() == ScrapeState::Ok => {
-                    // No scrape in flight (this task ran late): alive if its kept-alive
-                    // connection to a server that answered is still there.
-                    state.overdue(Instant::now(), conn.is_some());
+                    // No scrape in flight: this task ran late (a starved thread), not the server.
+                    state.overdue(Instant::now());
                     continue;
                 }
             }
@@ -661,9 +662,11 @@ async fn run_target<K: Debug + 'static>(
         tokio::pin!(scrape);
         let result = loop {
             tokio::select! {
+                // The scrape first: after a starved stretch its page may already be there.
+                biased;
                 r = &mut scrape => break r,
                 () = &mut stale_timer, if state.state() == ScrapeState::Ok => {
-                    state.overdue(started, endpoint.connected.load(Ordering::Relaxed));
+                    state.overdue(started);
                 }
             }
         };
