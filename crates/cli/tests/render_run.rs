@@ -504,7 +504,9 @@ async fn run_example(path: &Path, example_index: u8) {
             .unwrap_or_else(|| panic!("Service {svc_name} selects no rendered pod"));
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         let picker_addr = SocketAddr::new(p.host, port_of(c, &sp["targetPort"]));
-        let envoy = Envoy::connect(picker_addr).await;
+        // Envoy AI Gateway reaches the picker over TLS, accepting any certificate: so does this
+        // client, and it fails if the rendered command line serves plaintext there.
+        let envoy = Envoy::connect_tls(picker_addr).await;
         let mut ex = envoy.open().await;
         let mut headers = vec![];
         if bbr.is_some() {

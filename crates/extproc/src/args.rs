@@ -11,6 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
+use infergate_pool::tls::Certificate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -77,6 +78,23 @@ pub struct PickerArgs {
     #[arg(long, env = "INFERGATE_PICKER_THREADS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: u16,
+    /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
+    /// file changes; needs `--tls-key-file`. The health and metrics ports stay plaintext.
+    #[arg(
+        long,
+        env = "INFERGATE_TLS_CERT_FILE",
+        requires = "tls_key_file",
+        conflicts_with = "tls_self_signed"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert-file`.
+    #[arg(long, env = "INFERGATE_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Serve ext_proc over TLS with a certificate generated at start, for a proxy that does not
+    /// verify it (Envoy AI Gateway connects to an endpoint picker with TLS and accepts any
+    /// certificate).
+    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED")]
+    pub tls_self_signed: bool,
 }
 
 impl PickerArgs {
@@ -97,7 +115,20 @@ impl PickerArgs {
             seed: 0,
             explain_header: false,
             threads: 1,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_self_signed: false,
         }
+    }
+
+    /// The ext_proc port's certificate, when TLS is asked for.
+    pub fn tls(&self) -> Option<Certificate> {
+        tls_certificate(
+            self.tls_cert_file.as_ref(),
+            self.tls_key_file.as_ref(),
+            self.tls_self_signed,
+            self.listen_address,
+        )
     }
 }
 
@@ -123,6 +154,23 @@ pub struct BbrArgs {
     /// Largest request body accepted (bytes); larger bodies get 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
+    /// file changes; needs `--tls-key-file`. The health and metrics ports stay plaintext.
+    #[arg(
+        long,
+        env = "INFERGATE_TLS_CERT_FILE",
+        requires = "tls_key_file",
+        conflicts_with = "tls_self_signed"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert-file`.
+    #[arg(long, env = "INFERGATE_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Serve ext_proc over TLS with a certificate generated at start, for a proxy that does not
+    /// verify it (Envoy AI Gateway connects to an endpoint picker with TLS and accepts any
+    /// certificate).
+    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED")]
+    pub tls_self_signed: bool,
 }
 
 impl BbrArgs {
@@ -135,7 +183,46 @@ impl BbrArgs {
             grpc_health_port: BBR_HEALTH_PORT,
             metrics_port: METRICS_PORT,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_self_signed: false,
         }
+    }
+
+    /// The ext_proc port's certificate, when TLS is asked for.
+    pub fn tls(&self) -> Option<Certificate> {
+        tls_certificate(
+            self.tls_cert_file.as_ref(),
+            self.tls_key_file.as_ref(),
+            self.tls_self_signed,
+            self.listen_address,
+        )
+    }
+}
+
+/// The certificate the TLS flags name: the files (clap requires both), or a self-signed one for
+/// `localhost` and the listen address.
+fn tls_certificate(
+    cert: Option<&PathBuf>,
+    key: Option<&PathBuf>,
+    self_signed: bool,
+    listen_address: Option<IpAddr>,
+) -> Option<Certificate> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Some(Certificate::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ if self_signed => {
+            let mut names = vec!["localhost".to_owned()];
+            names.extend(
+                listen_address
+                    .filter(|a| !a.is_unspecified())
+                    .map(|a| a.to_string()),
+            );
+            Some(Certificate::SelfSigned { names })
+        }
+        _ => None,
     }
 }
 
@@ -250,6 +337,7 @@ mod tests {
         a.grpc_port = 19002;
         a.threads = 2;
         a.explain_header = true;
+        a.tls_self_signed = true;
         let line = command_line("picker", &a).unwrap();
         assert!(line.contains(&"--explain-header".to_owned()), "{line:?}");
         assert_eq!(line[0], "picker");
@@ -286,9 +374,50 @@ mod tests {
         let mut a = BbrArgs::new("/etc/infergate/models.yaml");
         a.max_body_bytes = 1234;
         a.grpc_health_port = 0;
+        a.tls_cert_file = Some("/etc/infergate/tls/tls.crt".into());
+        a.tls_key_file = Some("/etc/infergate/tls/tls.key".into());
         let line = command_line("bbr", &a).unwrap();
         let matches = Bbr::command_for_test().try_get_matches_from(&line).unwrap();
         assert_eq!(BbrArgs::from_arg_matches(&matches).unwrap(), a);
+    }
+
+    #[test]
+    fn tls_flags_name_both_files_or_a_self_signed_certificate() {
+        assert!(Picker::try_parse_from(["picker", "--tls-cert-file=c.pem"]).is_err());
+        assert!(Bbr::try_parse_from(["bbr", "--models=m", "--tls-key-file=k.pem"]).is_err());
+        let both = [
+            "picker",
+            "--tls-cert-file=c.pem",
+            "--tls-key-file=k.pem",
+            "--tls-self-signed",
+        ];
+        assert!(Picker::try_parse_from(both).is_err());
+        assert_eq!(Picker::try_parse_from(["picker"]).unwrap().args.tls(), None);
+        let a =
+            Picker::try_parse_from(["picker", "--tls-self-signed", "--listen-address=10.0.0.7"])
+                .unwrap()
+                .args;
+        assert_eq!(
+            a.tls(),
+            Some(Certificate::SelfSigned {
+                names: vec!["localhost".into(), "10.0.0.7".into()]
+            })
+        );
+        let b = Bbr::try_parse_from([
+            "bbr",
+            "--models=m",
+            "--tls-cert-file=c.pem",
+            "--tls-key-file=k.pem",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(
+            b.tls(),
+            Some(Certificate::Files {
+                cert: "c.pem".into(),
+                key: "k.pem".into()
+            })
+        );
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub enum Error {
     /// The live pool could not start or rejected its endpoints.
     #[error(transparent)]
     Pool(#[from] infergate_pool::PoolError),
+    /// The ext_proc port's certificate could not be loaded or generated.
+    #[error("ext_proc TLS")]
+    Tls(#[from] infergate_pool::tls::TlsError),
     /// A listener failed.
     #[error("server IO failed")]
     Io(#[from] std::io::Error),

@@ -10,6 +10,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 pub use infergate_metrics::ScraperConfig;
 use infergate_openai::ModelRouter;
+use infergate_pool::tls::{ALPN_GRPC, ServerTlsOptions};
+pub use infergate_pool::tls::{Certificate, ServerTls};
 pub use infergate_pool::{LivePool, PoolConfig};
 pub use infergate_scheduler::{EndpointMeta, SchedulerConfig};
 use prometheus_client::registry::Registry;
@@ -18,7 +20,7 @@ use tokio::net::TcpListener;
 use crate::bbr::{BbrConfig, BodyRouter};
 use crate::error::Error;
 use crate::picker::{EndpointPicker, PickerConfig};
-use crate::server::{serve_ext_proc, serve_health};
+use crate::server::{serve_ext_proc_tls, serve_health};
 use crate::telemetry::{PodStateLabels, Telemetry};
 
 /// How often the ready/stale pod gauges are refreshed.
@@ -33,6 +35,8 @@ pub struct PickerListeners {
     pub health: TcpListener,
     /// Prometheus `/metrics`, `/healthz`, `/readyz` (default port 9090).
     pub metrics: TcpListener,
+    /// TLS on the ext_proc port (`None`: plaintext h2c). Health and metrics stay plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 /// Where the picker's endpoints come from.
@@ -51,6 +55,16 @@ impl std::fmt::Debug for Membership {
             Membership::Dynamic(_) => f.write_str("Dynamic"),
         }
     }
+}
+
+/// The ext_proc port's TLS for `certificate` (from `--tls-cert-file`/`--tls-key-file` or
+/// `--tls-self-signed`; `None`: plaintext): ALPN `h2`, files polled every second, handshakes
+/// bounded to 10 s. Must run inside a tokio runtime.
+pub fn ext_proc_tls(certificate: Option<Certificate>) -> Result<Option<ServerTls>, Error> {
+    certificate
+        .map(|c| ServerTls::new(&c, &ServerTlsOptions::new(&ALPN_GRPC)))
+        .transpose()
+        .map_err(Error::from)
 }
 
 /// Reads a scheduler configuration file (`preset: infergate`, or explicit weights; every key
@@ -86,6 +100,9 @@ pub async fn run_picker(
         ))),
     )?;
     let telemetry = Telemetry::register(&mut registry);
+    if let Some(tls) = &listeners.tls {
+        tls.register(&mut registry);
+    }
     let registry = Arc::new(registry);
     let membership_task = match membership {
         Membership::Static(endpoints) => {
@@ -110,7 +127,7 @@ pub async fn run_picker(
         shutdown.clone(),
     );
     let service = EndpointPicker::new(picker, live.clone(), telemetry);
-    let grpc = serve_ext_proc(listeners.grpc, service, shutdown.clone());
+    let grpc = serve_ext_proc_tls(listeners.grpc, service, listeners.tls, shutdown.clone());
     let (admin, health, grpc) = tokio::join!(admin, health, grpc);
     gauges.abort();
     if let Some(t) = membership_task {
@@ -153,10 +170,11 @@ pub async fn report_pods(pool: LivePool, telemetry: Telemetry) {
     }
 }
 
-/// Runs a body-based router until `shutdown` completes: the ext_proc server, gRPC health (always
-/// ready) and, when given, a metrics listener.
+/// Runs a body-based router until `shutdown` completes: the ext_proc server (over TLS when `tls`
+/// is set), gRPC health (always ready) and, when given, a metrics listener.
 pub async fn run_bbr(
     grpc: TcpListener,
+    tls: Option<ServerTls>,
     health: Option<TcpListener>,
     metrics: Option<TcpListener>,
     config: BbrConfig,
@@ -165,6 +183,9 @@ pub async fn run_bbr(
 ) -> Result<(), Error> {
     let mut registry = Registry::default();
     let telemetry = Telemetry::register(&mut registry);
+    if let Some(tls) = &tls {
+        tls.register(&mut registry);
+    }
     let registry = Arc::new(registry);
     let shutdown = shutdown.shared();
     let health = async {
@@ -182,7 +203,7 @@ pub async fn run_bbr(
         }
     };
     let service = BodyRouter::new(config, router, telemetry);
-    let grpc = serve_ext_proc(grpc, service, shutdown.clone());
+    let grpc = serve_ext_proc_tls(grpc, service, tls, shutdown.clone());
     let (health, admin, grpc) = tokio::join!(health, admin, grpc);
     health?;
     admin?;

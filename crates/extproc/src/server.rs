@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 };
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
+use infergate_pool::tls::{ServerTls, accept_tls};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
@@ -48,6 +49,22 @@ pub async fn serve_ext_proc<S>(
 where
     S: ExternalProcessor,
 {
+    serve_ext_proc_tls(listener, service, None, shutdown).await
+}
+
+/// [`serve_ext_proc`], over TLS when `tls` is set: each accepted connection first completes the
+/// handshake (bounded by the handshake timeout, in the connection's own task so a slow client
+/// holds up nobody), then is served as HTTP/2. A certificate replaced on disk is served to new
+/// connections; open ones keep theirs.
+pub async fn serve_ext_proc_tls<S>(
+    listener: TcpListener,
+    service: S,
+    tls: Option<ServerTls>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error>
+where
+    S: ExternalProcessor,
+{
     let service = ExternalProcessorServer::new(service);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
@@ -72,13 +89,16 @@ where
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
-        let conn = builder.serve_connection(
-            TokioIo::new(stream),
-            TowerToHyperService::new(service.clone()),
-        );
-        let conn = graceful.watch(conn);
+        let (builder, service, watcher) = (builder.clone(), service.clone(), graceful.watcher());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // A failed handshake is logged and counted by `accept_tls`.
+            let Ok(stream) = accept_tls(tls.as_ref(), stream).await else {
+                return;
+            };
+            let conn =
+                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, "ext_proc connection ended");
             }
         });

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use forward::forward;
 use harness::*;
-use infergate_extproc::run::{Membership, PickerListeners, run_picker};
+use infergate_extproc::run::{Membership, PickerListeners, ServerTls, run_picker};
 use infergate_extproc::{EndpointPicker, PickerConfig, Telemetry};
 use infergate_metrics::ScraperConfig;
 use infergate_pool::{LivePool, PoolConfig};
@@ -266,6 +266,7 @@ struct Process {
     fleet: Option<ServedFleet>,
     fleet_stop: Option<tokio::sync::oneshot::Sender<()>>,
     envoy: Envoy,
+    grpc: SocketAddr,
     metrics: SocketAddr,
     model: String,
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -273,6 +274,13 @@ struct Process {
 
 impl Process {
     async fn start(pods: usize, picker: PickerConfig) -> Process {
+        Process::start_with(pods, picker, None).await
+    }
+
+    /// As [`Process::start`], with TLS on the ext_proc port when `tls` is set (Envoy then
+    /// connects over TLS, accepting any certificate, as Envoy AI Gateway does).
+    async fn start_with(pods: usize, picker: PickerConfig, tls: Option<ServerTls>) -> Process {
+        let over_tls = tls.is_some();
         let catalog = Catalog::builtin().unwrap();
         let profile = catalog.get(PROFILE).unwrap().clone();
         let model = profile.model.to_string();
@@ -295,6 +303,7 @@ impl Process {
             grpc: bind().await,
             health: bind().await,
             metrics: bind().await,
+            tls,
         };
         let grpc = listeners.grpc.local_addr().unwrap();
         let metrics = listeners.metrics.local_addr().unwrap();
@@ -327,8 +336,13 @@ impl Process {
                 let _ = rx.await;
             },
         ));
-        let envoy = Envoy::connect(grpc).await;
+        let envoy = if over_tls {
+            Envoy::connect_tls(grpc).await
+        } else {
+            Envoy::connect(grpc).await
+        };
         let p = Process {
+            grpc,
             fleet: Some(fleet),
             fleet_stop: Some(fleet_stop),
             envoy,
@@ -692,4 +706,77 @@ async fn the_picker_times_first_token_and_duration_per_pool() {
         assert!(tokio::time::Instant::now() < deadline, "reset not timed");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// TLS on the picker's ext_proc port, as Envoy AI Gateway connects to it (TLS, any certificate
+/// accepted, ALPN h2): a request is routed over TLS; a certificate replaced on disk is served
+/// to the next connection, which routes too; a plaintext HTTP/2 client is closed at the
+/// handshake and counted, and the TLS connection keeps routing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_routes_over_tls_and_serves_a_replaced_certificate() {
+    use infergate_pool::tls::{ALPN_GRPC, Certificate, ServerTlsOptions};
+    use infergate_testkit::tls::{TestCa, peer_certificate};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("picker ca");
+    let first = ca.issue(&["localhost"]);
+    let (cert, key) = first.write(dir.path());
+    let options = ServerTlsOptions {
+        reload_interval: Duration::from_millis(50),
+        ..ServerTlsOptions::new(&ALPN_GRPC)
+    };
+    let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
+    let p = Process::start_with(2, PickerConfig::default(), Some(tls)).await;
+    let dest = headers_answer(&p.route(0, &[]).await)
+        .header(infergate_extproc::wire::DESTINATION_HEADER)
+        .unwrap()
+        .to_owned();
+    assert!(dest.starts_with("127.0.0.1:"), "{dest}");
+    assert_eq!(peer_certificate(p.grpc, "localhost").await, first.der);
+
+    // A new certificate from another CA, written over the old files.
+    let second = TestCa::new("rotated ca").issue(&["localhost"]);
+    second.write(dir.path());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while peer_certificate(p.grpc, "localhost").await != second.der {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A new connection (with the new certificate) routes; so does the old one.
+    let fresh = Envoy::connect_tls(p.grpc).await;
+    let mut ex = fresh.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(&chat(&p.model, "s", "u", 4, false), true))
+        .await;
+    assert!(
+        headers_answer(&ex.next().await)
+            .header(infergate_extproc::wire::DESTINATION_HEADER)
+            .is_some()
+    );
+    headers_answer(&p.route(1, &[]).await);
+
+    // Plaintext HTTP/2 (an h2c preface) to the TLS port: closed at once, nothing served.
+    let mut plain = tokio::net::TcpStream::connect(p.grpc).await.unwrap();
+    plain
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut got)).await;
+    assert!(closed.is_ok(), "the plaintext connection was not closed");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = p.scrape().await;
+        if metric(&m, "tls_handshake_failures_total", &[("reason", "error")]) == Some(1.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    headers_answer(&p.route(2, &[]).await);
 }

@@ -403,7 +403,9 @@ impl<'a> Renderer<'a> {
         out.push(child(
             &self.network_policy(&name, component, None, &ports)?,
         )?);
-        out.push(child(&self.service(&name, component, None, &ports)?)?);
+        out.push(child(
+            &self.service(&name, component, None, &ports, false)?,
+        )?);
         out.push(child(&self.pdb(&name, component, None)?)?);
         let mut eep = EnvoyExtensionPolicy::new(
             &name,
@@ -500,6 +502,10 @@ impl<'a> Renderer<'a> {
         picker.default_engine = Some(s.engine_type.as_str().to_owned());
         // The body passes the BBR first: the picker must accept what the BBR accepted.
         picker.max_body_bytes = body_limit(self.cfg.spec.bbr.max_request_body_bytes)?;
+        // Envoy AI Gateway connects to the picker over TLS and accepts any certificate (an empty
+        // validation context), so the picker must serve TLS; a self-signed certificate generated
+        // at start is enough and needs no Secret (docs/operator.md, "TLS").
+        picker.tls_self_signed = true;
         let ports = [
             ("grpc", i32::from(picker.grpc_port)),
             ("health", i32::from(picker.grpc_health_port)),
@@ -517,7 +523,7 @@ impl<'a> Renderer<'a> {
         out.push(child(
             &self.network_policy(&epp, component, sched, &ports)?,
         )?);
-        out.push(child(&self.service(&epp, component, sched, &ports)?)?);
+        out.push(child(&self.service(&epp, component, sched, &ports, true)?)?);
         out.push(child(&self.pdb(&epp, component, sched)?)?);
 
         // Without the BBR there is one scheduler and nothing to choose: match every request.
@@ -728,12 +734,15 @@ impl<'a> Renderer<'a> {
         component: &str,
         sched: Option<&str>,
         ports: &[(&str, i32)],
+        grpc_tls: bool,
     ) -> Result<Service, Error> {
         let ports: Vec<Value> = ports
             .iter()
             .map(|(n, p)| {
                 let mut v = json!({ "name": n, "port": p, "targetPort": n, "protocol": "TCP" });
-                if *n == "grpc" {
+                // Plaintext HTTP/2 is `kubernetes.io/h2c`; HTTP/2 over TLS has no standard
+                // appProtocol value, so a TLS port carries none.
+                if *n == "grpc" && !grpc_tls {
                     v["appProtocol"] = json!("kubernetes.io/h2c");
                 }
                 v

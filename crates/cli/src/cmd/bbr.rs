@@ -1,7 +1,8 @@
 //! `infergate bbr`: the Envoy ext_proc body-based router.
 
+use anyhow::Context as _;
 use infergate_extproc::bbr::{BbrConfig, ModelsFile};
-use infergate_extproc::run::run_bbr;
+use infergate_extproc::run::{ext_proc_tls, run_bbr};
 
 use super::{bind, shutdown_signal};
 
@@ -20,11 +21,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         0 => None,
         p => Some(bind(args.listen_address, p).await?),
     };
-    tracing::info!(grpc = args.grpc_port, "body-based router listening");
+    let tls = ext_proc_tls(args.tls()).context("the ext_proc port's TLS certificate")?;
+    tracing::info!(
+        grpc = args.grpc_port,
+        tls = tls.is_some(),
+        "body-based router listening"
+    );
     let config = BbrConfig {
         max_body_bytes: args.max_body_bytes,
         ..BbrConfig::default()
     };
-    run_bbr(grpc, health, metrics, config, router, shutdown_signal()).await?;
+    run_bbr(
+        grpc,
+        tls,
+        health,
+        metrics,
+        config,
+        router,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

@@ -11,7 +11,8 @@ use infergate_extproc::discovery::kubernetes::membership;
 use infergate_extproc::discovery::static_file::EndpointsFile;
 use infergate_extproc::picker::PickerConfig;
 use infergate_extproc::run::{
-    Membership, PickerListeners, PoolConfig, SchedulerConfig, load_scheduler_config, run_picker,
+    Membership, PickerListeners, PoolConfig, SchedulerConfig, ext_proc_tls, load_scheduler_config,
+    run_picker,
 };
 
 use super::{bind, shutdown_signal};
@@ -62,13 +63,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .await
         .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
+    let tls = ext_proc_tls(args.tls()).context("the ext_proc port's TLS certificate")?;
     let listeners = PickerListeners {
         grpc: bind(args.listen_address, args.grpc_port).await?,
         health: bind(args.listen_address, args.grpc_health_port).await?,
         metrics: bind(args.listen_address, args.metrics_port).await?,
+        tls,
     };
     tracing::info!(
         pool = %args.pool_name,
+        tls = listeners.tls.is_some(),
         grpc = args.grpc_port,
         health = args.grpc_health_port,
         metrics = args.metrics_port,

@@ -88,6 +88,29 @@ impl Envoy {
     pub async fn connect(addr: SocketAddr) -> Envoy {
         let stream = TcpStream::connect(addr).await.unwrap();
         stream.set_nodelay(true).unwrap();
+        Envoy::over(stream, format!("http://{addr}")).await
+    }
+
+    /// One HTTP/2 connection over TLS to `addr`, accepting any certificate and offering ALPN
+    /// `h2`: what Envoy AI Gateway's cluster for an endpoint picker does (TLS with an empty
+    /// validation context).
+    pub async fn connect_tls(addr: SocketAddr) -> Envoy {
+        let config = infergate_testkit::tls::accept_any_config(&[b"h2"]);
+        let stream = infergate_testkit::tls::connect(addr, "localhost", config)
+            .await
+            .expect("TLS handshake with the ext_proc server");
+        assert_eq!(
+            stream.get_ref().1.alpn_protocol(),
+            Some(&b"h2"[..]),
+            "the ext_proc server must choose h2 by ALPN"
+        );
+        Envoy::over(stream, format!("https://{addr}")).await
+    }
+
+    async fn over<T>(stream: T, origin: String) -> Envoy
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(ENVOY_WINDOW)
             .initial_connection_window_size(ENVOY_WINDOW)
@@ -95,7 +118,7 @@ impl Envoy {
             .await
             .unwrap();
         tokio::spawn(conn);
-        let origin = format!("http://{addr}").parse().unwrap();
+        let origin = origin.parse().unwrap();
         Envoy {
             client: ExternalProcessorClient::with_origin(Direct(send), origin),
         }
