@@ -1,5 +1,6 @@
 //! `infergate`: one binary for every role — standalone gateway, ext_proc picker and body-based
-//! router, Kubernetes operator, model-server emulator, benchmarks, the demo, and CRD generation.
+//! router, Kubernetes operator, model-server emulator, benchmarks, the demo, CRD generation, and
+//! API-key hashing for the gateway's `auth.apiKeys`.
 //!
 //! Each subcommand lives in `cmd/<name>.rs` and is a thin shell over its library crate.
 
@@ -50,6 +51,8 @@ enum Command {
     Crdgen(cmd::crdgen::Args),
     /// Print the objects the operator would apply for an InferenceGatewayConfig file.
     Render(cmd::render::Args),
+    /// Print the SHA-256 of an API key read from standard input, for the gateway's `auth.apiKeys`.
+    HashKey(cmd::hash_key::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,6 +87,7 @@ fn main() -> anyhow::Result<()> {
             Command::Demo(args) => cmd::demo::run(args).await,
             Command::Crdgen(args) => cmd::crdgen::run(args).await,
             Command::Render(args) => cmd::render::run(args).await,
+            Command::HashKey(args) => cmd::hash_key::run(args).await,
         }
     })
 }

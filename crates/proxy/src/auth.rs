@@ -328,6 +328,18 @@ async fn verify_jwt(jwt: &Jwt, token: &str) -> Result<Identity, ApiError> {
     })
 }
 
+/// The SHA-256 of an API key as 64 lowercase hex digits: what `auth.apiKeys[].sha256` holds.
+pub fn sha256_hex(key: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let d = keys::digest(key);
+    let mut s = String::with_capacity(64);
+    for b in d {
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    s
+}
+
 /// Removes the client's credentials from headers going upstream (when authentication is on).
 pub(crate) fn strip_credentials(headers: &mut HeaderMap) {
     headers.remove(header::AUTHORIZATION);
