@@ -59,7 +59,7 @@ impl TestCa {
 
     /// The CA certificate (PEM), what a client trusts.
     pub fn cert_pem(&self) -> String {
-        self.issuer.pem()
+        pem("CERTIFICATE", self.issuer.der())
     }
 
     /// Issues a server certificate for `names` (DNS names or IP addresses).
@@ -71,8 +71,8 @@ impl TestCa {
             .signed_by(&key, &self.issuer)
             .expect("leaf certificate");
         Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
+            cert_pem: pem("CERTIFICATE", cert.der()),
+            key_pem: pem("PRIVATE KEY", &key.serialize_der()),
             der: cert.der().clone(),
         }
     }
@@ -96,6 +96,19 @@ impl TestCa {
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }
+}
+
+/// `der` as a PEM block with `label` (64 base64 characters a line, RFC 7468).
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 impl Leaf {
