@@ -134,23 +134,29 @@ impl LivePool {
 
     /// As [`LivePool::start`], with the clock given (tests pass one on tokio's paused time).
     ///
-    /// The scraper's staleness threshold and the scheduler's freshness filter (`maxMetricsAge`)
-    /// describe one fact — how old a page may be before a pod is not routed on — so the pool runs
-    /// both on the smaller of the two (never below one scrape interval). A pod therefore leaves
-    /// the candidates exactly when the scraper reports it stale. A scheduler configured to keep
-    /// stale pods (`maxMetricsAge` unset, as the baseline presets do) keeps them.
+    /// The scraper judges each pod ok, late or failed at its staleness threshold, and the
+    /// scheduler follows those reports: a failed pod leaves the candidates at once, a late one
+    /// stays on its last page. The scheduler's own age bound (`maxMetricsAge`) is then only the
+    /// safety net for an ok pod the scraper has said nothing about — a scraper thread starved
+    /// on busy cores reports late, so the bound is never below the scraper's threshold plus one
+    /// interval (with the two equal, a pick on another thread dropped a healthy pod in the gap
+    /// before the scraper's timer ran, and with every other pod failed answered 503). A scheduler
+    /// configured to keep stale pods (`maxMetricsAge` unset, as the baseline presets do) keeps
+    /// them.
     pub fn start_with_clock(
         mut config: PoolConfig,
         clock: Clock,
         mut registry: Option<&mut Registry>,
     ) -> Result<Self, PoolError> {
         if let Some(age) = config.scheduler.max_metrics_age {
-            let threshold = age
-                .min(config.scrape.stale_after)
-                .max(config.scrape.interval);
-            config.scheduler.max_metrics_age = Some(threshold);
-            config.scrape.stale_after = threshold;
+            let floor = config.scrape.stale_after + config.scrape.interval;
+            config.scheduler.max_metrics_age = Some(age.max(floor));
         }
+        // What an ok pod's page may be aged before it is not routed on: the scheduler's bound.
+        let stale_after = config
+            .scheduler
+            .max_metrics_age
+            .unwrap_or(config.scrape.stale_after);
         let scheduler = Scheduler::new(config.scheduler)?;
         let state = Arc::new(Mutex::new(State {
             scheduler,
@@ -161,7 +167,6 @@ impl LivePool {
             Some(r) => ScrapeMetrics::register(r),
             None => ScrapeMetrics::default(),
         };
-        let stale_after = config.scrape.stale_after;
         if let Some(r) = registry.as_deref_mut() {
             r.register_collector(Box::new(pods::PodCollector {
                 state: Arc::clone(&state),

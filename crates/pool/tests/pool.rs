@@ -224,21 +224,21 @@ async fn admin_server_answers_metrics_health_and_readiness() {
 }
 
 #[tokio::test]
-async fn freshness_filter_and_scraper_share_one_threshold() {
+async fn the_schedulers_age_bound_is_a_safety_net_above_the_scrapers_threshold() {
     let mut cfg = config();
     cfg.scheduler.max_metrics_age = Some(Duration::from_secs(2));
     let pool = LivePool::start(cfg.clone(), None).unwrap();
     assert_eq!(
         pool.scheduler_config().max_metrics_age,
-        Some(Duration::from_millis(200)),
-        "the tighter scraper threshold wins"
+        Some(Duration::from_secs(2)),
+        "the scraper reports late and failed pods at 200 ms; the 2 s bound catches a silent one"
     );
     cfg.scheduler.max_metrics_age = Some(Duration::from_millis(1));
     let pool = LivePool::start(cfg.clone(), None).unwrap();
     assert_eq!(
         pool.scheduler_config().max_metrics_age,
-        Some(Duration::from_millis(20)),
-        "never below one scrape interval"
+        Some(Duration::from_millis(220)),
+        "never below the scraper's threshold plus one interval"
     );
     cfg.scheduler.max_metrics_age = None;
     let pool = LivePool::start(cfg, None).unwrap();
