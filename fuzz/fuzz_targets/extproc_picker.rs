@@ -111,14 +111,15 @@ fuzz_target!(|data: &[u8]| {
 
     if !mode_changed {
         let chunks = || out.iter().filter_map(streamed_chunk);
-        let req_out: Vec<u8> = chunks()
-            .filter(|c| c.0)
-            .flat_map(|c| c.1.to_vec())
-            .collect();
-        let resp_out: Vec<u8> = chunks()
-            .filter(|c| !c.0)
-            .flat_map(|c| c.1.to_vec())
-            .collect();
+        // Joined slice by slice: a byte-wise iterator costs seconds on a 16 MB body here.
+        let (mut req_out, mut resp_out) = (Vec::new(), Vec::new());
+        for (request, body, _) in chunks() {
+            if request {
+                req_out.extend_from_slice(body);
+            } else {
+                resp_out.extend_from_slice(body);
+            }
+        }
         if setup.request_mode == Mode::FullDuplex && !setup.rewrite && request_headers <= 1 {
             assert!(
                 req_in.starts_with(&req_out),
