@@ -306,6 +306,13 @@ impl TryFrom<RawJwt> for JwtConfig {
                 return Err(format!("`{field}` is not a claim name"));
             }
         }
+        if r.jwks_min_refresh_interval_ms < 100 {
+            return Err(
+                "`jwksMinRefreshIntervalMs` must be at least 100: it is what keeps tokens with \
+                 made-up key ids from turning into a stream of JWKS fetches"
+                    .into(),
+            );
+        }
         if r.jwks_refresh_interval_ms == 0 || r.jwks_fetch_timeout_ms == 0 {
             return Err(
                 "`jwksRefreshIntervalMs` and `jwksFetchTimeoutMs` must be above zero".into(),

@@ -52,6 +52,11 @@ fn a_jwks_uri_must_be_https() {
     )
     .unwrap_err();
     assert!(e.contains("must be an `https://` URI"), "{e}");
+    let e = parse(
+        "auth:\n  jwt:\n    issuer: i\n    remoteJWKS: { uri: https://issuer.example/jwks.json }\n    jwksMinRefreshIntervalMs: 0\n",
+    )
+    .unwrap_err();
+    assert!(e.contains("at least 100"), "{e}");
 }
 
 #[test]
