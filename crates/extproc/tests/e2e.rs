@@ -780,3 +780,70 @@ async fn the_picker_routes_over_tls_and_serves_a_replaced_certificate() {
     }
     headers_answer(&p.route(2, &[]).await);
 }
+
+/// The body-based router with `--tls-self-signed` (`ext_proc_tls`, as `infergate bbr` builds it):
+/// routes a LoRA request over TLS from a client that accepts any certificate; a plaintext h2c
+/// client is closed and counted on its metrics port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
+    use infergate_extproc::bbr::{BbrConfig, ModelsFile};
+    use infergate_extproc::run::{Certificate, ext_proc_tls, run_bbr};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+    let tls = ext_proc_tls(Some(Certificate::SelfSigned {
+        names: vec!["localhost".into()],
+    }))
+    .unwrap();
+    let router = ModelsFile::parse("llama-3-8b: [sql-lora]\n")
+        .unwrap()
+        .router()
+        .unwrap();
+    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(run_bbr(
+        grpc,
+        tls,
+        None,
+        Some(metrics),
+        BbrConfig::default(),
+        router,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    let envoy = Envoy::connect_tls(addr).await;
+    let body = br#"{"model":"sql-lora","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(body, true)).await;
+    let answer = headers_answer(&ex.next().await);
+    assert_eq!(
+        answer.header(infergate_extproc::wire::MODEL_HEADER),
+        Some("sql-lora")
+    );
+    assert_eq!(
+        answer.header(infergate_extproc::wire::BASE_MODEL_HEADER),
+        Some("llama-3-8b")
+    );
+
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut got)).await;
+    assert!(closed.is_ok(), "the plaintext connection was not closed");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = http_get(metrics_addr, "/metrics").await;
+        if metric(&m, "tls_handshake_failures_total", &[("reason", "error")]) == Some(1.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
