@@ -1,6 +1,7 @@
-//! Test parts for the gateway's authentication: a JWKS served over real HTTPS by a private CA,
-//! signing keys (ES256 and Ed25519 generated here, RS256 from a committed test-only key), tokens
-//! signed in the test, and a model server that records the `Authorization` it receives.
+//! Test parts for the gateway's authentication: a JWKS served over real HTTPS by a private CA
+//! (`infergate_testkit::tls::TestCa`), signing keys (ES256 and Ed25519 generated here, RS256 from
+//! a committed test-only key), tokens signed in the test, and a model server that records the
+//! `Authorization` it receives.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -25,7 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use ring::rand::SystemRandom;
 use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair, RsaKeyPair};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -204,23 +205,12 @@ pub struct JwksServer {
 
 impl JwksServer {
     pub async fn start(dir: &Path, doc: String) -> JwksServer {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "infergate test CA");
-        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-        let leaf_key = rcgen::KeyPair::generate().unwrap();
-        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .unwrap()
-            .signed_by(&leaf_key, &ca)
-            .unwrap();
-        let ca_file = dir.join("jwks-ca.pem");
-        std::fs::write(&ca_file, ca.pem()).unwrap();
+        let ca = infergate_testkit::tls::TestCa::new("infergate test CA");
+        let leaf = ca.issue(&["127.0.0.1"]);
+        let ca_file = ca.write_ca(dir);
 
-        let certs = vec![CertificateDer::from(leaf.der().to_vec())];
-        let key = PrivateKeyDer::from_pem_slice(leaf_key.serialize_pem().as_bytes()).unwrap();
+        let certs = vec![leaf.der.clone()];
+        let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
