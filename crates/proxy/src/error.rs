@@ -18,10 +18,10 @@ pub enum ConfigError {
     },
     /// The file is not valid YAML or a value is wrong. The message names the field's path
     /// (e.g. `models[1].endpoints[0]`) and its line.
-    #[error("{source}")]
+    // Transparent: the parser's message is the whole message, shown once in an error chain.
+    #[error(transparent)]
     Invalid {
         /// The parser's error, with path, line and column.
-        #[source]
         source: serde_yaml::Error,
     },
 }
@@ -42,7 +42,7 @@ pub enum Error {
         source: infergate_pool::PoolError,
     },
     /// Authentication could not be set up (JWKS client, API key file).
-    #[error("{0}")]
+    #[error(transparent)]
     Auth(#[from] crate::auth::AuthSetupError),
     /// A listener could not be used.
     #[error("listener: {0}")]
