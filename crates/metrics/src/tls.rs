@@ -56,7 +56,7 @@ impl ClientTls {
         let tls = TlsConnector::from(Arc::clone(&self.config))
             .connect(self.server_name(addr), tcp)
             .await?;
-        Ok(Stream::Tls(Box::new(tls)))
+        Ok(MaybeTls::Tls(Box::new(tls)))
     }
 }
 
@@ -79,47 +79,52 @@ impl std::fmt::Debug for ClientTls {
     }
 }
 
-/// A connection to a model server: plain TCP or TLS over TCP.
+/// A TCP connection, plain or with TLS over it: `T` is the client's or the server's TLS stream
+/// (`Stream` here, `infergate_pool::tls::ServerStream` on the serving side), so one HTTP stack
+/// serves both cases.
 #[derive(Debug)]
-pub enum Stream {
-    /// Plain HTTP.
+pub enum MaybeTls<T> {
+    /// Plaintext.
     Plain(TcpStream),
-    /// HTTPS (boxed: the TLS state is large and the plain case is the common one).
-    Tls(Box<TlsStream<TcpStream>>),
+    /// TLS (boxed: the TLS state is large and the plain case is the common one).
+    Tls(Box<T>),
 }
+
+/// A connection to a model server: plain TCP or TLS over TCP.
+pub type Stream = MaybeTls<TlsStream<TcpStream>>;
 
 impl Stream {
     /// The TCP connection underneath.
     pub fn tcp(&self) -> &TcpStream {
         match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => s.get_ref().0,
+            MaybeTls::Plain(s) => s,
+            MaybeTls::Tls(s) => s.get_ref().0,
         }
     }
 }
 
-impl AsyncRead for Stream {
+impl<T: AsyncRead + Unpin> AsyncRead for MaybeTls<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            MaybeTls::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for Stream {
+impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            MaybeTls::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -129,29 +134,29 @@ impl AsyncWrite for Stream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            MaybeTls::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
+            MaybeTls::Plain(s) => s.is_write_vectored(),
+            MaybeTls::Tls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            MaybeTls::Plain(s) => Pin::new(s).poll_flush(cx),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            MaybeTls::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -21,13 +21,12 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use infergate_metrics::ClientTls;
+use infergate_metrics::tls::MaybeTls;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -37,7 +36,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -346,13 +345,7 @@ impl ServerTls {
 }
 
 /// A served connection: plain TCP, or TLS when the port has a [`ServerTls`].
-#[derive(Debug)]
-pub enum ServerStream {
-    /// Plaintext.
-    Plain(TcpStream),
-    /// TLS (boxed: the TLS state is large).
-    Tls(Box<TlsStream<TcpStream>>),
-}
+pub type ServerStream = MaybeTls<TlsStream<TcpStream>>;
 
 /// Runs the handshake on an accepted `stream` when `tls` is set; hands it back unchanged when
 /// not.
@@ -363,64 +356,6 @@ pub async fn accept_tls(
     match tls {
         None => Ok(ServerStream::Plain(stream)),
         Some(tls) => Ok(ServerStream::Tls(Box::new(tls.accept(stream).await?))),
-    }
-}
-
-impl AsyncRead for ServerStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ServerStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            ServerStream::Plain(s) => s.is_write_vectored(),
-            ServerStream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
     }
 }
 

@@ -134,16 +134,38 @@ pub async fn send(addr: SocketAddr, request: Request<Bytes>) -> Result<Response,
 /// `timeout`. A `host` header naming `addr` is added when the request has none.
 pub async fn send_within(
     addr: SocketAddr,
-    mut request: Request<Bytes>,
+    request: Request<Bytes>,
     timeout: Duration,
 ) -> Result<Response, Error> {
+    exchange(
+        addr,
+        &addr.to_string(),
+        TcpStream::connect(addr),
+        request,
+        timeout,
+    )
+    .await
+}
+
+/// One HTTP/1.1 exchange on the connection `connect` opens to `addr`, within `timeout`; a
+/// `host` header naming `host` is added when the request has none. Plain and TLS senders share it.
+pub(crate) async fn exchange<S>(
+    addr: SocketAddr,
+    host: &str,
+    connect: impl Future<Output = std::io::Result<S>>,
+    mut request: Request<Bytes>,
+    timeout: Duration,
+) -> Result<Response, Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     if !request.headers().contains_key(header::HOST)
-        && let Ok(host) = HeaderValue::from_str(&addr.to_string())
+        && let Ok(host) = HeaderValue::from_str(host)
     {
         request.headers_mut().insert(header::HOST, host);
     }
     let exchange = async {
-        let stream = TcpStream::connect(addr)
+        let stream = connect
             .await
             .map_err(|source| Error::Connect { addr, source })?;
         let http = |source| Error::Http { addr, source };

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, header};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http::Request;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -226,36 +224,8 @@ pub async fn send_within(
     addr: SocketAddr,
     name: &str,
     config: Arc<rustls::ClientConfig>,
-    mut request: Request<Bytes>,
+    request: Request<Bytes>,
     timeout: Duration,
 ) -> Result<Response, Error> {
-    if !request.headers().contains_key(header::HOST)
-        && let Ok(host) = HeaderValue::from_str(name)
-    {
-        request.headers_mut().insert(header::HOST, host);
-    }
-    let exchange = async {
-        let stream = connect(addr, name, config)
-            .await
-            .map_err(|source| Error::Connect { addr, source })?;
-        let http = |source| Error::Http { addr, source };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http)?;
-        tokio::spawn(conn);
-        let response = sender
-            .send_request(request.map(Full::new))
-            .await
-            .map_err(http)?;
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.map_err(http)?.to_bytes();
-        Ok(Response {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .unwrap_or(Err(Error::TimedOut { addr, timeout }))
+    crate::exchange(addr, name, connect(addr, name, config), request, timeout).await
 }
