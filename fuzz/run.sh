@@ -14,6 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 export RUSTC_BOOTSTRAP=1
+# The fuzz build has flags of its own: it keeps its own target dir (fuzz/target, or
+# FUZZ_TARGET_DIR), even when CARGO_TARGET_DIR points the workspace's builds elsewhere.
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$PWD/target}"
 secs="${FUZZ_SECONDS:-60}"
 flags=(--sanitizer none --debug-assertions)
 
@@ -27,7 +30,7 @@ start=$(date +%s)
 # Every target at once (cargo fuzz build takes one name or none); a no-op when built. The runs
 # below start the built binaries themselves, so nothing is rebuilt between two targets.
 cargo fuzz build "${flags[@]}"
-bin="target/$(rustc -vV | sed -n 's/^host: //p')/release"
+bin="$CARGO_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release"
 built=$(date +%s)
 echo "fuzz targets built in $((built - start)) s"
 
