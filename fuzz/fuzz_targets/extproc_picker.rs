@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 
 use infergate_extproc::fuzzing::{Picker, PickerOptions};
 use infergate_fuzz::{
-    Kind, Mode, decode, immediate_status, kind, replaced_body, request_common, set_value,
+    Kind, Mode, check_immediates, decode, kind, replaced_body, request_common, set_value,
     streamed_chunk,
 };
 use libfuzzer_sys::fuzz_target;
@@ -74,27 +74,9 @@ fuzz_target!(|data: &[u8]| {
         }
         let before = out.len();
         let now_closed = picker.feed(input.msg, &mut out);
+        check_immediates(&out, before, now_closed);
+        closed |= now_closed;
         let batch = &out[before..];
-        let immediates = batch
-            .iter()
-            .filter(|a| immediate_status(a).is_some())
-            .count();
-        if now_closed {
-            assert_eq!(
-                immediates, 1,
-                "a closed stream ends with one immediate response"
-            );
-            assert!(
-                immediate_status(&out[out.len() - 1]).is_some(),
-                "not the last answer"
-            );
-            closed = true;
-        } else {
-            assert_eq!(
-                immediates, 0,
-                "an immediate response that does not close the stream"
-            );
-        }
         check_batch(
             batch,
             &setup.endpoints,

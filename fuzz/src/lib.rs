@@ -413,6 +413,31 @@ pub fn removes(common: &CommonResponse, name: &str) -> bool {
         .is_some_and(|m| m.remove_headers.iter().any(|r| r == name))
 }
 
+/// The stream-closing invariant, checked on the answers one message produced (`out[before..]`):
+/// a message that closes the stream ends with exactly one immediate response, last; any other
+/// produces none.
+pub fn check_immediates(out: &[ProcessingResponse], before: usize, now_closed: bool) {
+    let immediates = out[before..]
+        .iter()
+        .filter(|a| immediate_status(a).is_some())
+        .count();
+    if now_closed {
+        assert_eq!(
+            immediates, 1,
+            "a closed stream ends with one immediate response"
+        );
+        assert!(
+            out.last().and_then(immediate_status).is_some(),
+            "not the last answer"
+        );
+    } else {
+        assert_eq!(
+            immediates, 0,
+            "an immediate response that does not close the stream"
+        );
+    }
+}
+
 /// Whether an answer is an immediate response, and its status.
 pub fn immediate_status(a: &ProcessingResponse) -> Option<i32> {
     match a.response.as_ref()? {
