@@ -114,10 +114,19 @@ pub async fn run_picker(
     let gauges = tokio::spawn(report_pods(live.clone(), telemetry.clone()));
     let shutdown = shutdown.shared();
     let ready_pool = live.clone();
-    let admin = infergate_pool::admin::serve(
+    let (heartbeat_pool, heartbeat_name) = (live.clone(), picker.pool_name.clone());
+    let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
+    let admin = infergate_pool::admin::serve_with_heartbeat(
         listeners.metrics,
-        registry,
+        move || {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &registry)?;
+            Ok(out)
+        },
         move || ready_pool.is_ready(),
+        move || {
+            Some(heartbeats.render(std::iter::once((heartbeat_name.as_str(), &heartbeat_pool))))
+        },
         shutdown.clone(),
     );
     let health_pool = live.clone();

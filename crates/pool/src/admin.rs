@@ -1,5 +1,6 @@
 //! The admin HTTP server: `/metrics` (Prometheus text format), `/healthz` (also `/livez`),
-//! `/readyz`; any other path is 404, any method but `GET` and `HEAD` 405.
+//! `/readyz`, and for the gateway and the picker `/heartbeat` (the JSON status the global router
+//! polls, [`crate::heartbeat`]); any other path is 404, any method but `GET` and `HEAD` 405.
 //!
 //! It is the one admin server of every infergate process: the picker and the BBR
 //! (`infergate_extproc::run`), the standalone gateway (`infergate_proxy`, with `/metrics` merged
@@ -36,10 +37,16 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-fn respond<M, R>(req: &Request<Incoming>, metrics: &M, ready: &R) -> Response<Full<Bytes>>
+fn respond<M, R, H>(
+    req: &Request<Incoming>,
+    metrics: &M,
+    ready: &R,
+    heartbeat: &H,
+) -> Response<Full<Bytes>>
 where
     M: Fn() -> Result<String, std::fmt::Error>,
     R: Fn() -> bool,
+    H: Fn() -> Option<String>,
 {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
@@ -59,6 +66,21 @@ where
             );
             r
         }
+        crate::heartbeat::PATH => match heartbeat() {
+            Some(doc) => {
+                let mut r = Response::new(Full::new(Bytes::from(doc)));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static("application/json"),
+                );
+                r.headers_mut().insert(
+                    header::CACHE_CONTROL,
+                    header::HeaderValue::from_static("no-store"),
+                );
+                r
+            }
+            None => text(StatusCode::NOT_FOUND, "no heartbeat on this process\n"),
+        },
         "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
             if ready() {
@@ -107,7 +129,24 @@ where
     M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
     R: Fn() -> bool + Send + Sync + 'static,
 {
-    let handlers = Arc::new((metrics, ready));
+    serve_with_heartbeat(listener, metrics, ready, || None, shutdown).await
+}
+
+/// As [`serve_with`], with `/heartbeat` answered by `heartbeat` (the JSON document of
+/// [`crate::heartbeat`]; `None` answers 404).
+pub async fn serve_with_heartbeat<M, R, H>(
+    listener: TcpListener,
+    metrics: M,
+    ready: R,
+    heartbeat: H,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
+    R: Fn() -> bool + Send + Sync + 'static,
+    H: Fn() -> Option<String> + Send + Sync + 'static,
+{
+    let handlers = Arc::new((metrics, ready, heartbeat));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -125,7 +164,7 @@ where
         let handlers = Arc::clone(&handlers);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let r = respond(&req, &handlers.0, &handlers.1);
+                let r = respond(&req, &handlers.0, &handlers.1, &handlers.2);
                 async move { Ok::<_, Infallible>(r) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

@@ -16,6 +16,8 @@
 //!   table, the response watch and how the in-flight entry ends;
 //! - [`admin`] — the small HTTP server for `/metrics`, `/healthz` and `/readyz`, the one admin
 //!   port of the gateway, the picker, the BBR and the operator;
+//! - [`heartbeat`] — the heartbeat document (`/heartbeat` on the admin port): a small JSON status
+//!   per pool that the global router polls;
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
@@ -45,6 +47,7 @@ use rand::rngs::SmallRng;
 
 pub mod admin;
 pub mod error;
+pub mod heartbeat;
 pub mod histogram;
 pub mod lifecycle;
 pub mod pods;

@@ -6,7 +6,8 @@
 //! is that `/metrics` is put together at each scrape from the gateway's own registry *and* the
 //! registry of every model pool in the configuration in force. A fixed registry would only ever
 //! show the pools that existed at start; this way a pool started by a reload is exported from
-//! its first scrape, and a removed one disappears.
+//! its first scrape, and a removed one disappears. `/heartbeat` is rendered the same way, over
+//! the models in force ([`encode_heartbeat`]).
 
 use std::collections::HashMap;
 
@@ -37,6 +38,22 @@ pub(crate) fn encode_metrics(
     let mut out = merged.into_text();
     encode_eof(&mut out)?;
     Ok(out)
+}
+
+/// The heartbeat document (`/heartbeat`, `infergate_pool::heartbeat`): one entry per model of
+/// the configuration in force.
+pub(crate) fn encode_heartbeat(
+    heartbeats: &infergate_pool::heartbeat::Heartbeats,
+    shared: &Shared,
+) -> String {
+    let state = shared.state.load();
+    heartbeats.render(
+        state
+            .router
+            .targets()
+            .iter()
+            .map(|model| (model.name.as_str(), &model.backend.pool)),
+    )
 }
 
 /// Metric families gathered from several encoded registries.

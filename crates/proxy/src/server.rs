@@ -285,10 +285,13 @@ impl Control {
         let admin_task = admin.map(|listener| {
             let mut rx = stop_rx.clone();
             let (metrics, ready) = (Arc::clone(&shared), Arc::clone(&shared));
-            tokio::spawn(infergate_pool::admin::serve_with(
+            let heartbeat = Arc::clone(&shared);
+            let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
+            tokio::spawn(infergate_pool::admin::serve_with_heartbeat(
                 listener,
                 move || crate::admin::encode_metrics(&registry, &metrics),
                 move || ready.state.load().is_ready(),
+                move || Some(crate::admin::encode_heartbeat(&heartbeats, &heartbeat)),
                 async move { stopped(&mut rx).await },
             ))
         });

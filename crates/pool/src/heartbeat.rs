@@ -1,0 +1,238 @@
+//! The heartbeat document: a small JSON status per model (or pool), served on the admin port at
+//! [`PATH`] by the standalone gateway and the endpoint picker, and polled by the global router
+//! (`infergate global`) to drain, ramp and route between clusters.
+//!
+//! ```json
+//! {"schema":"infergate.heartbeat/v1","instance":"1764604800123-4242","generation":17,
+//!  "timestampMs":1764604817456,
+//!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"running":9,
+//!             "inflight":6,"estimatedTtftMs":310.5,"drainMs":0.0,"newestMetricsAgeMs":41}]}
+//! ```
+//!
+//! - `instance` changes when the process restarts and `generation` grows by one with every
+//!   document that process renders, so a poller can tell a live document from a replayed or
+//!   cached one; `timestampMs` is the renderer's wall clock (Unix milliseconds), for display: a
+//!   poller judges staleness by its own clock, when the document arrived.
+//! - `readyPods` counts the pods routed on now (fresh metrics, or a late scrape of a live pod):
+//!   `0` with `pods > 0` is a gray failure — the process answers, its pods do not.
+//! - `saturation` is the mean over ready pods of each pod's load against the scheduler's
+//!   saturation thresholds (`max(waiting / queueDepth, kvCache / kvCache threshold)`, capped at
+//!   1); `1` when no pod is ready.
+//! - `estimatedTtftMs` is what a typical request ([`TYPICAL_PROMPT_TOKENS`] prompt tokens) would
+//!   wait for its first token on the best ready pod: its queue and itself prefilled at the pod's
+//!   learned prefill rate (the scheduler's prior until one is learned), plus, on a pod whose KV
+//!   cache is over the saturation threshold, the time for running requests to free it. Absent
+//!   when no pod is ready.
+//! - `drainMs` is the time until the least loaded ready pod is back under the saturation
+//!   thresholds (`0` while one is under them), the figure the pool's `Retry-After` uses.
+//!
+//! Rendering takes each pool's lock once, briefly (the same copy the per-pod gauges make); it
+//! runs on the admin port, never on the request path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::LivePool;
+use crate::pods::PodSample;
+
+/// Where the admin port serves the document.
+pub const PATH: &str = "/heartbeat";
+
+/// The value of `schema` in this version of the document.
+pub const SCHEMA: &str = "infergate.heartbeat/v1";
+
+/// Prompt tokens of the "typical request" whose time to first token is estimated.
+pub const TYPICAL_PROMPT_TOKENS: f64 = 512.0;
+
+/// Output tokens a running request is assumed to still generate when estimating how long a full
+/// KV cache takes to free.
+pub const TYPICAL_OUTPUT_TOKENS: f64 = 128.0;
+
+/// The document.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Heartbeat {
+    /// [`SCHEMA`].
+    pub schema: String,
+    /// Changes when the serving process restarts.
+    pub instance: String,
+    /// Grows by one with each document the process renders.
+    pub generation: u64,
+    /// The renderer's wall clock, Unix milliseconds.
+    pub timestamp_ms: u64,
+    /// One entry per model (gateway) or pool (picker).
+    pub models: Vec<ModelStatus>,
+}
+
+/// The status of one model's pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelStatus {
+    /// The model (gateway) or pool (picker) name.
+    pub name: String,
+    /// Endpoints configured or discovered.
+    pub pods: u32,
+    /// Endpoints routed on now.
+    pub ready_pods: u32,
+    /// Load against the saturation thresholds, 0–1 (1 with no ready pod).
+    pub saturation: f64,
+    /// Requests waiting in the ready pods' queues (scraped).
+    pub queue: u32,
+    /// Requests running on the ready pods (scraped).
+    pub running: u32,
+    /// This process's requests in flight to the pool.
+    pub inflight: u32,
+    /// Estimated time to first token of a typical request, ms (absent with no ready pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_ttft_ms: Option<f64>,
+    /// Estimated time until a ready pod is back under the saturation thresholds, ms.
+    pub drain_ms: f64,
+    /// Age of the newest metrics page of any pod, ms (absent before the first page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest_metrics_age_ms: Option<u64>,
+}
+
+/// Renders heartbeat documents for one process: its instance name and generation counter.
+#[derive(Debug)]
+pub struct Heartbeats {
+    instance: String,
+    generation: AtomicU64,
+}
+
+impl Default for Heartbeats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Heartbeats {
+    /// A renderer for this process: the instance is the start time and process id.
+    pub fn new() -> Self {
+        Heartbeats {
+            instance: format!("{}-{}", unix_ms(), std::process::id()),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The document for these `(name, pool)` pairs, as JSON.
+    pub fn render<'a>(&self, pools: impl Iterator<Item = (&'a str, &'a LivePool)>) -> String {
+        let models = pools.map(|(name, pool)| model_status(name, pool)).collect();
+        let doc = Heartbeat {
+            schema: SCHEMA.to_owned(),
+            instance: self.instance.clone(),
+            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+            timestamp_ms: unix_ms(),
+            models,
+        };
+        // Serialising plain numbers and strings cannot fail; an empty object is still JSON.
+        serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_owned())
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The status of one pool now.
+pub fn model_status(name: &str, pool: &LivePool) -> ModelStatus {
+    let cfg = pool.scheduler_config();
+    let limits = Limits {
+        queue_depth: f64::from(cfg.saturation.queue_depth.max(1)),
+        kv_cache: cfg.saturation.kv_cache,
+        prefill_prior: cfg.rates.prefill_tokens_per_sec,
+        decode_prior: cfg.rates.decode_tokens_per_sec,
+    };
+    status(name, &pool.pod_samples(), pool.inflight(), &limits)
+}
+
+/// The scheduler settings the estimates use.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Saturation threshold on the queue.
+    pub queue_depth: f64,
+    /// Saturation threshold on KV-cache use, 0–1.
+    pub kv_cache: f64,
+    /// Prefill rate assumed before one is learned, tokens/s.
+    pub prefill_prior: f64,
+    /// Per-request decode rate assumed before one is learned, tokens/s.
+    pub decode_prior: f64,
+}
+
+/// The status computed from per-pod samples (pure: the tests call it directly).
+pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) -> ModelStatus {
+    let mut ready = 0u32;
+    let mut load_sum = 0.0;
+    let mut queue = 0u32;
+    let mut running = 0u32;
+    let mut best_ttft = f64::INFINITY;
+    let mut best_drain = f64::INFINITY;
+    let mut newest: Option<Duration> = None;
+    for p in pods {
+        if let Some(age) = p.metrics_age {
+            newest = Some(newest.map_or(age, |n| n.min(age)));
+        }
+        if p.stale {
+            continue;
+        }
+        ready += 1;
+        let waiting = f64::from(p.waiting.unwrap_or(0).max(p.awaiting_first_token));
+        queue = queue.saturating_add(p.waiting.unwrap_or(0));
+        running = running.saturating_add(p.running.unwrap_or(0));
+        let kv = p.kv_cache_usage.unwrap_or(0.0);
+        let kv_load = if limits.kv_cache > 0.0 {
+            kv / limits.kv_cache
+        } else {
+            0.0
+        };
+        load_sum += (waiting / limits.queue_depth).max(kv_load).min(1.0);
+        let prefill = p
+            .prefill_tokens_per_sec
+            .filter(|r| *r > 0.0)
+            .unwrap_or(limits.prefill_prior)
+            .max(1.0);
+        let decode = p
+            .decode_tokens_per_sec
+            .filter(|r| *r > 0.0)
+            .unwrap_or(limits.decode_prior)
+            .max(0.01);
+        // Time for running requests to free a KV cache over the threshold.
+        let kv_secs = if kv >= limits.kv_cache {
+            let frac = ((kv - limits.kv_cache) / (1.0 - limits.kv_cache).max(0.01)).clamp(0.1, 1.0);
+            frac * TYPICAL_OUTPUT_TOKENS / decode
+        } else {
+            0.0
+        };
+        let ttft = (waiting + 1.0) * TYPICAL_PROMPT_TOKENS / prefill + kv_secs;
+        best_ttft = best_ttft.min(ttft);
+        let excess = (waiting - limits.queue_depth + 1.0).max(0.0);
+        let drain = excess * TYPICAL_PROMPT_TOKENS / prefill + kv_secs;
+        best_drain = best_drain.min(drain);
+    }
+    ModelStatus {
+        name: name.to_owned(),
+        pods: u32::try_from(pods.len()).unwrap_or(u32::MAX),
+        ready_pods: ready,
+        saturation: if ready == 0 {
+            1.0
+        } else {
+            load_sum / f64::from(ready)
+        },
+        queue,
+        running,
+        inflight: u32::try_from(inflight).unwrap_or(u32::MAX),
+        estimated_ttft_ms: (ready > 0).then_some(best_ttft * 1e3),
+        drain_ms: if best_drain.is_finite() {
+            best_drain * 1e3
+        } else {
+            0.0
+        },
+        newest_metrics_age_ms: newest.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,115 @@
+use std::time::Duration;
+
+use super::*;
+
+fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> PodSample {
+    PodSample {
+        addr: std::net::SocketAddr::from(([10, 0, 0, 1], port)),
+        name: format!("ns/p{port}"),
+        metrics_age: Some(Duration::from_millis(u64::from(port))),
+        stale,
+        scrape: infergate_metrics::ScrapeState::Ok,
+        waiting: Some(waiting),
+        running: Some(2),
+        kv_cache_usage: Some(kv),
+        lora_running: None,
+        lora_waiting: None,
+        lora_max: None,
+        inflight: 0,
+        awaiting_first_token: 0,
+        prefill_tokens_per_sec: prefill,
+        decode_tokens_per_sec: Some(64.0),
+    }
+}
+
+const LIMITS: Limits = Limits {
+    queue_depth: 4.0,
+    kv_cache: 0.8,
+    prefill_prior: 4_000.0,
+    decode_prior: 40.0,
+};
+
+#[test]
+fn idle_ready_pods_give_one_prefill_and_no_drain() {
+    let s = status(
+        "llama",
+        &[
+            pod(1, false, 0, 0.0, Some(5_120.0)),
+            pod(2, false, 0, 0.0, None),
+        ],
+        3,
+        &LIMITS,
+    );
+    assert_eq!(s.pods, 2);
+    assert_eq!(s.ready_pods, 2);
+    assert_eq!(s.saturation, 0.0);
+    assert_eq!(s.queue, 0);
+    assert_eq!(s.running, 4);
+    assert_eq!(s.inflight, 3);
+    // 512 tokens at the learned 5,120 tokens/s: 100 ms (the other pod's prior gives 128 ms).
+    assert_eq!(s.estimated_ttft_ms, Some(100.0));
+    assert_eq!(s.drain_ms, 0.0);
+    assert_eq!(s.newest_metrics_age_ms, Some(1));
+}
+
+#[test]
+fn queues_raise_ttft_saturation_and_drain() {
+    // Queue of 6 at threshold 4: saturated (load 1), 3 requests over, each 512 tokens at 5,120/s.
+    let s = status("m", &[pod(1, false, 6, 0.5, Some(5_120.0))], 0, &LIMITS);
+    assert_eq!(s.saturation, 1.0);
+    assert_eq!(s.queue, 6);
+    assert_eq!(s.estimated_ttft_ms, Some(700.0));
+    assert!((s.drain_ms - 300.0).abs() < 1e-9, "{}", s.drain_ms);
+    // Half the queue threshold and 0.4 of 0.8 KV: load 0.5.
+    let s = status("m", &[pod(1, false, 2, 0.4, Some(5_120.0))], 0, &LIMITS);
+    assert_eq!(s.saturation, 0.5);
+    assert_eq!(s.drain_ms, 0.0);
+}
+
+#[test]
+fn a_full_kv_cache_adds_the_time_to_free_it() {
+    // KV 0.9 over 0.8: half way to full, 128 output tokens at 64/s → 1 s.
+    let s = status("m", &[pod(1, false, 0, 0.9, Some(5_120.0))], 0, &LIMITS);
+    assert_eq!(s.saturation, 1.0);
+    let ttft = s.estimated_ttft_ms.unwrap();
+    assert!((ttft - 1_100.0).abs() < 1e-6, "{ttft}");
+}
+
+#[test]
+fn stale_pods_are_not_ready_and_a_pool_of_them_is_a_gray_failure() {
+    let s = status(
+        "m",
+        &[pod(1, true, 0, 0.0, None), pod(2, true, 0, 0.0, None)],
+        0,
+        &LIMITS,
+    );
+    assert_eq!(s.pods, 2);
+    assert_eq!(s.ready_pods, 0);
+    assert_eq!(s.saturation, 1.0);
+    assert_eq!(s.estimated_ttft_ms, None);
+    // Stale pods' queues are not counted.
+    let s = status(
+        "m",
+        &[pod(1, true, 9, 0.0, None), pod(2, false, 1, 0.0, None)],
+        0,
+        &LIMITS,
+    );
+    assert_eq!(s.ready_pods, 1);
+    assert_eq!(s.queue, 1);
+}
+
+#[test]
+fn documents_count_generations_and_round_trip_through_json() {
+    let hb = Heartbeats::new();
+    let a: Heartbeat = serde_json::from_str(&hb.render(std::iter::empty())).unwrap();
+    let b: Heartbeat = serde_json::from_str(&hb.render(std::iter::empty())).unwrap();
+    assert_eq!(a.schema, SCHEMA);
+    assert_eq!((a.generation, b.generation), (1, 2));
+    assert_eq!(a.instance, b.instance);
+    assert!(b.timestamp_ms >= a.timestamp_ms);
+    let s = status("m", &[pod(1, false, 0, 0.0, Some(5_120.0))], 0, &LIMITS);
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(json.contains(r#""readyPods":1"#), "{json}");
+    assert!(json.contains(r#""estimatedTtftMs":100.0"#), "{json}");
+    assert_eq!(serde_json::from_str::<ModelStatus>(&json).unwrap(), s);
+}
