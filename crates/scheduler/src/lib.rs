@@ -29,6 +29,8 @@
 //! - [`config`] — [`SchedulerConfig`], presets, weights, validation.
 //! - [`decision`] — [`Decision`], [`Ranked`], [`Ticket`], [`Rejection`], [`Usage`].
 //! - [`explain`] — decision records.
+//! - [`flow`] — flow control: bounded per-priority queues, fair order between tenants, TTL
+//!   ([`FlowQueues`]).
 //! - [`prefix`] — the approximate prefix index and the chained block hasher.
 //! - `fixtures` — shared test fixtures, only under `cfg(test)` or the non-default `fixtures`
 //!   feature (which the crate's dev-dependency on itself enables for `tests/` and `benches/`).
@@ -55,6 +57,7 @@ pub mod decision;
 pub mod endpoint;
 pub mod error;
 pub mod explain;
+pub mod flow;
 pub mod prefix;
 pub mod request;
 
@@ -84,6 +87,7 @@ pub use endpoint::{
 };
 pub use error::{ConfigError, Error, UnknownPresetError};
 pub use explain::{CandidateRecord, Explanation, FilteredOut, ScoreRecord};
+pub use flow::{FlowConfig, FlowQueues, FlowRequest, FlowTicket};
 pub use prefix::{PrefixIndex, PrefixStats};
 pub use request::{Priority, RequestContext};
 pub use scheduler::{EndpointInfo, Scheduler};

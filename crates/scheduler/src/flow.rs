@@ -1,0 +1,1037 @@
+//! Flow control: bounded per-priority queues with fair order between tenants.
+//!
+//! When every candidate endpoint is saturated, a shell parks the request here instead of sending
+//! it to an overloaded pod or rejecting it at once, and takes it out again when a pod has
+//! headroom. The queues are pure: time is passed in, nothing here reads a clock or wakes a task.
+//!
+//! # Model
+//!
+//! - A **band** per [`Priority`]. [`FlowQueues::peek`] always serves Critical before Standard
+//!   before Sheddable. Each band is bounded by a request count and a byte total
+//!   ([`BandLimits`], default 5,000 requests and 1 GB), and the queue as a whole by its own
+//!   limits ([`FlowConfig::max_requests`], [`FlowConfig::max_bytes`]).
+//! - A **flow** is a tenant within a band. Between the flows of a band, the [`Fairness`] policy
+//!   chooses whose request goes next: `global-strict` (the best head across all flows: FCFS over
+//!   the whole band), `round-robin` (flows in turn), or `least-attained-service` (the flow that
+//!   has been served the fewest weighted tokens, see [`ServiceWeights`]).
+//! - Within a flow, the [`Ordering`] policy: FCFS, or EDF (earliest deadline first; a request's
+//!   deadline is its enqueue time plus the TTL unless the caller gives one).
+//! - A **TTL** ([`FlowConfig::request_ttl`], default 60 s, zero disables): [`FlowQueues::expire`]
+//!   removes every request whose deadline has passed.
+//! - **Eviction**: when the whole queue is full and a Critical or Standard request arrives,
+//!   queued Sheddable requests are evicted (newest first) to make room.
+//!   [`FlowQueues::enqueue`] hands each evicted entry to the caller's callback.
+//! - **Removal by ticket** ([`FlowQueues::remove`]): a client that went away leaves at once.
+//!
+//! Attained service (for `least-attained-service`) is charged at dispatch with the request's
+//! estimated tokens and corrected by [`FlowQueues::settle`] once the response reports its usage.
+//! A flow that becomes active again starts no lower than the least-served active flow of its
+//! band, so an idle tenant does not bank credit that would starve the others later.
+//!
+//! # Cost
+//!
+//! Entries live in a slab addressed by [`FlowTicket`]s (index + generation); each flow keeps an
+//! indexed binary heap of its entries and each band one of its deadlines, so enqueue, dispatch,
+//! removal and expiry are O(log n) in the flow's or band's length, and choosing the next flow is
+//! O(active flows in the band). Nothing is allocated per operation except when a slab, heap or
+//! ring grows past its previous high-water mark, or when a tenant is seen for the first time.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use infergate_scheduler::flow::{FlowConfig, FlowQueues, FlowRequest, Fairness};
+//! use infergate_scheduler::{Priority, Timestamp};
+//!
+//! let cfg = FlowConfig { fairness: Fairness::RoundRobin, ..FlowConfig::default() };
+//! let mut q: FlowQueues<&str> = FlowQueues::new(cfg);
+//! let t0 = Timestamp::ZERO;
+//! let req = |tenant| FlowRequest::new(tenant, Priority::Standard, 100);
+//! q.enqueue(req("a"), "a1", t0, |_| {}).unwrap();
+//! q.enqueue(req("a"), "a2", t0, |_| {}).unwrap();
+//! q.enqueue(req("b"), "b1", t0, |_| {}).unwrap();
+//! // A Critical request is served before every Standard one.
+//! let c = q.enqueue(FlowRequest::new("b", Priority::Critical, 10), "c1", t0, |_| {}).unwrap();
+//! assert_eq!(q.peek(), Some(c));
+//! let order: Vec<_> = std::iter::from_fn(|| q.pop(t0).map(|d| d.payload)).collect();
+//! // Round-robin between tenants a and b within the Standard band.
+//! assert_eq!(order, ["c1", "a1", "b1", "a2"]);
+//!
+//! // TTL: a request still queued 60 s after it arrived expires.
+//! q.enqueue(req("a"), "late", t0, |_| {}).unwrap();
+//! let mut expired = Vec::new();
+//! q.expire(t0.saturating_add(Duration::from_secs(60)), |r| expired.push(r.payload));
+//! assert_eq!(expired, ["late"]);
+//! assert!(q.is_empty());
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::endpoint::Timestamp;
+use crate::error::ConfigError;
+use crate::request::Priority;
+
+/// Idle flows (tenants with nothing queued) kept per band for their attained service; beyond
+/// this, creating a new flow first forgets every idle one.
+const MAX_IDLE_FLOWS: usize = 1024;
+
+const NONE: u32 = u32::MAX;
+
+/// How the next flow is chosen within a band.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fairness {
+    /// No fairness between tenants: the best head across the band (FCFS, or EDF, over all of it).
+    #[default]
+    GlobalStrict,
+    /// Flows in turn, one request each.
+    RoundRobin,
+    /// The flow with the least attained service (weighted tokens), ties to the best head.
+    LeastAttainedService,
+}
+
+impl Fairness {
+    /// The name used in configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Fairness::GlobalStrict => "global-strict",
+            Fairness::RoundRobin => "round-robin",
+            Fairness::LeastAttainedService => "least-attained-service",
+        }
+    }
+}
+
+/// The order of requests within one flow.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ordering {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// Earliest deadline first (deadline = enqueue + TTL, or the request's own); requests without
+    /// a deadline (TTL disabled) come last, FCFS among themselves.
+    Edf,
+}
+
+impl Ordering {
+    /// The name used in configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Ordering::Fcfs => "fcfs",
+            Ordering::Edf => "edf",
+        }
+    }
+}
+
+/// Weights of input (prompt) and output tokens in a flow's attained service.
+#[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceWeights {
+    /// Weight of one prompt token.
+    pub input: f64,
+    /// Weight of one generated token.
+    pub output: f64,
+}
+
+impl Default for ServiceWeights {
+    fn default() -> Self {
+        ServiceWeights {
+            input: 1.0,
+            output: 1.0,
+        }
+    }
+}
+
+impl ServiceWeights {
+    /// The service of `input` prompt and `output` generated tokens.
+    pub fn service(&self, input: u32, output: u32) -> f64 {
+        self.input * f64::from(input) + self.output * f64::from(output)
+    }
+}
+
+/// Bounds of one priority band.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct BandLimits {
+    /// Requests queued in the band at most.
+    pub max_requests: u32,
+    /// Request bytes queued in the band at most.
+    pub max_bytes: u64,
+}
+
+impl Default for BandLimits {
+    fn default() -> Self {
+        BandLimits {
+            max_requests: 5_000,
+            max_bytes: 1_000_000_000,
+        }
+    }
+}
+
+/// Per-band limits, by priority name.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Bands {
+    /// The Critical band.
+    pub critical: BandLimits,
+    /// The Standard band.
+    pub standard: BandLimits,
+    /// The Sheddable band.
+    pub sheddable: BandLimits,
+}
+
+impl Bands {
+    /// The limits of `priority`'s band.
+    pub const fn get(&self, priority: Priority) -> BandLimits {
+        match priority {
+            Priority::Critical => self.critical,
+            Priority::Standard => self.standard,
+            Priority::Sheddable => self.sheddable,
+        }
+    }
+}
+
+/// Flow-control configuration (`flowControl:` in the gateway and picker configuration).
+#[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct FlowConfig {
+    /// Whether requests wait in the queues when the pool is saturated. Off: a saturated pool
+    /// routes or sheds at once, as without flow control.
+    pub enabled: bool,
+    /// How long a request may wait, in milliseconds; 0 disables the TTL.
+    #[serde(rename = "requestTtlMs", with = "millis")]
+    pub request_ttl: Duration,
+    /// Requests queued across all bands at most (full: Sheddable requests are evicted for
+    /// Critical and Standard ones).
+    pub max_requests: u32,
+    /// Request bytes queued across all bands at most.
+    pub max_bytes: u64,
+    /// Limits of each band.
+    pub bands: Bands,
+    /// Order between the tenants of a band.
+    pub fairness: Fairness,
+    /// Order within one tenant's flow.
+    pub ordering: Ordering,
+    /// Token weights of attained service (`least-attained-service`).
+    pub service_weights: ServiceWeights,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        FlowConfig {
+            enabled: false,
+            request_ttl: Duration::from_secs(60),
+            max_requests: 5_000,
+            max_bytes: 1_000_000_000,
+            bands: Bands::default(),
+            fairness: Fairness::GlobalStrict,
+            ordering: Ordering::Fcfs,
+            service_weights: ServiceWeights::default(),
+        }
+    }
+}
+
+impl FlowConfig {
+    /// Checks the limits and weights; the error names the YAML field (under `flowControl.`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_requests == 0 {
+            return Err(ConfigError::new(
+                "flowControl.maxRequests",
+                "must be at least 1",
+            ));
+        }
+        if self.max_bytes == 0 {
+            return Err(ConfigError::new(
+                "flowControl.maxBytes",
+                "must be at least 1",
+            ));
+        }
+        let bands = [
+            ("flowControl.bands.critical", self.bands.critical),
+            ("flowControl.bands.standard", self.bands.standard),
+            ("flowControl.bands.sheddable", self.bands.sheddable),
+        ];
+        for (field, b) in bands {
+            if b.max_requests == 0 || b.max_bytes == 0 {
+                return Err(ConfigError::new(
+                    field,
+                    "maxRequests and maxBytes must be at least 1",
+                ));
+            }
+        }
+        let w = self.service_weights;
+        for (field, v) in [
+            ("flowControl.serviceWeights.input", w.input),
+            ("flowControl.serviceWeights.output", w.output),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be a finite number >= 0, got {v}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The TTL, `None` when disabled.
+    pub fn ttl(&self) -> Option<Duration> {
+        (!self.request_ttl.is_zero()).then_some(self.request_ttl)
+    }
+}
+
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+/// One request offered to the queues.
+#[derive(Copy, Clone, Debug)]
+#[non_exhaustive]
+pub struct FlowRequest<'a> {
+    /// The tenant (fairness id).
+    pub tenant: &'a str,
+    /// The band.
+    pub priority: Priority,
+    /// The request's size in bytes (counted against the byte limits).
+    pub bytes: u64,
+    /// Estimated prompt tokens (attained service charged at dispatch).
+    pub input_tokens: u32,
+    /// Expected output tokens (attained service charged at dispatch).
+    pub output_tokens: u32,
+    /// The request's own deadline, instead of enqueue + TTL.
+    pub deadline: Option<Timestamp>,
+}
+
+impl<'a> FlowRequest<'a> {
+    /// A request of `bytes` bytes from `tenant` in `priority`'s band, with no token estimate and
+    /// the configured TTL.
+    pub const fn new(tenant: &'a str, priority: Priority, bytes: u64) -> Self {
+        FlowRequest {
+            tenant,
+            priority,
+            bytes,
+            input_tokens: 0,
+            output_tokens: 0,
+            deadline: None,
+        }
+    }
+
+    /// Sets the token estimate charged to the flow at dispatch.
+    pub const fn with_tokens(mut self, input: u32, output: u32) -> Self {
+        self.input_tokens = input;
+        self.output_tokens = output;
+        self
+    }
+
+    /// Sets the request's own deadline.
+    pub const fn with_deadline(mut self, deadline: Option<Timestamp>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+}
+
+/// A queued request's handle. Stale tickets (the entry left) are ignored.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FlowTicket {
+    index: u32,
+    generation: u32,
+}
+
+/// Why a request was not queued.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its band is at its request or byte limit.
+    BandFull,
+    /// The whole queue is at its limit and no Sheddable request can be evicted for it.
+    QueueFull,
+}
+
+/// A request the queues did not take, with its payload back.
+#[derive(Debug)]
+pub struct Refused<T> {
+    /// Why.
+    pub reason: Refusal,
+    /// The payload given to [`FlowQueues::enqueue`].
+    pub payload: T,
+}
+
+/// Why a queued request left without being dispatched.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// Its deadline passed.
+    Expired,
+    /// A higher band needed its room.
+    Evicted,
+}
+
+/// A request that left the queues without being dispatched.
+#[derive(Debug)]
+pub struct Removed<T> {
+    /// Its ticket (now stale).
+    pub ticket: FlowTicket,
+    /// The payload.
+    pub payload: T,
+    /// Its band.
+    pub priority: Priority,
+    /// Why it left.
+    pub reason: Removal,
+    /// How long it waited.
+    pub waited: Duration,
+}
+
+/// What to settle a dispatched request's attained service against, once its usage is known.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ServiceCharge {
+    flow: u32,
+    generation: u32,
+    charged: f64,
+}
+
+/// A request taken out of the queues to be sent.
+#[derive(Debug)]
+pub struct Dispatched<T> {
+    /// Its ticket (now stale).
+    pub ticket: FlowTicket,
+    /// The payload.
+    pub payload: T,
+    /// Its band.
+    pub priority: Priority,
+    /// How long it waited.
+    pub waited: Duration,
+    /// The estimate charged to its flow; pass it to [`FlowQueues::settle`] with the usage.
+    pub charge: ServiceCharge,
+}
+
+/// One queued request.
+struct Entry<T> {
+    payload: T,
+    flow: u32,
+    band: u8,
+    bytes: u64,
+    input_tokens: u32,
+    output_tokens: u32,
+    enqueued: Timestamp,
+    /// Deadline in nanoseconds, `u64::MAX` for none.
+    deadline: u64,
+    seq: u64,
+    /// Position in the flow's heap.
+    flow_pos: u32,
+    /// Position in the band's deadline heap (`NONE` without a deadline).
+    exp_pos: u32,
+    /// Neighbours in the band's arrival list.
+    prev: u32,
+    next: u32,
+}
+
+struct Slot<T> {
+    generation: u32,
+    entry: Option<Entry<T>>,
+}
+
+/// One tenant in one band.
+struct Flow {
+    generation: u32,
+    tenant: Option<Arc<str>>,
+    band: u8,
+    /// Indices of the flow's entries, a binary heap on the ordering key.
+    heap: Vec<u32>,
+    /// Weighted tokens served.
+    attained: f64,
+}
+
+/// One priority band.
+#[derive(Default)]
+struct Band {
+    flows: HashMap<Arc<str>, u32>,
+    /// Flows with queued requests, in round-robin turn.
+    active: VecDeque<u32>,
+    /// Entries with a deadline, a binary heap on (deadline, seq).
+    expiry: Vec<u32>,
+    /// Arrival list (oldest at `head`), for evicting the newest.
+    head: u32,
+    tail: u32,
+    len: u32,
+    bytes: u64,
+}
+
+/// The flow-control queues. `T` is the caller's payload per request (a waker, a request id).
+pub struct FlowQueues<T> {
+    cfg: FlowConfig,
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    flows: Vec<Flow>,
+    free_flows: Vec<u32>,
+    bands: [Band; 3],
+    len: u32,
+    bytes: u64,
+    seq: u64,
+}
+
+const fn band_index(p: Priority) -> usize {
+    match p {
+        Priority::Critical => 0,
+        Priority::Standard => 1,
+        Priority::Sheddable => 2,
+    }
+}
+
+const BAND_PRIORITY: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+/// Which heap an operation works on.
+#[derive(Copy, Clone)]
+enum Which {
+    Flow,
+    Expiry,
+}
+
+impl<T> FlowQueues<T> {
+    /// Empty queues with this configuration (assumed valid, see [`FlowConfig::validate`]).
+    pub fn new(cfg: FlowConfig) -> Self {
+        let band = || Band {
+            head: NONE,
+            tail: NONE,
+            ..Band::default()
+        };
+        FlowQueues {
+            cfg,
+            slots: Vec::new(),
+            free: Vec::new(),
+            flows: Vec::new(),
+            free_flows: Vec::new(),
+            bands: [band(), band(), band()],
+            len: 0,
+            bytes: 0,
+            seq: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FlowConfig {
+        &self.cfg
+    }
+
+    /// Requests queued.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Request bytes queued.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Requests queued in `priority`'s band.
+    pub fn band_len(&self, priority: Priority) -> usize {
+        self.bands[band_index(priority)].len as usize
+    }
+
+    /// Request bytes queued in `priority`'s band.
+    pub fn band_bytes(&self, priority: Priority) -> u64 {
+        self.bands[band_index(priority)].bytes
+    }
+
+    /// The payload of a queued request.
+    pub fn get(&self, ticket: FlowTicket) -> Option<&T> {
+        self.entry(ticket).map(|e| &e.payload)
+    }
+
+    /// The band of a queued request.
+    pub fn priority(&self, ticket: FlowTicket) -> Option<Priority> {
+        self.entry(ticket)
+            .map(|e| BAND_PRIORITY[usize::from(e.band)])
+    }
+
+    /// The earliest deadline of any queued request (when to call [`FlowQueues::expire`] next).
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.bands
+            .iter()
+            .filter_map(|b| b.expiry.first())
+            .filter_map(|&i| self.slots[i as usize].entry.as_ref())
+            .map(|e| Timestamp(e.deadline))
+            .min()
+    }
+
+    /// Queues a request, or refuses it with its payload back.
+    ///
+    /// When the whole queue is full, a Critical or Standard request evicts queued Sheddable
+    /// requests (newest first) until it fits; each is handed to `evicted`. A request that cannot
+    /// fit even then is refused and nothing is evicted.
+    pub fn enqueue(
+        &mut self,
+        req: FlowRequest<'_>,
+        payload: T,
+        now: Timestamp,
+        mut evicted: impl FnMut(Removed<T>),
+    ) -> Result<FlowTicket, Refused<T>> {
+        let b = band_index(req.priority);
+        let limits = self.cfg.bands.get(req.priority);
+        let band = &self.bands[b];
+        if band.len >= limits.max_requests
+            || band.bytes.saturating_add(req.bytes) > limits.max_bytes
+        {
+            return Err(Refused {
+                reason: Refusal::BandFull,
+                payload,
+            });
+        }
+        let (max_requests, max_bytes) = (self.cfg.max_requests, self.cfg.max_bytes);
+        let fits = |len: u32, bytes: u64| {
+            len < max_requests && bytes.saturating_add(req.bytes) <= max_bytes
+        };
+        if !fits(self.len, self.bytes) {
+            let shed = &self.bands[band_index(Priority::Sheddable)];
+            let can_evict = req.priority != Priority::Sheddable
+                && fits(self.len - shed.len, self.bytes - shed.bytes);
+            if !can_evict {
+                return Err(Refused {
+                    reason: Refusal::QueueFull,
+                    payload,
+                });
+            }
+            while !fits(self.len, self.bytes) {
+                let tail = self.bands[band_index(Priority::Sheddable)].tail;
+                let Some(r) = self.take(tail) else {
+                    break;
+                };
+                evicted(Removed {
+                    ticket: r.0,
+                    payload: r.1.payload,
+                    priority: Priority::Sheddable,
+                    reason: Removal::Evicted,
+                    waited: now.saturating_since(r.1.enqueued),
+                });
+            }
+        }
+        let flow = self.flow_for(b, req.tenant);
+        let deadline = req
+            .deadline
+            .or_else(|| self.cfg.ttl().map(|ttl| now.saturating_add(ttl)))
+            .map_or(u64::MAX, |t| t.0);
+        self.seq += 1;
+        let entry = Entry {
+            payload,
+            flow,
+            band: b as u8,
+            bytes: req.bytes,
+            input_tokens: req.input_tokens,
+            output_tokens: req.output_tokens,
+            enqueued: now,
+            deadline,
+            seq: self.seq,
+            flow_pos: NONE,
+            exp_pos: NONE,
+            prev: self.bands[b].tail,
+            next: NONE,
+        };
+        let index = if let Some(i) = self.free.pop() {
+            self.slots[i as usize].entry = Some(entry);
+            i
+        } else {
+            let i = u32::try_from(self.slots.len()).unwrap_or(NONE);
+            self.slots.push(Slot {
+                generation: 0,
+                entry: Some(entry),
+            });
+            i
+        };
+        let ticket = FlowTicket {
+            index,
+            generation: self.slots[index as usize].generation,
+        };
+        // Arrival list.
+        let band = &mut self.bands[b];
+        let old_tail = band.tail;
+        band.tail = index;
+        if old_tail == NONE {
+            band.head = index;
+        }
+        band.len += 1;
+        band.bytes += req.bytes;
+        if let Some(e) = self.slot_entry_mut(old_tail) {
+            e.next = index;
+        }
+        self.len += 1;
+        self.bytes += req.bytes;
+        // Heaps.
+        let was_empty = self.flows[flow as usize].heap.is_empty();
+        if was_empty {
+            self.activate(b, flow);
+        }
+        self.heap_push(Which::Flow, flow as usize, index);
+        if deadline != u64::MAX {
+            self.heap_push(Which::Expiry, b, index);
+        }
+        Ok(ticket)
+    }
+
+    /// The request that would be dispatched next: the Critical band first, then Standard, then
+    /// Sheddable; within a band the fairness policy's flow, and that flow's head.
+    pub fn peek(&self) -> Option<FlowTicket> {
+        let b = self.bands.iter().position(|b| b.len > 0)?;
+        let flow = self.next_flow(b)?;
+        let &index = self.flows[flow as usize].heap.first()?;
+        Some(FlowTicket {
+            index,
+            generation: self.slots[index as usize].generation,
+        })
+    }
+
+    /// Takes a queued request out to be sent (usually the one [`FlowQueues::peek`] named),
+    /// charging its estimated tokens to its flow and advancing the round-robin turn.
+    pub fn dispatch(&mut self, ticket: FlowTicket, now: Timestamp) -> Option<Dispatched<T>> {
+        self.entry(ticket)?;
+        let (ticket, e) = self.take(ticket.index)?;
+        let b = usize::from(e.band);
+        let flow = &mut self.flows[e.flow as usize];
+        let charged = self
+            .cfg
+            .service_weights
+            .service(e.input_tokens, e.output_tokens);
+        flow.attained += charged;
+        let charge = ServiceCharge {
+            flow: e.flow,
+            generation: flow.generation,
+            charged,
+        };
+        let still_active = !flow.heap.is_empty();
+        // Round-robin: the flow served moves to the back of the turn.
+        let active = &mut self.bands[b].active;
+        if still_active && active.front() == Some(&e.flow) {
+            active.rotate_left(1);
+        }
+        Some(Dispatched {
+            ticket,
+            payload: e.payload,
+            priority: BAND_PRIORITY[b],
+            waited: now.saturating_since(e.enqueued),
+            charge,
+        })
+    }
+
+    /// Takes out the next request ([`FlowQueues::peek`] then [`FlowQueues::dispatch`]).
+    pub fn pop(&mut self, now: Timestamp) -> Option<Dispatched<T>> {
+        let t = self.peek()?;
+        self.dispatch(t, now)
+    }
+
+    /// Removes a queued request without dispatching it (its client went away). `None` for a
+    /// stale ticket.
+    pub fn remove(&mut self, ticket: FlowTicket) -> Option<T> {
+        self.entry(ticket)?;
+        self.take(ticket.index).map(|(_, e)| e.payload)
+    }
+
+    /// Removes every request whose deadline is at or before `now`, handing each to `expired`.
+    pub fn expire(&mut self, now: Timestamp, mut expired: impl FnMut(Removed<T>)) {
+        for b in 0..self.bands.len() {
+            while let Some(&i) = self.bands[b].expiry.first() {
+                let due = self.slots[i as usize]
+                    .entry
+                    .as_ref()
+                    .is_some_and(|e| e.deadline <= now.0);
+                if !due {
+                    break;
+                }
+                let Some((ticket, e)) = self.take(i) else {
+                    break;
+                };
+                expired(Removed {
+                    ticket,
+                    payload: e.payload,
+                    priority: BAND_PRIORITY[b],
+                    reason: Removal::Expired,
+                    waited: now.saturating_since(e.enqueued),
+                });
+            }
+        }
+    }
+
+    /// Corrects a dispatched request's attained service with the usage its response reported
+    /// (`input` prompt tokens, `output` generated tokens). A charge whose flow was forgotten is
+    /// ignored.
+    pub fn settle(&mut self, charge: ServiceCharge, input: u32, output: u32) {
+        let Some(flow) = self.flows.get_mut(charge.flow as usize) else {
+            return;
+        };
+        if flow.generation != charge.generation || flow.tenant.is_none() {
+            return;
+        }
+        let actual = self.cfg.service_weights.service(input, output);
+        flow.attained = (flow.attained + actual - charge.charged).max(0.0);
+    }
+
+    /// The attained service of `tenant` in `priority`'s band (weighted tokens), if it is known.
+    pub fn attained(&self, tenant: &str, priority: Priority) -> Option<f64> {
+        let &f = self.bands[band_index(priority)].flows.get(tenant)?;
+        Some(self.flows[f as usize].attained)
+    }
+
+    fn entry(&self, t: FlowTicket) -> Option<&Entry<T>> {
+        let s = self.slots.get(t.index as usize)?;
+        if s.generation != t.generation {
+            return None;
+        }
+        s.entry.as_ref()
+    }
+
+    fn slot_entry_mut(&mut self, i: u32) -> Option<&mut Entry<T>> {
+        self.slots.get_mut(i as usize)?.entry.as_mut()
+    }
+
+    /// The flow of `tenant` in band `b`, created if new.
+    fn flow_for(&mut self, b: usize, tenant: &str) -> u32 {
+        if let Some(&f) = self.bands[b].flows.get(tenant) {
+            return f;
+        }
+        if self.bands[b].flows.len() >= MAX_IDLE_FLOWS + self.bands[b].active.len() {
+            self.forget_idle(b);
+        }
+        let name: Arc<str> = Arc::from(tenant);
+        let f = if let Some(f) = self.free_flows.pop() {
+            let flow = &mut self.flows[f as usize];
+            flow.tenant = Some(name.clone());
+            flow.band = b as u8;
+            flow.attained = 0.0;
+            f
+        } else {
+            let f = u32::try_from(self.flows.len()).unwrap_or(NONE);
+            self.flows.push(Flow {
+                generation: 0,
+                tenant: Some(name.clone()),
+                band: b as u8,
+                heap: Vec::new(),
+                attained: 0.0,
+            });
+            f
+        };
+        self.bands[b].flows.insert(name, f);
+        f
+    }
+
+    /// Forgets band `b`'s idle flows (their attained service with them).
+    fn forget_idle(&mut self, b: usize) {
+        let flows = &mut self.flows;
+        let free = &mut self.free_flows;
+        self.bands[b].flows.retain(|_, &mut f| {
+            let flow = &mut flows[f as usize];
+            if flow.heap.is_empty() {
+                flow.tenant = None;
+                flow.generation = flow.generation.wrapping_add(1);
+                free.push(f);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// A flow of band `b` gets its first queued request.
+    fn activate(&mut self, b: usize, flow: u32) {
+        let floor = self.bands[b]
+            .active
+            .iter()
+            .map(|&f| self.flows[f as usize].attained)
+            .fold(f64::INFINITY, f64::min);
+        let fl = &mut self.flows[flow as usize];
+        if floor.is_finite() && fl.attained < floor {
+            fl.attained = floor;
+        }
+        self.bands[b].active.push_back(flow);
+    }
+
+    /// The flow of band `b` whose head goes next.
+    fn next_flow(&self, b: usize) -> Option<u32> {
+        let active = &self.bands[b].active;
+        match self.cfg.fairness {
+            Fairness::RoundRobin => active.front().copied(),
+            Fairness::GlobalStrict => active.iter().copied().min_by_key(|&f| self.head_key(f)),
+            Fairness::LeastAttainedService => active.iter().copied().min_by(|&x, &y| {
+                let (fx, fy) = (&self.flows[x as usize], &self.flows[y as usize]);
+                fx.attained
+                    .total_cmp(&fy.attained)
+                    .then_with(|| self.head_key(x).cmp(&self.head_key(y)))
+            }),
+        }
+    }
+
+    fn head_key(&self, flow: u32) -> (u64, u64) {
+        self.flows[flow as usize]
+            .heap
+            .first()
+            .and_then(|&i| self.slots[i as usize].entry.as_ref())
+            .map_or((u64::MAX, u64::MAX), |e| self.key(Which::Flow, e))
+    }
+
+    fn key(&self, which: Which, e: &Entry<T>) -> (u64, u64) {
+        match (which, self.cfg.ordering) {
+            (Which::Flow, Ordering::Fcfs) => (0, e.seq),
+            (Which::Flow, Ordering::Edf) | (Which::Expiry, _) => (e.deadline, e.seq),
+        }
+    }
+
+    /// Unlinks entry `i` from every structure and frees its slot.
+    fn take(&mut self, i: u32) -> Option<(FlowTicket, Entry<T>)> {
+        let (flow, b, flow_pos, exp_pos, prev, next, bytes) = {
+            let e = self.slot_entry_mut(i)?;
+            (
+                e.flow,
+                usize::from(e.band),
+                e.flow_pos,
+                e.exp_pos,
+                e.prev,
+                e.next,
+                e.bytes,
+            )
+        };
+        self.heap_remove(Which::Flow, flow as usize, flow_pos);
+        if exp_pos != NONE {
+            self.heap_remove(Which::Expiry, b, exp_pos);
+        }
+        // Arrival list.
+        if let Some(p) = self.slot_entry_mut(prev) {
+            p.next = next;
+        } else {
+            self.bands[b].head = next;
+        }
+        if let Some(n) = self.slot_entry_mut(next) {
+            n.prev = prev;
+        } else {
+            self.bands[b].tail = prev;
+        }
+        let band = &mut self.bands[b];
+        band.len -= 1;
+        band.bytes -= bytes;
+        self.len -= 1;
+        self.bytes -= bytes;
+        if self.flows[flow as usize].heap.is_empty()
+            && let Some(p) = band.active.iter().position(|&f| f == flow)
+        {
+            band.active.remove(p);
+        }
+        let slot = &mut self.slots[i as usize];
+        let ticket = FlowTicket {
+            index: i,
+            generation: slot.generation,
+        };
+        slot.generation = slot.generation.wrapping_add(1);
+        let e = slot.entry.take()?;
+        self.free.push(i);
+        Some((ticket, e))
+    }
+
+    fn heap(&mut self, which: Which, owner: usize) -> &mut Vec<u32> {
+        match which {
+            Which::Flow => &mut self.flows[owner].heap,
+            Which::Expiry => &mut self.bands[owner].expiry,
+        }
+    }
+
+    fn set_pos(&mut self, which: Which, i: u32, pos: u32) {
+        if let Some(e) = self.slot_entry_mut(i) {
+            match which {
+                Which::Flow => e.flow_pos = pos,
+                Which::Expiry => e.exp_pos = pos,
+            }
+        }
+    }
+
+    fn key_of(&self, which: Which, i: u32) -> (u64, u64) {
+        self.slots[i as usize]
+            .entry
+            .as_ref()
+            .map_or((u64::MAX, u64::MAX), |e| self.key(which, e))
+    }
+
+    fn heap_push(&mut self, which: Which, owner: usize, i: u32) {
+        let h = self.heap(which, owner);
+        let pos = h.len();
+        h.push(i);
+        self.set_pos(which, i, pos as u32);
+        self.sift_up(which, owner, pos);
+    }
+
+    fn heap_remove(&mut self, which: Which, owner: usize, pos: u32) {
+        let pos = pos as usize;
+        let h = self.heap(which, owner);
+        if pos >= h.len() {
+            return;
+        }
+        let removed = h.swap_remove(pos);
+        let moved = h.get(pos).copied();
+        self.set_pos(which, removed, NONE);
+        if let Some(m) = moved {
+            self.set_pos(which, m, pos as u32);
+            let pos = self.sift_up(which, owner, pos);
+            self.sift_down(which, owner, pos);
+        }
+    }
+
+    fn swap(&mut self, which: Which, owner: usize, a: usize, b: usize) {
+        let h = self.heap(which, owner);
+        h.swap(a, b);
+        let (ia, ib) = (h[a], h[b]);
+        self.set_pos(which, ia, a as u32);
+        self.set_pos(which, ib, b as u32);
+    }
+
+    fn at(&mut self, which: Which, owner: usize, pos: usize) -> u32 {
+        self.heap(which, owner)[pos]
+    }
+
+    fn sift_up(&mut self, which: Which, owner: usize, mut pos: usize) -> usize {
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            let (c, p) = (self.at(which, owner, pos), self.at(which, owner, parent));
+            if self.key_of(which, c) >= self.key_of(which, p) {
+                break;
+            }
+            self.swap(which, owner, pos, parent);
+            pos = parent;
+        }
+        pos
+    }
+
+    fn sift_down(&mut self, which: Which, owner: usize, mut pos: usize) {
+        loop {
+            let len = self.heap(which, owner).len();
+            let (l, r) = (2 * pos + 1, 2 * pos + 2);
+            let mut best = pos;
+            for child in [l, r] {
+                if child < len {
+                    let (c, b) = (self.at(which, owner, child), self.at(which, owner, best));
+                    if self.key_of(which, c) < self.key_of(which, b) {
+                        best = child;
+                    }
+                }
+            }
+            if best == pos {
+                return;
+            }
+            self.swap(which, owner, pos, best);
+            pos = best;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests;
