@@ -5,6 +5,7 @@ pub mod bench;
 pub mod crdgen;
 pub mod demo;
 pub mod gateway;
+pub mod global;
 pub mod hash_key;
 pub mod operator;
 pub mod picker;

@@ -35,6 +35,8 @@ enum LogFormat {
 enum Command {
     /// Run the standalone OpenAI-compatible gateway (no Kubernetes needed).
     Gateway(cmd::gateway::Args),
+    /// Run the global router: one OpenAI-compatible front door over several clusters' gateways.
+    Global(cmd::global::Args),
     /// Run the Envoy ext_proc endpoint picker for one InferencePool.
     Picker(cmd::picker::Args),
     /// Run the Envoy ext_proc body-based router.
@@ -79,6 +81,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Command::Gateway(args) => cmd::gateway::run(args).await,
+            Command::Global(args) => cmd::global::run(args).await,
             Command::Picker(args) => cmd::picker::run(args).await,
             Command::Bbr(args) => cmd::bbr::run(args).await,
             Command::Operator(args) => cmd::operator::run(args).await,

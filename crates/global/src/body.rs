@@ -1,0 +1,108 @@
+//! The router's response body: its own small answer, or a cluster's body passed through frame
+//! by frame, untouched, while its first token and usage are read on the side.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use infergate_pool::lifecycle::ResponseWatch;
+use tokio::time::Instant;
+
+use crate::cluster::Cluster;
+use crate::server::Slot;
+use crate::telemetry::Telemetry;
+
+/// A body the router answers with.
+pub enum RouterBody {
+    /// Built by the router (errors, `/v1/models`).
+    Full(Full<Bytes>),
+    /// A cluster's answer.
+    Upstream(Box<Observed>),
+}
+
+/// A cluster's body, watched on the side.
+pub struct Observed {
+    pub(crate) inner: Incoming,
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) telemetry: Arc<Telemetry>,
+    pub(crate) watch: ResponseWatch,
+    pub(crate) sent_at: Instant,
+    pub(crate) first_token: bool,
+    pub(crate) done: bool,
+    /// The router-wide request slot, held to the last byte.
+    pub(crate) _slot: Slot,
+}
+
+impl Observed {
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        if let Some(u) = self.watch.usage() {
+            self.cluster
+                .observe_usage(u.prompt_tokens, u.completion_tokens, &self.telemetry);
+        }
+    }
+}
+
+impl Body for RouterBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RouterBody::Full(f) => Pin::new(f)
+                .poll_frame(cx)
+                .map(|o| o.map(|r| r.map_err(|never| match never {}))),
+            RouterBody::Upstream(o) => {
+                let o = o.as_mut();
+                let frame = ready!(Pin::new(&mut o.inner).poll_frame(cx));
+                match &frame {
+                    Some(Ok(f)) => {
+                        if let Some(data) = f.data_ref()
+                            && o.watch.feed_bytes(data)
+                            && !o.first_token
+                        {
+                            o.first_token = true;
+                            o.cluster.observe_ttft(o.sent_at.elapsed(), &o.telemetry);
+                        }
+                    }
+                    None => o.finish(),
+                    Some(Err(_)) => o.done = true,
+                }
+                Poll::Ready(frame)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RouterBody::Full(f) => f.is_end_stream(),
+            RouterBody::Upstream(o) => o.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RouterBody::Full(f) => f.size_hint(),
+            RouterBody::Upstream(o) => o.inner.size_hint(),
+        }
+    }
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        // A body whose end-of-stream frame was never polled (its length was known) still
+        // reports its usage.
+        if self.inner.is_end_stream() {
+            self.finish();
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! One cluster at run time: what its heartbeats and the router's own requests say about it, and
+//! the task that polls it.
+//!
+//! The poller fetches the heartbeat every `heartbeat.intervalMs` (timed: the fetch's duration is
+//! the measured round trip) and the cluster's `/v1/models` every `heartbeat.discoveryIntervalMs`
+//! (unless `models:` is configured). A cluster without `heartbeatUrl` is judged by its
+//! `/v1/models`, fetched at the heartbeat interval instead. Each model's [`Health`] decides its
+//! share; requests that cannot connect count as failed fetches, so a dead gateway under load is
+//! drained on the first refused connections rather than at the next poll.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use infergate_pool::heartbeat::Heartbeat;
+
+use crate::config::{ClusterConfig, GlobalConfig};
+use crate::health::{Health, State};
+use crate::telemetry::{ClusterLabel, ClusterReason, Telemetry};
+use crate::{Client, now};
+
+/// The largest heartbeat or `/v1/models` answer read.
+const MAX_POLL_BODY: usize = 1 << 20;
+
+/// Weight of a new sample in the smoothed round trip and TTFT.
+const EWMA_ALPHA: f64 = 0.2;
+
+/// A measured TTFT older than this many heartbeat intervals no longer counts: a cluster that
+/// stopped receiving traffic because it was slow is judged by its heartbeat again.
+const OBSERVED_TTFT_INTERVALS: u32 = 3;
+
+/// What is known of one model on one cluster.
+#[derive(Debug)]
+pub(crate) struct ModelEntry {
+    pub(crate) health: Health,
+    /// The heartbeat's estimated TTFT, ms.
+    pub(crate) estimate_ms: Option<f64>,
+    /// Whether it was up at the last tick, and whether it ever was (to count drains and
+    /// returns once each).
+    up: bool,
+    seen_up: bool,
+}
+
+impl ModelEntry {
+    fn new(health: Health) -> Self {
+        ModelEntry {
+            health,
+            estimate_ms: None,
+            up: false,
+            seen_up: false,
+        }
+    }
+}
+
+/// The mutable part, behind one short lock.
+#[derive(Debug, Default)]
+pub(crate) struct ClusterState {
+    pub(crate) models: HashMap<String, ModelEntry>,
+    /// Smoothed heartbeat round trip, ms.
+    pub(crate) rtt_ms: Option<f64>,
+    /// Smoothed measured TTFT of streamed answers, ms, and when the last sample came.
+    pub(crate) observed_ttft: Option<(f64, Instant)>,
+    /// Discovered (or configured) model names.
+    pub(crate) served: Vec<String>,
+}
+
+/// One configured cluster.
+pub(crate) struct Cluster {
+    pub(crate) config: ClusterConfig,
+    /// `scheme://authority` and the path prefix (without a trailing slash).
+    pub(crate) authority: http::uri::Authority,
+    pub(crate) prefix: String,
+    pub(crate) heartbeat: Option<Uri>,
+    /// Price of one input and one output token.
+    pub(crate) price: (f64, f64),
+    pub(crate) region_rank: usize,
+    pub(crate) label: ClusterLabel,
+    /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`.
+    pub(crate) token: Mutex<Option<HeaderValue>>,
+    state: Mutex<ClusterState>,
+    /// Served tokens and their cost, for the cost-per-million gauge.
+    tokens: AtomicU64,
+    cost_nanos: AtomicU64,
+    settings: Settings,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    stale_after: Duration,
+    failures_to_drain: u32,
+    slow_start: Duration,
+    interval: Duration,
+}
+
+fn lock(m: &Mutex<ClusterState>) -> MutexGuard<'_, ClusterState> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Cluster {
+    pub(crate) fn new(config: &GlobalConfig, index: usize) -> Cluster {
+        let c = config.clusters[index].clone();
+        // Validated: the URL parses, has an authority and is http.
+        let uri = crate::config::parse_url(&c.url).unwrap_or_default();
+        let authority = uri
+            .authority()
+            .cloned()
+            .unwrap_or_else(|| http::uri::Authority::from_static("invalid"));
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        let heartbeat = c
+            .heartbeat_url
+            .as_deref()
+            .and_then(|h| crate::config::parse_url(h).ok());
+        let region_rank = config
+            .routing
+            .region_preference
+            .iter()
+            .position(|r| *r == c.region)
+            .unwrap_or(config.routing.region_preference.len());
+        let hb = &config.heartbeat;
+        let settings = Settings {
+            stale_after: hb.stale_after(),
+            failures_to_drain: hb.failures_to_drain,
+            slow_start: hb.slow_start(),
+            interval: hb.interval(),
+        };
+        let mut state = ClusterState::default();
+        if let Some(models) = &c.models {
+            state.served.clone_from(models);
+        }
+        let cluster = Cluster {
+            price: c.cost.per_token(),
+            label: ClusterLabel {
+                cluster: c.name.clone(),
+            },
+            token: Mutex::new(None),
+            config: c,
+            authority,
+            prefix,
+            heartbeat,
+            region_rank,
+            state: Mutex::new(state),
+            tokens: AtomicU64::new(0),
+            cost_nanos: AtomicU64::new(0),
+            settings,
+        };
+        cluster.read_token();
+        cluster
+    }
+
+    /// The upstream URI for a request path (and query).
+    pub(crate) fn uri(&self, path_and_query: &str) -> Option<Uri> {
+        Uri::builder()
+            .scheme("http")
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.prefix, path_and_query))
+            .build()
+            .ok()
+    }
+
+    /// Re-reads the bearer token file (kept on a read error: a file being rewritten).
+    fn read_token(&self) {
+        let Some(c) = &self.config.credentials else {
+            return;
+        };
+        match std::fs::read_to_string(&c.bearer_token_file) {
+            Ok(t) => match HeaderValue::try_from(format!("Bearer {}", t.trim())) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(v);
+                }
+                Err(_) => tracing::warn!(
+                    cluster = %self.config.name,
+                    "the bearer token file holds characters a header cannot carry; ignored"
+                ),
+            },
+            Err(e) => tracing::warn!(
+                cluster = %self.config.name,
+                file = %c.bearer_token_file.display(),
+                error = %e,
+                "cannot read the bearer token file"
+            ),
+        }
+    }
+
+    fn new_health(&self) -> Health {
+        Health::new(
+            self.settings.stale_after,
+            self.settings.failures_to_drain,
+            self.settings.slow_start,
+        )
+    }
+
+    /// What routing needs for `model` at `now`: `None` when the cluster does not serve it;
+    /// else the share and the estimated TTFT (ms, round trip included).
+    pub(crate) fn view(&self, model: &str, now: Instant) -> Option<(f64, f64)> {
+        let st = lock(&self.state);
+        let entry = st.models.get(model)?;
+        let weight = match entry.health.state(now) {
+            State::Up { weight } => weight,
+            State::Drained(_) => 0.0,
+        };
+        let rtt = st.rtt_ms.unwrap_or(0.0);
+        let heartbeat = entry.estimate_ms.map(|e| e + rtt);
+        let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
+        let observed = st
+            .observed_ttft
+            .filter(|(_, at)| now.saturating_duration_since(*at) <= window)
+            .map(|(v, _)| v);
+        let estimate = match (heartbeat, observed) {
+            (Some(h), Some(o)) => h.max(o),
+            (Some(v), None) | (None, Some(v)) => v,
+            (None, None) => rtt,
+        };
+        Some((weight, estimate))
+    }
+
+    /// The models it serves.
+    pub(crate) fn served(&self) -> Vec<String> {
+        lock(&self.state).served.clone()
+    }
+
+    /// A streamed answer's first byte came after `ttft`.
+    pub(crate) fn observe_ttft(&self, ttft: Duration, telemetry: &Telemetry) {
+        let ms = ttft.as_secs_f64() * 1e3;
+        let at = now();
+        let mut st = lock(&self.state);
+        st.observed_ttft = Some(match st.observed_ttft {
+            Some((v, last))
+                if at.saturating_duration_since(last)
+                    <= self.settings.interval * OBSERVED_TTFT_INTERVALS =>
+            {
+                (v + EWMA_ALPHA * (ms - v), at)
+            }
+            _ => (ms, at),
+        });
+        drop(st);
+        telemetry
+            .ttft
+            .get_or_create(&self.label)
+            .observe(ttft.as_secs_f64());
+    }
+
+    /// A routed request could not reach the cluster: counts as a failed heartbeat.
+    pub(crate) fn observe_connect_failure(&self, telemetry: &Telemetry) {
+        let at = now();
+        let mut st = lock(&self.state);
+        for m in st.models.values_mut() {
+            m.health.observe_failure(at);
+        }
+        drop(st);
+        self.tick(at, telemetry);
+    }
+
+    /// Tokens served and their cost.
+    pub(crate) fn observe_usage(&self, input: u64, output: u64, telemetry: &Telemetry) {
+        let cost = input as f64 * self.price.0 + output as f64 * self.price.1;
+        let kinds = [("input", input), ("output", output)];
+        for (kind, n) in kinds {
+            telemetry
+                .tokens
+                .get_or_create(&crate::telemetry::ClusterKind {
+                    cluster: self.config.name.clone(),
+                    kind,
+                })
+                .inc_by(n);
+        }
+        telemetry.cost.get_or_create(&self.label).inc_by(cost);
+        let tokens = self.tokens.fetch_add(input + output, Ordering::Relaxed) + input + output;
+        let nanos = self
+            .cost_nanos
+            .fetch_add((cost * 1e9) as u64, Ordering::Relaxed)
+            + (cost * 1e9) as u64;
+        if tokens > 0 {
+            telemetry
+                .cost_per_million
+                .get_or_create(&self.label)
+                .set(nanos as f64 / 1e9 / tokens as f64 * 1e6);
+        }
+    }
+
+    /// Records drains and returns, and refreshes the gauges.
+    fn tick(&self, at: Instant, telemetry: &Telemetry) {
+        let mut st = lock(&self.state);
+        let mut best_weight: f64 = 0.0;
+        let mut age: Option<Duration> = None;
+        let mut estimate: Option<f64> = None;
+        let rtt = st.rtt_ms;
+        let mut drained = None;
+        let mut returned = false;
+        for m in st.models.values_mut() {
+            m.health.tick(at);
+            let state = m.health.state(at);
+            let up = matches!(state, State::Up { .. });
+            if m.up && !up {
+                if let State::Drained(reason) = state {
+                    drained = Some(reason);
+                }
+            } else if !m.up && up && m.seen_up {
+                returned = true;
+            }
+            m.up = up;
+            m.seen_up |= up;
+            if let State::Up { weight } = state {
+                best_weight = best_weight.max(weight);
+            }
+            if let Some(a) = m.health.age(at) {
+                age = Some(age.map_or(a, |b| b.min(a)));
+            }
+            if let Some(e) = m.estimate_ms {
+                estimate = Some(estimate.map_or(e, |b: f64| b.min(e)));
+            }
+        }
+        drop(st);
+        if let Some(reason) = drained {
+            tracing::warn!(cluster = %self.config.name, reason = reason.as_str(), "cluster drained");
+            telemetry
+                .drains
+                .get_or_create(&ClusterReason {
+                    cluster: self.config.name.clone(),
+                    reason: reason.as_str(),
+                })
+                .inc();
+        }
+        if returned {
+            tracing::info!(cluster = %self.config.name, "cluster back; ramping up");
+            telemetry.returns.get_or_create(&self.label).inc();
+        }
+        telemetry.weight.get_or_create(&self.label).set(best_weight);
+        telemetry
+            .heartbeat_age
+            .get_or_create(&self.label)
+            .set(age.map_or(-1.0, |a| a.as_secs_f64()));
+        telemetry
+            .rtt
+            .get_or_create(&self.label)
+            .set(rtt.map_or(-1.0, |r| r / 1e3));
+        telemetry
+            .estimated_ttft
+            .get_or_create(&self.label)
+            .set(estimate.map_or(-1.0, |e| (e + rtt.unwrap_or(0.0)) / 1e3));
+    }
+
+    /// The current weight of `model` (tests and the admin port).
+    pub(crate) fn weight(&self, model: &str, at: Instant) -> f64 {
+        self.view(model, at).map_or(0.0, |(w, _)| w)
+    }
+
+    /// Applies a heartbeat fetched in `rtt`.
+    fn apply_heartbeat(&self, hb: &Heartbeat, rtt: Duration, at: Instant) {
+        let mut st = lock(&self.state);
+        let ms = rtt.as_secs_f64() * 1e3;
+        st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
+        let any_ready = hb.models.iter().any(|m| m.ready_pods > 0);
+        // Models named by the heartbeat, plus those `/v1/models` lists (adapters follow their
+        // cluster's readiness).
+        let mut names: Vec<String> = hb.models.iter().map(|m| m.name.clone()).collect();
+        for s in &st.served {
+            if !names.contains(s) {
+                names.push(s.clone());
+            }
+        }
+        for name in names {
+            let status = hb.models.iter().find(|m| m.name == name);
+            let ready = status.map_or(any_ready, |m| m.ready_pods > 0);
+            let estimate = status
+                .and_then(|m| m.estimated_ttft_ms)
+                .or_else(|| {
+                    hb.models
+                        .iter()
+                        .filter_map(|m| m.estimated_ttft_ms)
+                        .reduce(f64::min)
+                })
+                .filter(|_| ready);
+            let fresh = self.new_health();
+            let entry = st.models.entry(name).or_insert(ModelEntry::new(fresh));
+            entry.health.observe_ok(at, ready);
+            entry.estimate_ms = estimate;
+        }
+    }
+
+    /// Applies a `/v1/models` answer used as the heartbeat (no `heartbeatUrl`).
+    fn apply_models_as_heartbeat(&self, models: &[String], rtt: Duration, at: Instant) {
+        let mut st = lock(&self.state);
+        let ms = rtt.as_secs_f64() * 1e3;
+        st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
+        for name in models {
+            let fresh = self.new_health();
+            let entry = st
+                .models
+                .entry(name.clone())
+                .or_insert(ModelEntry::new(fresh));
+            entry.health.observe_ok(at, true);
+        }
+    }
+
+    fn fail_all(&self, at: Instant) {
+        let mut st = lock(&self.state);
+        for m in st.models.values_mut() {
+            m.health.observe_failure(at);
+        }
+    }
+
+    fn set_served(&self, models: Vec<String>) {
+        lock(&self.state).served = models;
+    }
+}
+
+/// Fetches `uri` within `timeout`: the body and the time it took.
+async fn fetch(
+    client: &Client,
+    uri: Uri,
+    token: Option<HeaderValue>,
+    timeout: Duration,
+) -> Option<(Bytes, Duration)> {
+    let start = tokio::time::Instant::now();
+    let mut req = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+    if let Some(t) = token {
+        req.headers_mut().insert(header::AUTHORIZATION, t);
+    }
+    let work = async {
+        let resp = client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = Limited::new(resp.into_body(), MAX_POLL_BODY)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        Some(body)
+    };
+    let body = tokio::time::timeout(timeout, work).await.ok()??;
+    Some((body, start.elapsed()))
+}
+
+/// Model ids of an OpenAI `/v1/models` answer.
+pub(crate) fn model_ids(body: &[u8]) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        data: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        id: String,
+    }
+    let list: List = serde_json::from_slice(body).ok()?;
+    Some(list.data.into_iter().map(|e| e.id).collect())
+}
+
+/// Polls `cluster` until the task is aborted.
+pub(crate) async fn poll(
+    cluster: Arc<Cluster>,
+    client: Client,
+    telemetry: Telemetry,
+    interval: Duration,
+    discovery: Duration,
+    timeout: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_discovery = tokio::time::Instant::now();
+    let models_uri = cluster.uri("/v1/models");
+    loop {
+        tick.tick().await;
+        let token = cluster
+            .token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let discover = cluster.config.models.is_none()
+            && (cluster.heartbeat.is_none() || tokio::time::Instant::now() >= next_discovery);
+        if discover {
+            next_discovery = tokio::time::Instant::now() + discovery;
+            cluster.read_token();
+            if let Some(uri) = models_uri.clone() {
+                match fetch(&client, uri, token.clone(), timeout).await {
+                    Some((body, rtt)) => match model_ids(&body) {
+                        Some(ids) => {
+                            cluster.set_served(ids.clone());
+                            if cluster.heartbeat.is_none() {
+                                cluster.apply_models_as_heartbeat(&ids, rtt, now());
+                            }
+                        }
+                        None => {
+                            tracing::warn!(cluster = %cluster.config.name, "/v1/models is not an OpenAI model list");
+                            if cluster.heartbeat.is_none() {
+                                cluster.fail_all(now());
+                            }
+                        }
+                    },
+                    None if cluster.heartbeat.is_none() => cluster.fail_all(now()),
+                    None => {}
+                }
+            }
+        } else if cluster.heartbeat.is_none() && cluster.config.models.is_some() {
+            // Static models and no heartbeat: `/v1/models` answering is the heartbeat.
+            if let Some(uri) = models_uri.clone() {
+                match fetch(&client, uri, token.clone(), timeout).await {
+                    Some((_, rtt)) => {
+                        let models = cluster.served();
+                        cluster.apply_models_as_heartbeat(&models, rtt, now());
+                    }
+                    None => cluster.fail_all(now()),
+                }
+            }
+        }
+        if let Some(uri) = cluster.heartbeat.clone() {
+            match fetch(&client, uri, None, timeout).await {
+                Some((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
+                    Ok(hb) => cluster.apply_heartbeat(&hb, rtt, now()),
+                    Err(e) => {
+                        tracing::warn!(cluster = %cluster.config.name, error = %e, "unreadable heartbeat");
+                        cluster.fail_all(now());
+                    }
+                },
+                None => cluster.fail_all(now()),
+            }
+        }
+        cluster.tick(now(), &telemetry);
+    }
+}

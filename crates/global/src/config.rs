@@ -1,0 +1,406 @@
+//! The global router's configuration file (`infergate global --config global.yaml`).
+//!
+//! ```yaml
+//! listen: 0.0.0.0:8080
+//! admin: 0.0.0.0:9091
+//! auth: none                     # required, as for the gateway (`none`, or jwt / apiKeys)
+//! limits: { maxRequestBodyBytes: 4194304, maxRequestsInFlight: 4096 }   # the gateway's `limits:`
+//! tls: { certFile: cert.pem, keyFile: key.pem }                         # optional HTTPS front door
+//! heartbeat: { intervalMs: 1000, timeoutMs: 1000, staleAfterMs: 3000, failuresToDrain: 2,
+//!              slowStartMs: 30000, discoveryIntervalMs: 10000 }
+//! routing:
+//!   policy: costAware            # or `latency`: the fastest estimate, cost ignored
+//!   ttftObjectiveMs: 2000        # default objective; per request: header below; per tenant:
+//!   objectiveHeader: x-infergate-ttft-objective-ms
+//!   tenantObjectives: { team-a: 500 }
+//!   regionPreference: [us-east, eu-west]
+//! retries: { maxAttempts: 3 }    # clusters tried per request, before the first byte
+//! timeouts: { connectMs: 2000, firstByteMs: 60000 }
+//! clusters:
+//!   - name: east-1
+//!     url: http://10.0.0.1:8080                # the cluster's OpenAI-compatible front door
+//!     heartbeatUrl: http://10.0.0.1:9090/heartbeat   # an infergate gateway's or picker's admin port
+//!     region: us-east
+//!     cost: { inputPerMillion: 0.10, outputPerMillion: 0.40 }     # or { gpuHour: 2.5, tokensPerSecond: 4000 }
+//!     credentials: { bearerTokenFile: /etc/infergate/east-1.token }
+//! ```
+//!
+//! Every field but `auth` and `clusters` has a default. Validation names the field at fault.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+use infergate_proxy::config::{AuthConfig, Limits, ListenerTls};
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+
+/// The default header a request names its TTFT objective in, in milliseconds.
+pub const DEFAULT_OBJECTIVE_HEADER: &str = "x-infergate-ttft-objective-ms";
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GlobalConfig {
+    /// The front door's address.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The admin port (`/metrics`, `/healthz`, `/readyz`).
+    #[serde(default = "default_admin")]
+    pub admin: SocketAddr,
+    /// Who may call (required: `auth: none` turns authentication off).
+    pub auth: AuthConfig,
+    /// The gateway's request limits; the global router enforces `maxRequestBodyBytes`,
+    /// `maxConnections`, `maxRequestsInFlight`, `maxHeaderBytes`, `headerReadTimeoutMs` and
+    /// `bodyReadTimeoutMs`.
+    #[serde(default)]
+    pub limits: Limits,
+    /// HTTPS on the front door.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
+    /// Heartbeat polling, draining and slow start.
+    #[serde(default)]
+    pub heartbeat: HeartbeatConfig,
+    /// How a cluster is chosen.
+    #[serde(default)]
+    pub routing: RoutingConfig,
+    /// Retries across clusters.
+    #[serde(default)]
+    pub retries: Retries,
+    /// Upstream timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Seed of the slow-start sampling.
+    #[serde(default)]
+    pub seed: u64,
+    /// The clusters behind the router.
+    pub clusters: Vec<ClusterConfig>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8080))
+}
+
+fn default_admin() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9091))
+}
+
+/// `heartbeat:`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct HeartbeatConfig {
+    /// How often each cluster's heartbeat is fetched, ms (default 1,000).
+    pub interval_ms: u64,
+    /// How long one fetch may take, ms (default 1,000).
+    pub timeout_ms: u64,
+    /// A cluster with no good heartbeat for this long is drained, ms (default 3,000).
+    pub stale_after_ms: u64,
+    /// Consecutive failed fetches (or connect failures of routed requests) that drain a cluster
+    /// at once, before it is stale (default 2).
+    pub failures_to_drain: u32,
+    /// A returning cluster's share ramps from nothing to full over this window, ms (default
+    /// 30,000; 0 returns it at full share at once).
+    pub slow_start_ms: u64,
+    /// How often each cluster's `/v1/models` is read, ms (default 10,000).
+    pub discovery_interval_ms: u64,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            interval_ms: 1_000,
+            timeout_ms: 1_000,
+            stale_after_ms: 3_000,
+            failures_to_drain: 2,
+            slow_start_ms: 30_000,
+            discovery_interval_ms: 10_000,
+        }
+    }
+}
+
+impl HeartbeatConfig {
+    /// `intervalMs`.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+    /// `timeoutMs`.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+    /// `staleAfterMs`.
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_millis(self.stale_after_ms)
+    }
+    /// `slowStartMs`.
+    pub fn slow_start(&self) -> Duration {
+        Duration::from_millis(self.slow_start_ms)
+    }
+    /// `discoveryIntervalMs`.
+    pub fn discovery_interval(&self) -> Duration {
+        Duration::from_millis(self.discovery_interval_ms)
+    }
+}
+
+/// Which clusters come first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Policy {
+    /// The cheapest cluster whose estimated TTFT meets the objective; the fastest when none does.
+    #[default]
+    CostAware,
+    /// The fastest estimated TTFT, cost ignored (the baseline the cost report compares with).
+    Latency,
+}
+
+/// `routing:`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct RoutingConfig {
+    /// The policy.
+    pub policy: Policy,
+    /// The default TTFT objective, ms (default 2,000).
+    pub ttft_objective_ms: u64,
+    /// The request header that sets a request's objective, ms.
+    pub objective_header: String,
+    /// Objectives per tenant, ms (over the default; a request's header is over both).
+    pub tenant_objectives: BTreeMap<String, u64>,
+    /// Regions in order of preference (a cluster of an unlisted region comes after them all).
+    pub region_preference: Vec<String>,
+    /// Output tokens assumed for a request without `max_tokens` when comparing costs.
+    pub default_output_tokens: u32,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            policy: Policy::CostAware,
+            ttft_objective_ms: 2_000,
+            objective_header: DEFAULT_OBJECTIVE_HEADER.to_owned(),
+            tenant_objectives: BTreeMap::new(),
+            region_preference: Vec::new(),
+            default_output_tokens: 256,
+        }
+    }
+}
+
+/// `retries:`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Retries {
+    /// Clusters tried per request at most (the first included), default 3.
+    pub max_attempts: u8,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries { max_attempts: 3 }
+    }
+}
+
+/// `timeouts:`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Timeouts {
+    /// TCP connect to a cluster, ms (default 2,000); a timeout moves on to the next cluster.
+    pub connect_ms: u64,
+    /// Until a cluster's response headers, ms (default 60,000); not retried (the cluster may be
+    /// working on it): 504.
+    pub first_byte_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect_ms: 2_000,
+            first_byte_ms: 60_000,
+        }
+    }
+}
+
+/// One cluster.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterConfig {
+    /// A name for metrics and logs (unique).
+    pub name: String,
+    /// The cluster's OpenAI-compatible base URL, `http://host:port` (a path prefix is kept).
+    pub url: String,
+    /// Its infergate heartbeat (`http://admin-host:port/heartbeat`). Without one, the cluster is
+    /// up while its `/v1/models` answers, and no TTFT estimate comes from it.
+    #[serde(default)]
+    pub heartbeat_url: Option<String>,
+    /// Its region.
+    pub region: String,
+    /// What its tokens cost.
+    pub cost: Cost,
+    /// Credentials sent to it.
+    #[serde(default)]
+    pub credentials: Option<Credentials>,
+    /// Models it serves, instead of discovering them from `/v1/models`.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+/// A cluster's price: per million input and output tokens, or per GPU-hour at a throughput.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Cost {
+    /// Price of a million prompt tokens.
+    #[serde(default)]
+    pub input_per_million: Option<f64>,
+    /// Price of a million generated tokens.
+    #[serde(default)]
+    pub output_per_million: Option<f64>,
+    /// Price of one GPU-hour (with `tokensPerSecond`: every token costs the same).
+    #[serde(default)]
+    pub gpu_hour: Option<f64>,
+    /// Tokens (prompt and generated) one GPU serves per second, for `gpuHour`.
+    #[serde(default)]
+    pub tokens_per_second: Option<f64>,
+}
+
+impl Cost {
+    /// Price of one input token and one output token.
+    pub fn per_token(&self) -> (f64, f64) {
+        match (self.gpu_hour, self.tokens_per_second) {
+            (Some(h), Some(tps)) if tps > 0.0 => {
+                let t = h / (tps * 3600.0);
+                (t, t)
+            }
+            _ => (
+                self.input_per_million.unwrap_or(0.0) / 1e6,
+                self.output_per_million.unwrap_or(0.0) / 1e6,
+            ),
+        }
+    }
+}
+
+/// `credentials:`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Credentials {
+    /// A file holding the bearer token sent as `Authorization: Bearer ...` (re-read on change).
+    pub bearer_token_file: PathBuf,
+}
+
+impl GlobalConfig {
+    /// Parses and validates a configuration.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config: GlobalConfig =
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { source })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a configuration file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field: String, reason: &str| ConfigError::Invalid {
+            field,
+            reason: reason.to_owned(),
+        };
+        if self.clusters.is_empty() {
+            return Err(invalid("clusters".into(), "at least one cluster is needed"));
+        }
+        let hb = &self.heartbeat;
+        for (name, v) in [
+            ("heartbeat.intervalMs", hb.interval_ms),
+            ("heartbeat.timeoutMs", hb.timeout_ms),
+            ("heartbeat.staleAfterMs", hb.stale_after_ms),
+            ("heartbeat.discoveryIntervalMs", hb.discovery_interval_ms),
+            ("timeouts.connectMs", self.timeouts.connect_ms),
+            ("timeouts.firstByteMs", self.timeouts.first_byte_ms),
+            ("routing.ttftObjectiveMs", self.routing.ttft_objective_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(name.into(), "must be above zero"));
+            }
+        }
+        if hb.stale_after_ms < hb.interval_ms {
+            return Err(invalid(
+                "heartbeat.staleAfterMs".into(),
+                "must be at least heartbeat.intervalMs",
+            ));
+        }
+        if hb.failures_to_drain == 0 {
+            return Err(invalid(
+                "heartbeat.failuresToDrain".into(),
+                "must be at least 1",
+            ));
+        }
+        if self.retries.max_attempts == 0 {
+            return Err(invalid("retries.maxAttempts".into(), "must be at least 1"));
+        }
+        if http::HeaderName::from_bytes(self.routing.objective_header.as_bytes()).is_err() {
+            return Err(invalid(
+                "routing.objectiveHeader".into(),
+                "is not a valid header name",
+            ));
+        }
+        for (i, c) in self.clusters.iter().enumerate() {
+            let at = |f: &str| format!("clusters[{i}].{f}");
+            if c.name.is_empty() {
+                return Err(invalid(at("name"), "must not be empty"));
+            }
+            if self.clusters[..i].iter().any(|o| o.name == c.name) {
+                return Err(invalid(at("name"), "is used by another cluster"));
+            }
+            parse_url(&c.url).map_err(|reason| invalid(at("url"), reason))?;
+            if let Some(h) = &c.heartbeat_url {
+                parse_url(h).map_err(|reason| invalid(at("heartbeatUrl"), reason))?;
+            }
+            let cost = &c.cost;
+            let per_token = cost.input_per_million.is_some() || cost.output_per_million.is_some();
+            let per_hour = cost.gpu_hour.is_some() || cost.tokens_per_second.is_some();
+            if per_token == per_hour {
+                return Err(invalid(
+                    at("cost"),
+                    "give inputPerMillion and outputPerMillion, or gpuHour and tokensPerSecond",
+                ));
+            }
+            if per_hour
+                && !(cost.tokens_per_second.is_some_and(|t| t > 0.0) && cost.gpu_hour.is_some())
+            {
+                return Err(invalid(
+                    at("cost"),
+                    "gpuHour needs tokensPerSecond above zero",
+                ));
+            }
+            let (i_, o_) = cost.per_token();
+            if !(i_.is_finite() && o_.is_finite() && i_ >= 0.0 && o_ >= 0.0) {
+                return Err(invalid(
+                    at("cost"),
+                    "prices must be finite and not negative",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A cluster URL: `http://host:port[/prefix]`. HTTPS clusters are not supported yet.
+pub(crate) fn parse_url(url: &str) -> Result<Uri, &'static str> {
+    let uri: Uri = url.parse().map_err(|_| "is not a URL")?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err("https:// clusters are not supported yet: use http://"),
+        _ => return Err("must start with http://"),
+    }
+    if uri.authority().is_none() {
+        return Err("has no host");
+    }
+    Ok(uri)
+}
+
+#[cfg(test)]
+mod tests;

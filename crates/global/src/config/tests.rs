@@ -1,0 +1,95 @@
+use super::*;
+
+const CLUSTER: &str = "clusters:\n  - { name: a, url: 'http://127.0.0.1:8080', region: r1, cost: { inputPerMillion: 0.1, outputPerMillion: 0.4 } }\n";
+
+fn err(yaml: &str) -> String {
+    match GlobalConfig::from_yaml(yaml) {
+        Ok(_) => panic!("accepted: {yaml}"),
+        Err(ConfigError::Parse { source }) => source.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_minimal_file_takes_the_defaults() {
+    let c = GlobalConfig::from_yaml(&format!("auth: none\n{CLUSTER}")).unwrap();
+    assert_eq!(c.heartbeat, HeartbeatConfig::default());
+    assert_eq!(c.heartbeat.interval(), Duration::from_secs(1));
+    assert_eq!(c.routing.policy, Policy::CostAware);
+    assert_eq!(c.routing.ttft_objective_ms, 2_000);
+    assert_eq!(c.retries.max_attempts, 3);
+    assert_eq!(c.clusters[0].cost.per_token(), (0.1 / 1e6, 0.4 / 1e6));
+}
+
+#[test]
+fn auth_is_required() {
+    assert!(
+        err(CLUSTER).contains("missing field `auth`"),
+        "{}",
+        err(CLUSTER)
+    );
+}
+
+#[test]
+fn gpu_hour_prices_every_token_alike() {
+    let c = GlobalConfig::from_yaml(
+        "auth: none\nclusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { gpuHour: 3.6, tokensPerSecond: 1000 } }\n",
+    )
+    .unwrap();
+    let (i, o) = c.clusters[0].cost.per_token();
+    assert!(
+        (i - 1e-6).abs() < 1e-15 && (o - 1e-6).abs() < 1e-15,
+        "{i} {o}"
+    );
+}
+
+#[test]
+fn bad_values_name_their_field() {
+    let cases = [
+        ("clusters: []\n", "clusters: at least one cluster is needed"),
+        (
+            "clusters:\n  - { name: a, url: 'https://h:1', region: r, cost: { gpuHour: 1, tokensPerSecond: 1 } }\n",
+            "clusters[0].url: https:// clusters are not supported yet",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'h:1', region: r, cost: { gpuHour: 1, tokensPerSecond: 1 } }\n",
+            "clusters[0].url: must start with http://",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { gpuHour: 1, inputPerMillion: 1 } }\n",
+            "clusters[0].cost: give inputPerMillion",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { gpuHour: 1, tokensPerSecond: 0 } }\n",
+            "clusters[0].cost: gpuHour needs tokensPerSecond",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { inputPerMillion: -1 } }\n",
+            "clusters[0].cost: prices must be finite",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { inputPerMillion: 1 } }\n  - { name: a, url: 'http://h:2', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[1].name: is used by another cluster",
+        ),
+        (
+            &format!("heartbeat: {{ intervalMs: 5000, staleAfterMs: 1000 }}\n{CLUSTER}"),
+            "heartbeat.staleAfterMs: must be at least heartbeat.intervalMs",
+        ),
+        (
+            &format!("retries: {{ maxAttempts: 0 }}\n{CLUSTER}"),
+            "retries.maxAttempts: must be at least 1",
+        ),
+        (
+            &format!("routing: {{ objectiveHeader: 'a b' }}\n{CLUSTER}"),
+            "routing.objectiveHeader: is not a valid header name",
+        ),
+        (
+            &format!("routing: {{ polcy: latency }}\n{CLUSTER}"),
+            "unknown field `polcy`",
+        ),
+    ];
+    for (yaml, want) in cases {
+        let got = err(&format!("auth: none\n{yaml}"));
+        assert!(got.contains(want), "{yaml}: got {got}, want {want}");
+    }
+}

@@ -1,0 +1,50 @@
+//! The global router's errors (a client never sees these: its errors are
+//! `infergate_openai::ApiError`).
+
+use std::path::PathBuf;
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML of the expected shape (serde_yaml names the field and the line).
+    #[error("invalid configuration")]
+    Parse {
+        /// The parser's error, with the field path and line.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A value that cannot be used.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field's path, e.g. `clusters[1].url`.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Binding or serving a socket.
+    #[error("socket error")]
+    Io(#[from] std::io::Error),
+    /// The `auth:` section could not be set up.
+    #[error("cannot set up authentication")]
+    Auth(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The front door's certificate.
+    #[error("cannot set up TLS")]
+    Tls(#[source] Box<infergate_pool::tls::TlsError>),
+}

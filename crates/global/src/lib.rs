@@ -1,0 +1,45 @@
+//! The global router: one OpenAI-compatible front door over several clusters' gateways
+//! (infergate gateways or any OpenAI-compatible endpoint), run by
+//! `infergate global --config global.yaml`.
+//!
+//! Each cluster's heartbeat (the JSON status an infergate gateway or picker serves on its admin
+//! port, `infergate_pool::heartbeat`) is polled; a cluster whose heartbeat is stale, failing or
+//! shows no ready pod is drained, and ramps back up over a window when it returns. Per request,
+//! the clusters serving the model are ordered — the cheapest that meets the TTFT objective
+//! first — and a request that fails before its first byte moves on to the next. Answers stream
+//! through untouched.
+//!
+//! Layout (pure logic apart from the IO):
+//! - [`config`] — the file: types, defaults, validation;
+//! - [`health`] — drain, stale and slow-start state per cluster and model (pure, time passed in);
+//! - [`route`] — the per-request order of clusters (pure);
+//! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
+//! - `server` — [`serve`]: the front door, limits, authentication, retries;
+//! - `body` — the passed-through response body, read on the side for TTFT and usage;
+//! - `telemetry` — the `infergate_global_*` series;
+//! - [`error`] — [`Error`], [`ConfigError`].
+
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod route;
+
+mod body;
+mod cluster;
+mod server;
+mod telemetry;
+
+pub use config::GlobalConfig;
+pub use error::{ConfigError, Error};
+pub use server::{CLUSTER_HEADER, Listeners, Router, serve};
+
+/// The HTTP/1.1 client to the clusters (pooled keep-alive connections).
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// The current instant, on tokio's clock (paused in tests).
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}

@@ -1,0 +1,582 @@
+//! The front door: connections, authentication, limits, the route and the retries across
+//! clusters.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use infergate_openai::{ApiError, ApiKind, parse_request};
+use infergate_pool::lifecycle::{MAX_USAGE_BODY, ResponseWatch};
+use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
+use infergate_proxy::auth::Authenticator;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::body::{Observed, RouterBody};
+use crate::cluster::{self, Cluster};
+use crate::config::GlobalConfig;
+use crate::error::Error;
+use crate::route::{self, Candidate, MAX_CLUSTERS};
+use crate::telemetry::{ClusterCode, ClusterReason, ReasonLabel, Telemetry};
+use crate::{Client, now};
+
+/// The response header naming the cluster that answered.
+pub const CLUSTER_HEADER: &str = "x-infergate-cluster";
+
+/// The router's bound sockets.
+pub struct Listeners {
+    /// The front door.
+    pub http: TcpListener,
+    /// The admin port (`/metrics`, `/healthz`, `/readyz`), if any.
+    pub admin: Option<TcpListener>,
+}
+
+/// A running global router.
+pub struct Router {
+    http_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    task: JoinHandle<()>,
+}
+
+impl Router {
+    /// The front door's address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The admin port's address.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Waits until the router has stopped (after its shutdown future completed).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+pub(crate) struct Shared {
+    config: GlobalConfig,
+    pub(crate) clusters: Vec<Arc<Cluster>>,
+    client: Client,
+    auth: Authenticator,
+    telemetry: Arc<Telemetry>,
+    inflight: Arc<AtomicUsize>,
+    rng: AtomicU64,
+    objective_header: HeaderName,
+}
+
+/// One of `limits.maxRequestsInFlight`, held from the request head to the last response byte.
+pub(crate) struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Starts the router on `listeners` until `shutdown` completes. Must run inside a tokio runtime.
+pub async fn serve(
+    config: GlobalConfig,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Router, Error> {
+    let mut registry = Registry::default();
+    let telemetry = Arc::new(Telemetry::register(&mut registry));
+    let tls = match &config.tls {
+        None => None,
+        Some(t) => {
+            let certificate = Certificate::Files {
+                cert: t.cert_file.clone(),
+                key: t.key_file.clone(),
+            };
+            let tls = ServerTls::new(&certificate, &ServerTlsOptions::new(&ALPN_HTTP))
+                .map_err(|e| Error::Tls(Box::new(e)))?;
+            tls.register(&mut registry);
+            Some(tls)
+        }
+    };
+    let auth = Authenticator::new(&config.auth).map_err(|e| Error::Auth(Box::new(e)))?;
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
+    connector.set_nodelay(true);
+    let client: Client =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+    let clusters: Vec<Arc<Cluster>> = (0..config.clusters.len())
+        .map(|i| Arc::new(Cluster::new(&config, i)))
+        .collect();
+    let objective_header = HeaderName::from_bytes(config.routing.objective_header.as_bytes())
+        .unwrap_or_else(|_| HeaderName::from_static(crate::config::DEFAULT_OBJECTIVE_HEADER));
+    let shared = Arc::new(Shared {
+        rng: AtomicU64::new(config.seed),
+        config,
+        clusters,
+        client,
+        auth,
+        telemetry: Arc::clone(&telemetry),
+        inflight: Arc::new(AtomicUsize::new(0)),
+        objective_header,
+    });
+    let hb = &shared.config.heartbeat;
+    let pollers: Vec<JoinHandle<()>> = shared
+        .clusters
+        .iter()
+        .map(|c| {
+            tokio::spawn(cluster::poll(
+                Arc::clone(c),
+                shared.client.clone(),
+                (*telemetry).clone(),
+                hb.interval(),
+                hb.discovery_interval(),
+                hb.timeout(),
+            ))
+        })
+        .collect();
+    let http_addr = listeners.http.local_addr()?;
+    let admin_addr = match &listeners.admin {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admin = listeners.admin.map(|listener| {
+        let registry = Arc::new(registry);
+        let ready = Arc::clone(&shared);
+        let mut rx = stop_rx.clone();
+        tokio::spawn(infergate_pool::admin::serve_with(
+            listener,
+            move || {
+                let mut out = String::new();
+                prometheus_client::encoding::text::encode(&mut out, &registry)?;
+                Ok(out)
+            },
+            move || {
+                let at = now();
+                ready
+                    .clusters
+                    .iter()
+                    .any(|c| c.served().iter().any(|m| c.weight(m, at) > 0.0))
+            },
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        ))
+    });
+    let accept = accept_loop(Arc::clone(&shared), listeners.http, tls, stop_rx);
+    let task = tokio::spawn(async move {
+        let accepting = tokio::spawn(accept);
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        let _ = accepting.await;
+        for p in pollers {
+            p.abort();
+        }
+        if let Some(a) = admin {
+            let _ = a.await;
+        }
+    });
+    Ok(Router {
+        http_addr,
+        admin_addr,
+        task,
+    })
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let limits = shared.config.limits.clone();
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let tls = tls.map(Arc::new);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = async { let _ = stop.wait_for(|s| *s).await; } => return,
+        };
+        // Past `maxConnections` the connection is closed at once.
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let tls = tls.clone();
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let stream = match infergate_pool::tls::accept_tls(tls.as_deref(), stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            let service = service_fn(move |req: Request<Incoming>| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+                .max_buf_size(limits.max_header_bytes.max(8192));
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(limits.http2.max_concurrent_streams)
+                .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+            if let Err(e) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<RouterBody> {
+    match route_request(shared, req).await {
+        Ok(r) => r,
+        Err(e) => {
+            shared
+                .telemetry
+                .rejections
+                .get_or_create(&ReasonLabel {
+                    reason: e.metric_label(),
+                })
+                .inc();
+            error_response(&e)
+        }
+    }
+}
+
+fn error_response(e: &ApiError) -> Response<RouterBody> {
+    let mut r = Response::new(RouterBody::Full(Full::new(Bytes::from(e.to_json()))));
+    *r.status_mut() = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(s) = e.retry_after_secs() {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    if let Some(w) = e.www_authenticate() {
+        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(w));
+    }
+    r
+}
+
+fn is_models_path(path: &str) -> bool {
+    matches!(path, "/v1/models" | "/v1/models/" | "/models")
+}
+
+/// Every model some cluster serves, sorted.
+fn served_models(shared: &Shared) -> Vec<String> {
+    let mut all: Vec<String> = shared.clusters.iter().flat_map(|c| c.served()).collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+fn models_response(shared: &Shared) -> Response<RouterBody> {
+    let data: Vec<serde_json::Value> = served_models(shared)
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "owned_by": "infergate"}))
+        .collect();
+    let body = serde_json::json!({"object": "list", "data": data}).to_string();
+    let mut r = Response::new(RouterBody::Full(Full::new(Bytes::from(body))));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Uniform in `[0, 1)` from a counter (splitmix64): lock-free, reproducible from the seed.
+fn draw(rng: &AtomicU64) -> f64 {
+    let mut z = rng
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+async fn route_request(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<RouterBody>, ApiError> {
+    let identity = shared.auth.authenticate(req.headers()).await?;
+    let path = req.uri().path();
+    let kind = match ApiKind::from_path(path) {
+        Some(kind) if req.method() == Method::POST => kind,
+        Some(_) => {
+            return Err(ApiError::MethodNotAllowed {
+                method: req.method().to_string(),
+            });
+        }
+        None if is_models_path(path) && req.method() == Method::GET => {
+            return Ok(models_response(shared));
+        }
+        None => {
+            return Err(ApiError::NotFound {
+                path: path.chars().take(200).collect(),
+            });
+        }
+    };
+    let limits = &shared.config.limits;
+    let running = shared.inflight.fetch_add(1, Ordering::AcqRel);
+    let slot = Slot(Arc::clone(&shared.inflight));
+    if running >= limits.max_requests_in_flight {
+        return Err(ApiError::GatewayBusy {
+            limit: limits.max_requests_in_flight,
+            retry_after: Duration::from_secs(1),
+        });
+    }
+    let max = limits.max_request_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|d| d > max as u64) {
+        return Err(ApiError::BodyTooLarge { limit: max });
+    }
+    let (parts, body) = req.into_parts();
+    let read_timeout = Duration::from_millis(limits.body_read_timeout_ms);
+    let body = match tokio::time::timeout(read_timeout, Limited::new(body, max).collect()).await {
+        Err(_) => {
+            return Err(ApiError::RequestTimeout {
+                timeout: read_timeout,
+            });
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::BodyTooLarge { limit: max });
+        }
+        Ok(Err(_)) => {
+            return Err(ApiError::RequestTimeout {
+                timeout: read_timeout,
+            });
+        }
+        Ok(Ok(b)) => b.to_bytes(),
+    };
+    let parsed = parse_request(kind, &body)?;
+    let model = parsed.model.as_ref();
+    let routing = &shared.config.routing;
+    let objective_ms = parts
+        .headers
+        .get(&shared.objective_header)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|v| *v > 0)
+        .or_else(|| routing.tenant_objectives.get(&*identity.tenant).copied())
+        .unwrap_or(routing.ttft_objective_ms) as f64;
+    let prompt = f64::from(parsed.estimated_prompt_tokens());
+    let output = f64::from(
+        parsed
+            .max_output_tokens
+            .unwrap_or(routing.default_output_tokens),
+    );
+    let at = now();
+    let mut candidates: Vec<Candidate> = Vec::with_capacity(shared.clusters.len());
+    for (index, c) in shared.clusters.iter().enumerate().take(MAX_CLUSTERS) {
+        if let Some((weight, ttft_ms)) = c.view(model, at) {
+            candidates.push(Candidate {
+                index,
+                weight,
+                ttft_ms,
+                cost: c.price.0 * prompt + c.price.1 * output,
+                region_rank: c.region_rank,
+            });
+        }
+    }
+    let Some(reason) = route::order(routing.policy, objective_ms, &mut candidates, || {
+        draw(&shared.rng)
+    }) else {
+        let known = served_models(shared).join(", ");
+        return Err(ApiError::UnknownModel {
+            model: model.to_owned(),
+            known,
+        });
+    };
+    let stream = parsed.stream;
+    drop(parsed);
+    let first = &shared.clusters[candidates[0].index];
+    shared
+        .telemetry
+        .decisions
+        .get_or_create(&ClusterReason {
+            cluster: first.config.name.clone(),
+            reason: reason.as_str(),
+        })
+        .inc();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let first_byte = Duration::from_millis(shared.config.timeouts.first_byte_ms);
+    let attempts = usize::from(shared.config.retries.max_attempts).min(candidates.len());
+    let mut last_error = None;
+    for (n, cand) in candidates.iter().take(attempts).enumerate() {
+        let cluster = &shared.clusters[cand.index];
+        let last = n + 1 == attempts;
+        let Some(uri) = cluster.uri(&path_and_query) else {
+            continue;
+        };
+        let mut up = Request::new(Full::new(body.clone()));
+        *up.method_mut() = Method::POST;
+        *up.uri_mut() = uri;
+        let h = up.headers_mut();
+        for (name, value) in &parts.headers {
+            if HOP_BY_HOP.contains(name)
+                || name == header::HOST
+                || name == header::CONTENT_LENGTH
+                || (shared.auth.is_enabled()
+                    && (name == header::AUTHORIZATION || name.as_str() == "x-api-key"))
+            {
+                continue;
+            }
+            h.append(name.clone(), value.clone());
+        }
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        if let Some(t) = cluster
+            .token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        {
+            h.insert(header::AUTHORIZATION, t);
+        }
+        let sent_at = tokio::time::Instant::now();
+        let failover = |reason: &'static str| {
+            shared
+                .telemetry
+                .retries
+                .get_or_create(&ClusterReason {
+                    cluster: cluster.config.name.clone(),
+                    reason,
+                })
+                .inc();
+        };
+        match tokio::time::timeout(first_byte, shared.client.request(up)).await {
+            Err(_) => {
+                return Err(ApiError::UpstreamTimeout {
+                    timeout: first_byte,
+                });
+            }
+            Ok(Err(e)) => {
+                let connect = e.is_connect();
+                if connect {
+                    cluster.observe_connect_failure(&shared.telemetry);
+                }
+                tracing::debug!(cluster = %cluster.config.name, error = %e, "cluster failed before the first byte");
+                if !last {
+                    failover(if connect { "connect" } else { "error" });
+                }
+                last_error = Some(ApiError::UpstreamUnavailable {
+                    reason: if connect {
+                        format!("cannot connect to cluster `{}`", cluster.config.name)
+                    } else {
+                        format!("cluster `{}` failed before answering", cluster.config.name)
+                    },
+                });
+            }
+            Ok(Ok(resp)) => {
+                let status = resp.status();
+                let retryable = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
+                if retryable && !last {
+                    failover(if status.is_server_error() {
+                        "status_5xx"
+                    } else {
+                        "status_429"
+                    });
+                    continue;
+                }
+                let code = match status.as_u16() {
+                    200..=299 => "2xx",
+                    400..=499 => "4xx",
+                    _ => "5xx",
+                };
+                shared
+                    .telemetry
+                    .responses
+                    .get_or_create(&ClusterCode {
+                        cluster: cluster.config.name.clone(),
+                        code,
+                    })
+                    .inc();
+                let sse = resp
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"))
+                    || stream;
+                let (mut rparts, inner) = resp.into_parts();
+                for name in &HOP_BY_HOP {
+                    rparts.headers.remove(name);
+                }
+                if let Ok(v) = HeaderValue::from_str(&cluster.config.name) {
+                    rparts.headers.insert(CLUSTER_HEADER, v);
+                }
+                let observed = Observed {
+                    inner,
+                    cluster: Arc::clone(cluster),
+                    telemetry: Arc::clone(&shared.telemetry),
+                    watch: ResponseWatch::new(status.as_u16(), sse, MAX_USAGE_BODY),
+                    sent_at,
+                    first_token: false,
+                    done: false,
+                    _slot: slot,
+                };
+                return Ok(Response::from_parts(
+                    rparts,
+                    RouterBody::Upstream(Box::new(observed)),
+                ));
+            }
+        }
+    }
+    Err(last_error.unwrap_or_else(|| ApiError::NoEndpoints {
+        model: model_name(&body, kind),
+    }))
+}
+
+fn model_name(body: &[u8], kind: ApiKind) -> String {
+    parse_request(kind, body).map_or_else(|_| String::new(), |p| p.model.into_owned())
+}

@@ -1,0 +1,160 @@
+//! The fleet-level series on the global router's admin port (`infergate_global_*`).
+//!
+//! Labels are bounded by the configuration: `cluster` is a configured cluster's name, `reason`
+//! and `code` come from fixed sets.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// `cluster`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterLabel {
+    pub(crate) cluster: String,
+}
+
+/// `cluster`, `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterReason {
+    pub(crate) cluster: String,
+    pub(crate) reason: &'static str,
+}
+
+/// `cluster`, `code` (`2xx`, `4xx`, `5xx`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterCode {
+    pub(crate) cluster: String,
+    pub(crate) code: &'static str,
+}
+
+/// `cluster`, `kind` (`input`, `output`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterKind {
+    pub(crate) cluster: String,
+    pub(crate) kind: &'static str,
+}
+
+/// `reason` (an `ApiError` metric label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
+}
+
+/// Every series.
+#[derive(Clone)]
+pub(crate) struct Telemetry {
+    pub(crate) decisions: Family<ClusterReason, Counter>,
+    pub(crate) retries: Family<ClusterReason, Counter>,
+    pub(crate) drains: Family<ClusterReason, Counter>,
+    pub(crate) returns: Family<ClusterLabel, Counter>,
+    pub(crate) responses: Family<ClusterCode, Counter>,
+    pub(crate) rejections: Family<ReasonLabel, Counter>,
+    pub(crate) tokens: Family<ClusterKind, Counter>,
+    pub(crate) cost: Family<ClusterLabel, Counter<f64, AtomicU64>>,
+    pub(crate) cost_per_million: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    pub(crate) heartbeat_age: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    pub(crate) rtt: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    pub(crate) weight: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    pub(crate) estimated_ttft: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    pub(crate) ttft: Family<ClusterLabel, Histogram>,
+}
+
+impl Telemetry {
+    pub(crate) fn register(r: &mut Registry) -> Self {
+        let t = Telemetry {
+            decisions: Family::default(),
+            retries: Family::default(),
+            drains: Family::default(),
+            returns: Family::default(),
+            responses: Family::default(),
+            rejections: Family::default(),
+            tokens: Family::default(),
+            cost: Family::default(),
+            cost_per_million: Family::default(),
+            heartbeat_age: Family::default(),
+            rtt: Family::default(),
+            weight: Family::default(),
+            estimated_ttft: Family::default(),
+            ttft: Family::new_with_constructor(|| {
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.005, 2.0, 14,
+                ))
+            }),
+        };
+        r.register(
+            "infergate_global_decisions",
+            "Requests routed, by the cluster chosen first and why (cheapest_within_objective, fastest_over_objective, fastest, last_resort)",
+            t.decisions.clone(),
+        );
+        r.register(
+            "infergate_global_failovers",
+            "Requests moved to the next cluster before their first byte, by the cluster that failed and how (connect, error, status_5xx, status_429)",
+            t.retries.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_drains",
+            "Times a cluster was drained from routing, by reason (stale, failing, no_ready_pods)",
+            t.drains.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_returns",
+            "Times a drained cluster came back (its slow start began)",
+            t.returns.clone(),
+        );
+        r.register(
+            "infergate_global_responses",
+            "Answers passed through from clusters, by status class",
+            t.responses.clone(),
+        );
+        r.register(
+            "infergate_global_rejections",
+            "Requests the router answered with an error itself, by reason",
+            t.rejections.clone(),
+        );
+        r.register(
+            "infergate_global_tokens",
+            "Tokens served, as the clusters' usage reports count them, by kind (input, output)",
+            t.tokens.clone(),
+        );
+        r.register(
+            "infergate_global_cost",
+            "Cost of the tokens served, in the configuration's currency",
+            t.cost.clone(),
+        );
+        r.register(
+            "infergate_global_cost_per_million_tokens",
+            "Cost per million tokens served so far (input and output together)",
+            t.cost_per_million.clone(),
+        );
+        r.register(
+            "infergate_global_heartbeat_age_seconds",
+            "Time since the cluster's last good heartbeat (-1 before the first)",
+            t.heartbeat_age.clone(),
+        );
+        r.register(
+            "infergate_global_heartbeat_rtt_seconds",
+            "Measured round trip of the heartbeat fetch (smoothed)",
+            t.rtt.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_weight",
+            "The cluster's routing share: 1 up, between 0 and 1 ramping up (slow start), 0 drained",
+            t.weight.clone(),
+        );
+        r.register(
+            "infergate_global_estimated_ttft_seconds",
+            "The cluster's estimated time to first token for a typical request, round trip included (-1 unknown)",
+            t.estimated_ttft.clone(),
+        );
+        r.register(
+            "infergate_global_ttft_seconds",
+            "Measured time to the first body byte of streamed answers, by cluster",
+            t.ttft.clone(),
+        );
+        t
+    }
+}
