@@ -32,6 +32,8 @@
 //! - [`flow`] — flow control: bounded per-priority queues, fair order between tenants, TTL
 //!   ([`FlowQueues`]).
 //! - [`prefix`] — the approximate prefix index and the chained block hasher.
+//! - [`quota`] — per-tenant request and token quotas in bucketed sliding windows that replicas
+//!   share through a store (time passed in).
 //! - `fixtures` — shared test fixtures, only under `cfg(test)` or the non-default `fixtures`
 //!   feature (which the crate's dev-dependency on itself enables for `tests/` and `benches/`).
 //!
@@ -59,6 +61,7 @@ pub mod error;
 pub mod explain;
 pub mod flow;
 pub mod prefix;
+pub mod quota;
 pub mod request;
 
 #[cfg(any(test, feature = "fixtures"))]
