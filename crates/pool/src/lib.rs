@@ -21,6 +21,7 @@
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
+//! - [`redis`] — a small RESP2 Redis client (pipelines, timeouts, reconnect with backoff);
 //! - [`tls`] — TLS for the server ports (certificate files reloaded on change, or
 //!   self-signed) and HTTPS to model servers;
 //! - [`error`] — [`PoolError`].
@@ -51,6 +52,7 @@ pub mod heartbeat;
 pub mod histogram;
 pub mod lifecycle;
 pub mod pods;
+pub mod redis;
 pub mod tls;
 
 pub use error::PoolError;
