@@ -155,6 +155,26 @@ pub enum ApiError {
         /// Why, e.g. `the token has expired` (never the credential itself).
         reason: &'static str,
     },
+    /// The tenant has used its quota of requests or tokens for the window
+    /// (`quotas:`); `Retry-After` is when enough counted use leaves the window.
+    #[error(
+        "tenant `{}` has used its quota of {limit} {kind} per {} s: retry after {} s",
+        Echo(tenant),
+        window.as_secs(),
+        retry_after_secs(*retry_after)
+    )]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Which quota: `requests` or `tokens`.
+        kind: &'static str,
+        /// The limit per window.
+        limit: u64,
+        /// The window the limit counts over.
+        window: Duration,
+        /// When the request would fit.
+        retry_after: Duration,
+    },
     /// The caller is authenticated but may not call this model.
     #[error("tenant `{}` may not call the model `{}`", Echo(tenant), Echo(model))]
     Forbidden {
@@ -164,6 +184,11 @@ pub enum ApiError {
         model: String,
     },
 }
+
+/// Response header saying why a request was refused (e.g. `rejected-quota-tokens`), for the
+/// errors whose [`ApiError::reason`] is set. The name is the reference endpoint picker's (its
+/// flow control's `x-llm-d-request-dropped-reason`), so clients written for it read ours.
+pub const REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 
 /// The longest client-supplied value echoed in an error message, in characters; longer values
 /// are cut there and end in `…`, so an error body stays small whatever the request held.
@@ -218,7 +243,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::RequestTimeout { .. } => 408,
             ApiError::BodyTooLarge { .. } => 413,
-            ApiError::Overloaded { .. } | ApiError::ConcurrencyLimit { .. } => 429,
+            ApiError::Overloaded { .. }
+            | ApiError::ConcurrencyLimit { .. }
+            | ApiError::QuotaExceeded { .. } => 429,
             ApiError::UpstreamUnavailable { .. } => 502,
             ApiError::NoEndpoints { .. }
             | ApiError::NoFreshEndpoints { .. }
@@ -249,6 +276,16 @@ impl ApiError {
             ApiError::BufferBudget { .. } => "buffer_budget_exhausted",
             ApiError::Unauthorized { .. } => "unauthorized",
             ApiError::Forbidden { .. } => "forbidden",
+            ApiError::QuotaExceeded { .. } => "quota_exceeded",
+        }
+    }
+
+    /// The reason header's value ([`REASON_HEADER`]) for refusals that carry one.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            ApiError::QuotaExceeded { kind: "tokens", .. } => Some("rejected-quota-tokens"),
+            ApiError::QuotaExceeded { .. } => Some("rejected-quota-requests"),
+            _ => None,
         }
     }
 
@@ -287,7 +324,8 @@ impl ApiError {
             | ApiError::ConcurrencyLimit { retry_after, .. }
             | ApiError::NoFreshEndpoints { retry_after, .. }
             | ApiError::GatewayBusy { retry_after, .. }
-            | ApiError::BufferBudget { retry_after } => Some(retry_after_secs(*retry_after)),
+            | ApiError::BufferBudget { retry_after }
+            | ApiError::QuotaExceeded { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             _ => None,
         }
     }
@@ -422,6 +460,16 @@ mod tests {
                 },
                 403,
             ),
+            (
+                ApiError::QuotaExceeded {
+                    tenant: "team-a".into(),
+                    kind: "tokens",
+                    limit: 1000,
+                    window: Duration::from_secs(60),
+                    retry_after: Duration::from_millis(1500),
+                },
+                429,
+            ),
         ];
         for (err, status) in cases {
             assert_eq!(err.status(), status, "{err}");
@@ -482,6 +530,36 @@ mod tests {
                 .contains("limit of 2 concurrent requests"),
             "{v}"
         );
+    }
+
+    #[test]
+    fn a_quota_refusal_says_which_quota_and_when() {
+        let e = ApiError::QuotaExceeded {
+            tenant: "team-a".into(),
+            kind: "requests",
+            limit: 600,
+            window: Duration::from_secs(60),
+            retry_after: Duration::from_millis(12_300),
+        };
+        assert_eq!(e.status(), 429);
+        assert_eq!(e.retry_after_secs(), Some(13));
+        assert_eq!(e.reason(), Some("rejected-quota-requests"));
+        let v = json(&e);
+        assert_eq!(v["error"]["code"], "quota_exceeded");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(
+            v["error"]["message"],
+            "tenant `team-a` has used its quota of 600 requests per 60 s: retry after 13 s"
+        );
+        let e = ApiError::QuotaExceeded {
+            tenant: "t".into(),
+            kind: "tokens",
+            limit: 1,
+            window: Duration::from_secs(60),
+            retry_after: Duration::from_secs(1),
+        };
+        assert_eq!(e.reason(), Some("rejected-quota-tokens"));
+        assert_eq!(ApiError::MissingModel.reason(), None);
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub mod routing;
 pub mod usage;
 
 pub use api::ApiKind;
-pub use error::ApiError;
+pub use error::{ApiError, REASON_HEADER};
 pub use request::{ParsedRequest, parse_request};
 pub use routing::{ModelRouter, ModelRouterError, Resolved};
 pub use usage::{SseScanner, Usage, extract_usage};

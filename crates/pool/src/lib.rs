@@ -21,6 +21,7 @@
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
+//! - [`quota`] — per-tenant request and token quotas, shared across replicas through Redis;
 //! - [`redis`] — a small RESP2 Redis client (pipelines, timeouts, reconnect with backoff);
 //! - [`tls`] — TLS for the server ports (certificate files reloaded on change, or
 //!   self-signed) and HTTPS to model servers;
@@ -52,6 +53,7 @@ pub mod heartbeat;
 pub mod histogram;
 pub mod lifecycle;
 pub mod pods;
+pub mod quota;
 pub mod redis;
 pub mod tls;
 

@@ -19,6 +19,10 @@
 //!    teaches nothing and cancels it, a 2xx completes it with the usage the server reported
 //!    ([`scheduler_usage`]). A guard dropped before any of these cancels itself.
 //!
+//! 5. **Quota**: [`admit_quota`] charges the tenant's quota before the pick (refused → the 429
+//!    of [`ApiError::QuotaExceeded`]), and [`settle_quota`] corrects the token estimate to the
+//!    reported usage when the answer completes (`crate::quota`).
+//!
 //! Each shell keeps only its protocol: the ext_proc stream (`picker/exchange.rs`) and the HTTP
 //! connection (`proxy.rs`, `body.rs`). Authentication, tenancy and flow control plug in here.
 
@@ -28,6 +32,7 @@ use bytes::Bytes;
 use infergate_openai::{ApiError, ParsedRequest, SseScanner, Usage, extract_usage};
 use infergate_scheduler::{Rejection, RequestContext};
 
+use crate::quota::{QuotaTicket, Quotas};
 use crate::{Inflight, LivePool};
 
 /// Candidates listed, best first, in an explained decision.
@@ -319,6 +324,37 @@ pub fn finish<G: InflightGuard>(
     let usage = watch.usage().unwrap_or_default();
     inflight.complete(scheduler_usage(&usage));
     (Ending::Completed, usage)
+}
+
+/// The tokens a quota charges a request when it is admitted: the prompt's estimate plus the
+/// output it may generate (`max_tokens`, else the scheduler's default). [`settle_quota`]
+/// replaces it with what the response reported.
+pub fn quota_estimate(parsed: &ParsedRequest<'_>) -> u64 {
+    let output = parsed
+        .max_output_tokens
+        .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS);
+    u64::from(parsed.estimated_prompt_tokens()) + u64::from(output)
+}
+
+/// Admits a request from `tenant` against its quota (before it is queued or picked), or
+/// answers the 429 with `Retry-After`. `Ok(None)`: no quota applies.
+pub fn admit_quota(
+    quotas: Option<&Quotas>,
+    tenant: &str,
+    parsed: &ParsedRequest<'_>,
+) -> Result<Option<QuotaTicket>, ApiError> {
+    match quotas {
+        Some(q) => q.admit(tenant, quota_estimate(parsed)),
+        None => Ok(None),
+    }
+}
+
+/// Corrects a quota's charge once the answer has ended as [`finish`] said: a completed answer
+/// counts the input and output tokens it reported; any other ending keeps the estimate.
+pub fn settle_quota(ticket: Option<QuotaTicket>, ending: Ending, usage: &Usage) {
+    if let (Some(t), Ending::Completed) = (ticket, ending) {
+        t.settle(usage);
+    }
 }
 
 #[cfg(test)]

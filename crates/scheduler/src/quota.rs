@@ -393,6 +393,14 @@ impl TenantQuota {
         Ok(Charge { epoch, tokens })
     }
 
+    /// Gives `charge` back: the request was refused further on (or never answered), so it
+    /// counts neither as a request nor with its tokens.
+    pub fn refund(&mut self, now_ms: u64, charge: Charge) {
+        self.requests.adjust(now_ms, charge.epoch, -1);
+        let tokens = i64::try_from(charge.tokens).unwrap_or(i64::MAX);
+        self.tokens.adjust(now_ms, charge.epoch, -tokens);
+    }
+
     /// Corrects `charge` to the `actual_tokens` the response reported (input plus output).
     pub fn settle(&mut self, now_ms: u64, charge: Charge, actual_tokens: u64) {
         let delta = i128::from(actual_tokens) - i128::from(charge.tokens);

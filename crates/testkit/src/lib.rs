@@ -13,6 +13,7 @@
 //! - [`send_within`] — any request with a timeout of the caller's choosing;
 //! - [`Response`] — status, headers and the whole body.
 //! - [`tls`] — a private CA, client configurations and HTTP/1.1 over TLS.
+//! - [`redis`] — a real `redis-server` on a free loopback port, to kill and restart.
 //!
 //! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
 //! too, and only passes when the runtime has nothing else to do.
@@ -29,6 +30,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+pub mod redis;
 pub mod tls;
 
 /// How long [`get`], [`post`], [`try_get`], [`try_post`] and [`send`] wait for a whole answer,

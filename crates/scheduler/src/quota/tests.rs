@@ -209,3 +209,14 @@ fn a_failed_sync_sends_the_deltas_again() {
     w.apply_shared(10, 0, 13);
     assert_eq!(w.count(10, 2), 14);
 }
+
+#[test]
+fn a_refund_gives_back_the_request_and_its_estimate() {
+    let mut q = quota(Some(1), Some(100));
+    let c = q.admit(0, 1, 80).unwrap();
+    assert!(q.admit(10, 1, 1).is_err());
+    q.refund(20, c);
+    assert_eq!(q.requests().count(20, 1), 0);
+    assert_eq!(q.tokens().count(20, 1), 0);
+    q.admit(30, 1, 80).unwrap();
+}

@@ -1,0 +1,694 @@
+//! Per-tenant quotas for both front doors: local windows on the request path, shared through
+//! Redis in the background.
+//!
+//! A request is admitted or refused from this replica's memory alone ([`Quotas::admit`]: one
+//! map lookup and one short per-tenant lock, no IO), charged one request and its token
+//! estimate; when its answer completes, [`QuotaTicket::settle`] corrects the estimate to the
+//! input and output tokens the model server reported. The windows and their accuracy are
+//! `infergate_scheduler::quota`'s.
+//!
+//! With `redis` configured, a background task syncs every `sync_interval`: one pipeline per
+//! round adds this replica's new deltas to each bucket's key (`INCRBY` + `PEXPIRE`), reads the
+//! live buckets' totals back (`MGET`) and counts the replicas alive (a presence set per period:
+//! `SADD` + `SCARD`). Between rounds each replica assumes the others do as much as it does (its
+//! unsynced use counts `replicas` times), so the fleet holds the shared limit.
+//!
+//! When Redis cannot be reached (timeout, refused, broken reply) no request waits for it or
+//! fails because of it: the round's deltas are kept for the next one, the metric
+//! `infergate_quota_redis_up` drops to 0 and one warning is logged; each replica then counts
+//! locally and enforces its share of the quota (the limit divided by the replicas last seen),
+//! carrying the totals it last read until they leave the window. When Redis answers again the
+//! kept deltas are added, the gauge returns to 1, one line is logged, and counting is shared
+//! again.
+//!
+//! Keys: `{keyPrefix}q:{tenant}:{requests|tokens}:{bucket}` and
+//! `{keyPrefix}replicas:{period}`. Every replica sharing a prefix must use the same window and
+//! bucket count.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use infergate_openai::{ApiError, Usage};
+use infergate_scheduler::quota::{
+    Charge, DEFAULT_BUCKETS, DEFAULT_WINDOW, Limits, QuotaError, QuotaKind, TenantQuota, Window,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::redis::{Pipeline, Redis, RedisConfig, Value};
+
+pub mod spec;
+
+pub use spec::QuotasSpec;
+
+/// The metrics label of tenants not configured by name.
+pub const OTHER_TENANT: &str = "other";
+
+/// The longest tenant name given its own window; longer names share the overflow window.
+pub const MAX_TENANT_NAME: usize = 256;
+
+/// Unlisted tenants given their own window (with the default limits) unless configured; more
+/// share one.
+pub const DEFAULT_MAX_TENANTS: usize = 10_000;
+
+/// How the quotas count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaConfig {
+    /// Tenants with their own limits.
+    pub tenants: Vec<(Arc<str>, Limits)>,
+    /// Limits for every tenant not listed, each counted on its own (`None`: no limit).
+    pub default: Option<Limits>,
+    /// The window the limits are counted over (limits are per window).
+    pub window: Duration,
+    /// Buckets in the window.
+    pub buckets: u32,
+    /// Unlisted tenants given a window of their own; beyond, they share one.
+    pub max_tenants: usize,
+    /// Shared counting, when set.
+    pub redis: Option<SharedConfig>,
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        QuotaConfig {
+            tenants: Vec::new(),
+            default: None,
+            window: DEFAULT_WINDOW,
+            buckets: DEFAULT_BUCKETS,
+            max_tenants: DEFAULT_MAX_TENANTS,
+            redis: None,
+        }
+    }
+}
+
+/// Shared counters in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedConfig {
+    /// Address, timeouts, password.
+    pub redis: RedisConfig,
+    /// Prepended to every key, so several fleets can share one Redis.
+    pub key_prefix: String,
+    /// How often deltas are written and totals read.
+    pub sync_interval: Duration,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    tenant: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+#[derive(Clone, Default)]
+struct QuotaMetrics {
+    requests: Family<OutcomeLabels, Counter>,
+    tokens: Family<TenantLabels, Counter>,
+    redis_up: Gauge,
+    sync_errors: Counter,
+    replicas: Gauge,
+}
+
+impl QuotaMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = QuotaMetrics::default();
+        registry.register(
+            "infergate_quota_requests",
+            "Requests checked against a quota, by tenant (configured ones, others as `other`) and outcome (admitted, rejected_requests, rejected_tokens)",
+            m.requests.clone(),
+        );
+        registry.register(
+            "infergate_quota_tokens",
+            "Tokens counted against quotas (input plus output as the responses reported), by tenant",
+            m.tokens.clone(),
+        );
+        registry.register(
+            "infergate_quota_redis_up",
+            "1 while quota counters are shared through Redis, 0 while this replica counts locally",
+            m.redis_up.clone(),
+        );
+        registry.register(
+            "infergate_quota_redis_sync_errors",
+            "Sync rounds with Redis that failed",
+            m.sync_errors.clone(),
+        );
+        registry.register(
+            "infergate_quota_replicas",
+            "Replicas sharing the quota counters, as last seen in Redis",
+            m.replicas.clone(),
+        );
+        m
+    }
+}
+
+/// One tenant's windows and its counters.
+struct Entry {
+    /// The name in Redis keys.
+    key: Arc<str>,
+    quota: Mutex<TenantQuota>,
+    admitted: Counter,
+    rejected_requests: Counter,
+    rejected_tokens: Counter,
+    tokens: Counter,
+}
+
+impl Entry {
+    fn new(key: Arc<str>, label: &str, quota: TenantQuota, metrics: &QuotaMetrics) -> Arc<Entry> {
+        let outcome = |outcome| {
+            metrics
+                .requests
+                .get_or_create(&OutcomeLabels {
+                    tenant: label.to_owned(),
+                    outcome,
+                })
+                .clone()
+        };
+        Arc::new(Entry {
+            key,
+            quota: Mutex::new(quota),
+            admitted: outcome("admitted"),
+            rejected_requests: outcome("rejected_requests"),
+            rejected_tokens: outcome("rejected_tokens"),
+            tokens: metrics
+                .tokens
+                .get_or_create(&TenantLabels {
+                    tenant: label.to_owned(),
+                })
+                .clone(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TenantQuota> {
+        // Every mutation is a counter update: a panic elsewhere leaves the windows usable.
+        self.quota.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Milliseconds since the Unix epoch, advanced by tokio's clock (so paused-clock tests move it
+/// and replicas on different hosts name the same buckets).
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    base_ms: u64,
+    base: tokio::time::Instant,
+}
+
+impl WallClock {
+    /// The system's time now.
+    pub fn system() -> Self {
+        let base_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        WallClock::starting_at(base_ms)
+    }
+
+    /// A clock reading `base_ms` now.
+    pub fn starting_at(base_ms: u64) -> Self {
+        WallClock {
+            base_ms,
+            base: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Milliseconds since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.base_ms.saturating_add(elapsed)
+    }
+}
+
+struct Inner {
+    configured: HashMap<Arc<str>, Arc<Entry>>,
+    dynamic: RwLock<HashMap<Arc<str>, Arc<Entry>>>,
+    /// Unlisted tenants beyond `max_tenants` (or with over-long names) share this one.
+    overflow: Option<Arc<Entry>>,
+    config: QuotaConfig,
+    replicas: AtomicU32,
+    /// [`UNKNOWN`], [`UP`] or [`DOWN`]: what the last sync round found.
+    redis: AtomicU8,
+    /// This replica's id in the presence sets: random per service.
+    id: String,
+    clock: WallClock,
+    metrics: QuotaMetrics,
+    /// The metrics' own registry, when started with [`Quotas::start_with_registry`].
+    registry: Option<Registry>,
+}
+
+const UNKNOWN: u8 = 0;
+const UP: u8 = 1;
+const DOWN: u8 = 2;
+
+/// The quota service. Cheap to clone; the Redis sync task runs while a clone is alive.
+#[derive(Clone)]
+pub struct Quotas {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Quotas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quotas")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An admitted request's charge. Until [`QuotaTicket::commit`] (the request reached a model
+/// server and is being answered), dropping it gives the charge back: a request refused further
+/// on, or never answered, does not count. Once committed, [`QuotaTicket::settle`] corrects the
+/// estimate to the reported usage; dropped without it (the answer failed, broke off or
+/// reported no usage), the estimate stays counted.
+#[derive(Debug)]
+pub struct QuotaTicket {
+    entry: Arc<Entry>,
+    charge: Charge,
+    clock: WallClock,
+    committed: bool,
+}
+
+impl Drop for QuotaTicket {
+    fn drop(&mut self) {
+        if !self.committed {
+            let now = self.clock.now_ms();
+            self.entry.lock().refund(now, self.charge);
+        }
+    }
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry").field("key", &self.key).finish()
+    }
+}
+
+impl QuotaTicket {
+    /// The request is being answered: from now on it counts, whatever happens to the answer.
+    pub fn commit(mut self) -> Self {
+        self.committed = true;
+        self
+    }
+
+    /// Corrects the estimate to `usage`: input plus output tokens, as the response reported.
+    pub fn settle(mut self, usage: &Usage) {
+        self.committed = true;
+        let actual = usage.prompt_tokens.saturating_add(usage.completion_tokens);
+        self.entry.tokens.inc_by(actual);
+        let now = self.clock.now_ms();
+        self.entry.lock().settle(now, self.charge, actual);
+    }
+
+    /// What was charged at admission.
+    pub fn charge(&self) -> Charge {
+        self.charge
+    }
+}
+
+impl Quotas {
+    /// Starts the service; with `redis` configured, spawns the sync task (so it must be called
+    /// inside a tokio runtime). Metrics go to `registry` when one is given.
+    pub fn start(config: QuotaConfig, registry: Option<&mut Registry>) -> Result<Self, QuotaError> {
+        Self::start_with_clock(config, WallClock::system(), registry)
+    }
+
+    /// As [`Quotas::start`], with the metrics in a registry of the service's own
+    /// ([`Quotas::registry`]), for a process that encodes one registry per configuration in
+    /// force (the gateway, whose reloads may start a new service).
+    pub fn start_with_registry(config: QuotaConfig) -> Result<Self, QuotaError> {
+        let mut registry = Registry::default();
+        let metrics = QuotaMetrics::register(&mut registry);
+        Self::build(config, WallClock::system(), metrics, Some(registry))
+    }
+
+    /// As [`Quotas::start`], with the clock given.
+    pub fn start_with_clock(
+        config: QuotaConfig,
+        clock: WallClock,
+        registry: Option<&mut Registry>,
+    ) -> Result<Self, QuotaError> {
+        let metrics = match registry {
+            Some(r) => QuotaMetrics::register(r),
+            None => QuotaMetrics::default(),
+        };
+        Self::build(config, clock, metrics, None)
+    }
+
+    /// The service's own registry (see [`Quotas::start_with_registry`]).
+    pub fn registry(&self) -> Option<&Registry> {
+        self.inner.registry.as_ref()
+    }
+
+    fn build(
+        config: QuotaConfig,
+        clock: WallClock,
+        metrics: QuotaMetrics,
+        registry: Option<Registry>,
+    ) -> Result<Self, QuotaError> {
+        // Fails here, not per tenant later.
+        Window::new(config.window, config.buckets)?;
+        let mut configured = HashMap::new();
+        for (name, limits) in &config.tenants {
+            let quota = TenantQuota::new(*limits, config.window, config.buckets)?;
+            let entry = Entry::new(Arc::clone(name), name, quota, &metrics);
+            configured.insert(Arc::clone(name), entry);
+        }
+        let overflow = match config.default {
+            Some(limits) => Some(Entry::new(
+                Arc::from("~other"),
+                OTHER_TENANT,
+                TenantQuota::new(limits, config.window, config.buckets)?,
+                &metrics,
+            )),
+            None => None,
+        };
+        metrics.replicas.set(1);
+        metrics.redis_up.set(0);
+        let inner = Arc::new(Inner {
+            configured,
+            dynamic: RwLock::new(HashMap::new()),
+            overflow,
+            replicas: AtomicU32::new(1),
+            redis: AtomicU8::new(UNKNOWN),
+            id: replica_id(),
+            clock,
+            metrics,
+            config,
+            registry,
+        });
+        if let Some(shared) = inner.config.redis.clone() {
+            tokio::spawn(sync_loop(Arc::downgrade(&inner), shared));
+        }
+        Ok(Quotas { inner })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &QuotaConfig {
+        &self.inner.config
+    }
+
+    /// Whether the last sync with Redis succeeded (always `false` without Redis).
+    pub fn redis_up(&self) -> bool {
+        self.inner.redis.load(Ordering::Relaxed) == UP
+    }
+
+    /// The replicas the counters are shared with (1 until Redis has said otherwise).
+    pub fn replicas(&self) -> u32 {
+        self.inner.replicas.load(Ordering::Relaxed)
+    }
+
+    /// The clock the windows count on.
+    pub fn clock(&self) -> WallClock {
+        self.inner.clock
+    }
+
+    /// Admits a request from `tenant` estimated at `estimated_tokens` (input and output), or
+    /// answers the 429. `Ok(None)`: the tenant has no quota.
+    pub fn admit(
+        &self,
+        tenant: &str,
+        estimated_tokens: u64,
+    ) -> Result<Option<QuotaTicket>, ApiError> {
+        let Some(entry) = self.entry(tenant) else {
+            return Ok(None);
+        };
+        let now = self.inner.clock.now_ms();
+        let replicas = self.inner.replicas.load(Ordering::Relaxed);
+        let admitted = entry.lock().admit(now, replicas, estimated_tokens);
+        match admitted {
+            Ok(charge) => {
+                entry.admitted.inc();
+                Ok(Some(QuotaTicket {
+                    entry,
+                    charge,
+                    clock: self.inner.clock,
+                    committed: false,
+                }))
+            }
+            Err(e) => {
+                match e.kind {
+                    QuotaKind::Requests => entry.rejected_requests.inc(),
+                    QuotaKind::Tokens => entry.rejected_tokens.inc(),
+                };
+                Err(ApiError::QuotaExceeded {
+                    tenant: tenant.to_owned(),
+                    kind: e.kind.as_str(),
+                    limit: e.limit,
+                    window: self.inner.config.window,
+                    retry_after: e.retry_after,
+                })
+            }
+        }
+    }
+
+    /// The tenant's entry: configured, else its own with the default limits (created on first
+    /// use), else the shared overflow one; `None` without a default.
+    fn entry(&self, tenant: &str) -> Option<Arc<Entry>> {
+        if let Some(e) = self.inner.configured.get(tenant) {
+            return Some(Arc::clone(e));
+        }
+        let limits = self.inner.config.default?;
+        {
+            let dynamic = self
+                .inner
+                .dynamic
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(e) = dynamic.get(tenant) {
+                return Some(Arc::clone(e));
+            }
+        }
+        if tenant.len() > MAX_TENANT_NAME {
+            return self.inner.overflow.clone();
+        }
+        let mut dynamic = self
+            .inner
+            .dynamic
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = dynamic.get(tenant) {
+            return Some(Arc::clone(e));
+        }
+        if dynamic.len() >= self.inner.config.max_tenants {
+            return self.inner.overflow.clone();
+        }
+        let quota =
+            TenantQuota::new(limits, self.inner.config.window, self.inner.config.buckets).ok()?;
+        let key: Arc<str> = Arc::from(tenant);
+        let entry = Entry::new(Arc::clone(&key), OTHER_TENANT, quota, &self.inner.metrics);
+        dynamic.insert(key, Arc::clone(&entry));
+        Some(entry)
+    }
+
+    /// One sync round with Redis now (the background task calls it every interval; tests call
+    /// it to step). Returns whether Redis answered.
+    pub async fn sync_now(&self, redis: &mut Redis, shared: &SharedConfig) -> bool {
+        sync_once(&self.inner, redis, shared).await
+    }
+}
+
+/// What one entry's part of a pipeline reads back.
+struct Reading {
+    entry: Arc<Entry>,
+    kind: QuotaKind,
+    epochs: std::ops::RangeInclusive<u64>,
+}
+
+async fn sync_loop(inner: Weak<Inner>, shared: SharedConfig) {
+    let mut redis = Redis::new(shared.redis.clone());
+    let mut tick = tokio::time::interval(shared.sync_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        sync_once(&inner, &mut redis, &shared).await;
+    }
+}
+
+/// Every entry to sync: the configured ones, and unlisted ones (idle ones with nothing left in
+/// their windows are dropped from the map here, off the request path).
+fn entries(inner: &Inner, now: u64) -> Vec<Arc<Entry>> {
+    let mut all: Vec<Arc<Entry>> = inner.configured.values().cloned().collect();
+    all.extend(inner.overflow.iter().cloned());
+    let mut dynamic = inner
+        .dynamic
+        .write()
+        .unwrap_or_else(PoisonError::into_inner);
+    dynamic.retain(|_, e| {
+        // Held only by the map, and nothing counted: safe to forget.
+        let idle = Arc::strong_count(e) == 1 && {
+            let q = e.lock();
+            q.requests().count(now, 1) == 0 && q.tokens().count(now, 1) == 0
+        };
+        !idle
+    });
+    all.extend(dynamic.values().cloned());
+    all
+}
+
+fn key(prefix: &str, tenant: &str, kind: QuotaKind, epoch: u64) -> String {
+    format!("{prefix}q:{tenant}:{}:{epoch}", kind.as_str())
+}
+
+async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> bool {
+    let now = inner.clock.now_ms();
+    let all = entries(inner, now);
+    let window_ms = u64::try_from(inner.config.window.as_millis()).unwrap_or(u64::MAX);
+    let ttl = window_ms.saturating_mul(2).to_string();
+    let prefix = &shared.key_prefix;
+    let mut p = Pipeline::new();
+    let mut readings = Vec::new();
+    let mut deltas = Vec::new();
+    for entry in &all {
+        let mut q = entry.lock();
+        let limits = q.limits();
+        let (requests, tokens) = q.windows_mut();
+        for (kind, window, limited) in [
+            (QuotaKind::Requests, requests, limits.requests.is_some()),
+            (QuotaKind::Tokens, tokens, limits.tokens.is_some()),
+        ] {
+            if !limited {
+                continue;
+            }
+            deltas.clear();
+            window.take_unsynced(now, &mut deltas);
+            for (epoch, delta) in &deltas {
+                let k = key(prefix, &entry.key, kind, *epoch);
+                p.cmd(&["INCRBY", k.as_str(), delta.to_string().as_str()]);
+                p.cmd(&["PEXPIRE", k.as_str(), ttl.as_str()]);
+            }
+            let epochs = window.live_epochs(now);
+            let mut words = vec![String::from("MGET")];
+            words.extend(epochs.clone().map(|e| key(prefix, &entry.key, kind, e)));
+            p.cmd(&words);
+            readings.push((
+                deltas.len() * 2,
+                Reading {
+                    entry: Arc::clone(entry),
+                    kind,
+                    epochs,
+                },
+            ));
+        }
+    }
+    // Presence: a set per period of ten sync intervals (at least a second), read for this
+    // period and the last, so a replica counts as alive for one to two periods.
+    let period_ms = u64::try_from((shared.sync_interval * 10).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1000);
+    let period = now / period_ms;
+    let id = &inner.id;
+    let current = format!("{prefix}replicas:{period}");
+    let previous = format!("{prefix}replicas:{}", period.saturating_sub(1));
+    p.cmd(&["SADD", current.as_str(), id.as_str()]);
+    p.cmd(&[
+        "PEXPIRE",
+        current.as_str(),
+        (period_ms * 3).to_string().as_str(),
+    ]);
+    p.cmd(&["SCARD", current.as_str()]);
+    p.cmd(&["SCARD", previous.as_str()]);
+
+    match redis.pipeline(&p).await {
+        Ok(values) => match apply(inner, now, &readings, &values) {
+            Ok(()) => {
+                if inner.redis.swap(UP, Ordering::Relaxed) != UP {
+                    tracing::info!(address = %shared.redis.address, replicas = inner.replicas.load(Ordering::Relaxed), "quota counters are shared through Redis");
+                }
+                inner.metrics.redis_up.set(1);
+                true
+            }
+            Err(reason) => {
+                failed(inner, &readings, shared, reason);
+                false
+            }
+        },
+        Err(e) => {
+            failed(inner, &readings, shared, &e.to_string());
+            false
+        }
+    }
+}
+
+/// Applies the replies of one round; on a reply of the wrong shape, nothing more is applied.
+fn apply(
+    inner: &Inner,
+    now: u64,
+    readings: &[(usize, Reading)],
+    values: &[Value],
+) -> Result<(), &'static str> {
+    let mut at = 0;
+    for (writes, r) in readings {
+        for v in &values[at..at + writes] {
+            if let Value::Error(_) = v {
+                return Err("Redis refused a counter update");
+            }
+        }
+        at += writes;
+        let Some(Value::Array(totals)) = values.get(at) else {
+            return Err("Redis answered MGET with something other than an array");
+        };
+        at += 1;
+        let mut q = r.entry.lock();
+        let (requests, tokens) = q.windows_mut();
+        let window = match r.kind {
+            QuotaKind::Requests => requests,
+            QuotaKind::Tokens => tokens,
+        };
+        for (epoch, v) in r.epochs.clone().zip(totals) {
+            let total = v.as_i64().unwrap_or(0).max(0);
+            window.apply_shared(now, epoch, u64::try_from(total).unwrap_or(0));
+        }
+    }
+    let seen = values
+        .get(at + 2..at + 4)
+        .map(|v| v.iter().filter_map(Value::as_i64).max().unwrap_or(1))
+        .unwrap_or(1);
+    let replicas = u32::try_from(seen.max(1)).unwrap_or(u32::MAX);
+    inner.replicas.store(replicas, Ordering::Relaxed);
+    inner.metrics.replicas.set(i64::from(replicas));
+    Ok(())
+}
+
+/// A failed round: the deltas are sent again next time, and the first failure is said.
+fn failed(inner: &Inner, readings: &[(usize, Reading)], shared: &SharedConfig, reason: &str) {
+    for (_, r) in readings {
+        let mut q = r.entry.lock();
+        let (requests, tokens) = q.windows_mut();
+        match r.kind {
+            QuotaKind::Requests => requests.sync_failed(),
+            QuotaKind::Tokens => tokens.sync_failed(),
+        }
+    }
+    inner.metrics.sync_errors.inc();
+    inner.metrics.redis_up.set(0);
+    if inner.redis.swap(DOWN, Ordering::Relaxed) != DOWN {
+        tracing::warn!(address = %shared.redis.address, error = reason, replicas = inner.replicas.load(Ordering::Relaxed), "Redis unreachable: quotas are counted locally, each replica enforcing its share, until it answers again");
+    } else {
+        tracing::debug!(address = %shared.redis.address, error = reason, "quota sync with Redis failed");
+    }
+}
+
+/// An id for this service in the presence sets, distinct per process and per service in it.
+fn replica_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{:x}-{:x}-{}",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests;

@@ -1,0 +1,160 @@
+//! The service on tokio's paused clock, without Redis (shared counting is tested against a real
+//! `redis-server` in `tests/quota.rs`).
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+
+use super::*;
+
+fn limits(requests: Option<u64>, tokens: Option<u64>) -> Limits {
+    Limits { requests, tokens }
+}
+
+fn service(registry: Option<&mut Registry>) -> Quotas {
+    let config = QuotaConfig {
+        tenants: vec![
+            (Arc::from("team-a"), limits(Some(2), None)),
+            (Arc::from("team-b"), limits(None, Some(1000))),
+        ],
+        default: Some(limits(Some(1), None)),
+        max_tenants: 2,
+        ..QuotaConfig::default()
+    };
+    // 10:00:00.250 on some day: buckets start on whole seconds.
+    Quotas::start_with_clock(config, WallClock::starting_at(1_800_000_000_250), registry).unwrap()
+}
+
+fn retry_after(e: &ApiError) -> Duration {
+    match e {
+        ApiError::QuotaExceeded { retry_after, .. } => *retry_after,
+        other => panic!("not a quota refusal: {other}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_quota_refuses_with_the_exact_wait() {
+    let q = service(None);
+    assert!(
+        q.admit("team-a", 10)
+            .unwrap()
+            .map(QuotaTicket::commit)
+            .is_some()
+    );
+    tokio::time::advance(Duration::from_millis(20_000)).await;
+    assert!(
+        q.admit("team-a", 10)
+            .unwrap()
+            .map(QuotaTicket::commit)
+            .is_some()
+    );
+    tokio::time::advance(Duration::from_millis(5_000)).await;
+    let e = q.admit("team-a", 10).unwrap_err();
+    assert_eq!(e.status(), 429);
+    // The first use, at 0.25 s into its bucket, leaves with that bucket at 60 s after the
+    // bucket's start: 60 - 25.25 = 34.75 s from now.
+    assert_eq!(retry_after(&e), Duration::from_millis(34_750));
+    assert_eq!(e.retry_after_secs(), Some(35));
+    assert_eq!(e.reason(), Some("rejected-quota-requests"));
+    tokio::time::advance(Duration::from_millis(34_749)).await;
+    assert!(q.admit("team-a", 10).is_err());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(
+        q.admit("team-a", 10)
+            .unwrap()
+            .map(QuotaTicket::commit)
+            .is_some()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_count_what_the_response_reported() {
+    let q = service(None);
+    let t = q.admit("team-b", 900).unwrap().unwrap();
+    assert_eq!(t.charge().tokens, 900);
+    // Before the answer, the estimate holds the window.
+    let e = q.admit("team-b", 200).unwrap_err();
+    assert_eq!(e.reason(), Some("rejected-quota-tokens"));
+    t.settle(&Usage {
+        prompt_tokens: 120,
+        completion_tokens: 30,
+        ..Usage::default()
+    });
+    // 150 counted: 850 left.
+    let t = q.admit("team-b", 850).unwrap().unwrap();
+    let e = q.admit("team-b", 1).unwrap_err();
+    assert_eq!(retry_after(&e), Duration::from_millis(59_750));
+    // An answer that reported nothing leaves the estimate counted.
+    drop(t.commit());
+    assert!(q.admit("team-b", 1).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_further_on_is_not_counted() {
+    let q = service(None);
+    let t = q.admit("team-a", 1).unwrap().unwrap();
+    drop(t);
+    assert!(q.admit("team-a", 1).unwrap().is_some_and(|t| {
+        drop(t.commit());
+        true
+    }));
+    let t = q.admit("team-a", 1).unwrap().unwrap().commit();
+    drop(t);
+    assert!(q.admit("team-a", 1).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unlisted_tenants_get_the_default_each_and_share_beyond_the_cap() {
+    let mut registry = Registry::default();
+    let q = service(Some(&mut registry));
+    // Each unlisted tenant has its own default window (1 request) ...
+    assert!(q.admit("x", 1).unwrap().map(QuotaTicket::commit).is_some());
+    assert!(q.admit("y", 1).unwrap().map(QuotaTicket::commit).is_some());
+    assert!(q.admit("x", 1).is_err());
+    // ... up to `max_tenants` (2); the third shares the overflow window.
+    assert!(q.admit("z", 1).unwrap().map(QuotaTicket::commit).is_some());
+    assert!(q.admit("w", 1).is_err());
+    let mut text = String::new();
+    encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"infergate_quota_requests_total{tenant="other",outcome="admitted"} 3"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"infergate_quota_requests_total{tenant="other",outcome="rejected_requests"} 2"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains("infergate_quota_redis_up 0"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_default_means_unlisted_tenants_are_not_limited() {
+    let q = Quotas::start(
+        QuotaConfig {
+            tenants: vec![(Arc::from("a"), limits(Some(1), None))],
+            ..QuotaConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    for _ in 0..10 {
+        assert!(q.admit("b", 1).unwrap().is_none());
+    }
+    assert!(q.admit("a", 1).unwrap().map(QuotaTicket::commit).is_some());
+    assert!(q.admit("a", 1).is_err());
+}
+
+#[test]
+fn a_window_that_cannot_be_bucketed_is_refused_at_start() {
+    let e = Quotas::start(
+        QuotaConfig {
+            window: Duration::from_millis(1001),
+            ..QuotaConfig::default()
+        },
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(e, QuotaError::BadWindow { .. }), "{e}");
+}
