@@ -6,6 +6,9 @@
 //! candidate is saturated, with shedding on, `Sheddable` requests are shed, `Standard` ones only
 //! when every candidate is also over the overload thresholds, and `Critical` ones never.
 //!
+//! A request whose caller queues (flow control, `queue` below) is "shed" at every priority as
+//! soon as every candidate is saturated: the caller parks it until a pod has headroom.
+//!
 //! `Retry-After` is the pool's estimated drain time: for each candidate, the time until it is back
 //! under the saturation thresholds at its learned rates; the smallest, rounded up to whole seconds
 //! and clamped to `[retryAfterMinMs, retryAfterMaxMs]`.
@@ -23,6 +26,7 @@ use crate::view::View;
 pub(crate) fn admit(
     cfg: &SchedulerConfig,
     priority: Priority,
+    queue: bool,
     views: &[View],
     table: &EndpointTable,
     rates: &PoolRates,
@@ -30,12 +34,13 @@ pub(crate) fn admit(
     if !views.iter().all(|v| v.saturated) {
         return Ok(());
     }
-    let shed = cfg.shedding
-        && match priority {
-            Priority::Critical => false,
-            Priority::Standard => views.iter().all(|v| v.overloaded),
-            Priority::Sheddable => true,
-        };
+    let shed = queue
+        || cfg.shedding
+            && match priority {
+                Priority::Critical => false,
+                Priority::Standard => views.iter().all(|v| v.overloaded),
+                Priority::Sheddable => true,
+            };
     if shed {
         return Err(Rejection::Shed {
             retry_after: retry_after(cfg, views, table, rates),
@@ -140,6 +145,25 @@ mod tests {
             assert_eq!(d.endpoints.first(), addr(0));
             s.cancel(d.ticket, T0);
         }
+    }
+
+    #[test]
+    fn a_queueing_caller_gets_shed_at_every_priority_only_when_saturated() {
+        let mut s = saturated_scheduler();
+        for p in [Priority::Critical, Priority::Standard, Priority::Sheddable] {
+            let cx = RequestContext::new("m", 100)
+                .with_priority(p)
+                .with_queueing(true);
+            let r = s.pick(&cx, T0, &mut rng(1)).unwrap_err();
+            assert!(matches!(r, Rejection::Shed { .. }), "{p:?}: {r:?}");
+        }
+        // With headroom on one pod, a queueing caller is routed as any other.
+        s.apply_metrics(addr(0), snapshot(T0, 0, 0.1)).unwrap();
+        let cx = RequestContext::new("m", 100)
+            .with_priority(Priority::Critical)
+            .with_queueing(true);
+        let d = s.pick(&cx, T0, &mut rng(1)).unwrap();
+        assert_eq!(d.endpoints.first(), addr(0));
     }
 
     #[test]

@@ -742,7 +742,7 @@ impl<T> FlowQueues<T> {
 
     /// Removes every request whose deadline is at or before `now`, handing each to `expired`.
     pub fn expire(&mut self, now: Timestamp, mut expired: impl FnMut(Removed<T>)) {
-        for b in 0..self.bands.len() {
+        for (b, priority) in BAND_PRIORITY.into_iter().enumerate() {
             while let Some(&i) = self.bands[b].expiry.first() {
                 let due = self.slots[i as usize]
                     .entry
@@ -757,7 +757,7 @@ impl<T> FlowQueues<T> {
                 expired(Removed {
                     ticket,
                     payload: e.payload,
-                    priority: BAND_PRIORITY[b],
+                    priority,
                     reason: Removal::Expired,
                     waited: now.saturating_since(e.enqueued),
                 });
@@ -777,6 +777,33 @@ impl<T> FlowQueues<T> {
         }
         let actual = self.cfg.service_weights.service(input, output);
         flow.attained = (flow.attained + actual - charge.charged).max(0.0);
+    }
+
+    /// Charges the estimate of a request sent without waiting (the pool had headroom) to its
+    /// flow, so attained service counts every request a tenant sent, queued or not. Settle it
+    /// like a dispatched one.
+    pub fn charge(&mut self, req: &FlowRequest<'_>) -> ServiceCharge {
+        let b = band_index(req.priority);
+        let f = self.flow_for(b, req.tenant);
+        let charged = self
+            .cfg
+            .service_weights
+            .service(req.input_tokens, req.output_tokens);
+        let flow = &mut self.flows[f as usize];
+        flow.attained += charged;
+        ServiceCharge {
+            flow: f,
+            generation: flow.generation,
+            charged,
+        }
+    }
+
+    /// Whether a request of `priority` would wait behind others: something is queued in its
+    /// band or a higher one.
+    pub fn has_queued_at_or_above(&self, priority: Priority) -> bool {
+        self.bands[..=band_index(priority)]
+            .iter()
+            .any(|b| b.len > 0)
     }
 
     /// The attained service of `tenant` in `priority`'s band (weighted tokens), if it is known.

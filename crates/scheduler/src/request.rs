@@ -66,6 +66,10 @@ pub struct RequestContext<'a> {
     pub priority: Priority,
     /// Only these endpoints may be chosen (Envoy's subset hint). `Some(&[])` admits none.
     pub subset: Option<&'a [SocketAddr]>,
+    /// The caller queues requests (flow control): when every candidate is saturated the pick is
+    /// [`Rejection::Shed`](crate::Rejection::Shed) whatever the priority, so the request can
+    /// wait for headroom instead of being sent to a saturated pod.
+    pub queue_when_saturated: bool,
 }
 
 impl<'a> RequestContext<'a> {
@@ -82,6 +86,7 @@ impl<'a> RequestContext<'a> {
             output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
             priority: Priority::Standard,
             subset: None,
+            queue_when_saturated: false,
         }
     }
 
@@ -106,6 +111,13 @@ impl<'a> RequestContext<'a> {
     /// Restricts the pick to these endpoints.
     pub const fn with_subset(mut self, subset: Option<&'a [SocketAddr]>) -> Self {
         self.subset = subset;
+        self
+    }
+
+    /// Asks for [`Rejection::Shed`](crate::Rejection::Shed) at every priority when every
+    /// candidate is saturated (the caller will queue the request).
+    pub const fn with_queueing(mut self, queue: bool) -> Self {
+        self.queue_when_saturated = queue;
         self
     }
 

@@ -562,4 +562,5 @@ impl Scheduler {
     clippy::expect_used,
     reason = "a failed unwrap is a failed test"
 )]
+                req.queue_when_saturated,
 mod tests;

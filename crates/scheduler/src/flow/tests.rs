@@ -535,3 +535,17 @@ fn configuration_parses_with_defaults_and_validates() {
     assert!(serde_yaml::from_str::<FlowConfig>("fairness: lottery").is_err());
     assert!(serde_yaml::from_str::<FlowConfig>("ttl: 5").is_err());
 }
+
+#[test]
+fn direct_charges_count_toward_attained_service_and_settle_like_dispatches() {
+    let mut q = queues(|c| c.fairness = Fairness::LeastAttainedService);
+    let c = q.charge(&std_req("a").with_tokens(30, 10));
+    assert_eq!(q.attained("a", Priority::Standard), Some(40.0));
+    q.settle(c, 30, 100);
+    assert_eq!(q.attained("a", Priority::Standard), Some(130.0));
+    assert!(!q.has_queued_at_or_above(Priority::Sheddable));
+    push(&mut q, std_req("b"), "b1");
+    assert!(!q.has_queued_at_or_above(Priority::Critical));
+    assert!(q.has_queued_at_or_above(Priority::Standard));
+    assert!(q.has_queued_at_or_above(Priority::Sheddable));
+}
