@@ -175,6 +175,53 @@ pub enum ApiError {
         /// When the request would fit.
         retry_after: Duration,
     },
+    /// Flow control: the request waited in its priority band's queue for as long as
+    /// `flowControl.requestTtlMs` allows without a pod getting headroom.
+    #[error(
+        "the model `{model}` is saturated and the request waited {} ms in its queue without a pod getting headroom: retry after {} s",
+        waited.as_millis(),
+        retry_after_secs(*retry_after)
+    )]
+    QueueTtlExpired {
+        /// The requested model.
+        model: String,
+        /// How long it waited.
+        waited: Duration,
+        /// When to try again (the pool's estimated drain time).
+        retry_after: Duration,
+    },
+    /// Flow control: the pool is saturated and the request's band (or the whole queue) is at its
+    /// `flowControl` limit of requests or bytes.
+    #[error(
+        "the model `{model}` is saturated and its {priority} queue is full: retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    QueueFull {
+        /// The requested model.
+        model: String,
+        /// The request's priority band.
+        priority: &'static str,
+        /// When to try again (the pool's estimated drain time).
+        retry_after: Duration,
+    },
+    /// Flow control: a Sheddable request was taken out of the queue to make room for a
+    /// Critical or Standard one.
+    #[error(
+        "the model `{model}` is saturated and this sheddable request was evicted from its queue for a higher-priority one: retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    QueueEvicted {
+        /// The requested model.
+        model: String,
+        /// When to try again (the pool's estimated drain time).
+        retry_after: Duration,
+    },
+    /// Flow control: the pool had no endpoint for a request at admission or while it waited.
+    #[error("no ready endpoint serves the model `{model}`: the request was not queued")]
+    QueueNoEndpoints {
+        /// The requested model.
+        model: String,
+    },
     /// The caller is authenticated but may not call this model.
     #[error("tenant `{}` may not call the model `{}`", Echo(tenant), Echo(model))]
     Forbidden {
@@ -185,9 +232,10 @@ pub enum ApiError {
     },
 }
 
-/// Response header saying why a request was refused (e.g. `rejected-quota-tokens`), for the
-/// errors whose [`ApiError::reason`] is set. The name is the reference endpoint picker's (its
-/// flow control's `x-llm-d-request-dropped-reason`), so clients written for it read ours.
+/// Response header saying why a request was refused (e.g. `rejected-ttl-expired`,
+/// `rejected-quota-tokens`), for the errors whose [`ApiError::reason`] is set. The name and the
+/// flow-control values are the reference endpoint picker's (its flow control's
+/// `x-llm-d-request-dropped-reason`), so clients written for it read ours.
 pub const REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 
 /// The longest client-supplied value echoed in an error message, in characters; longer values
@@ -245,9 +293,13 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::Overloaded { .. }
             | ApiError::ConcurrencyLimit { .. }
-            | ApiError::QuotaExceeded { .. } => 429,
+            | ApiError::QuotaExceeded { .. }
+            | ApiError::QueueTtlExpired { .. }
+            | ApiError::QueueFull { .. }
+            | ApiError::QueueEvicted { .. } => 429,
             ApiError::UpstreamUnavailable { .. } => 502,
             ApiError::NoEndpoints { .. }
+            | ApiError::QueueNoEndpoints { .. }
             | ApiError::NoFreshEndpoints { .. }
             | ApiError::GatewayBusy { .. }
             | ApiError::BufferBudget { .. } => 503,
@@ -277,6 +329,10 @@ impl ApiError {
             ApiError::Unauthorized { .. } => "unauthorized",
             ApiError::Forbidden { .. } => "forbidden",
             ApiError::QuotaExceeded { .. } => "quota_exceeded",
+            ApiError::QueueTtlExpired { .. } => "queue_ttl_expired",
+            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::QueueEvicted { .. } => "queue_evicted",
+            ApiError::QueueNoEndpoints { .. } => "queue_no_endpoints",
         }
     }
 
@@ -285,6 +341,10 @@ impl ApiError {
         match self {
             ApiError::QuotaExceeded { kind: "tokens", .. } => Some("rejected-quota-tokens"),
             ApiError::QuotaExceeded { .. } => Some("rejected-quota-requests"),
+            ApiError::QueueTtlExpired { .. } => Some("rejected-ttl-expired"),
+            ApiError::QueueFull { .. } => Some("rejected-saturated"),
+            ApiError::QueueEvicted { .. } => Some("evicted-priority"),
+            ApiError::QueueNoEndpoints { .. } => Some("rejected-no-endpoints"),
             _ => None,
         }
     }
@@ -325,7 +385,10 @@ impl ApiError {
             | ApiError::NoFreshEndpoints { retry_after, .. }
             | ApiError::GatewayBusy { retry_after, .. }
             | ApiError::BufferBudget { retry_after }
-            | ApiError::QuotaExceeded { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            | ApiError::QuotaExceeded { retry_after, .. }
+            | ApiError::QueueTtlExpired { retry_after, .. }
+            | ApiError::QueueFull { retry_after, .. }
+            | ApiError::QueueEvicted { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             _ => None,
         }
     }
@@ -560,6 +623,56 @@ mod tests {
         };
         assert_eq!(e.reason(), Some("rejected-quota-tokens"));
         assert_eq!(ApiError::MissingModel.reason(), None);
+    }
+
+    #[test]
+    fn every_flow_control_outcome_has_its_status_reason_and_retry_after() {
+        let m = || "m".to_owned();
+        let d = Duration::from_millis(2500);
+        let cases = [
+            (
+                ApiError::QueueTtlExpired {
+                    model: m(),
+                    waited: Duration::from_secs(60),
+                    retry_after: d,
+                },
+                429,
+                "rejected-ttl-expired",
+                Some(3),
+            ),
+            (
+                ApiError::QueueFull {
+                    model: m(),
+                    priority: "standard",
+                    retry_after: d,
+                },
+                429,
+                "rejected-saturated",
+                Some(3),
+            ),
+            (
+                ApiError::QueueEvicted {
+                    model: m(),
+                    retry_after: d,
+                },
+                429,
+                "evicted-priority",
+                Some(3),
+            ),
+            (
+                ApiError::QueueNoEndpoints { model: m() },
+                503,
+                "rejected-no-endpoints",
+                None,
+            ),
+        ];
+        for (e, status, reason, retry) in cases {
+            assert_eq!(e.status(), status, "{e}");
+            assert_eq!(e.reason(), Some(reason), "{e}");
+            assert_eq!(e.retry_after_secs(), retry, "{e}");
+            assert_eq!(json(&e)["error"]["code"], e.metric_label());
+        }
+        assert_eq!(REASON_HEADER, "x-llm-d-request-dropped-reason");
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //!   port of the gateway, the picker, the BBR and the operator;
 //! - [`heartbeat`] — the heartbeat document (`/heartbeat` on the admin port): a small JSON status
 //!   per pool that the global router polls;
+//! - [`flow`] — flow control: requests wait in bounded per-priority queues while every pod is
+//!   saturated ([`flow::FlowController`]); [`tenant`] — a request's tenant and priority;
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
@@ -51,12 +53,14 @@ pub mod admin;
 pub mod error;
 pub mod heartbeat;
 pub mod histogram;
+pub mod flow;
 pub mod lifecycle;
 pub mod pods;
 pub mod quota;
 pub mod redis;
 pub mod tls;
 
+pub mod tenant;
 pub use error::PoolError;
 
 /// How a pool routes and how it watches its endpoints.
@@ -131,6 +135,9 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // every mutation it makes is a single counter or table update.
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
+    /// Notified when room may have freed up: an in-flight entry released, a metrics page
+    /// applied (flow control's wake-up; `notify_one`, so a wake-up is never lost).
+    changes: Arc<tokio::sync::Notify>,
 
 impl LivePool {
     /// Starts a pool with no endpoints. Must be called inside a tokio runtime (the scraper spawns
@@ -207,6 +214,8 @@ impl LivePool {
             if let Err(e) = applied {
                 // The endpoint left the pool while its scrape was in flight.
                 tracing::debug!(endpoint = %addr, error = %e, "update for a removed endpoint dropped");
+        let changes = Arc::new(tokio::sync::Notify::new());
+        let sink_changes = Arc::clone(&changes);
             }
         };
         let scraper = Scraper::spawn(config.scrape, clock, scrape_metrics, sink)?;
@@ -234,14 +243,17 @@ impl LivePool {
             }
         }
         {
+            drop(st);
             let mut st = lock(&self.shared.state);
             let leaving: Vec<SocketAddr> = st
                 .scheduler
                 .endpoints()
+            sink_changes.notify_one();
                 .map(|m| m.addr)
                 .filter(|a| !endpoints.iter().any(|e| e.addr == *a))
                 .collect();
             for addr in leaving {
+                changes,
                 st.scheduler.remove_endpoint(addr);
             }
             for e in &endpoints {
@@ -422,6 +434,12 @@ impl Inflight {
         }
     }
 
+    /// Notified whenever room may have freed up (an in-flight entry released, a metrics page
+    /// applied); flow control waits on it.
+    pub fn changes(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.shared.changes)
+    }
+
     /// The ranked endpoints: first choice, then fallbacks.
     pub fn endpoints(&self) -> &Ranked {
         &self.decision.endpoints
@@ -483,3 +501,6 @@ impl Drop for Inflight {
         }
     }
 }
+        self.pool.shared.changes.notify_one();
+        self.pool.shared.changes.notify_one();
+            self.pool.shared.changes.notify_one();

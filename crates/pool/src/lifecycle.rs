@@ -23,6 +23,12 @@
 //!    of [`ApiError::QuotaExceeded`]), and [`settle_quota`] corrects the token estimate to the
 //!    reported usage when the answer completes (`crate::quota`).
 //!
+//! 6. **Flow control**: [`admit`] instead of [`pick`] when the pool has a
+//!    [`FlowController`]: a request that finds every pod saturated waits in its priority band
+//!    ([`Admission::Queued`]) and [`poll_queued`] (or [`route`], its async form) routes it when
+//!    its turn comes, or answers the queue's rejection (TTL, full, evicted, no endpoints). The
+//!    attained-service charge is settled with the reported usage by [`settle_flow`].
+//!
 //! Each shell keeps only its protocol: the ext_proc stream (`picker/exchange.rs`) and the HTTP
 //! connection (`proxy.rs`, `body.rs`). Authentication, tenancy and flow control plug in here.
 
@@ -32,6 +38,7 @@ use bytes::Bytes;
 use infergate_openai::{ApiError, ParsedRequest, SseScanner, Usage, extract_usage};
 use infergate_scheduler::{Rejection, RequestContext};
 
+use crate::flow::{FlowCharge, FlowController, QueueRefused, Queued, Turn};
 use crate::quota::{QuotaTicket, Quotas};
 use crate::{Inflight, LivePool};
 
@@ -64,6 +71,12 @@ pub trait EndpointPool: Clone + Send + Sync + 'static {
         cx: &RequestContext<'_>,
     ) -> (Result<Self::Inflight, Rejection>, Option<String>) {
         (self.pick(cx), None)
+    }
+
+    /// Notified whenever room may have freed up (an in-flight request ended, a metrics page
+    /// arrived): flow control gives its queue's head a turn then. `None`: the pool says nothing.
+    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
     }
 }
 
@@ -99,6 +112,10 @@ impl EndpointPool for LivePool {
     ) -> (Result<Inflight, Rejection>, Option<String>) {
         let (picked, explanation) = LivePool::pick_explained(self, cx);
         (picked, Some(explanation.summary(EXPLAIN_CANDIDATES)))
+    }
+
+    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        Some(LivePool::changes(self))
     }
 }
 
@@ -354,6 +371,179 @@ pub fn admit_quota(
 pub fn settle_quota(ticket: Option<QuotaTicket>, ending: Ending, usage: &Usage) {
     if let (Some(t), Ending::Completed) = (ticket, ending) {
         t.settle(usage);
+    }
+}
+
+/// A request's part in flow control: its pool's controller, its tenant and its size.
+#[derive(Clone, Copy, Debug)]
+pub struct FlowPart<'a> {
+    /// The pool's controller.
+    pub flow: &'a FlowController,
+    /// The tenant (fairness id).
+    pub tenant: &'a str,
+    /// The request body's size, counted against the queues' byte limits.
+    pub bytes: u64,
+}
+
+impl FlowPart<'_> {
+    fn request<'b>(&'b self, cx: &RequestContext<'_>) -> infergate_scheduler::FlowRequest<'b> {
+        infergate_scheduler::FlowRequest::new(self.tenant, cx.priority, self.bytes)
+            .with_tokens(cx.prompt_tokens, cx.output_tokens)
+    }
+}
+
+/// A routed request's guard and flow-control charge, or the error answered instead.
+pub type Routed<G> = Result<(G, Option<FlowCharge>), ApiError>;
+
+/// What [`admit`] decided.
+#[derive(Debug)]
+pub enum Admission<G> {
+    /// Routed at once; the charge (with flow control) is settled by [`settle_flow`].
+    Routed(G, Option<FlowCharge>),
+    /// Waiting in the queues: drive it with [`poll_queued`].
+    Queued(Queued),
+    /// Answered with this error.
+    Refused(ApiError),
+}
+
+/// Picks for a request, or, with flow control (`flow`), queues it when every candidate is
+/// saturated (or when requests of its band or a higher one are already waiting). Without flow
+/// control this is [`pick`] and [`rejection_error`], exactly.
+pub fn admit<P: EndpointPool>(
+    pool: &P,
+    explain: bool,
+    cx: &RequestContext<'_>,
+    flow: Option<FlowPart<'_>>,
+    model: &str,
+) -> (Admission<P::Inflight>, Option<String>) {
+    let Some(part) = flow else {
+        let (picked, explanation) = pick(pool, explain, cx);
+        let admission = match picked {
+            Ok(g) => Admission::Routed(g, None),
+            Err(r) => Admission::Refused(rejection_error(r, model)),
+        };
+        return (admission, explanation);
+    };
+    let req = part.request(cx);
+    if part.flow.must_wait(cx.priority) {
+        return (enqueue(part.flow, req, None, model), None);
+    }
+    let cx = cx.with_queueing(true);
+    let (picked, explanation) = pick(pool, explain, &cx);
+    let admission = match picked {
+        Ok(g) => Admission::Routed(g, Some(part.flow.charge(&req))),
+        Err(Rejection::Shed { retry_after }) => enqueue(part.flow, req, Some(retry_after), model),
+        Err(Rejection::NoEndpoints) => Admission::Refused(ApiError::QueueNoEndpoints {
+            model: model.to_owned(),
+        }),
+        Err(r @ Rejection::Unavailable { .. }) => Admission::Refused(rejection_error(r, model)),
+    };
+    (admission, explanation)
+}
+
+fn enqueue<G>(
+    flow: &FlowController,
+    req: infergate_scheduler::FlowRequest<'_>,
+    retry_after: Option<std::time::Duration>,
+    model: &str,
+) -> Admission<G> {
+    match flow.enqueue(req, retry_after) {
+        Ok(q) => Admission::Queued(q),
+        Err(QueueRefused(_)) => Admission::Refused(ApiError::QueueFull {
+            model: model.to_owned(),
+            priority: req.priority.as_str(),
+            retry_after: flow.retry_after(),
+        }),
+    }
+}
+
+/// Drives a queued request (`queued`, taken when it leaves): on its turn, picks with `cx`;
+/// ready with the route, or with the queue's rejection. Dropping `queued` removes the request.
+pub fn poll_queued<P: EndpointPool>(
+    pool: &P,
+    queued: &mut Option<Queued>,
+    cx: &RequestContext<'_>,
+    model: &str,
+    task: &mut std::task::Context<'_>,
+) -> std::task::Poll<Routed<P::Inflight>> {
+    use std::task::Poll;
+    let cx = cx.with_queueing(true);
+    loop {
+        let Some(q) = queued.as_mut() else {
+            return Poll::Ready(Err(ApiError::QueueNoEndpoints {
+                model: model.to_owned(),
+            }));
+        };
+        let turn = match q.poll_turn(task) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(t) => t,
+        };
+        let retry_after = q.retry_after();
+        match turn {
+            Turn::Try => match pool.pick(&cx) {
+                Ok(g) => {
+                    let charge = queued.take().and_then(Queued::dispatched);
+                    return Poll::Ready(Ok((g, charge)));
+                }
+                Err(Rejection::Shed { retry_after }) => q.still_saturated(retry_after),
+                Err(r) => {
+                    if let Some(q) = queued.take() {
+                        q.no_endpoints();
+                    }
+                    let e = match r {
+                        Rejection::NoEndpoints => ApiError::QueueNoEndpoints {
+                            model: model.to_owned(),
+                        },
+                        other => rejection_error(other, model),
+                    };
+                    return Poll::Ready(Err(e));
+                }
+            },
+            Turn::Expired(waited) => {
+                queued.take();
+                return Poll::Ready(Err(ApiError::QueueTtlExpired {
+                    model: model.to_owned(),
+                    waited,
+                    retry_after,
+                }));
+            }
+            Turn::Evicted(_) => {
+                queued.take();
+                return Poll::Ready(Err(ApiError::QueueEvicted {
+                    model: model.to_owned(),
+                    retry_after,
+                }));
+            }
+        }
+    }
+}
+
+/// [`admit`], then waits in the queue when it said so: the async form for shells that can
+/// await (the gateway). Dropping the future removes a queued request at once.
+pub async fn route<P: EndpointPool>(
+    pool: &P,
+    explain: bool,
+    cx: &RequestContext<'_>,
+    flow: Option<FlowPart<'_>>,
+    model: &str,
+) -> (Routed<P::Inflight>, Option<String>) {
+    let (admission, explanation) = admit(pool, explain, cx, flow, model);
+    let routed = match admission {
+        Admission::Routed(g, charge) => Ok((g, charge)),
+        Admission::Refused(e) => Err(e),
+        Admission::Queued(q) => {
+            let mut queued = Some(q);
+            std::future::poll_fn(|task| poll_queued(pool, &mut queued, cx, model, task)).await
+        }
+    };
+    (routed, explanation)
+}
+
+/// Corrects a flow-control charge once the answer has ended as [`finish`] said: a completed
+/// answer counts the tokens it reported; any other ending keeps the estimate.
+pub fn settle_flow(charge: Option<FlowCharge>, ending: Ending, usage: &Usage) {
+    if let (Some(c), Ending::Completed) = (charge, ending) {
+        c.settle(&scheduler_usage(usage));
     }
 }
 

@@ -1,0 +1,148 @@
+use std::time::Duration;
+
+use infergate_scheduler::Priority;
+use infergate_scheduler::flow::{FlowConfig, FlowRequest};
+use prometheus_client::registry::Registry;
+
+use super::*;
+
+fn controller(f: impl FnOnce(&mut FlowConfig)) -> (FlowController, Registry) {
+    let mut cfg = FlowConfig {
+        enabled: true,
+        ..FlowConfig::default()
+    };
+    f(&mut cfg);
+    let mut registry = Registry::default();
+    let metrics = FlowMetrics::register(&mut registry);
+    let c = FlowController::new(
+        "p",
+        cfg,
+        Tenancy::default(),
+        Clock::starting_now(),
+        &metrics,
+    );
+    (c, registry)
+}
+
+fn req(tenant: &str, p: Priority) -> FlowRequest<'_> {
+    FlowRequest::new(tenant, p, 100)
+}
+
+fn text(r: &Registry) -> String {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, r).unwrap();
+    s
+}
+
+/// Polls once: `Some` when ready.
+fn poll(q: &mut Queued) -> Option<Turn> {
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    match q.poll_turn(&mut cx) {
+        Poll::Ready(t) => Some(t),
+        Poll::Pending => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_head_gets_the_turn_and_passes_it_on_when_dispatched() {
+    let (c, registry) = controller(|_| {});
+    let mut a = c.enqueue(req("a", Priority::Standard), None).unwrap();
+    let mut b = c.enqueue(req("b", Priority::Standard), None).unwrap();
+    let mut crit = c.enqueue(req("b", Priority::Critical), None).unwrap();
+    // `a` was the head when it arrived: its turn is out; nobody else has one.
+    assert_eq!(poll(&mut a), Some(Turn::Try));
+    assert_eq!(poll(&mut b), None);
+    assert_eq!(poll(&mut crit), None);
+    // Still saturated: no new turn until something frees room.
+    a.still_saturated(Duration::from_secs(2));
+    assert_eq!(poll(&mut crit), None);
+    c.kick();
+    // The Critical request is the head now.
+    assert_eq!(poll(&mut crit), Some(Turn::Try));
+    assert!(crit.dispatched().is_some());
+    // Dispatching passes the turn straight on.
+    assert_eq!(poll(&mut a), Some(Turn::Try));
+    assert!(a.dispatched().is_some());
+    assert_eq!(poll(&mut b), Some(Turn::Try));
+    assert_eq!(c.queued(), 1);
+    let m = text(&registry);
+    assert!(
+        m.contains(r#"flow_requests_total{pool="p",priority="critical",tenant="other",outcome="dispatched"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 1"#),
+        "{m}"
+    );
+    assert_eq!(c.retry_after(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_during_a_turn_gives_the_head_another_turn_at_once() {
+    let (c, _r) = controller(|_| {});
+    let mut a = c.enqueue(req("a", Priority::Standard), None).unwrap();
+    assert_eq!(poll(&mut a), Some(Turn::Try));
+    // Room freed while `a` was picking: its "still saturated" is stale, so it tries again.
+    c.kick();
+    a.still_saturated(Duration::from_secs(1));
+    assert_eq!(poll(&mut a), Some(Turn::Try));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_queued_request_removes_it_and_passes_its_turn_on() {
+    let (c, registry) = controller(|_| {});
+    let a = c.enqueue(req("a", Priority::Standard), None).unwrap();
+    let mut b = c.enqueue(req("b", Priority::Standard), None).unwrap();
+    assert_eq!(c.queued(), 2);
+    drop(a);
+    assert_eq!(c.queued(), 1);
+    assert_eq!(poll(&mut b), Some(Turn::Try));
+    drop(b);
+    assert_eq!(c.queued(), 0);
+    let m = text(&registry);
+    assert!(
+        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 0"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"flow_requests_total{pool="p",priority="standard",tenant="other",outcome="rejected-context-cancelled"} 2"#),
+        "{m}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ttl_fires_on_its_own_timer() {
+    let (c, registry) = controller(|cfg| cfg.request_ttl = Duration::from_millis(500));
+    let mut a = c.enqueue(req("a", Priority::Standard), None).unwrap();
+    assert_eq!(a.turn().await, Turn::Try);
+    a.still_saturated(Duration::from_secs(1));
+    let started = Instant::now();
+    let t = a.turn().await;
+    assert_eq!(t, Turn::Expired(Duration::from_millis(500)));
+    assert_eq!(started.elapsed(), Duration::from_millis(500));
+    assert_eq!(c.queued(), 0);
+    drop(a);
+    let m = text(&registry);
+    assert!(
+        m.contains(r#"flow_requests_total{pool="p",priority="standard",tenant="other",outcome="rejected-ttl-expired"} 1"#),
+        "{m}"
+    );
+    assert!(!m.contains("rejected-context-cancelled"), "{m}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_evicts_a_sheddable_waiter_and_tells_it() {
+    let (c, _r) = controller(|cfg| cfg.max_requests = 2);
+    let mut s = c.enqueue(req("a", Priority::Sheddable), None).unwrap();
+    let _n = c.enqueue(req("a", Priority::Standard), None).unwrap();
+    assert_eq!(
+        c.enqueue(req("b", Priority::Sheddable), None).unwrap_err(),
+        QueueRefused(Refusal::QueueFull)
+    );
+    tokio::time::advance(Duration::from_millis(30)).await;
+    let _crit = c.enqueue(req("b", Priority::Critical), None).unwrap();
+    assert_eq!(poll(&mut s), Some(Turn::Evicted(Duration::from_millis(30))));
+    assert_eq!(c.queued_in(Priority::Sheddable), 0);
+    assert_eq!(c.queued(), 2);
+}
