@@ -113,7 +113,13 @@ pub async fn serve(
     connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
     connector.set_nodelay(true);
     let client: Client =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector.clone());
+    // Heartbeats go over a new connection each time: a gateway whose listeners are gone but
+    // whose open connections still answer (a process half way through dying) must fail its
+    // heartbeat, and the fetch then times a real round trip, connect included.
+    let poll_client: Client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(connector);
     let clusters: Vec<Arc<Cluster>> = (0..config.clusters.len())
         .map(|i| Arc::new(Cluster::new(&config, i)))
         .collect();
@@ -136,7 +142,7 @@ pub async fn serve(
         .map(|c| {
             tokio::spawn(cluster::poll(
                 Arc::clone(c),
-                shared.client.clone(),
+                poll_client.clone(),
                 (*telemetry).clone(),
                 hb.interval(),
                 hb.discovery_interval(),

@@ -1,0 +1,231 @@
+//! Local "clusters" for the global router's tests: each a real infergate gateway
+//! (`infergate_proxy::serve_workers`) in front of its own emulated fleet (`infergate_sim`), and
+//! a load generator that records which cluster answered each request.
+#![allow(dead_code, reason = "each test binary uses part of the helpers")]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// One cluster: an emulated fleet and the gateway in front of it.
+pub struct TestCluster {
+    pub name: String,
+    pub fleet: ServedFleet,
+    _fleet_stop: oneshot::Sender<()>,
+    gateway: Option<(Gateway, oneshot::Sender<()>)>,
+    config: String,
+    pub http: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl TestCluster {
+    /// `pods` pods of `profile` serving `llama`, behind a gateway on port 0.
+    pub async fn start(name: &str, profile: &str, pods: usize, seed: u64) -> TestCluster {
+        let mut spec = format!("seed: {seed}\npods:\n");
+        for i in 0..pods {
+            spec.push_str(&format!(
+                "  - {{ name: {name}-{i}, profile: {profile}, engine: vllm, served_model_name: llama }}\n"
+            ));
+        }
+        let spec = FleetSpec::from_yaml(&spec).unwrap();
+        let (fleet_stop, rx) = oneshot::channel::<()>();
+        let fleet = serve_fleet(&spec, async move {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        let mut config = String::from(
+            "auth: none\nmodels:\n  - name: llama\n    scheduler: { preset: infergate }\n    endpoints:\n",
+        );
+        for (pod, addr) in fleet.addrs() {
+            config.push_str(&format!(
+                "      - {{ address: {addr}, name: {pod}, engine: vllm }}\n"
+            ));
+        }
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let mut c = TestCluster {
+            name: name.to_owned(),
+            fleet,
+            _fleet_stop: fleet_stop,
+            gateway: None,
+            config,
+            http: local,
+            admin: local,
+        };
+        c.start_gateway(local, local).await;
+        c
+    }
+
+    async fn start_gateway(&mut self, http: SocketAddr, admin: SocketAddr) {
+        let config = GatewayConfig::from_yaml(&self.config).unwrap();
+        // A restarted gateway rebinds the ports the router knows; the old sockets may linger
+        // for a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let listeners = loop {
+            match WorkerListeners::bind(http, Some(admin), 1) {
+                Ok(l) => break l,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "rebinding {http}: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let (stop, rx) = oneshot::channel::<()>();
+        let gw = serve_workers(config, listeners, async move {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        self.http = gw.http_addr();
+        self.admin = gw.admin_addr().unwrap();
+        self.gateway = Some((gw, stop));
+    }
+
+    /// Stops the gateway (its listeners close; the fleet keeps running).
+    pub async fn kill(&mut self) {
+        if let Some((gw, stop)) = self.gateway.take() {
+            let _ = stop.send(());
+            gw.wait().await;
+        }
+    }
+
+    /// Starts the gateway again on the same ports.
+    pub async fn restart(&mut self) {
+        self.start_gateway(self.http, self.admin).await;
+    }
+
+    /// Sets every pod's `/metrics` fault: `Missing` makes them stale to the gateway while the
+    /// gateway itself keeps answering (a gray failure).
+    pub fn set_metrics(&self, fault: MetricsFault) {
+        for p in &self.fleet.pods {
+            p.handle.set_faults(Faults {
+                metrics: fault,
+                ..p.handle.faults()
+            });
+        }
+    }
+
+    /// The router's cluster entry for this cluster.
+    pub fn entry(&self, region: &str, input: f64, output: f64) -> String {
+        format!(
+            "  - {{ name: {}, url: 'http://{}', heartbeatUrl: 'http://{}/heartbeat', region: {region}, cost: {{ inputPerMillion: {input}, outputPerMillion: {output} }} }}\n",
+            self.name, self.http, self.admin
+        )
+    }
+}
+
+/// One request's outcome as the client saw it.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// When it was sent, since the load started.
+    pub at: Duration,
+    /// The status (`None`: the connection broke, which the router only lets happen after the
+    /// answer started streaming).
+    pub status: Option<u16>,
+    /// `x-infergate-cluster`.
+    pub cluster: Option<String>,
+    /// Time to the whole answer.
+    pub latency: Duration,
+    /// Whether the SSE stream ended with `[DONE]`.
+    pub complete: bool,
+}
+
+/// Closed-loop load: `clients` tasks each sending streamed chat requests one after another
+/// until `stop` is set.
+pub struct Load {
+    pub outcomes: Arc<Mutex<Vec<Outcome>>>,
+    pub start: Instant,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+pub const CHAT: &str = r#"{"model":"llama","max_tokens":8,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Tell me a short story about a lighthouse keeper and the sea."}]}"#;
+
+impl Load {
+    pub fn start(router: SocketAddr, clients: usize, pause: Duration, body: &'static str) -> Load {
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let start = Instant::now();
+        let tasks = (0..clients)
+            .map(|_| {
+                let (outcomes, stop) = (Arc::clone(&outcomes), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let sent = Instant::now();
+                        let r = infergate_testkit::try_post(
+                            router,
+                            "/v1/chat/completions",
+                            "application/json",
+                            body,
+                        )
+                        .await;
+                        let o = match r {
+                            Ok(r) => Outcome {
+                                at: sent - start,
+                                status: Some(r.status.as_u16()),
+                                cluster: r.header("x-infergate-cluster").map(str::to_owned),
+                                latency: sent.elapsed(),
+                                complete: r.text().contains("data: [DONE]"),
+                            },
+                            Err(_) => Outcome {
+                                at: sent - start,
+                                status: None,
+                                cluster: None,
+                                latency: sent.elapsed(),
+                                complete: false,
+                            },
+                        };
+                        outcomes.lock().unwrap().push(o);
+                        if !pause.is_zero() {
+                            tokio::time::sleep(pause).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            outcomes,
+            start,
+            stop,
+            tasks,
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    pub async fn stop(self) -> Vec<Outcome> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let mut v = self.outcomes.lock().unwrap().clone();
+        v.sort_by_key(|o| o.at);
+        v
+    }
+}
+
+/// A counter's value in a Prometheus page (0 when absent).
+pub fn counter(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Waits until `admin`'s `/readyz` answers 200.
+pub async fn wait_ready(admin: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while infergate_testkit::try_get(admin, "/readyz")
+        .await
+        .map_or(true, |r| r.status != 200)
+    {
+        assert!(Instant::now() < deadline, "{admin} never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
