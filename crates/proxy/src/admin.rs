@@ -35,6 +35,11 @@ pub(crate) fn encode_metrics(
         encode_registry(&mut text, &model.backend.registry)?;
         merged.add(&text);
     }
+    if let Some(registry) = state.quotas.as_ref().and_then(|q| q.registry()) {
+        text.clear();
+        encode_registry(&mut text, registry)?;
+        merged.add(&text);
+    }
     let mut out = merged.into_text();
     encode_eof(&mut out)?;
     Ok(out)

@@ -24,6 +24,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use infergate_pool::lifecycle::{self, Ending, ResponseWatch};
+use infergate_pool::quota::QuotaTicket;
 use tokio::time::{Instant, Sleep};
 
 use crate::backend::Inflight;
@@ -106,6 +107,8 @@ pub struct Tracked {
     /// timer per request would cost an allocation and two timer-wheel updates for nothing.
     idle_timer: Option<Pin<Box<Sleep>>>,
     done: bool,
+    /// The tenant's quota charge (`quotas:`).
+    quota: Option<QuotaTicket>,
 }
 
 /// What a [`Tracked`] body is made of: the upstream answer and the request's state.
@@ -130,6 +133,8 @@ pub(crate) struct Upstream {
     pub(crate) started: Instant,
     /// Longest wait for the next body bytes.
     pub(crate) idle: Duration,
+    /// The tenant's quota charge, corrected to the reported usage at the end.
+    pub(crate) quota: Option<QuotaTicket>,
 }
 
 impl Tracked {
@@ -148,6 +153,8 @@ impl Tracked {
             last_frame: Instant::now(),
             idle_timer: None,
             done: false,
+            // An answer is on its way: the request counts against the quota from here.
+            quota: up.quota.map(QuotaTicket::commit),
         }
     }
 
@@ -168,11 +175,12 @@ impl Tracked {
         let Some(inflight) = self.inflight.take() else {
             return;
         };
-        if let (Ending::Completed, usage) =
-            lifecycle::finish(inflight, self.status.as_u16(), ok, &mut self.watch)
-        {
+        let (ending, usage) =
+            lifecycle::finish(inflight, self.status.as_u16(), ok, &mut self.watch);
+        if ending == Ending::Completed {
             self.model.metrics.tokens(&usage);
         }
+        lifecycle::settle_quota(self.quota.take(), ending, &usage);
     }
 
     fn poll_frame(

@@ -18,6 +18,10 @@
 //!     scheduler: { preset: infergate }
 //!     limits: { maxConcurrentRequests: 64 }   # overrides the default above for this model
 //!     endpoints: [127.0.0.1:8001, { address: 127.0.0.1:8002, name: pod-b, gpu: a10g }]
+//! quotas:                      # per-tenant limits (see `infergate_pool::quota::spec`)
+//!   default: { requestsPerMinute: 60 }
+//!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
+//!   redis: { address: 127.0.0.1:6379, syncIntervalMs: 100 }   # shared across replicas
 //! ```
 //!
 //! Validation happens while the file is read, so every error names the field's path *and* its
@@ -29,6 +33,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use infergate_openai::ModelRouter;
+use infergate_pool::quota::QuotasSpec;
 use infergate_scheduler::{EngineType, SchedulerConfig};
 use serde::Deserialize;
 
@@ -78,6 +83,9 @@ pub struct GatewayConfig {
     pub tls: Option<ListenerTls>,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,
+    /// Per-tenant request and token quotas, optionally shared through Redis
+    /// (`infergate_pool::quota`); `None`: no quotas.
+    pub quotas: Option<QuotasSpec>,
 }
 
 /// How long a client turned away by a model's `maxConcurrentRequests` is told to wait
@@ -427,6 +435,8 @@ struct RawGateway {
     #[serde(default)]
     tls: Option<ListenerTls>,
     models: Vec<ModelConfig>,
+    #[serde(default)]
+    quotas: Option<QuotasSpec>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -463,6 +473,9 @@ impl TryFrom<RawGateway> for GatewayConfig {
                 .add_model(&m.name, &m.lora_adapters, ())
                 .map_err(|e| format!("`models`: {e}"))?;
         }
+        if let Some(q) = &r.quotas {
+            q.to_config()?;
+        }
         Ok(GatewayConfig {
             listen: r.listen,
             admin: r.admin,
@@ -476,6 +489,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             auth,
             tls: r.tls,
             models: r.models,
+            quotas: r.quotas,
         })
     }
 }

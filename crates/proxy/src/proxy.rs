@@ -19,6 +19,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use infergate_openai::{ApiError, ApiKind, parse_request};
 use infergate_pool::lifecycle::{self, Segments, rejection_error};
+use infergate_pool::quota::QuotaTicket;
 use tokio::time::Instant;
 
 use crate::auth::Identity;
@@ -249,6 +250,8 @@ struct Routed {
     streaming: bool,
     /// The decision's summary, when the request asked for it and the gateway allows it.
     explanation: Option<HeaderValue>,
+    /// The tenant's quota charge, corrected to the reported usage when the answer ends.
+    quota: Option<QuotaTicket>,
 }
 
 /// Parses the body, resolves the model, takes its concurrency slot and picks (the shared
@@ -258,6 +261,9 @@ fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<Header
     let resolved = state.router.resolve(&parsed.model).map_err(|e| (e, None))?;
     a.identity
         .may_call(&parsed.model, resolved.base_model)
+        .map_err(|e| (e, None))?;
+    // Before any slot is taken: a tenant over its quota costs the pool nothing.
+    let quota = lifecycle::admit_quota(state.quotas.as_ref(), &a.identity.tenant, &parsed)
         .map_err(|e| (e, None))?;
     let model = Arc::clone(resolved.target);
     let permit = match &model.concurrency {
@@ -296,6 +302,7 @@ fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<Header
             permit,
             inflight,
             explanation,
+            quota,
         }),
         Err(r) => Err((rejection_error(r, &model.name), explanation)),
     }
@@ -327,6 +334,7 @@ async fn forward(
         mut inflight,
         streaming,
         explanation,
+        quota,
     } = routed;
     let path_and_query = parts
         .uri
@@ -428,6 +436,7 @@ async fn forward(
             sse,
             started,
             idle: timeouts.idle,
+            quota,
         });
         let r = Response::from_parts(rparts, ResponseBody::Stream(Box::new(tracked)));
         return with_explanation(r, explanation.as_ref());
@@ -526,6 +535,12 @@ pub(crate) fn error_response(
     );
     if let Some(secs) = err.retry_after_secs() {
         h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if let Some(reason) = err.reason() {
+        h.insert(
+            HeaderName::from_static(infergate_openai::REASON_HEADER),
+            HeaderValue::from_static(reason),
+        );
     }
     if let Some(challenge) = err.www_authenticate() {
         h.insert(

@@ -82,6 +82,9 @@ pub(crate) struct State {
     pub(crate) models_body: Bytes,
     /// Who may call, kept across reloads that leave `auth:` unchanged (with its cached keys).
     pub(crate) auth: Arc<Authenticator>,
+    /// The `quotas:` service, kept with its counts across reloads that leave `quotas:`
+    /// unchanged.
+    pub(crate) quotas: Option<infergate_pool::quota::Quotas>,
 }
 
 #[derive(Serialize)]
@@ -109,6 +112,20 @@ fn endpoint_headers(addrs: &[SocketAddr]) -> HashMap<SocketAddr, EndpointHeaders
             Some((*a, EndpointHeaders { authority, header }))
         })
         .collect()
+}
+
+/// Starts the `quotas:` service (validated with the configuration).
+fn start_quotas(
+    spec: &infergate_pool::quota::QuotasSpec,
+) -> Result<infergate_pool::quota::Quotas, Error> {
+    let invalid = |e: String| {
+        Error::Config(crate::error::ConfigError::Invalid {
+            source: <serde_yaml::Error as serde::de::Error>::custom(e),
+        })
+    };
+    let config = spec.to_config().map_err(invalid)?;
+    infergate_pool::quota::Quotas::start_with_registry(config)
+        .map_err(|e| invalid(format!("`quotas`: {e}")))
 }
 
 impl State {
@@ -176,11 +193,17 @@ impl State {
             Some(p) => Arc::clone(&p.auth),
             None => Arc::new(Authenticator::new(&config.auth)?),
         };
+        let quotas = match (&config.quotas, previous) {
+            (None, _) => None,
+            (Some(spec), Some(p)) if p.config.quotas.as_ref() == Some(spec) => p.quotas.clone(),
+            (Some(spec), _) => Some(start_quotas(spec)?),
+        };
         Ok(State {
             config,
             router,
             models_body,
             auth,
+            quotas,
         })
     }
 
