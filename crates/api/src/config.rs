@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 use crate::status::InferenceGatewayConfigStatus;
 use crate::validation;
 
+mod quotas;
+
+pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec};
+
 /// Desired state of an infergate gateway.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -55,6 +59,10 @@ pub struct InferenceGatewayConfigSpec {
     /// One endpoint picker (and InferencePool, HTTPRoute) per model. Between 1 and 100.
     #[schemars(length(max = 100))]
     pub schedulers: Vec<SchedulerSpec>,
+    /// Per-tenant request and token quotas, enforced by every endpoint picker (shared through
+    /// Redis when `redis` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<QuotasSpec>,
 }
 
 /// The body-based router.
