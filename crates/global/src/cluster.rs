@@ -194,9 +194,19 @@ impl Cluster {
         )
     }
 
-    /// What routing needs for `model` at `now`: `None` when the cluster does not serve it;
-    /// else the share and the estimated TTFT (ms, round trip included).
-    pub(crate) fn view(&self, model: &str, now: Instant) -> Option<(f64, f64)> {
+    /// What routing needs for `model` at `now`, for a request of `prompt_tokens`: `None` when
+    /// the cluster does not serve it; else the share and the estimated TTFT (ms, round trip
+    /// included).
+    ///
+    /// The heartbeat's estimate is for a typical request of
+    /// [`TYPICAL_PROMPT_TOKENS`](infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS); it is scaled
+    /// to this request's prompt (queue and prefill both grow with the prompts the pods learned
+    /// their rates from). The router's own measurements of streamed answers from the cluster in
+    /// the last few heartbeat intervals, when there are any, win: they see what the heartbeat
+    /// cannot (batching, prefix-cache hits, the network, the gateway itself). A cluster that
+    /// stops getting traffic because it was slow is judged by its heartbeat again once its
+    /// measurements have aged out.
+    pub(crate) fn view(&self, model: &str, now: Instant, prompt_tokens: f64) -> Option<(f64, f64)> {
         let st = lock(&self.state);
         let entry = st.models.get(model)?;
         let weight = match entry.health.state(now) {
@@ -204,17 +214,17 @@ impl Cluster {
             State::Drained(_) => 0.0,
         };
         let rtt = st.rtt_ms.unwrap_or(0.0);
-        let heartbeat = entry.estimate_ms.map(|e| e + rtt);
+        let scale = prompt_tokens.max(1.0) / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
+        let heartbeat = entry.estimate_ms.map(|e| e * scale + rtt);
         let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
         let observed = st
             .observed_ttft
             .filter(|(_, at)| now.saturating_duration_since(*at) <= window)
             .map(|(v, _)| v);
-        let estimate = match (heartbeat, observed) {
-            (Some(h), Some(o)) => h.max(o),
-            (Some(v), None) | (None, Some(v)) => v,
-            (None, None) => rtt,
-        };
+        // A fresh measurement wins: the heartbeat's figure is a model (learned per uncached
+        // token, so a prefix-cached workload makes it pessimistic), the measurement is this
+        // router's own requests, network and gateway included.
+        let estimate = observed.or(heartbeat).unwrap_or(rtt);
         Some((weight, estimate))
     }
 
@@ -346,7 +356,7 @@ impl Cluster {
 
     /// The current weight of `model` (tests and the admin port).
     pub(crate) fn weight(&self, model: &str, at: Instant) -> f64 {
-        self.view(model, at).map_or(0.0, |(w, _)| w)
+        self.view(model, at, 1.0).map_or(0.0, |(w, _)| w)
     }
 
     /// Applies a heartbeat fetched in `rtt`.

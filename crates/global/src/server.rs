@@ -422,7 +422,7 @@ async fn route_request(
     let at = now();
     let mut candidates: Vec<Candidate> = Vec::with_capacity(shared.clusters.len());
     for (index, c) in shared.clusters.iter().enumerate().take(MAX_CLUSTERS) {
-        if let Some((weight, ttft_ms)) = c.view(model, at) {
+        if let Some((weight, ttft_ms)) = c.view(model, at, prompt) {
             candidates.push(Candidate {
                 index,
                 weight,

@@ -131,6 +131,8 @@ pub struct Outcome {
     pub cluster: Option<String>,
     /// Time to the whole answer.
     pub latency: Duration,
+    /// Time to the first SSE event carrying generated text.
+    pub ttft: Option<Duration>,
     /// Whether the SSE stream ended with `[DONE]`.
     pub complete: bool,
 }
@@ -148,35 +150,43 @@ pub const CHAT: &str = r#"{"model":"llama","max_tokens":8,"stream":true,"stream_
 
 impl Load {
     pub fn start(router: SocketAddr, clients: usize, pause: Duration, body: &'static str) -> Load {
+        Self::start_with(router, clients, pause, Arc::new(move |_| body.to_owned()))
+    }
+
+    /// As [`Load::start`], with each request's body made by `body` from a sequence number.
+    pub fn start_with(
+        router: SocketAddr,
+        clients: usize,
+        pause: Duration,
+        body: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    ) -> Load {
+        let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let outcomes = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let start = Instant::now();
         let tasks = (0..clients)
             .map(|_| {
                 let (outcomes, stop) = (Arc::clone(&outcomes), Arc::clone(&stop));
+                let (body, seq) = (Arc::clone(&body), Arc::clone(&seq));
                 tokio::spawn(async move {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let sent = Instant::now();
-                        let r = infergate_testkit::try_post(
-                            router,
-                            "/v1/chat/completions",
-                            "application/json",
-                            body,
-                        )
-                        .await;
-                        let o = match r {
-                            Ok(r) => Outcome {
+                        let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let o = match stream_chat(router, body(n)).await {
+                            Some((status, cluster, ttft, complete)) => Outcome {
                                 at: sent - start,
-                                status: Some(r.status.as_u16()),
-                                cluster: r.header("x-infergate-cluster").map(str::to_owned),
+                                status: Some(status),
+                                cluster,
                                 latency: sent.elapsed(),
-                                complete: r.text().contains("data: [DONE]"),
+                                ttft,
+                                complete,
                             },
-                            Err(_) => Outcome {
+                            None => Outcome {
                                 at: sent - start,
                                 status: None,
                                 cluster: None,
                                 latency: sent.elapsed(),
+                                ttft: None,
                                 complete: false,
                             },
                         };
@@ -209,6 +219,70 @@ impl Load {
         v.sort_by_key(|o| o.at);
         v
     }
+}
+
+/// One streamed chat request on a new HTTP/1.1 connection: status, `x-infergate-cluster`,
+/// time to the first generated text, and whether the stream ended with `[DONE]`. `None` when
+/// the connection failed or broke off.
+pub async fn stream_chat(
+    router: SocketAddr,
+    body: String,
+) -> Option<(u16, Option<String>, Option<Duration>, bool)> {
+    use http_body_util::BodyExt;
+    let sent = Instant::now();
+    let work = async move {
+        let tcp = tokio::net::TcpStream::connect(router).await.ok()?;
+        let (mut tx, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .ok()?;
+        tokio::spawn(conn);
+        let req = http::Request::post("/v1/chat/completions")
+            .header("host", router.to_string())
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .ok()?;
+        let resp = tx.send_request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        let cluster = resp
+            .headers()
+            .get("x-infergate-cluster")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let mut body = resp.into_body();
+        let mut ttft = None;
+        let mut text = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.ok()?;
+            if let Some(d) = frame.data_ref() {
+                text.extend_from_slice(d);
+                if ttft.is_none() && memchr_content(&text) {
+                    ttft = Some(sent.elapsed());
+                }
+            }
+        }
+        let complete = String::from_utf8_lossy(&text).contains("data: [DONE]");
+        Some((status, cluster, ttft, complete))
+    };
+    tokio::time::timeout(Duration::from_secs(30), work)
+        .await
+        .ok()?
+}
+
+/// Whether an SSE event carried generated text (the first event's `"content":""` does not).
+fn memchr_content(text: &[u8]) -> bool {
+    text.windows(12)
+        .any(|w| &w[..11] == br#""content":""# && w[11] != b'"')
+}
+
+/// The `q` quantile of `values` (nearest rank).
+pub fn quantile(values: &mut [Duration], q: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    values.sort();
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
 }
 
 /// A counter's value in a Prometheus page (0 when absent).
