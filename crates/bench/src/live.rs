@@ -306,6 +306,7 @@ async fn run_one(
         per_pod_requests: per_pod,
         ttft_cdf: cdf,
         load,
+        flow: None,
     })
 }
 

@@ -14,8 +14,11 @@ use crate::scenario::Scenario;
 use crate::simulate::LoadSeries;
 use crate::stats::{Percentiles, Spread};
 
+pub mod flow;
 mod markdown;
 mod svg;
+
+pub use flow::{BaselineRun, FlowReport, FlowRun, GroupStats, RejectStats, StaleStats};
 
 /// One panel of [`time_series_svg`]: a title, the values' unit, and named `(seconds, value)`
 /// series.
@@ -97,6 +100,9 @@ pub struct RunResult {
     pub ttft_cdf: Vec<f64>,
     /// Per-pod load over time (first seed only).
     pub load: Option<LoadSeries>,
+    /// Flow-control figures (scenarios with a `flow:` section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowRun>,
 }
 
 /// The clairvoyant floor for one seed's arrivals.
@@ -175,6 +181,9 @@ pub struct Report {
     pub summary: Vec<PolicySummary>,
     /// The `infergate` policy against the scenario's targets.
     pub verdicts: Vec<Verdict>,
+    /// Flow-control comparison (scenarios with a `flow:` section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowReport>,
 }
 
 fn change(new: f64, base: f64) -> f64 {
@@ -258,6 +267,7 @@ impl Report {
             floors,
             summary,
             verdicts,
+            flow: None,
         }
     }
 
@@ -271,9 +281,14 @@ impl Report {
         markdown::render(self)
     }
 
-    /// The comparison table alone (for the terminal).
+    /// The comparison table alone (for the terminal), and the flow-control tables.
     pub fn table(&self) -> String {
-        markdown::table(self)
+        let mut t = markdown::table(self);
+        if let Some(f) = &self.flow {
+            t.push('\n');
+            t.push_str(&flow::markdown(&self.scenario, f));
+        }
+        t
     }
 
     /// TTFT CDF per policy (first seed), as SVG.

@@ -23,7 +23,8 @@
 
 use std::path::Path;
 
-use infergate_scheduler::Preset;
+use infergate_scheduler::flow::FlowConfig;
+use infergate_scheduler::{Preset, Priority, Thresholds};
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec};
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +58,147 @@ pub struct Scenario {
     /// Policies compared (scheduler presets). Round-robin is the baseline of the report.
     #[serde(default = "default_policies")]
     pub policies: Vec<Preset>,
+    /// Windows of virtual time in which the pool's metric snapshots stop refreshing while the
+    /// pods keep serving (scrapes connect and hang), e.g. `[{ from_s: 20, to_s: 50 }]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale: Vec<StaleWindow>,
+    /// Flow control compared (scenarios with tenants): each router preset of `policies` runs
+    /// once per flow-control policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowBench>,
+}
+
+/// A window in which no scrape returns a page.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaleWindow {
+    /// Start (s of virtual time).
+    pub from_s: f64,
+    /// End (s); the first scrape at or after it returns a page again.
+    pub to_s: f64,
+}
+
+impl StaleWindow {
+    /// Whether `t` is in the window.
+    pub fn contains(&self, t: f64) -> bool {
+        (self.from_s..self.to_s).contains(&t)
+    }
+}
+
+/// A flow-control policy of the comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlowPolicy {
+    /// No queue: every request is picked (routed or shed) the moment it arrives, as today.
+    None,
+    /// Like the reference picker's defaults: one global-strict FCFS queue per band, dispatch
+    /// while the saturation detector (queue depth 5, KV cache 80% on scraped metrics, no
+    /// in-flight accounting) finds a pod with headroom, and a pool whose metrics are older than
+    /// 200 ms counts as saturated (fail-closed: dispatch stops).
+    Reference,
+    /// infergate's: `flow.config` (fairness between tenants, priorities, TTL, bounds), queueing
+    /// when the scheduler finds every candidate saturated (its thresholds, with in-flight
+    /// accounting); stale metrics handled by the scheduler's `staleMetrics` (fail-open).
+    Infergate,
+}
+
+impl FlowPolicy {
+    /// The name used in scenario files and reports.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FlowPolicy::None => "none",
+            FlowPolicy::Reference => "reference",
+            FlowPolicy::Infergate => "infergate",
+        }
+    }
+}
+
+/// The flow-control comparison of a scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlowBench {
+    /// Policies compared, in table order.
+    pub policies: Vec<FlowPolicy>,
+    /// infergate's queues: the gateway's `flowControl:` section (camelCase keys, as in the
+    /// gateway file; `enabled` is implied). The reference-like policy uses the same TTL and
+    /// bounds with global-strict fairness and FCFS.
+    pub config: FlowConfig,
+    /// The router's saturation thresholds in this scenario (default: the preset's): where
+    /// infergate's flow control starts queueing, and its admission starts shedding.
+    pub saturation: Option<Thresholds>,
+    /// The reference-like saturation detector.
+    pub reference: ReferenceGate,
+    /// What the `infergate` flow policy is held to.
+    pub targets: FlowTargets,
+}
+
+impl Default for FlowBench {
+    fn default() -> Self {
+        FlowBench {
+            policies: vec![
+                FlowPolicy::None,
+                FlowPolicy::Reference,
+                FlowPolicy::Infergate,
+            ],
+            config: FlowConfig {
+                enabled: true,
+                ..FlowConfig::default()
+            },
+            saturation: None,
+            reference: ReferenceGate::default(),
+            targets: FlowTargets::default(),
+        }
+    }
+}
+
+/// The reference picker's saturation detector, as modelled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReferenceGate {
+    /// A pod is saturated at this many waiting requests (scraped).
+    pub queue_depth: u32,
+    /// ... or at this KV-cache use.
+    pub kv_cache: f64,
+    /// Metrics older than this (ms) make a pod count as saturated.
+    pub staleness_ms: f64,
+}
+
+impl Default for ReferenceGate {
+    fn default() -> Self {
+        ReferenceGate {
+            queue_depth: 5,
+            kv_cache: 0.8,
+            staleness_ms: 200.0,
+        }
+    }
+}
+
+/// Targets of a flow-control scenario (for the `infergate` flow policy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlowTargets {
+    /// This tenant's TTFT P99 at most `max_ratio` × its P99 with the other tenants absent.
+    pub isolation: Option<IsolationTarget>,
+    /// Critical TTFT P99 at most this multiple of its value with only Critical traffic.
+    pub critical_vs_unloaded: Option<f64>,
+    /// Sheddable rejected before (and more than) Standard, Standard before Critical.
+    pub shed_order: bool,
+    /// Queue lengths and waits within the configured limits and TTL, every request answered.
+    pub bounded: bool,
+    /// Dispatch continues while metrics are stale, with the TTFT P99 of requests arriving in
+    /// the stale windows at most this multiple of the direct path's (round-robin, no gateway
+    /// logic) on the same arrivals.
+    pub stale_vs_direct: Option<f64>,
+}
+
+/// See [`FlowTargets::isolation`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IsolationTarget {
+    /// The quiet tenant.
+    pub tenant: String,
+    /// Largest allowed ratio.
+    pub max_ratio: f64,
 }
 
 /// Figures published by the study a scenario reproduces (percent change against round-robin).
@@ -152,6 +294,100 @@ pub struct Workload {
     /// Priority mix (the rest is Standard).
     #[serde(default)]
     pub priorities: Option<PriorityMix>,
+    /// Tenants, each with its own arrivals, priorities and request shapes. Empty: one tenant
+    /// (`default`) sends the whole workload, exactly as before tenants existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSpec>,
+}
+
+/// One tenant of a shared pool. Unset fields take the workload's.
+///
+/// ```yaml
+/// tenants:
+///   - { name: quiet, share: 0.5 }                  # half of workload.arrival's rate
+///   - name: noisy
+///     arrival: { kind: bursty, base_rate: 2, burst_rate: 20, burst_s: 10, period_s: 60 }
+///     priority: sheddable
+///     output_tokens: { dist: fixed, value: 64 }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    /// Name, as the gateway's tenant (an auth identity or the fairness-id header).
+    pub name: String,
+    /// Fraction of `workload.arrival`'s rates this tenant sends (ignored with `arrival`).
+    #[serde(default = "one_f64")]
+    pub share: f64,
+    /// The tenant's own arrival process (absolute rates), instead of a share of the workload's.
+    #[serde(default)]
+    pub arrival: Option<ArrivalProcess>,
+    /// Every request of the tenant has this priority (instead of a mix).
+    #[serde(default)]
+    pub priority: Option<Priority>,
+    /// Priority mix of the tenant's requests (default: the workload's).
+    #[serde(default)]
+    pub priorities: Option<PriorityMix>,
+    /// Prompt length (default: the workload's).
+    #[serde(default)]
+    pub prompt_tokens: Option<LengthDist>,
+    /// Output length (default: the workload's).
+    #[serde(default)]
+    pub output_tokens: Option<LengthDist>,
+}
+
+impl ArrivalProcess {
+    /// The process with every rate multiplied by `factor`.
+    pub fn scaled(&self, factor: f64) -> ArrivalProcess {
+        let mut p = self.clone();
+        p.scale(factor);
+        p
+    }
+
+    /// Multiplies every rate by `factor`.
+    pub fn scale(&mut self, factor: f64) {
+        match self {
+            ArrivalProcess::Poisson { rate } => *rate *= factor,
+            ArrivalProcess::Bursty {
+                base_rate,
+                burst_rate,
+                ..
+            } => {
+                *base_rate *= factor;
+                *burst_rate *= factor;
+            }
+            ArrivalProcess::Ramp { from_rate, to_rate } => {
+                *from_rate *= factor;
+                *to_rate *= factor;
+            }
+        }
+    }
+}
+
+impl Workload {
+    /// The longest prompt and output any request (of any tenant) can have.
+    pub fn max_lengths(&self) -> (u32, u32) {
+        let prefix = self.prefix.as_ref().map_or(0, |p| p.tokens);
+        let mut prompt = self.prompt_tokens.max();
+        let mut output = self.output_tokens.max();
+        for t in &self.tenants {
+            if let Some(d) = &t.prompt_tokens {
+                prompt = prompt.max(d.max());
+            }
+            if let Some(d) = &t.output_tokens {
+                output = output.max(d.max());
+            }
+        }
+        (prompt.saturating_add(prefix), output)
+    }
+
+    /// Tenant names in order: the configured ones, or `default` alone.
+    pub fn tenant_names(&self) -> Vec<String> {
+        if self.tenants.is_empty() {
+            vec!["default".to_owned()]
+        } else {
+            self.tenants.iter().map(|t| t.name.clone()).collect()
+        }
+    }
 }
 
 /// When requests arrive.
@@ -284,6 +520,10 @@ fn one() -> u32 {
     1
 }
 
+fn one_f64() -> f64 {
+    1.0
+}
+
 fn default_seeds() -> Vec<u64> {
     vec![1, 2, 3]
 }
@@ -359,43 +599,7 @@ impl Scenario {
                 format!("must be in (0, 86400], got {}", w.duration_s),
             );
         }
-        let rates: &[(&str, f64)] = match &w.arrival {
-            ArrivalProcess::Poisson { rate } => &[("rate", *rate)],
-            ArrivalProcess::Bursty {
-                base_rate,
-                burst_rate,
-                burst_s,
-                period_s,
-            } => {
-                if !(period_s.is_finite() && *period_s > 0.0) {
-                    return bad(
-                        "workload.arrival.period_s",
-                        format!("must be > 0, got {period_s}"),
-                    );
-                }
-                if !(burst_s.is_finite() && *burst_s > 0.0 && burst_s <= period_s) {
-                    return bad(
-                        "workload.arrival.burst_s",
-                        format!("must be in (0, period_s], got {burst_s}"),
-                    );
-                }
-                &[("base_rate", *base_rate), ("burst_rate", *burst_rate)]
-            }
-            ArrivalProcess::Ramp { from_rate, to_rate } => {
-                &[("from_rate", *from_rate), ("to_rate", *to_rate)]
-            }
-        };
-        for (f, r) in rates {
-            if !(r.is_finite() && *r >= 0.0 && *r <= 1e6) {
-                return bad(
-                    &format!("workload.arrival.{f}"),
-                    format!("must be a rate in [0, 1e6] requests/s, got {r}"),
-                );
-            }
-        }
-        if rates.iter().all(|(_, r)| *r == 0.0) {
-            return bad("workload.arrival", "has no positive rate".into());
-        }
+        check_arrival(&w.arrival).or_else(|(f, r)| bad(&format!("workload.arrival{f}"), r))?;
         for (field, d) in [
             ("workload.prompt_tokens", &w.prompt_tokens),
             ("workload.output_tokens", &w.output_tokens),
@@ -428,13 +632,43 @@ impl Scenario {
             }
         }
         if let Some(p) = &w.priorities {
-            fraction(p.critical).or_else(|r| bad("workload.priorities.critical", r))?;
-            fraction(p.sheddable).or_else(|r| bad("workload.priorities.sheddable", r))?;
-            if p.critical + p.sheddable > 1.0 {
+            check_mix(p).or_else(|(f, r)| bad(&format!("workload.priorities{f}"), r))?;
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for (i, t) in w.tenants.iter().enumerate() {
+            let at = |f: &str| format!("workload.tenants[{i}].{f}");
+            if t.name.is_empty() || names.contains(&t.name.as_str()) {
                 return bad(
-                    "workload.priorities",
-                    "critical + sheddable must not exceed 1".into(),
+                    &at("name"),
+                    format!("must be non-empty and unique, got {:?}", t.name),
                 );
+            }
+            names.push(&t.name);
+            if !(t.share.is_finite() && t.share > 0.0 && t.share <= 1e6) {
+                return bad(
+                    &at("share"),
+                    format!("must be in (0, 1e6], got {}", t.share),
+                );
+            }
+            if let Some(a) = &t.arrival {
+                check_arrival(a).or_else(|(f, r)| bad(&format!("{}{f}", at("arrival")), r))?;
+            }
+            for (f, d) in [
+                ("prompt_tokens", &t.prompt_tokens),
+                ("output_tokens", &t.output_tokens),
+            ] {
+                if let Some(d) = d {
+                    check_dist(d).or_else(|(sub, r)| bad(&format!("{}.{sub}", at(f)), r))?;
+                }
+            }
+            if let Some(p) = &t.priorities {
+                check_mix(p).or_else(|(f, r)| bad(&format!("{}{f}", at("priorities")), r))?;
+                if t.priority.is_some() {
+                    return bad(
+                        &at("priorities"),
+                        "give either priority or priorities".into(),
+                    );
+                }
             }
         }
         let s = &self.scrape;
@@ -446,6 +680,81 @@ impl Scenario {
         }
         if !(s.lag_ms.is_finite() && s.lag_ms >= 0.0) {
             return bad("scrape.lag_ms", format!("must be >= 0, got {}", s.lag_ms));
+        }
+        for (i, win) in self.stale.iter().enumerate() {
+            if !(win.from_s.is_finite()
+                && win.to_s.is_finite()
+                && 0.0 <= win.from_s
+                && win.from_s < win.to_s)
+            {
+                return bad(
+                    &format!("stale[{i}]"),
+                    format!(
+                        "must have 0 <= from_s < to_s, got {} .. {}",
+                        win.from_s, win.to_s
+                    ),
+                );
+            }
+        }
+        if let Some(f) = &self.flow {
+            if f.policies.is_empty() {
+                return bad("flow.policies", "must list at least one policy".into());
+            }
+            if let Err(e) = f.config.validate() {
+                return bad("flow.config", e.to_string());
+            }
+            let r = &f.reference;
+            if !(r.kv_cache > 0.0 && r.kv_cache <= 1.0) {
+                return bad(
+                    "flow.reference.kv_cache",
+                    format!("must be in (0, 1], got {}", r.kv_cache),
+                );
+            }
+            if !(r.staleness_ms.is_finite() && r.staleness_ms > 0.0) {
+                return bad(
+                    "flow.reference.staleness_ms",
+                    format!("must be > 0, got {}", r.staleness_ms),
+                );
+            }
+            if let Some(t) = f.saturation
+                && !(t.kv_cache > 0.0 && t.kv_cache <= 1.0)
+            {
+                return bad(
+                    "flow.saturation.kvCache",
+                    format!("must be in (0, 1], got {}", t.kv_cache),
+                );
+            }
+            let t = &f.targets;
+            if let Some(iso) = &t.isolation {
+                if !w.tenant_names().contains(&iso.tenant) {
+                    return bad(
+                        "flow.targets.isolation.tenant",
+                        format!("names {:?}, which is not a tenant", iso.tenant),
+                    );
+                }
+                if !(iso.max_ratio.is_finite() && iso.max_ratio >= 1.0) {
+                    return bad(
+                        "flow.targets.isolation.max_ratio",
+                        format!("must be >= 1, got {}", iso.max_ratio),
+                    );
+                }
+            }
+            for (field, v) in [
+                ("flow.targets.critical_vs_unloaded", t.critical_vs_unloaded),
+                ("flow.targets.stale_vs_direct", t.stale_vs_direct),
+            ] {
+                if let Some(v) = v
+                    && !(v.is_finite() && v >= 1.0)
+                {
+                    return bad(field, format!("must be >= 1, got {v}"));
+                }
+            }
+            if t.stale_vs_direct.is_some() && self.stale.is_empty() {
+                return bad(
+                    "flow.targets.stale_vs_direct",
+                    "needs at least one stale window".into(),
+                );
+            }
         }
         if self.seeds.is_empty() {
             return bad("seeds", "must list at least one seed".into());
@@ -479,19 +788,10 @@ impl Scenario {
 
     /// Multiplies every arrival rate by `factor` (a load sweep on one scenario).
     pub fn scale_load(&mut self, factor: f64) {
-        match &mut self.workload.arrival {
-            ArrivalProcess::Poisson { rate } => *rate *= factor,
-            ArrivalProcess::Bursty {
-                base_rate,
-                burst_rate,
-                ..
-            } => {
-                *base_rate *= factor;
-                *burst_rate *= factor;
-            }
-            ArrivalProcess::Ramp { from_rate, to_rate } => {
-                *from_rate *= factor;
-                *to_rate *= factor;
+        self.workload.arrival.scale(factor);
+        for t in &mut self.workload.tenants {
+            if let Some(a) = &mut t.arrival {
+                a.scale(factor);
             }
         }
     }
@@ -540,21 +840,20 @@ impl Scenario {
                 field: "fleet".to_owned(),
                 source,
             })?;
-        let max_prompt = self.workload.prompt_tokens.max()
-            + self.workload.prefix.as_ref().map_or(0, |p| p.tokens);
+        let (max_prompt, max_output) = self.workload.max_lengths();
         for (i, g) in self.fleet.iter().enumerate() {
             if let Ok(p) = catalog.get(&g.profile) {
                 let limit = p
                     .max_model_len
                     .min(u32::try_from(p.kv_capacity_tokens).unwrap_or(u32::MAX));
-                if max_prompt.saturating_add(self.workload.output_tokens.max()) > limit {
+                if max_prompt.saturating_add(max_output) > limit {
                     return Err(BenchError::Invalid {
                         origin: origin.to_owned(),
                         field: format!("fleet[{i}].profile"),
                         reason: format!(
                             "{} holds at most {limit} tokens per request, but the workload's prompts and outputs reach {}",
                             g.profile,
-                            max_prompt.saturating_add(self.workload.output_tokens.max())
+                            max_prompt.saturating_add(max_output)
                         ),
                     });
                 }
@@ -562,6 +861,58 @@ impl Scenario {
         }
         Ok(spec)
     }
+}
+
+/// Checks an arrival process; the error's field is relative (`.rate`, `.burst_s`, or empty).
+fn check_arrival(a: &ArrivalProcess) -> Result<(), (String, String)> {
+    let rates: &[(&str, f64)] = match a {
+        ArrivalProcess::Poisson { rate } => &[("rate", *rate)],
+        ArrivalProcess::Bursty {
+            base_rate,
+            burst_rate,
+            burst_s,
+            period_s,
+        } => {
+            if !(period_s.is_finite() && *period_s > 0.0) {
+                return Err((".period_s".into(), format!("must be > 0, got {period_s}")));
+            }
+            if !(burst_s.is_finite() && *burst_s > 0.0 && burst_s <= period_s) {
+                return Err((
+                    ".burst_s".into(),
+                    format!("must be in (0, period_s], got {burst_s}"),
+                ));
+            }
+            &[("base_rate", *base_rate), ("burst_rate", *burst_rate)]
+        }
+        ArrivalProcess::Ramp { from_rate, to_rate } => {
+            &[("from_rate", *from_rate), ("to_rate", *to_rate)]
+        }
+    };
+    for (f, r) in rates {
+        if !(r.is_finite() && *r >= 0.0 && *r <= 1e6) {
+            return Err((
+                format!(".{f}"),
+                format!("must be a rate in [0, 1e6] requests/s, got {r}"),
+            ));
+        }
+    }
+    if rates.iter().all(|(_, r)| *r == 0.0) {
+        return Err((String::new(), "has no positive rate".into()));
+    }
+    Ok(())
+}
+
+/// Checks a priority mix; the error's field is relative.
+fn check_mix(p: &PriorityMix) -> Result<(), (String, String)> {
+    fraction(p.critical).map_err(|r| (".critical".to_owned(), r))?;
+    fraction(p.sheddable).map_err(|r| (".sheddable".to_owned(), r))?;
+    if p.critical + p.sheddable > 1.0 {
+        return Err((
+            String::new(),
+            "critical + sheddable must not exceed 1".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn check_dist(d: &LengthDist) -> Result<(), (&'static str, String)> {

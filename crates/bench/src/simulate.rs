@@ -10,8 +10,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use infergate_scheduler::{
-    CacheConfig, EndpointMeta, EngineType, LoraState, MetricsSnapshot, RequestContext, Scheduler,
-    SchedulerConfig, Ticket, Timestamp, Usage,
+    CacheConfig, Decision, EndpointMeta, EngineType, LoraState, MetricsSnapshot, RequestContext,
+    Scheduler, SchedulerConfig, ScrapeState, Ticket, Timestamp, Usage,
 };
 use std::collections::VecDeque;
 
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::BenchError;
 use crate::progress::Progress;
 use crate::report::{FloorResult, PodInfo, Report, RunResult};
-use crate::scenario::Scenario;
+use crate::scenario::{Scenario, StaleWindow};
 use crate::stats::{Percentiles, quantile};
 use crate::workload::{self, Arrival};
 
@@ -48,6 +48,9 @@ pub fn run(
     origin: &str,
     progress: &mut dyn Progress,
 ) -> Result<Report, BenchError> {
+    if scenario.flow.is_some() {
+        return flow::run(scenario, origin, progress);
+    }
     let catalog = infergate_sim::Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
     let adapters: Vec<Arc<str>> = scenario
@@ -178,7 +181,23 @@ struct Sim<'a> {
     last_done: f64,
     load: Option<LoadSeries>,
     next_sample: f64,
+    /// Windows in which scrapes return no page.
+    stale: Vec<StaleWindow>,
+    /// This gateway's requests in flight per pod.
+    inflight: Vec<u32>,
+    /// Requests sent to each pod since its visible snapshot was sampled.
+    since_scrape: Vec<u32>,
+    /// The visible snapshot of each pod: (sampled at, waiting, KV-cache use).
+    seen: Vec<Option<(f64, u32, f64)>>,
+    /// Per request: (TTFT from its arrival, served tokens: prompt + output), once completed.
+    served: Vec<Option<(f64, u64)>>,
+    /// Requests completed since the caller last cleared it.
+    just_completed: Vec<(u64, u32, u32)>,
 }
+
+/// How long the scraper keeps a pod whose scrape is connected but unanswered routed on its last
+/// page (`ScraperConfig::max_late`'s default) before it fails it.
+const MAX_LATE_S: f64 = 20.0;
 
 impl Sim<'_> {
     /// Feeds the scheduler the newest scrape visible at the current time.
@@ -188,15 +207,94 @@ impl Sim<'_> {
         while self.scrapes.front().is_some_and(|(at, _, _)| *at <= now) {
             newest = self.scrapes.pop_front();
         }
-        let Some((_, sampled_at, views)) = newest else {
-            return;
-        };
-        for (i, view) in views.iter().enumerate() {
-            let snap = snapshot(self.kinds[i], view, sampled_at, &mut self.counters[i]);
-            // Snapshots come from the simulator's own numbers, which are always finite; a
-            // refused snapshot would only leave the previous one in place.
-            let _ = self.sched.apply_metrics(pod_addr(i), snap);
+        if let Some((_, sampled_at, views)) = newest {
+            for (i, view) in views.iter().enumerate() {
+                let snap = snapshot(self.kinds[i], view, sampled_at, &mut self.counters[i]);
+                // Snapshots come from the simulator's own numbers, which are always finite; a
+                // refused snapshot would only leave the previous one in place.
+                let _ = self.sched.apply_metrics(pod_addr(i), snap);
+                self.seen[i] = Some((sampled_at, view.waiting, view.kv_usage));
+                self.since_scrape[i] = 0;
+            }
         }
+        if self.stale.is_empty() {
+            return;
+        }
+        // A scrape overdue by more than an interval is hanging (connected, no page): the
+        // scraper reports the pod late (routed on its last page), then failed after
+        // `MAX_LATE_S`. What the scheduler does with a failed pod that still answers is its
+        // `staleMetrics` setting.
+        let overdue = 2.0 * self.interval + self.lag;
+        for i in 0..self.seen.len() {
+            let age = self.seen[i].map_or(f64::INFINITY, |(at, _, _)| now - at);
+            let state = if age <= overdue {
+                continue;
+            } else if age <= MAX_LATE_S {
+                ScrapeState::Late
+            } else {
+                ScrapeState::Failed
+            };
+            let _ = self.sched.set_scrape_state(pod_addr(i), state);
+        }
+    }
+
+    /// Applies a scrape of the idle fleet taken at time 0, so the first arrivals meet a pool
+    /// with metrics (a gateway that has been running), not one that has none yet.
+    fn prime(&mut self) {
+        let mut v = EngineView::default();
+        for i in 0..self.kinds.len() {
+            let _ = self.fleet.view_into(i, &mut v);
+            let snap = snapshot(self.kinds[i], &v, 0.0, &mut self.counters[i]);
+            let _ = self.sched.apply_metrics(pod_addr(i), snap);
+            self.seen[i] = Some((0.0, v.waiting, v.kv_usage));
+        }
+    }
+
+    /// Age of the newest visible snapshot of pod `i` (infinite before the first).
+    fn metrics_age(&self, i: usize) -> f64 {
+        self.seen[i].map_or(f64::INFINITY, |(at, _, _)| self.fleet.now() - at)
+    }
+
+    /// Sends `a` to the first endpoint of `decision` that accepts it (fallbacks as the gateway's
+    /// retry). False when none did (the ticket is then failed).
+    fn place(
+        &mut self,
+        a: &Arrival,
+        decision: &Decision,
+        text: &Arc<str>,
+        lora: Option<&Arc<str>>,
+    ) -> Result<bool, BenchError> {
+        let n = self.kinds.len();
+        let now = self.fleet.now();
+        for (j, addr) in decision.endpoints.iter().enumerate() {
+            let Some(pod) = (0..n).find(|&i| pod_addr(i) == *addr) else {
+                continue;
+            };
+            if j > 0 && !self.sched.reassign(decision.ticket, *addr) {
+                continue;
+            }
+            let req = Request {
+                id: a.id,
+                arrival: now.max(a.at),
+                prompt: Prompt::Text(text.clone()),
+                max_tokens: a.output_tokens,
+                lora: lora.cloned(),
+            };
+            match self.fleet.submit(pod, req) {
+                Ok(()) => {
+                    if let Some(t) = self.tickets.get_mut(a.id as usize) {
+                        *t = Some(decision.ticket);
+                    }
+                    self.inflight[pod] += 1;
+                    self.since_scrape[pod] += 1;
+                    return Ok(true);
+                }
+                Err(SimError::Rejected(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.sched.fail(decision.ticket, ts(now));
+        Ok(false)
     }
 
     /// Tells the scheduler about first tokens and completions, in time order, and records them.
@@ -228,9 +326,24 @@ impl Sim<'_> {
                     output_tokens: c.output_tokens,
                 },
             );
-            self.ttft.push(c.ttft());
+            // From the request's own arrival: with flow control it may have waited in the
+            // gateway's queue before it was sent.
+            let arrived = self.arrivals.get(c.id as usize).map_or(c.arrival, |a| a.at);
+            let ttft = c.first_token - arrived;
+            self.ttft.push(ttft);
             self.itl.push(c.mean_itl());
-            self.e2e.push(c.last_token - c.arrival);
+            self.e2e.push(c.last_token - arrived);
+            if let Some(slot) = self.served.get_mut(c.id as usize) {
+                *slot = Some((
+                    ttft,
+                    u64::from(c.prompt_tokens) + u64::from(c.output_tokens),
+                ));
+            }
+            if let Some(n) = self.inflight.get_mut(c.pod as usize) {
+                *n = n.saturating_sub(1);
+            }
+            self.just_completed
+                .push((c.id, c.prompt_tokens, c.output_tokens));
             if let Some(n) = self.per_pod.get_mut(c.pod as usize) {
                 *n += 1;
             }
@@ -269,7 +382,10 @@ impl Sim<'_> {
                         v
                     })
                     .collect();
-                self.scrapes.push_back((next + self.lag, next, views));
+                // In a stale window the scrape hangs: no page reaches the gateway.
+                if !self.stale.iter().any(|w| w.contains(next)) {
+                    self.scrapes.push_back((next + self.lag, next, views));
+                }
                 self.next_scrape += self.interval;
             }
             if next == sample
@@ -287,20 +403,15 @@ impl Sim<'_> {
     }
 }
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one private call site; a struct would only rename them"
-)]
-fn run_one(
+/// A fresh fleet and scheduler for one run.
+fn setup<'a>(
     scenario: &Scenario,
     spec: &FleetSpec,
-    adapters: &[Arc<str>],
     cfg: SchedulerConfig,
-    arrivals: &[Arrival],
-    seed: u64,
+    arrivals: &'a [Arrival],
     record_load: bool,
-    progress: &mut dyn Progress,
-) -> Result<RunResult, BenchError> {
+    stale: &[StaleWindow],
+) -> Result<Sim<'a>, BenchError> {
     let policy = cfg.preset.as_str().to_owned();
     let mut sched = Scheduler::new(cfg).map_err(|source| BenchError::Scheduler {
         policy: policy.clone(),
@@ -320,14 +431,9 @@ fn run_one(
     fleet.record_first_tokens(true);
     let interval = scenario.scrape.interval_ms / 1e3;
     let lag = scenario.scrape.lag_ms / 1e3;
-    let model = spec
-        .pods
-        .first()
-        .map(|p| p.model.clone())
-        .unwrap_or_default();
     let n = spec.pods.len();
     let every_s = (scenario.workload.duration_s / 300.0).max(0.25);
-    let mut sim = Sim {
+    Ok(Sim {
         fleet,
         sched,
         kinds: spec.pods.iter().map(|p| p.engine).collect(),
@@ -351,7 +457,70 @@ fn run_one(
             pods: vec![Vec::new(); n],
         }),
         next_sample: 0.0,
-    };
+        stale: stale.to_vec(),
+        inflight: vec![0; n],
+        since_scrape: vec![0; n],
+        seen: vec![None; n],
+        served: vec![None; arrivals.len()],
+        just_completed: Vec::new(),
+    })
+}
+
+/// The model name every request asks for (the pool's).
+fn model_of(spec: &FleetSpec) -> Arc<str> {
+    spec.pods
+        .first()
+        .map(|p| p.model.clone())
+        .unwrap_or_default()
+}
+
+/// The run's figures, once the fleet is idle.
+fn finish(mut sim: Sim<'_>, policy: String, seed: u64, rejected: u64, errors: u64) -> RunResult {
+    let arrivals = sim.arrivals;
+    let completed = sim.ttft.len() as u64;
+    let first_arrival = arrivals.first().map_or(0.0, |a| a.at);
+    let span = (sim.last_done - first_arrival).max(1e-9);
+    let mut ttft = std::mem::take(&mut sim.ttft);
+    let ttft_p = Percentiles::of(&mut ttft);
+    let cdf = (1..=CDF_POINTS)
+        .map(|i| quantile(&ttft, i as f64 / CDF_POINTS as f64))
+        .collect();
+    RunResult {
+        policy,
+        seed,
+        requests: arrivals.len() as u64,
+        completed,
+        rejected,
+        errors,
+        ttft: ttft_p,
+        itl: Percentiles::of(&mut sim.itl),
+        e2e: Percentiles::of(&mut sim.e2e),
+        requests_per_s: completed as f64 / span,
+        output_tokens_per_s: sim.output_tokens as f64 / span,
+        per_pod_requests: sim.per_pod,
+        ttft_cdf: cdf,
+        load: sim.load,
+        flow: None,
+    }
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one private call site; a struct would only rename them"
+)]
+fn run_one(
+    scenario: &Scenario,
+    spec: &FleetSpec,
+    adapters: &[Arc<str>],
+    cfg: SchedulerConfig,
+    arrivals: &[Arrival],
+    seed: u64,
+    record_load: bool,
+    progress: &mut dyn Progress,
+) -> Result<RunResult, BenchError> {
+    let policy = cfg.preset.as_str().to_owned();
+    let mut sim = setup(scenario, spec, cfg, arrivals, record_load, &scenario.stale)?;
+    let model = model_of(spec);
     // Every policy draws its random choices from the same seed.
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x7363_6865_645f_726e);
     let (mut rejected, mut errors) = (0u64, 0u64);
@@ -370,36 +539,7 @@ fn run_one(
         match sim.sched.pick(&cx, ts(a.at), &mut rng) {
             Err(_) => rejected += 1,
             Ok(decision) => {
-                let mut placed = false;
-                for (j, addr) in decision.endpoints.iter().enumerate() {
-                    let Some(pod) = (0..n).find(|&i| pod_addr(i) == *addr) else {
-                        continue;
-                    };
-                    if j > 0 && !sim.sched.reassign(decision.ticket, *addr) {
-                        continue;
-                    }
-                    let req = Request {
-                        id: a.id,
-                        arrival: a.at,
-                        prompt: Prompt::Text(text.clone()),
-                        max_tokens: a.output_tokens,
-                        lora: lora.cloned(),
-                    };
-                    match sim.fleet.submit(pod, req) {
-                        Ok(()) => {
-                            placed = true;
-                            break;
-                        }
-                        Err(SimError::Rejected(_)) => continue,
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                if placed {
-                    if let Some(t) = sim.tickets.get_mut(a.id as usize) {
-                        *t = Some(decision.ticket);
-                    }
-                } else {
-                    sim.sched.fail(decision.ticket, ts(a.at));
+                if !sim.place(a, &decision, &text, lora)? {
                     errors += 1;
                 }
             }
@@ -411,30 +551,7 @@ fn run_one(
         sim.advance(t);
     }
     sim.absorb();
-    let completed = sim.ttft.len() as u64;
-    let first_arrival = arrivals.first().map_or(0.0, |a| a.at);
-    let span = (sim.last_done - first_arrival).max(1e-9);
-    let mut ttft = std::mem::take(&mut sim.ttft);
-    let ttft_p = Percentiles::of(&mut ttft);
-    let cdf = (1..=CDF_POINTS)
-        .map(|i| quantile(&ttft, i as f64 / CDF_POINTS as f64))
-        .collect();
-    Ok(RunResult {
-        policy,
-        seed,
-        requests: arrivals.len() as u64,
-        completed,
-        rejected,
-        errors,
-        ttft: ttft_p,
-        itl: Percentiles::of(&mut sim.itl),
-        e2e: Percentiles::of(&mut sim.e2e),
-        requests_per_s: completed as f64 / span,
-        output_tokens_per_s: sim.output_tokens as f64 / span,
-        per_pod_requests: sim.per_pod,
-        ttft_cdf: cdf,
-        load: sim.load,
-    })
+    Ok(finish(sim, policy, seed, rejected, errors))
 }
 
 /// The clairvoyant floor: each request's uncached prefill on the pod that does it fastest, with
@@ -465,6 +582,8 @@ pub fn floor(spec: &FleetSpec, arrivals: &[Arrival], seed: u64) -> FloorResult {
         ttft: Percentiles::of(&mut v),
     }
 }
+
+mod flow;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use infergate_scheduler::Priority;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::scenario::{ArrivalProcess, LengthDist, Workload};
+use crate::scenario::{ArrivalProcess, LengthDist, PriorityMix, Workload};
 
 /// One generated request.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,11 +28,85 @@ pub struct Arrival {
     pub lora: Option<u16>,
     /// Priority.
     pub priority: Priority,
+    /// Index of the tenant that sent it (into `workload.tenants`; 0 = `default` without tenants).
+    pub tenant: u16,
 }
 
 /// Generates the arrivals of `workload` for `seed`.
+///
+/// Without tenants this is one stream (tenant 0, `default`). With tenants, each draws from a
+/// stream of its own (seeded by the seed and the tenant's index), so removing a tenant leaves
+/// the others' arrivals exactly as they were (the "alone" baselines rely on it); the streams are
+/// merged in time order and numbered.
 pub fn generate(workload: &Workload, seed: u64) -> Vec<Arrival> {
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0x6265_6e63_685f_776c);
+    let base = Stream {
+        arrival: &workload.arrival,
+        prompt_tokens: &workload.prompt_tokens,
+        output_tokens: &workload.output_tokens,
+        priority: None,
+        priorities: workload.priorities.as_ref(),
+        tenant: 0,
+    };
+    if workload.tenants.is_empty() {
+        let mut rng = SmallRng::seed_from_u64(seed ^ SEED_SALT);
+        return stream(workload, &base, &mut rng);
+    }
+    let mut out = Vec::new();
+    for (k, t) in workload.tenants.iter().enumerate() {
+        let scaled = t
+            .arrival
+            .is_none()
+            .then(|| workload.arrival.scaled(t.share));
+        let s = Stream {
+            arrival: t
+                .arrival
+                .as_ref()
+                .or(scaled.as_ref())
+                .unwrap_or(&workload.arrival),
+            prompt_tokens: t.prompt_tokens.as_ref().unwrap_or(&workload.prompt_tokens),
+            output_tokens: t.output_tokens.as_ref().unwrap_or(&workload.output_tokens),
+            priority: t.priority,
+            priorities: t.priorities.as_ref().or(workload.priorities.as_ref()),
+            tenant: u16::try_from(k).unwrap_or(u16::MAX),
+        };
+        let salt = (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut rng = SmallRng::seed_from_u64(seed ^ SEED_SALT ^ salt);
+        out.extend(stream(workload, &s, &mut rng));
+    }
+    // Stable: equal times keep tenant order.
+    out.sort_by(|a, b| a.at.total_cmp(&b.at));
+    for (i, a) in out.iter_mut().enumerate() {
+        a.id = i as u64;
+    }
+    out
+}
+
+/// The arrivals of the tenants in `keep` only, renumbered (ids stay in arrival order).
+pub fn only_tenants(arrivals: &[Arrival], keep: &[u16]) -> Vec<Arrival> {
+    let mut out: Vec<Arrival> = arrivals
+        .iter()
+        .filter(|a| keep.contains(&a.tenant))
+        .cloned()
+        .collect();
+    for (i, a) in out.iter_mut().enumerate() {
+        a.id = i as u64;
+    }
+    out
+}
+
+const SEED_SALT: u64 = 0x6265_6e63_685f_776c;
+
+/// What one arrival stream draws from.
+struct Stream<'a> {
+    arrival: &'a ArrivalProcess,
+    prompt_tokens: &'a LengthDist,
+    output_tokens: &'a LengthDist,
+    priority: Option<Priority>,
+    priorities: Option<&'a PriorityMix>,
+    tenant: u16,
+}
+
+fn stream(workload: &Workload, st: &Stream<'_>, rng: &mut SmallRng) -> Vec<Arrival> {
     let prefix_cdf = workload
         .prefix
         .as_ref()
@@ -42,39 +116,41 @@ pub fn generate(workload: &Workload, seed: u64) -> Vec<Arrival> {
         .as_ref()
         .map(|l| zipf_cdf(l.adapters.len(), l.zipf));
     let mut out = Vec::new();
-    let max_rate = max_rate(&workload.arrival, workload.duration_s);
+    let max_rate = max_rate(st.arrival, workload.duration_s);
     if max_rate <= 0.0 {
         return out;
     }
     let mut t = 0.0;
     loop {
         // Thinning: candidate events at the peak rate, kept with probability rate(t) / peak.
-        t += exp(&mut rng, max_rate);
+        t += exp(rng, max_rate);
         if t >= workload.duration_s {
             break;
         }
-        let keep = rate_at(&workload.arrival, workload.duration_s, t) / max_rate;
+        let keep = rate_at(st.arrival, workload.duration_s, t) / max_rate;
         if rng.random::<f64>() >= keep {
             continue;
         }
-        let mut prompt = sample(&workload.prompt_tokens, &mut rng);
+        let mut prompt = sample(st.prompt_tokens, rng);
         let (mut group, mut prefix_tokens) = (None, 0);
         if let (Some(p), Some(cdf)) = (&workload.prefix, &prefix_cdf)
             && rng.random::<f64>() < p.fraction
         {
-            group = Some(pick(cdf, &mut rng) as u32);
+            group = Some(pick(cdf, rng) as u32);
             prefix_tokens = p.tokens;
             prompt = prompt.saturating_add(p.tokens);
         }
-        let output = sample(&workload.output_tokens, &mut rng);
+        let output = sample(st.output_tokens, rng);
         let mut lora = None;
         if let (Some(l), Some(cdf)) = (&workload.lora, &lora_cdf)
             && rng.random::<f64>() < l.fraction
         {
-            lora = u16::try_from(pick(cdf, &mut rng)).ok();
+            lora = u16::try_from(pick(cdf, rng)).ok();
         }
-        let mut priority = Priority::Standard;
-        if let Some(p) = &workload.priorities {
+        let mut priority = st.priority.unwrap_or(Priority::Standard);
+        if st.priority.is_none()
+            && let Some(p) = st.priorities
+        {
             let u = rng.random::<f64>();
             if u < p.critical {
                 priority = Priority::Critical;
@@ -91,6 +167,7 @@ pub fn generate(workload: &Workload, seed: u64) -> Vec<Arrival> {
             output_tokens: output,
             lora,
             priority,
+            tenant: st.tenant,
         });
     }
     out
@@ -206,7 +283,7 @@ fn pick(cdf: &[f64], rng: &mut SmallRng) -> usize {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
-    use crate::scenario::{PrefixSpec, PriorityMix};
+    use crate::scenario::{PrefixSpec, TenantSpec};
 
     fn workload(arrival: ArrivalProcess) -> Workload {
         Workload {
@@ -230,6 +307,7 @@ mod tests {
                 critical: 0.1,
                 sheddable: 0.2,
             }),
+            tenants: Vec::new(),
         }
     }
 
@@ -279,6 +357,78 @@ mod tests {
         );
     }
 
+    fn tenant(name: &str) -> TenantSpec {
+        TenantSpec {
+            name: name.into(),
+            share: 1.0,
+            arrival: None,
+            priority: None,
+            priorities: None,
+            prompt_tokens: None,
+            output_tokens: None,
+        }
+    }
+
+    #[test]
+    fn tenants_draw_their_own_streams_and_shares() {
+        let mut w = workload(ArrivalProcess::Poisson { rate: 10.0 });
+        let mut noisy = tenant("noisy");
+        noisy.arrival = Some(ArrivalProcess::Bursty {
+            base_rate: 1.0,
+            burst_rate: 20.0,
+            burst_s: 5.0,
+            period_s: 50.0,
+        });
+        noisy.priority = Some(Priority::Sheddable);
+        noisy.output_tokens = Some(LengthDist::Fixed { value: 7 });
+        w.tenants = vec![
+            TenantSpec {
+                share: 0.2,
+                ..tenant("quiet")
+            },
+            noisy,
+        ];
+        let a = generate(&w, 5);
+        assert_eq!(a, generate(&w, 5));
+        assert!(a.windows(2).all(|p| p[0].at <= p[1].at));
+        assert!(a.iter().enumerate().all(|(i, r)| r.id == i as u64));
+        let quiet: Vec<&Arrival> = a.iter().filter(|r| r.tenant == 0).collect();
+        let noisy: Vec<&Arrival> = a.iter().filter(|r| r.tenant == 1).collect();
+        // 0.2 × 10 req/s × 200 s = 400 expected (sd 20).
+        assert!((330..470).contains(&quiet.len()), "{}", quiet.len());
+        assert!(quiet.iter().all(|r| (10..=20).contains(&r.output_tokens)));
+        // The quiet tenant inherits the workload's 10% / 20% mix.
+        assert!(quiet.iter().any(|r| r.priority == Priority::Critical));
+        assert!(
+            noisy
+                .iter()
+                .all(|r| r.output_tokens == 7 && r.priority == Priority::Sheddable)
+        );
+        let in_burst = noisy.iter().filter(|r| r.at % 50.0 < 5.0).count();
+        assert!(in_burst > 300, "{in_burst} of {}", noisy.len());
+        // Removing a tenant leaves the other's arrivals exactly as they were.
+        let mut alone = w.clone();
+        alone.tenants.truncate(1);
+        let solo = generate(&alone, 5);
+        let kept = only_tenants(&a, &[0]);
+        assert_eq!(solo, kept);
+    }
+
+    #[test]
+    fn no_tenants_is_the_single_default_stream() {
+        let w = workload(ArrivalProcess::Poisson { rate: 5.0 });
+        let a = generate(&w, 1);
+        assert!(a.iter().all(|r| r.tenant == 0));
+        assert_eq!(w.tenant_names(), vec!["default".to_owned()]);
+        // The first arrival of seed 1 as generated before tenants existed (a changed stream
+        // would change every existing scenario's figures).
+        assert_eq!(a.len(), 1027);
+        assert_eq!(
+            (a[0].prompt_tokens, a[0].prefix_group, a[0].output_tokens),
+            (621, Some(1), 11)
+        );
+    }
+
     #[test]
     fn prompt_text_shares_exactly_the_prefix() {
         let mk = |id, group| Arrival {
@@ -290,6 +440,7 @@ mod tests {
             output_tokens: 1,
             lora: None,
             priority: Priority::Standard,
+            tenant: 0,
         };
         let (a, b, c) = (
             prompt_text(&mk(1, Some(2))),

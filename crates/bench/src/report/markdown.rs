@@ -151,6 +151,13 @@ pub(super) fn render(r: &Report) -> String {
         );
     }
     let _ = writeln!(s, "{}", table(r));
+    if let Some(f) = &r.flow {
+        let _ = writeln!(
+            s,
+            "## Flow control\n\nEvery flow policy routes with the same scheduler preset; TTFT counts from arrival, so time queued in the gateway is included.\n\n{}",
+            super::flow::markdown(sc, f)
+        );
+    }
     if !r.verdicts.is_empty() {
         let _ = writeln!(s, "Targets for `infergate`:\n\n{}", verdicts(r));
     }

@@ -27,6 +27,7 @@ fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
             every_s: 1.0,
             pods: vec![vec![1, 2, 3], vec![0, 1, 0]],
         }),
+        flow: None,
     }
 }
 

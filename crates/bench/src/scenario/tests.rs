@@ -127,3 +127,80 @@ fn every_shipped_scenario_loads() {
     }
     assert!(n >= 6, "found {n} scenarios in {}", dir.display());
 }
+
+const TENANTS: &str = r#"
+  tenants:
+    - { name: quiet, share: 0.5 }
+    - name: noisy
+      arrival: { kind: bursty, base_rate: 1, burst_rate: 10, burst_s: 2, period_s: 5 }
+      priority: sheddable
+      output_tokens: { dist: fixed, value: 4 }
+"#;
+
+fn with_tenants(tenants: &str) -> String {
+    GOOD.replace(
+        "output_tokens: { dist: fixed, value: 8 }\n",
+        &format!(
+            "output_tokens: {{ dist: fixed, value: 8 }}\n{}",
+            tenants.trim_start_matches('\n')
+        ),
+    )
+}
+
+#[test]
+fn tenants_load_and_their_mistakes_name_the_field() {
+    let s = Scenario::from_yaml(&with_tenants(TENANTS), "t.yaml").unwrap();
+    assert_eq!(s.workload.tenant_names(), ["quiet", "noisy"]);
+    assert_eq!(s.workload.tenants[1].priority, Some(Priority::Sheddable));
+    let mut scaled = s.clone();
+    scaled.scale_load(2.0);
+    assert_eq!(
+        scaled.workload.tenants[1].arrival,
+        Some(ArrivalProcess::Bursty {
+            base_rate: 2.0,
+            burst_rate: 20.0,
+            burst_s: 2.0,
+            period_s: 5.0
+        })
+    );
+    for (from, to, want) in [
+        ("share: 0.5", "share: 0", "workload.tenants[0].share"),
+        ("name: noisy", "name: quiet", "workload.tenants[1].name"),
+        (
+            "burst_s: 2",
+            "burst_s: 9",
+            "workload.tenants[1].arrival.burst_s",
+        ),
+        (
+            "base_rate: 1",
+            "base_rate: -1",
+            "workload.tenants[1].arrival.base_rate",
+        ),
+        (
+            "value: 4",
+            "value: 0",
+            "workload.tenants[1].output_tokens.value",
+        ),
+        (
+            "priority: sheddable",
+            "priority: sheddable\n      priorities: { critical: 0.5 }",
+            "workload.tenants[1].priorities",
+        ),
+        (
+            "priority: sheddable",
+            "priorities: { critical: 0.7, sheddable: 0.7 }",
+            "workload.tenants[1].priorities",
+        ),
+    ] {
+        let text = with_tenants(&TENANTS.replace(from, to));
+        assert_eq!(field(&err(&text)), want, "{from} -> {to}");
+    }
+    let e = err(&with_tenants(
+        &TENANTS.replace("priority: sheddable", "priority: urgent"),
+    ));
+    assert_eq!(field(&e), "workload.tenants[1].priority");
+    // A tenant's longer outputs count against the pods' context length.
+    let long = with_tenants(&TENANTS.replace("value: 4", "value: 200000"));
+    let s = Scenario::from_yaml(&long, "t").unwrap();
+    assert!(s.fleet_spec(&Catalog::builtin().unwrap(), "t").is_err());
+}

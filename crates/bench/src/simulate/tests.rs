@@ -82,6 +82,7 @@ fn the_floor_counts_a_seen_prefix_as_cached() {
         output_tokens: 1,
         lora: None,
         priority: Default::default(),
+        tenant: 0,
     };
     let one = floor(&spec, &[mk(0)], 1);
     let two = floor(&spec, &[mk(0), mk(1)], 1);
