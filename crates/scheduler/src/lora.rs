@@ -16,6 +16,12 @@ pub(crate) const RUNNING: f64 = 1.0;
 /// running adapter drains and the waiting one gets its slot instead of starving.
 pub(crate) const RUNNING_BLOCKED: f64 = 0.5;
 
+/// Affinity of a pod that ran the adapter since its page last showed other adapters filling every
+/// slot, and shows it no longer running: the engine keeps a loaded adapter in its slot until
+/// another adapter needs the slot (vLLM's LRU of `max_loras` active adapters), so it is still
+/// there, with no load to wait for, though the page (running and waiting lists only) cannot say so.
+pub(crate) const RESIDENT: f64 = 0.9;
+
 /// Affinity of a pod with a free adapter slot.
 pub(crate) const FREE_SLOT: f64 = 0.8;
 
@@ -120,10 +126,48 @@ pub(crate) struct LoraHot {
     n_running: u8,
     waiting: [u64; INLINE],
     n_waiting: u8,
+    /// Adapters seen running here, most recent first, at most `max_lora` (and [`INLINE`]) of
+    /// them: the ones the engine still holds in its slots (see [`RESIDENT`]).
+    resident: [u64; INLINE],
+    n_resident: u8,
 }
 
 impl LoraHot {
-    /// Digests a snapshot's LoRA state (`None`: the engine reports none).
+    /// Digests a new snapshot's LoRA state, carrying over which adapters this pod still holds in
+    /// its slots from what earlier pages showed running (`self` is the previous digest).
+    ///
+    /// Adapters running on the new page come first; those remembered follow while slots remain
+    /// (`max_lora`), so an adapter stays resident until enough others have run after it to take
+    /// every slot, as the engine's LRU evicts. A page with no LoRA state, an overflowing list, or
+    /// `max_lora` 0 forgets them.
+    pub(crate) fn next(&self, l: Option<&LoraState>) -> Self {
+        let mut h = Self::from_state(l);
+        let Some(l) = l.filter(|_| h.known && !h.overflow) else {
+            return h;
+        };
+        let slots = usize::try_from(l.max_lora).unwrap_or(INLINE).min(INLINE);
+        let mut n = 0usize;
+        let running = h.running;
+        let previous = &self.resident[..usize::from(self.n_resident)];
+        for &a in running[..usize::from(h.n_running)].iter().chain(previous) {
+            if n == slots {
+                break;
+            }
+            if !h.resident[..n].contains(&a) {
+                h.resident[n] = a;
+                n += 1;
+            }
+        }
+        h.n_resident = n as u8;
+        h
+    }
+
+    /// Forgets which adapters the pod holds (its process may be gone: a new one holds none).
+    pub(crate) fn forget_resident(&mut self) {
+        self.n_resident = 0;
+    }
+
+    /// Digests a snapshot's LoRA state (`None`: the engine reports none), remembering nothing.
     pub(crate) fn from_state(l: Option<&LoraState>) -> Self {
         let Some(l) = l else {
             return LoraHot::default();
@@ -157,6 +201,8 @@ impl LoraHot {
             } else {
                 RUNNING
             }
+        } else if !self.blocked && self.resident[..usize::from(self.n_resident)].contains(&hash) {
+            RESIDENT
         } else if self.free_slot {
             FREE_SLOT
         } else if self.waiting[..usize::from(self.n_waiting)].contains(&hash) {
@@ -221,4 +267,48 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn an_adapter_stays_resident_until_others_take_its_slots() {
+        let mut ep = EndpointState::new(meta(0));
+        let page = |ep: &mut EndpointState, max, running: &[&str], waiting: &[&str]| {
+            ep.set_metrics(MetricsSnapshot {
+                lora: Some(l(max, running, waiting)),
+                ..MetricsSnapshot::default()
+            });
+        };
+        let aff = |ep: &EndpointState, name: &str| ep.lora_affinity(name, adapter_hash(name));
+        page(&mut ep, 2, &["a"], &[]);
+        assert_eq!(aff(&ep, "a"), Some(RUNNING));
+        // Its requests ended: the page says nothing of `a`, the slot still holds it.
+        page(&mut ep, 2, &[], &[]);
+        assert_eq!(aff(&ep, "a"), Some(RESIDENT));
+        assert!(!must_load(RESIDENT));
+        assert_eq!(aff(&ep, "b"), Some(FREE_SLOT));
+        // One other adapter ran: two slots hold both.
+        page(&mut ep, 2, &["b"], &[]);
+        page(&mut ep, 2, &[], &[]);
+        assert_eq!(aff(&ep, "a"), Some(RESIDENT));
+        assert_eq!(aff(&ep, "b"), Some(RESIDENT));
+        // A third took the least recently used slot: `a` is gone, `b` stays.
+        page(&mut ep, 2, &["c"], &[]);
+        assert_eq!(aff(&ep, "a"), Some(FREE_SLOT));
+        assert_eq!(aff(&ep, "b"), Some(RESIDENT));
+        assert_eq!(aff(&ep, "c"), Some(RUNNING));
+        // A restarted process holds nothing.
+        ep.lora.forget_resident();
+        page(&mut ep, 2, &[], &[]);
+        assert_eq!(aff(&ep, "b"), Some(FREE_SLOT));
+        assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));
+        // Another adapter blocked on the only slot: resident or not, `a` must wait for it.
+        let mut ep = EndpointState::new(meta(1));
+        page(&mut ep, 1, &["a"], &[]);
+        page(&mut ep, 1, &["b"], &["b", "c"]);
+        assert_eq!(aff(&ep, "a"), Some(0.0));
+        // A page with no LoRA state forgets.
+        ep.set_metrics(MetricsSnapshot::default());
+        page(&mut ep, 2, &[], &[]);
+        assert_eq!(aff(&ep, "b"), Some(FREE_SLOT));
+    }
+
 }

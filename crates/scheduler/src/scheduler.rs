@@ -234,8 +234,9 @@ impl Scheduler {
     /// Forgets what was learned about the endpoint's speed (its prefill and decode rates), so the
     /// pool's prior applies until it has taught again. For a process that restarted: its old
     /// rates (or those learned from the requests that broke when it died) no longer describe
-    /// it, and a pod that looks slow is sent no streamed request to prove otherwise. Returns
-    /// false when it is not in the pool.
+    /// it, and a pod that looks slow is sent no streamed request to prove otherwise. The LoRA
+    /// adapters remembered as resident in its slots are forgotten too (a new process holds
+    /// none but those its page shows running). Returns false when it is not in the pool.
     pub fn forget_learned_rates(&mut self, addr: SocketAddr) -> bool {
         let Some(ep) = self
             .endpoints
@@ -247,6 +248,7 @@ impl Scheduler {
         self.rates.forget(ep.prefill.ln(), ep.decode.ln());
         ep.prefill.reset();
         ep.decode.reset();
+        ep.lora.forget_resident();
         true
     }
 

@@ -95,7 +95,7 @@ impl EndpointState {
         self.kv = m.kv_cache_usage;
         self.capacity = m.cache.map(|c| c.capacity_tokens()).filter(|t| *t > 0);
         self.inv_capacity = self.capacity.map_or(0.0, |c| 1.0 / c as f64);
-        self.lora = LoraHot::from_state(m.lora.as_ref());
+        self.lora = self.lora.next(m.lora.as_ref());
         self.cold.metrics = Some(m);
     }
 

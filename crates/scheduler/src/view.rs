@@ -220,10 +220,10 @@ pub(crate) fn build(
             total: 0.0,
         });
     }
-    // Consolidate adapters: where a pod runs the adapter with no other adapter blocked, a free
-    // slot elsewhere is worth less — loading the adapter there would take a slot another adapter
-    // may need.
-    if req.lora_adapter.is_some() && views.iter().any(|v| v.lora >= lora::RUNNING) {
+    // Consolidate adapters: where a pod runs the adapter with no other adapter blocked (or holds
+    // it resident), a free slot elsewhere is worth less — loading the adapter there would take a
+    // slot another adapter may need.
+    if req.lora_adapter.is_some() && views.iter().any(|v| v.lora >= lora::RESIDENT) {
         for v in views.iter_mut() {
             v.lora = lora::consolidated(v.lora, true);
         }
