@@ -10,6 +10,7 @@
 //! - [`api`] — which OpenAI API a request path names.
 //! - [`request`] — parsing a request body into [`ParsedRequest`] without copying its strings, and
 //!   rewriting its `model` field in place.
+//! - [`rewrite`] — [`ModelRewriter`], the response-path model-name rewriter (chunk by chunk).
 //! - [`routing`] — the body-based router's model table: served model name or LoRA adapter → target.
 //! - [`usage`] — token usage from a JSON response or an SSE stream, and first-token detection.
 //! - [`error`] — [`ApiError`], every error a client can see, mapped to one HTTP status and an
@@ -18,11 +19,13 @@
 pub mod api;
 pub mod error;
 pub mod request;
+pub mod rewrite;
 pub mod routing;
 pub mod usage;
 
 pub use api::ApiKind;
 pub use error::{ApiError, REASON_HEADER};
 pub use request::{ParsedRequest, parse_request};
+pub use rewrite::ModelRewriter;
 pub use routing::{ModelRouter, ModelRouterError, Resolved};
 pub use usage::{SseScanner, Usage, extract_usage};
