@@ -32,6 +32,8 @@ pub struct Observed {
     pub(crate) watch: ResponseWatch,
     pub(crate) sent_at: Instant,
     pub(crate) first_token: bool,
+    /// Counted as pending on the cluster until the first token.
+    pub(crate) pending: Option<crate::cluster::Pending>,
     pub(crate) done: bool,
     /// The router-wide request slot, held to the last byte.
     pub(crate) _slot: Slot,
@@ -71,6 +73,7 @@ impl Body for RouterBody {
                             && !o.first_token
                         {
                             o.first_token = true;
+                            o.pending = None;
                             o.cluster.observe_ttft(o.sent_at.elapsed(), &o.telemetry);
                         }
                     }

@@ -9,7 +9,7 @@
 //! drained on the first refused connections rather than at the next poll.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,9 @@ pub(crate) struct ModelEntry {
     pub(crate) health: Health,
     /// The heartbeat's estimated TTFT, ms.
     pub(crate) estimate_ms: Option<f64>,
+    /// The heartbeat's typical prefill alone, ms, and its ready pods.
+    prefill_ms: Option<f64>,
+    ready_pods: u32,
     /// Whether it was up at the last tick, and whether it ever was (to count drains and
     /// returns once each).
     up: bool,
@@ -50,6 +53,8 @@ impl ModelEntry {
         ModelEntry {
             health,
             estimate_ms: None,
+            prefill_ms: None,
+            ready_pods: 0,
             up: false,
             seen_up: false,
         }
@@ -82,6 +87,8 @@ pub(crate) struct Cluster {
     /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`.
     pub(crate) token: Mutex<Option<HeaderValue>>,
     state: Mutex<ClusterState>,
+    /// This router's requests sent to the cluster and still without their first token.
+    pending: AtomicUsize,
     /// Served tokens and their cost, for the cost-per-million gauge.
     tokens: AtomicU64,
     cost_nanos: AtomicU64,
@@ -143,6 +150,7 @@ impl Cluster {
             heartbeat,
             region_rank,
             state: Mutex::new(state),
+            pending: AtomicUsize::new(0),
             tokens: AtomicU64::new(0),
             cost_nanos: AtomicU64::new(0),
             settings,
@@ -225,7 +233,14 @@ impl Cluster {
         // token, so a prefix-cached workload makes it pessimistic), the measurement is this
         // router's own requests, network and gateway included.
         let estimate = observed.or(heartbeat).unwrap_or(rtt);
-        Some((weight, estimate))
+        // Requests sent since then wait their turn too: each adds its prefill on one of the
+        // ready pods. Without it, every request between two heartbeats would herd onto the
+        // cluster that looked cheapest at the last one.
+        let pending = self.pending.load(Ordering::Relaxed) as f64;
+        let queued = entry.prefill_ms.map_or(0.0, |p| {
+            pending / f64::from(entry.ready_pods.max(1)) * p * scale
+        });
+        Some((weight, estimate + queued))
     }
 
     /// The models it serves.
@@ -389,6 +404,8 @@ impl Cluster {
             let entry = st.models.entry(name).or_insert(ModelEntry::new(fresh));
             entry.health.observe_ok(at, ready);
             entry.estimate_ms = estimate;
+            entry.prefill_ms = status.and_then(|m| m.prefill_ms).filter(|_| ready);
+            entry.ready_pods = status.map_or(0, |m| m.ready_pods);
         }
     }
 
@@ -416,6 +433,23 @@ impl Cluster {
 
     fn set_served(&self, models: Vec<String>) {
         lock(&self.state).served = models;
+    }
+}
+
+/// One request sent to a cluster and still without its first token (counted while held).
+pub(crate) struct Pending(Arc<Cluster>);
+
+impl Cluster {
+    /// Counts a request sent to this cluster until the guard is dropped.
+    pub(crate) fn pending(self: &Arc<Self>) -> Pending {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        Pending(Arc::clone(self))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

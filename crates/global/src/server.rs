@@ -491,6 +491,7 @@ async fn route_request(
             h.insert(header::AUTHORIZATION, t);
         }
         let sent_at = tokio::time::Instant::now();
+        let pending = cluster.pending();
         let failover = |reason: &'static str| {
             shared
                 .telemetry
@@ -568,6 +569,7 @@ async fn route_request(
                     watch: ResponseWatch::new(status.as_u16(), sse, MAX_USAGE_BODY),
                     sent_at,
                     first_token: false,
+                    pending: Some(pending),
                     done: false,
                     _slot: slot,
                 };

@@ -117,7 +117,7 @@ async fn run(policy: &str, cheap: &TestCluster, fast: &TestCluster, body: Body) 
         admin,
         1,
         Duration::from_millis(300),
-        Duration::from_secs(6),
+        Duration::from_secs(10),
         body.clone(),
     )
     .await;
@@ -187,7 +187,11 @@ async fn cheaper_cluster_while_it_meets_the_objective_then_spill_over() {
     assert!(cost_heavy.cheap_share > 0.0, "{cost_heavy:?}");
     // The latency-only policy sends everything to the fast cluster.
     assert!(lat_light.cheap_share <= 0.1, "{lat_light:?}");
-    // And pays for it.
+    // The cheap cluster met the objective while it took the light load.
+    assert!(
+        cost_light.p99 <= Duration::from_millis(OBJECTIVE_MS),
+        "{cost_light:?}"
+    );
+    // And the latency-only policy pays for its speed.
     assert!(cost_light.cost_per_million < lat_light.cost_per_million / 2.0);
-    assert!(cost_heavy.cost_per_million < lat_heavy.cost_per_million);
 }

@@ -6,7 +6,7 @@
 //! {"schema":"infergate.heartbeat/v1","instance":"1764604800123-4242","generation":17,
 //!  "timestampMs":1764604817456,
 //!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"running":9,
-//!             "inflight":6,"estimatedTtftMs":310.5,"drainMs":0.0,"newestMetricsAgeMs":41}]}
+//!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"drainMs":0.0,"newestMetricsAgeMs":41}]}
 //! ```
 //!
 //! - `instance` changes when the process restarts and `generation` grows by one with every
@@ -22,7 +22,8 @@
 //!   wait for its first token on the best ready pod: its queue and itself prefilled at the pod's
 //!   learned prefill rate (the scheduler's prior until one is learned), plus, on a pod whose KV
 //!   cache is over the saturation threshold, the time for running requests to free it. Absent
-//!   when no pod is ready.
+//!   when no pod is ready. `prefillMs` is the part of it that is the request's own prefill:
+//!   what each further request sent to that pod adds.
 //! - `drainMs` is the time until the least loaded ready pod is back under the saturation
 //!   thresholds (`0` while one is under them), the figure the pool's `Retry-After` uses.
 //!
@@ -87,6 +88,10 @@ pub struct ModelStatus {
     /// Estimated time to first token of a typical request, ms (absent with no ready pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_ttft_ms: Option<f64>,
+    /// Of that, the typical request's own prefill on the pod the estimate is for, ms: what each
+    /// request sent there before the next heartbeat adds to the wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_ms: Option<f64>,
     /// Estimated time until a ready pod is back under the saturation thresholds, ms.
     pub drain_ms: f64,
     /// Age of the newest metrics page of any pod, ms (absent before the first page).
@@ -169,6 +174,7 @@ pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) 
     let mut queue = 0u32;
     let mut running = 0u32;
     let mut best_ttft = f64::INFINITY;
+    let mut best_prefill = f64::INFINITY;
     let mut best_drain = f64::INFINITY;
     let mut newest: Option<Duration> = None;
     for p in pods {
@@ -207,7 +213,10 @@ pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) 
             0.0
         };
         let ttft = (waiting + 1.0) * TYPICAL_PROMPT_TOKENS / prefill + kv_secs;
-        best_ttft = best_ttft.min(ttft);
+        if ttft < best_ttft {
+            best_ttft = ttft;
+            best_prefill = TYPICAL_PROMPT_TOKENS / prefill;
+        }
         let excess = (waiting - limits.queue_depth + 1.0).max(0.0);
         let drain = excess * TYPICAL_PROMPT_TOKENS / prefill + kv_secs;
         best_drain = best_drain.min(drain);
@@ -225,6 +234,7 @@ pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) 
         running,
         inflight: u32::try_from(inflight).unwrap_or(u32::MAX),
         estimated_ttft_ms: (ready > 0).then_some(best_ttft * 1e3),
+        prefill_ms: (ready > 0).then_some(best_prefill * 1e3),
         drain_ms: if best_drain.is_finite() {
             best_drain * 1e3
         } else {

@@ -48,6 +48,7 @@ fn idle_ready_pods_give_one_prefill_and_no_drain() {
     assert_eq!(s.inflight, 3);
     // 512 tokens at the learned 5,120 tokens/s: 100 ms (the other pod's prior gives 128 ms).
     assert_eq!(s.estimated_ttft_ms, Some(100.0));
+    assert_eq!(s.prefill_ms, Some(100.0));
     assert_eq!(s.drain_ms, 0.0);
     assert_eq!(s.newest_metrics_age_ms, Some(1));
 }
@@ -59,6 +60,7 @@ fn queues_raise_ttft_saturation_and_drain() {
     assert_eq!(s.saturation, 1.0);
     assert_eq!(s.queue, 6);
     assert_eq!(s.estimated_ttft_ms, Some(700.0));
+    assert_eq!(s.prefill_ms, Some(100.0));
     assert!((s.drain_ms - 300.0).abs() < 1e-9, "{}", s.drain_ms);
     // Half the queue threshold and 0.4 of 0.8 KV: load 0.5.
     let s = status("m", &[pod(1, false, 2, 0.4, Some(5_120.0))], 0, &LIMITS);
