@@ -63,6 +63,10 @@ pub struct PickerArgs {
     /// requested name back.
     #[arg(long = "model-rewrite", value_name = "REQUESTED=SERVED")]
     pub model_rewrites: Vec<String>,
+    /// Per-tenant quotas: a YAML file with the gateway's `quotas:` fields
+    /// (`infergate_pool::quota::spec`), read at start.
+    #[arg(long, value_name = "FILE")]
+    pub quotas: Option<PathBuf>,
     /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
     #[arg(long)]
     pub default_engine: Option<String>,
@@ -111,6 +115,7 @@ impl PickerArgs {
             metrics_port: METRICS_PORT,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             model_rewrites: Vec::new(),
+            quotas: None,
             default_engine: None,
             seed: 0,
             explain_header: false,

@@ -200,6 +200,7 @@ impl Picker {
             request_body_mode: BodyMode::FullDuplex,
             response_body_mode: BodyMode::FullDuplex,
             model_rewrites: o.model_rewrites,
+            quotas: None,
             explain_header: o.explain_header,
         };
         let picker = EndpointPicker::new(config, pool, Telemetry::default());

@@ -45,6 +45,9 @@ pub struct PickerConfig {
     /// Model names rewritten on the way in (requested → served); responses get the requested
     /// name back.
     pub model_rewrites: HashMap<String, String>,
+    /// Per-tenant quotas (`--quotas`; the tenant is `x-llm-d-inference-fairness-id`, else
+    /// `default`): a tenant over its quota is answered 429 before the pick.
+    pub quotas: Option<infergate_pool::quota::Quotas>,
     /// Whether a request carrying `x-infergate-explain: 1` gets its routing decision back in the
     /// `x-infergate-explain` response header (set by the response-path header mutation, or on
     /// the immediate response of a rejection). Off by default: the explanation names pods,
@@ -61,6 +64,7 @@ impl Default for PickerConfig {
             request_body_mode: BodyMode::FullDuplex,
             response_body_mode: BodyMode::FullDuplex,
             model_rewrites: HashMap::new(),
+            quotas: None,
             explain_header: false,
         }
     }

@@ -80,6 +80,26 @@ pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
     })
 }
 
+/// Reads a quota file (the gateway's `quotas:` fields) and starts the quota service, sharing
+/// through Redis when the file says so. Must run inside a tokio runtime.
+pub fn load_quotas(path: &Path) -> Result<infergate_pool::quota::Quotas, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let invalid = |e: String| Error::Yaml {
+        path: path.to_owned(),
+        source: <serde_yaml::Error as serde::de::Error>::custom(e),
+    };
+    let spec: infergate_pool::quota::QuotasSpec =
+        serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
+            path: path.to_owned(),
+            source,
+        })?;
+    let config = spec.to_config().map_err(invalid)?;
+    infergate_pool::quota::Quotas::start_with_registry(config).map_err(|e| invalid(e.to_string()))
+}
+
 /// Runs an endpoint picker until `shutdown` completes: the live pool, the ext_proc server, gRPC
 /// health and the metrics server.
 pub async fn run_picker(
@@ -116,11 +136,18 @@ pub async fn run_picker(
     let ready_pool = live.clone();
     let (heartbeat_pool, heartbeat_name) = (live.clone(), picker.pool_name.clone());
     let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
+    let quotas = picker.quotas.clone();
     let admin = infergate_pool::admin::serve_with_heartbeat(
         listeners.metrics,
         move || {
+            use prometheus_client::encoding::text::{encode_eof, encode_registry};
             let mut out = String::new();
-            prometheus_client::encoding::text::encode(&mut out, &registry)?;
+            encode_registry(&mut out, &registry)?;
+            // The quota service's series (`infergate_quota_*`) live in its own registry.
+            if let Some(r) = quotas.as_ref().and_then(|q| q.registry()) {
+                encode_registry(&mut out, r)?;
+            }
+            encode_eof(&mut out)?;
             Ok(out)
         },
         move || ready_pool.is_ready(),

@@ -389,11 +389,15 @@ pub fn trailers_continue(request: bool) -> ProcessingResponse {
 }
 
 /// The client-visible error as an `ImmediateResponse`: its status, `content-type:
-/// application/json`, `Retry-After` when it has one, and the OpenAI-style JSON body.
+/// application/json`, `Retry-After` and the reason header when it has them, and the
+/// OpenAI-style JSON body.
 pub fn immediate_error(err: &ApiError) -> ProcessingResponse {
     let mut set = vec![set_header("content-type", "application/json")];
     if let Some(secs) = err.retry_after_secs() {
         set.push(set_header("retry-after", secs.to_string()));
+    }
+    if let Some(reason) = err.reason() {
+        set.push(set_header(infergate_openai::REASON_HEADER, reason));
     }
     ProcessingResponse {
         response: Some(processing_response::Response::ImmediateResponse(

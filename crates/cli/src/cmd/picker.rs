@@ -86,9 +86,17 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("--model-rewrite `{r}`: expected REQUESTED=SERVED"))?;
         model_rewrites.insert(from.to_owned(), to.to_owned());
     }
+    let quotas = match &args.quotas {
+        Some(path) => Some(
+            infergate_extproc::run::load_quotas(path)
+                .with_context(|| format!("--quotas {}", path.display()))?,
+        ),
+        None => None,
+    };
     let picker = PickerConfig {
         pool_name: args.pool_name,
         model_rewrites,
+        quotas,
         max_body_bytes: args.max_body_bytes,
         explain_header: args.explain_header,
         ..PickerConfig::default()
