@@ -249,8 +249,11 @@ impl Window {
 
     /// The store's total for bucket `epoch`, read after this replica's deltas were added:
     /// replaces the bucket's shared total and clears what was being sent.
+    /// A bucket whose slot a later bucket already holds (the round trip outlasted the window)
+    /// is ignored.
     pub fn apply_shared(&mut self, now_ms: u64, epoch: u64, total: u64) {
-        if self.live(epoch, now_ms) {
+        let held = self.slots[self.slot_index(epoch)].epoch;
+        if self.live(epoch, now_ms) && held <= epoch {
             let slot = self.slot_mut(epoch);
             slot.shared = total;
             slot.last_sent = slot.sending;

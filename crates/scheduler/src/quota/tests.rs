@@ -220,3 +220,13 @@ fn a_refund_gives_back_the_request_and_its_estimate() {
     assert_eq!(q.tokens().count(20, 1), 0);
     q.admit(30, 1, 80).unwrap();
 }
+
+#[test]
+fn a_late_reply_never_overwrites_a_later_bucket() {
+    let mut w = Window::new(Duration::from_millis(2_000), 2).unwrap();
+    w.add(0, 1);
+    // Bucket 2 now holds bucket 0's slot; a reply about bucket 0 read at time 0 arrives late.
+    w.add(2_000, 5);
+    w.apply_shared(0, 0, 9);
+    assert_eq!(w.count(2_000, 1), 5);
+}
