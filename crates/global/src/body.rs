@@ -34,6 +34,8 @@ pub struct Observed {
     pub(crate) first_token: bool,
     /// Counted as pending on the cluster until the first token.
     pub(crate) pending: Option<crate::cluster::Pending>,
+    /// The tenant's quota charge, corrected to the reported usage at the end.
+    pub(crate) quota: Option<infergate_pool::quota::QuotaTicket>,
     pub(crate) done: bool,
     /// The router-wide request slot, held to the last byte.
     pub(crate) _slot: Slot,
@@ -47,6 +49,9 @@ impl Observed {
         if let Some(u) = self.watch.usage() {
             self.cluster
                 .observe_usage(u.prompt_tokens, u.completion_tokens, &self.telemetry);
+            if let Some(q) = self.quota.take() {
+                q.settle(&u);
+            }
         }
     }
 }

@@ -16,6 +16,10 @@
 //!   regionPreference: [us-east, eu-west]
 //! retries: { maxAttempts: 3 }    # clusters tried per request, before the first byte
 //! timeouts: { connectMs: 2000, firstByteMs: 60000 }
+//! tenancy: { tenantHeader: x-tenant }   # without auth: the tenant named by this header
+//! quotas:                        # global rate limits per tenant (the gateway's `quotas:`)
+//!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
+//!   redis: { address: 10.0.0.9:6379 }   # shared by every router replica
 //! clusters:
 //!   - name: east-1
 //!     url: http://10.0.0.1:8080                # the cluster's OpenAI-compatible front door
@@ -33,6 +37,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::Uri;
+use infergate_pool::quota::QuotasSpec;
+use infergate_pool::tenant::{Tenancy, TenancyConfig};
 use infergate_proxy::config::{AuthConfig, Limits, ListenerTls};
 use serde::Deserialize;
 
@@ -76,6 +82,14 @@ pub struct GlobalConfig {
     /// Seed of the slow-start sampling.
     #[serde(default)]
     pub seed: u64,
+    /// Global per-tenant rate limits, shared across router replicas through Redis
+    /// (`infergate_pool::quota`, the gateway's `quotas:` section); `None`: no limits.
+    #[serde(default)]
+    pub quotas: Option<QuotasSpec>,
+    /// How a request's tenant is found (the gateway's `tenancy:` section): authentication's
+    /// tenant, else `tenantHeader`, else `default`.
+    #[serde(default)]
+    pub tenancy: TenancyConfig,
     /// The clusters behind the router.
     pub clusters: Vec<ClusterConfig>,
 }
@@ -309,6 +323,14 @@ impl GlobalConfig {
             field,
             reason: reason.to_owned(),
         };
+        if let Some(q) = &self.quotas {
+            q.to_config()
+                .map_err(|reason| invalid("quotas".into(), &reason))?;
+        }
+        Tenancy::new(&self.tenancy).map_err(|e| invalid("tenancy".into(), &e.to_string()))?;
+        if self.clusters.len() > crate::route::MAX_CLUSTERS {
+            return Err(invalid("clusters".into(), "at most 64 clusters"));
+        }
         if self.clusters.is_empty() {
             return Err(invalid("clusters".into(), "at least one cluster is needed"));
         }

@@ -44,6 +44,9 @@ pub enum Error {
     /// The `auth:` section could not be set up.
     #[error("cannot set up authentication")]
     Auth(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The quota service could not start.
+    #[error("cannot start the quotas")]
+    Quota(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The front door's certificate.
     #[error("cannot set up TLS")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),

@@ -7,14 +7,16 @@
 //! shows no ready pod is drained, and ramps back up over a window when it returns. Per request,
 //! the clusters serving the model are ordered — the cheapest that meets the TTFT objective
 //! first — and a request that fails before its first byte moves on to the next. Answers stream
-//! through untouched.
+//! through untouched. Per-tenant rate limits (`quotas:`) are the gateway's quota service
+//! (`infergate_pool::quota`), checked before a cluster is chosen and shared by the router's
+//! replicas through Redis.
 //!
 //! Layout (pure logic apart from the IO):
 //! - [`config`] — the file: types, defaults, validation;
 //! - [`health`] — drain, stale and slow-start state per cluster and model (pure, time passed in);
 //! - [`route`] — the per-request order of clusters (pure);
 //! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
-//! - `server` — [`serve`]: the front door, limits, authentication, retries;
+//! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries;
 //! - `body` — the passed-through response body, read on the side for TTFT and usage;
 //! - `telemetry` — the `infergate_global_*` series;
 //! - [`error`] — [`Error`], [`ConfigError`].

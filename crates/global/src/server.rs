@@ -16,7 +16,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use infergate_openai::{ApiError, ApiKind, parse_request};
-use infergate_pool::lifecycle::{MAX_USAGE_BODY, ResponseWatch};
+use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
+use infergate_pool::quota::Quotas;
+use infergate_pool::tenant::Tenancy;
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
 use infergate_proxy::auth::Authenticator;
 use prometheus_client::registry::Registry;
@@ -76,6 +78,8 @@ pub(crate) struct Shared {
     inflight: Arc<AtomicUsize>,
     rng: AtomicU64,
     objective_header: HeaderName,
+    quotas: Option<Quotas>,
+    tenancy: Tenancy,
 }
 
 /// One of `limits.maxRequestsInFlight`, held from the request head to the last response byte.
@@ -109,6 +113,24 @@ pub async fn serve(
         }
     };
     let auth = Authenticator::new(&config.auth).map_err(|e| Error::Auth(Box::new(e)))?;
+    let quotas = match &config.quotas {
+        None => None,
+        Some(spec) => {
+            let q = spec.to_config().map_err(|reason| {
+                Error::Config(crate::ConfigError::Invalid {
+                    field: "quotas".into(),
+                    reason,
+                })
+            })?;
+            Some(Quotas::start(q, Some(&mut registry)).map_err(|e| Error::Quota(Box::new(e)))?)
+        }
+    };
+    let tenancy = Tenancy::new(&config.tenancy).map_err(|e| {
+        Error::Config(crate::ConfigError::Invalid {
+            field: "tenancy".into(),
+            reason: e.to_string(),
+        })
+    })?;
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
     connector.set_nodelay(true);
@@ -134,6 +156,8 @@ pub async fn serve(
         telemetry: Arc::clone(&telemetry),
         inflight: Arc::new(AtomicUsize::new(0)),
         objective_header,
+        quotas,
+        tenancy,
     });
     let hb = &shared.config.heartbeat;
     let pollers: Vec<JoinHandle<()>> = shared
@@ -290,6 +314,14 @@ fn error_response(e: &ApiError) -> Response<RouterBody> {
     if let Some(s) = e.retry_after_secs() {
         h.insert(header::RETRY_AFTER, HeaderValue::from(s));
     }
+    // Why a refusal happened (`rejected-quota-requests`, `rejected-quota-tokens`), in the
+    // header the gateway and the reference picker's clients read.
+    if let Some(reason) = e.reason() {
+        h.insert(
+            HeaderName::from_static(infergate_openai::REASON_HEADER),
+            HeaderValue::from_static(reason),
+        );
+    }
     if let Some(w) = e.www_authenticate() {
         h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(w));
     }
@@ -405,13 +437,17 @@ async fn route_request(
     let parsed = parse_request(kind, &body)?;
     let model = parsed.model.as_ref();
     let routing = &shared.config.routing;
+    let authenticated = shared.auth.is_enabled().then_some(&identity.tenant);
+    let tenant = shared.tenancy.gateway(authenticated, &parts.headers).tenant;
+    // Before a cluster is chosen: a tenant over its global quota costs no cluster anything.
+    let mut quota = lifecycle::admit_quota(shared.quotas.as_ref(), &tenant, &parsed)?;
     let objective_ms = parts
         .headers
         .get(&shared.objective_header)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|v| *v > 0)
-        .or_else(|| routing.tenant_objectives.get(&*identity.tenant).copied())
+        .or_else(|| routing.tenant_objectives.get(&*tenant).copied())
         .unwrap_or(routing.ttft_objective_ms) as f64;
     let prompt = f64::from(parsed.estimated_prompt_tokens());
     let output = f64::from(
@@ -570,6 +606,7 @@ async fn route_request(
                     sent_at,
                     first_token: false,
                     pending: Some(pending),
+                    quota: quota.take().map(|q| q.commit()),
                     done: false,
                     _slot: slot,
                 };

@@ -1,7 +1,10 @@
 //! The fleet-level series on the global router's admin port (`infergate_global_*`).
 //!
 //! Labels are bounded by the configuration: `cluster` is a configured cluster's name, `reason`
-//! and `code` come from fixed sets.
+//! and `code` come from fixed sets. With `quotas:` configured, the quota service's
+//! `infergate_quota_*` series (per-tenant admitted and rejected counts, Redis state, replicas
+//! seen) are on the same page; a refusal also counts in `infergate_global_rejections` under
+//! `quota_exceeded`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

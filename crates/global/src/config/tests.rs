@@ -22,6 +22,18 @@ fn a_minimal_file_takes_the_defaults() {
 }
 
 #[test]
+fn quotas_and_tenancy_are_the_gateways_sections() {
+    let c = GlobalConfig::from_yaml(&format!(
+        "auth: none\ntenancy: {{ tenantHeader: x-tenant }}\nquotas:\n  tenants: {{ team: {{ requestsPerMinute: 60 }} }}\n  redis: {{ address: '127.0.0.1:6379' }}\n{CLUSTER}"
+    ))
+    .unwrap();
+    assert_eq!(c.tenancy.tenant_header.as_deref(), Some("x-tenant"));
+    let q = c.quotas.unwrap().to_config().unwrap();
+    assert_eq!(q.tenants.len(), 1);
+    assert!(q.redis.is_some());
+}
+
+#[test]
 fn auth_is_required() {
     assert!(
         err(CLUSTER).contains("missing field `auth`"),
@@ -86,6 +98,18 @@ fn bad_values_name_their_field() {
         (
             &format!("routing: {{ polcy: latency }}\n{CLUSTER}"),
             "unknown field `polcy`",
+        ),
+        (
+            &format!("quotas: {{ tenants: {{ a: {{ requestsPerMinute: 0 }} }} }}\n{CLUSTER}"),
+            "quotas.tenants.a",
+        ),
+        (
+            &format!("quotas: {{ redis: {{ address: 'h:1', syncIntervalMs: 1 }} }}\n{CLUSTER}"),
+            "quotas.redis.syncIntervalMs",
+        ),
+        (
+            &format!("tenancy: {{ tenantHeader: 'a b' }}\n{CLUSTER}"),
+            "tenancy.tenantHeader",
         ),
     ];
     for (yaml, want) in cases {
