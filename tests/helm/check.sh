@@ -10,7 +10,10 @@
 #   6. the validator itself rejects a broken object (so step 2 can fail);
 #   7. the templates avoid what an EKS add-on cannot render: hooks, `lookup`, `.Capabilities`,
 #      `.Release.Service`.
-#   8. the built-in objects the operator renders (its golden files) pass the same strict check.
+#   8. the built-in objects the operator renders (its golden files) pass the same strict check;
+#   9. the global router (globalRouter): off by default, insecure or inconsistent values refused,
+#      and its rendered command line, environment and global.yaml accepted by the real binary
+#      (`infergate global --check`; INFERGATE=/path/to/infergate, else cargo builds it).
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
 # or HELM (tests/helm/install-helm.sh).
 set -euo pipefail
@@ -128,4 +131,59 @@ for golden in crates/operator/tests/golden/*.yaml; do
       fail "operator golden $golden has an invalid built-in object"; }
 done
 ok "operator goldens: built-in objects valid (strict)"
+# 9. The global router (globalRouter): off by default (the default render above has none of its
+# objects), refused when insecure or inconsistent, and what it renders is what the binary
+# accepts: the rendered container's arguments and environment, with the rendered global.yaml,
+# through `infergate global --check` (INFERGATE names the binary; else it is built).
+if grep -q 'global-router' "$work/default.yaml"; then fail "the default render has global router objects"; fi
+ok "no global router by default"
+infergate=${INFERGATE:-}
+if [ -z "$infergate" ]; then
+  cargo build -q -p infergate-cli
+  infergate=target/debug/infergate
+fi
+run_rendered() { # render.yaml dir: execs the rendered router's command line with --check
+  local words=()
+  mapfile -d '' words < <(python3 tests/helm/router-exec.py "$1" "$2") || return 2
+  local env=() i
+  for ((i = 0; i < ${#words[@]}; i++)); do
+    [ "${words[i]}" = -- ] && break
+    env+=("${words[i]}")
+  done
+  env -i PATH="$PATH" "${env[@]}" "$infergate" "${words[@]:i+1}" --check
+}
+"$helm" template t "$chart" -n infergate-system -f "$chart/ci/global-router-values.yaml" >"$work/router.yaml"
+run_rendered "$work/router.yaml" "$work/router" >"$work/router.out" 2>&1 \
+  || fail "the rendered global router's configuration is refused by infergate global --check: $(cat "$work/router.out")"
+ok "rendered global router (ci/global-router-values.yaml) accepted by infergate global --check"
+"$helm" template t "$chart" -n infergate-system -f "$chart/ci/global-router-values.yaml" \
+  --set globalRouter.config.retries.maxAttempts=0 >"$work/router-bad.yaml"
+if run_rendered "$work/router-bad.yaml" "$work/router-bad" >"$work/router-bad.out" 2>&1; then
+  fail "infergate global --check accepted retries.maxAttempts: 0"
+fi
+grep -q "retries.maxAttempts" "$work/router-bad.out" || fail "--check's error does not name retries.maxAttempts: $(cat "$work/router-bad.out")"
+ok "infergate global --check refuses a rendered retries.maxAttempts: 0, naming it"
+cat >"$work/router-min.yaml" <<'YAML'
+globalRouter:
+  enabled: true
+  replicaCount: 1
+  config:
+    auth: none
+    clusters:
+      - { name: a, url: "http://gateway.a:8080", region: r1, cost: { inputPerMillion: 0.1, outputPerMillion: 0.4 } }
+YAML
+"$helm" template t "$chart" -f "$work/router-min.yaml" >"$work/router-min-render.yaml" || fail "auth: none behind a ClusterIP Service"
+python3 tests/helm/validate.py "$work/router-min-render.yaml" >/dev/null || fail "the minimal global router render does not validate"
+run_rendered "$work/router-min-render.yaml" "$work/router-min" >/dev/null 2>&1 || fail "the minimal global router is refused by --check"
+ok "auth: none behind a ClusterIP Service renders and passes --check"
+"$helm" template t "$chart" -f "$work/router-min.yaml" --set globalRouter.service.type=LoadBalancer \
+  --set globalRouter.allowUnauthenticated=true >/dev/null || fail "allowUnauthenticated does not allow a public auth: none router"
+expect_fail "would expose an unauthenticated front door" -f "$work/router-min.yaml" --set globalRouter.service.type=LoadBalancer
+expect_fail "would expose an unauthenticated front door" -f "$work/router-min.yaml" --set globalRouter.service.type=NodePort
+expect_fail "globalRouter.config.auth is required" --set globalRouter.enabled=true
+expect_fail "globalRouter.config.clusters needs at least one cluster" --set globalRouter.enabled=true --set globalRouter.config.auth=none
+expect_fail "globalRouter.config.listen is set by the chart" -f "$work/router-min.yaml" --set globalRouter.config.listen=0.0.0.0:1
+expect_fail "needs globalRouter.config.quotas.redis" -f "$work/router-min.yaml" --set globalRouter.replicaCount=2 \
+  --set globalRouter.config.quotas.default.requestsPerMinute=60
+expect_fail "/globalRouter/service/type" -f "$work/router-min.yaml" --set globalRouter.service.type=External
 echo "helm chart checks passed"

@@ -43,3 +43,49 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled: without a leader, replicas would reconcile against each other" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The global router's objects: <release>-global-router. */}}
+{{- define "infergate.globalRouter.fullname" -}}
+{{- printf "%s-global-router" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "infergate.globalRouter.selectorLabels" -}}
+app.kubernetes.io/name: infergate-global-router
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "infergate.globalRouter.labels" -}}
+{{ include "infergate.globalRouter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: global-router
+app.kubernetes.io/part-of: infergate
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* The global router's global.yaml: `globalRouter.config` with `listen` and `admin` from
+`globalRouter.ports`, after the checks the schema cannot express. */}}
+{{- define "infergate.globalRouter.config" -}}
+{{- $g := .Values.globalRouter -}}
+{{- $c := deepCopy $g.config -}}
+{{- if not (hasKey $c "auth") -}}
+{{- fail "globalRouter.config.auth is required: configure jwt and/or apiKeys, or write `auth: none` to run the router without authentication" -}}
+{{- end -}}
+{{- if not $c.clusters -}}
+{{- fail "globalRouter.config.clusters needs at least one cluster" -}}
+{{- end -}}
+{{- range $k := list "listen" "admin" -}}
+{{- if hasKey $c $k -}}
+{{- fail (printf "globalRouter.config.%s is set by the chart from globalRouter.ports: leave it out" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- $public := ne $g.service.type "ClusterIP" -}}
+{{- if and $public (eq (toString $c.auth) "none") (not $g.allowUnauthenticated) -}}
+{{- fail (printf "globalRouter.service.type %s with globalRouter.config.auth: none would expose an unauthenticated front door outside the cluster: configure auth, or set globalRouter.allowUnauthenticated: true" $g.service.type) -}}
+{{- end -}}
+{{- if and (gt (int $g.replicaCount) 1) $c.quotas (not $c.quotas.redis) -}}
+{{- fail "globalRouter.replicaCount > 1 with globalRouter.config.quotas needs globalRouter.config.quotas.redis: without it each replica counts alone and the fleet admits replicaCount times every limit" -}}
+{{- end -}}
+{{- $_ := set $c "listen" (printf "0.0.0.0:%d" (int $g.ports.http)) -}}
+{{- $_ := set $c "admin" (printf "0.0.0.0:%d" (int $g.ports.admin)) -}}
+{{- toYaml $c -}}
+{{- end -}}
