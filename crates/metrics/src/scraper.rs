@@ -215,6 +215,11 @@ pub enum Update {
         /// The failure was a refused or failed connection: nothing listens there (the process is
         /// gone), so whatever answers next is a new process.
         unreachable: bool,
+        /// The failing scrape had connected to the server (it timed out reading, or the server
+        /// answered with an error or an unusable page): the process is alive though its metrics
+        /// are not. A stale-metrics fail-open may keep routing to it; never to one that is not.
+        /// Reported again, once, when this changes while the target stays failed.
+        reachable: bool,
     },
 }
 
@@ -507,6 +512,8 @@ struct Freshness<'a, K> {
     last_error: Option<ScrapeError>,
     /// Whether the current failure was reported unreachable.
     unreachable: bool,
+    /// Whether the current failure was reported reachable (its scrape had connected).
+    reachable: bool,
 }
 
 impl<K: Debug + 'static> Freshness<'_, K> {
@@ -526,7 +533,7 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         if self.last_good.is_some() && self.last_error.is_none() {
             self.mark_late(started);
         } else {
-            self.mark_failed(self.deadline(), false);
+            self.mark_failed(self.deadline(), false, false);
         }
     }
 
@@ -550,9 +557,10 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         );
     }
 
-    fn mark_failed(&mut self, at: Instant, unreachable: bool) {
+    fn mark_failed(&mut self, at: Instant, unreachable: bool, reachable: bool) {
         self.gauges.set(ScrapeState::Failed);
         self.unreachable = unreachable;
+        self.reachable = reachable;
         self.since = Instant::now();
         let clock = self.shared.clock;
         let last_sampled = self.last_good.map(|t| clock.at(t));
@@ -560,7 +568,8 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         match &self.last_error {
             Some(e) => tracing::warn!(
                 target_id = ?id, %engine, error = %e, cause = ?std::error::Error::source(e),
-                unreachable, "metrics target failed: not routed on until it answers again"
+                unreachable, reachable,
+                "metrics target failed: its metrics are not routed on until it answers again"
             ),
             None => tracing::warn!(
                 target_id = ?id, %engine,
@@ -573,6 +582,7 @@ impl<K: Debug + 'static> Freshness<'_, K> {
                 at: clock.at(at),
                 last_sampled,
                 unreachable,
+                reachable,
             },
         );
     }
@@ -581,6 +591,7 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         self.last_good = Some(Instant::now());
         self.last_error = None;
         self.unreachable = false;
+        self.reachable = false;
         let was = self.state();
         if was != ScrapeState::Ok {
             self.gauges.set(ScrapeState::Ok);
@@ -590,19 +601,29 @@ impl<K: Debug + 'static> Freshness<'_, K> {
                 "metrics target is fresh again"
             );
         }
+        tracing::trace!(
+            target_id = ?self.id, engine = %self.engine, waiting = snapshot.waiting,
+            running = snapshot.running, kv = ?snapshot.kv_cache_usage, "page read"
+        );
         self.shared.sink.update(self.id, Update::Snapshot(snapshot));
     }
 
-    fn bad(&mut self, e: ScrapeError) {
+    /// A scrape failed with `e`; `connected`: it had reached the server.
+    fn bad(&mut self, e: ScrapeError, connected: bool) {
         self.shared.metrics.count_error(e.metric_label());
         tracing::debug!(target_id = ?self.id, engine = %self.engine, error = %e, "scrape failed");
         let unreachable = matches!(e, ScrapeError::Connect(_));
+        let reachable = connected && !unreachable;
         self.last_error = Some(e);
         // A failed scrape fails the target at once: a refused connection is a server gone now.
         // A failure that turns out to be unreachable (reset first, refused next) is reported
         // again, once, saying so.
-        if self.state() != ScrapeState::Failed || (unreachable && !self.unreachable) {
-            self.mark_failed(Instant::now(), unreachable);
+        // So is one whose scrapes stop (or start) reaching the server.
+        if self.state() != ScrapeState::Failed
+            || (unreachable && !self.unreachable)
+            || reachable != self.reachable
+        {
+            self.mark_failed(Instant::now(), unreachable, reachable);
         }
     }
 }
@@ -627,6 +648,7 @@ async fn run_target<K: Debug + 'static>(
         since: added,
         last_error: None,
         unreachable: false,
+        reachable: false,
     };
     let mut conn = None;
     let mut counters: Option<PrefixCounters> = None;
@@ -676,7 +698,7 @@ async fn run_target<K: Debug + 'static>(
                 state.good(snapshot);
                 stale_timer.as_mut().reset(state.deadline());
             }
-            Err(e) => state.bad(e),
+            Err(e) => state.bad(e, endpoint.connected.load(Ordering::Relaxed)),
         }
     }
 }

@@ -57,6 +57,9 @@ pub enum MetricsFault {
     Frozen,
     /// `/metrics` answers 404.
     Missing,
+    /// `/metrics` accepts the request and answers nothing until the fault clears; inference
+    /// is served as usual (a server whose event loop is too busy to render its page).
+    Stall,
 }
 
 /// A pod's fault state. Every field is optional in a fleet file's fault step: unset fields keep

@@ -286,6 +286,15 @@ async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimB
         }
     }
     let path = req.uri().path().to_owned();
+    if path == "/metrics" {
+        // A stalled `/metrics` (a busy server's event loop) answers nothing until the fault
+        // clears, while inference keeps being served.
+        while faults.borrow_and_update().metrics == MetricsFault::Stall {
+            if faults.changed().await.is_err() {
+                break;
+            }
+        }
+    }
     match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => response(
             &shared,
@@ -333,7 +342,7 @@ fn metrics(shared: &PodShared) -> Response<SimBody> {
                 }
             }
         }
-        MetricsFault::Normal => shared.render_page(),
+        MetricsFault::Normal | MetricsFault::Stall => shared.render_page(),
     };
     response(
         shared,
