@@ -17,8 +17,12 @@ use crate::status::InferenceGatewayConfigStatus;
 use crate::validation;
 
 mod quotas;
+mod rewrites;
 
 pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec};
+pub use rewrites::{
+    MatchKind, MatchValue, ModelMatch, ModelRewriteRule, RewriteTarget, StaleMetricsSpec, StaleMode,
+};
 
 /// Desired state of an infergate gateway.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -362,6 +366,14 @@ pub struct SchedulerSpec {
     /// What the gateway does when the picker does not answer.
     #[serde(default)]
     pub failure_mode: FailureMode,
+    /// Model rewrites and canary splits within this pool (`InferenceModelRewrite` rules, plus
+    /// per-tenant ones). Changing them updates the picker in place, without a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub model_rewrites: Vec<ModelRewriteRule>,
+    /// What the picker does when no pod has fresh metrics (default: fail-open, 32 per pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_metrics: Option<StaleMetricsSpec>,
 }
 
 impl SchedulerSpec {

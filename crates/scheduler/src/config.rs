@@ -156,6 +156,48 @@ pub enum AllFilteredAction {
     AllReady,
 }
 
+/// What a pick does when no candidate has fresh metrics.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StaleMode {
+    /// Reject with [`Rejection::Unavailable`](crate::Rejection::Unavailable) (503 with
+    /// `Retry-After`), as the reference endpoint picker does.
+    FailClosed,
+    /// Keep dispatching to the pods that still answer (their scrapes reach the server but bring
+    /// no usable page: a stalled, erroring or garbled `/metrics`) on this gateway's in-flight
+    /// accounting alone — least in flight first, prefix and LoRA affinity breaking ties — with at
+    /// most `maxInflightPerEndpoint` requests on each. Unreachable pods stay removed.
+    FailOpen,
+}
+
+/// Stale-metrics behaviour (`staleMetrics:`). Applies only with the freshness filter on
+/// (`maxMetricsAgeMs` set): without it stale pods are routed on their last numbers anyway.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct StaleMetrics {
+    /// `failOpen` (the `infergate` preset's default) or `failClosed`.
+    pub mode: StaleMode,
+    /// In fail-open, this gateway's requests in flight on one pod beyond which it takes no more:
+    /// one more request than the pods can take is shed (429 with `Retry-After`). At least 1.
+    pub max_inflight_per_endpoint: u32,
+}
+
+impl Default for StaleMetrics {
+    fn default() -> Self {
+        StaleMetrics {
+            mode: StaleMode::FailOpen,
+            max_inflight_per_endpoint: 32,
+        }
+    }
+}
+
+impl StaleMetrics {
+    /// The per-pod cap when fail-open is on.
+    pub fn fail_open_cap(&self) -> Option<u32> {
+        (self.mode == StaleMode::FailOpen).then_some(self.max_inflight_per_endpoint)
+    }
+}
+
 /// Load levels at which an endpoint counts as saturated or overloaded. An endpoint is at or over a
 /// level when its queue depth reaches `queueDepth` or its KV-cache use reaches `kvCache`.
 #[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -241,6 +283,8 @@ pub struct SchedulerConfig {
     pub max_metrics_age: Option<Duration>,
     /// What happens when the filters leave no candidate.
     pub on_all_filtered: AllFilteredAction,
+    /// What happens when no candidate has fresh metrics but some still answer.
+    pub stale_metrics: StaleMetrics,
     /// Whether the LoRA capability filter runs (requests naming an adapter only).
     pub lora_filter: bool,
     /// Load at which an endpoint is saturated: removed while unsaturated endpoints remain, and
@@ -287,6 +331,7 @@ impl SchedulerConfig {
             returned_endpoints: 3,
             max_metrics_age: Some(Duration::from_secs(2)),
             on_all_filtered: AllFilteredAction::AllReady,
+            stale_metrics: StaleMetrics::default(),
             lora_filter: true,
             saturation: Thresholds {
                 queue_depth: 16,
@@ -368,6 +413,12 @@ impl SchedulerConfig {
             return Err(ConfigError::new(
                 "maxMetricsAgeMs",
                 "must be above 0 (leave it out to keep stale endpoints)",
+            ));
+        }
+        if self.stale_metrics.max_inflight_per_endpoint == 0 {
+            return Err(ConfigError::new(
+                "staleMetrics.maxInflightPerEndpoint",
+                "must be at least 1 (set `mode: failClosed` to stop dispatching on stale metrics)",
             ));
         }
         check_thresholds(
@@ -497,6 +548,8 @@ struct ConfigSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     on_all_filtered: Option<AllFilteredAction>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    stale_metrics: Option<StaleMetrics>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     lora_filter: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     saturation: Option<Thresholds>,
@@ -551,6 +604,9 @@ impl From<ConfigSpec> for SchedulerConfig {
         if let Some(v) = s.on_all_filtered {
             c.on_all_filtered = v;
         }
+        if let Some(v) = s.stale_metrics {
+            c.stale_metrics = v;
+        }
         if let Some(v) = s.lora_filter {
             c.lora_filter = v;
         }
@@ -592,6 +648,7 @@ impl From<SchedulerConfig> for ConfigSpec {
             returned_endpoints: Some(c.returned_endpoints),
             max_metrics_age_ms: Some(c.max_metrics_age.map(ms)),
             on_all_filtered: Some(c.on_all_filtered),
+            stale_metrics: Some(c.stale_metrics),
             lora_filter: Some(c.lora_filter),
             saturation: Some(c.saturation),
             overload: Some(c.overload),

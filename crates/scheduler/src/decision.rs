@@ -103,6 +103,9 @@ pub struct Decision {
     pub endpoints: Ranked,
     /// The in-flight entry, charged to `endpoints.first()`.
     pub ticket: Ticket,
+    /// No candidate had fresh metrics: the pick was made fail-open, on in-flight accounting
+    /// alone (`staleMetrics.mode: failOpen`).
+    pub fail_open: bool,
 }
 
 /// Why a request was not routed. Each rejection maps to one HTTP status and one metric label,

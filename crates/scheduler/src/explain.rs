@@ -69,6 +69,9 @@ pub struct Explanation {
     pub filtered: Vec<FilteredOut>,
     /// True when every pod was filtered out and the configured fallback scored all ready pods.
     pub fell_back_to_all_ready: bool,
+    /// True when no candidate had fresh metrics and the pick was made fail-open, on in-flight
+    /// accounting (`staleMetrics.mode: failOpen`), or shed at the fail-open cap.
+    pub fail_open: bool,
     /// Candidates that reached scoring (empty for baseline policies), in pool order.
     pub candidates: Vec<CandidateRecord>,
     /// The endpoints returned, best first (empty on rejection).
@@ -124,6 +127,9 @@ impl Explanation {
         )?;
         if self.fell_back_to_all_ready {
             s.push_str(" fell_back_to_all_ready");
+        }
+        if self.fail_open {
+            s.push_str(" fail_open");
         }
         if !self.filtered.is_empty() {
             s.push_str(" filtered=");

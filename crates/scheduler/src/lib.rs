@@ -27,10 +27,13 @@
 //! - [`endpoint`] — endpoint identity, labels and the metrics snapshot the shells keep fresh.
 //! - [`request`] — [`RequestContext`] and [`Priority`].
 //! - [`config`] — [`SchedulerConfig`], presets, weights, validation.
+//! - [`canary`] — model rewrites and weighted canary splits ([`Rewrites`]), per tenant.
 //! - [`decision`] — [`Decision`], [`Ranked`], [`Ticket`], [`Rejection`], [`Usage`].
 //! - [`explain`] — decision records.
 //! - [`flow`] — flow control: bounded per-priority queues, fair order between tenants, TTL
 //!   ([`FlowQueues`]).
+//! - [`peers`] — active-active picker replicas: the per-endpoint load they exchange
+//!   ([`PeerLoad`]) so each one's picks count the others' requests in flight.
 //! - [`prefix`] — the approximate prefix index and the chained block hasher.
 //! - [`quota`] — per-tenant request and token quotas in bucketed sliding windows that replicas
 //!   share through a store (time passed in).
@@ -49,17 +52,21 @@
 //! - `scorer` — the scorers and their combination (each formula is documented there and in
 //!   `docs/scheduler.md`).
 //! - `picker` — top-k with seeded ties, and the baseline policies.
+//! - `stale` — fail-open on stale metrics: the candidates that still answer, ranked on
+//!   in-flight accounting, within the per-pod cap.
 //! - `lora` — the LoRA-adapter arithmetic shared by the filter, the state and the views the
 //!   `lora-affinity` scorer reads.
 //! - `rates` — the online learner of per-pod prefill and decode rates.
 //! - [`error`] — the crate's error type.
 
+pub mod canary;
 pub mod config;
 pub mod decision;
 pub mod endpoint;
 pub mod error;
 pub mod explain;
 pub mod flow;
+pub mod peers;
 pub mod prefix;
 pub mod quota;
 pub mod request;
@@ -75,13 +82,15 @@ mod picker;
 mod rates;
 mod scheduler;
 mod scorer;
+mod stale;
 mod state;
 mod table;
 mod view;
 
+pub use canary::{RewriteError, RewriteRule, RewriteTarget, Rewrites};
 pub use config::{
-    AllFilteredAction, Policy, PrefixConfig, Preset, RateConfig, SchedulerConfig, Thresholds,
-    Weights,
+    AllFilteredAction, Policy, PrefixConfig, Preset, RateConfig, SchedulerConfig, StaleMetrics,
+    StaleMode, Thresholds, Weights,
 };
 pub use decision::{Decision, MAX_RETURNED, Ranked, Rejection, Ticket, Usage};
 pub use endpoint::{
@@ -91,6 +100,7 @@ pub use endpoint::{
 pub use error::{ConfigError, Error, UnknownPresetError};
 pub use explain::{CandidateRecord, Explanation, FilteredOut, ScoreRecord};
 pub use flow::{FlowConfig, FlowQueues, FlowRequest, FlowTicket};
+pub use peers::{MAX_PEERS, MAX_RATE_SAMPLES, PeerError, PeerLoad, RateSample};
 pub use prefix::{PrefixIndex, PrefixStats};
 pub use request::{Priority, RequestContext};
 pub use scheduler::{EndpointInfo, Scheduler};

@@ -310,5 +310,4 @@ mod tests {
         page(&mut ep, 2, &[], &[]);
         assert_eq!(aff(&ep, "b"), Some(FREE_SLOT));
     }
-
 }

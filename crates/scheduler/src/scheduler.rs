@@ -17,11 +17,13 @@ use crate::explain::Explanation;
 use crate::filter::{FilterContext, Filters};
 use crate::inflight::{self, Entry, InflightTable, Phase};
 use crate::lora::adapter_hash;
+use crate::peers::PeerTable;
 use crate::picker::Picker;
 use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
 use crate::rates::PoolRates;
 use crate::request::RequestContext;
 use crate::scorer::{self, ScorerKind};
+use crate::stale;
 use crate::table::{EndpointTable, Upsert};
 use crate::view::{self, Sources, View};
 
@@ -46,6 +48,9 @@ pub struct EndpointInfo {
     pub picked: u64,
     /// How its scrapes are going, as last reported ([`Scheduler::set_scrape_state`]).
     pub scrape: ScrapeState,
+    /// While its scrapes fail, whether they still reach the server
+    /// ([`Scheduler::set_reachable`]).
+    pub reachable: bool,
 }
 
 /// Reusable buffers so that a pick allocates nothing once the pool's size is stable.
@@ -101,6 +106,10 @@ pub struct Scheduler {
     /// Pool-wide learned rates (the cold-start priors) and typical request sizes.
     rates: PoolRates,
     scratch: Scratch,
+    /// The other picker replicas' newest reports ([`crate::peers`]).
+    peers: PeerTable,
+    /// Endpoints a peer report touched (reused between reports).
+    peer_scratch: Vec<SocketAddr>,
 }
 
 impl Scheduler {
@@ -122,6 +131,8 @@ impl Scheduler {
                 cfg.rates.decode_tokens_per_sec,
             ),
             scratch,
+            peers: PeerTable::default(),
+            peer_scratch: Vec::new(),
             cfg,
         })
     }
@@ -154,6 +165,7 @@ impl Scheduler {
     /// Adds an endpoint, or updates the identity and labels of the one at `meta.addr` (keeping its
     /// metrics, learned rates and in-flight requests).
     pub fn upsert_endpoint(&mut self, meta: EndpointMeta) {
+        let addr = meta.addr;
         let Upsert::Added(slot) = self.endpoints.upsert(meta) else {
             return;
         };
@@ -163,6 +175,9 @@ impl Scheduler {
             self.scratch.seen.resize(slots, 0);
         }
         self.prefix.set_endpoint(slot, None);
+        if !self.peers.is_empty() {
+            self.resum_peers(&[addr]);
+        }
     }
 
     /// Removes an endpoint. Its in-flight tickets stay valid to report but no longer count.
@@ -212,6 +227,11 @@ impl Scheduler {
         if capacity != old_capacity {
             self.prefix.set_endpoint(slot, capacity);
         }
+        if !self.peers.is_empty() {
+            // The snapshot counts what the peers had routed before it, as it does our own.
+            self.peers.snapshot_applied(&addr);
+            self.resum_peers(&[addr]);
+        }
         Ok(())
     }
 
@@ -227,6 +247,21 @@ impl Scheduler {
             .ok_or(Error::UnknownEndpoint(addr))?;
         if let Some(ep) = self.endpoints.get_mut(slot) {
             ep.scrape = state;
+        }
+        Ok(())
+    }
+
+    /// Records whether the endpoint's failing scrapes still reach the server (it is alive, its
+    /// metrics are not usable). With `staleMetrics.mode: failOpen`, when no candidate has fresh
+    /// metrics, the reachable ones keep receiving requests on in-flight accounting; unreachable
+    /// ones are never routed on. A new snapshot makes the question moot (the pod is fresh).
+    pub fn set_reachable(&mut self, addr: SocketAddr, reachable: bool) -> Result<(), Error> {
+        let slot = self
+            .endpoints
+            .slot_of(&addr)
+            .ok_or(Error::UnknownEndpoint(addr))?;
+        if let Some(ep) = self.endpoints.get_mut(slot) {
+            ep.reachable = reachable;
         }
         Ok(())
     }
@@ -265,6 +300,7 @@ impl Scheduler {
             rate_samples: ep.prefill.samples(),
             picked: ep.picked,
             scrape: ep.scrape,
+            reachable: ep.reachable,
         })
     }
 
@@ -353,6 +389,7 @@ impl Scheduler {
         let work = (e.queued_tokens + own).max(1.0);
         let (before, after) = ep.prefill.update(work / ttft, min_alpha);
         self.rates.prefill_changed(before, after);
+        let mut decode = None;
         // Decode: tokens after the first, over the time after the first.
         if usage.output_tokens > 1 {
             let dt = now.saturating_since(first).as_secs_f64();
@@ -360,8 +397,12 @@ impl Scheduler {
                 let rate = f64::from(usage.output_tokens - 1) / dt;
                 let (before, after) = ep.decode.update(rate, min_alpha);
                 self.rates.decode_changed(before, after);
+                decode = Some(rate);
             }
         }
+        // For the peer replicas, once a shell exchanges rate samples ([`crate::peers`]).
+        let addr = ep.cold.meta.addr;
+        self.peers.learned(addr, work / ttft, decode);
         true
     }
 
@@ -484,6 +525,26 @@ impl Scheduler {
         // Freshness is never relaxed: a pod whose scrapes fail is most likely down, and routing
         // on its last numbers turns an outage into upstream errors. The fallback relaxes LoRA only.
         let none_fresh = fresh == 0 && self.filters.freshness.is_some();
+        // Fail-open (`staleMetrics`): no fresh candidate, but some still answer.
+        let mut fail_open = false;
+        let mut capped = false;
+        if none_fresh && let Some(cap) = self.cfg.stale_metrics.fail_open_cap() {
+            match stale::build(
+                &src,
+                &cx,
+                &sc.candidates,
+                cap,
+                &mut sc.views,
+                ex.as_deref_mut(),
+            ) {
+                stale::Outcome::Views => fail_open = true,
+                stale::Outcome::Capped => capped = true,
+                stale::Outcome::NoneReachable => {}
+            }
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.fail_open = fail_open || capped;
+            }
+        }
         if sc.views.is_empty()
             && !none_fresh
             && self.cfg.on_all_filtered == AllFilteredAction::AllReady
@@ -498,6 +559,12 @@ impl Scheduler {
                 *m = 0;
             }
         }
+        if capped {
+            // Every pod that answers has its fail-open share: shed, as a saturated pool is.
+            return Err(Rejection::Shed {
+                retry_after: self.cfg.retry_after_min,
+            });
+        }
         if sc.views.is_empty() {
             return Err(if none_fresh {
                 Rejection::Unavailable {
@@ -509,10 +576,16 @@ impl Scheduler {
         }
         self.rates.observe_prompt(req.prompt_tokens);
         // Admission, the saturation filter and the scorers (scored policy only), then the pick.
-        if scored {
+        if fail_open {
+            // No usable load numbers: least in flight, prefix and LoRA breaking ties.
+            for v in sc.views.iter_mut() {
+                v.total = stale::score(v);
+            }
+        } else if scored {
             admission::admit(
                 &self.cfg,
                 req.priority,
+                req.queue_when_saturated,
                 &sc.views,
                 &self.endpoints,
                 &self.rates,
@@ -523,7 +596,11 @@ impl Scheduler {
             scorer::score_all(&self.scorers, &mut sc.views, &self.endpoints, now, ex);
         }
         let k = usize::from(self.cfg.returned_endpoints);
-        let ranking = self.picker.pick(&mut sc.views, k, rng);
+        let ranking = if fail_open {
+            crate::picker::top_k(&sc.views, k, rng, |v| v.total)
+        } else {
+            self.picker.pick(&mut sc.views, k, rng)
+        };
         let v = sc.views[ranking.first()];
         let mut endpoints = Ranked::new();
         for &i in ranking.as_slice() {
@@ -554,7 +631,11 @@ impl Scheduler {
         if use_prefix && !sc.hashes.is_empty() {
             self.prefix.insert(v.slot, &sc.hashes);
         }
-        Ok(Decision { endpoints, ticket })
+        Ok(Decision {
+            endpoints,
+            ticket,
+            fail_open,
+        })
     }
 }
 
@@ -564,5 +645,6 @@ impl Scheduler {
     clippy::expect_used,
     reason = "a failed unwrap is a failed test"
 )]
-                req.queue_when_saturated,
 mod tests;
+
+mod peers;

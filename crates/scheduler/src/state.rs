@@ -3,6 +3,7 @@
 
 use crate::endpoint::{EndpointMeta, MetricsSnapshot, ScrapeState, Timestamp};
 use crate::lora::{self, LoraHot};
+use crate::peers::PeerSum;
 use crate::rates::LogEwma;
 
 /// What the pick rarely reads, kept out of line so the hot fields of many endpoints share cache lines.
@@ -55,6 +56,12 @@ pub(crate) struct EndpointState {
     pub(crate) picked: u64,
     /// How its scrapes are going, as the shell reports it (see [`ScrapeState`]).
     pub(crate) scrape: ScrapeState,
+    /// While its scrapes fail: whether they still reach the server (it answers, its metrics do
+    /// not), as the shell reports it. Such a pod may be routed on in fail-open
+    /// ([`crate::config::StaleMetrics`]); an unreachable one never.
+    pub(crate) reachable: bool,
+    /// The other picker replicas' load on it, summed ([`crate::peers`]); zero without peers.
+    pub(crate) peer: PeerSum,
     pub(crate) cold: Box<Cold>,
 }
 
@@ -84,6 +91,8 @@ impl EndpointState {
             decode: LogEwma::default(),
             picked: 0,
             scrape: ScrapeState::Ok,
+            reachable: false,
+            peer: PeerSum::default(),
         }
     }
 

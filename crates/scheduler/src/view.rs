@@ -28,9 +28,10 @@ pub(crate) struct View {
     pub(crate) running: f64,
     /// KV-cache use in [0, 1], adjusted by routed-since-scrape prompt tokens when the capacity is known.
     pub(crate) kv: Option<f64>,
-    /// Tokens (prompt + expected output) of this gateway's requests in flight on the endpoint.
+    /// Tokens (prompt + expected output) of this gateway's requests in flight on the endpoint
+    /// (with its peer replicas', [`crate::peers`]).
     pub(crate) inflight_tokens: f64,
-    /// This gateway's requests in flight on the endpoint.
+    /// This gateway's (and its peer replicas') requests in flight on the endpoint.
     pub(crate) inflight: f64,
     /// Leading prompt blocks the endpoint probably holds.
     pub(crate) prefix_blocks: u32,
@@ -152,11 +153,15 @@ pub(crate) fn build(
             }
             continue 'candidates;
         }
+        // The other picker replicas' requests count as this one's own (zero without peers).
+        let peer = &ep.peer;
         let (since_pending, since_decoding, since_tokens) = if adj {
             (
-                f64::from(ep.since_pending),
-                f64::from(ep.since_requests.saturating_sub(ep.since_pending)),
-                ep.since_pending_tokens as f64,
+                f64::from(ep.since_pending) + f64::from(peer.since_pending),
+                f64::from(ep.since_requests.saturating_sub(ep.since_pending))
+                    + f64::from(peer.since_requests.saturating_sub(peer.since_pending)),
+                ep.since_pending_tokens
+                    .saturating_add(peer.since_pending_tokens) as f64,
             )
         } else {
             (0.0, 0.0, 0.0)
@@ -181,7 +186,7 @@ pub(crate) fn build(
         };
         let scraped_queue = m_wait * mean_prompt;
         let queued_tokens = if adj {
-            (ep.pending_tokens as f64).max(scraped_queue + since_tokens)
+            (ep.pending_tokens.saturating_add(peer.pending_tokens) as f64).max(scraped_queue + since_tokens)
         } else {
             scraped_queue
         };
@@ -207,8 +212,8 @@ pub(crate) fn build(
             waiting,
             running,
             kv,
-            inflight_tokens: ep.inflight_tokens as f64,
-            inflight: f64::from(ep.inflight),
+            inflight_tokens: ep.inflight_tokens.saturating_add(peer.inflight_tokens) as f64,
+            inflight: f64::from(ep.inflight) + f64::from(peer.inflight),
             prefix_blocks,
             prefix,
             lora,

@@ -1,0 +1,96 @@
+//! Fail-open on stale metrics (crate-internal): when no candidate has fresh metrics, the pods
+//! whose scrapes still reach the server keep receiving requests, ranked on what this gateway
+//! knows without a page — its own requests in flight on each — within a per-pod cap.
+//!
+//! The reference endpoint picker fails closed here, and a stalled `/metrics` (a busy server
+//! answers it on the event loop that streams tokens) then halts all dispatch to a pool that is
+//! serving fine. Unreachable pods (connection refused, nothing connected) are never candidates:
+//! routing to them would turn an outage into upstream errors.
+
+use crate::endpoint::ScrapeState;
+use crate::explain::{Explanation, FilteredOut};
+use crate::filter::FilterContext;
+use crate::lora;
+use crate::view::{Sources, View};
+
+/// Name of the cap in explanations.
+const CAP: &str = "stale-metrics-cap";
+
+/// What [`build`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// At least one pod answers and is under the cap: `views` holds them.
+    Views,
+    /// Pods answer, but every one is at the cap.
+    Capped,
+    /// No candidate answers: fail closed after all.
+    NoneReachable,
+}
+
+/// Views of the candidates that still answer and are under `cap`, with only what does not need
+/// a page: this gateway's in-flight count, the prefix match and the last known LoRA state.
+pub(crate) fn build(
+    src: &Sources<'_>,
+    cx: &FilterContext<'_, '_>,
+    candidates: &[u32],
+    cap: u32,
+    views: &mut Vec<View>,
+    mut ex: Option<&mut Explanation>,
+) -> Outcome {
+    views.clear();
+    let inv_blocks = if src.prompt_blocks > 0 {
+        1.0 / src.prompt_blocks as f64
+    } else {
+        0.0
+    };
+    let mut reachable = 0usize;
+    for &slot in candidates {
+        let Some(ep) = src.table.get(slot) else {
+            continue;
+        };
+        if ep.scrape != ScrapeState::Failed || !ep.reachable {
+            continue;
+        }
+        reachable += 1;
+        if ep.inflight >= cap {
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.filtered.push(FilteredOut {
+                    addr: ep.cold.meta.addr,
+                    filter: CAP,
+                });
+            }
+            continue;
+        }
+        let prefix_blocks = src.matched.get(slot as usize).copied().unwrap_or(0);
+        let lora = match cx.request.lora_adapter {
+            None => lora::NOT_REQUESTED,
+            Some(a) => ep
+                .lora_affinity(a, cx.adapter_hash)
+                .unwrap_or(lora::UNKNOWN),
+        };
+        views.push(View {
+            slot,
+            inflight: f64::from(ep.inflight),
+            inflight_tokens: ep.inflight_tokens as f64,
+            prefix_blocks,
+            prefix: f64::from(prefix_blocks) * inv_blocks,
+            lora,
+            ..View::default()
+        });
+    }
+    match (reachable, views.is_empty()) {
+        (0, _) => Outcome::NoneReachable,
+        (_, true) => Outcome::Capped,
+        (_, false) => Outcome::Views,
+    }
+}
+
+/// Fewest in flight first; among equals, the longer prefix match, then the better LoRA
+/// affinity (both in [0, 1], weighted so they never outweigh one request in flight).
+pub(crate) fn score(v: &View) -> f64 {
+    -v.inflight + 0.5 * v.prefix + 0.25 * v.lora.clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests;

@@ -1,0 +1,163 @@
+use std::time::Duration;
+
+use crate::fixtures::*;
+use crate::*;
+
+fn cfg(mode: StaleMode, cap: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        stale_metrics: StaleMetrics {
+            mode,
+            max_inflight_per_endpoint: cap,
+        },
+        ..SchedulerConfig::default()
+    }
+}
+
+/// `n` pods whose scrapes now fail, `reachable[i]` saying whether they still reach the server.
+fn failing(mode: StaleMode, cap: u32, reachable: &[bool]) -> Scheduler {
+    let n = u32::try_from(reachable.len()).unwrap();
+    let mut s = scheduler(cfg(mode, cap), n);
+    for (i, r) in reachable.iter().enumerate() {
+        let a = addr(u32::try_from(i).unwrap());
+        s.set_scrape_state(a, ScrapeState::Failed).unwrap();
+        s.set_reachable(a, *r).unwrap();
+    }
+    s
+}
+
+#[test]
+fn fail_open_dispatches_least_in_flight_up_to_the_cap_then_sheds() {
+    let mut s = failing(StaleMode::FailOpen, 3, &[true, true]);
+    let mut tickets = Vec::new();
+    for i in 0..6 {
+        let d = s
+            .pick(&RequestContext::new("m", 10), T0, &mut rng(i))
+            .unwrap();
+        assert!(d.fail_open);
+        tickets.push(d);
+    }
+    let on = |i| {
+        tickets
+            .iter()
+            .filter(|d| d.endpoints.first() == addr(i))
+            .count()
+    };
+    assert_eq!((on(0), on(1)), (3, 3));
+    for i in 0..2 {
+        assert_eq!(s.endpoint(addr(i)).unwrap().inflight, 3);
+    }
+    // Both at the cap: the seventh is shed (429 with Retry-After), not sent.
+    let (r, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(9));
+    assert_eq!(
+        r.unwrap_err(),
+        Rejection::Shed {
+            retry_after: Duration::from_secs(1)
+        }
+    );
+    assert!(ex.fail_open);
+    assert!(ex.summary(8).contains(" fail_open"), "{}", ex.summary(8));
+    assert_eq!(
+        ex.filtered
+            .iter()
+            .filter(|f| f.filter == "stale-metrics-cap")
+            .count(),
+        2
+    );
+    // One completes: exactly one more fits, on the pod it freed.
+    let done = tickets.remove(0);
+    let freed = done.endpoints.first();
+    assert!(s.complete(done.ticket, T0, Usage::default()));
+    let d = s
+        .pick(&RequestContext::new("m", 10), T0, &mut rng(10))
+        .unwrap();
+    assert_eq!(d.endpoints.first(), freed);
+    assert!(
+        s.pick(&RequestContext::new("m", 10), T0, &mut rng(11))
+            .is_err()
+    );
+}
+
+#[test]
+fn unreachable_pods_stay_removed_and_fail_closed_is_503() {
+    // One pod answers, one does not: only the first is routed, with no fallback to the other.
+    let mut s = failing(StaleMode::FailOpen, 8, &[false, true]);
+    for i in 0..5 {
+        let d = s
+            .pick(&RequestContext::new("m", 10), T0, &mut rng(i))
+            .unwrap();
+        assert_eq!(d.endpoints.as_slice(), &[addr(1)]);
+    }
+    // None answers: 503 as before.
+    let mut s = failing(StaleMode::FailOpen, 8, &[false, false]);
+    assert!(matches!(
+        s.pick(&RequestContext::new("m", 10), T0, &mut rng(1)),
+        Err(Rejection::Unavailable { .. })
+    ));
+    // Fail-closed: reachable or not, 503.
+    let mut s = failing(StaleMode::FailClosed, 8, &[true, true]);
+    let (r, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
+    assert!(matches!(r, Err(Rejection::Unavailable { .. })), "{r:?}");
+    assert!(!ex.fail_open);
+}
+
+#[test]
+fn a_fresh_pod_is_preferred_and_fail_open_needs_every_pod_stale() {
+    let mut s = failing(StaleMode::FailOpen, 8, &[true, true]);
+    // Pod 0 recovers: its page makes it the only candidate, and the pick is not fail-open.
+    s.apply_metrics(addr(0), snapshot(T0, 0, 0.1)).unwrap();
+    for i in 0..5 {
+        let d = s
+            .pick(&RequestContext::new("m", 10), T0, &mut rng(i))
+            .unwrap();
+        assert!(!d.fail_open);
+        assert_eq!(d.endpoints.as_slice(), &[addr(0)]);
+    }
+    // An ok pod whose page merely aged (the scraper said nothing) is not known to answer:
+    // the fail-open set is the reachable failed pods only.
+    let later = T0.saturating_add(Duration::from_secs(60));
+    let d = s
+        .pick(&RequestContext::new("m", 10), later, &mut rng(7))
+        .unwrap();
+    assert!(d.fail_open);
+    assert_eq!(d.endpoints.as_slice(), &[addr(1)]);
+}
+
+#[test]
+fn ties_go_to_the_pod_running_the_adapter_on_its_last_page() {
+    let mut s = scheduler(cfg(StaleMode::FailOpen, 8), 0);
+    add_endpoint(&mut s, 0, with_lora(0, 2, &[], &[]));
+    add_endpoint(&mut s, 1, with_lora(0, 2, &["sql"], &[]));
+    for i in 0..2 {
+        s.set_scrape_state(addr(i), ScrapeState::Failed).unwrap();
+        s.set_reachable(addr(i), true).unwrap();
+    }
+    let cx = RequestContext::new("m", 10).with_lora(Some("sql"));
+    let first = s.pick(&cx, T0, &mut rng(1)).unwrap();
+    assert_eq!(first.endpoints.first(), addr(1));
+    // Least in flight still comes first: the next goes to the idle pod.
+    let second = s.pick(&cx, T0, &mut rng(2)).unwrap();
+    assert_eq!(second.endpoints.first(), addr(0));
+}
+
+#[test]
+fn the_setting_reads_and_validates() {
+    let c: SchedulerConfig = serde_yaml::from_str(
+        "preset: infergate\nstaleMetrics: { mode: failClosed, maxInflightPerEndpoint: 4 }\n",
+    )
+    .unwrap();
+    assert_eq!(c.stale_metrics.fail_open_cap(), None);
+    assert_eq!(c.stale_metrics.max_inflight_per_endpoint, 4);
+    let d = SchedulerConfig::default();
+    assert_eq!(d.stale_metrics.fail_open_cap(), Some(32));
+    let bad = SchedulerConfig {
+        stale_metrics: StaleMetrics {
+            mode: StaleMode::FailOpen,
+            max_inflight_per_endpoint: 0,
+        },
+        ..SchedulerConfig::default()
+    };
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("staleMetrics.maxInflightPerEndpoint"), "{e}");
+    let back: SchedulerConfig = serde_yaml::from_str(&serde_yaml::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back, c);
+}
