@@ -451,87 +451,90 @@ async fn run_example(path: &Path, example_index: u8) {
             .iter()
             .find(|o| o["kind"] == "InferencePool" && name(o) == pool_name)
             .unwrap();
-        let model_header = rule["matches"][0]["headers"][0].clone();
-        let model = match &model_header["value"] {
-            Value::String(m) => m.clone(),
-            _ => "any-model".to_owned(),
-        };
-        let body = serde_json::to_vec(&json!({
-            "model": model,
-            "max_tokens": 4,
-            "messages": [{ "role": "user", "content": "hello" }],
-        }))
-        .unwrap();
-        if let Some(bbr) = bbr {
-            let envoy = Envoy::connect(ext_proc_addr(name(bbr))).await;
+        // Every name the route matches: the model, its adapters, the names its rewrites match.
+        for m in rule["matches"].as_array().unwrap() {
+            let model_header = m["headers"][0].clone();
+            let model = match &model_header["value"] {
+                Value::String(m) => m.clone(),
+                _ => "any-model".to_owned(),
+            };
+            let body = serde_json::to_vec(&json!({
+                "model": model,
+                "max_tokens": 4,
+                "messages": [{ "role": "user", "content": "hello" }],
+            }))
+            .unwrap();
+            if let Some(bbr) = bbr {
+                let envoy = Envoy::connect(ext_proc_addr(name(bbr))).await;
+                let mut ex = envoy.open().await;
+                ex.send(request_headers("/v1/chat/completions", &[], false))
+                    .await;
+                ex.send(request_body(&body, true)).await;
+                let answer = headers_answer(&ex.next().await);
+                let header = model_header["name"].as_str().unwrap().to_ascii_lowercase();
+                assert_eq!(
+                    header,
+                    wire::MODEL_HEADER,
+                    "the route matches the header the BBR sets"
+                );
+                assert_eq!(answer.header(&header), Some(model.as_str()), "{answer:?}");
+            }
+            // The pool's picker: the Service the InferencePool names, to the Deployment it selects.
+            let svc_name = pool["spec"]["endpointPickerRef"]["name"].as_str().unwrap();
+            let svc_port = pool["spec"]["endpointPickerRef"]["port"]["number"]
+                .as_u64()
+                .unwrap();
+            let svc = objects
+                .iter()
+                .find(|o| o["kind"] == "Service" && name(o) == svc_name)
+                .unwrap_or_else(|| panic!("the pool's picker Service {svc_name} is not rendered"));
+            let sp = svc["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["port"].as_u64() == Some(svc_port))
+                .unwrap_or_else(|| panic!("Service {svc_name} has no port {svc_port}"));
+            let selector = svc["spec"]["selector"].as_object().unwrap();
+            let (p, d) = procs
+                .iter()
+                .zip(&deployments)
+                .find(|(_, d)| {
+                    selector
+                        .iter()
+                        .all(|(k, v)| d["spec"]["template"]["metadata"]["labels"][k] == *v)
+                })
+                .unwrap_or_else(|| panic!("Service {svc_name} selects no rendered pod"));
+            let c = &d["spec"]["template"]["spec"]["containers"][0];
+            let picker_addr = SocketAddr::new(p.host, port_of(c, &sp["targetPort"]));
+            // Envoy AI Gateway reaches the picker over TLS, accepting any certificate: so does this
+            // client, and it fails if the rendered command line serves plaintext there.
+            let envoy = Envoy::connect_tls(picker_addr).await;
             let mut ex = envoy.open().await;
-            ex.send(request_headers("/v1/chat/completions", &[], false))
+            let mut headers = vec![];
+            if bbr.is_some() {
+                headers.push((wire::MODEL_HEADER, model.as_str()));
+            }
+            ex.send(request_headers("/v1/chat/completions", &headers, false))
                 .await;
             ex.send(request_body(&body, true)).await;
             let answer = headers_answer(&ex.next().await);
-            let header = model_header["name"].as_str().unwrap().to_ascii_lowercase();
-            assert_eq!(
-                header,
-                wire::MODEL_HEADER,
-                "the route matches the header the BBR sets"
+            let dest = answer
+                .header(wire::DESTINATION_HEADER)
+                .unwrap_or_else(|| panic!("{}: no destination in {answer:?}", p.deployment));
+            // Envoy Gateway's ORIGINAL_DST cluster reads the header as one address.
+            let first: SocketAddr = dest.parse().unwrap_or_else(|e| {
+                panic!(
+                    "{}: destination {dest:?} is not one ip:port: {e}",
+                    p.deployment
+                )
+            });
+            assert!(
+                pods_of_pool[pool_name].contains(&first),
+                "{}: picked {first}, pool {pool_name} has {:?}",
+                p.deployment,
+                pods_of_pool[pool_name]
             );
-            assert_eq!(answer.header(&header), Some(model.as_str()), "{answer:?}");
         }
-        // The pool's picker: the Service the InferencePool names, to the Deployment it selects.
-        let svc_name = pool["spec"]["endpointPickerRef"]["name"].as_str().unwrap();
-        let svc_port = pool["spec"]["endpointPickerRef"]["port"]["number"]
-            .as_u64()
-            .unwrap();
-        let svc = objects
-            .iter()
-            .find(|o| o["kind"] == "Service" && name(o) == svc_name)
-            .unwrap_or_else(|| panic!("the pool's picker Service {svc_name} is not rendered"));
-        let sp = svc["spec"]["ports"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["port"].as_u64() == Some(svc_port))
-            .unwrap_or_else(|| panic!("Service {svc_name} has no port {svc_port}"));
-        let selector = svc["spec"]["selector"].as_object().unwrap();
-        let (p, d) = procs
-            .iter()
-            .zip(&deployments)
-            .find(|(_, d)| {
-                selector
-                    .iter()
-                    .all(|(k, v)| d["spec"]["template"]["metadata"]["labels"][k] == *v)
-            })
-            .unwrap_or_else(|| panic!("Service {svc_name} selects no rendered pod"));
-        let c = &d["spec"]["template"]["spec"]["containers"][0];
-        let picker_addr = SocketAddr::new(p.host, port_of(c, &sp["targetPort"]));
-        // Envoy AI Gateway reaches the picker over TLS, accepting any certificate: so does this
-        // client, and it fails if the rendered command line serves plaintext there.
-        let envoy = Envoy::connect_tls(picker_addr).await;
-        let mut ex = envoy.open().await;
-        let mut headers = vec![];
-        if bbr.is_some() {
-            headers.push((wire::MODEL_HEADER, model.as_str()));
-        }
-        ex.send(request_headers("/v1/chat/completions", &headers, false))
-            .await;
-        ex.send(request_body(&body, true)).await;
-        let answer = headers_answer(&ex.next().await);
-        let dest = answer
-            .header(wire::DESTINATION_HEADER)
-            .unwrap_or_else(|| panic!("{}: no destination in {answer:?}", p.deployment));
-        // Envoy Gateway's ORIGINAL_DST cluster reads the header as one address.
-        let first: SocketAddr = dest.parse().unwrap_or_else(|e| {
-            panic!(
-                "{}: destination {dest:?} is not one ip:port: {e}",
-                p.deployment
-            )
-        });
-        assert!(
-            pods_of_pool[pool_name].contains(&first),
-            "{}: picked {first}, pool {pool_name} has {:?}",
-            p.deployment,
-            pods_of_pool[pool_name]
-        );
     }
     assert!(
         kube.requests()

@@ -67,6 +67,16 @@ pub struct PickerArgs {
     /// (`infergate_pool::quota::spec`), read at start.
     #[arg(long, value_name = "FILE")]
     pub quotas: Option<PathBuf>,
+    /// Flow control: a YAML file with the gateway's `flowControl:` and `tenancy:` sections
+    /// (`infergate_pool::flow::FlowSettings`), read at start. The tenant is
+    /// `x-llm-d-inference-fairness-id`, the priority the objective `x-llm-d-inference-objective`
+    /// names.
+    #[arg(long, value_name = "FILE")]
+    pub flow_control: Option<PathBuf>,
+    /// Model rewrites and canary splits: a YAML list of `InferenceModelRewrite`-style rules
+    /// (see `infergate_extproc::canary`), reloaded when the file changes.
+    #[arg(long)]
+    pub rewrites: Option<PathBuf>,
     /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
     #[arg(long)]
     pub default_engine: Option<String>,
@@ -116,6 +126,8 @@ impl PickerArgs {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             model_rewrites: Vec::new(),
             quotas: None,
+            flow_control: None,
+            rewrites: None,
             default_engine: None,
             seed: 0,
             explain_header: false,

@@ -23,6 +23,15 @@ pub enum Error {
         #[source]
         source: serde_yaml::Error,
     },
+    /// A rewrites file parsed, but its rules are inconsistent.
+    #[error("{path}: invalid model rewrites")]
+    Rewrites {
+        /// The file.
+        path: PathBuf,
+        /// Which rule is wrong, and how.
+        #[source]
+        source: infergate_scheduler::RewriteError,
+    },
     /// An endpoint entry is unusable.
     #[error("endpoint `{endpoint}`: {reason}")]
     Endpoint {

@@ -16,6 +16,7 @@
 //! - [`picker`] — the endpoint-picker service; `picker/exchange.rs` is the per-stream state
 //!   machine;
 //! - [`bbr`] — the body-based router service;
+//! - [`canary`] — the picker's model rewrites and canary splits, reloaded from their file;
 //! - [`pool`] — the [`EndpointPool`] seam and its implementation for the live pool;
 //! - [`discovery`] — pool membership from a static file or from Kubernetes pods;
 //! - [`rewrite`] — the response-path model-name rewriter;
@@ -30,6 +31,7 @@
 
 pub mod args;
 pub mod bbr;
+pub mod canary;
 pub mod discovery;
 pub mod error;
 #[cfg(fuzzing)]

@@ -48,11 +48,22 @@ pub struct PickerConfig {
     /// Per-tenant quotas (`--quotas`; the tenant is `x-llm-d-inference-fairness-id`, else
     /// `default`): a tenant over its quota is answered 429 before the pick.
     pub quotas: Option<infergate_pool::quota::Quotas>,
+    /// Model rewrites and canary splits (`--rewrites`), reloadable; consulted before
+    /// `model_rewrites`. Per-tenant rules match `x-llm-d-inference-fairness-id`.
+    pub rewrites: crate::canary::RewriteTable,
     /// Whether a request carrying `x-infergate-explain: 1` gets its routing decision back in the
     /// `x-infergate-explain` response header (set by the response-path header mutation, or on
     /// the immediate response of a rejection). Off by default: the explanation names pods,
     /// addresses and scores.
     pub explain_header: bool,
+    /// Flow control (`--flow-control`: `flowControl:` and `tenancy:`): requests wait in
+    /// bounded per-priority queues while every pod is saturated. The tenant is
+    /// `x-llm-d-inference-fairness-id` (else `default`), the priority the objective named by
+    /// `x-llm-d-inference-objective`. `run_picker` turns it into [`PickerConfig::flow`].
+    pub flow_control: Option<infergate_pool::flow::FlowSettings>,
+    /// The running flow controller (set by `run_picker` from `flow_control`, or by a test);
+    /// `None`: no flow control, a saturated pool routes or sheds at once.
+    pub flow: Option<infergate_pool::flow::FlowController>,
 }
 
 impl Default for PickerConfig {
@@ -65,7 +76,10 @@ impl Default for PickerConfig {
             response_body_mode: BodyMode::FullDuplex,
             model_rewrites: HashMap::new(),
             quotas: None,
+            rewrites: crate::canary::RewriteTable::default(),
             explain_header: false,
+            flow_control: None,
+            flow: None,
         }
     }
 }
@@ -98,6 +112,9 @@ impl<P: EndpointPool> EndpointPicker<P> {
     /// A picker routing on `pool`, counting into `telemetry`.
     pub fn new(config: PickerConfig, pool: P, telemetry: Telemetry) -> Self {
         let counters = telemetry.for_pool(&config.pool_name);
+        if let (Some(flow), Some(changes)) = (&config.flow, pool.changes()) {
+            flow.watch(changes);
+        }
         EndpointPicker {
             shared: Arc::new(Shared {
                 config,

@@ -80,6 +80,30 @@ pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
     })
 }
 
+/// Reads a flow-control file (`flowControl:` and `tenancy:`, as in the gateway's file) and checks
+/// it.
+pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSettings, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let invalid = |e: String| Error::Yaml {
+        path: path.to_owned(),
+        source: <serde_yaml::Error as serde::de::Error>::custom(e),
+    };
+    let settings: infergate_pool::flow::FlowSettings =
+        serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
+            path: path.to_owned(),
+            source,
+        })?;
+    settings
+        .flow_control
+        .validate()
+        .map_err(|e| invalid(e.to_string()))?;
+    infergate_pool::tenant::Tenancy::new(&settings.tenancy).map_err(|e| invalid(e.to_string()))?;
+    Ok(settings)
+}
+
 /// Reads a quota file (the gateway's `quotas:` fields) and starts the quota service, sharing
 /// through Redis when the file says so. Must run inside a tokio runtime.
 pub fn load_quotas(path: &Path) -> Result<infergate_pool::quota::Quotas, Error> {
@@ -120,6 +144,26 @@ pub async fn run_picker(
         ))),
     )?;
     let telemetry = Telemetry::register(&mut registry);
+    let mut picker = picker;
+    if picker.flow.is_none()
+        && let Some(s) = picker
+            .flow_control
+            .as_ref()
+            .filter(|s| s.flow_control.enabled)
+    {
+        // Checked when the file was read (`load_flow_settings`).
+        let tenancy = infergate_pool::tenant::Tenancy::new(&s.tenancy).unwrap_or_default();
+        let metrics = infergate_pool::flow::FlowMetrics::register(
+            registry.sub_registry_with_prefix("extproc"),
+        );
+        picker.flow = Some(infergate_pool::flow::FlowController::new(
+            &picker.pool_name,
+            s.flow_control,
+            tenancy,
+            live.clock(),
+            &metrics,
+        ));
+    }
     if let Some(tls) = &listeners.tls {
         tls.register(&mut registry);
     }

@@ -34,6 +34,17 @@ pub(crate) enum Flow {
 pub(crate) trait Exchange: Send + 'static {
     /// Handles one message from Envoy, appending the answers to `out`.
     fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow;
+
+    /// Drives work the exchange waits on between messages (a request queued by flow control),
+    /// appending its answers to `out`. `Pending`: still waiting (the waker is registered);
+    /// Envoy's next messages are read only once it is ready.
+    fn poll_waiting(
+        &mut self,
+        _cx: &mut Context<'_>,
+        _out: &mut Vec<ProcessingResponse>,
+    ) -> Poll<Flow> {
+        Poll::Ready(Flow::Continue)
+    }
 }
 
 /// Runs an [`Exchange`] as the response stream of one ext_proc call.
@@ -83,6 +94,15 @@ impl<C: Exchange> AnswerStream<C> {
             let Some(exchange) = self.exchange.as_mut() else {
                 return Poll::Ready(());
             };
+            match exchange.poll_waiting(cx, &mut self.pending) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Flow::Close) => {
+                    self.exchange = None;
+                    continue;
+                }
+                Poll::Ready(Flow::Continue) if self.next < self.pending.len() => continue,
+                Poll::Ready(Flow::Continue) => {}
+            }
             match Pin::new(&mut self.inbound).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(msg))) => {

@@ -615,7 +615,7 @@ async fn the_picker_explains_a_decision_only_when_enabled_and_asked() {
     drop(ex);
     drop(off);
 
-    let on = Process::start(
+    let mut on = Process::start(
         2,
         PickerConfig {
             explain_header: true,
@@ -656,12 +656,34 @@ async fn the_picker_explains_a_decision_only_when_enabled_and_asked() {
         "{explained}"
     );
     drop(ex);
-    // A rejection carries it on the immediate response.
+    // Every page missing while the pods still answer: the default preset routes fail-open
+    // (`staleMetrics`), and the decision says so. (Before fail-open this was the rejection
+    // case; it moved to dead pods below.)
     on.set_metrics("pod-0", MetricsFault::Missing);
     on.set_metrics("pod-1", MetricsFault::Missing);
     on.wait_metric("infergate_pod_stale", "pod-0", 1.0).await;
     on.wait_metric("infergate_pod_stale", "pod-1", 1.0).await;
-    let answer = on.route(3, &ask).await;
+    let (answer, mut ex) = on.open_route(3, &ask).await;
+    headers_answer(&answer);
+    ex.streamed_body(true, usize::MAX).await;
+    ex.send(response_headers(200, "application/json", false))
+        .await;
+    let explained =
+        set_header_value(&ex.next().await, "x-infergate-explain").expect("no explanation");
+    assert!(explained.contains(" fail_open"), "{explained}");
+    drop(ex);
+    // A rejection carries it on the immediate response: every pod gone, nothing answers.
+    on.fleet_stop.take().unwrap().send(()).unwrap();
+    on.fleet.take().unwrap().wait().await;
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    let answer = loop {
+        let answer = on.route(4, &ask).await;
+        if set_header_value(&answer, "x-infergate-explain").is_some() {
+            break answer;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never rejected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(immediate_parts(&answer).0, 503);
     let explained = set_header_value(&answer, "x-infergate-explain").expect("no explanation");
     assert!(

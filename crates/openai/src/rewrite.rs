@@ -1,9 +1,9 @@
 //! Model-name rewriting on the response path, chunk by chunk.
 //!
-//! When the picker or the gateway rewrites a request's `model` (the client's name → the name the model server
-//! serves), responses name the server's model; [`ModelRewriter`] turns `"model":"<served>"` back
-//! into `"model":"<requested>"` as chunks pass, whatever the chunk boundaries. It holds back at
-//! most one pattern's length minus one byte between chunks.
+//! When the picker or the gateway rewrites a request's `model` (the client's name → the name the
+//! model server serves), responses name the server's model; [`ModelRewriter`] turns
+//! `"model":"<served>"` back into `"model":"<requested>"` as chunks pass, whatever the chunk
+//! boundaries. It holds back at most one pattern's length minus one byte between chunks.
 
 /// Streaming replacement of one JSON `model` value.
 #[derive(Clone, Debug)]

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 
 use infergate_extproc::args::{self, BbrArgs, PickerArgs, command_line};
 use infergate_extproc::bbr::ModelsFile;
-use infergate_scheduler::SchedulerConfig;
+use infergate_scheduler::{RewriteRule, Rewrites, SchedulerConfig, StaleMode};
 
 use crate::Error;
 
@@ -70,6 +70,10 @@ pub const SCHEDULER_CONFIG_FILE: &str = "scheduler.yaml";
 pub const MODELS_CONFIG_FILE: &str = "models.yaml";
 /// Path of the scheduler config inside the picker pod.
 pub const SCHEDULER_CONFIG_PATH: &str = "/etc/infergate/scheduler.yaml";
+/// File name of the model rewrites in the picker's ConfigMap (read by `--rewrites`).
+pub const REWRITES_CONFIG_FILE: &str = "rewrites.yaml";
+/// Path of the model rewrites inside the picker pod.
+pub const REWRITES_CONFIG_PATH: &str = "/etc/infergate/rewrites.yaml";
 /// Path of the model map inside the BBR pod.
 pub const MODELS_CONFIG_PATH: &str = "/etc/infergate/models.yaml";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its name).
@@ -366,7 +370,7 @@ impl<'a> Renderer<'a> {
             models: spec
                 .schedulers
                 .iter()
-                .map(|s| (s.model_name.clone(), s.lora_adapters.clone()))
+                .map(|s| (s.model_name.clone(), routed_names(s).cloned().collect()))
                 .collect(),
         };
         let models_yaml = to_yaml(&models)?;
@@ -391,6 +395,7 @@ impl<'a> Renderer<'a> {
             args: command_line("bbr", &bbr).map_err(Error::CommandLine)?,
             ports: &ports,
             config_file: MODELS_CONFIG_FILE,
+            rewrites_file: None,
             config_hash: &hash,
         };
         out.push(child(&self.deployment(
@@ -462,11 +467,18 @@ impl<'a> Renderer<'a> {
         // What the picker runs with, in the picker's own file format (`--config`).
         let scheduler_yaml = to_yaml(&scheduler_config(s)?)?;
         let hash = fnv_hex(&scheduler_yaml);
+        let mut data = json!({ SCHEDULER_CONFIG_FILE: scheduler_yaml });
+        // The rewrites are left out of the hash: the picker reloads the mounted file in place,
+        // so a changed split rolls no pod and drops no request.
+        let rewrites = rewrites_yaml(s)?;
+        if let Some(r) = &rewrites {
+            data[REWRITES_CONFIG_FILE] = json!(r);
+        }
         let cm: ConfigMap = typed(
             "ConfigMap",
             json!({
                 "metadata": self.meta(&epp, component, sched)?,
-                "data": { SCHEDULER_CONFIG_FILE: scheduler_yaml },
+                "data": data,
             }),
         )?;
         out.push(child(&cm)?);
@@ -499,6 +511,9 @@ impl<'a> Renderer<'a> {
 
         let mut picker = PickerArgs::new(&pool_name, &self.namespace);
         picker.config = Some(SCHEDULER_CONFIG_PATH.into());
+        if rewrites.is_some() {
+            picker.rewrites = Some(REWRITES_CONFIG_PATH.into());
+        }
         picker.default_engine = Some(s.engine_type.as_str().to_owned());
         // The body passes the BBR first: the picker must accept what the BBR accepted.
         picker.max_body_bytes = body_limit(self.cfg.spec.bbr.max_request_body_bytes)?;
@@ -515,6 +530,7 @@ impl<'a> Renderer<'a> {
             args: command_line("picker", &picker).map_err(Error::CommandLine)?,
             ports: &ports,
             config_file: SCHEDULER_CONFIG_FILE,
+            rewrites_file: rewrites.is_some().then_some(REWRITES_CONFIG_FILE),
             config_hash: &hash,
         };
         out.push(child(
@@ -529,7 +545,7 @@ impl<'a> Renderer<'a> {
         // Without the BBR there is one scheduler and nothing to choose: match every request.
         let matches: Vec<Value> = if self.cfg.spec.bbr.enabled {
             std::iter::once(&s.model_name)
-                .chain(s.lora_adapters.iter())
+                .chain(routed_names(s))
                 .map(|m| {
                     json!({
                         "path": { "type": "PathPrefix", "value": "/" },
@@ -649,6 +665,12 @@ impl<'a> Renderer<'a> {
                 json!({ "grpc": { "port": h, "service": "liveness" }, "periodSeconds": 10 });
         }
         let file = process.config_file;
+        let mut items = vec![json!({ "key": file, "path": file })];
+        items.extend(
+            process
+                .rewrites_file
+                .map(|f| json!({ "key": f, "path": f })),
+        );
         let mut pod_spec = json!({
             "serviceAccountName": name,
             "automountServiceAccountToken": sched.is_some(),
@@ -657,7 +679,7 @@ impl<'a> Renderer<'a> {
                 "seccompProfile": { "type": "RuntimeDefault" },
             },
             "containers": [container],
-            "volumes": [{ "name": "config", "configMap": { "name": name, "items": [{ "key": file, "path": file }] } }],
+            "volumes": [{ "name": "config", "configMap": { "name": name, "items": items } }],
         });
         if !pd.node_selector.is_empty() {
             pod_spec["nodeSelector"] = json!(pd.node_selector);
@@ -779,7 +801,41 @@ struct Process<'a> {
     args: Vec<String>,
     ports: &'a [(&'a str, i32)],
     config_file: &'a str,
+    /// The picker's model rewrites, a second file of the same ConfigMap (not in the hash).
+    rewrites_file: Option<&'a str>,
     config_hash: &'a str,
+}
+
+/// The names that route to `s`'s pool besides its model: its LoRA adapters, then the names
+/// its rewrite rules match (the BBR maps them to the model, the HTTPRoute matches them, and
+/// the picker rewrites them), each once.
+fn routed_names(s: &SchedulerSpec) -> impl Iterator<Item = &String> + '_ {
+    let mut names: Vec<&String> = s.lora_adapters.iter().collect();
+    for r in &s.model_rewrites {
+        for m in &r.matches {
+            let n = &m.model.value;
+            if *n != s.model_name && !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    names.into_iter()
+}
+
+/// The picker's `--rewrites` file for `s`, `None` without rules. Checked here with the
+/// picker's own compiler, so a rule the picker would refuse is a render error.
+fn rewrites_yaml(s: &SchedulerSpec) -> Result<Option<String>, Error> {
+    if s.model_rewrites.is_empty() {
+        return Ok(None);
+    }
+    let v = serde_json::to_value(&s.model_rewrites).map_err(|source| Error::Shape {
+        kind: "modelRewrites",
+        source,
+    })?;
+    let rules: Vec<RewriteRule> = serde_json::from_value(v)
+        .map_err(|e| Error::SchedulerConfig(format!("modelRewrites: {e}")))?;
+    Rewrites::new(&rules).map_err(|e| Error::SchedulerConfig(format!("modelRewrites: {e}")))?;
+    to_yaml(&rules).map(Some)
 }
 
 /// Requests sized for the measured footprint of a picker or BBR at a few thousand requests per
@@ -819,6 +875,18 @@ pub fn scheduler_config(s: &SchedulerSpec) -> Result<SchedulerConfig, Error> {
             }
         }
     };
+    let mut cfg = cfg;
+    if let Some(st) = &s.stale_metrics {
+        if let Some(m) = st.mode {
+            cfg.stale_metrics.mode = match m {
+                infergate_api::config::StaleMode::FailOpen => StaleMode::FailOpen,
+                infergate_api::config::StaleMode::FailClosed => StaleMode::FailClosed,
+            };
+        }
+        if let Some(n) = st.max_inflight_per_endpoint {
+            cfg.stale_metrics.max_inflight_per_endpoint = n;
+        }
+    }
     // Envoy Gateway routes an InferencePool backend through an ORIGINAL_DST cluster that reads
     // `x-gateway-destination-endpoint` as one `ip:port` (docs/operator.md cites the source); a
     // fallback list there is not an address. So the picker answers with its first choice only.

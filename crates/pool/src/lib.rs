@@ -33,6 +33,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ use infergate_scheduler::{
     Decision, EndpointInfo, EndpointMeta, Explanation, Ranked, Rejection, RequestContext,
     Scheduler, SchedulerConfig, Ticket, Usage,
 };
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -51,16 +53,16 @@ use rand::rngs::SmallRng;
 
 pub mod admin;
 pub mod error;
+pub mod flow;
 pub mod heartbeat;
 pub mod histogram;
-pub mod flow;
 pub mod lifecycle;
 pub mod pods;
 pub mod quota;
 pub mod redis;
+pub mod tenant;
 pub mod tls;
 
-pub mod tenant;
 pub use error::PoolError;
 
 /// How a pool routes and how it watches its endpoints.
@@ -88,6 +90,10 @@ struct State {
 struct Telemetry {
     pick_seconds: Histogram,
     endpoints: Gauge,
+    /// 1 while the pool dispatches fail-open (no pod with fresh metrics; `staleMetrics`).
+    fail_open: Gauge,
+    /// Requests dispatched fail-open.
+    fail_open_requests: Counter,
 }
 
 impl Telemetry {
@@ -99,6 +105,8 @@ impl Telemetry {
                 prometheus_client::metrics::histogram::exponential_buckets(1e-6, 2.0, 13),
             ),
             endpoints: Gauge::default(),
+            fail_open: Gauge::default(),
+            fail_open_requests: Counter::default(),
         };
         if let Some(r) = registry {
             r.register(
@@ -111,17 +119,34 @@ impl Telemetry {
                 "Endpoints in the pool",
                 t.endpoints.clone(),
             );
+            r.register(
+                "pool_fail_open",
+                "1 while no pod has fresh metrics and requests are dispatched fail-open on in-flight accounting (staleMetrics)",
+                t.fail_open.clone(),
+            );
+            r.register(
+                "pool_fail_open_requests",
+                "Requests dispatched fail-open (no pod with fresh metrics)",
+                t.fail_open_requests.clone(),
+            );
         }
         t
     }
 }
 
 struct Shared {
+    /// Notified when room may have freed up: an in-flight entry released, a metrics page
+    /// applied (flow control's wake-up; `notify_one`, so a wake-up is never lost).
+    changes: Arc<tokio::sync::Notify>,
     state: Arc<Mutex<State>>,
     scraper: Scraper<SocketAddr>,
     clock: Clock,
     stale_after: Duration,
     telemetry: Telemetry,
+    /// Whether the last decisive pick was fail-open (for the gauge and the enter/leave logs).
+    fail_open: AtomicBool,
+    /// Whether the scheduler dispatches fail-open when no pod is fresh (`staleMetrics`).
+    fail_open_enabled: bool,
 }
 
 /// A pool of model-server endpoints with live metrics and a scheduler. Cheap to clone.
@@ -135,9 +160,6 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // every mutation it makes is a single counter or table update.
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
-    /// Notified when room may have freed up: an in-flight entry released, a metrics page
-    /// applied (flow control's wake-up; `notify_one`, so a wake-up is never lost).
-    changes: Arc<tokio::sync::Notify>,
 
 impl LivePool {
     /// Starts a pool with no endpoints. Must be called inside a tokio runtime (the scraper spawns
@@ -171,6 +193,8 @@ impl LivePool {
             .scheduler
             .max_metrics_age
             .unwrap_or(config.scrape.stale_after);
+        let fail_open_enabled = config.scheduler.max_metrics_age.is_some()
+            && config.scheduler.stale_metrics.fail_open_cap().is_some();
         let scheduler = Scheduler::new(config.scheduler)?;
         let state = Arc::new(Mutex::new(State {
             scheduler,
@@ -190,6 +214,8 @@ impl LivePool {
         }
         let telemetry = Telemetry::new(registry);
         let sink_state = Arc::clone(&state);
+        let changes = Arc::new(tokio::sync::Notify::new());
+        let sink_changes = Arc::clone(&changes);
         // The scraper has already logged every transition; the scheduler follows it: a late pod
         // stays a candidate on its last page, a failed one leaves the candidates at once.
         let sink = move |addr: &SocketAddr, update: Update| {
@@ -204,28 +230,37 @@ impl LivePool {
                     applied
                 }
                 Update::Late { .. } => st.scheduler.set_scrape_state(*addr, ScrapeState::Late),
-                Update::Stale { unreachable, .. } => {
+                Update::Stale {
+                    unreachable,
+                    reachable,
+                    ..
+                } => {
                     if unreachable {
                         st.unreachable.insert(*addr);
                     }
-                    st.scheduler.set_scrape_state(*addr, ScrapeState::Failed)
+                    st.scheduler
+                        .set_reachable(*addr, reachable)
+                        .and_then(|()| st.scheduler.set_scrape_state(*addr, ScrapeState::Failed))
                 }
             };
+            drop(st);
             if let Err(e) = applied {
                 // The endpoint left the pool while its scrape was in flight.
                 tracing::debug!(endpoint = %addr, error = %e, "update for a removed endpoint dropped");
-        let changes = Arc::new(tokio::sync::Notify::new());
-        let sink_changes = Arc::clone(&changes);
             }
+            sink_changes.notify_one();
         };
         let scraper = Scraper::spawn(config.scrape, clock, scrape_metrics, sink)?;
         Ok(LivePool {
             shared: Arc::new(Shared {
+                changes,
                 state,
                 scraper,
                 clock,
                 stale_after,
                 telemetry,
+                fail_open: AtomicBool::new(false),
+                fail_open_enabled,
             }),
         })
     }
@@ -243,17 +278,14 @@ impl LivePool {
             }
         }
         {
-            drop(st);
             let mut st = lock(&self.shared.state);
             let leaving: Vec<SocketAddr> = st
                 .scheduler
                 .endpoints()
-            sink_changes.notify_one();
                 .map(|m| m.addr)
                 .filter(|a| !endpoints.iter().any(|e| e.addr == *a))
                 .collect();
             for addr in leaving {
-                changes,
                 st.scheduler.remove_endpoint(addr);
             }
             for e in &endpoints {
@@ -293,7 +325,36 @@ impl LivePool {
             .telemetry
             .pick_seconds
             .observe(started.elapsed().as_secs_f64());
+        self.note_mode(&decision);
         decision.map(|d| Inflight::new(self.clone(), d))
+    }
+
+    /// Follows fail-open from the picks' outcomes: a fail-open pick enters it (or counts in
+    /// it), a pick on fresh metrics or a pool with no pod answering leaves it. Each transition
+    /// is logged once and shown in `pool_fail_open`.
+    fn note_mode(&self, decision: &Result<Decision, Rejection>) {
+        let now_open = match decision {
+            Ok(d) => d.fail_open,
+            Err(Rejection::Unavailable { .. } | Rejection::NoEndpoints) => false,
+            // Shed: saturated, or every answering pod at its fail-open cap; the mode stands.
+            Err(_) => return,
+        };
+        let t = &self.shared.telemetry;
+        if now_open {
+            t.fail_open_requests.inc();
+        }
+        if self.shared.fail_open.swap(now_open, Ordering::Relaxed) != now_open {
+            t.fail_open.set(i64::from(now_open));
+            if now_open {
+                tracing::warn!(
+                    "no pod has fresh metrics: dispatching fail-open on in-flight accounting to the pods that still answer (staleMetrics)"
+                );
+            } else {
+                tracing::info!(
+                    "fail-open ended: routing on fresh metrics again (or no pod answers)"
+                );
+            }
+        }
     }
 
     /// As [`LivePool::pick`], with the decision record (candidates, filters, every score). Logs
@@ -313,6 +374,7 @@ impl LivePool {
             .telemetry
             .pick_seconds
             .observe(started.elapsed().as_secs_f64());
+        self.note_mode(&decision);
         tracing::debug!(
             model = req.model,
             lora = req.lora_adapter,
@@ -331,15 +393,20 @@ impl LivePool {
     }
 
     /// Whether at least one endpoint can be routed on: metrics fresher than the staleness
-    /// threshold, or a late scrape (alive, slow) with metrics from before; never a failed one.
+    /// threshold, or a late scrape (alive, slow) with metrics from before; never a failed one
+    /// — unless the pool dispatches fail-open (`staleMetrics`) and the failed one's scrapes
+    /// still reach the server.
     pub fn is_ready(&self) -> bool {
         let now = self.shared.clock.now();
         let st = lock(&self.shared.state);
         let addrs: Vec<SocketAddr> = st.scheduler.endpoints().map(|m| m.addr).collect();
         addrs.into_iter().any(|a| {
-            st.scheduler
-                .endpoint(a)
-                .is_some_and(|info| routable(&info, now, self.shared.stale_after) == Some(true))
+            st.scheduler.endpoint(a).is_some_and(|info| {
+                routable(&info, now, self.shared.stale_after) == Some(true)
+                    || (self.shared.fail_open_enabled
+                        && info.scrape == ScrapeState::Failed
+                        && info.reachable)
+            })
         })
     }
 
@@ -365,6 +432,17 @@ impl LivePool {
     /// Requests in flight across the pool, as the scheduler counts them.
     pub fn inflight(&self) -> usize {
         lock(&self.shared.state).scheduler.inflight()
+    }
+
+    /// Notified whenever room may have freed up (an in-flight entry released, a metrics page
+    /// applied); flow control waits on it.
+    pub fn changes(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.shared.changes)
+    }
+
+    /// Whether `other` is this same pool (a clone of it), not another with the same settings.
+    pub fn same_pool(&self, other: &LivePool) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// The pool's clock.
@@ -434,12 +512,6 @@ impl Inflight {
         }
     }
 
-    /// Notified whenever room may have freed up (an in-flight entry released, a metrics page
-    /// applied); flow control waits on it.
-    pub fn changes(&self) -> Arc<tokio::sync::Notify> {
-        Arc::clone(&self.shared.changes)
-    }
-
     /// The ranked endpoints: first choice, then fallbacks.
     pub fn endpoints(&self) -> &Ranked {
         &self.decision.endpoints
@@ -483,6 +555,7 @@ impl Inflight {
         self.finished = true;
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
         self.pool.with_scheduler(|s| s.complete(ticket, now, usage));
+        self.pool.shared.changes.notify_one();
     }
 
     /// The request failed (upstream error or timeout).
@@ -490,6 +563,7 @@ impl Inflight {
         self.finished = true;
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
         self.pool.with_scheduler(|s| s.fail(ticket, now));
+        self.pool.shared.changes.notify_one();
     }
 }
 
@@ -498,9 +572,7 @@ impl Drop for Inflight {
         if !self.finished {
             let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
             self.pool.with_scheduler(|s| s.cancel(ticket, now));
+            self.pool.shared.changes.notify_one();
         }
     }
 }
-        self.pool.shared.changes.notify_one();
-        self.pool.shared.changes.notify_one();
-            self.pool.shared.changes.notify_one();

@@ -480,25 +480,11 @@ pub fn poll_queued<P: EndpointPool>(
         };
         let retry_after = q.retry_after();
         match turn {
-            Turn::Try => match pool.pick(&cx) {
-                Ok(g) => {
-                    let charge = queued.take().and_then(Queued::dispatched);
-                    return Poll::Ready(Ok((g, charge)));
+            Turn::Try => {
+                if let Some(routed) = try_turn(pool, queued, &cx, model) {
+                    return Poll::Ready(routed);
                 }
-                Err(Rejection::Shed { retry_after }) => q.still_saturated(retry_after),
-                Err(r) => {
-                    if let Some(q) = queued.take() {
-                        q.no_endpoints();
-                    }
-                    let e = match r {
-                        Rejection::NoEndpoints => ApiError::QueueNoEndpoints {
-                            model: model.to_owned(),
-                        },
-                        other => rejection_error(other, model),
-                    };
-                    return Poll::Ready(Err(e));
-                }
-            },
+            }
             Turn::Expired(waited) => {
                 queued.take();
                 return Poll::Ready(Err(ApiError::QueueTtlExpired {
@@ -514,6 +500,41 @@ pub fn poll_queued<P: EndpointPool>(
                     retry_after,
                 }));
             }
+        }
+    }
+}
+
+/// A queued request's turn ([`Turn::Try`]): picks with `cx`. `None`: the pool is still
+/// saturated and the request keeps its place (`queued` stays); else the route, or the error
+/// (the pool lost its endpoints), and `queued` is taken.
+pub fn try_turn<P: EndpointPool>(
+    pool: &P,
+    queued: &mut Option<Queued>,
+    cx: &RequestContext<'_>,
+    model: &str,
+) -> Option<Routed<P::Inflight>> {
+    let cx = cx.with_queueing(true);
+    match pool.pick(&cx) {
+        Ok(g) => {
+            let charge = queued.take().and_then(Queued::dispatched);
+            Some(Ok((g, charge)))
+        }
+        Err(Rejection::Shed { retry_after }) => {
+            if let Some(q) = queued.as_mut() {
+                q.still_saturated(retry_after);
+            }
+            None
+        }
+        Err(r) => {
+            if let Some(q) = queued.take() {
+                q.no_endpoints();
+            }
+            Some(Err(match r {
+                Rejection::NoEndpoints => ApiError::QueueNoEndpoints {
+                    model: model.to_owned(),
+                },
+                other => rejection_error(other, model),
+            }))
         }
     }
 }

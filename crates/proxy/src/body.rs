@@ -23,6 +23,7 @@ use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use infergate_openai::ModelRewriter;
 use infergate_pool::lifecycle::{self, Ending, ResponseWatch};
 use infergate_pool::quota::QuotaTicket;
 use tokio::time::{Instant, Sleep};
@@ -81,6 +82,8 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Full(f) => f.size_hint(),
+            // A rewritten body's length is not the upstream's.
+            ResponseBody::Stream(t) if t.rewriter.is_some() => SizeHint::default(),
             ResponseBody::Stream(t) => t.inner.size_hint(),
         }
     }
@@ -107,8 +110,12 @@ pub struct Tracked {
     /// timer per request would cost an allocation and two timer-wheel updates for nothing.
     idle_timer: Option<Pin<Box<Sleep>>>,
     done: bool,
+    /// Gives the response the model name the client asked for, when a rewrite changed it.
+    rewriter: Option<ModelRewriter>,
     /// The tenant's quota charge (`quotas:`).
     quota: Option<QuotaTicket>,
+    /// The tenant's attained-service charge (`flowControl:`).
+    flow_charge: Option<infergate_pool::flow::FlowCharge>,
 }
 
 /// What a [`Tracked`] body is made of: the upstream answer and the request's state.
@@ -133,8 +140,12 @@ pub(crate) struct Upstream {
     pub(crate) started: Instant,
     /// Longest wait for the next body bytes.
     pub(crate) idle: Duration,
+    /// The response-path model-name rewriter of a rewritten request.
+    pub(crate) rewriter: Option<ModelRewriter>,
     /// The tenant's quota charge, corrected to the reported usage at the end.
     pub(crate) quota: Option<QuotaTicket>,
+    /// The tenant's attained-service charge, settled with the reported usage at the end.
+    pub(crate) flow_charge: Option<infergate_pool::flow::FlowCharge>,
 }
 
 impl Tracked {
@@ -153,8 +164,10 @@ impl Tracked {
             last_frame: Instant::now(),
             idle_timer: None,
             done: false,
+            rewriter: up.rewriter,
             // An answer is on its way: the request counts against the quota from here.
             quota: up.quota.map(QuotaTicket::commit),
+            flow_charge: up.flow_charge,
         }
     }
 
@@ -181,6 +194,7 @@ impl Tracked {
             self.model.metrics.tokens(&usage);
         }
         lifecycle::settle_quota(self.quota.take(), ending, &usage);
+        lifecycle::settle_flow(self.flow_charge.take(), ending, &usage);
     }
 
     fn poll_frame(
@@ -219,20 +233,35 @@ impl Tracked {
             Poll::Ready(None) => {
                 this.release();
                 this.finish(true);
-                Poll::Ready(None)
+                // What the rewriter held back (a possible start of a match) goes out last.
+                match this.rewriter.take().map(|mut rw| rw.feed(&[], true)) {
+                    Some(rest) if !rest.is_empty() => {
+                        Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))))
+                    }
+                    _ => Poll::Ready(None),
+                }
             }
             Poll::Ready(Some(Err(e))) => {
                 this.finish(false);
                 Poll::Ready(Some(Err(BodyError::Upstream(e))))
             }
-            Poll::Ready(Some(Ok(frame))) => {
+            Poll::Ready(Some(Ok(mut frame))) => {
+                let end = this.inner.is_end_stream();
                 if let Some(data) = frame.data_ref() {
                     this.on_data(data);
+                    // The watch reads the server's bytes; the client gets its own name back.
+                    // (Model servers send no trailers, so held-back bytes never trail them.)
+                    if let Some(rw) = this.rewriter.as_mut() {
+                        frame = Frame::data(Bytes::from(rw.feed(data, end)));
+                        if end {
+                            this.rewriter = None;
+                        }
+                    }
                 }
                 if this.idle_timer.is_some() {
                     this.last_frame = Instant::now();
                 }
-                if this.inner.is_end_stream() {
+                if end {
                     this.release();
                     this.finish(true);
                 }

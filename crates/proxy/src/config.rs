@@ -18,10 +18,21 @@
 //!     scheduler: { preset: infergate }
 //!     limits: { maxConcurrentRequests: 64 }   # overrides the default above for this model
 //!     endpoints: [127.0.0.1:8001, { address: 127.0.0.1:8002, name: pod-b, gpu: a10g }]
+//! rewrites:                     # canary splits and aliases (`InferenceModelRewrite` rules)
+//!   - matches: [{ model: { type: Exact, value: llama } }]
+//!     targets: [{ modelRewrite: llama-3-8b, weight: 90 }, { modelRewrite: sql-lora, weight: 10 }]
 //! quotas:                      # per-tenant limits (see `infergate_pool::quota::spec`)
 //!   default: { requestsPerMinute: 60 }
 //!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
 //!   redis: { address: 127.0.0.1:6379, syncIntervalMs: 100 }   # shared across replicas
+//! flowControl:                 # queue requests while every pod is saturated (off by default)
+//!   enabled: true
+//!   requestTtlMs: 60000
+//!   fairness: least-attained-service   # or global-strict (default), round-robin
+//!   bands: { sheddable: { maxRequests: 1000 } }
+//! tenancy:                     # tenant (auth, else this header, else `default`) and priority
+//!   tenantHeader: x-tenant
+//!   objectives: { chat: critical, batch: -10 }
 //! ```
 //!
 //! Validation happens while the file is read, so every error names the field's path *and* its
@@ -34,7 +45,9 @@ use std::time::Duration;
 
 use infergate_openai::ModelRouter;
 use infergate_pool::quota::QuotasSpec;
-use infergate_scheduler::{EngineType, SchedulerConfig};
+use infergate_pool::tenant::{Tenancy, TenancyConfig};
+use infergate_scheduler::flow::FlowConfig;
+use infergate_scheduler::{EngineType, RewriteRule, Rewrites, SchedulerConfig};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
@@ -83,9 +96,18 @@ pub struct GatewayConfig {
     pub tls: Option<ListenerTls>,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,
+    /// Model rewrites and canary splits (the Gateway API Inference Extension's
+    /// `InferenceModelRewrite` rules; see `infergate_scheduler::canary`). Every target must be a
+    /// served model or LoRA adapter; responses keep the name the client asked for.
+    pub rewrites: Vec<RewriteRule>,
     /// Per-tenant request and token quotas, optionally shared through Redis
     /// (`infergate_pool::quota`); `None`: no quotas.
     pub quotas: Option<QuotasSpec>,
+    /// Flow control: bounded per-priority queues while every pod of a model is saturated
+    /// (`infergate_pool::flow`); off unless `enabled: true`.
+    pub flow_control: FlowConfig,
+    /// How a request's tenant and priority are found (`infergate_pool::tenant`).
+    pub tenancy: TenancyConfig,
 }
 
 /// How long a client turned away by a model's `maxConcurrentRequests` is told to wait
@@ -436,7 +458,13 @@ struct RawGateway {
     tls: Option<ListenerTls>,
     models: Vec<ModelConfig>,
     #[serde(default)]
+    rewrites: Vec<RewriteRule>,
+    #[serde(default)]
     quotas: Option<QuotasSpec>,
+    #[serde(default)]
+    flow_control: FlowConfig,
+    #[serde(default)]
+    tenancy: TenancyConfig,
 }
 
 fn default_listen() -> SocketAddr {
@@ -473,9 +501,22 @@ impl TryFrom<RawGateway> for GatewayConfig {
                 .add_model(&m.name, &m.lora_adapters, ())
                 .map_err(|e| format!("`models`: {e}"))?;
         }
+        Rewrites::new(&r.rewrites).map_err(|e| format!("`rewrites`: {e}"))?;
+        for (i, rule) in r.rewrites.iter().enumerate() {
+            for t in &rule.targets {
+                if router.resolve(&t.model_rewrite).is_err() {
+                    return Err(format!(
+                        "`rewrites[{i}]`: target `{}` is not a served model or LoRA adapter",
+                        t.model_rewrite
+                    ));
+                }
+            }
+        }
         if let Some(q) = &r.quotas {
             q.to_config()?;
         }
+        r.flow_control.validate().map_err(|e| e.to_string())?;
+        Tenancy::new(&r.tenancy).map_err(|e| e.to_string())?;
         Ok(GatewayConfig {
             listen: r.listen,
             admin: r.admin,
@@ -489,7 +530,10 @@ impl TryFrom<RawGateway> for GatewayConfig {
             auth,
             tls: r.tls,
             models: r.models,
+            rewrites: r.rewrites,
             quotas: r.quotas,
+            flow_control: r.flow_control,
+            tenancy: r.tenancy,
         })
     }
 }

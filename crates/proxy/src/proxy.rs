@@ -17,8 +17,8 @@ use http::uri::{PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use infergate_openai::{ApiError, ApiKind, parse_request};
-use infergate_pool::lifecycle::{self, Segments, rejection_error};
+use infergate_openai::{ApiError, ApiKind, ModelRewriter, parse_request};
+use infergate_pool::lifecycle::{self, Segments};
 use infergate_pool::quota::QuotaTicket;
 use tokio::time::Instant;
 
@@ -154,7 +154,7 @@ pub(crate) async fn handle(
         Admission::Models => return Ok(models_response(&state, request_id)),
         Admission::Refused(e) => return Ok(error_response(telemetry, &e, request_id)),
     };
-    let routed = match route(&state, &admitted) {
+    let routed = match route(&state, &admitted).await {
         Ok(r) => r,
         Err((e, explanation)) => {
             let r = error_response(telemetry, &e, request_id);
@@ -252,19 +252,42 @@ struct Routed {
     explanation: Option<HeaderValue>,
     /// The tenant's quota charge, corrected to the reported usage when the answer ends.
     quota: Option<QuotaTicket>,
+    /// The tenant's attained-service charge (flow control), settled with the reported usage.
+    flow_charge: Option<infergate_pool::flow::FlowCharge>,
+    /// The tenant sent upstream in the reference's fairness-id header (flow control on).
+    fairness_id: Option<Arc<str>>,
+    /// A `rewrites:` rule sent the request as another model: the body with its new `model`,
+    /// and the rewriter that gives the response the client's name back.
+    rewritten: Option<(Bytes, ModelRewriter)>,
 }
 
 /// Parses the body, resolves the model, takes its concurrency slot and picks (the shared
 /// lifecycle). A refusal carries the decision's summary when one was asked for.
-fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<HeaderValue>)> {
+async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<HeaderValue>)> {
     let parsed = parse_request(a.kind, &a.body).map_err(|e| (e, None))?;
-    let resolved = state.router.resolve(&parsed.model).map_err(|e| (e, None))?;
+    let requested: &str = &parsed.model;
+    // A rewrite (alias or canary split) chooses the served name; the caller's permission is
+    // checked on the name it asked for.
+    let served = state
+        .rewrites
+        .choose(requested, Some(&a.identity.tenant))
+        .filter(|s| *s != requested);
+    let resolved = state
+        .router
+        .resolve(served.unwrap_or(requested))
+        .map_err(|e| (e, None))?;
     a.identity
-        .may_call(&parsed.model, resolved.base_model)
+        .may_call(requested, resolved.base_model)
         .map_err(|e| (e, None))?;
     // Before any slot is taken: a tenant over its quota costs the pool nothing.
     let quota = lifecycle::admit_quota(state.quotas.as_ref(), &a.identity.tenant, &parsed)
         .map_err(|e| (e, None))?;
+    let rewritten = served.map(|s| {
+        (
+            Bytes::from(parsed.rewrite_model(&a.body, s)),
+            ModelRewriter::new(s, requested),
+        )
+    });
     let model = Arc::clone(resolved.target);
     let permit = match &model.concurrency {
         None => None,
@@ -293,18 +316,32 @@ fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<Header
             .headers
             .get(&X_INFERGATE_EXPLAIN)
             .is_some_and(|v| v.as_bytes() == b"1");
-    let (picked, explanation) = lifecycle::pick(&model.backend.pool, explain, &cx);
+    // Tenant and priority (`tenancy:`): the authenticated tenant, else the configured header.
+    let authenticated = state.auth.is_enabled().then_some(&a.identity.tenant);
+    let tp = state.tenancy.gateway(authenticated, &a.parts.headers);
+    let cx = cx.with_priority(tp.priority);
+    // Flow control (`flowControl:`): wait in the model's queue while every pod is saturated.
+    let flow = model.flow.as_ref().map(|flow| lifecycle::FlowPart {
+        flow,
+        tenant: &tp.tenant,
+        bytes: a.body.len() as u64,
+    });
+    let (picked, explanation) =
+        lifecycle::route(&model.backend.pool, explain, &cx, flow, &model.name).await;
     let explanation = explanation.and_then(|e| HeaderValue::try_from(e).ok());
     match picked {
-        Ok(inflight) => Ok(Routed {
+        Ok((inflight, flow_charge)) => Ok(Routed {
             streaming: parsed.stream,
+            fairness_id: model.flow.is_some().then_some(tp.tenant),
+            flow_charge,
             model,
             permit,
             inflight,
             explanation,
+            rewritten,
             quota,
         }),
-        Err(r) => Err((rejection_error(r, &model.name), explanation)),
+        Err(e) => Err((e, explanation)),
     }
 }
 
@@ -334,8 +371,15 @@ async fn forward(
         mut inflight,
         streaming,
         explanation,
+        rewritten,
         quota,
+        flow_charge,
+        fairness_id,
     } = routed;
+    let (body, mut rewriter) = match rewritten {
+        Some((b, rw)) => (b, Some(rw)),
+        None => (body, None),
+    };
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -343,6 +387,17 @@ async fn forward(
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    // Only the gateway says who the tenant is (`tenancy:`): a client's fairness id or
+    // objective is never passed on.
+    infergate_pool::tenant::strip_client_headers(&mut headers);
+    if let Some(t) = &fairness_id
+        && let Ok(v) = HeaderValue::from_str(t)
+    {
+        headers.insert(
+            HeaderName::from_static(infergate_pool::tenant::FAIRNESS_ID_HEADER),
+            v,
+        );
+    }
     if state.auth.is_enabled() {
         // The gateway's credential is not the model server's.
         crate::auth::strip_credentials(&mut headers);
@@ -416,6 +471,10 @@ async fn forward(
         model.metrics.response(status.as_u16());
         let (mut rparts, rbody) = resp.into_parts();
         strip_hop_by_hop(&mut rparts.headers);
+        if rewriter.is_some() {
+            // The client's name may differ in length from the served one.
+            rparts.headers.remove(header::CONTENT_LENGTH);
+        }
         rparts
             .headers
             .insert(X_INFERGATE_ENDPOINT.clone(), ep.header.clone());
@@ -436,7 +495,9 @@ async fn forward(
             sse,
             started,
             idle: timeouts.idle,
+            rewriter: rewriter.take(),
             quota,
+            flow_charge,
         });
         let r = Response::from_parts(rparts, ResponseBody::Stream(Box::new(tracked)));
         return with_explanation(r, explanation.as_ref());

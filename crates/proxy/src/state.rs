@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http::uri::Authority;
 use infergate_openai::ModelRouter;
+use infergate_scheduler::Rewrites;
 use serde::Serialize;
 
 use crate::auth::Authenticator;
@@ -38,6 +39,9 @@ pub(crate) struct Model {
     pub(crate) endpoints: HashMap<SocketAddr, EndpointHeaders>,
     /// `maxConcurrentRequests`, when the model has one.
     pub(crate) concurrency: Option<Concurrency>,
+    /// The model's flow control (`flowControl.enabled`), kept with its queue across reloads
+    /// that keep the pool and leave `flowControl:` and `tenancy:` unchanged.
+    pub(crate) flow: Option<infergate_pool::flow::FlowController>,
 }
 
 /// A model's concurrency limit. The counter is carried over by reloads that keep a limit on the
@@ -82,9 +86,13 @@ pub(crate) struct State {
     pub(crate) models_body: Bytes,
     /// Who may call, kept across reloads that leave `auth:` unchanged (with its cached keys).
     pub(crate) auth: Arc<Authenticator>,
+    /// The compiled `rewrites:` (a reload starts their splits afresh).
+    pub(crate) rewrites: Rewrites,
     /// The `quotas:` service, kept with its counts across reloads that leave `quotas:`
     /// unchanged.
     pub(crate) quotas: Option<infergate_pool::quota::Quotas>,
+    /// How a request's tenant and priority are found (`tenancy:`).
+    pub(crate) tenancy: infergate_pool::tenant::Tenancy,
 }
 
 #[derive(Serialize)]
@@ -114,6 +122,41 @@ fn endpoint_headers(addrs: &[SocketAddr]) -> HashMap<SocketAddr, EndpointHeaders
         .collect()
 }
 
+/// The flow controller of model `m` when `flowControl.enabled`: the previous one when the pool
+/// is the same and neither `flowControl:` nor `tenancy:` changed (its queue is kept), else a new
+/// one woken by the pool's releases and metrics pages.
+fn flow_controller(
+    config: &GatewayConfig,
+    previous: Option<&State>,
+    m: &crate::config::ModelConfig,
+    backend: &Backend,
+    tenancy: &infergate_pool::tenant::Tenancy,
+    telemetry: &Telemetry,
+) -> Option<infergate_pool::flow::FlowController> {
+    if !config.flow_control.enabled {
+        return None;
+    }
+    let kept = previous
+        .filter(|p| {
+            p.config.flow_control == config.flow_control && p.config.tenancy == config.tenancy
+        })
+        .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
+        .filter(|old| old.backend.pool.same_pool(&backend.pool))
+        .and_then(|old| old.flow.clone());
+    if kept.is_some() {
+        return kept;
+    }
+    let flow = infergate_pool::flow::FlowController::new(
+        &m.name,
+        config.flow_control,
+        tenancy.clone(),
+        backend.pool.clock(),
+        &telemetry.flow,
+    );
+    flow.watch(backend.pool.changes());
+    Some(flow)
+}
+
 /// Starts the `quotas:` service (validated with the configuration).
 fn start_quotas(
     spec: &infergate_pool::quota::QuotasSpec,
@@ -135,6 +178,12 @@ impl State {
         previous: Option<&State>,
         telemetry: &Telemetry,
     ) -> Result<State, Error> {
+        // Validated with the configuration, so this cannot fail.
+        let tenancy = infergate_pool::tenant::Tenancy::new(&config.tenancy).map_err(|e| {
+            Error::Config(crate::error::ConfigError::Invalid {
+                source: <serde_yaml::Error as serde::de::Error>::custom(e),
+            })
+        })?;
         let mut router = ModelRouter::new();
         for (i, m) in config.models.iter().enumerate() {
             let reused = previous
@@ -158,8 +207,10 @@ impl State {
                     max: usize::try_from(max).unwrap_or(usize::MAX),
                 }
             });
+            let flow = flow_controller(&config, previous, m, &backend, &tenancy, telemetry);
             let model = Arc::new(Model {
                 name: m.name.clone(),
+                flow,
                 backend,
                 metrics: telemetry.model(&m.name, &addrs),
                 endpoints: endpoint_headers(&addrs),
@@ -193,6 +244,12 @@ impl State {
             Some(p) => Arc::clone(&p.auth),
             None => Arc::new(Authenticator::new(&config.auth)?),
         };
+        // Validated with the configuration, so this cannot fail.
+        let rewrites = Rewrites::new(&config.rewrites).map_err(|e| {
+            Error::Config(crate::error::ConfigError::Invalid {
+                source: <serde_yaml::Error as serde::de::Error>::custom(e),
+            })
+        })?;
         let quotas = match (&config.quotas, previous) {
             (None, _) => None,
             (Some(spec), Some(p)) if p.config.quotas.as_ref() == Some(spec) => p.quotas.clone(),
@@ -203,7 +260,9 @@ impl State {
             router,
             models_body,
             auth,
+            rewrites,
             quotas,
+            tenancy,
         })
     }
 

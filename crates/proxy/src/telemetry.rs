@@ -41,6 +41,8 @@ pub(crate) struct Telemetry {
     reloads: Family<StaticLabels, Counter>,
     /// The counters behind `limits:` (they are exported as they are).
     pub(crate) limits: crate::limits::Counters,
+    /// Flow control's queue gauges, wait histogram and outcomes (`flowControl:`), per model.
+    pub(crate) flow: infergate_pool::flow::FlowMetrics,
 }
 
 impl Telemetry {
@@ -56,8 +58,13 @@ impl Telemetry {
             rejections: Family::default(),
             reloads: Family::default(),
             limits: crate::limits::Counters::default(),
+            flow: infergate_pool::flow::FlowMetrics::default(),
         };
         let r = registry.sub_registry_with_prefix("infergate_gateway");
+        let t = Telemetry {
+            flow: infergate_pool::flow::FlowMetrics::register(r),
+            ..t
+        };
         r.register(
             "requests",
             "Model requests answered by an upstream, by model and status class",

@@ -516,7 +516,7 @@ async fn the_explain_header_is_off_by_default_and_names_the_chosen_pod_when_on()
     assert!(!headers.contains_key("x-infergate-explain"), "{headers:?}");
     drop(off);
 
-    let on = Rig::start(2, "explainHeader: true\n", "").await;
+    let mut on = Rig::start(2, "explainHeader: true\n", "").await;
     // On, but not asked: nothing.
     let (_, headers, _) = post(on.gw.http_addr(), "/v1/chat/completions", chat).await;
     assert!(!headers.contains_key("x-infergate-explain"), "{headers:?}");
@@ -546,7 +546,9 @@ async fn the_explain_header_is_off_by_default_and_names_the_chosen_pod_when_on()
         "{explained}"
     );
     assert!(explained.contains("estimated-wait="), "{explained}");
-    // A rejection is explained too.
+    // Every page missing while the pods still answer: the `infergate` preset dispatches
+    // fail-open (`staleMetrics`), and the explanation says so. (Before fail-open this was the
+    // rejection case; it moved to dead pods below.)
     on.set_metrics("a", MetricsFault::Missing);
     on.set_metrics("b", MetricsFault::Missing);
     on.wait_metric("infergate_pod_stale", "a", 1.0).await;
@@ -559,7 +561,31 @@ async fn the_explain_header_is_off_by_default_and_names_the_chosen_pod_when_on()
         &ask,
     )
     .await;
-    assert_eq!(status, 503);
+    assert_eq!(status, 200);
+    let explained = headers["x-infergate-explain"].to_str().unwrap();
+    assert!(explained.starts_with("chosen="), "{explained}");
+    assert!(explained.contains(" fail_open"), "{explained}");
+    // A rejection is explained too: every pod gone (nothing answers), 503.
+    on.fleet_stop.take().unwrap().send(()).unwrap();
+    on.fleet.take().unwrap().wait().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let headers = loop {
+        let (status, headers, _) = send(
+            on.gw.http_addr(),
+            "POST",
+            "/v1/chat/completions",
+            chat,
+            &ask,
+        )
+        .await;
+        if status == 503 {
+            break headers;
+        }
+        // Until the scrapes see the refusals, requests reach the dead pods (502).
+        assert_eq!(status, 502);
+        assert!(tokio::time::Instant::now() < deadline, "never 503");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let explained = headers["x-infergate-explain"].to_str().unwrap();
     assert!(
         explained.starts_with("rejected=no_fresh_endpoints retry_after=1s"),

@@ -7,6 +7,7 @@
 //! multi-thread runtime with N workers. Metric scrapes have a thread of their own either way.
 
 use anyhow::Context as _;
+use infergate_extproc::canary::{RELOAD_INTERVAL, RewriteTable};
 use infergate_extproc::discovery::kubernetes::membership;
 use infergate_extproc::discovery::static_file::EndpointsFile;
 use infergate_extproc::picker::PickerConfig;
@@ -86,6 +87,15 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("--model-rewrite `{r}`: expected REQUESTED=SERVED"))?;
         model_rewrites.insert(from.to_owned(), to.to_owned());
     }
+    // Read once before serving (a bad file stops the start), then followed for changes.
+    let rewrites = match &args.rewrites {
+        Some(path) => {
+            let table = RewriteTable::new(RewriteTable::read_file(path)?);
+            table.watch(path.clone(), RELOAD_INTERVAL, std::future::pending());
+            table
+        }
+        None => RewriteTable::default(),
+    };
     let quotas = match &args.quotas {
         Some(path) => Some(
             infergate_extproc::run::load_quotas(path)
@@ -93,10 +103,19 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let flow_control = match &args.flow_control {
+        Some(path) => Some(
+            infergate_extproc::run::load_flow_settings(path)
+                .with_context(|| format!("--flow-control {}", path.display()))?,
+        ),
+        None => None,
+    };
     let picker = PickerConfig {
         pool_name: args.pool_name,
         model_rewrites,
         quotas,
+        flow_control,
+        rewrites,
         max_body_bytes: args.max_body_bytes,
         explain_header: args.explain_header,
         ..PickerConfig::default()

@@ -21,7 +21,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, processing_response,
 };
 use infergate_openai::{ApiError, ApiKind, parse_request};
-use infergate_pool::lifecycle::{self, Ending, ResponseWatch, Segments, pick, rejection_error};
+use infergate_pool::flow::{FlowCharge, Queued, Turn};
+use infergate_pool::lifecycle::{
+    self, Admission, Ending, ResponseWatch, Segments, admit_quota, pick, rejection_error,
+    settle_quota,
+};
+use infergate_pool::quota::QuotaTicket;
+use infergate_pool::tenant::DEFAULT_TENANT;
 use infergate_scheduler::RequestContext;
 
 use super::Shared;
@@ -61,6 +67,9 @@ struct Routed<G> {
     explanation: Option<String>,
     /// When the routing answer was made (the start of TTFT and duration).
     routed_at: Instant,
+    /// The tenant's quota charge: committed when the answer starts, corrected to the reported
+    /// usage when it ends; given back if the stream ends before any answer.
+    quota: Option<QuotaTicket>,
 }
 
 /// Per-stream state. Dropping it (stream end, reset) drops the in-flight guard, which cancels.
@@ -80,6 +89,34 @@ pub(crate) struct PickerExchange<P: EndpointPool> {
     explain: bool,
     /// The decision's summary, until it is answered.
     explanation: Option<String>,
+    /// The tenant (`x-llm-d-inference-fairness-id`), for per-tenant model rewrites.
+    tenant: Option<String>,
+    /// The objective (`x-llm-d-inference-objective`): the request's priority, with flow control.
+    objective: Option<String>,
+    /// Flow control: the request waits in the queues; [`Exchange::poll_waiting`] routes it
+    /// again on its turn.
+    parked: Option<Parked>,
+    /// The tenant's attained-service charge, settled with the reported usage.
+    flow_charge: Option<FlowCharge>,
+}
+
+/// A request waiting in flow control's queues, and how to route it again on its turn.
+struct Parked {
+    queued: Option<Queued>,
+    /// The model named in the rejection if it leaves the queue unrouted.
+    model: String,
+    /// Routing again: the body (with its end-of-stream flag) or the headers alone.
+    body: Option<bool>,
+    /// The quota charge taken before it was queued (not taken again on its turn).
+    quota: Option<Option<QuotaTicket>>,
+}
+
+/// What the pick (or flow control) decided for this request.
+enum Decided<G> {
+    Routed(G),
+    /// Queued: the request waits for its turn (nothing answered yet).
+    Wait,
+    Refused(ApiError),
 }
 
 impl<P: EndpointPool> PickerExchange<P> {
@@ -98,6 +135,119 @@ impl<P: EndpointPool> PickerExchange<P> {
             scratch: String::new(),
             explain: false,
             explanation: None,
+            tenant: None,
+            objective: None,
+            parked: None,
+            flow_charge: None,
+        }
+    }
+
+    /// Picks for `cx` (the request for `model`), through flow control when the picker has it:
+    /// on the request's turn, a pick on its behalf; else admission, which may queue it.
+    fn decide(
+        &mut self,
+        cx: &RequestContext<'_>,
+        model: &str,
+        bytes: usize,
+    ) -> Decided<P::Inflight> {
+        let shared = Arc::clone(&self.shared);
+        let Some(flow) = shared.config.flow.as_ref() else {
+            let (picked, explanation) = pick(&shared.pool, self.explain, cx);
+            self.explanation = explanation;
+            return match picked {
+                Ok(g) => Decided::Routed(g),
+                Err(r) => Decided::Refused(rejection_error(r, model)),
+            };
+        };
+        let tp = flow
+            .tenancy()
+            .picker(self.tenant.as_deref(), self.objective.as_deref());
+        let cx = cx.with_priority(tp.priority);
+        if let Some(parked) = self.parked.as_mut() {
+            return match lifecycle::try_turn(&shared.pool, &mut parked.queued, &cx, model) {
+                None => Decided::Wait,
+                Some(routed) => {
+                    self.parked = None;
+                    match routed {
+                        Ok((g, charge)) => {
+                            self.flow_charge = charge;
+                            Decided::Routed(g)
+                        }
+                        Err(e) => Decided::Refused(e),
+                    }
+                }
+            };
+        }
+        let part = lifecycle::FlowPart {
+            flow,
+            tenant: &tp.tenant,
+            bytes: bytes as u64,
+        };
+        let (admission, explanation) =
+            lifecycle::admit(&shared.pool, self.explain, &cx, Some(part), model);
+        self.explanation = explanation;
+        match admission {
+            Admission::Routed(g, charge) => {
+                self.flow_charge = charge;
+                Decided::Routed(g)
+            }
+            Admission::Queued(q) => {
+                self.parked = Some(Parked {
+                    queued: Some(q),
+                    model: model.to_owned(),
+                    body: None,
+                    quota: None,
+                });
+                Decided::Wait
+            }
+            Admission::Refused(e) => Decided::Refused(e),
+        }
+    }
+
+    /// Waits for a queued request's turn and routes it then (see [`Exchange::poll_waiting`]).
+    fn poll_parked(
+        &mut self,
+        task: &mut std::task::Context<'_>,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> std::task::Poll<Flow> {
+        use std::task::Poll;
+        loop {
+            let Some(parked) = self.parked.as_mut() else {
+                return Poll::Ready(Flow::Continue);
+            };
+            let Some(q) = parked.queued.as_mut() else {
+                self.parked = None;
+                return Poll::Ready(Flow::Continue);
+            };
+            let turn = match q.poll_turn(task) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(t) => t,
+            };
+            let retry_after = q.retry_after();
+            let model = parked.model.clone();
+            let flow = match turn {
+                Turn::Try => match parked.body {
+                    Some(end_of_stream) => self.route_body(end_of_stream, out),
+                    None => self.route_headers_only(out),
+                },
+                Turn::Expired(waited) => {
+                    self.parked = None;
+                    let e = ApiError::QueueTtlExpired {
+                        model,
+                        waited,
+                        retry_after,
+                    };
+                    return Poll::Ready(self.reject(e, out));
+                }
+                Turn::Evicted(_) => {
+                    self.parked = None;
+                    let e = ApiError::QueueEvicted { model, retry_after };
+                    return Poll::Ready(self.reject(e, out));
+                }
+            };
+            if self.parked.is_none() || !out.is_empty() {
+                return Poll::Ready(flow);
+            }
         }
     }
 
@@ -182,6 +332,14 @@ impl<P: EndpointPool> PickerExchange<P> {
             .map(str::to_owned);
         self.explain = self.shared.config.explain_header
             && wire::find_header(h, wire::EXPLAIN_HEADER) == Some(b"1");
+        self.tenant = wire::find_header(h, crate::canary::FAIRNESS_ID_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_owned);
+        if self.shared.config.flow.is_some() {
+            self.objective = wire::find_header(h, infergate_pool::tenant::OBJECTIVE_HEADER)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(str::to_owned);
+        }
         if h.end_of_stream || self.request_mode == BodyMode::HeadersOnly {
             return self.route_headers_only(out);
         }
@@ -222,15 +380,18 @@ impl<P: EndpointPool> PickerExchange<P> {
     /// Routes a request that has no body (or whose body Envoy does not send).
     fn route_headers_only(&mut self, out: &mut Vec<ProcessingResponse>) -> Flow {
         let model = self.model_hint.clone().unwrap_or_default();
-        let (model_ref, lora) = split_adapter(&model, self.base_hint.as_deref());
+        // Out of `self` while deciding (the decision needs `&mut self`), back after.
+        let (base, subset) = (self.base_hint.take(), self.subset.take());
+        let (model_ref, lora) = split_adapter(&model, base.as_deref());
         let cx = RequestContext::new(model_ref, 0)
             .with_lora(lora)
-            .with_subset(self.subset.as_deref());
+            .with_subset(subset.as_deref());
         let started = Instant::now();
-        let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
-        self.explanation = explanation;
-        match picked {
-            Ok(inflight) => {
+        let decided = self.decide(&cx, &model, 0);
+        (self.base_hint, self.subset) = (base, subset);
+        match decided {
+            Decided::Wait => Flow::Continue,
+            Decided::Routed(inflight) => {
                 let common = self.route_common(&inflight, None);
                 let mut answer = wire::request_headers(Some(common));
                 answer.dynamic_metadata = Some(wire::destination_metadata(&self.scratch));
@@ -239,7 +400,7 @@ impl<P: EndpointPool> PickerExchange<P> {
                 self.enter_routed(inflight, model, false, started);
                 Flow::Continue
             }
-            Err(rejection) => self.reject(rejection_error(rejection, &model), out),
+            Decided::Refused(e) => self.reject(e, out),
         }
     }
 
@@ -248,44 +409,92 @@ impl<P: EndpointPool> PickerExchange<P> {
         let started = Instant::now();
         let mut body = std::mem::take(&mut self.body);
         let mut rewriter = None;
-        let (picked, model, stream) = match self.kind {
+        let (picked, model, stream, quota) = match self.kind {
             Some(kind) => {
                 let parsed = match parse_request(kind, &body) {
                     Ok(p) => p,
                     Err(e) => return self.reject(e, out),
                 };
-                let rewrite = self.shared.config.model_rewrites.get(parsed.model.as_ref());
+                // Before the pick: a tenant over its quota costs the pool nothing.
+                let tenant = self.tenant.as_deref().unwrap_or(DEFAULT_TENANT);
+                // A request queued by flow control was charged before it was queued.
+                let held = self.parked.as_mut().and_then(|p| p.quota.take());
+                let quota = match held {
+                    Some(q) => q,
+                    None => {
+                        match admit_quota(self.shared.config.quotas.as_ref(), tenant, &parsed) {
+                            Ok(q) => q,
+                            Err(e) => return self.reject(e, out),
+                        }
+                    }
+                };
+                // A rewrite rule (alias or canary split), then a `--model-rewrite` alias. (The
+                // shared state is held apart from `self`: the decision below needs `&mut self`.)
+                let shared = Arc::clone(&self.shared);
+                let table = shared.config.rewrites.load();
+                let asked: &str = parsed.model.as_ref();
+                let rewrite = table
+                    .choose(asked, self.tenant.as_deref())
+                    .or_else(|| shared.config.model_rewrites.get(asked).map(String::as_str))
+                    .filter(|served| *served != asked);
                 let rewritten = rewrite.map(|served| parsed.rewrite_model(&body, served));
-                let routed_model = rewrite.map_or(parsed.model.as_ref(), String::as_str);
+                let routed_model = rewrite.unwrap_or(asked);
                 let segments = Segments::new(parsed.segments());
-                let (model, lora) = split_adapter(routed_model, self.base_hint.as_deref());
-                let cx =
-                    lifecycle::context(&parsed, model, lora, &segments, self.subset.as_deref());
-                let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
-                self.explanation = explanation;
+                // Out of `self` while deciding (the decision needs `&mut self`), back after.
+                let (base, subset) = (self.base_hint.take(), self.subset.take());
+                let (model, lora) = split_adapter(routed_model, base.as_deref());
+                let cx = lifecycle::context(&parsed, model, lora, &segments, subset.as_deref());
+                let decided = self.decide(&cx, parsed.model.as_ref(), body.len());
+                (self.base_hint, self.subset) = (base, subset);
+                let picked = match decided {
+                    Decided::Routed(g) => Ok(g),
+                    Decided::Refused(e) => Err(e),
+                    Decided::Wait => {
+                        drop(parsed);
+                        // Queued: keep the body (and the quota charge) for the next turn.
+                        self.body = body;
+                        if let Some(p) = self.parked.as_mut() {
+                            p.body = Some(end_of_stream);
+                            p.quota = Some(quota);
+                        }
+                        return Flow::Continue;
+                    }
+                };
                 let (requested, stream) = (parsed.model.clone().into_owned(), parsed.stream);
                 drop(parsed);
                 if let (Some(served), Some(new_body)) = (rewrite, rewritten) {
                     rewriter = Some(ModelRewriter::new(served, &requested));
                     body = new_body;
                 }
-                (picked, requested, stream)
+                (picked, requested, stream, quota)
             }
             None => {
                 // A path the picker does not parse: route on the headers' hints, body untouched.
                 let model = self.model_hint.clone().unwrap_or_default();
-                let (m, lora) = split_adapter(&model, self.base_hint.as_deref());
+                let (base, subset) = (self.base_hint.take(), self.subset.take());
+                let (m, lora) = split_adapter(&model, base.as_deref());
                 let cx = RequestContext::new(m, 0)
                     .with_lora(lora)
-                    .with_subset(self.subset.as_deref());
-                let (picked, explanation) = pick(&self.shared.pool, self.explain, &cx);
-                self.explanation = explanation;
-                (picked, model, false)
+                    .with_subset(subset.as_deref());
+                let decided = self.decide(&cx, &model, body.len());
+                (self.base_hint, self.subset) = (base, subset);
+                let picked = match decided {
+                    Decided::Routed(g) => Ok(g),
+                    Decided::Refused(e) => Err(e),
+                    Decided::Wait => {
+                        self.body = body;
+                        if let Some(p) = self.parked.as_mut() {
+                            p.body = Some(end_of_stream);
+                        }
+                        return Flow::Continue;
+                    }
+                };
+                (picked, model, false, None)
             }
         };
         let inflight = match picked {
             Ok(i) => i,
-            Err(rejection) => return self.reject(rejection_error(rejection, &model), out),
+            Err(e) => return self.reject(e, out),
         };
         let common = self.route_common(&inflight, Some(body.len()));
         let metadata = wire::destination_metadata(&self.scratch);
@@ -308,6 +517,7 @@ impl<P: EndpointPool> PickerExchange<P> {
         self.enter_routed(inflight, model, stream, started);
         if let Some(r) = self.routed.as_mut() {
             r.rewriter = rewriter;
+            r.quota = quota;
         }
         Flow::Continue
     }
@@ -361,6 +571,7 @@ impl<P: EndpointPool> PickerExchange<P> {
             rewriter: None,
             explanation: self.explanation.take(),
             routed_at,
+            quota: None,
         });
     }
 
@@ -384,6 +595,8 @@ impl<P: EndpointPool> PickerExchange<P> {
         let Some(r) = self.routed.as_mut() else {
             return;
         };
+        // An answer is on its way: the request counts against the quota from here.
+        r.quota = r.quota.take().map(QuotaTicket::commit);
         if let Some(status) = wire::find_header(h, ":status")
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|s| s.parse().ok())
@@ -446,7 +659,10 @@ impl<P: EndpointPool> PickerExchange<P> {
         };
         let counters = &self.shared.counters;
         counters.observe_duration(r.routed_at.elapsed().as_secs_f64());
-        match lifecycle::finish(inflight, r.status, true, &mut r.watch) {
+        let (ending, usage) = lifecycle::finish(inflight, r.status, true, &mut r.watch);
+        settle_quota(r.quota.take(), ending, &usage);
+        lifecycle::settle_flow(self.flow_charge.take(), ending, &usage);
+        match (ending, usage) {
             (Ending::Failed, _) => counters.finished(&r.model, Some(r.pod), Outcome::Error, None),
             (Ending::Completed | Ending::Refused, usage) => {
                 counters.finished(&r.model, Some(r.pod), Outcome::Success, Some(&usage));
@@ -458,6 +674,14 @@ impl<P: EndpointPool> PickerExchange<P> {
 impl<P: EndpointPool> Exchange for PickerExchange<P> {
     fn on_message(&mut self, msg: ProcessingRequest, out: &mut Vec<ProcessingResponse>) -> Flow {
         PickerExchange::on_message(self, msg, out)
+    }
+
+    fn poll_waiting(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> std::task::Poll<Flow> {
+        self.poll_parked(cx, out)
     }
 }
 

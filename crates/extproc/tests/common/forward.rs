@@ -28,12 +28,25 @@ pub struct Forwarded {
     pub pod: String,
     /// The response body as the client would see it (after the ext_proc echo).
     pub body: Vec<u8>,
+    /// The request body as the picker sent it on (after any model rewrite).
+    pub sent: Vec<u8>,
 }
 
 /// Routes and forwards one request. `body_chunk` is the size Envoy splits the body into.
 pub async fn forward(envoy: &Envoy, path: &str, body: &[u8], body_chunk: usize) -> Forwarded {
+    forward_with(envoy, path, &[], body, body_chunk).await
+}
+
+/// As [`forward`], with extra request headers.
+pub async fn forward_with(
+    envoy: &Envoy,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    body_chunk: usize,
+) -> Forwarded {
     let mut ex = envoy.open().await;
-    ex.send(request_headers(path, &[], false)).await;
+    ex.send(request_headers(path, headers, false)).await;
     let chunks = split(body, &[body_chunk]);
     let last = chunks.len() - 1;
     for (i, c) in chunks.iter().enumerate() {
@@ -63,7 +76,7 @@ pub async fn forward(envoy: &Envoy, path: &str, body: &[u8], body_chunk: usize) 
         .uri(path)
         .header("host", "upstream")
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(resent)))
+        .body(Full::new(Bytes::from(resent.clone())))
         .unwrap();
     let resp = send.send_request(req).await.unwrap();
     let status = resp.status().as_u16();
@@ -80,7 +93,12 @@ pub async fn forward(envoy: &Envoy, path: &str, body: &[u8], body_chunk: usize) 
     let mut headers = response_headers(status, &content_type, false);
     headers.metadata_context = Some(wire::served_metadata(endpoint));
     ex.send(headers).await;
-    assert!(is_response_headers_continue(&ex.next().await));
+    let answer = ex.next().await;
+    // Continue, or (a rewritten model name changes the length) drop `content-length`.
+    assert!(
+        is_response_headers_continue(&answer) || removes_content_length(&answer),
+        "{answer:?}"
+    );
     let mut out = Vec::new();
     let mut body = resp.into_body();
     while let Some(frame) = body.frame().await {
@@ -98,5 +116,15 @@ pub async fn forward(envoy: &Envoy, path: &str, body: &[u8], body_chunk: usize) 
         status,
         pod,
         body: out,
+        sent: resent,
     }
+}
+
+fn removes_content_length(
+    a: &envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse,
+) -> bool {
+    use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
+    matches!(&a.response, Some(Response::ResponseHeaders(h))
+        if h.response.as_ref().and_then(|c| c.header_mutation.as_ref())
+            .is_some_and(|m| m.remove_headers == ["content-length"] && m.set_headers.is_empty()))
 }

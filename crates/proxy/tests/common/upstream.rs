@@ -44,6 +44,8 @@ pub struct Seen {
     pub disconnected: AtomicBool,
     pub last_request_id: std::sync::Mutex<Option<String>>,
     pub last_path: std::sync::Mutex<Option<String>>,
+    /// The last model request's headers.
+    pub last_headers: std::sync::Mutex<Option<http::HeaderMap>>,
 }
 
 /// A running upstream.
@@ -163,6 +165,7 @@ async fn answer(
         .get("x-request-id")
         .map(|v| v.to_str().unwrap().to_owned());
     *seen.last_path.lock().unwrap() = Some(req.uri().path().to_owned());
+    *seen.last_headers.lock().unwrap() = Some(req.headers().clone());
     let path = req.uri().path().to_owned();
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -1,0 +1,377 @@
+//! Flow control at the gateway (`flowControl:`, `tenancy:`), end to end on 127.0.0.1 over
+//! scripted model servers whose `/metrics` page says how many requests wait there: a pod
+//! reporting 1,000 waiting requests is saturated, one reporting 0 has headroom.
+//!
+//! Real clock (loopback IO); tests wait on observable effects (gauges, answers) with deadlines.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use tokio::sync::oneshot;
+use upstream::{Behaviour, Upstream, get, post, send};
+
+const REASON: &str = "x-llm-d-request-dropped-reason";
+const FAIRNESS: &str = "x-llm-d-inference-fairness-id";
+const OBJECTIVE: &str = "x-llm-d-inference-objective";
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+const KEY_A: &str = "sk-team-a-0123456789";
+
+struct Running {
+    gw: Gateway,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Running {
+    fn addr(&self) -> SocketAddr {
+        self.gw.http_addr()
+    }
+
+    async fn metrics(&self) -> String {
+        get(self.gw.admin_addr().unwrap(), "/metrics").await.1
+    }
+
+    /// Waits until the metrics page has `line`.
+    async fn until_metric(&self, line: &str) {
+        let admin = self.gw.admin_addr().unwrap();
+        eventually(line, || async move {
+            get(admin, "/metrics").await.1.contains(line)
+        })
+        .await;
+    }
+}
+
+fn sha256_hex(key: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A gateway whose model `m` is served by `endpoints`, with `extra` YAML at the top level.
+async fn start(extra: &str, endpoints: &[SocketAddr]) -> Running {
+    let eps: Vec<String> = endpoints.iter().map(|a| a.to_string()).collect();
+    let auth = if extra.contains("auth:") {
+        ""
+    } else {
+        "auth: none\n"
+    };
+    let yaml = format!(
+        "{auth}{extra}scrape: {{ intervalMs: 20 }}\ntimeouts: {{ connectMs: 500 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
+        eps.join(", ")
+    );
+    let config = GatewayConfig::from_yaml(&yaml).unwrap();
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let gw = serve_workers(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let gw = Running { gw, _stop: tx };
+    if !endpoints.is_empty() {
+        let admin = gw.gw.admin_addr().unwrap();
+        eventually("readiness", || async move {
+            get(admin, "/readyz").await.0 == 200
+        })
+        .await;
+    }
+    gw
+}
+
+/// A pod whose page says it is saturated (1,000 waiting).
+async fn saturated_pod() -> Upstream {
+    let up = Upstream::start(Behaviour::Ok).await;
+    up.waiting.store(1_000, Ordering::SeqCst);
+    up
+}
+
+async fn eventually<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn json(b: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
+}
+
+fn queue_gauge(priority: &str, n: u64) -> String {
+    format!(r#"infergate_gateway_flow_queue_requests{{pool="m",priority="{priority}"}} {n}"#)
+}
+
+fn outcome(priority: &str, tenant: &str, outcome: &str, n: u64) -> String {
+    format!(
+        r#"infergate_gateway_flow_requests_total{{pool="m",priority="{priority}",tenant="{tenant}",outcome="{outcome}"}} {n}"#
+    )
+}
+
+/// Sends a chat request in the background.
+fn spawn_chat(
+    addr: SocketAddr,
+    headers: &[(&'static str, &'static str)],
+) -> tokio::task::JoinHandle<(http::StatusCode, http::HeaderMap, bytes::Bytes)> {
+    let headers = headers.to_vec();
+    tokio::spawn(async move { send(addr, "POST", "/v1/chat/completions", CHAT, &headers).await })
+}
+
+#[tokio::test]
+async fn a_request_waits_while_the_pod_is_saturated_and_is_served_once_it_has_headroom() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 20000 }\n",
+        &[up.addr],
+    )
+    .await;
+    let waiting = spawn_chat(gw.addr(), &[]);
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    assert_eq!(up.requests(), 0, "a queued request reached the pod");
+    // The next page says the pod has room: the page wakes the queue.
+    up.waiting.store(0, Ordering::SeqCst);
+    let (status, _, body) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(up.requests(), 1);
+    let m = gw.metrics().await;
+    assert!(m.contains(&queue_gauge("standard", 0)), "{m}");
+    assert!(
+        m.contains(&outcome("standard", "default", "dispatched", 1)),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            r#"infergate_gateway_flow_queue_wait_seconds_count{pool="m",priority="standard"} 1"#
+        ),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_past_its_ttl_gets_429_rejected_ttl_expired_with_retry_after() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 300 }\n",
+        &[up.addr],
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (status, headers, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    let waited = started.elapsed();
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "rejected-ttl-expired");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1, "{retry}");
+    let v = json(&body);
+    assert_eq!(v["error"]["code"], "queue_ttl_expired");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    assert_eq!(up.requests(), 0);
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(&outcome("standard", "default", "rejected-ttl-expired", 1)),
+        "{m}"
+    );
+    assert!(m.contains(&queue_gauge("standard", 0)), "{m}");
+    assert!(
+        m.contains(r#"infergate_gateway_rejections_total{reason="queue_ttl_expired"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_band_answers_429_rejected_saturated_and_the_queued_one_is_still_served() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 20000, bands: { standard: { maxRequests: 1 } } }\n",
+        &[up.addr],
+    )
+    .await;
+    let first = spawn_chat(gw.addr(), &[]);
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    let (status, headers, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "rejected-saturated");
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(json(&body)["error"]["code"], "queue_full");
+    up.waiting.store(0, Ordering::SeqCst);
+    assert_eq!(first.await.unwrap().0, 200);
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(&outcome("standard", "default", "rejected-saturated", 1)),
+        "{m}"
+    );
+    assert!(
+        m.contains(&outcome("standard", "default", "dispatched", 1)),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn with_no_endpoint_the_answer_is_503_rejected_no_endpoints() {
+    let gw = start("flowControl: { enabled: true }\n", &[]).await;
+    let (status, headers, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "rejected-no-endpoints");
+    assert!(!headers.contains_key("retry-after"));
+    assert_eq!(json(&body)["error"]["code"], "queue_no_endpoints");
+}
+
+#[tokio::test]
+async fn a_queued_sheddable_request_is_evicted_for_a_critical_one_with_429_evicted_priority() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 20000, maxRequests: 1 }\ntenancy: { priorityHeader: x-priority }\n",
+        &[up.addr],
+    )
+    .await;
+    let sheddable = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 1)).await;
+    let critical = spawn_chat(gw.addr(), &[("x-priority", "critical")]);
+    let (status, headers, body) = sheddable.await.unwrap();
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "evicted-priority");
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(json(&body)["error"]["code"], "queue_evicted");
+    gw.until_metric(&queue_gauge("critical", 1)).await;
+    up.waiting.store(0, Ordering::SeqCst);
+    assert_eq!(critical.await.unwrap().0, 200);
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(&outcome("sheddable", "default", "evicted-priority", 1)),
+        "{m}"
+    );
+    assert!(
+        m.contains(&outcome("critical", "default", "dispatched", 1)),
+        "{m}"
+    );
+    assert!(m.contains(&queue_gauge("sheddable", 0)), "{m}");
+    assert!(m.contains(&queue_gauge("critical", 0)), "{m}");
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_leaves_the_queue_at_once() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 20000 }\n",
+        &[up.addr],
+    )
+    .await;
+    let waiting = spawn_chat(gw.addr(), &[]);
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    // Dropping the client's future closes its connection.
+    waiting.abort();
+    let _ = waiting.await;
+    gw.until_metric(&queue_gauge("standard", 0)).await;
+    gw.until_metric(&outcome(
+        "standard",
+        "default",
+        "rejected-context-cancelled",
+        1,
+    ))
+    .await;
+    // Nothing was left to send once the pod has room.
+    up.waiting.store(0, Ordering::SeqCst);
+    let (status, _, _) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 200);
+    assert_eq!(up.requests(), 1);
+}
+
+#[tokio::test]
+async fn the_tenant_is_the_api_key_s_before_the_header_and_reaches_the_pod_as_the_fairness_id() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let auth = format!(
+        "auth:\n  apiKeys:\n    keys: [{{ sha256: {}, tenant: team-a, models: [m] }}]\nflowControl: {{ enabled: true }}\ntenancy: {{ tenantHeader: x-tenant }}\n",
+        sha256_hex(KEY_A)
+    );
+    let gw = start(&auth, &[up.addr]).await;
+    let bearer = format!("Bearer {KEY_A}");
+    let (status, _, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("authorization", &bearer), ("x-tenant", "team-b")],
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let seen = up.seen.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(seen[FAIRNESS], "team-a");
+
+    // Without authentication, the configured header names the tenant.
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(
+        "flowControl: { enabled: true }\ntenancy: { tenantHeader: x-tenant }\n",
+        &[up.addr],
+    )
+    .await;
+    let (status, _, _) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-tenant", "team-b")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let seen = up.seen.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(seen[FAIRNESS], "team-b");
+    // Neither: the default tenant.
+    let (status, _, _) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 200);
+    let seen = up.seen.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(seen[FAIRNESS], "default");
+}
+
+#[tokio::test]
+async fn fairness_headers_a_client_sends_are_stripped() {
+    let spoof = [(FAIRNESS, "spoofed"), (OBJECTIVE, "premium")];
+    // Flow control on: the pod sees the gateway's tenant, never the client's.
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start("flowControl: { enabled: true }\n", &[up.addr]).await;
+    let (status, _, _) = send(gw.addr(), "POST", "/v1/chat/completions", CHAT, &spoof).await;
+    assert_eq!(status, 200);
+    let seen = up.seen.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(seen[FAIRNESS], "default");
+    assert!(!seen.contains_key(OBJECTIVE));
+    // Flow control off: neither header passes.
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start("", &[up.addr]).await;
+    let (status, _, _) = send(gw.addr(), "POST", "/v1/chat/completions", CHAT, &spoof).await;
+    assert_eq!(status, 200);
+    let seen = up.seen.last_headers.lock().unwrap().clone().unwrap();
+    assert!(!seen.contains_key(FAIRNESS) && !seen.contains_key(OBJECTIVE));
+}
+
+#[tokio::test]
+async fn without_flow_control_a_saturated_pool_answers_as_before() {
+    // Standard requests are routed to a saturated (not overloaded) pod, as without queues.
+    let up = Upstream::start(Behaviour::Ok).await;
+    up.waiting.store(20, Ordering::SeqCst);
+    let gw = start("", &[up.addr]).await;
+    let admin = gw.gw.admin_addr().unwrap();
+    eventually("a scrape", || async move {
+        get(admin, "/metrics")
+            .await
+            .1
+            .contains("infergate_metrics_scrape_duration_seconds_count{model=\"m\"} ")
+    })
+    .await;
+    let (status, headers, _) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 200);
+    assert!(!headers.contains_key(REASON));
+    let m = gw.metrics().await;
+    assert!(!m.contains("flow_requests_total{"), "{m}");
+}

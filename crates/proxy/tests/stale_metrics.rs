@@ -1,0 +1,279 @@
+//! Stale metrics through the real gateway (`staleMetrics`): emulated vLLM pods whose `/metrics`
+//! stalls while they keep serving requests. Fail-open keeps dispatching on in-flight
+//! accounting, within its per-pod cap; fail-closed answers 503; a pod nothing answers at is
+//! never routed to either way.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "a failed unwrap is a failed test; the latencies are printed for the record"
+)]
+
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
+use tokio::time::Instant;
+use upstream::{client, get, post, refused_addr};
+
+/// Everything the test binary logs, for the fail-open log lines.
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Arc::clone(&buf);
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || Writer(Arc::clone(&writer)))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        buf
+    })
+}
+
+struct Writer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Writer {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One emulated pod `a` plus an address where nothing listens, behind a gateway with a short
+/// late window (a stalled page fails the pod's scrapes after 400 ms).
+struct Rig {
+    gw: Gateway,
+    fleet: Option<ServedFleet>,
+    fleet_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    pod: SocketAddr,
+    dead: SocketAddr,
+}
+
+impl Rig {
+    async fn start(stale: &str) -> Rig {
+        logs();
+        let spec = FleetSpec::from_yaml(
+            "seed: 5\npods:\n  - { name: a, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }\n",
+        )
+        .unwrap();
+        let (fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
+        let fleet = serve_fleet(&spec, async move {
+            let _ = fleet_rx.await;
+        })
+        .await
+        .unwrap();
+        let pod = fleet.addrs()[0].1;
+        let dead = refused_addr().await;
+        let config = GatewayConfig::from_yaml(&format!(
+            "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {stale} }}\n    endpoints: [{pod}, {dead}]\n"
+        ))
+        .unwrap();
+        let local = "127.0.0.1:0".parse().unwrap();
+        let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let gw = serve_workers(config, listeners, async move {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        let rig = Rig {
+            gw,
+            fleet: Some(fleet),
+            fleet_stop: Some(fleet_stop),
+            _stop: stop,
+            pod,
+            dead,
+        };
+        rig.wait_metric("infergate_metrics_stale_targets", 1.0)
+            .await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get(rig.admin(), "/readyz").await.0 != 200 {
+            assert!(Instant::now() < deadline, "never ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        rig
+    }
+
+    fn admin(&self) -> SocketAddr {
+        self.gw.admin_addr().unwrap()
+    }
+
+    fn set_metrics(&self, metrics: MetricsFault) {
+        let h = self.fleet.as_ref().unwrap().handle("a").unwrap();
+        h.set_faults(Faults {
+            metrics,
+            ..h.faults()
+        });
+    }
+
+    /// Waits until the first sample of `family` reads `value`.
+    async fn wait_metric(&self, family: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = get(self.admin(), "/metrics").await.1;
+            if sample(&m, family) == Some(value) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{family} never {value}\n{m}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        self.fleet_stop.take().unwrap().send(()).unwrap();
+        self.fleet.take().unwrap().wait().await;
+    }
+}
+
+fn sample(m: &str, family: &str) -> Option<f64> {
+    m.lines()
+        .find(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+const CHAT: &str =
+    r#"{"model":"llama","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// Median latency of `n` sequential requests to `addr`, every one answered 200 by `from` when
+/// given (the gateway's `x-infergate-endpoint`).
+async fn median_ms(addr: SocketAddr, n: usize, from: Option<SocketAddr>) -> f64 {
+    let mut ms = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let (status, headers, body) = post(addr, "/v1/chat/completions", CHAT).await;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        if let Some(from) = from {
+            assert_eq!(headers["x-infergate-endpoint"], from.to_string().as_str());
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    ms[n / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_metrics_page_keeps_serving_fail_open_near_the_direct_latency() {
+    let rig = Rig::start("{ mode: failOpen, maxInflightPerEndpoint: 4 }").await;
+    let direct = median_ms(rig.pod, 20, None).await;
+    let fresh = median_ms(rig.gw.http_addr(), 20, Some(rig.pod)).await;
+    rig.set_metrics(MetricsFault::Stall);
+    // Late first (routed on its last page), then failed at maxLateMs: both targets stale.
+    rig.wait_metric("infergate_metrics_stale_targets", 2.0)
+        .await;
+    let open = median_ms(rig.gw.http_addr(), 20, Some(rig.pod)).await;
+    println!(
+        "median of 20 requests: direct {direct:.1} ms, gateway on fresh metrics {fresh:.1} ms, gateway fail-open on stalled metrics {open:.1} ms"
+    );
+    assert!(
+        open < direct * 2.0 + 10.0,
+        "fail-open {open} ms vs direct {direct} ms"
+    );
+    let m = get(rig.admin(), "/metrics").await.1;
+    assert_eq!(sample(&m, "pool_fail_open"), Some(1.0), "{m}");
+    assert!(m.contains(r#"pool_fail_open{model="llama"} 1"#), "{m}");
+    assert_eq!(
+        sample(&m, "pool_fail_open_requests_total"),
+        Some(20.0),
+        "{m}"
+    );
+    // Still ready: the pool can dispatch.
+    assert_eq!(get(rig.admin(), "/readyz").await.0, 200);
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    assert!(text.contains("dispatching fail-open"), "{text}");
+    // The page comes back: routing on metrics again, said in the gauge and the log.
+    rig.set_metrics(MetricsFault::Normal);
+    rig.wait_metric("infergate_metrics_stale_targets", 1.0)
+        .await;
+    let (status, _, _) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 200);
+    let m = get(rig.admin(), "/metrics").await.1;
+    assert_eq!(sample(&m, "pool_fail_open"), Some(0.0), "{m}");
+    assert_eq!(
+        sample(&m, "pool_fail_open_requests_total"),
+        Some(20.0),
+        "{m}"
+    );
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    assert!(text.contains("fail-open ended"), "{text}");
+    // The dead address was never routed to: every answer above named the live pod.
+    assert_ne!(rig.pod, rig.dead);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_answers_503_on_the_same_stall() {
+    let rig = Rig::start("{ mode: failClosed }").await;
+    rig.set_metrics(MetricsFault::Stall);
+    rig.wait_metric("infergate_metrics_stale_targets", 2.0)
+        .await;
+    let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["retry-after"], "1");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "no_fresh_endpoints", "{v}");
+    assert_eq!(get(rig.admin(), "/readyz").await.0, 503);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fail_open_cap_holds_exactly() {
+    let rig = Rig::start("{ mode: failOpen, maxInflightPerEndpoint: 3 }").await;
+    rig.set_metrics(MetricsFault::Stall);
+    rig.wait_metric("infergate_metrics_stale_targets", 2.0)
+        .await;
+    // Three long streams, held open (their bodies unread).
+    let c = client();
+    let long = r#"{"model":"llama","max_tokens":4000,"stream":true,"messages":[{"role":"user","content":"tell me everything"}]}"#;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let req = http::Request::post(format!("http://{}/v1/chat/completions", rig.gw.http_addr()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(long.as_bytes())))
+            .unwrap();
+        let resp = c.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        held.push(resp);
+    }
+    assert_eq!(rig.gw.handle().inflight("llama"), Some(3));
+    // The fourth and fifth are shed at the cap, with Retry-After.
+    for _ in 0..2 {
+        let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+        assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(headers["retry-after"], "1");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "shed", "{v}");
+    }
+    assert_eq!(rig.gw.handle().inflight("llama"), Some(3));
+    // One stream ends (the client leaves): exactly one more fits.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rig.gw.handle().inflight("llama") != Some(2) {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped stream never released"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _, _) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 200);
+    assert_eq!(rig.gw.handle().inflight("llama"), Some(2));
+    drop(held);
+    rig.stop().await;
+}
