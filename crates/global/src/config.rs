@@ -39,7 +39,7 @@ use std::time::Duration;
 use http::Uri;
 use infergate_pool::quota::QuotasSpec;
 use infergate_pool::tenant::{Tenancy, TenancyConfig};
-use infergate_proxy::config::{AuthConfig, Limits, ListenerTls};
+use infergate_proxy::config::{AuthConfig, Limits, ListenerTls, MAX_DURATION};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
@@ -60,8 +60,8 @@ pub struct GlobalConfig {
     /// Who may call (required: `auth: none` turns authentication off).
     pub auth: AuthConfig,
     /// The gateway's request limits; the global router enforces `maxRequestBodyBytes`,
-    /// `maxConnections`, `maxRequestsInFlight`, `maxHeaderBytes`, `headerReadTimeoutMs` and
-    /// `bodyReadTimeoutMs`.
+    /// `maxConnections`, `maxRequestsInFlight`, `maxHeaderBytes`, `headerReadTimeoutMs`,
+    /// `bodyReadTimeoutMs` and `http2.maxConcurrentStreams` (the others are accepted, unused).
     #[serde(default)]
     pub limits: Limits,
     /// HTTPS on the front door.
@@ -335,6 +335,9 @@ impl GlobalConfig {
             return Err(invalid("clusters".into(), "at least one cluster is needed"));
         }
         let hb = &self.heartbeat;
+        let l = &self.limits;
+        // Zero would serve nothing (or spin); past a week a timer's deadline could overflow.
+        let max_ms = u64::try_from(MAX_DURATION.as_millis()).unwrap_or(u64::MAX);
         for (name, v) in [
             ("heartbeat.intervalMs", hb.interval_ms),
             ("heartbeat.timeoutMs", hb.timeout_ms),
@@ -343,8 +346,33 @@ impl GlobalConfig {
             ("timeouts.connectMs", self.timeouts.connect_ms),
             ("timeouts.firstByteMs", self.timeouts.first_byte_ms),
             ("routing.ttftObjectiveMs", self.routing.ttft_objective_ms),
+            ("limits.headerReadTimeoutMs", l.header_read_timeout_ms),
+            ("limits.bodyReadTimeoutMs", l.body_read_timeout_ms),
         ] {
             if v == 0 {
+                return Err(invalid(name.into(), "must be above zero"));
+            }
+            if v > max_ms {
+                return Err(invalid(name.into(), "must be at most 604800000 (a week)"));
+            }
+        }
+        if hb.slow_start_ms > max_ms {
+            return Err(invalid(
+                "heartbeat.slowStartMs".into(),
+                "must be at most 604800000 (a week)",
+            ));
+        }
+        // The gateway's limits the router enforces: zero would refuse every request.
+        for (name, zero) in [
+            ("limits.maxRequestBodyBytes", l.max_request_body_bytes == 0),
+            ("limits.maxConnections", l.max_connections == 0),
+            ("limits.maxRequestsInFlight", l.max_requests_in_flight == 0),
+            (
+                "limits.http2.maxConcurrentStreams",
+                l.http2.max_concurrent_streams == 0,
+            ),
+        ] {
+            if zero {
                 return Err(invalid(name.into(), "must be above zero"));
             }
         }

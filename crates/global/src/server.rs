@@ -270,13 +270,13 @@ async fn accept_loop(
             builder
                 .http1()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
-                .max_buf_size(limits.max_header_bytes.max(8192));
+                .header_read_timeout(limits.header_read_timeout())
+                .max_buf_size(limits.header_bytes());
             builder
                 .http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(limits.http2.max_concurrent_streams)
-                .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+                .max_header_list_size(u32::try_from(limits.header_bytes()).unwrap_or(u32::MAX));
             if let Err(e) = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .await
@@ -417,7 +417,7 @@ async fn route_request(
         return Err(ApiError::BodyTooLarge { limit: max });
     }
     let (parts, body) = req.into_parts();
-    let read_timeout = Duration::from_millis(limits.body_read_timeout_ms);
+    let read_timeout = limits.body_read_timeout();
     let body = match tokio::time::timeout(read_timeout, Limited::new(body, max).collect()).await {
         Err(_) => {
             return Err(ApiError::RequestTimeout {

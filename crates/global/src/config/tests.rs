@@ -111,6 +111,30 @@ fn bad_values_name_their_field() {
             &format!("tenancy: {{ tenantHeader: 'a b' }}\n{CLUSTER}"),
             "tenancy.tenantHeader",
         ),
+        (
+            &format!("limits: {{ maxRequestsInFlight: 0 }}\n{CLUSTER}"),
+            "limits.maxRequestsInFlight: must be above zero",
+        ),
+        (
+            &format!("limits: {{ maxConnections: 0 }}\n{CLUSTER}"),
+            "limits.maxConnections: must be above zero",
+        ),
+        (
+            &format!("limits: {{ bodyReadTimeoutMs: 0 }}\n{CLUSTER}"),
+            "limits.bodyReadTimeoutMs: must be above zero",
+        ),
+        (
+            &format!("limits: {{ http2: {{ maxConcurrentStreams: 0 }} }}\n{CLUSTER}"),
+            "limits.http2.maxConcurrentStreams: must be above zero",
+        ),
+        (
+            &format!("timeouts: {{ firstByteMs: 18446744073709551615 }}\n{CLUSTER}"),
+            "timeouts.firstByteMs: must be at most 604800000",
+        ),
+        (
+            &format!("heartbeat: {{ slowStartMs: 18446744073709551615 }}\n{CLUSTER}"),
+            "heartbeat.slowStartMs: must be at most 604800000",
+        ),
     ];
     for (yaml, want) in cases {
         let got = err(&format!("auth: none\n{yaml}"));
