@@ -436,6 +436,10 @@ async fn route_request(
     };
     let parsed = parse_request(kind, &body)?;
     let model = parsed.model.as_ref();
+    // The caller's models (an API key's `models`, a JWT's `modelsClaim`). The router does not
+    // know which base model a LoRA adapter belongs to, so an adapter is allowed only when it is
+    // listed itself (or every model is): it fails closed where the gateway would look the base up.
+    identity.may_call(model, model)?;
     let routing = &shared.config.routing;
     let authenticated = shared.auth.is_enabled().then_some(&identity.tenant);
     let tenant = shared.tenancy.gateway(authenticated, &parts.headers).tenant;

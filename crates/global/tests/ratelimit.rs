@@ -2,7 +2,8 @@
 //! `redis-server` (`infergate_pool::quota`, the gateway's quota service): the replicas together
 //! admit the tenant's limit within 5%, whichever replica each request reaches; with Redis gone
 //! each replica counts locally and enforces its share, so the fleet still holds the limit; a
-//! token quota is charged what the clusters' usage reports say
+//! token quota is charged what the clusters' usage reports say; with authentication, the API
+//! key's tenant is the quota's and its models are enforced
 //! (`cargo test -p infergate-global --test ratelimit -- --nocapture`).
 #![allow(
     clippy::unwrap_used,
@@ -288,6 +289,64 @@ async fn a_token_quota_is_charged_the_usage_the_cluster_reported() {
     assert_eq!(
         counter(&page, r#"infergate_quota_tokens_total{tenant="tok"}"#),
         reported
+    );
+    let _ = stop_a.send(());
+    a.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_keys_tenant_is_its_quota_tenant_and_its_models_are_enforced() {
+    let cluster = TestCluster::start("c1", "llama-3.1-8b/h100", 1, 24).await;
+    wait_ready(cluster.admin).await;
+    let key = |k: &str| infergate_proxy::auth::sha256_hex(k.as_bytes());
+    let yaml = format!(
+        "auth:\n  apiKeys:\n    keys:\n      - {{ sha256: {}, tenant: team, models: [llama] }}\n      - {{ sha256: {}, tenant: other-team, models: [mistral] }}\ntenancy: {{ tenantHeader: x-tenant }}\nquotas:\n  tenants: {{ team: {{ requestsPerMinute: 2 }} }}\nclusters:\n{}",
+        key("key-a"),
+        key("key-b"),
+        cluster.entry("r1", 0.1, 0.2)
+    );
+    let (a, stop_a) = replica(&yaml).await;
+    let call = |bearer: &'static str, tenant: &'static str| {
+        let front = a.http_addr();
+        async move {
+            let req = http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {bearer}"))
+                .header("x-tenant", tenant)
+                .body(Bytes::from_static(
+                    br#"{"model":"llama","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}"#,
+                ))
+                .unwrap();
+            infergate_testkit::send(front, req).await.unwrap()
+        }
+    };
+    assert_eq!(call("wrong", "team").await.status, 401);
+    // Key b may not call llama: refused before any quota or cluster is involved.
+    let forbidden = call("key-b", "team").await;
+    assert_eq!(forbidden.status, 403, "{}", forbidden.text());
+    // Key a is tenant `team` whatever the header says: two admitted, then the quota's 429.
+    assert_eq!(call("key-a", "someone-else").await.status, 200);
+    assert_eq!(call("key-a", "someone-else").await.status, 200);
+    let refused = call("key-a", "someone-else").await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(
+        refused.header(REASON_HEADER),
+        Some("rejected-quota-requests")
+    );
+    let page = metrics(&a).await;
+    assert_eq!(
+        counter(
+            &page,
+            r#"infergate_quota_requests_total{tenant="team",outcome="admitted"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        counter(
+            &page,
+            r#"infergate_global_rejections_total{reason="forbidden"}"#
+        ),
+        1.0
     );
     let _ = stop_a.send(());
     a.wait().await;
