@@ -73,6 +73,26 @@ class Suite:
     def gw(self, path):
         return f"http://{LOCAL}:{self.gw_port}{path}"
 
+    def decision_view(self, explained, inst):
+        """(waiting, KV use) of `inst` as one routing decision saw it (`x-infergate-explain`:
+        `waiting=` is the page's queue plus this gateway's requests since, the `kv-cache` score
+        is one minus the KV use); a pod the saturation filter removed counts as (inf, 1.0); None
+        when the decision did not consider it."""
+        addr = self.addr(inst)
+        parts = explained.split(" | ")
+        if f"{addr}:saturation" in parts[0].split("filtered=")[-1]:
+            return float("inf"), 1.0
+        for part in parts[1:]:
+            fields = part.split()
+            if len(fields) < 2 or fields[1] != addr:
+                continue
+            kv = {k: v for k, _, v in (f.partition("=") for f in fields[2:])}
+            try:
+                return float(kv["waiting"]), 1.0 - float(kv["kv-cache"].split("*")[0])
+            except (KeyError, ValueError):
+                return None
+        return None
+
     def gw_metrics(self):
         return scrape(f"http://{LOCAL}:{self.gw_admin}/metrics")
 
@@ -302,10 +322,13 @@ retries:
             self._stop = threading.Event()
             self._lock = threading.Lock()
             self._n = 0
+            self.clients = []
             deadline = time.monotonic() + max_seconds
 
             def run(w):
                 client = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+                with self._lock:
+                    self.clients.append(client)
                 try:
                     while not self._stop.is_set() and time.monotonic() < deadline:
                         with self._lock:
@@ -323,7 +346,8 @@ retries:
                                 resp = client.post(url, json=body)
                                 r = {"status": resp.status_code, "error": None,
                                      "endpoint": resp.headers.get("x-infergate-endpoint")}
-                            except httpx.HTTPError as e:
+                            except (httpx.HTTPError, RuntimeError) as e:
+                                # (RuntimeError: the client closed under it by stop(abort=True))
                                 r = {"status": None, "error": str(e), "endpoint": None}
                         with self._lock:
                             self.results.append(r)
@@ -335,8 +359,18 @@ retries:
             for t in self.threads:
                 t.start()
 
-        def stop(self, timeout=60):
+        def stop(self, timeout=60, abort=False):
+            """Stops the workers after their current request, or with `abort` at once: their
+            connections are closed, which makes vLLM abort the requests in flight."""
             self._stop.set()
+            if abort:
+                with self._lock:
+                    clients = list(self.clients)
+                for c in clients:
+                    try:
+                        c.close()
+                    except Exception:  # noqa: BLE001 - closing under a busy thread may raise
+                        pass
             for t in self.threads:
                 t.join(timeout)
 
@@ -524,9 +558,21 @@ retries:
         tag = random.randrange(1 << 30)
 
         # (a) LoRA: lora-a runs on A only (a background stream there), requests for it follow.
+        # A cold instance loads the adapter and warms its LoRA kernels on the first request for
+        # it (tens of seconds on these cores when this check runs alone): one short request
+        # first, so the background stream below is running within the wait that follows.
+        t_warm = time.monotonic()
+        warm = self.post(ua, self.completion_body(model="lora-a", prompt="warm", max_tokens=1),
+                         timeout=180.0)
+        expect(warm.status_code == 200,
+               f"warm-up request for lora-a on A: {warm.status_code} {warm.text[:160]}")
+        print(f"    lora-a warm on A in {time.monotonic() - t_warm:.1f}s")
+        # Two workers of different lengths (the model is fast: 1,900 tokens take about 5 s), so
+        # that one of them is always running: with one, A's page between two of its requests
+        # shows the adapter idle, and a router reading that page rightly sees a free slot.
         held = self.Background(self, ua, lambda w, i: self.completion_body(
-            model="lora-a", prompt=f"hold {w} {i}", max_tokens=1900), 1,
-            max_seconds=90)
+            model="lora-a", prompt=f"hold {w} {i}", max_tokens=1900 - 600 * w, ignore_eos=True),
+            2, max_seconds=90)
         wait_until(lambda: "lora-a" in lora_state(scrape(self.url("A", "/metrics"),
                                                          timeout=30))[0], 45,
                    0.05, "lora-a running on A")
@@ -534,7 +580,7 @@ retries:
         # the gateway routes on the page it has).
         t_seen = time.monotonic()
         wait_until(lambda: self.gw_pod(self.gw_metrics(), "infergate_pod_lora_adapter_info", "A",
-                                       adapter="lora-a", state="running") == 1, 45, 0.05,
+                                       adapter="lora-a", state="running") == 1, 90, 0.05,
                    "the gateway's page of A showing lora-a running")
         print(f"    the gateway saw lora-a running on A {time.monotonic() - t_seen:.2f}s after "
               "A's own page did")
@@ -549,7 +595,7 @@ retries:
             served.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
             if r.status_code != 200:
                 served[-1] = f"{served[-1]}({r.status_code}: {r.text[:160]})"
-        held.stop()
+        held.stop(abort=True)
         ra, seen_a = lora_state(scrape(self.url("A", "/metrics")))
         rb, seen_b = lora_state(scrape(self.url("B", "/metrics")))
         if served.count("A") != len(served):
@@ -597,8 +643,10 @@ retries:
         # load every router must see, not only one its model of batching may discount. (With
         # eight, vLLM's preemption left A with nothing waiting at most sampled moments.)
         direct = 12
+        # Lengths differ per worker, so their requests do not all end (and A empty) at once.
         load = self.Background(self, ua, lambda w, i: self.completion_body(
-            prompt=f"load {tag} {w} {i}", max_tokens=1900), direct, max_seconds=240)
+            prompt=f"load {tag} {w} {i}", max_tokens=1900 - 50 * w, ignore_eos=True), direct,
+            max_seconds=240)
         # Asserted once A queues: its KV cache is full and requests wait (vLLM preempts). A
         # running batch alone (KV not full, nothing waiting) is not a load the scheduler's
         # estimated-wait model counts (docs/testing.md, "Real vLLM suite": a known limitation,
@@ -609,25 +657,49 @@ retries:
                     metric(text, "vllm:num_requests_waiting"),
                     metric(text, "vllm:kv_cache_usage_perc"))
 
+        def loaded(wait, kv):
+            # Loaded as a router must see it: requests waiting, or the KV cache (nearly) full.
+            return wait >= 1 or kv >= 0.9
+
         t_load = time.monotonic()
-        wait_until(lambda: a_page()[1] >= 1, 120, 0.1, "requests waiting on A (KV full)")
-        print(f"    A queues {time.monotonic() - t_load:.1f}s after the load started")
-        # The routing signal is the gateway's page of A: wait (bounded) until it shows the queue.
+        wait_until(lambda: loaded(*a_page()[1:]), 180, 0.1,
+                   "A loaded on its own page (requests waiting or its KV 0.9+ full)")
+        print(f"    A loaded {time.monotonic() - t_load:.1f}s after the load started")
+        # The routing signal is the gateway's page of A: wait (bounded) until it shows A loaded.
         # A slow page only makes A late; the gateway keeps routing on the page it has.
         t_seen = time.monotonic()
-        wait_until(lambda: self.gw_pod(self.gw_metrics(), "infergate_pod_waiting_requests", "A")
-                   >= 1, 60, 0.05, "the gateway's page of A showing requests waiting")
-        print(f"    the gateway's page of A showed them {time.monotonic() - t_seen:.2f}s after "
-              "A's own page did")
+
+        def gw_sees_load():
+            g = self.gw_metrics()
+            return (self.gw_pod(g, "infergate_pod_waiting_requests", "A") >= 1
+                    or self.gw_pod(g, "infergate_pod_kv_cache_usage_ratio", "A") >= 0.9)
+        wait_until(gw_sees_load, 90, 0.05,
+                   "the gateway's page of A showing requests waiting or its KV 0.9+ full")
+        print(f"    the gateway's page of A showed it loaded {time.monotonic() - t_seen:.2f}s "
+              "after A's own page did")
         served = []
         explained = []
         load_a = []
         states = []
-        # New requests until four were sent while A's own page showed it loaded (or 16 in all):
-        # vLLM preempts and re-admits, so A swings between queueing and not from one moment to
-        # the next, and only the loaded moments are asserted.
+
+
+        def both_loaded():
+            # Moments when A's own page (read just before the request) and the page the
+            # gateway decided on (from the decision itself) both showed A loaded. vLLM's page
+            # swings from one moment to the next (preemption re-queues requests; with its API
+            # server's event loop blocked, the engine can even run dry for an instant), so the
+            # two pages, read at different moments, do not always agree; a decision taken on a
+            # page that showed A idle is not one about load.
+            out = []
+            for w, (_, wait, kv), ex in zip(served, load_a, explained):
+                seen = self.decision_view(ex, "A")
+                if loaded(wait, kv) and seen is not None and loaded(*seen):
+                    out.append(w)
+            return out
+
+        # New requests until four were decided while both pages showed A loaded (or 16 in all).
         for i in range(16):
-            if sum(1 for wait, kv in ((l[1], l[2]) for l in load_a) if wait >= 1 or kv >= 0.9) >= 4:
+            if len(both_loaded()) >= 4:
                 break
             g = self.gw_metrics()
             states.append("/".join(self.gw_scrape_state(g, x) for x in ("A", "B")))
@@ -639,28 +711,20 @@ retries:
                 inst = f"{inst}({r.status_code}: {r.text[:120]})"
             served.append(inst)
             time.sleep(0.1)
-        load.stop()
-        # Loaded as a router must see it: requests waiting, or the KV cache (nearly) full. vLLM
-        # preempts and re-admits, so A's own page swings between the two from one moment to the
-        # next.
-        busy = [w for w, (run, wait, kv) in zip(served, load_a) if wait >= 1 or kv >= 0.9]
+        load.stop(abort=True)
+        busy = both_loaded()
         if len(busy) < 3 or busy.count("B") != len(busy):
             print("    routing decisions:\n      " + "\n      ".join(explained))
         shown = [f"{run:.0f}+{wait:.0f} kv {kv:.2f}" for run, wait, kv in load_a]
-        what = (f"with A running+waiting {shown} of its {direct} direct requests: new requests "
-                f"served by {served} (gateway's scrape state of A/B before each: {states}); while "
-                f"requests waited on A or its KV was 0.9+ full: {busy} (want all B, at least 3)")
-        held_off = len(busy) >= 3 and busy.count("B") == len(busy)
-        if held_off or "1" in (os.environ.get("REAL_VLLM_STRICT_LOAD"),
-                               os.environ.get("REAL_VLLM_STRICT")):
-            expect(held_off, what)
-        else:
-            # An open defect (docs/testing.md, "Real vLLM suite"): in one run the first new
-            # request went to A while A had 7 waiting, because the gateway's page of A showed 0
-            # waiting and an empty KV cache at that moment. Reported loudly, not failed, until it
-            # is fixed; REAL_VLLM_STRICT_LOAD=1 fails it.
-            print(f"    KNOWN ISSUE (not failed; REAL_VLLM_STRICT_LOAD=1 fails it): {what}",
-                  flush=True)
+        seen = [self.decision_view(ex, "A") for ex in explained]
+        seen = ["-" if v is None else "saturated" if v[0] == float("inf")
+                else f"{v[0]:.0f} waiting kv {v[1]:.2f}" for v in seen]
+        expect(len(busy) >= 3 and busy.count("B") == len(busy),
+               f"with A running+waiting {shown} on its own page and {seen} on the page each "
+               f"decision saw, of its {direct} direct requests: new requests served by {served} "
+               f"(gateway's scrape state of A/B before each: {states}); decided while both "
+               f"showed A loaded (requests waiting or KV 0.9+ full): {busy} (want all B, at "
+               f"least 3)")
 
     # ------------------------------------------------------------------ check 4
     def check_faults(self):
@@ -1083,21 +1147,35 @@ storage:
             traceback.print_exc()
             print(f"real-vllm: setup failed: {e}")
             return 1
-        for num, title, fn in self.CHECKS:
-            if selected and num not in selected:
-                continue
-            log(f"check {num}: {title}")
-            t0 = time.monotonic()
-            try:
-                getattr(self, fn)()
-                self.results[num] = "pass"
-            except CheckFailed as e:
-                self.results[num] = f"FAIL: {e}"
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                self.results[num] = f"FAIL (error): {type(e).__name__}: {e}"
-            self.timings[f"check {num}"] = time.monotonic() - t0
-            log(f"check {num}: {self.results[num]} ({self.timings[f'check {num}']:.1f}s)")
+        # REAL_VLLM_REPEAT=N runs the selected checks N times on the same instances (to measure
+        # how often a check holds); a check's result is its first failure, else a pass.
+        repeat = max(1, int(os.environ.get("REAL_VLLM_REPEAT", "1") or "1"))
+        passes = {}
+        for rep in range(repeat):
+            for num, title, fn in self.CHECKS:
+                if selected and num not in selected:
+                    continue
+                if self.results.get(num, "pass") != "pass":
+                    continue
+                log(f"check {num}: {title}" + (f" (run {rep + 1} of {repeat})" if repeat > 1
+                                               else ""))
+                t0 = time.monotonic()
+                try:
+                    getattr(self, fn)()
+                    self.results[num] = "pass"
+                    passes[num] = passes.get(num, 0) + 1
+                except CheckFailed as e:
+                    self.results[num] = f"FAIL: {e}"
+                except Exception as e:  # noqa: BLE001
+                    traceback.print_exc()
+                    self.results[num] = f"FAIL (error): {type(e).__name__}: {e}"
+                self.timings[f"check {num}"] = time.monotonic() - t0
+                log(f"check {num}: {self.results[num]} ({self.timings[f'check {num}']:.1f}s)")
+        if repeat > 1:
+            print("\n== repeated: " + ", ".join(
+                f"check {n} passed {passes.get(n, 0)} run(s) in a row"
+                + ("" if self.results[n] == "pass" else ", then failed")
+                for n in sorted(self.results)))
         total = time.monotonic() - t_all
         print("\n== real-vllm summary ==")
         for num, title, _ in sorted(self.CHECKS):
@@ -1111,20 +1189,7 @@ storage:
                       indent=1)
         passed = sum(1 for v in self.results.values() if v == "pass")
         print(f"real-vllm: {passed} passed, {len(self.results) - passed} failed")
-        # Check 3 (routing on real signals) still misses on two shared cores for reasons not yet
-        # fixed (docs/testing.md, "Real vLLM suite", open defects): its failure is reported
-        # loudly and does not fail the suite unless REAL_VLLM_STRICT=1. Every other check gates.
-        strict = os.environ.get("REAL_VLLM_STRICT") == "1"
-        gating = {n: v for n, v in self.results.items() if strict or n not in KNOWN_FLAKY}
-        known = sorted(n for n, v in self.results.items() if n not in gating and v != "pass")
-        if known:
-            print(f"real-vllm: KNOWN ISSUE, not failed (REAL_VLLM_STRICT=1 fails it): check(s) "
-                  f"{', '.join(map(str, known))} failed")
-        return 0 if self.results and all(v == "pass" for v in gating.values()) else 1
-
-
-# Checks whose failure is reported but does not fail the suite (unless REAL_VLLM_STRICT=1).
-KNOWN_FLAKY = {"3"}
+        return 0 if self.results and all(v == "pass" for v in self.results.values()) else 1
 
 
 def main():
