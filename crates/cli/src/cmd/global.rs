@@ -21,7 +21,10 @@ pub struct Args {
     /// Admin address (`/metrics`, `/healthz`, `/readyz`); overrides `admin` in the file.
     #[arg(long)]
     admin: Option<SocketAddr>,
-    /// Check the configuration file and exit.
+    /// Check the configuration file and exit: every field parsed and validated (the error names
+    /// the field), environment variables it names included (`quotas.redis.passwordEnv`). Files
+    /// it names (keys, tokens, certificates) are not read and nothing is contacted, so a file
+    /// rendered for a pod (e.g. by the Helm chart) can be checked anywhere.
     #[arg(long)]
     check: bool,
 }
