@@ -316,7 +316,9 @@ pub(super) fn run_one(
                 t = t.min(visible);
             }
             if let Some(d) = gate.queue.as_ref().and_then(FlowQueues::next_deadline) {
-                t = t.min(d.as_nanos() as f64 / 1e9);
+                // A microsecond past the deadline: seconds in f64 and back to nanoseconds may
+                // land a nanosecond short of it, and the expiry would never come due.
+                t = t.min((d.as_nanos() + 1_000) as f64 / 1e9);
             }
         }
         let t = t.max(sim.fleet.now());
