@@ -13,7 +13,8 @@
 #   8. the built-in objects the operator renders (its golden files) pass the same strict check;
 #   9. the global router (globalRouter): off by default, insecure or inconsistent values refused,
 #      and its rendered command line, environment and global.yaml accepted by the real binary
-#      (`infergate global --check`; INFERGATE=/path/to/infergate, else cargo builds it).
+#      (`infergate global --check`; INFERGATE=/path/to/infergate, else cargo builds it), then
+#      started as rendered in front of an emulated model server and driven to an answer.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
 # or HELM (tests/helm/install-helm.sh).
 set -euo pipefail
@@ -186,4 +187,54 @@ expect_fail "globalRouter.config.listen is set by the chart" -f "$work/router-mi
 expect_fail "needs globalRouter.config.quotas.redis" -f "$work/router-min.yaml" --set globalRouter.replicaCount=2 \
   --set globalRouter.config.quotas.default.requestsPerMinute=60
 expect_fail "/globalRouter/service/type" -f "$work/router-min.yaml" --set globalRouter.service.type=External
+# Executed as rendered: the rendered command line, environment and global.yaml (ports moved to
+# free ones) start a router in front of an emulated model server (`infergate sim`), which must
+# become ready and route a chat completion to it.
+read -r sim_port http_port admin_port < <(python3 - <<'PY'
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+PY
+)
+printf 'seed: 1\npods:\n  - { name: p0, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama, port: %s }\n' \
+  "$sim_port" >"$work/fleet.yaml"
+cat >"$work/router-live.yaml" <<YAML
+globalRouter:
+  enabled: true
+  replicaCount: 1
+  ports: { http: $http_port, admin: $admin_port }
+  config:
+    auth: none
+    heartbeat: { intervalMs: 200, staleAfterMs: 1000 }
+    clusters:
+      - { name: sim, url: "http://127.0.0.1:$sim_port", region: local, cost: { inputPerMillion: 0.1, outputPerMillion: 0.4 } }
+YAML
+"$helm" template t "$chart" -f "$work/router-live.yaml" >"$work/router-live-render.yaml"
+"$infergate" sim --fleet "$work/fleet.yaml" >"$work/sim.log" 2>&1 &
+sim_pid=$!
+live_words=()
+mapfile -d '' live_words < <(python3 tests/helm/router-exec.py "$work/router-live-render.yaml" "$work/router-live") \
+  || { kill "$sim_pid"; fail "cannot read the live router's render"; }
+for ((i = 0; i < ${#live_words[@]}; i++)); do [ "${live_words[i]}" = -- ] && break; done
+env -i PATH="$PATH" "${live_words[@]:0:i}" "$infergate" "${live_words[@]:i+1}" >"$work/router-live.log" 2>&1 &
+router_pid=$!
+live_ok=0
+for _ in $(seq 1 100); do
+  if curl -sf -o /dev/null "http://127.0.0.1:$admin_port/readyz"; then live_ok=1; break; fi
+  sleep 0.1
+done
+answer=""
+if [ "$live_ok" = 1 ]; then
+  answer=$(curl -s -D "$work/router-live.headers" -H 'content-type: application/json' \
+    -d '{"model":"llama","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}' \
+    "http://127.0.0.1:$http_port/v1/chat/completions" || true)
+fi
+kill "$router_pid" "$sim_pid" 2>/dev/null || true
+wait "$router_pid" "$sim_pid" 2>/dev/null || true
+[ "$live_ok" = 1 ] || fail "the rendered router never became ready: $(tail -5 "$work/router-live.log")"
+grep -qi '^x-infergate-cluster: sim' "$work/router-live.headers" && grep -q '"choices"' <<<"$answer" \
+  || fail "the rendered router did not route a chat completion to the cluster: $answer $(tail -5 "$work/router-live.log")"
+ok "rendered global router started as rendered (args, environment, global.yaml) routes a chat completion to an emulated cluster"
 echo "helm chart checks passed"
