@@ -221,9 +221,9 @@ impl Sim<'_> {
             return;
         }
         // A scrape overdue by more than an interval is hanging (connected, no page): the
-        // scraper reports the pod late (routed on its last page), then failed after
-        // `MAX_LATE_S`. What the scheduler does with a failed pod that still answers is its
-        // `staleMetrics` setting.
+        // scraper reports the pod late (routed on its last page), then, after `MAX_LATE_S`,
+        // failed but reachable (its scrape had connected). What the scheduler does with a
+        // failed pod that still answers is its `staleMetrics` setting.
         let overdue = 2.0 * self.interval + self.lag;
         for i in 0..self.seen.len() {
             let age = self.seen[i].map_or(f64::INFINITY, |(at, _, _)| now - at);
@@ -234,6 +234,9 @@ impl Sim<'_> {
             } else {
                 ScrapeState::Failed
             };
+            if state == ScrapeState::Failed {
+                let _ = self.sched.set_reachable(pod_addr(i), true);
+            }
             let _ = self.sched.set_scrape_state(pod_addr(i), state);
         }
     }
