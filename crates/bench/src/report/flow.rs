@@ -26,6 +26,14 @@ pub struct GroupStats {
     pub served_tokens: u64,
     /// TTFT of the completed requests, from arrival (queueing included).
     pub ttft: Percentiles,
+    /// Of the completed requests, the time between arrival and being sent to a pod (waiting in
+    /// the gateway's queues).
+    #[serde(default)]
+    pub queued: Percentiles,
+    /// Of the completed requests, the time from being sent to a pod to the first token (the
+    /// engine's own queue and the prefill).
+    #[serde(default)]
+    pub at_pod: Percentiles,
     /// Time of the group's first rejection (s).
     pub first_rejected_s: Option<f64>,
 }
@@ -155,6 +163,12 @@ pub struct GroupSummary {
     pub ttft_p50: Spread,
     /// TTFT P99.
     pub ttft_p99: Spread,
+    /// P99 of the time queued in the gateway.
+    #[serde(default)]
+    pub queued_p99: Spread,
+    /// P99 of the time from dispatch to the first token.
+    #[serde(default)]
+    pub at_pod_p99: Spread,
 }
 
 /// A rejection reason over seeds.
@@ -202,6 +216,8 @@ fn group_summary(runs: &[&FlowRun], pick: fn(&FlowRun) -> &[GroupStats]) -> Vec<
                 served_tokens: g(&|s| s.served_tokens as f64),
                 ttft_p50: g(&|s| s.ttft.p50),
                 ttft_p99: g(&|s| s.ttft.p99),
+                queued_p99: g(&|s| s.queued.p99),
+                at_pod_p99: g(&|s| s.at_pod.p99),
             }
         })
         .collect()
@@ -457,7 +473,7 @@ fn verdicts(
             target: format!(
                 "dispatch continues on stale metrics, TTFT P99 of requests arriving then within {m}× of the direct path's"
             ),
-            measured: format!("{} dispatched per run while stale; {}", d.mean, x(r)),
+            measured: format!("{:.0} dispatched per run while stale; {}", d.mean, x(r)),
             met: d.min > 0.0 && r.max <= m,
         });
     }
@@ -597,9 +613,9 @@ pub(super) fn markdown(scenario: &Scenario, f: &FlowReport) -> String {
     ] {
         let _ = writeln!(
             s,
-            "\n| flow policy | {title} | offered | served | rejected | served tokens | TTFT P50 | TTFT P99 |"
+            "\n| flow policy | {title} | offered | served | rejected | served tokens | TTFT P50 | TTFT P99 | queued P99 | sent → first token P99 |"
         );
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for p in &f.summary {
             for g in pick(p) {
                 if g.offered.mean == 0.0 {
@@ -607,7 +623,7 @@ pub(super) fn markdown(scenario: &Scenario, f: &FlowReport) -> String {
                 }
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+                    "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
                     p.policy,
                     g.name,
                     g.offered.mean,
@@ -615,7 +631,9 @@ pub(super) fn markdown(scenario: &Scenario, f: &FlowReport) -> String {
                     g.rejected.mean,
                     tokens(g.served_tokens.mean),
                     range(&g.ttft_p50),
-                    range(&g.ttft_p99)
+                    range(&g.ttft_p99),
+                    range(&g.queued_p99),
+                    range(&g.at_pod_p99)
                 );
             }
         }

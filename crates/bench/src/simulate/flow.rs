@@ -73,6 +73,8 @@ struct Gate<'a> {
     bench: &'a FlowBench,
     queue: Option<FlowQueues<u64>>,
     outcome: Vec<Outcome>,
+    /// When each request was sent to a pod (s).
+    sent_at: Vec<Option<f64>>,
     charges: Vec<Option<ServiceCharge>>,
     reasons: Vec<Reason>,
     dispatch_times: VecDeque<f64>,
@@ -207,6 +209,9 @@ fn route(
                 if let Some(o) = gate.outcome.get_mut(a.id as usize) {
                     *o = Outcome::Sent;
                 }
+                if let Some(s) = gate.sent_at.get_mut(a.id as usize) {
+                    *s = Some(now);
+                }
                 if gate.stale.iter().any(|w| w.contains(now)) {
                     gate.stale_dispatched += 1;
                 }
@@ -285,6 +290,7 @@ pub(super) fn run_one(
         bench,
         queue: queue_config(policy, bench).map(FlowQueues::new),
         outcome: vec![Outcome::Pending; arrivals.len()],
+        sent_at: vec![None; arrivals.len()],
         charges: vec![None; arrivals.len()],
         reasons: Vec::new(),
         dispatch_times: VecDeque::new(),
@@ -504,19 +510,29 @@ fn flow_figures(
             name: name.to_owned(),
             ..GroupStats::default()
         };
-        let mut ttft = Vec::new();
+        let (mut ttft, mut queued, mut at_pod) = (Vec::new(), Vec::new(), Vec::new());
         for a in arrivals.iter().filter(|a| keep(a)) {
             g.offered += 1;
             if let Some(Some((t, tokens))) = sim.served.get(a.id as usize) {
                 g.completed += 1;
                 g.served_tokens += tokens;
                 ttft.push(*t);
+                let q = gate
+                    .sent_at
+                    .get(a.id as usize)
+                    .copied()
+                    .flatten()
+                    .map_or(0.0, |s| (s - a.at).max(0.0));
+                queued.push(q);
+                at_pod.push(t - q);
             } else if let Some(Outcome::Rejected(_, at)) = gate.outcome.get(a.id as usize) {
                 g.rejected += 1;
                 g.first_rejected_s = Some(g.first_rejected_s.map_or(*at, |f: f64| f.min(*at)));
             }
         }
         g.ttft = Percentiles::of(&mut ttft);
+        g.queued = Percentiles::of(&mut queued);
+        g.at_pod = Percentiles::of(&mut at_pod);
         g
     };
     let per_tenant: Vec<GroupStats> = tenants
@@ -744,3 +760,6 @@ pub(super) fn run(
     report.flow = Some(FlowReport::new(scenario, &rows, &runs, baselines));
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests;
