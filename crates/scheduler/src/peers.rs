@@ -237,7 +237,11 @@ impl PeerTable {
     }
 
     /// Drops every peer whose newest report was applied before `cutoff`; returns how many.
-    pub(crate) fn expire(&mut self, cutoff: Timestamp, mut touched: impl FnMut(SocketAddr)) -> usize {
+    pub(crate) fn expire(
+        &mut self,
+        cutoff: Timestamp,
+        mut touched: impl FnMut(SocketAddr),
+    ) -> usize {
         let before = self.peers.len();
         self.peers.retain(|_, p| {
             let keep = p.received_at >= cutoff;

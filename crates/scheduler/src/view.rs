@@ -186,7 +186,8 @@ pub(crate) fn build(
         };
         let scraped_queue = m_wait * mean_prompt;
         let queued_tokens = if adj {
-            (ep.pending_tokens.saturating_add(peer.pending_tokens) as f64).max(scraped_queue + since_tokens)
+            (ep.pending_tokens.saturating_add(peer.pending_tokens) as f64)
+                .max(scraped_queue + since_tokens)
         } else {
             scraped_queue
         };

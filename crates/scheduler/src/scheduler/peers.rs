@@ -163,7 +163,10 @@ mod tests {
         assert_eq!(ra.len(), 1, "idle endpoints are left out");
         let l = ra[0];
         assert_eq!(l.addr, d.endpoints.first());
-        assert_eq!((l.inflight, l.pending, l.since_requests, l.since_pending), (1, 1, 1, 1));
+        assert_eq!(
+            (l.inflight, l.pending, l.since_requests, l.since_pending),
+            (1, 1, 1, 1)
+        );
         assert_eq!(l.pending_tokens, 300);
         b.apply_peer_loads("a", &ra, T0).unwrap();
         // B's own report does not echo A's load back.
@@ -188,7 +191,11 @@ mod tests {
             b.apply_peer_loads("a", &loads(&a), T0).unwrap();
             for i in 0..2 {
                 let d = b
-                    .pick(&RequestContext::new("m", 2_000), T0, &mut rng(seed * 11 + i))
+                    .pick(
+                        &RequestContext::new("m", 2_000),
+                        T0,
+                        &mut rng(seed * 11 + i),
+                    )
                     .unwrap();
                 picked.push(d.endpoints.first());
             }
@@ -208,7 +215,10 @@ mod tests {
         b.apply_peer_loads("a", &loads(&a), T0).unwrap();
         b.apply_peer_loads("a", &loads(&a), T0).unwrap();
         let (_, ex) = b.pick_explained(&RequestContext::new("m", 300), T0, &mut rng(2));
-        assert_eq!(ex.candidates[0].waiting, 1.0, "counted once, not per report");
+        assert_eq!(
+            ex.candidates[0].waiting, 1.0,
+            "counted once, not per report"
+        );
         assert!(a.complete(d.ticket, T0, Usage::default()));
         b.apply_peer_loads("a", &loads(&a), T0).unwrap();
         let (_, ex) = b.pick_explained(&RequestContext::new("m", 300), T0, &mut rng(3));
@@ -239,8 +249,12 @@ mod tests {
         a.pick(&RequestContext::new("m", 300), T0, &mut rng(1))
             .unwrap();
         b.apply_peer_loads("a", &loads(&a), T0).unwrap();
-        b.apply_peer_loads("c", &loads(&a), T0.saturating_add(Duration::from_millis(900)))
-            .unwrap();
+        b.apply_peer_loads(
+            "c",
+            &loads(&a),
+            T0.saturating_add(Duration::from_millis(900)),
+        )
+        .unwrap();
         let now = T0.saturating_add(Duration::from_secs(1));
         assert_eq!(b.expire_peers(now, Duration::from_millis(500)), 1);
         assert_eq!(b.peer_count(), 1);
