@@ -21,7 +21,6 @@
 //! decides when to call them, on the virtual clock. TTFT counts from a request's arrival, so its
 //! time in the queue is part of it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use infergate_scheduler::flow::{
@@ -46,9 +45,6 @@ use crate::workload::{self, Arrival};
 
 /// Bytes of request body besides the prompt (JSON framing, model name, parameters).
 const BODY_OVERHEAD: u64 = 200;
-
-/// Seconds of dispatches the drain-rate estimate behind `Retry-After` looks back over.
-const RATE_WINDOW_S: f64 = 10.0;
 
 /// What happened to one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,7 +73,6 @@ struct Gate<'a> {
     sent_at: Vec<Option<f64>>,
     charges: Vec<Option<ServiceCharge>>,
     reasons: Vec<Reason>,
-    dispatch_times: VecDeque<f64>,
     max_queue: u64,
     max_band: [u64; 3],
     max_wait_s: f64,
@@ -126,26 +121,16 @@ impl Gate<'_> {
     }
 
     /// `Retry-After` for a request the queues turned away: infergate tells the client the
-    /// queue's estimated drain time (queued requests over the recent dispatch rate, whole
-    /// seconds in 1–60); the reference sends none.
-    fn queue_retry_after(&self, now: f64) -> Option<f64> {
-        if self.policy != FlowPolicy::Infergate {
-            return None;
-        }
-        let queued = self.queue.as_ref().map_or(0, FlowQueues::len) as f64;
-        let span = now.clamp(1.0, RATE_WINDOW_S);
-        let rate = self.dispatch_times.len() as f64 / span;
-        let secs = if rate > 0.0 {
-            (queued / rate).ceil()
-        } else {
-            60.0
-        };
-        Some(secs.clamp(1.0, 60.0))
+    /// pool's estimated drain time as its latest saturated pick gave it (as
+    /// `infergate_pool::flow` does: whole seconds within the scheduler's `retryAfterMinMs` and
+    /// `retryAfterMaxMs`); the reference sends none.
+    fn queue_retry_after(&self) -> Option<f64> {
+        (self.policy == FlowPolicy::Infergate).then_some(self.last_retry_after)
     }
 
     fn removed(&mut self, r: Removed<u64>, now: f64) {
         self.max_wait_s = self.max_wait_s.max(r.waited.as_secs_f64());
-        let retry = self.queue_retry_after(now);
+        let retry = self.queue_retry_after();
         let reason = match r.reason {
             Removal::Expired => "rejected-ttl-expired",
             Removal::Evicted => "evicted-priority",
@@ -293,7 +278,6 @@ pub(super) fn run_one(
         sent_at: vec![None; arrivals.len()],
         charges: vec![None; arrivals.len()],
         reasons: Vec::new(),
-        dispatch_times: VecDeque::new(),
         max_queue: 0,
         max_band: [0; 3],
         max_wait_s: 0.0,
@@ -337,13 +321,6 @@ pub(super) fn run_one(
         }
         sim.refresh_metrics();
         let now = sim.fleet.now();
-        while gate
-            .dispatch_times
-            .front()
-            .is_some_and(|d| now - d > RATE_WINDOW_S)
-        {
-            gate.dispatch_times.pop_front();
-        }
         if let Some(mut q) = gate.queue.take() {
             let mut removed = Vec::new();
             q.expire(ts(now), |r| removed.push(r));
@@ -422,7 +399,7 @@ pub(super) fn run_one(
                 gate.removed(r, now);
             }
             if let Some(r) = refused {
-                let retry = gate.queue_retry_after(now);
+                let retry = gate.queue_retry_after();
                 let reason = match r.reason {
                     Refusal::BandFull | Refusal::QueueFull => "rejected-saturated",
                 };
@@ -459,7 +436,6 @@ pub(super) fn run_one(
                 break;
             };
             gate.max_wait_s = gate.max_wait_s.max(d.waited.as_secs_f64());
-            gate.dispatch_times.push_back(now);
             if matches!(routed, Routed::Sent)
                 && let Some(c) = gate.charges.get_mut(id as usize)
             {
