@@ -749,10 +749,25 @@ impl Scenario {
                     return bad(field, format!("must be >= 1, got {v}"));
                 }
             }
-            if t.stale_vs_direct.is_some() && self.stale.is_empty() {
+            if t.stale_vs_direct.is_some() && !self.stale.iter().any(|s| s.from_s < w.duration_s) {
                 return bad(
                     "flow.targets.stale_vs_direct",
-                    "needs at least one stale window".into(),
+                    "needs a stale window that starts before the workload ends".into(),
+                );
+            }
+            let critical = |m: Option<&PriorityMix>| m.is_some_and(|m| m.critical > 0.0);
+            let has_critical = if w.tenants.is_empty() {
+                critical(w.priorities.as_ref())
+            } else {
+                w.tenants.iter().any(|t| match t.priority {
+                    Some(p) => p == Priority::Critical,
+                    None => critical(t.priorities.as_ref().or(w.priorities.as_ref())),
+                })
+            };
+            if t.critical_vs_unloaded.is_some() && !has_critical {
+                return bad(
+                    "flow.targets.critical_vs_unloaded",
+                    "needs Critical requests in the workload".into(),
                 );
             }
         }

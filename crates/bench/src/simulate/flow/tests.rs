@@ -158,3 +158,26 @@ fn shipped_flow_scenarios_carry_the_targets_they_are_documented_with() {
         );
     }
 }
+
+#[test]
+fn targets_without_the_traffic_they_measure_are_refused() {
+    let field = |yaml: &str| match Scenario::from_yaml(yaml, "t") {
+        Err(crate::BenchError::Invalid { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    // A Critical target with no Critical request would compare against nothing.
+    let no_critical = OVERLOAD.replace("priority: critical", "priority: standard");
+    let no_critical = no_critical.replace(
+        "targets: { shed_order: true, bounded: true }",
+        "targets: { critical_vs_unloaded: 1.5 }",
+    );
+    assert_eq!(field(&no_critical), "flow.targets.critical_vs_unloaded");
+    let with_critical = OVERLOAD.replace(
+        "targets: { shed_order: true, bounded: true }",
+        "targets: { critical_vs_unloaded: 1.5 }",
+    );
+    assert!(Scenario::from_yaml(&with_critical, "t").is_ok());
+    // A stale window after the last arrival measures no request.
+    let late = STALE.replace("{ from_s: 5, to_s: 35 }", "{ from_s: 50, to_s: 60 }");
+    assert_eq!(field(&late), "flow.targets.stale_vs_direct");
+}
