@@ -136,9 +136,33 @@ pub(crate) struct PeerSum {
     pub(crate) since_requests: u32,
     pub(crate) since_pending: u32,
     pub(crate) since_pending_tokens: u64,
+    /// When the pending tokens were reported: the receipt times of the peers' reports, weighted
+    /// by each one's pending tokens.
+    pub(crate) pending_at: Timestamp,
 }
 
 impl PeerSum {
+    /// The share of the peers' pending (awaiting first token) requests still pending at `now`.
+    ///
+    /// They are as of the peers' reports; since then the pod has cleared prefill work at its
+    /// learned rate (`1 / inv_rate` tokens/s), from a queue of `own_pending` + the peers' pending
+    /// tokens, and with it a proportional share of theirs. Without this a peer's request that has
+    /// had its first token keeps counting until the next report, which biases every replica away
+    /// from the fastest pods, whose requests leave the queue soonest. 1 without peer load.
+    pub(crate) fn pending_left(&self, own_pending: u64, now: Timestamp, inv_rate: f64) -> f64 {
+        if self.pending_tokens == 0 {
+            return 1.0;
+        }
+        let age = now.saturating_since(self.pending_at).as_secs_f64();
+        let queue = own_pending.saturating_add(self.pending_tokens) as f64;
+        let left = 1.0 - age / (inv_rate * queue);
+        if left.is_finite() {
+            left.clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
+
     fn add(&mut self, l: &PeerLoad) {
         self.inflight = self.inflight.saturating_add(l.inflight);
         self.inflight_tokens = self.inflight_tokens.saturating_add(l.inflight_tokens);
@@ -270,10 +294,17 @@ impl PeerTable {
     /// Every peer's load on `addr`, summed.
     pub(crate) fn sum(&self, addr: &SocketAddr) -> PeerSum {
         let mut s = PeerSum::default();
+        let (mut weighted, mut weight) = (0.0, 0.0);
         for p in self.peers.values() {
             if let Some(l) = p.loads.get(addr) {
                 s.add(l);
+                let w = l.pending_tokens as f64;
+                weighted += w * p.received_at.as_nanos() as f64;
+                weight += w;
             }
+        }
+        if weight > 0.0 {
+            s.pending_at = Timestamp::from_nanos((weighted / weight) as u64);
         }
         s
     }

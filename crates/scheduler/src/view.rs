@@ -153,15 +153,18 @@ pub(crate) fn build(
             }
             continue 'candidates;
         }
-        // The other picker replicas' requests count as this one's own (zero without peers).
+        let inv_prefill_rate = ep.prefill.inv().unwrap_or(inv_prefill_prior);
+        // The other picker replicas' requests count as this one's own (zero without peers), their
+        // pending ones aged since the peers reported them (`PeerSum::pending_left`).
         let peer = &ep.peer;
+        let peer_left = peer.pending_left(ep.pending_tokens, cx.now, inv_prefill_rate);
         let (since_pending, since_decoding, since_tokens) = if adj {
+            let peer_since = f64::from(peer.since_pending.min(peer.since_requests)) * peer_left;
             (
-                f64::from(ep.since_pending) + f64::from(peer.since_pending),
+                f64::from(ep.since_pending) + peer_since,
                 f64::from(ep.since_requests.saturating_sub(ep.since_pending))
-                    + f64::from(peer.since_requests.saturating_sub(peer.since_pending)),
-                ep.since_pending_tokens
-                    .saturating_add(peer.since_pending_tokens) as f64,
+                    + (f64::from(peer.since_requests) - peer_since),
+                ep.since_pending_tokens as f64 + peer.since_pending_tokens as f64 * peer_left,
             )
         } else {
             (0.0, 0.0, 0.0)
@@ -186,13 +189,12 @@ pub(crate) fn build(
         };
         let scraped_queue = m_wait * mean_prompt;
         let queued_tokens = if adj {
-            (ep.pending_tokens.saturating_add(peer.pending_tokens) as f64)
+            (ep.pending_tokens as f64 + peer.pending_tokens as f64 * peer_left)
                 .max(scraped_queue + since_tokens)
         } else {
             scraped_queue
         };
         let own_tokens = f64::from(req.prompt_tokens) * (1.0 - prefix);
-        let inv_prefill_rate = ep.prefill.inv().unwrap_or(inv_prefill_prior);
         let kv_wait = match kv {
             Some(k) if k > KV_PRESSURE_START => {
                 let decode_rate = ep.decode.get().unwrap_or(decode_prior);

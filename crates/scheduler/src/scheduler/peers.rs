@@ -243,6 +243,26 @@ mod tests {
     }
 
     #[test]
+    fn a_peers_pending_requests_age_out_at_the_pods_rate() {
+        let mut a = scheduler(SchedulerConfig::default(), 1);
+        a.pick(&RequestContext::new("m", 300), T0, &mut rng(1))
+            .unwrap();
+        let report = loads(&a);
+        let waiting_at = |ms: u64| {
+            let mut b = scheduler(SchedulerConfig::default(), 1);
+            b.apply_peer_loads("a", &report, T0).unwrap();
+            let now = T0.saturating_add(Duration::from_millis(ms));
+            let (_, ex) = b.pick_explained(&RequestContext::new("m", 300), now, &mut rng(2));
+            ex.candidates[0].waiting
+        };
+        assert_eq!(waiting_at(0), 1.0);
+        // 300 tokens at the prior 4,000 tokens/s clear in 75 ms: half of them after 37.5 ms.
+        let half = waiting_at(37);
+        assert!(half > 0.45 && half < 0.55, "{half}");
+        assert_eq!(waiting_at(200), 0.0);
+    }
+
+    #[test]
     fn silent_peers_expire_and_forgotten_peers_leave() {
         let mut a = scheduler(SchedulerConfig::default(), 1);
         let mut b = scheduler(SchedulerConfig::default(), 1);
@@ -252,14 +272,16 @@ mod tests {
         b.apply_peer_loads(
             "c",
             &loads(&a),
-            T0.saturating_add(Duration::from_millis(900)),
+            T0.saturating_add(Duration::from_millis(995)),
         )
         .unwrap();
         let now = T0.saturating_add(Duration::from_secs(1));
         assert_eq!(b.expire_peers(now, Duration::from_millis(500)), 1);
         assert_eq!(b.peer_count(), 1);
         let (_, ex) = b.pick_explained(&RequestContext::new("m", 300), now, &mut rng(2));
-        assert_eq!(ex.candidates[0].waiting, 1.0, "only c's report is left");
+        // Only c's report is left, its request aged 5 ms of its 75.
+        let w = ex.candidates[0].waiting;
+        assert!(w > 0.9 && w < 1.0, "{w}");
         assert!(b.forget_peer("c"));
         assert!(!b.forget_peer("c"));
         let (_, ex) = b.pick_explained(&RequestContext::new("m", 300), now, &mut rng(3));
