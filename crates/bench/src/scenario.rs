@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
 
+mod replicas;
+pub use replicas::{Exchange, ReplicaBench, Sharing, Spread};
+
 /// One benchmark scenario.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +69,10 @@ pub struct Scenario {
     /// once per flow-control policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow: Option<FlowBench>,
+    /// Active-active picker replicas compared (see [`ReplicaBench`]): each policy runs once per
+    /// replica count and sharing mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaBench>,
 }
 
 /// A window in which no scrape returns a page.
@@ -769,6 +776,14 @@ impl Scenario {
                     "flow.targets.critical_vs_unloaded",
                     "needs Critical requests in the workload".into(),
                 );
+            }
+        }
+        if let Some(r) = &self.replicas {
+            if self.flow.is_some() {
+                return bad("replicas", "cannot be combined with `flow`".into());
+            }
+            if let Err((field, reason)) = r.validate() {
+                return bad(field, reason);
             }
         }
         if self.seeds.is_empty() {

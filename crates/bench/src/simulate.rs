@@ -51,6 +51,9 @@ pub fn run(
     if scenario.flow.is_some() {
         return flow::run(scenario, origin, progress);
     }
+    if scenario.replicas.is_some() {
+        return replicas::run(scenario, origin, progress);
+    }
     let catalog = infergate_sim::Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
     let adapters: Vec<Arc<str>> = scenario
@@ -587,6 +590,7 @@ pub fn floor(spec: &FleetSpec, arrivals: &[Arrival], seed: u64) -> FloorResult {
 }
 
 mod flow;
+mod replicas;
 
 #[cfg(test)]
 mod tests;

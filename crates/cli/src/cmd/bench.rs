@@ -30,6 +30,15 @@ pub struct Args {
     /// Multiplies every arrival rate (a load sweep on one scenario).
     #[arg(long)]
     load_scale: Option<f64>,
+    /// Active-active pickers: compare these picker replica counts (comma-separated, e.g.
+    /// `1,3,5`), without and with the peer exchange (the scenario's `replicas:` section,
+    /// defaults otherwise).
+    #[arg(long, value_delimiter = ',')]
+    replicas: Vec<u32>,
+    /// With `--replicas`: the peer exchange's report interval and delay in milliseconds
+    /// (`INTERVAL,DELAY`, e.g. `25,10`) instead of the scenario's (default 5,1).
+    #[arg(long, value_delimiter = ',', requires = "replicas")]
+    exchange_ms: Vec<f64>,
 }
 
 fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -68,6 +77,21 @@ fn load(path: &Path, args: &Args) -> anyhow::Result<Scenario> {
             .iter()
             .map(|p| p.parse())
             .collect::<Result<_, _>>()?;
+    }
+    if !args.replicas.is_empty() {
+        let mut r = s.replicas.take().unwrap_or_default();
+        r.counts.clone_from(&args.replicas);
+        match args.exchange_ms[..] {
+            [] => {}
+            [interval_ms, delay_ms] => {
+                r.exchange = infergate_bench::scenario::Exchange {
+                    interval_ms,
+                    delay_ms,
+                };
+            }
+            _ => anyhow::bail!("--exchange-ms takes two numbers: INTERVAL,DELAY"),
+        }
+        s.replicas = Some(r);
     }
     s.validate(&path.display().to_string())?;
     Ok(s)
