@@ -201,7 +201,10 @@ impl Picker {
             response_body_mode: BodyMode::FullDuplex,
             model_rewrites: o.model_rewrites,
             quotas: None,
+            rewrites: crate::canary::RewriteTable::default(),
             explain_header: o.explain_header,
+            flow_control: None,
+            flow: None,
         };
         let picker = EndpointPicker::new(config, pool, Telemetry::default());
         Picker {
