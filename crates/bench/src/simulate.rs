@@ -303,6 +303,34 @@ impl Sim<'_> {
         Ok(false)
     }
 
+    /// Records a completed request's figures (TTFT, ITL, E2E, served tokens, per-pod counts)
+    /// once the scheduler has been told of it.
+    fn record_completion(&mut self, c: &Completion) {
+        // From the request's own arrival: with flow control it may have waited in the
+        // gateway's queue before it was sent.
+        let arrived = self.arrivals.get(c.id as usize).map_or(c.arrival, |a| a.at);
+        let ttft = c.first_token - arrived;
+        self.ttft.push(ttft);
+        self.itl.push(c.mean_itl());
+        self.e2e.push(c.last_token - arrived);
+        if let Some(slot) = self.served.get_mut(c.id as usize) {
+            *slot = Some((
+                ttft,
+                u64::from(c.prompt_tokens) + u64::from(c.output_tokens),
+            ));
+        }
+        if let Some(n) = self.inflight.get_mut(c.pod as usize) {
+            *n = n.saturating_sub(1);
+        }
+        self.just_completed
+            .push((c.id, c.prompt_tokens, c.output_tokens));
+        if let Some(n) = self.per_pod.get_mut(c.pod as usize) {
+            *n += 1;
+        }
+        self.output_tokens += u64::from(c.output_tokens);
+        self.last_done = self.last_done.max(c.last_token);
+    }
+
     /// Tells the scheduler about first tokens and completions, in time order, and records them.
     fn absorb(&mut self) {
         let mut firsts = std::mem::take(&mut self.firsts);
@@ -332,29 +360,7 @@ impl Sim<'_> {
                     output_tokens: c.output_tokens,
                 },
             );
-            // From the request's own arrival: with flow control it may have waited in the
-            // gateway's queue before it was sent.
-            let arrived = self.arrivals.get(c.id as usize).map_or(c.arrival, |a| a.at);
-            let ttft = c.first_token - arrived;
-            self.ttft.push(ttft);
-            self.itl.push(c.mean_itl());
-            self.e2e.push(c.last_token - arrived);
-            if let Some(slot) = self.served.get_mut(c.id as usize) {
-                *slot = Some((
-                    ttft,
-                    u64::from(c.prompt_tokens) + u64::from(c.output_tokens),
-                ));
-            }
-            if let Some(n) = self.inflight.get_mut(c.pod as usize) {
-                *n = n.saturating_sub(1);
-            }
-            self.just_completed
-                .push((c.id, c.prompt_tokens, c.output_tokens));
-            if let Some(n) = self.per_pod.get_mut(c.pod as usize) {
-                *n += 1;
-            }
-            self.output_tokens += u64::from(c.output_tokens);
-            self.last_done = self.last_done.max(c.last_token);
+            self.record_completion(c);
         }
         for first in f {
             if let Some(Some(ticket)) = self.tickets.get(first.id as usize) {

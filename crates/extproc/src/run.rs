@@ -70,6 +70,11 @@ pub fn ext_proc_tls(certificate: Option<Certificate>) -> Result<Option<ServerTls
 /// Reads a scheduler configuration file (`preset: infergate`, or explicit weights; every key
 /// optional).
 pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
+    read_yaml(path)
+}
+
+/// Reads and parses a YAML file, naming the file in either error.
+fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
         path: path.to_owned(),
         source,
@@ -80,22 +85,19 @@ pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
     })
 }
 
+/// A checked value of a file that parsed, refused: a YAML error naming the file.
+fn invalid_in(path: &Path, reason: String) -> Error {
+    Error::Yaml {
+        path: path.to_owned(),
+        source: <serde_yaml::Error as serde::de::Error>::custom(reason),
+    }
+}
+
 /// Reads a flow-control file (`flowControl:` and `tenancy:`, as in the gateway's file) and checks
 /// it.
 pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSettings, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let invalid = |e: String| Error::Yaml {
-        path: path.to_owned(),
-        source: <serde_yaml::Error as serde::de::Error>::custom(e),
-    };
-    let settings: infergate_pool::flow::FlowSettings =
-        serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
-            path: path.to_owned(),
-            source,
-        })?;
+    let invalid = |e: String| invalid_in(path, e);
+    let settings: infergate_pool::flow::FlowSettings = read_yaml(path)?;
     settings
         .flow_control
         .validate()
@@ -107,19 +109,8 @@ pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSetti
 /// Reads a quota file (the gateway's `quotas:` fields) and starts the quota service, sharing
 /// through Redis when the file says so. Must run inside a tokio runtime.
 pub fn load_quotas(path: &Path) -> Result<infergate_pool::quota::Quotas, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let invalid = |e: String| Error::Yaml {
-        path: path.to_owned(),
-        source: <serde_yaml::Error as serde::de::Error>::custom(e),
-    };
-    let spec: infergate_pool::quota::QuotasSpec =
-        serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
-            path: path.to_owned(),
-            source,
-        })?;
+    let invalid = |e: String| invalid_in(path, e);
+    let spec: infergate_pool::quota::QuotasSpec = read_yaml(path)?;
     let config = spec.to_config().map_err(invalid)?;
     infergate_pool::quota::Quotas::start_with_registry(config).map_err(|e| invalid(e.to_string()))
 }
@@ -288,4 +279,64 @@ pub async fn run_bbr(
     health?;
     admin?;
     grpc
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    /// Each of the picker's files refuses a missing file, garbage and a wrong type, naming the
+    /// file; nothing is started from a file that did not parse.
+    #[test]
+    fn bad_picker_files_are_refused_naming_the_file() {
+        let missing = Path::new("/nonexistent/infergate/picker.yaml");
+        assert!(matches!(
+            load_flow_settings(missing),
+            Err(Error::Read { .. })
+        ));
+        assert!(matches!(load_quotas(missing), Err(Error::Read { .. })));
+        assert!(matches!(
+            load_scheduler_config(missing),
+            Err(Error::Read { .. })
+        ));
+        for text in [
+            ": : [\u{0}",
+            "flowControl: 7",
+            "flowControl: { enabled: maybe }",
+        ] {
+            let f = file(text);
+            let e = load_flow_settings(f.path()).unwrap_err();
+            assert!(matches!(e, Error::Yaml { .. }), "{text:?}: {e}");
+            assert!(
+                e.to_string().contains(&f.path().display().to_string()),
+                "{e}"
+            );
+        }
+        for text in [
+            ": : [",
+            "tenants: 5",
+            "tenants: { a: { requestsPerMinute: -1 } }",
+        ] {
+            let f = file(text);
+            let e = load_quotas(f.path()).unwrap_err();
+            assert!(matches!(e, Error::Yaml { .. }), "{text:?}: {e}");
+            assert!(
+                e.to_string().contains(&f.path().display().to_string()),
+                "{e}"
+            );
+        }
+    }
 }

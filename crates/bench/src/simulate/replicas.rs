@@ -418,28 +418,7 @@ impl Multi<'_> {
                     output_tokens: c.output_tokens,
                 },
             );
-            let sim = &mut self.sim;
-            let arrived = sim.arrivals.get(c.id as usize).map_or(c.arrival, |a| a.at);
-            let ttft = c.first_token - arrived;
-            sim.ttft.push(ttft);
-            sim.itl.push(c.mean_itl());
-            sim.e2e.push(c.last_token - arrived);
-            if let Some(slot) = sim.served.get_mut(c.id as usize) {
-                *slot = Some((
-                    ttft,
-                    u64::from(c.prompt_tokens) + u64::from(c.output_tokens),
-                ));
-            }
-            if let Some(n) = sim.inflight.get_mut(c.pod as usize) {
-                *n = n.saturating_sub(1);
-            }
-            sim.just_completed
-                .push((c.id, c.prompt_tokens, c.output_tokens));
-            if let Some(n) = sim.per_pod.get_mut(c.pod as usize) {
-                *n += 1;
-            }
-            sim.output_tokens += u64::from(c.output_tokens);
-            sim.last_done = sim.last_done.max(c.last_token);
+            self.sim.record_completion(c);
         }
         for first in f {
             self.first_token(first.id, first.t);
