@@ -16,10 +16,15 @@ use serde::{Deserialize, Serialize};
 use crate::status::InferenceGatewayConfigStatus;
 use crate::validation;
 
+mod flow;
 mod quotas;
 mod rewrites;
 
-pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec};
+pub use flow::{
+    FlowBandLimits, FlowBands, FlowControlSpec, FlowFairness, FlowOrdering, FlowServiceWeights,
+    ObjectivePriority, PriorityBand, TenancySpec,
+};
+pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec, SecretKeyRef};
 pub use rewrites::{
     MatchKind, MatchValue, ModelMatch, ModelRewriteRule, RewriteTarget, StaleMetricsSpec, StaleMode,
 };
@@ -67,6 +72,14 @@ pub struct InferenceGatewayConfigSpec {
     /// Redis when `redis` is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quotas: Option<QuotasSpec>,
+    /// Flow control at every endpoint picker: requests wait in bounded per-priority queues
+    /// while every pod of their pool is saturated (each pool its own queues, with these limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_control: Option<FlowControlSpec>,
+    /// How the endpoint pickers find a request's priority (objectives) and which tenants get
+    /// their own metric label; used by flow control.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenancy: Option<TenancySpec>,
 }
 
 /// The body-based router.

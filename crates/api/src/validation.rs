@@ -12,7 +12,8 @@ use std::fmt;
 use serde_json::{Value, json};
 
 use crate::config::{
-    InferenceGatewayConfigSpec, ListenerProtocol, SchedulerSpec, TlsSpec, Weights,
+    FlowBandLimits, FlowControlSpec, InferenceGatewayConfigSpec, ListenerProtocol,
+    ObjectivePriority, PriorityBand, QuotasSpec, SchedulerSpec, TenancySpec, TlsSpec, Weights,
 };
 use crate::error::Error;
 
@@ -39,6 +40,8 @@ pub const SCHEDULER_RULES: &[CelRule] = &[PRESET_XOR_WEIGHTS];
 pub const WEIGHTS_RULES: &[CelRule] = &[WEIGHTS_NON_NEGATIVE, WEIGHTS_ONE_POSITIVE];
 /// Rules on `spec.tls`.
 pub const TLS_RULES: &[CelRule] = &[TLS_ONE_SOURCE];
+/// Rules on `spec.quotas.redis`.
+pub const REDIS_RULES: &[CelRule] = &[REDIS_ONE_PASSWORD];
 
 /// Between 1 and 100 schedulers.
 pub const SCHEDULER_COUNT: CelRule = CelRule {
@@ -86,9 +89,30 @@ pub const TLS_ONE_SOURCE: CelRule = CelRule {
     message: "spec.tls needs exactly one of certificateSecretRef and issuerRef",
 };
 
+/// At most one source of the Redis password.
+pub const REDIS_ONE_PASSWORD: CelRule = CelRule {
+    rule: "!(has(self.passwordEnv) && has(self.passwordSecretRef))",
+    message: "spec.quotas.redis takes passwordEnv or passwordSecretRef, not both",
+};
+
 /// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
 /// API server's side of the same check).
 pub const JWKS_HTTPS_MESSAGE: &str = "spec.auth.jwt.provider.remoteJWKS.uri must start with https://: keys fetched in clear text could be replaced on the way";
+
+/// A flow-control limit of 0 (the schema's `minimum: 1` is the API server's side).
+pub const FLOW_LIMIT_MESSAGE: &str =
+    "must be at least 1: a queue bounded at 0 would refuse every request it is meant to hold";
+/// A TTL beyond a day (the schema's `maximum` is the API server's side).
+pub const FLOW_TTL_MESSAGE: &str =
+    "must be between 0 (no TTL) and 86400000 ms (one day): a request does not wait longer";
+/// A service weight that is negative or not a number.
+pub const FLOW_WEIGHT_MESSAGE: &str = "must be a finite number of 0 or more";
+/// An objective's priority that is neither a band nor an integer.
+pub const OBJECTIVE_PRIORITY_MESSAGE: &str = "must be critical, standard, sheddable or an integer priority (above 0 critical, 0 standard, below 0 sheddable)";
+/// An empty objective name (no request header can name it).
+pub const OBJECTIVE_NAME_MESSAGE: &str = "an objective name must not be empty";
+/// `passwordEnv` naming a variable the pods do not have.
+pub const PASSWORD_ENV_MESSAGE: &str = "names a variable spec.podDefaults.env does not define, so the picker would refuse to start: define it there (e.g. from a Secret) or use passwordSecretRef";
 
 /// A broken rule, with the path of the field that breaks it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +173,16 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
             message: JWKS_HTTPS_MESSAGE,
         });
     }
+    let mut fail_at = |field: String, message: &'static str| out.push(Violation { field, message });
+    if let Some(q) = &spec.quotas {
+        check_quotas(spec, q, &mut fail_at);
+    }
+    if let Some(f) = &spec.flow_control {
+        check_flow_control(f, &mut fail_at);
+    }
+    if let Some(t) = &spec.tenancy {
+        check_tenancy(t, &mut fail_at);
+    }
     if out.is_empty() {
         Ok(())
     } else {
@@ -188,6 +222,74 @@ fn check_weights(i: usize, w: &Weights, fail: &mut impl FnMut(String, CelRule)) 
     }
 }
 
+fn check_quotas(
+    spec: &InferenceGatewayConfigSpec,
+    q: &QuotasSpec,
+    fail: &mut impl FnMut(String, &'static str),
+) {
+    let Some(r) = &q.redis else { return };
+    if r.password_env.is_some() && r.password_secret_ref.is_some() {
+        fail("spec.quotas.redis".into(), REDIS_ONE_PASSWORD.message);
+    }
+    if let Some(var) = &r.password_env
+        && !spec.pod_defaults.env.iter().any(|e| e.name == *var)
+    {
+        fail("spec.quotas.redis.passwordEnv".into(), PASSWORD_ENV_MESSAGE);
+    }
+}
+
+fn check_flow_control(f: &FlowControlSpec, fail: &mut impl FnMut(String, &'static str)) {
+    let at = |field: &str| format!("spec.flowControl.{field}");
+    if f.request_ttl_ms.is_some_and(|t| t > 86_400_000) {
+        fail(at("requestTtlMs"), FLOW_TTL_MESSAGE);
+    }
+    if f.max_requests == Some(0) {
+        fail(at("maxRequests"), FLOW_LIMIT_MESSAGE);
+    }
+    if f.max_bytes == Some(0) {
+        fail(at("maxBytes"), FLOW_LIMIT_MESSAGE);
+    }
+    if let Some(b) = &f.bands {
+        let bands: [(&str, Option<FlowBandLimits>); 3] = [
+            ("critical", b.critical),
+            ("standard", b.standard),
+            ("sheddable", b.sheddable),
+        ];
+        for (name, limits) in bands {
+            let Some(l) = limits else { continue };
+            if l.max_requests == Some(0) {
+                fail(at(&format!("bands.{name}.maxRequests")), FLOW_LIMIT_MESSAGE);
+            }
+            if l.max_bytes == Some(0) {
+                fail(at(&format!("bands.{name}.maxBytes")), FLOW_LIMIT_MESSAGE);
+            }
+        }
+    }
+    if let Some(w) = &f.service_weights {
+        for (name, v) in [("input", w.input), ("output", w.output)] {
+            if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                fail(at(&format!("serviceWeights.{name}")), FLOW_WEIGHT_MESSAGE);
+            }
+        }
+    }
+}
+
+fn check_tenancy(t: &TenancySpec, fail: &mut impl FnMut(String, &'static str)) {
+    for (name, p) in &t.objectives {
+        if name.is_empty() {
+            fail("spec.tenancy.objectives".into(), OBJECTIVE_NAME_MESSAGE);
+        }
+        if let ObjectivePriority::Band(b) = p
+            && PriorityBand::parse(b).is_none()
+        {
+            fail(
+                format!("spec.tenancy.objectives.{name}"),
+                OBJECTIVE_PRIORITY_MESSAGE,
+            );
+        }
+    }
+}
+
 fn all_unique<'a>(items: impl Iterator<Item = &'a str>) -> bool {
     let mut seen = HashSet::new();
     items.into_iter().all(|x| seen.insert(x))
@@ -208,6 +310,10 @@ pub fn weights_rules(schema: &mut schemars::Schema) {
 /// `schemars` transform for the TLS node.
 pub fn tls_rules(schema: &mut schemars::Schema) {
     add_rules(schema, TLS_RULES);
+}
+/// `schemars` transform for the quotas' Redis node.
+pub fn redis_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, REDIS_RULES);
 }
 
 fn add_rules(schema: &mut schemars::Schema, rules: &[CelRule]) {

@@ -71,6 +71,27 @@ const INVALID: &[(&str, CelRule)] = &[
     ("all-zero-weights.yaml", validation::WEIGHTS_ONE_POSITIVE),
     ("https-without-tls.yaml", validation::HTTPS_NEEDS_TLS),
     ("tls-both-sources.yaml", validation::TLS_ONE_SOURCE),
+    ("redis-password-both.yaml", validation::REDIS_ONE_PASSWORD),
+];
+
+/// Invalid examples of the checks the schema's bounds and the operator make (no CEL rule):
+/// the file, the field it names and the message.
+const INVALID_FIELDS: &[(&str, &str, &str)] = &[
+    (
+        "flow-control-zero-band.yaml",
+        "spec.flowControl.bands.sheddable.maxRequests",
+        validation::FLOW_LIMIT_MESSAGE,
+    ),
+    (
+        "objective-unknown-band.yaml",
+        "spec.tenancy.objectives.interactive",
+        validation::OBJECTIVE_PRIORITY_MESSAGE,
+    ),
+    (
+        "redis-password-env-undefined.yaml",
+        "spec.quotas.redis.passwordEnv",
+        validation::PASSWORD_ENV_MESSAGE,
+    ),
 ];
 
 #[test]
@@ -79,9 +100,21 @@ fn each_invalid_example_is_rejected_with_its_message() {
     let files = yaml_files(&dir);
     assert_eq!(
         files.len(),
-        INVALID.len(),
+        INVALID.len() + INVALID_FIELDS.len(),
         "every invalid example has an expected rule"
     );
+    for (file, field, message) in INVALID_FIELDS {
+        let value = load(&dir.join(file));
+        let cfg: InferenceGatewayConfig = serde_json::from_value(value).unwrap();
+        match validation::validate(&cfg.spec) {
+            Err(Error::Invalid(v)) => {
+                let got: Vec<(&str, &str)> =
+                    v.iter().map(|v| (v.field.as_str(), v.message)).collect();
+                assert_eq!(got, vec![(*field, *message)], "{file}");
+            }
+            other => panic!("{file}: expected rejection, got {other:?}"),
+        }
+    }
     for (file, rule) in INVALID {
         let value = load(&dir.join(file));
         let cfg: InferenceGatewayConfig = serde_json::from_value(value).unwrap();
@@ -102,6 +135,7 @@ fn every_rule_has_an_invalid_example() {
         validation::SCHEDULER_RULES,
         validation::WEIGHTS_RULES,
         validation::TLS_RULES,
+        validation::REDIS_RULES,
     ];
     for rule in tables.iter().flat_map(|t| t.iter()) {
         assert!(

@@ -2,7 +2,9 @@
 //!
 //! The same shape as the `quotas:` section of the gateway file and the picker's `--quotas`
 //! file (`infergate_pool::quota::spec`), so one block of YAML moves between them. Limits are
-//! per minute; the window they are counted over is `windowSeconds` (default 60).
+//! per minute; the window they are counted over is `windowSeconds` (default 60). One addition
+//! for Kubernetes: `redis.passwordSecretRef`, which the operator turns into the pickers'
+//! environment and a `passwordEnv` naming it.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +57,7 @@ pub struct QuotaLimits {
 /// Where the shared counters live.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::validation::redis_rules)]
 pub struct QuotaRedis {
     /// `host:port` of Redis (plain TCP: no TLS).
     #[schemars(length(min = 1))]
@@ -70,9 +73,28 @@ pub struct QuotaRedis {
     #[serde(default = "default_timeout_ms")]
     #[schemars(range(min = 1, max = 10000))]
     pub timeout_ms: u64,
-    /// An environment variable of the picker's pod holding the password sent with `AUTH`.
+    /// An environment variable of the picker's pod holding the password sent with `AUTH`;
+    /// it must be defined in `spec.podDefaults.env` (e.g. from a Secret). Exclusive with
+    /// `passwordSecretRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
     pub password_env: Option<String>,
+    /// A Secret key holding the password sent with `AUTH`: the operator sets it as the
+    /// pickers' `INFERGATE_QUOTA_REDIS_PASSWORD` and points `passwordEnv` at it. Exclusive with
+    /// `passwordEnv`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret in the config's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key within the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 fn default_prefix() -> String {

@@ -1,7 +1,7 @@
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::*;
-use crate::config::{InferenceGatewayConfig, SchedulerPreset};
+use crate::config::{InferenceGatewayConfig, ObjectivePriority, SchedulerPreset};
 use kube::CustomResourceExt;
 
 fn schema() -> Value {
@@ -192,4 +192,168 @@ fn a_jwks_uri_must_be_https_in_the_validator_and_the_schema() {
     let uri = &s["properties"]["spec"]["properties"]["auth"]["properties"]["jwt"]["properties"]["provider"]
         ["properties"]["remoteJWKS"]["properties"]["uri"];
     assert_eq!(uri["pattern"], "^https://", "{uri}");
+}
+
+fn violations(spec: &InferenceGatewayConfigSpec) -> Vec<(String, &'static str)> {
+    match validate(spec) {
+        Ok(()) => vec![],
+        Err(Error::Invalid(v)) => v.into_iter().map(|v| (v.field, v.message)).collect(),
+        Err(e) => panic!("unexpected {e}"),
+    }
+}
+
+const ONE_SCHEDULER: &str = "schedulers: [{name: a, modelName: m, modelSelector: {app: a}}]";
+
+#[test]
+fn flow_control_and_tenancy_as_the_gateway_file_writes_them_are_accepted() {
+    let s = spec(&format!(
+        "{{{ONE_SCHEDULER},
+          flowControl: {{enabled: true, requestTtlMs: 30000, maxRequests: 2000, maxBytes: 100000000,
+            bands: {{critical: {{maxRequests: 500}}, sheddable: {{maxRequests: 100, maxBytes: 1000000}}}},
+            fairness: least-attained-service, ordering: edf, serviceWeights: {{input: 1, output: 2}}}},
+          tenancy: {{objectives: {{chat: critical, batch: -1, default-objective: 0}},
+            defaultPriority: standard, metricTenants: [team-a]}}}}"
+    ));
+    assert_eq!(violations(&s), vec![]);
+    let t = s.tenancy.as_ref().unwrap();
+    assert_eq!(t.objectives["batch"], ObjectivePriority::Level(-1));
+    assert_eq!(
+        t.objectives["chat"],
+        ObjectivePriority::Band("critical".into())
+    );
+}
+
+#[test]
+fn bad_flow_control_values_are_refused_naming_their_path() {
+    let s = spec(&format!(
+        "{{{ONE_SCHEDULER},
+          flowControl: {{enabled: true, requestTtlMs: 90000000, maxRequests: 0, maxBytes: 0,
+            bands: {{standard: {{maxRequests: 0}}, sheddable: {{maxBytes: 0}}}},
+            serviceWeights: {{input: -1}}}},
+          tenancy: {{objectives: {{chat: urgent, '': 1}}}}}}"
+    ));
+    let mut s = s;
+    if let Some(w) = s
+        .flow_control
+        .as_mut()
+        .and_then(|f| f.service_weights.as_mut())
+    {
+        // JSON cannot carry NaN, a Rust caller can.
+        w.output = Some(f64::NAN);
+    }
+    assert_eq!(
+        violations(&s),
+        vec![
+            ("spec.flowControl.requestTtlMs".to_owned(), FLOW_TTL_MESSAGE),
+            (
+                "spec.flowControl.maxRequests".to_owned(),
+                FLOW_LIMIT_MESSAGE
+            ),
+            ("spec.flowControl.maxBytes".to_owned(), FLOW_LIMIT_MESSAGE),
+            (
+                "spec.flowControl.bands.standard.maxRequests".to_owned(),
+                FLOW_LIMIT_MESSAGE
+            ),
+            (
+                "spec.flowControl.bands.sheddable.maxBytes".to_owned(),
+                FLOW_LIMIT_MESSAGE
+            ),
+            (
+                "spec.flowControl.serviceWeights.input".to_owned(),
+                FLOW_WEIGHT_MESSAGE
+            ),
+            (
+                "spec.flowControl.serviceWeights.output".to_owned(),
+                FLOW_WEIGHT_MESSAGE
+            ),
+            ("spec.tenancy.objectives".to_owned(), OBJECTIVE_NAME_MESSAGE),
+            (
+                "spec.tenancy.objectives.chat".to_owned(),
+                OBJECTIVE_PRIORITY_MESSAGE
+            ),
+        ]
+    );
+    let err = validate(&s).unwrap_err().to_string();
+    assert!(
+        err.contains("spec.flowControl.bands.standard.maxRequests: must be at least 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_schema_refuses_what_the_validator_refuses_in_flow_control() {
+    let crd = InferenceGatewayConfig::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .unwrap();
+    let validator = jsonschema::validator_for(&serde_json::to_value(schema).unwrap()).unwrap();
+    let with = |flow: Value| {
+        json!({
+            "apiVersion": "infergate.dev/v1alpha1",
+            "kind": "InferenceGatewayConfig",
+            "metadata": { "name": "x", "namespace": "y" },
+            "spec": {
+                "schedulers": [{ "name": "a", "modelName": "m", "modelSelector": { "app": "a" } }],
+                "flowControl": flow,
+            },
+        })
+    };
+    assert!(validator.is_valid(&with(json!({ "enabled": true, "maxRequests": 1 }))));
+    for bad in [
+        json!({ "maxRequests": 0 }),
+        json!({ "maxBytes": 0 }),
+        json!({ "requestTtlMs": -1 }),
+        json!({ "requestTtlMs": 90000000 }),
+        json!({ "bands": { "critical": { "maxRequests": 0 } } }),
+        json!({ "serviceWeights": { "input": -0.5 } }),
+        json!({ "fairness": "lottery" }),
+        json!({ "ordering": "lifo" }),
+        json!({ "enabled": "yes" }),
+    ] {
+        assert!(!validator.is_valid(&with(bad.clone())), "{bad}");
+    }
+    let flow = &serde_json::to_value(schema).unwrap()["properties"]["spec"]["properties"]["tenancy"]
+        ["properties"]["objectives"]["additionalProperties"];
+    assert_eq!(flow["x-kubernetes-int-or-string"], true, "{flow}");
+}
+
+#[test]
+fn the_redis_password_has_one_source_defined_for_the_pods() {
+    let with = |redis: &str, env: &str| {
+        spec(&format!(
+            "{{{ONE_SCHEDULER}, podDefaults: {{env: [{env}]}},
+              quotas: {{default: {{requestsPerMinute: 60}}, redis: {{address: 'redis:6379', {redis}}}}}}}"
+        ))
+    };
+    let secret = "passwordSecretRef: {name: redis, key: password}";
+    assert_eq!(violations(&with(secret, "")), vec![]);
+    assert_eq!(
+        violations(&with(
+            "passwordEnv: REDIS_PASSWORD",
+            "{name: REDIS_PASSWORD, valueFrom: {secretKeyRef: {name: redis, key: password}}}"
+        )),
+        vec![]
+    );
+    assert_eq!(
+        violations(&with(
+            "passwordEnv: REDIS_PASSWORD",
+            "{name: OTHER, value: x}"
+        )),
+        vec![(
+            "spec.quotas.redis.passwordEnv".to_owned(),
+            PASSWORD_ENV_MESSAGE
+        )]
+    );
+    assert_eq!(
+        violations(&with(
+            &format!("passwordEnv: REDIS_PASSWORD, {secret}"),
+            "{name: REDIS_PASSWORD, value: x}"
+        )),
+        vec![("spec.quotas.redis".to_owned(), REDIS_ONE_PASSWORD.message)]
+    );
+    let s = schema();
+    let redis = &s["properties"]["spec"]["properties"]["quotas"]["properties"]["redis"];
+    assert_carries(redis, REDIS_RULES);
 }
