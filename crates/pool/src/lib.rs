@@ -57,6 +57,7 @@ pub mod flow;
 pub mod heartbeat;
 pub mod histogram;
 pub mod lifecycle;
+pub mod peers;
 pub mod pods;
 pub mod quota;
 pub mod redis;

@@ -38,6 +38,11 @@ pub struct EndpointInfo {
     pub inflight: u32,
     /// Of those, the ones waiting for their first token.
     pub awaiting_first_token: u32,
+    /// The peer replicas' requests in flight on it, as they last reported
+    /// ([`Scheduler::apply_peer_loads`]).
+    pub peer_inflight: u32,
+    /// Of those, the ones waiting for their first token.
+    pub peer_awaiting_first_token: u32,
     /// Learned prefill rate in tokens/s (`None` until a streamed request has completed).
     pub prefill_tokens_per_sec: Option<f64>,
     /// Learned per-request decode rate in tokens/s.
@@ -295,6 +300,8 @@ impl Scheduler {
             metrics: ep.cold.metrics.clone(),
             inflight: ep.inflight,
             awaiting_first_token: ep.pending,
+            peer_inflight: ep.peer.inflight,
+            peer_awaiting_first_token: ep.peer.pending,
             prefill_tokens_per_sec: ep.prefill.get(),
             decode_tokens_per_sec: ep.decode.get(),
             rate_samples: ep.prefill.samples(),
