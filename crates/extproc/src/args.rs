@@ -27,6 +27,8 @@ pub const BBR_GRPC_PORT: u16 = 9004;
 pub const BBR_HEALTH_PORT: u16 = 9005;
 /// Default metrics port (`/metrics`, `/healthz`, `/readyz`) of both.
 pub const METRICS_PORT: u16 = 9090;
+/// Default port of the picker replicas' load exchange (`--peer-port`).
+pub const PEER_PORT: u16 = infergate_pool::peers::DEFAULT_PEER_PORT;
 
 /// Arguments of `infergate picker`: the Envoy ext_proc endpoint picker for one InferencePool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
@@ -109,6 +111,28 @@ pub struct PickerArgs {
     /// certificate).
     #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED")]
     pub tls_self_signed: bool,
+    /// Active-active replicas: take part in the exchange of in-flight load with the pool's other
+    /// picker replicas, authenticated by the shared key in this file (at least 16 bytes; every
+    /// replica holds the same). Listens on `--peer-port` and dials every `--peer`.
+    #[arg(long, env = "INFERGATE_PEER_KEY_FILE", value_name = "FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// Where the other replicas' exchange listens, `HOST:PORT` (repeatable): an address, or a
+    /// name resolved every few seconds — a headless Service over the replicas gives them all
+    /// (this replica's own address among them is recognised and skipped).
+    #[arg(long = "peer", value_name = "HOST:PORT", requires = "peer_key_file")]
+    pub peers: Vec<String>,
+    /// Port of the peer exchange (with `--peer-key-file`; default 9006).
+    #[arg(long, requires = "peer_key_file")]
+    pub peer_port: Option<u16>,
+    /// Milliseconds between two looks at this replica's load (default 5): changes reach the
+    /// peers coalesced to one report per interval.
+    #[arg(long, requires = "peer_key_file",
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub peer_interval_ms: Option<u64>,
+    /// This replica's name among its peers (unique per replica; in Kubernetes the pod's name).
+    /// Default: `$HOSTNAME`.
+    #[arg(long, env = "POD_NAME")]
+    pub replica_name: Option<String>,
 }
 
 impl PickerArgs {
@@ -135,6 +159,11 @@ impl PickerArgs {
             tls_cert_file: None,
             tls_key_file: None,
             tls_self_signed: false,
+            peer_key_file: None,
+            peers: Vec::new(),
+            peer_port: None,
+            peer_interval_ms: None,
+            replica_name: None,
         }
     }
 

@@ -49,6 +49,9 @@ pub enum Error {
     /// The live pool could not start or rejected its endpoints.
     #[error(transparent)]
     Pool(#[from] infergate_pool::PoolError),
+    /// The peer exchange's settings are invalid or its port could not be bound.
+    #[error(transparent)]
+    Peers(#[from] infergate_pool::peers::PeerSetupError),
     /// The ext_proc port's certificate could not be loaded or generated.
     #[error("ext_proc TLS")]
     Tls(#[from] infergate_pool::tls::TlsError),

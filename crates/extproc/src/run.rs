@@ -37,6 +37,9 @@ pub struct PickerListeners {
     pub metrics: TcpListener,
     /// TLS on the ext_proc port (`None`: plaintext h2c). Health and metrics stay plaintext.
     pub tls: Option<ServerTls>,
+    /// The load exchange with the pool's other picker replicas (`None`: a single picker, or
+    /// replicas that do not share; `--peer-key-file`). It binds its own port at start.
+    pub peers: Option<infergate_pool::peers::PeerSettings>,
 }
 
 /// Where the picker's endpoints come from.
@@ -135,6 +138,21 @@ pub async fn run_picker(
         ))),
     )?;
     let telemetry = Telemetry::register(&mut registry);
+    // Active-active: the exchange shares this pool's series' `pool` label.
+    let _peers = match listeners.peers {
+        Some(settings) => Some(
+            infergate_pool::peers::PeerExchange::start(
+                live.clone(),
+                settings,
+                Some(registry.sub_registry_with_label((
+                    Cow::Borrowed("pool"),
+                    Cow::Owned(picker.pool_name.clone()),
+                ))),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let mut picker = picker;
     if picker.flow.is_none()
         && let Some(s) = picker

@@ -87,6 +87,7 @@ async fn start(v1: u32, v2: u32) -> Picker {
         health: bind().await,
         metrics: bind().await,
         tls: None,
+        peers: None,
     };
     let grpc = listeners.grpc.local_addr().unwrap();
     let metrics = listeners.metrics.local_addr().unwrap();

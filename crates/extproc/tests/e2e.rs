@@ -304,6 +304,7 @@ impl Process {
             health: bind().await,
             metrics: bind().await,
             tls,
+            peers: None,
         };
         let grpc = listeners.grpc.local_addr().unwrap();
         let metrics = listeners.metrics.local_addr().unwrap();

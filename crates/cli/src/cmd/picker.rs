@@ -16,6 +16,12 @@ use infergate_extproc::run::{
     run_picker,
 };
 
+use std::time::Duration;
+
+use infergate_extproc::args::{PEER_PORT, socket_addr};
+use infergate_pool::peers::wire::MIN_KEY_LEN;
+use infergate_pool::peers::{DEFAULT_KEEPALIVE, PeerKey, PeerSettings, PeerTarget};
+
 use super::{bind, shutdown_signal};
 
 /// Arguments of `infergate picker` (shared with the operator that renders them).
@@ -70,6 +76,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         health: bind(args.listen_address, args.grpc_health_port).await?,
         metrics: bind(args.listen_address, args.metrics_port).await?,
         tls,
+        peers: peer_settings(&args)?,
     };
     tracing::info!(
         pool = %args.pool_name,
@@ -127,4 +134,46 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     };
     run_picker(listeners, picker, pool, membership, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The load exchange with the other replicas, from `--peer-key-file`, `--peer`, `--peer-port`,
+/// `--peer-interval-ms` and `--replica-name` (`None` without a key file).
+fn peer_settings(args: &Args) -> anyhow::Result<Option<PeerSettings>> {
+    let Some(path) = &args.peer_key_file else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("--peer-key-file {}: cannot read it", path.display()))?;
+    let key = PeerKey::from_bytes(&bytes).with_context(|| {
+        format!(
+            "--peer-key-file {}: the key must be at least {MIN_KEY_LEN} bytes",
+            path.display()
+        )
+    })?;
+    let replica = match &args.replica_name {
+        Some(name) => name.clone(),
+        None => std::env::var("HOSTNAME").context(
+            "--replica-name (or POD_NAME) is needed with --peer-key-file: $HOSTNAME is not set",
+        )?,
+    };
+    let targets = args
+        .peers
+        .iter()
+        .map(|p| {
+            p.parse::<PeerTarget>()
+                .map_err(|e| anyhow::anyhow!("--peer {e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let listen = socket_addr(args.listen_address, args.peer_port.unwrap_or(PEER_PORT));
+    let mut settings = PeerSettings::new(replica, &args.pool_name, Some(listen), targets, key);
+    if let Some(ms) = args.peer_interval_ms {
+        settings.interval = Duration::from_millis(ms);
+        // A report at least every 50 intervals, and never less often than the default.
+        settings.keepalive = settings
+            .interval
+            .max(DEFAULT_KEEPALIVE.min(settings.interval * 50));
+        settings.expire_after = settings.expire_after.max(settings.keepalive * 6);
+    }
+    settings.validate()?;
+    Ok(Some(settings))
 }
