@@ -32,6 +32,15 @@ pub enum Error {
     /// The scheduler settings of a scheduler do not make a valid picker configuration.
     #[error("invalid scheduler settings: {0}")]
     SchedulerConfig(String),
+    /// A section of the spec does not make a file the picker accepts (`--quotas`,
+    /// `--flow-control`): the picker's own reason.
+    #[error("spec.{field} is not accepted by the endpoint picker: {reason}")]
+    PickerFile {
+        /// The spec's field (`quotas`, `flowControl`, `tenancy`).
+        field: &'static str,
+        /// The picker's message.
+        reason: String,
+    },
     /// A rendered file did not serialise (a bug in the render).
     #[error("cannot write a rendered file as YAML")]
     Yaml(#[source] serde_yaml::Error),
@@ -67,7 +76,7 @@ impl Error {
             Self::MissingMetadata(_) => "missing_metadata",
             Self::NameTooLong { .. } => "name_too_long",
             Self::Shape { .. } | Self::CommandLine(_) | Self::Yaml(_) => "render_shape",
-            Self::SchedulerConfig(_) => "invalid",
+            Self::SchedulerConfig(_) | Self::PickerFile { .. } => "invalid",
             Self::MissingApi { .. } => "missing_api",
             Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Kube(_) => "kube",

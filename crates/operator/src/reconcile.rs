@@ -138,7 +138,12 @@ async fn apply(
     let now = (ctx.now)();
     let desired = match render(cfg, &ctx.opts) {
         Ok(d) => d,
-        Err(e @ (Error::Invalid(_) | Error::NameTooLong { .. } | Error::SchedulerConfig(_))) => {
+        Err(
+            e @ (Error::Invalid(_)
+            | Error::NameTooLong { .. }
+            | Error::SchedulerConfig(_)
+            | Error::PickerFile { .. }),
+        ) => {
             // A spec problem: say so in the status and wait for the user to change it.
             let st = status::rejected(cfg, &e.to_string(), &now);
             write_status(cfg, api, st).await?;

@@ -18,7 +18,8 @@ use infergate_api::upstream::{
     RemoteJwksRef, SecurityJwtProvider, SecurityPolicy, SecurityPolicySpec, TargetRef,
 };
 use infergate_api::{
-    AuthSpec, InferenceGatewayConfig, ListenerProtocol, SchedulerSpec, TlsSpec, validation,
+    AuthSpec, InferenceGatewayConfig, InferenceGatewayConfigSpec, ListenerProtocol, SchedulerSpec,
+    TlsSpec, validation,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -74,6 +75,17 @@ pub const SCHEDULER_CONFIG_PATH: &str = "/etc/infergate/scheduler.yaml";
 pub const REWRITES_CONFIG_FILE: &str = "rewrites.yaml";
 /// Path of the model rewrites inside the picker pod.
 pub const REWRITES_CONFIG_PATH: &str = "/etc/infergate/rewrites.yaml";
+/// File name of the per-tenant quotas in the picker's ConfigMap (read by `--quotas`).
+pub const QUOTAS_CONFIG_FILE: &str = "quotas.yaml";
+/// Path of the quotas inside the picker pod.
+pub const QUOTAS_CONFIG_PATH: &str = "/etc/infergate/quotas.yaml";
+/// File name of the flow-control settings in the picker's ConfigMap (read by `--flow-control`).
+pub const FLOW_CONTROL_CONFIG_FILE: &str = "flow-control.yaml";
+/// Path of the flow-control settings inside the picker pod.
+pub const FLOW_CONTROL_CONFIG_PATH: &str = "/etc/infergate/flow-control.yaml";
+/// The pickers' environment variable holding `spec.quotas.redis.passwordSecretRef`, which the
+/// rendered quotas file names as its `passwordEnv`.
+pub const REDIS_PASSWORD_ENV: &str = "INFERGATE_QUOTA_REDIS_PASSWORD";
 /// Path of the model map inside the BBR pod.
 pub const MODELS_CONFIG_PATH: &str = "/etc/infergate/models.yaml";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its name).
@@ -395,7 +407,8 @@ impl<'a> Renderer<'a> {
             args: command_line("bbr", &bbr).map_err(Error::CommandLine)?,
             ports: &ports,
             config_file: MODELS_CONFIG_FILE,
-            rewrites_file: None,
+            extra_files: Vec::new(),
+            env: Vec::new(),
             config_hash: &hash,
         };
         out.push(child(&self.deployment(
@@ -464,15 +477,37 @@ impl<'a> Renderer<'a> {
         pool.metadata = self.meta(&pool_name, "inference-pool", sched)?;
         out.push(child(&pool)?);
 
-        // What the picker runs with, in the picker's own file format (`--config`).
+        // What the picker runs with, in the picker's own file formats (`--config`,
+        // `--quotas`, `--flow-control`).
         let scheduler_yaml = to_yaml(&scheduler_config(s)?)?;
-        let hash = fnv_hex(&scheduler_yaml);
+        let quotas = quotas_yaml(&self.cfg.spec)?;
+        let flow = flow_control_yaml(&self.cfg.spec)?;
+        // The picker reads its quotas and flow-control files once, at start: they are in the
+        // hash, so a change rolls the pods and each new pod starts with the new file.
+        let mut hashed = scheduler_yaml.clone();
+        for (file, text) in [
+            (QUOTAS_CONFIG_FILE, &quotas),
+            (FLOW_CONTROL_CONFIG_FILE, &flow),
+        ] {
+            if let Some(t) = text {
+                hashed.push_str(&format!("\n--- {file}\n{t}"));
+            }
+        }
+        let hash = fnv_hex(&hashed);
         let mut data = json!({ SCHEDULER_CONFIG_FILE: scheduler_yaml });
         // The rewrites are left out of the hash: the picker reloads the mounted file in place,
         // so a changed split rolls no pod and drops no request.
         let rewrites = rewrites_yaml(s)?;
-        if let Some(r) = &rewrites {
-            data[REWRITES_CONFIG_FILE] = json!(r);
+        let mut extra_files = Vec::new();
+        for (file, text) in [
+            (REWRITES_CONFIG_FILE, &rewrites),
+            (QUOTAS_CONFIG_FILE, &quotas),
+            (FLOW_CONTROL_CONFIG_FILE, &flow),
+        ] {
+            if let Some(t) = text {
+                data[file] = json!(t);
+                extra_files.push(file);
+            }
         }
         let cm: ConfigMap = typed(
             "ConfigMap",
@@ -514,6 +549,12 @@ impl<'a> Renderer<'a> {
         if rewrites.is_some() {
             picker.rewrites = Some(REWRITES_CONFIG_PATH.into());
         }
+        if quotas.is_some() {
+            picker.quotas = Some(QUOTAS_CONFIG_PATH.into());
+        }
+        if flow.is_some() {
+            picker.flow_control = Some(FLOW_CONTROL_CONFIG_PATH.into());
+        }
         picker.default_engine = Some(s.engine_type.as_str().to_owned());
         // The body passes the BBR first: the picker must accept what the BBR accepted.
         picker.max_body_bytes = body_limit(self.cfg.spec.bbr.max_request_body_bytes)?;
@@ -530,7 +571,8 @@ impl<'a> Renderer<'a> {
             args: command_line("picker", &picker).map_err(Error::CommandLine)?,
             ports: &ports,
             config_file: SCHEDULER_CONFIG_FILE,
-            rewrites_file: rewrites.is_some().then_some(REWRITES_CONFIG_FILE),
+            extra_files,
+            env: redis_password_env(&self.cfg.spec),
             config_hash: &hash,
         };
         out.push(child(
@@ -637,6 +679,8 @@ impl<'a> Renderer<'a> {
             json!({ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
         ];
         env.extend(pd.env.iter().map(|e| json!(e)));
+        // The process's own variables last: they win over a `podDefaults.env` of the same name.
+        env.extend(process.env.iter().cloned());
         let mut container = json!({
             "name": component,
             "image": self.opts.image,
@@ -668,7 +712,8 @@ impl<'a> Renderer<'a> {
         let mut items = vec![json!({ "key": file, "path": file })];
         items.extend(
             process
-                .rewrites_file
+                .extra_files
+                .iter()
                 .map(|f| json!({ "key": f, "path": f })),
         );
         let mut pod_spec = json!({
@@ -801,8 +846,11 @@ struct Process<'a> {
     args: Vec<String>,
     ports: &'a [(&'a str, i32)],
     config_file: &'a str,
-    /// The picker's model rewrites, a second file of the same ConfigMap (not in the hash).
-    rewrites_file: Option<&'a str>,
+    /// Further files of the same ConfigMap the process reads: the picker's model rewrites (not
+    /// in the hash: reloaded in place), quotas and flow control (in the hash).
+    extra_files: Vec<&'a str>,
+    /// Environment variables of this process alone, after the common ones.
+    env: Vec<Value>,
     config_hash: &'a str,
 }
 
@@ -836,6 +884,87 @@ fn rewrites_yaml(s: &SchedulerSpec) -> Result<Option<String>, Error> {
         .map_err(|e| Error::SchedulerConfig(format!("modelRewrites: {e}")))?;
     Rewrites::new(&rules).map_err(|e| Error::SchedulerConfig(format!("modelRewrites: {e}")))?;
     to_yaml(&rules).map(Some)
+}
+
+/// The picker's `--quotas` file, `None` without `spec.quotas`: the CRD's fields in the picker's
+/// own format, with `redis.passwordSecretRef` turned into `passwordEnv: `[`REDIS_PASSWORD_ENV`].
+/// Checked with the picker's own parser and checks, so a file the picker would refuse is a
+/// render error (reported as `Accepted=False`) rather than a crash-looping pod.
+pub fn quotas_yaml(spec: &InferenceGatewayConfigSpec) -> Result<Option<String>, Error> {
+    let Some(q) = &spec.quotas else {
+        return Ok(None);
+    };
+    let mut v = serde_json::to_value(q).map_err(|source| Error::Shape {
+        kind: "quotas",
+        source,
+    })?;
+    if let Some(redis) = v.get_mut("redis").and_then(Value::as_object_mut)
+        && redis.remove("passwordSecretRef").is_some()
+    {
+        redis.insert("passwordEnv".to_owned(), json!(REDIS_PASSWORD_ENV));
+    }
+    let file: infergate_pool::quota::QuotasSpec =
+        serde_json::from_value(v).map_err(|e| Error::PickerFile {
+            field: "quotas",
+            reason: e.to_string(),
+        })?;
+    // The password is the pod's, not this process's: check everything else.
+    let mut checked = file.clone();
+    if let Some(r) = checked.redis.as_mut() {
+        r.password_env = None;
+    }
+    checked.to_config().map_err(|reason| Error::PickerFile {
+        field: "quotas",
+        reason,
+    })?;
+    to_yaml(&file).map(Some)
+}
+
+/// The picker's `--flow-control` file, `None` without `spec.flowControl` and `spec.tenancy`:
+/// both sections (`flowControl:`, `tenancy:`) as the CR writes them (the picker fills in its
+/// defaults, as for the gateway file), checked with the picker's own parser,
+/// `FlowConfig::validate` and `Tenancy::new`.
+pub fn flow_control_yaml(spec: &InferenceGatewayConfigSpec) -> Result<Option<String>, Error> {
+    if spec.flow_control.is_none() && spec.tenancy.is_none() {
+        return Ok(None);
+    }
+    let shape = |source| Error::Shape {
+        kind: "flowControl",
+        source,
+    };
+    let invalid = |field: &'static str, reason: String| Error::PickerFile { field, reason };
+    let mut v = json!({});
+    if let Some(f) = &spec.flow_control {
+        v["flowControl"] = serde_json::to_value(f).map_err(shape)?;
+    }
+    if let Some(t) = &spec.tenancy {
+        v["tenancy"] = serde_json::to_value(t).map_err(shape)?;
+    }
+    let settings: infergate_pool::flow::FlowSettings =
+        serde_json::from_value(v.clone()).map_err(|e| invalid("flowControl", e.to_string()))?;
+    settings
+        .flow_control
+        .validate()
+        .map_err(|e| invalid("flowControl", e.to_string()))?;
+    infergate_pool::tenant::Tenancy::new(&settings.tenancy)
+        .map_err(|e| invalid("tenancy", e.to_string()))?;
+    to_yaml(&v).map(Some)
+}
+
+/// The pickers' `INFERGATE_QUOTA_REDIS_PASSWORD` from `spec.quotas.redis.passwordSecretRef`.
+fn redis_password_env(spec: &InferenceGatewayConfigSpec) -> Vec<Value> {
+    spec.quotas
+        .as_ref()
+        .and_then(|q| q.redis.as_ref())
+        .and_then(|r| r.password_secret_ref.as_ref())
+        .map(|s| {
+            json!({
+                "name": REDIS_PASSWORD_ENV,
+                "valueFrom": { "secretKeyRef": { "name": s.name, "key": s.key } },
+            })
+        })
+        .into_iter()
+        .collect()
 }
 
 /// Requests sized for the measured footprint of a picker or BBR at a few thousand requests per
