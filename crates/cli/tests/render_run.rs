@@ -11,7 +11,11 @@
 //! - every rendered metrics port serves `/metrics`;
 //! - an Envoy-side ext_proc client sends a request through the BBR, follows the rendered
 //!   HTTPRoute that matches the header the BBR set to its InferencePool, and through that pool's
-//!   picker to a pick, which must name an emulated pod of that pool.
+//!   picker to a pick, which must name an emulated pod of that pool;
+//! - a picker started with a rendered `--quotas` file enforces it: the tenant with the smallest
+//!   request limit gets exactly that many answered requests (forwarded to the emulated pod and
+//!   streamed back through the picker, as Envoy does), then the picker's own 429; a picker
+//!   started with a rendered `--flow-control` file serves its queues' series.
 //!
 //! A flag, port, probe, mount path or ConfigMap format changed on one side only fails here.
 
@@ -21,6 +25,8 @@
     reason = "a failed unwrap is a failed test"
 )]
 
+#[path = "../../extproc/tests/common/forward.rs"]
+mod forward;
 #[path = "../../extproc/tests/common/harness.rs"]
 mod harness;
 #[path = "common/kube_api.rs"]
@@ -32,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{Envoy, headers_answer, request_body, request_headers};
+use harness::{Envoy, headers_answer, immediate_parts, request_body, request_headers};
 use infergate_extproc::wire;
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, serve_fleet_at};
 use kube_api::FakeKube;
@@ -190,8 +196,16 @@ fn start(
     }
     for e in c["env"].as_array().into_iter().flatten() {
         let key = e["name"].as_str().unwrap();
+        let secret = &e["valueFrom"]["secretKeyRef"];
         let value = match (&e["value"], &e["valueFrom"]["fieldRef"]["fieldPath"]) {
             (Value::String(v), _) => v.clone(),
+            // kubelet reads the Secret's key; there is no Secret store here, so a stand-in of
+            // the same Secret and key (the process needs the variable set, not a real password).
+            (_, Value::Null) if secret.is_object() => format!(
+                "stand-in-{}-{}",
+                secret["name"].as_str().unwrap(),
+                secret["key"].as_str().unwrap()
+            ),
             (_, Value::String(f)) if f == "metadata.namespace" => {
                 deployment["metadata"]["namespace"]
                     .as_str()
@@ -359,12 +373,28 @@ async fn run_example(path: &Path, example_index: u8) {
         let port =
             u16::try_from(pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap()).unwrap();
         let engine = engine_of(&picker_args);
+        // The pods serve the model the pool's route matches first, so a forwarded request for
+        // it is answered (the emulator answers 404 for a name it does not serve).
+        let model = of_kind(&objects, "HTTPRoute")
+            .into_iter()
+            .find(|r| r["spec"]["rules"][0]["backendRefs"][0]["name"] == pool_name.as_str())
+            .and_then(|r| r["spec"]["rules"][0]["matches"][0]["headers"][0]["value"].as_str())
+            .map(str::to_owned);
         let ns = pool["metadata"]["namespace"].as_str().unwrap();
         let labels = pool["spec"]["selector"]["matchLabels"].clone();
         let spec = FleetSpec {
             seed: 1,
             pods: (0..2)
-                .map(|i| PodSpec::new(format!("{pool_name}-pod-{i}"), &profile, engine))
+                .map(|i| {
+                    let pod = PodSpec::new(format!("{pool_name}-pod-{i}"), &profile, engine);
+                    match &model {
+                        Some(m) => PodSpec {
+                            model: m.as_str().into(),
+                            ..pod
+                        },
+                        None => pod,
+                    }
+                })
                 .collect(),
         }
         .finish()
@@ -425,7 +455,31 @@ async fn run_example(path: &Path, example_index: u8) {
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         wait_probe(p, c, "livenessProbe").await;
         wait_probe(p, c, "readinessProbe").await;
-        check_metrics(p, d, c).await;
+        let metrics = check_metrics(p, d, c).await;
+        let args = c["args"].as_array().unwrap();
+        // The queues exist (the file was read and flow control is on), one series per band.
+        if let Some(file) = flag(args, "--flow-control") {
+            let pool = flag(args, "--pool-name").unwrap();
+            let text =
+                std::fs::read_to_string(root.path().join(file.trim_start_matches('/'))).unwrap();
+            let enabled =
+                serde_yaml::from_str::<Value>(&text).unwrap()["flowControl"]["enabled"] == true;
+            let series =
+                format!("extproc_flow_queue_requests{{pool=\"{pool}\",priority=\"critical\"}} 0");
+            assert_eq!(
+                metrics.contains(&series),
+                enabled,
+                "{}: {series} (enabled: {enabled})\n{metrics}",
+                p.deployment
+            );
+        }
+        if flag(args, "--quotas").is_some() {
+            assert!(
+                metrics.contains("infergate_quota_redis_up "),
+                "{}: {metrics}",
+                p.deployment
+            );
+        }
     }
     let ext_proc_addr = |deployment: &str| -> SocketAddr {
         let (p, d) = procs
@@ -536,6 +590,69 @@ async fn run_example(path: &Path, example_index: u8) {
             );
         }
     }
+    // Quotas: the rendered file as the picker read it, enforced on the tenant with the smallest
+    // request limit through that picker.
+    for (p, d) in procs.iter().zip(&deployments) {
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        let Some(file) = flag(c["args"].as_array().unwrap(), "--quotas") else {
+            continue;
+        };
+        let text = std::fs::read_to_string(root.path().join(file.trim_start_matches('/'))).unwrap();
+        let quotas: Value = serde_yaml::from_str(&text).unwrap();
+        let (tenant, limit) = quotas["tenants"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter_map(|(t, l)| Some((t.clone(), l["requestsPerMinute"].as_u64()?)))
+            .min_by_key(|(_, n)| *n)
+            .unwrap_or_else(|| panic!("{}: no tenant with a request limit", p.deployment));
+        assert!(
+            limit <= 20,
+            "{}: a smaller limit keeps this short",
+            p.deployment
+        );
+        let pool = flag(c["args"].as_array().unwrap(), "--pool-name").unwrap();
+        let route = of_kind(&objects, "HTTPRoute")
+            .into_iter()
+            .find(|r| r["spec"]["rules"][0]["backendRefs"][0]["name"] == pool)
+            .unwrap();
+        let model = route["spec"]["rules"][0]["matches"][0]["headers"][0]["value"]
+            .as_str()
+            .unwrap_or("any-model");
+        let body = serde_json::to_vec(&json!({
+            "model": model,
+            "max_tokens": 2,
+            "messages": [{ "role": "user", "content": "hello" }],
+        }))
+        .unwrap();
+        let mut headers = vec![(infergate_pool::tenant::FAIRNESS_ID_HEADER, tenant.as_str())];
+        if bbr.is_some() {
+            headers.push((wire::MODEL_HEADER, model));
+        }
+        let envoy = Envoy::connect_tls(SocketAddr::new(p.host, port_of(c, &json!("grpc")))).await;
+        for i in 0..limit {
+            let f =
+                forward::forward_with(&envoy, "/v1/chat/completions", &headers, &body, 4096).await;
+            assert_eq!(
+                f.status,
+                200,
+                "{}: request {i} of tenant {tenant}: {}",
+                p.deployment,
+                String::from_utf8_lossy(&f.body)
+            );
+        }
+        let mut ex = envoy.open().await;
+        ex.send(request_headers("/v1/chat/completions", &headers, false))
+            .await;
+        ex.send(request_body(&body, true)).await;
+        let (status, answer_headers, answer) = immediate_parts(&ex.next().await);
+        assert_eq!(status, 429, "{}: {answer}", p.deployment);
+        assert_eq!(
+            answer_headers["x-llm-d-request-dropped-reason"],
+            "rejected-quota-requests"
+        );
+        assert_eq!(answer["error"]["code"], "quota_exceeded");
+    }
     assert!(
         kube.requests()
             .iter()
@@ -557,5 +674,73 @@ async fn every_example_renders_starts_and_routes() {
     assert!(files.len() >= 3, "{files:?}");
     for (i, path) in files.iter().enumerate() {
         run_example(path, u8::try_from(i).unwrap()).await;
+    }
+}
+
+/// `infergate render` refuses bad quota and flow-control sections with the message the operator
+/// would write into `Accepted=False`, naming the field; nothing is printed to apply.
+#[test]
+fn bad_flow_control_and_quotas_are_refused_naming_the_field() {
+    let invalid = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/invalid");
+    let refuse = |path: &Path| -> String {
+        let out = Command::new(bin())
+            .args(["render", "-f"])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{} rendered", path.display());
+        assert!(out.stdout.is_empty(), "{}", path.display());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    for (file, field) in [
+        (
+            "flow-control-zero-band.yaml",
+            "spec.flowControl.bands.sheddable.maxRequests: must be at least 1",
+        ),
+        (
+            "objective-unknown-band.yaml",
+            "spec.tenancy.objectives.interactive: must be critical, standard, sheddable",
+        ),
+        (
+            "redis-password-env-undefined.yaml",
+            "spec.quotas.redis.passwordEnv: names a variable spec.podDefaults.env does not define",
+        ),
+        (
+            "redis-password-both.yaml",
+            "spec.quotas.redis: spec.quotas.redis takes passwordEnv or passwordSecretRef",
+        ),
+    ] {
+        let err = refuse(&invalid.join(file));
+        assert!(err.contains(field), "{file}: {err}");
+    }
+    // Wrong types and names are refused by the parser, before any check (the API server's
+    // schema names the field of these; the parser's message names the value).
+    let dir = tempfile::tempdir().unwrap();
+    for (section, expect) in [
+        (
+            "flowControl: { enabled: true, fairness: lottery }",
+            "lottery",
+        ),
+        ("flowControl: { maxRequests: -5 }", "integer `-5`"),
+        (
+            "quotas: { tenants: { a: { requestsPerMinute: many } } }",
+            "many",
+        ),
+    ] {
+        let path = dir.path().join("bad.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\n\
+                 metadata: {{name: x, namespace: y}}\n\
+                 spec:\n  schedulers: [{{name: a, modelName: m, modelSelector: {{app: a}}}}]\n  {section}\n"
+            ),
+        )
+        .unwrap();
+        let err = refuse(&path);
+        assert!(
+            err.contains("not a valid InferenceGatewayConfig") && err.contains(expect),
+            "{section}: {err}"
+        );
     }
 }
