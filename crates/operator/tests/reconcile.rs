@@ -371,6 +371,29 @@ async fn invalid_spec_sets_accepted_false_with_the_rule_message_and_writes_no_ch
 }
 
 #[tokio::test]
+async fn quotas_the_picker_would_refuse_set_accepted_false_and_write_no_children() {
+    // Only the picker's own check knows a window its buckets do not divide: the render runs it,
+    // and the config is reported, not applied (no crash-looping picker).
+    let (ctx, fake) = setup("multi-model.yaml");
+    fake.edit(CFG, |c| {
+        c["spec"]["quotas"] = json!({ "windowSeconds": 7, "buckets": 3 });
+    });
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.clear_log();
+    let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    let log = fake.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(log[0].path.ends_with("/status"));
+    let (status, message) = condition(&fake.get(CFG).unwrap(), "Accepted");
+    assert_eq!(status, "False");
+    assert!(
+        message.starts_with("spec.quotas is not accepted by the endpoint picker: "),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn readiness_rolls_up_from_children() {
     let (ctx, fake) = created("multi-model.yaml").await;
     for d in ["fleet-bbr", "fleet-llama-70b-epp", "fleet-qwen-7b-epp"] {
