@@ -237,3 +237,71 @@ fn a_section_the_picker_would_refuse_is_a_render_error_naming_it() {
         "{err}"
     );
 }
+
+/// Field names of an object schema node.
+fn schema_keys(node: &Value) -> std::collections::BTreeSet<String> {
+    node["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object schema: {node}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// Field names the picker's own type writes.
+fn file_keys<T: serde::Serialize>(v: &T) -> std::collections::BTreeSet<String> {
+    serde_json::to_value(v)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_crd_sections_and_the_pickers_files_have_the_same_fields() {
+    // One block moves between the gateway file, the picker's files and the CR: a field the
+    // picker gains must be added to the CRD (and the other way round), or this fails.
+    use kube::CustomResourceExt;
+    let crd = InferenceGatewayConfig::crd();
+    let schema = serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap();
+    let spec = &schema["properties"]["spec"]["properties"];
+    let flow = FlowConfig::default();
+    assert_eq!(
+        schema_keys(&spec["flowControl"]),
+        file_keys(&flow),
+        "spec.flowControl vs infergate_scheduler::flow::FlowConfig"
+    );
+    let bands = &spec["flowControl"]["properties"]["bands"];
+    assert_eq!(schema_keys(bands), file_keys(&flow.bands));
+    assert_eq!(
+        schema_keys(&bands["properties"]["critical"]),
+        file_keys(&flow.bands.critical)
+    );
+    assert_eq!(
+        schema_keys(&spec["flowControl"]["properties"]["serviceWeights"]),
+        file_keys(&flow.service_weights)
+    );
+    // The gateway-only header fields are the one difference in tenancy.
+    let mut tenancy = file_keys(&infergate_pool::tenant::TenancyConfig::default());
+    tenancy.remove("tenantHeader");
+    tenancy.remove("priorityHeader");
+    assert_eq!(schema_keys(&spec["tenancy"]), tenancy);
+    // Quotas: the CRD adds passwordSecretRef, which the render turns into passwordEnv.
+    let q: QuotasSpec = serde_yaml::from_str(
+        "default: {}\nwindowSeconds: 60\nbuckets: 60\nmaxTenants: 1\nredis: { address: a, passwordEnv: P }\n",
+    )
+    .unwrap();
+    assert_eq!(schema_keys(&spec["quotas"]), file_keys(&q));
+    let mut redis = file_keys(q.redis.as_ref().unwrap());
+    redis.insert("passwordSecretRef".to_owned());
+    assert_eq!(schema_keys(&spec["quotas"]["properties"]["redis"]), redis);
+}
