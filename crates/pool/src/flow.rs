@@ -21,6 +21,14 @@
 //!    background task; its wake expires every request that is due.
 //! 4. Dropping a [`Queued`] (client disconnect, reset ext_proc stream) removes its entry at once
 //!    and, when it held the turn, passes the turn on.
+//! 5. With a headroom reservation (`flowControl.headroom`), every pick made under flow control
+//!    carries the reserve its request must leave ([`FlowController::reserve_for`],
+//!    [`Queued::reserve`]). A head whose pick found only reserved pods passes its turn to the
+//!    first protected request behind it ([`FlowQueues::peek_protected`]), which may still fit.
+//!
+//! A queue rejection's `Retry-After` (full band, TTL expired, evicted) is the longer of the
+//! latest saturated pick's drain estimate and the expected wait of the queue ahead of the
+//! request's band at the measured send rate ([`FlowQueues::retry_after`]).
 //!
 //! Metrics (registered once per process by [`FlowMetrics::register`], labelled by pool):
 //! `flow_queue_requests{pool,priority}` and `flow_queue_bytes{pool,priority}` (gauges),
@@ -426,13 +434,33 @@ impl FlowController {
     pub fn charge(&self, req: &FlowRequest<'_>) -> FlowCharge {
         FlowCharge {
             ctl: Arc::downgrade(&self.ctl),
-            charge: self.ctl.lock().queues.charge(req),
+            charge: self.ctl.lock().queues.charge(req, self.ctl.clock.now()),
         }
     }
 
     /// The pool's latest estimated drain time, as the last saturated pick said.
     pub fn retry_after(&self) -> Duration {
         self.ctl.lock().retry_after
+    }
+
+    /// The `Retry-After` of a request of `priority` the queues turned away: the longer of the
+    /// drain estimate and the expected wait of the queue ahead of its band
+    /// ([`FlowQueues::retry_after`]).
+    pub fn queue_retry_after(&self, priority: Priority) -> Duration {
+        let inner = self.ctl.lock();
+        inner
+            .queues
+            .retry_after(priority, inner.retry_after, self.ctl.clock.now())
+    }
+
+    /// The clear pods a pick for `req` must leave to protected requests (the headroom
+    /// reservation, [`FlowQueues::reserve_for`]): pass it to
+    /// [`RequestContext::with_reserved_endpoints`](infergate_scheduler::RequestContext::with_reserved_endpoints).
+    pub fn reserve_for(&self, req: &FlowRequest<'_>) -> u16 {
+        self.ctl
+            .lock()
+            .queues
+            .reserve_for(req.tenant, req.priority, self.ctl.clock.now())
     }
 
     /// Queues a request; the handle waits for its turn and removes the entry when dropped.
@@ -518,9 +546,22 @@ impl Queued {
         self.priority
     }
 
-    /// The pool's latest estimated drain time, for the `Retry-After` of a queue rejection.
+    /// The `Retry-After` of a queue rejection of this request: the longer of the pool's latest
+    /// drain estimate and the expected wait of the queue ahead of its band.
     pub fn retry_after(&self) -> Duration {
-        self.ctl.lock().retry_after
+        let inner = self.ctl.lock();
+        inner
+            .queues
+            .retry_after(self.priority, inner.retry_after, self.ctl.clock.now())
+    }
+
+    /// The clear pods this request's pick must leave to protected requests (0 when it is
+    /// protected, or has left the queue).
+    pub fn reserve(&self) -> u16 {
+        self.ctl
+            .lock()
+            .queues
+            .reserve_of(self.ticket, self.ctl.clock.now())
     }
 
     /// Ready when the request has its turn, or has left the queue (TTL, eviction).
@@ -589,13 +630,28 @@ impl Queued {
     }
 
     /// The pick made on this turn found the pool still saturated: the request keeps its place;
-    /// the next release or metrics page gives the head another turn.
+    /// the next release or metrics page gives the head another turn. When the request had a
+    /// reserve to leave, the first protected request behind it gets a turn first.
     pub fn still_saturated(&mut self, retry_after: Duration) {
         let mut inner = self.ctl.lock();
         inner.retry_after = retry_after;
         if inner.turn == Some(self.ticket) {
             inner.turn = None;
-            if std::mem::take(&mut inner.missed) {
+            let now = self.ctl.clock.now();
+            let protected = if inner.queues.reserve_of(self.ticket, now) > 0 {
+                inner
+                    .queues
+                    .peek_protected(now)
+                    .filter(|&p| p != self.ticket)
+            } else {
+                None
+            };
+            if let Some(p) = protected {
+                inner.turn = Some(p);
+                if let Some(e) = inner.queues.get(p) {
+                    e.waiter.signal(Signal::Turn);
+                }
+            } else if std::mem::take(&mut inner.missed) {
                 self.ctl.kick_locked(&mut inner, true);
             }
         }

@@ -428,7 +428,9 @@ pub fn admit<P: EndpointPool>(
     if part.flow.must_wait(cx.priority) {
         return (enqueue(part.flow, req, None, model), None);
     }
-    let cx = cx.with_queueing(true);
+    let cx = cx
+        .with_queueing(true)
+        .with_reserved_endpoints(part.flow.reserve_for(&req));
     let (picked, explanation) = pick(pool, explain, &cx);
     let admission = match picked {
         Ok(g) => Admission::Routed(g, Some(part.flow.charge(&req))),
@@ -452,7 +454,7 @@ fn enqueue<G>(
         Err(QueueRefused(_)) => Admission::Refused(ApiError::QueueFull {
             model: model.to_owned(),
             priority: req.priority.as_str(),
-            retry_after: flow.retry_after(),
+            retry_after: flow.queue_retry_after(req.priority),
         }),
     }
 }
@@ -513,7 +515,8 @@ pub fn try_turn<P: EndpointPool>(
     cx: &RequestContext<'_>,
     model: &str,
 ) -> Option<Routed<P::Inflight>> {
-    let cx = cx.with_queueing(true);
+    let reserve = queued.as_ref().map_or(0, Queued::reserve);
+    let cx = cx.with_queueing(true).with_reserved_endpoints(reserve);
     match pool.pick(&cx) {
         Ok(g) => {
             let charge = queued.take().and_then(Queued::dispatched);

@@ -9,6 +9,12 @@
 //! A request whose caller queues (flow control, `queue` below) is "shed" at every priority as
 //! soon as every candidate is saturated: the caller parks it until a pod has headroom.
 //!
+//! A queueing request may also have to leave a reserve (flow control's headroom reservation,
+//! `reserved` below): it may not take a candidate with no prefill ahead when that would leave
+//! fewer than `reserved` such candidates, and may take no candidate at all while fewer than
+//! `reserved` are left; the candidates it may not take count as saturated for it, so it goes
+//! to a pod already prefilling that has headroom, or is "shed" to wait in the queue.
+//!
 //! `Retry-After` is the pool's estimated drain time: for each candidate, the time until it is back
 //! under the saturation thresholds at its learned rates; the smallest, rounded up to whole seconds
 //! and clamped to `[retryAfterMinMs, retryAfterMaxMs]`.
@@ -22,15 +28,20 @@ use crate::request::Priority;
 use crate::table::EndpointTable;
 use crate::view::View;
 
-/// Admits the request, or sheds it with the estimated drain time.
+/// Admits the request, or sheds it with the estimated drain time. With `queue` and a
+/// `reserved` count, first marks the candidates it must leave to others saturated.
 pub(crate) fn admit(
     cfg: &SchedulerConfig,
     priority: Priority,
     queue: bool,
-    views: &[View],
+    reserved: u16,
+    views: &mut [View],
     table: &EndpointTable,
     rates: &PoolRates,
 ) -> Result<(), Rejection> {
+    if queue {
+        hold_reserve(reserved, views);
+    }
     if !views.iter().all(|v| v.saturated) {
         return Ok(());
     }
@@ -47,6 +58,32 @@ pub(crate) fn admit(
         });
     }
     Ok(())
+}
+
+/// Whether a candidate has headroom and no prefill ahead of a new request (nothing waiting in
+/// its engine, none of this gateway's requests without a first token).
+fn clear(v: &View) -> bool {
+    !v.saturated && v.queued_tokens < 1.0
+}
+
+/// The headroom reservation, with `keep` = `reserved` (at most the candidates minus one): while
+/// more than `keep` candidates are clear the request may take any; with exactly `keep` clear it
+/// may not take a clear one (they count as saturated for it); with fewer, it may take none until
+/// the reserve has been rebuilt — a pod already prefilling that takes more prefills never
+/// clears, so without that rule the reserve, once used, would not come back under load.
+fn hold_reserve(reserved: u16, views: &mut [View]) {
+    let keep = usize::from(reserved).min(views.len().saturating_sub(1));
+    if keep == 0 {
+        return;
+    }
+    let n_clear = views.iter().filter(|v| clear(v)).count();
+    if n_clear > keep {
+        return;
+    }
+    let all = n_clear < keep;
+    for v in views.iter_mut().filter(|v| all || clear(v)) {
+        v.saturated = true;
+    }
 }
 
 /// Estimated seconds until a saturated endpoint is back under the saturation thresholds.
@@ -164,6 +201,51 @@ mod tests {
             .with_queueing(true);
         let d = s.pick(&cx, T0, &mut rng(1)).unwrap();
         assert_eq!(d.endpoints.first(), addr(0));
+    }
+
+    #[test]
+    fn a_reserve_leaves_the_last_clear_pods_to_requests_without_one() {
+        // Saturated from 16 waiting: a pod with one request prefilling still has headroom.
+        let mut s = scheduler(SchedulerConfig::default(), 3);
+        let keep_two = |s: &mut Scheduler, seed| {
+            let cx = RequestContext::new("m", 500)
+                .with_queueing(true)
+                .with_reserved_endpoints(2);
+            s.pick(&cx, T0, &mut rng(seed))
+        };
+        // Three clear pods: taking one leaves two.
+        let first = keep_two(&mut s, 1).unwrap().endpoints.first();
+        // Two clear pods left: the next requests go to the pod already prefilling.
+        for seed in 2..6 {
+            let d = keep_two(&mut s, seed).unwrap();
+            assert_eq!(d.endpoints.first(), first, "seed {seed}");
+        }
+        // A request without a reserve takes a clear pod.
+        let cx = RequestContext::new("m", 500).with_queueing(true);
+        let free = s.pick(&cx, T0, &mut rng(7)).unwrap().endpoints.first();
+        assert_ne!(free, first);
+        // One clear pod left, fewer than the reserve: nothing for a request that must leave two,
+        // though two pods have headroom, until the reserve is rebuilt.
+        assert!(matches!(keep_two(&mut s, 10), Err(Rejection::Shed { .. })));
+        // A request that must leave one may still use the pods already prefilling.
+        let cx = RequestContext::new("m", 500)
+            .with_queueing(true)
+            .with_reserved_endpoints(1);
+        let d = s.pick(&cx, T0, &mut rng(11)).unwrap();
+        assert!(d.endpoints.first() == first || d.endpoints.first() == free);
+        // One clear pod left, and the two others saturated: the reserve holds, the request waits.
+        let sat = s.config().saturation.queue_depth;
+        s.apply_metrics(first, snapshot(T0, sat, 0.5)).unwrap();
+        s.apply_metrics(free, snapshot(T0, sat, 0.5)).unwrap();
+        assert!(matches!(keep_two(&mut s, 8), Err(Rejection::Shed { .. })));
+        // Without queueing the reserve does not apply.
+        let cx = RequestContext::new("m", 500).with_reserved_endpoints(2);
+        assert!(s.pick(&cx, T0, &mut rng(9)).is_ok());
+        // A pool of one pod reserves nothing.
+        let mut one = scheduler(SchedulerConfig::default(), 1);
+        for seed in 0..3 {
+            assert!(keep_two(&mut one, seed).is_ok());
+        }
     }
 
     #[test]

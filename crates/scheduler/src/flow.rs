@@ -22,6 +22,12 @@
 //!   queued Sheddable requests are evicted (newest first) to make room.
 //!   [`FlowQueues::enqueue`] hands each evicted entry to the caller's callback.
 //! - **Removal by ticket** ([`FlowQueues::remove`]): a client that went away leaves at once.
+//! - **Headroom reservation** ([`Headroom`], off by default): requests that are not protected
+//!   (Sheddable ones, and those of a tenant served more than its fair share recently) must leave
+//!   the last `reservedEndpoints` pods with no prefill ahead (clear) to the protected ones.
+//!   [`FlowQueues::reserve_for`] says what a request must leave, the pick enforces it
+//!   ([`RequestContext::with_reserved_endpoints`](crate::RequestContext::with_reserved_endpoints)),
+//!   and [`FlowQueues::peek_protected`] names the request to try when the head is held back.
 //!
 //! Attained service (for `least-attained-service`) is charged at dispatch with the request's
 //! estimated tokens and corrected by [`FlowQueues::settle`] once the response reports its usage.
@@ -80,6 +86,19 @@ use crate::request::Priority;
 const MAX_IDLE_FLOWS: usize = 1024;
 
 const NONE: u32 = u32::MAX;
+
+/// Charges between two sweeps of the tenants' recent service.
+const RECENT_SWEEP_EVERY: u32 = 256;
+
+/// Half-life of the measured send rate behind [`FlowQueues::expected_wait`], in nanoseconds.
+const RATE_HALF_LIFE_NS: f64 = 5e9;
+
+/// The `Retry-After` of a queue rejection when the queues have no TTL to bound it.
+const MAX_QUEUE_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A tenant whose recent service has decayed below this fraction of the total is forgotten at
+/// the next sweep (so at most about a thousand tenants are kept).
+const RECENT_FORGET_BELOW: f64 = 1e-3;
 
 /// How the next flow is chosen within a band.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -195,6 +214,50 @@ impl Bands {
     }
 }
 
+/// Headroom reservation (`flowControl.headroom`): pods kept clear of prefill work for the
+/// requests flow control protects.
+///
+/// A pod working through a prefill makes every request sent to it wait for that engine step (up
+/// to a whole prefill chunk); a *clear* pod — headroom, nothing waiting in its engine, none of
+/// this gateway's requests without a first token — answers a new request in about its own
+/// prefill time. With `reservedEndpoints: R`, a request that is *not protected* may not take a
+/// clear pod when that would leave fewer than `R` clear ones (it may still go to a pod already
+/// prefilling that has headroom), and may take no pod at all while fewer than `R` are clear, so
+/// that the reserve comes back once a protected request has used it. Held back, it waits in its
+/// queue.
+///
+/// A request is protected when it is not Sheddable and its tenant has been served at most its
+/// fair share recently: its recent service (the weighted tokens of its non-Sheddable requests
+/// sent, decayed with `shareHalfLifeMs`) at most the mean of the tenants served recently. So a
+/// bursting tenant, one tenant's flood of Standard traffic, or any Sheddable request leaves the
+/// last `R` clear pods to a quiet tenant's or a small Critical tenant's requests; a tenant alone
+/// is always within its share.
+///
+/// The reserve is never more than the candidates minus one (a pool of one pod reserves
+/// nothing). The price is throughput at overload: the reserved pods take only protected
+/// prefills while the others are busy, and the others take no more prefills while the reserve
+/// is being rebuilt.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Headroom {
+    /// Candidates with no prefill ahead that requests not protected must leave; 0 disables the
+    /// reservation.
+    pub reserved_endpoints: u16,
+    /// Half-life of the recent service a tenant's fair share is judged on, in milliseconds
+    /// (at least 1).
+    #[serde(rename = "shareHalfLifeMs", with = "millis")]
+    pub share_half_life: Duration,
+}
+
+impl Default for Headroom {
+    fn default() -> Self {
+        Headroom {
+            reserved_endpoints: 0,
+            share_half_life: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Flow-control configuration (`flowControl:` in the gateway and picker configuration).
 #[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
@@ -216,8 +279,11 @@ pub struct FlowConfig {
     pub fairness: Fairness,
     /// Order within one tenant's flow.
     pub ordering: Ordering,
-    /// Token weights of attained service (`least-attained-service`).
+    /// Token weights of attained service (`least-attained-service`) and of the recent service
+    /// of [`Headroom`].
     pub service_weights: ServiceWeights,
+    /// Endpoints kept clear of prefill work for protected requests.
+    pub headroom: Headroom,
 }
 
 impl Default for FlowConfig {
@@ -231,6 +297,7 @@ impl Default for FlowConfig {
             fairness: Fairness::GlobalStrict,
             ordering: Ordering::Fcfs,
             service_weights: ServiceWeights::default(),
+            headroom: Headroom::default(),
         }
     }
 }
@@ -274,6 +341,12 @@ impl FlowConfig {
                     format!("must be a finite number >= 0, got {v}"),
                 ));
             }
+        }
+        if self.headroom.share_half_life.is_zero() {
+            return Err(ConfigError::new(
+                "flowControl.headroom.shareHalfLifeMs",
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -468,9 +541,76 @@ struct Band {
     bytes: u64,
 }
 
+/// A quantity decaying with a half-life, as of `at` (nanoseconds).
+#[derive(Copy, Clone, Debug, Default)]
+struct Decayed {
+    value: f64,
+    at: u64,
+}
+
+impl Decayed {
+    /// The value at `now` (not decayed for a `now` before the last update).
+    fn get(&self, now: u64, half_life_ns: f64) -> f64 {
+        if now <= self.at {
+            return self.value;
+        }
+        self.value * (-((now - self.at) as f64) / half_life_ns * std::f64::consts::LN_2).exp()
+    }
+
+    fn add(&mut self, v: f64, now: u64, half_life_ns: f64) {
+        self.value = self.get(now, half_life_ns) + v;
+        self.at = self.at.max(now);
+    }
+}
+
+/// The tenants' recent service across every band (weighted tokens sent, decayed): whose is
+/// within its fair share, for [`Headroom`].
+#[derive(Default)]
+struct Recent {
+    tenants: HashMap<Arc<str>, Decayed>,
+    total: Decayed,
+    charges: u32,
+}
+
+impl Recent {
+    fn charge(&mut self, tenant: &str, service: f64, now: u64, half_life_ns: f64) {
+        match self.tenants.get_mut(tenant) {
+            Some(d) => d.add(service, now, half_life_ns),
+            None => {
+                let mut d = Decayed::default();
+                d.add(service, now, half_life_ns);
+                self.tenants.insert(Arc::from(tenant), d);
+            }
+        }
+        self.total.add(service, now, half_life_ns);
+        self.charges = self.charges.wrapping_add(1);
+        if self.charges.is_multiple_of(RECENT_SWEEP_EVERY) {
+            let floor = self.total.get(now, half_life_ns) * RECENT_FORGET_BELOW;
+            self.tenants
+                .retain(|_, d| d.get(now, half_life_ns) >= floor && d.value > 0.0);
+        }
+    }
+
+    /// Whether `tenant`'s recent service is at most the mean of the tenants served recently
+    /// (a tenant not served recently is).
+    fn within_share(&self, tenant: &str, now: u64, half_life_ns: f64) -> bool {
+        let Some(d) = self.tenants.get(tenant) else {
+            return true;
+        };
+        let mean = self.total.get(now, half_life_ns) / self.tenants.len() as f64;
+        // A relative margin for rounding: a tenant alone is exactly at the mean.
+        d.get(now, half_life_ns) <= mean * (1.0 + 1e-9)
+    }
+}
+
 /// The flow-control queues. `T` is the caller's payload per request (a waker, a request id).
 pub struct FlowQueues<T> {
     cfg: FlowConfig,
+    recent: Recent,
+    /// Requests sent (dispatched or charged), decayed with [`RATE_HALF_LIFE_NS`].
+    sent: Decayed,
+    /// When the first request was sent (ns).
+    first_sent: Option<u64>,
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
     flows: Vec<Flow>,
@@ -479,6 +619,11 @@ pub struct FlowQueues<T> {
     len: u32,
     bytes: u64,
     seq: u64,
+}
+
+/// The half-life of recent service, in nanoseconds (at least 1).
+fn half_life_ns(cfg: &FlowConfig) -> f64 {
+    (cfg.headroom.share_half_life.as_nanos() as f64).max(1.0)
 }
 
 const fn band_index(p: Priority) -> usize {
@@ -508,6 +653,9 @@ impl<T> FlowQueues<T> {
         };
         FlowQueues {
             cfg,
+            recent: Recent::default(),
+            sent: Decayed::default(),
+            first_sent: None,
             slots: Vec::new(),
             free: Vec::new(),
             flows: Vec::new(),
@@ -713,6 +861,14 @@ impl<T> FlowQueues<T> {
             charged,
         };
         let still_active = !flow.heap.is_empty();
+        if self.cfg.headroom.reserved_endpoints > 0
+            && b != band_index(Priority::Sheddable)
+            && let Some(tenant) = &flow.tenant
+        {
+            let hl = half_life_ns(&self.cfg);
+            self.recent.charge(tenant, charged, now.0, hl);
+        }
+        self.count_sent(now);
         // Round-robin: the flow served moves to the back of the turn.
         let active = &mut self.bands[b].active;
         if still_active && active.front() == Some(&e.flow) {
@@ -779,16 +935,21 @@ impl<T> FlowQueues<T> {
         flow.attained = (flow.attained + actual - charge.charged).max(0.0);
     }
 
-    /// Charges the estimate of a request sent without waiting (the pool had headroom) to its
-    /// flow, so attained service counts every request a tenant sent, queued or not. Settle it
-    /// like a dispatched one.
-    pub fn charge(&mut self, req: &FlowRequest<'_>) -> ServiceCharge {
+    /// Charges the estimate of a request sent without waiting (the pool had headroom) at `now`
+    /// to its flow, so attained service (and the recent service of [`Headroom`]) counts every
+    /// request a tenant sent, queued or not. Settle it like a dispatched one.
+    pub fn charge(&mut self, req: &FlowRequest<'_>, now: Timestamp) -> ServiceCharge {
         let b = band_index(req.priority);
         let f = self.flow_for(b, req.tenant);
         let charged = self
             .cfg
             .service_weights
             .service(req.input_tokens, req.output_tokens);
+        self.count_sent(now);
+        if self.cfg.headroom.reserved_endpoints > 0 && req.priority != Priority::Sheddable {
+            let hl = half_life_ns(&self.cfg);
+            self.recent.charge(req.tenant, charged, now.0, hl);
+        }
         let flow = &mut self.flows[f as usize];
         flow.attained += charged;
         ServiceCharge {
@@ -804,6 +965,109 @@ impl<T> FlowQueues<T> {
         self.bands[..=band_index(priority)]
             .iter()
             .any(|b| b.len > 0)
+    }
+
+    /// The reserve a request of `tenant` in `priority`'s band must leave ([`Headroom`]): 0 for
+    /// a protected request (not Sheddable, its tenant within its fair share of the recent
+    /// service), else `headroom.reservedEndpoints`. Pass it to the pick
+    /// ([`RequestContext::with_reserved_endpoints`](crate::RequestContext::with_reserved_endpoints)).
+    pub fn reserve_for(&self, tenant: &str, priority: Priority, now: Timestamp) -> u16 {
+        let r = self.cfg.headroom.reserved_endpoints;
+        if r == 0 || self.protected(tenant, priority, now) {
+            0
+        } else {
+            r
+        }
+    }
+
+    /// [`FlowQueues::reserve_for`] of a queued request; 0 for a stale ticket.
+    pub fn reserve_of(&self, ticket: FlowTicket, now: Timestamp) -> u16 {
+        let Some(e) = self.entry(ticket) else {
+            return 0;
+        };
+        match &self.flows[e.flow as usize].tenant {
+            Some(t) => self.reserve_for(t, BAND_PRIORITY[usize::from(e.band)], now),
+            None => 0,
+        }
+    }
+
+    /// The first queued request, in the queues' order, that is protected ([`Headroom`]): the one
+    /// to try when the head was held back by the reserve. `None` without a reservation or when
+    /// no queued request is protected.
+    pub fn peek_protected(&self, now: Timestamp) -> Option<FlowTicket> {
+        if self.cfg.headroom.reserved_endpoints == 0 {
+            return None;
+        }
+        for (b, &priority) in BAND_PRIORITY.iter().enumerate() {
+            if self.bands[b].len == 0 || priority == Priority::Sheddable {
+                continue;
+            }
+            let flow = self.next_flow_where(b, |f| {
+                self.flows[f as usize]
+                    .tenant
+                    .as_deref()
+                    .is_some_and(|t| self.protected(t, priority, now))
+            });
+            if let Some(flow) = flow
+                && let Some(&index) = self.flows[flow as usize].heap.first()
+            {
+                return Some(FlowTicket {
+                    index,
+                    generation: self.slots[index as usize].generation,
+                });
+            }
+        }
+        None
+    }
+
+    /// The measured send rate (requests dispatched from the queues or charged, per second),
+    /// over about the last [`RATE_HALF_LIFE_NS`] / ln 2; `None` before two moments have passed.
+    pub fn send_rate(&self, now: Timestamp) -> Option<f64> {
+        let first = self.first_sent?;
+        let elapsed = now.0.checked_sub(first).filter(|&e| e > 0)? as f64;
+        let tau = RATE_HALF_LIFE_NS / std::f64::consts::LN_2;
+        // A steady rate r leaves r·τ·(1 − e^(−t/τ)) decayed sends after t: divide by that
+        // window, so the rate is not underestimated while the history is short.
+        let window_s = tau * (1.0 - (-elapsed / tau).exp()) / 1e9;
+        Some(self.sent.get(now.0, RATE_HALF_LIFE_NS) / window_s)
+    }
+
+    /// How long a request of `priority` joining now would wait: the requests queued in its band
+    /// and the bands above, at the measured send rate. `None` with no rate measured.
+    pub fn expected_wait(&self, priority: Priority, now: Timestamp) -> Option<Duration> {
+        let ahead: u32 = self.bands[..=band_index(priority)]
+            .iter()
+            .map(|b| b.len)
+            .sum();
+        let rate = self.send_rate(now).filter(|r| *r > 0.0)?;
+        Duration::try_from_secs_f64(f64::from(ahead) / rate).ok()
+    }
+
+    /// The `Retry-After` of a request of `priority` the queues turned away (full band or queue,
+    /// TTL expired, evicted): the longer of the pool's drain estimate `drain` (from the
+    /// saturated pick) and [`FlowQueues::expected_wait`], rounded up to whole seconds, at least
+    /// 1 s and at most the TTL (60 s without one) — a client told to come back before the
+    /// queue ahead of it has drained would only be turned away again.
+    pub fn retry_after(&self, priority: Priority, drain: Duration, now: Timestamp) -> Duration {
+        let wait = self.expected_wait(priority, now).unwrap_or(Duration::ZERO);
+        let secs = drain.max(wait).as_secs_f64().ceil();
+        let max = self.cfg.ttl().unwrap_or(MAX_QUEUE_RETRY_AFTER);
+        Duration::try_from_secs_f64(secs)
+            .unwrap_or(max)
+            .max(Duration::from_secs(1))
+            .min(max.max(Duration::from_secs(1)))
+    }
+
+    fn count_sent(&mut self, now: Timestamp) {
+        self.sent.add(1.0, now.0, RATE_HALF_LIFE_NS);
+        self.first_sent.get_or_insert(now.0);
+    }
+
+    fn protected(&self, tenant: &str, priority: Priority, now: Timestamp) -> bool {
+        priority != Priority::Sheddable
+            && self
+                .recent
+                .within_share(tenant, now.0, half_life_ns(&self.cfg))
     }
 
     /// The attained service of `tenant` in `priority`'s band (weighted tokens), if it is known.
@@ -887,11 +1151,16 @@ impl<T> FlowQueues<T> {
 
     /// The flow of band `b` whose head goes next.
     fn next_flow(&self, b: usize) -> Option<u32> {
-        let active = &self.bands[b].active;
+        self.next_flow_where(b, |_| true)
+    }
+
+    /// The flow of band `b` whose head goes next among the active flows `keep` accepts.
+    fn next_flow_where(&self, b: usize, keep: impl Fn(u32) -> bool) -> Option<u32> {
+        let mut active = self.bands[b].active.iter().copied().filter(|&f| keep(f));
         match self.cfg.fairness {
-            Fairness::RoundRobin => active.front().copied(),
-            Fairness::GlobalStrict => active.iter().copied().min_by_key(|&f| self.head_key(f)),
-            Fairness::LeastAttainedService => active.iter().copied().min_by(|&x, &y| {
+            Fairness::RoundRobin => active.next(),
+            Fairness::GlobalStrict => active.min_by_key(|&f| self.head_key(f)),
+            Fairness::LeastAttainedService => active.min_by(|&x, &y| {
                 let (fx, fy) = (&self.flows[x as usize], &self.flows[y as usize]);
                 fx.attained
                     .total_cmp(&fy.attained)

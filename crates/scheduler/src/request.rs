@@ -70,6 +70,12 @@ pub struct RequestContext<'a> {
     /// [`Rejection::Shed`](crate::Rejection::Shed) whatever the priority, so the request can
     /// wait for headroom instead of being sent to a saturated pod.
     pub queue_when_saturated: bool,
+    /// With `queue_when_saturated`: candidates with no prefill ahead (clear) this request must
+    /// leave to others (flow control's headroom reservation, [`crate::flow::Headroom`]). It is
+    /// not sent to a clear candidate when fewer than this many would be left, nor anywhere
+    /// while fewer are clear (at most the candidates minus one are kept); when that leaves no
+    /// candidate the pick is [`Rejection::Shed`](crate::Rejection::Shed). 0: no reservation.
+    pub reserved_endpoints: u16,
 }
 
 impl<'a> RequestContext<'a> {
@@ -87,6 +93,7 @@ impl<'a> RequestContext<'a> {
             priority: Priority::Standard,
             subset: None,
             queue_when_saturated: false,
+            reserved_endpoints: 0,
         }
     }
 
@@ -118,6 +125,13 @@ impl<'a> RequestContext<'a> {
     /// candidate is saturated (the caller will queue the request).
     pub const fn with_queueing(mut self, queue: bool) -> Self {
         self.queue_when_saturated = queue;
+        self
+    }
+
+    /// Sets the candidates with no prefill ahead that the pick must leave to others (with
+    /// [`RequestContext::with_queueing`]; see [`RequestContext::reserved_endpoints`]).
+    pub const fn with_reserved_endpoints(mut self, n: u16) -> Self {
+        self.reserved_endpoints = n;
         self
     }
 

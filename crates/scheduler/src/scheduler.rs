@@ -593,7 +593,8 @@ impl Scheduler {
                 &self.cfg,
                 req.priority,
                 req.queue_when_saturated,
-                &sc.views,
+                req.reserved_endpoints,
+                &mut sc.views,
                 &self.endpoints,
                 &self.rates,
             )?;

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use infergate_scheduler::flow::{
-    Fairness, FlowConfig, FlowQueues, FlowRequest, Ordering, Refusal, Removal, Removed,
+    Fairness, FlowConfig, FlowQueues, FlowRequest, Headroom, Ordering, Refusal, Removal, Removed,
     ServiceCharge,
 };
 use infergate_scheduler::{Preset, Priority, Rejection, RequestContext, SchedulerConfig};
@@ -78,7 +78,8 @@ struct Gate<'a> {
     max_wait_s: f64,
     stale: Vec<StaleWindow>,
     stale_dispatched: u64,
-    /// The latest drain estimate of a saturated pick (the `Retry-After` of queue rejections).
+    /// The latest drain estimate of a saturated pick (part of the `Retry-After` of queue
+    /// rejections).
     last_retry_after: f64,
 }
 
@@ -120,17 +121,22 @@ impl Gate<'_> {
         }
     }
 
-    /// `Retry-After` for a request the queues turned away: infergate tells the client the
-    /// pool's estimated drain time as its latest saturated pick gave it (as
-    /// `infergate_pool::flow` does: whole seconds within the scheduler's `retryAfterMinMs` and
-    /// `retryAfterMaxMs`); the reference sends none.
-    fn queue_retry_after(&self) -> Option<f64> {
-        (self.policy == FlowPolicy::Infergate).then_some(self.last_retry_after)
+    /// `Retry-After` for a request of `priority` the queues turned away: infergate tells the
+    /// client the longer of the pool's drain estimate (its latest saturated pick's) and the
+    /// expected wait of the queue ahead of the band at the measured send rate, as
+    /// `infergate_pool::flow` does ([`FlowQueues::retry_after`]); the reference sends none.
+    fn queue_retry_after(&self, priority: Priority, now: f64) -> Option<f64> {
+        if self.policy != FlowPolicy::Infergate {
+            return None;
+        }
+        let drain = std::time::Duration::from_secs_f64(self.last_retry_after.max(0.0));
+        let q = self.queue.as_ref()?;
+        Some(q.retry_after(priority, drain, ts(now)).as_secs_f64())
     }
 
     fn removed(&mut self, r: Removed<u64>, now: f64) {
         self.max_wait_s = self.max_wait_s.max(r.waited.as_secs_f64());
-        let retry = self.queue_retry_after();
+        let retry = self.queue_retry_after(r.priority, now);
         let reason = match r.reason {
             Removal::Expired => "rejected-ttl-expired",
             Removal::Evicted => "evicted-priority",
@@ -151,7 +157,8 @@ impl Gate<'_> {
     }
 }
 
-/// Routes one request now. With `queueing`, a pool where every candidate is saturated gives
+/// Routes one request now. With `queueing`, a pool where every candidate is saturated (or
+/// every one the request may take, after leaving `reserve` clear pods to others) gives
 /// [`Routed::Saturated`] and the request is left unanswered for the caller to queue.
 #[allow(clippy::too_many_arguments, reason = "private; the pieces of one pick")]
 fn route(
@@ -159,6 +166,7 @@ fn route(
     gate: &mut Gate<'_>,
     a: &Arrival,
     queueing: bool,
+    reserve: u16,
     model: &str,
     adapters: &[Arc<str>],
     rng: &mut SmallRng,
@@ -173,7 +181,8 @@ fn route(
         .with_lora(lora.map(|l| &**l))
         .with_priority(a.priority)
         .with_output_tokens(a.output_tokens)
-        .with_queueing(queueing);
+        .with_queueing(queueing)
+        .with_reserved_endpoints(reserve);
     match sim.sched.pick(&cx, ts(now), rng) {
         Err(Rejection::Shed { retry_after }) if queueing => {
             gate.last_retry_after = retry_after.as_secs_f64();
@@ -224,6 +233,7 @@ fn queue_config(policy: FlowPolicy, bench: &FlowBench) -> Option<FlowConfig> {
             enabled: true,
             fairness: Fairness::GlobalStrict,
             ordering: Ordering::Fcfs,
+            headroom: Headroom::default(),
             ..bench.config
         }),
         FlowPolicy::Infergate => Some(FlowConfig {
@@ -347,6 +357,7 @@ pub(super) fn run_one(
                         &mut gate,
                         a,
                         false,
+                        0,
                         &model,
                         adapters,
                         &mut rng,
@@ -360,11 +371,16 @@ pub(super) fn run_one(
             };
             if send_now {
                 let queueing = policy == FlowPolicy::Infergate;
+                let reserve = match (&gate.queue, queueing) {
+                    (Some(q), true) => q.reserve_for(tenant, a.priority, ts(now)),
+                    _ => 0,
+                };
                 match route(
                     &mut sim,
                     &mut gate,
                     a,
                     queueing,
+                    reserve,
                     &model,
                     adapters,
                     &mut rng,
@@ -372,7 +388,8 @@ pub(super) fn run_one(
                 )? {
                     Routed::Sent => {
                         if let Some(q) = &mut gate.queue {
-                            gate.charges[a.id as usize] = Some(q.charge(&flow_request(a, tenant)));
+                            gate.charges[a.id as usize] =
+                                Some(q.charge(&flow_request(a, tenant), ts(now)));
                         }
                         continue;
                     }
@@ -399,40 +416,59 @@ pub(super) fn run_one(
                 gate.removed(r, now);
             }
             if let Some(r) = refused {
-                let retry = gate.queue_retry_after();
+                let retry = gate.queue_retry_after(a.priority, now);
                 let reason = match r.reason {
                     Refusal::BandFull | Refusal::QueueFull => "rejected-saturated",
                 };
                 gate.reject(r.payload, reason, 429, retry, now);
             }
         }
-        // The head of the queues gets turns while pods have headroom.
+        // The head of the queues gets turns while pods have headroom. A head held back by the
+        // headroom reservation lets the first protected request try (one pick) before the
+        // turns stop.
         while let Some(head) = gate.queue.as_ref().and_then(FlowQueues::peek) {
-            let Some(&id) = gate.queue.as_ref().and_then(|q| q.get(head)) else {
-                break;
-            };
-            let Some(a) = arrivals.get(id as usize) else {
-                break;
-            };
             if policy == FlowPolicy::Reference && !gate.reference_headroom(&sim) {
                 break;
             }
             let queueing = policy == FlowPolicy::Infergate;
-            // A pick before the dispatch: a saturated one leaves the head in its place.
-            let routed = route(
-                &mut sim,
-                &mut gate,
-                a,
-                queueing,
-                &model,
-                adapters,
-                &mut rng,
-                &mut errors,
-            )?;
-            if matches!(routed, Routed::Saturated) {
-                break;
+            let mut turn = head;
+            let mut routed = None;
+            for _ in 0..2 {
+                let Some(&id) = gate.queue.as_ref().and_then(|q| q.get(turn)) else {
+                    break;
+                };
+                let Some(a) = arrivals.get(id as usize) else {
+                    break;
+                };
+                let reserve = match (&gate.queue, queueing) {
+                    (Some(q), true) => q.reserve_of(turn, ts(now)),
+                    _ => 0,
+                };
+                // A pick before the dispatch: a saturated one leaves the request in its place.
+                let r = route(
+                    &mut sim,
+                    &mut gate,
+                    a,
+                    queueing,
+                    reserve,
+                    &model,
+                    adapters,
+                    &mut rng,
+                    &mut errors,
+                )?;
+                if !matches!(r, Routed::Saturated) {
+                    routed = Some((r, id));
+                    break;
+                }
+                match gate.queue.as_ref().and_then(|q| q.peek_protected(ts(now))) {
+                    Some(p) if reserve > 0 && p != turn => turn = p,
+                    _ => break,
+                }
             }
-            let Some(d) = gate.queue.as_mut().and_then(|q| q.dispatch(head, ts(now))) else {
+            let Some((routed, id)) = routed else {
+                break;
+            };
+            let Some(d) = gate.queue.as_mut().and_then(|q| q.dispatch(turn, ts(now))) else {
                 break;
             };
             gate.max_wait_s = gate.max_wait_s.max(d.waited.as_secs_f64());

@@ -146,3 +146,64 @@ async fn a_full_queue_evicts_a_sheddable_waiter_and_tells_it() {
     assert_eq!(c.queued_in(Priority::Sheddable), 0);
     assert_eq!(c.queued(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_rejection_retry_after_covers_the_queue_ahead_of_its_band() {
+    let (c, _r) = controller(|cfg| cfg.request_ttl = Duration::from_secs(60));
+    // Ten requests a second sent for 10 s.
+    for _ in 0..100 {
+        c.charge(&req("a", Priority::Standard));
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    // 55 Standard requests waiting, and the last saturated pick's drain estimate 1 s.
+    let mut waiting = Vec::new();
+    for _ in 0..55 {
+        waiting.push(
+            c.enqueue(req("b", Priority::Standard), Some(Duration::from_secs(1)))
+                .unwrap(),
+        );
+    }
+    // The drain estimate alone said 1 s; the queue ahead takes about 5.5 s at 10/s.
+    assert_eq!(c.retry_after(), Duration::from_secs(1));
+    assert_eq!(
+        c.queue_retry_after(Priority::Standard),
+        Duration::from_secs(6)
+    );
+    assert_eq!(waiting[0].retry_after(), Duration::from_secs(6));
+    // Nothing waits in the Critical band: its drain estimate stands.
+    assert_eq!(
+        c.queue_retry_after(Priority::Critical),
+        Duration::from_secs(1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_held_back_by_the_reserve_passes_its_turn_to_a_protected_request() {
+    let (c, _r) = controller(|cfg| {
+        cfg.fairness = infergate_scheduler::flow::Fairness::LeastAttainedService;
+        cfg.headroom.reserved_endpoints = 1;
+    });
+    let tokens = |tenant, n| FlowRequest::new(tenant, Priority::Standard, 100).with_tokens(n, 0);
+    // The noisy tenant has been served ten times the quiet one.
+    c.charge(&tokens("noisy", 5_000));
+    c.charge(&tokens("quiet", 500));
+    assert_eq!(c.reserve_for(&tokens("noisy", 500)), 1);
+    assert_eq!(c.reserve_for(&tokens("quiet", 500)), 0);
+    let mut n = c.enqueue(tokens("noisy", 500), None).unwrap();
+    let mut q = c.enqueue(tokens("quiet", 500), None).unwrap();
+    assert_eq!(n.reserve(), 1);
+    assert_eq!(q.reserve(), 0);
+    // The noisy head gets the turn; its pick finds only reserved pods.
+    assert_eq!(poll(&mut n), Some(Turn::Try));
+    assert_eq!(poll(&mut q), None);
+    n.still_saturated(Duration::from_secs(1));
+    // The quiet request behind it may take a reserved pod: its turn.
+    assert_eq!(poll(&mut q), Some(Turn::Try));
+    assert_eq!(poll(&mut n), None);
+    // Still saturated for it too: nobody tries again until room frees up.
+    q.still_saturated(Duration::from_secs(1));
+    assert_eq!(poll(&mut n), None);
+    assert_eq!(poll(&mut q), None);
+    c.kick();
+    assert_eq!(poll(&mut n), Some(Turn::Try));
+}

@@ -539,7 +539,7 @@ fn configuration_parses_with_defaults_and_validates() {
 #[test]
 fn direct_charges_count_toward_attained_service_and_settle_like_dispatches() {
     let mut q = queues(|c| c.fairness = Fairness::LeastAttainedService);
-    let c = q.charge(&std_req("a").with_tokens(30, 10));
+    let c = q.charge(&std_req("a").with_tokens(30, 10), T0);
     assert_eq!(q.attained("a", Priority::Standard), Some(40.0));
     q.settle(c, 30, 100);
     assert_eq!(q.attained("a", Priority::Standard), Some(130.0));
@@ -548,4 +548,143 @@ fn direct_charges_count_toward_attained_service_and_settle_like_dispatches() {
     assert!(!q.has_queued_at_or_above(Priority::Critical));
     assert!(q.has_queued_at_or_above(Priority::Standard));
     assert!(q.has_queued_at_or_above(Priority::Sheddable));
+}
+
+fn reserving(r: u16) -> FlowQueues<&'static str> {
+    queues(|c| {
+        c.fairness = Fairness::LeastAttainedService;
+        c.headroom.reserved_endpoints = r;
+    })
+}
+
+#[test]
+fn the_reserve_binds_tenants_over_their_share_and_every_sheddable_request() {
+    let mut q = reserving(1);
+    // Nobody served yet: everyone is within its share, except Sheddable requests.
+    assert_eq!(q.reserve_for("quiet", Priority::Standard, T0), 0);
+    assert_eq!(q.reserve_for("batch", Priority::Sheddable, T0), 1);
+    // A tenant alone is at its share.
+    q.charge(&std_req("noisy").with_tokens(1_000, 0), T0);
+    assert_eq!(q.reserve_for("noisy", Priority::Standard, T0), 0);
+    // Two tenants, one served ten times the other: the heavier one is over the mean.
+    q.charge(&std_req("quiet").with_tokens(100, 0), T0);
+    assert_eq!(q.reserve_for("noisy", Priority::Standard, T0), 1);
+    assert_eq!(q.reserve_for("quiet", Priority::Standard, T0), 0);
+    // The share is over every band: a Critical request of the heavy tenant is bound too.
+    assert_eq!(q.reserve_for("noisy", Priority::Critical, T0), 1);
+    // A tenant never served is within its share.
+    assert_eq!(q.reserve_for("new", Priority::Standard, T0), 0);
+    // Recent service decays (half-life 10 s): after a minute of only the quiet tenant being
+    // served, the noisy one is under its share again.
+    for s in 1..=60 {
+        q.charge(&std_req("quiet").with_tokens(100, 0), at(s * 1_000));
+    }
+    assert_eq!(q.reserve_for("noisy", Priority::Standard, at(60_000)), 0);
+    assert_eq!(q.reserve_for("quiet", Priority::Standard, at(60_000)), 1);
+    // Off: no reserve for anyone.
+    let off = reserving(0);
+    assert_eq!(off.reserve_for("batch", Priority::Sheddable, T0), 0);
+    assert_eq!(off.peek_protected(T0), None);
+}
+
+#[test]
+fn dispatches_count_as_recent_service_and_peek_protected_skips_the_heavy_tenant() {
+    let mut q = reserving(2);
+    let n1 = push(&mut q, std_req("noisy").with_tokens(500, 0), "n1");
+    push(&mut q, std_req("noisy").with_tokens(500, 0), "n2");
+    let d = q.dispatch(n1, T0).unwrap();
+    assert_eq!(d.payload, "n1");
+    q.charge(&std_req("quiet").with_tokens(50, 0), T0);
+    let quiet = push(&mut q, std_req("quiet").with_tokens(50, 0), "q1");
+    let n2 = q.peek().unwrap();
+    // The quiet tenant's flow came in at the noisy one's attained service: the older head goes
+    // first in the queues' order, and it must leave the reserve.
+    assert_eq!(q.get(n2), Some(&"n2"));
+    assert_eq!(q.reserve_of(n2, T0), 2);
+    // The request to try when it is held back: the quiet tenant's.
+    assert_eq!(q.peek_protected(T0), Some(quiet));
+    assert_eq!(q.reserve_of(quiet, T0), 0);
+    // Sheddable requests are never protected.
+    let mut shed = reserving(1);
+    let s1 = push(
+        &mut shed,
+        FlowRequest::new("a", Priority::Sheddable, 10),
+        "s1",
+    );
+    assert_eq!(shed.peek(), Some(s1));
+    assert_eq!(shed.peek_protected(T0), None);
+    // A stale ticket owes nothing.
+    q.remove(quiet);
+    assert_eq!(q.reserve_of(quiet, T0), 0);
+}
+
+#[test]
+fn headroom_configuration_is_read_and_checked() {
+    let c: FlowConfig =
+        serde_yaml::from_str("headroom: { reservedEndpoints: 1, shareHalfLifeMs: 5000 }").unwrap();
+    assert_eq!(c.headroom.reserved_endpoints, 1);
+    assert_eq!(c.headroom.share_half_life, Duration::from_secs(5));
+    c.validate().unwrap();
+    let d = FlowConfig::default();
+    assert_eq!(d.headroom.reserved_endpoints, 0);
+    assert_eq!(d.headroom.share_half_life, Duration::from_secs(10));
+    let bad: FlowConfig = serde_yaml::from_str("headroom: { shareHalfLifeMs: 0 }").unwrap();
+    assert_eq!(
+        bad.validate().unwrap_err().field,
+        "flowControl.headroom.shareHalfLifeMs"
+    );
+    assert!(serde_yaml::from_str::<FlowConfig>("headroom: { reserved: 1 }").is_err());
+}
+
+#[test]
+fn a_rejection_retry_after_is_the_wait_of_the_queue_ahead_at_the_measured_rate() {
+    let mut q = queues(|c| c.request_ttl = Duration::from_secs(30));
+    // Nothing sent yet: no rate, the drain estimate stands (at least a second).
+    assert_eq!(q.send_rate(T0), None);
+    assert_eq!(
+        q.retry_after(Priority::Standard, Duration::from_millis(300), T0),
+        Duration::from_secs(1)
+    );
+    // Ten requests a second for 20 s.
+    for i in 0..200 {
+        q.charge(&std_req("a"), at(i * 100));
+    }
+    let now = at(20_000);
+    let rate = q.send_rate(now).unwrap();
+    assert!((rate - 10.0).abs() < 0.5, "{rate}");
+    // 40 Standard requests and 15 Critical ones queued: a Standard one waits behind all 55,
+    // about 5.5 s; a Critical one behind 15, about 1.5 s; a Sheddable one behind the same 55.
+    for _ in 0..40 {
+        push(&mut q, std_req("b"), "s");
+    }
+    for _ in 0..15 {
+        push(&mut q, FlowRequest::new("c", Priority::Critical, 10), "c");
+    }
+    let one = Duration::from_secs(1);
+    assert_eq!(
+        q.retry_after(Priority::Standard, one, now),
+        Duration::from_secs(6)
+    );
+    assert_eq!(
+        q.retry_after(Priority::Critical, one, now),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
+        q.retry_after(Priority::Sheddable, one, now),
+        Duration::from_secs(6)
+    );
+    // A longer drain estimate wins; the TTL bounds both.
+    assert_eq!(
+        q.retry_after(Priority::Critical, Duration::from_millis(4_200), now),
+        Duration::from_secs(5)
+    );
+    assert_eq!(
+        q.retry_after(Priority::Standard, Duration::from_secs(500), now),
+        Duration::from_secs(30)
+    );
+    // The rate decays when nothing is sent: a minute later the wait is bounded by the TTL.
+    assert_eq!(
+        q.retry_after(Priority::Standard, one, at(80_000)),
+        Duration::from_secs(30)
+    );
 }
