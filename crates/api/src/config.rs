@@ -21,8 +21,8 @@ mod quotas;
 mod rewrites;
 
 pub use flow::{
-    FlowBandLimits, FlowBands, FlowControlSpec, FlowFairness, FlowOrdering, FlowServiceWeights,
-    ObjectivePriority, PriorityBand, TenancySpec,
+    FlowBandLimits, FlowBands, FlowControlSpec, FlowFairness, FlowHeadroom, FlowOrdering,
+    FlowServiceWeights, ObjectivePriority, PriorityBand, TenancySpec,
 };
 pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec, SecretKeyRef};
 pub use rewrites::{

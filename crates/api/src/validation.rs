@@ -105,6 +105,9 @@ pub const FLOW_LIMIT_MESSAGE: &str =
 /// A TTL beyond a day (the schema's `maximum` is the API server's side).
 pub const FLOW_TTL_MESSAGE: &str =
     "must be between 0 (no TTL) and 86400000 ms (one day): a request does not wait longer";
+/// A fair-share half-life of 0 (the schema's `minimum: 1` is the API server's side).
+pub const FLOW_HALF_LIFE_MESSAGE: &str =
+    "must be at least 1 ms: a tenant's recent service needs a time to decay over";
 /// A service weight that is negative or not a number.
 pub const FLOW_WEIGHT_MESSAGE: &str = "must be a finite number of 0 or more";
 /// An objective's priority that is neither a band nor an integer.
@@ -264,6 +267,9 @@ fn check_flow_control(f: &FlowControlSpec, fail: &mut impl FnMut(String, &'stati
                 fail(at(&format!("bands.{name}.maxBytes")), FLOW_LIMIT_MESSAGE);
             }
         }
+    }
+    if f.headroom.is_some_and(|h| h.share_half_life_ms == Some(0)) {
+        fail(at("headroom.shareHalfLifeMs"), FLOW_HALF_LIFE_MESSAGE);
     }
     if let Some(w) = &f.service_weights {
         for (name, v) in [("input", w.input), ("output", w.output)] {

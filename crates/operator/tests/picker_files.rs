@@ -109,6 +109,11 @@ fn quotas_and_flow_control_are_the_pickers_files_flags_and_mounts() {
     assert_eq!(fc.bands.critical, FlowConfig::default().bands.critical);
     assert_eq!(fc.fairness, Fairness::LeastAttainedService);
     assert_eq!(fc.ordering, Ordering::Fcfs);
+    assert_eq!(fc.headroom.reserved_endpoints, 1);
+    assert_eq!(
+        fc.headroom.share_half_life,
+        FlowConfig::default().headroom.share_half_life
+    );
     fc.validate().unwrap();
     let t = infergate_pool::tenant::Tenancy::new(&f.tenancy).unwrap();
     assert_eq!(
@@ -289,6 +294,10 @@ fn the_crd_sections_and_the_pickers_files_have_the_same_fields() {
     assert_eq!(
         schema_keys(&spec["flowControl"]["properties"]["serviceWeights"]),
         file_keys(&flow.service_weights)
+    );
+    assert_eq!(
+        schema_keys(&spec["flowControl"]["properties"]["headroom"]),
+        file_keys(&flow.headroom)
     );
     // The gateway-only header fields are the one difference in tenancy.
     let mut tenancy = file_keys(&infergate_pool::tenant::TenancyConfig::default());

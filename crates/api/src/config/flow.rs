@@ -52,6 +52,27 @@ pub struct FlowControlSpec {
     /// Token weights of attained service, for `least-attained-service` (default 1 and 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_weights: Option<FlowServiceWeights>,
+    /// Pods kept clear of prefill work for the requests flow control protects (off by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<FlowHeadroom>,
+}
+
+/// Headroom reservation: requests that are not protected (Sheddable ones, and those of a tenant
+/// served more than its fair share recently) may not take the last `reservedEndpoints` clear
+/// pods (headroom, nothing waiting, no prefill of this picker's ahead), which stay for the
+/// protected ones; held back, they wait in their queue.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowHeadroom {
+    /// Pods with no prefill ahead that requests not protected must leave (default 0: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 65535))]
+    pub reserved_endpoints: Option<u16>,
+    /// Half-life of the recent service a tenant's fair share is judged on, in milliseconds
+    /// (default 10000; at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub share_half_life_ms: Option<u64>,
 }
 
 /// Per-band limits, by priority name.

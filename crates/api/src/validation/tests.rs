@@ -210,7 +210,8 @@ fn flow_control_and_tenancy_as_the_gateway_file_writes_them_are_accepted() {
         "{{{ONE_SCHEDULER},
           flowControl: {{enabled: true, requestTtlMs: 30000, maxRequests: 2000, maxBytes: 100000000,
             bands: {{critical: {{maxRequests: 500}}, sheddable: {{maxRequests: 100, maxBytes: 1000000}}}},
-            fairness: least-attained-service, ordering: edf, serviceWeights: {{input: 1, output: 2}}}},
+            fairness: least-attained-service, ordering: edf, serviceWeights: {{input: 1, output: 2}},
+            headroom: {{reservedEndpoints: 1, shareHalfLifeMs: 5000}}}},
           tenancy: {{objectives: {{chat: critical, batch: -1, default-objective: 0}},
             defaultPriority: standard, metricTenants: [team-a]}}}}"
     ));
@@ -229,7 +230,7 @@ fn bad_flow_control_values_are_refused_naming_their_path() {
         "{{{ONE_SCHEDULER},
           flowControl: {{enabled: true, requestTtlMs: 90000000, maxRequests: 0, maxBytes: 0,
             bands: {{standard: {{maxRequests: 0}}, sheddable: {{maxBytes: 0}}}},
-            serviceWeights: {{input: -1}}}},
+            serviceWeights: {{input: -1}}, headroom: {{reservedEndpoints: 1, shareHalfLifeMs: 0}}}},
           tenancy: {{objectives: {{chat: urgent, '': 1}}}}}}"
     ));
     let mut s = s;
@@ -257,6 +258,10 @@ fn bad_flow_control_values_are_refused_naming_their_path() {
             (
                 "spec.flowControl.bands.sheddable.maxBytes".to_owned(),
                 FLOW_LIMIT_MESSAGE
+            ),
+            (
+                "spec.flowControl.headroom.shareHalfLifeMs".to_owned(),
+                FLOW_HALF_LIFE_MESSAGE
             ),
             (
                 "spec.flowControl.serviceWeights.input".to_owned(),
@@ -308,6 +313,8 @@ fn the_schema_refuses_what_the_validator_refuses_in_flow_control() {
         json!({ "requestTtlMs": 90000000 }),
         json!({ "bands": { "critical": { "maxRequests": 0 } } }),
         json!({ "serviceWeights": { "input": -0.5 } }),
+        json!({ "headroom": { "shareHalfLifeMs": 0 } }),
+        json!({ "headroom": { "reservedEndpoints": -1 } }),
         json!({ "fairness": "lottery" }),
         json!({ "ordering": "lifo" }),
         json!({ "enabled": "yes" }),
