@@ -124,8 +124,9 @@ pub struct PickerArgs {
     /// Port of the peer exchange (with `--peer-key-file`; default 9006).
     #[arg(long, requires = "peer_key_file")]
     pub peer_port: Option<u16>,
-    /// Milliseconds between two looks at this replica's load (default 5): changes reach the
-    /// peers coalesced to one report per interval.
+    /// Shortest milliseconds between two reports to the peers (default 5): a change of this
+    /// replica's load is pushed at once, or coalesced with the next ones into one report at the
+    /// end of the interval when the previous report is more recent.
     #[arg(long, requires = "peer_key_file",
           value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub peer_interval_ms: Option<u64>,

@@ -148,6 +148,12 @@ struct Shared {
     fail_open: AtomicBool,
     /// Whether the scheduler dispatches fail-open when no pod is fresh (`staleMetrics`).
     fail_open_enabled: bool,
+    /// Wakes the peer exchange's reporter when this replica's load changed (a pick, a first
+    /// token, a release), once an exchange runs ([`peers`]): the change is pushed at once
+    /// unless a report went out less than an interval ago.
+    peer_wake: tokio::sync::Notify,
+    /// Whether an exchange runs (no wake-ups are stored otherwise).
+    peer_wake_on: AtomicBool,
 }
 
 /// A pool of model-server endpoints with live metrics and a scheduler. Cheap to clone.
@@ -262,6 +268,8 @@ impl LivePool {
                 telemetry,
                 fail_open: AtomicBool::new(false),
                 fail_open_enabled,
+                peer_wake: tokio::sync::Notify::new(),
+                peer_wake_on: AtomicBool::new(false),
             }),
         })
     }
@@ -464,6 +472,14 @@ impl LivePool {
     fn with_scheduler<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut lock(&self.shared.state).scheduler)
     }
+
+    /// This replica's own load changed: wakes the peer exchange's reporter, if one runs (an
+    /// atomic load otherwise).
+    fn load_changed(&self) {
+        if self.shared.peer_wake_on.load(Ordering::Relaxed) {
+            self.shared.peer_wake.notify_one();
+        }
+    }
 }
 
 /// Whether `info` can be routed on at `now` with `stale_after` as the age bound of an `ok`
@@ -504,6 +520,7 @@ impl std::fmt::Debug for Inflight {
 impl Inflight {
     fn new(pool: LivePool, decision: Decision) -> Self {
         let current = decision.endpoints.first();
+        pool.load_changed();
         Inflight {
             pool,
             decision,
@@ -534,6 +551,7 @@ impl Inflight {
             let ticket = self.decision.ticket;
             self.pool.with_scheduler(|s| s.reassign(ticket, addr));
             self.current = addr;
+            self.pool.load_changed();
         }
     }
 
@@ -543,6 +561,7 @@ impl Inflight {
             self.first_token = true;
             let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
             self.pool.with_scheduler(|s| s.first_token(ticket, now));
+            self.pool.load_changed();
         }
     }
 
@@ -557,6 +576,7 @@ impl Inflight {
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
         self.pool.with_scheduler(|s| s.complete(ticket, now, usage));
         self.pool.shared.changes.notify_one();
+        self.pool.load_changed();
     }
 
     /// The request failed (upstream error or timeout).
@@ -565,6 +585,7 @@ impl Inflight {
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
         self.pool.with_scheduler(|s| s.fail(ticket, now));
         self.pool.shared.changes.notify_one();
+        self.pool.load_changed();
     }
 }
 
@@ -574,6 +595,7 @@ impl Drop for Inflight {
             let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
             self.pool.with_scheduler(|s| s.cancel(ticket, now));
             self.pool.shared.changes.notify_one();
+            self.pool.load_changed();
         }
     }
 }

@@ -2,11 +2,12 @@
 //! over standing TCP connections, so that every replica's picks count the requests the others
 //! have in flight (see `infergate_scheduler::peers` for what is shared and how it is counted).
 //!
-//! - **Reporter**: every [`PeerSettings::interval`] (5 ms by default) the replica reads its own
-//!   load per endpoint and the rate samples it learned; when either changed, or at least every
-//!   [`PeerSettings::keepalive`], it encodes one [`wire::Report`] for every peer. Changes are
-//!   thus coalesced to at most one report per interval, and an idle replica sends a few bytes
-//!   per keepalive.
+//! - **Reporter**: woken by every change of the replica's own load (a pick, a first token, a
+//!   release), it reads the load per endpoint and the rate samples learned, and encodes one
+//!   [`wire::Report`] for every peer: at once when the previous report is older than
+//!   [`PeerSettings::interval`] (5 ms by default), else at the end of that interval, so changes
+//!   coalesce to at most one report per interval; an idle replica sends the same report every
+//!   [`PeerSettings::keepalive`].
 //! - **Dialers**: one task per peer address keeps a connection open and writes the newest report
 //!   on it (a slow peer skips to the newest: loads replace, they do not add up; rate samples of a
 //!   skipped report are lost, which costs learning speed only). Reconnects back off from 100 ms
@@ -26,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,8 +51,7 @@ use wire::{
 
 /// Default port of the peer exchange.
 pub const DEFAULT_PEER_PORT: u16 = 9006;
-/// Default time between two looks at this replica's load (changes are coalesced to one report
-/// per interval).
+/// Default shortest time between two reports (changes within it are coalesced into one).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(5);
 /// Default longest time between two reports, changed or not.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_millis(250);
@@ -149,7 +150,8 @@ pub struct PeerSettings {
     pub targets: Vec<PeerTarget>,
     /// The shared key.
     pub key: PeerKey,
-    /// Time between two looks at this replica's load.
+    /// Shortest time between two reports: a change is pushed at once unless a report went out
+    /// less than this ago (then at the end of it, with every change since).
     pub interval: Duration,
     /// Longest time between two reports.
     pub keepalive: Duration,
@@ -433,18 +435,26 @@ impl Drop for PeerExchange {
     }
 }
 
-/// Publishes this replica's report whenever it changed (at most once per interval) or the
-/// keepalive is due.
+/// Publishes this replica's report when its load changed — at once, unless a report went out
+/// less than an interval ago, then at the end of that interval (changes in between coalesce) —
+/// and at least every keepalive.
 async fn report(ctx: Arc<Ctx>, tx: watch::Sender<Arc<Vec<u8>>>) {
     let s = &ctx.settings;
-    let mut tick = tokio::time::interval(s.interval);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let shared = &ctx.pool.shared;
+    shared.peer_wake_on.store(true, Ordering::Relaxed);
     let mut report = Report::default();
     let mut previous = Vec::new();
     let mut last = Instant::now();
     let mut first = true;
     loop {
-        tick.tick().await;
+        if !first {
+            tokio::select! {
+                () = shared.peer_wake.notified() => {}
+                () = tokio::time::sleep_until(last + s.keepalive) => {}
+            }
+            // At most one report per interval.
+            tokio::time::sleep_until(last + s.interval).await;
+        }
         ctx.pool.with_scheduler(|sch| {
             sch.peer_loads(&mut report.loads);
             sch.take_rate_samples(&mut report.samples);
