@@ -5,7 +5,7 @@
 //!   counts: [1, 3, 5]            # picker replicas; 1 is the single-picker baseline
 //!   spread: round-robin          # how the Service spreads arrivals: round-robin | random
 //!   sharing: [none, inflight, exchange]  # each count > 1 runs once per mode
-//!   exchange: { interval_ms: 5, delay_ms: 1 }
+//!   exchange: { interval_ms: 5, delay_ms: 1, push: true }
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -73,17 +73,25 @@ impl Sharing {
 
 /// The peer exchange: how often a replica reports, and how long a report takes to be applied.
 ///
-/// The default stands for replicas that push their changes to each peer over a standing
-/// connection, coalesced to at most one report per 5 ms, inside one cluster (about 1 ms from one
-/// pod to another). Longer intervals cost routing quality: peers' requests that already have
-/// their first token keep counting as queued until the next report.
+/// The default is what the picker does (`infergate_pool::peers`): each replica pushes a change
+/// of its load to its peers over a standing connection at once, unless its previous report is
+/// less than 5 ms old (then the change goes with the next periodic one), inside one cluster
+/// (about 1 ms from one pod to another). Here a replica pushes after each of its picks; the
+/// first tokens and completions of its requests go out with its periodic reports, every
+/// interval (the picker pushes those too, so it is at least as fresh as modelled). Longer
+/// intervals cost routing quality: peers' requests that already have their first token keep
+/// counting as queued until the next report.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Exchange {
-    /// Milliseconds between two reports of one replica (replicas are out of phase).
+    /// Milliseconds between two periodic reports of one replica (replicas are out of phase),
+    /// and the shortest time between two reports.
     pub interval_ms: f64,
     /// Milliseconds from a report to its peers applying it.
     pub delay_ms: f64,
+    /// Whether a pick is pushed at once when the previous report is older than the interval
+    /// (`false`: periodic reports only).
+    pub push: bool,
 }
 
 impl Default for Exchange {
@@ -91,6 +99,7 @@ impl Default for Exchange {
         Exchange {
             interval_ms: 5.0,
             delay_ms: 1.0,
+            push: true,
         }
     }
 }

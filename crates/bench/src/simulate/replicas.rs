@@ -10,7 +10,9 @@
 //! With `sharing: inflight`, replica `r` reports its own per-endpoint load
 //! (`Scheduler::peer_loads`) every `exchange.interval_ms`, out of phase with the others by
 //! `r/N` of the interval, and every other replica applies the report `exchange.delay_ms` later
-//! (`Scheduler::apply_peer_loads`). With `sharing: exchange` the report also carries the rate
+//! (`Scheduler::apply_peer_loads`); with `exchange.push` (the default, as the picker does) a
+//! replica also reports right after a pick when its previous report is at least an interval old,
+//! and its periodic schedule restarts from there. With `sharing: exchange` the report also carries the rate
 //! samples the sender learned since its previous report (`Scheduler::take_rate_samples`), which
 //! its peers learn from (`Scheduler::learn_from_peer`). Between events the run is the single-picker runner's: one
 //! replica without sharing gives exactly its figures (tested).
@@ -136,6 +138,12 @@ struct Multi<'a> {
     names: Vec<String>,
     /// Exchange interval and delay (s), when the replicas share.
     exchange: Option<(f64, f64)>,
+    /// Whether a pick is pushed at once when the replica's previous report is older than the
+    /// interval.
+    push: bool,
+    /// Per replica: when it last reported, and what.
+    last_report: Vec<f64>,
+    last_loads: Vec<Vec<PeerLoad>>,
     /// Whether reports carry rate samples too.
     rates: bool,
     /// Per replica: when it next reports.
@@ -186,6 +194,9 @@ impl Run<'_> {
                 .map(|r| exchange.map_or(f64::INFINITY, |(i, _)| i * r as f64 / n as f64))
                 .collect(),
             exchange,
+            push: self.bench.exchange.push,
+            last_report: vec![f64::NEG_INFINITY; n],
+            last_loads: vec![Vec::new(); n],
             rates: self.sharing == Sharing::Exchange,
             transit: VecDeque::new(),
         };
@@ -217,6 +228,7 @@ impl Run<'_> {
                     if !m.place(a, &decision, &text, lora, r)? {
                         errors += 1;
                     }
+                    m.pushed(r, a.at);
                 }
             }
             progress.advance(done as u64 + 1);
@@ -275,21 +287,44 @@ impl Multi<'_> {
                     }
                 }
             } else {
-                let rates = self.rates;
-                let s = self.sched(r);
-                let mut x = InTransit {
-                    at: send + delay,
-                    from: r,
-                    loads: Vec::new(),
-                    samples: Vec::new(),
-                };
-                s.peer_loads(&mut x.loads);
-                if rates {
-                    s.take_rate_samples(&mut x.samples);
-                }
-                self.transit.push_back(x);
-                self.next_report[r] = send + interval;
+                self.report(r, send, interval, delay, !self.push);
             }
+        }
+    }
+
+    /// Replica `r` looks at its load at `send` and reports it (always when `always`, else only
+    /// when it changed since its previous report, as the picker does); its next periodic look
+    /// is an interval later.
+    fn report(&mut self, r: usize, send: f64, interval: f64, delay: f64, always: bool) {
+        let rates = self.rates;
+        let s = self.sched(r);
+        let mut x = InTransit {
+            at: send + delay,
+            from: r,
+            loads: Vec::new(),
+            samples: Vec::new(),
+        };
+        s.peer_loads(&mut x.loads);
+        if rates {
+            s.take_rate_samples(&mut x.samples);
+        }
+        self.next_report[r] = send + interval;
+        if !always && x.samples.is_empty() && x.loads == self.last_loads[r] {
+            return;
+        }
+        self.last_loads[r].clone_from(&x.loads);
+        self.transit.push_back(x);
+        self.last_report[r] = send;
+    }
+
+    /// Replica `r` picked at `t`: with `push`, its report goes at once when its previous one is
+    /// at least an interval old (else the change waits for the next periodic report).
+    fn pushed(&mut self, r: usize, t: f64) {
+        let Some((interval, delay)) = self.exchange else {
+            return;
+        };
+        if self.push && t >= self.last_report[r] + interval {
+            self.report(r, t, interval, delay, true);
         }
     }
 

@@ -39,6 +39,9 @@ pub struct Args {
     /// (`INTERVAL,DELAY`, e.g. `25,10`) instead of the scenario's (default 5,1).
     #[arg(long, value_delimiter = ',', requires = "replicas")]
     exchange_ms: Vec<f64>,
+    /// With `--replicas`: periodic reports only (no report pushed right after a pick).
+    #[arg(long, requires = "replicas")]
+    exchange_periodic: bool,
 }
 
 fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -84,12 +87,13 @@ fn load(path: &Path, args: &Args) -> anyhow::Result<Scenario> {
         match args.exchange_ms[..] {
             [] => {}
             [interval_ms, delay_ms] => {
-                r.exchange = infergate_bench::scenario::Exchange {
-                    interval_ms,
-                    delay_ms,
-                };
+                r.exchange.interval_ms = interval_ms;
+                r.exchange.delay_ms = delay_ms;
             }
             _ => anyhow::bail!("--exchange-ms takes two numbers: INTERVAL,DELAY"),
+        }
+        if args.exchange_periodic {
+            r.exchange.push = false;
         }
         s.replicas = Some(r);
     }
