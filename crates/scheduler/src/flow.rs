@@ -1033,25 +1033,30 @@ impl<T> FlowQueues<T> {
     }
 
     /// How long a request of `priority` joining now would wait: the requests queued in its band
-    /// and the bands above, at the measured send rate. `None` with no rate measured.
+    /// and the bands above, at the measured send rate (zero with nothing ahead). `None` when
+    /// requests are ahead but no send rate is measured (nothing sent, or nothing for hours).
     pub fn expected_wait(&self, priority: Priority, now: Timestamp) -> Option<Duration> {
         let ahead: u32 = self.bands[..=band_index(priority)]
             .iter()
             .map(|b| b.len)
             .sum();
+        if ahead == 0 {
+            return Some(Duration::ZERO);
+        }
         let rate = self.send_rate(now).filter(|r| *r > 0.0)?;
-        Duration::try_from_secs_f64(f64::from(ahead) / rate).ok()
+        Some(Duration::try_from_secs_f64(f64::from(ahead) / rate).unwrap_or(Duration::MAX))
     }
 
     /// The `Retry-After` of a request of `priority` the queues turned away (full band or queue,
     /// TTL expired, evicted): the longer of the pool's drain estimate `drain` (from the
     /// saturated pick) and [`FlowQueues::expected_wait`], rounded up to whole seconds, at least
     /// 1 s and at most the TTL (60 s without one) — a client told to come back before the
-    /// queue ahead of it has drained would only be turned away again.
+    /// queue ahead of it has drained would only be turned away again. Requests ahead and no
+    /// rate measured: the most.
     pub fn retry_after(&self, priority: Priority, drain: Duration, now: Timestamp) -> Duration {
-        let wait = self.expected_wait(priority, now).unwrap_or(Duration::ZERO);
-        let secs = drain.max(wait).as_secs_f64().ceil();
         let max = self.cfg.ttl().unwrap_or(MAX_QUEUE_RETRY_AFTER);
+        let wait = self.expected_wait(priority, now).unwrap_or(max);
+        let secs = drain.max(wait).as_secs_f64().ceil();
         Duration::try_from_secs_f64(secs)
             .unwrap_or(max)
             .max(Duration::from_secs(1))

@@ -639,12 +639,24 @@ fn headroom_configuration_is_read_and_checked() {
 #[test]
 fn a_rejection_retry_after_is_the_wait_of_the_queue_ahead_at_the_measured_rate() {
     let mut q = queues(|c| c.request_ttl = Duration::from_secs(30));
-    // Nothing sent yet: no rate, the drain estimate stands (at least a second).
+    // Nothing sent yet: no rate; with nothing queued the drain estimate stands (at least a
+    // second), with requests queued and nothing ever sent the wait is unknown: the TTL.
     assert_eq!(q.send_rate(T0), None);
     assert_eq!(
         q.retry_after(Priority::Standard, Duration::from_millis(300), T0),
         Duration::from_secs(1)
     );
+    let first = push(&mut q, std_req("z"), "z");
+    assert_eq!(q.expected_wait(Priority::Standard, T0), None);
+    assert_eq!(
+        q.retry_after(Priority::Standard, Duration::from_millis(300), T0),
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        q.retry_after(Priority::Critical, Duration::from_millis(300), T0),
+        Duration::from_secs(1)
+    );
+    q.remove(first);
     // Ten requests a second for 20 s.
     for i in 0..200 {
         q.charge(&std_req("a"), at(i * 100));

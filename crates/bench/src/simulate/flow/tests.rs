@@ -128,6 +128,41 @@ fn an_overloaded_pool_answers_every_request_within_the_queue_bounds() {
 }
 
 #[test]
+fn a_reserved_pod_shortens_critical_ttft_and_retry_after_covers_the_queue() {
+    let with = OVERLOAD.replace(
+        "    fairness: least-attained-service\n",
+        "    fairness: least-attained-service\n    headroom: { reservedEndpoints: 1 }\n",
+    );
+    assert_ne!(with, OVERLOAD);
+    let (before, after) = (run(OVERLOAD), run(&with));
+    let critical = |r: &Report| {
+        let (_, flow) = flow_of(r, FlowPolicy::Infergate)[0];
+        let g = flow
+            .priorities
+            .iter()
+            .find(|g| g.name == "critical")
+            .unwrap();
+        assert_eq!(g.rejected, 0);
+        assert_eq!(flow.unanswered, 0);
+        (g.ttft.p99, g.at_pod.p99)
+    };
+    let ((p99_before, pod_before), (p99_after, pod_after)) = (critical(&before), critical(&after));
+    // Critical requests find a pod with no prefill ahead: less time on the pod and overall.
+    assert!(pod_after < pod_before, "{pod_after} vs {pod_before}");
+    assert!(p99_after < p99_before, "{p99_after} vs {p99_before}");
+    // A request turned away after waiting its 5 s TTL is told the queue's wait, not the ~1 s
+    // drain estimate of one pod.
+    let (_, flow) = flow_of(&after, FlowPolicy::Infergate)[0];
+    let expired = flow
+        .rejects
+        .iter()
+        .find(|x| x.reason == "rejected-ttl-expired")
+        .unwrap();
+    assert!(expired.retry_after_mean_s > 2.0, "{expired:?}");
+    assert!(expired.retry_after_max_s <= 5.0, "{expired:?}");
+}
+
+#[test]
 fn shipped_flow_scenarios_carry_the_targets_they_are_documented_with() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/scenarios");
     let load =
