@@ -23,13 +23,19 @@ use std::time::Duration;
 
 use crate::config::SchedulerConfig;
 use crate::decision::Rejection;
+use crate::explain::Explanation;
 use crate::rates::PoolRates;
 use crate::request::Priority;
 use crate::table::EndpointTable;
 use crate::view::View;
 
 /// Admits the request, or sheds it with the estimated drain time. With `queue` and a
-/// `reserved` count, first marks the candidates it must leave to others saturated.
+/// `reserved` count, first marks the candidates it must leave to others saturated (recorded in
+/// `ex`).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "crate-internal; the pieces of one pick"
+)]
 pub(crate) fn admit(
     cfg: &SchedulerConfig,
     priority: Priority,
@@ -38,9 +44,14 @@ pub(crate) fn admit(
     views: &mut [View],
     table: &EndpointTable,
     rates: &PoolRates,
+    mut ex: Option<&mut Explanation>,
 ) -> Result<(), Rejection> {
     if queue {
-        hold_reserve(reserved, views);
+        hold_reserve(reserved, views, |v| {
+            if let (Some(ex), Some(ep)) = (ex.as_deref_mut(), table.get(v.slot)) {
+                ex.reserve_held.push(ep.cold.meta.addr);
+            }
+        });
     }
     if !views.iter().all(|v| v.saturated) {
         return Ok(());
@@ -71,7 +82,7 @@ fn clear(v: &View) -> bool {
 /// may not take a clear one (they count as saturated for it); with fewer, it may take none until
 /// the reserve has been rebuilt — a pod already prefilling that takes more prefills never
 /// clears, so without that rule the reserve, once used, would not come back under load.
-fn hold_reserve(reserved: u16, views: &mut [View]) {
+fn hold_reserve(reserved: u16, views: &mut [View], mut held: impl FnMut(&View)) {
     let keep = usize::from(reserved).min(views.len().saturating_sub(1));
     if keep == 0 {
         return;
@@ -82,7 +93,10 @@ fn hold_reserve(reserved: u16, views: &mut [View]) {
     }
     let all = n_clear < keep;
     for v in views.iter_mut().filter(|v| all || clear(v)) {
-        v.saturated = true;
+        if !v.saturated {
+            v.saturated = true;
+            held(v);
+        }
     }
 }
 
@@ -226,7 +240,18 @@ mod tests {
         assert_ne!(free, first);
         // One clear pod left, fewer than the reserve: nothing for a request that must leave two,
         // though two pods have headroom, until the reserve is rebuilt.
-        assert!(matches!(keep_two(&mut s, 10), Err(Rejection::Shed { .. })));
+        let cx = RequestContext::new("m", 500)
+            .with_queueing(true)
+            .with_reserved_endpoints(2);
+        let (r, ex) = s.pick_explained(&cx, T0, &mut rng(10));
+        assert!(matches!(r, Err(Rejection::Shed { .. })), "{r:?}");
+        // The explanation names the pods held back for the reserve.
+        assert_eq!(ex.reserve_held.len(), 3, "{ex:?}");
+        assert!(
+            ex.summary(4).contains(" reserve_held="),
+            "{}",
+            ex.summary(4)
+        );
         // A request that must leave one may still use the pods already prefilling.
         let cx = RequestContext::new("m", 500)
             .with_queueing(true)

@@ -67,6 +67,10 @@ pub struct Explanation {
     pub prompt_blocks: usize,
     /// Which filter removed which pod.
     pub filtered: Vec<FilteredOut>,
+    /// Clear pods this request had to leave to protected requests (flow control's headroom
+    /// reservation): counted as saturated for it, so the saturation filter removed them too.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reserve_held: Vec<SocketAddr>,
     /// True when every pod was filtered out and the configured fallback scored all ready pods.
     pub fell_back_to_all_ready: bool,
     /// True when no candidate had fresh metrics and the pick was made fail-open, on in-flight
@@ -130,6 +134,15 @@ impl Explanation {
         }
         if self.fail_open {
             s.push_str(" fail_open");
+        }
+        if !self.reserve_held.is_empty() {
+            s.push_str(" reserve_held=");
+            for (i, a) in self.reserve_held.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write!(s, "{a}")?;
+            }
         }
         if !self.filtered.is_empty() {
             s.push_str(" filtered=");

@@ -597,6 +597,7 @@ impl Scheduler {
                 &mut sc.views,
                 &self.endpoints,
                 &self.rates,
+                ex.as_deref_mut(),
             )?;
             self.filters
                 .saturation
