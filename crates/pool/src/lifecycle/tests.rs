@@ -154,3 +154,81 @@ fn the_watch_reads_sse_first_token_and_usage_and_bounds_json() {
         ResponseWatch::Nothing
     ));
 }
+
+/// A pool whose pods are all held back for a request with a reserve to leave, and free for one
+/// without: it records the reserve of every pick.
+#[derive(Clone, Default)]
+struct Reserving {
+    reserves: Arc<Mutex<Vec<u16>>>,
+    events: Events,
+}
+
+impl EndpointPool for Reserving {
+    type Inflight = Guard;
+    fn pick(&self, cx: &RequestContext<'_>) -> Result<Guard, Rejection> {
+        assert!(cx.queue_when_saturated, "flow control asks to queue");
+        self.reserves.lock().unwrap().push(cx.reserved_endpoints);
+        if cx.reserved_endpoints > 0 {
+            Err(Rejection::Shed {
+                retry_after: Duration::from_secs(1),
+            })
+        } else {
+            Ok(guard(&self.events))
+        }
+    }
+    fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn picks_under_flow_control_carry_the_reserve_and_a_held_head_lets_a_protected_one_go() {
+    use infergate_scheduler::flow::{Fairness, FlowConfig};
+    let mut cfg = FlowConfig {
+        enabled: true,
+        fairness: Fairness::LeastAttainedService,
+        ..FlowConfig::default()
+    };
+    cfg.headroom.reserved_endpoints = 1;
+    let flow = FlowController::new(
+        "p",
+        cfg,
+        crate::tenant::Tenancy::default(),
+        infergate_metrics::Clock::starting_now(),
+        &crate::flow::FlowMetrics::default(),
+    );
+    let pool = Reserving::default();
+    let cx = RequestContext::new("m", 500).with_output_tokens(0);
+    let part = |tenant| FlowPart {
+        flow: &flow,
+        tenant,
+        bytes: 100,
+    };
+    // The noisy tenant has been served ten times the quiet one.
+    flow.charge(
+        &infergate_scheduler::FlowRequest::new("noisy", cx.priority, 1).with_tokens(5_000, 0),
+    );
+    flow.charge(
+        &infergate_scheduler::FlowRequest::new("quiet", cx.priority, 1).with_tokens(500, 0),
+    );
+    // The noisy request's pick must leave one clear pod: every pod is held, it queues.
+    let (a, _) = admit(&pool, false, &cx, Some(part("noisy")), "m");
+    let Admission::Queued(noisy) = a else {
+        panic!("the noisy request should wait");
+    };
+    // The quiet one queues behind it without a pick (its band has a request waiting).
+    let (a, _) = admit(&pool, false, &cx, Some(part("quiet")), "m");
+    let Admission::Queued(quiet) = a else {
+        panic!("the quiet request should wait behind the noisy one");
+    };
+    assert_eq!(*pool.reserves.lock().unwrap(), [1]);
+    let waker = std::task::Waker::noop();
+    let mut task = std::task::Context::from_waker(waker);
+    let (mut noisy, mut quiet) = (Some(noisy), Some(quiet));
+    // The noisy head's turn: still held back; it passes the turn to the quiet request.
+    assert!(poll_queued(&pool, &mut noisy, &cx, "m", &mut task).is_pending());
+    let routed = poll_queued(&pool, &mut quiet, &cx, "m", &mut task);
+    assert!(matches!(routed, std::task::Poll::Ready(Ok(_))));
+    assert_eq!(*pool.reserves.lock().unwrap(), [1, 1, 0]);
+    assert!(quiet.is_none() && noisy.is_some());
+}
