@@ -127,13 +127,42 @@ impl Proc {
     }
 }
 
-/// Starts the container of `deployment` as a process on `host`, files under `root`.
+/// The loopback address standing in for replica `replica`'s pod of the `index`th Deployment of
+/// example `example`.
+fn pod_host(example: u8, replica: usize, index: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(
+        127,
+        100 + example,
+        replica as u8,
+        1 + index as u8,
+    ))
+}
+
+/// Replicas started per Deployment: a picker with the peer exchange runs them all (they must
+/// find and authenticate each other); anything else one.
+fn replicas_to_run(deployment: &Value) -> usize {
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap();
+    if flag(args, "--peer-key-file").is_some() {
+        deployment["spec"]["replicas"].as_u64().unwrap() as usize
+    } else {
+        1
+    }
+}
+
+/// Starts replica `replica` of `replicas` of the container of `deployment` as a process on
+/// `host`, files under `root`. `peer_host(r)` is where replica `r` runs: the headless Service's
+/// name in `--peer` stands for those addresses (no cluster DNS here).
+#[allow(clippy::too_many_arguments)]
 fn start(
     deployment: &Value,
     objects: &[Value],
     root: &Path,
     host: IpAddr,
     kubeconfig: &Path,
+    (replica, replicas): (usize, usize),
+    peer_host: impl Fn(usize) -> IpAddr,
 ) -> Proc {
     let pod = &deployment["spec"]["template"]["spec"];
     let containers = pod["containers"].as_array().unwrap();
@@ -153,9 +182,28 @@ fn start(
             .iter()
             .find(|v| v["name"] == m["name"])
             .unwrap_or_else(|| panic!("no volume {}", m["name"]));
+        if let Some(secret) = volume["secret"].as_object() {
+            // kubelet writes the Secret's keys; there is no Secret store here, so a stand-in key
+            // (the same for every replica, as the one Secret is) where the container reads it.
+            let dir = root.join(mount_path.trim_start_matches('/'));
+            std::fs::create_dir_all(&dir).unwrap();
+            for item in secret["items"].as_array().unwrap() {
+                std::fs::write(
+                    dir.join(item["path"].as_str().unwrap()),
+                    format!(
+                        "stand-in-key-of-{}-{}\n",
+                        secret["secretName"].as_str().unwrap(),
+                        item["key"].as_str().unwrap()
+                    ),
+                )
+                .unwrap();
+            }
+            mounts.push(mount_path.to_owned());
+            continue;
+        }
         let cm_name = volume["configMap"]["name"]
             .as_str()
-            .expect("a ConfigMap volume");
+            .expect("a ConfigMap or Secret volume");
         let cm = objects
             .iter()
             .find(|o| o["kind"] == "ConfigMap" && name(o) == cm_name)
@@ -171,14 +219,22 @@ fn start(
         }
         mounts.push(mount_path.to_owned());
     }
-    // A flag naming a file under a mount reads it under the temporary root.
+    // A flag naming a file under a mount reads it under the temporary root; the peers' DNS
+    // name stands for the other replicas' addresses.
     let args: Vec<String> = c["args"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|a| {
+        .flat_map(|a| {
             let a = a.as_str().unwrap();
-            match a.split_once('=') {
+            if let Some(target) = a.strip_prefix("--peer=") {
+                let port = target.rsplit_once(':').unwrap().1;
+                return (0..replicas)
+                    .filter(|r| *r != replica)
+                    .map(|r| format!("--peer={}:{port}", peer_host(r)))
+                    .collect::<Vec<_>>();
+            }
+            vec![match a.split_once('=') {
                 Some((flag, value)) if mounts.iter().any(|m| value.starts_with(m.as_str())) => {
                     format!(
                         "{flag}={}",
@@ -186,7 +242,7 @@ fn start(
                     )
                 }
                 _ => a.to_owned(),
-            }
+            }]
         })
         .collect();
     let mut cmd = Command::new(bin());
@@ -212,7 +268,9 @@ fn start(
                     .unwrap()
                     .to_owned()
             }
-            (_, Value::String(f)) if f == "metadata.name" => format!("{}-0", name(deployment)),
+            (_, Value::String(f)) if f == "metadata.name" => {
+                format!("{}-{replica}", name(deployment))
+            }
             other => panic!("env {key}: cannot provide {other:?}"),
         };
         cmd.env(key, value);
@@ -221,7 +279,7 @@ fn start(
     cmd.env("RUST_LOG", "warn");
     cmd.env("KUBECONFIG", kubeconfig);
     cmd.env("INFERGATE_LISTEN_ADDRESS", host.to_string());
-    let log = root.join(format!("{}.log", name(deployment)));
+    let log = root.join(format!("{}-{replica}.log", name(deployment)));
     let file = std::fs::File::create(&log).unwrap();
     cmd.stdout(Stdio::null()).stderr(file);
     let child = cmd.spawn().unwrap();
@@ -447,9 +505,68 @@ async fn run_example(path: &Path, example_index: u8) {
     let deployments = of_kind(&objects, "Deployment");
     assert!(!deployments.is_empty());
     let mut procs = Vec::new();
+    // Replicas beyond the first, for the pickers that exchange their load: (Deployment, process).
+    let mut siblings = Vec::new();
     for (i, d) in deployments.iter().enumerate() {
-        let host = IpAddr::V4(Ipv4Addr::new(127, 100 + example_index, 0, 1 + i as u8));
-        procs.push(start(d, &objects, root.path(), host, &kubeconfig));
+        let n = replicas_to_run(d);
+        let host = |r: usize| pod_host(example_index, r, i);
+        procs.push(start(
+            d,
+            &objects,
+            root.path(),
+            host(0),
+            &kubeconfig,
+            (0, n),
+            host,
+        ));
+        for r in 1..n {
+            siblings.push((
+                i,
+                start(d, &objects, root.path(), host(r), &kubeconfig, (r, n), host),
+            ));
+        }
+    }
+    // Every replica of a picker with the peer exchange counts each other one as a peer: the
+    // rendered key file, port, names and flags work together.
+    for (i, d) in deployments.iter().enumerate() {
+        let n = replicas_to_run(d);
+        if n < 2 {
+            continue;
+        }
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        let metrics = port_of(c, &json!("metrics"));
+        let deadline = Instant::now() + READY_WITHIN;
+        for r in 0..n {
+            let addr = SocketAddr::new(pod_host(example_index, r, i), metrics);
+            loop {
+                let text = infergate_testkit::try_get(addr, "/metrics")
+                    .await
+                    .map(|a| a.text())
+                    .unwrap_or_default();
+                let peers: f64 = text
+                    .lines()
+                    .filter(|l| l.starts_with("peer_replicas{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                if peers == (n - 1) as f64 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} replica {r}: {peers} peers of {}\n{}",
+                    name(d),
+                    n - 1,
+                    text.lines()
+                        .filter(|l| l.starts_with("peer_"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    for (_, p) in &mut siblings {
+        p.assert_running();
     }
     for (p, d) in procs.iter_mut().zip(&deployments) {
         let c = &d["spec"]["template"]["spec"]["containers"][0];

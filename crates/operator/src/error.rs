@@ -66,6 +66,9 @@ pub enum Error {
     /// Adding or removing the finalizer failed.
     #[error("finalizer step failed")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The system's random generator failed (a peer-exchange key could not be drawn).
+    #[error("no random bytes for the pickers' peer-exchange key")]
+    Random,
 }
 
 impl Error {
@@ -83,6 +86,7 @@ impl Error {
             Self::LostLease => "lost_lease",
             Self::Io(_) => "io",
             Self::Finalizer(_) => "finalizer",
+            Self::Random => "random",
         }
     }
 }

@@ -12,18 +12,23 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Value, json};
 use tracing::{debug, info, instrument, warn};
 
 use crate::Error;
 use crate::metrics::Metrics;
-use crate::render::{CONFIG_LABEL, Child, MANAGED_BY, RenderOptions, child_kinds, render};
+use crate::render::{
+    CONFIG_LABEL, Child, MANAGED_BY, PEER_KEY_FILE, RenderOptions, child_kinds, peer_key_secrets,
+    render,
+};
 use crate::status::{self, Observed};
 
 /// The one field manager every write uses.
@@ -151,6 +156,7 @@ async fn apply(
         }
         Err(e) => return Err(e),
     };
+    ensure_peer_keys(cfg, ctx).await?;
     let existing = list_children(cfg, ctx, MissingApi::Fail).await?;
     let mut writes = 0usize;
     for child in &desired {
@@ -206,6 +212,63 @@ async fn apply(
     }))
 }
 
+/// Creates the peer-exchange key Secret of every scheduler with several picker replicas when
+/// it is missing: 32 random bytes, hex. One that exists is left as it is, whoever made it. It is
+/// owned by the config, so it goes with it; it is created before the Deployment that mounts it.
+async fn ensure_peer_keys(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<(), Error> {
+    let secrets = peer_key_secrets(cfg, &ctx.opts)?;
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    let rng = SystemRandom::new();
+    for mut secret in secrets {
+        let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        if api.get_opt(&name).await?.is_some() {
+            continue;
+        }
+        let mut key = [0u8; 32];
+        rng.fill(&mut key).map_err(|_| Error::Random)?;
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        secret.string_data = Some(BTreeMap::from([(PEER_KEY_FILE.to_owned(), hex)]));
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => info!(secret = %name, "created the pickers' peer-exchange key"),
+            // Created meanwhile (another reconcile, or by hand): keep that one.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the peer-exchange key Secrets this config created (owned by it; one made by hand is
+/// left).
+async fn delete_peer_keys(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+    uid: &str,
+) -> Result<(), Error> {
+    for secret in peer_key_secrets(cfg, &ctx.opts).unwrap_or_default() {
+        let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        let Some(current) = api.get_opt(&name).await? else {
+            continue;
+        };
+        let ours = current
+            .owner_references()
+            .iter()
+            .any(|o| o.uid == uid && o.controller == Some(true));
+        if ours {
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn cleanup(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Action, Error> {
     // Owner references would let the garbage collector do this too; deleting explicitly makes
     // removal immediate and independent of the collector's foreground/background choice.
@@ -218,6 +281,7 @@ async fn cleanup(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result<Action, 
             delete_child(ctx, kind, obj).await?;
         }
     }
+    delete_peer_keys(cfg, ctx, &uid).await?;
     info!(deleted = existing.len(), "cleaned up");
     Ok(Action::await_change())
 }

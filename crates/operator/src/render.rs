@@ -22,7 +22,7 @@ use infergate_api::{
     TlsSpec, validation,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -88,6 +88,15 @@ pub const FLOW_CONTROL_CONFIG_PATH: &str = "/etc/infergate/flow-control.yaml";
 pub const REDIS_PASSWORD_ENV: &str = "INFERGATE_QUOTA_REDIS_PASSWORD";
 /// Path of the model map inside the BBR pod.
 pub const MODELS_CONFIG_PATH: &str = "/etc/infergate/models.yaml";
+/// Folder the pickers' shared peer-exchange key is mounted at (from a Secret), when a scheduler
+/// runs more than one replica.
+pub const PEER_KEY_MOUNT: &str = "/etc/infergate-peer";
+/// Key of the peer-exchange Secret holding the shared key, and its file name in the mount.
+pub const PEER_KEY_FILE: &str = "key";
+/// Path of the shared key inside the picker pod (`--peer-key-file`).
+pub const PEER_KEY_PATH: &str = "/etc/infergate-peer/key";
+/// Port of the pickers' peer exchange.
+pub const PEER_PORT: i32 = args::PEER_PORT as i32;
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its name).
 pub const EG_OWNING_GATEWAY_NAME: &str = "gateway.envoyproxy.io/owning-gateway-name";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its namespace).
@@ -181,6 +190,46 @@ pub fn epp_name(config: &str, scheduler: &str) -> String {
 /// Name of the BBR Deployment and its objects.
 pub fn bbr_name(config: &str) -> String {
     format!("{config}-bbr")
+}
+
+/// Name of the headless Service over a scheduler's picker pods, through which its replicas find
+/// each other for the peer exchange.
+pub fn peer_service_name(epp: &str) -> String {
+    format!("{epp}-peers")
+}
+
+/// Name of the Secret holding the key a scheduler's picker replicas share for the peer
+/// exchange. Not rendered (its key is random): the operator creates it once when it is missing
+/// ([`peer_key_secrets`]); with `infergate render` it is created by hand (docs/operator.md).
+pub fn peer_key_secret_name(epp: &str) -> String {
+    format!("{epp}-peer-key")
+}
+
+/// The peer-exchange Secrets `cfg`'s pickers mount (one per scheduler with more than one
+/// replica), with their metadata and no data: the caller fills in a random key and creates
+/// them if missing, never replacing one that exists.
+pub fn peer_key_secrets(
+    cfg: &InferenceGatewayConfig,
+    opts: &RenderOptions,
+) -> Result<Vec<Secret>, Error> {
+    let r = Renderer::new(cfg, opts)?;
+    cfg.spec
+        .schedulers
+        .iter()
+        .filter(|s| s.replicas > 1)
+        .map(|s| {
+            let epp = epp_name(&r.name, &s.name);
+            Ok(Secret {
+                metadata: r.meta(
+                    &peer_key_secret_name(&epp),
+                    "endpoint-picker",
+                    Some(&s.name),
+                )?,
+                type_: Some("Opaque".to_owned()),
+                ..Secret::default()
+            })
+        })
+        .collect()
 }
 
 struct Renderer<'a> {
@@ -409,6 +458,7 @@ impl<'a> Renderer<'a> {
             config_file: MODELS_CONFIG_FILE,
             extra_files: Vec::new(),
             env: Vec::new(),
+            secret_mount: None,
             config_hash: &hash,
         };
         out.push(child(&self.deployment(
@@ -562,17 +612,38 @@ impl<'a> Renderer<'a> {
         // validation context), so the picker must serve TLS; a self-signed certificate generated
         // at start is enough and needs no Secret (docs/operator.md, "TLS").
         picker.tls_self_signed = true;
-        let ports = [
+        // Active-active: two or more replicas exchange their in-flight load, finding each other
+        // through a headless Service, authenticated by a key from a Secret (docs/operator.md).
+        // The replica's name is the pod's (`POD_NAME`, set on every container).
+        let peers = s.replicas > 1;
+        if peers {
+            picker.peer_key_file = Some(PEER_KEY_PATH.into());
+            picker.peers = vec![format!(
+                "{}.{}.svc:{PEER_PORT}",
+                peer_service_name(&epp),
+                self.namespace
+            )];
+        }
+        let mut ports = vec![
             ("grpc", i32::from(picker.grpc_port)),
             ("health", i32::from(picker.grpc_health_port)),
             ("metrics", i32::from(picker.metrics_port)),
         ];
+        if peers {
+            ports.push(("peer", PEER_PORT));
+        }
         let process = Process {
             args: command_line("picker", &picker).map_err(Error::CommandLine)?,
             ports: &ports,
             config_file: SCHEDULER_CONFIG_FILE,
             extra_files,
             env: redis_password_env(&self.cfg.spec),
+            secret_mount: peers.then(|| SecretMount {
+                volume: "peer-key",
+                secret: peer_key_secret_name(&epp),
+                key: PEER_KEY_FILE,
+                mount: PEER_KEY_MOUNT,
+            }),
             config_hash: &hash,
         };
         out.push(child(
@@ -581,7 +652,15 @@ impl<'a> Renderer<'a> {
         out.push(child(
             &self.network_policy(&epp, component, sched, &ports)?,
         )?);
-        out.push(child(&self.service(&epp, component, sched, &ports, true)?)?);
+        let front: Vec<_> = ports
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != "peer")
+            .collect();
+        out.push(child(&self.service(&epp, component, sched, &front, true)?)?);
+        if peers {
+            out.push(child(&self.peer_service(&epp, component, sched)?)?);
+        }
         out.push(child(&self.pdb(&epp, component, sched)?)?);
 
         // Without the BBR there is one scheduler and nothing to choose: match every request.
@@ -716,6 +795,22 @@ impl<'a> Renderer<'a> {
                 .iter()
                 .map(|f| json!({ "key": f, "path": f })),
         );
+        let mut volumes =
+            vec![json!({ "name": "config", "configMap": { "name": name, "items": items } })];
+        if let Some(m) = &process.secret_mount {
+            if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+                mounts.push(json!({ "name": m.volume, "mountPath": m.mount, "readOnly": true }));
+            }
+            // Readable by the container's user alone (the pod's fsGroup owns the files).
+            volumes.push(json!({
+                "name": m.volume,
+                "secret": {
+                    "secretName": m.secret,
+                    "items": [{ "key": m.key, "path": m.key }],
+                    "defaultMode": 0o440,
+                },
+            }));
+        }
         let mut pod_spec = json!({
             "serviceAccountName": name,
             "automountServiceAccountToken": sched.is_some(),
@@ -724,8 +819,11 @@ impl<'a> Renderer<'a> {
                 "seccompProfile": { "type": "RuntimeDefault" },
             },
             "containers": [container],
-            "volumes": [{ "name": "config", "configMap": { "name": name, "items": items } }],
+            "volumes": volumes,
         });
+        if process.secret_mount.is_some() {
+            pod_spec["securityContext"]["fsGroup"] = json!(65532);
+        }
         if !pd.node_selector.is_empty() {
             pod_spec["nodeSelector"] = json!(pd.node_selector);
         }
@@ -793,6 +891,43 @@ impl<'a> Renderer<'a> {
                 },
             }),
         )
+        .map(|mut p: NetworkPolicy| {
+            // The peer exchange: only from the other replicas of the same picker.
+            let peer = port_of(&["peer"]);
+            if !peer.is_empty()
+                && let Some(rules) = p.spec.as_mut().and_then(|s| s.ingress.as_mut())
+                && let Ok(rule) = serde_json::from_value(json!({
+                    "from": [{ "podSelector": { "matchLabels": self.selector(component, sched) } }],
+                    "ports": peer,
+                }))
+            {
+                rules.push(rule);
+            }
+            p
+        })
+    }
+
+    /// The headless Service over a picker's pods on the peer port: its DNS name resolves to
+    /// every replica's pod address, ready or not (a replica exchanges its load before its pods
+    /// have metrics), for `--peer`.
+    fn peer_service(
+        &self,
+        epp: &str,
+        component: &str,
+        sched: Option<&str>,
+    ) -> Result<Service, Error> {
+        typed(
+            "Service",
+            json!({
+                "metadata": self.meta(&peer_service_name(epp), component, sched)?,
+                "spec": {
+                    "clusterIP": "None",
+                    "publishNotReadyAddresses": true,
+                    "selector": self.selector(component, sched),
+                    "ports": [{ "name": "peer", "port": PEER_PORT, "targetPort": "peer", "protocol": "TCP" }],
+                },
+            }),
+        )
     }
 
     fn service(
@@ -851,7 +986,17 @@ struct Process<'a> {
     extra_files: Vec<&'a str>,
     /// Environment variables of this process alone, after the common ones.
     env: Vec<Value>,
+    /// A Secret's key mounted as a file (the pickers' peer-exchange key).
+    secret_mount: Option<SecretMount<'a>>,
     config_hash: &'a str,
+}
+
+/// One key of a Secret, mounted read-only as a file named after the key.
+struct SecretMount<'a> {
+    volume: &'a str,
+    secret: String,
+    key: &'a str,
+    mount: &'a str,
 }
 
 /// The names that route to `s`'s pool besides its model: its LoRA adapters, then the names

@@ -153,8 +153,18 @@ async fn create_adds_the_finalizer_first_then_applies_every_child_by_ssa() {
             c.key()
         );
     }
-    // Listing went by the owner label, once per child kind.
-    let lists: Vec<&Seen> = log.iter().filter(|s| s.method == "GET").collect();
+    // Listing went by the owner label, once per child kind; the one other read is the peer
+    // key Secret of the scheduler with two replicas (missing, so created).
+    let secret = format!("/api/v1/namespaces/{NS}/secrets/fleet-llama-70b-epp-peer-key");
+    let (reads, lists): (Vec<&Seen>, Vec<&Seen>) = log
+        .iter()
+        .filter(|s| s.method == "GET")
+        .partition(|s| s.path == secret);
+    assert_eq!(reads.len(), 1);
+    assert_eq!(
+        paths(&writes(&log), "POST"),
+        BTreeSet::from([format!("/api/v1/namespaces/{NS}/secrets")])
+    );
     assert_eq!(lists.len(), infergate_operator::render::child_kinds().len());
     assert!(lists.iter().all(|s| {
         s.query
@@ -275,7 +285,8 @@ async fn deletion_runs_cleanup_then_removes_the_finalizer() {
     reconcile(config(&fake), ctx.clone()).await.unwrap();
     let log = fake.log();
     let w = writes(&log);
-    assert_eq!(paths(&w, "DELETE").len(), children);
+    // Every child, and the peer key Secret the operator created.
+    assert_eq!(paths(&w, "DELETE").len(), children + 1);
     let last = w.last().unwrap();
     assert_eq!((last.method.as_str(), last.path.as_str()), ("PATCH", CFG));
     assert!(last.content_type.starts_with("application/json-patch+json"));
@@ -501,5 +512,59 @@ async fn deletion_with_an_upstream_api_gone_still_removes_the_finalizer() {
         remaining,
         Vec::<String>::new(),
         "children and the config are gone"
+    );
+}
+
+#[tokio::test]
+async fn a_scheduler_with_several_replicas_gets_a_random_peer_key_once_kept_and_deleted_with_the_config()
+ {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    let path = format!("/api/v1/namespaces/{NS}/secrets/fleet-llama-70b-epp-peer-key");
+    let secret = fake.get(&path).expect("the peer key Secret is created");
+    let key = secret["stringData"]["key"].as_str().unwrap().to_owned();
+    assert_eq!(key.len(), 64, "32 random bytes, hex");
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(
+        secret["metadata"]["ownerReferences"][0]["kind"],
+        "InferenceGatewayConfig"
+    );
+    assert_eq!(secret["metadata"]["ownerReferences"][0]["controller"], true);
+    // The Deployment mounts exactly that Secret's key where the picker's flag reads it.
+    let d = fake
+        .get(&format!(
+            "/apis/apps/v1/namespaces/{NS}/deployments/fleet-llama-70b-epp"
+        ))
+        .unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"].is_object())
+        .unwrap();
+    assert_eq!(
+        volume["secret"]["secretName"],
+        "fleet-llama-70b-epp-peer-key"
+    );
+    let args = pod["containers"][0]["args"].as_array().unwrap();
+    assert!(
+        args.iter()
+            .any(|a| a == "--peer-key-file=/etc/infergate-peer/key")
+    );
+    // Later reconciles keep the key (after the status catches up, no write at all).
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert!(writes(&fake.log()).is_empty(), "{:?}", writes(&fake.log()));
+    assert_eq!(fake.get(&path).unwrap()["stringData"]["key"], key.as_str());
+    // Deleted with the config; one made by hand (no owner) would be kept.
+    fake.edit(&path, |s| s["metadata"]["ownerReferences"] = json!([]));
+    fake.edit(CFG, |c| {
+        c["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z")
+    });
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert!(
+        fake.get(&path).is_some(),
+        "a hand-made key is not ours to delete"
     );
 }

@@ -211,14 +211,15 @@ fn kinds_per_example() {
     let multi = count("multi-model.yaml");
     // Gateway; BBR: SA, CM, Deployment, Service, PDB, NetworkPolicy, EEP; per scheduler (2):
     // pool, SA, Role, RoleBinding, CM, Deployment, Service, PDB, NetworkPolicy, HTTPRoute (no
-    // EEP: Envoy Gateway calls the pool's picker itself); SecurityPolicy.
+    // EEP: Envoy Gateway calls the pool's picker itself), and for the one with two replicas the
+    // headless Service of its peer exchange; SecurityPolicy.
     let expect: BTreeMap<String, usize> = [
         ("Gateway", 1),
         ("SecurityPolicy", 1),
         ("ServiceAccount", 3),
         ("ConfigMap", 3),
         ("Deployment", 3),
-        ("Service", 3),
+        ("Service", 4),
         ("PodDisruptionBudget", 3),
         ("EnvoyExtensionPolicy", 1),
         ("NetworkPolicy", 3),
@@ -473,6 +474,10 @@ fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() 
                 }
             }
         }
+    }
+    // The pickers' peer-exchange key Secrets (reconcile::ensure_peer_keys, delete_peer_keys).
+    for verb in ["get", "create", "delete"] {
+        assert!(allows("", "secrets", verb), "{verb} secrets");
     }
     assert!(allows(
         "infergate.dev",
