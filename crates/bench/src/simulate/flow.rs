@@ -14,8 +14,11 @@
 //!   straight to a pick asked to queue when saturated unless its band or a higher one has
 //!   requests waiting; a pick that finds every candidate saturated (the scheduler's thresholds,
 //!   with this gateway's requests since the last scrape counted) parks it; at every event the
-//!   head of the queues gets a turn (one pick) until a pick finds no headroom. Stale metrics are
-//!   the scheduler's business (its scrape states and `staleMetrics` setting).
+//!   head of the queues gets a turn (one pick) until a pick finds no headroom. With
+//!   `flow.config.headroom`, each pick carries the reserve its request must leave
+//!   ([`FlowQueues::reserve_for`]), and a head held back by it lets the first protected request
+//!   behind it try once ([`FlowQueues::peek_protected`]). Stale metrics are the scheduler's
+//!   business (its scrape states and `staleMetrics` setting).
 //!
 //! The queues are the scheduler crate's own ([`infergate_scheduler::flow`]); this file only
 //! decides when to call them, on the virtual clock. TTFT counts from a request's arrival, so its
@@ -129,7 +132,8 @@ impl Gate<'_> {
         if self.policy != FlowPolicy::Infergate {
             return None;
         }
-        let drain = std::time::Duration::from_secs_f64(self.last_retry_after.max(0.0));
+        let drain = std::time::Duration::try_from_secs_f64(self.last_retry_after)
+            .unwrap_or(std::time::Duration::ZERO);
         let q = self.queue.as_ref()?;
         Some(q.retry_after(priority, drain, ts(now)).as_secs_f64())
     }
