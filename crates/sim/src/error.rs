@@ -54,6 +54,9 @@ pub enum SimError {
     /// A request can never be served by the pod (prompt larger than its KV cache, unknown adapter).
     #[error("request rejected: {0}")]
     Rejected(String),
+    /// A token id that no text produces (see [`crate::tokens`]).
+    #[error("token id {0} is not in the emulator's vocabulary")]
+    UnknownToken(u32),
     /// Binding or serving a socket failed.
     #[error("emulator IO failed")]
     Io(#[from] std::io::Error),

@@ -4,16 +4,37 @@
 //! [`BYTES_PER_TOKEN`] so that a prompt's text fixes its token count and its block hashes, on every
 //! pod and in both clocks. Block hashes are a chain (each block's hash is seeded with the previous
 //! one), as in vLLM, so equal hashes mean equal prefixes.
+//!
+//! Token ids (what the emulated `/tokenize` answers) come from the same pieces: each piece's
+//! bytes, the last one padded with `0xFF` (a byte UTF-8 never uses), form a 32-bit number that a
+//! fixed four-round Feistel permutation scrambles into the id. The map is one-to-one, so ids
+//! decode back to their text without any table, equal text has equal ids on every pod, and a
+//! block of `block_size` ids covers exactly the bytes of one prefix-cache block. The stand-in's
+//! vocabulary is therefore the whole `u32` range, not a real tokenizer's ~128k ids.
 
 use std::sync::Arc;
 
 use xxhash_rust::xxh64::xxh64;
+
+use crate::SimError;
 
 /// Bytes of prompt text per token.
 pub const BYTES_PER_TOKEN: usize = 4;
 
 /// Seed of the first block of every chain; mixed with the model name by [`chain_seed`].
 const CHAIN_SEED: u64 = 0x1f6e_7a61_7465_0001;
+
+/// Byte that pads the last, shorter piece of a prompt to [`BYTES_PER_TOKEN`] bytes: UTF-8 text
+/// never contains it, so padding and text cannot be confused.
+const PAD: u8 = 0xFF;
+
+/// Round keys of the permutation from a piece's bytes to its token id.
+const ID_KEYS: [u64; 4] = [
+    0x7a3c_91d2_4e6b_0f15,
+    0x1b5f_e8a0_c3d7_6249,
+    0xd46e_2b1f_907c_a583,
+    0x6f09_b7c4_e25a_18d3,
+];
 
 /// What a request asks the model to read.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +77,74 @@ impl Prompt {
 pub fn count_tokens(text: &str) -> u32 {
     let n = text.len().div_ceil(BYTES_PER_TOKEN).max(1);
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Appends the token ids of `text` to `out`: [`count_tokens`] of them, one per
+/// [`BYTES_PER_TOKEN`]-byte piece (the empty prompt's single token is [`bos_id`]).
+pub fn token_ids(text: &str, out: &mut Vec<u32>) {
+    if text.is_empty() {
+        out.push(bos_id());
+        return;
+    }
+    for chunk in text.as_bytes().chunks(BYTES_PER_TOKEN) {
+        let mut piece = [PAD; BYTES_PER_TOKEN];
+        piece[..chunk.len()].copy_from_slice(chunk);
+        out.push(scramble(u32::from_be_bytes(piece)));
+    }
+}
+
+/// The id of the token an empty prompt still has (it decodes to no text).
+pub fn bos_id() -> u32 {
+    scramble(u32::MAX)
+}
+
+/// The bytes of the piece behind token `id` (shorter than [`BYTES_PER_TOKEN`] for a prompt's
+/// last piece, empty for [`bos_id`]), or `None` if no text produces `id`.
+pub fn token_bytes(id: u32) -> Option<Vec<u8>> {
+    let bytes = unscramble(id).to_be_bytes();
+    let len = bytes.iter().rposition(|b| *b != PAD).map_or(0, |i| i + 1);
+    let piece = &bytes[..len];
+    // Bytes that never occur in UTF-8: such an id came from no text.
+    if piece.iter().any(|b| matches!(b, 0xC0 | 0xC1 | 0xF5..=0xFF)) {
+        return None;
+    }
+    Some(piece.to_vec())
+}
+
+/// The text of a sequence of token ids: the exact text for ids that [`token_ids`] produced.
+/// Pieces that split a character (any sub-sequence may) decode to U+FFFD, as a real tokenizer's
+/// partial bytes do.
+pub fn detokenize(ids: &[u32]) -> Result<String, SimError> {
+    let mut bytes = Vec::with_capacity(ids.len() * BYTES_PER_TOKEN);
+    for &id in ids {
+        bytes.extend(token_bytes(id).ok_or(SimError::UnknownToken(id))?);
+    }
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// A keyed Feistel network on the two 16-bit halves: a fixed permutation of `u32`.
+fn scramble(x: u32) -> u32 {
+    let (mut l, mut r) = ((x >> 16) as u16, (x & 0xffff) as u16);
+    for k in ID_KEYS {
+        (l, r) = (r, l ^ feistel_round(r, k));
+    }
+    (u32::from(l) << 16) | u32::from(r)
+}
+
+/// The inverse of [`scramble`]: the rounds undone in reverse order.
+fn unscramble(y: u32) -> u32 {
+    let (mut l, mut r) = ((y >> 16) as u16, (y & 0xffff) as u16);
+    for k in ID_KEYS.iter().rev() {
+        (l, r) = (r ^ feistel_round(l, *k), l);
+    }
+    (u32::from(l) << 16) | u32::from(r)
+}
+
+fn feistel_round(half: u16, key: u64) -> u16 {
+    (splitmix(u64::from(half) ^ key) & 0xffff) as u16
 }
 
 /// The chain seed of a model: prefix hashes never match across models.
@@ -109,6 +198,43 @@ mod tests {
         assert_eq!(count_tokens(""), 1);
         assert_eq!(count_tokens("abcd"), 1);
         assert_eq!(count_tokens("abcde"), 2);
+    }
+
+    #[test]
+    fn ids_round_trip_and_match_the_charged_count() {
+        for text in [
+            "",
+            "a",
+            "abcd",
+            "abcde",
+            "héllo wörld, ünïcode ✓ 日本語",
+            "x\u{0}y",
+        ] {
+            let mut ids = Vec::new();
+            token_ids(text, &mut ids);
+            assert_eq!(ids.len(), count_tokens(text) as usize, "{text:?}");
+            assert_eq!(detokenize(&ids).unwrap(), text);
+        }
+        let mut ids = Vec::new();
+        token_ids("", &mut ids);
+        assert_eq!(ids, vec![bos_id()]);
+    }
+
+    #[test]
+    fn the_permutation_inverts() {
+        for x in (0..=u32::MAX).step_by(65_521).chain([0, 1, u32::MAX]) {
+            assert_eq!(unscramble(scramble(x)), x);
+        }
+    }
+
+    #[test]
+    fn ids_no_text_produces_are_unknown() {
+        // A piece with a byte UTF-8 never uses, and one with padding before text.
+        for raw in [0xC0_61_62_63u32, 0x61_FF_62_63] {
+            let id = scramble(raw);
+            assert!(token_bytes(id).is_none());
+            assert!(matches!(detokenize(&[id]), Err(SimError::UnknownToken(i)) if i == id));
+        }
     }
 
     #[test]
