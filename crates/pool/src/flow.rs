@@ -28,7 +28,8 @@
 //!
 //! A queue rejection's `Retry-After` (full band, TTL expired, evicted) is the longer of the
 //! latest saturated pick's drain estimate and the expected wait of the queue ahead of the
-//! request's band at the measured send rate ([`FlowQueues::retry_after`]).
+//! request's band at the measured send rate, that wait counted up to the TTL
+//! ([`FlowQueues::retry_after`]).
 //!
 //! Metrics (registered once per process by [`FlowMetrics::register`], labelled by pool):
 //! `flow_queue_requests{pool,priority}` and `flow_queue_bytes{pool,priority}` (gauges),

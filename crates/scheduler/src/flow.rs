@@ -1049,18 +1049,18 @@ impl<T> FlowQueues<T> {
 
     /// The `Retry-After` of a request of `priority` the queues turned away (full band or queue,
     /// TTL expired, evicted): the longer of the pool's drain estimate `drain` (from the
-    /// saturated pick) and [`FlowQueues::expected_wait`], rounded up to whole seconds, at least
-    /// 1 s and at most the TTL (60 s without one) — a client told to come back before the
-    /// queue ahead of it has drained would only be turned away again. Requests ahead and no
-    /// rate measured: the most.
+    /// saturated pick, already clamped by the scheduler) and [`FlowQueues::expected_wait`] —
+    /// a client told to come back before the queue ahead of it has drained would only be
+    /// turned away again — rounded up to whole seconds, at least 1 s. The expected wait counts
+    /// at most the TTL (60 s without one), as long as a queued request can wait; with requests
+    /// ahead and no rate measured, it counts as that much.
     pub fn retry_after(&self, priority: Priority, drain: Duration, now: Timestamp) -> Duration {
         let max = self.cfg.ttl().unwrap_or(MAX_QUEUE_RETRY_AFTER);
-        let wait = self.expected_wait(priority, now).unwrap_or(max);
-        let secs = drain.max(wait).as_secs_f64().ceil();
-        Duration::try_from_secs_f64(secs)
-            .unwrap_or(max)
+        let wait = self.expected_wait(priority, now).unwrap_or(max).min(max);
+        let longer = drain.max(wait);
+        Duration::try_from_secs_f64(longer.as_secs_f64().ceil())
+            .unwrap_or(longer)
             .max(Duration::from_secs(1))
-            .min(max.max(Duration::from_secs(1)))
     }
 
     fn count_sent(&mut self, now: Timestamp) {
