@@ -599,3 +599,388 @@ async fn pods_also_speak_h2c() {
     let _ = stop.send(());
     fleet.wait().await;
 }
+
+async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
+    let r = call(addr, "POST", path, Some(body)).await;
+    (r.status, json_of(&r))
+}
+
+/// A 4xx answer in the emulator's (OpenAI/vLLM) error shape, naming the field when one is wrong.
+fn assert_client_error(status: u16, v: &Value, want: u16, param: Option<&str>) {
+    assert_eq!(status, want, "{v}");
+    assert_eq!(v["error"]["code"], want, "{v}");
+    assert!(!v["error"]["message"].as_str().unwrap().is_empty(), "{v}");
+    let kind = if want == 404 {
+        "NotFoundError"
+    } else {
+        "BadRequestError"
+    };
+    assert_eq!(v["error"]["type"], kind, "{v}");
+    if let Some(p) = param {
+        assert_eq!(v["error"]["param"], p, "{v}");
+    }
+}
+
+/// Sends one byte more than the emulator's 32 MiB body limit (of a longer declared body, so the
+/// server has read everything sent when it answers and the answer is not lost to a reset) and
+/// reads the answer off the raw socket.
+async fn oversized(addr: SocketAddr, path: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limit = 32 * 1024 * 1024;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        2 * limit
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&vec![b' '; limit + 1]).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "closed before a full answer: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let len: usize = text[..end]
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().unwrap())
+            })
+            .unwrap();
+        if buf.len() >= end + 4 + len {
+            let status = text[9..12].parse().unwrap();
+            let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap();
+            return (status, body);
+        }
+    }
+}
+
+#[tokio::test]
+async fn vllm_pods_serve_what_peer_routers_call() {
+    let (fleet, stop) = serve(vec![
+        PodSpec::new("vllm", &profile("llama-3.1-8b/h100"), EngineKind::Vllm),
+        PodSpec::new("sglang", &profile("llama-3.1-8b/h100"), EngineKind::Sglang),
+    ])
+    .await;
+    let addr = fleet.pods[0].addr;
+    let max_len = profile("llama-3.1-8b/h100").max_model_len;
+
+    // /tokenize of a prompt: the count is what a completion of the same prompt is charged.
+    let prompt = "The quick brown fox jumps over the lazy dog, déjà vu ✓";
+    let (status, tok) = post(addr, "/tokenize", json!({"model": MODEL, "prompt": prompt})).await;
+    assert_eq!(status, 200, "{tok}");
+    let ids = tok["tokens"].as_array().unwrap().clone();
+    assert_eq!(tok["count"].as_u64().unwrap(), ids.len() as u64);
+    assert_eq!(tok["max_model_len"], max_len);
+    assert!(tok["token_strs"].is_null());
+    let (_, done) = post(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(done["usage"]["prompt_tokens"], tok["count"]);
+    // The same text gives the same ids on every call.
+    let (_, again) = post(addr, "/tokenize", json!({"prompt": prompt})).await;
+    assert_eq!(again["tokens"], tok["tokens"]);
+
+    // Round trip, and the pieces behind the ids.
+    let (status, det) = post(addr, "/detokenize", json!({"model": MODEL, "tokens": ids})).await;
+    assert_eq!((status, det["prompt"].as_str().unwrap()), (200, prompt));
+    let (_, strs) = post(
+        addr,
+        "/tokenize",
+        json!({"prompt": "abcdefghij", "return_token_strs": true}),
+    )
+    .await;
+    assert_eq!(strs["token_strs"], json!(["abcd", "efgh", "ij"]));
+    let (_, empty) = post(addr, "/tokenize", json!({"prompt": ""})).await;
+    assert_eq!(empty["count"], 1);
+    let (_, det) = post(addr, "/detokenize", json!({"tokens": empty["tokens"]})).await;
+    assert_eq!(det["prompt"], "");
+
+    // Chat: the template the pod applies, with and without the generation prompt.
+    let messages = json!([
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hello there"}
+    ]);
+    let (status, chat_tok) = post(
+        addr,
+        "/tokenize",
+        json!({"model": MODEL, "messages": messages, "add_generation_prompt": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat_tok}");
+    let (_, chat_done) = post(
+        addr,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": messages, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(chat_done["usage"]["prompt_tokens"], chat_tok["count"]);
+    let (_, no_gen) = post(
+        addr,
+        "/tokenize",
+        json!({"model": MODEL, "messages": messages, "add_generation_prompt": false}),
+    )
+    .await;
+    assert!(no_gen["count"].as_u64() < chat_tok["count"].as_u64());
+    let (_, det) = post(addr, "/detokenize", json!({"tokens": chat_tok["tokens"]})).await;
+    assert_eq!(
+        det["prompt"],
+        "<|system|>\nYou are terse.\n<|user|>\nhello there\n<|assistant|>\n"
+    );
+
+    // Render: vLLM's GenerateRequest, one for chat, a list for completions; nothing generated.
+    let (status, r) = post(
+        addr,
+        "/v1/chat/completions/render",
+        json!({"model": MODEL, "messages": messages, "max_tokens": 5, "temperature": 0.5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["token_ids"], chat_tok["tokens"]);
+    assert_eq!(r["model"], MODEL);
+    assert_eq!(r["sampling_params"]["max_tokens"], 5);
+    assert_eq!(r["sampling_params"]["temperature"], 0.5);
+    assert_eq!(
+        (r["stream"].clone(), r["priority"].clone()),
+        (json!(false), json!(0))
+    );
+    assert!(r["features"].is_null());
+    assert!(r["request_id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let (status, r) = post(
+        addr,
+        "/v1/completions/render",
+        json!({"model": MODEL, "prompt": prompt}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r.as_array().unwrap().len(), 1);
+    assert_eq!(r[0]["token_ids"], tok["tokens"]);
+    assert_eq!(r[0]["sampling_params"]["max_tokens"], 16);
+    let (_, r) = post(
+        addr,
+        "/v1/completions/render",
+        json!({"model": MODEL, "prompt": [7, 8, 9], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(r[0]["token_ids"], json!([7, 8, 9]));
+    let finished = fleet.pods[0].handle.view();
+    assert_eq!((finished.running, finished.waiting), (0, 0));
+
+    // Load when idle, in vLLM's shape and in the one vllm-router's power_of_two parses.
+    let load = json_of(&call(addr, "GET", "/load", None).await);
+    assert_eq!(load, json!({"server_load": 0}));
+    let load = json_of(&call(addr, "GET", "/get_load", None).await);
+    assert_eq!(load, json!({"load": 0}));
+
+    // Wrong method; and an SGLang pod keeps its own endpoint set.
+    assert_eq!(call(addr, "GET", "/tokenize", None).await.status, 405);
+    assert_eq!(call(addr, "POST", "/get_load", None).await.status, 405);
+    let sglang = fleet.pods[1].addr;
+    for (method, path) in [
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("POST", "/v1/chat/completions/render"),
+        ("GET", "/get_load"),
+        ("GET", "/load"),
+    ] {
+        let body = (method == "POST").then(|| json!({"prompt": "x"}));
+        assert_eq!(call(sglang, method, path, body).await.status, 404, "{path}");
+    }
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
+#[tokio::test]
+async fn peer_endpoints_reject_bad_input() {
+    let (fleet, stop) = serve(vec![PodSpec::new(
+        "vllm",
+        &profile("llama-3.1-8b/h100"),
+        EngineKind::Vllm,
+    )])
+    .await;
+    let addr = fleet.pods[0].addr;
+
+    // Not JSON, not an object.
+    for path in [
+        "/tokenize",
+        "/detokenize",
+        "/v1/chat/completions/render",
+        "/v1/completions/render",
+    ] {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post(path)
+            .header("host", "sim")
+            .body(Full::new(Bytes::from_static(b"{not json")))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let v: Value =
+            serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_client_error(status, &v, 400, None);
+        let (status, v) = post(addr, path, json!(["a list"])).await;
+        assert_client_error(status, &v, 400, None);
+    }
+
+    let cases: Vec<(&str, Value, u16, &str)> = vec![
+        ("/tokenize", json!({"model": MODEL}), 400, "prompt"),
+        ("/tokenize", json!({"prompt": 42}), 400, "prompt"),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "model": 3}),
+            400,
+            "model",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "model": "nope"}),
+            404,
+            "model",
+        ),
+        ("/tokenize", json!({"messages": "hi"}), 400, "messages"),
+        ("/tokenize", json!({"messages": []}), 400, "messages"),
+        (
+            "/tokenize",
+            json!({"messages": [{"content": "no role"}]}),
+            400,
+            "messages",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "yes"}),
+            400,
+            "add_generation_prompt",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "return_token_strs": 1}),
+            400,
+            "return_token_strs",
+        ),
+        ("/detokenize", json!({"model": MODEL}), 400, "tokens"),
+        ("/detokenize", json!({"tokens": "abc"}), 400, "tokens"),
+        ("/detokenize", json!({"tokens": [-1]}), 400, "tokens"),
+        ("/detokenize", json!({"tokens": [1.5]}), 400, "tokens"),
+        (
+            "/detokenize",
+            json!({"tokens": [4_294_967_296u64]}),
+            400,
+            "tokens",
+        ),
+        (
+            "/v1/chat/completions/render",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "model",
+        ),
+        (
+            "/v1/chat/completions/render",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/chat/completions/render",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "priority": "high"}),
+            400,
+            "priority",
+        ),
+        (
+            "/v1/completions/render",
+            json!({"model": MODEL}),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions/render",
+            json!({"model": MODEL, "prompt": ["a", "b"]}),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions/render",
+            json!({"model": "nope", "prompt": "x"}),
+            404,
+            "model",
+        ),
+    ];
+    for (path, body, want, param) in cases {
+        eprintln!("{path} {body}");
+        let (status, v) = post(addr, path, body).await;
+        assert_client_error(status, &v, want, Some(param));
+    }
+
+    // An id that no text produces: a clear 400 naming it.
+    let unknown = (0u32..)
+        .find(|id| infergate_sim::tokens::token_bytes(*id).is_none())
+        .unwrap();
+    let (status, v) = post(addr, "/detokenize", json!({"tokens": [unknown]})).await;
+    assert_client_error(status, &v, 400, Some("tokens"));
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&unknown.to_string()) && msg.contains("vocabulary"),
+        "{msg}"
+    );
+
+    // Over-long body: the same 413 as the inference endpoints.
+    let (status, v) = oversized(addr, "/tokenize").await;
+    assert_eq!(status, 413);
+    assert_eq!(v["error"]["type"], "RequestTooLargeError");
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_load_counts_requests_in_flight() {
+    let (fleet, stop) = serve(vec![PodSpec::new(
+        "pod",
+        &profile("llama-3.1-8b/a10g"),
+        EngineKind::Vllm,
+    )])
+    .await;
+    let addr = fleet.pods[0].addr;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let body =
+        json!({"model": MODEL, "prompt": "x".repeat(4000), "max_tokens": 1000, "stream": true});
+    let req = http::Request::post("/v1/completions")
+        .header("host", "sim")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let mut resp = send.send_request(req).await.unwrap().into_body();
+    for _ in 0..3 {
+        resp.frame().await.unwrap().unwrap();
+    }
+    let load = json_of(&call(addr, "GET", "/get_load", None).await);
+    assert_eq!(load, json!({"load": 1}));
+    let load = json_of(&call(addr, "GET", "/load", None).await);
+    assert_eq!(load, json!({"server_load": 1}));
+    drop(resp);
+    drop(send);
+    conn.abort();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let load = json_of(&call(addr, "GET", "/get_load", None).await);
+    assert_eq!(load, json!({"load": 0}));
+    let _ = stop.send(());
+    fleet.wait().await;
+}

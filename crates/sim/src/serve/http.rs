@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use super::{POD_HEADER, PodShared, TokenEvent, lock};
+use super::{POD_HEADER, PodShared, TokenEvent, lock, peer};
 use crate::engine::{Completion, EngineRequest};
-use crate::spec::MetricsFault;
+use crate::spec::{EngineKind, MetricsFault};
 use crate::tokens::Prompt;
 
 /// Largest request body accepted (vLLM has no limit of its own; proxies usually cap far lower).
@@ -98,10 +98,21 @@ impl Body for SimBody {
             SimBody::Sse(s) => s.poll_next(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
         }
     }
+
+    // A whole buffer has a known length, so HTTP/1.1 answers carry `content-length` (as a real
+    // model server's do) instead of a chunked body.
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            SimBody::Full(b) => {
+                http_body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            SimBody::Sse(_) => http_body::SizeHint::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Api {
+pub(crate) enum Api {
     Chat,
     Completions,
 }
@@ -248,7 +259,11 @@ fn response(
     r
 }
 
-fn json_response(shared: &PodShared, status: StatusCode, v: &Value) -> Response<SimBody> {
+pub(crate) fn json_response(
+    shared: &PodShared,
+    status: StatusCode,
+    v: &Value,
+) -> Response<SimBody> {
     response(
         shared,
         status,
@@ -258,7 +273,7 @@ fn json_response(shared: &PodShared, status: StatusCode, v: &Value) -> Response<
 }
 
 /// An OpenAI-style error.
-fn error(
+pub(crate) fn error(
     shared: &PodShared,
     status: StatusCode,
     message: &str,
@@ -306,6 +321,9 @@ async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimB
         (&Method::GET, "/v1/models") => models(&shared),
         (&Method::POST, "/v1/chat/completions") => inference(shared, req, Api::Chat).await,
         (&Method::POST, "/v1/completions") => inference(shared, req, Api::Completions).await,
+        (_, path) if shared.kind == EngineKind::Vllm && peer::serves(path) => {
+            peer::handle(shared, path, req).await
+        }
         (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
             json_response(
                 &shared,
@@ -373,23 +391,27 @@ fn models(shared: &PodShared) -> Response<SimBody> {
 }
 
 /// A parsed inference request.
-struct Parsed {
-    prompt: Prompt,
-    max_tokens: u32,
+pub(crate) struct Parsed {
+    pub(crate) prompt: Prompt,
+    /// The ids of a prompt sent as token ids (completions only).
+    pub(crate) prompt_ids: Option<Vec<u32>>,
+    pub(crate) max_tokens: u32,
     explicit_max: bool,
     lora: Option<u16>,
-    stream: bool,
+    pub(crate) stream: bool,
     include_usage: bool,
-    model: String,
+    pub(crate) model: String,
 }
 
-type Reject = (StatusCode, String, Option<&'static str>);
+/// Why a request is refused: status, message, the offending field.
+pub(crate) type Reject = (StatusCode, String, Option<&'static str>);
 
-fn bad(msg: impl Into<String>, param: &'static str) -> Reject {
+pub(crate) fn bad(msg: impl Into<String>, param: &'static str) -> Reject {
     (StatusCode::BAD_REQUEST, msg.into(), Some(param))
 }
 
-fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
+/// The body as a JSON object.
+pub(crate) fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Reject> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         (
             StatusCode::BAD_REQUEST,
@@ -397,45 +419,134 @@ fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
             None,
         )
     })?;
-    let obj = v.as_object().ok_or_else(|| {
-        (
+    match v {
+        Value::Object(obj) => Ok(obj),
+        _ => Err((
             StatusCode::BAD_REQUEST,
             "request body must be a JSON object".to_owned(),
             None,
-        )
-    })?;
+        )),
+    }
+}
+
+/// The adapter slot a served model name stands for (`None` = the base model); unknown → 404.
+pub(crate) fn resolve_model(shared: &PodShared, model: &str) -> Result<Option<u16>, Reject> {
+    if model == &*shared.model {
+        return Ok(None);
+    }
+    match shared
+        .adapters
+        .iter()
+        .position(|a| **a == *model)
+        .and_then(|i| u16::try_from(i).ok())
+    {
+        Some(i) => Ok(Some(i)),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            format!("The model `{model}` does not exist."),
+            Some("model"),
+        )),
+    }
+}
+
+/// An optional boolean field (`null` = absent).
+pub(crate) fn opt_bool(
+    obj: &serde_json::Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<bool>, Reject> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(bad(format!("{key} must be a boolean"), key)),
+    }
+}
+
+/// A list of token ids (each within `u32`).
+pub(crate) fn token_list(v: &Value, key: &'static str) -> Result<Vec<u32>, Reject> {
+    let items = v
+        .as_array()
+        .ok_or_else(|| bad(format!("{key} must be a list of token ids"), key))?;
+    items
+        .iter()
+        .map(|t| t.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| {
+            bad(
+                format!("{key} must hold integer token ids from 0 to {}", u32::MAX),
+                key,
+            )
+        })
+}
+
+/// The prompt text of a chat request, with the emulator's stand-in chat template:
+/// `<|role|>\n` before each message's text and `\n` after it, then `<|assistant|>\n` when the
+/// model is to answer (`add_generation_prompt`, vLLM's default).
+pub(crate) fn render_chat(
+    obj: &serde_json::Map<String, Value>,
+    add_generation_prompt: bool,
+) -> Result<String, Reject> {
+    let msgs = match obj.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => return Err(bad("messages must not be empty", "messages")),
+        Some(_) => return Err(bad("messages must be a list", "messages")),
+        None => return Err(bad("field required: messages", "messages")),
+    };
+    let mut text = String::new();
+    for m in msgs {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("every message needs a string role", "messages"))?;
+        text.push_str("<|");
+        text.push_str(role);
+        text.push_str("|>\n");
+        match m.get("content") {
+            Some(Value::String(s)) => text.push_str(s),
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    if let Some(t) = p.get("text").and_then(Value::as_str) {
+                        text.push_str(t);
+                    }
+                }
+            }
+            Some(Value::Null) | None => {}
+            Some(_) => {
+                return Err(bad(
+                    "message content must be a string or a list of parts",
+                    "messages",
+                ));
+            }
+        }
+        text.push('\n');
+    }
+    if add_generation_prompt {
+        text.push_str("<|assistant|>\n");
+    }
+    Ok(text)
+}
+
+pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
+    let obj = object(body)?;
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(bad("model must be a string", "model")),
         None => return Err(bad("field required: model", "model")),
     };
-    let lora = if model == *shared.model {
-        None
-    } else {
-        match shared
-            .adapters
-            .iter()
-            .position(|a| **a == *model)
-            .and_then(|i| u16::try_from(i).ok())
-        {
-            Some(i) => Some(i),
-            None => {
-                return Err((
-                    StatusCode::NOT_FOUND,
-                    format!("The model `{model}` does not exist."),
-                    Some("model"),
-                ));
-            }
-        }
-    };
+    let lora = resolve_model(shared, &model)?;
+    let mut prompt_ids = None;
     let prompt = match api {
         Api::Completions => match obj.get("prompt") {
             Some(Value::String(s)) => Prompt::Text(s.as_str().into()),
             Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
                 Prompt::Text(items[0].as_str().unwrap_or_default().into())
             }
-            Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-                Prompt::tokens(u32::try_from(items.len()).unwrap_or(u32::MAX))
+            Some(v @ Value::Array(items))
+                if !items.is_empty() && items.iter().all(Value::is_u64) =>
+            {
+                let ids = token_list(v, "prompt")?;
+                let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+                prompt_ids = Some(ids);
+                Prompt::tokens(n)
             }
             Some(Value::Array(_)) => {
                 return Err(bad(
@@ -452,42 +563,8 @@ fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
             None => return Err(bad("field required: prompt", "prompt")),
         },
         Api::Chat => {
-            let msgs = match obj.get("messages") {
-                Some(Value::Array(m)) if !m.is_empty() => m,
-                Some(Value::Array(_)) => return Err(bad("messages must not be empty", "messages")),
-                Some(_) => return Err(bad("messages must be a list", "messages")),
-                None => return Err(bad("field required: messages", "messages")),
-            };
-            let mut text = String::new();
-            for m in msgs {
-                let role = m
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| bad("every message needs a string role", "messages"))?;
-                text.push_str("<|");
-                text.push_str(role);
-                text.push_str("|>\n");
-                match m.get("content") {
-                    Some(Value::String(s)) => text.push_str(s),
-                    Some(Value::Array(parts)) => {
-                        for p in parts {
-                            if let Some(t) = p.get("text").and_then(Value::as_str) {
-                                text.push_str(t);
-                            }
-                        }
-                    }
-                    Some(Value::Null) | None => {}
-                    Some(_) => {
-                        return Err(bad(
-                            "message content must be a string or a list of parts",
-                            "messages",
-                        ));
-                    }
-                }
-                text.push('\n');
-            }
-            text.push_str("<|assistant|>\n");
-            Prompt::Text(text.into())
+            let add_generation_prompt = opt_bool(&obj, "add_generation_prompt")?.unwrap_or(true);
+            Prompt::Text(render_chat(&obj, add_generation_prompt)?.into())
         }
     };
     if let Some(n) = obj.get("n")
@@ -527,11 +604,7 @@ fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
             }
         },
     };
-    let stream = match obj.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(bad("stream must be a boolean", "stream")),
-    };
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = obj
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -539,6 +612,7 @@ fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
         .unwrap_or(false);
     Ok(Parsed {
         prompt,
+        prompt_ids,
         max_tokens,
         explicit_max,
         lora,
@@ -555,16 +629,15 @@ async fn inference(shared: Arc<PodShared>, req: Request<Incoming>, api: Api) -> 
     r
 }
 
-async fn inference_inner(
-    shared: &Arc<PodShared>,
+/// Reads a request body of at most [`MAX_BODY`] bytes; the error answer otherwise.
+pub(crate) async fn read_body(
+    shared: &PodShared,
     req: Request<Incoming>,
-    api: Api,
-) -> Response<SimBody> {
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return if e
-                .downcast_ref::<http_body_util::LengthLimitError>()
+) -> Result<Bytes, Response<SimBody>> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some()
             {
                 error(
@@ -580,8 +653,19 @@ async fn inference_inner(
                     "could not read the request body",
                     None,
                 )
-            };
-        }
+            },
+        ),
+    }
+}
+
+async fn inference_inner(
+    shared: &Arc<PodShared>,
+    req: Request<Incoming>,
+    api: Api,
+) -> Response<SimBody> {
+    let body = match read_body(shared, req).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let p = match parse(shared, &body, api) {
         Ok(p) => p,
