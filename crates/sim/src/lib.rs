@@ -44,7 +44,8 @@
 //! Layout: `profile` (cost model and tables), `tokens` (tokenizer stand-in, prefix hashes),
 //! `engine` (the state machine; `engine/kv.rs` the block pool), `histogram`, `spec` (fleet files),
 //! `fleet` (discrete-event driver), `serve` (HTTP emulator; `serve/http.rs` the OpenAI API,
-//! `serve/page.rs` the metrics pages).
+//! `serve/page.rs` the metrics pages, `serve/peer.rs` what other routers call on vLLM:
+//! tokenize, render, load).
 
 pub mod engine;
 mod error;

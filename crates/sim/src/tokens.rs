@@ -220,6 +220,33 @@ mod tests {
         assert_eq!(ids, vec![bos_id()]);
     }
 
+    proptest::proptest! {
+        // Seeded: a failure reproduces on every run.
+        #![proptest_config(proptest::test_runner::Config {
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x70c5),
+            ..proptest::test_runner::Config::default()
+        })]
+
+        #[test]
+        fn any_text_round_trips_with_the_charged_count(text in "\\PC{0,80}") {
+            let mut ids = Vec::new();
+            token_ids(&text, &mut ids);
+            proptest::prop_assert_eq!(ids.len(), count_tokens(&text) as usize);
+            proptest::prop_assert_eq!(detokenize(&ids).unwrap(), text);
+        }
+
+        #[test]
+        fn any_ids_decode_or_name_the_unknown_one(ids in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..16)) {
+            match detokenize(&ids) {
+                Ok(_) => proptest::prop_assert!(ids.iter().all(|id| token_bytes(*id).is_some())),
+                Err(SimError::UnknownToken(id)) => {
+                    proptest::prop_assert!(ids.contains(&id) && token_bytes(id).is_none());
+                }
+                Err(e) => proptest::prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+
     #[test]
     fn the_permutation_inverts() {
         for x in (0..=u32::MAX).step_by(65_521).chain([0, 1, u32::MAX]) {

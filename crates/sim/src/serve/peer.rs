@@ -216,3 +216,51 @@ fn render(shared: &PodShared, body: &[u8], api: Api) -> Result<Value, Reject> {
         Api::Completions => json!([generate]),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::spec::PodSpec;
+    use crate::{Catalog, EngineKind};
+
+    fn shared() -> PodShared {
+        let p = Catalog::builtin()
+            .unwrap()
+            .get("llama-3.1-8b/h100")
+            .unwrap()
+            .clone();
+        super::super::new_shared(&PodSpec::new("p", &p, EngineKind::Vllm))
+    }
+
+    proptest! {
+        // Seeded: a failure reproduces on every run.
+        #![proptest_config(ProptestConfig {
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn any_body_is_answered_or_refused_as_a_client_error(
+            bytes in prop::collection::vec(any::<u8>(), 0..256),
+            prompt in "\\PC{0,40}",
+        ) {
+            let s = shared();
+            let json = json!({"prompt": prompt, "tokens": bytes}).to_string();
+            for body in [&bytes[..], json.as_bytes()] {
+                for r in [
+                    tokenize(&s, body),
+                    detokenize_request(&s, body),
+                    render(&s, body, Api::Chat),
+                    render(&s, body, Api::Completions),
+                ] {
+                    if let Err((status, msg, _)) = r {
+                        prop_assert!(status.is_client_error(), "{status} {msg}");
+                        prop_assert!(!msg.is_empty());
+                    }
+                }
+            }
+        }
+    }
+}
