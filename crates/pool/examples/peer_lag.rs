@@ -16,43 +16,18 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use infergate_metrics::ScraperConfig;
 use infergate_pool::peers::{PeerExchange, PeerKey, PeerSettings, PeerTarget};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, RequestContext};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use infergate_testkit::pages::{page_server, vllm_page};
 use tokio::net::TcpListener;
 
 async fn idle_pod() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let body = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n\
-                # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 0\n\
-                # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.1\n";
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if s.write_all(head.as_bytes()).await.is_err()
-                        || s.write_all(body.as_bytes()).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    page_server(Arc::new(|| vllm_page(0))).await
 }
 
 async fn pool(pods: &[SocketAddr]) -> LivePool {

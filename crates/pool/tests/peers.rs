@@ -5,12 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use infergate_metrics::ScraperConfig;
 use infergate_pool::peers::{PeerExchange, PeerKey, PeerSettings, PeerTarget};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, RequestContext, SchedulerConfig};
+use infergate_testkit::pages::{page_server, vllm_page};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,40 +22,7 @@ const KEY: &[u8] = b"a shared key of the pool's replicas\n";
 
 /// A metrics server answering every request with the same idle vLLM page.
 async fn idle_pod() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let body = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n\
-                # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 0\n\
-                # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.1\n";
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                loop {
-                    let mut got = 0;
-                    loop {
-                        match s.read(&mut buf[got..]).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got += n,
-                        }
-                        if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if s.write_all(head.as_bytes()).await.is_err()
-                        || s.write_all(body.as_bytes()).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    page_server(Arc::new(|| vllm_page(0))).await
 }
 
 fn meta(addr: SocketAddr, name: &str) -> EndpointMeta {

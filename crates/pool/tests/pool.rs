@@ -11,64 +11,13 @@ use std::time::Duration;
 use infergate_metrics::{ScrapeState, ScraperConfig};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, RequestContext, SchedulerConfig, Usage};
+use infergate_testkit::pages::{Page, answer, page_server, vllm_page};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// A vLLM-style page whose queue depth is read from `waiting` on every request.
 async fn metrics_server(waiting: Arc<AtomicU32>) -> SocketAddr {
-    page_server(Arc::new(move || {
-        format!(
-            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
-             # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} 0\n\
-             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\n",
-            waiting.load(Ordering::Relaxed)
-        )
-    }))
-    .await
-}
-
-type Page = Arc<dyn Fn() -> String + Send + Sync>;
-
-/// A metrics server answering every request with `page()`.
-async fn page_server(page: Page) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            let page = Arc::clone(&page);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                loop {
-                    let mut got = 0;
-                    // Read one request head.
-                    loop {
-                        match s.read(&mut buf[got..]).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got += n,
-                        }
-                        if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                    let body = page();
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if s.write_all(head.as_bytes()).await.is_err()
-                        || s.write_all(body.as_bytes()).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    page_server(Arc::new(move || vllm_page(waiting.load(Ordering::Relaxed)))).await
 }
 
 fn meta(addr: SocketAddr, name: &str) -> EndpointMeta {
@@ -415,34 +364,14 @@ impl Killable {
         let conns = Arc::clone(&tasks);
         tasks.lock().unwrap().spawn(async move {
             loop {
-                let Ok((mut s, _)) = listener.accept().await else {
+                let Ok((s, _)) = listener.accept().await else {
                     return;
                 };
-                conns.lock().unwrap().spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    loop {
-                        let mut got = 0;
-                        loop {
-                            match s.read(&mut buf[got..]).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => got += n,
-                            }
-                            if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
-                                break;
-                            }
-                        }
-                        let body = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.0\n";
-                        let head = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
-                            body.len()
-                        );
-                        if s.write_all(head.as_bytes()).await.is_err()
-                            || s.write_all(body.as_bytes()).await.is_err()
-                        {
-                            return;
-                        }
-                    }
+                let page: Page = Arc::new(|| {
+                    "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.0\n"
+                        .to_owned()
                 });
+                conns.lock().unwrap().spawn(answer(s, page));
             }
         });
         Killable { addr, tasks }

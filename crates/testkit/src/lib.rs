@@ -14,6 +14,7 @@
 //! - [`Response`] — status, headers and the whole body.
 //! - [`tls`] — a private CA, client configurations and HTTP/1.1 over TLS.
 //! - [`redis`] — a real `redis-server` on a free loopback port, to kill and restart.
+//! - [`pages`] — a metrics server answering with a page the test computes.
 //!
 //! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
 //! too, and only passes when the runtime has nothing else to do.
@@ -30,6 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+pub mod pages;
 pub mod redis;
 pub mod tls;
 
