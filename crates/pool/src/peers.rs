@@ -546,7 +546,13 @@ async fn dial(ctx: Arc<Ctx>, addr: SocketAddr, mut rx: watch::Receiver<Arc<Vec<u
         match send_to(&ctx, addr, &mut rx).await {
             Ok(()) => return,
             Err(SessionError::Refused(Refusal::SameReplica)) => {
-                tracing::debug!(%addr, "peer address is this replica; not dialed again");
+                tracing::info!(
+                    %addr,
+                    replica = %ctx.settings.replica,
+                    "the peer at this address has this replica's name: taken to be this replica \
+                     itself and not dialed again (if it is another process, give each replica its \
+                     own --replica-name)"
+                );
                 ctx.selves().insert(addr);
                 return;
             }
