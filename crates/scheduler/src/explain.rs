@@ -65,6 +65,10 @@ pub struct Explanation {
     pub considered: usize,
     /// Full prompt blocks hashed for prefix affinity.
     pub prompt_blocks: usize,
+    /// Endpoints whose prefix match came from the engine's KV-cache events (exact, counted in
+    /// prompt tokens) rather than from the approximate index.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub exact_prefix: usize,
     /// Which filter removed which pod.
     pub filtered: Vec<FilteredOut>,
     /// Clear pods this request had to leave to protected requests (flow control's headroom
@@ -129,6 +133,9 @@ impl Explanation {
             self.considered,
             self.prompt_blocks
         )?;
+        if self.exact_prefix > 0 {
+            write!(s, " exact_prefix={}", self.exact_prefix)?;
+        }
         if self.fell_back_to_all_ready {
             s.push_str(" fell_back_to_all_ready");
         }
@@ -184,4 +191,8 @@ impl Explanation {
         }
         Ok(())
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

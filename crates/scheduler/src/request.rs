@@ -76,6 +76,11 @@ pub struct RequestContext<'a> {
     /// while fewer are clear (at most the candidates minus one are kept); when that leaves no
     /// candidate the pick is [`Rejection::Shed`](crate::Rejection::Shed). 0: no reservation.
     pub reserved_endpoints: u16,
+    /// Exact prompt tokens each listed endpoint holds in its KV cache, from the engine's own
+    /// KV-cache events (precise prefix routing). A listed endpoint's match replaces the
+    /// approximate prefix index's guess for it, a listed 0 included; endpoints not listed (no
+    /// event feed) keep the approximate match. `None`: approximate matching only.
+    pub cached: Option<&'a [(SocketAddr, u32)]>,
 }
 
 impl<'a> RequestContext<'a> {
@@ -94,6 +99,7 @@ impl<'a> RequestContext<'a> {
             subset: None,
             queue_when_saturated: false,
             reserved_endpoints: 0,
+            cached: None,
         }
     }
 
@@ -112,6 +118,12 @@ impl<'a> RequestContext<'a> {
     /// Sets the priority.
     pub const fn with_priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// Sets the exact cached prompt tokens per endpoint (see [`RequestContext::cached`]).
+    pub const fn with_cached(mut self, cached: Option<&'a [(SocketAddr, u32)]>) -> Self {
+        self.cached = cached;
         self
     }
 

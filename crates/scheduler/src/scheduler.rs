@@ -507,6 +507,38 @@ impl Scheduler {
             self.prefix
                 .match_prefix(&sc.hashes, &mut sc.matched, &mut sc.touched);
         }
+        // Exact matches from the engines' KV events: `matched` is counted in prompt tokens for
+        // this request (the approximate matches rescaled), so both kinds compare on one scale.
+        let mut prompt_units = sc.hashes.len();
+        if use_prefix
+            && let Some(cached) = req.cached.filter(|c| !c.is_empty())
+            && req.prompt_tokens > 0
+        {
+            let tokens = u64::from(req.prompt_tokens);
+            let blocks = sc.hashes.len() as u64;
+            for &t in &sc.touched {
+                if let Some(m) = sc.matched.get_mut(t as usize) {
+                    *m = (u64::from(*m) * tokens / blocks.max(1)).min(tokens) as u32;
+                }
+            }
+            let mut exact = 0usize;
+            for (addr, held) in cached {
+                let Some(slot) = self.endpoints.slot_of(addr) else {
+                    continue;
+                };
+                if let Some(m) = sc.matched.get_mut(slot as usize) {
+                    if *m == 0 {
+                        sc.touched.push(slot);
+                    }
+                    *m = (*held).min(req.prompt_tokens);
+                    exact += 1;
+                }
+            }
+            prompt_units = req.prompt_tokens as usize;
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.exact_prefix = exact;
+            }
+        }
         // Endpoint filters and views.
         let cx = FilterContext {
             request: req,
@@ -519,7 +551,7 @@ impl Scheduler {
             rates: &self.rates,
             cfg: &self.cfg,
             matched: &sc.matched,
-            prompt_blocks: sc.hashes.len(),
+            prompt_blocks: prompt_units,
         };
         let fresh = view::build(
             &src,

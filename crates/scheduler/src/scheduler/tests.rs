@@ -203,3 +203,34 @@ fn an_explanation_summary_names_the_choice_the_filters_and_every_score() {
         err.summary(8)
     );
 }
+
+#[test]
+fn exact_cached_tokens_from_kv_events_override_the_approximate_guess() {
+    for seed in 0..10 {
+        let mut s = scheduler(SchedulerConfig::default(), 4);
+        let text = prompt_text(&format!("evicted {seed}"));
+        let segs = [text.as_str()];
+        let req = RequestContext::new("m", 500).with_prompt(&segs);
+        // The approximate index remembers where the prompt went.
+        let d1 = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        s.first_token(d1.ticket, T0);
+        s.complete(d1.ticket, T0, Usage::default());
+        let first = d1.endpoints.first();
+        let addrs: Vec<_> = s.endpoints().map(|e| e.addr).collect();
+        let other = *addrs.iter().find(|a| **a != first).unwrap();
+        // The engines say: the first pod evicted it, another pod holds 480 of its 500 tokens.
+        let cached = [(first, 0), (other, 480)];
+        let exact = req.with_cached(Some(&cached));
+        let (d2, ex) = s.pick_explained(&exact, T0, &mut rng(seed + 100));
+        assert_eq!(d2.unwrap().endpoints.first(), other, "seed {seed}: {ex:#?}");
+        assert_eq!(ex.exact_prefix, 2);
+        assert!(
+            ex.summary(4).contains("exact_prefix=2"),
+            "{}",
+            ex.summary(4)
+        );
+        // Without the events the approximate guess stands.
+        let (d3, _) = s.pick_explained(&req, T0, &mut rng(seed + 200));
+        assert_eq!(d3.unwrap().endpoints.first(), first);
+    }
+}
