@@ -1,0 +1,468 @@
+//! vLLM's KV-cache event batches, decoded from either encoding.
+//!
+//! A batch is `KVEventBatch{ts, events, data_parallel_rank}`, an array (`msgspec`'s
+//! `array_like`) or, from some publishers, a map. Each event is a tagged `msgspec` struct: since
+//! mid-2026 a map with a `type` key (`{"type": "BlockStored", "block_hashes": …}`), before that an
+//! array with the class name first (`["BlockStored", [hashes], parent, [token ids], 16, …]`).
+//! Both shapes are decoded at both levels; unknown keys and trailing positional fields are
+//! skipped, so fields added by later releases do not break the decoder.
+
+use xxhash_rust::xxh64::xxh64;
+
+use crate::error::DecodeError;
+use crate::msgpack::{IntOrBytes, Kind, Reader};
+
+/// An engine block hash as the index keys it: an integer hash as its low 64 bits, a byte hash
+/// folded to 64 bits.
+pub type EngineHash = u64;
+
+fn engine_hash(h: IntOrBytes<'_>) -> EngineHash {
+    match h {
+        IntOrBytes::Int(v) => v,
+        IntOrBytes::Bytes(b) => xxh64(b, 0x6b76_6576_656e_7473),
+    }
+}
+
+/// One KV-cache event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Full blocks that entered the prefix cache, in prompt order.
+    Stored(Stored),
+    /// Blocks evicted from the cache.
+    Removed(Removed),
+    /// The whole cache was reset.
+    AllCleared,
+}
+
+/// `BlockStored`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stored {
+    /// The engine's hash of each block.
+    pub block_hashes: Vec<EngineHash>,
+    /// The hash of the block before the first one, if the chain continues an earlier block.
+    pub parent: Option<EngineHash>,
+    /// The token ids of all the blocks, `block_size` per block.
+    pub token_ids: Vec<u32>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The LoRA adapter's name, when the blocks were computed under one.
+    pub lora_name: Option<String>,
+    /// The (deprecated) LoRA id, when no name is given.
+    pub lora_id: Option<u64>,
+    /// Where the blocks live (`GPU`, `CPU`, …); `None` means the GPU.
+    pub medium: Option<String>,
+    /// Per block: a hash of the extra keys (multimodal inputs, cache salt) when there are any.
+    /// A block with extra keys never matches a plain-token request.
+    pub extra: Vec<Option<u64>>,
+    /// The KV-cache group (hybrid models); `None` is group 0.
+    pub group_idx: Option<u32>,
+}
+
+/// `BlockRemoved`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Removed {
+    /// The engine's hashes of the evicted blocks.
+    pub block_hashes: Vec<EngineHash>,
+    /// Where the blocks lived; `None` means the GPU.
+    pub medium: Option<String>,
+    /// The KV-cache group; `None` is group 0.
+    pub group_idx: Option<u32>,
+}
+
+/// A decoded `KVEventBatch`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// The engine's timestamp (seconds since the epoch).
+    pub ts: f64,
+    /// The events, in order.
+    pub events: Vec<Event>,
+    /// The data-parallel rank that published it.
+    pub data_parallel_rank: Option<u32>,
+    /// Events of a type this decoder does not know, skipped.
+    pub unknown_events: u32,
+}
+
+/// Decodes one batch payload (either encoding, at both levels).
+pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
+    let mut r = Reader::new(payload);
+    let mut batch = Batch::default();
+    match r.peek()? {
+        Kind::Array => {
+            let n = r.array()?;
+            if n < 2 {
+                return Err(DecodeError::Malformed("a batch array needs ts and events"));
+            }
+            batch.ts = r.float()?;
+            decode_events(&mut r, &mut batch)?;
+            if n >= 3 {
+                batch.data_parallel_rank = opt_u32(&mut r)?;
+            }
+            for _ in 3..n {
+                r.skip()?;
+            }
+        }
+        Kind::Map => {
+            let mut events = false;
+            for _ in 0..r.map()? {
+                match key(&mut r)? {
+                    "ts" => batch.ts = r.float()?,
+                    "events" => {
+                        decode_events(&mut r, &mut batch)?;
+                        events = true;
+                    }
+                    "data_parallel_rank" => batch.data_parallel_rank = opt_u32(&mut r)?,
+                    _ => r.skip()?,
+                }
+            }
+            if !events {
+                return Err(DecodeError::Malformed("a batch map without events"));
+            }
+        }
+        _ => return Err(DecodeError::Unexpected("a batch (array or map)")),
+    }
+    if r.remaining() != 0 {
+        return Err(DecodeError::Malformed("bytes after the batch"));
+    }
+    Ok(batch)
+}
+
+fn key<'a>(r: &mut Reader<'a>) -> Result<&'a str, DecodeError> {
+    r.str()
+}
+
+fn opt_u32(r: &mut Reader<'_>) -> Result<Option<u32>, DecodeError> {
+    if r.nil()? {
+        return Ok(None);
+    }
+    r.u32().map(Some)
+}
+
+fn opt_str(r: &mut Reader<'_>) -> Result<Option<String>, DecodeError> {
+    if r.nil()? {
+        return Ok(None);
+    }
+    r.str().map(|s| Some(s.to_owned()))
+}
+
+fn opt_u64(r: &mut Reader<'_>) -> Result<Option<u64>, DecodeError> {
+    if r.nil()? {
+        return Ok(None);
+    }
+    r.int().map(Some)
+}
+
+fn hashes(r: &mut Reader<'_>, out: &mut Vec<EngineHash>) -> Result<(), DecodeError> {
+    let n = r.array()?;
+    out.reserve(n);
+    for _ in 0..n {
+        out.push(engine_hash(r.int_or_bytes()?));
+    }
+    Ok(())
+}
+
+fn opt_hash(r: &mut Reader<'_>) -> Result<Option<EngineHash>, DecodeError> {
+    if r.nil()? {
+        return Ok(None);
+    }
+    Ok(Some(engine_hash(r.int_or_bytes()?)))
+}
+
+fn tokens(r: &mut Reader<'_>, out: &mut Vec<u32>) -> Result<(), DecodeError> {
+    let n = r.array()?;
+    out.reserve(n);
+    for _ in 0..n {
+        out.push(r.u32()?);
+    }
+    Ok(())
+}
+
+fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<u64>>) -> Result<(), DecodeError> {
+    if r.nil()? {
+        return Ok(());
+    }
+    let n = r.array()?;
+    out.reserve(n);
+    for _ in 0..n {
+        if r.nil()? {
+            out.push(None);
+        } else {
+            out.push(Some(xxh64(r.raw()?, 0x0065_7874_7261)));
+        }
+    }
+    Ok(())
+}
+
+fn decode_events(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), DecodeError> {
+    let n = r.array()?;
+    batch.events.reserve(n);
+    for _ in 0..n {
+        match decode_event(r) {
+            Ok(e) => batch.events.push(e),
+            Err(DecodeError::UnknownEvent(_)) => batch.unknown_events += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Decodes one event (either shape). An unknown type is consumed and reported as
+/// [`DecodeError::UnknownEvent`].
+fn decode_event(r: &mut Reader<'_>) -> Result<Event, DecodeError> {
+    match r.peek()? {
+        Kind::Array => positional(r),
+        Kind::Map => keyed(r),
+        _ => Err(DecodeError::Unexpected("an event (array or map)")),
+    }
+}
+
+fn positional(r: &mut Reader<'_>) -> Result<Event, DecodeError> {
+    let n = r.array()?;
+    if n == 0 {
+        return Err(DecodeError::Malformed("an event array without its type"));
+    }
+    let tag = r.str()?;
+    let fields = n - 1;
+    let mut read = 0usize;
+    // Reads the next positional field when the array has it.
+    macro_rules! next {
+        ($e:expr) => {
+            if read < fields {
+                read += 1;
+                $e;
+            }
+        };
+    }
+    let event = match tag {
+        "BlockStored" => {
+            let mut s = Stored::default();
+            next!(hashes(r, &mut s.block_hashes)?);
+            next!(s.parent = opt_hash(r)?);
+            next!(tokens(r, &mut s.token_ids)?);
+            next!(s.block_size = r.u32()?);
+            next!(s.lora_id = opt_u64(r)?);
+            next!(s.medium = opt_str(r)?);
+            next!(s.lora_name = opt_str(r)?);
+            next!(extra_keys(r, &mut s.extra)?);
+            next!(s.group_idx = opt_u32(r)?);
+            if read < 4 {
+                return Err(DecodeError::Malformed(
+                    "BlockStored without hashes, parent, token ids and block size",
+                ));
+            }
+            Event::Stored(s)
+        }
+        "BlockRemoved" => {
+            let mut s = Removed::default();
+            next!(hashes(r, &mut s.block_hashes)?);
+            next!(s.medium = opt_str(r)?);
+            next!(s.group_idx = opt_u32(r)?);
+            if read < 1 {
+                return Err(DecodeError::Malformed("BlockRemoved without hashes"));
+            }
+            Event::Removed(s)
+        }
+        "AllBlocksCleared" => Event::AllCleared,
+        other => {
+            let other = other.to_owned();
+            for _ in 0..fields {
+                r.skip()?;
+            }
+            return Err(DecodeError::UnknownEvent(other));
+        }
+    };
+    for _ in read..fields {
+        r.skip()?;
+    }
+    Ok(event)
+}
+
+fn keyed(r: &mut Reader<'_>) -> Result<Event, DecodeError> {
+    let n = r.map()?;
+    // The `type` key comes first from msgspec, but nothing requires it: read the fields of
+    // both kinds and decide at the end.
+    let mut tag: Option<&str> = None;
+    let mut s = Stored::default();
+    let mut seen_hashes = false;
+    let mut seen_tokens = false;
+    let mut seen_size = false;
+    for _ in 0..n {
+        match key(r)? {
+            "type" => tag = Some(r.str()?),
+            "block_hashes" => {
+                s.block_hashes.clear();
+                hashes(r, &mut s.block_hashes)?;
+                seen_hashes = true;
+            }
+            "parent_block_hash" => s.parent = opt_hash(r)?,
+            "token_ids" => {
+                s.token_ids.clear();
+                tokens(r, &mut s.token_ids)?;
+                seen_tokens = true;
+            }
+            "block_size" => {
+                s.block_size = r.u32()?;
+                seen_size = true;
+            }
+            "lora_id" => s.lora_id = opt_u64(r)?,
+            "medium" => s.medium = opt_str(r)?,
+            "lora_name" => s.lora_name = opt_str(r)?,
+            "extra_keys" => {
+                s.extra.clear();
+                extra_keys(r, &mut s.extra)?;
+            }
+            "group_idx" => s.group_idx = opt_u32(r)?,
+            _ => r.skip()?,
+        }
+    }
+    match tag {
+        Some("BlockStored") => {
+            if !(seen_hashes && seen_tokens && seen_size) {
+                return Err(DecodeError::Malformed(
+                    "BlockStored without block_hashes, token_ids or block_size",
+                ));
+            }
+            Ok(Event::Stored(s))
+        }
+        Some("BlockRemoved") => {
+            if !seen_hashes {
+                return Err(DecodeError::Malformed("BlockRemoved without block_hashes"));
+            }
+            Ok(Event::Removed(Removed {
+                block_hashes: s.block_hashes,
+                medium: s.medium,
+                group_idx: s.group_idx,
+            }))
+        }
+        Some("AllBlocksCleared") => Ok(Event::AllCleared),
+        Some(other) => Err(DecodeError::UnknownEvent(other.to_owned())),
+        None => Err(DecodeError::Malformed("an event map without a type")),
+    }
+}
+
+/// How events are encoded: vLLM's current keyed maps or the positional arrays of earlier
+/// releases.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    /// `{"type": "BlockStored", "block_hashes": …}` (vLLM since mid-2026).
+    #[default]
+    Keyed,
+    /// `["BlockStored", [hashes], parent, …]` (earlier releases).
+    Positional,
+}
+
+impl Encoding {
+    /// Parses `keyed` / `positional`.
+    pub fn parse(s: &str) -> Option<Encoding> {
+        match s {
+            "keyed" | "map" => Some(Encoding::Keyed),
+            "positional" | "array" => Some(Encoding::Positional),
+            _ => None,
+        }
+    }
+}
+
+/// Encodes a batch as vLLM does (the batch itself an array), its events in `encoding`. Engine
+/// hashes are written as integers, vLLM's default.
+pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
+    use crate::msgpack::Writer;
+    let mut w = Writer::default();
+    let dp = batch.data_parallel_rank;
+    w.array(if dp.is_some() { 3 } else { 2 });
+    w.float(batch.ts);
+    w.array(batch.events.len());
+    for e in &batch.events {
+        match (e, encoding) {
+            (Event::Stored(s), Encoding::Keyed) => {
+                w.map(8).str("type").str("BlockStored");
+                w.str("block_hashes").array(s.block_hashes.len());
+                for h in &s.block_hashes {
+                    w.uint(*h);
+                }
+                w.str("parent_block_hash");
+                match s.parent {
+                    Some(p) => w.uint(p),
+                    None => w.nil(),
+                };
+                w.str("token_ids").array(s.token_ids.len());
+                for t in &s.token_ids {
+                    w.uint(u64::from(*t));
+                }
+                w.str("block_size").uint(u64::from(s.block_size));
+                w.str("lora_id");
+                match s.lora_id {
+                    Some(id) => w.uint(id),
+                    None => w.nil(),
+                };
+                w.str("medium");
+                match &s.medium {
+                    Some(m) => w.str(m),
+                    None => w.nil(),
+                };
+                w.str("lora_name");
+                match &s.lora_name {
+                    Some(n) => w.str(n),
+                    None => w.nil(),
+                };
+            }
+            (Event::Stored(s), Encoding::Positional) => {
+                w.array(8).str("BlockStored").array(s.block_hashes.len());
+                for h in &s.block_hashes {
+                    w.uint(*h);
+                }
+                match s.parent {
+                    Some(p) => w.uint(p),
+                    None => w.nil(),
+                };
+                w.array(s.token_ids.len());
+                for t in &s.token_ids {
+                    w.uint(u64::from(*t));
+                }
+                w.uint(u64::from(s.block_size));
+                match s.lora_id {
+                    Some(id) => w.uint(id),
+                    None => w.nil(),
+                };
+                match &s.medium {
+                    Some(m) => w.str(m),
+                    None => w.nil(),
+                };
+                match &s.lora_name {
+                    Some(n) => w.str(n),
+                    None => w.nil(),
+                };
+            }
+            (Event::Removed(r), Encoding::Keyed) => {
+                w.map(3).str("type").str("BlockRemoved");
+                w.str("block_hashes").array(r.block_hashes.len());
+                for h in &r.block_hashes {
+                    w.uint(*h);
+                }
+                w.str("medium");
+                match &r.medium {
+                    Some(m) => w.str(m),
+                    None => w.nil(),
+                };
+            }
+            (Event::Removed(r), Encoding::Positional) => {
+                w.array(3).str("BlockRemoved").array(r.block_hashes.len());
+                for h in &r.block_hashes {
+                    w.uint(*h);
+                }
+                match &r.medium {
+                    Some(m) => w.str(m),
+                    None => w.nil(),
+                };
+            }
+            (Event::AllCleared, Encoding::Keyed) => {
+                w.map(1).str("type").str("AllBlocksCleared");
+            }
+            (Event::AllCleared, Encoding::Positional) => {
+                w.array(1).str("AllBlocksCleared");
+            }
+        }
+    }
+    if let Some(dp) = dp {
+        w.uint(u64::from(dp));
+    }
+    w.buf
+}

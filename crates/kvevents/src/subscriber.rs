@@ -1,0 +1,534 @@
+//! One subscriber per pod: connects to the engine's event publisher, keeps the batches in
+//! sequence, and applies them to the shared [`KvIndex`].
+//!
+//! Sequence numbers (8-byte big-endian, one per batch) are checked: a gap is filled from the
+//! engine's replay socket when it serves one, otherwise the pod's entries are dropped (events
+//! were missed, so nothing known of its cache can be trusted). The same happens on a reconnect
+//! (replay from the last batch seen, or a reset), on an engine restart (the sequence starts over)
+//! and on a payload that does not decode. While a pod's feed is down or catching up its match is
+//! not listed, so the approximate prefix index stands in for it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+
+use crate::error::ZmtpError;
+use crate::event::{Batch, decode_batch};
+use crate::index::{Applied, KvIndex, MatchScratch};
+use crate::publish::END_SEQ;
+use crate::zmtp::{self, Limits, SocketType};
+
+/// Where and how to subscribe.
+#[derive(Clone, Debug)]
+pub struct SubscriberConfig {
+    /// The engines' `PUB` port (vLLM's `--kv-events-config` `endpoint`, default `tcp://*:5557`).
+    pub port: u16,
+    /// The engines' replay (`ROUTER`) port, when they serve one (`replay_endpoint`).
+    pub replay_port: Option<u16>,
+    /// The topic subscribed to (a prefix; vLLM's default is empty: everything).
+    pub topic: String,
+    /// The index's byte budget, shared evenly by the pods.
+    pub budget_bytes: u64,
+    /// Frame and handshake limits.
+    pub limits: Limits,
+    /// First delay before reconnecting; doubled per failure up to `reconnect_max`.
+    pub reconnect_min: Duration,
+    /// Longest delay between reconnects.
+    pub reconnect_max: Duration,
+    /// How long a replay may take before it is abandoned (and the pod reset).
+    pub replay_timeout: Duration,
+}
+
+impl Default for SubscriberConfig {
+    fn default() -> Self {
+        SubscriberConfig {
+            port: 5557,
+            replay_port: None,
+            topic: String::new(),
+            budget_bytes: 256 << 20,
+            limits: Limits::default(),
+            reconnect_min: Duration::from_millis(200),
+            reconnect_max: Duration::from_secs(5),
+            replay_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+/// The subscriber's series (`kv_events_*`, `kv_index_*`).
+#[derive(Clone, Default)]
+struct Stats {
+    batches: Counter,
+    blocks: Family<KindLabels, Counter>,
+    gaps: Counter,
+    replays: Family<OutcomeLabels, Counter>,
+    resets: Family<ReasonLabels, Counter>,
+    decode_errors: Counter,
+    unknown: Counter,
+    connect_failures: Counter,
+    connected: Gauge,
+    index_blocks: Gauge,
+    index_entries: Gauge,
+    index_bytes: Gauge,
+}
+
+impl Stats {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "kv_events_batches",
+            "KV-event batches applied",
+            self.batches.clone(),
+        );
+        r.register(
+            "kv_events_blocks",
+            "Blocks by what the events did (stored, removed, unmatchable, over-budget, ignored: another medium or group) and AllBlocksCleared events (cleared)",
+            self.blocks.clone(),
+        );
+        r.register(
+            "kv_events_gaps",
+            "Sequence gaps seen in a pod's event stream",
+            self.gaps.clone(),
+        );
+        r.register(
+            "kv_events_replays",
+            "Replays requested from an engine's replay socket, by outcome",
+            self.replays.clone(),
+        );
+        r.register(
+            "kv_events_resets",
+            "A pod's entries dropped, by reason (gap, reconnect, restart, decode-error, cleared, removed)",
+            self.resets.clone(),
+        );
+        r.register(
+            "kv_events_decode_errors",
+            "Event payloads or messages that did not decode",
+            self.decode_errors.clone(),
+        );
+        r.register(
+            "kv_events_unknown",
+            "Events of an unknown type, skipped",
+            self.unknown.clone(),
+        );
+        r.register(
+            "kv_events_connect_failures",
+            "Connections to an engine's event publisher that failed or ended",
+            self.connect_failures.clone(),
+        );
+        r.register(
+            "kv_events_connected_pods",
+            "Pods whose event feed is connected and in sequence",
+            self.connected.clone(),
+        );
+        r.register(
+            "kv_index_blocks",
+            "Distinct token blocks the precise index holds",
+            self.index_blocks.clone(),
+        );
+        r.register(
+            "kv_index_entries",
+            "(pod, block) entries in the precise index",
+            self.index_entries.clone(),
+        );
+        r.register(
+            "kv_index_bytes",
+            "Estimated bytes of the precise index",
+            self.index_bytes.clone(),
+        );
+    }
+
+    fn applied(&self, a: &Applied) {
+        for (kind, n) in [
+            ("stored", a.stored),
+            ("removed", a.removed),
+            ("unmatchable", a.unmatchable),
+            ("over-budget", a.over_budget),
+            ("ignored", a.ignored),
+            ("cleared", a.cleared),
+        ] {
+            if n > 0 {
+                self.blocks.get_or_create(&KindLabels { kind }).inc_by(n);
+            }
+        }
+        if a.cleared > 0 {
+            self.resets
+                .get_or_create(&ReasonLabels { reason: "cleared" })
+                .inc_by(a.cleared);
+        }
+    }
+
+    fn reset(&self, reason: &'static str) {
+        self.resets.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}
+
+struct Inner {
+    cfg: SubscriberConfig,
+    index: RwLock<KvIndex>,
+    stats: Stats,
+}
+
+impl Inner {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, KvIndex> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish_stats(&self, ix: &KvIndex) {
+        let s = ix.stats();
+        self.stats.index_blocks.set(s.blocks as i64);
+        self.stats.index_entries.set(s.entries as i64);
+        self.stats.index_bytes.set(s.bytes as i64);
+        self.stats.connected.set(s.synced_pods as i64);
+    }
+
+    fn apply(&self, pod: SocketAddr, batch: &Batch) {
+        let mut ix = self.write();
+        let a = ix.apply(pod, batch);
+        self.publish_stats(&ix);
+        drop(ix);
+        self.stats.batches.inc();
+        self.stats.applied(&a);
+        if batch.unknown_events > 0 {
+            self.stats.unknown.inc_by(u64::from(batch.unknown_events));
+        }
+    }
+
+    fn reset(&self, pod: SocketAddr, reason: &'static str) {
+        let mut ix = self.write();
+        ix.reset_pod(pod);
+        self.publish_stats(&ix);
+        drop(ix);
+        self.stats.reset(reason);
+        tracing::debug!(%pod, reason, "kv-events: pod's cache entries dropped");
+    }
+
+    fn set_synced(&self, pod: SocketAddr, synced: bool) {
+        let mut ix = self.write();
+        ix.set_synced(pod, synced);
+        self.publish_stats(&ix);
+    }
+}
+
+/// The precise prefix index and the subscribers that keep it.
+pub struct KvEvents {
+    inner: Arc<Inner>,
+    tasks: Mutex<HashMap<SocketAddr, JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for KvEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvEvents")
+            .field("cfg", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for KvEvents {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, t) in tasks.drain() {
+            t.abort();
+        }
+    }
+}
+
+impl KvEvents {
+    /// An index with no pod yet.
+    pub fn new(cfg: SubscriberConfig) -> Self {
+        KvEvents {
+            inner: Arc::new(Inner {
+                index: RwLock::new(KvIndex::new(cfg.budget_bytes)),
+                cfg,
+                stats: Stats::default(),
+            }),
+            tasks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Registers the `kv_events_*` and `kv_index_*` series.
+    pub fn register(&self, registry: &mut Registry) {
+        self.inner.stats.register(registry);
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &SubscriberConfig {
+        &self.inner.cfg
+    }
+
+    /// Subscribes to the engine serving at `pod` (its events on the same host, at the
+    /// configured ports). Must run inside a tokio runtime. Does nothing for a known pod.
+    pub fn add_pod(&self, pod: SocketAddr) {
+        let events = SocketAddr::new(pod.ip(), self.inner.cfg.port);
+        let replay = self
+            .inner
+            .cfg
+            .replay_port
+            .map(|p| SocketAddr::new(pod.ip(), p));
+        self.add_pod_at(pod, events, replay);
+    }
+
+    /// Subscribes to the engine serving at `pod` whose publisher is at `events` (and replay
+    /// socket at `replay`).
+    pub fn add_pod_at(&self, pod: SocketAddr, events: SocketAddr, replay: Option<SocketAddr>) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if tasks.contains_key(&pod) {
+            return;
+        }
+        self.inner.write().pod(pod);
+        let inner = self.inner.clone();
+        tasks.insert(pod, tokio::spawn(run_pod(inner, pod, events, replay)));
+    }
+
+    /// Stops subscribing to `pod` and forgets its blocks.
+    pub fn remove_pod(&self, pod: SocketAddr) {
+        let task = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&pod);
+        if let Some(t) = task {
+            t.abort();
+            let mut ix = self.inner.write();
+            ix.remove_pod(pod);
+            self.inner.publish_stats(&ix);
+            drop(ix);
+            self.inner.stats.reset("removed");
+        }
+    }
+
+    /// Makes the subscribed pods exactly `pods`.
+    pub fn sync_pods(&self, pods: &[SocketAddr]) {
+        let stale: Vec<SocketAddr> = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|p| !pods.contains(p))
+            .copied()
+            .collect();
+        for p in stale {
+            self.remove_pod(p);
+        }
+        for p in pods {
+            self.add_pod(*p);
+        }
+    }
+
+    /// The request's cached prompt tokens per in-sequence pod (see [`KvIndex::match_tokens`]).
+    pub fn match_tokens(
+        &self,
+        lora: Option<&str>,
+        tokens: &[u32],
+        scratch: &mut MatchScratch,
+        out: &mut Vec<(SocketAddr, u32)>,
+    ) {
+        self.index().match_tokens(lora, tokens, scratch, out);
+    }
+
+    /// The index, for reading.
+    pub fn index(&self) -> RwLockReadGuard<'_, KvIndex> {
+        self.inner.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+async fn run_pod(
+    inner: Arc<Inner>,
+    pod: SocketAddr,
+    events: SocketAddr,
+    replay: Option<SocketAddr>,
+) {
+    let mut last: Option<u64> = None;
+    let mut backoff = inner.cfg.reconnect_min;
+    loop {
+        let started = tokio::time::Instant::now();
+        let err = session(&inner, pod, events, replay, &mut last).await;
+        inner.set_synced(pod, false);
+        inner.stats.connect_failures.inc();
+        tracing::debug!(%pod, %events, error = %err, "kv-events: feed down");
+        if started.elapsed() > inner.cfg.reconnect_max {
+            backoff = inner.cfg.reconnect_min;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(inner.cfg.reconnect_max);
+    }
+}
+
+/// One connection's life; returns why it ended.
+async fn session(
+    inner: &Inner,
+    pod: SocketAddr,
+    events: SocketAddr,
+    replay: Option<SocketAddr>,
+    last: &mut Option<u64>,
+) -> ZmtpError {
+    let cfg = &inner.cfg;
+    let mut conn = match zmtp::connect(&events.to_string(), SocketType::Sub, cfg.limits).await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if let Err(e) = conn.subscribe(cfg.topic.as_bytes()).await {
+        return e;
+    }
+    // Catch up: replay what was missed (everything buffered on a first connect), or start over.
+    let mut replayed_from: Option<u64> = None;
+    match replay {
+        Some(r) => {
+            let from = last.map_or(0, |l| l + 1);
+            catch_up(inner, pod, r, from, last).await;
+            replayed_from = Some(from);
+        }
+        None => {
+            if last.take().is_some() {
+                inner.reset(pod, "reconnect");
+            }
+        }
+    }
+    inner.set_synced(pod, true);
+    let mut frames: Vec<Bytes> = Vec::with_capacity(3);
+    loop {
+        if let Err(e) = conn.recv(&mut frames).await {
+            return e;
+        }
+        let Some(seq) = message_seq(&frames) else {
+            inner.stats.decode_errors.inc();
+            continue;
+        };
+        if let Some(l) = *last {
+            if seq <= l {
+                if replayed_from.is_some_and(|f| seq >= f) {
+                    continue; // already applied by the replay
+                }
+                // The sequence started over: the engine restarted with an empty cache.
+                inner.reset(pod, "restart");
+                *last = None;
+            } else if seq > l + 1 {
+                inner.stats.gaps.inc();
+                match replay {
+                    Some(r) => {
+                        catch_up(inner, pod, r, l + 1, last).await;
+                        replayed_from = Some(l + 1);
+                        if last.is_some_and(|l| seq <= l) {
+                            continue;
+                        }
+                        if last.is_some_and(|l| seq > l + 1) {
+                            inner.reset(pod, "gap");
+                        }
+                    }
+                    None => inner.reset(pod, "gap"),
+                }
+            }
+        }
+        apply_payload(inner, pod, seq, &frames[2], last);
+    }
+}
+
+/// The sequence number of a `[topic, seq, payload]` message.
+fn message_seq(frames: &[Bytes]) -> Option<u64> {
+    if frames.len() != 3 {
+        return None;
+    }
+    let b: [u8; 8] = frames[1][..].try_into().ok()?;
+    Some(u64::from_be_bytes(b))
+}
+
+fn apply_payload(inner: &Inner, pod: SocketAddr, seq: u64, payload: &[u8], last: &mut Option<u64>) {
+    match decode_batch(payload) {
+        Ok(batch) => inner.apply(pod, &batch),
+        Err(e) => {
+            // The batch may have removed blocks: nothing of this pod can be trusted now.
+            inner.stats.decode_errors.inc();
+            tracing::warn!(%pod, seq, error = %e, "kv-events: batch did not decode; pod reset");
+            inner.reset(pod, "decode-error");
+        }
+    }
+    *last = Some(seq);
+}
+
+/// Requests a replay from `from` and applies it; on failure the pod is reset.
+async fn catch_up(
+    inner: &Inner,
+    pod: SocketAddr,
+    replay: SocketAddr,
+    from: u64,
+    last: &mut Option<u64>,
+) {
+    let timeout = inner.cfg.replay_timeout;
+    let r = tokio::time::timeout(timeout, replay_into(inner, pod, replay, from, last)).await;
+    let outcome = match r {
+        Ok(Ok(())) => "ok",
+        Ok(Err(e)) => {
+            tracing::debug!(%pod, %replay, error = %e, "kv-events: replay failed");
+            "failed"
+        }
+        Err(_) => "timeout",
+    };
+    inner
+        .stats
+        .replays
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
+    if outcome != "ok" {
+        inner.reset(pod, "gap");
+        *last = None;
+    }
+}
+
+async fn replay_into(
+    inner: &Inner,
+    pod: SocketAddr,
+    replay: SocketAddr,
+    from: u64,
+    last: &mut Option<u64>,
+) -> Result<(), ZmtpError> {
+    let mut conn = zmtp::connect(&replay.to_string(), SocketType::Dealer, inner.cfg.limits).await?;
+    conn.send(&[b"", &from.to_be_bytes()]).await?;
+    let mut frames: Vec<Bytes> = Vec::with_capacity(4);
+    loop {
+        conn.recv(&mut frames).await?;
+        // [empty delimiter, topic, seq, payload]
+        let body = match frames.split_first() {
+            Some((d, rest)) if d.is_empty() => rest,
+            _ => &frames[..],
+        };
+        let Some(seq) = message_seq(body) else {
+            inner.stats.decode_errors.inc();
+            continue;
+        };
+        if seq == END_SEQ {
+            return Ok(());
+        }
+        if last.is_some_and(|l| seq <= l) {
+            continue;
+        }
+        if let Some(l) = *last
+            && seq > l + 1
+        {
+            // The replay buffer no longer holds what was missed.
+            inner.stats.gaps.inc();
+            inner.reset(pod, "gap");
+        }
+        apply_payload(inner, pod, seq, &body[2], last);
+    }
+}

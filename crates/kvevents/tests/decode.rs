@@ -1,0 +1,206 @@
+//! The decoder against payloads vLLM's own classes encoded (both encodings), round trips through
+//! the encoder, and hostile bytes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a failed test
+
+use infergate_kvevents::DecodeError;
+use infergate_kvevents::event::{
+    Batch, Encoding, Event, Removed, Stored, decode_batch, encode_batch,
+};
+
+fn expected_events(bytes_hash: u64) -> Vec<Event> {
+    vec![
+        Event::Stored(Stored {
+            block_hashes: vec![(1u64 << 63) + 12345, 7, (-42i64) as u64],
+            parent: None,
+            token_ids: (100..148).collect(),
+            block_size: 16,
+            lora_name: None,
+            lora_id: None,
+            medium: Some("GPU".into()),
+            extra: vec![],
+            group_idx: None,
+        }),
+        Event::Stored(Stored {
+            block_hashes: vec![bytes_hash],
+            parent: Some(7),
+            token_ids: (200..216).collect(),
+            block_size: 16,
+            lora_name: Some("sql-lora".into()),
+            lora_id: Some(3),
+            medium: Some("GPU".into()),
+            extra: vec![],
+            group_idx: Some(0),
+        }),
+        Event::Removed(Removed {
+            block_hashes: vec![7],
+            medium: Some("GPU".into()),
+            group_idx: None,
+        }),
+        Event::AllCleared,
+    ]
+}
+
+#[test]
+fn vllm_keyed_and_positional_payloads_decode_to_the_same_events() {
+    let keyed = decode_batch(include_bytes!("fixtures/keyed.msgpack")).unwrap();
+    let positional = decode_batch(include_bytes!("fixtures/positional.msgpack")).unwrap();
+    let Event::Stored(s) = &keyed.events[1] else {
+        panic!("{:?}", keyed.events[1]);
+    };
+    let bytes_hash = s.block_hashes[0];
+    let mut want = expected_events(bytes_hash);
+    assert_eq!(keyed.ts, 1767225600.5);
+    assert_eq!(keyed.data_parallel_rank, Some(0));
+    assert_eq!(keyed.events, want);
+    // The positional layout has no group_idx field.
+    if let Event::Stored(s) = &mut want[1] {
+        s.group_idx = None;
+    }
+    assert_eq!(positional.events, want);
+    assert_eq!(positional.ts, keyed.ts);
+    assert_eq!((keyed.unknown_events, positional.unknown_events), (0, 0));
+}
+
+#[test]
+fn both_encodings_round_trip() {
+    let batch = Batch {
+        ts: 12.25,
+        events: expected_events(99),
+        data_parallel_rank: Some(2),
+        unknown_events: 0,
+    };
+    for enc in [Encoding::Keyed, Encoding::Positional] {
+        let mut got = decode_batch(&encode_batch(&batch, enc)).unwrap();
+        // The encoder writes the fields vLLM's release of that shape has (no group_idx).
+        if let Event::Stored(s) = &mut got.events[1] {
+            s.group_idx = Some(0);
+        }
+        assert_eq!(got, batch, "{enc:?}");
+    }
+}
+
+/// A map-shaped batch, unknown keys, an unknown event type and trailing positional fields.
+#[test]
+fn unknown_keys_types_and_fields_are_skipped() {
+    use infergate_kvevents::msgpack::Writer;
+    let mut w = Writer::default();
+    w.map(4)
+        .str("ts")
+        .float(1.0)
+        .str("future_key")
+        .array(2)
+        .str("x")
+        .nil();
+    w.str("events").array(3);
+    // Keyed, with a key from a later release holding a nested value.
+    w.map(6)
+        .str("type")
+        .str("BlockRemoved")
+        .str("block_hashes")
+        .array(1)
+        .uint(5);
+    w.str("medium").nil().str("locality").str("LOCAL");
+    w.str("new_thing").map(1).str("a").array(1).float(2.0);
+    w.str("group_idx").uint(0);
+    // An event type from the future.
+    w.map(2)
+        .str("type")
+        .str("BlockPinned")
+        .str("block_hashes")
+        .array(1)
+        .uint(1);
+    // Positional with two trailing fields a later release appended.
+    w.array(5)
+        .str("BlockRemoved")
+        .array(1)
+        .uint(6)
+        .str("GPU")
+        .uint(0)
+        .str("extra");
+    w.str("data_parallel_rank").nil();
+    let b = decode_batch(&w.buf).unwrap();
+    assert_eq!(b.unknown_events, 1);
+    assert_eq!(b.events.len(), 2);
+    assert_eq!(
+        b.events[1],
+        Event::Removed(Removed {
+            block_hashes: vec![6],
+            medium: Some("GPU".into()),
+            group_idx: Some(0)
+        })
+    );
+}
+
+#[test]
+fn hostile_payloads_are_refused_not_trusted() {
+    use infergate_kvevents::msgpack::Writer;
+    // A length of 2^32-1 elements in a 6-byte buffer: refused before anything is reserved.
+    assert_eq!(
+        decode_batch(&[0x92, 0xcb, 0, 0, 0, 0]).unwrap_err(),
+        DecodeError::Truncated
+    );
+    let huge_array = [0x92u8, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    assert_eq!(
+        decode_batch(&huge_array).unwrap_err(),
+        DecodeError::Truncated
+    );
+    // Nesting past the limit.
+    let mut deep = vec![0x92, 0x00, 0x91, 0x92, 0xa4];
+    deep.extend_from_slice(b"Bogu");
+    deep.extend(std::iter::repeat_n(0x91, 100));
+    deep.push(0xc0);
+    assert!(decode_batch(&deep).is_err());
+    // A token id that does not fit u32, a negative block size.
+    let mut w = Writer::default();
+    w.array(2).float(0.0).array(1);
+    w.array(5)
+        .str("BlockStored")
+        .array(1)
+        .uint(1)
+        .nil()
+        .array(1)
+        .uint(1 << 40);
+    w.uint(16);
+    assert!(decode_batch(&w.buf).is_err());
+    let mut w = Writer::default();
+    w.array(2).float(0.0).array(1);
+    w.array(5)
+        .str("BlockStored")
+        .array(0)
+        .nil()
+        .array(0)
+        .int(-16);
+    assert!(decode_batch(&w.buf).is_err());
+    // A BlockStored map without its token ids; a map event without a type.
+    let mut w = Writer::default();
+    w.array(2).float(0.0).array(1);
+    w.map(3)
+        .str("type")
+        .str("BlockStored")
+        .str("block_hashes")
+        .array(0);
+    w.str("block_size").uint(16);
+    assert!(decode_batch(&w.buf).is_err());
+    let mut w = Writer::default();
+    w.array(2)
+        .float(0.0)
+        .array(1)
+        .map(1)
+        .str("block_hashes")
+        .array(0);
+    assert!(decode_batch(&w.buf).is_err());
+    // Bytes after the batch; invalid UTF-8; the reserved byte; nothing at all.
+    let mut ok = encode_batch(&Batch::default(), Encoding::Keyed);
+    assert!(decode_batch(&ok).is_ok());
+    ok.push(0);
+    assert!(decode_batch(&ok).is_err());
+    assert!(decode_batch(&[0x92, 0x00, 0x91, 0x91, 0xa2, 0xff, 0xfe]).is_err());
+    assert!(decode_batch(&[0xc1]).is_err());
+    assert!(decode_batch(&[]).is_err());
+    // Every prefix of a real payload fails cleanly.
+    let real = include_bytes!("fixtures/keyed.msgpack");
+    for n in 0..real.len() {
+        assert!(decode_batch(&real[..n]).is_err(), "prefix of {n} bytes");
+    }
+}
