@@ -14,6 +14,9 @@
 
 mod kv;
 
+pub use kv::KvEvent;
+pub(crate) use kv::PassThrough;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -23,7 +26,7 @@ use crate::histogram::{
     TOKEN_BUCKETS, TTFT_BUCKETS,
 };
 use crate::profile::{Profile, StepShape, pairs};
-use crate::tokens::{Prompt, synthetic_block_hash, text_block_hashes};
+use crate::tokens::{Prompt, prompt_block_hashes, synthetic_block_hash, text_block_hashes};
 use kv::BlockPool;
 
 /// A request as the engine sees it.
@@ -346,6 +349,9 @@ pub struct Engine {
     slowdown: f64,
     stats: Stats,
     hash_buf: Vec<u64>,
+    /// KV-cache events with the time the engine publishes them (the end of the step they belong
+    /// to, as vLLM publishes each step's batch), oldest first; empty unless recorded.
+    kv_events: VecDeque<(f64, KvEvent)>,
 }
 
 impl Engine {
@@ -379,7 +385,66 @@ impl Engine {
                 ..Stats::default()
             },
             hash_buf: Vec::new(),
+            kv_events: VecDeque::new(),
         }
+    }
+
+    /// Starts (or stops) recording the KV-cache events vLLM would publish (see [`KvEvent`]).
+    /// Off by default: nothing is recorded or allocated for them.
+    pub fn record_kv_events(&mut self, on: bool) {
+        self.pool.record_events(on);
+        if !on {
+            self.kv_events.clear();
+        }
+    }
+
+    /// Moves the KV-cache events published at or before `t` to `out` as (publish time, event),
+    /// oldest first. Events of a step in progress are published at its end (an eviction made
+    /// when a bulk step starts, at its first iteration's end), so they wait until then.
+    pub fn drain_kv_events(&mut self, t: f64, out: &mut Vec<(f64, KvEvent)>) {
+        while self.kv_events.front().is_some_and(|(at, _)| *at <= t) {
+            if let Some(e) = self.kv_events.pop_front() {
+                out.push(e);
+            }
+        }
+    }
+
+    /// Publishes the events the pool recorded since the last call at time `t`.
+    fn stamp_kv_events(&mut self, t: f64) {
+        if self.pool.records_events() {
+            self.pool.take_events(&mut self.kv_events, |e| (t, e));
+        }
+    }
+
+    /// Drops every cached prefix block, as vLLM's `/reset_prefix_cache` does (an
+    /// [`KvEvent::Cleared`] published at `now`). Refused (false) while any request holds blocks,
+    /// as in vLLM.
+    pub fn reset_prefix_cache(&mut self, now: f64) -> bool {
+        if self.has_work() || self.step.is_some() {
+            return false;
+        }
+        let done = self.pool.reset();
+        self.stamp_kv_events(now);
+        done
+    }
+
+    /// Leading prompt tokens of `prompt` whose blocks this engine's prefix cache holds now (whole
+    /// blocks): the engine's truth, which a router's event-fed view trails.
+    pub fn held_prefix_tokens(&self, prompt: &Prompt) -> u32 {
+        let mut hashes = Vec::new();
+        prompt_block_hashes(prompt, self.bs, self.seed, &mut hashes);
+        let run = hashes
+            .iter()
+            .take_while(|h| self.pool.contains(**h))
+            .count();
+        u32::try_from(run)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(self.bs)
+    }
+
+    /// The seed of this engine's prefix hash chain.
+    pub fn prefix_seed(&self) -> u64 {
+        self.seed
     }
 
     /// The profile.
@@ -553,6 +618,13 @@ impl Engine {
         {
             return Some(end);
         }
+        let end = self.plan_single(now);
+        self.stamp_kv_events(end.unwrap_or(now));
+        end
+    }
+
+    /// Plans one iteration (scheduling, KV allocation); its end time, if anything was scheduled.
+    fn plan_single(&mut self, now: f64) -> Option<f64> {
         let mut shape = StepShape::default();
         let mut budget = self.profile.max_num_batched_tokens;
         let mut preempted = false;
@@ -846,6 +918,9 @@ impl Engine {
         let a = self.profile.step_seconds(&shape(k0)) * self.slowdown;
         let b = self.profile.step_seconds(&shape(k0 + b_seqs)) * self.slowdown - a;
         let bulk = Bulk { k, a, b, reserved };
+        // The blocks for the whole segment were taken now; vLLM would take them iteration by
+        // iteration, so what that evicted is published at the first iteration's end.
+        self.stamp_kv_events(now + a);
         self.stats.bulk_steps += 1;
         let end = now + bulk.elapsed(k);
         self.step = Some(Step {
@@ -877,6 +952,7 @@ impl Engine {
             None => self.finish_single(t, step.end - step.start, sink),
             Some(bulk) => self.finish_bulk(&step, bulk, sink),
         }
+        self.stamp_kv_events(t);
         self.stats.evictions = self.pool.evictions;
         Some(t)
     }

@@ -3,7 +3,9 @@
 //! A router drives it: [`Fleet::submit`] a request to the pod it chose (the fleet first advances
 //! to the request's arrival), read pods' state with [`Fleet::view`] (exact, now) or
 //! [`Fleet::scraped`] (what a scraper polling every `interval` with `lag` would hold), and collect
-//! [`Completion`]s with [`Fleet::drain_completions`].
+//! [`Completion`]s with [`Fleet::drain_completions`]. With [`Fleet::record_kv_events`] the pods
+//! also publish their prefix-cache events ([`Fleet::drain_kv_events`]), which a
+//! [`crate::KvView`] turns into the router's view of what each pod holds.
 //!
 //! Each busy pod has one pending event (its step's end) in a binary heap; a pod that only decodes
 //! runs a bulk step (many iterations priced in closed form) that an arrival cuts short, so the cost
@@ -19,7 +21,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::spec::{EngineKind, FleetSpec};
 use crate::tokens::chain_seed;
-use crate::{Completion, Engine, EngineRequest, EngineView, Prompt, SimError};
+use crate::{Completion, Engine, EngineRequest, EngineView, KvEvent, Prompt, SimError};
 
 /// A request for the fleet.
 #[derive(Debug, Clone)]
@@ -94,6 +96,17 @@ pub struct FirstToken {
     pub pod: u32,
     /// Virtual time of the token, in seconds.
     pub t: f64,
+}
+
+/// A KV-cache event of one pod, with the virtual time the pod published it.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct PodKvEvent {
+    /// The pod that published it.
+    pub pod: u32,
+    /// Virtual time of publication, in seconds (the end of the engine step it belongs to).
+    pub t: f64,
+    /// What changed.
+    pub event: KvEvent,
 }
 
 /// Receives completions (and, when recorded, first tokens) and stamps the pod index.
@@ -400,6 +413,37 @@ impl Fleet {
             (false, true) => self.firsts = None,
             _ => {}
         }
+    }
+
+    /// Starts (or stops) recording every pod's KV-cache events (see [`KvEvent`]). Off by default:
+    /// the block pools then record nothing.
+    pub fn record_kv_events(&mut self, on: bool) {
+        for p in &mut self.pods {
+            p.engine.record_kv_events(on);
+        }
+    }
+
+    /// Moves the KV-cache events published up to now into `out`: pod by pod, each pod's in the
+    /// order it published them.
+    pub fn drain_kv_events(&mut self, out: &mut Vec<PodKvEvent>) {
+        let now = self.now;
+        let mut buf = Vec::new();
+        for (i, p) in self.pods.iter_mut().enumerate() {
+            p.engine.drain_kv_events(now, &mut buf);
+            out.extend(buf.drain(..).map(|(t, event)| PodKvEvent {
+                pod: i as u32,
+                t,
+                event,
+            }));
+        }
+    }
+
+    /// Resets pod `pod`'s prefix cache now (vLLM's `/reset_prefix_cache`); false when the pod
+    /// has requests holding blocks, as vLLM refuses then.
+    pub fn reset_prefix_cache(&mut self, pod: usize) -> Result<bool, SimError> {
+        let now = self.now;
+        let p = self.pods.get_mut(pod).ok_or(SimError::NoSuchPod(pod))?;
+        Ok(p.engine.reset_prefix_cache(now))
     }
 
     /// Moves the first tokens gathered so far into `out`, in the order they were produced per pod.

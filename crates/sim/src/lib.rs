@@ -42,23 +42,26 @@
 //! ```
 //!
 //! Layout: `profile` (cost model and tables), `tokens` (tokenizer stand-in, prefix hashes),
-//! `engine` (the state machine; `engine/kv.rs` the block pool), `histogram`, `spec` (fleet files),
-//! `fleet` (discrete-event driver), `serve` (HTTP emulator; `serve/http.rs` the OpenAI API,
-//! `serve/page.rs` the metrics pages, `serve/peer.rs` what other routers call on vLLM:
-//! tokenize, render, load).
+//! `engine` (the state machine; `engine/kv.rs` the block pool and its KV-cache events),
+//! `histogram`, `spec` (fleet files), `fleet` (discrete-event driver), `kv_view` (the router's
+//! event-fed view of each pod's prefix cache), `serve` (HTTP emulator; `serve/http.rs` the
+//! OpenAI API, `serve/page.rs` the metrics pages, `serve/peer.rs` what other routers call on
+//! vLLM: tokenize, render, load).
 
 pub mod engine;
 mod error;
 pub mod fleet;
 pub mod histogram;
+pub mod kv_view;
 pub mod profile;
 pub mod serve;
 pub mod spec;
 pub mod tokens;
 
-pub use engine::{Completion, Engine, EngineRequest, EngineView, Sink};
+pub use engine::{Completion, Engine, EngineRequest, EngineView, KvEvent, Sink};
 pub use error::SimError;
-pub use fleet::{FirstToken, Fleet, Request, ScrapeConfig};
+pub use fleet::{FirstToken, Fleet, PodKvEvent, Request, ScrapeConfig};
+pub use kv_view::KvView;
 pub use profile::{Catalog, Profile, StepShape};
 pub use serve::{POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet, serve_fleet_at};
 pub use spec::{EngineKind, Faults, FleetSpec, MetricsFault, PodSpec};

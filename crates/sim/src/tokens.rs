@@ -165,6 +165,23 @@ pub fn text_block_hashes(text: &str, block_size: u32, seed: u64, out: &mut Vec<u
     }
 }
 
+/// Appends the hashes an engine caches `prompt`'s blocks under, in order: every full block of a
+/// text prompt ([`text_block_hashes`]); the shared full blocks of a synthetic one (its unique rest
+/// can never match another request, so it is never looked up).
+pub fn prompt_block_hashes(prompt: &Prompt, block_size: u32, seed: u64, out: &mut Vec<u64>) {
+    match prompt {
+        Prompt::Text(text) => text_block_hashes(text, block_size, seed, out),
+        Prompt::Tokens {
+            tokens,
+            prefix_group,
+            prefix_tokens,
+        } => {
+            let shared = (*prefix_tokens).min(*tokens) / block_size.max(1);
+            out.extend((0..shared).map(|i| synthetic_block_hash(seed, *prefix_group, i, true)));
+        }
+    }
+}
+
 /// Hash of block `index` of a synthetic prompt: shared blocks depend on the group only, the others
 /// on `unique` (a per-request value), so they never match another request's.
 pub fn synthetic_block_hash(seed: u64, group_or_unique: u64, index: u32, shared: bool) -> u64 {

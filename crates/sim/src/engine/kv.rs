@@ -5,11 +5,36 @@
 //! allocation that runs out of never-hashed free blocks evicts the least recently freed cached
 //! block, as vLLM's free-block queue does. Freed chains are queued tail-first so that a chain is
 //! evicted from its end and its start (the part other prompts share) survives longest.
+//!
+//! When asked to, the pool also records the KV-cache events vLLM publishes for its prefix cache
+//! ([`KvEvent`]): a block stored under a hash, a cached block removed by eviction, the whole
+//! cache cleared. Recording is off by default, so runs that do not read the events pay nothing.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 const NIL: u32 = u32::MAX;
+
+/// A change to a pod's prefix cache, as vLLM's KV-event publisher reports it.
+///
+/// vLLM's `BlockStored` also carries the parent hash, the block's token ids and the LoRA id so
+/// that a subscriber can derive its own keys; here the router and the engine share one hash
+/// chain (see [`crate::tokens`]), so the hash alone identifies the prefix up to the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvEvent {
+    /// A full prompt block got its hash and joined the prefix cache (`BlockStored`).
+    Stored {
+        /// The block's chain hash.
+        hash: u64,
+    },
+    /// A cached block was evicted to make room (`BlockRemoved`).
+    Removed {
+        /// The block's chain hash.
+        hash: u64,
+    },
+    /// The prefix cache was reset: every cached block is gone (`AllBlocksCleared`).
+    Cleared,
+}
 
 /// Keys are already xxh64 hashes: pass them through instead of hashing them again.
 #[derive(Debug, Default, Clone, Copy)]
@@ -57,6 +82,8 @@ pub(crate) struct BlockPool {
     map: HashMap<u64, u32, BuildHasherDefault<PassThrough>>,
     /// Cached blocks evicted so far.
     pub(crate) evictions: u64,
+    /// Events since the engine last took them; `None` when not recorded.
+    events: Option<Vec<KvEvent>>,
 }
 
 impl BlockPool {
@@ -71,7 +98,52 @@ impl BlockPool {
             free_slots: Vec::new(),
             map: HashMap::default(),
             evictions: 0,
+            events: None,
         }
+    }
+
+    /// Starts (or stops, dropping what was held) recording [`KvEvent`]s.
+    pub(crate) fn record_events(&mut self, on: bool) {
+        match (on, self.events.is_some()) {
+            (true, false) => self.events = Some(Vec::new()),
+            (false, true) => self.events = None,
+            _ => {}
+        }
+    }
+
+    /// Whether events are recorded.
+    pub(crate) fn records_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Moves the recorded events, oldest first, to `out` (`f` maps each one).
+    pub(crate) fn take_events<T>(&mut self, out: &mut impl Extend<T>, f: impl Fn(KvEvent) -> T) {
+        if let Some(ev) = &mut self.events {
+            out.extend(ev.drain(..).map(f));
+        }
+    }
+
+    fn emit(&mut self, e: KvEvent) {
+        if let Some(ev) = &mut self.events {
+            ev.push(e);
+        }
+    }
+
+    /// Drops every cached block, as vLLM's `reset_prefix_cache` does: only when no request holds
+    /// a block (false, and nothing changed, otherwise).
+    pub(crate) fn reset(&mut self) -> bool {
+        if self.used() > 0 {
+            return false;
+        }
+        self.free_plain = self.total;
+        self.lru_len = 0;
+        self.head = NIL;
+        self.tail = NIL;
+        self.slots.clear();
+        self.free_slots.clear();
+        self.map.clear();
+        self.emit(KvEvent::Cleared);
+        true
     }
 
     pub(crate) fn total(&self) -> u64 {
@@ -159,6 +231,7 @@ impl BlockPool {
             next: NIL,
         });
         self.map.insert(hash, idx);
+        self.emit(KvEvent::Stored { hash });
     }
 
     /// Returns `n` blocks that hold KV nobody can ever look up again: they go to the LRU tail as
@@ -210,6 +283,7 @@ impl BlockPool {
         self.unlink(idx);
         if mapped {
             self.map.remove(&hash);
+            self.emit(KvEvent::Removed { hash });
         }
         self.free_slots.push(idx);
     }
@@ -290,6 +364,53 @@ mod tests {
         assert!(p.alloc(3)); // the run
         assert_eq!(p.available(), 0);
         assert_eq!(p.evictions, 4);
+    }
+
+    #[test]
+    fn events_follow_stores_evictions_and_resets() {
+        let mut p = BlockPool::new(4);
+        let mut ev = Vec::new();
+        let take = |p: &mut BlockPool, ev: &mut Vec<KvEvent>| {
+            ev.clear();
+            p.take_events(ev, |e| e);
+        };
+        // Not recording: nothing is kept.
+        assert!(p.alloc(1));
+        p.publish(9);
+        take(&mut p, &mut ev);
+        assert!(ev.is_empty());
+        p.release(9);
+        p.record_events(true);
+        assert!(p.alloc(3));
+        p.publish(1);
+        p.publish(2);
+        p.publish(2); // shared, not stored again
+        take(&mut p, &mut ev);
+        assert_eq!(
+            ev,
+            [KvEvent::Stored { hash: 1 }, KvEvent::Stored { hash: 2 }]
+        );
+        p.release(2);
+        p.release(2);
+        p.release(1);
+        // One plain block is free (the duplicate gave its own back); then 9 was freed first,
+        // then 2, then 1: evictions go in that order.
+        assert!(p.alloc(2));
+        take(&mut p, &mut ev);
+        assert_eq!(ev, [KvEvent::Removed { hash: 9 }]);
+        assert!(p.alloc(1));
+        take(&mut p, &mut ev);
+        assert_eq!(ev, [KvEvent::Removed { hash: 2 }]);
+        assert!(p.contains(1));
+        assert!(!p.reset(), "blocks in use: refused");
+        take(&mut p, &mut ev);
+        assert!(ev.is_empty());
+        p.free(3);
+        assert!(p.reset());
+        take(&mut p, &mut ev);
+        assert_eq!(ev, [KvEvent::Cleared]);
+        assert!(!p.contains(1));
+        assert_eq!(p.available(), 4);
     }
 
     #[test]
