@@ -134,6 +134,24 @@ pub struct PickerArgs {
     /// Default: `$HOSTNAME`.
     #[arg(long, env = "POD_NAME")]
     pub replica_name: Option<String>,
+    /// Precise prefix routing: subscribe to every pod's KV-cache events on this port (vLLM's
+    /// `--kv-events-config` `endpoint`, e.g. `tcp://*:5557`) and match each request's tokens
+    /// against what the pods hold. Needs `--tokenizer`.
+    #[arg(long, requires = "tokenizer", value_parser = clap::value_parser!(u16).range(1..))]
+    pub kv_events_port: Option<u16>,
+    /// The engines' KV-event replay port (`replay_endpoint`), used to fill gaps.
+    #[arg(long, requires = "kv_events_port", value_parser = clap::value_parser!(u16).range(1..))]
+    pub kv_events_replay_port: Option<u16>,
+    /// The KV-event topic subscribed to (vLLM's `topic`; default: all).
+    #[arg(long, requires = "kv_events_port")]
+    pub kv_events_topic: Option<String>,
+    /// The precise index's memory bound in bytes (default 256 MiB), shared by the pods.
+    #[arg(long, requires = "kv_events_port")]
+    pub kv_index_bytes: Option<u64>,
+    /// The model's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`, optionally
+    /// `chat_template.jinja`; e.g. a mounted ConfigMap), for `--kv-events-port`.
+    #[arg(long, value_name = "DIR", requires = "kv_events_port")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl PickerArgs {
@@ -165,7 +183,28 @@ impl PickerArgs {
             peer_port: None,
             peer_interval_ms: None,
             replica_name: None,
+            kv_events_port: None,
+            kv_events_replay_port: None,
+            kv_events_topic: None,
+            kv_index_bytes: None,
+            tokenizer: None,
         }
+    }
+
+    /// Precise prefix routing's settings, when `--kv-events-port` is given.
+    pub fn precise(&self) -> Option<infergate_pool::precise::PreciseConfig> {
+        let port = self.kv_events_port?;
+        let tokenizer = self.tokenizer.clone()?;
+        let mut cfg = infergate_pool::precise::PreciseConfig::new(tokenizer);
+        cfg.events_port = port;
+        cfg.replay_port = self.kv_events_replay_port;
+        if let Some(t) = &self.kv_events_topic {
+            cfg.topic = t.clone();
+        }
+        if let Some(b) = self.kv_index_bytes {
+            cfg.byte_budget = b;
+        }
+        Some(cfg)
     }
 
     /// The ext_proc port's certificate, when TLS is asked for.

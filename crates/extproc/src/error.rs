@@ -52,6 +52,9 @@ pub enum Error {
     /// The peer exchange's settings are invalid or its port could not be bound.
     #[error(transparent)]
     Peers(#[from] infergate_pool::peers::PeerSetupError),
+    /// Precise prefix routing could not start (its tokenizer did not load).
+    #[error(transparent)]
+    Precise(#[from] infergate_pool::precise::PreciseError),
     /// The ext_proc port's certificate could not be loaded or generated.
     #[error("ext_proc TLS")]
     Tls(#[from] infergate_pool::tls::TlsError),

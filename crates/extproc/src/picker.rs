@@ -61,6 +61,10 @@ pub struct PickerConfig {
     /// `x-llm-d-inference-fairness-id` (else `default`), the priority the objective named by
     /// `x-llm-d-inference-objective`. `run_picker` turns it into [`PickerConfig::flow`].
     pub flow_control: Option<infergate_pool::flow::FlowSettings>,
+    /// Precise prefix routing (`--tokenizer`, `--kv-events-port`): requests tokenized with the
+    /// model's tokenizer and matched against the engines' KV-cache events. `run_picker` turns it
+    /// on in the pool.
+    pub precise: Option<infergate_pool::precise::PreciseConfig>,
     /// The running flow controller (set by `run_picker` from `flow_control`, or by a test);
     /// `None`: no flow control, a saturated pool routes or sheds at once.
     pub flow: Option<infergate_pool::flow::FlowController>,
@@ -80,6 +84,7 @@ impl Default for PickerConfig {
             explain_header: false,
             flow_control: None,
             flow: None,
+            precise: None,
         }
     }
 }

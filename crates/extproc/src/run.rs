@@ -137,6 +137,19 @@ pub async fn run_picker(
             Cow::Owned(picker.pool_name.clone()),
         ))),
     )?;
+    if let Some(cfg) = &picker.precise {
+        let precise = infergate_pool::precise::Precise::new(
+            cfg,
+            Some(registry.sub_registry_with_label((
+                Cow::Borrowed("pool"),
+                Cow::Owned(picker.pool_name.clone()),
+            ))),
+        )?;
+        // A fresh pool: the first call always takes.
+        let _ = live.enable_precise(precise);
+        tracing::info!(tokenizer = %cfg.tokenizer.display(), events_port = cfg.events_port,
+            replay_port = ?cfg.replay_port, "precise prefix routing on");
+    }
     let telemetry = Telemetry::register(&mut registry);
     // Active-active: the exchange shares this pool's series' `pool` label.
     let _peers = match listeners.peers {

@@ -36,4 +36,4 @@ pub mod zmtp;
 
 pub use error::{ConfigError, DecodeError, ZmtpError};
 pub use index::{IndexStats, KvIndex, MatchScratch};
-pub use subscriber::{KvEvents, SubscriberConfig};
+pub use subscriber::{Feed, KvEvents, SubscriberConfig};

@@ -231,10 +231,20 @@ impl Inner {
     }
 }
 
+/// Where one pod's engine publishes its events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Feed {
+    /// The `PUB` socket.
+    pub events: SocketAddr,
+    /// The replay (`ROUTER`) socket, when served.
+    pub replay: Option<SocketAddr>,
+}
+
 /// The precise prefix index and the subscribers that keep it.
 pub struct KvEvents {
     inner: Arc<Inner>,
-    tasks: Mutex<HashMap<SocketAddr, JoinHandle<()>>>,
+    /// Per pod: its subscriber and where it subscribes (publisher, replay).
+    tasks: Mutex<HashMap<SocketAddr, (JoinHandle<()>, Feed)>>,
 }
 
 impl std::fmt::Debug for KvEvents {
@@ -248,7 +258,7 @@ impl std::fmt::Debug for KvEvents {
 impl Drop for KvEvents {
     fn drop(&mut self) {
         let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (_, t) in tasks.drain() {
+        for (_, (t, _)) in tasks.drain() {
             t.abort();
         }
     }
@@ -280,25 +290,42 @@ impl KvEvents {
     /// Subscribes to the engine serving at `pod` (its events on the same host, at the
     /// configured ports). Must run inside a tokio runtime. Does nothing for a known pod.
     pub fn add_pod(&self, pod: SocketAddr) {
-        let events = SocketAddr::new(pod.ip(), self.inner.cfg.port);
-        let replay = self
-            .inner
-            .cfg
-            .replay_port
-            .map(|p| SocketAddr::new(pod.ip(), p));
-        self.add_pod_at(pod, events, replay);
+        let f = self.feed_of(pod, None, None);
+        self.add_pod_at(pod, f.events, f.replay);
     }
 
     /// Subscribes to the engine serving at `pod` whose publisher is at `events` (and replay
     /// socket at `replay`).
+    /// A pod already subscribed at another address is subscribed afresh.
     pub fn add_pod_at(&self, pod: SocketAddr, events: SocketAddr, replay: Option<SocketAddr>) {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        if tasks.contains_key(&pod) {
-            return;
+        let feed = Feed { events, replay };
+        let known = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pod)
+            .map(|(_, f)| *f);
+        match known {
+            Some(f) if f == feed => return,
+            Some(_) => self.remove_pod(pod),
+            None => {}
         }
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         self.inner.write().pod(pod);
         let inner = self.inner.clone();
-        tasks.insert(pod, tokio::spawn(run_pod(inner, pod, events, replay)));
+        let task = tokio::spawn(run_pod(inner, pod, events, replay));
+        tasks.insert(pod, (task, feed));
+    }
+
+    /// The feed address of `pod` served at `pod`, with per-pod port overrides.
+    pub fn feed_of(&self, pod: SocketAddr, port: Option<u16>, replay_port: Option<u16>) -> Feed {
+        let cfg = &self.inner.cfg;
+        Feed {
+            events: SocketAddr::new(pod.ip(), port.unwrap_or(cfg.port)),
+            replay: replay_port
+                .or(cfg.replay_port)
+                .map(|p| SocketAddr::new(pod.ip(), p)),
+        }
     }
 
     /// Stops subscribing to `pod` and forgets its blocks.
@@ -308,7 +335,7 @@ impl KvEvents {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&pod);
-        if let Some(t) = task {
+        if let Some((t, _)) = task {
             t.abort();
             let mut ix = self.inner.write();
             ix.remove_pod(pod);
@@ -318,21 +345,30 @@ impl KvEvents {
         }
     }
 
-    /// Makes the subscribed pods exactly `pods`.
+    /// Makes the subscribed pods exactly `pods`, each at the configured ports.
     pub fn sync_pods(&self, pods: &[SocketAddr]) {
+        let feeds: Vec<(SocketAddr, Feed)> = pods
+            .iter()
+            .map(|p| (*p, self.feed_of(*p, None, None)))
+            .collect();
+        self.sync_feeds(&feeds);
+    }
+
+    /// Makes the subscribed pods exactly `pods`, each at its feed.
+    pub fn sync_feeds(&self, pods: &[(SocketAddr, Feed)]) {
         let stale: Vec<SocketAddr> = self
             .tasks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .keys()
-            .filter(|p| !pods.contains(p))
+            .filter(|p| !pods.iter().any(|(q, _)| q == *p))
             .copied()
             .collect();
         for p in stale {
             self.remove_pod(p);
         }
-        for p in pods {
-            self.add_pod(*p);
+        for (p, f) in pods {
+            self.add_pod_at(*p, f.events, f.replay);
         }
     }
 

@@ -59,6 +59,7 @@ pub mod histogram;
 pub mod lifecycle;
 pub mod peers;
 pub mod pods;
+pub mod precise;
 pub mod quota;
 pub mod redis;
 pub mod tenant;
@@ -154,6 +155,8 @@ struct Shared {
     peer_wake: tokio::sync::Notify,
     /// Whether an exchange runs (no wake-ups are stored otherwise).
     peer_wake_on: AtomicBool,
+    /// Precise prefix routing, once enabled ([`LivePool::enable_precise`]).
+    precise: std::sync::OnceLock<precise::Precise>,
 }
 
 /// A pool of model-server endpoints with live metrics and a scheduler. Cheap to clone.
@@ -270,6 +273,7 @@ impl LivePool {
                 fail_open_enabled,
                 peer_wake: tokio::sync::Notify::new(),
                 peer_wake_on: AtomicBool::new(false),
+                precise: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -301,6 +305,9 @@ impl LivePool {
                 st.scheduler.upsert_endpoint(e.clone());
             }
         }
+        if let Some(p) = self.shared.precise.get() {
+            p.set_endpoints(endpoints.iter());
+        }
         // Scheduler first, scraper second: a first snapshot always finds its endpoint.
         self.shared.scraper.set_targets(
             endpoints
@@ -312,6 +319,27 @@ impl LivePool {
             .endpoints
             .set(i64::try_from(endpoints.len()).unwrap_or(i64::MAX));
         Ok(())
+    }
+
+    /// Turns on precise prefix routing: from now on the pool subscribes to every endpoint's
+    /// KV-event feed. Must be called inside a tokio runtime; a second call is refused (the
+    /// precise state is returned back).
+    pub fn enable_precise(&self, precise: precise::Precise) -> Result<(), precise::Precise> {
+        self.shared.precise.set(precise)?;
+        if let Some(p) = self.shared.precise.get() {
+            let metas: Vec<EndpointMeta> = lock(&self.shared.state)
+                .scheduler
+                .endpoints()
+                .cloned()
+                .collect();
+            p.set_endpoints(metas.iter());
+        }
+        Ok(())
+    }
+
+    /// Precise prefix routing, when enabled.
+    pub fn precise(&self) -> Option<&precise::Precise> {
+        self.shared.precise.get()
     }
 
     /// Chooses endpoints for a request. The returned guard holds the in-flight entry.
@@ -467,6 +495,9 @@ impl LivePool {
     /// Stops scraping. Picks keep working on the last snapshots until they age out.
     pub fn shutdown(&self) {
         self.shared.scraper.shutdown();
+        if let Some(p) = self.shared.precise.get() {
+            p.set_endpoints(std::iter::empty());
+        }
     }
 
     fn with_scheduler<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {

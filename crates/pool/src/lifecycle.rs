@@ -78,6 +78,11 @@ pub trait EndpointPool: Clone + Send + Sync + 'static {
     fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         None
     }
+
+    /// Precise prefix routing (the tokenizer and the KV-event index), when the pool has it.
+    fn precise(&self) -> Option<&crate::precise::Precise> {
+        None
+    }
 }
 
 /// The in-flight entry of one routed request. Dropping it without [`InflightGuard::complete`] or
@@ -116,6 +121,10 @@ impl EndpointPool for LivePool {
 
     fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         Some(LivePool::changes(self))
+    }
+
+    fn precise(&self) -> Option<&crate::precise::Precise> {
+        LivePool::precise(self)
     }
 }
 

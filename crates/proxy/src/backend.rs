@@ -29,6 +29,8 @@ pub(crate) struct Backend {
     /// HTTPS to the model's servers, built from `tls` when the pool started.
     pub(crate) tls: Option<ClientTls>,
     tls_config: Option<UpstreamTls>,
+    /// The precise prefix routing it started with (a change starts a new backend).
+    precise: Option<infergate_pool::precise::PreciseConfig>,
 }
 
 impl Backend {
@@ -64,6 +66,16 @@ impl Backend {
             model: model.name.clone(),
             source,
         })?;
+        if let Some(cfg) = &model.precise_prefix {
+            let precise = infergate_pool::precise::Precise::new(cfg, Some(&mut registry)).map_err(
+                |source| Error::Precise {
+                    model: model.name.clone(),
+                    source,
+                },
+            )?;
+            // A fresh pool: the first call always takes.
+            let _ = pool.enable_precise(precise);
+        }
         let backend = Backend {
             pool,
             registry: Arc::new(registry),
@@ -71,6 +83,7 @@ impl Backend {
             scrape: scrape.clone(),
             tls,
             tls_config: model.tls.clone(),
+            precise: model.precise_prefix.clone(),
         };
         backend.set_endpoints(model)?;
         Ok(backend)
@@ -98,6 +111,9 @@ impl Backend {
     /// Whether a reload to `model` under `scrape` can keep this pool (same scheduler, scrape
     /// and TLS settings; membership is updated in place).
     pub(crate) fn reusable_for(&self, model: &ModelConfig, scrape: &Scrape) -> bool {
-        self.config == model.scheduler && &self.scrape == scrape && self.tls_config == model.tls
+        self.config == model.scheduler
+            && &self.scrape == scrape
+            && self.tls_config == model.tls
+            && self.precise == model.precise_prefix
     }
 }

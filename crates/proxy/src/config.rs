@@ -279,6 +279,9 @@ pub struct ModelConfig {
     pub limits: ModelLimits,
     /// HTTPS to this model's servers (requests and metrics scrapes); `None` is plain HTTP.
     pub tls: Option<UpstreamTls>,
+    /// Precise prefix routing (`precisePrefix`): the model's tokenizer and its servers'
+    /// KV-cache events. A change on reload starts the model's pool afresh.
+    pub precise_prefix: Option<infergate_pool::precise::PreciseConfig>,
 }
 
 #[derive(Deserialize)]
@@ -299,6 +302,8 @@ struct RawModel {
     limits: ModelLimits,
     #[serde(default)]
     tls: Option<UpstreamTls>,
+    #[serde(default)]
+    precise_prefix: Option<infergate_pool::precise::PreciseConfig>,
 }
 
 impl TryFrom<RawModel> for ModelConfig {
@@ -342,6 +347,7 @@ impl TryFrom<RawModel> for ModelConfig {
             endpoints: r.endpoints,
             limits: r.limits,
             tls: r.tls,
+            precise_prefix: r.precise_prefix,
         })
     }
 }

@@ -41,6 +41,15 @@ pub enum Error {
         #[source]
         source: infergate_pool::PoolError,
     },
+    /// A model's precise prefix routing could not start (its tokenizer did not load).
+    #[error("model `{model}`: {source}")]
+    Precise {
+        /// The model.
+        model: String,
+        /// What failed.
+        #[source]
+        source: infergate_pool::precise::PreciseError,
+    },
     /// Authentication could not be set up (JWKS client, API key file).
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthSetupError),

@@ -311,6 +311,14 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
         &segments,
         None,
     );
+    let mut cached = Vec::new();
+    let cx = infergate_pool::precise::refine(
+        cx,
+        model.backend.pool.precise(),
+        &parsed,
+        &a.body,
+        &mut cached,
+    );
     let explain = state.config.explain_header
         && a.parts
             .headers

@@ -117,6 +117,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let precise = args.precise();
     let picker = PickerConfig {
         pool_name: args.pool_name,
         model_rewrites,
@@ -125,6 +126,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         rewrites,
         max_body_bytes: args.max_body_bytes,
         explain_header: args.explain_header,
+        precise,
         ..PickerConfig::default()
     };
     let pool = PoolConfig {

@@ -26,6 +26,7 @@ use infergate_pool::lifecycle::{
     self, Admission, Ending, ResponseWatch, Segments, admit_quota, pick, rejection_error,
     settle_quota,
 };
+use infergate_pool::precise;
 use infergate_pool::quota::QuotaTicket;
 use infergate_pool::tenant::DEFAULT_TENANT;
 use infergate_scheduler::RequestContext;
@@ -444,6 +445,8 @@ impl<P: EndpointPool> PickerExchange<P> {
                 let (base, subset) = (self.base_hint.take(), self.subset.take());
                 let (model, lora) = split_adapter(routed_model, base.as_deref());
                 let cx = lifecycle::context(&parsed, model, lora, &segments, subset.as_deref());
+                let mut cached = Vec::new();
+                let cx = precise::refine(cx, shared.pool.precise(), &parsed, &body, &mut cached);
                 let decided = self.decide(&cx, parsed.model.as_ref(), body.len());
                 (self.base_hint, self.subset) = (base, subset);
                 let picked = match decided {
