@@ -10,7 +10,8 @@
 # install only; .ci/run points it outside the clone so CI runs on one machine share it);
 # work files and reports go under <repo>/target/real-vllm (REAL_VLLM_OUT); INFERGATE_BIN (default: cargo build -p infergate-cli, target/debug/infergate),
 # REAL_VLLM_PYTHON (a Python 3.12 for both venvs; default: pyenv's 3.12.x, else python3.12).
-# Every server listens on 127.0.0.1 only.
+# Every server listens on 127.0.0.1 only, but the vLLM instances' KV-event sockets (check 9):
+# vLLM binds only a wildcard endpoint, so those listen on every interface for the suite's run.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
@@ -122,7 +123,7 @@ fi
 [ -x "$INFERGATE_BIN" ] || fail "no infergate binary at $INFERGATE_BIN"
 
 # --- the suite ---------------------------------------------------------------------------------
-step "suite (setup, then checks ${REAL_VLLM_CHECKS:-1,2,3,5,6,7,4})"
+step "suite (setup, then checks ${REAL_VLLM_CHECKS:-1,2,3,5,6,7,8,4})"
 mkdir -p "$WORK" "$REPORTS"
 rm -rf "$WORK/logs"
 set +e

@@ -51,6 +51,18 @@ class Suite:
         self.vllm_ports = {"A": free_port(), "B": free_port()}
         while self.vllm_ports["B"] == self.vllm_ports["A"]:
             self.vllm_ports["B"] = free_port()
+        # Each instance's KV-event publisher and replay socket (check 9). vLLM binds only a
+        # wildcard endpoint (it connects to any other), so these two listen on every interface.
+        self.kv_ports = {}
+        taken = set(self.vllm_ports.values())
+        for inst in ("A", "B"):
+            pair = []
+            while len(pair) < 2:
+                p = free_port()
+                if p not in taken:
+                    taken.add(p)
+                    pair.append(p)
+            self.kv_ports[inst] = tuple(pair)
         self.gw_port = None
         self.gw_admin = None
         self.timings = {}
@@ -129,7 +141,11 @@ class Suite:
                 "--distributed-executor-backend", "uni", "--num-gpu-blocks-override", "64",
                 "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
                 "--lora-modules", *(f"{n}={p}" for n, p in self.adapters.items()),
-                "--enable-prefix-caching", "--seed", "0"]
+                "--enable-prefix-caching", "--seed", "0",
+                "--kv-events-config", json.dumps({
+                    "enable_kv_cache_events": True, "publisher": "zmq",
+                    "endpoint": f"tcp://*:{self.kv_ports[inst][0]}",
+                    "replay_endpoint": f"tcp://*:{self.kv_ports[inst][1]}"})]
 
     def vllm_env(self, inst):
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -1127,6 +1143,211 @@ storage:
                f"both runs succeeded entirely (gateway {g[1]} ok / {g[2]} failed, direct "
                f"{dct[1]} ok / {dct[2]} failed)")
 
+    # ------------------------------------------------------------------ check 8
+    # Completions prompts and chats (string content, text-part arrays, a developer message the
+    # template does not know, special-token text, unicode) that `infergate tokenize` and vLLM's
+    # POST /tokenize must tokenize to the same ids.
+    TOKENIZE_PROMPTS = [
+        "hello world",
+        "the quick brown fox jumps over the lazy dog " * 40,
+        "héllo wörld — 日本語 🦀 naïve\n\ttabbed  spaces  ",
+        "<|bos|>special<|end|> text <|assistant|>",
+    ]
+    TOKENIZE_CHATS = [
+        [{"role": "user", "content": "hello world"}],
+        [{"role": "system", "content": "You are brief."},
+         {"role": "user", "content": "count one two three"},
+         {"role": "assistant", "content": "one two three"},
+         {"role": "user", "content": "now four five"}],
+        [{"role": "user", "content": [{"type": "text", "text": "first part"},
+                                      {"type": "text", "text": "second part"}]}],
+        [{"role": "user", "content": "hi"}, {"role": "developer", "content": "be terse"}],
+        [{"role": "user", "content": "日本語 🦀 «quotes»\nnew line " * 20}],
+    ]
+
+    def check_tokenize(self):
+        def ours(*argv):
+            r = subprocess.run([self.a.bin, "tokenize", "--tokenizer", self.model_dir, *argv],
+                               capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise CheckFailed(f"infergate tokenize {' '.join(argv)[:80]} failed:\n"
+                                  f"{r.stderr[-2000:]}")
+            return json.loads(r.stdout)["tokens"]
+
+        def theirs(body):
+            r = self.http.post(self.url("A", "/tokenize"), json={"model": MODEL, **body})
+            if r.status_code != 200:
+                raise CheckFailed(f"vLLM /tokenize answered {r.status_code}: {r.text[:300]}")
+            return r.json()["tokens"]
+
+        def first_diff(a, b):
+            return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+        diffs, n, tokens = [], 0, 0
+        for prompt in self.TOKENIZE_PROMPTS:
+            a, b = ours("--prompt", prompt), theirs({"prompt": prompt})
+            n, tokens = n + 1, tokens + len(b)
+            if a != b:
+                diffs.append(f"  prompt {prompt[:40]!r}: infergate {len(a)} ids, vLLM {len(b)}, "
+                             f"first difference at {first_diff(a, b)}")
+        path = os.path.join(self.work, "tokenize-chat.json")
+        for messages in self.TOKENIZE_CHATS:
+            with open(path, "w") as f:
+                json.dump({"model": MODEL, "messages": messages}, f)
+            a = ours("--chat-json", path)
+            b = theirs({"messages": messages, "add_generation_prompt": True})
+            n, tokens = n + 1, tokens + len(b)
+            if a != b:
+                diffs.append(f"  chat {json.dumps(messages)[:60]}: infergate {len(a)} ids, "
+                             f"vLLM {len(b)}, first difference at {first_diff(a, b)}")
+        print(f"    {n} inputs, {tokens} tokens in all")
+        if diffs:
+            print("\n".join(diffs))
+        expect(not diffs, f"infergate tokenize gives vLLM's /tokenize ids for every prompt and "
+               f"chat ({len(diffs)} of {n} differ)")
+
+    # ------------------------------------------------------------------ check 9
+    def check_precise_prefix(self):
+        """A gateway with precisePrefix: the instances' own KV events (BlockStored and
+        BlockRemoved) decide where a repeated long prompt goes — even one this gateway never
+        routed — and an eviction moves it; vllm:prefix_cache_hits_total confirms the hits."""
+        port, admin = free_port(), free_port()
+        eps = "\n".join(
+            f"      - address: {self.addr(i)}\n        labels:\n"
+            f"          infergate.io/kv-events-port: \"{self.kv_ports[i][0]}\"\n"
+            f"          infergate.io/kv-events-replay-port: \"{self.kv_ports[i][1]}\""
+            for i in ("A", "B"))
+        cfg = f"""# written by tests/e2e/real-vllm/suite.py (check 9)
+listen: {LOCAL}:{port}
+admin: {LOCAL}:{admin}
+reloadIntervalMs: 0
+auth: none
+explainHeader: true
+models:
+  - name: {MODEL}
+    engine: vllm
+    scheduler:
+      preset: infergate
+    precisePrefix:
+      tokenizer: {self.model_dir}
+    endpoints:
+{eps}
+"""
+        path = os.path.join(self.work, "gateway-precise.yaml")
+        with open(path, "w") as f:
+            f.write(cfg)
+        self.procs.start("gateway-precise", [self.a.bin, "gateway", "--config", path,
+                                             "--workers", "1"],
+                         env={"RUST_LOG": os.environ.get("REAL_VLLM_GATEWAY_LOG", "info")})
+        wait_until(lambda: http_ok(f"http://{LOCAL}:{admin}/readyz"), 30, 0.2,
+                   "precise gateway /readyz")
+
+        def gw_metric(name, **match):
+            text = scrape(f"http://{LOCAL}:{admin}/metrics")
+            return sum(v for n, labels, v in parse_samples(text)
+                       if n.endswith(name) and all(labels.get(k) == x for k, x in match.items()))
+
+        wait_until(lambda: gw_metric("kv_events_connected_pods") == 2, 30, 0.2,
+                   "both instances' KV-event feeds connected")
+        gw = f"http://{LOCAL}:{port}/v1/completions"
+        words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+        tag = random.randrange(1 << 30)
+        rng = random.Random(tag)
+
+        def prompt(label, n_words=70):
+            return f"[{label} {tag}] " + " ".join(rng.choice(words) for _ in range(n_words))
+
+        def hits():
+            return {i: metric(scrape(self.url(i, "/metrics")), "vllm:prefix_cache_hits_total")
+                    for i in ("A", "B")}
+
+        def via_gateway(p, n):
+            where, explained = [], []
+            for _ in range(n):
+                r = self.post_explained(gw, self.completion_body(prompt=p, max_tokens=2),
+                                        explained)
+                expect(r.status_code == 200, f"precise gateway: {r.status_code} {r.text[:200]}")
+                where.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
+            return where, explained
+
+        def direct(inst, p):
+            r = self.post(self.url(inst, "/v1/completions"),
+                          self.completion_body(prompt=p, max_tokens=2))
+            expect(r.status_code == 200, f"direct to {inst}: {r.status_code} {r.text[:200]}")
+            return r.json()["usage"]["prompt_tokens"]
+
+        # vLLM's CPU backend uses 128-token blocks: 64 of them hold 8,192 tokens.
+        cfg_info = [l for n, l, _ in parse_samples(scrape(self.url("A", "/metrics")))
+                    if n == "vllm:cache_config_info"]
+        bs = int(cfg_info[0].get("block_size", 16)) if cfg_info else 16
+        blocks = int(cfg_info[0].get("num_gpu_blocks", 64)) if cfg_info else 64
+
+        # (a) The prompt is computed on A directly: this gateway never saw it, only A's events.
+        p = prompt("precise", 130)
+        stored0 = gw_metric("kv_events_blocks_total", kind="stored")
+        p_tokens = direct("A", p)
+        expect(p_tokens >= 3 * bs, f"the prompt has {p_tokens} tokens: 3 blocks or more")
+        wait_until(lambda: gw_metric("kv_events_blocks_total", kind="stored") >= stored0 +
+                   p_tokens // bs, 20, 0.1, "A's BlockStored events for the prompt")
+        h0 = hits()
+        where, explained = via_gateway(p, 3)
+        h1 = hits()
+        rose = {i: h1[i] - h0[i] for i in h0}
+        want = 3 * ((p_tokens - 1) // bs) * bs
+        if where.count("A") != 3:
+            print("    routing decisions:\n      " + "\n      ".join(explained))
+        expect(where == ["A"] * 3 and rose["A"] >= want and rose["B"] == 0,
+               f"prompt of {p_tokens} tokens computed on A directly, then 3 times through the "
+               f"precise gateway: served by {where}; prefix_cache_hits_total A +{rose['A']:.0f}, "
+               f"B +{rose['B']:.0f} (want >= {want} on A, 0 on B)")
+        expect(all("exact_prefix=2" in e for e in explained),
+               f"each decision matched both pods exactly: {explained}")
+        print(f"    {p_tokens}-token prompt known from A's events only: 3/3 to A, "
+              f"A's prefix-cache hits +{rose['A']:.0f}")
+
+        # (b) A evicts it: other long prompts (about 1,900 tokens each) fill A's cache.
+        removed0 = gw_metric("kv_events_blocks_total", kind="removed")
+        fill = 0
+        for k in range(2 * blocks):
+            fill += direct("A", prompt(f"filler {k}", 340)) // bs
+            if fill > blocks + 4 and gw_metric("kv_events_blocks_total",
+                                               kind="removed") > removed0:
+                break
+        wait_until(lambda: gw_metric("kv_events_blocks_total", kind="removed") > removed0,
+                   20, 0.1, "A's BlockRemoved events")
+        removed = gw_metric("kv_events_blocks_total", kind="removed") - removed0
+        # ... and B computes it: the gateway now sends it to B.
+        direct("B", p)
+        time.sleep(0.5)
+        h2 = hits()
+        where2, explained2 = via_gateway(p, 3)
+        h3 = hits()
+        rose2 = {i: h3[i] - h2[i] for i in h2}
+        if where2.count("B") != 3:
+            print("    routing decisions:\n      " + "\n      ".join(explained2))
+        expect(where2 == ["B"] * 3 and rose2["B"] >= want and rose2["A"] == 0,
+               f"after A evicted the prompt ({removed:.0f} blocks removed) and B computed it: "
+               f"served by {where2}; prefix_cache_hits_total A +{rose2['A']:.0f}, "
+               f"B +{rose2['B']:.0f} (want >= {want} on B, 0 on A)")
+        def prefix_blocks_of(explained, inst):
+            for part in explained.split(" | ")[1:]:
+                fields = part.split()
+                if len(fields) > 1 and fields[1] == self.addr(inst):
+                    for f in fields:
+                        if f.startswith("prefix_blocks="):
+                            return int(f.split("=")[1])
+            return None
+
+        expect(prefix_blocks_of(explained2[0], "A") == 0,
+               f"after the eviction the decision credits A with none of the prompt: "
+               f"{explained2[0]}")
+        print(f"    A evicted {removed:.0f} blocks; the prompt followed to B: 3/3, "
+              f"B's prefix-cache hits +{rose2['B']:.0f}")
+        expect(gw_metric("kv_events_decode_errors_total") == 0
+               and gw_metric("kv_events_resets_total", reason="gap") == 0,
+               "no decode error, no gap in the instances' event streams")
+        self.procs.stop("gateway-precise")
+
     # ------------------------------------------------------------------ driver
     CHECKS = [
         ("1", "standalone gateway + openai SDK", "check_gateway_sdk"),
@@ -1135,6 +1356,8 @@ storage:
         ("5", "emulator fidelity", "check_emulator"),
         ("6", "scrape cost", "check_scrape_cost"),
         ("7", "inference-perf", "check_inference_perf"),
+        ("8", "tokenization vs vLLM /tokenize", "check_tokenize"),
+        ("9", "precise prefix from KV events", "check_precise_prefix"),
         ("4", "faults", "check_faults"),  # last: it kills the instances
     ]
 
