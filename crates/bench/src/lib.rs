@@ -12,6 +12,8 @@
 //!
 //! Layout:
 //! - [`scenario`] — the scenario file format and its validation (errors name the field);
+//! - [`policy`] — the policies compared: scheduler presets, and `infergate-precise` (picks fed
+//!   the pods' KV-cache events);
 //! - [`workload`] — seeded arrival processes, length distributions, prefix groups, LoRA mix;
 //! - [`simulate`] — the simulated runner and the clairvoyant floor;
 //! - [`live`] — the live runner: emulated pods on 127.0.0.1 behind the standalone gateway, driven
@@ -22,6 +24,7 @@
 
 mod error;
 pub mod live;
+pub mod policy;
 pub mod progress;
 pub mod report;
 pub mod scenario;
@@ -30,6 +33,7 @@ pub mod stats;
 pub mod workload;
 
 pub use error::BenchError;
+pub use policy::RoutePolicy;
 pub use progress::{Progress, Silent, StderrBar};
 pub use report::Report;
 pub use scenario::Scenario;

@@ -60,6 +60,14 @@ pub async fn run(
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
         for &policy in &scenario.policies {
+            if policy.precise {
+                // The live gateway has no KV-event subscriber to feed it.
+                return Err(BenchError::Invalid {
+                    origin: origin.to_owned(),
+                    field: "policies".to_owned(),
+                    reason: format!("lists {policy}, which runs in simulated mode only"),
+                });
+            }
             let label = format!(
                 "{} live seed {seed} ({}/{}) {policy}",
                 scenario.name,
@@ -307,6 +315,7 @@ async fn run_one(
         ttft_cdf: cdf,
         load,
         flow: None,
+        prefix_hit_rate: None,
     })
 }
 

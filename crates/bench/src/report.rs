@@ -103,6 +103,10 @@ pub struct RunResult {
     /// Flow-control figures (scenarios with a `flow:` section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow: Option<FlowRun>,
+    /// Prompt tokens served from the pods' prefix caches over all prompt tokens of completed
+    /// requests, 0–1 (simulated runs; `None` when not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_hit_rate: Option<f64>,
 }
 
 /// The clairvoyant floor for one seed's arrivals.

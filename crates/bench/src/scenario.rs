@@ -20,6 +20,10 @@
 //! seeds: [1, 2, 3]
 //! policies: [round-robin, random, least-request, gie-default, infergate]
 //! ```
+//!
+//! `infergate-precise` may be listed too (simulated mode, no `flow` section): the
+//! `infergate` preset fed each pod's KV-cache events, seen `kv_events.lag_ms` after the pod
+//! publishes them (see [`crate::policy`]).
 
 use std::path::Path;
 
@@ -29,6 +33,7 @@ use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
+use crate::policy::RoutePolicy;
 
 mod replicas;
 pub use replicas::{Exchange, ReplicaBench, Sharing, Spread};
@@ -58,9 +63,13 @@ pub struct Scenario {
     /// Seeds; every policy runs once per seed on the same arrivals.
     #[serde(default = "default_seeds")]
     pub seeds: Vec<u64>,
-    /// Policies compared (scheduler presets). Round-robin is the baseline of the report.
+    /// Policies compared (scheduler presets, or `infergate-precise`). Round-robin is the
+    /// baseline of the report.
     #[serde(default = "default_policies")]
-    pub policies: Vec<Preset>,
+    pub policies: Vec<RoutePolicy>,
+    /// How the pods' KV-cache events reach the `infergate-precise` policy.
+    #[serde(default, skip_serializing_if = "KvEvents::is_default")]
+    pub kv_events: KvEvents,
     /// Windows of virtual time in which the pool's metric snapshots stop refreshing while the
     /// pods keep serving (scrapes connect and hang), e.g. `[{ from_s: 20, to_s: 50 }]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -73,6 +82,34 @@ pub struct Scenario {
     /// replica count and sharing mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaBench>,
+}
+
+/// How the pods' KV-cache events reach a precise router (simulated).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEvents {
+    /// Milliseconds between a pod publishing an engine step's events (at the step's end) and the
+    /// router applying them: vLLM's ZMQ transport and the subscriber's indexing.
+    #[serde(default = "default_kv_lag_ms")]
+    pub lag_ms: f64,
+}
+
+impl Default for KvEvents {
+    fn default() -> Self {
+        KvEvents {
+            lag_ms: default_kv_lag_ms(),
+        }
+    }
+}
+
+impl KvEvents {
+    fn is_default(&self) -> bool {
+        *self == KvEvents::default()
+    }
+}
+
+fn default_kv_lag_ms() -> f64 {
+    5.0
 }
 
 /// A window in which no scrape returns a page.
@@ -535,14 +572,16 @@ fn default_seeds() -> Vec<u64> {
     vec![1, 2, 3]
 }
 
-fn default_policies() -> Vec<Preset> {
-    vec![
+fn default_policies() -> Vec<RoutePolicy> {
+    [
         Preset::RoundRobin,
         Preset::Random,
         Preset::LeastRequest,
         Preset::GieDefault,
         Preset::Infergate,
     ]
+    .map(RoutePolicy::preset)
+    .to_vec()
 }
 
 impl Scenario {
@@ -791,6 +830,21 @@ impl Scenario {
         }
         if self.policies.is_empty() {
             return bad("policies", "must list at least one policy".into());
+        }
+        if let Some(i) = self.policies.iter().position(|p| p.precise)
+            && self.flow.is_some()
+        {
+            return bad(
+                &format!("policies[{i}]"),
+                "infergate-precise does not run in flow-control scenarios (no `flow` section)"
+                    .into(),
+            );
+        }
+        if !(self.kv_events.lag_ms.is_finite() && self.kv_events.lag_ms >= 0.0) {
+            return bad(
+                "kv_events.lag_ms",
+                format!("must be >= 0, got {}", self.kv_events.lag_ms),
+            );
         }
         for (f, v) in [
             (

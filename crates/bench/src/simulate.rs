@@ -5,6 +5,10 @@
 //! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, each request's first
 //! token when it is produced (as a streaming gateway sees it) and its usage when it completes. A
 //! pick's endpoints are tried in order when a pod refuses a request, as the gateway's retry does.
+//!
+//! The `infergate-precise` policy also sees each pod's KV-cache events (every block stored or
+//! evicted, published at the end of the engine step and applied `kv_events.lag_ms` later, see
+//! [`infergate_sim::KvView`]), and every pick carries each pod's cached prompt tokens by that view.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -24,6 +28,7 @@ use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
+use crate::policy::RoutePolicy;
 use crate::progress::Progress;
 use crate::report::{FloorResult, PodInfo, Report, RunResult};
 use crate::scenario::{Scenario, StaleWindow};
@@ -75,12 +80,11 @@ pub fn run(
                 scenario.seeds.len()
             );
             progress.start(&label, arrivals.len() as u64);
-            let cfg = SchedulerConfig::preset(policy);
             let mut r = run_one(
                 scenario,
                 &spec,
                 &adapters,
-                cfg,
+                policy,
                 &arrivals,
                 seed,
                 si == 0,
@@ -196,6 +200,9 @@ struct Sim<'a> {
     served: Vec<Option<(f64, u64)>>,
     /// Requests completed since the caller last cleared it.
     just_completed: Vec<(u64, u32, u32)>,
+    /// Prompt tokens of completed requests, and those of them served from the prefix cache.
+    prompt_tokens: u64,
+    cached_tokens: u64,
 }
 
 /// How long the scraper keeps a pod whose scrape is connected but unanswered routed on its last
@@ -324,6 +331,8 @@ impl Sim<'_> {
         }
         self.just_completed
             .push((c.id, c.prompt_tokens, c.output_tokens));
+        self.prompt_tokens += u64::from(c.prompt_tokens);
+        self.cached_tokens += u64::from(c.cached_tokens);
         if let Some(n) = self.per_pod.get_mut(c.pod as usize) {
             *n += 1;
         }
@@ -475,6 +484,8 @@ fn setup<'a>(
         seen: vec![None; n],
         served: vec![None; arrivals.len()],
         just_completed: Vec::new(),
+        prompt_tokens: 0,
+        cached_tokens: 0,
     })
 }
 
@@ -513,6 +524,8 @@ fn finish(mut sim: Sim<'_>, policy: String, seed: u64, rejected: u64, errors: u6
         ttft_cdf: cdf,
         load: sim.load,
         flow: None,
+        prefix_hit_rate: (sim.prompt_tokens > 0)
+            .then(|| sim.cached_tokens as f64 / sim.prompt_tokens as f64),
     }
 }
 
@@ -524,14 +537,18 @@ fn run_one(
     scenario: &Scenario,
     spec: &FleetSpec,
     adapters: &[Arc<str>],
-    cfg: SchedulerConfig,
+    policy: RoutePolicy,
     arrivals: &[Arrival],
     seed: u64,
     record_load: bool,
     progress: &mut dyn Progress,
 ) -> Result<RunResult, BenchError> {
-    let policy = cfg.preset.as_str().to_owned();
+    let cfg = SchedulerConfig::preset(policy.preset);
     let mut sim = setup(scenario, spec, cfg, arrivals, record_load, &scenario.stale)?;
+    let mut precise = policy
+        .precise
+        .then(|| Precise::new(&mut sim.fleet, scenario.kv_events.lag_ms / 1e3));
+    let policy = policy.as_str().to_owned();
     let model = model_of(spec);
     // Every policy draws its random choices from the same seed.
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x7363_6865_645f_726e);
@@ -543,11 +560,13 @@ fn run_one(
         let text = workload::prompt_text(a);
         let segments = [&*text];
         let lora = a.lora.and_then(|i| adapters.get(usize::from(i)));
+        let cached = precise.as_mut().map(|p| p.cached(&mut sim.fleet, &text));
         let cx = RequestContext::new(&model, a.prompt_tokens)
             .with_prompt(&segments)
             .with_lora(lora.map(|l| &**l))
             .with_priority(a.priority)
-            .with_output_tokens(a.output_tokens);
+            .with_output_tokens(a.output_tokens)
+            .with_cached(cached);
         match sim.sched.pick(&cx, ts(a.at), &mut rng) {
             Err(_) => rejected += 1,
             Ok(decision) => {
@@ -596,7 +615,10 @@ pub fn floor(spec: &FleetSpec, arrivals: &[Arrival], seed: u64) -> FloorResult {
 }
 
 mod flow;
+mod precise;
 mod replicas;
+
+pub use precise::Precise;
 
 #[cfg(test)]
 mod tests;

@@ -93,6 +93,35 @@ pub(super) fn verdicts(r: &Report) -> String {
     s
 }
 
+/// Prefix-cache hit rate per policy (mean over seeds, range), when the runs measured it.
+pub(super) fn prefix_hits(r: &Report) -> Option<String> {
+    let mut s = String::new();
+    let _ = writeln!(s, "| policy | prefix-cache hit rate |\n|---|---:|");
+    let mut any = false;
+    for p in &r.summary {
+        let rates: Vec<f64> = r
+            .runs
+            .iter()
+            .filter(|x| x.policy == p.policy)
+            .filter_map(|x| x.prefix_hit_rate)
+            .collect();
+        if rates.is_empty() {
+            continue;
+        }
+        any = true;
+        let sp = Spread::of(rates);
+        let _ = writeln!(
+            s,
+            "| {} | {:.1}% ({:.1}–{:.1}) |",
+            p.policy,
+            sp.mean * 100.0,
+            sp.min * 100.0,
+            sp.max * 100.0
+        );
+    }
+    any.then_some(s)
+}
+
 /// Per-pod share of completed requests.
 pub(super) fn pod_shares(r: &Report) -> String {
     let mut s = String::new();
@@ -166,6 +195,12 @@ pub(super) fn render(r: &Report) -> String {
         "Share of completed requests per pod:\n\n{}",
         pod_shares(r)
     );
+    if let Some(t) = prefix_hits(r) {
+        let _ = writeln!(
+            s,
+            "Prompt tokens served from the pods' prefix caches:\n\n{t}"
+        );
+    }
     let name = format!("{}-{}", sc.name, r.mode);
     let _ = writeln!(
         s,

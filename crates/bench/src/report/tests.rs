@@ -28,6 +28,7 @@ fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
             pods: vec![vec![1, 2, 3], vec![0, 1, 0]],
         }),
         flow: None,
+        prefix_hit_rate: None,
     }
 }
 

@@ -32,7 +32,13 @@ fn field(e: &BenchError) -> &str {
 #[test]
 fn a_good_scenario_loads_with_defaults() {
     let s = Scenario::from_yaml(GOOD, "t.yaml").unwrap();
-    assert_eq!(s.policies, vec![Preset::RoundRobin, Preset::Infergate]);
+    assert_eq!(
+        s.policies,
+        vec![
+            RoutePolicy::from(Preset::RoundRobin),
+            RoutePolicy::from(Preset::Infergate)
+        ]
+    );
     assert_eq!(s.scrape.interval_ms, 50.0);
     assert!(s.targets.beat_gie_default);
     let fleet = s

@@ -645,7 +645,8 @@ pub(super) fn run(
         }
     };
     let mut rows = Vec::new();
-    for &preset in &scenario.policies {
+    // Validation keeps precise policies out of flow scenarios: the preset is the policy.
+    for preset in scenario.policies.iter().map(|p| p.preset) {
         for &fp in &bench.policies {
             rows.push((label(fp, preset), fp));
         }
@@ -692,7 +693,7 @@ pub(super) fn run(
             applied: &scenario.stale,
             measured: &scenario.stale,
         };
-        for &preset in &scenario.policies {
+        for preset in scenario.policies.iter().map(|p| p.preset) {
             for &fp in &bench.policies {
                 let name = label(fp, preset);
                 let mut r = go(&name, preset, fp, &arrivals, both, si == 0)?;
@@ -703,8 +704,7 @@ pub(super) fn run(
         let preset = scenario
             .policies
             .first()
-            .copied()
-            .unwrap_or(Preset::Infergate);
+            .map_or(Preset::Infergate, |p| p.preset);
         if let Some(iso) = &t.isolation
             && let Some(k) = names.iter().position(|n| *n == iso.tenant)
         {

@@ -21,16 +21,17 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use infergate_scheduler::{
-    Decision, MetricsSnapshot, PeerLoad, Preset, RateSample, RequestContext, Scheduler,
-    SchedulerConfig, ScrapeState, Usage,
+    Decision, MetricsSnapshot, PeerLoad, RateSample, RequestContext, Scheduler, SchedulerConfig,
+    ScrapeState, Usage,
 };
 use infergate_sim::fleet::Request;
 use infergate_sim::{FleetSpec, Prompt, SimError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{MAX_LATE_S, Sim, finish, floor, model_of, pod_addr, setup, snapshot, ts};
+use super::{MAX_LATE_S, Precise, Sim, finish, floor, model_of, pod_addr, setup, snapshot, ts};
 use crate::BenchError;
+use crate::policy::RoutePolicy;
 use crate::progress::Progress;
 use crate::report::{PodInfo, Report, RunResult};
 use crate::scenario::{ReplicaBench, Scenario, Sharing, Spread};
@@ -38,7 +39,7 @@ use crate::workload::{self, Arrival};
 
 /// The label of one run in the report: the policy alone for one replica (so the scenario's
 /// targets judge the single picker), else `infergate x3 none` / `infergate x3 exchange`.
-pub fn label(policy: Preset, count: u32, sharing: Sharing) -> String {
+pub fn label(policy: RoutePolicy, count: u32, sharing: Sharing) -> String {
     if count <= 1 {
         policy.as_str().to_owned()
     } else {
@@ -95,7 +96,7 @@ pub(super) fn run(
                         count,
                         sharing,
                     };
-                    let mut r = run.go(SchedulerConfig::preset(policy), progress)?;
+                    let mut r = run.go(policy, progress)?;
                     r.policy = name;
                     progress.finish();
                     runs.push(r);
@@ -162,12 +163,9 @@ struct InTransit {
 }
 
 impl Run<'_> {
-    fn go(
-        &self,
-        cfg: SchedulerConfig,
-        progress: &mut dyn Progress,
-    ) -> Result<RunResult, BenchError> {
-        let policy = cfg.preset.as_str().to_owned();
+    fn go(&self, route: RoutePolicy, progress: &mut dyn Progress) -> Result<RunResult, BenchError> {
+        let cfg = SchedulerConfig::preset(route.preset);
+        let policy = route.as_str().to_owned();
         let n = self.count.max(1) as usize;
         let mut others = Vec::with_capacity(n - 1);
         for _ in 1..n {
@@ -200,6 +198,10 @@ impl Run<'_> {
             rates: self.sharing == Sharing::Exchange,
             transit: VecDeque::new(),
         };
+        // Every replica subscribes to every pod's events with the same lag, so one view serves all.
+        let mut precise = route
+            .precise
+            .then(|| Precise::new(&mut m.sim.fleet, self.scenario.kv_events.lag_ms / 1e3));
         let model = model_of(self.spec);
         // The same pick generator as the single-picker runner, so one replica gives its figures.
         let mut rng = SmallRng::seed_from_u64(self.seed ^ 0x7363_6865_645f_726e);
@@ -217,11 +219,13 @@ impl Run<'_> {
             let text = workload::prompt_text(a);
             let segments = [&*text];
             let lora = a.lora.and_then(|i| self.adapters.get(usize::from(i)));
+            let cached = precise.as_mut().map(|p| p.cached(&mut m.sim.fleet, &text));
             let cx = RequestContext::new(&model, a.prompt_tokens)
                 .with_prompt(&segments)
                 .with_lora(lora.map(|l| &**l))
                 .with_priority(a.priority)
-                .with_output_tokens(a.output_tokens);
+                .with_output_tokens(a.output_tokens)
+                .with_cached(cached);
             match m.sched(r).pick(&cx, ts(a.at), &mut rng) {
                 Err(_) => rejected += 1,
                 Ok(decision) => {

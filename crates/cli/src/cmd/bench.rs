@@ -24,7 +24,7 @@ pub struct Args {
     /// Seconds of arrivals instead of the scenario's.
     #[arg(long)]
     duration: Option<f64>,
-    /// Policies instead of the scenario's (comma-separated presets).
+    /// Policies instead of the scenario's (comma-separated presets, or `infergate-precise`).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
     /// Multiplies every arrival rate (a load sweep on one scenario).
