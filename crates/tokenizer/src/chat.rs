@@ -114,22 +114,16 @@ impl ChatRequest {
         }
     }
 
-    /// Parses a `/v1/chat/completions` body, or a bare JSON array of messages.
+    /// Parses a `/v1/chat/completions` body, or a bare JSON array of messages (told apart by the
+    /// first byte, so the error names the field that is wrong in the shape that was meant).
     pub fn from_json(json: &[u8]) -> Result<Self, Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Body(ChatRequest),
-            Messages(Vec<ChatMessage>),
-        }
-        // Parse once as a value for a precise error, then shape it.
-        let value: serde_json::Value =
-            serde_json::from_slice(json).map_err(|source| Error::ChatJson { source })?;
-        match serde_json::from_value::<Either>(value) {
-            Ok(Either::Body(r)) => Ok(r),
-            Ok(Either::Messages(m)) => Ok(Self::new(m)),
-            Err(source) => Err(Error::ChatJson { source }),
-        }
+        let array = json.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+        let parsed = if array {
+            serde_json::from_slice::<Vec<ChatMessage>>(json).map(Self::new)
+        } else {
+            serde_json::from_slice::<ChatRequest>(json)
+        };
+        parsed.map_err(|source| Error::ChatJson { source })
     }
 
     /// Refuses what would make the ids differ from the engine's.
@@ -604,6 +598,41 @@ mod tests {
             conv[1].get_attr("content").unwrap().as_str(),
             Some("x-anthropic-billing-header stays")
         );
+    }
+
+    #[test]
+    fn mangled_json_is_an_error_never_a_panic() {
+        let good = br#"{"model":"m","messages":[{"role":"system","content":"x-anthropic-billing-header: a\nb"},{"role":"developer","content":[{"type":"text","text":"d"},"bare"]},{"role":"user","content":null,"name":"n"},{"role":"tool","content":[{"type":"refusal","refusal":"r"}],"tool_call_id":"c"}],"add_generation_prompt":false}"#;
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut parsed = 0;
+        for _ in 0..5000 {
+            let mut bytes = good.to_vec();
+            for _ in 0..(next() % 4 + 1) {
+                let i = (next() as usize) % bytes.len();
+                match next() % 3 {
+                    0 => bytes[i] = (next() % 256) as u8,
+                    1 => bytes.truncate(i.max(1)),
+                    _ => bytes.insert(i, b"[]{}\":,0"[(next() % 8) as usize]),
+                }
+            }
+            if let Ok(req) = ChatRequest::from_json(&bytes) {
+                parsed += 1;
+                for format in [ContentFormat::String, ContentFormat::OpenAi] {
+                    for dev in [false, true] {
+                        let _ = conversation(&req, format, dev);
+                    }
+                }
+                let _ = req.check_supported();
+            }
+        }
+        // Some mutations keep valid JSON (inside strings): those went through the conversion.
+        assert!(parsed > 0);
     }
 
     #[test]
