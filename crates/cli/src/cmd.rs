@@ -11,6 +11,7 @@ pub mod operator;
 pub mod picker;
 pub mod render;
 pub mod sim;
+pub mod tokenize;
 
 use std::net::IpAddr;
 

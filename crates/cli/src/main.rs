@@ -1,6 +1,6 @@
 //! `infergate`: one binary for every role — standalone gateway, ext_proc picker and body-based
-//! router, Kubernetes operator, model-server emulator, benchmarks, the demo, CRD generation, and
-//! API-key hashing for the gateway's `auth.apiKeys`.
+//! router, Kubernetes operator, model-server emulator, benchmarks, the demo, CRD generation,
+//! API-key hashing for the gateway's `auth.apiKeys`, and the model tokenizer's ids for a request.
 //!
 //! Each subcommand lives in `cmd/<name>.rs` and is a thin shell over its library crate.
 
@@ -55,6 +55,9 @@ enum Command {
     Render(cmd::render::Args),
     /// Print the SHA-256 of an API key read from standard input, for the gateway's `auth.apiKeys`.
     HashKey(cmd::hash_key::Args),
+    /// Print the token ids the picker computes for a prompt or chat request with the model's
+    /// tokenizer (the shape of vLLM's /tokenize answer).
+    Tokenize(cmd::tokenize::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -91,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             Command::Crdgen(args) => cmd::crdgen::run(args).await,
             Command::Render(args) => cmd::render::run(args).await,
             Command::HashKey(args) => cmd::hash_key::run(args).await,
+            Command::Tokenize(args) => cmd::tokenize::run(args).await,
         }
     })
 }
