@@ -189,3 +189,34 @@ fn loading_errors_name_the_file() {
     assert!(matches!(err, Error::TemplateSyntax { .. }), "{err}");
     assert!(err.to_string().contains("chat_template.jinja"));
 }
+
+#[test]
+fn special_tokens_fall_back_to_special_tokens_map() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture("tiny").join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    // The older layout: special tokens in special_tokens_map.json, as added-token objects, and
+    // the template as a list of named templates in the config.
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        br#"{"eos_token": "<|end|>", "chat_template": [
+            {"name": "tool_use", "template": "tools"},
+            {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}"}]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("special_tokens_map.json"),
+        br#"{"bos_token": {"content": "<|bos|>", "lstrip": false}, "eos_token": "<|eos|>"}"#,
+    )
+    .unwrap();
+    let tok = ModelTokenizer::from_dir(dir.path(), Options::default()).unwrap();
+    let req = ChatRequest::from_json(br#"[{"role":"user","content":"hi"}]"#).unwrap();
+    // bos from the map, eos from the config (which wins).
+    assert_eq!(tok.render_chat(&req).unwrap(), "<|bos|>hi<|end|>");
+    let mut ids = Vec::new();
+    tok.encode_chat(&req, &mut ids).unwrap();
+    assert_eq!(ids.first(), Some(&0), "<|bos|> is id 0 in the fixture");
+}
