@@ -59,7 +59,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(NAME, source.clone())
+        env.add_template_owned(NAME, without_generation_tags(&source))
             .map_err(|source| Error::TemplateSyntax {
                 origin: origin.to_owned(),
                 source,
@@ -97,6 +97,42 @@ impl ChatTemplate {
                 None => Error::Render { source },
             })
     }
+}
+
+/// transformers' `{% generation %}` ... `{% endgeneration %}` marks the assistant's tokens for
+/// training masks and renders its body unchanged; here it becomes `{% if true %}` ... `{% endif %}`,
+/// whitespace-control marks kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start + 2]);
+        rest = &rest[start + 2..];
+        let mark = rest
+            .chars()
+            .next()
+            .filter(|c| *c == '-' || *c == '+')
+            .map_or(0, char::len_utf8);
+        out.push_str(&rest[..mark]);
+        rest = &rest[mark..];
+        let body = rest.trim_start();
+        let spaces = &rest[..rest.len() - body.len()];
+        for (tag, with) in [("endgeneration", "endif"), ("generation", "if true")] {
+            if let Some(after) = body.strip_prefix(tag)
+                && after
+                    .trim_start()
+                    .trim_start_matches(['-', '+'])
+                    .starts_with("%}")
+            {
+                out.push_str(spaces);
+                out.push_str(with);
+                rest = after;
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The message of a `raise_exception` call, if that is what failed.
@@ -454,6 +490,21 @@ mod tests {
         // What Python's Jinja renders (checked with jinja2 3.1): blocks trimmed, a variable tag's
         // indentation and newline kept, booleans as Python prints them.
         assert_eq!(out, "<s>\n  x\nTrue");
+    }
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        assert_eq!(
+            without_generation_tags(
+                "a{%- generation -%} b {% endgeneration %}{% if x %}{% endif %}"
+            ),
+            "a{%- if true -%} b {% endif %}{% if x %}{% endif %}"
+        );
+        // A variable or block merely named like the tag is left alone.
+        assert_eq!(
+            without_generation_tags("{% set generation_x = 1 %}{{ generation }}"),
+            "{% set generation_x = 1 %}{{ generation }}"
+        );
     }
 
     #[test]

@@ -220,3 +220,56 @@ fn special_tokens_fall_back_to_special_tokens_map() {
     tok.encode_chat(&req, &mut ids).unwrap();
     assert_eq!(ids.first(), Some(&0), "<|bos|> is id 0 in the fixture");
 }
+
+/// Templates in the shapes real models ship, each rendered for three chats, against what
+/// transformers renders (`tests/fixtures/make_templates.py` wrote `templates.json`).
+#[test]
+fn templates_render_as_transformers_renders_them() {
+    let text = std::fs::read_to_string(fixture("templates.json")).unwrap();
+    let exp: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture("tiny").join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        br#"{"bos_token": "<s>", "eos_token": "</s>"}"#,
+    )
+    .unwrap();
+    let fixture_date = exp["date_utc"].as_str().unwrap();
+    let mut checked = 0;
+    for case in exp["cases"].as_array().unwrap() {
+        let name = case["template"].as_str().unwrap();
+        let template = exp["templates"][name].as_str().unwrap();
+        std::fs::write(dir.path().join("chat_template.jinja"), template).unwrap();
+        let tok = ModelTokenizer::from_dir(dir.path(), Options::default()).unwrap();
+        let want_format = match case["content_format"].as_str() {
+            Some("openai") => ContentFormat::OpenAi,
+            _ => ContentFormat::String,
+        };
+        assert_eq!(tok.content_format(), want_format, "{name}: content format");
+        let chat = &exp["chats"][case["chat"].as_u64().unwrap() as usize];
+        let req = ChatRequest::from_json(&serde_json::to_vec(chat).unwrap()).unwrap();
+        let got = tok.render_chat(&req);
+        let what = format!("{name} on chat {}", case["chat"]);
+        if let Some(err) = case["error"].as_str() {
+            match got {
+                Err(Error::TemplateRefused { message }) => assert_eq!(message, err, "{what}"),
+                other => panic!("{what}: expected a refusal, got {other:?}"),
+            }
+        } else {
+            let got = got.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            let mut want = case["rendered"].as_str().unwrap().to_owned();
+            // strftime_now: the fixture holds the day it was made; this run renders today.
+            if let Some(at) = got.find("Today Date: ") {
+                let today = &got[at + 12..at + 23];
+                want = want.replace(fixture_date, today);
+            }
+            assert_eq!(got, want, "{what}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 27);
+}
