@@ -17,6 +17,7 @@ use crate::status::InferenceGatewayConfigStatus;
 use crate::validation;
 
 mod flow;
+mod precise;
 mod quotas;
 mod rewrites;
 
@@ -24,6 +25,7 @@ pub use flow::{
     FlowBandLimits, FlowBands, FlowControlSpec, FlowFairness, FlowHeadroom, FlowOrdering,
     FlowServiceWeights, ObjectivePriority, PriorityBand, TenancySpec,
 };
+pub use precise::{PrecisePrefixSpec, TokenizerSource};
 pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec, SecretKeyRef};
 pub use rewrites::{
     MatchKind, MatchValue, ModelMatch, ModelRewriteRule, RewriteTarget, StaleMetricsSpec, StaleMode,
@@ -387,6 +389,10 @@ pub struct SchedulerSpec {
     /// What the picker does when no pod has fresh metrics (default: fail-open, 32 per pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_metrics: Option<StaleMetricsSpec>,
+    /// Precise prefix routing from the model servers' own KV-cache events (vLLM), with the
+    /// model's tokenizer; the approximate prefix index stays as the fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precise_prefix: Option<PrecisePrefixSpec>,
 }
 
 impl SchedulerSpec {

@@ -22,8 +22,9 @@ pub mod validation;
 pub use config::{
     AppProtocol, AuthSpec, BbrSpec, EngineType, FailureMode, GatewaySpec, InferenceGatewayConfig,
     InferenceGatewayConfigSpec, IssuerKind, IssuerRef, JwtAuth, JwtProvider, ListenerProtocol,
-    ListenerSpec, LogFormat, LogLevel, ObservabilitySpec, PodDefaults, RemoteJwks, RequiredClaim,
-    SchedulerPreset, SchedulerSpec, SecretRef, TlsSpec, Weights,
+    ListenerSpec, LogFormat, LogLevel, ObservabilitySpec, PodDefaults, PrecisePrefixSpec,
+    RemoteJwks, RequiredClaim, SchedulerPreset, SchedulerSpec, SecretRef, TlsSpec, TokenizerSource,
+    Weights,
 };
 pub use error::Error;
 pub use status::{InferenceGatewayConfigStatus, RolloutState, SchedulerStatus};

@@ -42,6 +42,8 @@ pub const WEIGHTS_RULES: &[CelRule] = &[WEIGHTS_NON_NEGATIVE, WEIGHTS_ONE_POSITI
 pub const TLS_RULES: &[CelRule] = &[TLS_ONE_SOURCE];
 /// Rules on `spec.quotas.redis`.
 pub const REDIS_RULES: &[CelRule] = &[REDIS_ONE_PASSWORD];
+/// Rules on `spec.schedulers[*].precisePrefix.tokenizer`.
+pub const TOKENIZER_RULES: &[CelRule] = &[TOKENIZER_ONE_SOURCE, SUB_PATH_NEEDS_CLAIM];
 
 /// Between 1 and 100 schedulers.
 pub const SCHEDULER_COUNT: CelRule = CelRule {
@@ -93,6 +95,17 @@ pub const TLS_ONE_SOURCE: CelRule = CelRule {
 pub const REDIS_ONE_PASSWORD: CelRule = CelRule {
     rule: "!(has(self.passwordEnv) && has(self.passwordSecretRef))",
     message: "spec.quotas.redis takes passwordEnv or passwordSecretRef, not both",
+};
+
+/// Exactly one tokenizer volume.
+pub const TOKENIZER_ONE_SOURCE: CelRule = CelRule {
+    rule: "has(self.configMap) != has(self.persistentVolumeClaim)",
+    message: "precisePrefix.tokenizer needs exactly one of configMap and persistentVolumeClaim",
+};
+/// `subPath` is a directory of a claim.
+pub const SUB_PATH_NEEDS_CLAIM: CelRule = CelRule {
+    rule: "!has(self.subPath) || has(self.persistentVolumeClaim)",
+    message: "precisePrefix.tokenizer.subPath names a directory of a persistentVolumeClaim: a configMap's keys are the files",
 };
 
 /// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
@@ -206,6 +219,16 @@ fn check_scheduler(i: usize, s: &SchedulerSpec, fail: &mut impl FnMut(String, Ce
     if let Some(w) = &s.weights {
         check_weights(i, w, fail);
     }
+    if let Some(p) = &s.precise_prefix {
+        let t = &p.tokenizer;
+        let at = format!("spec.schedulers[{i}].precisePrefix.tokenizer");
+        if t.config_map.is_some() == t.persistent_volume_claim.is_some() {
+            fail(at.clone(), TOKENIZER_ONE_SOURCE);
+        }
+        if t.sub_path.is_some() && t.persistent_volume_claim.is_none() {
+            fail(at, SUB_PATH_NEEDS_CLAIM);
+        }
+    }
 }
 
 fn check_weights(i: usize, w: &Weights, fail: &mut impl FnMut(String, CelRule)) {
@@ -316,6 +339,10 @@ pub fn weights_rules(schema: &mut schemars::Schema) {
 /// `schemars` transform for the TLS node.
 pub fn tls_rules(schema: &mut schemars::Schema) {
     add_rules(schema, TLS_RULES);
+}
+/// `schemars` transform for a tokenizer source node.
+pub fn tokenizer_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, TOKENIZER_RULES);
 }
 /// `schemars` transform for the quotas' Redis node.
 pub fn redis_rules(schema: &mut schemars::Schema) {

@@ -201,6 +201,27 @@ fn start(
             mounts.push(mount_path.to_owned());
             continue;
         }
+        // The user's tokenizer volume (precise prefix routing): not rendered, so the test's
+        // tiny tokenizer stands in for the ConfigMap's or the claim's files.
+        let users = volume["persistentVolumeClaim"].is_object()
+            || (volume["configMap"]["items"].is_null()
+                && !objects.iter().any(|o| {
+                    o["kind"] == "ConfigMap" && volume["configMap"]["name"] == o["metadata"]["name"]
+                }));
+        if users {
+            let dir = root.join(mount_path.trim_start_matches('/'));
+            std::fs::create_dir_all(&dir).unwrap();
+            let fixture =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny");
+            for f in std::fs::read_dir(fixture).unwrap() {
+                let f = f.unwrap();
+                if f.file_name() != "expected.json" {
+                    std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+                }
+            }
+            mounts.push(mount_path.to_owned());
+            continue;
+        }
         let cm_name = volume["configMap"]["name"]
             .as_str()
             .expect("a ConfigMap or Secret volume");
@@ -587,6 +608,17 @@ async fn run_example(path: &Path, example_index: u8) {
                 metrics.contains(&series),
                 enabled,
                 "{}: {series} (enabled: {enabled})\n{metrics}",
+                p.deployment
+            );
+        }
+        // Precise prefix routing is on: the tokenizer loaded from the mounted volume (the
+        // picker exits otherwise) and the KV-event index serves its series.
+        if flag(args, "--kv-events-port").is_some() {
+            let pool = flag(args, "--pool-name").unwrap();
+            let series = format!("kv_events_connected_pods{{pool=\"{pool}\"}}");
+            assert!(
+                metrics.contains(&series) && flag(args, "--tokenizer").is_some(),
+                "{}: {series}\n{metrics}",
                 p.deployment
             );
         }

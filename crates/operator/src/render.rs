@@ -91,6 +91,9 @@ pub const MODELS_CONFIG_PATH: &str = "/etc/infergate/models.yaml";
 /// Folder the pickers' shared peer-exchange key is mounted at (from a Secret), when a scheduler
 /// runs more than one replica.
 pub const PEER_KEY_MOUNT: &str = "/etc/infergate-peer";
+/// Where a picker with precise prefix routing finds the model's tokenizer files
+/// (`spec.schedulers[*].precisePrefix.tokenizer`).
+pub const TOKENIZER_MOUNT: &str = "/etc/infergate-tokenizer";
 /// Key of the peer-exchange Secret holding the shared key, and its file name in the mount.
 pub const PEER_KEY_FILE: &str = "key";
 /// Path of the shared key inside the picker pod (`--peer-key-file`).
@@ -459,6 +462,7 @@ impl<'a> Renderer<'a> {
             extra_files: Vec::new(),
             env: Vec::new(),
             secret_mount: None,
+            tokenizer: None,
             config_hash: &hash,
         };
         out.push(child(&self.deployment(
@@ -624,6 +628,47 @@ impl<'a> Renderer<'a> {
                 self.namespace
             )];
         }
+        // Precise prefix routing: the engines' KV events on their pods' ports, the tokenizer from
+        // the user's ConfigMap or claim (read at start).
+        let mut tokenizer = None;
+        if let Some(pp) = &s.precise_prefix {
+            let port = |p: i32, field: &'static str| {
+                u16::try_from(p)
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| Error::PickerFile {
+                        field,
+                        reason: "must be a port between 1 and 65535".into(),
+                    })
+            };
+            picker.kv_events_port = Some(port(
+                pp.events_port,
+                "schedulers[].precisePrefix.eventsPort",
+            )?);
+            picker.kv_events_replay_port = pp
+                .replay_port
+                .map(|p| port(p, "schedulers[].precisePrefix.replayPort"))
+                .transpose()?;
+            picker.kv_events_topic = pp.topic.clone();
+            picker.kv_index_bytes = pp.byte_budget.and_then(|b| u64::try_from(b).ok());
+            picker.tokenizer = Some(TOKENIZER_MOUNT.into());
+            let t = &pp.tokenizer;
+            tokenizer = Some(match (&t.config_map, &t.persistent_volume_claim) {
+                (Some(cm), None) => (json!({ "configMap": { "name": cm } }), None),
+                (None, Some(claim)) => (
+                    json!({ "persistentVolumeClaim": { "claimName": claim, "readOnly": true } }),
+                    t.sub_path.clone(),
+                ),
+                _ => {
+                    return Err(Error::PickerFile {
+                        field: "schedulers[].precisePrefix.tokenizer",
+                        reason: infergate_api::validation::TOKENIZER_ONE_SOURCE
+                            .message
+                            .into(),
+                    });
+                }
+            });
+        }
         let mut ports = vec![
             ("grpc", i32::from(picker.grpc_port)),
             ("health", i32::from(picker.grpc_health_port)),
@@ -644,6 +689,7 @@ impl<'a> Renderer<'a> {
                 key: PEER_KEY_FILE,
                 mount: PEER_KEY_MOUNT,
             }),
+            tokenizer,
             config_hash: &hash,
         };
         out.push(child(
@@ -810,6 +856,19 @@ impl<'a> Renderer<'a> {
                     "defaultMode": 0o440,
                 },
             }));
+        }
+        if let Some((source, sub_path)) = &process.tokenizer {
+            let mut mount =
+                json!({ "name": "tokenizer", "mountPath": TOKENIZER_MOUNT, "readOnly": true });
+            if let Some(p) = sub_path {
+                mount["subPath"] = json!(p);
+            }
+            if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+                mounts.push(mount);
+            }
+            let mut volume = source.clone();
+            volume["name"] = json!("tokenizer");
+            volumes.push(volume);
         }
         let mut pod_spec = json!({
             "serviceAccountName": name,
@@ -988,6 +1047,9 @@ struct Process<'a> {
     env: Vec<Value>,
     /// A Secret's key mounted as a file (the pickers' peer-exchange key).
     secret_mount: Option<SecretMount<'a>>,
+    /// The tokenizer's volume (a ConfigMap or PersistentVolumeClaim source) and the directory
+    /// within it, mounted read-only at [`TOKENIZER_MOUNT`].
+    tokenizer: Option<(Value, Option<String>)>,
     config_hash: &'a str,
 }
 

@@ -554,3 +554,102 @@ fn every_crd_preset_is_a_scheduler_preset() {
         assert_eq!(parsed.as_str(), n);
     }
 }
+
+/// The picker's precise-prefix flags and the tokenizer's volume, from a ConfigMap or a claim.
+#[test]
+fn precise_prefix_renders_the_flags_and_mounts_the_tokenizer() {
+    let picker = |cfg: &infergate_api::InferenceGatewayConfig| -> Value {
+        children(cfg)
+            .into_iter()
+            .find(|c| c.resource.kind == "Deployment" && c.key().contains("-qwen-epp"))
+            .map(|c| serde_json::to_value(&c.object).unwrap())
+            .expect("the picker's Deployment")["spec"]["template"]["spec"]
+            .clone()
+    };
+    let cfg = example("precise-prefix.yaml");
+    let pod = picker(&cfg);
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for want in [
+        "--kv-events-port=5557",
+        "--kv-events-replay-port=5558",
+        "--tokenizer=/etc/infergate-tokenizer",
+    ] {
+        assert!(args.contains(&want), "{want} in {args:?}");
+    }
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "tokenizer")
+        .unwrap();
+    assert_eq!(volume["configMap"]["name"], "qwen-tokenizer");
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "tokenizer")
+        .unwrap();
+    assert_eq!(mount["mountPath"], "/etc/infergate-tokenizer");
+    assert_eq!(mount["readOnly"], true);
+    assert!(mount["subPath"].is_null());
+
+    // A claim, with the directory of the files.
+    let mut claim = cfg.clone();
+    let pp = claim.spec.schedulers[0].precise_prefix.as_mut().unwrap();
+    pp.tokenizer = infergate_api::TokenizerSource {
+        config_map: None,
+        persistent_volume_claim: Some("models".into()),
+        sub_path: Some("qwen/tokenizer".into()),
+    };
+    pp.replay_port = None;
+    let pod = picker(&claim);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "tokenizer")
+        .unwrap();
+    assert_eq!(volume["persistentVolumeClaim"]["claimName"], "models");
+    assert_eq!(volume["persistentVolumeClaim"]["readOnly"], true);
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "tokenizer")
+        .unwrap();
+    assert_eq!(mount["subPath"], "qwen/tokenizer");
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(!args.contains("--kv-events-replay-port"), "{args}");
+
+    // Both sources, or a subPath of a ConfigMap, are refused naming the field.
+    let mut both = cfg.clone();
+    both.spec.schedulers[0]
+        .precise_prefix
+        .as_mut()
+        .unwrap()
+        .tokenizer
+        .persistent_volume_claim = Some("models".into());
+    let err = infergate_api::validation::validate(&both.spec)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.schedulers[0].precisePrefix.tokenizer") && err.contains("exactly one"),
+        "{err}"
+    );
+    let mut sub = cfg;
+    sub.spec.schedulers[0]
+        .precise_prefix
+        .as_mut()
+        .unwrap()
+        .tokenizer
+        .sub_path = Some("x".into());
+    let err = infergate_api::validation::validate(&sub.spec)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("subPath"), "{err}");
+}
