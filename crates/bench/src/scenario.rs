@@ -23,7 +23,8 @@
 //!
 //! `infergate-precise` may be listed too (simulated mode, no `flow` section): the
 //! `infergate` preset fed each pod's KV-cache events, seen `kv_events.lag_ms` after the pod
-//! publishes them (see [`crate::policy`]).
+//! publishes them, and with `kv_events.provisional: true` also counting each routed request's
+//! prompt on its pod until the request completes (see [`crate::policy`]).
 
 use std::path::Path;
 
@@ -92,12 +93,18 @@ pub struct KvEvents {
     /// router applying them: vLLM's ZMQ transport and the subscriber's indexing.
     #[serde(default = "default_kv_lag_ms")]
     pub lag_ms: f64,
+    /// Whether the router also counts a request's prompt on the pod it sent it to, from the pick
+    /// until the request completes (the events show blocks only once they are computed, so a
+    /// queued request's prefix is otherwise on no pod). Off: the events alone.
+    #[serde(default)]
+    pub provisional: bool,
 }
 
 impl Default for KvEvents {
     fn default() -> Self {
         KvEvents {
             lag_ms: default_kv_lag_ms(),
+            provisional: false,
         }
     }
 }

@@ -545,9 +545,13 @@ fn run_one(
 ) -> Result<RunResult, BenchError> {
     let cfg = SchedulerConfig::preset(policy.preset);
     let mut sim = setup(scenario, spec, cfg, arrivals, record_load, &scenario.stale)?;
-    let mut precise = policy
-        .precise
-        .then(|| Precise::new(&mut sim.fleet, scenario.kv_events.lag_ms / 1e3));
+    let mut precise = policy.precise.then(|| {
+        Precise::new(
+            &mut sim.fleet,
+            scenario.kv_events.lag_ms / 1e3,
+            scenario.kv_events.provisional,
+        )
+    });
     let policy = policy.as_str().to_owned();
     let model = model_of(spec);
     // Every policy draws its random choices from the same seed.
@@ -556,6 +560,11 @@ fn run_one(
     for (done, a) in sim.arrivals.iter().enumerate() {
         sim.advance(a.at);
         sim.absorb();
+        if let Some(p) = precise.as_mut() {
+            for (id, _, _) in sim.just_completed.drain(..) {
+                p.completed(id);
+            }
+        }
         sim.refresh_metrics();
         let text = workload::prompt_text(a);
         let segments = [&*text];
@@ -572,6 +581,8 @@ fn run_one(
             Ok(decision) => {
                 if !sim.place(a, &decision, &text, lora)? {
                     errors += 1;
+                } else if let Some(p) = precise.as_mut() {
+                    p.placed(decision.endpoints.first(), a.id, &text);
                 }
             }
         }

@@ -199,9 +199,10 @@ impl Run<'_> {
             transit: VecDeque::new(),
         };
         // Every replica subscribes to every pod's events with the same lag, so one view serves all.
-        let mut precise = route
-            .precise
-            .then(|| Precise::new(&mut m.sim.fleet, self.scenario.kv_events.lag_ms / 1e3));
+        let mut precise = route.precise.then(|| {
+            let ev = self.scenario.kv_events;
+            Precise::new(&mut m.sim.fleet, ev.lag_ms / 1e3, ev.provisional)
+        });
         let model = model_of(self.spec);
         // The same pick generator as the single-picker runner, so one replica gives its figures.
         let mut rng = SmallRng::seed_from_u64(self.seed ^ 0x7363_6865_645f_726e);
@@ -211,6 +212,11 @@ impl Run<'_> {
             m.exchange_until(a.at);
             m.sim.advance(a.at);
             m.absorb();
+            if let Some(p) = precise.as_mut() {
+                for (id, _, _) in m.sim.just_completed.drain(..) {
+                    p.completed(id);
+                }
+            }
             m.refresh_metrics();
             let r = match self.bench.spread {
                 Spread::RoundRobin => done % n,
@@ -231,6 +237,8 @@ impl Run<'_> {
                 Ok(decision) => {
                     if !m.place(a, &decision, &text, lora, r)? {
                         errors += 1;
+                    } else if let Some(p) = precise.as_mut() {
+                        p.placed(decision.endpoints.first(), a.id, &text);
                     }
                     m.pushed(r, a.at);
                 }

@@ -87,7 +87,7 @@ fn precise_stops_preferring_a_pod_after_its_blocks_were_evicted() {
     let cfg = SchedulerConfig::preset(Preset::Infergate);
     let mut sim = setup(&scenario, &spec, cfg, &arrivals, false, &[]).unwrap();
     assert_eq!(&*model_of(&spec), &*model_of_sim(&sim));
-    let mut precise = Precise::new(&mut sim.fleet, 0.005);
+    let mut precise = Precise::new(&mut sim.fleet, 0.005, false);
     sim.prime();
     let model = model_of(&spec);
     let mut rng = SmallRng::seed_from_u64(1);
@@ -172,4 +172,52 @@ fn precise_is_a_policy_of_the_shipped_scenarios_and_refused_with_flow_control() 
     let flow = "name: f\nfleet: [{name: a, profile: llama-3.1-8b/a10g}]\nworkload: {duration_s: 1, arrival: {kind: poisson, rate: 1}, prompt_tokens: {dist: fixed, value: 1}, output_tokens: {dist: fixed, value: 1}, tenants: [{name: t}]}\nflow: {}\npolicies: [infergate, infergate-precise]\n";
     let e = Scenario::from_yaml(flow, "t").unwrap_err().to_string();
     assert!(e.contains("policies[1]"), "{e}");
+}
+
+#[test]
+fn provisional_entries_cover_a_queued_request_until_it_completes() {
+    let spec = FleetSpec::uniform(&small(), EngineKind::Vllm, "pod", 2).unwrap();
+    let mut fleet = infergate_sim::Fleet::new(&spec).unwrap();
+    let mut with = Precise::new(&mut fleet, 0.005, true);
+    // Each view drains its fleet's events: the one without provisional entries gets its own.
+    let mut fleet2 = infergate_sim::Fleet::new(&spec).unwrap();
+    let mut without = Precise::new(&mut fleet2, 0.005, false);
+    let text = workload::prompt_text(&arrival(0, 0.0, 496, 480));
+    let req = |id: u64, at: f64, text: &Arc<str>| Request {
+        id,
+        arrival: at,
+        prompt: Prompt::Text(text.clone()),
+        max_tokens: 4,
+        lora: None,
+    };
+    fleet.submit(0, req(0, 0.0, &text)).unwrap();
+    fleet2.submit(0, req(0, 0.0, &text)).unwrap();
+    with.placed(pod_addr(0), 0, &text);
+    without.placed(pod_addr(0), 0, &text);
+    // Nothing is computed yet: only the provisional entry knows where the prefix is going.
+    let full = 496 / 16 * 16;
+    assert_eq!(
+        with.cached(&mut fleet, &text),
+        [(pod_addr(0), full), (pod_addr(1), 0)]
+    );
+    assert_eq!(
+        without.cached(&mut fleet2, &text),
+        [(pod_addr(0), 0), (pod_addr(1), 0)]
+    );
+    fleet.run_until_idle();
+    with.completed(0);
+    fleet.advance_to(fleet.now() + 0.005);
+    // Completed: the events hold the prefix now.
+    assert_eq!(with.cached(&mut fleet, &text)[0], (pod_addr(0), full));
+    // Evicted by two long prompts: the provisional entry is gone too, so nothing is claimed.
+    for (id, at) in [(1u64, fleet.now()), (2, fleet.now() + 5.0)] {
+        let mut other = format!("<other {id}>");
+        while other.len() < 56 * 16 * 4 {
+            other.push('o');
+        }
+        fleet.submit(0, req(id, at, &other.into())).unwrap();
+        fleet.run_until_idle();
+    }
+    fleet.advance_to(fleet.now() + 0.005);
+    assert_eq!(with.cached(&mut fleet, &text)[0], (pod_addr(0), 0));
 }
