@@ -205,6 +205,7 @@ impl Picker {
             explain_header: o.explain_header,
             flow_control: None,
             flow: None,
+            precise: None,
         };
         let picker = EndpointPicker::new(config, pool, Telemetry::default());
         Picker {

@@ -21,7 +21,7 @@ use crate::event::{Batch, Event, Stored};
 /// Bytes one (pod, block) entry costs, counted conservatively: the pod's engine-hash entry and
 /// its share of the block's holder entry, with the maps' slack. `examples/index_memory.rs`
 /// measures the real figure with a counting allocator.
-pub const BYTES_PER_ENTRY: u64 = 96;
+pub const BYTES_PER_ENTRY: u64 = 112;
 
 /// Block keys are uniformly distributed already: the maps use them as they are.
 #[derive(Default, Clone, Copy)]
