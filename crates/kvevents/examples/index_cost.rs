@@ -4,6 +4,11 @@
 //!
 //! `cargo run --release -p infergate-kvevents --example index_cost`
 
+#![allow(
+    clippy::print_stdout,
+    reason = "a measurement command: its output is its report"
+)]
+
 use std::alloc::System;
 use std::hint::black_box;
 use std::net::SocketAddr;
