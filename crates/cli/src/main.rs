@@ -38,7 +38,7 @@ enum Command {
     /// Run the global router: one OpenAI-compatible front door over several clusters' gateways.
     Global(cmd::global::Args),
     /// Run the Envoy ext_proc endpoint picker for one InferencePool.
-    Picker(cmd::picker::Args),
+    Picker(Box<cmd::picker::Args>),
     /// Run the Envoy ext_proc body-based router.
     Bbr(cmd::bbr::Args),
     /// Run the Kubernetes operator.
@@ -85,7 +85,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Gateway(args) => cmd::gateway::run(args).await,
             Command::Global(args) => cmd::global::run(args).await,
-            Command::Picker(args) => cmd::picker::run(args).await,
+            Command::Picker(args) => cmd::picker::run(*args).await,
             Command::Bbr(args) => cmd::bbr::run(args).await,
             Command::Operator(args) => cmd::operator::run(args).await,
             Command::Sim(args) => cmd::sim::run(args).await,

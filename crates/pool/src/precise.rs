@@ -85,7 +85,7 @@ pub enum PreciseError {
         /// The directory given.
         dir: PathBuf,
         /// What failed.
-        source: infergate_tokenizer::Error,
+        source: Box<infergate_tokenizer::Error>,
     },
     /// A port of 0.
     #[error("precise prefix routing: {0} must be a port between 1 and 65535")]
@@ -135,7 +135,7 @@ impl Precise {
             ModelTokenizer::from_dir(&cfg.tokenizer, Options::default()).map_err(|source| {
                 PreciseError::Tokenizer {
                     dir: cfg.tokenizer.clone(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
         let events = KvEvents::new(SubscriberConfig {
