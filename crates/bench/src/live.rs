@@ -65,7 +65,9 @@ pub async fn run(
                 return Err(BenchError::Invalid {
                     origin: origin.to_owned(),
                     field: "policies".to_owned(),
-                    reason: format!("lists {policy}, which runs in simulated mode only"),
+                    reason: format!(
+                        "lists {policy}, which runs in simulated mode only (for a live run, name the policies with --policies)"
+                    ),
                 });
             }
             let label = format!(
