@@ -63,6 +63,9 @@ pub use error::SimError;
 pub use fleet::{FirstToken, Fleet, PodKvEvent, Request, ScrapeConfig};
 pub use kv_view::KvView;
 pub use profile::{Catalog, Profile, StepShape};
-pub use serve::{POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet, serve_fleet_at};
+pub use serve::kv::KvEventsOptions;
+pub use serve::{
+    POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet, serve_fleet_at, serve_fleet_with,
+};
 pub use spec::{EngineKind, Faults, FleetSpec, MetricsFault, PodSpec};
 pub use tokens::Prompt;

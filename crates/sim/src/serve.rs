@@ -15,6 +15,7 @@
 //! shape. Every response carries [`POD_HEADER`] naming the pod.
 
 mod http;
+pub mod kv;
 pub mod page;
 mod peer;
 
@@ -73,6 +74,8 @@ pub(crate) struct PodShared {
     pub(crate) next_id: AtomicU64,
     pub(crate) rng: Mutex<SmallRng>,
     pub(crate) pages: Mutex<PageState>,
+    /// The pod's KV-event publisher, when the fleet publishes them ([`kv`]).
+    pub(crate) kv: Option<kv::Feed>,
 }
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the state is still
@@ -193,6 +196,8 @@ pub struct ServedPod {
     pub addr: SocketAddr,
     /// Runtime control.
     pub handle: PodHandle,
+    /// Its KV-event publisher's `PUB` and replay addresses, when the fleet publishes them.
+    pub kv_events: Option<(SocketAddr, Option<SocketAddr>)>,
 }
 
 /// A running fleet of emulated pods.
@@ -246,13 +251,37 @@ pub async fn serve_fleet_at<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_fleet_with(spec, addr, None, shutdown).await
+}
+
+/// Like [`serve_fleet_at`]; with `kv_events`, every pod also publishes vLLM's KV-cache events
+/// ([`kv`]) on its own address at the port `kv_events` gives it.
+pub async fn serve_fleet_with<F>(
+    spec: &FleetSpec,
+    addr: impl Fn(&PodSpec) -> SocketAddr,
+    kv_events: Option<&kv::KvEventsOptions>,
+    shutdown: F,
+) -> Result<ServedFleet, SimError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let mut pods = Vec::with_capacity(spec.pods.len());
     for pod in &spec.pods {
         let listener = TcpListener::bind(addr(pod)).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(new_shared(pod));
+        let index = pods.len();
+        let feed = match kv_events {
+            Some(o) => Some(
+                kv::Feed::bind(o, addr.ip(), index)
+                    .await?
+                    .with_block_size(pod.profile.block_size),
+            ),
+            None => None,
+        };
+        let kv_addrs = feed.as_ref().map(|f| (f.addr(), f.replay_addr()));
+        let shared = Arc::new(new_shared(pod, feed));
         tasks.push(tokio::spawn(drive(shared.clone(), stop_rx.clone())));
         tasks.push(tokio::spawn(http::accept_loop(
             listener,
@@ -271,6 +300,7 @@ where
             name: pod.name.clone(),
             addr,
             handle: PodHandle { shared },
+            kv_events: kv_addrs,
         });
     }
     tasks.push(tokio::spawn(async move {
@@ -280,7 +310,7 @@ where
     Ok(ServedFleet { pods, tasks })
 }
 
-fn new_shared(pod: &PodSpec) -> PodShared {
+fn new_shared(pod: &PodSpec, kv: Option<kv::Feed>) -> PodShared {
     let mut engine = Engine::new(
         pod.profile.clone(),
         pod.lora_adapters.clone(),
@@ -289,6 +319,7 @@ fn new_shared(pod: &PodSpec) -> PodShared {
         true,
     );
     engine.set_slowdown(pod.faults.slowdown);
+    engine.record_kv_events(kv.is_some());
     PodShared {
         name: pod.name.as_str().into(),
         model: pod.model.clone(),
@@ -304,6 +335,7 @@ fn new_shared(pod: &PodSpec) -> PodShared {
         next_id: AtomicU64::new(1),
         rng: Mutex::new(SmallRng::seed_from_u64(pod.seed)),
         pages: Mutex::new(PageState::default()),
+        kv,
     }
 }
 
@@ -343,6 +375,7 @@ async fn drive(shared: Arc<PodShared>, mut stop: watch::Receiver<bool>) {
     let mut start_at: Option<f64> = None;
     let mut tokens = Vec::new();
     let mut done = Vec::new();
+    let mut kv_events = Vec::new();
     loop {
         if *stop.borrow() {
             return;
@@ -364,10 +397,18 @@ async fn drive(shared: Arc<PodShared>, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep_until(shared.anchor + Duration::from_secs_f64(end)) => {}
             _ = stop.changed() => return,
         }
-        lock(&shared.engine).finish_step(&mut LiveSink {
-            tokens: &mut tokens,
-            done: &mut done,
-        });
+        {
+            let mut e = lock(&shared.engine);
+            e.finish_step(&mut LiveSink {
+                tokens: &mut tokens,
+                done: &mut done,
+            });
+            if let Some(feed) = &shared.kv {
+                e.drain_kv_events(end, &mut kv_events);
+                drop(e);
+                feed.publish(end + shared.start_unix, &mut kv_events);
+            }
+        }
         {
             let mut streams = lock(&shared.streams);
             for (id, index, _) in tokens.drain(..) {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use infergate_sim::{Catalog, FleetSpec, serve_fleet};
+use infergate_sim::{Catalog, FleetSpec, KvEventsOptions, serve_fleet_with};
 
 /// Arguments of `infergate sim`.
 #[derive(Debug, clap::Args)]
@@ -23,6 +23,18 @@ pub struct Args {
     /// Check the fleet file and exit.
     #[arg(long)]
     check: bool,
+    /// Publish every vLLM pod's KV-cache events as vLLM does (ZeroMQ): pod `i` on
+    /// `PORT + 2i`, its replay socket on `PORT + 2i + 1` (docs/precise-prefix.md).
+    #[arg(long, value_name = "PORT")]
+    kv_events_port: Option<u16>,
+    /// The events' encoding: `keyed` (vLLM since mid-2026) or `positional` (earlier releases).
+    #[arg(long, default_value = "keyed", value_parser = parse_encoding, requires = "kv_events_port")]
+    kv_events_encoding: infergate_kvevents::event::Encoding,
+}
+
+fn parse_encoding(s: &str) -> Result<infergate_kvevents::event::Encoding, String> {
+    infergate_kvevents::event::Encoding::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected keyed or positional"))
 }
 
 /// Runs `infergate sim`.
@@ -57,11 +69,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let fleet = serve_fleet(&spec, shutdown)
-        .await
-        .context("cannot serve the fleet")?;
+    let kv = args.kv_events_port.map(|port| KvEventsOptions {
+        base_port: Some(port),
+        encoding: args.kv_events_encoding,
+        ..KvEventsOptions::default()
+    });
+    let fleet = serve_fleet_with(
+        &spec,
+        |pod| std::net::SocketAddr::from(([127, 0, 0, 1], pod.port)),
+        kv.as_ref(),
+        shutdown,
+    )
+    .await
+    .context("cannot serve the fleet")?;
     for pod in &fleet.pods {
-        tracing::info!(pod = %pod.name, addr = %pod.addr, "serving");
+        match pod.kv_events {
+            Some((events, replay)) => tracing::info!(pod = %pod.name, addr = %pod.addr,
+                kv_events = %events, kv_replay = ?replay, "serving"),
+            None => tracing::info!(pod = %pod.name, addr = %pod.addr, "serving"),
+        }
     }
     fleet.wait().await;
     Ok(())

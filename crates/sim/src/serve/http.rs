@@ -292,6 +292,33 @@ pub(crate) fn error(
     )
 }
 
+/// vLLM's `POST /reset_prefix_cache`: drops every cached block (an `AllBlocksCleared` event
+/// when the pod publishes them); refused while requests hold blocks.
+fn reset_prefix_cache(shared: &Arc<PodShared>) -> Response<SimBody> {
+    let now = shared.now();
+    let mut e = lock(&shared.engine);
+    if !e.reset_prefix_cache(now) {
+        drop(e);
+        return json_response(
+            shared,
+            StatusCode::CONFLICT,
+            &json!({"detail": "requests in flight hold cached blocks; reset refused"}),
+        );
+    }
+    if let Some(feed) = &shared.kv {
+        let mut events = Vec::new();
+        e.drain_kv_events(now, &mut events);
+        drop(e);
+        feed.publish(now + shared.start_unix, &mut events);
+    }
+    response(
+        shared,
+        StatusCode::OK,
+        "application/json",
+        SimBody::Full(None),
+    )
+}
+
 async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimBody> {
     // A hung pod accepts the connection and never answers until the fault clears.
     let mut faults = shared.faults.subscribe();
@@ -321,6 +348,9 @@ async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimB
         (&Method::GET, "/v1/models") => models(&shared),
         (&Method::POST, "/v1/chat/completions") => inference(shared, req, Api::Chat).await,
         (&Method::POST, "/v1/completions") => inference(shared, req, Api::Completions).await,
+        (&Method::POST, "/reset_prefix_cache") if shared.kind == EngineKind::Vllm => {
+            reset_prefix_cache(&shared)
+        }
         (_, path) if shared.kind == EngineKind::Vllm && peer::serves(path) => {
             peer::handle(shared, path, req).await
         }
@@ -683,6 +713,9 @@ async fn inference_inner(
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel();
     lock(&shared.streams).insert(id, tx);
+    if let (Some(feed), crate::tokens::Prompt::Text(text)) = (&shared.kv, &p.prompt) {
+        feed.note_prompt(text, crate::tokens::chain_seed(&shared.model));
+    }
     let submitted = {
         let mut e = lock(&shared.engine);
         e.submit(EngineRequest {
@@ -779,7 +812,7 @@ mod tests {
             .clone();
         let mut pod = PodSpec::new("p", &p, EngineKind::Vllm);
         pod.lora_adapters = vec!["a".into()];
-        super::super::new_shared(&pod)
+        super::super::new_shared(&pod, None)
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

@@ -231,7 +231,7 @@ mod tests {
             .get("llama-3.1-8b/h100")
             .unwrap()
             .clone();
-        super::super::new_shared(&PodSpec::new("p", &p, EngineKind::Vllm))
+        super::super::new_shared(&PodSpec::new("p", &p, EngineKind::Vllm), None)
     }
 
     proptest! {

@@ -1,0 +1,195 @@
+//! The emulated pods' KV-cache events, published as vLLM publishes them: a ZeroMQ `PUB` socket
+//! sending `[topic, seq, payload]` per engine step (`BlockStored` with the blocks' token ids,
+//! `BlockRemoved`, `AllBlocksCleared`), in either of vLLM's encodings, with an optional replay
+//! socket. A subscriber (infergate's precise prefix routing, or any other consumer of vLLM's
+//! events) runs against the emulator unchanged.
+//!
+//! Token ids are the emulator's tokenizer stand-in's ([`crate::tokens`]): a router that matches
+//! on them must tokenize the same way.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+
+use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
+use infergate_kvevents::publish::Publisher;
+use xxhash_rust::xxh64::xxh64;
+
+use super::lock;
+use crate::engine::KvEvent;
+use crate::tokens::{BYTES_PER_TOKEN, token_ids};
+
+/// How the pods publish.
+#[derive(Debug, Clone)]
+pub struct KvEventsOptions {
+    /// Pod `i` publishes on `base_port + 2i` (and replays on `base_port + 2i + 1`); `None`:
+    /// ports the system picks.
+    pub base_port: Option<u16>,
+    /// Serve a replay socket.
+    pub replay: bool,
+    /// The events' encoding.
+    pub encoding: Encoding,
+    /// The topic frame.
+    pub topic: String,
+}
+
+impl Default for KvEventsOptions {
+    fn default() -> Self {
+        KvEventsOptions {
+            base_port: None,
+            replay: true,
+            encoding: Encoding::Keyed,
+            topic: String::new(),
+        }
+    }
+}
+
+/// Blocks remembered for the events at most (a bound on prompts whose blocks never got stored).
+const MAX_KNOWN_BLOCKS: usize = 1 << 20;
+
+/// A block's parent hash and token ids.
+type BlockInfo = (Option<u64>, Vec<u32>);
+
+/// One pod's publisher and what it needs to describe a block.
+#[derive(Debug)]
+pub(crate) struct Feed {
+    publisher: Publisher,
+    encoding: Encoding,
+    block_size: u32,
+    /// Block hash → (parent hash, token ids), learned from the prompts submitted.
+    blocks: Mutex<HashMap<u64, BlockInfo>>,
+}
+
+impl Feed {
+    /// Binds pod `index`'s sockets on `ip`.
+    pub(crate) async fn bind(
+        o: &KvEventsOptions,
+        ip: IpAddr,
+        index: usize,
+    ) -> std::io::Result<Feed> {
+        let port = |off: u16| {
+            o.base_port.map_or(0, |b| {
+                b.saturating_add((index as u16).saturating_mul(2))
+                    .saturating_add(off)
+            })
+        };
+        let publisher = Publisher::bind(
+            SocketAddr::new(ip, port(0)),
+            o.replay.then(|| SocketAddr::new(ip, port(1))),
+            &o.topic,
+            10_000,
+        )
+        .await?;
+        Ok(Feed {
+            publisher,
+            encoding: o.encoding,
+            block_size: 0,
+            blocks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Sets the engine's block size (before the first prompt).
+    pub(crate) fn with_block_size(mut self, bs: u32) -> Self {
+        self.block_size = bs;
+        self
+    }
+
+    /// The `PUB` address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.publisher.addr()
+    }
+
+    /// The replay address.
+    pub(crate) fn replay_addr(&self) -> Option<SocketAddr> {
+        self.publisher.replay_addr()
+    }
+
+    /// Remembers the full blocks of a text prompt (hashed as the engine hashes them), so that
+    /// their `BlockStored` can carry their token ids.
+    pub(crate) fn note_prompt(&self, text: &str, seed: u64) {
+        let bytes = self.block_size as usize * BYTES_PER_TOKEN;
+        if bytes == 0 {
+            return;
+        }
+        let mut blocks = lock(&self.blocks);
+        if blocks.len() > MAX_KNOWN_BLOCKS {
+            blocks.clear();
+        }
+        // A block is whole 4-byte pieces: block i's ids are ids[i*bs..(i+1)*bs] of the text's.
+        let mut ids = Vec::new();
+        token_ids(text, &mut ids);
+        let bs = self.block_size as usize;
+        let mut prev = seed;
+        let mut parent = None;
+        for (i, chunk) in text.as_bytes().chunks_exact(bytes).enumerate() {
+            prev = xxh64(chunk, prev);
+            if let Some(block) = ids.get(i * bs..(i + 1) * bs) {
+                blocks
+                    .entry(prev)
+                    .or_insert_with(|| (parent, block.to_vec()));
+            }
+            parent = Some(prev);
+        }
+    }
+
+    /// Publishes one step's events (`ts`: seconds since the epoch) as one batch; `events` is
+    /// drained.
+    pub(crate) fn publish(&self, ts: f64, events: &mut Vec<(f64, KvEvent)>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut out: Vec<Event> = Vec::with_capacity(events.len());
+        {
+            let mut blocks = lock(&self.blocks);
+            for (_, e) in events.drain(..) {
+                match e {
+                    KvEvent::Stored { hash } => {
+                        let Some((parent, ids)) = blocks.get(&hash).cloned() else {
+                            continue; // a synthetic prompt's block: no text, no ids
+                        };
+                        // Consecutive blocks of one chain go in one event, as vLLM sends them.
+                        if let Some(Event::Stored(s)) = out.last_mut()
+                            && s.block_hashes.last().copied() == parent
+                            && parent.is_some()
+                        {
+                            s.block_hashes.push(hash);
+                            s.token_ids.extend_from_slice(&ids);
+                            continue;
+                        }
+                        out.push(Event::Stored(Stored {
+                            block_hashes: vec![hash],
+                            parent,
+                            token_ids: ids,
+                            block_size: self.block_size,
+                            medium: Some("GPU".into()),
+                            ..Default::default()
+                        }));
+                    }
+                    KvEvent::Removed { hash } => {
+                        blocks.remove(&hash);
+                        if let Some(Event::Removed(r)) = out.last_mut() {
+                            r.block_hashes.push(hash);
+                            continue;
+                        }
+                        out.push(Event::Removed(Removed {
+                            block_hashes: vec![hash],
+                            medium: Some("GPU".into()),
+                            group_idx: None,
+                        }));
+                    }
+                    KvEvent::Cleared => out.push(Event::AllCleared),
+                }
+            }
+        }
+        if out.is_empty() {
+            return;
+        }
+        let batch = Batch {
+            ts,
+            events: out,
+            data_parallel_rank: Some(0),
+            unknown_events: 0,
+        };
+        self.publisher.publish(encode_batch(&batch, self.encoding));
+    }
+}

@@ -1,0 +1,99 @@
+//! The emulator publishes vLLM's KV-cache events: infergate's own subscriber (the one precise
+//! prefix routing runs) receives them over ZeroMQ, in both encodings, and its index then holds
+//! exactly the prompt blocks the pod computed — and drops them when the pod's cache is reset.
+
+// Test helpers panic on purpose: a failed call is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use infergate_kvevents::event::Encoding;
+use infergate_kvevents::index::MatchScratch;
+use infergate_kvevents::{KvEvents, SubscriberConfig};
+use infergate_sim::tokens::token_ids;
+use infergate_sim::{Catalog, EngineKind, FleetSpec, KvEventsOptions, PodSpec, serve_fleet_with};
+use serde_json::json;
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn cached(kv: &KvEvents, pod: SocketAddr, ids: &[u32]) -> u32 {
+    let mut out = Vec::new();
+    kv.match_tokens(None, ids, &mut MatchScratch::default(), &mut out);
+    out.iter().find(|(a, _)| *a == pod).map_or(0, |(_, n)| *n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
+    let p = Catalog::builtin()
+        .unwrap()
+        .get("llama-3.1-8b/h100")
+        .unwrap()
+        .clone();
+    let bs = p.block_size;
+    for encoding in [Encoding::Keyed, Encoding::Positional] {
+        let pods = vec![
+            PodSpec::new("a", &p, EngineKind::Vllm),
+            PodSpec::new("b", &p, EngineKind::Vllm),
+        ];
+        let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let opts = KvEventsOptions {
+            encoding,
+            ..KvEventsOptions::default()
+        };
+        let fleet = serve_fleet_with(
+            &spec,
+            |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+            Some(&opts),
+            async move {
+                let _ = rx.await;
+            },
+        )
+        .await
+        .unwrap();
+        let kv = KvEvents::new(SubscriberConfig::default());
+        for pod in &fleet.pods {
+            let (events, replay) = pod.kv_events.expect("the pod publishes");
+            kv.add_pod_at(pod.addr, events, replay);
+        }
+        until("both feeds", || kv.index().stats().synced_pods == 2).await;
+        let (a, b) = (fleet.pods[0].addr, fleet.pods[1].addr);
+        let prompt = "a system prompt every request of this tenant shares, then more ".repeat(30);
+        let mut ids = Vec::new();
+        token_ids(&prompt, &mut ids);
+        let full = (ids.len() as u32 / bs) * bs;
+        let r = infergate_testkit::try_post(
+            a,
+            "/v1/completions",
+            "application/json",
+            json!({"model": p.model.as_str(), "prompt": prompt, "max_tokens": 2}).to_string(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{encoding:?}");
+        until("pod a's stores", || cached(&kv, a, &ids) == full).await;
+        assert_eq!(cached(&kv, b, &ids), 0, "{encoding:?}: b computed nothing");
+        // vLLM's /reset_prefix_cache: AllBlocksCleared, and the index forgets pod a's blocks.
+        let r = infergate_testkit::try_post(
+            a,
+            "/reset_prefix_cache",
+            "application/json",
+            String::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{encoding:?}");
+        until("the clear", || cached(&kv, a, &ids) == 0).await;
+        let _ = tx.send(());
+    }
+}
