@@ -148,6 +148,10 @@ pub struct PickerArgs {
     /// The precise index's memory bound in bytes (default 256 MiB), shared by the pods.
     #[arg(long, requires = "kv_events_port")]
     pub kv_index_bytes: Option<u64>,
+    /// Request bodies longer than this are not tokenized for precise routing (default 65536):
+    /// tokenizing costs about 1 ms of the picker's core per 1,000 tokens.
+    #[arg(long, requires = "kv_events_port")]
+    pub kv_max_body_bytes: Option<usize>,
     /// The model's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`, optionally
     /// `chat_template.jinja`; e.g. a mounted ConfigMap), for `--kv-events-port`.
     #[arg(long, value_name = "DIR", requires = "kv_events_port")]
@@ -187,6 +191,7 @@ impl PickerArgs {
             kv_events_replay_port: None,
             kv_events_topic: None,
             kv_index_bytes: None,
+            kv_max_body_bytes: None,
             tokenizer: None,
         }
     }
@@ -203,6 +208,9 @@ impl PickerArgs {
         }
         if let Some(b) = self.kv_index_bytes {
             cfg.byte_budget = b;
+        }
+        if let Some(b) = self.kv_max_body_bytes {
+            cfg.max_body_bytes = b;
         }
         Some(cfg)
     }

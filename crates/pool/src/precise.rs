@@ -53,6 +53,14 @@ pub struct PreciseConfig {
     /// The index's memory bound in bytes, shared by the pods.
     #[serde(default = "default_budget")]
     pub byte_budget: u64,
+    /// Longer request bodies are not tokenized (the approximate match stands): tokenizing
+    /// costs about 1 ms of the picker's core per 1,000 tokens (docs/precise-prefix.md).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+}
+
+fn default_max_body() -> usize {
+    64 << 10
 }
 
 impl PreciseConfig {
@@ -64,6 +72,7 @@ impl PreciseConfig {
             replay_port: None,
             topic: String::new(),
             byte_budget: default_budget(),
+            max_body_bytes: default_max_body(),
         }
     }
 }
@@ -106,6 +115,7 @@ struct Stats {
 /// A pool's precise prefix routing: the tokenizer and the KV-event index.
 pub struct Precise {
     tokenizer: Arc<ModelTokenizer>,
+    max_body_bytes: usize,
     events: KvEvents,
     stats: Stats,
 }
@@ -161,12 +171,13 @@ impl Precise {
             );
             r.register(
                 "precise_prefix_requests",
-                "Requests by how their prefix was matched (exact; approximate: not tokenizable here, see the reason)",
+                "Requests by how their prefix was matched (exact; or approximate, and why: unsupported, too-long, tokenize-error, no-feed)",
                 stats.requests.clone(),
             );
         }
         Ok(Precise {
             tokenizer: Arc::new(tokenizer),
+            max_body_bytes: cfg.max_body_bytes,
             events,
             stats,
         })
@@ -221,6 +232,10 @@ impl Precise {
         lora: Option<&str>,
         cached: &mut Vec<(SocketAddr, u32)>,
     ) -> Option<u32> {
+        if body.len() > self.max_body_bytes {
+            self.count("too-long");
+            return None;
+        }
         let started = Instant::now();
         let r = SCRATCH.with(|s| {
             let (tokens, scratch) = &mut *s.borrow_mut();

@@ -178,8 +178,21 @@ async fn picks_follow_the_engines_kv_events_through_an_eviction() {
     let mut cached = Vec::new();
     let cx = refine(cx, pool.precise(), &parsed, completions, &mut cached);
     assert!(cx.cached.is_none());
+    // A body over the limit (64 KiB by default) is not tokenized: the picker's core is spared.
+    let long = body(&"many words of a very long prompt ".repeat(2200));
+    assert!(long.len() > 64 << 10);
+    let parsed = parse_request(ApiKind::ChatCompletions, &long).unwrap();
+    let segments = Segments::new(parsed.segments());
+    let cx = context(&parsed, "m", None, &segments, None);
+    let mut cached = Vec::new();
+    let cx = refine(cx, pool.precise(), &parsed, &long, &mut cached);
+    assert!(cx.cached.is_none());
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    assert!(
+        out.contains("precise_prefix_requests_total{outcome=\"too-long\"} 1"),
+        "{out}"
+    );
     assert!(
         out.contains("precise_prefix_requests_total{outcome=\"exact\"} 20"),
         "{out}"
