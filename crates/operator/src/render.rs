@@ -651,6 +651,7 @@ impl<'a> Renderer<'a> {
                 .transpose()?;
             picker.kv_events_topic = pp.topic.clone();
             picker.kv_index_bytes = pp.byte_budget.and_then(|b| u64::try_from(b).ok());
+            picker.kv_max_body_bytes = pp.max_body_bytes.and_then(|b| usize::try_from(b).ok());
             picker.tokenizer = Some(TOKENIZER_MOUNT.into());
             let t = &pp.tokenizer;
             tokenizer = Some(match (&t.config_map, &t.persistent_volume_claim) {

@@ -577,6 +577,7 @@ fn precise_prefix_renders_the_flags_and_mounts_the_tokenizer() {
     for want in [
         "--kv-events-port=5557",
         "--kv-events-replay-port=5558",
+        "--kv-max-body-bytes=131072",
         "--tokenizer=/etc/infergate-tokenizer",
     ] {
         assert!(args.contains(&want), "{want} in {args:?}");

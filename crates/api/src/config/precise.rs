@@ -32,6 +32,11 @@ pub struct PrecisePrefixSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1048576, max = 68719476736_i64))]
     pub byte_budget: Option<i64>,
+    /// Request bodies longer than this are not tokenized, keeping the approximate match
+    /// (default 65536): tokenizing costs about 1 ms of the picker's core per 1,000 tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 268435456))]
+    pub max_body_bytes: Option<i64>,
 }
 
 fn default_events_port() -> i32 {
