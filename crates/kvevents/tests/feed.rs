@@ -5,12 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a failed test
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
 use infergate_kvevents::index::MatchScratch;
 use infergate_kvevents::publish::Publisher;
 use infergate_kvevents::{KvEvents, SubscriberConfig};
+use infergate_testkit::eventually;
 use prometheus_client::registry::Registry;
 
 const BS: u32 = 4;
@@ -49,17 +50,6 @@ fn cached(kv: &KvEvents, pod: SocketAddr, tokens: &[u32]) -> Option<u32> {
     out.iter().find(|(a, _)| *a == pod).map(|(_, n)| *n)
 }
 
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 fn cfg() -> SubscriberConfig {
     SubscriberConfig {
         reconnect_min: Duration::from_millis(20),
@@ -87,12 +77,12 @@ async fn stores_and_evictions_reach_the_index_in_both_encodings() {
         let kv = KvEvents::new(cfg());
         let pod: SocketAddr = POD.parse().unwrap();
         kv.add_pod_at(pod, publisher.addr(), None);
-        until("the feed", || kv.index().stats().synced_pods == 1).await;
+        eventually("the feed", || kv.index().stats().synced_pods == 1).await;
         let p = prompt(22); // five full blocks of 4, two tokens over
         assert_eq!(cached(&kv, pod, &p), Some(0));
         publisher.publish(batch(vec![stored(&p, 0, 3)], enc));
         publisher.publish(batch(vec![stored(&p, 3, 2)], enc));
-        until("the stores", || cached(&kv, pod, &p) == Some(20)).await;
+        eventually("the stores", || cached(&kv, pod, &p) == Some(20)).await;
         // Another prompt sharing two blocks matches two.
         let mut q = p[..8].to_vec();
         q.extend([1, 2, 3, 4, 5]);
@@ -105,9 +95,9 @@ async fn stores_and_evictions_reach_the_index_in_both_encodings() {
             })],
             enc,
         ));
-        until("the eviction", || cached(&kv, pod, &p) == Some(8)).await;
+        eventually("the eviction", || cached(&kv, pod, &p) == Some(8)).await;
         publisher.publish(batch(vec![Event::AllCleared], enc));
-        until("the reset", || cached(&kv, pod, &p) == Some(0)).await;
+        eventually("the reset", || cached(&kv, pod, &p) == Some(0)).await;
         assert_eq!(kv.index().pod_blocks(pod), 0);
         let m = metrics(&kv);
         assert!(m.contains("kv_events_batches_total 4"), "{m}");
@@ -136,12 +126,12 @@ async fn a_gap_resets_the_pod_without_replay_and_is_filled_with_it() {
         let kv = KvEvents::new(cfg());
         let pod: SocketAddr = POD.parse().unwrap();
         kv.add_pod_at(pod, publisher.addr(), publisher.replay_addr());
-        until("the feed", || kv.index().stats().synced_pods == 1).await;
+        eventually("the feed", || kv.index().stats().synced_pods == 1).await;
         let a = prompt(8);
         let b: Vec<u32> = (5000..5008).collect();
         let c: Vec<u32> = (7000..7008).collect();
         publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
-        until("a", || cached(&kv, pod, &a) == Some(8)).await;
+        eventually("a", || cached(&kv, pod, &a) == Some(8)).await;
         // b's batch never reaches the subscriber (in the replay buffer only with replay).
         let lost = Event::Stored(Stored {
             block_hashes: vec![50, 51],
@@ -157,7 +147,7 @@ async fn a_gap_resets_the_pod_without_replay_and_is_filled_with_it() {
             ..Default::default()
         });
         publisher.publish(batch(vec![cs], Encoding::Keyed));
-        until("c", || cached(&kv, pod, &c) == Some(8)).await;
+        eventually("c", || cached(&kv, pod, &c) == Some(8)).await;
         let m = metrics(&kv);
         assert!(m.contains("kv_events_gaps_total 1"), "{m}");
         if replay {
@@ -187,20 +177,20 @@ async fn a_restarted_engine_resets_the_pod() {
     let kv = KvEvents::new(cfg());
     let pod: SocketAddr = POD.parse().unwrap();
     kv.add_pod_at(pod, addr, None);
-    until("the feed", || kv.index().stats().synced_pods == 1).await;
+    eventually("the feed", || kv.index().stats().synced_pods == 1).await;
     let a = prompt(8);
     publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
-    until("a", || cached(&kv, pod, &a) == Some(8)).await;
+    eventually("a", || cached(&kv, pod, &a) == Some(8)).await;
     drop(publisher);
     // While the feed is down the pod is not listed: the approximate index stands in.
-    until("the feed down", || cached(&kv, pod, &a).is_none()).await;
+    eventually("the feed down", || cached(&kv, pod, &a).is_none()).await;
     let again = loop {
         match Publisher::bind(addr, None, "", 0).await {
             Ok(p) => break p,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     };
-    until("the feed back", || kv.index().stats().synced_pods == 1).await;
+    eventually("the feed back", || kv.index().stats().synced_pods == 1).await;
     // Reconnected without replay: what was known may be stale, so it was dropped.
     assert_eq!(cached(&kv, pod, &a), Some(0));
     let b: Vec<u32> = (5000..5008).collect();
@@ -211,7 +201,7 @@ async fn a_restarted_engine_resets_the_pod() {
         ..Default::default()
     });
     again.publish(batch(vec![bs], Encoding::Positional));
-    until("b", || cached(&kv, pod, &b) == Some(8)).await;
+    eventually("b", || cached(&kv, pod, &b) == Some(8)).await;
     let m = metrics(&kv);
     assert!(
         m.contains("kv_events_resets_total{reason=\"reconnect\"} 1"),
@@ -248,7 +238,7 @@ async fn a_hostile_peer_is_survived_and_bad_payloads_reset_the_pod() {
     let kv = KvEvents::new(cfg());
     let pod: SocketAddr = POD.parse().unwrap();
     kv.add_pod_at(pod, addr, None);
-    until("failures", || {
+    eventually("failures", || {
         metrics(&kv).contains("kv_events_connect_failures_total 4")
     })
     .await;
@@ -260,14 +250,14 @@ async fn a_hostile_peer_is_survived_and_bad_payloads_reset_the_pod() {
         .await
         .unwrap();
     kv.add_pod_at(pod, publisher.addr(), None);
-    until("the feed", || kv.index().stats().synced_pods == 1).await;
+    eventually("the feed", || kv.index().stats().synced_pods == 1).await;
     let a = prompt(8);
     publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
-    until("a", || cached(&kv, pod, &a) == Some(8)).await;
+    eventually("a", || cached(&kv, pod, &a) == Some(8)).await;
     publisher.publish(vec![0x92, 0xc1, 0x90]);
-    until("the reset", || cached(&kv, pod, &a) == Some(0)).await;
+    eventually("the reset", || cached(&kv, pod, &a) == Some(0)).await;
     publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
-    until("a again", || cached(&kv, pod, &a) == Some(8)).await;
+    eventually("a again", || cached(&kv, pod, &a) == Some(8)).await;
     let m = metrics(&kv);
     assert!(m.contains("kv_events_decode_errors_total 1"), "{m}");
     assert!(

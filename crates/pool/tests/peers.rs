@@ -12,6 +12,7 @@ use infergate_metrics::ScraperConfig;
 use infergate_pool::peers::{PeerExchange, PeerKey, PeerSettings, PeerTarget};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, RequestContext, SchedulerConfig};
+use infergate_testkit::eventually;
 use infergate_testkit::pages::{page_server, vllm_page};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -90,14 +91,6 @@ async fn exchange(
     PeerExchange::start(pool.clone(), settings, Some(registry))
         .await
         .unwrap()
-}
-
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn peer_inflight(pool: &LivePool, addr: SocketAddr) -> u32 {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
 use infergate_kvevents::publish::Publisher;
@@ -18,6 +18,7 @@ use infergate_pool::lifecycle::{Segments, context};
 use infergate_pool::precise::{EVENTS_PORT_LABEL, Precise, PreciseConfig, refine};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
+use infergate_testkit::eventually;
 use infergate_testkit::pages::{page_server, vllm_page};
 use infergate_tokenizer::{ChatRequest, ModelTokenizer, Options};
 use prometheus_client::registry::Registry;
@@ -26,17 +27,6 @@ const BS: usize = 16;
 
 fn tokenizer_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny")
-}
-
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn body(text: &str) -> Vec<u8> {

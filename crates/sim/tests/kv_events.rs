@@ -6,25 +6,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use infergate_kvevents::event::Encoding;
 use infergate_kvevents::index::MatchScratch;
 use infergate_kvevents::{KvEvents, SubscriberConfig};
 use infergate_sim::tokens::token_ids;
 use infergate_sim::{Catalog, EngineKind, FleetSpec, KvEventsOptions, PodSpec, serve_fleet_with};
+use infergate_testkit::eventually;
 use serde_json::json;
-
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn cached(kv: &KvEvents, pod: SocketAddr, ids: &[u32]) -> u32 {
     let mut out = Vec::new();
@@ -66,7 +55,7 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
             let (events, replay) = pod.kv_events.expect("the pod publishes");
             kv.add_pod_at(pod.addr, events, replay);
         }
-        until("both feeds", || kv.index().stats().synced_pods == 2).await;
+        eventually("both feeds", || kv.index().stats().synced_pods == 2).await;
         let (a, b) = (fleet.pods[0].addr, fleet.pods[1].addr);
         let prompt = "a system prompt every request of this tenant shares, then more ".repeat(30);
         let mut ids = Vec::new();
@@ -81,7 +70,7 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
         .await
         .unwrap();
         assert_eq!(r.status, 200, "{encoding:?}");
-        until("pod a's stores", || cached(&kv, a, &ids) == full).await;
+        eventually("pod a's stores", || cached(&kv, a, &ids) == full).await;
         assert_eq!(cached(&kv, b, &ids), 0, "{encoding:?}: b computed nothing");
         // vLLM's /reset_prefix_cache: AllBlocksCleared, and the index forgets pod a's blocks.
         let r = infergate_testkit::try_post(
@@ -93,7 +82,7 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
         .await
         .unwrap();
         assert_eq!(r.status, 200, "{encoding:?}");
-        until("the clear", || cached(&kv, a, &ids) == 0).await;
+        eventually("the clear", || cached(&kv, a, &ids) == 0).await;
         let _ = tx.send(());
     }
 }

@@ -15,6 +15,7 @@
 //! - [`tls`] — a private CA, client configurations and HTTP/1.1 over TLS.
 //! - [`redis`] — a real `redis-server` on a free loopback port, to kill and restart.
 //! - [`pages`] — a metrics server answering with a page the test computes.
+//! - [`eventually`] — waits, on wall-clock time, until a condition holds.
 //!
 //! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
 //! too, and only passes when the runtime has nothing else to do.
@@ -223,6 +224,22 @@ fn chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+/// Polls `f` every 5 ms until it holds, on wall-clock time (a real socket's peer does not follow
+/// tokio's paused clock).
+///
+/// # Panics
+/// When it still does not hold after 10 s, naming `what`: a failed wait is a failed test.
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 #[cfg(test)]
