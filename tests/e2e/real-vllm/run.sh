@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Real model servers in CI (issue #14): two vLLM CPU instances serving a tiny random-weight model,
-# with infergate's gateway, BBR and picker in front. See docs/testing.md, "Real vLLM suite".
+# Real model servers in CI: vLLM CPU instances serving a tiny random-weight model (two for most
+# checks, two more for the KV-event check) with infergate's gateway, BBR and picker in front. See docs/testing.md, "Real vLLM suite".
 #
 #   tests/e2e/real-vllm/run.sh                 # everything (installs on first run, then cached)
 #   REAL_VLLM_CHECKS=1,3 tests/e2e/real-vllm/run.sh   # a subset of the checks
@@ -123,7 +123,7 @@ fi
 [ -x "$INFERGATE_BIN" ] || fail "no infergate binary at $INFERGATE_BIN"
 
 # --- the suite ---------------------------------------------------------------------------------
-step "suite (setup, then checks ${REAL_VLLM_CHECKS:-1,2,3,5,6,7,8,4})"
+step "suite (setup, then checks ${REAL_VLLM_CHECKS:-1,2,3,5,6,7,8,9,4})"
 mkdir -p "$WORK" "$REPORTS"
 rm -rf "$WORK/logs"
 set +e

@@ -1,5 +1,6 @@
-"""The real-vLLM end-to-end suite: two vLLM CPU instances serving a tiny random-weight model,
-infergate's gateway, BBR and picker in front, and the checks of issue #14.
+"""The real-vLLM end-to-end suite: vLLM CPU instances serving a tiny random-weight model (A and B
+for most checks, C and D publishing KV events for check 9), infergate's gateway, BBR and picker in
+front, and the checks below.
 
 Run by run.sh, which prepares the venvs and the infergate binary and passes:
   --bin INFERGATE --work DIR --reports DIR --perf-python PY
@@ -51,11 +52,19 @@ class Suite:
         self.vllm_ports = {"A": free_port(), "B": free_port()}
         while self.vllm_ports["B"] == self.vllm_ports["A"]:
             self.vllm_ports["B"] = free_port()
-        # Each instance's KV-event publisher and replay socket (check 9). vLLM binds only a
-        # wildcard endpoint (it connects to any other), so these two listen on every interface.
+        # Check 9's two instances, C and D, publish their KV events (a publisher and a replay
+        # socket each). vLLM binds only a wildcard endpoint (it connects to any other), so these
+        # listen on every interface. A and B run without: with KV events on, check 3's gateway
+        # never saw lora-a running on A's page (cause not found).
         self.kv_ports = {}
         taken = set(self.vllm_ports.values())
-        for inst in ("A", "B"):
+        for inst in ("C", "D"):
+            p = free_port()
+            while p in taken:
+                p = free_port()
+            taken.add(p)
+            self.vllm_ports[inst] = p
+        for inst in ("C", "D"):
             pair = []
             while len(pair) < 2:
                 p = free_port()
@@ -141,11 +150,11 @@ class Suite:
                 "--distributed-executor-backend", "uni", "--num-gpu-blocks-override", "64",
                 "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
                 "--lora-modules", *(f"{n}={p}" for n, p in self.adapters.items()),
-                "--enable-prefix-caching", "--seed", "0",
+                "--enable-prefix-caching", "--seed", "0"] + ([] if inst not in self.kv_ports else [
                 "--kv-events-config", json.dumps({
                     "enable_kv_cache_events": True, "publisher": "zmq",
                     "endpoint": f"tcp://*:{self.kv_ports[inst][0]}",
-                    "replay_endpoint": f"tcp://*:{self.kv_ports[inst][1]}"})]
+                    "replay_endpoint": f"tcp://*:{self.kv_ports[inst][1]}"})])
 
     def vllm_env(self, inst):
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -1211,12 +1220,18 @@ storage:
         """A gateway with precisePrefix: the instances' own KV events (BlockStored and
         BlockRemoved) decide where a repeated long prompt goes — even one this gateway never
         routed — and an eviction moves it; vllm:prefix_cache_hits_total confirms the hits."""
+        # Two instances of their own, publishing their KV events; stopped at the end.
+        for inst in ("C", "D"):
+            self.start_vllm(inst)
+        for inst in ("C", "D"):
+            dt = self.wait_vllm(inst)
+            log(f"vLLM {inst} (KV events on) on {self.addr(inst)} healthy after {dt:.1f}s")
         port, admin = free_port(), free_port()
         eps = "\n".join(
             f"      - address: {self.addr(i)}\n        labels:\n"
             f"          infergate.io/kv-events-port: \"{self.kv_ports[i][0]}\"\n"
             f"          infergate.io/kv-events-replay-port: \"{self.kv_ports[i][1]}\""
-            for i in ("A", "B"))
+            for i in ("C", "D"))
         cfg = f"""# written by tests/e2e/real-vllm/suite.py (check 9)
 listen: {LOCAL}:{port}
 admin: {LOCAL}:{admin}
@@ -1259,7 +1274,7 @@ models:
 
         def hits():
             return {i: metric(scrape(self.url(i, "/metrics")), "vllm:prefix_cache_hits_total")
-                    for i in ("A", "B")}
+                    for i in ("C", "D")}
 
         def via_gateway(p, n):
             where, explained = [], []
@@ -1277,58 +1292,58 @@ models:
             return r.json()["usage"]["prompt_tokens"]
 
         # vLLM's CPU backend uses 128-token blocks: 64 of them hold 8,192 tokens.
-        cfg_info = [l for n, l, _ in parse_samples(scrape(self.url("A", "/metrics")))
+        cfg_info = [l for n, l, _ in parse_samples(scrape(self.url("C", "/metrics")))
                     if n == "vllm:cache_config_info"]
         bs = int(cfg_info[0].get("block_size", 16)) if cfg_info else 16
         blocks = int(cfg_info[0].get("num_gpu_blocks", 64)) if cfg_info else 64
 
-        # (a) The prompt is computed on A directly: this gateway never saw it, only A's events.
+        # (a) The prompt is computed on C directly: this gateway never saw it, only C's events.
         p = prompt("precise", 130)
         stored0 = gw_metric("kv_events_blocks_total", kind="stored")
-        p_tokens = direct("A", p)
+        p_tokens = direct("C", p)
         expect(p_tokens >= 3 * bs, f"the prompt has {p_tokens} tokens: 3 blocks or more")
         wait_until(lambda: gw_metric("kv_events_blocks_total", kind="stored") >= stored0 +
-                   p_tokens // bs, 20, 0.1, "A's BlockStored events for the prompt")
+                   p_tokens // bs, 20, 0.1, "C's BlockStored events for the prompt")
         h0 = hits()
         where, explained = via_gateway(p, 3)
         h1 = hits()
         rose = {i: h1[i] - h0[i] for i in h0}
         want = 3 * ((p_tokens - 1) // bs) * bs
-        if where.count("A") != 3:
+        if where.count("C") != 3:
             print("    routing decisions:\n      " + "\n      ".join(explained))
-        expect(where == ["A"] * 3 and rose["A"] >= want and rose["B"] == 0,
-               f"prompt of {p_tokens} tokens computed on A directly, then 3 times through the "
-               f"precise gateway: served by {where}; prefix_cache_hits_total A +{rose['A']:.0f}, "
-               f"B +{rose['B']:.0f} (want >= {want} on A, 0 on B)")
+        expect(where == ["C"] * 3 and rose["C"] >= want and rose["D"] == 0,
+               f"prompt of {p_tokens} tokens computed on C directly, then 3 times through the "
+               f"precise gateway: served by {where}; prefix_cache_hits_total C +{rose['C']:.0f}, "
+               f"D +{rose['D']:.0f} (want >= {want} on C, 0 on D)")
         expect(all("exact_prefix=2" in e for e in explained),
                f"each decision matched both pods exactly: {explained}")
-        print(f"    {p_tokens}-token prompt known from A's events only: 3/3 to A, "
-              f"A's prefix-cache hits +{rose['A']:.0f}")
+        print(f"    {p_tokens}-token prompt known from C's events only: 3/3 to C, "
+              f"C's prefix-cache hits +{rose['C']:.0f}")
 
-        # (b) A evicts it: other long prompts (about 1,900 tokens each) fill A's cache.
+        # (b) C evicts it: other long prompts (about 1,900 tokens each) fill C's cache.
         removed0 = gw_metric("kv_events_blocks_total", kind="removed")
         fill = 0
         for k in range(2 * blocks):
-            fill += direct("A", prompt(f"filler {k}", 340)) // bs
+            fill += direct("C", prompt(f"filler {k}", 340)) // bs
             if fill > blocks + 4 and gw_metric("kv_events_blocks_total",
                                                kind="removed") > removed0:
                 break
         wait_until(lambda: gw_metric("kv_events_blocks_total", kind="removed") > removed0,
-                   20, 0.1, "A's BlockRemoved events")
+                   20, 0.1, "C's BlockRemoved events")
         removed = gw_metric("kv_events_blocks_total", kind="removed") - removed0
-        # ... and B computes it: the gateway now sends it to B.
-        direct("B", p)
+        # ... and D computes it: the gateway now sends it to D.
+        direct("D", p)
         time.sleep(0.5)
         h2 = hits()
         where2, explained2 = via_gateway(p, 3)
         h3 = hits()
         rose2 = {i: h3[i] - h2[i] for i in h2}
-        if where2.count("B") != 3:
+        if where2.count("D") != 3:
             print("    routing decisions:\n      " + "\n      ".join(explained2))
-        expect(where2 == ["B"] * 3 and rose2["B"] >= want and rose2["A"] == 0,
-               f"after A evicted the prompt ({removed:.0f} blocks removed) and B computed it: "
-               f"served by {where2}; prefix_cache_hits_total A +{rose2['A']:.0f}, "
-               f"B +{rose2['B']:.0f} (want >= {want} on B, 0 on A)")
+        expect(where2 == ["D"] * 3 and rose2["D"] >= want and rose2["C"] == 0,
+               f"after C evicted the prompt ({removed:.0f} blocks removed) and D computed it: "
+               f"served by {where2}; prefix_cache_hits_total C +{rose2['C']:.0f}, "
+               f"D +{rose2['D']:.0f} (want >= {want} on D, 0 on C)")
         def prefix_blocks_of(explained, inst):
             for part in explained.split(" | ")[1:]:
                 fields = part.split()
@@ -1338,15 +1353,17 @@ models:
                             return int(f.split("=")[1])
             return None
 
-        expect(prefix_blocks_of(explained2[0], "A") == 0,
-               f"after the eviction the decision credits A with none of the prompt: "
+        expect(prefix_blocks_of(explained2[0], "C") == 0,
+               f"after the eviction the decision credits C with none of the prompt: "
                f"{explained2[0]}")
-        print(f"    A evicted {removed:.0f} blocks; the prompt followed to B: 3/3, "
-              f"B's prefix-cache hits +{rose2['B']:.0f}")
+        print(f"    C evicted {removed:.0f} blocks; the prompt followed to D: 3/3, "
+              f"D's prefix-cache hits +{rose2['D']:.0f}")
         expect(gw_metric("kv_events_decode_errors_total") == 0
                and gw_metric("kv_events_resets_total", reason="gap") == 0,
                "no decode error, no gap in the instances' event streams")
         self.procs.stop("gateway-precise")
+        for inst in ("C", "D"):
+            self.procs.stop(f"vllm-{inst}")
 
     # ------------------------------------------------------------------ driver
     CHECKS = [
