@@ -91,6 +91,35 @@ pub enum BenchError {
     /// The gateway never became ready (no pod answered its scrapes).
     #[error("the gateway for policy {0} did not become ready within 10 s")]
     NotReady(String),
+    /// An external front's command could not be started.
+    #[error("front {front}: cannot run its command with sh")]
+    FrontStart {
+        /// The front's name.
+        front: String,
+        /// The spawn error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An external front exited before it was ready.
+    #[error("front {front} exited ({status}) before answering GET /v1/models; its output is in {}", log.display())]
+    FrontExited {
+        /// The front's name.
+        front: String,
+        /// How it exited.
+        status: String,
+        /// Its output.
+        log: PathBuf,
+    },
+    /// An external front did not answer `GET /v1/models` with 200 in time.
+    #[error("front {front} did not answer GET /v1/models with 200 within {secs} s; its output is in {}", log.display())]
+    FrontNotReady {
+        /// The front's name.
+        front: String,
+        /// The time allowed.
+        secs: u64,
+        /// Its output.
+        log: PathBuf,
+    },
     /// A JSON report could not be encoded.
     #[error("cannot encode the JSON report")]
     Json(#[from] serde_json::Error),

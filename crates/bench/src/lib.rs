@@ -18,11 +18,13 @@
 //! - [`simulate`] — the simulated runner and the clairvoyant floor;
 //! - [`live`] — the live runner: emulated pods on 127.0.0.1 behind the standalone gateway, driven
 //!   over real HTTP with streaming requests;
+//! - [`front`] — external fronts (another router or proxy started as a command) for live runs;
 //! - [`report`] — results, summary over seeds, verdicts, markdown / JSON / SVG;
 //! - [`stats`] — percentiles and spreads; [`progress`] — the stderr progress bar;
 //! - `error` — [`BenchError`].
 
 mod error;
+pub mod front;
 pub mod live;
 pub mod policy;
 pub mod progress;
@@ -33,6 +35,7 @@ pub mod stats;
 pub mod workload;
 
 pub use error::BenchError;
+pub use front::Front;
 pub use policy::RoutePolicy;
 pub use progress::{Progress, Silent, StderrBar};
 pub use report::Report;

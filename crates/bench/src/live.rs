@@ -1,11 +1,15 @@
 //! Live mode: the scenario's fleet served by `infergate-sim`'s HTTP emulator on 127.0.0.1, the
 //! standalone gateway (`infergate_proxy::serve`) in front of it with each policy's scheduler
 //! preset, and the workload sent as real streaming OpenAI chat requests on the wall clock.
+//! External fronts ([`crate::front`]: another router or proxy started as a command) can run in
+//! the gateway's place, on the same arrivals, into the same report.
 //!
-//! Each policy gets a fresh fleet and a fresh gateway (cold caches, nothing learned), and the
-//! same arrivals as every other policy. TTFT is measured at the client: from the moment the
-//! request is sent to the first SSE event that carries text.
+//! Each policy and each front gets a fresh fleet (cold caches, nothing learned), and the same
+//! arrivals as every other. TTFT is measured at the client: from the moment the request is sent
+//! to the first SSE event that carries text. Per-pod request counts come from the pods
+//! themselves, so they do not depend on what a front passes back.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,12 +20,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use infergate_openai::SseScanner;
 use infergate_proxy::{GatewayConfig, Listeners};
+use infergate_sim::serve::kv::KvEventsOptions;
 use infergate_sim::{Catalog, FleetSpec};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::BenchError;
+use crate::front::Front;
 use crate::progress::Progress;
 use crate::report::{PodInfo, Report, RunResult};
 use crate::scenario::Scenario;
@@ -35,7 +41,6 @@ const CDF_POINTS: usize = 200;
 #[derive(Debug, Clone)]
 enum Outcome {
     Done {
-        pod: Option<String>,
         ttft: f64,
         e2e: f64,
         output_tokens: u32,
@@ -45,6 +50,33 @@ enum Outcome {
     Failed,
 }
 
+/// External fronts to run after the scenario's policies, on every seed.
+#[derive(Debug, Clone, Default)]
+pub struct Fronts {
+    /// The fronts, in report order.
+    pub list: Vec<Front>,
+    /// Where each front's output goes (`front-NAME.log`).
+    pub log_dir: PathBuf,
+}
+
+/// What a run sends its requests through.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    /// The standalone gateway with this scheduler preset.
+    Gateway(&'a str),
+    /// An external front.
+    Front(&'a Front, &'a std::path::Path),
+}
+
+impl Target<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Target::Gateway(p) => p,
+            Target::Front(f, _) => &f.name,
+        }
+    }
+}
+
 /// Runs every policy of `scenario` on every seed, live on loopback. Must run inside a
 /// multi-threaded tokio runtime.
 pub async fn run(
@@ -52,41 +84,67 @@ pub async fn run(
     origin: &str,
     progress: &mut dyn Progress,
 ) -> Result<Report, BenchError> {
+    run_with_fronts(scenario, origin, &Fronts::default(), progress).await
+}
+
+/// Runs every policy of `scenario`, then every front of `fronts`, on every seed, live on
+/// loopback. Must run inside a multi-threaded tokio runtime.
+pub async fn run_with_fronts(
+    scenario: &Scenario,
+    origin: &str,
+    fronts: &Fronts,
+    progress: &mut dyn Progress,
+) -> Result<Report, BenchError> {
     let catalog = Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
+    if let Some(f) = fronts
+        .list
+        .iter()
+        .find(|f| scenario.policies.iter().any(|p| p.as_str() == f.name))
+    {
+        return Err(BenchError::Invalid {
+            origin: origin.to_owned(),
+            field: "policies".to_owned(),
+            reason: format!("names {}, which is also a front's name", f.name),
+        });
+    }
+    for policy in &scenario.policies {
+        if policy.precise {
+            // The live gateway has no KV-event subscriber to feed it.
+            return Err(BenchError::Invalid {
+                origin: origin.to_owned(),
+                field: "policies".to_owned(),
+                reason: format!(
+                    "lists {policy}, which runs in simulated mode only (for a live run, name the policies with --policies)"
+                ),
+            });
+        }
+    }
     let mut runs = Vec::new();
     let mut floors = Vec::new();
     for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
-        for &policy in &scenario.policies {
-            if policy.precise {
-                // The live gateway has no KV-event subscriber to feed it.
-                return Err(BenchError::Invalid {
-                    origin: origin.to_owned(),
-                    field: "policies".to_owned(),
-                    reason: format!(
-                        "lists {policy}, which runs in simulated mode only (for a live run, name the policies with --policies)"
-                    ),
-                });
-            }
+        let targets = scenario
+            .policies
+            .iter()
+            .map(|p| Target::Gateway(p.as_str()))
+            .chain(
+                fronts
+                    .list
+                    .iter()
+                    .map(|f| Target::Front(f, fronts.log_dir.as_path())),
+            );
+        for target in targets {
             let label = format!(
-                "{} live seed {seed} ({}/{}) {policy}",
+                "{} live seed {seed} ({}/{}) {}",
                 scenario.name,
                 si + 1,
-                scenario.seeds.len()
+                scenario.seeds.len(),
+                target.name()
             );
             progress.start(&label, arrivals.len() as u64);
-            let r = run_one(
-                scenario,
-                &spec,
-                policy.as_str(),
-                &arrivals,
-                seed,
-                si == 0,
-                progress,
-            )
-            .await?;
+            let r = run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await?;
             progress.finish();
             runs.push(r);
         }
@@ -146,11 +204,10 @@ fn gateway_config(
     })
 }
 
-#[allow(clippy::too_many_arguments, reason = "one private call site")]
 async fn run_one(
     scenario: &Scenario,
     spec: &FleetSpec,
-    policy: &str,
+    target: Target<'_>,
     arrivals: &Arc<Vec<Arrival>>,
     seed: u64,
     record_load: bool,
@@ -160,38 +217,66 @@ async fn run_one(
     let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let fleet = infergate_sim::serve::serve_fleet(spec, stop(stop_rx.clone())).await?;
-    let served = fleet.addrs();
-    let config = gateway_config(scenario, spec, &served, policy, seed)?;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .map_err(BenchError::Bind)?;
-    let gateway = infergate_proxy::serve(
-        config,
-        Listeners {
-            http: listener,
-            admin: None,
-        },
+    let kv_events = match target {
+        Target::Front(f, _) if f.wants_kv_events() => Some(KvEventsOptions::default()),
+        _ => None,
+    };
+    let fleet = infergate_sim::serve::serve_fleet_with(
+        spec,
+        |pod| std::net::SocketAddr::from(([127, 0, 0, 1], pod.port)),
+        kv_events.as_ref(),
         stop(stop_rx.clone()),
     )
-    .await
-    .map_err(|source| BenchError::Gateway {
-        policy: policy.to_owned(),
-        source,
-    })?;
-    let handle = gateway.handle();
-    let ready_by = Instant::now() + Duration::from_secs(10);
-    while !handle.is_ready() {
-        if Instant::now() > ready_by {
-            let _ = stop_tx.send(true);
-            return Err(BenchError::NotReady(policy.to_owned()));
+    .await?;
+    let served = fleet.addrs();
+    let (front_addr, gateway, front) = match target {
+        Target::Gateway(policy) => {
+            let config = gateway_config(scenario, spec, &served, policy, seed)?;
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(BenchError::Bind)?;
+            let gateway = infergate_proxy::serve(
+                config,
+                Listeners {
+                    http: listener,
+                    admin: None,
+                },
+                stop(stop_rx.clone()),
+            )
+            .await
+            .map_err(|source| BenchError::Gateway {
+                policy: policy.to_owned(),
+                source,
+            })?;
+            let handle = gateway.handle();
+            let ready_by = Instant::now() + Duration::from_secs(10);
+            while !handle.is_ready() {
+                if Instant::now() > ready_by {
+                    let _ = stop_tx.send(true);
+                    return Err(BenchError::NotReady(policy.to_owned()));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (gateway.http_addr(), Some(gateway), None)
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Let a few scrapes land so every policy starts from fresh metrics.
+        Target::Front(f, log_dir) => {
+            let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
+            let feeds: Vec<_> = fleet.pods.iter().filter_map(|p| p.kv_events).collect();
+            match f.start(&pods, &feeds, log_dir).await {
+                Ok(running) => (running.addr(), None, Some(running)),
+                Err(e) => {
+                    let _ = stop_tx.send(true);
+                    fleet.wait().await;
+                    return Err(e);
+                }
+            }
+        }
+    };
+    // Let a few scrapes land so every policy starts from fresh metrics (and every front gets
+    // the same head start).
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let url: Arc<str> = format!("http://{}/v1/chat/completions", gateway.http_addr()).into();
+    let url: Arc<str> = format!("http://{front_addr}/v1/chat/completions").into();
     let model: Arc<str> = spec
         .pods
         .first()
@@ -256,22 +341,29 @@ async fn run_one(
         outcomes.push(joined.unwrap_or(Outcome::Failed));
         progress.advance(outcomes.len() as u64);
     }
+    if let Some(front) = front {
+        front.stop().await;
+    }
+    let per_pod: Vec<u64> = fleet
+        .pods
+        .iter()
+        .map(|p| p.handle.requests_ended())
+        .collect();
     let _ = stop_tx.send(true);
     let load = match load_task {
         Some(t) => t.await.ok().map(|pods| LoadSeries { every_s, pods }),
         None => None,
     };
     fleet.wait().await;
-    gateway.wait().await;
+    if let Some(gateway) = gateway {
+        gateway.wait().await;
+    }
 
-    let names: Vec<&str> = spec.pods.iter().map(|p| p.name.as_str()).collect();
-    let mut per_pod = vec![0u64; names.len()];
     let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rejected, mut errors, mut out_tokens, mut last) = (0u64, 0u64, 0u64, 0.0f64);
     for o in &outcomes {
         match o {
             Outcome::Done {
-                pod,
                 ttft: t,
                 e2e: e,
                 output_tokens,
@@ -284,12 +376,6 @@ async fn run_one(
                 }
                 out_tokens += u64::from(*output_tokens);
                 last = last.max(*finished);
-                if let Some(i) = pod
-                    .as_deref()
-                    .and_then(|p| names.iter().position(|n| *n == p))
-                {
-                    per_pod[i] += 1;
-                }
             }
             Outcome::Rejected => rejected += 1,
             Outcome::Failed => errors += 1,
@@ -302,7 +388,7 @@ async fn run_one(
         .map(|i| quantile(&ttft, i as f64 / CDF_POINTS as f64))
         .collect();
     Ok(RunResult {
-        policy: policy.to_owned(),
+        policy: target.name().to_owned(),
         seed,
         requests: arrivals.len() as u64,
         completed,
@@ -356,11 +442,6 @@ async fn one_request(
     if status != 200 {
         return Outcome::Failed;
     }
-    let pod = resp
-        .headers()
-        .get(infergate_sim::serve::POD_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     let mut body = resp.into_body();
     let mut scanner = SseScanner::new();
     let mut first = None;
@@ -381,7 +462,6 @@ async fn one_request(
         u32::try_from(u.completion_tokens).unwrap_or(u32::MAX)
     });
     Outcome::Done {
-        pod,
         ttft: first.unwrap_or(e2e),
         e2e,
         output_tokens,

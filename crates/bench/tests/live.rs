@@ -3,7 +3,10 @@
 
 #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 
-use infergate_bench::{Scenario, Silent};
+use std::path::Path;
+
+use infergate_bench::live::{Fronts, run_with_fronts};
+use infergate_bench::{BenchError, Scenario, Silent};
 
 const TINY: &str = r#"
 name: tiny-live
@@ -31,7 +34,7 @@ async fn live_runs_account_for_every_request_through_the_gateway() {
         assert!(r.requests >= 4, "{}", r.requests);
         assert_eq!(r.errors + r.rejected, 0, "{}: {r:?}", r.policy);
         assert_eq!(r.completed, r.requests);
-        // Every answer named the pod that served it.
+        // The pods ended as many requests as the client completed.
         assert_eq!(r.per_pod_requests.iter().sum::<u64>(), r.completed);
         assert!(r.ttft.p50 > 0.0 && r.ttft.p99 <= r.e2e.p99);
         assert!(r.load.as_ref().unwrap().pods.len() == 2);
@@ -43,4 +46,96 @@ async fn live_runs_account_for_every_request_through_the_gateway() {
         "{:?}",
         rr.per_pod_requests
     );
+}
+
+fn nginx_present() -> bool {
+    ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .iter()
+        .any(|p| Path::new(p).exists())
+}
+
+/// benches/peers/nginx-front.sh, the script `benches/peers/run.sh` runs nginx with, as a front:
+/// same arrivals, one report, its process group gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
+    assert!(
+        nginx_present(),
+        "nginx not found: install Debian's nginx-light (.ci/run does)"
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/peers/nginx-front.sh");
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.policies = vec!["round-robin".parse().unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let fronts = Fronts {
+        list: vec![format!("nginx={}", script.display()).parse().unwrap()],
+        log_dir: dir.path().to_owned(),
+    };
+    let report = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap();
+    assert_eq!(report.runs.len(), 2);
+    let (gw, nginx) = (&report.runs[0], &report.runs[1]);
+    assert_eq!(nginx.policy, "nginx");
+    assert_eq!(nginx.requests, gw.requests, "the same arrivals");
+    assert_eq!(nginx.errors + nginx.rejected, 0, "{nginx:?}");
+    assert_eq!(nginx.completed, nginx.requests);
+    assert_eq!(nginx.per_pod_requests.iter().sum::<u64>(), nginx.completed);
+    assert!(
+        nginx.per_pod_requests.iter().all(|n| *n > 0),
+        "nginx round-robin serves both pods: {:?}",
+        nginx.per_pod_requests
+    );
+    assert!(nginx.ttft.p50 > 0.0 && nginx.ttft.p99 <= nginx.e2e.p99);
+    assert!(report.policy("nginx").is_some());
+    assert!(dir.path().join("front-nginx.log").exists());
+    // nginx (its configuration folder is named after the script) was stopped with its group.
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", "infergate-nginx-front"])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_that_exits_before_it_is_ready_is_reported_with_its_output() {
+    let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fronts = Fronts {
+        list: vec![
+            "broken=echo no such router on port {port} >&2; exit 3"
+                .parse()
+                .unwrap(),
+        ],
+        log_dir: dir.path().to_owned(),
+    };
+    let mut scenario = scenario;
+    scenario.policies.clear();
+    let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap_err();
+    let BenchError::FrontExited { front, status, log } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(front, "broken");
+    assert!(status.contains('3'), "{status}");
+    let output = std::fs::read_to_string(log).unwrap();
+    assert!(output.starts_with("no such router on port "), "{output}");
+    assert!(err.to_string().contains("front-broken.log"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_named_like_a_policy_is_refused() {
+    let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    let fronts = Fronts {
+        list: vec!["infergate=true".parse().unwrap()],
+        log_dir: std::env::temp_dir(),
+    };
+    let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("policies"), "{err}");
 }

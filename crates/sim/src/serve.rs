@@ -185,6 +185,14 @@ impl PodHandle {
     pub fn view(&self) -> EngineView {
         lock(&self.shared.engine).view(self.shared.now())
     }
+
+    /// Inference requests this pod has ended so far: finished, or aborted when the client went
+    /// away (whoever sent them: a benchmark counts per-pod load with it behind any front).
+    pub fn requests_ended(&self) -> u64 {
+        let e = lock(&self.shared.engine);
+        let s = e.stats();
+        s.requests_finished + s.requests_aborted
+    }
 }
 
 /// One served pod.

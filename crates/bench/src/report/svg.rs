@@ -9,10 +9,26 @@ const COLORS: [&str; 10] = [
     "#bcbd22", "#17becf",
 ];
 
+/// Pods named in a load plot's legend.
+const LEGEND_PODS: usize = 24;
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// Rough width in pixels of `s` at font-size 12 in a sans-serif face (about 7 px a character,
+/// on the wide side), to size a legend so that no label is cut off.
+fn text_width(s: &str) -> f64 {
+    s.chars().count() as f64 * 7.0
+}
+
+/// The right margin that fits a legend of `labels` (a 38 px swatch, then the text).
+fn legend_margin<'a>(labels: impl Iterator<Item = &'a str>) -> f64 {
+    labels
+        .map(|l| 38.0 + text_width(l) + 10.0)
+        .fold(170.0, f64::max)
 }
 
 fn first_seed_runs(r: &Report) -> Vec<&RunResult> {
@@ -24,8 +40,11 @@ fn first_seed_runs(r: &Report) -> Vec<&RunResult> {
 
 /// TTFT CDF per policy, log-scale time axis.
 pub(super) fn ttft_cdf(r: &Report) -> String {
-    let (w, h, left, right, top, bottom) = (760.0, 420.0, 70.0, 170.0, 40.0, 50.0);
     let runs = first_seed_runs(r);
+    let right = legend_margin(runs.iter().map(|x| x.policy.as_str()));
+    let (left, top, bottom) = (70.0, 40.0, 50.0);
+    let w = 590.0 + right;
+    let h = (420.0f64).max(top + 10.0 + runs.len() as f64 * 18.0 + bottom);
     let values = runs.iter().flat_map(|x| x.ttft_cdf.iter().copied());
     let lo = values
         .clone()
@@ -64,7 +83,9 @@ pub(super) fn ttft_cdf(r: &Report) -> String {
         );
         d += 1.0;
     }
-    for q in [0.0, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0] {
+    // 0.99 sits a few pixels below 1: its line is dashed and labelled inside the plot, at the
+    // right, under the line, so that no two labels overlap.
+    for q in [0.0, 0.25, 0.5, 0.75, 0.95, 1.0] {
         let yy = y(q);
         let _ = writeln!(
             s,
@@ -74,6 +95,14 @@ pub(super) fn ttft_cdf(r: &Report) -> String {
             yy + 4.0
         );
     }
+    let y99 = y(0.99);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{left}" y1="{y99:.1}" x2="{:.1}" y2="{y99:.1}" stroke="#bbb" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#777" font-size="10">0.99</text>"##,
+        left + pw,
+        left + pw - 4.0,
+        y99 + 12.0
+    );
     let _ = writeln!(
         s,
         r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">time to first token (log scale)</text>"#,
@@ -115,8 +144,22 @@ pub(super) fn load(r: &Report) -> String {
         .into_iter()
         .filter(|x| x.load.is_some())
         .collect();
-    let (w, panel_h, left, right, top) = (760.0, 150.0, 60.0, 170.0, 40.0);
-    let h = top + runs.len() as f64 * (panel_h + 30.0) + 20.0;
+    // At most LEGEND_PODS pods are named; a last line counts the rest.
+    let mut labels: Vec<String> = r
+        .pods
+        .iter()
+        .take(LEGEND_PODS)
+        .map(|p| format!("{} ({})", p.name, p.gpu))
+        .collect();
+    if r.pods.len() > LEGEND_PODS {
+        labels.push(format!("… and {} more", r.pods.len() - LEGEND_PODS));
+    }
+    let right = legend_margin(labels.iter().map(String::as_str));
+    let (panel_h, left, top) = (150.0, 60.0, 40.0);
+    let w = 590.0 + right;
+    let panels_h = top + runs.len() as f64 * (panel_h + 30.0) + 20.0;
+    let legend_h = top + 30.0 + labels.len() as f64 * 16.0 + 10.0;
+    let h = panels_h.max(legend_h);
     let pw = w - left - right;
     let mut s = String::new();
     let _ = writeln!(
@@ -176,18 +219,21 @@ pub(super) fn load(r: &Report) -> String {
             );
         }
     }
-    for (k, pod) in r.pods.iter().enumerate().take(24) {
-        let color = COLORS[k % COLORS.len()];
+    for (k, label) in labels.iter().enumerate() {
+        let color = if k < LEGEND_PODS {
+            COLORS[k % COLORS.len()]
+        } else {
+            "none"
+        };
         let ly = top + 30.0 + k as f64 * 16.0;
         let _ = writeln!(
             s,
-            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{} ({})</text>"#,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
             left + pw + 12.0,
             left + pw + 32.0,
             left + pw + 38.0,
             ly + 4.0,
-            esc(&pod.name),
-            esc(&pod.gpu)
+            esc(label)
         );
     }
     s.push_str("</svg>\n");

@@ -126,3 +126,76 @@ fn files_are_written_and_plots_are_svg() {
         assert!(svg.contains("infergate"));
     }
 }
+
+/// The `(x, y, text)` of every `<text>` element of `svg` and its width and height.
+fn svg_texts(svg: &str) -> (f64, f64, Vec<(f64, f64, String)>) {
+    let attr = |tag: &str, name: &str| -> f64 {
+        let key = format!(" {name}=\"");
+        let at = tag.find(&key).unwrap() + key.len();
+        tag[at..at + tag[at..].find('"').unwrap()].parse().unwrap()
+    };
+    let head = &svg[..svg.find('>').unwrap()];
+    let (w, h) = (attr(head, "width"), attr(head, "height"));
+    let mut out = Vec::new();
+    let mut rest = svg;
+    while let Some(i) = rest.find("<text ") {
+        let tag_end = i + rest[i..].find('>').unwrap();
+        let tag = &rest[i..tag_end];
+        let close = tag_end + rest[tag_end..].find("</text>").unwrap();
+        out.push((
+            attr(tag, "x"),
+            attr(tag, "y"),
+            rest[tag_end + 1..close].to_owned(),
+        ));
+        rest = &rest[close..];
+    }
+    (w, h, out)
+}
+
+#[test]
+fn plot_labels_neither_overlap_nor_fall_outside() {
+    let mut r = report();
+    // Names as long as the peer fronts' and a fleet larger than the legend shows.
+    for run in &mut r.runs {
+        if run.policy == "gie-default" {
+            run.policy = "vllm-router-consistent_hash".into();
+        }
+    }
+    let pod = r.pods[0].clone();
+    r.pods = (0..30)
+        .map(|i| PodInfo {
+            name: format!("a10g-llama-3.1-8b-{i}"),
+            ..pod.clone()
+        })
+        .collect();
+
+    let (w, h, texts) = svg_texts(&svg::ttft_cdf(&r));
+    // The y-axis labels (right-aligned left of the plot) are at least a line apart.
+    let mut ys: Vec<f64> = texts.iter().filter(|t| t.0 == 64.0).map(|t| t.1).collect();
+    ys.sort_by(f64::total_cmp);
+    assert!(ys.len() >= 5, "{texts:?}");
+    for pair in ys.windows(2) {
+        assert!(pair[1] - pair[0] >= 12.0, "y labels at {ys:?}");
+    }
+    for (x, y, t) in &texts {
+        assert!(*y <= h, "{t} at y {y} below the plot's {h}");
+        assert!(
+            x + t.chars().count() as f64 * 6.5 <= w,
+            "{t} at x {x} runs past the plot's width {w}"
+        );
+    }
+
+    let (w, h, texts) = svg_texts(&svg::load(&r));
+    assert!(texts.iter().any(|t| t.2 == "a10g-llama-3.1-8b-23 (H100)"));
+    assert!(texts.iter().any(|t| t.2 == "… and 6 more"));
+    for (x, y, t) in &texts {
+        assert!(*y <= h, "{t} at y {y} below the plot's {h}");
+        if *x > 100.0 {
+            // Left-anchored legend and title text.
+            assert!(
+                x + t.chars().count() as f64 * 6.5 <= w,
+                "{t} at x {x} runs past the plot's width {w}"
+            );
+        }
+    }
+}

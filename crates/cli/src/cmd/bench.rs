@@ -42,6 +42,17 @@ pub struct Args {
     /// With `--replicas`: periodic reports only (no report pushed right after a pick).
     #[arg(long, requires = "replicas")]
     exchange_periodic: bool,
+    /// Live mode: also run an external front, `NAME=COMMAND` (repeatable), in front of a fresh
+    /// fleet on the same arrivals, after the scenario's policies. The command runs with `sh -c`
+    /// in a process group of its own; `{port}` (where it must listen on 127.0.0.1),
+    /// `{aux_port}` (a second free port), `{urls}` (the pods as http://HOST:PORT,
+    /// space-separated), `{addrs}` (HOST:PORT, comma-separated) and `{kv_events}` (each pod's
+    /// KV-event feed, `http://HOST:PORT=tcp://HOST:PUB,tcp://HOST:REPLAY`, space-separated; the
+    /// pods publish vLLM's KV-cache events only for a front that names it) are filled in, and
+    /// set as INFERGATE_FRONT_PORT, _AUX_PORT, _URLS, _ADDRS, _KV_EVENTS. It is ready once GET
+    /// /v1/models through it answers 200; its output goes to OUT/front-NAME.log.
+    #[arg(long = "front", value_name = "NAME=COMMAND")]
+    fronts: Vec<infergate_bench::Front>,
 }
 
 fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -128,6 +139,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "live" => true,
         other => anyhow::bail!("unknown mode {other:?}: expected `simulated` or `live`"),
     };
+    if !live && !args.fronts.is_empty() {
+        anyhow::bail!("--front runs only in live mode (add --mode live)");
+    }
+    let fronts = infergate_bench::live::Fronts {
+        list: args.fronts.clone(),
+        log_dir: args.out.clone(),
+    };
     let paths = files(&args.scenarios)?;
     if paths.is_empty() {
         anyhow::bail!("no scenario files found");
@@ -140,7 +158,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     for (path, scenario) in scenarios {
         let origin = path.display().to_string();
         let report = if live {
-            infergate_bench::live::run(&scenario, &origin, &mut StderrBar::default()).await?
+            infergate_bench::live::run_with_fronts(
+                &scenario,
+                &origin,
+                &fronts,
+                &mut StderrBar::default(),
+            )
+            .await?
         } else {
             tokio::task::spawn_blocking(move || {
                 infergate_bench::simulate::run(&scenario, &origin, &mut StderrBar::default())

@@ -1,0 +1,355 @@
+//! External fronts for live runs: another router or proxy (vllm-router, nginx, …) started as a
+//! command in front of the same emulated fleet, so one report compares it with infergate's
+//! presets on the same arrivals.
+//!
+//! A front is `NAME=COMMAND`. For each run the bench starts a fresh fleet, picks two free ports
+//! on 127.0.0.1, fills the command's placeholders and runs it with `sh -c` in a process group of
+//! its own:
+//!
+//! | placeholder  | environment variable        | value                                        |
+//! |--------------|-----------------------------|----------------------------------------------|
+//! | `{port}`     | `INFERGATE_FRONT_PORT`      | where the front must listen (on 127.0.0.1)    |
+//! | `{aux_port}` | `INFERGATE_FRONT_AUX_PORT`  | a second free port (a metrics listener, say)  |
+//! | `{urls}`     | `INFERGATE_FRONT_URLS`      | the pods as `http://HOST:PORT`, space-separated |
+//! | `{addrs}`    | `INFERGATE_FRONT_ADDRS`     | the pods as `HOST:PORT`, comma-separated      |
+//! | `{kv_events}` | `INFERGATE_FRONT_KV_EVENTS` | each pod's KV-event feed as `http://HOST:PORT=tcp://HOST:PUB[,tcp://HOST:REPLAY]`, space-separated |
+//!
+//! The pods publish vLLM's KV-cache events (ZeroMQ, keyed encoding, with replay) only for a front
+//! whose command names `{kv_events}` or `INFERGATE_FRONT_KV_EVENTS`: publishing costs the
+//! emulator CPU that the other runs do not pay.
+//!
+//! The front is ready once `GET /v1/models` through it answers 200 (it is then known to reach a
+//! pod); the run's requests go to `POST /v1/chat/completions` on it. After the run its process
+//! group gets `SIGTERM`, then `SIGKILL` if it is still there 5 s later. Its output goes to
+//! `LOG_DIR/front-NAME.log`.
+
+use std::fmt;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::BenchError;
+
+/// How long a front may take to answer `GET /v1/models` with 200.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One external front: a name for the report and the command that starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Front {
+    /// The name its runs carry in the report (instead of a policy's).
+    pub name: String,
+    /// The command, with placeholders (see the module documentation).
+    pub command: String,
+}
+
+/// A `--front` argument that is not `NAME=COMMAND`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "front `{0}`: expected NAME=COMMAND, NAME of letters, digits, '-', '_' or '.', and a command"
+)]
+pub struct FrontSyntaxError(pub String);
+
+impl FromStr for Front {
+    type Err = FrontSyntaxError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || FrontSyntaxError(s.to_owned());
+        let (name, command) = s.split_once('=').ok_or_else(bad)?;
+        let name = name.trim();
+        let command = command.trim();
+        let name_ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !name_ok || command.is_empty() {
+            return Err(bad());
+        }
+        Ok(Front {
+            name: name.to_owned(),
+            command: command.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for Front {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.name, self.command)
+    }
+}
+
+/// The values a front's command is given for one run.
+#[derive(Debug, Clone)]
+pub struct FrontPorts<'a> {
+    /// Where the front listens.
+    pub port: u16,
+    /// A second free port.
+    pub aux_port: u16,
+    /// The pods.
+    pub pods: &'a [SocketAddr],
+    /// Each pod's KV-event publisher and replay socket, when the fleet publishes them.
+    pub kv_events: &'a [(SocketAddr, Option<SocketAddr>)],
+}
+
+impl FrontPorts<'_> {
+    fn urls(&self) -> String {
+        let urls: Vec<String> = self.pods.iter().map(|a| format!("http://{a}")).collect();
+        urls.join(" ")
+    }
+
+    fn addrs(&self) -> String {
+        let addrs: Vec<String> = self.pods.iter().map(SocketAddr::to_string).collect();
+        addrs.join(",")
+    }
+
+    fn kv_events(&self) -> String {
+        let feeds: Vec<String> = self
+            .pods
+            .iter()
+            .zip(self.kv_events)
+            .map(|(pod, (feed, replay))| match replay {
+                Some(r) => format!("http://{pod}=tcp://{feed},tcp://{r}"),
+                None => format!("http://{pod}=tcp://{feed}"),
+            })
+            .collect();
+        feeds.join(" ")
+    }
+}
+
+impl Front {
+    /// Whether the front reads the pods' KV-event feeds (its command names `{kv_events}` or
+    /// `INFERGATE_FRONT_KV_EVENTS`), so the fleet must publish them.
+    pub fn wants_kv_events(&self) -> bool {
+        self.command.contains("{kv_events}") || self.command.contains("INFERGATE_FRONT_KV_EVENTS")
+    }
+
+    /// The command with its placeholders filled in.
+    pub fn render(&self, ports: &FrontPorts<'_>) -> String {
+        self.command
+            .replace("{port}", &ports.port.to_string())
+            .replace("{aux_port}", &ports.aux_port.to_string())
+            .replace("{urls}", &ports.urls())
+            .replace("{addrs}", &ports.addrs())
+            .replace("{kv_events}", &ports.kv_events())
+    }
+
+    /// Starts the front for one run and waits until it is ready.
+    pub(crate) async fn start(
+        &self,
+        pods: &[SocketAddr],
+        kv_events: &[(SocketAddr, Option<SocketAddr>)],
+        log_dir: &Path,
+    ) -> Result<RunningFront, BenchError> {
+        let port = free_port()?;
+        let mut aux_port = free_port()?;
+        while aux_port == port {
+            aux_port = free_port()?;
+        }
+        let ports = FrontPorts {
+            port,
+            aux_port,
+            pods,
+            kv_events,
+        };
+        let command = self.render(&ports);
+        std::fs::create_dir_all(log_dir).map_err(|source| BenchError::Write {
+            path: log_dir.to_owned(),
+            source,
+        })?;
+        let log = log_dir.join(format!("front-{}.log", self.name));
+        let out = File::create(&log).map_err(|source| BenchError::Write {
+            path: log.clone(),
+            source,
+        })?;
+        let err = out.try_clone().map_err(|source| BenchError::Write {
+            path: log.clone(),
+            source,
+        })?;
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(&command)
+            .env("INFERGATE_FRONT_PORT", port.to_string())
+            .env("INFERGATE_FRONT_AUX_PORT", aux_port.to_string())
+            .env("INFERGATE_FRONT_URLS", ports.urls())
+            .env("INFERGATE_FRONT_ADDRS", ports.addrs())
+            .env("INFERGATE_FRONT_KV_EVENTS", ports.kv_events())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| BenchError::FrontStart {
+                front: self.name.clone(),
+                source,
+            })?;
+        let mut running = RunningFront {
+            name: self.name.clone(),
+            child: Some(child),
+            log,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        running.wait_ready().await?;
+        Ok(running)
+    }
+}
+
+/// A started front; stopped (its whole process group) by [`RunningFront::stop`] or on drop.
+#[derive(Debug)]
+pub(crate) struct RunningFront {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    addr: SocketAddr,
+}
+
+impl RunningFront {
+    /// Where the front listens.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), BenchError> {
+        let client: Client<HttpConnector, Empty<Bytes>> =
+            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let uri: http::Uri = format!("http://{}/v1/models", self.addr)
+            .parse()
+            .map_err(|_| BenchError::FrontNotReady {
+                front: self.name.clone(),
+                secs: 0,
+                log: self.log.clone(),
+            })?;
+        let by = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(BenchError::FrontExited {
+                    front: self.name.clone(),
+                    status: status.to_string(),
+                    log: self.log.clone(),
+                });
+            }
+            let probe = tokio::time::timeout(Duration::from_secs(2), client.get(uri.clone()));
+            if let Ok(Ok(resp)) = probe.await
+                && resp.status() == http::StatusCode::OK
+            {
+                return Ok(());
+            }
+            if Instant::now() > by {
+                return Err(BenchError::FrontNotReady {
+                    front: self.name.clone(),
+                    secs: READY_TIMEOUT.as_secs(),
+                    log: self.log.clone(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the front: `SIGTERM` to its process group, `SIGKILL` after 5 s.
+    pub(crate) async fn stop(mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        signal_group(child.id(), "TERM");
+        let by = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < by {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                // The leader is gone; anything it left in the group goes too.
+                signal_group(child.id(), "KILL");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        signal_group(child.id(), "KILL");
+        let _ = child.wait();
+    }
+}
+
+impl Drop for RunningFront {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal_group(child.id(), "KILL");
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sends `SIG<signal>` to the process group `pgid` with kill(1) (the group was made with the
+/// child as its leader, so its id is the child's).
+fn signal_group(pgid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(BenchError::Bind)?;
+    l.local_addr().map(|a| a.port()).map_err(BenchError::Bind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_name_and_command() {
+        let f: Front = "vllm-router-cache_aware=vllm-router --port {port} --policy x=y"
+            .parse()
+            .unwrap();
+        assert_eq!(f.name, "vllm-router-cache_aware");
+        assert_eq!(f.command, "vllm-router --port {port} --policy x=y");
+        for bad in ["", "name", "=cmd", "name=", "na me=cmd", "a/b=cmd", " = "] {
+            assert!(bad.parse::<Front>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn fills_every_placeholder() {
+        let f: Front =
+            "x=run --port {port} --m {aux_port} --w {urls} --a {addrs} {port} {kv_events}"
+                .parse()
+                .unwrap();
+        assert!(f.wants_kv_events());
+        let pods: Vec<SocketAddr> = vec![
+            "127.0.0.1:8001".parse().unwrap(),
+            "127.0.0.1:8002".parse().unwrap(),
+        ];
+        let feeds = vec![
+            (
+                "127.0.0.1:7001".parse().unwrap(),
+                Some("127.0.0.1:7002".parse().unwrap()),
+            ),
+            ("127.0.0.1:7003".parse().unwrap(), None),
+        ];
+        let cmd = f.render(&FrontPorts {
+            port: 9000,
+            aux_port: 9001,
+            pods: &pods,
+            kv_events: &feeds,
+        });
+        assert_eq!(
+            cmd,
+            "run --port 9000 --m 9001 --w http://127.0.0.1:8001 http://127.0.0.1:8002 \
+             --a 127.0.0.1:8001,127.0.0.1:8002 9000 \
+             http://127.0.0.1:8001=tcp://127.0.0.1:7001,tcp://127.0.0.1:7002 \
+             http://127.0.0.1:8002=tcp://127.0.0.1:7003"
+        );
+        let plain: Front = "y=nginx-front.sh".parse().unwrap();
+        assert!(!plain.wants_kv_events());
+    }
+}
