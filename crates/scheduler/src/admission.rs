@@ -106,8 +106,8 @@ fn drain_secs(cfg: &SchedulerConfig, v: &View, table: &EndpointTable, rates: &Po
         return f64::INFINITY;
     };
     let sat = cfg.saturation;
-    let prefill_rate = ep.prefill.get().unwrap_or(rates.prefill_prior());
-    let decode_rate = ep.decode.get().unwrap_or(rates.decode_prior());
+    let prefill_rate = ep.prefill_rate(rates);
+    let decode_rate = ep.decode_rate(rates);
     let excess = (v.waiting - f64::from(sat.queue_depth) + 1.0).max(0.0);
     let queue = if v.waiting > 0.0 {
         v.queued_tokens * excess / v.waiting

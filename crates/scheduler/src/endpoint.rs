@@ -145,7 +145,8 @@ pub struct EndpointMeta {
     pub addr: SocketAddr,
     /// The model server behind it.
     pub engine: EngineType,
-    /// GPU type label, when known (informational; the scheduler learns speed, it does not read this).
+    /// GPU type, when known. The scheduler learns each endpoint's speed; until it has, the GPU
+    /// type scales the pool's typical speed ([`crate::gpu`]). Read when the endpoint joins.
     pub gpu: Option<String>,
     /// Remaining pod labels, for selectors and explanations.
     pub labels: BTreeMap<String, String>,

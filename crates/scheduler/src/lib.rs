@@ -66,6 +66,7 @@ pub mod endpoint;
 pub mod error;
 pub mod explain;
 pub mod flow;
+pub mod gpu;
 pub mod peers;
 pub mod prefix;
 pub mod quota;

@@ -7,7 +7,10 @@
 //!
 //! Until an endpoint has a sample, it is assumed to run at the pool's typical rate: the geometric
 //! mean over endpoints that have samples, or the configured prior when none has. That way a pod
-//! that has just joined is neither starved (as it would be with a low prior) nor flooded.
+//! that has just joined is neither starved (as it would be with a low prior) nor flooded. The
+//! typical rate is kept per reference GPU: each sample enters it divided by its endpoint's GPU
+//! factor, and an endpoint without samples gets it times its own ([`crate::gpu`]; 1 for an
+//! unknown GPU, so a pool without GPU types works as before).
 
 /// A geometric EWMA of a positive rate.
 #[derive(Copy, Clone, Debug, Default)]

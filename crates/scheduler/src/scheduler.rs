@@ -192,7 +192,7 @@ impl Scheduler {
             return false;
         };
         if let Some(ep) = state {
-            self.rates.forget(ep.prefill.ln(), ep.decode.ln());
+            ep.unlearn_from(&mut self.rates);
         }
         self.prefix.remove_endpoint(slot);
         true
@@ -285,7 +285,7 @@ impl Scheduler {
         else {
             return false;
         };
-        self.rates.forget(ep.prefill.ln(), ep.decode.ln());
+        ep.unlearn_from(&mut self.rates);
         ep.prefill.reset();
         ep.decode.reset();
         ep.lora.forget_resident();
@@ -394,16 +394,14 @@ impl Scheduler {
         };
         let ttft = first.saturating_since(e.picked_at).as_secs_f64().max(1e-3);
         let work = (e.queued_tokens + own).max(1.0);
-        let (before, after) = ep.prefill.update(work / ttft, min_alpha);
-        self.rates.prefill_changed(before, after);
+        ep.learn_prefill(work / ttft, min_alpha, &mut self.rates);
         let mut decode = None;
         // Decode: tokens after the first, over the time after the first.
         if usage.output_tokens > 1 {
             let dt = now.saturating_since(first).as_secs_f64();
             if dt > 0.0 {
                 let rate = f64::from(usage.output_tokens - 1) / dt;
-                let (before, after) = ep.decode.update(rate, min_alpha);
-                self.rates.decode_changed(before, after);
+                ep.learn_decode(rate, min_alpha, &mut self.rates);
                 decode = Some(rate);
             }
         }

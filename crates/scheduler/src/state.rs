@@ -2,9 +2,10 @@
 //! cold identity and raw snapshot kept out of line (crate-internal).
 
 use crate::endpoint::{EndpointMeta, MetricsSnapshot, ScrapeState, Timestamp};
+use crate::gpu::SpeedFactors;
 use crate::lora::{self, LoraHot};
 use crate::peers::PeerSum;
-use crate::rates::LogEwma;
+use crate::rates::{LogEwma, PoolRates};
 
 /// What the pick rarely reads, kept out of line so the hot fields of many endpoints share cache lines.
 #[derive(Clone, Debug)]
@@ -47,6 +48,8 @@ pub(crate) struct EndpointState {
     pub(crate) prefill: LogEwma,
     /// Learned per-request decode rate, tokens/s.
     pub(crate) decode: LogEwma,
+    /// Its GPU type's speed against the reference, read when it joins ([`crate::gpu`]).
+    pub(crate) speed: SpeedFactors,
     pub(crate) lora: LoraHot,
     /// In-flight requests still waiting for their first token.
     pub(crate) pending: u32,
@@ -67,7 +70,9 @@ pub(crate) struct EndpointState {
 
 impl EndpointState {
     pub(crate) fn new(meta: EndpointMeta) -> Self {
+        let speed = SpeedFactors::of(meta.gpu.as_deref());
         EndpointState {
+            speed,
             cold: Box::new(Cold {
                 meta,
                 metrics: None,
@@ -94,6 +99,44 @@ impl EndpointState {
             reachable: false,
             peer: PeerSum::default(),
         }
+    }
+
+    /// Learns a prefill-rate sample (tokens/s) and updates the pool's typical speed, which is
+    /// kept per reference GPU.
+    pub(crate) fn learn_prefill(&mut self, rate: f64, min_alpha: f64, pool: &mut PoolRates) {
+        let (before, after) = self.prefill.update(rate, min_alpha);
+        let f = self.speed.ln_prefill;
+        pool.prefill_changed(before.map(|b| b - f), after - f);
+    }
+
+    /// Learns a per-request decode-rate sample (tokens/s), as [`Self::learn_prefill`].
+    pub(crate) fn learn_decode(&mut self, rate: f64, min_alpha: f64, pool: &mut PoolRates) {
+        let (before, after) = self.decode.update(rate, min_alpha);
+        let f = self.speed.ln_decode;
+        pool.decode_changed(before.map(|b| b - f), after - f);
+    }
+
+    /// Takes this endpoint's learned rates out of the pool's typical speed (it leaves the pool,
+    /// or its rates are forgotten).
+    pub(crate) fn unlearn_from(&self, pool: &mut PoolRates) {
+        pool.forget(
+            self.prefill.ln().map(|l| l - self.speed.ln_prefill),
+            self.decode.ln().map(|l| l - self.speed.ln_decode),
+        );
+    }
+
+    /// Its learned prefill rate, else the pool's typical rate scaled to its GPU.
+    pub(crate) fn prefill_rate(&self, pool: &PoolRates) -> f64 {
+        self.prefill
+            .get()
+            .unwrap_or_else(|| pool.prefill_prior() / self.speed.inv_prefill)
+    }
+
+    /// Its learned decode rate, else the pool's typical rate scaled to its GPU.
+    pub(crate) fn decode_rate(&self, pool: &PoolRates) -> f64 {
+        self.decode
+            .get()
+            .unwrap_or_else(|| pool.decode_prior() * self.speed.decode)
     }
 
     /// Installs a (validated) snapshot and its pre-digested hot fields.

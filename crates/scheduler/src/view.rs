@@ -153,7 +153,10 @@ pub(crate) fn build(
             }
             continue 'candidates;
         }
-        let inv_prefill_rate = ep.prefill.inv().unwrap_or(inv_prefill_prior);
+        let inv_prefill_rate = ep
+            .prefill
+            .inv()
+            .unwrap_or(inv_prefill_prior * ep.speed.inv_prefill);
         // The other picker replicas' requests count as this one's own (zero without peers), their
         // pending ones aged since the peers reported them (`PeerSum::pending_left`).
         let peer = &ep.peer;
@@ -197,7 +200,7 @@ pub(crate) fn build(
         let own_tokens = f64::from(req.prompt_tokens) * (1.0 - prefix);
         let kv_wait = match kv {
             Some(k) if k > KV_PRESSURE_START => {
-                let decode_rate = ep.decode.get().unwrap_or(decode_prior);
+                let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
                 (k - KV_PRESSURE_START) / (1.0 - KV_PRESSURE_START) * 0.5 * mean_output
                     / decode_rate
             }

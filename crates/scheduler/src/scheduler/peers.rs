@@ -104,11 +104,9 @@ impl Scheduler {
             else {
                 continue;
             };
-            let (before, after) = ep.prefill.update(s.prefill_tokens_per_sec, min_alpha);
-            self.rates.prefill_changed(before, after);
+            ep.learn_prefill(s.prefill_tokens_per_sec, min_alpha, &mut self.rates);
             if let Some(d) = s.decode_tokens_per_sec {
-                let (before, after) = ep.decode.update(d, min_alpha);
-                self.rates.decode_changed(before, after);
+                ep.learn_decode(d, min_alpha, &mut self.rates);
             }
             learned += 1;
         }

@@ -136,6 +136,106 @@ fn cold_start_pods_use_the_pool_rate() {
     );
 }
 
+/// A fleet of `gpus` (fixture endpoint `i` runs `gpus[i]`), all idle at [`T0`].
+fn fleet_of(gpus: &[Option<&str>]) -> Scheduler {
+    let mut s = Scheduler::new(SchedulerConfig::default()).unwrap();
+    for (i, gpu) in (0u32..).zip(gpus) {
+        s.upsert_endpoint(EndpointMeta {
+            gpu: gpu.map(str::to_owned),
+            ..meta(i)
+        });
+        s.apply_metrics(addr(i), snapshot(T0, 0, 0.1)).unwrap();
+    }
+    s
+}
+
+#[test]
+fn a_cold_pod_is_assumed_as_fast_as_its_gpu_type() {
+    // Two H100s have learned 10,000 tokens/s; the A10G has served nothing yet. It is assumed to
+    // run at 125/989 of their speed, not at theirs: loaded H100s (4 waiting each) still beat it
+    // for a 1,000-token prompt.
+    let mut s = fleet_of(&[
+        Some("H100-SXM-80GB"),
+        Some("H100-SXM-80GB"),
+        Some("A10G-24GB"),
+    ]);
+    teach(&mut s, 0, 1000, Duration::from_millis(100), 5);
+    teach(&mut s, 1, 1000, Duration::from_millis(100), 5);
+    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
+    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 1000), T0, &mut rng(1));
+    assert_ne!(d.unwrap().endpoints.first(), addr(2), "{ex:?}");
+    let a10g = ex.candidates.iter().find(|c| c.addr == addr(2)).unwrap();
+    let want = 1000.0 / (10_000.0 * 125.0 / 989.0);
+    assert!(
+        (a10g.estimated_wait_secs - want).abs() < 0.02 * want,
+        "A10G's wait {} s, want {want} s",
+        a10g.estimated_wait_secs
+    );
+    // The same fleet without GPU types: the cold pod is assumed typical and wins (as
+    // `cold_start_pods_use_the_pool_rate`).
+    let mut s = fleet_of(&[None, None, None]);
+    teach(&mut s, 0, 1000, Duration::from_millis(100), 5);
+    teach(&mut s, 1, 1000, Duration::from_millis(100), 5);
+    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
+    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 1000), T0, &mut rng(1))
+        .unwrap();
+    assert_eq!(d.endpoints.first(), addr(2));
+}
+
+#[test]
+fn before_anything_is_learned_the_faster_gpu_gets_the_long_prompt() {
+    for seed in 0..20 {
+        let mut s = fleet_of(&[Some("A10G"), Some("H100")]);
+        let d = s
+            .pick(&RequestContext::new("m", 3000), T0, &mut rng(seed))
+            .unwrap();
+        assert_eq!(d.endpoints.first(), addr(1), "seed {seed}");
+    }
+}
+
+#[test]
+fn the_typical_speed_is_kept_per_reference_gpu() {
+    // An A10G learned 1,262 tokens/s (an H100-equivalent of 10,000); a cold H100 is then
+    // assumed at 10,000, a cold A10G at 1,262.
+    let mut s = fleet_of(&[Some("A10G"), Some("H100"), Some("A10G")]);
+    let a10g_rate = 10_000.0 * 125.0 / 989.0;
+    let ttft = Duration::from_secs_f64(1000.0 / a10g_rate);
+    teach(&mut s, 0, 1000, ttft, 5);
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 1000), T0, &mut rng(1));
+    assert_eq!(
+        d.unwrap().endpoints.first(),
+        addr(1),
+        "the H100 is the fastest"
+    );
+    let wait = |i: u32| {
+        ex.candidates
+            .iter()
+            .find(|c| c.addr == addr(i))
+            .unwrap()
+            .estimated_wait_secs
+    };
+    assert!((wait(1) - 0.1).abs() < 0.005, "cold H100 {} s", wait(1));
+    assert!(
+        (wait(2) - 1000.0 / a10g_rate).abs() < 0.02,
+        "cold A10G {} s",
+        wait(2)
+    );
+    // Forgetting the A10G's rates takes them out of the typical speed: back to the configured
+    // prior, scaled (pod 2 has nothing in flight; the H100 now has the pick above).
+    assert!(s.forget_learned_rates(addr(0)));
+    let (_, ex) = s.pick_explained(&RequestContext::new("m", 1000), T0, &mut rng(1));
+    let cold = ex.candidates.iter().find(|c| c.addr == addr(2)).unwrap();
+    let prior = SchedulerConfig::default().rates.prefill_tokens_per_sec * 125.0 / 989.0;
+    assert!(
+        (cold.estimated_wait_secs - 1000.0 / prior).abs() < 0.02,
+        "{}",
+        cold.estimated_wait_secs
+    );
+}
+
 #[test]
 fn zero_weight_removes_a_scorers_influence() {
     let cfg = weights_only(Weights {
