@@ -8,8 +8,8 @@
 # INFERGATE_FRONT_PORT, _AUX_PORT (its Prometheus listener) and _URLS (the pods). Each further
 # argument is one pod's KV-event feed, `URL=tcp://PUB[,tcp://REPLAY]` (what the bench's
 # {kv_events} gives), passed on as --kv-event-source and --kv-event-replay-source, with the
-# emulated pods' block size of 16 tokens. The router checks every pod's /health each second
-# until all are up.
+# emulated pods' block size of 16 tokens and the served model (INFERGATE_FRONT_MODEL). The
+# router checks every pod's /health each second until all are up.
 set -euo pipefail
 : "${VLLM_ROUTER:?the vllm-router executable}"
 : "${INFERGATE_FRONT_PORT:?set by infergate bench --front}"
@@ -30,6 +30,6 @@ if [ "$#" -gt 0 ]; then
       *,*) args+=(--kv-event-replay-source "$url=${endpoints#*,}") ;;
     esac
   done
-  args+=(--kv-event-block-size 16)
+  args+=(--kv-event-block-size 16 --kv-event-model "${INFERGATE_FRONT_MODEL:?set by infergate bench --front}")
 fi
 exec "$VLLM_ROUTER" "${args[@]}"

@@ -12,6 +12,7 @@
 //! | `{aux_port}` | `INFERGATE_FRONT_AUX_PORT`  | a second free port (a metrics listener, say)  |
 //! | `{urls}`     | `INFERGATE_FRONT_URLS`      | the pods as `http://HOST:PORT`, space-separated |
 //! | `{addrs}`    | `INFERGATE_FRONT_ADDRS`     | the pods as `HOST:PORT`, comma-separated      |
+//! | `{model}`    | `INFERGATE_FRONT_MODEL`     | the model the pods serve (the requests' `model`) |
 //! | `{kv_events}` | `INFERGATE_FRONT_KV_EVENTS` | each pod's KV-event feed as `http://HOST:PORT=tcp://HOST:PUB[,tcp://HOST:REPLAY]`, space-separated |
 //!
 //! The pods publish vLLM's KV-cache events (ZeroMQ, keyed encoding, with replay) only for a front
@@ -98,6 +99,8 @@ pub struct FrontPorts<'a> {
     pub pods: &'a [SocketAddr],
     /// Each pod's KV-event publisher and replay socket, when the fleet publishes them.
     pub kv_events: &'a [(SocketAddr, Option<SocketAddr>)],
+    /// The model the pods serve.
+    pub model: &'a str,
 }
 
 impl FrontPorts<'_> {
@@ -140,6 +143,7 @@ impl Front {
             .replace("{urls}", &ports.urls())
             .replace("{addrs}", &ports.addrs())
             .replace("{kv_events}", &ports.kv_events())
+            .replace("{model}", ports.model)
     }
 
     /// Starts the front for one run and waits until it is ready.
@@ -147,6 +151,7 @@ impl Front {
         &self,
         pods: &[SocketAddr],
         kv_events: &[(SocketAddr, Option<SocketAddr>)],
+        model: &str,
         log_dir: &Path,
     ) -> Result<RunningFront, BenchError> {
         let port = free_port()?;
@@ -159,6 +164,7 @@ impl Front {
             aux_port,
             pods,
             kv_events,
+            model,
         };
         let command = self.render(&ports);
         std::fs::create_dir_all(log_dir).map_err(|source| BenchError::Write {
@@ -182,6 +188,7 @@ impl Front {
             .env("INFERGATE_FRONT_URLS", ports.urls())
             .env("INFERGATE_FRONT_ADDRS", ports.addrs())
             .env("INFERGATE_FRONT_KV_EVENTS", ports.kv_events())
+            .env("INFERGATE_FRONT_MODEL", model)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -341,13 +348,14 @@ mod tests {
             aux_port: 9001,
             pods: &pods,
             kv_events: &feeds,
+            model: "m/x",
         });
         assert_eq!(
             cmd,
             "run --port 9000 --m 9001 --w http://127.0.0.1:8001 http://127.0.0.1:8002 \
              --a 127.0.0.1:8001,127.0.0.1:8002 9000 \
              http://127.0.0.1:8001=tcp://127.0.0.1:7001,tcp://127.0.0.1:7002 \
-             http://127.0.0.1:8002=tcp://127.0.0.1:7003"
+             http://127.0.0.1:8002=tcp://127.0.0.1:7003 m/x"
         );
         let plain: Front = "y=nginx-front.sh".parse().unwrap();
         assert!(!plain.wants_kv_events());

@@ -178,7 +178,7 @@ fn gateway_config(
             serde_json::json!({
                 "address": addr.to_string(),
                 "name": name,
-                "gpu": p.profile.gpu,
+                "gpu": p.profile.gpu_label(),
                 "engine": p.engine.as_str(),
             })
         })
@@ -262,7 +262,8 @@ async fn run_one(
         Target::Front(f, log_dir) => {
             let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
             let feeds: Vec<_> = fleet.pods.iter().filter_map(|p| p.kv_events).collect();
-            match f.start(&pods, &feeds, log_dir).await {
+            let model = spec.pods.first().map_or("", |p| &*p.model);
+            match f.start(&pods, &feeds, model, log_dir).await {
                 Ok(running) => (running.addr(), None, Some(running)),
                 Err(e) => {
                     let _ = stop_tx.send(true);

@@ -444,7 +444,7 @@ fn setup<'a>(
             pod: p.name.clone(),
             addr: pod_addr(i),
             engine: engine_type(p.engine),
-            gpu: Some(p.profile.gpu.clone()),
+            gpu: Some(p.profile.gpu_label()),
             labels: Default::default(),
         });
     }

@@ -6,7 +6,7 @@
 //! H100s and A10Gs an A10G that has not served yet is assumed as fast as the H100s that have, and
 //! the first long prompts sent to it wait eight times longer than expected. With the endpoint's
 //! GPU type known (the `gpu` of a standalone endpoint, the `infergate.dev/gpu` pod label on
-//! Kubernetes), the typical speed is kept per H100-equivalent and scaled by each endpoint's
+//! Kubernetes; `4xH100` for a server over four GPUs), the typical speed is kept per H100-equivalent and scaled by each endpoint's
 //! factor: prefill by dense BF16 tensor throughput (FP16 where the part has no BF16), decode by
 //! memory bandwidth. A learned rate always replaces the prior; an endpoint whose GPU is unknown
 //! (or not in the table) counts as the reference, which is what every endpoint counted as before
@@ -55,20 +55,47 @@ const TABLE: &[(&str, f64, f64)] = &[
     ("t4", 65.0, 0.32),
 ];
 
-/// The relative speed of the GPU type `name`, `None` when it is not in the table.
+/// The relative speed of the GPU type `name`, `None` when it is not in the table. A count
+/// before or after the name (`4xH100`, `4 x H100`, `H100x4`: a server over four GPUs with tensor
+/// parallelism) multiplies both factors, as ideal tensor-parallel scaling would.
 pub fn speed_of(name: &str) -> Option<GpuSpeed> {
     let key: String = name
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .map(|c| c.to_ascii_lowercase())
         .collect();
+    let (count, key) = split_count(&key);
     TABLE
         .iter()
         .find(|(pattern, _, _)| key.contains(pattern))
         .map(|&(_, tflops, tbps)| GpuSpeed {
-            prefill: tflops / REF_TFLOPS,
-            decode: tbps / REF_TBPS,
+            prefill: count * tflops / REF_TFLOPS,
+            decode: count * tbps / REF_TBPS,
         })
+}
+
+/// `4xh100` → (4, `h100`); `h100x4` → (4, `h100`); otherwise (1, the key). Counts from 1 to 64.
+fn split_count(key: &str) -> (f64, &str) {
+    let valid = |n: &str| n.parse::<u32>().ok().filter(|n| (1..=64).contains(n));
+    let digits = key.len() - key.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    if digits > 0
+        && let Some(rest) = key[digits..].strip_prefix('x')
+        && let Some(n) = valid(&key[..digits])
+        && !rest.is_empty()
+    {
+        return (f64::from(n), rest);
+    }
+    let tail = key.len() - key.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if tail > 0 {
+        let (head, n) = key.split_at(key.len() - tail);
+        if let Some(head) = head.strip_suffix('x')
+            && let Some(n) = valid(n)
+            && !head.is_empty()
+        {
+            return (f64::from(n), head);
+        }
+    }
+    (1.0, key)
 }
 
 /// An endpoint's speed factors, pre-digested for the pick (crate-internal).
@@ -121,6 +148,18 @@ mod tests {
         assert!(speed_of("NVIDIA-L4").unwrap().decode < speed_of("L40S").unwrap().decode);
         assert!(speed_of("H100 PCIe").unwrap().prefill < 1.0);
         assert_eq!(speed_of("tpu-v5e"), None);
+        // Tensor-parallel servers: a count before or after.
+        let four = speed_of("4xH100").unwrap();
+        assert_eq!((four.prefill, four.decode), (4.0, 4.0));
+        assert_eq!(speed_of("H100x4"), Some(four));
+        assert_eq!(speed_of("4 x H100-SXM-80GB"), Some(four));
+        let a10g8 = speed_of("8xA10G-24GB").unwrap();
+        assert!((a10g8.prefill - 8.0 * a10g.prefill).abs() < 1e-12);
+        // Names that end in digits or an x are not counts.
+        assert_eq!(speed_of("MI300X"), speed_of("mi300x"));
+        assert!(speed_of("MI300X").unwrap().prefill < 2.0);
+        assert_eq!(speed_of("H100-SXM-80GB"), Some(h100));
+        assert_eq!(speed_of("0xH100"), Some(h100), "a count of 0 is no count");
         assert_eq!(speed_of(""), None);
     }
 

@@ -86,6 +86,16 @@ pub struct StepShape {
 }
 
 impl Profile {
+    /// The server's GPUs as a label: `GPU` alone, `NxGPU` when sharded over N with tensor
+    /// parallelism (what `infergate.dev/gpu` and an endpoint's `gpu` carry).
+    pub fn gpu_label(&self) -> String {
+        if self.tensor_parallel > 1 {
+            format!("{}x{}", self.tensor_parallel, self.gpu)
+        } else {
+            self.gpu.clone()
+        }
+    }
+
     /// Number of KV blocks.
     pub fn num_blocks(&self) -> u64 {
         self.kv_capacity_tokens / u64::from(self.block_size.max(1))

@@ -46,10 +46,11 @@ pub struct Args {
     /// fleet on the same arrivals, after the scenario's policies. The command runs with `sh -c`
     /// in a process group of its own; `{port}` (where it must listen on 127.0.0.1),
     /// `{aux_port}` (a second free port), `{urls}` (the pods as http://HOST:PORT,
-    /// space-separated), `{addrs}` (HOST:PORT, comma-separated) and `{kv_events}` (each pod's
+    /// space-separated), `{addrs}` (HOST:PORT, comma-separated), `{model}` (the model the pods
+    /// serve) and `{kv_events}` (each pod's
     /// KV-event feed, `http://HOST:PORT=tcp://HOST:PUB,tcp://HOST:REPLAY`, space-separated; the
     /// pods publish vLLM's KV-cache events only for a front that names it) are filled in, and
-    /// set as INFERGATE_FRONT_PORT, _AUX_PORT, _URLS, _ADDRS, _KV_EVENTS. It is ready once GET
+    /// set as INFERGATE_FRONT_PORT, _AUX_PORT, _URLS, _ADDRS, _MODEL, _KV_EVENTS. It is ready once GET
     /// /v1/models through it answers 200; its output goes to OUT/front-NAME.log.
     #[arg(long = "front", value_name = "NAME=COMMAND")]
     fronts: Vec<infergate_bench::Front>,
