@@ -120,18 +120,22 @@ fn fleet_problems_name_the_field() {
 
 #[test]
 fn every_shipped_scenario_loads() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/scenarios");
+    let benches = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches");
     let catalog = Catalog::builtin().unwrap();
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "yaml") {
-            let s = Scenario::from_file(&path).unwrap();
-            s.fleet_spec(&catalog, &path.display().to_string()).unwrap();
-            n += 1;
+    for (folder, at_least) in [("scenarios", 6), ("peers", 1), ("robustness", 2), ("scale", 1)] {
+        let dir = benches.join(folder);
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let s = Scenario::from_file(&path).unwrap();
+                s.validate(&path.display().to_string()).unwrap();
+                s.fleet_spec(&catalog, &path.display().to_string()).unwrap();
+                n += 1;
+            }
         }
+        assert!(n >= at_least, "found {n} scenarios in {}", dir.display());
     }
-    assert!(n >= 6, "found {n} scenarios in {}", dir.display());
 }
 
 const TENANTS: &str = r#"
