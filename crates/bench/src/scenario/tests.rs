@@ -122,7 +122,12 @@ fn fleet_problems_name_the_field() {
 fn every_shipped_scenario_loads() {
     let benches = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches");
     let catalog = Catalog::builtin().unwrap();
-    for (folder, at_least) in [("scenarios", 6), ("peers", 1), ("robustness", 2), ("scale", 1)] {
+    for (folder, at_least) in [
+        ("scenarios", 6),
+        ("peers", 1),
+        ("robustness", 2),
+        ("scale", 1),
+    ] {
         let dir = benches.join(folder);
         let mut n = 0;
         for entry in std::fs::read_dir(&dir).unwrap() {

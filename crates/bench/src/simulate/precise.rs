@@ -9,7 +9,7 @@ use std::sync::Arc;
 use infergate_sim::tokens::prompt_block_hashes;
 use infergate_sim::{Fleet, KvView, Prompt};
 
-use super::pod_addr;
+use super::{pod_addr, pod_index};
 
 /// What the `infergate-precise` policy knows beyond the preset: the pods' KV-cache events, and
 /// optionally where it sent the requests still in flight.
@@ -83,7 +83,7 @@ impl Precise {
         let Some(prov) = self.provisional.as_mut() else {
             return;
         };
-        let Some(pod) = (0..self.keys.len()).find(|&i| pod_addr(i) == addr) else {
+        let Some(pod) = pod_index(&addr, self.keys.len()) else {
             return;
         };
         let (seed, bs) = self.keys[pod];

@@ -29,7 +29,9 @@ use infergate_sim::{FleetSpec, Prompt, SimError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{MAX_LATE_S, Precise, Sim, finish, floor, model_of, pod_addr, setup, snapshot, ts};
+use super::{
+    MAX_LATE_S, Precise, Sim, finish, floor, model_of, pod_addr, pod_index, setup, snapshot, ts,
+};
 use crate::BenchError;
 use crate::policy::RoutePolicy;
 use crate::progress::Progress;
@@ -401,7 +403,7 @@ impl Multi<'_> {
             *o = r;
         }
         for (j, addr) in decision.endpoints.iter().enumerate() {
-            let Some(pod) = (0..n).find(|&i| pod_addr(i) == *addr) else {
+            let Some(pod) = pod_index(addr, n) else {
                 continue;
             };
             if j > 0 && !self.sched(r).reassign(decision.ticket, *addr) {

@@ -96,3 +96,14 @@ fn pod_addresses_are_distinct() {
     let addrs: std::collections::HashSet<_> = (0..600).map(pod_addr).collect();
     assert_eq!(addrs.len(), 600);
 }
+
+#[test]
+fn pod_index_inverts_pod_addr() {
+    for i in [0usize, 1, 254, 255, 256, 999, 1000, 65_534] {
+        assert_eq!(pod_index(&pod_addr(i), 65_535), Some(i), "{i}");
+    }
+    assert_eq!(pod_index(&pod_addr(5), 5), None, "outside the fleet");
+    assert_eq!(pod_index(&"10.0.0.1:8001".parse().unwrap(), 10), None);
+    assert_eq!(pod_index(&"10.1.0.1:8000".parse().unwrap(), 10), None);
+    assert_eq!(pod_index(&"[::1]:8000".parse().unwrap(), 10), None);
+}
