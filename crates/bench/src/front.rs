@@ -328,7 +328,7 @@ mod tests {
     #[test]
     fn fills_every_placeholder() {
         let f: Front =
-            "x=run --port {port} --m {aux_port} --w {urls} --a {addrs} {port} {kv_events}"
+            "x=run --port {port} --m {aux_port} --w {urls} --a {addrs} {port} {kv_events} {model}"
                 .parse()
                 .unwrap();
         assert!(f.wants_kv_events());

@@ -138,7 +138,7 @@ pub(super) fn ttft_cdf(r: &Report) -> String {
     s
 }
 
-/// Per-pod load (running + waiting) over time, one panel per policy.
+/// Per-pod load (running + waiting) over time, one panel per policy, each on its own scale.
 pub(super) fn load(r: &Report) -> String {
     let runs: Vec<&RunResult> = first_seed_runs(r)
         .into_iter()
@@ -174,15 +174,18 @@ pub(super) fn load(r: &Report) -> String {
         r.mode,
         r.scenario.seeds.first().copied().unwrap_or(0)
     );
-    let peak = runs
-        .iter()
-        .filter_map(|x| x.load.as_ref())
-        .flat_map(|l| l.pods.iter().flatten().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1);
     for (pi, run) in runs.iter().enumerate() {
         let Some(load) = &run.load else { continue };
+        // Each panel on its own scale (its peak is labelled): one overloaded policy would
+        // otherwise flatten every other panel.
+        let peak = load
+            .pods
+            .iter()
+            .flatten()
+            .copied()
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let y0 = top + pi as f64 * (panel_h + 30.0) + 20.0;
         let len = load.pods.iter().map(Vec::len).max().unwrap_or(1).max(2);
         let span = (len - 1) as f64 * load.every_s;
