@@ -116,14 +116,20 @@ fn the_fast_pod_takes_traffic_until_its_queue_evens_the_wait() {
     );
 }
 
+/// Pods 0 and 1 learn 10,000 prefill tokens/s, then each shows 4 requests waiting; pod 2 has
+/// served nothing.
+fn two_learned_and_loaded(s: &mut Scheduler) {
+    teach(s, 0, 1000, Duration::from_millis(100), 5);
+    teach(s, 1, 1000, Duration::from_millis(100), 5);
+    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
+    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+}
+
 #[test]
 fn cold_start_pods_use_the_pool_rate() {
     let mut s = scheduler(SchedulerConfig::default(), 3);
-    teach(&mut s, 0, 1000, Duration::from_millis(100), 5);
-    teach(&mut s, 1, 1000, Duration::from_millis(100), 5);
     // pod 2 never completed anything: it is assumed typical, so an idle pod 2 beats loaded ones.
-    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
-    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+    two_learned_and_loaded(&mut s);
     let d = s
         .pick(&RequestContext::new("m", 1000), T0, &mut rng(1))
         .unwrap();
@@ -159,10 +165,7 @@ fn a_cold_pod_is_assumed_as_fast_as_its_gpu_type() {
         Some("H100-SXM-80GB"),
         Some("A10G-24GB"),
     ]);
-    teach(&mut s, 0, 1000, Duration::from_millis(100), 5);
-    teach(&mut s, 1, 1000, Duration::from_millis(100), 5);
-    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
-    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+    two_learned_and_loaded(&mut s);
     let (d, ex) = s.pick_explained(&RequestContext::new("m", 1000), T0, &mut rng(1));
     assert_ne!(d.unwrap().endpoints.first(), addr(2), "{ex:?}");
     let a10g = ex.candidates.iter().find(|c| c.addr == addr(2)).unwrap();
@@ -175,10 +178,7 @@ fn a_cold_pod_is_assumed_as_fast_as_its_gpu_type() {
     // The same fleet without GPU types: the cold pod is assumed typical and wins (as
     // `cold_start_pods_use_the_pool_rate`).
     let mut s = fleet_of(&[None, None, None]);
-    teach(&mut s, 0, 1000, Duration::from_millis(100), 5);
-    teach(&mut s, 1, 1000, Duration::from_millis(100), 5);
-    s.apply_metrics(addr(0), snapshot(T0, 4, 0.3)).unwrap();
-    s.apply_metrics(addr(1), snapshot(T0, 4, 0.3)).unwrap();
+    two_learned_and_loaded(&mut s);
     let d = s
         .pick(&RequestContext::new("m", 1000), T0, &mut rng(1))
         .unwrap();
