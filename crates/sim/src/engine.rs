@@ -968,6 +968,9 @@ impl Engine {
             s.computed += s.scheduled;
             s.scheduled = 0;
             let full = s.publishable_blocks(bs).min(s.computed / bs);
+            for b in s.held_hashed..full {
+                self.pool.prefetch(s.block_hash(seed, bs, b));
+            }
             while s.held_hashed < full {
                 let h = s.block_hash(seed, bs, s.held_hashed);
                 s.plain_blocks = s.plain_blocks.saturating_sub(1);
@@ -1133,6 +1136,10 @@ fn release_blocks(pool: &mut BlockPool, s: &Seq, seed: u64, bs: u32) {
         .saturating_sub(s.publishable_blocks(bs))
         .min(s.plain_blocks);
     pool.free_unmatchable(u64::from(unique));
+    // Independent lookups first, so that their cache misses overlap (see `BlockPool::prefetch`).
+    for b in 0..s.held_hashed {
+        pool.prefetch(s.block_hash(seed, bs, b));
+    }
     for b in (0..s.held_hashed).rev() {
         pool.release(s.block_hash(seed, bs, b));
     }

@@ -255,3 +255,78 @@ fn zero_weight_removes_a_scorers_influence() {
             .all(|r| r.scorer != "kv-cache")
     );
 }
+
+/// Views with every field varied, for the combination-step tests.
+fn varied_views(n: u32) -> Vec<crate::view::View> {
+    (0..n)
+        .map(|i| {
+            let f = f64::from(i);
+            crate::view::View {
+                slot: i,
+                waiting: (f * 7.0) % 11.0,
+                running: (f * 3.0) % 5.0,
+                kv: (i % 4 != 0).then(|| (f * 0.137) % 1.0),
+                inflight_tokens: (f * 913.0) % 4000.0,
+                inflight: f % 3.0,
+                prefix_blocks: i % 6,
+                prefix: f64::from(i % 6) / 5.0,
+                lora: [0.0, 0.3, 0.5, 0.8, 1.0][i as usize % 5],
+                queued_tokens: (f * 577.0) % 3000.0,
+                own_tokens: 400.0,
+                wait: 0.01 + (f * 0.0731) % 2.0,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_one_pass_combination_matches_the_explained_one_bit_for_bit() {
+    use crate::explain::Explanation;
+    use crate::scorer::{build, score_all};
+    use crate::table::EndpointTable;
+    let mut table = EndpointTable::default();
+    for i in 0..40 {
+        table.upsert(meta(i));
+    }
+    let all = Weights {
+        queue: 1.5,
+        kv_cache: 0.7,
+        prefix: 3.0,
+        lora_affinity: 2.0,
+        running_requests: 0.3,
+        inflight_tokens: 0.9,
+        estimated_wait: 6.0,
+    };
+    for weights in [
+        all,
+        SchedulerConfig::preset(Preset::Infergate).weights,
+        SchedulerConfig::preset(Preset::GieDefault).weights,
+        Weights {
+            queue: 0.0,
+            prefix: 0.0,
+            ..all
+        },
+    ] {
+        let scorers = build(&weights);
+        let mut hot = varied_views(40);
+        score_all(&scorers, &mut hot, &table, T0, None);
+        let mut explained = varied_views(40);
+        let mut ex = Explanation::default();
+        score_all(&scorers, &mut explained, &table, T0, Some(&mut ex));
+        for (h, e) in hot.iter().zip(&explained) {
+            assert_eq!(h.total.to_bits(), e.total.to_bits(), "{weights:?}");
+        }
+        assert!(hot.iter().any(|v| v.total != hot[0].total));
+        // Scorers listed out of the canonical order are still summed in their listed order.
+        let reversed: Vec<_> = scorers.iter().rev().copied().collect();
+        let mut rev_hot = varied_views(40);
+        score_all(&reversed, &mut rev_hot, &table, T0, None);
+        let mut rev_ex = varied_views(40);
+        let mut ex = Explanation::default();
+        score_all(&reversed, &mut rev_ex, &table, T0, Some(&mut ex));
+        for (h, e) in rev_hot.iter().zip(&rev_ex) {
+            assert_eq!(h.total.to_bits(), e.total.to_bits(), "{weights:?} reversed");
+        }
+    }
+}
