@@ -550,6 +550,7 @@ impl Scheduler {
             cfg: &self.cfg,
             matched: &sc.matched,
             prompt_blocks: prompt_units,
+            peers: !self.peers.is_empty(),
         };
         let fresh = view::build(
             &src,

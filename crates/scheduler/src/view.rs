@@ -90,6 +90,9 @@ pub(crate) struct Sources<'s> {
     pub(crate) matched: &'s [u32],
     /// The prompt's block count.
     pub(crate) prompt_blocks: usize,
+    /// Whether other picker replicas report load. Without them every endpoint's peer sums are
+    /// zero (they are re-summed when the last peer goes), and the views skip that arithmetic.
+    pub(crate) peers: bool,
 }
 
 /// Runs the endpoint filters — freshness always, LoRA when `lora` — and builds one [`View`] per
@@ -158,19 +161,34 @@ pub(crate) fn build(
             .inv()
             .unwrap_or(inv_prefill_prior * ep.speed.inv_prefill);
         // The other picker replicas' requests count as this one's own (zero without peers), their
-        // pending ones aged since the peers reported them (`PeerSum::pending_left`).
+        // pending ones aged since the peers reported them (`PeerSum::pending_left`). Without
+        // peers the sums below are this replica's alone: adding zeros would give the same bits.
         let peer = &ep.peer;
-        let peer_left = peer.pending_left(ep.pending_tokens, cx.now, inv_prefill_rate);
-        let (since_pending, since_decoding, since_tokens) = if adj {
-            let peer_since = f64::from(peer.since_pending.min(peer.since_requests)) * peer_left;
-            (
-                f64::from(ep.since_pending) + peer_since,
-                f64::from(ep.since_requests.saturating_sub(ep.since_pending))
-                    + (f64::from(peer.since_requests) - peer_since),
-                ep.since_pending_tokens as f64 + peer.since_pending_tokens as f64 * peer_left,
-            )
+        debug_assert!(
+            src.peers || *peer == crate::peers::PeerSum::default(),
+            "peer sums left behind by the last peer"
+        );
+        let peer_left = if src.peers {
+            peer.pending_left(ep.pending_tokens, cx.now, inv_prefill_rate)
         } else {
-            (0.0, 0.0, 0.0)
+            1.0
+        };
+        let (since_pending, since_decoding, since_tokens) = match (adj, src.peers) {
+            (false, _) => (0.0, 0.0, 0.0),
+            (true, false) => (
+                f64::from(ep.since_pending),
+                f64::from(ep.since_requests.saturating_sub(ep.since_pending)),
+                ep.since_pending_tokens as f64,
+            ),
+            (true, true) => {
+                let peer_since = f64::from(peer.since_pending.min(peer.since_requests)) * peer_left;
+                (
+                    f64::from(ep.since_pending) + peer_since,
+                    f64::from(ep.since_requests.saturating_sub(ep.since_pending))
+                        + (f64::from(peer.since_requests) - peer_since),
+                    ep.since_pending_tokens as f64 + peer.since_pending_tokens as f64 * peer_left,
+                )
+            }
         };
         let m_wait = f64::from(ep.waiting);
         let waiting = m_wait + since_pending;
@@ -191,11 +209,11 @@ pub(crate) fn build(
                 .unwrap_or(lora::UNKNOWN),
         };
         let scraped_queue = m_wait * mean_prompt;
-        let queued_tokens = if adj {
-            (ep.pending_tokens as f64 + peer.pending_tokens as f64 * peer_left)
-                .max(scraped_queue + since_tokens)
-        } else {
-            scraped_queue
+        let queued_tokens = match (adj, src.peers) {
+            (false, _) => scraped_queue,
+            (true, false) => (ep.pending_tokens as f64).max(scraped_queue + since_tokens),
+            (true, true) => (ep.pending_tokens as f64 + peer.pending_tokens as f64 * peer_left)
+                .max(scraped_queue + since_tokens),
         };
         let own_tokens = f64::from(req.prompt_tokens) * (1.0 - prefix);
         let kv_wait = match kv {
