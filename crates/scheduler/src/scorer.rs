@@ -184,7 +184,8 @@ impl Scorer for ScorerKind {
     }
 }
 
-/// Builds the weighted scorers a configuration asks for, skipping zero weights.
+/// Builds the weighted scorers a configuration asks for, skipping zero weights, in the order of
+/// kinds ([`score_all`] sums them in that order on both of its paths).
 pub(crate) fn build(weights: &Weights) -> Vec<(ScorerKind, f64)> {
     [
         (ScorerKind::Queue, weights.queue),
@@ -217,41 +218,30 @@ pub(crate) fn score_all(
             // on a per-pick constant here instead of a dispatch per view; the sum runs in that
             // order, the explained path's, so both give bit-identical totals.
             let mut w = [None; KINDS];
-            let mut last = None;
-            let mut canonical = true;
             for (s, weight) in scorers {
-                let k = s.index();
-                canonical &= last.is_none_or(|l| l < k);
-                last = Some(k);
-                w[k] = Some(*weight);
+                w[s.index()] = Some(*weight);
             }
-            if canonical {
-                for v in views.iter_mut() {
-                    let mut total = 0.0;
-                    macro_rules! add {
-                        ($k:expr, $f:path) => {
-                            if let Some(w) = w[$k as usize] {
-                                total += w * $f(v, &spans);
-                            }
-                        };
-                    }
-                    add!(ScorerKind::Queue, queue);
-                    add!(ScorerKind::KvCache, kv_cache);
-                    add!(ScorerKind::Prefix, prefix);
-                    add!(ScorerKind::LoraAffinity, lora_affinity);
-                    add!(ScorerKind::RunningRequests, running_requests);
-                    add!(ScorerKind::InflightTokens, inflight_tokens);
-                    add!(ScorerKind::EstimatedWait, estimated_wait);
-                    v.total = total;
+            debug_assert!(
+                scorers.windows(2).all(|p| p[0].0.index() < p[1].0.index()),
+                "scorers come from `build`, in the order of kinds"
+            );
+            for v in views.iter_mut() {
+                let mut total = 0.0;
+                macro_rules! add {
+                    ($k:expr, $f:path) => {
+                        if let Some(w) = w[$k as usize] {
+                            total += w * $f(v, &spans);
+                        }
+                    };
                 }
-            } else {
-                for v in views.iter_mut() {
-                    let mut total = 0.0;
-                    for (s, w) in scorers {
-                        total += *w * s.score(v, &spans);
-                    }
-                    v.total = total;
-                }
+                add!(ScorerKind::Queue, queue);
+                add!(ScorerKind::KvCache, kv_cache);
+                add!(ScorerKind::Prefix, prefix);
+                add!(ScorerKind::LoraAffinity, lora_affinity);
+                add!(ScorerKind::RunningRequests, running_requests);
+                add!(ScorerKind::InflightTokens, inflight_tokens);
+                add!(ScorerKind::EstimatedWait, estimated_wait);
+                v.total = total;
             }
         }
         Some(ex) => {
