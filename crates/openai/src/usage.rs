@@ -71,8 +71,26 @@ impl WithUsage {
     }
 }
 
-/// Usage from a non-streamed JSON response body; `None` if it has none or is not JSON.
+/// Usage from a non-streamed JSON response body (or one SSE event); `None` if it has none or is
+/// not a JSON object.
+///
+/// Only the `usage` value (or `response.usage`, the Responses API's events) is deserialized: the
+/// rest of the body is skimmed for its structure — strings, nesting, separators — without
+/// decoding it, so a large answer costs one pass over its bytes. A key written with escapes, or a
+/// key given twice, takes the full parse instead, which reads such bodies exactly as JSON does.
 pub fn extract_usage(body: &[u8]) -> Option<Usage> {
+    match skim::usage(body) {
+        skim::Found::Usage(raw) => serde_json::from_slice::<Option<UsageWire>>(raw)
+            .ok()
+            .flatten()
+            .map(Usage::from),
+        skim::Found::Nothing => None,
+        skim::Found::Unsure => full_parse(body),
+    }
+}
+
+/// The whole body through serde: the reference [`extract_usage`] agrees with.
+fn full_parse(body: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(body)
         .ok()
         .and_then(WithUsage::into_usage)
@@ -233,8 +251,10 @@ impl SseScanner {
     }
 }
 
+mod skim;
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 #[cfg(test)]

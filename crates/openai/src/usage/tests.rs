@@ -130,3 +130,114 @@ proptest! {
         s.finish();
     }
 }
+
+#[test]
+fn the_skim_reads_usage_where_json_puts_it() {
+    let u = |p, c, k| {
+        Some(Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+            cached_tokens: k,
+        })
+    };
+    // Keys that look like `usage` inside strings and nested objects are not it.
+    let body = br#"{"choices":[{"message":{"content":"\"usage\":{\"prompt_tokens\":99}","usage":{"prompt_tokens":98}}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
+    assert_eq!(extract_usage(body), u(1, 2, 0));
+    // Whitespace everywhere JSON allows it.
+    let body = b" \n{ \"id\" : \"x\" ,\r\n\t\"usage\" : { \"prompt_tokens\" : 4 , \"completion_tokens\" : 5 } } \n";
+    assert_eq!(extract_usage(body), u(4, 5, 0));
+    // A key spelled with an escape is still `usage` (the full parse decides).
+    let body = br#"{"us\u0061ge":{"prompt_tokens":6,"completion_tokens":7}}"#;
+    assert_eq!(extract_usage(body), u(6, 7, 0));
+    // The Responses API's streamed `response.completed` event nests it.
+    let body = br#"{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":8,"output_tokens":9}}}"#;
+    assert_eq!(extract_usage(body), u(8, 9, 0));
+    // What JSON refuses, the skim refuses: a repeated key, trailing bytes, a cut-off body, a
+    // trailing comma, a null usage.
+    for body in [
+        &br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#[..],
+        br#"{"usage":{"prompt_tokens":1}} x"#,
+        br#"{"usage":{"prompt_tokens":1},"choices":[{"text":"cut"#,
+        br#"{"usage":{"prompt_tokens":1},}"#,
+        br#"{"usage":null,"choices":[]}"#,
+        br#"{"id":,"usage":{"prompt_tokens":1}}"#,
+        b"",
+        b"{",
+        b"\"usage\"",
+    ] {
+        assert_eq!(
+            extract_usage(body),
+            None,
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(full_parse(body), None);
+    }
+}
+
+/// JSON values of every kind, with strings that hold quotes, backslashes and escapes.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let text = proptest::string::string_regex(r#"[a-z"\\/ \n\t\u{e9}{}\[\]:,]{0,12}"#)
+        .unwrap_or_else(|_| unreachable!("a valid pattern"));
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        (-1e6f64..1e6).prop_map(Value::from),
+        text.prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 32, 4, |inner| {
+        let key = prop_oneof![
+            Just("usage".to_owned()),
+            Just("prompt_tokens".to_owned()),
+            "[a-z\"\\\\]{1,6}"
+        ];
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+            proptest::collection::vec((key, inner), 0..4)
+                .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #[test]
+    fn the_skim_agrees_with_the_full_parse(
+        others in proptest::collection::vec(("[a-z_\"]{1,8}", json_value()), 0..5),
+        usage in prop_oneof![
+            Just(None),
+            Just(Some(serde_json::Value::Null)),
+            (0u64..1000, 0u64..1000, proptest::option::of(0u64..1000)).prop_map(|(p, c, k)| {
+                let mut u = serde_json::json!({"prompt_tokens": p, "completion_tokens": c});
+                if let Some(k) = k {
+                    u["prompt_tokens_details"] = serde_json::json!({"cached_tokens": k});
+                }
+                Some(u)
+            }),
+            json_value().prop_map(Some),
+        ],
+        at in 0usize..6,
+        pretty in any::<bool>(),
+    ) {
+        let mut map = serde_json::Map::new();
+        for (i, (k, v)) in others.into_iter().enumerate() {
+            if i == at && let Some(u) = &usage {
+                map.insert("usage".to_owned(), u.clone());
+            }
+            map.entry(k).or_insert(v);
+        }
+        if let Some(u) = usage {
+            map.entry("usage".to_owned()).or_insert(u);
+        }
+        let v = serde_json::Value::Object(map);
+        let body = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) };
+        let body = body.unwrap_or_default();
+        prop_assert_eq!(extract_usage(&body), full_parse(&body), "{}", String::from_utf8_lossy(&body));
+    }
+
+    #[test]
+    fn the_skim_never_panics_on_any_bytes(body in proptest::collection::vec(any::<u8>(), 0..96)) {
+        let _ = extract_usage(&body);
+    }
+}
