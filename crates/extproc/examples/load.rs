@@ -162,6 +162,7 @@ fn main() {
     // runtime with N workers instead.
     let picker_threads = arg("--picker-threads", 0) as usize;
     let pin = std::env::args().any(|a| a == "--pin");
+    let paced = std::env::args().any(|a| a == "--paced");
     let picker_rt = if picker_threads == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -217,6 +218,8 @@ fn main() {
         .build()
         .unwrap();
     let errors = Arc::new(AtomicU64::new(0));
+    // What the first answer that was not a routing decision said (it says why requests fail).
+    let first_error: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let (latencies, elapsed, cpu_picker, cpu_all) = client_rt.block_on(async {
         let envoy = Envoy::connect(server.addr).await;
         let bodies: Vec<Vec<u8>> = (0..64)
@@ -253,17 +256,35 @@ fn main() {
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut sent = 0_u64;
+        let gap = Duration::from_secs_f64(1.0 / rps as f64);
         while sent < total {
-            tick.tick().await;
+            if paced {
+                // Each request at its own time, start + i / rate: the driving thread sleeps to
+                // the next one (tokio's timers tick in whole milliseconds, the thread's sleep
+                // does not), so arrivals come one by one as from many independent clients.
+                let next = start + gap.mul_f64(sent as f64);
+                let now = Instant::now();
+                if next > now {
+                    if next - now > Duration::from_millis(2) {
+                        tokio::time::sleep(next - now - Duration::from_millis(1)).await;
+                    } else {
+                        std::thread::sleep(next - now);
+                    }
+                    continue;
+                }
+            } else {
+                tick.tick().await;
+            }
             // Open loop: the number due by now, whatever the answers do.
             let due = ((start.elapsed().as_secs_f64() * rps as f64) as u64).min(total);
             while sent < due {
-                let (envoy, bodies, sse, tx, errors) = (
+                let (envoy, bodies, sse, tx, errors, first_error) = (
                     envoy.clone(),
                     Arc::clone(&bodies),
                     Arc::clone(&sse),
                     tx.clone(),
                     Arc::clone(&errors),
+                    Arc::clone(&first_error),
                 );
                 let i = sent as usize;
                 tokio::spawn(async move {
@@ -280,6 +301,10 @@ fn main() {
                         Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::RequestHeaders(_))
                     ) {
                         errors.fetch_add(1, Ordering::Relaxed);
+                        let mut first = first_error.lock().unwrap_or_else(|e| e.into_inner());
+                        if first.is_none() {
+                            *first = Some(format!("{:?}", answer.response));
+                        }
                         return;
                     }
                     ex.streamed_body(true, usize::MAX).await;
@@ -327,6 +352,9 @@ fn main() {
         errors.load(Ordering::Relaxed),
         pool.inflight()
     );
+    if let Some(e) = first_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        println!("first error answer: {}", e.chars().take(600).collect::<String>());
+    }
     println!(
         "added latency (last body chunk sent -> routing answer received): p50 {} us, p90 {} us, p99 {} us, p99.9 {} us, max {} us",
         percentile(&sorted, 0.50),
