@@ -353,7 +353,10 @@ fn main() {
         pool.inflight()
     );
     if let Some(e) = first_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        println!("first error answer: {}", e.chars().take(600).collect::<String>());
+        println!(
+            "first error answer: {}",
+            e.chars().take(600).collect::<String>()
+        );
     }
     println!(
         "added latency (last body chunk sent -> routing answer received): p50 {} us, p90 {} us, p99 {} us, p99.9 {} us, max {} us",

@@ -252,7 +252,16 @@ fn parse_str<'a>(
     field: &str,
     expected: &'static str,
 ) -> Result<Cow<'a, str>, ApiError> {
-    if let Ok(s) = serde_json::from_str::<&'a str>(raw.get()) {
+    let text = raw.get();
+    // serde has checked the raw value: a string without escapes is its bytes between the quotes.
+    if text.len() >= 2
+        && text.starts_with('"')
+        && text.ends_with('"')
+        && !text.as_bytes().contains(&b'\\')
+    {
+        return Ok(Cow::Borrowed(&text[1..text.len() - 1]));
+    }
+    if let Ok(s) = serde_json::from_str::<&'a str>(text) {
         return Ok(Cow::Borrowed(s));
     }
     parse_field::<String>(raw, field, expected).map(Cow::Owned)

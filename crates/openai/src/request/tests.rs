@@ -125,6 +125,20 @@ fn rewrite_model_changes_only_the_model_value() {
 
 proptest! {
     #[test]
+    fn every_string_reads_back_as_it_was_sent(model in "\\PC{1,12}", role in "[a-z\"\\\\]{0,6}", content in "\\PC{0,40}") {
+        let body = serde_json::json!({"model": model, "messages": [{"role": role, "content": content}]});
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let r = parse_request(ApiKind::ChatCompletions, &body);
+        if model.trim().is_empty() {
+            prop_assert!(r.is_err());
+        } else {
+            let r = r.map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(r.model.as_ref(), model.as_str());
+            prop_assert_eq!(r.segments().collect::<Vec<_>>(), vec![role.as_str(), content.as_str()]);
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         for kind in ApiKind::ALL {
             let _ = parse_request(kind, &bytes);
