@@ -17,6 +17,8 @@
 //!                             Envoy stand-in, the emulated pods — on the others, with `taskset`:
 //!                             the picker with a core of its own, as in a deployment where Envoy
 //!                             and the model servers run elsewhere)
+//!     [--paced]              (each request at its own time, start + i / rate; by default each
+//!                             millisecond's requests go out together, as tokio's timers tick)
 //! ```
 #![allow(
     clippy::unwrap_used,
