@@ -78,6 +78,8 @@ impl WithUsage {
 /// rest of the body is skimmed for its structure — strings, nesting, separators — without
 /// decoding it, so a large answer costs one pass over its bytes. A key written with escapes, or a
 /// key given twice, takes the full parse instead, which reads such bodies exactly as JSON does.
+/// The skipped parts are checked for structure only: a bad escape or number outside `usage` does
+/// not lose the usage it carries (the full parse would drop it with the whole body).
 pub fn extract_usage(body: &[u8]) -> Option<Usage> {
     match skim::usage(body) {
         skim::Found::Usage(raw) => serde_json::from_slice::<Option<UsageWire>>(raw)
