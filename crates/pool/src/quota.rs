@@ -13,6 +13,12 @@
 //! `SADD` + `SCARD`). Between rounds each replica assumes the others do as much as it does (its
 //! unsynced use counts `replicas` times), so the fleet holds the shared limit.
 //!
+//! The presence sets are complete only once every replica has had a period to add itself: after
+//! Redis restarts empty (or this replica's link comes back), the first replica to sync would
+//! find itself alone and, counting with `replicas = 1`, admit the whole remaining quota while the
+//! others admit their shares too. So for one period after a round first succeeds the replica
+//! count may rise but not fall; a replica that really left is dropped after that.
+//!
 //! When Redis cannot be reached (timeout, refused, broken reply) no request waits for it or
 //! fails because of it: the round's deltas are kept for the next one, the metric
 //! `infergate_quota_redis_up` drops to 0 and one warning is logged; each replica then counts
@@ -26,7 +32,7 @@
 //! bucket count.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
@@ -233,6 +239,9 @@ struct Inner {
     replicas: AtomicU32,
     /// [`UNKNOWN`], [`UP`] or [`DOWN`]: what the last sync round found.
     redis: AtomicU8,
+    /// When the current run of successful rounds began (ms, the quota clock): until a presence
+    /// period has passed since, the sets read may miss replicas.
+    up_since_ms: AtomicU64,
     /// This replica's id in the presence sets: random per service.
     id: String,
     clock: WallClock,
@@ -374,6 +383,7 @@ impl Quotas {
             overflow,
             replicas: AtomicU32::new(1),
             redis: AtomicU8::new(UNKNOWN),
+            up_since_ms: AtomicU64::new(0),
             id: replica_id(),
             clock,
             metrics,
@@ -596,7 +606,13 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     p.cmd(&["SCARD", previous.as_str()]);
 
     match redis.pipeline(&p).await {
-        Ok(values) => match apply(inner, now, &readings, &values) {
+        Ok(values) => match apply(
+            inner,
+            now,
+            &readings,
+            &values,
+            presence_settled(inner, now, period_ms),
+        ) {
             Ok(()) => {
                 if inner.redis.swap(UP, Ordering::Relaxed) != UP {
                     tracing::info!(address = %shared.redis.address, replicas = inner.replicas.load(Ordering::Relaxed), "quota counters are shared through Redis");
@@ -616,12 +632,24 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     }
 }
 
+/// Whether the presence sets read at `now` can be trusted to name every live replica: a whole
+/// period has passed since this run of successful rounds began. Called for a round that Redis
+/// answered; the first such round after an outage (or at start) begins a run.
+fn presence_settled(inner: &Inner, now: u64, period_ms: u64) -> bool {
+    if inner.redis.load(Ordering::Relaxed) != UP {
+        inner.up_since_ms.store(now, Ordering::Relaxed);
+    }
+    now.saturating_sub(inner.up_since_ms.load(Ordering::Relaxed)) >= period_ms
+}
+
 /// Applies the replies of one round; on a reply of the wrong shape, nothing more is applied.
+/// Unless the presence sets are `settled`, the replica count only rises.
 fn apply(
     inner: &Inner,
     now: u64,
     readings: &[(usize, Reading)],
     values: &[Value],
+    settled: bool,
 ) -> Result<(), &'static str> {
     let mut at = 0;
     for (writes, r) in readings {
@@ -650,7 +678,10 @@ fn apply(
         .get(at + 2..at + 4)
         .map(|v| v.iter().filter_map(Value::as_i64).max().unwrap_or(1))
         .unwrap_or(1);
-    let replicas = u32::try_from(seen.max(1)).unwrap_or(u32::MAX);
+    let mut replicas = u32::try_from(seen.max(1)).unwrap_or(u32::MAX);
+    if !settled {
+        replicas = replicas.max(inner.replicas.load(Ordering::Relaxed));
+    }
     inner.replicas.store(replicas, Ordering::Relaxed);
     inner.metrics.replicas.set(i64::from(replicas));
     Ok(())

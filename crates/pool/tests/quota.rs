@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use infergate_openai::ApiError;
 use infergate_pool::quota::{QuotaConfig, QuotaTicket, Quotas, SharedConfig};
-use infergate_pool::redis::RedisConfig;
+use infergate_pool::redis::{Redis, RedisConfig};
 use infergate_scheduler::quota::Limits;
 use infergate_testkit::redis::RedisServer;
 use prometheus_client::encoding::text::encode;
@@ -41,8 +41,9 @@ fn config(redis: &RedisServer, prefix: &str, window: Duration, limit: u64) -> Qu
 }
 
 /// Admits as fast as every millisecond allows on `q` until `until`; returns when each admitted
-/// request was admitted, in ms after `start`. Any refusal but the quota's fails the test.
-async fn hammer(q: Quotas, start: Instant, until: Instant) -> Vec<u64> {
+/// request was admitted, on the quota's own clock (the Unix-time milliseconds its buckets are
+/// cut from). Any refusal but the quota's fails the test.
+async fn hammer(q: Quotas, until: Instant) -> Vec<u64> {
     let mut admitted = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     while Instant::now() < until {
@@ -50,7 +51,7 @@ async fn hammer(q: Quotas, start: Instant, until: Instant) -> Vec<u64> {
         match q.admit("team-a", 0) {
             Ok(Some(t)) => {
                 drop(QuotaTicket::commit(t));
-                admitted.push(start.elapsed().as_millis() as u64);
+                admitted.push(q.clock().now_ms());
             }
             Ok(None) => panic!("team-a has a quota"),
             Err(ApiError::QuotaExceeded { .. }) => {}
@@ -60,17 +61,55 @@ async fn hammer(q: Quotas, start: Instant, until: Instant) -> Vec<u64> {
     admitted
 }
 
-/// Both services hammered at once for `run`; the admissions of each, in ms after the start.
-async fn run_both(a: &Quotas, b: &Quotas, run: Duration) -> (Vec<u64>, Vec<u64>) {
-    let start = Instant::now();
-    let until = start + run;
-    let ta = tokio::spawn(hammer(a.clone(), start, until));
-    let tb = tokio::spawn(hammer(b.clone(), start, until));
-    (ta.await.unwrap(), tb.await.unwrap())
+/// Both services hammered at once: when each admitted, and when the run began and ended.
+struct Run {
+    a: Vec<u64>,
+    b: Vec<u64>,
+    start_ms: u64,
+    end_ms: u64,
 }
 
-fn between(v: &[u64], from_ms: u64, to_ms: u64) -> usize {
-    v.iter().filter(|t| (from_ms..to_ms).contains(t)).count()
+/// Both services hammered at once for `run`.
+async fn run_both(a: &Quotas, b: &Quotas, run: Duration) -> Run {
+    let start_ms = a.clock().now_ms();
+    let until = Instant::now() + run;
+    let ta = tokio::spawn(hammer(a.clone(), until));
+    let tb = tokio::spawn(hammer(b.clone(), until));
+    let (a, b) = (ta.await.unwrap(), tb.await.unwrap());
+    Run {
+        a,
+        b,
+        start_ms,
+        end_ms: start_ms + u64::try_from(run.as_millis()).unwrap(),
+    }
+}
+
+impl Run {
+    /// Admissions in `v` from `from_ms` to `to_ms` after the run's start.
+    fn between(&self, v: &[u64], from_ms: u64, to_ms: u64) -> usize {
+        let range = self.start_ms + from_ms..self.start_ms + to_ms;
+        v.iter().filter(|t| range.contains(t)).count()
+    }
+
+    /// The most that `sides` admitted together within one of the quota's windows lying wholly
+    /// inside the run: `window_ms` from a multiple of `bucket_ms`, the stretch the quota
+    /// counts at the end of its last bucket. (An arbitrary stretch of one window may hold up to
+    /// one bucket more, as the sliding window allows; timing noise moves admissions across its
+    /// ends.)
+    fn most_in_a_window(&self, sides: &[&[u64]], window_ms: u64, bucket_ms: u64) -> usize {
+        let first = self.start_ms.div_ceil(bucket_ms) * bucket_ms;
+        (first..=self.end_ms.saturating_sub(window_ms))
+            .step_by(usize::try_from(bucket_ms).unwrap())
+            .map(|from| {
+                let range = from..from + window_ms;
+                sides
+                    .iter()
+                    .map(|v| v.iter().filter(|t| range.contains(t)).count())
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap()
+    }
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -98,9 +137,12 @@ async fn two_replicas_sharing_redis_hold_the_configured_rate_within_5_percent() 
         a.redis_up() && b.redis_up() && a.replicas() == 2 && b.replicas() == 2
     })
     .await;
-    let (ra, rb) = run_both(&a, &b, Duration::from_secs(18)).await;
+    let run = run_both(&a, &b, Duration::from_secs(18)).await;
     // After the first window, what leaves is refilled: 100 per second across both.
-    let (na, nb) = (between(&ra, 6_000, 18_000), between(&rb, 6_000, 18_000));
+    let (na, nb) = (
+        run.between(&run.a, 6_000, 18_000),
+        run.between(&run.b, 6_000, 18_000),
+    );
     let total = na + nb;
     let rate = total as f64 / 12.0;
     println!(
@@ -127,9 +169,9 @@ async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again()
     .await;
     assert!(metrics(&registry).contains("infergate_quota_redis_up 1"));
 
-    let (ra, rb) = run_both(&a, &b, Duration::from_secs(4)).await;
-    let shared = between(&ra, 2_000, 4_000) + between(&rb, 2_000, 4_000);
-    println!("shared, one 2 s window: {shared} admitted (limit 100)");
+    let run = run_both(&a, &b, Duration::from_secs(4)).await;
+    let shared = run.most_in_a_window(&[&run.a, &run.b], 2_000, 100);
+    println!("shared, the most in one 2 s window: {shared} admitted (limit 100)");
     assert!((95..=105).contains(&shared), "{shared}");
 
     redis.kill();
@@ -142,9 +184,14 @@ async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again()
     // Every admission keeps being answered from local counts (`hammer` fails on any other
     // error); once the totals read before the outage have left the window, each replica
     // enforces its share: 100 / 2 replicas.
-    let (ra, rb) = run_both(&a, &b, Duration::from_secs(4)).await;
-    let (la, lb) = (between(&ra, 2_000, 4_000), between(&rb, 2_000, 4_000));
-    println!("Redis down, one 2 s window: {la} + {lb} admitted (each replica's share: 50)");
+    let run = run_both(&a, &b, Duration::from_secs(4)).await;
+    let (la, lb) = (
+        run.most_in_a_window(&[&run.a], 2_000, 100),
+        run.most_in_a_window(&[&run.b], 2_000, 100),
+    );
+    println!(
+        "Redis down, the most in one 2 s window: {la} and {lb} admitted (each replica's share: 50)"
+    );
     assert!(
         (45..=55).contains(&la) && (45..=55).contains(&lb),
         "{la} / {lb}"
@@ -153,12 +200,73 @@ async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again()
     redis.restart().await;
     wait_for("both replicas share again", || a.redis_up() && b.redis_up()).await;
     assert!(metrics(&registry).contains("infergate_quota_redis_up 1"));
-    let (ra, rb) = run_both(&a, &b, Duration::from_secs(4)).await;
-    let back = between(&ra, 2_000, 4_000) + between(&rb, 2_000, 4_000);
-    println!("Redis back, one 2 s window: {back} admitted (limit 100)");
+    let run = run_both(&a, &b, Duration::from_secs(4)).await;
+    let back = run.most_in_a_window(&[&run.a, &run.b], 2_000, 100);
+    println!("Redis back, the most in one 2 s window: {back} admitted (limit 100)");
     assert!((95..=105).contains(&back), "{back}");
     assert!(
         text.contains("infergate_quota_redis_sync_errors_total"),
         "{text}"
     );
+}
+
+/// After Redis restarts empty, the first replica to sync finds the presence sets empty but for
+/// itself; it must not conclude that it is alone (and admit the whole quota) before the others
+/// have had a period to show up. A replica that really leaves is dropped after that period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_empty_does_not_make_a_replica_think_it_is_alone() {
+    let mut redis = RedisServer::start().await;
+    let window = Duration::from_secs(2);
+    let shared = |prefix: &str| {
+        let mut c = config(&redis, prefix, window, 100);
+        // One background round at start, the next an hour later: the test steps the rounds.
+        c.redis.as_mut().unwrap().sync_interval = Duration::from_secs(3600);
+        c
+    };
+    let a = Quotas::start(shared("restart:"), None).unwrap();
+    let b = Quotas::start(shared("restart:"), None).unwrap();
+    let cfg = a.config().redis.clone().unwrap();
+    let (mut ra, mut rb) = (Redis::new(cfg.redis.clone()), Redis::new(cfg.redis.clone()));
+    wait_for("both background rounds", || a.redis_up() && b.redis_up()).await;
+    assert!(a.sync_now(&mut ra, &cfg).await && b.sync_now(&mut rb, &cfg).await);
+    assert_eq!((a.replicas(), b.replicas()), (2, 2));
+
+    redis.kill();
+    assert!(!a.sync_now(&mut ra, &cfg).await);
+    redis.restart().await;
+    // A's link reconnects after its backoff (100 ms at first).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.sync_now(&mut ra, &cfg).await {
+        assert!(Instant::now() < deadline, "Redis never answered again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The restarted Redis's sets name A alone; A keeps counting B.
+    assert_eq!(a.replicas(), 2);
+    let mut admitted = 0;
+    for _ in 0..100 {
+        if let Ok(Some(t)) = a.admit("team-a", 0) {
+            drop(QuotaTicket::commit(t));
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 50, "A admits its share, not the whole quota");
+}
+
+/// With the presence period settled, a replica that stops syncing is no longer counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_leaves_stops_being_counted() {
+    let redis = RedisServer::start().await;
+    let a = Quotas::start(config(&redis, "leave:", Duration::from_secs(2), 100), None).unwrap();
+    let b = Quotas::start(config(&redis, "leave:", Duration::from_secs(2), 100), None).unwrap();
+    wait_for("both replicas see each other", || {
+        a.replicas() == 2 && b.replicas() == 2
+    })
+    .await;
+    drop(b);
+    // Presence periods of one second: B is gone from both sets read within two to three.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.replicas() != 1 {
+        assert!(Instant::now() < deadline, "B still counted after 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
