@@ -3,10 +3,10 @@
 //! For each file in `deploy/examples/`, `infergate render` (the real binary) prints the objects.
 //! For every rendered Deployment the test starts the real `infergate` binary with the rendered
 //! container's command line and environment, each mounted ConfigMap file written to its mount path
-//! under a temporary root. Each "pod" gets its own loopback address (`INFERGATE_LISTEN_ADDRESS`),
-//! standing in for its network namespace, so the rendered ports are used as they are. The
-//! picker's pod discovery talks to a fake Kubernetes API over real HTTP that serves the rendered
-//! InferencePool and pods pointing at emulated model servers. Then:
+//! under a temporary folder of the pod's own. Each "pod" gets its own loopback address
+//! (`INFERGATE_LISTEN_ADDRESS`), standing in for its network namespace, so the rendered ports are
+//! used as they are. The picker's pod discovery talks to a fake Kubernetes API over real HTTP
+//! that serves the rendered InferencePool and pods pointing at emulated model servers. Then:
 //! - every rendered readiness and liveness probe answers SERVING on its rendered port and service;
 //! - every rendered metrics port serves `/metrics`;
 //! - an Envoy-side ext_proc client sends a request through the BBR, follows the rendered
@@ -101,6 +101,8 @@ struct Proc {
     host: IpAddr,
     child: Child,
     log: PathBuf,
+    /// The pod's own filesystem: where its mounted files were written.
+    fs: PathBuf,
 }
 
 impl Drop for Proc {
@@ -172,7 +174,10 @@ fn start(
         c["command"].is_null(),
         "the image's entrypoint is the binary"
     );
-    // Mounted ConfigMap files, written where the container would see them.
+    // Mounted ConfigMap files, written where the container would see them: under a folder of
+    // this replica's own, as every pod has its own filesystem (one shared folder let a replica
+    // starting later rewrite a file while an earlier one read it, finding it empty).
+    let fs = root.join(format!("{}-{replica}", name(deployment)));
     let mut mounts = Vec::new();
     for m in c["volumeMounts"].as_array().into_iter().flatten() {
         let mount_path = m["mountPath"].as_str().unwrap();
@@ -185,7 +190,7 @@ fn start(
         if let Some(secret) = volume["secret"].as_object() {
             // kubelet writes the Secret's keys; there is no Secret store here, so a stand-in key
             // (the same for every replica, as the one Secret is) where the container reads it.
-            let dir = root.join(mount_path.trim_start_matches('/'));
+            let dir = fs.join(mount_path.trim_start_matches('/'));
             std::fs::create_dir_all(&dir).unwrap();
             for item in secret["items"].as_array().unwrap() {
                 std::fs::write(
@@ -209,7 +214,7 @@ fn start(
                     o["kind"] == "ConfigMap" && volume["configMap"]["name"] == o["metadata"]["name"]
                 }));
         if users {
-            let dir = root.join(mount_path.trim_start_matches('/'));
+            let dir = fs.join(mount_path.trim_start_matches('/'));
             std::fs::create_dir_all(&dir).unwrap();
             let fixture =
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny");
@@ -229,7 +234,7 @@ fn start(
             .iter()
             .find(|o| o["kind"] == "ConfigMap" && name(o) == cm_name)
             .unwrap_or_else(|| panic!("ConfigMap {cm_name} is mounted but not rendered"));
-        let dir = root.join(mount_path.trim_start_matches('/'));
+        let dir = fs.join(mount_path.trim_start_matches('/'));
         std::fs::create_dir_all(&dir).unwrap();
         for item in volume["configMap"]["items"].as_array().unwrap() {
             let key = item["key"].as_str().unwrap();
@@ -259,7 +264,7 @@ fn start(
                 Some((flag, value)) if mounts.iter().any(|m| value.starts_with(m.as_str())) => {
                     format!(
                         "{flag}={}",
-                        root.join(value.trim_start_matches('/')).display()
+                        fs.join(value.trim_start_matches('/')).display()
                     )
                 }
                 _ => a.to_owned(),
@@ -309,6 +314,7 @@ fn start(
         host,
         child,
         log,
+        fs,
     }
 }
 
@@ -598,8 +604,7 @@ async fn run_example(path: &Path, example_index: u8) {
         // The queues exist (the file was read and flow control is on), one series per band.
         if let Some(file) = flag(args, "--flow-control") {
             let pool = flag(args, "--pool-name").unwrap();
-            let text =
-                std::fs::read_to_string(root.path().join(file.trim_start_matches('/'))).unwrap();
+            let text = std::fs::read_to_string(p.fs.join(file.trim_start_matches('/'))).unwrap();
             let enabled =
                 serde_yaml::from_str::<Value>(&text).unwrap()["flowControl"]["enabled"] == true;
             let series =
@@ -746,7 +751,7 @@ async fn run_example(path: &Path, example_index: u8) {
         let Some(file) = flag(c["args"].as_array().unwrap(), "--quotas") else {
             continue;
         };
-        let text = std::fs::read_to_string(root.path().join(file.trim_start_matches('/'))).unwrap();
+        let text = std::fs::read_to_string(p.fs.join(file.trim_start_matches('/'))).unwrap();
         let quotas: Value = serde_yaml::from_str(&text).unwrap();
         let (tenant, limit) = quotas["tenants"]
             .as_object()

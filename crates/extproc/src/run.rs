@@ -76,12 +76,20 @@ pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
     read_yaml(path)
 }
 
-/// Reads and parses a YAML file, naming the file in either error.
+/// Reads and parses a YAML file, naming the file in either error. An empty file is refused:
+/// read as YAML it is every default, which is never what a mounted file with a wrong key or a
+/// file caught while being written means.
 fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
         path: path.to_owned(),
         source,
     })?;
+    if text.trim().is_empty() {
+        return Err(invalid_in(
+            path,
+            "the file is empty (write `{}` for every default)".to_owned(),
+        ));
+    }
     serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
         path: path.to_owned(),
         source,
@@ -355,6 +363,17 @@ mod tests {
                 e.to_string().contains(&f.path().display().to_string()),
                 "{e}"
             );
+        }
+        for empty in ["", "\n  \n"] {
+            let f = file(empty);
+            for e in [
+                load_scheduler_config(f.path()).unwrap_err(),
+                load_quotas(f.path()).unwrap_err(),
+                load_flow_settings(f.path()).unwrap_err(),
+            ] {
+                assert!(matches!(e, Error::Yaml { .. }), "{empty:?}: {e}");
+                assert!(e.to_string().contains("is empty"), "{e}");
+            }
         }
         for text in [
             ": : [",
