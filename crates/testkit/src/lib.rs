@@ -16,6 +16,8 @@
 //! - [`redis`] — a real `redis-server` on a free loopback port, to kill and restart.
 //! - [`pages`] — a metrics server answering with a page the test computes.
 //! - [`eventually`] — waits, on wall-clock time, until a condition holds.
+//! - [`required_tool`] — whether a program from outside the Rust toolchain that a test needs is
+//!   there: in CI its absence fails the test, elsewhere the test says it is skipped.
 //!
 //! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
 //! too, and only passes when the runtime has nothing else to do.
@@ -350,4 +352,21 @@ mod tests {
         let r = try_get(addr, "/").await;
         assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     }
+}
+
+/// Whether a program from outside the Rust toolchain that a test needs (a Debian package such as
+/// `redis-server` or `nginx-light`) is `present`. In CI (`CI=true`, where `.ci/run` installs
+/// every such program) a missing one fails the test, saying how to install it; elsewhere the test
+/// prints that it is skipped and why and returns, so `cargo test --workspace` passes on a machine
+/// with the toolchain alone. Call it first: `if !required_tool(..) { return; }`.
+pub fn required_tool(present: bool, what: &str, install: &str) -> bool {
+    if present {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{what} is not installed, and CI must run this test: {install} (.ci/run does)"
+    );
+    eprintln!("skipped: {what} is not installed ({install}; .ci/run does)");
+    false
 }

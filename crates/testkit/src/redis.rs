@@ -2,8 +2,9 @@
 //!
 //! [`RedisServer::start`] runs the Debian package's `redis-server` on a free loopback port with
 //! a temporary directory, no persistence and no daemonising, and waits until it answers `PING`.
-//! A missing binary fails the test with a message saying how to install it: tests of shared
-//! state never skip silently. [`RedisServer::kill`] and [`RedisServer::restart`] (same port)
+//! [`RedisServer::start_if_installed`] is what tests call: without the binary, CI fails the test
+//! saying how to install it, and elsewhere the test is reported as skipped
+//! ([`crate::required_tool`]). [`RedisServer::kill`] and [`RedisServer::restart`] (same port)
 //! play an outage; dropping the value kills the server and removes its directory.
 
 use std::net::{SocketAddr, TcpListener};
@@ -63,6 +64,25 @@ fn spawn(addr: SocketAddr, dir: &std::path::Path) -> Child {
 }
 
 impl RedisServer {
+    /// [`RedisServer::start`] where the binary runs; `None` (the test returns, skipped) where it
+    /// is missing outside CI; a failed test where it is missing in CI.
+    pub async fn start_if_installed() -> Option<RedisServer> {
+        let installed = Command::new(binary())
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !crate::required_tool(
+            installed,
+            &format!("`{}` (Redis)", binary()),
+            "apt-get install -y redis-server, or set REDIS_SERVER to the binary",
+        ) {
+            return None;
+        }
+        Some(RedisServer::start().await)
+    }
+
     /// Starts a server on a free loopback port and waits until it answers `PING`.
     pub async fn start() -> RedisServer {
         let port = TcpListener::bind("127.0.0.1:0")
