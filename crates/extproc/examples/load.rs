@@ -17,8 +17,10 @@
 //!                             Envoy stand-in, the emulated pods — on the others, with `taskset`:
 //!                             the picker with a core of its own, as in a deployment where Envoy
 //!                             and the model servers run elsewhere)
-//!     [--paced]              (each request at its own time, start + i / rate; by default each
-//!                             millisecond's requests go out together, as tokio's timers tick)
+//!     [--paced]              (each request at its own time, start + i / rate, handed to the
+//!                             client by a pacing thread of its own, as arrivals from many
+//!                             independent clients reach Envoy; by default each millisecond's
+//!                             requests go out together, as tokio's timers tick)
 //! ```
 #![allow(
     clippy::unwrap_used,
@@ -114,6 +116,49 @@ fn pin_threads() {
         assert!(status.success(), "taskset failed for thread {tid}");
     }
     println!("pinned: picker threads on CPU {last}, the rest on CPU {rest}");
+}
+
+/// What every request of the client shares.
+#[derive(Clone)]
+struct Shared {
+    envoy: Envoy,
+    bodies: Arc<Vec<Vec<u8>>>,
+    sse: Arc<Vec<u8>>,
+    tx: tokio::sync::mpsc::UnboundedSender<u32>,
+    errors: Arc<AtomicU64>,
+    /// What the first answer that was not a routing decision said (it says why requests fail).
+    first_error: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// Request `i` through the whole ext_proc conversation, as Envoy plays it; sends its added
+/// latency (µs) on `tx`.
+async fn one_request(s: Shared, i: usize) {
+    let body = &s.bodies[i % s.bodies.len()];
+    let mut ex = s.envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(body, true)).await;
+    let t0 = Instant::now();
+    let answer = ex.next().await;
+    let added = t0.elapsed();
+    if !matches!(
+        answer.response,
+        Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::RequestHeaders(_))
+    ) {
+        s.errors.fetch_add(1, Ordering::Relaxed);
+        let mut first = s.first_error.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            *first = Some(format!("{:?}", answer.response));
+        }
+        return;
+    }
+    ex.streamed_body(true, usize::MAX).await;
+    ex.send(response_headers(200, "text/event-stream", false))
+        .await;
+    ex.next().await;
+    ex.send(response_body(&s.sse, true)).await;
+    ex.next().await;
+    let _ = s.tx.send(u32::try_from(added.as_micros()).unwrap_or(u32::MAX));
 }
 
 fn main() {
@@ -255,72 +300,59 @@ fn main() {
         }
         let cpu0 = cpu();
         let start = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let mut sent = 0_u64;
-        let gap = Duration::from_secs_f64(1.0 / rps as f64);
-        while sent < total {
-            if paced {
-                // Each request at its own time, start + i / rate: the driving thread sleeps to
-                // the next one (tokio's timers tick in whole milliseconds, the thread's sleep
-                // does not), so arrivals come one by one as from many independent clients.
-                let next = start + gap.mul_f64(sent as f64);
-                let now = Instant::now();
-                if next > now {
-                    if next - now > Duration::from_millis(2) {
-                        tokio::time::sleep(next - now - Duration::from_millis(1)).await;
-                    } else {
-                        std::thread::sleep(next - now);
-                    }
-                    continue;
-                }
-            } else {
-                tick.tick().await;
-            }
-            // Open loop: the number due by now, whatever the answers do.
-            let due = ((start.elapsed().as_secs_f64() * rps as f64) as u64).min(total);
-            while sent < due {
-                let (envoy, bodies, sse, tx, errors, first_error) = (
-                    envoy.clone(),
-                    Arc::clone(&bodies),
-                    Arc::clone(&sse),
-                    tx.clone(),
-                    Arc::clone(&errors),
-                    Arc::clone(&first_error),
-                );
-                let i = sent as usize;
-                tokio::spawn(async move {
-                    let body = &bodies[i % bodies.len()];
-                    let mut ex = envoy.open().await;
-                    ex.send(request_headers("/v1/chat/completions", &[], false))
-                        .await;
-                    ex.send(request_body(body, true)).await;
-                    let t0 = Instant::now();
-                    let answer = ex.next().await;
-                    let added = t0.elapsed();
-                    if !matches!(
-                        answer.response,
-                        Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::RequestHeaders(_))
-                    ) {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        let mut first = first_error.lock().unwrap_or_else(|e| e.into_inner());
-                        if first.is_none() {
-                            *first = Some(format!("{:?}", answer.response));
+        let shared = Shared {
+            envoy,
+            bodies,
+            sse,
+            tx,
+            errors: Arc::clone(&errors),
+            first_error: Arc::clone(&first_error),
+        };
+        if paced {
+            // Each request at its own time, start + i / rate, from a thread of its own that
+            // sleeps between them and hands each to the client's runtime: arrivals come one by
+            // one, as from many independent clients, and the client's worker is never blocked
+            // by the pacing (it only sends, reads and times). A late wake-up sends what is due.
+            let handle = tokio::runtime::Handle::current();
+            let gap = Duration::from_secs_f64(1.0 / rps as f64);
+            let pacer = std::thread::Builder::new()
+                .name("pacer".into())
+                .spawn(move || {
+                    let mut sent = 0_u64;
+                    while sent < total {
+                        let next = start + gap.mul_f64(sent as f64);
+                        let now = Instant::now();
+                        if next > now {
+                            std::thread::sleep(next - now);
                         }
-                        return;
+                        let due = ((start.elapsed().as_secs_f64() * rps as f64) as u64 + 1)
+                            .min(total);
+                        while sent < due {
+                            handle.spawn(one_request(shared.clone(), sent as usize));
+                            sent += 1;
+                        }
                     }
-                    ex.streamed_body(true, usize::MAX).await;
-                    ex.send(response_headers(200, "text/event-stream", false))
-                        .await;
-                    ex.next().await;
-                    ex.send(response_body(&sse, true)).await;
-                    ex.next().await;
-                    let _ = tx.send(u32::try_from(added.as_micros()).unwrap_or(u32::MAX));
-                });
-                sent += 1;
+                })
+                .unwrap();
+            tokio::task::spawn_blocking(move || pacer.join().unwrap())
+                .await
+                .unwrap();
+        } else {
+            // Each millisecond's requests together, as tokio's timers tick.
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut sent = 0_u64;
+            while sent < total {
+                tick.tick().await;
+                // Open loop: the number due by now, whatever the answers do.
+                let due = ((start.elapsed().as_secs_f64() * rps as f64) as u64).min(total);
+                while sent < due {
+                    tokio::spawn(one_request(shared.clone(), sent as usize));
+                    sent += 1;
+                }
             }
+            drop(shared);
         }
-        drop(tx);
         let mut latencies = Vec::with_capacity(total as usize);
         while let Some(l) = rx.recv().await {
             latencies.push(l);
