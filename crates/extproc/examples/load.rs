@@ -158,7 +158,8 @@ async fn one_request(s: Shared, i: usize) {
     ex.next().await;
     ex.send(response_body(&s.sse, true)).await;
     ex.next().await;
-    let _ = s.tx.send(u32::try_from(added.as_micros()).unwrap_or(u32::MAX));
+    let _ =
+        s.tx.send(u32::try_from(added.as_micros()).unwrap_or(u32::MAX));
 }
 
 fn main() {
