@@ -244,6 +244,23 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Whether a program from outside the Rust toolchain that a test needs (a Debian package such as
+/// `redis-server` or `nginx-light`) is `present`. In CI (`CI=true`, where `.ci/run` installs
+/// every such program) a missing one fails the test, saying how to install it; elsewhere the test
+/// prints that it is skipped and why and returns, so `cargo test --workspace` passes on a machine
+/// with the toolchain alone. Call it first: `if !required_tool(..) { return; }`.
+pub fn required_tool(present: bool, what: &str, install: &str) -> bool {
+    if present {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{what} is not installed, and CI must run this test: {install} (.ci/run does)"
+    );
+    eprintln!("skipped: {what} is not installed ({install}; .ci/run does)");
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -352,21 +369,4 @@ mod tests {
         let r = try_get(addr, "/").await;
         assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     }
-}
-
-/// Whether a program from outside the Rust toolchain that a test needs (a Debian package such as
-/// `redis-server` or `nginx-light`) is `present`. In CI (`CI=true`, where `.ci/run` installs
-/// every such program) a missing one fails the test, saying how to install it; elsewhere the test
-/// prints that it is skipped and why and returns, so `cargo test --workspace` passes on a machine
-/// with the toolchain alone. Call it first: `if !required_tool(..) { return; }`.
-pub fn required_tool(present: bool, what: &str, install: &str) -> bool {
-    if present {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{what} is not installed, and CI must run this test: {install} (.ci/run does)"
-    );
-    eprintln!("skipped: {what} is not installed ({install}; .ci/run does)");
-    false
 }
