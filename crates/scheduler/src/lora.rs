@@ -70,6 +70,39 @@ pub(crate) fn must_load(affinity: f64) -> bool {
     affinity == FREE_SLOT || affinity == WAITING
 }
 
+/// Typical request lifetimes charged to a pod's estimated wait for what routing the request there
+/// costs the adapters around it, not the request itself (crate-internal; the views add
+/// `lifetimes × mean output ÷ the pod's decode rate`).
+///
+/// - The adapter runs on the pod while another adapter waits there for a slot
+///   ([`RUNNING_BLOCKED`]): one more request keeps that slot taken about one more lifetime, and
+///   the waiting requests pay it. One lifetime.
+/// - The pod has a free slot and another candidate runs the adapter unblocked or holds it
+///   resident (`consolidating`): loading it here takes one of the `free_slots` pods' slots for at
+///   least a lifetime, and an adapter that later finds none free waits for one. The last free
+///   slot costs a whole lifetime, one of two a quarter, one of `n` 1/n².
+/// - Anything else: nothing.
+///
+/// `known`: the pod reports LoRA state (an unknown pod's [`UNKNOWN`] level equals
+/// [`RUNNING_BLOCKED`]'s and is charged nothing).
+pub(crate) fn slot_cost_lifetimes(
+    affinity: f64,
+    known: bool,
+    consolidating: bool,
+    free_slots: usize,
+) -> f64 {
+    if !known {
+        0.0
+    } else if affinity == RUNNING_BLOCKED {
+        1.0
+    } else if consolidating && affinity == FREE_SLOT {
+        let f = free_slots.max(1) as f64;
+        1.0 / (f * f)
+    } else {
+        0.0
+    }
+}
+
 /// Consolidation: where some candidate runs the adapter unblocked (`running_elsewhere`), a free
 /// slot is worth [`FREE_SLOT_SPREAD`] instead of [`FREE_SLOT`]; every other level is unchanged.
 pub(crate) fn consolidated(affinity: f64, running_elsewhere: bool) -> f64 {
@@ -224,6 +257,26 @@ mod tests {
     use crate::endpoint::MetricsSnapshot;
     use crate::fixtures::{lora_state as l, meta};
     use crate::state::EndpointState;
+
+    #[test]
+    fn slot_costs_are_charged_for_a_blocked_slot_and_the_last_free_ones() {
+        // Running where another adapter waits for the slot: one lifetime, consolidating or not.
+        assert_eq!(slot_cost_lifetimes(RUNNING_BLOCKED, true, false, 0), 1.0);
+        assert_eq!(slot_cost_lifetimes(RUNNING_BLOCKED, true, true, 3), 1.0);
+        // A free slot while another candidate runs the adapter: the last one a lifetime, one of
+        // two a quarter, one of four a sixteenth.
+        assert_eq!(slot_cost_lifetimes(FREE_SLOT, true, true, 1), 1.0);
+        assert_eq!(slot_cost_lifetimes(FREE_SLOT, true, true, 2), 0.25);
+        assert_eq!(slot_cost_lifetimes(FREE_SLOT, true, true, 4), 1.0 / 16.0);
+        // A free slot when no candidate runs the adapter is where it has to go: free.
+        assert_eq!(slot_cost_lifetimes(FREE_SLOT, true, false, 1), 0.0);
+        for level in [RUNNING, RESIDENT, WAITING, 0.0] {
+            assert_eq!(slot_cost_lifetimes(level, true, true, 1), 0.0, "{level}");
+        }
+        // A pod that reports no LoRA state scores UNKNOWN (the same 0.5 as RUNNING_BLOCKED):
+        // nothing is known to be blocked there.
+        assert_eq!(slot_cost_lifetimes(UNKNOWN, false, true, 1), 0.0);
+    }
 
     #[test]
     fn lora_affinity_levels() {

@@ -249,12 +249,27 @@ pub(crate) fn build(
             total: 0.0,
         });
     }
-    // Consolidate adapters: where a pod runs the adapter with no other adapter blocked (or holds
-    // it resident), a free slot elsewhere is worth less — loading the adapter there would take a
-    // slot another adapter may need.
-    if req.lora_adapter.is_some() && views.iter().any(|v| v.lora >= lora::RESIDENT) {
-        for v in views.iter_mut() {
-            v.lora = lora::consolidated(v.lora, true);
+    // Adapter slots. Consolidate adapters: where a pod runs the adapter with no other adapter
+    // blocked (or holds it resident), a free slot elsewhere is worth less — loading the adapter
+    // there would take a slot another adapter may need. And charge each pod's wait with what the
+    // request would cost the adapters around it in slot time (`lora::slot_cost_lifetimes`):
+    // keeping a slot busy that another adapter waits for, or taking one of the last free ones.
+    if req.lora_adapter.is_some() {
+        let consolidating = views.iter().any(|v| v.lora >= lora::RESIDENT);
+        let blocked = views.iter().any(|v| v.lora == lora::RUNNING_BLOCKED);
+        if consolidating || blocked {
+            let free_slots = views.iter().filter(|v| v.lora == lora::FREE_SLOT).count();
+            for v in views.iter_mut() {
+                if (v.lora == lora::RUNNING_BLOCKED || v.lora == lora::FREE_SLOT)
+                    && let Some(ep) = src.table.get(v.slot)
+                {
+                    let lifetimes =
+                        lora::slot_cost_lifetimes(v.lora, ep.lora.known, consolidating, free_slots);
+                    let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
+                    v.wait += lifetimes * mean_output / decode_rate;
+                }
+                v.lora = lora::consolidated(v.lora, consolidating);
+            }
         }
     }
     fresh

@@ -342,6 +342,76 @@ fn an_adapter_running_on_one_pod_outweighs_a_faster_pod_that_must_load_it() {
     // Counting the adapter load (50 ms by default) on the pod that must load it: the pod that
     // runs it wins every time.
     assert_eq!(run(50.0), vec![addr(0); 10]);
-    // Without it, a few milliseconds of learned speed outweigh the affinity.
-    assert_eq!(run(0.0), vec![addr(1); 10]);
+    // Without it, it still does: pod 1's free slot is the pool's last, and taking it is charged a
+    // request's lifetime (`the_last_free_adapter_slot_is_kept_for_an_adapter_running_nowhere`).
+    // Before that charge, a few milliseconds of learned speed outweighed the affinity here.
+    assert_eq!(run(0.0), vec![addr(0); 10]);
+}
+
+/// The first choice for a request for `lora-a`, and its explanation, on pods with the given LoRA
+/// state and scraped queue depth (default configuration: no rates learned).
+fn lora_pick(pods: &[(u32, &[&str], &[&str])], seed: u64) -> (SocketAddr, Explanation) {
+    let mut s = Scheduler::new(SchedulerConfig::default()).unwrap();
+    for (i, &(waiting, running, queued)) in pods.iter().enumerate() {
+        add_endpoint(&mut s, i as u32, with_lora(waiting, 2, running, queued));
+    }
+    let req = RequestContext::new("m", 300).with_lora(Some("lora-a"));
+    let (d, ex) = s.pick_explained(&req, T0, &mut rng(seed));
+    (d.unwrap().endpoints.first(), ex)
+}
+
+fn est_wait(ex: &Explanation, pod: u32) -> f64 {
+    ex.candidates
+        .iter()
+        .find(|c| c.addr == addr(pod))
+        .map(|c| c.estimated_wait_secs)
+        .unwrap()
+}
+
+#[test]
+fn the_last_free_adapter_slot_is_kept_for_an_adapter_running_nowhere() {
+    // Pod 0 runs lora-a (and lora-b) with three requests queued; pod 1 runs lora-c and has the
+    // pool's only free slot. Taking it would leave no slot for the next adapter that runs
+    // nowhere: it costs a typical request's lifetime, far more than pod 0's queue.
+    let pods: [(u32, &[&str], &[&str]); 2] =
+        [(3, &["lora-a", "lora-b"], &[]), (0, &["lora-c"], &[])];
+    for seed in 0..10 {
+        let (first, ex) = lora_pick(&pods, seed);
+        assert_eq!(first, addr(0), "seed {seed}");
+        assert!(est_wait(&ex, 1) > 5.0, "{}", ex.summary(2));
+        assert!(est_wait(&ex, 0) < 1.0, "{}", ex.summary(2));
+    }
+}
+
+#[test]
+fn an_adapter_spreads_to_one_of_many_free_slots_when_its_pod_is_busy() {
+    // Pod 0 runs lora-a with eight requests queued; pods 1-4 are empty. One of four free slots
+    // costs a sixteenth of a lifetime: less than pod 0's queue, so the adapter spreads.
+    let pods: [(u32, &[&str], &[&str]); 5] = [
+        (8, &["lora-a"], &[]),
+        (0, &[], &[]),
+        (0, &[], &[]),
+        (0, &[], &[]),
+        (0, &[], &[]),
+    ];
+    for seed in 0..10 {
+        let (first, ex) = lora_pick(&pods, seed);
+        assert_ne!(first, addr(0), "seed {seed}: {}", ex.summary(5));
+    }
+}
+
+#[test]
+fn a_running_adapter_leaves_the_pod_where_another_waits_for_its_slot() {
+    // Pod 0 runs lora-a and lora-b while lora-c waits there for a slot; pod 1 runs lora-a with a
+    // longer queue. Another lora-a request on pod 0 keeps lora-c's slot taken about one more
+    // request's lifetime: it goes to pod 1.
+    let pods: [(u32, &[&str], &[&str]); 2] = [
+        (1, &["lora-a", "lora-b"], &["lora-c"]),
+        (3, &["lora-a"], &[]),
+    ];
+    for seed in 0..10 {
+        let (first, ex) = lora_pick(&pods, seed);
+        assert_eq!(first, addr(1), "seed {seed}: {}", ex.summary(2));
+        assert!(est_wait(&ex, 0) > 5.0, "{}", ex.summary(2));
+    }
 }
