@@ -9,11 +9,15 @@
 //!
 //! With `redis` configured, a background task syncs every `sync_interval`: one pipeline per
 //! round adds this replica's new deltas to each bucket's key (`INCRBY` + `PEXPIRE`), reads the
-//! live buckets' totals back (`MGET`) and counts the replicas alive (a presence set per period:
-//! `SADD` + `SCARD`). Between rounds each replica assumes the others do as much as it does (its
-//! unsynced use counts `replicas` times), so the fleet holds the shared limit.
+//! live buckets' totals back (`MGET`), and records its round time in a sorted set of the
+//! replicas' last rounds (`ZADD`), from which it reads how many replicas are alive (`ZCARD`) and
+//! the oldest last round among them (`ZRANGE … WITHSCORES`). Between rounds each replica assumes
+//! the others do as much as it does (its unsynced use counts `replicas` times, and so does its
+//! use in its own rounds taken after the oldest replica's last round: the others' use of that
+//! stretch may not be in Redis yet), so the fleet holds the shared limit even while a replica's
+//! rounds run late.
 //!
-//! The presence sets are complete only once every replica has had a period to add itself: after
+//! The presence set is complete only once every replica has had a period to add itself: after
 //! Redis restarts empty (or this replica's link comes back), the first replica to sync would
 //! find itself alone and, counting with `replicas = 1`, admit the whole remaining quota while the
 //! others admit their shares too. So for one period after a round first succeeds the replica
@@ -27,8 +31,9 @@
 //! kept deltas are added, the gauge returns to 1, one line is logged, and counting is shared
 //! again.
 //!
-//! Keys: `{keyPrefix}q:{tenant}:{requests|tokens}:{bucket}` and
-//! `{keyPrefix}replicas:{period}`. Every replica sharing a prefix must use the same window and
+//! Keys: `{keyPrefix}q:{tenant}:{requests|tokens}:{bucket}`, `{keyPrefix}rounds`, and the
+//! per-period presence sets of earlier releases, `{keyPrefix}replicas:{period}` (still written
+//! and read, so that replicas of both count each other during a rolling upgrade). Every replica sharing a prefix must use the same window and
 //! bucket count.
 
 use std::collections::HashMap;
@@ -242,7 +247,7 @@ struct Inner {
     /// When the current run of successful rounds began (ms, the quota clock): until a presence
     /// period has passed since, the sets read may miss replicas.
     up_since_ms: AtomicU64,
-    /// This replica's id in the presence sets: random per service.
+    /// This replica's id in the presence set: random per service.
     id: String,
     clock: WallClock,
     metrics: QuotaMetrics,
@@ -552,6 +557,9 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     let window_ms = u64::try_from(inner.config.window.as_millis()).unwrap_or(u64::MAX);
     let ttl = window_ms.saturating_mul(2).to_string();
     let prefix = &shared.key_prefix;
+    // The order matters: this replica's deltas, then its round time (a replica that reads it
+    // knows every delta taken by then is in), then the replicas' round times, then the totals
+    // (a total read after a round time holds that round's deltas).
     let mut p = Pipeline::new();
     let mut readings = Vec::new();
     let mut deltas = Vec::new();
@@ -573,30 +581,36 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
                 p.cmd(&["INCRBY", k.as_str(), delta.to_string().as_str()]);
                 p.cmd(&["PEXPIRE", k.as_str(), ttl.as_str()]);
             }
-            let epochs = window.live_epochs(now);
-            let mut words = vec![String::from("MGET")];
-            words.extend(epochs.clone().map(|e| key(prefix, &entry.key, kind, e)));
-            p.cmd(&words);
-            readings.push((
-                deltas.len() * 2,
-                Reading {
-                    entry: Arc::clone(entry),
-                    kind,
-                    epochs,
-                },
-            ));
+            readings.push(Reading {
+                entry: Arc::clone(entry),
+                kind,
+                epochs: window.live_epochs(now),
+            });
         }
     }
-    // Presence: a set per period of ten sync intervals (at least a second), read for this
-    // period and the last, so a replica counts as alive for one to two periods.
+    let writes = p.len();
+    // Presence: each replica's last round time in one sorted set; a replica counts as alive
+    // for two periods of ten sync intervals (at least a second each) after its last round.
     let period_ms = u64::try_from((shared.sync_interval * 10).as_millis())
         .unwrap_or(u64::MAX)
         .max(1000);
-    let period = now / period_ms;
-    let id = &inner.id;
-    let current = format!("{prefix}replicas:{period}");
-    let previous = format!("{prefix}replicas:{}", period.saturating_sub(1));
-    p.cmd(&["SADD", current.as_str(), id.as_str()]);
+    let rounds = format!("{prefix}rounds");
+    let now_s = now.to_string();
+    let gone = format!("({}", now.saturating_sub(period_ms * 2));
+    p.cmd(&["ZADD", rounds.as_str(), now_s.as_str(), inner.id.as_str()]);
+    p.cmd(&["ZREMRANGEBYSCORE", rounds.as_str(), "-inf", gone.as_str()]);
+    p.cmd(&[
+        "PEXPIRE",
+        rounds.as_str(),
+        (period_ms * 3).to_string().as_str(),
+    ]);
+    p.cmd(&["ZCARD", rounds.as_str()]);
+    p.cmd(&["ZRANGE", rounds.as_str(), "0", "0", "WITHSCORES"]);
+    // The presence sets of earlier releases, kept so that a fleet in a rolling upgrade counts
+    // every replica: one per period, read for this period and the last.
+    let current = format!("{prefix}replicas:{}", now / period_ms);
+    let previous = format!("{prefix}replicas:{}", (now / period_ms).saturating_sub(1));
+    p.cmd(&["SADD", current.as_str(), inner.id.as_str()]);
     p.cmd(&[
         "PEXPIRE",
         current.as_str(),
@@ -604,12 +618,22 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     ]);
     p.cmd(&["SCARD", current.as_str()]);
     p.cmd(&["SCARD", previous.as_str()]);
+    for r in &readings {
+        let mut words = vec![String::from("MGET")];
+        words.extend(
+            r.epochs
+                .clone()
+                .map(|e| key(prefix, &r.entry.key, r.kind, e)),
+        );
+        p.cmd(&words);
+    }
 
     match redis.pipeline(&p).await {
         Ok(values) => match apply(
             inner,
             now,
             &readings,
+            writes,
             &values,
             presence_settled(inner, now, period_ms),
         ) {
@@ -632,7 +656,11 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     }
 }
 
-/// Whether the presence sets read at `now` can be trusted to name every live replica: a whole
+/// Replies to the presence commands of a round: `ZADD`, `ZREMRANGEBYSCORE`, `PEXPIRE`, `ZCARD`,
+/// `ZRANGE` on the round times, then `SADD`, `PEXPIRE`, `SCARD`, `SCARD` on the per-period sets.
+const PRESENCE: usize = 9;
+
+/// Whether the presence set read at `now` can be trusted to name every live replica: a whole
 /// period has passed since this run of successful rounds began. Called for a round that Redis
 /// answered; the first such round after an outage (or at start) begins a run.
 fn presence_settled(inner: &Inner, now: u64, period_ms: u64) -> bool {
@@ -642,45 +670,75 @@ fn presence_settled(inner: &Inner, now: u64, period_ms: u64) -> bool {
     now.saturating_sub(inner.up_since_ms.load(Ordering::Relaxed)) >= period_ms
 }
 
-/// Applies the replies of one round; on a reply of the wrong shape, nothing more is applied.
-/// Unless the presence sets are `settled`, the replica count only rises.
+/// Applies the replies of one round (`writes` counter updates, the [`PRESENCE`] replies, then
+/// one `MGET` per reading); on a reply of the wrong shape, nothing more is applied. Unless the
+/// presence set is `settled`, the replica count only rises.
 fn apply(
     inner: &Inner,
     now: u64,
-    readings: &[(usize, Reading)],
+    readings: &[Reading],
+    writes: usize,
     values: &[Value],
     settled: bool,
 ) -> Result<(), &'static str> {
-    let mut at = 0;
-    for (writes, r) in readings {
-        for v in &values[at..at + writes] {
-            if let Value::Error(_) = v {
-                return Err("Redis refused a counter update");
-            }
-        }
-        at += writes;
-        let Some(Value::Array(totals)) = values.get(at) else {
+    if values.len() != writes + PRESENCE + readings.len() {
+        return Err("Redis answered a different number of commands than were sent");
+    }
+    if values[..writes]
+        .iter()
+        .any(|v| matches!(v, Value::Error(_)))
+    {
+        return Err("Redis refused a counter update");
+    }
+    let presence = &values[writes..writes + PRESENCE];
+    if presence.iter().any(|v| matches!(v, Value::Error(_))) {
+        return Err("Redis refused a presence update");
+    }
+    let seen = presence[3]
+        .as_i64()
+        .ok_or("Redis answered ZCARD with no integer")?;
+    // Replicas of earlier releases show only in the per-period sets.
+    let seen_any = presence[7..9]
+        .iter()
+        .filter_map(Value::as_i64)
+        .fold(seen, i64::max);
+    // The oldest last-round time among the replicas alive: [member, score].
+    let oldest = match &presence[4] {
+        Value::Array(pair) => pair
+            .get(1)
+            .and_then(|v| match v {
+                Value::Bulk(b) => std::str::from_utf8(b).ok()?.parse::<f64>().ok(),
+                _ => None,
+            })
+            .map(|ms| ms as u64),
+        _ => return Err("Redis answered ZRANGE with something other than an array"),
+    };
+    let mut replicas = u32::try_from(seen_any.max(1)).unwrap_or(u32::MAX);
+    if !settled {
+        replicas = replicas.max(inner.replicas.load(Ordering::Relaxed));
+    }
+    // A replica counted but absent from the set (Redis restarted empty, or one of an earlier
+    // release): its last round is unknown, so every recent round is covered.
+    let peers_synced = if i64::from(replicas) <= seen {
+        oldest
+    } else {
+        None
+    };
+    for (r, v) in readings.iter().zip(&values[writes + PRESENCE..]) {
+        let Value::Array(totals) = v else {
             return Err("Redis answered MGET with something other than an array");
         };
-        at += 1;
         let mut q = r.entry.lock();
         let (requests, tokens) = q.windows_mut();
         let window = match r.kind {
             QuotaKind::Requests => requests,
             QuotaKind::Tokens => tokens,
         };
+        window.set_peers_synced(peers_synced);
         for (epoch, v) in r.epochs.clone().zip(totals) {
             let total = v.as_i64().unwrap_or(0).max(0);
             window.apply_shared(now, epoch, u64::try_from(total).unwrap_or(0));
         }
-    }
-    let seen = values
-        .get(at + 2..at + 4)
-        .map(|v| v.iter().filter_map(Value::as_i64).max().unwrap_or(1))
-        .unwrap_or(1);
-    let mut replicas = u32::try_from(seen.max(1)).unwrap_or(u32::MAX);
-    if !settled {
-        replicas = replicas.max(inner.replicas.load(Ordering::Relaxed));
     }
     inner.replicas.store(replicas, Ordering::Relaxed);
     inner.metrics.replicas.set(i64::from(replicas));
@@ -688,8 +746,8 @@ fn apply(
 }
 
 /// A failed round: the deltas are sent again next time, and the first failure is said.
-fn failed(inner: &Inner, readings: &[(usize, Reading)], shared: &SharedConfig, reason: &str) {
-    for (_, r) in readings {
+fn failed(inner: &Inner, readings: &[Reading], shared: &SharedConfig, reason: &str) {
+    for r in readings {
         let mut q = r.entry.lock();
         let (requests, tokens) = q.windows_mut();
         match r.kind {
@@ -706,7 +764,7 @@ fn failed(inner: &Inner, readings: &[(usize, Reading)], shared: &SharedConfig, r
     }
 }
 
-/// An id for this service in the presence sets, distinct per process and per service in it.
+/// An id for this service in the presence set, distinct per process and per service in it.
 fn replica_id() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()

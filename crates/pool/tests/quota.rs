@@ -278,3 +278,65 @@ async fn a_replica_that_leaves_stops_being_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A replica of an earlier release shows only in the per-period presence sets; a current one
+/// counts it, so a fleet in a rolling upgrade still shares the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_of_an_earlier_release_is_counted() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let a = Quotas::start(config(&redis, "mixed:", Duration::from_secs(2), 100), None).unwrap();
+    let mut old = Redis::new(RedisConfig::new(redis.addr().to_string()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.replicas() != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the earlier replica is not counted"
+        );
+        // What an earlier release's round wrote for presence (periods of one second here).
+        let set = format!("mixed:replicas:{}", a.clock().now_ms() / 1000);
+        let mut p = infergate_pool::redis::Pipeline::new();
+        p.cmd(&["SADD", set.as_str(), "earlier-release"]);
+        p.cmd(&["PEXPIRE", set.as_str(), "3000"]);
+        old.pipeline(&p).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A replica whose rounds run four times late (a throttled process): the other, syncing on
+/// time, covers its own rounds since the late one's last, and the two stay at the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let window = Duration::from_secs(2);
+    let a = Quotas::start(config(&redis, "late:", window, 100), None).unwrap();
+    let mut late = config(&redis, "late:", window, 100);
+    // B's background round runs once at start; the test runs its rounds every 200 ms.
+    late.redis.as_mut().unwrap().sync_interval = Duration::from_secs(3600);
+    let b = Quotas::start(late, None).unwrap();
+    let cfg = b.config().redis.clone().unwrap();
+    let mut rb = Redis::new(cfg.redis.clone());
+    let stepper = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            loop {
+                b.sync_now(&mut rb, &cfg).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    wait_for("both replicas see each other", || {
+        a.replicas() == 2 && b.replicas() == 2
+    })
+    .await;
+    let run = run_both(&a, &b, Duration::from_secs(6)).await;
+    stepper.abort();
+    let most = run.most_in_a_window(&[&run.a, &run.b], 2_000, 100);
+    println!(
+        "one replica's rounds every 200 ms, the other's every 50 ms: the most in one 2 s window: {most} admitted (limit 100)"
+    );
+    assert!((95..=102).contains(&most), "{most}");
+}

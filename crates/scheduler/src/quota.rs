@@ -26,13 +26,23 @@
 //! `unsynced`, this replica's deltas not yet sent. Between two syncs this replica cannot see
 //! what the others did, so it assumes each of the `replicas` did as much as it did:
 //!
-//! `count = Σ shared + replicas × Σ (sending + unsynced) + (replicas − 1) × Σ last_sent`
+//! `count = Σ shared + replicas × Σ (sending + unsynced) + (replicas − 1) × Σ recent`
 //!
-//! The last term covers the other replicas' part of the round this replica last completed
-//! (`last_sent` is what it added then): when it read the totals back, their deltas of the same
-//! stretch of time may not have been written yet. With equal traffic on every replica the
-//! estimate is exact or errs by at most one sync interval's use on the side of the limit; with
-//! unequal traffic it errs on the side of the limit too. When the store is unreachable the same rule is the fallback: nothing is sent,
+//! The last term covers the other replicas' part of this replica's last completed rounds that
+//! the store may not hold yet: `recent` is what this replica added in each round taken after
+//! the moment every replica is known to have synced ([`Window::set_peers_synced`]; the caller
+//! reads each replica's last round time from the store with the totals). A round's deltas are
+//! this replica's use since its previous round; the others' use of the same stretch is in the
+//! store only once each of them has completed a round after it. Peers that sync on time leave
+//! one round to cover; a peer whose rounds run late (a starved or CPU-throttled process) leaves
+//! more, up to [`COVERED_ROUNDS`]. Covering one round whatever the peers' lateness, a peer one
+//! round late let the replicas admit 9% over the limit, three rounds late 22%
+//! (`a_peer_whose_rounds_run_late_does_not_let_the_others_over_admit`). With equal traffic on
+//! every replica the estimate is exact or errs on the side of the limit; with unequal traffic it
+//! errs on the side of the limit too, by no more than one round's use while the peers are on
+//! time.
+//!
+//! When the store is unreachable the same rule is the fallback: nothing is sent,
 //! `unsynced` grows with this replica's own use, and once the last totals read age out each
 //! replica enforces its share, `L / replicas`, with `replicas` as last seen. A replica alone
 //! (or before its first sync) counts with `replicas = 1`: the whole quota.
@@ -92,16 +102,30 @@ struct Slot {
     sending: i64,
     /// This replica's deltas not yet sent.
     unsynced: i64,
-    /// What this replica's last completed round added: the others' counterparts may not have
-    /// reached the store yet when it was read.
-    last_sent: i64,
+    /// What this replica's last [`COVERED_ROUNDS`] completed rounds added, newest first, with
+    /// when each was taken: the others' counterparts may not have reached the store yet.
+    recent: [Sent; COVERED_ROUNDS],
 }
+
+/// One round's delta for one bucket, and when the round took it (ms, the window's clock).
+#[derive(Debug, Clone, Copy, Default)]
+struct Sent {
+    at_ms: u64,
+    delta: i64,
+}
+
+/// The most of its own completed rounds a replica covers for the others (see the module
+/// documentation): a peer up to this many rounds late does not make the fleet over-admit.
+pub const COVERED_ROUNDS: usize = 8;
 
 /// A sliding window of counts in `N` buckets; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct Window {
     bucket_ms: u64,
     slots: Box<[Slot]>,
+    /// Every replica's use up to this moment is in the store (`None`: not known, every recent
+    /// round is covered).
+    peers_synced_ms: Option<u64>,
 }
 
 impl Window {
@@ -117,6 +141,7 @@ impl Window {
         Ok(Window {
             bucket_ms: window_ms / u64::from(buckets),
             slots: vec![Slot::default(); buckets as usize].into_boxed_slice(),
+            peers_synced_ms: None,
         })
     }
 
@@ -173,7 +198,12 @@ impl Window {
         let replicas = i64::from(replicas.max(1));
         let own = slot.sending.saturating_add(slot.unsynced);
         let scaled = own.saturating_mul(replicas);
-        let others = slot.last_sent.max(0).saturating_mul(replicas - 1);
+        let recent = slot
+            .recent
+            .iter()
+            .filter(|sent| self.peers_synced_ms.is_none_or(|ms| sent.at_ms > ms))
+            .fold(0i64, |sum, sent| sum.saturating_add(sent.delta.max(0)));
+        let others = recent.saturating_mul(replicas - 1);
         let total = i128::from(slot.shared) + i128::from(scaled) + i128::from(others);
         u64::try_from(total.max(0)).unwrap_or(u64::MAX)
     }
@@ -247,8 +277,17 @@ impl Window {
         }
     }
 
-    /// The store's total for bucket `epoch`, read after this replica's deltas were added:
-    /// replaces the bucket's shared total and clears what was being sent.
+    /// Every replica has completed a round at or after `ms` (the oldest last-round time the
+    /// store holds among the replicas counted): their use up to `ms` is in the totals read with
+    /// it, so this replica's rounds taken by then need no cover. `None` when some replica's
+    /// last round is unknown: every recent round is covered.
+    pub fn set_peers_synced(&mut self, ms: Option<u64>) {
+        self.peers_synced_ms = ms;
+    }
+
+    /// The store's total for bucket `epoch`, read after this replica's deltas were added in a
+    /// round taken at `now_ms`: replaces the bucket's shared total and clears what was being
+    /// sent.
     /// A bucket whose slot a later bucket already holds (the round trip outlasted the window)
     /// is ignored.
     pub fn apply_shared(&mut self, now_ms: u64, epoch: u64, total: u64) {
@@ -256,7 +295,11 @@ impl Window {
         if self.live(epoch, now_ms) && held <= epoch {
             let slot = self.slot_mut(epoch);
             slot.shared = total;
-            slot.last_sent = slot.sending;
+            slot.recent.rotate_right(1);
+            slot.recent[0] = Sent {
+                at_ms: now_ms,
+                delta: slot.sending,
+            };
             slot.sending = 0;
         }
     }

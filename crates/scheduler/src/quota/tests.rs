@@ -133,26 +133,43 @@ fn the_long_run_rate_holds_within_the_bucket_bound() {
     assert!(admitted as f64 <= 6_000.0 * 60.0 / 59.0 + 1.0, "{admitted}");
 }
 
+/// A store shared by two replicas, as the gateway's Redis sync uses it: each round adds the
+/// replica's deltas per bucket, records the round's time, and reads back the totals and the
+/// oldest last-round time of the replicas (none while one has never synced).
+#[derive(Default)]
+struct Store {
+    totals: std::collections::HashMap<u64, i64>,
+    rounds: [Option<u64>; 2],
+    out: Vec<(u64, i64)>,
+}
+
+impl Store {
+    fn sync(&mut self, replica: usize, q: &mut TenantQuota, now: u64) {
+        self.out.clear();
+        let (r, _) = q.windows_mut();
+        r.take_unsynced(now, &mut self.out);
+        for (e, d) in &self.out {
+            *self.totals.entry(*e).or_default() += d;
+        }
+        self.rounds[replica] = Some(now);
+        let oldest = self
+            .rounds
+            .iter()
+            .try_fold(u64::MAX, |m, r| r.map(|r| m.min(r)));
+        r.set_peers_synced(oldest);
+        for e in r.live_epochs(now) {
+            let v = self.totals.get(&e).copied().unwrap_or(0);
+            r.apply_shared(now, e, u64::try_from(v).unwrap());
+        }
+    }
+}
+
 #[test]
 fn replicas_share_through_synced_totals() {
     // Two replicas, a store that sums their deltas per bucket.
-    let mut store = std::collections::HashMap::<u64, i64>::new();
+    let mut store = Store::default();
     let mut a = quota(Some(100), None);
     let mut b = quota(Some(100), None);
-    let mut out = Vec::new();
-    let mut sync =
-        |q: &mut TenantQuota, now: u64, store: &mut std::collections::HashMap<u64, i64>| {
-            out.clear();
-            let (r, _) = q.windows_mut();
-            r.take_unsynced(now, &mut out);
-            for (e, d) in &out {
-                *store.entry(*e).or_default() += d;
-            }
-            for e in r.live_epochs(now) {
-                let v = store.get(&e).copied().unwrap_or(0);
-                r.apply_shared(now, e, u64::try_from(v).unwrap());
-            }
-        };
     let (mut admitted, mut t) = (0u64, 0u64);
     while t < 5 * 60_000 {
         for q in [&mut a, &mut b] {
@@ -161,8 +178,8 @@ fn replicas_share_through_synced_totals() {
             }
         }
         if t % 100 == 0 {
-            sync(&mut a, t, &mut store);
-            sync(&mut b, t, &mut store);
+            store.sync(0, &mut a, t);
+            store.sync(1, &mut b, t);
         }
         t += 5;
     }
@@ -203,11 +220,19 @@ fn a_failed_sync_sends_the_deltas_again() {
     assert_eq!(w.count(0, 2), 17);
     w.add(10, 1);
     assert_eq!(w.count(10, 2), 19);
-    // The next round (nothing new from the others) sends the 1.
+    // The next round (nothing new from the others) sends the 1; the others' part of both
+    // rounds may still be on its way.
     out.clear();
     w.take_unsynced(10, &mut out);
     w.apply_shared(10, 0, 13);
+    assert_eq!(w.count(10, 2), 19);
+    // Every other replica has synced since 5: the round taken at 0 is in the store, the one
+    // taken at 10 may not be.
+    w.set_peers_synced(Some(5));
     assert_eq!(w.count(10, 2), 14);
+    // ... and since 10: the store's total is the count.
+    w.set_peers_synced(Some(10));
+    assert_eq!(w.count(10, 2), 13);
 }
 
 #[test]
@@ -229,4 +254,74 @@ fn a_late_reply_never_overwrites_a_later_bucket() {
     w.add(2_000, 5);
     w.apply_shared(0, 0, 9);
     assert_eq!(w.count(2_000, 1), 5);
+}
+
+/// Two replicas hammering one quota of 100 per 2 s window (100 ms buckets) for 20 s; A completes
+/// a round every 50 ms, B only every `b_every` ms (a starved or throttled process); B admits
+/// nothing when `b_idle`. The most admitted in any window the quota counts (bucket-aligned)
+/// after the first, and all admitted in those 16 s.
+fn admitted_with_a_late_peer(b_every: u64, b_idle: bool) -> (usize, usize) {
+    let window = Duration::from_millis(2_000);
+    let limits = Limits {
+        requests: Some(100),
+        tokens: None,
+    };
+    let mut a = TenantQuota::new(limits, window, 20).unwrap();
+    let mut b = TenantQuota::new(limits, window, 20).unwrap();
+    let mut store = Store::default();
+    let mut admitted = Vec::new();
+    for t in 0..20_000u64 {
+        let peers = if b_idle {
+            vec![&mut a]
+        } else {
+            vec![&mut a, &mut b]
+        };
+        for q in peers {
+            if q.admit(t, 2, 0).is_ok() {
+                admitted.push(t);
+            }
+        }
+        if t % 50 == 0 {
+            store.sync(0, &mut a, t);
+        }
+        if t % b_every == 25 % b_every {
+            store.sync(1, &mut b, t);
+        }
+    }
+    let most = (2_000..18_000u64)
+        .step_by(100)
+        .map(|from| {
+            admitted
+                .iter()
+                .filter(|&&t| (from..from + 2_000).contains(&t))
+                .count()
+        })
+        .max()
+        .unwrap();
+    let total = admitted
+        .iter()
+        .filter(|&&t| (2_000..18_000).contains(&t))
+        .count();
+    (most, total)
+}
+
+#[test]
+fn a_peer_whose_rounds_run_late_does_not_let_the_others_over_admit() {
+    // Rounds late (the peer's round every 100 to 200 ms for the other's 50): never over the limit,
+    // and the fleet still gets its quota (800 in 16 s, less what the sliding window's last
+    // bucket holds back).
+    for b_every in [50, 100, 150, 200, 400] {
+        let (most, total) = admitted_with_a_late_peer(b_every, false);
+        println!(
+            "peer's rounds every {b_every} ms: at most {most} admitted in a window of 100, \
+             {total} in 16 s"
+        );
+        assert!(most <= 100, "{b_every}: {most}");
+        assert!(total >= 760, "{b_every}: {total}");
+    }
+    // A replica whose peer is idle (and syncs on time) takes the whole quota.
+    let (most, total) = admitted_with_a_late_peer(50, true);
+    println!("peer idle: at most {most} admitted in a window of 100, {total} in 16 s");
+    assert!((95..=100).contains(&most), "{most}");
+    assert!(total >= 720, "{total}");
 }
