@@ -34,6 +34,10 @@ pub(crate) struct Entry {
     pub(crate) total_tokens: u32,
     /// Prefill tokens estimated ahead of it at pick time.
     pub(crate) queued_tokens: f64,
+    /// Hash of its LoRA adapter, 0 for none.
+    pub(crate) adapter: u64,
+    /// Whether its endpoint's per-adapter table ([`crate::lora::AdapterInflight`]) counts it.
+    pub(crate) adapter_counted: bool,
 }
 
 impl Entry {
@@ -48,6 +52,8 @@ impl Entry {
         prefill_tokens: 0,
         total_tokens: 0,
         queued_tokens: 0.0,
+        adapter: 0,
+        adapter_counted: false,
     };
 }
 
@@ -104,8 +110,10 @@ impl InflightTable {
     }
 }
 
-/// Adds a request to its endpoint's counters.
-pub(crate) fn charge(ep: &mut EndpointState, e: &Entry) {
+/// Adds a request to its endpoint's counters, its adapter (if any) to the per-adapter table while
+/// that has room (`e.adapter_counted` says whether it did).
+pub(crate) fn charge(ep: &mut EndpointState, e: &mut Entry) {
+    e.adapter_counted = ep.adapters.add(e.adapter);
     ep.inflight += 1;
     ep.inflight_tokens += u64::from(e.total_tokens);
     ep.since_requests += 1;
@@ -135,6 +143,9 @@ pub(crate) fn leave_prefill(ep: &mut EndpointState, e: &Entry) {
 pub(crate) fn uncharge(ep: &mut EndpointState, e: &Entry) {
     if e.phase == Phase::Prefill {
         leave_prefill(ep, e);
+    }
+    if e.adapter_counted {
+        ep.adapters.remove(e.adapter);
     }
     ep.inflight = ep.inflight.saturating_sub(1);
     ep.inflight_tokens = ep.inflight_tokens.saturating_sub(u64::from(e.total_tokens));

@@ -41,6 +41,11 @@ pub(crate) const UNKNOWN: f64 = 0.5;
 /// Adapters inline per list; longer lists fall back to comparing names.
 pub(crate) const INLINE: usize = 4;
 
+/// Adapters whose in-flight requests one pod's [`AdapterInflight`] counts; a request for one more
+/// is not counted there (a pod with two or four slots rarely has more than a few adapters in
+/// flight: its running ones and those waiting for a slot).
+pub(crate) const TRACKED: usize = 8;
+
 /// Hash of an adapter name, for allocation-free comparisons on the hot path.
 pub(crate) fn adapter_hash(name: &str) -> u64 {
     xxhash_rust::xxh64::xxh64(name.as_bytes(), 0x4c6f_5241)
@@ -142,6 +147,100 @@ pub(crate) fn has_free_slot(l: &LoraState) -> bool {
         .count();
     let loaded = running + waiting_only;
     (loaded as u64) < u64::from(l.max_lora)
+}
+
+/// This gateway's requests in flight on one pod, per adapter. A page says which adapters run,
+/// not when their slots free: an adapter's slot frees when its last request there ends, and for
+/// its own requests this gateway can tell how many are left.
+///
+/// Kept from pick to release with the pod's other in-flight counters ([`crate::inflight`]).
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct AdapterInflight {
+    /// Adapter hashes; 0 marks an unused entry.
+    hashes: [u64; TRACKED],
+    counts: [u32; TRACKED],
+}
+
+impl AdapterInflight {
+    /// Counts one more request for the adapter `hash`. False (and nothing counted) when `hash` is
+    /// 0 or every entry holds another adapter.
+    pub(crate) fn add(&mut self, hash: u64) -> bool {
+        if hash == 0 {
+            return false;
+        }
+        let i = match self.hashes.iter().position(|&h| h == hash) {
+            Some(i) => i,
+            None => match self.hashes.iter().position(|&h| h == 0) {
+                Some(i) => {
+                    self.hashes[i] = hash;
+                    self.counts[i] = 0;
+                    i
+                }
+                None => return false,
+            },
+        };
+        self.counts[i] += 1;
+        true
+    }
+
+    /// Counts one request for the adapter `hash` fewer (the reverse of a successful [`Self::add`]).
+    pub(crate) fn remove(&mut self, hash: u64) {
+        if hash == 0 {
+            return;
+        }
+        if let Some(i) = self.hashes.iter().position(|&h| h == hash) {
+            self.counts[i] = self.counts[i].saturating_sub(1);
+            if self.counts[i] == 0 {
+                self.hashes[i] = 0;
+            }
+        }
+    }
+
+    /// This gateway's requests in flight for the adapter `hash`.
+    pub(crate) fn count(&self, hash: u64) -> u32 {
+        match self.hashes.iter().position(|&h| h == hash && hash != 0) {
+            Some(i) => self.counts[i],
+            None => 0,
+        }
+    }
+
+    /// Seconds until a slot frees on the pod for the adapter `hash`, when its page (`lora`) shows
+    /// no free slot: each running adapter's slot frees when its last request there ends
+    /// ([`slot_free_lifetimes`] of a typical `lifetime`, in seconds); another adapter already
+    /// waiting there for a slot takes the first one, so with `k` others waiting the request
+    /// needs the `k + 1`-th. `None` when the page names no running adapter this can tell about
+    /// (no LoRA state, an overflowing list, none running).
+    pub(crate) fn slot_frees_in(&self, lora: &LoraHot, hash: u64, lifetime: f64) -> Option<f64> {
+        if !lora.known || lora.overflow || lora.n_running == 0 {
+            return None;
+        }
+        let running = &lora.running[..usize::from(lora.n_running)];
+        let mut left = [f64::INFINITY; INLINE];
+        for (i, &a) in running.iter().enumerate() {
+            // A repeated name is one adapter, one slot.
+            if !running[..i].contains(&a) {
+                left[i] = slot_free_lifetimes(self.count(a)) * lifetime;
+            }
+        }
+        let waiting = &lora.waiting[..usize::from(lora.n_waiting)];
+        let ahead = waiting
+            .iter()
+            .enumerate()
+            .filter(|&(i, &w)| w != hash && !running.contains(&w) && !waiting[..i].contains(&w))
+            .count();
+        left.sort_unstable_by(f64::total_cmp);
+        let slots = left.iter().take_while(|l| l.is_finite()).count();
+        Some(left[ahead.min(slots.saturating_sub(1))])
+    }
+}
+
+/// Typical request lifetimes until an adapter with `n` of this gateway's requests in flight on a
+/// pod has none left there: `n / (n + 1)`, the expected last end of `n` requests whose remaining
+/// lifetimes are spread evenly over one lifetime. None in flight: the slot frees at once (the
+/// page that still shows the adapter running is older than its last completion).
+pub(crate) fn slot_free_lifetimes(n: u32) -> f64 {
+    let n = f64::from(n);
+    n / (n + 1.0)
 }
 
 /// LoRA residency, pre-hashed at snapshot time so the pick compares integers, not strings.
@@ -276,6 +375,26 @@ mod tests {
         // A pod that reports no LoRA state scores UNKNOWN (the same 0.5 as RUNNING_BLOCKED):
         // nothing is known to be blocked there.
         assert_eq!(slot_cost_lifetimes(UNKNOWN, false, true, 1), 0.0);
+    }
+
+    #[test]
+    fn adapter_counts_take_an_entry_while_requests_are_in_flight() {
+        let mut t = AdapterInflight::default();
+        for h in 1..=TRACKED as u64 {
+            assert!(t.add(h));
+        }
+        assert!(!t.add(99), "every entry holds another adapter");
+        assert!(!t.add(0), "no adapter");
+        assert!(t.add(3));
+        assert_eq!((t.count(3), t.count(99)), (2, 0));
+        t.remove(1);
+        assert_eq!(t.count(1), 0);
+        assert!(t.add(99), "the freed entry is reused");
+        assert_eq!(t.count(99), 1);
+        // The last of n requests spread over a lifetime ends n/(n+1) of one after now.
+        assert_eq!(slot_free_lifetimes(0), 0.0);
+        assert_eq!(slot_free_lifetimes(1), 0.5);
+        assert_eq!(slot_free_lifetimes(3), 0.75);
     }
 
     #[test]

@@ -444,7 +444,7 @@ impl Scheduler {
         e.slot = slot;
         e.slot_generation = generation;
         e.epoch = ep.epoch;
-        inflight::charge(ep, &e);
+        inflight::charge(ep, &mut e);
         if let Some(entry) = self.inflight.get_mut(ticket) {
             *entry = e;
         }
@@ -653,7 +653,7 @@ impl Scheduler {
         let Some(ep) = self.endpoints.get_mut(v.slot) else {
             return Err(Rejection::NoEndpoints);
         };
-        let entry = Entry {
+        let mut entry = Entry {
             generation: 0,
             phase: Phase::Prefill,
             slot: v.slot,
@@ -664,8 +664,10 @@ impl Scheduler {
             prefill_tokens: v.own_tokens.round() as u32,
             total_tokens: req.prompt_tokens.saturating_add(req.output_tokens),
             queued_tokens: v.queued_tokens,
+            adapter: cx.adapter_hash,
+            adapter_counted: false,
         };
-        inflight::charge(ep, &entry);
+        inflight::charge(ep, &mut entry);
         ep.picked += 1;
         let ticket = self.inflight.insert(entry);
         if use_prefix && !sc.hashes.is_empty() {

@@ -3,7 +3,7 @@
 
 use crate::endpoint::{EndpointMeta, MetricsSnapshot, ScrapeState, Timestamp};
 use crate::gpu::SpeedFactors;
-use crate::lora::{self, LoraHot};
+use crate::lora::{self, AdapterInflight, LoraHot};
 use crate::peers::PeerSum;
 use crate::rates::{LogEwma, PoolRates};
 
@@ -65,6 +65,9 @@ pub(crate) struct EndpointState {
     pub(crate) reachable: bool,
     /// The other picker replicas' load on it, summed ([`crate::peers`]); zero without peers.
     pub(crate) peer: PeerSum,
+    /// This gateway's requests in flight per LoRA adapter: which running adapter's slot frees
+    /// first ([`AdapterInflight`]).
+    pub(crate) adapters: AdapterInflight,
     pub(crate) cold: Box<Cold>,
 }
 
@@ -98,6 +101,7 @@ impl EndpointState {
             scrape: ScrapeState::Ok,
             reachable: false,
             peer: PeerSum::default(),
+            adapters: AdapterInflight::default(),
         }
     }
 

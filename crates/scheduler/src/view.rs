@@ -229,7 +229,18 @@ pub(crate) fn build(
         } else {
             0.0
         };
-        let wait = (queued_tokens + own_tokens) * inv_prefill_rate + kv_wait + load_wait;
+        // No free slot and the adapter not running: the request waits until one of the running
+        // adapters has no request left, sooner on the pod where one has the fewest in flight.
+        let slot_wait = if req.lora_adapter.is_some() && (lora == 0.0 || lora == lora::WAITING) {
+            let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
+            ep.adapters
+                .slot_frees_in(&ep.lora, cx.adapter_hash, mean_output / decode_rate)
+                .unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        let wait =
+            (queued_tokens + own_tokens) * inv_prefill_rate + kv_wait + load_wait + slot_wait;
         let kv_or_zero = kv.unwrap_or(0.0);
         views.push(View {
             slot,

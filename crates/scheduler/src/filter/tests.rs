@@ -415,3 +415,67 @@ fn a_running_adapter_leaves_the_pod_where_another_waits_for_its_slot() {
         assert!(est_wait(&ex, 0) > 5.0, "{}", ex.summary(2));
     }
 }
+
+/// Picks `n` requests for `adapter` (all land on the one pod that runs it) and leaves them in
+/// flight.
+fn route(s: &mut Scheduler, adapter: &str, n: u64) {
+    for i in 0..n {
+        let req = RequestContext::new("m", 300).with_lora(Some(adapter));
+        s.pick(&req, T0, &mut rng(i)).unwrap();
+    }
+}
+
+/// The first choice for a request for `lora-a`, which runs nowhere and finds no free slot, after
+/// `routed` requests per adapter, and its explanation.
+fn blocked_pick(
+    pods: &[(&[&str], &[&str])],
+    routed: &[(&str, u64)],
+    seed: u64,
+) -> (SocketAddr, Explanation) {
+    let mut s = Scheduler::new(SchedulerConfig::default()).unwrap();
+    for (i, &(running, queued)) in pods.iter().enumerate() {
+        add_endpoint(&mut s, i as u32, with_lora(0, 2, running, queued));
+    }
+    for &(adapter, n) in routed {
+        route(&mut s, adapter, n);
+    }
+    let req = RequestContext::new("m", 300).with_lora(Some("lora-a"));
+    let (d, ex) = s.pick_explained(&req, T0, &mut rng(seed));
+    (d.unwrap().endpoints.first(), ex)
+}
+
+#[test]
+fn a_request_for_a_slot_goes_where_a_running_adapter_has_the_fewest_requests_left() {
+    // No pod can take lora-a without a slot freeing. Pod 0 has four of this gateway's requests in
+    // flight, two per adapter; pod 1 six, but only one for lora-e, whose slot frees first: the
+    // request goes there, though pod 0's queue is shorter.
+    let pods: [(&[&str], &[&str]); 2] =
+        [(&["lora-b", "lora-c"], &[]), (&["lora-d", "lora-e"], &[])];
+    let routed = [("lora-b", 2), ("lora-c", 2), ("lora-d", 5), ("lora-e", 1)];
+    for seed in 0..10 {
+        let (first, ex) = blocked_pick(&pods, &routed, seed);
+        assert!(ex.fell_back_to_all_ready, "{}", ex.summary(2));
+        assert_eq!(first, addr(1), "seed {seed}: {}", ex.summary(2));
+    }
+    // A running adapter with none of this gateway's requests left frees its slot at once.
+    let routed = [("lora-b", 2), ("lora-c", 2), ("lora-d", 5)];
+    let (first, ex) = blocked_pick(&pods, &routed, 0);
+    assert_eq!(first, addr(1), "{}", ex.summary(2));
+    assert!(est_wait(&ex, 1) < 1.0, "{}", ex.summary(2));
+    assert!(est_wait(&ex, 0) > 3.0, "{}", ex.summary(2));
+}
+
+#[test]
+fn a_request_for_a_slot_queues_behind_an_adapter_already_waiting_there() {
+    // Pod 0's lora-b has one request left, but lora-x already waits there and takes that slot:
+    // lora-a would need the next one, lora-c's (three left). Pod 1's adapters have two each.
+    let pods: [(&[&str], &[&str]); 2] = [
+        (&["lora-b", "lora-c"], &["lora-x"]),
+        (&["lora-d", "lora-e"], &[]),
+    ];
+    let routed = [("lora-b", 1), ("lora-c", 3), ("lora-d", 2), ("lora-e", 2)];
+    for seed in 0..10 {
+        let (first, ex) = blocked_pick(&pods, &routed, seed);
+        assert_eq!(first, addr(1), "seed {seed}: {}", ex.summary(2));
+    }
+}

@@ -234,3 +234,35 @@ fn exact_cached_tokens_from_kv_events_override_the_approximate_guess() {
         assert_eq!(d3.unwrap().endpoints.first(), first);
     }
 }
+
+#[test]
+fn requests_per_adapter_are_counted_from_pick_to_release() {
+    let mut s = scheduler(SchedulerConfig::default(), 2);
+    let count = |s: &Scheduler, pod: u32, name: &str| {
+        let slot = s.endpoints.slot_of(&addr(pod)).unwrap();
+        let ep = s.endpoints.get(slot).unwrap();
+        ep.adapters.count(crate::lora::adapter_hash(name))
+    };
+    let req = RequestContext::new("m", 10).with_lora(Some("lora-a"));
+    let d1 = s.pick(&req, T0, &mut rng(1)).unwrap();
+    let d2 = s.pick(&req, T0, &mut rng(2)).unwrap();
+    let (p1, p2) = (
+        fixtures::index_of(d1.endpoints.first()) as u32,
+        fixtures::index_of(d2.endpoints.first()) as u32,
+    );
+    assert_eq!(count(&s, 0, "lora-a") + count(&s, 1, "lora-a"), 2);
+    assert_eq!(count(&s, 0, "lora-b"), 0);
+    // A fallback moves the count with the charge; completion and cancellation release it.
+    let other = addr(1 - p1);
+    assert!(s.reassign(d1.ticket, other));
+    assert_eq!(count(&s, 1 - p1, "lora-a"), if p2 == p1 { 1 } else { 2 });
+    assert!(s.complete(d1.ticket, T0, Usage::default()));
+    assert!(s.cancel(d2.ticket, T0));
+    assert_eq!(count(&s, 0, "lora-a") + count(&s, 1, "lora-a"), 0);
+    // A request without an adapter is not counted per adapter.
+    let d = s
+        .pick(&RequestContext::new("m", 10), T0, &mut rng(3))
+        .unwrap();
+    assert_eq!(count(&s, 0, "lora-a") + count(&s, 1, "lora-a"), 0);
+    assert!(s.fail(d.ticket, T0));
+}
