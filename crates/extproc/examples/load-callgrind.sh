@@ -10,7 +10,8 @@
 #   crates/extproc/examples/load-callgrind.sh [RPS=20] [SECONDS=10] [extra load arguments...]
 #
 # LOAD_BIN=<path> profiles that load binary instead of building this tree's (e.g. one built from
-# an older commit, for a before/after comparison).
+# an older commit, for a before/after comparison). KEEP=<dir> keeps the per-thread profiles and
+# their annotations there (for `callgrind_annotate --tree=caller`, say).
 set -euo pipefail
 rps=${1:-20}
 seconds=${2:-10}
@@ -21,7 +22,7 @@ if [ -z "${LOAD_BIN:-}" ]; then
     cargo build --release -q -p infergate-extproc --example load
 fi
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+trap '[ -n "${KEEP:-}" ] && cp -r "$dir" "$KEEP"; rm -rf "$dir"' EXIT
 valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg.%p" \
     "$bin" --rps "$rps" --seconds "$seconds" "$@" >"$dir/out.txt" 2>/dev/null
 n=$(grep -oP 'completed \K[0-9]+' "$dir/out.txt")
