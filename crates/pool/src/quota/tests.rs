@@ -158,3 +158,103 @@ fn a_window_that_cannot_be_bucketed_is_refused_at_start() {
     .unwrap_err();
     assert!(matches!(e, QuotaError::BadWindow { .. }), "{e}");
 }
+
+/// The replies of one sync round for `team-a`'s request window: no counter updates, the presence
+/// replies (`zcard` replicas in the round-time set, the oldest round `oldest`), one `MGET`.
+fn round_replies(zcard: Value, oldest: Value, mget: Value) -> Vec<Value> {
+    vec![
+        Value::Int(1),
+        Value::Int(0),
+        Value::Int(1),
+        zcard,
+        oldest,
+        Value::Int(1),
+        Value::Int(1),
+        Value::Int(1),
+        Value::Int(0),
+        mget,
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sync_round_with_a_malformed_reply_applies_nothing() {
+    let q = service(None);
+    let now = q.clock().now_ms();
+    let entry = Arc::clone(&q.inner.configured["team-a"]);
+    let epochs = entry.lock().windows_mut().0.live_epochs(now);
+    let readings = [Reading {
+        entry: Arc::clone(&entry),
+        kind: QuotaKind::Requests,
+        epochs: epochs.clone(),
+    }];
+    let totals = |v: i64| Value::Array(epochs.clone().map(|_| Value::Int(v)).collect());
+    let oldest = Value::Array(vec![
+        Value::Bulk(b"replica-b".to_vec()),
+        Value::Bulk(now.to_string().into_bytes()),
+    ]);
+    let bad: [(&str, Vec<Value>, usize); 6] = [
+        (
+            "one reply short",
+            round_replies(Value::Int(2), oldest.clone(), totals(1))[..9].to_vec(),
+            0,
+        ),
+        (
+            "a counter update refused",
+            [
+                vec![Value::Error("OOM".into())],
+                round_replies(Value::Int(2), oldest.clone(), totals(1)),
+            ]
+            .concat(),
+            1,
+        ),
+        (
+            "a presence command refused",
+            round_replies(Value::Error("WRONGTYPE".into()), oldest.clone(), totals(1)),
+            0,
+        ),
+        (
+            "ZCARD not an integer",
+            round_replies(Value::Bulk(b"two".to_vec()), oldest.clone(), totals(1)),
+            0,
+        ),
+        (
+            "ZRANGE not an array",
+            round_replies(Value::Int(2), Value::Int(7), totals(1)),
+            0,
+        ),
+        (
+            "MGET not an array",
+            round_replies(Value::Int(2), oldest.clone(), Value::Int(1)),
+            0,
+        ),
+    ];
+    for (what, values, writes) in bad {
+        assert!(
+            apply(&q.inner, now, &readings, writes, &values, true).is_err(),
+            "{what}"
+        );
+        assert_eq!(q.replicas(), 1, "{what}: the replica count moved");
+        assert_eq!(
+            entry.lock().requests().count(now, 1),
+            0,
+            "{what}: totals applied"
+        );
+    }
+    // A well-formed round applies; a round time that is not a number only means every recent
+    // round stays covered.
+    for oldest in [
+        oldest,
+        Value::Array(vec![
+            Value::Bulk(b"b".to_vec()),
+            Value::Bulk(b"soon".to_vec()),
+        ]),
+    ] {
+        let values = round_replies(Value::Int(2), oldest, totals(1));
+        apply(&q.inner, now, &readings, 0, &values, true).unwrap();
+        assert_eq!(q.replicas(), 2);
+        assert_eq!(
+            entry.lock().requests().count(now, 2),
+            epochs.clone().count() as u64
+        );
+    }
+}
