@@ -105,6 +105,9 @@ struct Slot {
     /// What this replica's last [`COVERED_ROUNDS`] completed rounds added, newest first, with
     /// when each was taken: the others' counterparts may not have reached the store yet.
     recent: [Sent; COVERED_ROUNDS],
+    /// The sum of the positive `recent` deltas taken after the peers last synced: kept by the
+    /// sync (which changes both) so that a count reads one number per bucket.
+    cover: i64,
 }
 
 /// One round's delta for one bucket, and when the round took it (ms, the window's clock).
@@ -198,12 +201,7 @@ impl Window {
         let replicas = i64::from(replicas.max(1));
         let own = slot.sending.saturating_add(slot.unsynced);
         let scaled = own.saturating_mul(replicas);
-        let recent = slot
-            .recent
-            .iter()
-            .filter(|sent| self.peers_synced_ms.is_none_or(|ms| sent.at_ms > ms))
-            .fold(0i64, |sum, sent| sum.saturating_add(sent.delta.max(0)));
-        let others = recent.saturating_mul(replicas - 1);
+        let others = slot.cover.saturating_mul(replicas - 1);
         let total = i128::from(slot.shared) + i128::from(scaled) + i128::from(others);
         u64::try_from(total.max(0)).unwrap_or(u64::MAX)
     }
@@ -282,7 +280,12 @@ impl Window {
     /// it, so this replica's rounds taken by then need no cover. `None` when some replica's
     /// last round is unknown: every recent round is covered.
     pub fn set_peers_synced(&mut self, ms: Option<u64>) {
-        self.peers_synced_ms = ms;
+        if self.peers_synced_ms != ms {
+            self.peers_synced_ms = ms;
+            for slot in self.slots.iter_mut() {
+                slot.cover = cover(&slot.recent, ms);
+            }
+        }
     }
 
     /// The store's total for bucket `epoch`, read after this replica's deltas were added in a
@@ -293,6 +296,7 @@ impl Window {
     pub fn apply_shared(&mut self, now_ms: u64, epoch: u64, total: u64) {
         let held = self.slots[self.slot_index(epoch)].epoch;
         if self.live(epoch, now_ms) && held <= epoch {
+            let peers_synced_ms = self.peers_synced_ms;
             let slot = self.slot_mut(epoch);
             slot.shared = total;
             slot.recent.rotate_right(1);
@@ -300,6 +304,7 @@ impl Window {
                 at_ms: now_ms,
                 delta: slot.sending,
             };
+            slot.cover = cover(&slot.recent, peers_synced_ms);
             slot.sending = 0;
         }
     }
@@ -311,6 +316,14 @@ impl Window {
             slot.sending = 0;
         }
     }
+}
+
+/// What a bucket's `recent` rounds taken after `peers_synced_ms` added (see [`Slot::cover`]).
+fn cover(recent: &[Sent], peers_synced_ms: Option<u64>) -> i64 {
+    recent
+        .iter()
+        .filter(|sent| peers_synced_ms.is_none_or(|ms| sent.at_ms > ms))
+        .fold(0i64, |sum, sent| sum.saturating_add(sent.delta.max(0)))
 }
 
 /// A tenant's limits per window (`None`: no limit of that kind).
