@@ -304,8 +304,8 @@ async fn a_replica_of_an_earlier_release_is_counted() {
     }
 }
 
-/// A replica whose rounds run four times late (a throttled process): the other, syncing on
-/// time, covers its own rounds since the late one's last, and the two stay at the limit.
+/// A replica whose rounds run a round late (a throttled process): the other, syncing on time,
+/// covers its own rounds since the late one's last, and the two stay at the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
     let Some(redis) = RedisServer::start_if_installed().await else {
@@ -314,7 +314,7 @@ async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
     let window = Duration::from_secs(2);
     let a = Quotas::start(config(&redis, "late:", window, 100), None).unwrap();
     let mut late = config(&redis, "late:", window, 100);
-    // B's background round runs once at start; the test runs its rounds every 200 ms.
+    // B's background round runs once at start; the test runs its rounds every 100 ms.
     late.redis.as_mut().unwrap().sync_interval = Duration::from_secs(3600);
     let b = Quotas::start(late, None).unwrap();
     let cfg = b.config().redis.clone().unwrap();
@@ -324,7 +324,7 @@ async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
         tokio::spawn(async move {
             loop {
                 b.sync_now(&mut rb, &cfg).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     };
@@ -336,7 +336,7 @@ async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
     stepper.abort();
     let most = run.most_in_a_window(&[&run.a, &run.b], 2_000, 100);
     println!(
-        "one replica's rounds every 200 ms, the other's every 50 ms: the most in one 2 s window: {most} admitted (limit 100)"
+        "one replica's rounds every 100 ms, the other's every 50 ms: the most in one 2 s window: {most} admitted (limit 100)"
     );
     assert!((95..=102).contains(&most), "{most}");
 }

@@ -118,8 +118,10 @@ struct Sent {
 }
 
 /// The most of its own completed rounds a replica covers for the others (see the module
-/// documentation): a peer up to this many rounds late does not make the fleet over-admit.
-pub const COVERED_ROUNDS: usize = 8;
+/// documentation): a peer up to one round late does not make the fleet over-admit. More rounds
+/// would cover later peers, at the price of holding back a replica whose peers' last rounds are
+/// unknown (after a Redis restart) by every round it keeps.
+pub const COVERED_ROUNDS: usize = 2;
 
 /// A sliding window of counts in `N` buckets; see the module documentation.
 #[derive(Debug, Clone)]
