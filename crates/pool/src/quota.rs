@@ -14,8 +14,8 @@
 //! the oldest last round among them (`ZRANGE … WITHSCORES`). Between rounds each replica assumes
 //! the others do as much as it does (its unsynced use counts `replicas` times, and so does its
 //! use in its own rounds taken after the oldest replica's last round: the others' use of that
-//! stretch may not be in Redis yet), so the fleet holds the shared limit even while a replica's
-//! rounds run late.
+//! stretch may not be in Redis yet; two rounds at most), so the fleet holds the shared limit
+//! even while a replica's rounds run up to one round late.
 //!
 //! The presence set is complete only once every replica has had a period to add itself: after
 //! Redis restarts empty (or this replica's link comes back), the first replica to sync would
@@ -33,8 +33,8 @@
 //!
 //! Keys: `{keyPrefix}q:{tenant}:{requests|tokens}:{bucket}`, `{keyPrefix}rounds`, and the
 //! per-period presence sets of earlier releases, `{keyPrefix}replicas:{period}` (still written
-//! and read, so that replicas of both count each other during a rolling upgrade). Every replica sharing a prefix must use the same window and
-//! bucket count.
+//! and read, so that replicas of both count each other during a rolling upgrade). Every replica
+//! sharing a prefix must use the same window and bucket count.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
