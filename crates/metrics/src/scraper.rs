@@ -215,9 +215,10 @@ pub enum Update {
         /// The failure was a refused or failed connection: nothing listens there (the process is
         /// gone), so whatever answers next is a new process.
         unreachable: bool,
-        /// The failing scrape had connected to the server (it timed out reading, or the server
-        /// answered with an error or an unusable page): the process is alive though its metrics
-        /// are not. A stale-metrics fail-open may keep routing to it; never to one that is not.
+        /// The failing scrape had connected to the server and the connection held (it timed
+        /// out reading, or the server answered with an error or an unusable page): the process
+        /// is alive though its metrics are not. A connection reset or closed unanswered is not
+        /// reachable (a killed process resets its connections before its port refuses). A stale-metrics fail-open may keep routing to it; never to one that is not.
         /// Reported again, once, when this changes while the target stays failed.
         reachable: bool,
     },
@@ -512,7 +513,8 @@ struct Freshness<'a, K> {
     last_error: Option<ScrapeError>,
     /// Whether the current failure was reported unreachable.
     unreachable: bool,
-    /// Whether the current failure was reported reachable (its scrape had connected).
+    /// Whether the current failure was reported reachable (its scrape had connected and the
+    /// connection held).
     reachable: bool,
 }
 
@@ -613,7 +615,11 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         self.shared.metrics.count_error(e.metric_label());
         tracing::debug!(target_id = ?self.id, engine = %self.engine, error = %e, "scrape failed");
         let unreachable = matches!(e, ScrapeError::Connect(_));
-        let reachable = connected && !unreachable;
+        // Alive means it answered (an error status, an unusable page) or keeps an open
+        // connection waiting. A connection that broke unanswered is a process going away: a
+        // killed server resets its connections before its port refuses.
+        let broke = matches!(e, ScrapeError::Io(_) | ScrapeError::Closed);
+        let reachable = connected && !unreachable && !broke;
         self.last_error = Some(e);
         // A failed scrape fails the target at once: a refused connection is a server gone now.
         // A failure that turns out to be unreachable (reset first, refused next) is reported

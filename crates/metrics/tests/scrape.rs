@@ -213,6 +213,8 @@ struct Routed {
     registry: Registry,
     /// Every late and stale report: (target, "late" | "stale", when, unreachable).
     log: Vec<(u32, &'static str, Instant, bool)>,
+    /// Stale reports that said the server was still reachable.
+    reachable_reports: usize,
 }
 
 impl Routed {
@@ -250,6 +252,7 @@ impl Routed {
             metrics,
             registry,
             log: Vec::new(),
+            reachable_reports: 0,
         }
     }
 
@@ -270,9 +273,12 @@ impl Routed {
                 Update::Stale {
                     last_sampled,
                     unreachable,
+                    reachable,
                     ..
                 } => {
                     assert!(last_sampled.is_some());
+                    assert!(!(unreachable && reachable));
+                    self.reachable_reports += usize::from(reachable);
                     self.sched
                         .set_scrape_state(addr, ScrapeState::Failed)
                         .unwrap();
@@ -417,8 +423,9 @@ async fn a_dead_pod_fails_at_once_not_after_the_threshold() {
         out_at - died
     );
     // The scrape in flight when the process died may see its open connection reset first
-    // (reported stale, reachable), the next one a refused connection (reported again, once,
-    // unreachable); on an idle connection the refusal is the first and only report.
+    // (reported stale, not reachable: a broken connection is no sign of life), the next one a
+    // refused connection (reported again, once, unreachable); on an idle connection the refusal
+    // is the first and only report.
     while !r.log.iter().any(|e| e.3) {
         assert!(
             died.elapsed() <= bound,
@@ -436,6 +443,7 @@ async fn a_dead_pod_fails_at_once_not_after_the_threshold() {
     );
     let (_, _, at, unreachable) = r.log[r.log.len() - 1];
     assert!(unreachable, "{:?}", r.log);
+    assert_eq!(r.reachable_reports, 0, "a dying pod was reported reachable");
     assert!(r.log[0].2 - died <= bound, "{:?}", r.log[0].2 - died);
     assert!(at - died <= bound, "{:?}", at - died);
     assert_eq!(r.metrics.stale_targets(), 1);

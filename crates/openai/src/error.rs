@@ -112,6 +112,20 @@ pub enum ApiError {
         /// What failed (connect error, reset, 5xx before the first byte).
         reason: String,
     },
+    /// No endpoint tried accepted a connection (refused, or not within the connect timeout):
+    /// nothing reached a model server, so the request can be sent again as it is. Refused
+    /// endpoints are out of the pool's candidates by then, so a retry is routed elsewhere or
+    /// answered 503 `no_fresh_endpoints`.
+    #[error(
+        "no model server accepted a connection ({reason}); nothing was sent: retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    UpstreamRefused {
+        /// What failed, for the last endpoint tried.
+        reason: String,
+        /// When to try again (the pool's `retryAfterMinMs`).
+        retry_after: Duration,
+    },
     /// The upstream endpoint did not answer in time.
     #[error("the model server did not answer within {} ms", timeout.as_millis())]
     UpstreamTimeout {
@@ -301,6 +315,7 @@ impl ApiError {
             ApiError::NoEndpoints { .. }
             | ApiError::QueueNoEndpoints { .. }
             | ApiError::NoFreshEndpoints { .. }
+            | ApiError::UpstreamRefused { .. }
             | ApiError::GatewayBusy { .. }
             | ApiError::BufferBudget { .. } => 503,
             ApiError::UpstreamTimeout { .. } => 504,
@@ -322,6 +337,7 @@ impl ApiError {
             ApiError::NoEndpoints { .. } => "no_endpoints",
             ApiError::NoFreshEndpoints { .. } => "no_fresh_endpoints",
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
+            ApiError::UpstreamRefused { .. } => "upstream_refused",
             ApiError::UpstreamTimeout { .. } => "upstream_timeout",
             ApiError::RequestTimeout { .. } => "request_timeout",
             ApiError::GatewayBusy { .. } => "gateway_busy",
@@ -383,6 +399,7 @@ impl ApiError {
             ApiError::Overloaded { retry_after, .. }
             | ApiError::ConcurrencyLimit { retry_after, .. }
             | ApiError::NoFreshEndpoints { retry_after, .. }
+            | ApiError::UpstreamRefused { retry_after, .. }
             | ApiError::GatewayBusy { retry_after, .. }
             | ApiError::BufferBudget { retry_after }
             | ApiError::QuotaExceeded { retry_after, .. }
@@ -484,6 +501,13 @@ mod tests {
                     reason: "refused".into(),
                 },
                 502,
+            ),
+            (
+                ApiError::UpstreamRefused {
+                    reason: "cannot connect to 10.0.0.1:8000".into(),
+                    retry_after: Duration::from_secs(1),
+                },
+                503,
             ),
             (
                 ApiError::UpstreamTimeout {

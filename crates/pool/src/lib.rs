@@ -96,6 +96,8 @@ struct Telemetry {
     fail_open: Gauge,
     /// Requests dispatched fail-open.
     fail_open_requests: Counter,
+    /// Connections to an endpoint refused on the request path ([`LivePool::connection_refused`]).
+    refused: Counter,
 }
 
 impl Telemetry {
@@ -109,6 +111,7 @@ impl Telemetry {
             endpoints: Gauge::default(),
             fail_open: Gauge::default(),
             fail_open_requests: Counter::default(),
+            refused: Counter::default(),
         };
         if let Some(r) = registry {
             r.register(
@@ -130,6 +133,11 @@ impl Telemetry {
                 "pool_fail_open_requests",
                 "Requests dispatched fail-open (no pod with fresh metrics)",
                 t.fail_open_requests.clone(),
+            );
+            r.register(
+                "pool_connections_refused",
+                "Connections to an endpoint refused on the request path; each fails the endpoint at once, as a refused scrape does",
+                t.refused.clone(),
             );
         }
         t
@@ -500,6 +508,28 @@ impl LivePool {
         }
     }
 
+    /// A connection to `addr` made on the request path was refused: nothing listens there. The
+    /// endpoint is failed and unreachable at once, as a refused scrape makes it, without waiting
+    /// for its next scrape: no pick (fail-open included) is sent there until its metrics answer
+    /// again, and its learned rates start afresh then (whatever answers is a new process).
+    /// Unknown endpoints (left the pool meanwhile) are ignored.
+    pub fn connection_refused(&self, addr: SocketAddr) {
+        self.shared.telemetry.refused.inc();
+        let mut st = lock(&self.shared.state);
+        let marked = st
+            .scheduler
+            .set_reachable(addr, false)
+            .and_then(|()| st.scheduler.set_scrape_state(addr, ScrapeState::Failed));
+        let first = marked.is_ok() && st.unreachable.insert(addr);
+        drop(st);
+        if first {
+            tracing::warn!(
+                endpoint = %addr,
+                "connection to the endpoint refused: not routed on until its metrics answer again"
+            );
+        }
+    }
+
     fn with_scheduler<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut lock(&self.shared.state).scheduler)
     }
@@ -584,6 +614,12 @@ impl Inflight {
             self.current = addr;
             self.pool.load_changed();
         }
+    }
+
+    /// The connection to `addr` (the first choice or a fallback) was refused: see
+    /// [`LivePool::connection_refused`].
+    pub fn refused(&self, addr: SocketAddr) {
+        self.pool.connection_refused(addr);
     }
 
     /// Records the first generated token (the time to first token). Later calls do nothing.

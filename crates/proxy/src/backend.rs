@@ -34,6 +34,12 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
+    /// The `Retry-After` of an answer that nothing reached a model server for: the scheduler's
+    /// `retryAfterMinMs` (a pod is routed to again on its first good scrape).
+    pub(crate) fn retry_after_min(&self) -> std::time::Duration {
+        self.config.retry_after_min
+    }
+
     /// Starts the pool for `model` with its endpoints. Must run inside a tokio runtime.
     pub(crate) fn start(model: &ModelConfig, scrape: &Scrape, seed: u64) -> Result<Self, Error> {
         let mut registry = Registry::with_labels(std::iter::once((

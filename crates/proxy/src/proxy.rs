@@ -417,6 +417,8 @@ async fn forward(
     let timeouts = &state.config.timeouts;
     let attempts = usize::from(state.config.retries.max_attempts).min(inflight.endpoints().len());
     let mut last_error: Option<ApiError> = None;
+    // Whether every attempt so far failed before the request was sent (no connection).
+    let mut unsent = true;
     for attempt in 0..attempts {
         let addr = inflight.endpoints().as_slice()[attempt];
         if attempt > 0 {
@@ -463,6 +465,11 @@ async fn forward(
             }
             Ok(Err(err)) => {
                 tracing::debug!(endpoint = %addr, error = %err, "upstream request failed");
+                if err.is_refused() {
+                    // Nothing listens there: no later pick goes there until it answers again.
+                    inflight.refused(addr);
+                }
+                unsent &= err.is_before_send();
                 last_error = Some(ApiError::UpstreamUnavailable {
                     reason: describe_send_error(&err),
                 });
@@ -472,6 +479,7 @@ async fn forward(
         };
         if resp.status().is_server_error() && !last {
             tracing::debug!(endpoint = %addr, status = %resp.status(), "retrying on the next endpoint");
+            unsent = false;
             last_error = None;
             continue;
         }
@@ -511,9 +519,18 @@ async fn forward(
         return with_explanation(r, explanation.as_ref());
     }
     inflight.fail();
-    let e = last_error.unwrap_or_else(|| ApiError::UpstreamUnavailable {
-        reason: "every endpoint tried failed".into(),
-    });
+    let e = match last_error {
+        // No endpoint took a connection: the request can be sent again as it is, and the
+        // refused endpoints are out of the candidates by then.
+        Some(ApiError::UpstreamUnavailable { reason }) if unsent => ApiError::UpstreamRefused {
+            reason,
+            retry_after: model.backend.retry_after_min(),
+        },
+        Some(e) => e,
+        None => ApiError::UpstreamUnavailable {
+            reason: "every endpoint tried failed".into(),
+        },
+    };
     with_explanation(
         error_response(telemetry, &e, request_id),
         explanation.as_ref(),

@@ -79,6 +79,23 @@ pub(crate) enum SendError {
     },
 }
 
+impl SendError {
+    /// Whether the endpoint refused the TCP connection: nothing listens at its address.
+    pub(crate) fn is_refused(&self) -> bool {
+        matches!(self, SendError::Connect { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+
+    /// Whether the request failed before any of it was sent (no TCP connection, refused or not
+    /// within the connect timeout): a model server cannot have seen it.
+    pub(crate) fn is_before_send(&self) -> bool {
+        matches!(
+            self,
+            SendError::Connect { .. } | SendError::ConnectTimeout { .. }
+        )
+    }
+}
+
 /// One keep-alive connection to a model server.
 struct Conn {
     sender: SendRequest<Full<Bytes>>,

@@ -277,3 +277,123 @@ async fn the_fail_open_cap_holds_exactly() {
     drop(held);
     rig.stop().await;
 }
+
+/// A pod whose process is dying: it answered one metrics page, then its scrapes connect and get
+/// no answer (the kernel completes connections its frozen process never serves), and the test
+/// closes its listening socket while those scrapes hang. Its scrapes say it is reachable; its
+/// port refuses. Returns the address, the count of `/metrics` connections accepted, and the
+/// listener's task (abort it to close the port; the hanging connections stay open).
+async fn dying_pod() -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                if n == 0 {
+                    let page = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"llama\"} 0\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"llama\"} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"llama\"} 0.1\n";
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        page.len()
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                    let _ = s.write_all(page.as_bytes()).await;
+                    return;
+                }
+                // Never answers; holds the connection open until the test ends.
+                std::future::pending::<()>().await;
+                drop(s);
+            });
+        }
+    });
+    (addr, accepted, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_refuses_the_request_leaves_fail_open_at_once_and_the_answer_says_retry() {
+    use std::sync::atomic::Ordering;
+    logs();
+    let (pod, accepted, listener) = dying_pod().await;
+    // Scrapes that connect and hang fail only at the 3 s timeout, still "reachable": a window
+    // in which only the request path can learn that the port refuses.
+    let config = GatewayConfig::from_yaml(&format!(
+        "auth: none\nretries: {{ maxAttempts: 2 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 3000, maxLateMs: 3000 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {{ mode: failOpen }} }}\n    endpoints: [{pod}]\n"
+    ))
+    .unwrap();
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
+    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let gw = serve_workers(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let admin = gw.admin_addr().unwrap();
+    // Failed at the end of its second scrape (3 s), reachable; the third scrape hangs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = get(admin, "/metrics").await.1;
+        if sample(&m, "infergate_metrics_stale_targets") == Some(1.0)
+            && accepted.load(Ordering::SeqCst) >= 3
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod never failed reachable\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Fail-open would route to it: the gateway is ready.
+    assert_eq!(get(admin, "/readyz").await.0, 200);
+    listener.abort();
+    let _ = listener.await;
+    // The port refuses now; the scraper still waits on its hanging scrape.
+    let (status, headers, body) = post(gw.http_addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["retry-after"], "1");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "upstream_refused", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("cannot connect to {pod}")),
+        "{v}"
+    );
+    // The refusal took the pod out at once: the next request is not sent there, and the
+    // gateway is no longer ready, before any scrape has said so.
+    let (status, headers, body) = post(gw.http_addr(), "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["retry-after"], "1");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "no_fresh_endpoints", "{v}");
+    assert_eq!(get(admin, "/readyz").await.0, 503);
+    let m = get(admin, "/metrics").await.1;
+    assert_eq!(
+        sample(&m, "pool_connections_refused_total"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        3,
+        "no scrape connected since the port closed"
+    );
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    assert!(
+        text.contains("connection to the endpoint refused") && text.contains(&pod.to_string()),
+        "{text}"
+    );
+}

@@ -855,7 +855,10 @@ retries:
         # When the gateway judged A failed, from its own log line (this process's polling of
         # the admin page competes with three streaming threads and lags by up to seconds).
         watcher.join(16)
-        failed_at = self.gateway_log_time("metrics target failed", self.addr("A"), kill_wall)
+        # Either way of learning it: A's scrape failing, or a request's connection to A refused.
+        marks = [self.gateway_log_time(text, self.addr("A"), kill_wall)
+                 for text in ("metrics target failed", "connection to the endpoint refused")]
+        failed_at = min([t for t in marks if t is not None], default=None)
         # A is gone from the first of: its port refusing, a stream from it breaking.
         broke = [kill_wall + (r["t_end"] - t_kill) for r in streaming_from_a if r.get("t_end")]
         gone = min([t for t in [refused.get("t")] + broke if t is not None], default=None)
@@ -867,6 +870,9 @@ retries:
               f"{((gone or kill_wall) - kill_wall) * 1000:.0f} ms after the SIGKILL, port refusing "
               f"after {((refused.get('t') or kill_wall) - kill_wall) * 1000:.0f} ms; this "
               f"suite's polls of the admin page saw it {stale_s * 1000:.0f} ms after the kill)")
+        if after_gone > threshold:
+            for line in self.gateway_log_lines(self.addr("A"), kill_wall - 0.5, kill_wall + 3):
+                print(f"      gateway: {line[:300]}")
         # restart A, readmitted
         t0 = time.monotonic()
         self.start_vllm("A")
@@ -906,6 +912,28 @@ retries:
               f"{r.headers.get('retry-after')!r}, body {body!r}")
         if soft:
             raise CheckFailed("; ".join(soft))
+
+    def gateway_log_lines(self, addr, start, end):
+        """The gateway's log lines naming `addr` stamped between `start` and `end` (wall)."""
+        import datetime
+        path = os.path.join(self.work, "logs", "gateway.log")
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            if addr not in line:
+                continue
+            try:
+                t = datetime.datetime.fromisoformat(
+                    line.split()[0].replace("Z", "+00:00")).timestamp()
+            except (ValueError, IndexError):
+                continue
+            if start <= t <= end:
+                out.append(line)
+        return out
 
     def gateway_log_time(self, text, addr, after):
         """Wall time of the first gateway log line at or after `after` that contains `text`
