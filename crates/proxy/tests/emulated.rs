@@ -355,20 +355,32 @@ async fn every_pod_dead_is_503_with_retry_after_on_the_gateway() {
     // Every pod dies (connections refused, scrapes fail).
     rig.fleet_stop.take().unwrap().send(()).unwrap();
     rig.fleet.take().unwrap().wait().await;
-    // Within the staleness threshold the gateway still tries them (502); then it stops routing
-    // to dead pods and says when to come back.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let headers = loop {
-        let (status, _, headers) = rig.chat(1).await;
-        if status == 503 {
-            break headers;
-        }
-        assert_eq!(status, 502);
-        assert!(tokio::time::Instant::now() < deadline, "never 503");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(headers["retry-after"], "1");
+    // Until the scrapes see the refusals a request may still be sent to a pod believed alive:
+    // its refused connection takes the pod out at once, and the answer is 503 `upstream_refused`
+    // (nothing was sent), never a 502. Then the gateway stops routing to dead pods. Every answer
+    // says when to come back.
     let body = r#"{"model":"llama","messages":[{"role":"user","content":"x"}]}"#;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut refused = 0;
+    loop {
+        let (status, headers, answer) =
+            post(rig.gw.http_addr(), "/v1/chat/completions", body).await;
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(status, 503, "{v}");
+        assert_eq!(headers["retry-after"], "1");
+        if v["error"]["code"] == "no_fresh_endpoints" {
+            break;
+        }
+        assert_eq!(v["error"]["code"], "upstream_refused", "{v}");
+        refused += 1;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never no_fresh_endpoints"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two pods: each refusal takes one out, so at most one answer per pod says so.
+    assert!(refused <= 2, "{refused} requests were sent to dead pods");
     let (status, _, body) = post(rig.gw.http_addr(), "/v1/chat/completions", body).await;
     assert_eq!(status, 503);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -381,6 +393,16 @@ async fn every_pod_dead_is_503_with_retry_after_on_the_gateway() {
             &[("reason", "no_fresh_endpoints")]
         )
         .is_some_and(|n| n >= 2.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "infergate_gateway_rejections_total",
+            &[("reason", "upstream_refused")]
+        )
+        .unwrap_or(0.0),
+        f64::from(refused),
         "{m}"
     );
     assert_eq!(
@@ -570,7 +592,7 @@ async fn the_explain_header_is_off_by_default_and_names_the_chosen_pod_when_on()
     on.fleet.take().unwrap().wait().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let headers = loop {
-        let (status, headers, _) = send(
+        let (status, headers, body) = send(
             on.gw.http_addr(),
             "POST",
             "/v1/chat/completions",
@@ -578,12 +600,19 @@ async fn the_explain_header_is_off_by_default_and_names_the_chosen_pod_when_on()
             &ask,
         )
         .await;
-        if status == 503 {
+        assert_eq!(status, 503);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if v["error"]["code"] == "no_fresh_endpoints" {
             break headers;
         }
-        // Until the scrapes see the refusals, requests reach the dead pods (502).
-        assert_eq!(status, 502);
-        assert!(tokio::time::Instant::now() < deadline, "never 503");
+        // A request sent before the gateway knew: refused, explained as the pick it made.
+        assert_eq!(v["error"]["code"], "upstream_refused", "{v}");
+        let explained = headers["x-infergate-explain"].to_str().unwrap();
+        assert!(explained.starts_with("chosen="), "{explained}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never no_fresh_endpoints"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let explained = headers["x-infergate-explain"].to_str().unwrap();
