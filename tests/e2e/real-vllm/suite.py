@@ -754,6 +754,15 @@ retries:
     # ------------------------------------------------------------------ check 4
     def check_faults(self):
         gw = self.gw("/v1/completions")
+        # A repeated run (REAL_VLLM_REPEAT) finds both instances killed by the run before.
+        down = [i for i in ("A", "B") if not self.procs.alive(f"vllm-{i}")]
+        for inst in down:
+            self.start_vllm(inst)
+        for inst in down:
+            self.wait_vllm(inst)
+        if down:
+            wait_until(lambda: metric(self.gw_metrics(), "infergate_metrics_stale_targets") == 0,
+                       10, 0.05, "both instances fresh again in the gateway")
         threshold = (STALE_AFTER_MS + SCRAPE_INTERVAL_MS) / 1000
         kill_at = {}
 
