@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{FleetSpec, ServedFleet, serve_fleet};
-use upstream::{get, send};
+use upstream::{get, send, serve_gateway};
 
 const KEY_A: &str = "sk-canary-team-a";
 const KEY_B: &str = "sk-canary-team-b";
@@ -87,14 +87,7 @@ impl Rig {
         let path = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(path.path(), config(addrs, v1, v2)).unwrap();
         let cfg = GatewayConfig::from_file(path.path()).unwrap();
-        let local = "127.0.0.1:0".parse().unwrap();
-        let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let gw = serve_workers(cfg, listeners, async move {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
+        let (gw, stop) = serve_gateway(cfg).await;
         let admin = gw.admin_addr().unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while get(admin, "/readyz").await.0 != 200 {

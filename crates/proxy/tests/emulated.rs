@@ -12,9 +12,9 @@ mod upstream;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
-use upstream::{get, post, send};
+use upstream::{get, post, send, serve_gateway};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
@@ -34,14 +34,7 @@ async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
         addrs[0].1, addrs[1].1
     ))
     .unwrap();
-    let local = "127.0.0.1:0".parse().unwrap();
-    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let gw = serve_workers(config, listeners, async move {
-        let _ = rx.await;
-    })
-    .await
-    .unwrap();
+    let (gw, stop) = serve_gateway(config).await;
     let admin = gw.admin_addr().unwrap();
 
     // Both engines' pages are scraped: the gateway becomes ready.
@@ -122,14 +115,7 @@ impl Rig {
             config += &format!("      - {{ address: {addr}, name: {name}, engine: vllm }}\n");
         }
         let config = GatewayConfig::from_yaml(&config).unwrap();
-        let local = "127.0.0.1:0".parse().unwrap();
-        let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let gw = serve_workers(config, listeners, async move {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
+        let (gw, stop) = serve_gateway(config).await;
         let admin = gw.admin_addr().unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
@@ -448,14 +434,7 @@ async fn shed_retry_after_is_within_twice_the_emulated_drain_time() {
         config += &format!("      - {{ address: {addr}, name: {name}, engine: vllm }}\n");
     }
     let config = GatewayConfig::from_yaml(&config).unwrap();
-    let local = "127.0.0.1:0".parse().unwrap();
-    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
-    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let gw = serve_workers(config, listeners, async move {
-        let _ = rx.await;
-    })
-    .await
-    .unwrap();
+    let (gw, _stop) = serve_gateway(config).await;
     let (http, admin) = (gw.http_addr(), gw.admin_addr().unwrap());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while get(admin, "/readyz").await.0 != 200 {

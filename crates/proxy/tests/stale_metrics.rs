@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
+use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
 use tokio::time::Instant;
-use upstream::{client, get, post, refused_addr};
+use upstream::{client, get, post, refused_addr, serve_gateway};
 
 /// Everything the test binary logs, for the fail-open log lines.
 fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
@@ -81,14 +81,7 @@ impl Rig {
             "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {stale} }}\n    endpoints: [{pod}, {dead}]\n"
         ))
         .unwrap();
-        let local = "127.0.0.1:0".parse().unwrap();
-        let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let gw = serve_workers(config, listeners, async move {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
+        let (gw, stop) = serve_gateway(config).await;
         let rig = Rig {
             gw,
             fleet: Some(fleet),
@@ -331,14 +324,7 @@ async fn a_pod_that_refuses_the_request_leaves_fail_open_at_once_and_the_answer_
         "auth: none\nretries: {{ maxAttempts: 2 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 3000, maxLateMs: 3000 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {{ mode: failOpen }} }}\n    endpoints: [{pod}]\n"
     ))
     .unwrap();
-    let local = "127.0.0.1:0".parse().unwrap();
-    let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
-    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let gw = serve_workers(config, listeners, async move {
-        let _ = rx.await;
-    })
-    .await
-    .unwrap();
+    let (gw, _stop) = serve_gateway(config).await;
     let admin = gw.admin_addr().unwrap();
     // Failed at the end of its second scrape (3 s), reachable; the third scrape hangs.
     let deadline = Instant::now() + Duration::from_secs(10);

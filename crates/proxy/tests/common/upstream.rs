@@ -283,3 +283,19 @@ pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
     let r = infergate_testkit::get(addr, path).await;
     (r.status, r.text())
 }
+
+/// The gateway on two workers with an admin port, all on free loopback ports; it stops when the
+/// returned sender is dropped or sent to.
+pub async fn serve_gateway(
+    config: infergate_proxy::GatewayConfig,
+) -> (infergate_proxy::Gateway, tokio::sync::oneshot::Sender<()>) {
+    let local = "127.0.0.1:0".parse().unwrap();
+    let listeners = infergate_proxy::WorkerListeners::bind(local, Some(local), 2).unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let gw = infergate_proxy::serve_workers(config, listeners, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    (gw, stop)
+}
