@@ -135,7 +135,7 @@ impl Telemetry {
                 t.fail_open_requests.clone(),
             );
             r.register(
-                "pool_connections_refused",
+                "pool_endpoint_refusals",
                 "Connections to an endpoint refused on the request path; each fails the endpoint at once, as a refused scrape does",
                 t.refused.clone(),
             );

@@ -368,7 +368,7 @@ async fn a_pod_that_refuses_the_request_leaves_fail_open_at_once_and_the_answer_
     assert_eq!(get(admin, "/readyz").await.0, 503);
     let m = get(admin, "/metrics").await.1;
     assert_eq!(
-        sample(&m, "pool_connections_refused_total"),
+        sample(&m, "pool_endpoint_refusals_total"),
         Some(1.0),
         "{m}"
     );
