@@ -367,11 +367,7 @@ async fn a_pod_that_refuses_the_request_leaves_fail_open_at_once_and_the_answer_
     assert_eq!(v["error"]["code"], "no_fresh_endpoints", "{v}");
     assert_eq!(get(admin, "/readyz").await.0, 503);
     let m = get(admin, "/metrics").await.1;
-    assert_eq!(
-        sample(&m, "pool_endpoint_refusals_total"),
-        Some(1.0),
-        "{m}"
-    );
+    assert_eq!(sample(&m, "pool_endpoint_refusals_total"), Some(1.0), "{m}");
     assert_eq!(
         accepted.load(Ordering::SeqCst),
         3,
