@@ -218,8 +218,9 @@ pub enum Update {
         /// The failing scrape had connected to the server and the connection held (it timed
         /// out reading, or the server answered with an error or an unusable page): the process
         /// is alive though its metrics are not. A connection reset or closed unanswered is not
-        /// reachable (a killed process resets its connections before its port refuses). A stale-metrics fail-open may keep routing to it; never to one that is not.
-        /// Reported again, once, when this changes while the target stays failed.
+        /// reachable (a killed process resets its connections before its port refuses). A
+        /// stale-metrics fail-open may keep routing to a reachable pod; never to one that is
+        /// not. Reported again, once, when this changes while the target stays failed.
         reachable: bool,
     },
 }
