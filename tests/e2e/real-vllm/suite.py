@@ -922,8 +922,8 @@ retries:
         if soft:
             raise CheckFailed("; ".join(soft))
 
-    def gateway_log_lines(self, addr, start, end):
-        """The gateway's log lines naming `addr` stamped between `start` and `end` (wall)."""
+    def gateway_log(self, addr):
+        """(wall time, line) of every stamped gateway log line that names `addr`."""
         import datetime
         path = os.path.join(self.work, "logs", "gateway.log")
         try:
@@ -940,31 +940,18 @@ retries:
                     line.split()[0].replace("Z", "+00:00")).timestamp()
             except (ValueError, IndexError):
                 continue
-            if start <= t <= end:
-                out.append(line)
+            out.append((t, line))
         return out
+
+    def gateway_log_lines(self, addr, start, end):
+        """The gateway's log lines naming `addr` stamped between `start` and `end` (wall)."""
+        return [line for t, line in self.gateway_log(addr) if start <= t <= end]
 
     def gateway_log_time(self, text, addr, after):
         """Wall time of the first gateway log line at or after `after` that contains `text`
-        and names `addr`, or None."""
-        import datetime
-        path = os.path.join(self.work, "logs", "gateway.log")
-        try:
-            with open(path, errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            if text not in line or f"={addr}" not in line:
-                continue
-            try:
-                ts = datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00"))
-            except ValueError:
-                continue
-            t = ts.timestamp()
-            if t >= after - 0.05:
-                return t
-        return None
+        and names `addr` (as `…={addr}`), or None."""
+        return next((t for t, line in self.gateway_log(addr)
+                     if text in line and f"={addr}" in line and t >= after - 0.05), None)
 
     # ------------------------------------------------------------------ check 5
     def check_emulator(self):
