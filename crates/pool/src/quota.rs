@@ -8,8 +8,10 @@
 //! `infergate_scheduler::quota`'s.
 //!
 //! With `redis` configured, a background task syncs every `sync_interval`: one pipeline per
-//! round adds this replica's new deltas to each bucket's key (`INCRBY` + `PEXPIRE`), reads the
-//! live buckets' totals back (`MGET`), and records its round time in a sorted set of the
+//! round writes this replica's own total for each bucket it used since the last round (one
+//! script, `EVAL`: each replica's own total per bucket in a hash, the bucket's sum moved by the
+//! difference, so a round whose answer was lost and that is sent again counts once), reads the
+//! live buckets' sums back (`MGET`), and records its round time in a sorted set of the
 //! replicas' last rounds (`ZADD`), from which it reads how many replicas are alive (`ZCARD`) and
 //! the oldest last round among them (`ZRANGE … WITHSCORES`). Between rounds each replica assumes
 //! the others do as much as it does (its unsynced use counts `replicas` times, and so does its
@@ -24,14 +26,15 @@
 //! count may rise but not fall; a replica that really left is dropped after that.
 //!
 //! When Redis cannot be reached (timeout, refused, broken reply) no request waits for it or
-//! fails because of it: the round's deltas are kept for the next one, the metric
+//! fails because of it: the round's use is kept for the next one, the metric
 //! `infergate_quota_redis_up` drops to 0 and one warning is logged; each replica then counts
 //! locally and enforces its share of the quota (the limit divided by the replicas last seen),
-//! carrying the totals it last read until they leave the window. When Redis answers again the
-//! kept deltas are added, the gauge returns to 1, one line is logged, and counting is shared
-//! again.
+//! carrying the totals it last read until they leave the window. When Redis answers again,
+//! this replica's own total of every live bucket is written again (Redis may have restarted
+//! empty), the gauge returns to 1, one line is logged, and counting is shared again.
 //!
-//! Keys: `{keyPrefix}q:{tenant}:{requests|tokens}:{bucket}`, `{keyPrefix}rounds`, and the
+//! Keys: `{keyPrefix}q:{tenant}:{requests|tokens}:{bucket}` (the sum, a counter) and the same
+//! with `:by-replica` (a hash of the replicas' own totals), `{keyPrefix}rounds`, and the
 //! per-period presence sets of earlier releases, `{keyPrefix}replicas:{period}` (still written
 //! and read, so that replicas of both count each other during a rolling upgrade). Every replica
 //! sharing a prefix must use the same window and bucket count.
@@ -104,7 +107,7 @@ pub struct SharedConfig {
     pub redis: RedisConfig,
     /// Prepended to every key, so several fleets can share one Redis.
     pub key_prefix: String,
-    /// How often deltas are written and totals read.
+    /// How often own totals are written and totals read.
     pub sync_interval: Duration,
 }
 
@@ -547,6 +550,29 @@ fn entries(inner: &Inner, now: u64) -> Vec<Arc<Entry>> {
     all
 }
 
+/// Appended to a bucket's key for the hash of each replica's own total for it.
+const OWN_SUFFIX: &str = ":by-replica";
+
+/// Writes replicas' own totals, idempotently: for each bucket, `KEYS` holds the hash of the
+/// replicas' own totals and the bucket's sum; `ARGV` is the replica id, the keys' time to live
+/// (ms), then one own total per bucket. The sum moves by the difference from the total last
+/// recorded for this replica, so a round written twice (its answer lost, then sent again) counts
+/// once. The sum stays a plain counter that `INCRBY` from replicas of earlier releases adds to.
+const WRITE_OWN_TOTALS: &str = "\
+local id, ttl = ARGV[1], ARGV[2]
+for i = 1, #KEYS / 2 do
+  local own, sum = KEYS[2 * i - 1], KEYS[2 * i]
+  local new = tonumber(ARGV[2 + i])
+  local old = tonumber(redis.call('HGET', own, id) or 0)
+  if new ~= old then
+    redis.call('INCRBY', sum, new - old)
+    redis.call('HSET', own, id, new)
+  end
+  redis.call('PEXPIRE', own, ttl)
+  redis.call('PEXPIRE', sum, ttl)
+end
+return #KEYS / 2";
+
 fn key(prefix: &str, tenant: &str, kind: QuotaKind, epoch: u64) -> String {
     format!("{prefix}q:{tenant}:{}:{epoch}", kind.as_str())
 }
@@ -557,12 +583,15 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     let window_ms = u64::try_from(inner.config.window.as_millis()).unwrap_or(u64::MAX);
     let ttl = window_ms.saturating_mul(2).to_string();
     let prefix = &shared.key_prefix;
-    // The order matters: this replica's deltas, then its round time (a replica that reads it
+    // The order matters: this replica's own totals, then its round time (a replica that reads it
     // knows every delta taken by then is in), then the replicas' round times, then the totals
     // (a total read after a round time holds that round's deltas).
     let mut p = Pipeline::new();
     let mut readings = Vec::new();
-    let mut deltas = Vec::new();
+    let mut owns = Vec::new();
+    // The script's keys (per bucket: the replicas' own totals, the sum) and own totals.
+    let mut keys = Vec::new();
+    let mut totals = Vec::new();
     for entry in &all {
         let mut q = entry.lock();
         let limits = q.limits();
@@ -574,12 +603,13 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
             if !limited {
                 continue;
             }
-            deltas.clear();
-            window.take_unsynced(now, &mut deltas);
-            for (epoch, delta) in &deltas {
-                let k = key(prefix, &entry.key, kind, *epoch);
-                p.cmd(&["INCRBY", k.as_str(), delta.to_string().as_str()]);
-                p.cmd(&["PEXPIRE", k.as_str(), ttl.as_str()]);
+            owns.clear();
+            window.take_unsynced(now, &mut owns);
+            for (epoch, own) in &owns {
+                let total = key(prefix, &entry.key, kind, *epoch);
+                keys.push(format!("{total}{OWN_SUFFIX}"));
+                keys.push(total);
+                totals.push(own.to_string());
             }
             readings.push(Reading {
                 entry: Arc::clone(entry),
@@ -587,6 +617,18 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
                 epochs: window.live_epochs(now),
             });
         }
+    }
+    if !totals.is_empty() {
+        let mut words = Vec::with_capacity(5 + keys.len() + totals.len());
+        words.extend([
+            String::from("EVAL"),
+            String::from(WRITE_OWN_TOTALS),
+            keys.len().to_string(),
+        ]);
+        words.append(&mut keys);
+        words.extend([inner.id.clone(), ttl]);
+        words.append(&mut totals);
+        p.cmd(&words);
     }
     let writes = p.len();
     // Presence: each replica's last round time in one sorted set; a replica counts as alive
@@ -745,7 +787,7 @@ fn apply(
     Ok(())
 }
 
-/// A failed round: the deltas are sent again next time, and the first failure is said.
+/// A failed round: the use is written again next time, and the first failure is said.
 fn failed(inner: &Inner, readings: &[Reading], shared: &SharedConfig, reason: &str) {
     for r in readings {
         let mut q = r.entry.lock();

@@ -340,3 +340,117 @@ async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
     );
     assert!((95..=102).contains(&most), "{most}");
 }
+
+/// What Redis holds for team-a's requests under `prefix`: the sum of its buckets' counters.
+async fn requests_in_redis(direct: &mut Redis, prefix: &str) -> i64 {
+    use infergate_pool::redis::{Pipeline, Value};
+    let mut p = Pipeline::new();
+    p.cmd(&["KEYS", &format!("{prefix}q:team-a:requests:*")]);
+    let keys = direct.pipeline(&p).await.unwrap();
+    let Value::Array(keys) = &keys[0] else {
+        panic!("KEYS answered {keys:?}");
+    };
+    let mut sum = 0;
+    for k in keys {
+        let Value::Bulk(k) = k else {
+            panic!("KEYS listed {k:?}");
+        };
+        if k.ends_with(b":by-replica") {
+            continue;
+        }
+        let mut p = Pipeline::new();
+        p.cmd(&[b"GET".as_slice(), k.as_slice()]);
+        sum += direct.pipeline(&p).await.unwrap()[0].as_i64().unwrap();
+    }
+    sum
+}
+
+/// A relay in front of Redis that passes every request at once and, while `slow` is set, holds
+/// Redis's answers back `hold`: a round then times out at the replica after Redis applied it.
+async fn answer_holding_relay(
+    redis: std::net::SocketAddr,
+    slow: Arc<std::sync::atomic::AtomicBool>,
+    hold: Duration,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(redis).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
+            let slow = Arc::clone(&slow);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                    if slow.load(Ordering::Relaxed) {
+                        tokio::time::sleep(hold).await;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A round that Redis applied but whose answer came too late is written again: it must count
+/// once. (Sending deltas, the round's use counted twice and the fleet under-admitted until its
+/// buckets left the window.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay =
+        answer_holding_relay(redis.addr(), Arc::clone(&slow), Duration::from_millis(400)).await;
+    let mut c = config(&redis, "lost:", Duration::from_secs(60), 1000);
+    let shared = c.redis.as_mut().unwrap();
+    shared.redis = RedisConfig::new(relay.to_string());
+    shared.redis.command_timeout = Duration::from_millis(100);
+    // One background round at start, the next an hour later: the test steps the rounds.
+    shared.sync_interval = Duration::from_secs(3600);
+    let a = Quotas::start(c, None).unwrap();
+    let cfg = a.config().redis.clone().unwrap();
+    let mut link = Redis::new(cfg.redis.clone());
+    wait_for("the background round", || a.redis_up()).await;
+    let admit = |n: usize| {
+        for _ in 0..n {
+            drop(QuotaTicket::commit(a.admit("team-a", 0).unwrap().unwrap()));
+        }
+    };
+    let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
+
+    admit(10);
+    assert!(a.sync_now(&mut link, &cfg).await);
+    assert_eq!(requests_in_redis(&mut direct, "lost:").await, 10);
+    admit(5);
+    slow.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        !a.sync_now(&mut link, &cfg).await,
+        "the answer was held past the timeout"
+    );
+    // Redis applied the round all the same.
+    assert_eq!(requests_in_redis(&mut direct, "lost:").await, 15);
+    slow.store(false, std::sync::atomic::Ordering::Relaxed);
+    admit(1);
+    // The link reconnects after its backoff (100 ms at first).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.sync_now(&mut link, &cfg).await {
+        assert!(Instant::now() < deadline, "Redis never answered again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        requests_in_redis(&mut direct, "lost:").await,
+        16,
+        "16 admitted, each counted once"
+    );
+}

@@ -48,10 +48,16 @@
 //! (or before its first sync) counts with `replicas = 1`: the whole quota.
 //!
 //! The sync protocol, driven by the caller: [`Window::take_unsynced`] moves `unsynced` into
-//! `sending` and lists the deltas to add to the store; after the store has added them and read
-//! the live buckets back, [`Window::apply_shared`] sets each bucket's total and clears
-//! `sending`; if the round trip failed, [`Window::sync_failed`] moves `sending` back into
-//! `unsynced` for the next attempt.
+//! `sending` and lists, for each bucket that changed, this replica's *own total* for it (what
+//! the store acknowledged before plus what is being sent); the store keeps each replica's own
+//! total per bucket and moves the bucket's sum by the difference, so writing a total twice
+//! counts it once. After the store has taken them and read the live buckets back,
+//! [`Window::apply_shared`] sets each bucket's total and clears `sending`; if the round trip
+//! failed, [`Window::sync_failed`] moves `sending` back into `unsynced` and the next round sends
+//! every live bucket's own total again. A round that timed out after the store applied it is
+//! therefore not counted twice (sending deltas, it was: the fleet under-admitted by that round
+//! until its buckets left the window), and a store that restarted empty gets each replica's
+//! live use back at its first round.
 //!
 //! # A tenant's quota
 //!
@@ -102,6 +108,8 @@ struct Slot {
     sending: i64,
     /// This replica's deltas not yet sent.
     unsynced: i64,
+    /// This replica's total for this bucket that the store acknowledged.
+    acked: i64,
     /// What this replica's last [`COVERED_ROUNDS`] completed rounds added, newest first, with
     /// when each was taken: the others' counterparts may not have reached the store yet.
     recent: [Sent; COVERED_ROUNDS],
@@ -131,6 +139,9 @@ pub struct Window {
     /// Every replica's use up to this moment is in the store (`None`: not known, every recent
     /// round is covered).
     peers_synced_ms: Option<u64>,
+    /// A round failed: the next one sends every live bucket's own total, changed or not (the
+    /// store may have restarted empty meanwhile).
+    resend: bool,
 }
 
 impl Window {
@@ -147,6 +158,7 @@ impl Window {
             bucket_ms: window_ms / u64::from(buckets),
             slots: vec![Slot::default(); buckets as usize].into_boxed_slice(),
             peers_synced_ms: None,
+            resend: false,
         })
     }
 
@@ -263,16 +275,24 @@ impl Window {
         Duration::from_millis(self.window_ms())
     }
 
-    /// Moves this replica's unsent deltas of the live buckets into `sending` and appends them
-    /// to `out` as `(bucket, delta)`, for the caller to add to the shared store.
+    /// Moves this replica's unsent deltas of the live buckets into `sending` and appends to
+    /// `out`, for each bucket that changed, `(bucket, own total)`: this replica's whole use of
+    /// the bucket, which the store records per replica (writing it again changes nothing).
+    /// After a failed round every live bucket this replica used is listed.
     pub fn take_unsynced(&mut self, now_ms: u64, out: &mut Vec<(u64, i64)>) {
+        let resend = std::mem::take(&mut self.resend);
         for epoch in self.live_epochs(now_ms) {
             let i = self.slot_index(epoch);
             let slot = &mut self.slots[i];
-            if slot.epoch == epoch && slot.unsynced != 0 {
-                slot.sending = slot.sending.saturating_add(slot.unsynced);
-                out.push((epoch, slot.unsynced));
-                slot.unsynced = 0;
+            if slot.epoch != epoch {
+                continue;
+            }
+            let changed = slot.unsynced != 0;
+            slot.sending = slot.sending.saturating_add(slot.unsynced);
+            slot.unsynced = 0;
+            let own = slot.acked.saturating_add(slot.sending);
+            if changed || (resend && own != 0) {
+                out.push((epoch, own));
             }
         }
     }
@@ -290,8 +310,8 @@ impl Window {
         }
     }
 
-    /// The store's total for bucket `epoch`, read after this replica's deltas were added in a
-    /// round taken at `now_ms`: replaces the bucket's shared total and clears what was being
+    /// The store's total for bucket `epoch`, read after this replica's own totals were written
+    /// in a round taken at `now_ms`: replaces the bucket's shared total and clears what was being
     /// sent.
     /// A bucket whose slot a later bucket already holds (the round trip outlasted the window)
     /// is ignored.
@@ -307,16 +327,19 @@ impl Window {
                 delta: slot.sending,
             };
             slot.cover = cover(&slot.recent, peers_synced_ms);
+            slot.acked = slot.acked.saturating_add(slot.sending);
             slot.sending = 0;
         }
     }
 
-    /// The round trip to the store failed: what was being sent is sent again next time.
+    /// The round trip to the store failed (whether or not the store applied it): the next
+    /// round sends every live bucket's own total again.
     pub fn sync_failed(&mut self) {
         for slot in self.slots.iter_mut() {
             slot.unsynced = slot.unsynced.saturating_add(slot.sending);
             slot.sending = 0;
         }
+        self.resend = true;
     }
 }
 

@@ -133,23 +133,27 @@ fn the_long_run_rate_holds_within_the_bucket_bound() {
     assert!(admitted as f64 <= 6_000.0 * 60.0 / 59.0 + 1.0, "{admitted}");
 }
 
-/// A store shared by two replicas, as the gateway's Redis sync uses it: each round adds the
-/// replica's deltas per bucket, records the round's time, and reads back the totals and the
-/// oldest last-round time of the replicas (none while one has never synced).
+/// A store shared by two replicas, as the gateway's Redis sync uses it: each round records
+/// the replica's own total per bucket, records the round's time, and reads back the sums and
+/// the oldest last-round time of the replicas (none while one has never synced).
 #[derive(Default)]
 struct Store {
-    totals: std::collections::HashMap<u64, i64>,
+    own: std::collections::HashMap<(usize, u64), i64>,
     rounds: [Option<u64>; 2],
     out: Vec<(u64, i64)>,
 }
 
 impl Store {
+    fn total(&self, epoch: u64) -> i64 {
+        (0..2).filter_map(|r| self.own.get(&(r, epoch))).sum()
+    }
+
     fn sync(&mut self, replica: usize, q: &mut TenantQuota, now: u64) {
         self.out.clear();
         let (r, _) = q.windows_mut();
         r.take_unsynced(now, &mut self.out);
-        for (e, d) in &self.out {
-            *self.totals.entry(*e).or_default() += d;
+        for (e, own) in &self.out {
+            self.own.insert((replica, *e), *own);
         }
         self.rounds[replica] = Some(now);
         let oldest = self
@@ -158,7 +162,7 @@ impl Store {
             .try_fold(u64::MAX, |m, r| r.map(|r| m.min(r)));
         r.set_peers_synced(oldest);
         for e in r.live_epochs(now) {
-            let v = self.totals.get(&e).copied().unwrap_or(0);
+            let v = self.total(e);
             r.apply_shared(now, e, u64::try_from(v).unwrap());
         }
     }
@@ -201,7 +205,7 @@ fn a_replica_cut_off_from_the_store_enforces_its_share() {
 }
 
 #[test]
-fn a_failed_sync_sends_the_deltas_again() {
+fn a_failed_sync_sends_the_use_again() {
     let mut w = Window::new(MIN, 60).unwrap();
     w.add(0, 5);
     let mut out = Vec::new();
@@ -220,10 +224,11 @@ fn a_failed_sync_sends_the_deltas_again() {
     assert_eq!(w.count(0, 2), 17);
     w.add(10, 1);
     assert_eq!(w.count(10, 2), 19);
-    // The next round (nothing new from the others) sends the 1; the others' part of both
-    // rounds may still be on its way.
+    // The next round (nothing new from the others) sends this replica's total, 6; the others'
+    // part of both rounds may still be on its way.
     out.clear();
     w.take_unsynced(10, &mut out);
+    assert_eq!(out, vec![(0, 6)]);
     w.apply_shared(10, 0, 13);
     assert_eq!(w.count(10, 2), 19);
     // Every other replica has synced since 5: the round taken at 0 is in the store, the one
@@ -233,6 +238,61 @@ fn a_failed_sync_sends_the_deltas_again() {
     // ... and since 10: the store's total is the count.
     w.set_peers_synced(Some(10));
     assert_eq!(w.count(10, 2), 13);
+}
+
+#[test]
+fn a_round_the_store_applied_but_never_answered_counts_once() {
+    // The store records each replica's own total per bucket, as the gateway's Redis script does.
+    let mut own: std::collections::HashMap<u64, i64> = std::collections::HashMap::new();
+    let mut w = Window::new(MIN, 60).unwrap();
+    let mut out = Vec::new();
+    w.add(0, 5);
+    w.take_unsynced(0, &mut out);
+    assert_eq!(out, vec![(0, 5)]);
+    own.extend(out.drain(..));
+    w.apply_shared(0, 0, 5);
+    w.add(10, 2);
+    w.take_unsynced(10, &mut out);
+    assert_eq!(out, vec![(0, 7)]);
+    // The store applied the round, but its answer timed out.
+    own.extend(out.drain(..));
+    w.sync_failed();
+    w.add(20, 1);
+    w.take_unsynced(20, &mut out);
+    assert_eq!(out, vec![(0, 8)]);
+    own.extend(out.drain(..));
+    w.apply_shared(20, 0, u64::try_from(own[&0]).unwrap());
+    // 8 used, 8 counted (sending deltas, the 2 went twice: 10).
+    assert_eq!(own[&0], 8);
+    assert_eq!(w.count(20, 1), 8);
+}
+
+#[test]
+fn after_a_failed_round_every_live_bucket_is_written_again() {
+    // A store that restarted empty during an outage gets this replica's live use back at the
+    // first round, buckets that did not change since included; buckets that left do not.
+    let mut w = Window::new(MIN, 60).unwrap();
+    let mut out = Vec::new();
+    w.add(0, 3);
+    w.add(2_000, 4);
+    w.take_unsynced(2_000, &mut out);
+    assert_eq!(out, vec![(0, 3), (2, 4)]);
+    w.apply_shared(2_000, 0, 3);
+    w.apply_shared(2_000, 2, 4);
+    out.clear();
+    // Nothing new: nothing to write.
+    w.take_unsynced(3_000, &mut out);
+    assert_eq!(out, vec![]);
+    w.sync_failed();
+    w.add(61_500, 1);
+    w.take_unsynced(61_500, &mut out);
+    assert_eq!(out, vec![(2, 4), (61, 1)]);
+    // Once written back, only changes again.
+    w.apply_shared(61_500, 2, 4);
+    w.apply_shared(61_500, 61, 1);
+    out.clear();
+    w.take_unsynced(61_600, &mut out);
+    assert_eq!(out, vec![]);
 }
 
 #[test]
