@@ -558,6 +558,9 @@ const OWN_SUFFIX: &str = ":by-replica";
 /// (ms), then one own total per bucket. The sum moves by the difference from the total last
 /// recorded for this replica, so a round written twice (its answer lost, then sent again) counts
 /// once. The sum stays a plain counter that `INCRBY` from replicas of earlier releases adds to.
+/// (The difference is written out as an integer and the total passed on as received, rather
+/// than left to the conversion of Lua numbers to arguments, which need not keep a large integer
+/// in integer form across Redis versions.)
 const WRITE_OWN_TOTALS: &str = "\
 local id, ttl = ARGV[1], ARGV[2]
 for i = 1, #KEYS / 2 do
@@ -565,8 +568,8 @@ for i = 1, #KEYS / 2 do
   local new = tonumber(ARGV[2 + i])
   local old = tonumber(redis.call('HGET', own, id) or 0)
   if new ~= old then
-    redis.call('INCRBY', sum, new - old)
-    redis.call('HSET', own, id, new)
+    redis.call('INCRBY', sum, string.format('%d', new - old))
+    redis.call('HSET', own, id, ARGV[2 + i])
   end
   redis.call('PEXPIRE', own, ttl)
   redis.call('PEXPIRE', sum, ttl)

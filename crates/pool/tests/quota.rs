@@ -454,3 +454,46 @@ async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
         "16 admitted, each counted once"
     );
 }
+
+/// Token totals of 10¹⁴ and more reach Redis's sums exactly, through the script's arithmetic
+/// (Lua numbers are doubles: exact up to 2⁵³).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_token_totals_are_written_as_integers() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let mut c = config(&redis, "large:", Duration::from_secs(60), 1000);
+    c.tenants[0].1 = Limits {
+        requests: None,
+        tokens: Some(1_000_000_000_000_000),
+    };
+    c.redis.as_mut().unwrap().sync_interval = Duration::from_secs(3600);
+    let a = Quotas::start(c, None).unwrap();
+    let cfg = a.config().redis.clone().unwrap();
+    let mut link = Redis::new(cfg.redis.clone());
+    wait_for("the background round", || a.redis_up()).await;
+    drop(QuotaTicket::commit(
+        a.admit("team-a", 300_000_000_000_007).unwrap().unwrap(),
+    ));
+    assert!(a.sync_now(&mut link, &cfg).await, "Redis refused the round");
+    let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
+    let mut p = infergate_pool::redis::Pipeline::new();
+    p.cmd(&["KEYS", "large:q:team-a:tokens:*"]);
+    let keys = direct.pipeline(&p).await.unwrap();
+    let infergate_pool::redis::Value::Array(keys) = &keys[0] else {
+        panic!("KEYS answered {keys:?}");
+    };
+    let sum = keys
+        .iter()
+        .find_map(|k| match k {
+            infergate_pool::redis::Value::Bulk(k) if !k.ends_with(b":by-replica") => Some(k),
+            _ => None,
+        })
+        .expect("the bucket's sum");
+    let mut p = infergate_pool::redis::Pipeline::new();
+    p.cmd(&[b"GET".as_slice(), sum.as_slice()]);
+    assert_eq!(
+        direct.pipeline(&p).await.unwrap()[0].as_i64(),
+        Some(300_000_000_000_007)
+    );
+}
