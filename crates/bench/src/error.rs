@@ -46,6 +46,14 @@ pub enum BenchError {
         #[source]
         source: infergate_sim::SimError,
     },
+    /// The scenario cannot give what the run asked for.
+    #[error("scenario {origin}: {what} cannot be kept for it")]
+    Unsupported {
+        /// File name (or `<inline>`).
+        origin: String,
+        /// What was asked for.
+        what: &'static str,
+    },
     /// The simulator failed while running.
     #[error("simulation failed")]
     Sim(#[from] infergate_sim::SimError),

@@ -405,6 +405,7 @@ async fn run_one(
         load,
         flow: None,
         prefix_hit_rate: None,
+        records: None,
     })
 }
 

@@ -107,7 +107,47 @@ pub struct RunResult {
     /// requests, 0–1 (simulated runs; `None` when not measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_hit_rate: Option<f64>,
+    /// One record per completed request, in completion order, when the run kept them
+    /// ([`crate::simulate::RunOptions::requests`]); written as CSV beside the report, not in
+    /// its JSON.
+    #[serde(skip)]
+    pub records: Option<Vec<RequestRecord>>,
 }
+
+/// One completed request of a simulated run: where it went and where its time to first token
+/// went. Times in seconds of the run's virtual clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestRecord {
+    /// The arrival's id (its index in the seed's arrivals).
+    pub id: u64,
+    /// When it arrived at the gateway.
+    pub arrival_s: f64,
+    /// The pod that served it (index in fleet order).
+    pub pod: u32,
+    /// Its LoRA adapter (index in the workload's `lora.adapters`), if it named one.
+    pub adapter: Option<u16>,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Of those, served from the pod's prefix cache.
+    pub cached_tokens: u32,
+    /// Output tokens.
+    pub output_tokens: u32,
+    /// Time held at the gateway before it was sent (flow control; 0 otherwise).
+    pub gateway_s: f64,
+    /// Time in the pod's queue until it first entered the running batch.
+    pub queue_s: f64,
+    /// From entering the batch to the first token: its prefill, and what shared its steps.
+    pub prefill_s: f64,
+    /// Time to first token from arrival (`gateway_s + queue_s + prefill_s`).
+    pub ttft_s: f64,
+    /// From arrival to the last token.
+    pub e2e_s: f64,
+    /// Times it was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// The CSV header of [`Report::requests_csv`].
+pub const REQUESTS_CSV_HEADER: &str = "id,arrival_s,pod,pod_name,gpu,adapter,prompt_tokens,cached_tokens,output_tokens,gateway_s,queue_s,prefill_s,ttft_s,e2e_s,preemptions";
 
 /// The clairvoyant floor for one seed's arrivals.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -328,7 +368,65 @@ impl Report {
             })?;
             out.push(path);
         }
+        for run in &self.runs {
+            if let Some(csv) = self.requests_csv(run) {
+                let path = dir.join(format!(
+                    "{name}-{}-seed{}-requests.csv",
+                    run.policy, run.seed
+                ));
+                std::fs::write(&path, csv).map_err(|source| BenchError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+                out.push(path);
+            }
+        }
         Ok(out)
+    }
+
+    /// A run's per-request records as CSV ([`REQUESTS_CSV_HEADER`], one line per request in
+    /// completion order, pods and adapters also by name); `None` when the run kept none.
+    pub fn requests_csv(&self, run: &RunResult) -> Option<String> {
+        use std::fmt::Write as _;
+        let records = run.records.as_ref()?;
+        let adapters = self
+            .scenario
+            .workload
+            .lora
+            .as_ref()
+            .map(|l| l.adapters.as_slice())
+            .unwrap_or_default();
+        let mut csv = String::with_capacity(96 * (records.len() + 1));
+        csv.push_str(REQUESTS_CSV_HEADER);
+        csv.push('\n');
+        for r in records {
+            let pod = self.pods.get(r.pod as usize);
+            let adapter = r
+                .adapter
+                .and_then(|i| adapters.get(usize::from(i)))
+                .map_or("", String::as_str);
+            // Writing into a String cannot fail.
+            let _ = writeln!(
+                csv,
+                "{},{:.6},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{}",
+                r.id,
+                r.arrival_s,
+                r.pod,
+                pod.map_or("", |p| p.name.as_str()),
+                pod.map_or("", |p| p.gpu.as_str()),
+                adapter,
+                r.prompt_tokens,
+                r.cached_tokens,
+                r.output_tokens,
+                r.gateway_s,
+                r.queue_s,
+                r.prefill_s,
+                r.ttft_s,
+                r.e2e_s,
+                r.preemptions,
+            );
+        }
+        Some(csv)
     }
 }
 

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::BenchError;
 use crate::policy::RoutePolicy;
 use crate::progress::Progress;
-use crate::report::{FloorResult, PodInfo, Report, RunResult};
+use crate::report::{FloorResult, PodInfo, Report, RequestRecord, RunResult};
 use crate::scenario::{Scenario, StaleWindow};
 use crate::stats::{Percentiles, quantile};
 use crate::workload::{self, Arrival};
@@ -47,12 +47,38 @@ pub struct LoadSeries {
     pub pods: Vec<Vec<u32>>,
 }
 
+/// What a simulated run keeps beyond its figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Keep one [`RequestRecord`] per completed request in [`RunResult::records`]
+    /// ([`Report::write`] writes them as CSV). Plain scenarios only: with a `flow:` or
+    /// `replicas:` section [`run_with`] refuses it.
+    pub requests: bool,
+}
+
 /// Runs every policy of `scenario` on every seed, simulated.
 pub fn run(
     scenario: &Scenario,
     origin: &str,
     progress: &mut dyn Progress,
 ) -> Result<Report, BenchError> {
+    run_with(scenario, origin, progress, RunOptions::default())
+}
+
+/// [`run`], keeping what `options` asks for.
+pub fn run_with(
+    scenario: &Scenario,
+    origin: &str,
+    progress: &mut dyn Progress,
+    options: RunOptions,
+) -> Result<Report, BenchError> {
+    if options.requests && (scenario.flow.is_some() || scenario.replicas.is_some()) {
+        return Err(BenchError::Unsupported {
+            origin: origin.to_owned(),
+            what: "per-request records (a scenario with a `flow:` or `replicas:` section keeps \
+                   its own figures only)",
+        });
+    }
     if scenario.flow.is_some() {
         return flow::run(scenario, origin, progress);
     }
@@ -87,7 +113,10 @@ pub fn run(
                 policy,
                 &arrivals,
                 seed,
-                si == 0,
+                Keep {
+                    load: si == 0,
+                    requests: options.requests,
+                },
                 progress,
             )?;
             r.policy = policy.as_str().to_owned();
@@ -217,6 +246,17 @@ struct Sim<'a> {
     /// Prompt tokens of completed requests, and those of them served from the prefix cache.
     prompt_tokens: u64,
     cached_tokens: u64,
+    /// One record per completed request, when the run keeps them.
+    records: Option<Vec<RequestRecord>>,
+}
+
+/// What a plain run keeps besides its figures.
+#[derive(Debug, Clone, Copy)]
+struct Keep {
+    /// The per-pod load series (the first seed's runs).
+    load: bool,
+    /// One [`RequestRecord`] per completed request.
+    requests: bool,
 }
 
 /// How long the scraper keeps a pod whose scrape is connected but unanswered routed on its last
@@ -331,6 +371,23 @@ impl Sim<'_> {
         // gateway's queue before it was sent.
         let arrived = self.arrivals.get(c.id as usize).map_or(c.arrival, |a| a.at);
         let ttft = c.first_token - arrived;
+        if let Some(records) = &mut self.records {
+            records.push(RequestRecord {
+                id: c.id,
+                arrival_s: arrived,
+                pod: c.pod,
+                adapter: self.arrivals.get(c.id as usize).and_then(|a| a.lora),
+                prompt_tokens: c.prompt_tokens,
+                cached_tokens: c.cached_tokens,
+                output_tokens: c.output_tokens,
+                gateway_s: c.arrival - arrived,
+                queue_s: c.scheduled - c.arrival,
+                prefill_s: c.first_token - c.scheduled,
+                ttft_s: ttft,
+                e2e_s: c.last_token - arrived,
+                preemptions: c.preemptions,
+            });
+        }
         self.ttft.push(ttft);
         self.itl.push(c.mean_itl());
         self.e2e.push(c.last_token - arrived);
@@ -500,6 +557,7 @@ fn setup<'a>(
         just_completed: Vec::new(),
         prompt_tokens: 0,
         cached_tokens: 0,
+        records: None,
     })
 }
 
@@ -540,6 +598,7 @@ fn finish(mut sim: Sim<'_>, policy: String, seed: u64, rejected: u64, errors: u6
         flow: None,
         prefix_hit_rate: (sim.prompt_tokens > 0)
             .then(|| sim.cached_tokens as f64 / sim.prompt_tokens as f64),
+        records: sim.records.take(),
     }
 }
 
@@ -554,11 +613,14 @@ fn run_one(
     policy: RoutePolicy,
     arrivals: &[Arrival],
     seed: u64,
-    record_load: bool,
+    keep: Keep,
     progress: &mut dyn Progress,
 ) -> Result<RunResult, BenchError> {
     let cfg = SchedulerConfig::preset(policy.preset);
-    let mut sim = setup(scenario, spec, cfg, arrivals, record_load, &scenario.stale)?;
+    let mut sim = setup(scenario, spec, cfg, arrivals, keep.load, &scenario.stale)?;
+    if keep.requests {
+        sim.records = Some(Vec::with_capacity(arrivals.len()));
+    }
     let mut precise = policy.precise.then(|| {
         Precise::new(
             &mut sim.fleet,

@@ -29,6 +29,7 @@ fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
         }),
         flow: None,
         prefix_hit_rate: None,
+        records: None,
     }
 }
 

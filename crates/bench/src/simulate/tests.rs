@@ -53,6 +53,62 @@ fn every_request_is_accounted_for_and_runs_are_reproducible() {
 }
 
 #[test]
+fn per_request_records_add_up_to_the_report_and_are_written_as_csv() {
+    let s = Scenario::from_yaml(MIXED, "t").unwrap();
+    let plain = run(&s, "t", &mut Silent).unwrap();
+    let kept = run_with(&s, "t", &mut Silent, RunOptions { requests: true }).unwrap();
+    for (p, k) in plain.runs.iter().zip(&kept.runs) {
+        // Keeping them changes nothing else.
+        assert_eq!(p.ttft, k.ttft);
+        assert!(p.records.is_none());
+        let records = k.records.as_ref().unwrap();
+        assert_eq!(records.len() as u64, k.completed, "{}", k.policy);
+        let mut ttft: Vec<f64> = records.iter().map(|r| r.ttft_s).collect();
+        assert_eq!(crate::stats::Percentiles::of(&mut ttft), k.ttft);
+        let mut per_pod = vec![0u64; k.per_pod_requests.len()];
+        for r in records {
+            per_pod[r.pod as usize] += 1;
+            let parts = r.gateway_s + r.queue_s + r.prefill_s;
+            assert!((parts - r.ttft_s).abs() < 1e-9, "{r:?}");
+            assert!(
+                r.queue_s >= 0.0 && r.prefill_s > 0.0 && r.e2e_s >= r.ttft_s,
+                "{r:?}"
+            );
+        }
+        assert_eq!(per_pod, k.per_pod_requests);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let written = kept.write(dir.path()).unwrap();
+    let csvs: Vec<_> = written
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with("-requests.csv"))
+        .collect();
+    assert_eq!(csvs.len(), 3, "{written:?}");
+    let text = std::fs::read_to_string(
+        dir.path()
+            .join("small-mixed-simulated-infergate-seed1-requests.csv"),
+    )
+    .unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(crate::report::REQUESTS_CSV_HEADER));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let ig = kept.runs.iter().find(|r| r.policy == "infergate").unwrap();
+    assert_eq!(rows.len() as u64, ig.completed);
+    let columns = crate::report::REQUESTS_CSV_HEADER.split(',').count();
+    for row in &rows {
+        assert_eq!(row.len(), columns, "{row:?}");
+        let pod: usize = row[2].parse().unwrap();
+        assert_eq!(row[3], kept.pods[pod].name, "{row:?}");
+        assert_eq!(row[4], kept.pods[pod].gpu, "{row:?}");
+        assert!(row[12].parse::<f64>().unwrap() > 0.0);
+    }
+    // A scenario with its own runner refuses it, saying why.
+    let flow = Scenario::from_yaml(&format!("{MIXED}flow: {{}}\n"), "f").unwrap();
+    let err = run_with(&flow, "f", &mut Silent, RunOptions { requests: true }).unwrap_err();
+    assert!(err.to_string().contains("per-request records"), "{err}");
+}
+
+#[test]
 fn speed_aware_routing_beats_round_robin_on_a_mixed_fleet() {
     let s = Scenario::from_yaml(MIXED, "t").unwrap();
     let r = run(&s, "t", &mut Silent).unwrap();

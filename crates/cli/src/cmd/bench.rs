@@ -54,6 +54,11 @@ pub struct Args {
     /// /v1/models through it answers 200; its output goes to OUT/front-NAME.log.
     #[arg(long = "front", value_name = "NAME=COMMAND")]
     fronts: Vec<infergate_bench::Front>,
+    /// Simulated mode: also write every completed request of every run as CSV (where it went,
+    /// its queue and prefill time, its TTFT), `OUT/SCENARIO-simulated-POLICY-seedN-requests.csv`.
+    /// Not for scenarios with a `flow:` or `replicas:` section.
+    #[arg(long)]
+    requests_csv: bool,
 }
 
 fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -130,6 +135,12 @@ pub fn print(report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
     if let Some(md) = written.first() {
         writeln!(out, "\nreport: {}", md.display())?;
     }
+    for csv in written
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with("-requests.csv"))
+    {
+        writeln!(out, "requests: {}", csv.display())?;
+    }
     Ok(())
 }
 
@@ -143,6 +154,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !live && !args.fronts.is_empty() {
         anyhow::bail!("--front runs only in live mode (add --mode live)");
     }
+    if live && args.requests_csv {
+        anyhow::bail!("--requests-csv is for simulated runs (drop --mode live)");
+    }
+    let options = infergate_bench::simulate::RunOptions {
+        requests: args.requests_csv,
+    };
     let fronts = infergate_bench::live::Fronts {
         list: args.fronts.clone(),
         log_dir: args.out.clone(),
@@ -168,7 +185,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .await?
         } else {
             tokio::task::spawn_blocking(move || {
-                infergate_bench::simulate::run(&scenario, &origin, &mut StderrBar::default())
+                infergate_bench::simulate::run_with(
+                    &scenario,
+                    &origin,
+                    &mut StderrBar::default(),
+                    options,
+                )
             })
             .await??
         };

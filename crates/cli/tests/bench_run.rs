@@ -1,0 +1,84 @@
+//! `infergate bench --requests-csv` as a user runs it: the real binary on a small scenario file
+//! writes one CSV per run, names it on stdout, and refuses the flag in live mode.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::process::Command;
+
+const SCENARIO: &str = "\
+name: csv-check
+fleet:
+  - { name: h100, profile: llama-3.1-8b/h100 }
+  - { name: a10g, profile: llama-3.1-8b/a10g, replicas: 2 }
+workload:
+  duration_s: 20
+  arrival: { kind: poisson, rate: 4 }
+  prompt_tokens: { dist: lognormal, median: 600, sigma: 0.5, min: 32, max: 3000 }
+  output_tokens: { dist: uniform, min: 16, max: 64 }
+seeds: [1, 2]
+policies: [round-robin, infergate]
+";
+
+#[test]
+fn requests_csv_writes_one_file_per_run_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("csv-check.yaml");
+    std::fs::write(&file, SCENARIO).unwrap();
+    let out_dir = dir.path().join("out");
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&file)
+        .arg("--out")
+        .arg(&out_dir)
+        .args(["--seeds", "2", "--requests-csv"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let named: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("requests: "))
+        .collect();
+    assert_eq!(named.len(), 2, "{stdout}");
+    for policy in ["round-robin", "infergate"] {
+        let path = out_dir.join(format!("csv-check-simulated-{policy}-seed2-requests.csv"));
+        assert!(named.contains(&path.to_str().unwrap()), "{stdout}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines = text.lines();
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("id,arrival_s,pod,pod_name,gpu,")
+        );
+        // About 80 arrivals in 20 s at 4/s; every one completes on this idle fleet.
+        let rows = lines.count();
+        assert!(
+            (50..=120).contains(&rows),
+            "{rows} rows in {}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn requests_csv_is_refused_in_live_mode_with_the_reason() {
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["bench", "--mode", "live", "--requests-csv"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--requests-csv is for simulated runs"),
+        "{stderr}"
+    );
+}
