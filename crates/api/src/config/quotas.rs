@@ -65,7 +65,7 @@ pub struct QuotaRedis {
     /// Prepended to every key.
     #[serde(default = "default_prefix")]
     pub key_prefix: String,
-    /// How often deltas are written and totals read, in ms.
+    /// How often this replica's use is written and the totals read, in ms.
     #[serde(default = "default_sync_ms")]
     #[schemars(range(min = 10, max = 10000))]
     pub sync_interval_ms: u64,

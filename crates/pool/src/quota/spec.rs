@@ -48,7 +48,7 @@ pub struct RedisSpec {
     /// Prepended to every key.
     #[serde(default = "default_prefix")]
     pub key_prefix: String,
-    /// How often deltas are written and totals read, in ms (10–10,000; default 100).
+    /// How often this replica's use is written and the totals read, in ms (10–10,000; default 100).
     #[serde(default = "default_sync_ms")]
     pub sync_interval_ms: u64,
     /// The connect timeout and each round trip's, in ms (1–10,000; default 200).
