@@ -341,11 +341,12 @@ async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
     assert!((95..=102).contains(&most), "{most}");
 }
 
-/// What Redis holds for team-a's requests under `prefix`: the sum of its buckets' counters.
-async fn requests_in_redis(direct: &mut Redis, prefix: &str) -> i64 {
+/// What Redis holds for team-a's `kind` (`requests` or `tokens`) under `prefix`: the sum of its
+/// buckets' counters.
+async fn team_a_in_redis(direct: &mut Redis, prefix: &str, kind: &str) -> i64 {
     use infergate_pool::redis::{Pipeline, Value};
     let mut p = Pipeline::new();
-    p.cmd(&["KEYS", &format!("{prefix}q:team-a:requests:*")]);
+    p.cmd(&["KEYS", &format!("{prefix}q:team-a:{kind}:*")]);
     let keys = direct.pipeline(&p).await.unwrap();
     let Value::Array(keys) = &keys[0] else {
         panic!("KEYS answered {keys:?}");
@@ -431,7 +432,7 @@ async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
 
     admit(10);
     assert!(a.sync_now(&mut link, &cfg).await);
-    assert_eq!(requests_in_redis(&mut direct, "lost:").await, 10);
+    assert_eq!(team_a_in_redis(&mut direct, "lost:", "requests").await, 10);
     admit(5);
     slow.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(
@@ -439,7 +440,7 @@ async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
         "the answer was held past the timeout"
     );
     // Redis applied the round all the same.
-    assert_eq!(requests_in_redis(&mut direct, "lost:").await, 15);
+    assert_eq!(team_a_in_redis(&mut direct, "lost:", "requests").await, 15);
     slow.store(false, std::sync::atomic::Ordering::Relaxed);
     admit(1);
     // The link reconnects after its backoff (100 ms at first).
@@ -449,7 +450,7 @@ async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
-        requests_in_redis(&mut direct, "lost:").await,
+        team_a_in_redis(&mut direct, "lost:", "requests").await,
         16,
         "16 admitted, each counted once"
     );
@@ -477,23 +478,8 @@ async fn large_token_totals_are_written_as_integers() {
     ));
     assert!(a.sync_now(&mut link, &cfg).await, "Redis refused the round");
     let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
-    let mut p = infergate_pool::redis::Pipeline::new();
-    p.cmd(&["KEYS", "large:q:team-a:tokens:*"]);
-    let keys = direct.pipeline(&p).await.unwrap();
-    let infergate_pool::redis::Value::Array(keys) = &keys[0] else {
-        panic!("KEYS answered {keys:?}");
-    };
-    let sum = keys
-        .iter()
-        .find_map(|k| match k {
-            infergate_pool::redis::Value::Bulk(k) if !k.ends_with(b":by-replica") => Some(k),
-            _ => None,
-        })
-        .expect("the bucket's sum");
-    let mut p = infergate_pool::redis::Pipeline::new();
-    p.cmd(&[b"GET".as_slice(), sum.as_slice()]);
     assert_eq!(
-        direct.pipeline(&p).await.unwrap()[0].as_i64(),
-        Some(300_000_000_000_007)
+        team_a_in_redis(&mut direct, "large:", "tokens").await,
+        300_000_000_000_007
     );
 }
