@@ -690,7 +690,7 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
                 true
             }
             Err(reason) => {
-                failed(inner, &readings, shared, reason);
+                failed(inner, &readings, shared, &reason);
                 false
             }
         },
@@ -725,19 +725,20 @@ fn apply(
     writes: usize,
     values: &[Value],
     settled: bool,
-) -> Result<(), &'static str> {
+) -> Result<(), std::borrow::Cow<'static, str>> {
     if values.len() != writes + PRESENCE + readings.len() {
-        return Err("Redis answered a different number of commands than were sent");
+        return Err("Redis answered a different number of commands than were sent".into());
     }
-    if values[..writes]
+    // Redis's own words: a server that does not allow scripts (`EVAL`) says so here.
+    if let Some(Value::Error(message)) = values[..writes]
         .iter()
-        .any(|v| matches!(v, Value::Error(_)))
+        .find(|v| matches!(v, Value::Error(_)))
     {
-        return Err("Redis refused a counter update");
+        return Err(format!("Redis refused the counter update: {message}").into());
     }
     let presence = &values[writes..writes + PRESENCE];
     if presence.iter().any(|v| matches!(v, Value::Error(_))) {
-        return Err("Redis refused a presence update");
+        return Err("Redis refused a presence update".into());
     }
     let seen = presence[3]
         .as_i64()
@@ -756,7 +757,7 @@ fn apply(
                 _ => None,
             })
             .map(|ms| ms as u64),
-        _ => return Err("Redis answered ZRANGE with something other than an array"),
+        _ => return Err("Redis answered ZRANGE with something other than an array".into()),
     };
     let mut replicas = u32::try_from(seen_any.max(1)).unwrap_or(u32::MAX);
     if !settled {
@@ -771,7 +772,7 @@ fn apply(
     };
     for (r, v) in readings.iter().zip(&values[writes + PRESENCE..]) {
         let Value::Array(totals) = v else {
-            return Err("Redis answered MGET with something other than an array");
+            return Err("Redis answered MGET with something other than an array".into());
         };
         let mut q = r.entry.lock();
         let (requests, tokens) = q.windows_mut();

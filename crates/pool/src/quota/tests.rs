@@ -229,10 +229,11 @@ async fn a_sync_round_with_a_malformed_reply_applies_nothing() {
         ),
     ];
     for (what, values, writes) in bad {
-        assert!(
-            apply(&q.inner, now, &readings, writes, &values, true).is_err(),
-            "{what}"
-        );
+        let err = apply(&q.inner, now, &readings, writes, &values, true).unwrap_err();
+        if writes > 0 {
+            // Redis's own words reach the log (a server without scripting says so there).
+            assert!(err.contains("OOM"), "{what}: {err}");
+        }
         assert_eq!(q.replicas(), 1, "{what}: the replica count moved");
         assert_eq!(
             entry.lock().requests().count(now, 1),
