@@ -412,9 +412,9 @@ impl Report {
                 r.id,
                 r.arrival_s,
                 r.pod,
-                pod.map_or("", |p| p.name.as_str()),
-                pod.map_or("", |p| p.gpu.as_str()),
-                adapter,
+                CsvField(pod.map_or("", |p| p.name.as_str())),
+                CsvField(pod.map_or("", |p| p.gpu.as_str())),
+                CsvField(adapter),
                 r.prompt_tokens,
                 r.cached_tokens,
                 r.output_tokens,
@@ -427,6 +427,21 @@ impl Report {
             );
         }
         Some(csv)
+    }
+}
+
+/// A text field of a CSV row: as is, or in double quotes with its quotes doubled when it holds
+/// a comma, a quote or a line break (RFC 4180). Pod group and adapter names are the scenario
+/// author's and may hold any of them.
+struct CsvField<'a>(&'a str);
+
+impl std::fmt::Display for CsvField<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.contains([',', '"', '\n', '\r']) {
+            write!(f, "\"{}\"", self.0.replace('"', "\"\""))
+        } else {
+            f.write_str(self.0)
+        }
     }
 }
 

@@ -82,3 +82,43 @@ fn requests_csv_is_refused_in_live_mode_with_the_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_folder_run_keeps_records_where_it_can_and_says_where_it_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("scenarios");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("a-plain.yaml"), SCENARIO).unwrap();
+    let flow = SCENARIO
+        .replace("name: csv-check", "name: csv-flow")
+        .replace(
+            "policies: [round-robin, infergate]",
+            "policies: [infergate]\nflow: {}",
+        );
+    std::fs::write(folder.join("b-flow.yaml"), flow).unwrap();
+    let out_dir = dir.path().join("out");
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&folder)
+        .arg("--out")
+        .arg(&out_dir)
+        .args(["--seeds", "1", "--requests-csv"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("b-flow.yaml: no per-request records"),
+        "{stderr}"
+    );
+    assert!(out_dir.join("csv-flow-simulated.md").exists(), "{stdout}");
+    assert!(
+        out_dir
+            .join("csv-check-simulated-infergate-seed1-requests.csv")
+            .exists(),
+        "{stdout}"
+    );
+}

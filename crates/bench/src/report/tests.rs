@@ -200,3 +200,12 @@ fn plot_labels_neither_overlap_nor_fall_outside() {
         }
     }
 }
+
+#[test]
+fn csv_fields_with_commas_quotes_or_line_breaks_are_quoted() {
+    assert_eq!(CsvField("a10g-0").to_string(), "a10g-0");
+    assert_eq!(CsvField("").to_string(), "");
+    assert_eq!(CsvField("fin,eu").to_string(), "\"fin,eu\"");
+    assert_eq!(CsvField("say \"hi\"").to_string(), "\"say \"\"hi\"\"\"");
+    assert_eq!(CsvField("two\nlines").to_string(), "\"two\nlines\"");
+}

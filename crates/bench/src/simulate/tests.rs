@@ -108,6 +108,45 @@ fn per_request_records_add_up_to_the_report_and_are_written_as_csv() {
     assert!(err.to_string().contains("per-request records"), "{err}");
 }
 
+/// Splits one CSV line as RFC 4180 reads it (quoted fields may hold commas and doubled quotes).
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut out, mut field, mut quoted, mut chars) =
+        (Vec::new(), String::new(), false, line.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut field)),
+            _ => field.push(c),
+        }
+    }
+    out.push(field);
+    out
+}
+
+#[test]
+fn a_pod_name_with_a_comma_and_quotes_keeps_its_csv_row_whole() {
+    let yaml = MIXED.replace("name: h100,", "name: 'h100,\"big\"',");
+    let s = Scenario::from_yaml(&yaml, "t").unwrap();
+    let kept = run_with(&s, "t", &mut Silent, RunOptions { requests: true }).unwrap();
+    let run = kept.runs.iter().find(|r| r.policy == "infergate").unwrap();
+    let csv = kept.requests_csv(run).unwrap();
+    let columns = crate::report::REQUESTS_CSV_HEADER.split(',').count();
+    let mut on_h100 = 0;
+    for line in csv.lines().skip(1) {
+        let row = csv_fields(line);
+        assert_eq!(row.len(), columns, "{line}");
+        if row[2] == "0" {
+            assert_eq!(row[3], "h100,\"big\"", "{line}");
+            on_h100 += 1;
+        }
+    }
+    assert!(on_h100 > 0);
+}
+
 #[test]
 fn speed_aware_routing_beats_round_robin_on_a_mixed_fleet() {
     let s = Scenario::from_yaml(MIXED, "t").unwrap();

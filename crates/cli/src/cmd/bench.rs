@@ -56,7 +56,8 @@ pub struct Args {
     fronts: Vec<infergate_bench::Front>,
     /// Simulated mode: also write every completed request of every run as CSV (where it went,
     /// its queue and prefill time, its TTFT), `OUT/SCENARIO-simulated-POLICY-seedN-requests.csv`.
-    /// Not for scenarios with a `flow:` or `replicas:` section.
+    /// Scenarios with a `flow:` or `replicas:` section run as usual without records (said on
+    /// stderr).
     #[arg(long)]
     requests_csv: bool,
 }
@@ -157,9 +158,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if live && args.requests_csv {
         anyhow::bail!("--requests-csv is for simulated runs (drop --mode live)");
     }
-    let options = infergate_bench::simulate::RunOptions {
-        requests: args.requests_csv,
-    };
     let fronts = infergate_bench::live::Fronts {
         list: args.fronts.clone(),
         log_dir: args.out.clone(),
@@ -175,6 +173,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     for (path, scenario) in scenarios {
         let origin = path.display().to_string();
+        // A folder run keeps records where it can: flow and replica scenarios have their own
+        // runners, which keep none; they say so and run as usual.
+        let own_runner = scenario.flow.is_some() || scenario.replicas.is_some();
+        if args.requests_csv && own_runner {
+            eprintln!(
+                "{origin}: no per-request records (a scenario with a `flow:` or `replicas:` section keeps its own figures only)"
+            );
+        }
+        let options = infergate_bench::simulate::RunOptions {
+            requests: args.requests_csv && !own_runner,
+        };
         let report = if live {
             infergate_bench::live::run_with_fronts(
                 &scenario,
