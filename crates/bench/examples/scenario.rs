@@ -1,6 +1,8 @@
 //! Runs scenario files in simulated mode without building the whole `infergate` binary:
-//! `cargo run --release -p infergate-bench --example scenario -- FILE... [--out DIR]`.
-//! The reports land in `DIR` (default `target/bench-reports`); tables go to stdout.
+//! `cargo run --release -p infergate-bench --example scenario -- FILE... [--out DIR]
+//! [--requests-csv]`. The reports land in `DIR` (default `target/bench-reports`); tables go to
+//! stdout. `--requests-csv` also writes every completed request of every run as a CSV row, as
+//! `infergate bench --requests-csv` does.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,10 +12,13 @@ use infergate_bench::{Scenario, StderrBar};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut out = PathBuf::from("target/bench-reports");
     let mut files = Vec::new();
+    let mut requests = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--out" {
             out = args.next().ok_or("--out needs a folder")?.into();
+        } else if a == "--requests-csv" {
+            requests = true;
         } else {
             files.push(PathBuf::from(a));
         }
@@ -22,10 +27,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in files {
         let scenario = Scenario::from_file(&f)?;
         let started = std::time::Instant::now();
-        let report = infergate_bench::simulate::run(
+        let report = infergate_bench::simulate::run_with(
             &scenario,
             &f.display().to_string(),
             &mut StderrBar::default(),
+            infergate_bench::simulate::RunOptions {
+                // Flow and replica scenarios have runners of their own, which keep no records.
+                requests: requests && scenario.flow.is_none() && scenario.replicas.is_none(),
+            },
         )?;
         let written = report.write(&out)?;
         writeln!(
@@ -45,6 +54,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
         }
         writeln!(stdout, "report: {}", written[0].display())?;
+        for w in written
+            .iter()
+            .filter(|w| w.to_string_lossy().ends_with("-requests.csv"))
+        {
+            writeln!(stdout, "requests: {}", w.display())?;
+        }
     }
     Ok(())
 }

@@ -138,15 +138,18 @@ fn distinct_running(l: &LoraState) -> usize {
 
 /// Whether fewer distinct adapters than `max_lora` are loaded (running or waiting).
 pub(crate) fn has_free_slot(l: &LoraState) -> bool {
-    let running = distinct_running(l);
+    (loaded(l) as u64) < u64::from(l.max_lora)
+}
+
+/// Distinct adapters loaded: running, or only waiting.
+fn loaded(l: &LoraState) -> usize {
     let waiting_only = l
         .waiting
         .iter()
         .enumerate()
         .filter(|(i, w)| !l.running.contains(w) && !l.waiting[..*i].contains(w))
         .count();
-    let loaded = running + waiting_only;
-    (loaded as u64) < u64::from(l.max_lora)
+    distinct_running(l) + waiting_only
 }
 
 /// This gateway's requests in flight on one pod, per adapter. A page says which adapters run,
@@ -196,6 +199,11 @@ impl AdapterInflight {
         }
     }
 
+    /// Adapters with at least one of this gateway's requests in flight on the pod.
+    fn active(&self) -> impl Iterator<Item = u64> + '_ {
+        self.hashes.iter().copied().filter(|&h| h != 0)
+    }
+
     /// This gateway's requests in flight for the adapter `hash`.
     pub(crate) fn count(&self, hash: u64) -> u32 {
         match self.hashes.iter().position(|&h| h == hash && hash != 0) {
@@ -208,21 +216,26 @@ impl AdapterInflight {
     /// no free slot: each running adapter's slot frees when its last request there ends
     /// ([`slot_free_lifetimes`] of a typical `lifetime`, in seconds); another adapter already
     /// waiting there for a slot takes the first one, so with `k` others waiting the request
-    /// needs the `k + 1`-th. `None` when the page names no running adapter this can tell about
-    /// (no LoRA state, an overflowing list, none running).
+    /// needs the `k + 1`-th. Adapters this gateway sent to the pod since the page was read hold
+    /// slots too. `None` when no adapter is known to hold a slot (no LoRA state, an overflowing
+    /// list, none running or sent).
     pub(crate) fn slot_frees_in(&self, lora: &LoraHot, hash: u64, lifetime: f64) -> Option<f64> {
-        if !lora.known || lora.overflow || lora.n_running == 0 {
+        if !lora.known || lora.overflow {
             return None;
         }
         let running = &lora.running[..usize::from(lora.n_running)];
-        let mut left = [f64::INFINITY; INLINE];
+        let waiting = &lora.waiting[..usize::from(lora.n_waiting)];
+        let mut left = [f64::INFINITY; INLINE + TRACKED];
         for (i, &a) in running.iter().enumerate() {
             // A repeated name is one adapter, one slot.
             if !running[..i].contains(&a) {
                 left[i] = slot_free_lifetimes(self.count(a)) * lifetime;
             }
         }
-        let waiting = &lora.waiting[..usize::from(lora.n_waiting)];
+        // Adapters this gateway sent here since the page was read hold slots too.
+        for (i, a) in lora.routed_since(self, hash).enumerate() {
+            left[INLINE + i] = slot_free_lifetimes(self.count(a)) * lifetime;
+        }
         let ahead = waiting
             .iter()
             .enumerate()
@@ -230,7 +243,10 @@ impl AdapterInflight {
             .count();
         left.sort_unstable_by(f64::total_cmp);
         let slots = left.iter().take_while(|l| l.is_finite()).count();
-        Some(left[ahead.min(slots.saturating_sub(1))])
+        if slots == 0 {
+            return None;
+        }
+        Some(left[ahead.min(slots - 1)])
     }
 }
 
@@ -254,6 +270,10 @@ pub(crate) struct LoraHot {
     pub(crate) free_slot: bool,
     /// An adapter waits for a slot here (see [`blocked`]).
     pub(crate) blocked: bool,
+    /// Adapter slots (`max_lora`).
+    slots: u32,
+    /// Distinct adapters loaded on the page: running, or only waiting.
+    n_loaded: u8,
     running: [u64; INLINE],
     n_running: u8,
     waiting: [u64; INLINE],
@@ -308,6 +328,8 @@ impl LoraHot {
             known: true,
             free_slot: has_free_slot(l),
             blocked: blocked(l),
+            slots: l.max_lora,
+            n_loaded: u8::try_from(loaded(l)).unwrap_or(u8::MAX),
             ..LoraHot::default()
         };
         if l.running.len() > INLINE || l.waiting.len() > INLINE {
@@ -323,6 +345,58 @@ impl LoraHot {
         h.n_running = l.running.len() as u8;
         h.n_waiting = l.waiting.len() as u8;
         h
+    }
+
+    /// Adapters other than `hash` with this gateway's requests in flight on the pod (`own`) that
+    /// the page does not name: sent since it was read, and holding a slot now.
+    fn routed_since<'a>(
+        &'a self,
+        own: &'a AdapterInflight,
+        hash: u64,
+    ) -> impl Iterator<Item = u64> + 'a {
+        let running = &self.running[..usize::from(self.n_running)];
+        let waiting = &self.waiting[..usize::from(self.n_waiting)];
+        own.active()
+            .filter(move |&a| a != hash && !running.contains(&a) && !waiting.contains(&a))
+    }
+
+    /// Affinity by hash as the pod stands now: the page's [`Self::affinity`], with the adapters
+    /// this gateway sent to the pod since the page was read (`own`, its requests in flight there)
+    /// taking slots. A free slot they fill is no longer free, and a resident adapter they push out
+    /// of the engine's LRU is no longer there: either way the request would wait for a slot (0).
+    /// Only valid when `known && !overflow`.
+    pub(crate) fn affinity_with(&self, hash: u64, own: &AdapterInflight) -> f64 {
+        let page = self.affinity(hash);
+        if page != RESIDENT && page != FREE_SLOT {
+            return page;
+        }
+        let resident = &self.resident[..usize::from(self.n_resident)];
+        let mut extra = 0u32;
+        let mut ahead = 0u32;
+        let pos = resident.iter().position(|&a| a == hash);
+        for a in self.routed_since(own, hash) {
+            extra += 1;
+            // Used since the page: ahead of `hash` in the LRU unless it already was.
+            if pos.is_none_or(|p| !resident[..p].contains(&a)) {
+                ahead += 1;
+            }
+        }
+        if extra == 0 {
+            return page;
+        }
+        let slots = self.slots.min(INLINE as u32);
+        if page == RESIDENT {
+            let p = u32::try_from(pos.unwrap_or(INLINE)).unwrap_or(u32::MAX);
+            if p.saturating_add(ahead) < slots {
+                return RESIDENT;
+            }
+            // Pushed out: loading it again needs a slot like any other adapter.
+        }
+        if u32::from(self.n_loaded).saturating_add(extra) < self.slots {
+            FREE_SLOT
+        } else {
+            0.0
+        }
     }
 
     /// Affinity by hash (see [`affinity`]); only valid when `known && !overflow`.
@@ -438,6 +512,57 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn adapters_sent_since_the_page_hold_slots() {
+        let h = adapter_hash;
+        let mut ep = EndpointState::new(meta(0));
+        let page = |ep: &mut EndpointState, running: &[&str]| {
+            ep.set_metrics(MetricsSnapshot {
+                lora: Some(l(2, running, &[])),
+                ..MetricsSnapshot::default()
+            });
+        };
+        let aff = |ep: &EndpointState, name: &str| ep.lora_affinity(name, h(name));
+        page(&mut ep, &["a"]);
+        assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));
+        // `b` was sent here since the page: it holds the free slot.
+        assert!(ep.adapters.add(h("b")));
+        assert_eq!(aff(&ep, "c"), Some(0.0));
+        assert_eq!(
+            aff(&ep, "b"),
+            Some(FREE_SLOT),
+            "its own requests take no slot from it"
+        );
+        assert_eq!(aff(&ep, "a"), Some(RUNNING));
+        // Its slot frees when its request ends: half a lifetime for one in flight; `a`, with
+        // none of this gateway's requests, frees first.
+        let lifetime = 8.0;
+        assert_eq!(
+            ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime),
+            Some(0.0)
+        );
+        assert!(ep.adapters.add(h("a")));
+        assert!(ep.adapters.add(h("a")));
+        assert_eq!(
+            ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime),
+            Some(4.0)
+        );
+        ep.adapters.remove(h("b"));
+        assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));
+
+        // A resident adapter is pushed out of the LRU by as many sent since as it has slots.
+        let mut ep = EndpointState::new(meta(1));
+        page(&mut ep, &["a"]);
+        page(&mut ep, &[]);
+        assert_eq!(aff(&ep, "a"), Some(RESIDENT));
+        assert!(ep.adapters.add(h("b")));
+        assert_eq!(aff(&ep, "a"), Some(RESIDENT), "one slot each");
+        assert!(ep.adapters.add(h("c")));
+        assert_eq!(aff(&ep, "a"), Some(0.0), "`b` and `c` took both slots");
+        ep.adapters.remove(h("c"));
+        assert_eq!(aff(&ep, "a"), Some(RESIDENT));
     }
 
     #[test]

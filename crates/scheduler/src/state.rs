@@ -178,6 +178,6 @@ impl EndpointState {
             let l = self.cold.metrics.as_ref().and_then(|m| m.lora.as_ref())?;
             return Some(lora::affinity(l, name));
         }
-        Some(self.lora.affinity(hash))
+        Some(self.lora.affinity_with(hash, &self.adapters))
     }
 }

@@ -479,3 +479,20 @@ fn a_request_for_a_slot_queues_behind_an_adapter_already_waiting_there() {
         assert_eq!(first, addr(1), "seed {seed}: {}", ex.summary(2));
     }
 }
+
+#[test]
+fn adapters_sent_since_the_page_take_its_free_slot() {
+    // Pod 0's page shows lora-b running and one slot free; pod 1's shows lora-d and lora-e (no
+    // slot free), with none of this gateway's lora-e requests left: that slot frees at once.
+    // lora-c is then sent to pod 0 and takes its free slot before any new page says so. A request
+    // for lora-a must not see that slot as free: pod 0 now holds lora-b and lora-c, both busy,
+    // and lora-a goes where a slot frees first, pod 1.
+    let pods: [(&[&str], &[&str]); 2] = [(&["lora-b"], &[]), (&["lora-d", "lora-e"], &[])];
+    let routed = [("lora-b", 3), ("lora-c", 1), ("lora-d", 2)];
+    for seed in 0..10 {
+        let (first, ex) = blocked_pick(&pods, &routed, seed);
+        assert!(ex.fell_back_to_all_ready, "{}", ex.summary(2));
+        assert_eq!(first, addr(1), "seed {seed}: {}", ex.summary(2));
+        assert!(est_wait(&ex, 0) > 2.0, "{}", ex.summary(2));
+    }
+}
