@@ -518,17 +518,28 @@ mod tests {
     fn adapters_sent_since_the_page_hold_slots() {
         let h = adapter_hash;
         let mut ep = EndpointState::new(meta(0));
+        // A new page, and what `Scheduler::apply_metrics` resets with it.
         let page = |ep: &mut EndpointState, running: &[&str]| {
             ep.set_metrics(MetricsSnapshot {
                 lora: Some(l(2, running, &[])),
                 ..MetricsSnapshot::default()
             });
+            ep.since_requests = 0;
         };
         let aff = |ep: &EndpointState, name: &str| ep.lora_affinity(name, h(name));
+        // A request sent to the pod, as `inflight::charge` counts it, and its release.
+        let send = |ep: &mut EndpointState, name: &str| {
+            assert!(ep.adapters.add(h(name)));
+            ep.since_requests += 1;
+        };
+        let release = |ep: &mut EndpointState, name: &str| {
+            ep.adapters.remove(h(name));
+            ep.since_requests -= 1;
+        };
         page(&mut ep, &["a"]);
         assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));
         // `b` was sent here since the page: it holds the free slot.
-        assert!(ep.adapters.add(h("b")));
+        send(&mut ep, "b");
         assert_eq!(aff(&ep, "c"), Some(0.0));
         assert_eq!(
             aff(&ep, "b"),
@@ -543,13 +554,17 @@ mod tests {
             ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime),
             Some(0.0)
         );
-        assert!(ep.adapters.add(h("a")));
-        assert!(ep.adapters.add(h("a")));
+        send(&mut ep, "a");
+        send(&mut ep, "a");
         assert_eq!(
             ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime),
             Some(4.0)
         );
-        ep.adapters.remove(h("b"));
+        release(&mut ep, "b");
+        assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));
+        // A page read after the send has its word: `b` would be on it if it still ran.
+        send(&mut ep, "b");
+        page(&mut ep, &["a"]);
         assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));
 
         // A resident adapter is pushed out of the LRU by as many sent since as it has slots.
@@ -557,11 +572,11 @@ mod tests {
         page(&mut ep, &["a"]);
         page(&mut ep, &[]);
         assert_eq!(aff(&ep, "a"), Some(RESIDENT));
-        assert!(ep.adapters.add(h("b")));
+        send(&mut ep, "b");
         assert_eq!(aff(&ep, "a"), Some(RESIDENT), "one slot each");
-        assert!(ep.adapters.add(h("c")));
+        send(&mut ep, "c");
         assert_eq!(aff(&ep, "a"), Some(0.0), "`b` and `c` took both slots");
-        ep.adapters.remove(h("c"));
+        release(&mut ep, "c");
         assert_eq!(aff(&ep, "a"), Some(RESIDENT));
     }
 

@@ -169,7 +169,9 @@ impl EndpointState {
         }
     }
 
-    /// LoRA affinity for the adapter `name` (hash `hash`); `None` when the pod reports no LoRA state.
+    /// LoRA affinity for the adapter `name` (hash `hash`) as the pod stands now: its page, and the
+    /// adapters sent here since ([`LoraHot::affinity_with`]); `None` when the pod reports no LoRA
+    /// state.
     pub(crate) fn lora_affinity(&self, name: &str, hash: u64) -> Option<f64> {
         if !self.lora.known {
             return None;
@@ -177,6 +179,11 @@ impl EndpointState {
         if self.lora.overflow {
             let l = self.cold.metrics.as_ref().and_then(|m| m.lora.as_ref())?;
             return Some(lora::affinity(l, name));
+        }
+        if self.since_requests == 0 {
+            // Nothing sent here since the page was read: it shows every slot as it stands (and
+            // the per-adapter counts, another cache line, stay unread).
+            return Some(self.lora.affinity(hash));
         }
         Some(self.lora.affinity_with(hash, &self.adapters))
     }
