@@ -216,10 +216,17 @@ impl AdapterInflight {
     /// no free slot: each running adapter's slot frees when its last request there ends
     /// ([`slot_free_lifetimes`] of a typical `lifetime`, in seconds); another adapter already
     /// waiting there for a slot takes the first one, so with `k` others waiting the request
-    /// needs the `k + 1`-th. Adapters this gateway sent to the pod since the page was read hold
-    /// slots too. `None` when no adapter is known to hold a slot (no LoRA state, an overflowing
-    /// list, none running or sent).
-    pub(crate) fn slot_frees_in(&self, lora: &LoraHot, hash: u64, lifetime: f64) -> Option<f64> {
+    /// needs the `k + 1`-th. When the pod was sent requests since the page was read
+    /// (`sent_since_page`), the adapters of those not on the page hold slots too. `None` when no
+    /// adapter is known to hold a slot (no LoRA state, an overflowing list, none running or
+    /// sent).
+    pub(crate) fn slot_frees_in(
+        &self,
+        lora: &LoraHot,
+        hash: u64,
+        lifetime: f64,
+        sent_since_page: bool,
+    ) -> Option<f64> {
         if !lora.known || lora.overflow {
             return None;
         }
@@ -233,8 +240,10 @@ impl AdapterInflight {
             }
         }
         // Adapters this gateway sent here since the page was read hold slots too.
-        for (i, a) in lora.routed_since(self, hash).enumerate() {
-            left[INLINE + i] = slot_free_lifetimes(self.count(a)) * lifetime;
+        if sent_since_page {
+            for (i, a) in lora.routed_since(self, hash).enumerate() {
+                left[INLINE + i] = slot_free_lifetimes(self.count(a)) * lifetime;
+            }
         }
         let ahead = waiting
             .iter()
@@ -551,14 +560,21 @@ mod tests {
         // none of this gateway's requests, frees first.
         let lifetime = 8.0;
         assert_eq!(
-            ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime),
+            ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime, true),
             Some(0.0)
         );
         send(&mut ep, "a");
         send(&mut ep, "a");
         assert_eq!(
-            ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime),
+            ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime, true),
             Some(4.0)
+        );
+        // With nothing sent since the page, the page's word: only `a` holds a slot (two of this
+        // gateway's requests left there: two thirds of a lifetime).
+        let only_a = ep.adapters.slot_frees_in(&ep.lora, h("c"), lifetime, false);
+        assert!(
+            only_a.is_some_and(|s| (s - 16.0 / 3.0).abs() < 1e-9),
+            "{only_a:?}"
         );
         release(&mut ep, "b");
         assert_eq!(aff(&ep, "c"), Some(FREE_SLOT));

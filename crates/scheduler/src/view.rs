@@ -234,7 +234,12 @@ pub(crate) fn build(
         let slot_wait = if req.lora_adapter.is_some() && (lora == 0.0 || lora == lora::WAITING) {
             let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
             ep.adapters
-                .slot_frees_in(&ep.lora, cx.adapter_hash, mean_output / decode_rate)
+                .slot_frees_in(
+                    &ep.lora,
+                    cx.adapter_hash,
+                    mean_output / decode_rate,
+                    ep.since_requests > 0,
+                )
                 .unwrap_or(0.0)
         } else {
             0.0
