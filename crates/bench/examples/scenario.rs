@@ -26,14 +26,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut stdout = std::io::stdout().lock();
     for f in files {
         let scenario = Scenario::from_file(&f)?;
+        if requests && !scenario.keeps_request_records() {
+            eprintln!(
+                "{}: no per-request records (a scenario with a `flow:` or `replicas:` section keeps its own figures only)",
+                f.display()
+            );
+        }
         let started = std::time::Instant::now();
         let report = infergate_bench::simulate::run_with(
             &scenario,
             &f.display().to_string(),
             &mut StderrBar::default(),
             infergate_bench::simulate::RunOptions {
-                // Flow and replica scenarios have runners of their own, which keep no records.
-                requests: requests && scenario.flow.is_none() && scenario.replicas.is_none(),
+                requests: requests && scenario.keeps_request_records(),
             },
         )?;
         let written = report.write(&out)?;

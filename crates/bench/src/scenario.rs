@@ -592,6 +592,13 @@ fn default_policies() -> Vec<RoutePolicy> {
 }
 
 impl Scenario {
+    /// Whether a simulated run of it can keep per-request records
+    /// ([`crate::simulate::RunOptions::requests`]): a scenario with a `flow:` or `replicas:`
+    /// section has a runner of its own, which keeps its own figures only.
+    pub fn keeps_request_records(&self) -> bool {
+        self.flow.is_none() && self.replicas.is_none()
+    }
+
     /// Reads and validates a scenario file.
     pub fn from_file(path: &Path) -> Result<Self, BenchError> {
         let text = std::fs::read_to_string(path).map_err(|source| BenchError::Read {

@@ -72,7 +72,7 @@ pub fn run_with(
     progress: &mut dyn Progress,
     options: RunOptions,
 ) -> Result<Report, BenchError> {
-    if options.requests && (scenario.flow.is_some() || scenario.replicas.is_some()) {
+    if options.requests && !scenario.keeps_request_records() {
         return Err(BenchError::Unsupported {
             origin: origin.to_owned(),
             what: "per-request records (a scenario with a `flow:` or `replicas:` section keeps \

@@ -7,7 +7,7 @@
     reason = "a failed unwrap is a failed test"
 )]
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 const SCENARIO: &str = "\
 name: csv-check
@@ -23,20 +23,25 @@ seeds: [1, 2]
 policies: [round-robin, infergate]
 ";
 
+/// `infergate bench PATH --out OUT --seeds SEEDS --requests-csv`, run to completion.
+fn bench_with_records(path: &std::path::Path, out_dir: &std::path::Path, seeds: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(path)
+        .arg("--out")
+        .arg(out_dir)
+        .args(["--seeds", seeds, "--requests-csv"])
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn requests_csv_writes_one_file_per_run_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("csv-check.yaml");
     std::fs::write(&file, SCENARIO).unwrap();
     let out_dir = dir.path().join("out");
-    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("bench")
-        .arg(&file)
-        .arg("--out")
-        .arg(&out_dir)
-        .args(["--seeds", "2", "--requests-csv"])
-        .output()
-        .unwrap();
+    let out = bench_with_records(&file, &out_dir, "2");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -97,14 +102,7 @@ fn a_folder_run_keeps_records_where_it_can_and_says_where_it_cannot() {
         );
     std::fs::write(folder.join("b-flow.yaml"), flow).unwrap();
     let out_dir = dir.path().join("out");
-    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("bench")
-        .arg(&folder)
-        .arg("--out")
-        .arg(&out_dir)
-        .args(["--seeds", "1", "--requests-csv"])
-        .output()
-        .unwrap();
+    let out = bench_with_records(&folder, &out_dir, "1");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),

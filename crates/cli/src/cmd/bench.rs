@@ -175,14 +175,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let origin = path.display().to_string();
         // A folder run keeps records where it can: flow and replica scenarios have their own
         // runners, which keep none; they say so and run as usual.
-        let own_runner = scenario.flow.is_some() || scenario.replicas.is_some();
-        if args.requests_csv && own_runner {
+        let keeps = scenario.keeps_request_records();
+        if args.requests_csv && !keeps {
             eprintln!(
                 "{origin}: no per-request records (a scenario with a `flow:` or `replicas:` section keeps its own figures only)"
             );
         }
         let options = infergate_bench::simulate::RunOptions {
-            requests: args.requests_csv && !own_runner,
+            requests: args.requests_csv && keeps,
         };
         let report = if live {
             infergate_bench::live::run_with_fronts(
