@@ -108,6 +108,8 @@ pub(crate) struct SpeedFactors {
     /// `1 / prefill factor`, so the pick multiplies the pool's inverse prior.
     pub(crate) inv_prefill: f64,
     pub(crate) decode: f64,
+    /// `1 / decode factor`, for the same reason.
+    pub(crate) inv_decode: f64,
 }
 
 impl SpeedFactors {
@@ -118,6 +120,7 @@ impl SpeedFactors {
             ln_decode: s.decode.ln(),
             inv_prefill: 1.0 / s.prefill,
             decode: s.decode,
+            inv_decode: 1.0 / s.decode,
         }
     }
 }

@@ -16,7 +16,10 @@ pub(crate) struct Spans {
     waiting: MinMax,
     running: MinMax,
     inflight_tokens: MinMax,
+    /// The least estimated wait over the candidates (as [`Spans::wait`] gives it).
     best_wait: f64,
+    /// 1 when some candidate is idle, else 0: the weight of each view's `step_wait` in its wait.
+    step: f64,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -51,6 +54,8 @@ impl Spans {
         let (mut rl, mut rh) = (f64::INFINITY, f64::NEG_INFINITY);
         let (mut tl, mut th) = (f64::INFINITY, f64::NEG_INFINITY);
         let mut best_wait = f64::INFINITY;
+        let mut best_stepped = f64::INFINITY;
+        let mut idle = false;
         for v in views {
             wl = wl.min(v.waiting);
             wh = wh.max(v.waiting);
@@ -59,13 +64,27 @@ impl Spans {
             tl = tl.min(v.inflight_tokens);
             th = th.max(v.inflight_tokens);
             best_wait = best_wait.min(v.wait);
+            best_stepped = best_stepped.min(v.wait + f64::from(v.step_wait));
+            idle |= v.step_wait == 0.0;
         }
         Spans {
             waiting: MinMax::new(wl, wh),
             running: MinMax::new(rl, rh),
             inflight_tokens: MinMax::new(tl, th),
-            best_wait,
+            best_wait: if idle { best_stepped } else { best_wait },
+            step: if idle { 1.0 } else { 0.0 },
         }
+    }
+
+    /// A candidate's estimated time to first token, seconds. Where some candidate is idle, a busy
+    /// one's wait includes the decode step its prefill would share (an engine step runs the
+    /// batch's decodes with the prefill it carries, an idle pod's does not). Among busy
+    /// candidates only, every one pays it; as a common term it would only flatten the ratios
+    /// [`ScorerKind::EstimatedWait`] compares, and a busy pod's learned prefill rate already
+    /// holds the decodes interleaved with its queue (docs/scheduler.md, `step_p`).
+    #[inline]
+    pub(crate) fn wait(&self, v: &View) -> f64 {
+        v.wait + self.step * f64::from(v.step_wait)
     }
 }
 
@@ -139,7 +158,7 @@ fn inflight_tokens(v: &View, spans: &Spans) -> f64 {
 
 #[inline]
 fn estimated_wait(v: &View, spans: &Spans) -> f64 {
-    let r = (spans.best_wait + WAIT_EPSILON_SECS) / (v.wait + WAIT_EPSILON_SECS);
+    let r = (spans.best_wait + WAIT_EPSILON_SECS) / (spans.wait(v) + WAIT_EPSILON_SECS);
     if r.is_finite() {
         r.clamp(0.0, 1.0)
     } else {
@@ -268,7 +287,7 @@ pub(crate) fn score_all(
                     scores,
                     total,
                     waiting: v.waiting,
-                    estimated_wait_secs: v.wait,
+                    estimated_wait_secs: spans.wait(v),
                     prefix_blocks: v.prefix_blocks,
                     saturated: v.saturated,
                     scrape: ep.scrape,

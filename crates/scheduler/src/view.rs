@@ -43,6 +43,10 @@ pub(crate) struct View {
     pub(crate) queued_tokens: f64,
     /// This request's uncached prefill tokens on the endpoint.
     pub(crate) own_tokens: f64,
+    /// The decode part of the engine step that would carry this request's prefill (one
+    /// inter-token time, seconds) when other sequences decode there; 0 on an idle endpoint. Not in
+    /// `wait`: it counts only when some candidate is idle ([`crate::scorer::Spans`]).
+    pub(crate) step_wait: f32,
     /// Estimated time to first token, seconds.
     pub(crate) wait: f64,
     /// At or over the saturation thresholds.
@@ -123,6 +127,7 @@ pub(crate) fn build(
     let adj = cfg.inflight_accounting;
     let inv_prefill_prior = 1.0 / src.rates.prefill_prior();
     let decode_prior = src.rates.decode_prior();
+    let inv_decode_prior = 1.0 / decode_prior;
     let mean_prompt = src.rates.mean_prompt;
     let mean_output = src.rates.mean_output;
     let over = cfg.overload;
@@ -216,11 +221,25 @@ pub(crate) fn build(
                 .max(scraped_queue + since_tokens),
         };
         let own_tokens = f64::from(req.prompt_tokens) * (1.0 - prefix);
+        // Seconds per generated token of one request (the inter-token time).
+        let inv_decode_rate = ep
+            .decode
+            .inv()
+            .unwrap_or(inv_decode_prior * ep.speed.inv_decode);
+        // Sequences running or queued ahead decode in the step that carries this prefill (an
+        // engine step runs the batch's decodes with the prefill chunk), and that step takes about
+        // one inter-token time longer than the prefill alone.
+        let step_wait = if running + waiting >= 1.0 {
+            inv_decode_rate as f32
+        } else {
+            0.0
+        };
         let kv_wait = match kv {
             Some(k) if k > KV_PRESSURE_START => {
-                let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
-                (k - KV_PRESSURE_START) / (1.0 - KV_PRESSURE_START) * 0.5 * mean_output
-                    / decode_rate
+                (k - KV_PRESSURE_START) / (1.0 - KV_PRESSURE_START)
+                    * 0.5
+                    * mean_output
+                    * inv_decode_rate
             }
             _ => 0.0,
         };
@@ -232,12 +251,11 @@ pub(crate) fn build(
         // No free slot and the adapter not running: the request waits until one of the running
         // adapters has no request left, sooner on the pod where one has the fewest in flight.
         let slot_wait = if req.lora_adapter.is_some() && (lora == 0.0 || lora == lora::WAITING) {
-            let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
             ep.adapters
                 .slot_frees_in(
                     &ep.lora,
                     cx.adapter_hash,
-                    mean_output / decode_rate,
+                    mean_output * inv_decode_rate,
                     ep.since_requests > 0,
                 )
                 .unwrap_or(0.0)
@@ -259,6 +277,7 @@ pub(crate) fn build(
             lora,
             queued_tokens,
             own_tokens,
+            step_wait,
             wait,
             saturated: saturation.saturated(waiting, kv_or_zero),
             overloaded: at_or_over(over, waiting, kv_or_zero),

@@ -320,3 +320,63 @@ fn the_one_pass_combination_matches_the_explained_one_bit_for_bit() {
         assert!(hot.iter().any(|v| v.total != hot[0].total));
     }
 }
+
+/// Pods 0 and 1 learn their speeds idle (pod 0 a 20% faster prefill: 10 tokens in 100 ms against
+/// 120 ms; both about 11 ms per output token), then pod 0 shows `running` requests decoding with
+/// its KV cache 85% full and nothing queued, while pod 1 is empty.
+fn busy_and_idle(running: u32) -> Scheduler {
+    let mut s = scheduler(SchedulerConfig::default(), 2);
+    teach(&mut s, 0, 10, Duration::from_millis(100), 5);
+    teach(&mut s, 1, 10, Duration::from_millis(120), 5);
+    let mut m = snapshot(T0, 0, 0.85);
+    m.running = running;
+    s.apply_metrics(addr(0), m).unwrap();
+    s.apply_metrics(addr(1), snapshot(T0, 0, 0.0)).unwrap();
+    s
+}
+
+#[test]
+fn a_running_batch_costs_one_inter_token_time_before_the_first_token() {
+    let mut s = busy_and_idle(12);
+    let itl = 1.0 / s.endpoint(addr(0)).unwrap().decode_tokens_per_sec.unwrap();
+    let prefill = 10.0 / s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
+    let wait = |i| {
+        ex.candidates
+            .iter()
+            .find(|c| c.addr == addr(i))
+            .unwrap()
+            .estimated_wait_secs
+    };
+    assert!(
+        (wait(0) - (prefill + itl)).abs() < 1e-9,
+        "busy pod: {} s, want prefill {prefill} s + one inter-token time {itl} s",
+        wait(0)
+    );
+    // A short request goes to the empty pod, though the busy one learned a faster prefill
+    // (without the decode step it would be estimated 20 ms sooner there, and win).
+    assert_eq!(d.unwrap().endpoints.first(), addr(1), "{}", ex.summary(2));
+}
+
+#[test]
+fn among_busy_pods_the_decode_step_is_left_out() {
+    // Both pods run a batch: each would pay the decode step, so neither wait carries it, and the
+    // faster prefill wins as before.
+    let mut s = busy_and_idle(12);
+    let mut m = snapshot(T0, 0, 0.85);
+    m.running = 3;
+    s.apply_metrics(addr(1), m).unwrap();
+    let prefill = |i| 10.0 / s.endpoint(addr(i)).unwrap().prefill_tokens_per_sec.unwrap();
+    let want = [prefill(0), prefill(1)];
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
+    for (i, want) in (0u32..).zip(want) {
+        let got = ex
+            .candidates
+            .iter()
+            .find(|c| c.addr == addr(i))
+            .unwrap()
+            .estimated_wait_secs;
+        assert!((got - want).abs() < 1e-9, "pod {i}: {got} s, want {want} s");
+    }
+    assert_eq!(d.unwrap().endpoints.first(), addr(0), "{}", ex.summary(2));
+}
