@@ -43,8 +43,9 @@ pub(crate) struct View {
     pub(crate) queued_tokens: f64,
     /// This request's uncached prefill tokens on the endpoint.
     pub(crate) own_tokens: f64,
-    /// The decode part of the engine step that would carry this request's prefill (one
-    /// inter-token time, seconds) when other sequences decode there; 0 on an idle endpoint. Not in
+    /// The decode part of the engine step that would carry this request's prefill (seconds: one
+    /// inter-token time, or the batch's decode tokens at the prefill rate if longer) when other
+    /// sequences decode there; 0 on an idle endpoint. Not in
     /// `wait`: it counts only when some candidate is idle ([`crate::scorer::Spans`]).
     pub(crate) step_wait: f32,
     /// Estimated time to first token, seconds.
@@ -227,10 +228,12 @@ pub(crate) fn build(
             .inv()
             .unwrap_or(inv_decode_prior * ep.speed.inv_decode);
         // Sequences running or queued ahead decode in the step that carries this prefill (an
-        // engine step runs the batch's decodes with the prefill chunk), and that step takes about
-        // one inter-token time longer than the prefill alone.
+        // engine step runs the batch's decodes with the prefill chunk). That step takes longer
+        // than the prefill alone by at least one inter-token time (a pass over the weights) and
+        // at least the batch's decode tokens at the prefill rate (its compute, which is what
+        // grows with the batch where compute bounds the step).
         let step_wait = if running + waiting >= 1.0 {
-            inv_decode_rate as f32
+            inv_decode_rate.max(running * inv_prefill_rate) as f32
         } else {
             0.0
         };

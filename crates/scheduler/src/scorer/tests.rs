@@ -337,9 +337,16 @@ fn busy_and_idle(running: u32) -> Scheduler {
 
 #[test]
 fn a_running_batch_costs_one_inter_token_time_before_the_first_token() {
-    let mut s = busy_and_idle(12);
+    // One running request: the step's decode part is one inter-token time (11 ms), more than its
+    // one token's compute at the prefill rate (10 ms).
+    let mut s = busy_and_idle(1);
     let itl = 1.0 / s.endpoint(addr(0)).unwrap().decode_tokens_per_sec.unwrap();
-    let prefill = 10.0 / s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    let per_token = 1.0 / s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    let prefill = 10.0 * per_token;
+    assert!(
+        itl > per_token,
+        "{itl} s per output token, {per_token} s per prompt token"
+    );
     let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
     let wait = |i| {
         ex.candidates
@@ -379,4 +386,25 @@ fn among_busy_pods_the_decode_step_is_left_out() {
         assert!((got - want).abs() < 1e-9, "pod {i}: {got} s, want {want} s");
     }
     assert_eq!(d.unwrap().endpoints.first(), addr(0), "{}", ex.summary(2));
+}
+
+#[test]
+fn a_large_batch_costs_its_decode_tokens_at_the_prefill_rate() {
+    // Twelve running requests: their twelve decode tokens at 10 ms each (120 ms) outweigh one
+    // inter-token time (11 ms), as in a step that compute bounds.
+    let mut s = busy_and_idle(12);
+    let per_token = 1.0 / s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
+    let got = ex
+        .candidates
+        .iter()
+        .find(|c| c.addr == addr(0))
+        .unwrap()
+        .estimated_wait_secs;
+    let want = (10.0 + 12.0) * per_token;
+    assert!(
+        (got - want).abs() < 1e-6,
+        "busy pod: {got} s, want {want} s"
+    );
+    assert_eq!(d.unwrap().endpoints.first(), addr(1), "{}", ex.summary(2));
 }
