@@ -41,6 +41,9 @@ pub struct CandidateRecord {
     pub total: f64,
     /// Waiting requests the scorers saw (engine queue plus routed since the last scrape).
     pub waiting: f64,
+    /// Running requests the scorers saw (engine batch plus routed since the last scrape that
+    /// have had their first token).
+    pub running: f64,
     /// Estimated time to first token on this pod, in seconds.
     pub estimated_wait_secs: f64,
     /// Leading prompt blocks the pod probably holds.
@@ -165,11 +168,12 @@ impl Explanation {
         for c in order.iter().take(max_candidates) {
             write!(
                 s,
-                " | {} {} total={:.3} waiting={:.0} est_wait_ms={:.1} prefix_blocks={}",
+                " | {} {} total={:.3} waiting={:.0} running={:.0} est_wait_ms={:.1} prefix_blocks={}",
                 c.name,
                 c.addr,
                 c.total,
                 c.waiting,
+                c.running,
                 c.estimated_wait_secs * 1e3,
                 c.prefix_blocks
             )?;

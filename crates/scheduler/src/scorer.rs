@@ -287,6 +287,7 @@ pub(crate) fn score_all(
                     scores,
                     total,
                     waiting: v.waiting,
+                    running: v.running,
                     estimated_wait_secs: spans.wait(v),
                     prefix_blocks: v.prefix_blocks,
                     saturated: v.saturated,
