@@ -45,8 +45,8 @@ pub(crate) struct View {
     pub(crate) own_tokens: f64,
     /// The decode part of the engine step that would carry this request's prefill (seconds: one
     /// inter-token time, or the batch's decode tokens at the prefill rate if longer) when other
-    /// sequences decode there; 0 on an idle endpoint. Not in
-    /// `wait`: it counts only when some candidate is idle ([`crate::scorer::Spans`]).
+    /// sequences decode there; 0 on an idle endpoint. Not in `wait`: it counts only when some
+    /// candidate is idle ([`crate::scorer::Spans`]).
     pub(crate) step_wait: f32,
     /// Estimated time to first token, seconds.
     pub(crate) wait: f64,
