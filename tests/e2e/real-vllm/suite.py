@@ -670,10 +670,14 @@ retries:
         # load every router must see, not only one its model of batching may discount. (With
         # eight, vLLM's preemption left A with nothing waiting at most sampled moments.)
         direct = 12
-        # Lengths differ per worker, so their requests do not all end (and A empty) at once.
+        # Lengths differ per worker, so their requests do not all end (and A empty) at once. The
+        # load runs until the new requests below are done (stopped there); its deadline is only a
+        # bound, and a loose one: on a slow run (A took a minute to queue, the gateway's page of
+        # A half a minute more) A's page went idle four new requests in, and the 240 s deadline
+        # it had then may have been why.
         load = self.Background(self, ua, lambda w, i: self.completion_body(
             prompt=f"load {tag} {w} {i}", max_tokens=1900 - 50 * w, ignore_eos=True), direct,
-            max_seconds=240)
+            max_seconds=600)
         # Asserted while A is loaded as every router must see it: requests waiting, or its KV
         # cache (nearly) full. A running batch alone counts in the scheduler's estimate only as
         # the decode step a new prefill would share (docs/scheduler.md, `step_p`); on this tiny
