@@ -166,7 +166,9 @@ fn an_explanation_summary_names_the_choice_the_filters_and_every_score() {
     let mut s = scheduler(SchedulerConfig::default(), 3);
     let later = T0.saturating_add(Duration::from_secs(1));
     s.apply_metrics(addr(0), snapshot(later, 0, 0.1)).unwrap();
-    s.apply_metrics(addr(1), snapshot(later, 5, 0.5)).unwrap();
+    let mut busy = snapshot(later, 5, 0.5);
+    busy.running = 7;
+    s.apply_metrics(addr(1), busy).unwrap();
     // pod 2 stays at T0: 2.5 s old at `now`, stale.
     let now = later.saturating_add(Duration::from_millis(1_500));
     let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), now, &mut rng(1));
@@ -181,6 +183,7 @@ fn an_explanation_summary_names_the_choice_the_filters_and_every_score() {
         "{line}"
     );
     assert!(line.contains("| ns/pod-0 127.0.0.1:8000 total="), "{line}");
+    assert!(line.contains(" waiting=5 running=7 est_wait_ms="), "{line}");
     assert!(line.contains("estimated-wait="), "{line}");
     assert!(line.contains("queue=0.000*1"), "{line}");
     assert!(
