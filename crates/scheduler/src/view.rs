@@ -303,7 +303,7 @@ pub(crate) fn build(
                 {
                     let lifetimes =
                         lora::slot_cost_lifetimes(v.lora, ep.lora.known, consolidating, free_slots);
-                    let decode_rate = ep.decode.get().unwrap_or(decode_prior * ep.speed.decode);
+                    let decode_rate = ep.decode_rate(src.rates);
                     v.wait += lifetimes * mean_output / decode_rate;
                 }
                 v.lora = lora::consolidated(v.lora, consolidating);
