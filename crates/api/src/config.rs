@@ -386,7 +386,8 @@ pub struct SchedulerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub model_rewrites: Vec<ModelRewriteRule>,
-    /// What the picker does when no pod has fresh metrics (default: fail-open, 32 per pod).
+    /// What the picker does when no pod has fresh metrics, or every fresh one would shed the
+    /// request (default: fail-open, 32 per pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_metrics: Option<StaleMetricsSpec>,
     /// Precise prefix routing from the model servers' own KV-cache events (vLLM), with the

@@ -126,7 +126,7 @@ impl Telemetry {
             );
             r.register(
                 "pool_fail_open",
-                "1 while no pod has fresh metrics and requests are dispatched fail-open on in-flight accounting (staleMetrics)",
+                "1 while requests are dispatched fail-open on in-flight accounting: no pod has fresh metrics, or every fresh pod would shed (staleMetrics)",
                 t.fail_open.clone(),
             );
             r.register(
@@ -392,7 +392,7 @@ impl LivePool {
             t.fail_open.set(i64::from(now_open));
             if now_open {
                 tracing::warn!(
-                    "no pod has fresh metrics: dispatching fail-open on in-flight accounting to the pods that still answer (staleMetrics)"
+                    "no pod with fresh metrics can take requests (none fresh, or every fresh one would shed): dispatching fail-open on in-flight accounting to the pods whose scrapes fail but which still answer (staleMetrics)"
                 );
             } else {
                 tracing::info!(

@@ -1,7 +1,8 @@
 //! Stale metrics through the real gateway (`staleMetrics`): emulated vLLM pods whose `/metrics`
 //! stalls while they keep serving requests. Fail-open keeps dispatching on in-flight
 //! accounting, within its per-pod cap; fail-closed answers 503; a pod nothing answers at is
-//! never routed to either way.
+//! never routed to either way. When the only fresh pod is overloaded, fail-open sends the request
+//! to a pod that answers without a page rather than shedding it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -378,4 +379,113 @@ async fn a_pod_that_refuses_the_request_leaves_fail_open_at_once_and_the_answer_
         text.contains("connection to the endpoint refused") && text.contains(&pod.to_string()),
         "{text}"
     );
+}
+
+/// A pod whose every page says it is overloaded (a queue of 70, its KV cache 99.5% full): served
+/// on keep-alive connections for as long as the test runs. Requests sent to it get the same
+/// page, which no test here expects.
+async fn overloaded_pod() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let page = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"llama\"} 70\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"llama\"} 256\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"llama\"} 0.995\n";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{page}",
+                    page.len()
+                );
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_takes_the_request() {
+    logs();
+    let hot = overloaded_pod().await;
+    for (mode, want) in [("failOpen", 200), ("failClosed", 429)] {
+        let spec = FleetSpec::from_yaml(
+            "seed: 5\npods:\n  - { name: a, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }\n",
+        )
+        .unwrap();
+        let (fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
+        let fleet = serve_fleet(&spec, async move {
+            let _ = fleet_rx.await;
+        })
+        .await
+        .unwrap();
+        let pod = fleet.addrs()[0].1;
+        let config = GatewayConfig::from_yaml(&format!(
+            "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {{ mode: {mode} }} }}\n    endpoints: [{pod}, {hot}]\n"
+        ))
+        .unwrap();
+        let (gw, _stop) = serve_gateway(config).await;
+        let rig = Rig {
+            gw,
+            fleet: Some(fleet),
+            fleet_stop: Some(fleet_stop),
+            _stop,
+            pod,
+            dead: hot,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get(rig.admin(), "/readyz").await.0 != 200 {
+            assert!(Instant::now() < deadline, "never ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Both fresh: the overloaded pod is passed over for the idle one.
+        let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(headers["x-infergate-endpoint"], pod.to_string().as_str());
+        // The idle pod's page stalls until its scrapes fail (reachable: they connect and wait).
+        rig.set_metrics(MetricsFault::Stall);
+        rig.wait_metric("infergate_metrics_stale_targets", 1.0)
+            .await;
+        let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+        assert_eq!(
+            status.as_u16(),
+            want,
+            "{mode}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let m = get(rig.admin(), "/metrics").await.1;
+        if want == 200 {
+            // Fail-open: sent to the pod that answers, said in the metrics.
+            assert_eq!(headers["x-infergate-endpoint"], pod.to_string().as_str());
+            assert_eq!(
+                sample(&m, "pool_fail_open_requests_total"),
+                Some(1.0),
+                "{m}"
+            );
+        } else {
+            // Fail-closed: shed, as before, with the overloaded pod's drain time.
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["error"]["code"], "shed", "{v}");
+            assert!(headers.contains_key("retry-after"));
+            assert_eq!(
+                sample(&m, "pool_fail_open_requests_total"),
+                Some(0.0),
+                "{m}"
+            );
+        }
+        rig.stop().await;
+    }
 }

@@ -166,7 +166,8 @@ pub enum StaleMode {
     /// Keep dispatching to the pods that still answer (their scrapes reach the server but bring
     /// no usable page: a stalled, erroring or garbled `/metrics`) on this gateway's in-flight
     /// accounting alone — least in flight first, prefix and LoRA affinity breaking ties — with at
-    /// most `maxInflightPerEndpoint` requests on each. Unreachable pods stay removed.
+    /// most `maxInflightPerEndpoint` requests on each. Unreachable pods stay removed. Also
+    /// when pods are fresh but every one would shed the request (a queueing request excepted).
     FailOpen,
 }
 
@@ -283,7 +284,8 @@ pub struct SchedulerConfig {
     pub max_metrics_age: Option<Duration>,
     /// What happens when the filters leave no candidate.
     pub on_all_filtered: AllFilteredAction,
-    /// What happens when no candidate has fresh metrics but some still answer.
+    /// What happens when no candidate has fresh metrics but some still answer (and when every
+    /// fresh candidate would shed the request).
     pub stale_metrics: StaleMetrics,
     /// Whether the LoRA capability filter runs (requests naming an adapter only).
     pub lora_filter: bool,

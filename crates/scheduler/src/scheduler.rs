@@ -67,7 +67,7 @@ struct Scratch {
     views: Vec<View>,
     /// The prompt's chained block hashes.
     hashes: Vec<u64>,
-    /// Per slot: leading blocks matched (reset through `touched` after each pick).
+    /// Per slot: leading blocks matched (reset through `touched` before each pick).
     matched: Vec<u32>,
     /// Slots with a non-zero `matched` entry.
     touched: Vec<u32>,
@@ -487,6 +487,12 @@ impl Scheduler {
         let scored = self.cfg.policy == Policy::Scored;
         let use_prefix =
             scored && (self.cfg.weights.prefix > 0.0 || self.cfg.weights.estimated_wait > 0.0);
+        // The last pick's matches, zeroed here rather than at its end: it may return early.
+        for t in sc.touched.drain(..) {
+            if let Some(m) = sc.matched.get_mut(t as usize) {
+                *m = 0;
+            }
+        }
         sc.hashes.clear();
         if use_prefix && !req.prompt.is_empty() {
             let seed = model_seed(req.model, req.lora_adapter);
@@ -592,11 +598,6 @@ impl Scheduler {
                 ex.fell_back_to_all_ready = true;
             }
         }
-        for t in sc.touched.drain(..) {
-            if let Some(m) = sc.matched.get_mut(t as usize) {
-                *m = 0;
-            }
-        }
         if capped {
             // Every pod that answers has its fail-open share: shed, as a saturated pool is.
             return Err(Rejection::Shed {
@@ -612,15 +613,10 @@ impl Scheduler {
                 Rejection::NoEndpoints
             });
         }
-        self.rates.observe_prompt(req.prompt_tokens);
         // Admission, the saturation filter and the scorers (scored policy only), then the pick.
-        if fail_open {
-            // No usable load numbers: least in flight, prefix and LoRA breaking ties.
-            for v in sc.views.iter_mut() {
-                v.total = stale::score(v);
-            }
-        } else if scored {
-            admission::admit(
+        let mut scores = scored && !fail_open;
+        if scores
+            && let Err(shed) = admission::admit(
                 &self.cfg,
                 req.priority,
                 req.queue_when_saturated,
@@ -629,7 +625,43 @@ impl Scheduler {
                 &self.endpoints,
                 &self.rates,
                 ex.as_deref_mut(),
-            )?;
+            )
+        {
+            // Every fresh candidate would shed it. Pods whose scrapes fail but which still answer
+            // are capacity of unknown load, not none: in fail-open they take the request under
+            // the cap (a queueing caller waits for a pod with headroom instead).
+            let cap = self
+                .cfg
+                .stale_metrics
+                .fail_open_cap()
+                .filter(|_| !req.queue_when_saturated && self.filters.freshness.is_some());
+            let outcome = cap.map(|cap| {
+                stale::build(
+                    &src,
+                    &cx,
+                    &sc.candidates,
+                    cap,
+                    &mut sc.views,
+                    ex.as_deref_mut(),
+                )
+            });
+            if outcome != Some(stale::Outcome::Views) {
+                self.rates.observe_prompt(req.prompt_tokens);
+                return Err(shed);
+            }
+            fail_open = true;
+            scores = false;
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.fail_open = true;
+            }
+        }
+        self.rates.observe_prompt(req.prompt_tokens);
+        if fail_open {
+            // No usable load numbers: least in flight, prefix and LoRA breaking ties.
+            for v in sc.views.iter_mut() {
+                v.total = stale::score(v);
+            }
+        } else if scores {
             self.filters
                 .saturation
                 .apply(&cx, &mut sc.views, &self.endpoints, ex.as_deref_mut());

@@ -6,6 +6,10 @@
 //! answers it on the event loop that streams tokens) then halts all dispatch to a pool that is
 //! serving fine. Unreachable pods (connection refused, nothing connected) are never candidates:
 //! routing to them would turn an outage into upstream errors.
+//!
+//! The same views are the fallback when pods are fresh but admission would shed the request on
+//! every one: a pod that answers but whose page is missing is capacity of unknown load, and a
+//! 429 while it may be idle is the worse answer (`Scheduler::pick`).
 
 use crate::endpoint::ScrapeState;
 use crate::explain::{Explanation, FilteredOut};

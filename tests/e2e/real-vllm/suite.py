@@ -745,6 +745,12 @@ retries:
             served.append(inst)
             time.sleep(0.1)
         load.stop(abort=True)
+        # An answer other than a routing decision (a 429 shed, a 503) is not asserted on here,
+        # but its decision says why the gateway gave it: printed in every run.
+        for inst, ex, st in zip(served, explained, states):
+            if "(" in inst:
+                print(f"    not routed: {inst}\n      scrape state of A/B before it: {st}\n"
+                      f"      decision: {ex}")
         busy = both_loaded()
         if len(busy) < 3 or busy.count("B") != len(busy):
             print("    routing decisions:\n      " + "\n      ".join(explained))

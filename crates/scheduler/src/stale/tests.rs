@@ -161,3 +161,54 @@ fn the_setting_reads_and_validates() {
     let back: SchedulerConfig = serde_yaml::from_str(&serde_yaml::to_string(&c).unwrap()).unwrap();
     assert_eq!(back, c);
 }
+
+#[test]
+fn when_every_fresh_pod_would_shed_a_reachable_failed_pod_takes_the_request() {
+    // Pod 0 answers its scrapes and is overloaded (KV full, a long queue); pod 1's scrapes fail
+    // while it still answers. Shedding would turn away a request that pod 1 may well serve.
+    let overloaded = |s: &mut Scheduler| {
+        s.apply_metrics(addr(0), snapshot(T0, 70, 0.995)).unwrap();
+    };
+    let mut s = failing(StaleMode::FailOpen, 2, &[true, true]);
+    overloaded(&mut s);
+    let (r, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(1));
+    let d = r.unwrap();
+    assert!(d.fail_open);
+    assert_eq!(d.endpoints.as_slice(), &[addr(1)]);
+    assert!(ex.summary(8).contains(" fail_open"), "{}", ex.summary(8));
+    // Up to the cap; then shed as before, with the fresh pods' drain time.
+    assert!(
+        s.pick(&RequestContext::new("m", 10), T0, &mut rng(2))
+            .is_ok()
+    );
+    let r = s.pick(&RequestContext::new("m", 10), T0, &mut rng(3));
+    assert!(
+        matches!(r, Err(Rejection::Shed { retry_after }) if retry_after > Duration::from_secs(1)),
+        "{r:?}"
+    );
+
+    // The pod that fails its scrapes does not answer either: shed.
+    let mut s = failing(StaleMode::FailOpen, 2, &[true, false]);
+    overloaded(&mut s);
+    let r = s.pick(&RequestContext::new("m", 10), T0, &mut rng(1));
+    assert!(matches!(r, Err(Rejection::Shed { .. })), "{r:?}");
+    // Fail-closed: shed.
+    let mut s = failing(StaleMode::FailClosed, 2, &[true, true]);
+    overloaded(&mut s);
+    let r = s.pick(&RequestContext::new("m", 10), T0, &mut rng(1));
+    assert!(matches!(r, Err(Rejection::Shed { .. })), "{r:?}");
+    // A caller that queues (flow control) waits for a pod with headroom instead.
+    let mut s = failing(StaleMode::FailOpen, 2, &[true, true]);
+    overloaded(&mut s);
+    let cx = RequestContext::new("m", 10).with_queueing(true);
+    let r = s.pick(&cx, T0, &mut rng(1));
+    assert!(matches!(r, Err(Rejection::Shed { .. })), "{r:?}");
+    // A fresh pod with headroom: routed there, not fail-open.
+    let mut s = failing(StaleMode::FailOpen, 2, &[true, true]);
+    s.apply_metrics(addr(0), snapshot(T0, 0, 0.2)).unwrap();
+    let d = s
+        .pick(&RequestContext::new("m", 10), T0, &mut rng(1))
+        .unwrap();
+    assert!(!d.fail_open);
+    assert_eq!(d.endpoints.as_slice(), &[addr(0)]);
+}
