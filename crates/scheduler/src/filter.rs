@@ -88,8 +88,16 @@ impl Filter<EndpointState> for LoraFilter {
         let Some(adapter) = cx.request.lora_adapter else {
             return true;
         };
-        ep.lora_affinity(adapter, cx.adapter_hash)
-            .is_none_or(|a| a > 0.0)
+        LoraFilter::admits(ep.lora_affinity(adapter, cx.adapter_hash))
+    }
+}
+
+impl LoraFilter {
+    /// The rule on an affinity already computed ([`EndpointState::lora_affinity`]): the view
+    /// pass reads it once for the filter and the scorer.
+    #[inline]
+    pub(crate) fn admits(affinity: Option<f64>) -> bool {
+        affinity.is_none_or(|a| a > 0.0)
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::config::{Policy, SchedulerConfig};
 use crate::explain::{Explanation, FilteredOut};
-use crate::filter::{Filter, FilterContext, Filters, at_or_over};
+use crate::filter::{Filter, FilterContext, Filters, LoraFilter, at_or_over};
 use crate::lora;
 use crate::rates::PoolRates;
 use crate::request::RequestContext;
@@ -143,15 +143,18 @@ pub(crate) fn build(
         let Some(ep) = src.table.get(slot) else {
             continue;
         };
+        // The pod's LoRA affinity is read once, for the LoRA filter and the view.
+        let mut affinity = None;
         let removed_by = if freshness.is_some_and(|f| !f.keep(cx, ep)) {
             freshness.map(Filter::name)
         } else {
             fresh += 1;
-            if lora_filter.is_some_and(|f| !f.keep(cx, ep)) {
-                lora_filter.map(Filter::name)
-            } else {
-                None
-            }
+            affinity = req
+                .lora_adapter
+                .and_then(|a| ep.lora_affinity(a, cx.adapter_hash));
+            lora_filter
+                .filter(|_| !LoraFilter::admits(affinity))
+                .map(Filter::name)
         };
         if let Some(name) = removed_by {
             if let Some(ex) = ex.as_deref_mut() {
@@ -210,9 +213,7 @@ pub(crate) fn build(
         let prefix = f64::from(prefix_blocks) * inv_blocks;
         let lora = match req.lora_adapter {
             None => lora::NOT_REQUESTED,
-            Some(a) => ep
-                .lora_affinity(a, cx.adapter_hash)
-                .unwrap_or(lora::UNKNOWN),
+            Some(_) => affinity.unwrap_or(lora::UNKNOWN),
         };
         let scraped_queue = m_wait * mean_prompt;
         let queued_tokens = match (adj, src.peers) {
