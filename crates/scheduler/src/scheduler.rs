@@ -615,8 +615,9 @@ impl Scheduler {
         }
         // Admission, the saturation filter and the scorers (scored policy only), then the pick.
         let mut scores = scored && !fail_open;
+        let mut shed = None;
         if scores
-            && let Err(shed) = admission::admit(
+            && let Err(rejection) = admission::admit(
                 &self.cfg,
                 req.priority,
                 req.queue_when_saturated,
@@ -645,17 +646,20 @@ impl Scheduler {
                     ex.as_deref_mut(),
                 )
             });
-            if outcome != Some(stale::Outcome::Views) {
-                self.rates.observe_prompt(req.prompt_tokens);
-                return Err(shed);
-            }
-            fail_open = true;
-            scores = false;
-            if let Some(ex) = ex.as_deref_mut() {
-                ex.fail_open = true;
+            if outcome == Some(stale::Outcome::Views) {
+                fail_open = true;
+                scores = false;
+                if let Some(ex) = ex.as_deref_mut() {
+                    ex.fail_open = true;
+                }
+            } else {
+                shed = Some(rejection);
             }
         }
         self.rates.observe_prompt(req.prompt_tokens);
+        if let Some(rejection) = shed {
+            return Err(rejection);
+        }
         if fail_open {
             // No usable load numbers: least in flight, prefix and LoRA breaking ties.
             for v in sc.views.iter_mut() {
