@@ -52,19 +52,31 @@ impl std::io::Write for Writer {
     }
 }
 
-/// One emulated pod `a` plus an address where nothing listens, behind a gateway with a short
-/// late window (a stalled page fails the pod's scrapes after 400 ms).
+/// One emulated pod `a` plus a second endpoint (an address where nothing listens, or another
+/// server), behind a gateway with a short late window (a stalled page fails the pod's scrapes
+/// after 400 ms).
 struct Rig {
     gw: Gateway,
     fleet: Option<ServedFleet>,
     fleet_stop: Option<tokio::sync::oneshot::Sender<()>>,
     _stop: tokio::sync::oneshot::Sender<()>,
     pod: SocketAddr,
-    dead: SocketAddr,
+    /// The second endpoint: an address where nothing listens, or another server.
+    other: SocketAddr,
 }
 
 impl Rig {
     async fn start(stale: &str) -> Rig {
+        let dead = refused_addr().await;
+        let rig = Rig::start_with(stale, dead).await;
+        // The dead address is stale from the start.
+        rig.wait_metric("infergate_metrics_stale_targets", 1.0)
+            .await;
+        rig
+    }
+
+    /// The emulated pod and `other` behind the gateway (`staleMetrics: stale`), once ready.
+    async fn start_with(stale: &str, other: SocketAddr) -> Rig {
         logs();
         let spec = FleetSpec::from_yaml(
             "seed: 5\npods:\n  - { name: a, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }\n",
@@ -77,9 +89,8 @@ impl Rig {
         .await
         .unwrap();
         let pod = fleet.addrs()[0].1;
-        let dead = refused_addr().await;
         let config = GatewayConfig::from_yaml(&format!(
-            "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {stale} }}\n    endpoints: [{pod}, {dead}]\n"
+            "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {stale} }}\n    endpoints: [{pod}, {other}]\n"
         ))
         .unwrap();
         let (gw, stop) = serve_gateway(config).await;
@@ -89,10 +100,8 @@ impl Rig {
             fleet_stop: Some(fleet_stop),
             _stop: stop,
             pod,
-            dead,
+            other,
         };
-        rig.wait_metric("infergate_metrics_stale_targets", 1.0)
-            .await;
         let deadline = Instant::now() + Duration::from_secs(10);
         while get(rig.admin(), "/readyz").await.0 != 200 {
             assert!(Instant::now() < deadline, "never ready");
@@ -207,7 +216,7 @@ async fn a_stalled_metrics_page_keeps_serving_fail_open_near_the_direct_latency(
     let text = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
     assert!(text.contains("fail-open ended"), "{text}");
     // The dead address was never routed to: every answer above named the live pod.
-    assert_ne!(rig.pod, rig.dead);
+    assert_ne!(rig.pod, rig.other);
     rig.stop().await;
 }
 
@@ -422,35 +431,8 @@ async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_ta
     logs();
     let hot = overloaded_pod().await;
     for (mode, want) in [("failOpen", 200), ("failClosed", 429)] {
-        let spec = FleetSpec::from_yaml(
-            "seed: 5\npods:\n  - { name: a, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }\n",
-        )
-        .unwrap();
-        let (fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
-        let fleet = serve_fleet(&spec, async move {
-            let _ = fleet_rx.await;
-        })
-        .await
-        .unwrap();
-        let pod = fleet.addrs()[0].1;
-        let config = GatewayConfig::from_yaml(&format!(
-            "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {{ mode: {mode} }} }}\n    endpoints: [{pod}, {hot}]\n"
-        ))
-        .unwrap();
-        let (gw, _stop) = serve_gateway(config).await;
-        let rig = Rig {
-            gw,
-            fleet: Some(fleet),
-            fleet_stop: Some(fleet_stop),
-            _stop,
-            pod,
-            dead: hot,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while get(rig.admin(), "/readyz").await.0 != 200 {
-            assert!(Instant::now() < deadline, "never ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let rig = Rig::start_with(&format!("{{ mode: {mode} }}"), hot).await;
+        let pod = rig.pod;
         // Both fresh: the overloaded pod is passed over for the idle one.
         let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
