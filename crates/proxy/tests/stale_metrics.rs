@@ -22,7 +22,7 @@ use http_body_util::Full;
 use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
 use tokio::time::Instant;
-use upstream::{client, get, post, refused_addr, serve_gateway};
+use upstream::{client, get, post, refused_addr, send, serve_gateway};
 
 /// Everything the test binary logs, for the fail-open log lines.
 fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
@@ -90,7 +90,7 @@ impl Rig {
         .unwrap();
         let pod = fleet.addrs()[0].1;
         let config = GatewayConfig::from_yaml(&format!(
-            "auth: none\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {stale} }}\n    endpoints: [{pod}, {other}]\n"
+            "auth: none\nexplainHeader: true\nretries: {{ maxAttempts: 1 }}\nscrape: {{ intervalMs: 50, staleAfterMs: 200, timeoutMs: 200, maxLateMs: 400 }}\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate, staleMetrics: {stale} }}\n    endpoints: [{pod}, {other}]\n"
         ))
         .unwrap();
         let (gw, stop) = serve_gateway(config).await;
@@ -441,7 +441,14 @@ async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_ta
         rig.set_metrics(MetricsFault::Stall);
         rig.wait_metric("infergate_metrics_stale_targets", 1.0)
             .await;
-        let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
+        let (status, headers, body) = send(
+            rig.gw.http_addr(),
+            "POST",
+            "/v1/chat/completions",
+            CHAT,
+            &[("x-infergate-explain", "1")],
+        )
+        .await;
         assert_eq!(
             status.as_u16(),
             want,
@@ -450,8 +457,16 @@ async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_ta
         );
         let m = get(rig.admin(), "/metrics").await.1;
         if want == 200 {
-            // Fail-open: sent to the pod that answers, said in the metrics.
+            // Fail-open: sent to the pod that answers, said in the metrics and in the decision:
+            // the overloaded pod would have shed it, the other was ranked without a page.
             assert_eq!(headers["x-infergate-endpoint"], pod.to_string().as_str());
+            let why = headers["x-infergate-explain"].to_str().unwrap();
+            assert!(why.contains(" fail_open"), "{why}");
+            assert!(why.contains(&format!("filtered={hot}:admission")), "{why}");
+            assert!(
+                why.contains(&format!(" {pod} total=")) && why.contains(" scrape=failed"),
+                "{why}"
+            );
             assert_eq!(
                 sample(&m, "pool_fail_open_requests_total"),
                 Some(1.0),

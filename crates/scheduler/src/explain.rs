@@ -13,7 +13,9 @@ use crate::request::Priority;
 pub struct FilteredOut {
     /// The endpoint.
     pub addr: SocketAddr,
-    /// The filter's name (`freshness`, `lora`, `saturation`).
+    /// The filter's name (`freshness`, `lora`, `saturation`; `stale-metrics-cap` for a pod at
+    /// the fail-open cap; `admission` for a fresh pod that would have shed the request, when a
+    /// pod without a page took it fail-open instead).
     pub filter: &'static str,
 }
 
@@ -55,6 +57,13 @@ pub struct CandidateRecord {
     pub scrape: crate::endpoint::ScrapeState,
     /// Age of the metrics it was scored on, in seconds.
     pub metrics_age_secs: Option<f64>,
+    /// This gateway's requests in flight on the pod.
+    pub inflight: f64,
+    /// Ranked fail-open (`staleMetrics`): its scrapes fail, so it was ranked on `inflight`, the
+    /// prefix match and its last LoRA state only; `scores` is empty and the page's numbers
+    /// (`waiting`, `running`, `estimated_wait_secs`) are not known.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fail_open: bool,
 }
 
 /// The full record of one pick.
@@ -166,6 +175,22 @@ impl Explanation {
         let mut order: Vec<&CandidateRecord> = self.candidates.iter().collect();
         order.sort_by(|a, b| b.total.total_cmp(&a.total));
         for c in order.iter().take(max_candidates) {
+            if c.fail_open {
+                write!(
+                    s,
+                    " | {} {} total={:.3} inflight={:.0} prefix_blocks={} scrape={}",
+                    c.name,
+                    c.addr,
+                    c.total,
+                    c.inflight,
+                    c.prefix_blocks,
+                    c.scrape.as_str()
+                )?;
+                if let Some(age) = c.metrics_age_secs {
+                    write!(s, " metrics_age_ms={:.0}", age * 1e3)?;
+                }
+                continue;
+            }
             write!(
                 s,
                 " | {} {} total={:.3} waiting={:.0} running={:.0} est_wait_ms={:.1} prefix_blocks={}",

@@ -636,6 +636,17 @@ impl Scheduler {
                 .stale_metrics
                 .fail_open_cap()
                 .filter(|_| !req.queue_when_saturated && self.filters.freshness.is_some());
+            // Explained: the fresh pods that would have shed it, listed if a pod without a page
+            // takes the request instead.
+            let shedding: Vec<std::net::SocketAddr> = if ex.is_some() {
+                sc.views
+                    .iter()
+                    .filter_map(|v| self.endpoints.get(v.slot))
+                    .map(|ep| ep.cold.meta.addr)
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let outcome = cap.map(|cap| {
                 stale::build(
                     &src,
@@ -651,6 +662,12 @@ impl Scheduler {
                 scores = false;
                 if let Some(ex) = ex.as_deref_mut() {
                     ex.fail_open = true;
+                    ex.filtered.extend(shedding.into_iter().map(|addr| {
+                        crate::explain::FilteredOut {
+                            addr,
+                            filter: stale::ADMISSION,
+                        }
+                    }));
                 }
             } else {
                 shed = Some(rejection);
@@ -664,6 +681,9 @@ impl Scheduler {
             // No usable load numbers: least in flight, prefix and LoRA breaking ties.
             for v in sc.views.iter_mut() {
                 v.total = stale::score(v);
+            }
+            if let Some(ex) = ex.as_deref_mut() {
+                stale::explain(&sc.views, &self.endpoints, now, ex);
             }
         } else if scores {
             self.filters

@@ -293,6 +293,8 @@ pub(crate) fn score_all(
                     saturated: v.saturated,
                     scrape: ep.scrape,
                     metrics_age_secs: ep.sampled_at.map(|t| now.saturating_since(t).as_secs_f64()),
+                    inflight: f64::from(ep.inflight),
+                    fail_open: false,
                 });
             }
         }

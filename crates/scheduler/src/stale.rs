@@ -11,14 +11,20 @@
 //! every one: a pod that answers but whose page is missing is capacity of unknown load, and a
 //! 429 while it may be idle is the worse answer (`Scheduler::pick`).
 
-use crate::endpoint::ScrapeState;
-use crate::explain::{Explanation, FilteredOut};
+use crate::endpoint::{ScrapeState, Timestamp};
+use crate::explain::{CandidateRecord, Explanation, FilteredOut};
 use crate::filter::FilterContext;
 use crate::lora;
+use crate::table::EndpointTable;
 use crate::view::{Sources, View};
 
 /// Name of the cap in explanations.
 const CAP: &str = "stale-metrics-cap";
+/// Name of the freshness filter in explanations.
+const FRESHNESS: &str = "freshness";
+/// Name, in explanations, of what removed the fresh pods when every one would have shed the
+/// request and a pod without a page took it.
+pub(crate) const ADMISSION: &str = "admission";
 
 /// What [`build`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +71,12 @@ pub(crate) fn build(
             }
             continue;
         }
+        if let Some(ex) = ex.as_deref_mut() {
+            // The freshness filter removed it; fail-open takes it back as a candidate.
+            let addr = ep.cold.meta.addr;
+            ex.filtered
+                .retain(|f| f.addr != addr || f.filter != FRESHNESS);
+        }
         let prefix_blocks = src.matched.get(slot as usize).copied().unwrap_or(0);
         let lora = match cx.request.lora_adapter {
             None => lora::NOT_REQUESTED,
@@ -86,6 +98,31 @@ pub(crate) fn build(
         (0, _) => Outcome::NoneReachable,
         (_, true) => Outcome::Capped,
         (_, false) => Outcome::Views,
+    }
+}
+
+/// Records the fail-open candidates in `views` (ranked, `total` set by [`score`]) in `ex`.
+pub(crate) fn explain(views: &[View], table: &EndpointTable, now: Timestamp, ex: &mut Explanation) {
+    ex.candidates.clear();
+    for v in views {
+        let Some(ep) = table.get(v.slot) else {
+            continue;
+        };
+        ex.candidates.push(CandidateRecord {
+            addr: ep.cold.meta.addr,
+            name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
+            scores: Vec::new(),
+            total: v.total,
+            waiting: 0.0,
+            running: 0.0,
+            estimated_wait_secs: 0.0,
+            prefix_blocks: v.prefix_blocks,
+            saturated: false,
+            scrape: ep.scrape,
+            metrics_age_secs: ep.sampled_at.map(|t| now.saturating_since(t).as_secs_f64()),
+            inflight: f64::from(ep.inflight),
+            fail_open: true,
+        });
     }
 }
 

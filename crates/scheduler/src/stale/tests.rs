@@ -78,6 +78,39 @@ fn fail_open_dispatches_least_in_flight_up_to_the_cap_then_sheds() {
 }
 
 #[test]
+fn an_explained_fail_open_pick_lists_the_pods_it_ranked_not_as_filtered() {
+    let mut s = failing(StaleMode::FailOpen, 3, &[true, true]);
+    let first = s
+        .pick(&RequestContext::new("m", 10), T0, &mut rng(1))
+        .unwrap();
+    let (r, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(2));
+    let d = r.unwrap();
+    assert_ne!(d.endpoints.first(), first.endpoints.first());
+    let line = ex.summary(8);
+    assert!(line.contains(" fail_open"), "{line}");
+    // The freshness filter removed both; fail-open took both back.
+    assert!(ex.filtered.is_empty(), "{line}");
+    assert!(!line.contains("filtered="), "{line}");
+    assert_eq!(ex.candidates.len(), 2, "{line}");
+    assert!(
+        ex.candidates
+            .iter()
+            .all(|c| c.fail_open && c.scores.is_empty() && c.scrape == ScrapeState::Failed)
+    );
+    // Ranked on this gateway's requests in flight: the page's numbers are not shown.
+    assert!(
+        line.contains(" inflight=0 ") && line.contains(" inflight=1 "),
+        "{line}"
+    );
+    assert!(
+        !line.contains("est_wait_ms") && !line.contains("waiting="),
+        "{line}"
+    );
+    let json = serde_json::to_value(&ex).unwrap();
+    assert_eq!(json["candidates"][0]["fail_open"], true, "{json}");
+}
+
+#[test]
 fn unreachable_pods_stay_removed_and_fail_closed_is_503() {
     // One pod answers, one does not: only the first is routed, with no fallback to the other.
     let mut s = failing(StaleMode::FailOpen, 8, &[false, true]);
@@ -175,7 +208,31 @@ fn when_every_fresh_pod_would_shed_a_reachable_failed_pod_takes_the_request() {
     let d = r.unwrap();
     assert!(d.fail_open);
     assert_eq!(d.endpoints.as_slice(), &[addr(1)]);
-    assert!(ex.summary(8).contains(" fail_open"), "{}", ex.summary(8));
+    // The record says what happened: the fresh pod would have shed it, the pod without a page
+    // took it on its in-flight count.
+    let line = ex.summary(8);
+    assert!(line.contains(" fail_open"), "{line}");
+    assert_eq!(
+        ex.filtered,
+        vec![FilteredOut {
+            addr: addr(0),
+            filter: "admission"
+        }],
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!(" filtered={}:admission ", addr(0))),
+        "{line}"
+    );
+    assert_eq!(ex.candidates.len(), 1, "{line}");
+    assert!(ex.candidates[0].fail_open && ex.candidates[0].addr == addr(1));
+    assert!(
+        line.contains(&format!(
+            "{} total=0.250 inflight=0 prefix_blocks=0 scrape=failed",
+            addr(1)
+        )),
+        "{line}"
+    );
     // Up to the cap; then shed as before, with the fresh pods' drain time.
     assert!(
         s.pick(&RequestContext::new("m", 10), T0, &mut rng(2))
