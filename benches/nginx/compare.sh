@@ -13,7 +13,7 @@
 # and prints the gateway/nginx ratios, including the latency each proxy adds over the direct path,
 # and the CPU time each proxy spends per request (user + system, all threads and worker
 # processes, from /proc/PID/stat) during each phase: a figure that other load on the machine
-# disturbs much less than latency.
+# disturbs much less than latency; under wrk also split into user space and kernel.
 #
 # BIN=DIR runs prebuilt bench_upstream, bench_gateway and loadgen from DIR instead of building
 # them (to compare two builds with the same script); GATEWAY_ARGS are extra arguments of
@@ -73,21 +73,23 @@ wrk.headers["Content-Type"] = "application/json"
 LUA
 
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
-# CPU clock ticks (user + system) of a process and its worker processes (nginx forks them).
+# CPU clock ticks of a process and its worker processes (nginx forks them): "user system".
 procs_of() { echo "$1"; cat /proc/[0-9]*/stat 2>/dev/null | awk -v p="$1" '$4 == p {print $1}'; }
-cpu_ticks() {
-  local total=0 t
+cpu_split() {
+  local user=0 sys=0 u s
   for p in $(procs_of "$1"); do
-    t=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) || continue
-    total=$((total + ${t:-0}))
+    read -r u s < <(awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null) || continue
+    user=$((user + ${u:-0})); sys=$((sys + ${s:-0}))
   done
-  echo "$total"
+  echo "$user $sys"
 }
+# User + system.
+cpu_ticks() { local u s; read -r u s < <(cpu_split "$1"); echo $((u + s)); }
 HZ=$(getconf CLK_TCK)
 us_per_req() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }'; }
 # Every request loadgen sends, its one-second warm-up included (the CPU counters see those too).
 LOADGEN_REQS=$(awk -v r="$RATE" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%d", r * (s + 1) }')
-declare -A P50 P99 RPS CPU_LAT CPU_WRK
+declare -A P50 P99 RPS CPU_LAT CPU_WRK USR_WRK SYS_WRK
 for target in direct:18001 nginx:18081 gateway:18080; do
   name=${target%%:*}; port=${target##*:}
   case $name in nginx) pid=$nginx_pid ;; gateway) pid=$gateway_pid ;; *) pid= ;; esac
@@ -97,10 +99,15 @@ for target in direct:18001 nginx:18081 gateway:18080; do
   [ -n "$pid" ] && CPU_LAT[$name]=$(us_per_req $(($(cpu_ticks "$pid") - c0)) "$LOADGEN_REQS")
   echo "$name loadgen rate=$RATE conns=$CONNS: $lat cpu_us_per_req=${CPU_LAT[$name]:-}"
   P50[$name]=$(field p50_us "$lat"); P99[$name]=$(field p99_us "$lat")
-  [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+  [ -n "$pid" ] && read -r u0 s0 < <(cpu_split "$pid")
   wrk_out=$(wrk -t2 -c"$WRK_CONNS" -d"${SECONDS_PER_RUN}s" -s "$RUN/post.lua" "$url")
   n=$(awk '/requests in/ {print $1}' <<<"$wrk_out")
-  [ -n "$pid" ] && CPU_WRK[$name]=$(us_per_req $(($(cpu_ticks "$pid") - c0)) "$n")
+  if [ -n "$pid" ]; then
+    read -r u1 s1 < <(cpu_split "$pid")
+    CPU_WRK[$name]=$(us_per_req $((u1 - u0 + s1 - s0)) "$n")
+    USR_WRK[$name]=$(us_per_req $((u1 - u0)) "$n")
+    SYS_WRK[$name]=$(us_per_req $((s1 - s0)) "$n")
+  fi
   RPS[$name]=$(awk '/Requests\/sec/ {print $2}' <<<"$wrk_out")
   echo "$name wrk -t2 -c$WRK_CONNS: ${RPS[$name]} req/s cpu_us_per_req=${CPU_WRK[$name]:-}"
 done
@@ -119,4 +126,6 @@ echo "| p99 added over direct (µs) | – | $ng99 | $gw99 | $(ratio "$gw99" "$ng
 echo "| throughput, wrk -c$WRK_CONNS (req/s) | ${RPS[direct]} | ${RPS[nginx]} | ${RPS[gateway]} | $(ratio "${RPS[gateway]}" "${RPS[nginx]}") |"
 echo "| proxy CPU per request at $RATE req/s (µs) | – | ${CPU_LAT[nginx]} | ${CPU_LAT[gateway]} | $(ratio "${CPU_LAT[gateway]}" "${CPU_LAT[nginx]}") |"
 echo "| proxy CPU per request under wrk (µs) | – | ${CPU_WRK[nginx]} | ${CPU_WRK[gateway]} | $(ratio "${CPU_WRK[gateway]}" "${CPU_WRK[nginx]}") |"
+echo "| of which user space (µs) | – | ${USR_WRK[nginx]} | ${USR_WRK[gateway]} | $(ratio "${USR_WRK[gateway]}" "${USR_WRK[nginx]}") |"
+echo "| of which kernel (µs) | – | ${SYS_WRK[nginx]} | ${SYS_WRK[gateway]} | $(ratio "${SYS_WRK[gateway]}" "${SYS_WRK[nginx]}") |"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
