@@ -280,6 +280,11 @@ pub struct SchedulerConfig {
     pub weights: Weights,
     /// Endpoints returned per pick: first choice plus fallbacks (1..=8; default 3).
     pub returned_endpoints: u8,
+    /// Scored policy, pools of more than four times this many candidates: each pick scores a
+    /// random sample of this many endpoints per GPU type, plus every endpoint holding the
+    /// prompt's prefix or the request's adapter, and falls back to all candidates when the sample
+    /// cannot take the request. 0 scores every candidate (default 16).
+    pub candidate_sample: u32,
     /// Endpoints whose metrics are older than this are not candidates; `None` keeps stale pods.
     pub max_metrics_age: Option<Duration>,
     /// What happens when the filters leave no candidate.
@@ -331,6 +336,7 @@ impl SchedulerConfig {
                 estimated_wait: 6.0,
             },
             returned_endpoints: 3,
+            candidate_sample: 16,
             max_metrics_age: Some(Duration::from_secs(2)),
             on_all_filtered: AllFilteredAction::AllReady,
             stale_metrics: StaleMetrics::default(),
@@ -540,6 +546,8 @@ struct ConfigSpec {
     weights: Option<Weights>,
     #[serde(skip_serializing_if = "Option::is_none")]
     returned_endpoints: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidate_sample: Option<u32>,
     /// `Some(None)` (explicit `null`) disables the freshness filter.
     #[serde(
         default,
@@ -600,6 +608,9 @@ impl From<ConfigSpec> for SchedulerConfig {
         if let Some(v) = s.returned_endpoints {
             c.returned_endpoints = v;
         }
+        if let Some(v) = s.candidate_sample {
+            c.candidate_sample = v;
+        }
         if let Some(v) = s.max_metrics_age_ms {
             c.max_metrics_age = v.map(Duration::from_millis);
         }
@@ -648,6 +659,7 @@ impl From<SchedulerConfig> for ConfigSpec {
             policy: Some(c.policy),
             weights: Some(c.weights),
             returned_endpoints: Some(c.returned_endpoints),
+            candidate_sample: Some(c.candidate_sample),
             max_metrics_age_ms: Some(c.max_metrics_age.map(ms)),
             on_all_filtered: Some(c.on_all_filtered),
             stale_metrics: Some(c.stale_metrics),

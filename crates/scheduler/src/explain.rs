@@ -75,6 +75,10 @@ pub struct Explanation {
     pub priority: Priority,
     /// Endpoints considered before filtering (after the subset hint).
     pub considered: usize,
+    /// Candidates the pool had when the pick scored a random sample of them
+    /// (`candidateSample`); 0 when every candidate was considered.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sampled_from: usize,
     /// Full prompt blocks hashed for prefix affinity.
     pub prompt_blocks: usize,
     /// Endpoints whose prefix match came from the engine's KV-cache events (exact, counted in
@@ -145,6 +149,9 @@ impl Explanation {
             self.considered,
             self.prompt_blocks
         )?;
+        if self.sampled_from > 0 {
+            write!(s, " sampled_from={}", self.sampled_from)?;
+        }
         if self.exact_prefix > 0 {
             write!(s, " exact_prefix={}", self.exact_prefix)?;
         }

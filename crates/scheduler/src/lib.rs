@@ -81,6 +81,7 @@ mod inflight;
 mod lora;
 mod picker;
 mod rates;
+mod sample;
 mod scheduler;
 mod scorer;
 mod stale;

@@ -22,6 +22,7 @@ use crate::picker::Picker;
 use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
 use crate::rates::PoolRates;
 use crate::request::RequestContext;
+use crate::sample;
 use crate::scorer::{self, ScorerKind};
 use crate::stale;
 use crate::table::{EndpointTable, Upsert};
@@ -74,6 +75,10 @@ struct Scratch {
     /// Per slot: the subset-hint mark it was last seen with.
     seen: Vec<u64>,
     seen_mark: u64,
+    /// A large pool's sampled candidates (swapped with `candidates` while the sample is scored).
+    sample: Vec<u32>,
+    /// Scratch of the sample's draw.
+    order: Vec<u32>,
 }
 
 /// The routing core for one pool. Synchronous and `Send`; shells keep it behind a mutex.
@@ -543,6 +548,69 @@ impl Scheduler {
                 ex.exact_prefix = exact;
             }
         }
+        // Large pools: score a random sample first (`candidateSample`, `crate::sample`); what the
+        // sample cannot take goes to every candidate.
+        let k = self.cfg.candidate_sample;
+        if scored && sample::applies(k, sc.candidates.len()) {
+            let adapter_hash = req.lora_adapter.map_or(0, adapter_hash);
+            sample::draw(
+                &self.endpoints,
+                &sc.candidates,
+                &sc.matched,
+                req.lora_adapter.map(|a| (a, adapter_hash)),
+                k as usize,
+                rng,
+                &mut sc.order,
+                &mut sc.sample,
+            );
+            let all = sc.candidates.len();
+            std::mem::swap(&mut sc.candidates, &mut sc.sample);
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.considered = sc.candidates.len();
+                ex.sampled_from = all;
+            }
+            let picked = self.decide(
+                req,
+                now,
+                rng,
+                ex.as_deref_mut(),
+                scored,
+                use_prefix,
+                prompt_units,
+                true,
+            );
+            let sc = &mut self.scratch;
+            std::mem::swap(&mut sc.candidates, &mut sc.sample);
+            if picked.is_ok() {
+                return picked;
+            }
+            if let Some(ex) = ex.as_deref_mut() {
+                ex.considered = sc.candidates.len();
+                ex.sampled_from = 0;
+                ex.filtered.clear();
+                ex.reserve_held.clear();
+                ex.candidates.clear();
+            }
+        }
+        self.decide(req, now, rng, ex, scored, use_prefix, prompt_units, false)
+    }
+
+    /// Filters, views, admission, scoring and the pick over `scratch.candidates` (the pool, or
+    /// with `sampled` a random sample of it). A sampled pick returns an error instead of falling
+    /// back (all-ready, fail-open) or shedding, and the caller then picks over every candidate.
+    #[allow(clippy::too_many_arguments, reason = "the pick's per-request state")]
+    fn decide<R: Rng + ?Sized>(
+        &mut self,
+        req: &RequestContext<'_>,
+        now: Timestamp,
+        rng: &mut R,
+        mut ex: Option<&mut Explanation>,
+        scored: bool,
+        use_prefix: bool,
+        prompt_units: usize,
+        sampled: bool,
+    ) -> Result<Decision, Rejection> {
+        let sc = &mut self.scratch;
         // Endpoint filters and views.
         let cx = FilterContext {
             request: req,
@@ -566,6 +634,10 @@ impl Scheduler {
             &mut sc.views,
             ex.as_deref_mut(),
         );
+        if sampled && sc.views.is_empty() {
+            // Nothing in the sample passed the filters: the caller tries every candidate.
+            return Err(Rejection::NoEndpoints);
+        }
         // Freshness is never relaxed: a pod whose scrapes fail is most likely down, and routing
         // on its last numbers turns an outage into upstream errors. The fallback relaxes LoRA only.
         let none_fresh = fresh == 0 && self.filters.freshness.is_some();
@@ -628,6 +700,10 @@ impl Scheduler {
                 ex.as_deref_mut(),
             )
         {
+            if sampled {
+                // The sample would shed it: the caller tries every candidate.
+                return Err(rejection);
+            }
             // Every fresh candidate would shed it. Pods whose scrapes fail but which still answer
             // are capacity of unknown load, not none: in fail-open they take the request under
             // the cap (a queueing caller waits for a pod with headroom instead).

@@ -95,3 +95,15 @@ fn unknown_keys_and_presets_are_errors() {
     let err = serde_yaml::from_str::<SchedulerConfig>("weights:\n  speed: 1\n").unwrap_err();
     assert!(err.to_string().contains("speed"), "{err}");
 }
+
+#[test]
+fn the_candidate_sample_defaults_to_16_and_0_turns_it_off() {
+    assert_eq!(SchedulerConfig::default().candidate_sample, 16);
+    let cfg: SchedulerConfig = serde_yaml::from_str("candidateSample: 0\n").unwrap();
+    assert_eq!(cfg.candidate_sample, 0);
+    cfg.validate().unwrap();
+    let back: SchedulerConfig =
+        serde_yaml::from_str(&serde_yaml::to_string(&cfg).unwrap()).unwrap();
+    assert_eq!(back, cfg);
+    assert!(serde_yaml::from_str::<SchedulerConfig>("candidateSample: -1\n").is_err());
+}

@@ -1,0 +1,116 @@
+//! Candidate sampling for large pools (crate-internal): a pick over hundreds of endpoints scores a
+//! random sample of them instead of all (`candidateSample`, "power of k choices").
+//!
+//! Over a large pool of equal pods the best of all candidates is decided by the noise in each
+//! pod's learned rates: the minimum of hundreds of estimates is the luckiest one, and traffic
+//! piles onto the few pods whose samples happened to read fast while the rest idle. The best of a
+//! fresh random sample per pick spreads the load the way the least-loaded of a few random choices
+//! does, and the pick costs a sample's views instead of the whole pool's.
+//!
+//! What the sample never drops: every pod holding a prefix of the prompt, every pod where the
+//! request's adapter runs, is resident or waits (affinity would otherwise be lost at random), and,
+//! per GPU speed, `k` pods of each type (or all of them), so that a few fast pods among many slow
+//! ones are always in the running. When the sample cannot take the request — no candidate left
+//! after the filters, no fresh one, or admission would shed it — the pick is made again over every
+//! candidate (`Scheduler::pick`), so sampling never turns a request away that the pool could take.
+
+use rand::Rng;
+
+use crate::lora;
+use crate::table::EndpointTable;
+
+/// GPU speed classes told apart in one pick; pods of further classes share the last one.
+const CLASSES: usize = 8;
+
+/// Whether a pick over `candidates` endpoints samples, for the configured sample size `k`
+/// (0 = never): only when the pool is over four times the sample, so small pools are scored
+/// whole.
+pub(crate) fn applies(k: u32, candidates: usize) -> bool {
+    k > 0 && candidates > 4 * k as usize
+}
+
+/// Whether `slot` must be in every sample: it holds a prefix of the prompt, or knows the
+/// request's adapter (running, resident or waiting there).
+fn keep(table: &EndpointTable, slot: u32, matched: &[u32], adapter: Option<(&str, u64)>) -> bool {
+    if matched.get(slot as usize).copied().unwrap_or(0) > 0 {
+        return true;
+    }
+    let Some((name, hash)) = adapter else {
+        return false;
+    };
+    table
+        .get(slot)
+        .and_then(|ep| ep.lora_affinity(name, hash))
+        .is_some_and(|a| a > 0.0 && a != lora::FREE_SLOT && a != lora::FREE_SLOT_SPREAD)
+}
+
+/// The speed class of `slot`: its GPU's prefill factor, as bits.
+fn class_key(table: &EndpointTable, slot: u32) -> u64 {
+    table
+        .get(slot)
+        .map_or(0, |ep| ep.speed.ln_prefill.to_bits())
+}
+
+/// Index of `key` among the classes seen so far, adding it while there is room.
+fn class_of(keys: &mut [u64; CLASSES], n: &mut usize, key: u64) -> usize {
+    if let Some(i) = keys[..*n].iter().position(|&k| k == key) {
+        return i;
+    }
+    if *n < CLASSES {
+        keys[*n] = key;
+        *n += 1;
+        return *n - 1;
+    }
+    CLASSES - 1
+}
+
+/// Fills `out` with the sample of `candidates` one pick scores: the pods [`keep`] names, then up
+/// to `k` pods of each GPU speed class drawn at random without replacement. `order` is scratch
+/// space (a copy of the candidates, shuffled as far as the draw goes).
+#[allow(clippy::too_many_arguments, reason = "scratch buffers of the caller")]
+pub(crate) fn draw<R: Rng + ?Sized>(
+    table: &EndpointTable,
+    candidates: &[u32],
+    matched: &[u32],
+    adapter: Option<(&str, u64)>,
+    k: usize,
+    rng: &mut R,
+    order: &mut Vec<u32>,
+    out: &mut Vec<u32>,
+) {
+    out.clear();
+    order.clear();
+    let mut keys = [0u64; CLASSES];
+    let mut classes = 0usize;
+    // Per class: pods that may be drawn, and pods drawn so far.
+    let mut size = [0usize; CLASSES];
+    let mut taken = [0usize; CLASSES];
+    for &slot in candidates {
+        if keep(table, slot, matched, adapter) {
+            out.push(slot);
+        } else {
+            let c = class_of(&mut keys, &mut classes, class_key(table, slot));
+            size[c] += 1;
+            order.push(slot);
+        }
+    }
+    let mut wanted: usize = (0..classes).map(|c| size[c].min(k)).sum();
+    let n = order.len();
+    let mut i = 0;
+    while wanted > 0 && i < n {
+        let j = rng.random_range(i..n);
+        order.swap(i, j);
+        let slot = order[i];
+        i += 1;
+        let c = class_of(&mut keys, &mut classes, class_key(table, slot));
+        if taken[c] < k {
+            taken[c] += 1;
+            wanted -= 1;
+            out.push(slot);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests;
