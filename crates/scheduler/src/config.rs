@@ -283,7 +283,7 @@ pub struct SchedulerConfig {
     /// Scored policy, pools of more than four times this many candidates: each pick scores a
     /// random sample of this many endpoints per GPU type, plus every endpoint holding the
     /// prompt's prefix or the request's adapter, and falls back to all candidates when the sample
-    /// cannot take the request. 0 scores every candidate (default 16).
+    /// cannot take the request or holds only saturated endpoints. 0 scores every candidate (default 16).
     pub candidate_sample: u32,
     /// Endpoints whose metrics are older than this are not candidates; `None` keeps stale pods.
     pub max_metrics_age: Option<Duration>,

@@ -11,8 +11,8 @@
 //! request's adapter runs, is resident or waits (affinity would otherwise be lost at random), and,
 //! per GPU speed, `k` pods of each type (or all of them), so that a few fast pods among many slow
 //! ones are always in the running. When the sample cannot take the request — no candidate left
-//! after the filters, no fresh one, or admission would shed it — the pick is made again over every
-//! candidate (`Scheduler::pick`), so sampling never turns a request away that the pool could take.
+//! after the filters, no fresh one, every one saturated, or admission would shed it — the pick is
+//! made again over every candidate (`Scheduler::pick`), so sampling never turns a request away that the pool could take.
 
 use rand::Rng;
 

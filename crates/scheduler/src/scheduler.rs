@@ -749,6 +749,11 @@ impl Scheduler {
                 shed = Some(rejection);
             }
         }
+        if sampled && sc.views.iter().all(|v| v.saturated) {
+            // Every sampled pod is saturated (or held back for protected requests): the pool may
+            // have pods with headroom outside the sample, which the caller's full pick finds.
+            return Err(Rejection::NoEndpoints);
+        }
         self.rates.observe_prompt(req.prompt_tokens);
         if let Some(rejection) = shed {
             return Err(rejection);

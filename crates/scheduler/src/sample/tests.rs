@@ -142,3 +142,19 @@ fn what_the_sample_would_shed_goes_to_a_pod_outside_it() {
         Err(Rejection::Shed { .. })
     ));
 }
+
+#[test]
+fn a_sample_of_saturated_pods_does_not_hide_a_pod_with_headroom() {
+    // Saturated (a queue over 16) but not overloaded (under 64): a Standard request is admitted
+    // on such pods, and a sample holding only them would route there while pod 0 idles.
+    let mut s = pool(SchedulerConfig::default(), 200, 0);
+    for i in 1..200 {
+        s.apply_metrics(addr(i), snapshot(T0, 30, 0.5)).unwrap();
+    }
+    for seed in 0..20 {
+        let (r, ex) = s.pick_explained(&RequestContext::new("m", 100), T0, &mut rng(seed));
+        let d = r.unwrap();
+        assert_eq!(d.endpoints.first(), addr(0), "{}", ex.summary(2));
+        assert!(s.complete(d.ticket, T0, Usage::default()));
+    }
+}
