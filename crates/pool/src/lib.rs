@@ -98,6 +98,8 @@ struct Telemetry {
     fail_open_requests: Counter,
     /// Connections to an endpoint refused on the request path ([`LivePool::connection_refused`]).
     refused: Counter,
+    /// Picks whose random sample of a large pool could not take the request (`candidateSample`).
+    sample_fallbacks: Counter,
 }
 
 impl Telemetry {
@@ -112,6 +114,7 @@ impl Telemetry {
             fail_open: Gauge::default(),
             fail_open_requests: Counter::default(),
             refused: Counter::default(),
+            sample_fallbacks: Counter::default(),
         };
         if let Some(r) = registry {
             r.register(
@@ -133,6 +136,11 @@ impl Telemetry {
                 "pool_fail_open_requests",
                 "Requests dispatched fail-open (no pod with fresh metrics)",
                 t.fail_open_requests.clone(),
+            );
+            r.register(
+                "pool_pick_sample_fallbacks",
+                "Picks over a large pool whose random sample of endpoints (candidateSample) could not take the request (none left after the filters, all saturated, or it would shed) and that were made again over every endpoint",
+                t.sample_fallbacks.clone(),
             );
             r.register(
                 "pool_endpoint_refusals",
@@ -378,6 +386,9 @@ impl LivePool {
     /// it), a pick on fresh metrics or a pool with no pod answering leaves it. Each transition
     /// is logged once and shown in `pool_fail_open`.
     fn note_mode(&self, decision: &Result<Decision, Rejection>) {
+        if matches!(decision, Ok(d) if d.sample_fallback) {
+            self.shared.telemetry.sample_fallbacks.inc();
+        }
         let now_open = match decision {
             Ok(d) => d.fail_open,
             Err(Rejection::Unavailable { .. } | Rejection::NoEndpoints) => false,

@@ -496,3 +496,41 @@ async fn a_killed_pod_fails_at_once_and_comes_back_with_its_rates_forgotten() {
     assert_eq!(got, want);
     drop(a2);
 }
+
+#[tokio::test]
+async fn a_sample_that_cannot_take_a_request_is_counted_and_the_whole_pool_picks() {
+    // 20 endpoints, a sample of 4: 19 pods with long queues (saturated) and one idle. A sample
+    // without the idle pod holds only saturated pods, and the pick goes past it.
+    let busy = Arc::new(AtomicU32::new(30));
+    let idle = Arc::new(AtomicU32::new(0));
+    let mut pods = Vec::new();
+    for i in 0..19 {
+        pods.push(meta(
+            metrics_server(Arc::clone(&busy)).await,
+            &format!("busy-{i}"),
+        ));
+    }
+    let free = metrics_server(Arc::clone(&idle)).await;
+    pods.push(meta(free, "idle"));
+    let mut registry = Registry::default();
+    let mut cfg = config();
+    cfg.scheduler.candidate_sample = 4;
+    let pool = LivePool::start(cfg, Some(&mut registry)).unwrap();
+    pool.set_endpoints(pods).unwrap();
+    wait_ready(&pool).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let req = RequestContext::new("m", 100);
+    for _ in 0..10 {
+        let picked = pool.pick(&req).unwrap();
+        assert_eq!(picked.endpoint(), free);
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let fallbacks: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pool_pick_sample_fallbacks_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no fallback counter: {text}"));
+    assert!((1.0..=10.0).contains(&fallbacks), "{fallbacks}");
+    pool.shutdown();
+}

@@ -106,6 +106,9 @@ pub struct Decision {
     /// No candidate had fresh metrics: the pick was made fail-open, on in-flight accounting
     /// alone (`staleMetrics.mode: failOpen`).
     pub fail_open: bool,
+    /// The pool was sampled (`candidateSample`) and the sample could not take the request, so
+    /// the pick was made again over every candidate.
+    pub sample_fallback: bool,
 }
 
 /// Why a request was not routed. Each rejection maps to one HTTP status and one metric label,

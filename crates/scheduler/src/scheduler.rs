@@ -591,6 +591,12 @@ impl Scheduler {
                 ex.reserve_held.clear();
                 ex.candidates.clear();
             }
+            return self
+                .decide(req, now, rng, ex, scored, use_prefix, prompt_units, false)
+                .map(|d| Decision {
+                    sample_fallback: true,
+                    ..d
+                });
         }
         self.decide(req, now, rng, ex, scored, use_prefix, prompt_units, false)
     }
@@ -814,6 +820,7 @@ impl Scheduler {
             endpoints,
             ticket,
             fail_open,
+            sample_fallback: false,
         })
     }
 }

@@ -34,6 +34,7 @@ fn a_large_pool_scores_a_sample_with_every_gpu_type_in_it() {
         let (r, ex) = s.pick_explained(&RequestContext::new("m", 100), T0, &mut rng(seed));
         let d = r.unwrap();
         assert_eq!(ex.sampled_from, 200, "{}", ex.summary(2));
+        assert!(!d.sample_fallback);
         // 16 A10Gs drawn at random, and every H100 (fewer than 16 of them).
         assert_eq!(ex.considered, 19, "{}", ex.summary(2));
         assert_eq!(ex.candidates.len(), 19);
@@ -124,6 +125,7 @@ fn what_the_sample_would_shed_goes_to_a_pod_outside_it() {
         let (r, ex) = s.pick_explained(&RequestContext::new("m", 100), T0, &mut rng(seed));
         let d = r.unwrap();
         assert_eq!(d.endpoints.first(), addr(0), "{}", ex.summary(2));
+        assert_eq!(d.sample_fallback, ex.sampled_from == 0);
         if ex.sampled_from == 0 {
             // The explanation is the full pick's alone (nothing left from the sample's).
             full += 1;
