@@ -67,9 +67,12 @@ impl FreshnessFilter {
     }
 }
 
+/// The freshness filter's name in explanations.
+pub(crate) const FRESHNESS: &str = "freshness";
+
 impl Filter<EndpointState> for FreshnessFilter {
     fn name(&self) -> &'static str {
-        "freshness"
+        FRESHNESS
     }
     fn keep(&self, cx: &FilterContext<'_, '_>, ep: &EndpointState) -> bool {
         ep.fresh(cx.now, self.max_age_nanos)

@@ -12,7 +12,8 @@
 //! per GPU speed, `k` pods of each type (or all of them), so that a few fast pods among many slow
 //! ones are always in the running. When the sample cannot take the request — no candidate left
 //! after the filters, no fresh one, every one saturated, or admission would shed it — the pick is
-//! made again over every candidate (`Scheduler::pick`), so sampling never turns a request away that the pool could take.
+//! made again over every candidate (`Scheduler::pick`), so sampling never turns away or crowds a
+//! request the pool had room for.
 
 use rand::Rng;
 
@@ -41,7 +42,7 @@ fn keep(table: &EndpointTable, slot: u32, matched: &[u32], adapter: Option<(&str
     table
         .get(slot)
         .and_then(|ep| ep.lora_affinity(name, hash))
-        .is_some_and(|a| a > 0.0 && a != lora::FREE_SLOT && a != lora::FREE_SLOT_SPREAD)
+        .is_some_and(|a| a > 0.0 && a != lora::FREE_SLOT)
 }
 
 /// The speed class of `slot`: its GPU's prefill factor, as bits.

@@ -13,15 +13,13 @@
 
 use crate::endpoint::{ScrapeState, Timestamp};
 use crate::explain::{CandidateRecord, Explanation, FilteredOut};
-use crate::filter::FilterContext;
+use crate::filter::{FRESHNESS, FilterContext};
 use crate::lora;
 use crate::table::EndpointTable;
 use crate::view::{Sources, View};
 
 /// Name of the cap in explanations.
 const CAP: &str = "stale-metrics-cap";
-/// Name of the freshness filter in explanations.
-const FRESHNESS: &str = "freshness";
 /// Name, in explanations, of what removed the fresh pods when every one would have shed the
 /// request and a pod without a page took it.
 pub(crate) const ADMISSION: &str = "admission";
