@@ -109,8 +109,9 @@ pub struct Explanation {
 impl Explanation {
     /// The record on one line of printable ASCII (safe as an HTTP header value): the chosen
     /// endpoints or the rejection, what was considered and filtered (and by which filter), then
-    /// the `max_candidates` best-scored candidates with their totals and every scorer's value
-    /// (`scorer=value*weight`). Used for the debug log line and the opt-in response header.
+    /// `max_candidates` candidates with their totals and every scorer's value
+    /// (`scorer=value*weight`): the chosen endpoints first, in the order returned, then the
+    /// others best-scored first. Used for the debug log line and the opt-in response header.
     pub fn summary(&self, max_candidates: usize) -> String {
         let mut s = String::with_capacity(128 + 160 * self.candidates.len().min(max_candidates));
         // Writing into a String cannot fail.
@@ -179,8 +180,21 @@ impl Explanation {
                 write!(s, "{}:{}", f.addr, f.filter)?;
             }
         }
+        // The endpoints returned first, in their order (with equal totals the pick broke the tie
+        // at random, and a line read for "why there" must start with "there"), then the rest
+        // best first.
+        let rank = |c: &CandidateRecord| {
+            self.chosen
+                .iter()
+                .position(|a| *a == c.addr)
+                .unwrap_or(usize::MAX)
+        };
         let mut order: Vec<&CandidateRecord> = self.candidates.iter().collect();
-        order.sort_by(|a, b| b.total.total_cmp(&a.total));
+        order.sort_by(|a, b| {
+            rank(a)
+                .cmp(&rank(b))
+                .then_with(|| b.total.total_cmp(&a.total))
+        });
         for c in order.iter().take(max_candidates) {
             if c.fail_open {
                 write!(

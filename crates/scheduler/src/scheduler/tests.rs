@@ -208,6 +208,43 @@ fn an_explanation_summary_names_the_choice_the_filters_and_every_score() {
 }
 
 #[test]
+fn an_explanation_lists_the_endpoints_returned_first_when_totals_tie() {
+    // Four identical idle pods: every total ties, and the pick breaks the tie at random. The
+    // line must still start with the endpoints returned, in their order, not in pool order.
+    let mut not_first_in_pool = 0;
+    for seed in 0..20 {
+        let mut s = scheduler(SchedulerConfig::default(), 4);
+        let (d, ex) = s.pick_explained(&RequestContext::new("m", 10), T0, &mut rng(seed));
+        let d = d.unwrap();
+        let line = ex.summary(8);
+        let listed: Vec<&str> = line
+            .split(" | ")
+            .skip(1)
+            .map(|c| c.split(' ').nth(1).unwrap())
+            .collect();
+        let returned: Vec<String> = d
+            .endpoints
+            .as_slice()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(listed.len(), 4, "{line}");
+        assert_eq!(
+            listed[..returned.len()],
+            returned[..],
+            "seed {seed}: {line}"
+        );
+        if d.endpoints.first() != addr(0) {
+            not_first_in_pool += 1;
+        }
+    }
+    assert!(
+        not_first_in_pool > 0,
+        "the ties never fell off the pool's first pod"
+    );
+}
+
+#[test]
 fn exact_cached_tokens_from_kv_events_override_the_approximate_guess() {
     for seed in 0..10 {
         let mut s = scheduler(SchedulerConfig::default(), 4);
