@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use serde::Serialize;
 
 use crate::config::Policy;
+use crate::endpoint::Timestamp;
 use crate::request::Priority;
+use crate::state::EndpointState;
 
 /// A pod a filter removed, and which filter.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -64,6 +66,28 @@ pub struct CandidateRecord {
     /// (`waiting`, `running`, `estimated_wait_secs`) are not known.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub fail_open: bool,
+}
+
+impl CandidateRecord {
+    /// The record of `ep` as the gateway knows it without scoring (name, scrapes, requests in
+    /// flight); the callers fill in what they scored.
+    pub(crate) fn of(ep: &EndpointState, now: Timestamp) -> Self {
+        Self {
+            addr: ep.cold.meta.addr,
+            name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
+            scores: Vec::new(),
+            total: 0.0,
+            waiting: 0.0,
+            running: 0.0,
+            estimated_wait_secs: 0.0,
+            prefix_blocks: 0,
+            saturated: false,
+            scrape: ep.scrape,
+            metrics_age_secs: ep.sampled_at.map(|t| now.saturating_since(t).as_secs_f64()),
+            inflight: f64::from(ep.inflight),
+            fail_open: false,
+        }
+    }
 }
 
 /// The full record of one pick.

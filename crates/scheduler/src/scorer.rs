@@ -282,8 +282,6 @@ pub(crate) fn score_all(
                 }
                 v.total = total;
                 ex.candidates.push(CandidateRecord {
-                    addr: ep.cold.meta.addr,
-                    name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
                     scores,
                     total,
                     waiting: v.waiting,
@@ -291,10 +289,7 @@ pub(crate) fn score_all(
                     estimated_wait_secs: spans.wait(v),
                     prefix_blocks: v.prefix_blocks,
                     saturated: v.saturated,
-                    scrape: ep.scrape,
-                    metrics_age_secs: ep.sampled_at.map(|t| now.saturating_since(t).as_secs_f64()),
-                    inflight: f64::from(ep.inflight),
-                    fail_open: false,
+                    ..CandidateRecord::of(ep, now)
                 });
             }
         }

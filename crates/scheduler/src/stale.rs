@@ -107,19 +107,10 @@ pub(crate) fn explain(views: &[View], table: &EndpointTable, now: Timestamp, ex:
             continue;
         };
         ex.candidates.push(CandidateRecord {
-            addr: ep.cold.meta.addr,
-            name: format!("{}/{}", ep.cold.meta.namespace, ep.cold.meta.pod),
-            scores: Vec::new(),
             total: v.total,
-            waiting: 0.0,
-            running: 0.0,
-            estimated_wait_secs: 0.0,
             prefix_blocks: v.prefix_blocks,
-            saturated: false,
-            scrape: ep.scrape,
-            metrics_age_secs: ep.sampled_at.map(|t| now.saturating_since(t).as_secs_f64()),
-            inflight: f64::from(ep.inflight),
             fail_open: true,
+            ..CandidateRecord::of(ep, now)
         });
     }
 }
