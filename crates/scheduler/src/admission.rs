@@ -31,7 +31,8 @@ use crate::view::View;
 
 /// Admits the request, or sheds it with the estimated drain time. With `queue` and a
 /// `reserved` count, first marks the candidates it must leave to others saturated (recorded in
-/// `ex`).
+/// `ex`); `Ok(true)` says the reserve held some back (the reservation counts clear pods among
+/// `views`, so a pick over a sample of the pool judges it again over the whole pool).
 #[allow(
     clippy::too_many_arguments,
     reason = "crate-internal; the pieces of one pick"
@@ -45,16 +46,18 @@ pub(crate) fn admit(
     table: &EndpointTable,
     rates: &PoolRates,
     mut ex: Option<&mut Explanation>,
-) -> Result<(), Rejection> {
+) -> Result<bool, Rejection> {
+    let mut held = false;
     if queue {
         hold_reserve(reserved, views, |v| {
+            held = true;
             if let (Some(ex), Some(ep)) = (ex.as_deref_mut(), table.get(v.slot)) {
                 ex.reserve_held.push(ep.cold.meta.addr);
             }
         });
     }
     if !views.iter().all(|v| v.saturated) {
-        return Ok(());
+        return Ok(held);
     }
     let shed = queue
         || cfg.shedding
@@ -68,7 +71,7 @@ pub(crate) fn admit(
             retry_after: retry_after(cfg, views, table, rates),
         });
     }
-    Ok(())
+    Ok(held)
 }
 
 /// Whether a candidate has headroom and no prefill ahead of a new request (nothing waiting in

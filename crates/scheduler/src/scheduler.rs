@@ -694,8 +694,8 @@ impl Scheduler {
         // Admission, the saturation filter and the scorers (scored policy only), then the pick.
         let mut scores = scored && !fail_open;
         let mut shed = None;
-        if scores
-            && let Err(rejection) = admission::admit(
+        let admitted = if scores {
+            admission::admit(
                 &self.cfg,
                 req.priority,
                 req.queue_when_saturated,
@@ -705,7 +705,11 @@ impl Scheduler {
                 &self.rates,
                 ex.as_deref_mut(),
             )
-        {
+        } else {
+            Ok(false)
+        };
+        let reserve_held = admitted == Ok(true);
+        if let Err(rejection) = admitted {
             if sampled {
                 // The sample would shed it: the caller tries every candidate.
                 return Err(rejection);
@@ -755,9 +759,11 @@ impl Scheduler {
                 shed = Some(rejection);
             }
         }
-        if sampled && sc.views.iter().all(|v| v.saturated) {
-            // Every sampled pod is saturated (or held back for protected requests): the pool may
-            // have pods with headroom outside the sample, which the caller's full pick finds.
+        if sampled && (reserve_held || sc.views.iter().all(|v| v.saturated)) {
+            // Every sampled pod is saturated: the pool may have pods with headroom outside the
+            // sample, which the caller's full pick finds. Or the headroom reservation held clear
+            // pods back: it counts the clear pods left, and the sample's few say nothing of the
+            // pool's (a pool with many would let this request take one).
             return Err(Rejection::NoEndpoints);
         }
         self.rates.observe_prompt(req.prompt_tokens);

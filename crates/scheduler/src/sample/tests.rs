@@ -160,3 +160,49 @@ fn a_sample_of_saturated_pods_does_not_hide_a_pod_with_headroom() {
         assert!(s.complete(d.ticket, T0, Usage::default()));
     }
 }
+
+#[test]
+fn the_headroom_reserve_is_judged_over_the_pool_not_the_sample() {
+    // Two clear H100s (in every sample: fewer than 16 of their type), one clear A10G among 99
+    // that are prefilling with headroom. A request that must leave two clear pods may take one
+    // here: the pool has three. A sample without the clear A10G sees exactly two, and judged
+    // there would leave both H100s and send it to a busy A10G.
+    let mut s = pool(SchedulerConfig::default(), 101, 2);
+    for i in 2..100 {
+        s.apply_metrics(addr(i), snapshot(T0, 1, 0.1)).unwrap();
+    }
+    let cx = RequestContext::new("m", 500)
+        .with_queueing(true)
+        .with_reserved_endpoints(2);
+    let mut fell_back = 0;
+    for seed in 0..20 {
+        let (r, ex) = s.pick_explained(&cx, T0, &mut rng(seed));
+        let d = r.unwrap();
+        assert!(
+            d.endpoints.first() == addr(0) || d.endpoints.first() == addr(1),
+            "seed {seed}: {}",
+            ex.summary(3)
+        );
+        assert!(ex.reserve_held.is_empty(), "{}", ex.summary(3));
+        fell_back += usize::from(d.sample_fallback);
+        s.cancel(d.ticket, T0);
+    }
+    assert!(
+        fell_back >= 10,
+        "{fell_back} of 20 picks judged the reserve on the pool"
+    );
+    // With only the two H100s clear the pool itself is at the reserve: the request goes to a
+    // pod already prefilling, sampled or not.
+    s.apply_metrics(addr(100), snapshot(T0, 1, 0.1)).unwrap();
+    for seed in 20..30 {
+        let (r, ex) = s.pick_explained(&cx, T0, &mut rng(seed));
+        let d = r.unwrap();
+        assert!(
+            d.endpoints.first().port() >= addr(2).port(),
+            "{}",
+            ex.summary(3)
+        );
+        assert_eq!(ex.reserve_held.len(), 2, "{}", ex.summary(3));
+        s.cancel(d.ticket, T0);
+    }
+}
