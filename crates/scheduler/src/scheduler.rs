@@ -79,6 +79,8 @@ struct Scratch {
     sample: Vec<u32>,
     /// Scratch of the sample's draw.
     order: Vec<u32>,
+    /// Scratch of the sample's draw: the pods it keeps, with their order of preference.
+    kept: Vec<(u64, u32)>,
 }
 
 /// The routing core for one pool. Synchronous and `Send`; shells keep it behind a mutex.
@@ -561,6 +563,7 @@ impl Scheduler {
                 k as usize,
                 rng,
                 &mut sc.order,
+                &mut sc.kept,
                 &mut sc.sample,
             );
             let all = sc.candidates.len();

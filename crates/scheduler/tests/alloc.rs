@@ -83,8 +83,10 @@ fn steady_state_picks_do_not_allocate() {
                         .unwrap()
                 })
                 .collect();
-            // Warm-up: every prompt seen, buffers and tables at their working size.
-            for _ in 0..3_000 {
+            // Warm-up: every prompt seen, buffers and tables at their working size. A large
+            // pool's sample keeps 16 of the pods that know a request's adapter, at random, so a
+            // prompt reaches more pods before the prefix index holds each of them.
+            for _ in 0..5_000 {
                 cycle(&mut s, &prompts, &adapters, &mut rng, now);
             }
             let region = Region::new(GLOBAL);

@@ -206,3 +206,47 @@ fn the_headroom_reserve_is_judged_over_the_pool_not_the_sample() {
         s.cancel(d.ticket, T0);
     }
 }
+
+#[test]
+fn a_hot_adapter_on_most_pods_keeps_a_sample_of_them_the_best_first() {
+    // 150 pods run the adapter while another adapter waits there for a slot, one runs it
+    // unblocked, 49 hold other adapters in every slot. Keeping every pod that knows the adapter
+    // would score 151 pods each pick; the sample keeps 16 of them, the unblocked one always,
+    // the others at random, and draws 16 more from the rest.
+    let mut s = pool(SchedulerConfig::default(), 200, 0);
+    for i in 0..150 {
+        s.apply_metrics(addr(i), with_lora(0, 2, &["hot", "b"], &["c"]))
+            .unwrap();
+    }
+    s.apply_metrics(addr(150), with_lora(0, 2, &["hot"], &[]))
+        .unwrap();
+    for i in 151..200 {
+        s.apply_metrics(addr(i), with_lora(0, 2, &["b", "c"], &[]))
+            .unwrap();
+    }
+    let cx = RequestContext::new("m", 100).with_lora(Some("hot"));
+    let mut seen = std::collections::HashSet::new();
+    for seed in 0..30 {
+        let (r, ex) = s.pick_explained(&cx, T0, &mut rng(seed));
+        let d = r.unwrap();
+        assert_eq!(ex.sampled_from, 200, "{}", ex.summary(2));
+        assert!(ex.considered <= 32, "{} considered", ex.considered);
+        assert!(
+            ex.candidates.iter().any(|c| c.addr == addr(150)),
+            "seed {seed}: the pod running the adapter unblocked was left out"
+        );
+        assert_eq!(d.endpoints.first(), addr(150), "{}", ex.summary(2));
+        seen.extend(
+            ex.candidates
+                .iter()
+                .filter(|c| index_of(c.addr) < 150)
+                .map(|c| c.addr),
+        );
+        s.cancel(d.ticket, T0);
+    }
+    assert!(
+        seen.len() >= 100,
+        "{} of the 150 blocked pods in some sample",
+        seen.len()
+    );
+}
