@@ -62,8 +62,17 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The demo and the benchmarks start emulated pods and gateways in-process, run after run:
+    // their start-up lines say nothing the report does not, and would break the progress bar.
+    // Their warnings still show; `RUST_LOG` overrides either default.
+    let default_filter = match cli.command {
+        Command::Demo(_) | Command::Bench(_) => {
+            "info,infergate_sim=warn,infergate_proxy=warn,infergate_pool=warn"
+        }
+        _ => "info",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
