@@ -174,3 +174,34 @@ fn body_modes_follow_envoy_enum() {
     );
     assert_eq!(BodyMode::from_envoy(99), BodyMode::FullDuplex);
 }
+
+#[test]
+fn endpoint_lists_are_written_as_display_writes_each_address() {
+    let addrs: Vec<SocketAddr> = [
+        "0.0.0.0:0",
+        "10.0.0.7:8000",
+        "255.255.255.255:65535",
+        "192.168.10.1:9",
+        "127.0.0.1:80",
+        "[::1]:8000",
+        "[fe80::1%2]:443",
+        "[2001:db8::ff00:42:8329]:65535",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect();
+    let mut out = String::from("left over");
+    write_endpoints(&mut out, &addrs);
+    let expected: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    assert_eq!(out, expected.join(","));
+    write_endpoints(&mut out, &addrs[1..2]);
+    assert_eq!(out, "10.0.0.7:8000");
+    write_endpoints(&mut out, &[]);
+    assert_eq!(out, "");
+    // Every octet and a spread of ports, against Display.
+    for n in (0..=255u32).chain([256, 999, 1000, 8080, 9999, 10000, 65535]) {
+        let a = SocketAddr::from(([n as u8, 1, 10, 100], n as u16));
+        write_endpoints(&mut out, &[a]);
+        assert_eq!(out, a.to_string());
+    }
+}
