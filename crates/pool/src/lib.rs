@@ -139,7 +139,7 @@ impl Telemetry {
             );
             r.register(
                 "pool_pick_sample_fallbacks",
-                "Picks over a large pool whose random sample of endpoints (candidateSample) could not take the request (none left after the filters, all saturated, or it would shed) and that were made again over every endpoint",
+                "Picks over a large pool whose random sample of endpoints (candidateSample) could not take the request (none left after the filters, all saturated, it would shed, or the headroom reserve held endpoints back) and that were made again over every endpoint",
                 t.sample_fallbacks.clone(),
             );
             r.register(

@@ -281,9 +281,11 @@ pub struct SchedulerConfig {
     /// Endpoints returned per pick: first choice plus fallbacks (1..=8; default 3).
     pub returned_endpoints: u8,
     /// Scored policy, pools of more than four times this many candidates: each pick scores a
-    /// random sample of this many endpoints per GPU type, plus every endpoint holding the
-    /// prompt's prefix or the request's adapter, and falls back to all candidates when the sample
-    /// cannot take the request or holds only saturated endpoints. 0 scores every candidate (default 16).
+    /// random sample of this many endpoints per GPU type, plus up to this many of the endpoints
+    /// holding the prompt's prefix or the request's adapter (the best first), and falls back to
+    /// all candidates when the sample cannot take the request, holds only saturated endpoints or
+    /// has clear endpoints held back for the headroom reserve. 0 scores every candidate
+    /// (default 16).
     pub candidate_sample: u32,
     /// Endpoints whose metrics are older than this are not candidates; `None` keeps stale pods.
     pub max_metrics_age: Option<Duration>,
