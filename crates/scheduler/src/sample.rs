@@ -14,10 +14,11 @@
 //! adapter or system prompt held by hundreds of pods does not bring the whole pool back into
 //! every pick; the others of them are drawn like any pod — and, per GPU speed, `k` pods of each
 //! type (or all of them), so that a few fast pods among many slow ones are always in the
-//! running. When the sample cannot take the request — no candidate left
-//! after the filters, no fresh one, every one saturated, or admission would shed it — the pick is
-//! made again over every candidate (`Scheduler::pick`), so sampling never turns away or crowds a
-//! request the pool had room for.
+//! running. When the sample cannot take the request — no candidate left after the filters, no
+//! fresh one, every one saturated, admission would shed it, or flow control's headroom reserve
+//! held pods in it back (the reserve counts the pool's clear pods) — the pick is made again over
+//! every candidate (`Scheduler::pick`), so sampling never turns away or crowds a request the pool
+//! had room for.
 
 use rand::Rng;
 
