@@ -326,7 +326,7 @@ impl ExternalProcessor for BodyRouter {
     }
 }
 
-/// The answers of one body-based-router stream (see [`crate::stream`]).
+/// The answers of one body-based-router stream (see the crate-internal `stream` module).
 pub struct BbrStream(AnswerStream<BbrExchange>);
 
 impl Stream for BbrStream {

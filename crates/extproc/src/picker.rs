@@ -1,10 +1,11 @@
 //! The endpoint picker (EPP): one ext_proc stream per HTTP request, answered with the chosen
 //! endpoint and its fallbacks.
 //!
-//! [`EndpointPicker`] is the tonic service; each stream runs a `PickerExchange` (in `picker/exchange.rs`),
-//! a synchronous state machine that turns Envoy's messages into answers, inside the stream's
-//! response body ([`PickerStream`], see [`crate::stream`]): no task or channel per request, and
-//! dropping the stream drops the exchange and, with it, the request's in-flight guard.
+//! [`EndpointPicker`] is the tonic service; each stream runs a `PickerExchange` (in
+//! `picker/exchange.rs`), a synchronous state machine that turns Envoy's messages into answers,
+//! inside the stream's response body ([`PickerStream`], see the crate-internal `stream` module):
+//! no task or channel per request, and dropping the stream drops the exchange and, with it, the
+//! request's in-flight guard.
 
 use std::collections::HashMap;
 use std::sync::Arc;

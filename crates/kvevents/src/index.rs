@@ -56,7 +56,7 @@ fn fmix(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
-/// The key of a block of `tokens` following the block keyed `prev` (never [`UNMATCHABLE`]).
+/// The key of a block of `tokens` following the block keyed `prev` (never `UNMATCHABLE`).
 pub fn block_key(prev: u64, tokens: &[u32]) -> u64 {
     let mut h = prev ^ K;
     for t in tokens {

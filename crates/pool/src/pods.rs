@@ -2,7 +2,7 @@
 //!
 //! The series describe each endpoint as the pool sees it: the scraped load (queue, running batch,
 //! KV-cache use, LoRA adapters), this gateway's own requests in flight, the learned rates, and how
-//! old its metrics are. Nothing is recorded on the request path: the [`PodCollector`] is a
+//! old its metrics are. Nothing is recorded on the request path: the `PodCollector` is a
 //! `prometheus_client` collector that, at each scrape of `/metrics`, takes the pool's lock once,
 //! copies the few numbers per endpoint, releases it and encodes them. A scrape every few seconds
 //! costs one short lock; a pick costs nothing extra.

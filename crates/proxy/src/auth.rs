@@ -16,7 +16,8 @@
 //! - **JWT verification** uses `ring::signature` directly rather than the `jsonwebtoken` crate:
 //!   ring 0.17 is already in the tree (rustls' provider), so no new cryptographic dependency comes
 //!   in, and the code that binds each algorithm to one key type, refuses `none` and HS*, and
-//!   applies the leeway is short enough to read in one sitting ([`jwt`]). The clock is passed in.
+//!   applies the leeway is short enough to read in one sitting (the `jwt` module). The clock is
+//!   passed in.
 //! - **Tenant and models.** A key names its tenant and models in the configuration; a JWT names
 //!   them in claims (`tenantClaim`, default `sub`; `modelsClaim`, absent = every model, and a
 //!   token lacking a configured models claim may call nothing). A model is allowed when the list

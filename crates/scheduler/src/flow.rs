@@ -1021,7 +1021,8 @@ impl<T> FlowQueues<T> {
     }
 
     /// The measured send rate (requests dispatched from the queues or charged, per second),
-    /// over about the last [`RATE_HALF_LIFE_NS`] / ln 2; `None` before two moments have passed.
+    /// over about the last 7 s (an exponential average with a 5 s half-life); `None` before two
+    /// moments have passed.
     pub fn send_rate(&self, now: Timestamp) -> Option<f64> {
         let first = self.first_sent?;
         let elapsed = now.0.checked_sub(first).filter(|&e| e > 0)? as f64;

@@ -1,5 +1,5 @@
 //! How fast a GPU type is relative to an H100 SXM, from its published specifications: the
-//! cold-start prior of the learned rates ([`crate::rates`]).
+//! cold-start prior of the learned rates (the crate-internal `rates` module).
 //!
 //! An endpoint's prefill and decode speeds are learned from its own requests. Before its first
 //! sample it is assumed to run at the pool's typical speed; without this table, in a pool of
