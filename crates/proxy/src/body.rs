@@ -3,8 +3,8 @@
 //!
 //! [`Tracked`] forwards each upstream frame the moment it arrives (nothing is buffered on the way
 //! to the client) and watches it on the side: SSE frames go through an
-//! [`infergate_openai::SseScanner`] for the first token and the final usage; a non-streamed JSON answer is also kept, up to a cap, to read
-//! its `usage` at the end. When the body ends it reports the outcome on the request's in-flight
+//! [`infergate_openai::SseScanner`] for the first token and the final usage; a non-streamed JSON
+//! answer is also kept, up to a cap, to read its `usage` at the end. When the body ends it reports the outcome on the request's in-flight
 //! guard. If the client goes away, hyper drops the body: the upstream connection is dropped with
 //! it (cancelling the model server's work) and the guard cancels the in-flight entry.
 //!
