@@ -11,6 +11,7 @@ use std::time::Duration;
 use infergate_metrics::{ScrapeState, ScraperConfig};
 use infergate_pool::{LivePool, PoolConfig};
 use infergate_scheduler::{EndpointMeta, EngineType, RequestContext, SchedulerConfig, Usage};
+use infergate_testkit::eventually;
 use infergate_testkit::pages::{Page, answer, page_server, vllm_page};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -44,6 +45,14 @@ fn config() -> PoolConfig {
     }
 }
 
+/// Waits until every endpoint's page has been read once: readiness needs only one of them.
+async fn wait_scraped(pool: &LivePool) {
+    eventually("every page scraped", || {
+        pool.endpoints_info().iter().all(|e| e.metrics.is_some())
+    })
+    .await;
+}
+
 async fn wait_ready(pool: &LivePool) {
     for _ in 0..200 {
         if pool.is_ready() {
@@ -66,8 +75,7 @@ async fn picks_follow_scraped_load_and_guards_release_inflight() {
     pool.set_endpoints([meta(a, "busy"), meta(b, "idle")])
         .unwrap();
     wait_ready(&pool).await;
-    // Let both pages arrive.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_scraped(&pool).await;
 
     let req = RequestContext::new("m", 100);
     let first = pool.pick(&req).unwrap();
@@ -245,7 +253,7 @@ async fn debug_logging_explains_each_pick_and_info_logs_nothing() {
     pool.set_endpoints([meta(a, "busy"), meta(b, "idle")])
         .unwrap();
     wait_ready(&pool).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_scraped(&pool).await;
 
     let quiet = logged_picks(&pool, tracing::Level::INFO, 3);
     assert!(!quiet.contains("routing decision"), "{quiet}");
@@ -415,7 +423,7 @@ async fn a_killed_pod_fails_at_once_and_comes_back_with_its_rates_forgotten() {
     pool.set_endpoints([meta(a.addr, "a"), meta(b, "b")])
         .unwrap();
     wait_ready(&pool).await;
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    wait_scraped(&pool).await;
     // Teach A a slow prefill (300 ms to a first token), B a fast one.
     for (addr, ttft) in [(a.addr, 300), (b, 1)] {
         let only = [addr];
@@ -518,7 +526,7 @@ async fn a_sample_that_cannot_take_a_request_is_counted_and_the_whole_pool_picks
     let pool = LivePool::start(cfg, Some(&mut registry)).unwrap();
     pool.set_endpoints(pods).unwrap();
     wait_ready(&pool).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    wait_scraped(&pool).await;
     let req = RequestContext::new("m", 100);
     for _ in 0..10 {
         let picked = pool.pick(&req).unwrap();
