@@ -411,12 +411,14 @@ async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
         return;
     };
     let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let relay =
-        answer_holding_relay(redis.addr(), Arc::clone(&slow), Duration::from_millis(400)).await;
+    // Answers held 3 s against a timeout of 1 s: the rounds that must get through (the one
+    // background round, the first stepped one) and Redis applying the held one have a second
+    // on a loaded machine.
+    let relay = answer_holding_relay(redis.addr(), Arc::clone(&slow), Duration::from_secs(3)).await;
     let mut c = config(&redis, "lost:", Duration::from_secs(60), 1000);
     let shared = c.redis.as_mut().unwrap();
     shared.redis = RedisConfig::new(relay.to_string());
-    shared.redis.command_timeout = Duration::from_millis(100);
+    shared.redis.command_timeout = Duration::from_secs(1);
     // One background round at start, the next an hour later: the test steps the rounds.
     shared.sync_interval = Duration::from_secs(3600);
     let a = Quotas::start(c, None).unwrap();
