@@ -189,13 +189,23 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
         assert_eq!(dest, pods[0]);
         held.push(ex);
     }
-    eventually("B has A's report", || async {
-        metric(pb.metrics, "peer_reports_received_total")
-            .await
-            .is_some_and(|n| n >= 2.0)
+    // B must have read a report of A's six. The connection is long up, so B's count of reports
+    // says nothing by itself (keepalives), and a fixed sleep is no bound on a loaded machine.
+    // A's third write after this read carries a report made after the picks (the write in
+    // progress, and the next, may carry older ones); then B must read as many as A wrote.
+    let sent = || async { metric(pa.metrics, "peer_reports_sent_total").await };
+    let before = sent().await.unwrap();
+    eventually("A writes three reports after its picks", || async {
+        sent().await.is_some_and(|n| n >= before + 3.0)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let written = sent().await.unwrap();
+    eventually("B has read them", || async {
+        metric(pb.metrics, "peer_reports_received_total")
+            .await
+            .is_some_and(|n| n >= written)
+    })
+    .await;
     // B's own picks avoid the pod A loaded, every time.
     let envoy_b = Envoy::connect(format!("127.0.0.1:{}", pb.grpc).parse().unwrap()).await;
     for i in 0..5 {
