@@ -16,8 +16,8 @@ mod forward;
 mod harness;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forward::{Forwarded, forward_with};
@@ -29,6 +29,7 @@ use infergate_metrics::ScraperConfig;
 use infergate_pool::PoolConfig;
 use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
+use infergate_testkit::eventually;
 
 const PROFILE: &str = "llama-3.1-8b/h100";
 
@@ -245,24 +246,36 @@ async fn moving_the_picker_from_90_10_to_0_100_by_reload_under_load_fails_no_req
     let p = start(90, 10).await;
     let phase = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
+    // Answers per (phase, adapter), as they come: the test moves on when enough have been
+    // served, not after a fixed time (a loaded machine serves fewer in any given time).
+    let counts: Arc<Mutex<HashMap<(usize, &'static str), usize>>> = Arc::default();
+    let count = |ph: usize, m: &'static str| {
+        let counts = Arc::clone(&counts);
+        move || counts.lock().unwrap().get(&(ph, m)).copied().unwrap_or(0)
+    };
     let mut handles = Vec::new();
     for _ in 0..16 {
         let (envoy, phase, done) = (p.envoy.clone(), Arc::clone(&phase), Arc::clone(&done));
+        let counts = Arc::clone(&counts);
         handles.push(tokio::spawn(async move {
-            let mut seen: HashMap<(usize, &'static str), usize> = HashMap::new();
             let mut failed = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 let ph = phase.load(Ordering::Acquire);
                 let f = forward_with(&envoy, "/v1/chat/completions", &[], &body(false), 4096).await;
                 match served(&f) {
-                    Ok(s) => *seen.entry((ph, s)).or_default() += 1,
+                    Ok(s) => *counts.lock().unwrap().entry((ph, s)).or_default() += 1,
                     Err(e) => failed.push(e),
                 }
             }
-            (seen, failed)
+            failed
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (v1_before, v2_before) = (count(0, "v1"), count(0, "v2"));
+    eventually(
+        "over 100 answers from v1 and 10 from v2 before the reload",
+        || v1_before() > 100 && v2_before() > 10,
+    )
+    .await;
     let before = Arc::as_ptr(&*p.table.load());
     let tmp = p.path.path().with_extension("new");
     std::fs::write(&tmp, rules(0, 100)).unwrap();
@@ -273,17 +286,17 @@ async fn moving_the_picker_from_90_10_to_0_100_by_reload_under_load_fails_no_req
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     phase.store(1, Ordering::Release);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let v2_after = count(1, "v2");
+    eventually("over 100 answers from v2 after the reload", || {
+        v2_after() > 100
+    })
+    .await;
     done.store(true, Ordering::Relaxed);
-    let mut seen: HashMap<(usize, &'static str), usize> = HashMap::new();
     let mut failed = Vec::new();
     for h in handles {
-        let (s, f) = h.await.unwrap();
-        for (k, v) in s {
-            *seen.entry(k).or_default() += v;
-        }
-        failed.extend(f);
+        failed.extend(h.await.unwrap());
     }
+    let seen = counts.lock().unwrap().clone();
     let get = |ph, m| seen.get(&(ph, m)).copied().unwrap_or(0);
     println!(
         "picker, before the reload: v1 {}, v2 {}; after: v1 {}, v2 {}; failed {}",
