@@ -111,19 +111,23 @@ async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut f: im
     }
 }
 
-/// A chat request with a long prompt (about 2,000 tokens): six of them are seconds of prefill
-/// on one pod, so a replica's estimate of that pod's queue stays high for the whole test.
-fn body() -> Vec<u8> {
-    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(180);
+/// A chat request whose prompt starts with `tag` (prompts of different tags share no prefix
+/// block) and repeats a sentence `n` times (about 11 tokens each).
+fn body(tag: &str, n: usize) -> Vec<u8> {
+    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(n);
     format!(
-        r#"{{"model":"llama","max_tokens":256,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#
+        r#"{{"model":"llama","max_tokens":256,"messages":[{{"role":"user","content":"{tag}: {prompt}"}}]}}"#
     )
     .into_bytes()
 }
 
 /// One request's pick through the picker at `grpc`, with an optional subset hint; the stream is
 /// returned open (the request stays in flight on the picker until it is dropped).
-async fn pick(envoy: &Envoy, subset: Option<SocketAddr>) -> (SocketAddr, harness::Exchange) {
+async fn pick(
+    envoy: &Envoy,
+    body: &[u8],
+    subset: Option<SocketAddr>,
+) -> (SocketAddr, harness::Exchange) {
     let mut ex = envoy.open().await;
     let headers = request_headers("/v1/chat/completions", &[], false);
     let headers = match subset {
@@ -131,7 +135,7 @@ async fn pick(envoy: &Envoy, subset: Option<SocketAddr>) -> (SocketAddr, harness
         None => headers,
     };
     ex.send(headers).await;
-    ex.send(request_body(&body(), true)).await;
+    ex.send(request_body(body, true)).await;
     let answer = headers_answer(&ex.next().await);
     let dest = answer
         .header(wire::DESTINATION_HEADER)
@@ -181,11 +185,21 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
         .await;
     }
 
-    // Six requests through A, all on pod 0 (subset hint), held open.
+    // B's own history points it at pod 0: one pick there (subset hint) leaves its prompt (about
+    // 2,000 tokens, half a second of prefill at the default rate) in B's prefix index, so without
+    // A's load B's picks of that prompt would go to pod 0 again.
+    let envoy_b = Envoy::connect(format!("127.0.0.1:{}", pb.grpc).parse().unwrap()).await;
+    let b_body = body("b", 180);
+    let (dest, ex) = pick(&envoy_b, &b_body, Some(pods[0])).await;
+    assert_eq!(dest, pods[0]);
+    drop(ex);
+
+    // Six requests through A, all on pod 0 (subset hint), held open: six prompts of about 4,000
+    // tokens sharing no prefix, six seconds of prefill, which B ages at that rate from A's report.
     let envoy_a = Envoy::connect(format!("127.0.0.1:{}", pa.grpc).parse().unwrap()).await;
     let mut held = Vec::new();
-    for _ in 0..6 {
-        let (dest, ex) = pick(&envoy_a, Some(pods[0])).await;
+    for i in 0..6 {
+        let (dest, ex) = pick(&envoy_a, &body(&format!("a{i}"), 360), Some(pods[0])).await;
         assert_eq!(dest, pods[0]);
         held.push(ex);
     }
@@ -206,10 +220,9 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
             .is_some_and(|n| n >= written)
     })
     .await;
-    // B's own picks avoid the pod A loaded, every time.
-    let envoy_b = Envoy::connect(format!("127.0.0.1:{}", pb.grpc).parse().unwrap()).await;
+    // B's own picks avoid the pod A loaded, every time, its prefix there notwithstanding.
     for i in 0..5 {
-        let (dest, ex) = pick(&envoy_b, None).await;
+        let (dest, ex) = pick(&envoy_b, &b_body, None).await;
         assert_eq!(
             dest, pods[1],
             "B's pick {i} went to the pod A holds six requests on"
