@@ -479,25 +479,30 @@ async fn per_pod_metrics_on_the_picker_match_the_pods_own_pages() {
     let waiting = metric(&page, "vllm:num_requests_waiting", &[]).unwrap();
     let running = metric(&page, "vllm:num_requests_running", &[]).unwrap();
     let kv = metric(&page, "vllm:kv_cache_usage_perc", &[]).unwrap();
-    p.wait_metric("infergate_pod_waiting_requests", "pod-0", waiting)
-        .await;
-    let m = p.scrape().await;
     let pod = busy.to_string();
     let labels = [
         ("pool", "llama-pool"),
         ("pod", pod.as_str()),
         ("name", "default/pod-0"),
     ];
-    assert_eq!(
-        metric(&m, "infergate_pod_running_requests", &labels),
-        Some(running),
-        "{m}"
-    );
-    assert_eq!(
-        metric(&m, "infergate_pod_kv_cache_usage_ratio", &labels),
-        Some(kv),
-        "{m}"
-    );
+    // The picker's copy is the frozen page once all three values match: a page it read just
+    // before the freeze may already show the same waiting count (the load is all queued) with
+    // another KV usage, so matching one value says nothing of which page it holds.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = p.scrape().await;
+        if metric(&m, "infergate_pod_waiting_requests", &labels) == Some(waiting)
+            && metric(&m, "infergate_pod_running_requests", &labels) == Some(running)
+            && metric(&m, "infergate_pod_kv_cache_usage_ratio", &labels) == Some(kv)
+        {
+            break m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the picker never showed the frozen page (waiting {waiting}, running {running}, kv {kv})\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(
         metric(&m, "infergate_pod_inflight_requests", &labels),
         Some(0.0),
