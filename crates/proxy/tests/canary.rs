@@ -14,12 +14,13 @@ mod upstream;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{FleetSpec, ServedFleet, serve_fleet};
+use infergate_testkit::eventually;
 use upstream::{get, send, serve_gateway};
 
 const KEY_A: &str = "sk-canary-team-a";
@@ -277,23 +278,35 @@ async fn moving_90_10_to_0_100_by_reload_under_load_fails_no_request() {
     // 0 before the reload is seen, 1 after.
     let phase = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
+    // Answers per (phase, model), as they come: the test moves on when enough have been served,
+    // not after a fixed time (a loaded machine serves fewer in any given time).
+    let counts: Arc<Mutex<HashMap<(usize, &'static str), usize>>> = Arc::default();
+    let count = |p: usize, m: &'static str| {
+        let counts = Arc::clone(&counts);
+        move || counts.lock().unwrap().get(&(p, m)).copied().unwrap_or(0)
+    };
     let mut handles = Vec::new();
     for _ in 0..16 {
         let (pods, phase, done) = (Arc::clone(&pods), Arc::clone(&phase), Arc::clone(&done));
+        let counts = Arc::clone(&counts);
         handles.push(tokio::spawn(async move {
-            let mut seen: HashMap<(usize, &'static str), usize> = HashMap::new();
             let mut failed = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 let p = phase.load(Ordering::Acquire);
                 match ask(gw, &pods, KEY_A, false).await {
-                    Ok(served) => *seen.entry((p, served)).or_default() += 1,
+                    Ok(served) => *counts.lock().unwrap().entry((p, served)).or_default() += 1,
                     Err(e) => failed.push(e),
                 }
             }
-            (seen, failed)
+            failed
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (v1_before, v2_before) = (count(0, "llama-v1"), count(0, "llama-v2"));
+    eventually(
+        "over 100 answers from v1 and 10 from v2 before the reload",
+        || v1_before() > 100 && v2_before() > 10,
+    )
+    .await;
     write_atomically(rig.path.path(), &config(rig.addrs, 0, 100));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while reloads_ok(admin).await < 1 {
@@ -301,17 +314,17 @@ async fn moving_90_10_to_0_100_by_reload_under_load_fails_no_request() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     phase.store(1, Ordering::Release);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let v2_after = count(1, "llama-v2");
+    eventually("over 100 answers from v2 after the reload", || {
+        v2_after() > 100
+    })
+    .await;
     done.store(true, Ordering::Relaxed);
-    let mut seen: HashMap<(usize, &'static str), usize> = HashMap::new();
     let mut failed = Vec::new();
     for h in handles {
-        let (s, f) = h.await.unwrap();
-        for (k, v) in s {
-            *seen.entry(k).or_default() += v;
-        }
-        failed.extend(f);
+        failed.extend(h.await.unwrap());
     }
+    let seen = counts.lock().unwrap().clone();
     let get = |p, m| seen.get(&(p, m)).copied().unwrap_or(0);
     println!(
         "before the reload: llama-v1 {}, llama-v2 {}; after: llama-v1 {}, llama-v2 {}; failed {}",
