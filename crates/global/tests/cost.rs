@@ -110,8 +110,23 @@ async fn run(policy: &str, cheap: &TestCluster, fast: &TestCluster, body: Body) 
     .unwrap();
     let (front, admin) = (router.http_addr(), router.admin_addr().unwrap());
     wait_ready(admin).await;
-    // Both clusters' heartbeats in.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both clusters' heartbeats in: each has a TTFT estimate and its full routing share.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = infergate_testkit::get(admin, "/metrics").await.text();
+        let known = |family: &str, c: &str| counter(&page, &format!("{family}{{cluster=\"{c}\"}}"));
+        if ["cheap", "fast"].iter().all(|c| {
+            known("infergate_global_estimated_ttft_seconds", c) > 0.0
+                && known("infergate_global_cluster_weight", c) == 1.0
+        }) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "heartbeats never in:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let light = phase(
         front,
         admin,
