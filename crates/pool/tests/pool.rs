@@ -428,8 +428,9 @@ async fn a_killed_pod_fails_at_once_and_comes_back_with_its_rates_forgotten() {
         .unwrap();
     wait_ready(&pool).await;
     wait_scraped(&pool).await;
-    // Teach A a slow prefill (300 ms to a first token), B a fast one.
-    for (addr, ttft) in [(a.addr, 300), (b, 1)] {
+    // Teach A a slow prefill (a second to a first token), B a fast one (1 ms asked: it still
+    // reads ten times faster than A if its sleep ends up to 100 ms late on a loaded machine).
+    for (addr, ttft) in [(a.addr, 1000), (b, 1)] {
         let only = [addr];
         let req = RequestContext::new("m", 100).with_subset(Some(&only[..]));
         let mut g = pool.pick(&req).unwrap();
