@@ -216,7 +216,15 @@ impl Cluster {
     /// measurements have aged out.
     pub(crate) fn view(&self, model: &str, now: Instant, prompt_tokens: f64) -> Option<(f64, f64)> {
         let st = lock(&self.state);
-        let entry = st.models.get(model)?;
+        let Some(entry) = st.models.get(model) else {
+            // Served (configured in `models:` or discovered) but without a good heartbeat yet:
+            // drained `unknown`, still a last resort rather than a model nobody serves.
+            return st
+                .served
+                .iter()
+                .any(|m| m == model)
+                .then(|| (0.0, st.rtt_ms.unwrap_or(0.0)));
+        };
         let weight = match entry.health.state(now) {
             State::Up { weight } => weight,
             State::Drained(_) => 0.0,
@@ -567,3 +575,6 @@ pub(crate) async fn poll(
         cluster.tick(now(), &telemetry);
     }
 }
+
+#[cfg(test)]
+mod tests;
