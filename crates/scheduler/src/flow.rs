@@ -258,6 +258,9 @@ impl Default for Headroom {
     }
 }
 
+/// The longest `requestTtlMs` a configuration may set: one day (the CRD's bound as well).
+pub const MAX_REQUEST_TTL: Duration = Duration::from_secs(86_400);
+
 /// Flow-control configuration (`flowControl:` in the gateway and picker configuration).
 #[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
@@ -305,6 +308,12 @@ impl Default for FlowConfig {
 impl FlowConfig {
     /// Checks the limits and weights; the error names the YAML field (under `flowControl.`).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.request_ttl > MAX_REQUEST_TTL {
+            return Err(ConfigError::new(
+                "flowControl.requestTtlMs",
+                "must be between 0 (no TTL) and 86400000 ms (one day): a request does not wait longer",
+            ));
+        }
         if self.max_requests == 0 {
             return Err(ConfigError::new(
                 "flowControl.maxRequests",

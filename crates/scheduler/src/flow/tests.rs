@@ -700,3 +700,17 @@ fn a_rejection_retry_after_is_the_wait_of_the_queue_ahead_at_the_measured_rate()
         Duration::from_secs(30)
     );
 }
+
+#[test]
+fn a_ttl_over_one_day_is_refused_naming_the_field() {
+    let ok: FlowConfig = serde_yaml::from_str("requestTtlMs: 86400000").unwrap();
+    ok.validate().unwrap();
+    let off: FlowConfig = serde_yaml::from_str("requestTtlMs: 0").unwrap();
+    off.validate().unwrap();
+    for ttl in ["86400001", "18446744073709551615"] {
+        let bad: FlowConfig = serde_yaml::from_str(&format!("requestTtlMs: {ttl}")).unwrap();
+        let e = bad.validate().unwrap_err();
+        assert_eq!(e.field, "flowControl.requestTtlMs", "{ttl}");
+        assert!(e.to_string().contains("86400000 ms (one day)"), "{e}");
+    }
+}
