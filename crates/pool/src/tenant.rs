@@ -44,13 +44,49 @@ pub const MAX_TENANT_BYTES: usize = 128;
 
 /// An objective's priority: a band name, or the reference's integer `spec.priority` (above 0
 /// is Critical, 0 Standard, below 0 Sheddable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum ObjectivePriority {
     /// `critical`, `standard` or `sheddable`.
     Band(Priority),
     /// The reference's integer priority.
     Level(i32),
+}
+
+/// What a configured objective priority must be, in the error for one that is neither.
+const OBJECTIVE_PRIORITY_EXPECTED: &str = "critical, standard, sheddable or an integer priority (above 0 critical, 0 standard, below 0 sheddable)";
+
+impl<'de> Deserialize<'de> for ObjectivePriority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ObjectivePriority;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(OBJECTIVE_PRIORITY_EXPECTED)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "critical" => Ok(ObjectivePriority::Band(Priority::Critical)),
+                    "standard" => Ok(ObjectivePriority::Band(Priority::Standard)),
+                    "sheddable" => Ok(ObjectivePriority::Band(Priority::Sheddable)),
+                    _ => Err(E::custom(format_args!(
+                        "`{v}` is not a priority: expected {OBJECTIVE_PRIORITY_EXPECTED}"
+                    ))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                i32::try_from(v)
+                    .map(ObjectivePriority::Level)
+                    .map_err(|_| E::custom(format_args!("the priority {v} is out of range")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                i32::try_from(v)
+                    .map(ObjectivePriority::Level)
+                    .map_err(|_| E::custom(format_args!("the priority {v} is out of range")))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 impl ObjectivePriority {
@@ -290,6 +326,51 @@ mod tests {
         assert_eq!((&*tp.tenant, tp.priority), ("default", Priority::Sheddable));
         let tp = t.gateway(None, &headers(&[(OBJECTIVE_HEADER, "chat")]));
         assert_eq!(tp.priority, Priority::Critical);
+    }
+
+    #[test]
+    fn an_objective_priority_naming_no_band_is_refused_saying_what_is_accepted() {
+        let e = serde_yaml::from_str::<TenancyConfig>("objectives: {interactive: urgent}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`urgent` is not a priority"), "{e}");
+        assert!(
+            e.contains("critical, standard, sheddable or an integer"),
+            "{e}"
+        );
+        let e = serde_yaml::from_str::<TenancyConfig>("objectives: {x: [1]}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("critical, standard, sheddable or an integer"),
+            "{e}"
+        );
+        let e = serde_yaml::from_str::<TenancyConfig>("objectives: {x: 3000000000}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("out of range"), "{e}");
+        let ok: TenancyConfig = serde_yaml::from_str(
+            "objectives: {a: critical, b: standard, c: sheddable, d: -1, e: 7}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            ok.objectives["a"],
+            ObjectivePriority::Band(Priority::Critical)
+        );
+        assert_eq!(
+            ok.objectives["b"],
+            ObjectivePriority::Band(Priority::Standard)
+        );
+        assert_eq!(
+            ok.objectives["c"],
+            ObjectivePriority::Band(Priority::Sheddable)
+        );
+        assert_eq!(ok.objectives["d"], ObjectivePriority::Level(-1));
+        assert_eq!(ok.objectives["e"], ObjectivePriority::Level(7));
+        // A JSON round trip (the operator renders the picker's file) keeps the values.
+        let back: TenancyConfig =
+            serde_json::from_str(&serde_json::to_string(&ok).unwrap()).unwrap();
+        assert_eq!(back, ok);
     }
 
     #[test]
