@@ -151,6 +151,18 @@ impl QuotasSpec {
                 if r.address.is_empty() {
                     return Err("`quotas.redis.address` must be set (host:port)".into());
                 }
+                // The connection is `TcpStream::connect(address)`: without a port it can never
+                // succeed, so say so now rather than count locally forever.
+                let port = r
+                    .address
+                    .rsplit_once(':')
+                    .filter(|(host, _)| !host.is_empty());
+                if !port.is_some_and(|(_, p)| p.parse::<u16>().is_ok_and(|p| p > 0)) {
+                    return Err(format!(
+                        "`quotas.redis.address`: `{}` is not host:port (e.g. 10.0.0.5:6379)",
+                        r.address
+                    ));
+                }
                 if !(10..=10_000).contains(&r.sync_interval_ms) {
                     return Err("`quotas.redis.syncIntervalMs` must be between 10 and 10000".into());
                 }
@@ -224,6 +236,29 @@ mod tests {
         assert_eq!(r.key_prefix, "infergate:");
         assert_eq!(r.sync_interval, Duration::from_millis(50));
         assert_eq!(r.redis.command_timeout, Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_redis_address_without_a_port_is_refused() {
+        for address in [
+            "127.0.0.1",
+            "redis",
+            ":6379",
+            "redis:",
+            "redis:0",
+            "redis:99999",
+        ] {
+            let spec: QuotasSpec =
+                serde_yaml::from_str(&format!("redis: {{ address: '{address}' }}")).unwrap();
+            let e = spec.to_config().unwrap_err();
+            assert!(e.contains("`quotas.redis.address`"), "{address}: {e}");
+            assert!(e.contains("is not host:port"), "{address}: {e}");
+        }
+        for address in ["10.0.0.5:6379", "redis.inference.svc:6379", "[::1]:6379"] {
+            let spec: QuotasSpec =
+                serde_yaml::from_str(&format!("redis: {{ address: '{address}' }}")).unwrap();
+            spec.to_config().unwrap();
+        }
     }
 
     #[test]
