@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use infergate_openai::{ApiError, ApiKind, parse_request};
+use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::quota::Quotas;
 use infergate_pool::tenant::Tenancy;
@@ -365,17 +366,6 @@ fn draw(rng: &AtomicU64) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
 async fn route_request(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
@@ -511,8 +501,7 @@ async fn route_request(
         *up.uri_mut() = uri;
         let h = up.headers_mut();
         for (name, value) in &parts.headers {
-            if HOP_BY_HOP.contains(name)
-                || name == header::HOST
+            if name == header::HOST
                 || name == header::CONTENT_LENGTH
                 || (shared.auth.is_enabled()
                     && (name == header::AUTHORIZATION || name.as_str() == "x-api-key"))
@@ -521,6 +510,7 @@ async fn route_request(
             }
             h.append(name.clone(), value.clone());
         }
+        strip_hop_by_hop(h);
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         if let Some(t) = cluster
             .token
@@ -596,9 +586,7 @@ async fn route_request(
                     .is_some_and(|v| v.starts_with("text/event-stream"))
                     || stream;
                 let (mut rparts, inner) = resp.into_parts();
-                for name in &HOP_BY_HOP {
-                    rparts.headers.remove(name);
-                }
+                strip_hop_by_hop(&mut rparts.headers);
                 if let Ok(v) = HeaderValue::from_str(&cluster.config.name) {
                     rparts.headers.insert(CLUSTER_HEADER, v);
                 }

@@ -22,6 +22,7 @@
 //!   saturated ([`flow::FlowController`]); [`tenant`] — a request's tenant and priority;
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
+//! - [`hop`] — the hop-by-hop headers both front doors strip before forwarding, either way;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
 //! - [`quota`] — per-tenant request and token quotas, shared across replicas through Redis;
 //! - [`redis`] — a small RESP2 Redis client (pipelines, timeouts, reconnect with backoff);
@@ -56,6 +57,7 @@ pub mod error;
 pub mod flow;
 pub mod heartbeat;
 pub mod histogram;
+pub mod hop;
 pub mod lifecycle;
 pub mod peers;
 pub mod pods;

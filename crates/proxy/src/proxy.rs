@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use infergate_openai::{ApiError, ApiKind, ModelRewriter, parse_request};
+use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, Segments};
 use infergate_pool::quota::QuotaTicket;
 use tokio::time::Instant;
@@ -42,18 +43,6 @@ pub const EXPLAIN_HEADER: &str = "x-infergate-explain";
 static X_INFERGATE_ENDPOINT: HeaderName = HeaderName::from_static(ENDPOINT_HEADER);
 static X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 static X_INFERGATE_EXPLAIN: HeaderName = HeaderName::from_static(EXPLAIN_HEADER);
-
-/// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
-static HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
 
 /// What every connection shares.
 pub(crate) struct Shared {
@@ -559,27 +548,6 @@ fn upstream_uri(authority: &http::uri::Authority, pq: &PathAndQuery) -> Option<U
     parts.authority = Some(authority.clone());
     parts.path_and_query = Some(pq.clone());
     Uri::from_parts(parts).ok()
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Usually there is none: one pass over the few headers present is cheaper than a lookup per
-    // hop-by-hop name.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
-        return;
-    }
-    // Headers named by `Connection` are hop-by-hop too.
-    if let Some(conn) = headers.get(header::CONNECTION).cloned()
-        && let Ok(list) = conn.to_str()
-    {
-        for name in list.split(',') {
-            if let Ok(n) = HeaderName::try_from(name.trim()) {
-                headers.remove(n);
-            }
-        }
-    }
-    for h in &HOP_BY_HOP {
-        headers.remove(h);
-    }
 }
 
 fn describe_send_error(err: &SendError) -> String {

@@ -457,6 +457,26 @@ impl futures_util::Stream for ChunkIter {
     }
 }
 
+/// Headers the `Connection` header names are hop-by-hop (RFC 9110 §7.6.1): neither the client's
+/// nor the model server's reach the other side, whichever `Connection` line names them and in
+/// whatever case; the other headers do.
+#[tokio::test]
+async fn headers_named_by_connection_are_not_forwarded_either_way() {
+    use infergate_testkit::recorder::{HOP_REQUEST_HEADERS, HOP_RESPONSE_HEADERS, Recorder};
+    let up = Recorder::start(&HOP_RESPONSE_HEADERS).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let (status, headers, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &HOP_REQUEST_HEADERS,
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    up.assert_hop_by_hop_dropped(&headers);
+}
+
 #[tokio::test]
 async fn models_are_listed() {
     let up = Upstream::start(Behaviour::Ok).await;

@@ -15,6 +15,8 @@
 //! - [`tls`] — a private CA, client configurations and HTTP/1.1 over TLS.
 //! - [`redis`] — a real `redis-server` on a free loopback port, to kill and restart.
 //! - [`pages`] — a metrics server answering with a page the test computes.
+//! - [`recorder`] — a model server recording the request heads it receives, answering with
+//!   response headers the test chooses.
 //! - [`eventually`] — waits, on wall-clock time, until a condition holds.
 //! - [`required_tool`] — whether a program from outside the Rust toolchain that a test needs is
 //!   there: in CI its absence fails the test, elsewhere the test says it is skipped.
@@ -35,6 +37,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 pub mod pages;
+pub mod recorder;
 pub mod redis;
 pub mod tls;
 
