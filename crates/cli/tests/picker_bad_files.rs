@@ -1,0 +1,73 @@
+//! `infergate picker` with a quota or flow-control file it refuses: the start fails naming the
+//! flag and the file, and nothing says the picker is listening first.
+
+use std::process::Command;
+
+fn picker_with(flag: &str, body: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = dir.path().join("endpoints.yaml");
+    std::fs::write(
+        &endpoints,
+        "engine: vllm\nendpoints:\n  - address: 127.0.0.1:9\n",
+    )
+    .unwrap();
+    let file = dir.path().join("file.yaml");
+    std::fs::write(&file, body).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("picker")
+        .arg("--endpoints-file")
+        .arg(&endpoints)
+        .args(["--listen-address", "127.0.0.1"])
+        .args([
+            "--grpc-port",
+            "0",
+            "--grpc-health-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .arg(flag)
+        .arg(&file)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_refused_quota_or_flow_control_file_stops_the_start_before_listening_is_logged() {
+    let cases = [
+        (
+            "--quotas",
+            "quotas:\n  default: { requestsPerMinute: 3 }\n",
+            "unknown field `quotas`",
+        ),
+        (
+            "--quotas",
+            "redis: { address: redis }\n",
+            "quotas.redis.address",
+        ),
+        (
+            "--flow-control",
+            "flowControl: { requestTtlMs: 90000000 }\n",
+            "flowControl.requestTtlMs",
+        ),
+        (
+            "--flow-control",
+            "tenancy: { objectives: { a: urgent } }\n",
+            "`urgent` is not a priority",
+        ),
+    ];
+    for (flag, body, expected) in cases {
+        let (ok, text) = picker_with(flag, body);
+        assert!(!ok, "{flag} {body:?} started: {text}");
+        assert!(text.contains(flag), "{flag} {body:?}: {text}");
+        assert!(text.contains(expected), "{flag} {body:?}: {text}");
+        assert!(
+            !text.contains("endpoint picker listening"),
+            "{flag} {body:?}: logged listening before refusing the file: {text}"
+        );
+    }
+}
