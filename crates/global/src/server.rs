@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use infergate_openai::{ApiError, ApiKind, parse_request};
+use infergate_openai::{ApiError, ApiKind, Route, parse_request};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::quota::Quotas;
@@ -326,11 +326,10 @@ fn error_response(e: &ApiError) -> Response<RouterBody> {
     if let Some(w) = e.www_authenticate() {
         h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(w));
     }
+    if let Some(allow) = e.allow() {
+        h.insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
     r
-}
-
-fn is_models_path(path: &str) -> bool {
-    matches!(path, "/v1/models" | "/v1/models/" | "/models")
 }
 
 /// Every model some cluster serves, sorted.
@@ -371,22 +370,9 @@ async fn route_request(
     req: Request<Incoming>,
 ) -> Result<Response<RouterBody>, ApiError> {
     let identity = shared.auth.authenticate(req.headers()).await?;
-    let path = req.uri().path();
-    let kind = match ApiKind::from_path(path) {
-        Some(kind) if req.method() == Method::POST => kind,
-        Some(_) => {
-            return Err(ApiError::MethodNotAllowed {
-                method: req.method().to_string(),
-            });
-        }
-        None if is_models_path(path) && req.method() == Method::GET => {
-            return Ok(models_response(shared));
-        }
-        None => {
-            return Err(ApiError::NotFound {
-                path: path.chars().take(200).collect(),
-            });
-        }
+    let kind = match Route::of(req.method().as_str(), req.uri().path())? {
+        Route::Api(kind) => kind,
+        Route::Models => return Ok(models_response(shared)),
     };
     let limits = &shared.config.limits;
     let running = shared.inflight.fetch_add(1, Ordering::AcqRel);

@@ -64,3 +64,28 @@ async fn headers_named_by_connection_are_not_forwarded_either_way() {
     assert_eq!(r.status, 200, "{}", r.text());
     cluster.assert_hop_by_hop_dropped(&r.headers);
 }
+
+/// A path the router serves, asked with another method, is a 405 whose `Allow` header and
+/// message name the method it takes; an unknown path stays a 404.
+#[tokio::test]
+async fn a_wrong_method_is_405_naming_the_allowed_one() {
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router(cluster.addr).await;
+    for (method, path, allowed) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("DELETE", "/v1/models", "GET"),
+    ] {
+        let r = send(router.http_addr(), method, path, &[]).await;
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.text());
+        assert_eq!(r.header("allow"), Some(allowed), "{method} {path}");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "method_not_allowed", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("use {allowed}")), "{msg}");
+    }
+    let r = send(router.http_addr(), "POST", "/v2/whatever", &[]).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header("allow"), None);
+    assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
+}

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::error::ApiError;
+
 /// The OpenAI APIs infergate understands. The path decides, as in the reference endpoint picker.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ApiKind {
@@ -58,6 +60,42 @@ impl ApiKind {
     }
 }
 
+/// What a front door (the gateway, the global router) does with a request, by method and path.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `POST` on an API path: read the body and route it by its model.
+    Api(ApiKind),
+    /// `GET /v1/models`: answer with the served models.
+    Models,
+}
+
+impl Route {
+    /// Routes a request: an API path takes `POST`, the model list (`/v1/models`, `/v1/models/`,
+    /// `/models`) `GET`. Another method on one of those is [`ApiError::MethodNotAllowed`] naming
+    /// the one allowed; any other path is [`ApiError::NotFound`].
+    pub fn of(method: &str, path: &str) -> Result<Route, ApiError> {
+        let (route, allowed) = match ApiKind::from_path(path) {
+            Some(kind) => (Route::Api(kind), "POST"),
+            None if matches!(path, "/v1/models" | "/v1/models/" | "/models") => {
+                (Route::Models, "GET")
+            }
+            None => {
+                return Err(ApiError::NotFound {
+                    path: path.chars().take(200).collect(),
+                });
+            }
+        };
+        if method == allowed {
+            Ok(route)
+        } else {
+            Err(ApiError::MethodNotAllowed {
+                method: method.to_owned(),
+                allowed,
+            })
+        }
+    }
+}
+
 impl fmt::Display for ApiKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.path())
@@ -84,5 +122,26 @@ mod tests {
         assert_eq!(ApiKind::from_path("/v1/models"), None);
         assert_eq!(ApiKind::from_path("/v1/chat/completionsX"), None);
         assert_eq!(ApiKind::from_path(""), None);
+    }
+
+    #[test]
+    fn a_known_path_with_the_wrong_method_names_the_right_one() {
+        assert_eq!(
+            Route::of("POST", "/v1/chat/completions").ok(),
+            Some(Route::Api(ApiKind::ChatCompletions))
+        );
+        assert_eq!(Route::of("GET", "/v1/models").ok(), Some(Route::Models));
+        assert_eq!(Route::of("GET", "/models").ok(), Some(Route::Models));
+        for (method, path, allowed) in [
+            ("GET", "/v1/chat/completions", "POST"),
+            ("POST", "/v1/models", "GET"),
+            ("DELETE", "/v1/models/", "GET"),
+        ] {
+            let e = Route::of(method, path).unwrap_err();
+            assert_eq!((e.status(), e.allow()), (405, Some(allowed)), "{e}");
+            assert!(e.to_string().contains(&format!("use {allowed}")), "{e}");
+        }
+        let e = Route::of("POST", "/v2/whatever").unwrap_err();
+        assert_eq!((e.status(), e.allow()), (404, None));
     }
 }

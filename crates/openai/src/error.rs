@@ -61,11 +61,14 @@ pub enum ApiError {
         /// The requested path.
         path: String,
     },
-    /// The method is not allowed on this path.
-    #[error("method {} is not allowed here: use POST", Echo(method))]
+    /// The method is not allowed on this path (a path the gateway serves with another method).
+    #[error("method {} is not allowed on this path: use {allowed}", Echo(method))]
     MethodNotAllowed {
         /// The request's method.
         method: String,
+        /// The method the path takes (`POST` for the APIs, `GET` for the model list); the
+        /// response's `Allow` header.
+        allowed: &'static str,
     },
     /// Admission control shed the request because the pool is saturated.
     #[error("the model `{model}` is overloaded: retry after {} s", retry_after_secs(*retry_after))]
@@ -418,6 +421,14 @@ impl ApiError {
         }
     }
 
+    /// The `Allow` header's value (RFC 9110 §10.2.1), for errors that carry one: a 405.
+    pub fn allow(&self) -> Option<&'static str> {
+        match self {
+            ApiError::MethodNotAllowed { allowed, .. } => Some(allowed),
+            _ => None,
+        }
+    }
+
     /// The OpenAI-style JSON body.
     pub fn to_json(&self) -> Vec<u8> {
         let message = self.to_string();
@@ -470,6 +481,7 @@ mod tests {
             (
                 ApiError::MethodNotAllowed {
                     method: "GET".into(),
+                    allowed: "POST",
                 },
                 405,
             ),
@@ -723,6 +735,7 @@ mod tests {
         // A value at the limit is echoed whole.
         let e = ApiError::MethodNotAllowed {
             method: "X".repeat(MAX_ECHO_CHARS),
+            allowed: "POST",
         };
         assert!(!e.to_string().contains('…'));
     }

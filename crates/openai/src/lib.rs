@@ -7,7 +7,8 @@
 //! the answer identical whichever path a request takes.
 //!
 //! Layout:
-//! - [`api`] — which OpenAI API a request path names.
+//! - [`api`] — which OpenAI API a request path names, and what a front door does with a
+//!   request by method and path ([`Route`]: 405 and 404 included).
 //! - [`request`] — parsing a request body into [`ParsedRequest`] without copying its strings, and
 //!   rewriting its `model` field in place.
 //! - [`rewrite`] — [`ModelRewriter`], the response-path model-name rewriter (chunk by chunk).
@@ -23,7 +24,7 @@ pub mod rewrite;
 pub mod routing;
 pub mod usage;
 
-pub use api::ApiKind;
+pub use api::{ApiKind, Route};
 pub use error::{ApiError, REASON_HEADER};
 pub use request::{ParsedRequest, parse_request};
 pub use rewrite::ModelRewriter;

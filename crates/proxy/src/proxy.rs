@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme, Uri};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use infergate_openai::{ApiError, ApiKind, ModelRewriter, parse_request};
+use infergate_openai::{ApiError, ApiKind, ModelRewriter, Route, parse_request};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, Segments};
 use infergate_pool::quota::QuotaTicket;
@@ -189,22 +189,10 @@ async fn admit(
     req: Request<Incoming>,
     identity: Identity,
 ) -> Result<Admission, hyper::Error> {
-    let path = req.uri().path();
-    let kind = match ApiKind::from_path(path) {
-        Some(kind) if req.method() == Method::POST => kind,
-        Some(_) => {
-            return Ok(Admission::Refused(ApiError::MethodNotAllowed {
-                method: req.method().to_string(),
-            }));
-        }
-        None if is_models_path(path) && req.method() == Method::GET => {
-            return Ok(Admission::Models);
-        }
-        None => {
-            return Ok(Admission::Refused(ApiError::NotFound {
-                path: path.chars().take(200).collect(),
-            }));
-        }
+    let kind = match Route::of(req.method().as_str(), req.uri().path()) {
+        Ok(Route::Api(kind)) => kind,
+        Ok(Route::Models) => return Ok(Admission::Models),
+        Err(e) => return Ok(Admission::Refused(e)),
     };
     let limits = &state.config.limits;
     // Before the body is read: the per-model limit needs the body's `model`, this one does not.
@@ -538,10 +526,6 @@ fn with_explanation(
     r
 }
 
-fn is_models_path(path: &str) -> bool {
-    matches!(path, "/v1/models" | "/v1/models/" | "/models")
-}
-
 fn upstream_uri(authority: &http::uri::Authority, pq: &PathAndQuery) -> Option<Uri> {
     let mut parts = http::uri::Parts::default();
     parts.scheme = Some(Scheme::HTTP);
@@ -601,6 +585,9 @@ pub(crate) fn error_response(
             header::WWW_AUTHENTICATE,
             HeaderValue::from_static(challenge),
         );
+    }
+    if let Some(allow) = err.allow() {
+        h.insert(header::ALLOW, HeaderValue::from_static(allow));
     }
     h.insert(X_REQUEST_ID.clone(), request_id);
     r

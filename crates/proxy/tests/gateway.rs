@@ -457,6 +457,32 @@ impl futures_util::Stream for ChunkIter {
     }
 }
 
+/// A path the gateway serves, asked with another method, is a 405 whose `Allow` header and
+/// message name the method it takes; an unknown path stays a 404.
+#[tokio::test]
+async fn a_wrong_method_is_405_naming_the_allowed_one() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    for (method, path, allowed) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("DELETE", "/v1/models", "GET"),
+    ] {
+        let (s, headers, b) = send(gw.addr(), method, path, "{}", &[]).await;
+        assert_eq!(s, 405, "{method} {path}");
+        assert_eq!(headers["allow"], allowed, "{method} {path}");
+        let v = json(&b);
+        assert_eq!(v["error"]["code"], "method_not_allowed", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("use {allowed}")), "{msg}");
+    }
+    let (s, headers, b) = send(gw.addr(), "POST", "/v2/whatever", "{}", &[]).await;
+    assert_eq!(s, 404);
+    assert!(!headers.contains_key("allow"));
+    assert_eq!(json(&b)["error"]["code"], "not_found");
+    assert_eq!(up.requests(), 0);
+}
+
 /// Headers the `Connection` header names are hop-by-hop (RFC 9110 §7.6.1): neither the client's
 /// nor the model server's reach the other side, whichever `Connection` line names them and in
 /// whatever case; the other headers do.
