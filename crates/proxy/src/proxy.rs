@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::uri::{PathAndQuery, Scheme, Uri};
+use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -407,18 +407,18 @@ async fn forward(
             continue;
         };
         let last = attempt + 1 == attempts;
-        let uri = match upstream_uri(&ep.authority, &path_and_query) {
-            Some(u) => u,
-            None => continue,
-        };
         let mut up = Request::new(Full::new(body.clone()));
         *up.method_mut() = parts.method.clone();
-        *up.uri_mut() = uri;
+        // Origin form (`POST /v1/chat/completions HTTP/1.1`) with the endpoint as `Host`, as an
+        // HTTP/1.1 client sends to a server (RFC 9112 §3.2): a strict server refuses a request
+        // without `Host`.
+        *up.uri_mut() = Uri::from(path_and_query.clone());
         *up.headers_mut() = if last {
             std::mem::take(&mut headers)
         } else {
             headers.clone()
         };
+        up.headers_mut().insert(header::HOST, ep.header.clone());
         let sent = tokio::time::timeout(
             timeouts.first_byte,
             worker.upstreams.send(
@@ -524,14 +524,6 @@ fn with_explanation(
             .insert(X_INFERGATE_EXPLAIN.clone(), v.clone());
     }
     r
-}
-
-fn upstream_uri(authority: &http::uri::Authority, pq: &PathAndQuery) -> Option<Uri> {
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(Scheme::HTTP);
-    parts.authority = Some(authority.clone());
-    parts.path_and_query = Some(pq.clone());
-    Uri::from_parts(parts).ok()
 }
 
 fn describe_send_error(err: &SendError) -> String {

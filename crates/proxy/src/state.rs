@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use http::HeaderValue;
-use http::uri::Authority;
 use infergate_openai::ModelRouter;
 use infergate_scheduler::Rewrites;
 use serde::Serialize;
@@ -25,9 +24,9 @@ use crate::config::GatewayConfig;
 use crate::error::Error;
 use crate::telemetry::{ModelMetrics, Telemetry};
 
-/// Per-endpoint values computed once: the URI authority and the `x-infergate-endpoint` value.
+/// Per-endpoint values computed once: `ip:port`, the upstream request's `Host` and the
+/// `x-infergate-endpoint` value.
 pub(crate) struct EndpointHeaders {
-    pub(crate) authority: Authority,
     pub(crate) header: HeaderValue,
 }
 
@@ -114,10 +113,8 @@ fn endpoint_headers(addrs: &[SocketAddr]) -> HashMap<SocketAddr, EndpointHeaders
     addrs
         .iter()
         .filter_map(|a| {
-            let s = a.to_string();
-            let authority = Authority::try_from(s.as_str()).ok()?;
-            let header = HeaderValue::try_from(s).ok()?;
-            Some((*a, EndpointHeaders { authority, header }))
+            let header = HeaderValue::try_from(a.to_string()).ok()?;
+            Some((*a, EndpointHeaders { header }))
         })
         .collect()
 }

@@ -504,6 +504,36 @@ async fn headers_named_by_connection_are_not_forwarded_either_way() {
 }
 
 #[tokio::test]
+async fn the_upstream_request_is_in_origin_form_with_the_endpoint_as_host() {
+    use infergate_testkit::recorder::Recorder;
+    let up = Recorder::start(&[]).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let (status, _, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions?x=1",
+        CHAT,
+        &[("host", "gateway.example")],
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let heads = up.heads();
+    let head = heads.last().expect("one model request");
+    let mut lines = head.split("\r\n");
+    assert_eq!(
+        lines.next(),
+        Some("POST /v1/chat/completions?x=1 HTTP/1.1"),
+        "{head}"
+    );
+    let hosts: Vec<&str> = lines
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+        .map(|(_, v)| v.trim())
+        .collect();
+    assert_eq!(hosts, [up.addr.to_string()], "{head}");
+}
+
+#[tokio::test]
 async fn models_are_listed() {
     let up = Upstream::start(Behaviour::Ok).await;
     let gw = start(&yaml(
