@@ -1,6 +1,12 @@
 //! `infergate picker` with a quota or flow-control file it refuses: the start fails naming the
 //! flag and the file, and nothing says the picker is listening first.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
 use std::process::Command;
 
 fn picker_with(flag: &str, body: &str) -> (bool, String) {
