@@ -489,6 +489,20 @@ async fn a_killed_pod_fails_at_once_and_comes_back_with_its_rates_forgotten() {
         );
     }
 
+    // Its rates are forgotten only once a scrape found the port refusing (a reset alone may be
+    // a server alive behind a broken connection): the first failure after the kill is often a
+    // reset, so wait for the refusal before restarting (the scraper reports it before it can
+    // read the restarted server's page).
+    let refused = "infergate_metrics_scrape_errors_total{reason=\"connect\"} ";
+    infergate_testkit::eventually("a scrape found A's port refusing", || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines()
+            .filter_map(|l| l.strip_prefix(refused))
+            .any(|n| n.trim().parse::<f64>().is_ok_and(|n| n >= 1.0))
+    })
+    .await;
+
     // Restarted on the same port: ok again, its old rates gone, and a pair of requests splits.
     let a2 = Killable::start(a.addr).await;
     wait_state(&pool, a.addr, ScrapeState::Ok, Duration::from_secs(1)).await;
