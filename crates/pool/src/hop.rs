@@ -1,7 +1,7 @@
 //! Hop-by-hop headers (RFC 9110 §7.6.1): what describes one connection, not the message, and
 //! so is never forwarded, by the gateway or the global router, in either direction.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// The headers that are always hop-by-hop; those a `Connection` header names are too.
 pub static HOP_BY_HOP: [HeaderName; 9] = [
@@ -23,14 +23,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // The `Connection` lines are copied out (a reference count each; collecting none or one
+    // line into the `Vec` allocates nothing) and the names they list removed by `&str`, which
+    // looks a name up without building a `HeaderName`.
+    let mut lines = headers.get_all(header::CONNECTION).iter();
+    let first = lines.next().cloned();
+    let rest: Vec<HeaderValue> = lines.cloned().collect();
+    for line in first.iter().chain(&rest) {
+        for token in line.as_bytes().split(|b| *b == b',') {
+            if let Ok(name) = std::str::from_utf8(token.trim_ascii())
+                && !name.is_empty()
+            {
+                headers.remove(name);
+            }
+        }
     }
     for h in &HOP_BY_HOP {
         headers.remove(h);
@@ -39,8 +45,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
-
     use super::*;
 
     fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
