@@ -57,6 +57,17 @@ pub enum SimError {
     /// A token id that no text produces (see [`crate::tokens`]).
     #[error("token id {0} is not in the emulator's vocabulary")]
     UnknownToken(u32),
+    /// A pod's listener could not be bound (the port is taken, or the address is not local).
+    #[error("pod {pod}: cannot listen on {addr}")]
+    Bind {
+        /// The pod.
+        pod: String,
+        /// The address it was to listen on.
+        addr: std::net::SocketAddr,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Binding or serving a socket failed.
     #[error("emulator IO failed")]
     Io(#[from] std::io::Error),

@@ -277,7 +277,14 @@ where
     let mut tasks = Vec::new();
     let mut pods = Vec::with_capacity(spec.pods.len());
     for pod in &spec.pods {
-        let listener = TcpListener::bind(addr(pod)).await?;
+        let at = addr(pod);
+        let listener = TcpListener::bind(at)
+            .await
+            .map_err(|source| SimError::Bind {
+                pod: pod.name.clone(),
+                addr: at,
+                source,
+            })?;
         let addr = listener.local_addr()?;
         let index = pods.len();
         let feed = match kv_events {

@@ -109,6 +109,30 @@ pub struct FaultStep {
 }
 
 impl FaultStep {
+    /// Refuses values the emulator cannot honour, naming the pod and the field.
+    fn validate(&self, pod: &str) -> Result<(), SimError> {
+        let bad = |what: String| Err(SimError::FleetInvalid(format!("pod {pod}: fault {what}")));
+        if !self.at_s.is_finite() || self.at_s < 0.0 {
+            return bad(format!(
+                "at_s: {} must be 0 or more (seconds after the fleet starts)",
+                self.at_s
+            ));
+        }
+        if let Some(e) = self.error_rate
+            && !(0.0..=1.0).contains(&e)
+        {
+            return bad(format!("error_rate: {e} must be between 0 and 1"));
+        }
+        if let Some(s) = self.slowdown
+            && !(s.is_finite() && s > 0.0)
+        {
+            return bad(format!(
+                "slowdown: {s} must be above 0 (a step-time multiplier; 1 is the profile's speed)"
+            ));
+        }
+        Ok(())
+    }
+
     /// Applies the set fields to `f`.
     pub fn apply(&self, f: &mut Faults) {
         if let Some(v) = self.hang {
@@ -241,6 +265,9 @@ impl FleetSpec {
                     entry.name
                 )));
             }
+            for step in &entry.faults {
+                step.validate(&entry.name)?;
+            }
             let mut script = entry.faults.clone();
             script.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
             let mut faults = Faults::default();
@@ -272,7 +299,15 @@ impl FleetSpec {
                 pod.fault_script = script.clone();
                 pod.port = match entry.port {
                     Some(0) | None => 0,
-                    Some(p) => p.saturating_add(u16::try_from(r).unwrap_or(u16::MAX)),
+                    Some(p) => u16::try_from(r)
+                        .ok()
+                        .and_then(|r| p.checked_add(r))
+                        .ok_or_else(|| {
+                            SimError::FleetInvalid(format!(
+                                "pod {}: port {p} with replicas: {} runs past port 65535",
+                                entry.name, entry.replicas
+                            ))
+                        })?,
                 };
                 spec.pods.push(pod);
             }
@@ -293,6 +328,20 @@ impl FleetSpec {
             return Err(SimError::FleetInvalid(format!(
                 "two pods are named {}",
                 w[0]
+            )));
+        }
+        let mut ports: Vec<(u16, &str)> = self
+            .pods
+            .iter()
+            .filter(|p| p.port != 0)
+            .map(|p| (p.port, p.name.as_str()))
+            .collect();
+        ports.sort_unstable();
+        if let Some(w) = ports.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(SimError::FleetInvalid(format!(
+                "pods {} and {} both listen on port {} (a pod with `replicas: N` takes N ports \
+                 from its `port`)",
+                w[0].1, w[1].1, w[0].0
             )));
         }
         for (i, pod) in self.pods.iter_mut().enumerate() {
@@ -396,5 +445,65 @@ mod tests {
             FleetSpec::from_yaml("pods: []"),
             Err(SimError::FleetInvalid(_))
         ));
+    }
+
+    fn invalid(text: &str) -> String {
+        match FleetSpec::from_yaml(text) {
+            Err(SimError::FleetInvalid(m)) => m,
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fault_values_out_of_range_are_refused_naming_pod_and_field() {
+        let pod = |fault: &str| {
+            format!("pods:\n  - {{name: a, profile: llama-3.1-8b/h100, faults: [{fault}]}}\n")
+        };
+        for (fault, says) in [
+            (
+                "{at_s: 1, error_rate: 2.0}",
+                "error_rate: 2 must be between 0 and 1",
+            ),
+            (
+                "{at_s: 1, error_rate: -1}",
+                "error_rate: -1 must be between 0 and 1",
+            ),
+            ("{at_s: 1, slowdown: -1}", "slowdown: -1 must be above 0"),
+            ("{at_s: 1, slowdown: 0}", "slowdown: 0 must be above 0"),
+            ("{at_s: 1, slowdown: .nan}", "slowdown: NaN must be above 0"),
+            ("{at_s: -5, hang: true}", "at_s: -5 must be 0 or more"),
+        ] {
+            let m = invalid(&pod(fault));
+            assert!(
+                m.starts_with("pod a: fault ") && m.contains(says),
+                "{fault}: {m}"
+            );
+        }
+        // The bounds themselves are values a user means.
+        FleetSpec::from_yaml(&pod("{at_s: 0, error_rate: 1, slowdown: 0.5}")).unwrap();
+    }
+
+    #[test]
+    fn fixed_ports_that_overlap_or_overflow_are_refused() {
+        let m = invalid(
+            "pods:\n  - {name: a, profile: llama-3.1-8b/h100, port: 30000, replicas: 2}\n  - {name: b, profile: llama-3.1-8b/h100, port: 30001}\n",
+        );
+        assert!(
+            m.contains("pods a-1 and b both listen on port 30001"),
+            "{m}"
+        );
+        let m =
+            invalid("pods:\n  - {name: a, profile: llama-3.1-8b/h100, port: 65535, replicas: 2}\n");
+        assert!(
+            m.contains("port 65535 with replicas: 2 runs past port 65535"),
+            "{m}"
+        );
+        // Adjacent ranges and any number of pods on port 0 are fine.
+        let spec = FleetSpec::from_yaml(
+            "pods:\n  - {name: a, profile: llama-3.1-8b/h100, port: 30000, replicas: 2}\n  - {name: b, profile: llama-3.1-8b/h100, port: 30002}\n  - {name: c, profile: llama-3.1-8b/h100, replicas: 3}\n",
+        )
+        .unwrap();
+        let ports: Vec<u16> = spec.pods.iter().map(|p| p.port).collect();
+        assert_eq!(ports, [30000, 30001, 30002, 0, 0, 0]);
     }
 }
