@@ -11,10 +11,13 @@
 //!   `EnvoyExtensionPolicy` / `SecurityPolicy` (`gateway.envoyproxy.io/v1alpha1`), reduced to the
 //!   fields infergate writes. Gateway and HTTPRoute come from the `gateway-api` crate.
 //! - [`crd`]: the generated `CustomResourceDefinition` as YAML, used by `infergate crdgen`.
+//! - [`schema`]: that CRD's structural schema applied to a document as the API server applies it
+//!   (types, bounds, patterns, unknown fields), for `infergate render`, which has no API server.
 
 pub mod config;
 pub mod crd;
 pub mod error;
+pub mod schema;
 pub mod status;
 pub mod upstream;
 pub mod validation;
