@@ -141,27 +141,34 @@ fn render_refuses_bad_input_with_the_operators_message() {
             .join("../../deploy/examples/invalid/negative-weight.yaml"),
     )
     .unwrap();
-    let err = format!("{:#}", render_documents(&invalid, &opts).unwrap_err());
+    let err = format!("{:#}", render_documents(&invalid, &opts, None).unwrap_err());
     assert!(
         err.contains("scorer weights must be zero or positive numbers"),
         "{err}"
     );
-    let err = format!("{:#}", render_documents("a: [unclosed", &opts).unwrap_err());
+    let err = format!(
+        "{:#}",
+        render_documents("a: [unclosed", &opts, None).unwrap_err()
+    );
     assert!(err.contains("document 1 is not YAML"), "{err}");
     let err = format!(
         "{:#}",
-        render_documents("kind: ConfigMap\napiVersion: v1\n", &opts).unwrap_err()
+        render_documents("kind: ConfigMap\napiVersion: v1\n", &opts, None).unwrap_err()
     );
     assert!(err.contains("no InferenceGatewayConfig"), "{err}");
     let err = format!(
         "{:#}",
         render_documents(
             "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nmetadata: {name: x, namespace: y}\nspec: {schedulers: 7}\n",
-            &opts
+            &opts,
+            None
         )
         .unwrap_err()
     );
-    assert!(err.contains("not a valid InferenceGatewayConfig"), "{err}");
+    assert!(
+        err.contains("spec.schedulers: must be a list, not the integer 7"),
+        "{err}"
+    );
     // Several documents: other kinds are skipped, every config is rendered.
     let good = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/single-model.yaml"),
@@ -169,7 +176,7 @@ fn render_refuses_bad_input_with_the_operators_message() {
     .unwrap();
     let stream =
         format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: inference}}\n---\n{good}");
-    let out = render_documents(&stream, &opts).unwrap();
+    let out = render_documents(&stream, &opts, None).unwrap();
     assert!(
         out.contains("# Deployment/llama-llama-8b-epp (from inference/llama)"),
         "{out}"

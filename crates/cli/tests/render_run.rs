@@ -867,18 +867,21 @@ fn bad_flow_control_and_quotas_are_refused_naming_the_field() {
         let err = refuse(&invalid.join(file));
         assert!(err.contains(field), "{file}: {err}");
     }
-    // Wrong types and names are refused by the parser, before any check (the API server's
-    // schema names the field of these; the parser's message names the value).
+    // Wrong types, names and bounds are refused by the CRD's schema, before any check, as the
+    // API server refuses them: the message names the field and the value.
     let dir = tempfile::tempdir().unwrap();
     for (section, expect) in [
         (
             "flowControl: { enabled: true, fairness: lottery }",
-            "lottery",
+            r#"spec.flowControl.fairness: "lottery" is not one of global-strict"#,
         ),
-        ("flowControl: { maxRequests: -5 }", "integer `-5`"),
+        (
+            "flowControl: { maxRequests: -5 }",
+            "spec.flowControl.maxRequests: must be at least 1 (is -5)",
+        ),
         (
             "quotas: { tenants: { a: { requestsPerMinute: many } } }",
-            "many",
+            r#"spec.quotas.tenants.a.requestsPerMinute: must be an integer, not the string "many""#,
         ),
     ] {
         let path = dir.path().join("bad.yaml");
@@ -893,7 +896,7 @@ fn bad_flow_control_and_quotas_are_refused_naming_the_field() {
         .unwrap();
         let err = refuse(&path);
         assert!(
-            err.contains("not a valid InferenceGatewayConfig") && err.contains(expect),
+            err.contains("does not pass the CRD's schema") && err.contains(expect),
             "{section}: {err}"
         );
     }
