@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use infergate_pool::tls::Certificate;
+use infergate_scheduler::EngineType;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -29,6 +30,10 @@ pub const BBR_HEALTH_PORT: u16 = 9005;
 pub const METRICS_PORT: u16 = 9090;
 /// Default port of the picker replicas' load exchange (`--peer-port`).
 pub const PEER_PORT: u16 = infergate_pool::peers::DEFAULT_PEER_PORT;
+/// The smallest `--max-body-bytes` of either process: the CRD's minimum for
+/// `spec.bbr.maxRequestBodyBytes`, which the operator renders as that flag. A smaller cap would
+/// answer every real request with 413.
+pub const MIN_MAX_BODY_BYTES: usize = 1024;
 
 /// Arguments of `infergate picker`: the Envoy ext_proc endpoint picker for one InferencePool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
@@ -58,8 +63,8 @@ pub struct PickerArgs {
     /// Prometheus metrics port (`/metrics`, `/healthz`, `/readyz`).
     #[arg(long, default_value_t = METRICS_PORT)]
     pub metrics_port: u16,
-    /// Largest request body accepted (bytes); larger bodies get 413.
-    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    /// Largest request body accepted (bytes, at least 1024); larger bodies get 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, value_parser = body_limit)]
     pub max_body_bytes: usize,
     /// Rewrite a model name on the way in, `REQUESTED=SERVED` (repeatable); responses get the
     /// requested name back.
@@ -79,8 +84,10 @@ pub struct PickerArgs {
     /// (see `infergate_extproc::canary`), reloaded when the file changes.
     #[arg(long)]
     pub rewrites: Option<PathBuf>,
-    /// Engine of pods without the `inference.networking.k8s.io/engine-type` label.
-    #[arg(long)]
+    /// Engine of pods without the `inference.networking.k8s.io/engine-type` label (with
+    /// `--endpoints-file`: of entries for which neither the entry nor the file names one). It
+    /// decides which metric names are scraped.
+    #[arg(long, value_name = "ENGINE", ignore_case = true, value_parser = engines())]
     pub default_engine: Option<String>,
     /// Seed of the scheduler's tie-breaking random generator.
     #[arg(long, default_value_t = 0)]
@@ -245,8 +252,8 @@ pub struct BbrArgs {
     /// Prometheus metrics port; 0 disables it.
     #[arg(long, default_value_t = METRICS_PORT)]
     pub metrics_port: u16,
-    /// Largest request body accepted (bytes); larger bodies get 413.
-    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    /// Largest request body accepted (bytes, at least 1024); larger bodies get 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, value_parser = body_limit)]
     pub max_body_bytes: usize,
     /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
     /// file changes; needs `--tls-key-file`. The health and metrics ports stay plaintext.
@@ -292,6 +299,26 @@ impl BbrArgs {
             self.listen_address,
         )
     }
+}
+
+/// `--default-engine`: the engines the metrics scraper knows, listed by clap when a value is
+/// not one of them. (A string, not [`EngineType`], for the operator that builds these args.)
+fn engines() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(EngineType::ALL.map(EngineType::as_str))
+}
+
+/// `--max-body-bytes`: a byte count of at least [`MIN_MAX_BODY_BYTES`].
+fn body_limit(value: &str) -> Result<usize, String> {
+    let n: usize = value
+        .parse()
+        .map_err(|e| format!("{e}: expected a number of bytes"))?;
+    if n < MIN_MAX_BODY_BYTES {
+        return Err(format!(
+            "must be at least {MIN_MAX_BODY_BYTES} bytes (the CRD's minimum for \
+             spec.bbr.maxRequestBodyBytes): a smaller cap answers every request with 413"
+        ));
+    }
+    Ok(n)
 }
 
 /// The certificate the TLS flags name: the files (clap requires both), or a self-signed one for
@@ -543,6 +570,81 @@ mod tests {
         }
         let err = command_line("odd", &Odd { table: "x".into() }).unwrap_err();
         assert_eq!(err.to_string(), "`--table` cannot carry a map value");
+    }
+
+    /// An engine the scraper does not know is refused when the arguments are parsed, with
+    /// clap's list of the engines it knows (it used to start, then skip every pod).
+    #[test]
+    fn default_engine_is_one_of_the_known_engines() {
+        let err = Picker::try_parse_from(["picker", "--default-engine=vlm"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let text = err.render().to_string();
+        assert!(text.contains("'vlm'"), "{text}");
+        assert!(text.contains("--default-engine"), "{text}");
+        assert!(
+            text.contains("[possible values: vllm, sglang, tgi]"),
+            "{text}"
+        );
+        for engine in EngineType::ALL {
+            let a = Picker::try_parse_from(["picker", &format!("--default-engine={engine}")])
+                .unwrap()
+                .args;
+            assert_eq!(a.default_engine.as_deref(), Some(engine.as_str()));
+        }
+        // As the pod label, any case (the scraper parses it so).
+        let a = Picker::try_parse_from(["picker", "--default-engine=SGLang"]).unwrap();
+        assert_eq!(a.args.default_engine.as_deref(), Some("SGLang"));
+    }
+
+    /// Every engine the CRD offers (`spec.schedulers[].engineType`, rendered as
+    /// `--default-engine`) is one the picker accepts.
+    #[test]
+    fn every_engine_of_the_crd_is_accepted() {
+        use kube::CustomResourceExt as _;
+        let crd = serde_json::to_value(infergate_api::InferenceGatewayConfig::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let engines = spec["properties"]["schedulers"]["items"]["properties"]["engineType"]["enum"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert!(engines.len() >= 3, "{engines:?}");
+        for e in engines {
+            let flag = format!("--default-engine={}", e.as_str().unwrap());
+            Picker::try_parse_from(["picker", &flag]).unwrap();
+        }
+    }
+
+    /// `--max-body-bytes` below the CRD's minimum is refused when the arguments are parsed (0
+    /// used to start a picker that answered every request with 413), for both processes.
+    #[test]
+    fn max_body_bytes_below_the_crds_minimum_is_refused() {
+        use kube::CustomResourceExt as _;
+        let crd = serde_json::to_value(infergate_api::InferenceGatewayConfig::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let min = &spec["properties"]["bbr"]["properties"]["maxRequestBodyBytes"]["minimum"];
+        assert_eq!(
+            min.as_f64(),
+            Some(MIN_MAX_BODY_BYTES as f64),
+            "the CRD's minimum"
+        );
+        for bad in ["0", "1023", "-1", "4MiB"] {
+            let flag = format!("--max-body-bytes={bad}");
+            let err = Picker::try_parse_from(["picker", &flag]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            let text = err.render().to_string();
+            assert!(text.contains("--max-body-bytes"), "{text}");
+            let err = Bbr::try_parse_from(["bbr", "--models=m", &flag]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+        }
+        let err = Picker::try_parse_from(["picker", "--max-body-bytes=0"]).unwrap_err();
+        assert!(
+            err.to_string().contains("must be at least 1024 bytes"),
+            "{err}"
+        );
+        let a = Picker::try_parse_from(["picker", "--max-body-bytes=1024"]).unwrap();
+        assert_eq!(a.args.max_body_bytes, 1024);
+        let b = Bbr::try_parse_from(["bbr", "--models=m", "--max-body-bytes=1024"]).unwrap();
+        assert_eq!(b.args.max_body_bytes, 1024);
     }
 
     impl Bbr {

@@ -61,7 +61,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         None => SchedulerConfig::default(),
     };
     let membership = match &args.endpoints_file {
-        Some(path) => Membership::Static(EndpointsFile::load(path)?),
+        Some(path) => Membership::Static(
+            EndpointsFile::load(path, args.default_engine.as_deref())
+                .with_context(|| format!("--endpoints-file {}", path.display()))?,
+        ),
         None => membership(
             args.pool_namespace.clone(),
             args.pool_name.clone(),

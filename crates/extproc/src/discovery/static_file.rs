@@ -1,7 +1,7 @@
 //! Static discovery: endpoints listed in a YAML file.
 //!
 //! ```yaml
-//! engine: vllm                 # default engine for entries without one
+//! engine: vllm                 # default engine for entries without one (else --default-engine)
 //! namespace: default           # default namespace
 //! endpoints:
 //!   - address: 10.0.0.7:8000
@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use infergate_metrics::{ENGINE_LABEL, engine_for};
+use infergate_metrics::{ENGINE_LABEL, Error as MetricsError, engine_for};
 use infergate_scheduler::EndpointMeta;
 use serde::Deserialize;
 
@@ -60,8 +60,9 @@ pub struct EndpointEntry {
 }
 
 impl EndpointsFile {
-    /// Reads and parses an endpoints file.
-    pub fn load(path: &Path) -> Result<Vec<EndpointMeta>, Error> {
+    /// Reads and parses an endpoints file; `default_engine` (the picker's `--default-engine`)
+    /// is the engine of entries for which neither the entry nor the file names one.
+    pub fn load(path: &Path, default_engine: Option<&str>) -> Result<Vec<EndpointMeta>, Error> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
             path: path.to_owned(),
             source,
@@ -70,11 +71,13 @@ impl EndpointsFile {
             path: path.to_owned(),
             source,
         })?;
-        file.endpoints()
+        file.endpoints(default_engine)
     }
 
-    /// The endpoints, validated: addresses parse, no address twice, every engine known.
-    pub fn endpoints(&self) -> Result<Vec<EndpointMeta>, Error> {
+    /// The endpoints, validated: addresses parse, no address twice, every engine known. An
+    /// entry's engine is its own `engine` (or engine-type label), else the file's `engine`, else
+    /// `default_engine`.
+    pub fn endpoints(&self, default_engine: Option<&str>) -> Result<Vec<EndpointMeta>, Error> {
         let mut out: Vec<EndpointMeta> = Vec::with_capacity(self.endpoints.len());
         for e in &self.endpoints {
             let addr: SocketAddr = e.address.trim().parse().map_err(|_| Error::Endpoint {
@@ -91,7 +94,18 @@ impl EndpointsFile {
             if let Some(engine) = &e.engine {
                 labels.insert(ENGINE_LABEL.to_owned(), engine.clone());
             }
-            let engine = engine_for(&e.address, &labels, self.engine.as_deref())?;
+            let fallback = self.engine.as_deref().or(default_engine);
+            let engine = match engine_for(&e.address, &labels, fallback) {
+                Err(MetricsError::MissingEngine { .. }) => {
+                    return Err(Error::Endpoint {
+                        endpoint: e.address.clone(),
+                        reason: "has no engine: set its `engine` (or the label \
+                                 inference.networking.k8s.io/engine-type), the file's `engine`, \
+                                 or the picker's --default-engine",
+                    });
+                }
+                other => other?,
+            };
             out.push(EndpointMeta {
                 namespace: e
                     .namespace
@@ -115,9 +129,13 @@ mod tests {
     use infergate_scheduler::EngineType;
 
     fn parse(text: &str) -> Result<Vec<EndpointMeta>, Error> {
+        parse_with(text, None)
+    }
+
+    fn parse_with(text: &str, default_engine: Option<&str>) -> Result<Vec<EndpointMeta>, Error> {
         serde_yaml::from_str::<EndpointsFile>(text)
             .unwrap()
-            .endpoints()
+            .endpoints(default_engine)
     }
 
     #[test]
@@ -144,6 +162,30 @@ mod tests {
                 .unwrap_err();
         assert!(dup.to_string().contains("twice"), "{dup}");
         let none = parse("endpoints:\n  - address: 127.0.0.1:1\n").unwrap_err();
-        assert!(matches!(none, Error::Engine(_)), "{none}");
+        let msg = none.to_string();
+        assert!(
+            msg.contains("endpoint `127.0.0.1:1`: has no engine"),
+            "{msg}"
+        );
+        assert!(msg.contains("--default-engine"), "{msg}");
+        // An engine named but unknown is the scraper's error, naming the value.
+        let bad = parse("endpoints:\n  - {address: 127.0.0.1:1, engine: vlm}\n").unwrap_err();
+        assert!(matches!(bad, Error::Engine(_)), "{bad}");
+        let cause = std::error::Error::source(&bad).unwrap().to_string();
+        assert!(cause.contains("\"vlm\""), "{cause}");
+    }
+
+    /// `--default-engine` applies to entries for which neither the entry nor the file names an
+    /// engine (it was ignored, and such an entry refused); the entry, then the file, win over it.
+    #[test]
+    fn the_pickers_default_engine_is_the_last_resort() {
+        let text =
+            "endpoints:\n  - address: 127.0.0.1:1\n  - {address: 127.0.0.1:2, engine: tgi}\n";
+        let eps = parse_with(text, Some("sglang")).unwrap();
+        assert_eq!(eps[0].engine, EngineType::Sglang);
+        assert_eq!(eps[1].engine, EngineType::Tgi);
+        let eps = parse_with(&format!("engine: vllm\n{text}"), Some("sglang")).unwrap();
+        assert_eq!(eps[0].engine, EngineType::Vllm);
+        assert_eq!(eps[1].engine, EngineType::Tgi);
     }
 }
