@@ -406,11 +406,13 @@ impl PeerExchange {
         if let Some(l) = listener {
             tasks.push(tokio::spawn(listen(ctx, l)));
         }
+        // The address as text, or no field when this replica does not listen; the peers as one
+        // comma-separated field (Debug would log `Some(…)` and a quoted list).
         tracing::info!(
             replica = %ctx_replica,
             pool = %ctx_pool,
-            listen = ?local_addr,
-            peers = ?targets,
+            listen = local_addr.map(tracing::field::display),
+            peers = %targets.join(","),
             "peer exchange started"
         );
         Ok(PeerExchange { tasks, local_addr })

@@ -109,6 +109,61 @@ fn series(registry: &Registry, name: &str) -> f64 {
         .sum()
 }
 
+/// Log output, for reading back what a test logged.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The start line names the bound address and the peers as text: it logged
+/// `listen="Some(127.0.0.1:24651)"` and a quoted Debug list. Without a listen address the field
+/// is left out.
+#[tokio::test]
+async fn the_start_line_logs_the_listen_address_and_the_peers_as_text() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logs = tracing::subscriber::set_default(subscriber);
+    let pool = pool(&[], 1).await;
+    let (listen, peer_a, peer_b) = (free_addr().await, free_addr().await, free_addr().await);
+    let mut registry = Registry::default();
+    let ex = exchange(&pool, "a", listen, &[peer_a, peer_b], key(), &mut registry).await;
+    ex.shutdown();
+    let settings = PeerSettings::new("b", "llama", None, vec![PeerTarget::Addr(peer_a)], key());
+    let quiet = PeerExchange::start(pool.clone(), settings, None)
+        .await
+        .unwrap();
+    quiet.shutdown();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("peer exchange started"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains(&format!("listen={listen} peers={peer_a},{peer_b}")),
+        "{}",
+        lines[0]
+    );
+    assert!(!lines[1].contains("listen"), "{}", lines[1]);
+    assert!(
+        lines[1].contains(&format!("peers={peer_a}")),
+        "{}",
+        lines[1]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peers_requests_count_in_picks_within_milliseconds_and_expire_when_it_stops() {
     let (x, y) = (idle_pod().await, idle_pod().await);
