@@ -150,6 +150,9 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
+    /// Every value [`Self::metric_label`] returns.
+    pub const METRIC_LABELS: [&'static str; 2] = ["timeout", "error"];
+
     /// A short label for the `reason` of the failure counter.
     pub const fn metric_label(&self) -> &'static str {
         match self {
@@ -298,6 +301,17 @@ impl ServerTls {
     /// Registers `tls_handshake_failures_total{reason}` and
     /// `tls_certificate_reloads_total{result}` in `registry`.
     pub fn register(&self, registry: &mut Registry) {
+        // Every label value exported from the start, at 0: an alert on `rate(...)` of a result
+        // or reason that has not happened yet still has a series to read.
+        for reason in HandshakeError::METRIC_LABELS {
+            let _ = self
+                .metrics
+                .handshake_failures
+                .get_or_create(&ReasonLabels { reason });
+        }
+        for result in ["ok", "error"] {
+            let _ = self.metrics.reloads.get_or_create(&ResultLabels { result });
+        }
         registry.register(
             "tls_handshake_failures",
             "TLS handshakes that failed (reason: timeout, error)",

@@ -100,6 +100,10 @@ impl Telemetry {
             "Requests answered by the gateway itself with an error, by reason",
             t.rejections.clone(),
         );
+        // Both results exported from the start, at 0 (an alert on errors has a series to read).
+        for result in ["ok", "error"] {
+            let _ = t.reloads.get_or_create(&[("result", result)]);
+        }
         r.register(
             "config_reloads",
             "Configuration reloads, by result (ok, error)",

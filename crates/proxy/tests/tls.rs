@@ -230,6 +230,21 @@ async fn a_certificate_replaced_on_disk_is_served_without_restart() {
     let a = Upstream::start(Behaviour::Ok).await;
     let (gw, stop) = start(tls_config(&pki, &[a.addr])).await;
     let addr = gw.http_addr();
+    // Before any reload or failed handshake, every result and reason is exported at 0.
+    let metrics = infergate_testkit::get(gw.admin_addr().unwrap(), "/metrics")
+        .await
+        .text();
+    for line in [
+        r#"tls_certificate_reloads_total{result="ok"} 0"#,
+        r#"tls_certificate_reloads_total{result="error"} 0"#,
+        r#"tls_handshake_failures_total{reason="timeout"} 0"#,
+        r#"tls_handshake_failures_total{reason="error"} 0"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.ends_with(line)),
+            "{line} missing in\n{metrics}"
+        );
+    }
     assert_eq!(peer_certificate(addr, "localhost").await, pki.leaf.der);
 
     // A kept-alive connection opened on the old certificate.
@@ -427,7 +442,7 @@ fn a_missing_or_mismatched_certificate_stops_the_gateway_at_start() {
             .await
             .err()
             .expect("a key that is not the certificate's must not start");
-        let text = err.to_string();
+        let text = infergate_pool::ErrorChain(&err).to_string();
         assert!(text.contains("does not match"), "{text}");
 
         let mut config = tls_config(&pki, &["127.0.0.1:1".parse().unwrap()]);
@@ -440,6 +455,7 @@ fn a_missing_or_mismatched_certificate_stops_the_gateway_at_start() {
             .await
             .err()
             .expect("a missing certificate must not start");
-        assert!(err.to_string().contains("missing.pem"), "{err}");
+        let text = infergate_pool::ErrorChain(&err).to_string();
+        assert!(text.contains("missing.pem"), "{text}");
     });
 }
