@@ -1,5 +1,5 @@
 //! `infergate picker` with a quota or flow-control file it refuses: the start fails naming the
-//! flag and the file, and nothing says the picker is listening first.
+//! flag and the file, saying each cause once, and nothing says the picker is listening first.
 
 #![allow(
     clippy::unwrap_used,
@@ -8,6 +8,10 @@
 )]
 
 use std::process::Command;
+
+#[path = "common/printed_error.rs"]
+mod printed_error;
+use printed_error::{assert_said_once, printed_chain};
 
 fn picker_with(flag: &str, body: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -75,5 +79,6 @@ fn a_refused_quota_or_flow_control_file_stops_the_start_before_listening_is_logg
             !text.contains("endpoint picker listening"),
             "{flag} {body:?}: logged listening before refusing the file: {text}"
         );
+        assert_said_once(&printed_chain(&text), &text);
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use infergate_pool::ErrorChain;
 pub use infergate_scheduler::{RewriteRule, Rewrites};
 
 use crate::error::Error;
@@ -104,7 +105,7 @@ impl RewriteTable {
                         tracing::info!(path = %path.display(), "model rewrites reloaded");
                     }
                     Err(e) => tracing::error!(
-                        path = %path.display(), error = %e,
+                        path = %path.display(), error = %ErrorChain(&e),
                         "model rewrites rejected; the rules in force stay"
                     ),
                 }

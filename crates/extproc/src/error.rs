@@ -15,7 +15,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A YAML file did not parse.
-    #[error("{path} is not valid: {source}")]
+    #[error("{path} is not valid")]
     Yaml {
         /// The file.
         path: PathBuf,
@@ -44,7 +44,7 @@ pub enum Error {
     #[error(transparent)]
     Engine(#[from] infergate_metrics::Error),
     /// The model table is inconsistent.
-    #[error("model table: {0}")]
+    #[error("model table")]
     Models(#[from] infergate_openai::ModelRouterError),
     /// The live pool could not start or rejected its endpoints.
     #[error(transparent)]

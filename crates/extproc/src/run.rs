@@ -372,7 +372,8 @@ mod tests {
                 load_flow_settings(f.path()).unwrap_err(),
             ] {
                 assert!(matches!(e, Error::Yaml { .. }), "{empty:?}: {e}");
-                assert!(e.to_string().contains("is empty"), "{e}");
+                let chain = infergate_pool::ErrorChain(&e).to_string();
+                assert!(chain.contains("is empty"), "{chain}");
             }
         }
         for text in [

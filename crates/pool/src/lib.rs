@@ -28,7 +28,7 @@
 //! - [`redis`] — a small RESP2 Redis client (pipelines, timeouts, reconnect with backoff);
 //! - [`tls`] — TLS for the server ports (certificate files reloaded on change, or
 //!   self-signed) and HTTPS to model servers;
-//! - [`error`] — [`PoolError`].
+//! - [`error`] — [`PoolError`], and [`ErrorChain`] to log an error with its causes.
 //!
 //! [`Scraper`]: infergate_metrics::Scraper
 
@@ -67,7 +67,7 @@ pub mod redis;
 pub mod tenant;
 pub mod tls;
 
-pub use error::PoolError;
+pub use error::{ErrorChain, PoolError};
 
 /// How a pool routes and how it watches its endpoints.
 #[derive(Clone, Debug, Default)]

@@ -229,7 +229,7 @@ pub enum PeerSetupError {
     #[error("peer exchange: {0}")]
     Invalid(String),
     /// The listen address could not be bound.
-    #[error("peer exchange: cannot listen on {addr}: {source}")]
+    #[error("peer exchange: cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,

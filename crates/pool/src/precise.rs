@@ -89,7 +89,7 @@ fn default_budget() -> u64 {
 #[derive(Debug, thiserror::Error)]
 pub enum PreciseError {
     /// The tokenizer did not load.
-    #[error("precise prefix routing: tokenizer {dir}: {source}")]
+    #[error("precise prefix routing: tokenizer {dir}")]
     Tokenizer {
         /// The directory given.
         dir: PathBuf,

@@ -98,10 +98,10 @@ impl Identity {
 #[derive(Debug, thiserror::Error)]
 pub enum AuthSetupError {
     /// The JWKS client could not be built.
-    #[error("auth.jwt: {0}")]
+    #[error("auth.jwt")]
     Jwks(#[from] JwksError),
     /// The API key file could not be loaded.
-    #[error("auth.apiKeys: {0}")]
+    #[error("auth.apiKeys")]
     Keys(#[from] KeyFileError),
 }
 

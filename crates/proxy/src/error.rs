@@ -1,6 +1,10 @@
 //! The crate's error type. Errors a *client* sees are `infergate_openai::ApiError`; these are
 //! the operator's: a bad configuration file, a listener that cannot be used, a pool that fails to
 //! start.
+//!
+//! A cause is returned by `source()` and kept out of the error's own message, so that a printed
+//! chain (`Caused by:`) says each thing once; a log line of one of these errors shows the whole
+//! chain with [`infergate_pool::ErrorChain`].
 
 use std::path::PathBuf;
 
@@ -8,7 +12,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -30,10 +34,10 @@ pub enum ConfigError {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration is invalid.
-    #[error("invalid gateway configuration: {0}")]
+    #[error("invalid gateway configuration")]
     Config(#[from] ConfigError),
     /// A model's endpoint pool could not be started or updated.
-    #[error("model `{model}`: {source}")]
+    #[error("model `{model}`")]
     Pool {
         /// The model.
         model: String,
@@ -42,7 +46,7 @@ pub enum Error {
         source: infergate_pool::PoolError,
     },
     /// A model's precise prefix routing could not start (its tokenizer did not load).
-    #[error("model `{model}`: {source}")]
+    #[error("model `{model}`")]
     Precise {
         /// The model.
         model: String,
@@ -54,13 +58,13 @@ pub enum Error {
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthSetupError),
     /// A listener could not be used.
-    #[error("listener: {0}")]
+    #[error("listener")]
     Io(#[from] std::io::Error),
     /// The front door's certificate or key could not be loaded.
-    #[error("tls: {0}")]
+    #[error("tls")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
     /// A model's `tls` section (CA file, server name) could not be used.
-    #[error("model `{model}`: tls: {source}")]
+    #[error("model `{model}`: tls")]
     UpstreamTls {
         /// The model.
         model: String,

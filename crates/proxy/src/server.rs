@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use infergate_pool::ErrorChain;
 use infergate_pool::tls::{ServerTls, accept_tls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -183,7 +184,7 @@ impl Handle {
                     Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
                     Err(e) => tracing::error!(
                         path = %path.display(),
-                        error = %e,
+                        error = %ErrorChain(&e),
                         "configuration reload rejected; the previous configuration stays in force"
                     ),
                 }

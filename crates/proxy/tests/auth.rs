@@ -515,8 +515,9 @@ async fn a_jwks_uri_without_https_or_an_unreadable_ca_file_is_refused() {
     let err = serve(config, listeners, std::future::pending::<()>())
         .await
         .err()
-        .unwrap()
-        .to_string();
+        .unwrap();
+    // The cause is in the error's chain, not repeated in its own message.
+    let err = infergate_pool::ErrorChain(&err).to_string();
     assert!(
         err.contains("caFile") && err.contains("/nonexistent/ca.pem"),
         "{err}"

@@ -20,7 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use futures_util::StreamExt;
 use infergate_api::upstream::inference_pool::InferencePool;
 use infergate_metrics::engine_for;
-use infergate_pool::LivePool;
+use infergate_pool::{ErrorChain, LivePool};
 use infergate_scheduler::EndpointMeta;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -388,7 +388,7 @@ fn publish_endpoints(pool: &LivePool, tracker: &PoolTracker, default_engine: Opt
     let endpoints = tracker.endpoints(default_engine);
     tracing::info!(endpoints = endpoints.len(), "pool membership updated");
     if let Err(e) = pool.set_endpoints(endpoints) {
-        tracing::warn!(error = %e, "pool membership update rejected");
+        tracing::warn!(error = %ErrorChain(&e), "pool membership update rejected");
     }
 }
 
@@ -404,7 +404,11 @@ pub async fn membership(
     Ok(crate::run::Membership::Dynamic(Box::new(move |pool| {
         Box::pin(async move {
             if let Err(e) = watch_pool(client, &namespace, &name, default_engine, pool).await {
-                tracing::error!(error = %e, pool = %name, "InferencePool discovery stopped");
+                tracing::error!(
+                    error = %ErrorChain(&e),
+                    pool = %name,
+                    "InferencePool discovery stopped"
+                );
             }
         })
     })))

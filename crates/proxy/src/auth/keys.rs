@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use infergate_pool::ErrorChain;
 
 use super::ModelAccess;
 use crate::config::auth::{ApiKeyConfig, ApiKeyFile, ApiKeysConfig, check_unique};
@@ -28,7 +29,7 @@ type Table = HashMap<[u8; 32], Arc<Grant>>;
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
     /// The file could not be read.
-    #[error("cannot read the API key file {}: {source}", path.display())]
+    #[error("cannot read the API key file {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -37,7 +38,7 @@ pub enum KeyFileError {
         source: std::io::Error,
     },
     /// The file is not a valid key list.
-    #[error("invalid API key file {}: {source}", path.display())]
+    #[error("invalid API key file {}", path.display())]
     Invalid {
         /// The file.
         path: PathBuf,
@@ -151,7 +152,10 @@ pub(crate) async fn watch_file(
         let text = match read(&path) {
             Ok(t) => t,
             Err(e) => {
-                tracing::warn!(error = %e, "API key file unreadable; keeping the keys in force");
+                tracing::warn!(
+                    error = %ErrorChain(&e),
+                    "API key file unreadable; keeping the keys in force"
+                );
                 continue;
             }
         };
@@ -161,7 +165,10 @@ pub(crate) async fn watch_file(
         match s.load(&path, &text) {
             Ok(n) => tracing::info!(keys = n, file = %path.display(), "API keys reloaded"),
             Err(e) => {
-                tracing::warn!(error = %e, "API key file rejected; keeping the keys in force")
+                tracing::warn!(
+                    error = %ErrorChain(&e),
+                    "API key file rejected; keeping the keys in force"
+                )
             }
         }
         last = text;

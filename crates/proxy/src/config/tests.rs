@@ -100,3 +100,33 @@ fn a_zero_concurrency_limit_is_rejected_with_the_model_and_line() {
     let e = err("models:\n  - name: a\n    limits: { maxConcurrentRequests: -1 }\n");
     assert!(e.contains("models[0].limits.maxConcurrentRequests"), "{e}");
 }
+
+/// The messages of `e` and of each of its causes, outermost first.
+fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn a_refused_file_s_error_chain_says_each_thing_once() {
+    let missing =
+        GatewayConfig::from_file(Path::new("/nonexistent/infergate/gateway.yaml")).unwrap_err();
+    let invalid = GatewayConfig::from_yaml("models: [\n").unwrap_err();
+    for e in [
+        crate::Error::from(missing),
+        crate::Error::from(invalid),
+        crate::Error::Io(std::io::Error::other("address in use")),
+    ] {
+        let messages = chain(&e);
+        assert!(messages.len() >= 2, "{messages:?}");
+        for (i, outer) in messages.iter().enumerate() {
+            for inner in &messages[i + 1..] {
+                assert!(
+                    !outer.contains(inner.as_str()),
+                    "`{outer}` repeats its cause `{inner}`: {messages:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! The error the binary printed on its way out (`anyhow`'s `Error: …` and `Caused by:`), read
+//! back, for the tests of refused starts.
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the helpers"
+)]
+
+/// The messages of the error the binary printed (`Error: …`, then each `Caused by:` line),
+/// outermost first.
+pub fn printed_chain(text: &str) -> Vec<String> {
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("Error: "));
+    let Some(first) = lines.next() else {
+        panic!("no error printed: {text}");
+    };
+    let mut chain = vec![first.trim_start_matches("Error: ").to_owned()];
+    let causes = lines
+        .skip_while(|l| l.trim() != "Caused by:")
+        .skip(1)
+        .take_while(|l| l.starts_with(' '));
+    for line in causes {
+        let line = line.trim();
+        // `0: …` when there are several causes.
+        let line = match line.split_once(": ") {
+            Some((n, rest)) if n.chars().all(|c| c.is_ascii_digit()) => rest,
+            _ => line,
+        };
+        chain.push(line.to_owned());
+    }
+    chain
+}
+
+/// Asserts that no message of `chain` repeats one of its causes.
+pub fn assert_said_once(chain: &[String], text: &str) {
+    assert!(chain.len() >= 2, "no cause printed: {text}");
+    for (i, outer) in chain.iter().enumerate() {
+        for inner in &chain[i + 1..] {
+            assert!(
+                !outer.contains(inner.as_str()),
+                "`{outer}` repeats its cause `{inner}`:\n{text}"
+            );
+        }
+    }
+}
