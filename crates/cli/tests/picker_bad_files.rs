@@ -66,6 +66,11 @@ fn a_refused_quota_or_flow_control_file_stops_the_start_before_listening_is_logg
         ),
         (
             "--flow-control",
+            "flowControl: { bands: { standard: { maxBytes: 0 } } }\n",
+            "`flowControl.bands.standard.maxBytes` must be at least 1",
+        ),
+        (
+            "--flow-control",
             "tenancy: { objectives: { a: urgent } }\n",
             "`urgent` is not a priority",
         ),

@@ -109,9 +109,7 @@ fn invalid_in(path: &Path, reason: String) -> Error {
 pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSettings, Error> {
     let invalid = |e: String| invalid_in(path, e);
     let settings: infergate_pool::flow::FlowSettings = read_yaml(path)?;
-    settings
-        .flow_control
-        .validate()
+    infergate_pool::flow::validate_config(&settings.flow_control)
         .map_err(|e| invalid(e.to_string()))?;
     infergate_pool::tenant::Tenancy::new(&settings.tenancy).map_err(|e| invalid(e.to_string()))?;
     Ok(settings)
@@ -387,6 +385,30 @@ mod tests {
             assert!(
                 e.to_string().contains(&f.path().display().to_string()),
                 "{e}"
+            );
+        }
+    }
+
+    /// A band limit of 0 is refused naming the limit, not only the band.
+    #[test]
+    fn a_zero_band_limit_names_the_limit() {
+        for (text, field) in [
+            (
+                "flowControl: { bands: { standard: { maxBytes: 0 } } }",
+                "flowControl.bands.standard.maxBytes",
+            ),
+            (
+                "flowControl: { bands: { sheddable: { maxRequests: 0 } } }",
+                "flowControl.bands.sheddable.maxRequests",
+            ),
+        ] {
+            let f = file(text);
+            let e = load_flow_settings(f.path()).unwrap_err();
+            assert!(matches!(e, Error::Yaml { .. }), "{text:?}: {e}");
+            let chain = infergate_pool::ErrorChain(&e).to_string();
+            assert!(
+                chain.contains(&format!("`{field}` must be at least 1")),
+                "{text:?}: {chain}"
             );
         }
     }

@@ -521,7 +521,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
         if let Some(q) = &r.quotas {
             q.to_config()?;
         }
-        r.flow_control.validate().map_err(|e| e.to_string())?;
+        infergate_pool::flow::validate_config(&r.flow_control).map_err(|e| e.to_string())?;
         Tenancy::new(&r.tenancy).map_err(|e| e.to_string())?;
         Ok(GatewayConfig {
             listen: r.listen,

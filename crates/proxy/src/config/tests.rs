@@ -101,6 +101,20 @@ fn a_zero_concurrency_limit_is_rejected_with_the_model_and_line() {
     assert!(e.contains("models[0].limits.maxConcurrentRequests"), "{e}");
 }
 
+#[test]
+fn a_zero_band_limit_names_the_band_and_the_limit() {
+    let e = err("flowControl: { bands: { standard: { maxBytes: 0 } } }\nmodels:\n  - name: a\n");
+    assert!(
+        e.contains("`flowControl.bands.standard.maxBytes` must be at least 1"),
+        "{e}"
+    );
+    let e = err("flowControl: { bands: { critical: { maxRequests: 0 } } }\nmodels:\n  - name: a\n");
+    assert!(
+        e.contains("`flowControl.bands.critical.maxRequests` must be at least 1"),
+        "{e}"
+    );
+}
+
 /// The messages of `e` and of each of its causes, outermost first.
 fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
     std::iter::successors(Some(e), |e| e.source())
