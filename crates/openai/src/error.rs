@@ -208,9 +208,10 @@ pub enum ApiError {
         retry_after: Duration,
     },
     /// Flow control: the pool is saturated and the request's band (or the whole queue) is at its
-    /// `flowControl` limit of requests or bytes.
+    /// `flowControl` limit of requests or bytes. The message says which of the two is full.
     #[error(
-        "the model `{model}` is saturated and its {priority} queue is full: retry after {} s",
+        "the model `{model}` is saturated and {}: retry after {} s",
+        limit.describe(priority),
         retry_after_secs(*retry_after)
     )]
     QueueFull {
@@ -218,6 +219,8 @@ pub enum ApiError {
         model: String,
         /// The request's priority band.
         priority: &'static str,
+        /// Which limit refused it: the band's or the whole queue's.
+        limit: QueueLimit,
         /// When to try again (the pool's estimated drain time).
         retry_after: Duration,
     },
@@ -249,6 +252,17 @@ pub enum ApiError {
     },
 }
 
+/// Which flow-control limit refused a request ([`ApiError::QueueFull`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum QueueLimit {
+    /// The request's own band is at `flowControl.bands.<band>.maxRequests` or `maxBytes`.
+    Band,
+    /// The whole queue, all bands together, is at `flowControl.maxRequests` or `maxBytes`, and
+    /// no Sheddable request could make room (the request is Sheddable itself, or evicting every
+    /// queued Sheddable one would not be enough).
+    Queue,
+}
+
 /// Response header saying why a request was refused (e.g. `rejected-ttl-expired`,
 /// `rejected-quota-tokens`), for the errors whose [`ApiError::reason`] is set. The name and the
 /// flow-control values are the reference endpoint picker's (its flow control's
@@ -272,6 +286,24 @@ impl std::fmt::Display for Echo<'_> {
                 f.write_str("…")
             }
         }
+    }
+}
+
+impl QueueLimit {
+    /// What is full, for the message: the band a `priority` request waits in, or the queue.
+    fn describe(self, priority: &str) -> impl std::fmt::Display + '_ {
+        struct Full<'a>(QueueLimit, &'a str);
+        impl std::fmt::Display for Full<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match self.0 {
+                    QueueLimit::Band => write!(f, "the queue of its {} band is full", self.1),
+                    QueueLimit::Queue => {
+                        f.write_str("its whole queue (all priority bands together) is full")
+                    }
+                }
+            }
+        }
+        Full(self, priority)
     }
 }
 
@@ -680,6 +712,7 @@ mod tests {
                 ApiError::QueueFull {
                     model: m(),
                     priority: "standard",
+                    limit: QueueLimit::Band,
                     retry_after: d,
                 },
                 429,

@@ -35,7 +35,8 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use infergate_openai::{ApiError, ParsedRequest, SseScanner, Usage, extract_usage};
+use infergate_openai::{ApiError, ParsedRequest, QueueLimit, SseScanner, Usage, extract_usage};
+use infergate_scheduler::flow::Refusal;
 use infergate_scheduler::{Rejection, RequestContext};
 
 use crate::flow::{FlowCharge, FlowController, QueueRefused, Queued, Turn};
@@ -460,9 +461,13 @@ fn enqueue<G>(
 ) -> Admission<G> {
     match flow.enqueue(req, retry_after) {
         Ok(q) => Admission::Queued(q),
-        Err(QueueRefused(_)) => Admission::Refused(ApiError::QueueFull {
+        Err(QueueRefused(refusal)) => Admission::Refused(ApiError::QueueFull {
             model: model.to_owned(),
             priority: req.priority.as_str(),
+            limit: match refusal {
+                Refusal::BandFull => QueueLimit::Band,
+                Refusal::QueueFull => QueueLimit::Queue,
+            },
             retry_after: flow.queue_retry_after(req.priority),
         }),
     }

@@ -206,6 +206,11 @@ async fn a_full_band_answers_429_rejected_saturated_and_the_queued_one_is_still_
     assert_eq!(headers[REASON], "rejected-saturated");
     assert!(headers.contains_key("retry-after"));
     assert_eq!(json(&body)["error"]["code"], "queue_full");
+    let message = json(&body)["error"]["message"].to_string();
+    assert!(
+        message.contains("the queue of its standard band is full"),
+        "{message}"
+    );
     up.waiting.store(0, Ordering::SeqCst);
     assert_eq!(first.await.unwrap().0, 200);
     let m = gw.metrics().await;

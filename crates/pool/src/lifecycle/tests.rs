@@ -232,3 +232,65 @@ async fn picks_under_flow_control_carry_the_reserve_and_a_held_head_lets_a_prote
     assert_eq!(*pool.reserves.lock().unwrap(), [1, 1, 0]);
     assert!(quiet.is_none() && noisy.is_some());
 }
+
+/// A pool whose every pod is saturated: each pick is shed.
+#[derive(Clone)]
+struct Saturated;
+
+impl EndpointPool for Saturated {
+    type Inflight = Guard;
+    fn pick(&self, _cx: &RequestContext<'_>) -> Result<Guard, Rejection> {
+        Err(Rejection::Shed {
+            retry_after: Duration::from_secs(1),
+        })
+    }
+    fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_refusal_says_whether_the_band_or_the_whole_queue_is_full() {
+    use infergate_scheduler::flow::FlowConfig;
+    let refusal = |set: fn(&mut FlowConfig)| {
+        let mut cfg = FlowConfig {
+            enabled: true,
+            ..FlowConfig::default()
+        };
+        set(&mut cfg);
+        let flow = FlowController::new(
+            "p",
+            cfg,
+            crate::tenant::Tenancy::default(),
+            infergate_metrics::Clock::starting_now(),
+            &crate::flow::FlowMetrics::default(),
+        );
+        let cx = RequestContext::new("m", 500);
+        let part = || FlowPart {
+            flow: &flow,
+            tenant: "t",
+            bytes: 100,
+        };
+        let (first, _) = admit(&Saturated, false, &cx, Some(part()), "m");
+        assert!(matches!(first, Admission::Queued(_)), "the first one waits");
+        let (second, _) = admit(&Saturated, false, &cx, Some(part()), "m");
+        let Admission::Refused(e) = second else {
+            panic!("the second one should be refused");
+        };
+        assert_eq!(e.metric_label(), "queue_full");
+        e.to_string()
+    };
+    // The band's own limit: the message names the band.
+    let band = refusal(|c| c.bands.standard.max_requests = 1);
+    assert!(
+        band.contains("the queue of its standard band is full"),
+        "{band}"
+    );
+    // The whole queue's limit, the band far from its own: the message must not blame the band.
+    let whole = refusal(|c| c.max_requests = 1);
+    assert!(
+        whole.contains("its whole queue (all priority bands together) is full"),
+        "{whole}"
+    );
+    assert!(!whole.contains("standard"), "{whole}");
+}
