@@ -1,4 +1,5 @@
-//! `infergate gateway` with a configuration it refuses: the printed error says each thing once.
+//! `infergate gateway` with a configuration it refuses: `--check` refuses what the start would,
+//! and the printed error says each thing once.
 
 #![allow(
     clippy::unwrap_used,
@@ -33,6 +34,27 @@ fn gateway_with(dir: &Path, body: Option<&str>, args: &[&str]) -> (bool, String)
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
+}
+
+#[test]
+fn check_refuses_listen_and_admin_on_one_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = "auth: none\nmodels:\n  - name: m\n    endpoints: [127.0.0.1:9]\n";
+    for (listen, admin) in [
+        ("127.0.0.1:9090", "127.0.0.1:9090"),
+        ("0.0.0.0:9090", "127.0.0.1:9090"),
+    ] {
+        let body = format!("listen: {listen}\nadmin: {admin}\n{models}");
+        let (ok, text) = gateway_with(dir.path(), Some(&body), &["--check"]);
+        assert!(!ok, "{listen} and {admin} passed --check: {text}");
+        assert!(
+            text.contains("`listen`") && text.contains("`admin`"),
+            "{text}"
+        );
+    }
+    let body = format!("listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9090\n{models}");
+    let (ok, text) = gateway_with(dir.path(), Some(&body), &["--check"]);
+    assert!(ok, "{text}");
 }
 
 #[test]

@@ -490,6 +490,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
 
     fn try_from(r: RawGateway) -> Result<Self, String> {
         let auth = r.auth.ok_or(auth::MISSING_AUTH)?;
+        check_listen_and_admin(r.listen, r.admin)?;
         if r.models.is_empty() {
             return Err("`models` must list at least one model".into());
         }
@@ -542,6 +543,30 @@ impl TryFrom<RawGateway> for GatewayConfig {
             tenancy: r.tenancy,
         })
     }
+}
+
+/// Refuses a `listen` and an `admin` the gateway could not both bind: the same port (other
+/// than 0, for which the system picks a free port each time) on the same IP, or with either IP
+/// unspecified (`0.0.0.0`, `[::]`), which takes the port on every address of the host.
+fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
+    let port = listen.port();
+    if port == 0 || port != admin.port() {
+        return Ok(());
+    }
+    if listen.ip() == admin.ip() {
+        return Err(format!(
+            "`listen` and `admin` are both {listen}: the front door and the admin server each need \
+             a port of their own"
+        ));
+    }
+    if listen.ip().is_unspecified() || admin.ip().is_unspecified() {
+        return Err(format!(
+            "`listen` ({listen}) and `admin` ({admin}) both take port {port} (an unspecified \
+             address takes it on every address): the front door and the admin server each need \
+             a port of their own"
+        ));
+    }
+    Ok(())
 }
 
 impl GatewayConfig {

@@ -115,6 +115,36 @@ fn a_zero_band_limit_names_the_band_and_the_limit() {
     );
 }
 
+#[test]
+fn listen_and_admin_on_one_port_are_refused_naming_both() {
+    let models = "models:\n  - name: a\n";
+    for (listen, admin) in [
+        ("127.0.0.1:9090", "127.0.0.1:9090"),
+        ("0.0.0.0:9090", "127.0.0.1:9090"),
+        ("127.0.0.1:8080", "0.0.0.0:8080"),
+        ("'[::]:8080'", "127.0.0.1:8080"),
+    ] {
+        let e = err(&format!("listen: {listen}\nadmin: {admin}\n{models}"));
+        assert!(e.contains("`listen`") && e.contains("`admin`"), "{e}");
+    }
+    // The default admin address, taken by the front door.
+    let e = err(&format!("listen: 127.0.0.1:9090\n{models}"));
+    assert!(
+        e.contains("`listen` and `admin` are both 127.0.0.1:9090"),
+        "{e}"
+    );
+    // Different ports, different IPs on one port, or port 0 (a free port each) can all be bound.
+    for (listen, admin) in [
+        ("127.0.0.1:8080", "127.0.0.1:9090"),
+        ("127.0.0.1:9090", "127.0.0.2:9090"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("0.0.0.0:0", "127.0.0.1:0"),
+    ] {
+        let text = format!("listen: {listen}\nadmin: {admin}\nauth: none\n{models}");
+        assert!(GatewayConfig::from_yaml(&text).is_ok(), "{listen} {admin}");
+    }
+}
+
 /// The messages of `e` and of each of its causes, outermost first.
 fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
     std::iter::successors(Some(e), |e| e.source())
