@@ -330,7 +330,11 @@ pub struct PodDefaults {
     /// Extra pod annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    /// Extra container environment variables.
+    /// Extra container environment variables. Each name is set once per container: a name the
+    /// operator sets on every container (`RUST_LOG`, `INFERGATE_LOG_FORMAT`, `POD_NAME`,
+    /// `POD_NAMESPACE`) takes the value given here; a name listed twice here takes the later
+    /// value. `INFERGATE_QUOTA_REDIS_PASSWORD` stays the one `quotas.redis.passwordSecretRef`
+    /// sets, when it is set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
 }

@@ -798,15 +798,16 @@ impl<'a> Renderer<'a> {
             annotations.insert("prometheus.io/port".to_owned(), m.to_string());
             annotations.insert("prometheus.io/path".to_owned(), "/metrics".to_owned());
         }
-        let mut env = vec![
-            json!({ "name": "RUST_LOG", "value": json_str(&obs.log_level) }),
-            json!({ "name": "INFERGATE_LOG_FORMAT", "value": json_str(&obs.log_format) }),
-            json!({ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } }),
-            json!({ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
-        ];
-        env.extend(pd.env.iter().map(|e| json!(e)));
-        // The process's own variables last: they win over a `podDefaults.env` of the same name.
-        env.extend(process.env.iter().cloned());
+        let env = container_env(
+            vec![
+                json!({ "name": "RUST_LOG", "value": json_str(&obs.log_level) }),
+                json!({ "name": "INFERGATE_LOG_FORMAT", "value": json_str(&obs.log_format) }),
+                json!({ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } }),
+                json!({ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
+            ],
+            pd.env.iter().map(|e| json!(e)),
+            process.env.iter().cloned(),
+        );
         let mut container = json!({
             "name": component,
             "image": self.opts.image,
@@ -1076,6 +1077,26 @@ fn routed_names(s: &SchedulerSpec) -> impl Iterator<Item = &String> + '_ {
         }
     }
     names.into_iter()
+}
+
+/// A container's `env`, each name once (the API server treats the list as a map keyed by name,
+/// and server-side apply refuses a duplicate key): the variables set on every container, then
+/// `podDefaults.env`, whose value replaces a common one of the same name where it stands (and a
+/// later entry an earlier one), then the process's own, which replace either (the Redis
+/// password from `passwordSecretRef`).
+fn container_env(
+    common: Vec<Value>,
+    user: impl IntoIterator<Item = Value>,
+    process: impl IntoIterator<Item = Value>,
+) -> Vec<Value> {
+    let mut env = common;
+    for var in user.into_iter().chain(process) {
+        match env.iter_mut().find(|e| e["name"] == var["name"]) {
+            Some(slot) => *slot = var,
+            None => env.push(var),
+        }
+    }
+    env
 }
 
 /// The picker's `--rewrites` file for `s`, `None` without rules. Checked here with the

@@ -654,3 +654,77 @@ fn precise_prefix_renders_the_flags_and_mounts_the_tokenizer() {
         .to_string();
     assert!(err.contains("subPath"), "{err}");
 }
+
+/// The name and `env` of every container of every Deployment in `children`, the env as
+/// (name, entry) pairs.
+fn container_envs(children: &[Child]) -> Vec<(String, Vec<(String, Value)>)> {
+    children
+        .iter()
+        .filter(|c| c.resource.kind == "Deployment")
+        .flat_map(|c| {
+            let d = serde_json::to_value(&c.object).unwrap();
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    let env = c["env"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| (e["name"].as_str().unwrap().to_owned(), e.clone()))
+                        .collect();
+                    (c["name"].as_str().unwrap().to_owned(), env)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn pod_defaults_env_sets_each_name_once_and_the_users_value_wins() {
+    // A container's env is a list-map keyed by name: a name twice is refused by server-side
+    // apply, so a `podDefaults.env` entry the operator also sets must replace it.
+    let mut cfg = example("flow-control-quotas.yaml");
+    cfg.spec.pod_defaults.env = serde_json::from_value(serde_json::json!([
+        { "name": "INFERGATE_LOG_FORMAT", "value": "text" },
+        { "name": "RUST_LOG", "value": "infergate=trace" },
+        { "name": "EXTRA", "value": "1" },
+        { "name": "EXTRA", "value": "2" },
+        // `passwordSecretRef` sets this one: the Secret's value stays.
+        { "name": infergate_operator::render::REDIS_PASSWORD_ENV, "value": "typed-in" },
+    ]))
+    .unwrap();
+    let envs = container_envs(&children(&cfg));
+    assert!(!envs.is_empty());
+    for (container, env) in envs {
+        let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
+        let unique: BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "a name twice: {names:?}");
+        let value = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, e)| e.clone());
+        assert_eq!(value("INFERGATE_LOG_FORMAT").unwrap()["value"], "text");
+        assert_eq!(value("RUST_LOG").unwrap()["value"], "infergate=trace");
+        assert_eq!(value("EXTRA").unwrap()["value"], "2");
+        assert_eq!(
+            value("POD_NAME").unwrap()["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.name"
+        );
+        // The user's value replaces the operator's where it stood (before the user's others).
+        assert_eq!(
+            &names[..4],
+            [
+                "RUST_LOG",
+                "INFERGATE_LOG_FORMAT",
+                "POD_NAMESPACE",
+                "POD_NAME"
+            ]
+        );
+        let password = value(infergate_operator::render::REDIS_PASSWORD_ENV).unwrap();
+        if container == "endpoint-picker" {
+            assert_eq!(password["valueFrom"]["secretKeyRef"]["name"], "quota-redis");
+        } else {
+            // The BBR reads no quotas: it has the user's variable as written.
+            assert_eq!(password["value"], "typed-in");
+        }
+    }
+}
