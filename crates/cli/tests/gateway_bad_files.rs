@@ -78,3 +78,121 @@ fn a_refused_start_prints_each_cause_once() {
         assert_said_once(&printed_chain(&text), &text);
     }
 }
+
+/// Every file a configuration can name, missing or unusable: `--check` refuses it with the
+/// error the start stops on (the same printed chain), and passes once the files are good,
+/// without fetching the JWKS (its URI answers nothing).
+#[test]
+fn check_loads_every_file_the_configuration_names_as_the_start_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = infergate_testkit::tls::TestCa::new("check test CA");
+    let (cert, key) = ca.issue(&["127.0.0.1"]).write(d);
+    let ca_file = ca.write_ca(d);
+    let other_key = d.join("other-key.pem");
+    std::fs::write(&other_key, ca.issue(&["127.0.0.1"]).key_pem).unwrap();
+    let keys = d.join("keys.yaml");
+    std::fs::write(&keys, "keys: []\n").unwrap();
+    let (cert, key, ca_file, other_key, keys) = (
+        cert.display().to_string(),
+        key.display().to_string(),
+        ca_file.display().to_string(),
+        other_key.display().to_string(),
+        keys.display().to_string(),
+    );
+    let missing = d.join("missing.pem").display().to_string();
+    let model = "models:\n  - name: m\n    endpoints: [127.0.0.1:9]\n";
+    let config = |tls: &str, auth: &str, model: &str| format!("{tls}{auth}{model}");
+    let tls = |c: &str, k: &str| format!("tls: {{ certFile: \"{c}\", keyFile: \"{k}\" }}\n");
+    let jwt = |ca: &str| {
+        format!(
+            "auth:\n  jwt:\n    issuer: https://issuer.test\n    \
+             remoteJWKS: {{ uri: \"https://127.0.0.1:9/jwks\", caFile: \"{ca}\" }}\n"
+        )
+    };
+    let key_file = |f: &str| format!("auth:\n  apiKeys: {{ file: \"{f}\" }}\n");
+    let model_ca = |f: &str| {
+        format!(
+            "models:\n  - name: m\n    tls: {{ caFile: \"{f}\" }}\n    endpoints: [127.0.0.1:9]\n"
+        )
+    };
+    let tokenizer = |f: &str| {
+        format!(
+            "models:\n  - name: m\n    precisePrefix: {{ tokenizer: \"{f}\" }}\n    \
+             endpoints: [127.0.0.1:9]\n"
+        )
+    };
+    let none = "auth: none\n";
+    let bad = [
+        (
+            "tls.certFile missing",
+            config(&tls(&missing, &key), none, model),
+            "cannot read",
+        ),
+        (
+            "tls.keyFile missing",
+            config(&tls(&cert, &missing), none, model),
+            "cannot read",
+        ),
+        (
+            "tls key of another certificate",
+            config(&tls(&cert, &other_key), none, model),
+            "match",
+        ),
+        (
+            "tls.certFile not PEM",
+            config(&tls(&keys, &key), none, model),
+            "certificate",
+        ),
+        (
+            "auth.jwt.remoteJWKS.caFile missing",
+            config("", &jwt(&missing), model),
+            "caFile",
+        ),
+        (
+            "auth.apiKeys.file missing",
+            config("", &key_file(&missing), model),
+            "API key file",
+        ),
+        (
+            "auth.apiKeys.file not a key list",
+            config("", &key_file(&cert), model),
+            "API key file",
+        ),
+        (
+            "models[].tls.caFile missing",
+            config("", none, &model_ca(&missing)),
+            "cannot read",
+        ),
+        (
+            "models[].precisePrefix.tokenizer missing",
+            config("", none, &tokenizer(&missing)),
+            "tokenizer",
+        ),
+    ];
+    let ports = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    for (what, body, expected) in &bad {
+        let (ok, checked) = gateway_with(d, Some(body), &["--check"]);
+        assert!(!ok, "{what}: --check passed: {checked}");
+        assert!(checked.contains(expected), "{what}: {checked}");
+        let (ok, started) = gateway_with(d, Some(body), &ports);
+        assert!(!ok, "{what}: started: {started}");
+        assert_eq!(
+            printed_chain(&checked),
+            printed_chain(&started),
+            "{what}: --check and the start print different errors"
+        );
+    }
+    // The same sections with good files pass, the JWKS unfetched.
+    let good = [
+        config(&tls(&cert, &key), none, model),
+        config("", &jwt(&ca_file), model),
+        config("", &key_file(&keys), model),
+        config("", none, &model_ca(&ca_file)),
+    ];
+    for body in &good {
+        let (ok, text) = gateway_with(d, Some(body), &["--check"]);
+        assert!(ok, "{body}: {text}");
+        assert!(text.contains("is valid"), "{body}: {text}");
+    }
+}

@@ -241,6 +241,22 @@ impl Authenticator {
         })
     }
 
+    /// Loads what `config` names as [`Authenticator::new`] does — the JWKS client with its
+    /// `caFile`, the API key file — with the same errors, but starts nothing and fetches no key
+    /// set (`infergate gateway --check`).
+    pub fn check(config: &AuthConfig) -> Result<(), AuthSetupError> {
+        let AuthConfig::Required(settings) = config else {
+            return Ok(());
+        };
+        if let Some(c) = &settings.jwt {
+            jwks::Jwks::new(c)?;
+        }
+        if let Some(c) = &settings.api_keys {
+            keys::KeyStore::new(c)?;
+        }
+        Ok(())
+    }
+
     /// Whether requests are authenticated.
     pub fn is_enabled(&self) -> bool {
         self.enabled.is_some()

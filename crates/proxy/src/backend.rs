@@ -33,6 +33,43 @@ pub(crate) struct Backend {
     precise: Option<infergate_pool::precise::PreciseConfig>,
 }
 
+/// HTTPS to `model`'s servers (its `tls` section, with the CA file read), or `None`.
+fn client_tls(model: &ModelConfig) -> Result<Option<ClientTls>, Error> {
+    let Some(t) = &model.tls else {
+        return Ok(None);
+    };
+    infergate_pool::tls::client_tls(&t.ca_file, t.server_name.as_deref())
+        .map(Some)
+        .map_err(|source| Error::UpstreamTls {
+            model: model.name.clone(),
+            source: Box::new(source),
+        })
+}
+
+/// `model`'s precise prefix routing (its tokenizer loaded), or `None` when it has none.
+fn precise(
+    model: &ModelConfig,
+    registry: Option<&mut Registry>,
+) -> Result<Option<infergate_pool::precise::Precise>, Error> {
+    let Some(cfg) = &model.precise_prefix else {
+        return Ok(None);
+    };
+    infergate_pool::precise::Precise::new(cfg, registry)
+        .map(Some)
+        .map_err(|source| Error::Precise {
+            model: model.name.clone(),
+            source,
+        })
+}
+
+/// Loads the files `model` names — its `tls.caFile`, its `precisePrefix.tokenizer` — as
+/// [`Backend::start`] does, with the same errors, without starting a pool.
+pub(crate) fn check_files(model: &ModelConfig) -> Result<(), Error> {
+    client_tls(model)?;
+    precise(model, None)?;
+    Ok(())
+}
+
 impl Backend {
     /// The `Retry-After` of an answer that nothing reached a model server for: the scheduler's
     /// `retryAfterMinMs` (a pod is routed to again on its first good scrape).
@@ -46,17 +83,7 @@ impl Backend {
             Cow::Borrowed("model"),
             Cow::Owned(model.name.clone()),
         )));
-        let tls = match &model.tls {
-            Some(t) => Some(
-                infergate_pool::tls::client_tls(&t.ca_file, t.server_name.as_deref()).map_err(
-                    |source| Error::UpstreamTls {
-                        model: model.name.clone(),
-                        source: Box::new(source),
-                    },
-                )?,
-            ),
-            None => None,
-        };
+        let tls = client_tls(model)?;
         let pool = LivePool::start(
             PoolConfig {
                 scheduler: model.scheduler.clone(),
@@ -72,13 +99,7 @@ impl Backend {
             model: model.name.clone(),
             source,
         })?;
-        if let Some(cfg) = &model.precise_prefix {
-            let precise = infergate_pool::precise::Precise::new(cfg, Some(&mut registry)).map_err(
-                |source| Error::Precise {
-                    model: model.name.clone(),
-                    source,
-                },
-            )?;
+        if let Some(precise) = precise(model, Some(&mut registry))? {
             // A fresh pool: the first call always takes.
             let _ = pool.enable_precise(precise);
         }

@@ -19,7 +19,8 @@
 //! - [`config`] — the configuration file: types, defaults, validation with field and line.
 //! - `server` — [`serve_workers`] (thread per core, what `infergate gateway` runs), [`serve`]
 //!   (one accept loop on the caller's runtime), [`Gateway`], [`Handle`] (reloads, file
-//!   watching), accept loops.
+//!   watching), accept loops, and [`check_files`] (`--check`: every named file loaded, nothing
+//!   started).
 //! - `proxy` — the per-request path: routing, picking, forwarding, retries, error answers.
 //! - [`body`] — the response body: pass-through with first-token and usage tracking.
 //! - `state` — a loaded configuration: model table, pools, prebuilt answers.
@@ -57,5 +58,5 @@ pub use config::{
 pub use error::{ConfigError, Error};
 pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, REQUEST_ID_HEADER};
 pub use server::{
-    Gateway, Handle, Listeners, WorkerListeners, default_workers, serve, serve_workers,
+    Gateway, Handle, Listeners, WorkerListeners, check_files, default_workers, serve, serve_workers,
 };

@@ -250,6 +250,20 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(socket.into())
 }
 
+/// Loads every file `config` names, as a start would and with the same errors, in the same
+/// order: the front door's certificate and key (and that they belong together), each model's
+/// `tls.caFile` and `precisePrefix.tokenizer`, the JWKS `caFile` and the API key file. Binds no
+/// port, starts no pool and fetches no key set: what `infergate gateway --check` runs after the
+/// file itself validated, so that a file it calls valid does not stop the gateway at start.
+pub fn check_files(config: &GatewayConfig) -> Result<(), Error> {
+    crate::tls::check_listener_tls(config.tls.as_ref())?;
+    for m in &config.models {
+        crate::backend::check_files(m)?;
+    }
+    crate::auth::Authenticator::check(&config.auth)?;
+    Ok(())
+}
+
 /// What both ways of serving set up on the caller's runtime: state, metrics, admin, handle.
 struct Control {
     shared: Arc<Shared>,

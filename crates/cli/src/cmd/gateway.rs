@@ -30,7 +30,9 @@ pub struct Args {
     /// Worker threads serving the front door (default: one per core).
     #[arg(long, env = "INFERGATE_GATEWAY_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
     workers: Option<u16>,
-    /// Check the configuration file and exit.
+    /// Check the configuration file and exit: every field, and every file it names (TLS
+    /// certificate and key, CA files, the API key file, tokenizers) loaded as the start would,
+    /// without binding a port or fetching the JWKS.
     #[arg(long)]
     check: bool,
 }
@@ -40,6 +42,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut config = GatewayConfig::from_file(&args.config)
         .with_context(|| format!("invalid gateway configuration {}", args.config.display()))?;
     if args.check {
+        // The files the configuration names too, read as the start reads them and refused with
+        // the start's own error: a file called valid here does not stop the gateway at start.
+        infergate_proxy::check_files(&config)?;
         tracing::info!(
             models = config.models.len(),
             "{} is valid",
