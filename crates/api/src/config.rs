@@ -119,9 +119,10 @@ pub struct GatewaySpec {
     #[serde(default = "default_class")]
     #[schemars(length(min = 1, max = 253))]
     pub class_name: String,
-    /// Listeners of the Gateway. Defaults to one HTTP listener on port 80.
+    /// Listeners of the Gateway. Defaults to one HTTP listener on port 80. Names, and the
+    /// combinations of port, protocol and hostname, are unique (as Gateway API requires).
     #[serde(default = "default_listeners")]
-    #[schemars(length(min = 1, max = 16))]
+    #[schemars(length(min = 1, max = 16), transform = validation::listeners_rules)]
     pub listeners: Vec<ListenerSpec>,
 }
 
@@ -154,7 +155,7 @@ pub struct ListenerSpec {
 }
 
 /// Listener protocol.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 pub enum ListenerProtocol {
     /// Plain HTTP.
     #[default]
@@ -347,11 +348,13 @@ pub struct SchedulerSpec {
     /// Scheduler name, unique in the config; children are named `<config>-<name>-…`.
     #[schemars(length(min = 1, max = 40), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub name: String,
-    /// Model name clients send in `model`; the HTTPRoute matches it. Unique in the config.
+    /// Model name clients send in `model`; the HTTPRoute matches it. Unique in the config,
+    /// among the model names, LoRA adapters and rewritten names of every scheduler.
     #[schemars(length(min = 1, max = 253))]
     pub model_name: String,
-    /// Labels selecting the model-server pods of this pool.
-    #[schemars(length(min = 1, max = 64))]
+    /// Labels selecting the model-server pods of this pool: 1 to 64, as the InferencePool's
+    /// selector takes (an empty selector is refused, it would select every pod).
+    #[schemars(extend("minProperties" = 1, "maxProperties" = 64))]
     pub model_selector: BTreeMap<String, String>,
     /// Port the model servers listen on.
     #[serde(default = "default_target_port")]
@@ -374,9 +377,12 @@ pub struct SchedulerSpec {
     #[schemars(range(min = 1, max = 100))]
     pub replicas: i32,
     /// LoRA adapters served on top of `modelName`; requests naming one route to this pool.
-    /// At most 63: each is one HTTPRoute match, and a route rule holds 64.
+    /// Each name is unique in the config, like `modelName`. They need the body-based router
+    /// (`bbr.enabled`), which tells the picker the base model. Each routed name (`modelName`,
+    /// the adapters, the names `modelRewrites` match) is one HTTPRoute match, and a route rule
+    /// holds 64: at most 63 adapters, fewer with rewritten names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), inner(length(min = 1, max = 253)))]
     pub lora_adapters: Vec<String>,
     /// Request timeout on the route, e.g. `300s` (Gateway API duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -386,7 +392,9 @@ pub struct SchedulerSpec {
     #[serde(default)]
     pub failure_mode: FailureMode,
     /// Model rewrites and canary splits within this pool (`InferenceModelRewrite` rules, plus
-    /// per-tenant ones). Changing them updates the picker in place, without a restart.
+    /// per-tenant ones). Changing them updates the picker in place, without a restart. A name
+    /// they match routes to this pool, so no other scheduler may have it as its model, adapter
+    /// or matched name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub model_rewrites: Vec<ModelRewriteRule>,
@@ -401,6 +409,22 @@ pub struct SchedulerSpec {
 }
 
 impl SchedulerSpec {
+    /// The names that route to this scheduler's pool besides `modelName`: its LoRA adapters,
+    /// then the names its rewrite rules match, each once. The body-based router maps them to
+    /// `modelName`, and the HTTPRoute has one match for `modelName` and one for each of them.
+    pub fn routed_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.lora_adapters.iter().map(String::as_str).collect();
+        for r in &self.model_rewrites {
+            for m in &r.matches {
+                let n = m.model.value.as_str();
+                if n != self.model_name && !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+        names
+    }
+
     /// The scorer preset the picker runs: the explicit one, else `infergate` unless weights are set.
     pub fn effective_preset(&self) -> Option<SchedulerPreset> {
         match (&self.preset, &self.weights) {
@@ -505,18 +529,36 @@ pub struct Weights {
     pub estimated_wait: Option<f64>,
 }
 
+/// Calls the macro `$m` with every field of [`Weights`] as `field: "camelCaseName"`, in order:
+/// the one list [`Weights::entries`] and the weights' CEL rules
+/// ([`validation::WEIGHTS_NON_NEGATIVE`], [`validation::WEIGHTS_ONE_POSITIVE`]) are built from,
+/// so a weight cannot be in one and missing from the other. `entries` destructures `Weights`
+/// with it, so a field missing here does not compile.
+macro_rules! with_weight_names {
+    ($m:ident) => {
+        $m! {
+            queue: "queue",
+            kv_cache: "kvCache",
+            prefix: "prefix",
+            lora_affinity: "loraAffinity",
+            running_requests: "runningRequests",
+            inflight_tokens: "inflightTokens",
+            estimated_wait: "estimatedWait",
+        }
+    };
+}
+pub(crate) use with_weight_names;
+
 impl Weights {
     /// `(camelCase name, value)` of every weight, unset ones as 0.
     pub fn entries(&self) -> [(&'static str, f64); 7] {
-        [
-            ("queue", self.queue.unwrap_or(0.0)),
-            ("kvCache", self.kv_cache.unwrap_or(0.0)),
-            ("prefix", self.prefix.unwrap_or(0.0)),
-            ("loraAffinity", self.lora_affinity.unwrap_or(0.0)),
-            ("runningRequests", self.running_requests.unwrap_or(0.0)),
-            ("inflightTokens", self.inflight_tokens.unwrap_or(0.0)),
-            ("estimatedWait", self.estimated_wait.unwrap_or(0.0)),
-        ]
+        macro_rules! entries {
+            ($($field:ident: $name:literal),* $(,)?) => {{
+                let Weights { $($field),* } = self;
+                [$(($name, $field.unwrap_or(0.0))),*]
+            }};
+        }
+        with_weight_names!(entries)
     }
 }
 

@@ -6,14 +6,16 @@
 //! before rendering and reports a failure as `Accepted=False` with the message, which covers
 //! objects stored before the CRD carried a rule and clusters whose API server skips CEL.
 
-use std::collections::HashSet;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use serde_json::{Value, json};
 
 use crate::config::{
-    FlowBandLimits, FlowControlSpec, InferenceGatewayConfigSpec, ListenerProtocol,
+    FlowBandLimits, FlowControlSpec, InferenceGatewayConfigSpec, ListenerProtocol, ListenerSpec,
     ObjectivePriority, PriorityBand, QuotasSpec, SchedulerSpec, TenancySpec, TlsSpec, Weights,
+    with_weight_names,
 };
 use crate::error::Error;
 
@@ -33,11 +35,14 @@ pub const SPEC_RULES: &[CelRule] = &[
     MODEL_NAME_UNIQUE,
     NAME_UNIQUE,
     HTTPS_NEEDS_TLS,
+    LORA_NEEDS_BBR,
 ];
 /// Rules on each `spec.schedulers[*]`.
 pub const SCHEDULER_RULES: &[CelRule] = &[PRESET_XOR_WEIGHTS];
 /// Rules on each `spec.schedulers[*].weights`.
 pub const WEIGHTS_RULES: &[CelRule] = &[WEIGHTS_NON_NEGATIVE, WEIGHTS_ONE_POSITIVE];
+/// Rules on `spec.gateway.listeners` (Gateway API's own rules on a Gateway's listeners).
+pub const LISTENER_RULES: &[CelRule] = &[LISTENER_NAME_UNIQUE, LISTENER_PORT_UNIQUE];
 /// Rules on `spec.tls`.
 pub const TLS_RULES: &[CelRule] = &[TLS_ONE_SOURCE];
 /// Rules on `spec.quotas.redis`.
@@ -70,19 +75,53 @@ pub const HTTPS_NEEDS_TLS: CelRule = CelRule {
     rule: "!self.gateway.listeners.exists(l, l.protocol == 'HTTPS') || has(self.tls)",
     message: "an HTTPS listener needs spec.tls (a certificate Secret or a cert-manager issuer)",
 };
+/// LoRA adapters need the body-based router.
+pub const LORA_NEEDS_BBR: CelRule = CelRule {
+    rule: "self.bbr.enabled || self.schedulers.all(s, !has(s.loraAdapters) || size(s.loraAdapters) == 0)",
+    message: "loraAdapters need the body-based router (spec.bbr.enabled: true): it is what maps an adapter to its base model for the endpoint picker; without it requests naming an adapter are not routed as adapters",
+};
+/// Listener names are unique (Gateway API's rule on `Gateway.spec.listeners`, same CEL).
+pub const LISTENER_NAME_UNIQUE: CelRule = CelRule {
+    rule: "self.all(l1, self.exists_one(l2, l1.name == l2.name))",
+    message: "each listener must have a different name: the Gateway API refuses a Gateway whose listeners share a name",
+};
+/// Port, protocol and hostname are unique together (Gateway API's rule, same CEL).
+pub const LISTENER_PORT_UNIQUE: CelRule = CelRule {
+    rule: "self.all(l1, self.exists_one(l2, l1.port == l2.port && l1.protocol == l2.protocol && (has(l1.hostname) && has(l2.hostname) ? l1.hostname == l2.hostname : !has(l1.hostname) && !has(l2.hostname))))",
+    message: "each listener must have a different combination of port, protocol and hostname: the Gateway API refuses a Gateway with two that are the same",
+};
 /// `preset` and `weights` are exclusive.
 pub const PRESET_XOR_WEIGHTS: CelRule = CelRule {
     rule: "!(has(self.preset) && has(self.weights))",
     message: "set either preset or weights on a scheduler, not both",
 };
-/// Weights are non-negative.
+/// `(!has(self.w) || self.w >= 0.0) && …` over every weight of [`with_weight_names`].
+macro_rules! non_negative_rule {
+    ($f0:ident: $n0:literal $(, $f:ident: $n:literal)* $(,)?) => {
+        concat!(
+            "(!has(self.", $n0, ") || self.", $n0, " >= 0.0)",
+            $(" && (!has(self.", $n, ") || self.", $n, " >= 0.0)",)*
+        )
+    };
+}
+/// `(has(self.w) && self.w > 0.0) || …` over every weight of [`with_weight_names`].
+macro_rules! one_positive_rule {
+    ($f0:ident: $n0:literal $(, $f:ident: $n:literal)* $(,)?) => {
+        concat!(
+            "(has(self.", $n0, ") && self.", $n0, " > 0.0)",
+            $(" || (has(self.", $n, ") && self.", $n, " > 0.0)",)*
+        )
+    };
+}
+/// Weights are non-negative. The rule names every weight of `Weights` (one list with
+/// [`Weights::entries`], see `with_weight_names` in `config.rs`).
 pub const WEIGHTS_NON_NEGATIVE: CelRule = CelRule {
-    rule: "(!has(self.queue) || self.queue >= 0.0) && (!has(self.kvCache) || self.kvCache >= 0.0) && (!has(self.prefix) || self.prefix >= 0.0) && (!has(self.loraAffinity) || self.loraAffinity >= 0.0) && (!has(self.runningRequests) || self.runningRequests >= 0.0) && (!has(self.estimatedWait) || self.estimatedWait >= 0.0)",
+    rule: with_weight_names!(non_negative_rule),
     message: "scorer weights must be zero or positive numbers",
 };
-/// At least one weight is positive.
+/// At least one weight is positive (over the same list).
 pub const WEIGHTS_ONE_POSITIVE: CelRule = CelRule {
-    rule: "(has(self.queue) && self.queue > 0.0) || (has(self.kvCache) && self.kvCache > 0.0) || (has(self.prefix) && self.prefix > 0.0) || (has(self.loraAffinity) && self.loraAffinity > 0.0) || (has(self.runningRequests) && self.runningRequests > 0.0) || (has(self.estimatedWait) && self.estimatedWait > 0.0)",
+    rule: with_weight_names!(one_positive_rule),
     message: "at least one scorer weight must be greater than zero, otherwise every pod scores the same",
 };
 /// Exactly one certificate source.
@@ -109,8 +148,22 @@ pub const SUB_PATH_NEEDS_CLAIM: CelRule = CelRule {
 };
 
 /// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
-/// API server's side of the same check).
-pub const JWKS_HTTPS_MESSAGE: &str = "spec.auth.jwt.provider.remoteJWKS.uri must start with https://: keys fetched in clear text could be replaced on the way";
+/// API server's side of the same check). The violation's field names the URI.
+pub const JWKS_HTTPS_MESSAGE: &str =
+    "must start with https://: keys fetched in clear text could be replaced on the way";
+/// A scorer weight that is infinite or not a number (YAML's `.inf` and `.nan`; JSON, and so the
+/// API server, cannot carry them).
+pub const WEIGHT_FINITE_MESSAGE: &str = "a scorer weight must be a finite number";
+/// A `modelSelector` without labels, or with more than the InferencePool's selector takes
+/// (the schema's `minProperties: 1`, `maxProperties: 64` are the API server's side).
+pub const MODEL_SELECTOR_MESSAGE: &str = "must have between 1 and 64 labels: the InferencePool's selector needs at least one (an empty selector would select every pod) and takes at most 64";
+/// A model, adapter or matched name that is empty or only whitespace, which the body-based
+/// router refuses (the schema's `minLength: 1` is the API server's side for empty names).
+pub const NAME_BLANK_MESSAGE: &str =
+    "must not be empty or only whitespace: the body-based router refuses such a model name";
+/// Most matches of one HTTPRoute rule (Gateway API v1.6's `rules[].matches` `maxItems`); a
+/// scheduler's route has one match per routed name.
+pub const HTTPROUTE_MAX_MATCHES: usize = 64;
 
 /// A flow-control limit of 0 (the schema's `minimum: 1` is the API server's side).
 pub const FLOW_LIMIT_MESSAGE: &str =
@@ -135,8 +188,8 @@ pub const PASSWORD_ENV_MESSAGE: &str = "names a variable spec.podDefaults.env do
 pub struct Violation {
     /// Path of the offending node, e.g. `spec.schedulers[1].weights`.
     pub field: String,
-    /// The rule's message.
-    pub message: &'static str,
+    /// The rule's message; a check that names a second place or a count says so here.
+    pub message: Cow<'static, str>,
 }
 
 impl fmt::Display for Violation {
@@ -151,7 +204,7 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
     let mut fail = |field: String, rule: CelRule| {
         out.push(Violation {
             field,
-            message: rule.message,
+            message: rule.message.into(),
         });
     };
     let n = spec.schedulers.len();
@@ -175,6 +228,10 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
     if https && spec.tls.is_none() {
         fail("spec".into(), HTTPS_NEEDS_TLS);
     }
+    if !spec.bbr.enabled && spec.schedulers.iter().any(|s| !s.lora_adapters.is_empty()) {
+        fail("spec.bbr.enabled".into(), LORA_NEEDS_BBR);
+    }
+    check_listeners(&spec.gateway.listeners, &mut fail);
     if let Some(tls) = &spec.tls {
         check_tls(tls, &mut fail);
     }
@@ -186,18 +243,25 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
     {
         out.push(Violation {
             field: "spec.auth.jwt.provider.remoteJWKS.uri".into(),
-            message: JWKS_HTTPS_MESSAGE,
+            message: JWKS_HTTPS_MESSAGE.into(),
         });
     }
-    let mut fail_at = |field: String, message: &'static str| out.push(Violation { field, message });
+    let mut fail_at = |field: String, message: Cow<'static, str>| {
+        out.push(Violation { field, message });
+    };
+    for (i, s) in spec.schedulers.iter().enumerate() {
+        check_scheduler_fields(i, s, spec.bbr.enabled, &mut fail_at);
+    }
+    check_routed_names(&spec.schedulers, &mut fail_at);
+    let mut fail_with = |field: String, message: &'static str| fail_at(field, message.into());
     if let Some(q) = &spec.quotas {
-        check_quotas(spec, q, &mut fail_at);
+        check_quotas(spec, q, &mut fail_with);
     }
     if let Some(f) = &spec.flow_control {
-        check_flow_control(f, &mut fail_at);
+        check_flow_control(f, &mut fail_with);
     }
     if let Some(t) = &spec.tenancy {
-        check_tenancy(t, &mut fail_at);
+        check_tenancy(t, &mut fail_with);
     }
     if out.is_empty() {
         Ok(())
@@ -231,10 +295,23 @@ fn check_scheduler(i: usize, s: &SchedulerSpec, fail: &mut impl FnMut(String, Ce
     }
 }
 
+fn check_listeners(listeners: &[ListenerSpec], fail: &mut impl FnMut(String, CelRule)) {
+    if !all_unique(listeners.iter().map(|l| l.name.as_str())) {
+        fail("spec.gateway.listeners".into(), LISTENER_NAME_UNIQUE);
+    }
+    let mut seen = HashSet::new();
+    if !listeners
+        .iter()
+        .all(|l| seen.insert((l.port, l.protocol, l.hostname.as_deref())))
+    {
+        fail("spec.gateway.listeners".into(), LISTENER_PORT_UNIQUE);
+    }
+}
+
 fn check_weights(i: usize, w: &Weights, fail: &mut impl FnMut(String, CelRule)) {
     let entries = w.entries();
-    // NaN is rejected too: JSON cannot carry it, but a Rust caller can.
-    if entries.iter().any(|(_, v)| v.is_nan() || *v < 0.0) {
+    // Infinite and NaN weights are refused by `check_scheduler_fields`, naming the weight.
+    if entries.iter().any(|(_, v)| v.is_finite() && *v < 0.0) {
         fail(
             format!("spec.schedulers[{i}].weights"),
             WEIGHTS_NON_NEGATIVE,
@@ -245,6 +322,116 @@ fn check_weights(i: usize, w: &Weights, fail: &mut impl FnMut(String, CelRule)) 
             format!("spec.schedulers[{i}].weights"),
             WEIGHTS_ONE_POSITIVE,
         );
+    }
+}
+
+/// The checks of one scheduler that have no CEL rule (the schema's bounds are the API server's
+/// side where one exists).
+fn check_scheduler_fields(
+    i: usize,
+    s: &SchedulerSpec,
+    bbr: bool,
+    fail: &mut impl FnMut(String, Cow<'static, str>),
+) {
+    let at = |field: &str| format!("spec.schedulers[{i}].{field}");
+    if let Some(w) = &s.weights {
+        for (name, v) in w.entries() {
+            if !v.is_finite() {
+                fail(at(&format!("weights.{name}")), WEIGHT_FINITE_MESSAGE.into());
+            }
+        }
+    }
+    if !(1..=64).contains(&s.model_selector.len()) {
+        fail(at("modelSelector"), MODEL_SELECTOR_MESSAGE.into());
+    }
+    // Without the BBR the route has one catch-all match (and adapters are refused above).
+    let matches = 1 + s.routed_names().len();
+    if bbr && matches > HTTPROUTE_MAX_MATCHES {
+        fail(
+            format!("spec.schedulers[{i}]"),
+            format!(
+                "routes {matches} names (modelName, the loraAdapters and the other names modelRewrites match, each once), but its HTTPRoute rule holds at most {HTTPROUTE_MAX_MATCHES} matches: route at most {HTTPROUTE_MAX_MATCHES}"
+            )
+            .into(),
+        );
+    }
+}
+
+/// Where a routed name is written, and what it is there.
+#[derive(Clone)]
+struct NamePlace {
+    scheduler: usize,
+    field: String,
+    /// A rewrite's matched name (the BBR maps it once per scheduler, however often it is matched).
+    matched: bool,
+}
+
+/// Every name that routes to a scheduler — its `modelName`, its `loraAdapters`, the names its
+/// `modelRewrites` match — routes to that one: the body-based router's model table takes each
+/// name once (`infergate bbr` exits on "model name … is configured twice" otherwise) and the
+/// HTTPRoutes would overlap. This refuses what that table refuses (`ModelRouter::add_model`):
+/// a name on two schedulers, an adapter equal to its own model or listed twice, and a blank
+/// name. A matched name equal to the scheduler's own model or adapter is routed once and fine.
+/// Two schedulers with one `modelName` are left to [`MODEL_NAME_UNIQUE`].
+fn check_routed_names(
+    schedulers: &[SchedulerSpec],
+    fail: &mut impl FnMut(String, Cow<'static, str>),
+) {
+    let mut seen: HashMap<&str, NamePlace> = HashMap::new();
+    for (i, s) in schedulers.iter().enumerate() {
+        let at = |field: String| format!("spec.schedulers[{i}].{field}");
+        let adapters = s
+            .lora_adapters
+            .iter()
+            .enumerate()
+            .map(|(j, a)| (a.as_str(), at(format!("loraAdapters[{j}]")), false));
+        let matched = s.model_rewrites.iter().enumerate().flat_map(|(r, rule)| {
+            rule.matches.iter().enumerate().map(move |(k, m)| {
+                (
+                    m.model.value.as_str(),
+                    format!("spec.schedulers[{i}].modelRewrites[{r}].matches[{k}].model.value"),
+                    true,
+                )
+            })
+        });
+        let names = std::iter::once((s.model_name.as_str(), at("modelName".into()), false))
+            .chain(adapters)
+            .chain(matched);
+        for (name, field, is_match) in names {
+            if name.trim().is_empty() {
+                fail(field, NAME_BLANK_MESSAGE.into());
+                continue;
+            }
+            let here = NamePlace {
+                scheduler: i,
+                field,
+                matched: is_match,
+            };
+            let Some(first) = seen.get(name) else {
+                seen.insert(name, here);
+                continue;
+            };
+            let both_models = !first.matched
+                && !here.matched
+                && first.field.ends_with(".modelName")
+                && here.field.ends_with(".modelName");
+            let same_pool_rewrite = first.scheduler == here.scheduler && here.matched;
+            if both_models || same_pool_rewrite {
+                continue;
+            }
+            let message = if first.scheduler == here.scheduler {
+                format!(
+                    "`{name}` is already {}: a scheduler's model and adapters must be different names, the body-based router refuses one configured twice",
+                    first.field
+                )
+            } else {
+                format!(
+                    "`{name}` is already {}: a model name, LoRA adapter or matched name routes to one scheduler only (the body-based router refuses one configured twice, and the two HTTPRoutes would both match it)",
+                    first.field
+                )
+            };
+            fail(here.field, message.into());
+        }
     }
 }
 
@@ -335,6 +522,10 @@ pub fn scheduler_rules(schema: &mut schemars::Schema) {
 /// `schemars` transform for a weights node.
 pub fn weights_rules(schema: &mut schemars::Schema) {
     add_rules(schema, WEIGHTS_RULES);
+}
+/// `schemars` transform for the Gateway's listener list.
+pub fn listeners_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, LISTENER_RULES);
 }
 /// `schemars` transform for the TLS node.
 pub fn tls_rules(schema: &mut schemars::Schema) {

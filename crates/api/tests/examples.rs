@@ -72,6 +72,15 @@ const INVALID: &[(&str, CelRule)] = &[
     ("https-without-tls.yaml", validation::HTTPS_NEEDS_TLS),
     ("tls-both-sources.yaml", validation::TLS_ONE_SOURCE),
     ("redis-password-both.yaml", validation::REDIS_ONE_PASSWORD),
+    ("lora-without-bbr.yaml", validation::LORA_NEEDS_BBR),
+    (
+        "duplicate-listener-name.yaml",
+        validation::LISTENER_NAME_UNIQUE,
+    ),
+    (
+        "duplicate-listener-port.yaml",
+        validation::LISTENER_PORT_UNIQUE,
+    ),
 ];
 
 /// Invalid examples of the checks the schema's bounds and the operator make (no CEL rule):
@@ -92,6 +101,21 @@ const INVALID_FIELDS: &[(&str, &str, &str)] = &[
         "spec.quotas.redis.passwordEnv",
         validation::PASSWORD_ENV_MESSAGE,
     ),
+    (
+        "empty-model-selector.yaml",
+        "spec.schedulers[0].modelSelector",
+        validation::MODEL_SELECTOR_MESSAGE,
+    ),
+    (
+        "adapter-on-two-schedulers.yaml",
+        "spec.schedulers[1].loraAdapters[0]",
+        "`sql-expert` is already spec.schedulers[0].loraAdapters[0]: a model name, LoRA adapter or matched name routes to one scheduler only (the body-based router refuses one configured twice, and the two HTTPRoutes would both match it)",
+    ),
+    (
+        "too-many-routed-names.yaml",
+        "spec.schedulers[0]",
+        "routes 65 names (modelName, the loraAdapters and the other names modelRewrites match, each once), but its HTTPRoute rule holds at most 64 matches: route at most 64",
+    ),
 ];
 
 #[test]
@@ -108,8 +132,10 @@ fn each_invalid_example_is_rejected_with_its_message() {
         let cfg: InferenceGatewayConfig = serde_json::from_value(value).unwrap();
         match validation::validate(&cfg.spec) {
             Err(Error::Invalid(v)) => {
-                let got: Vec<(&str, &str)> =
-                    v.iter().map(|v| (v.field.as_str(), v.message)).collect();
+                let got: Vec<(&str, &str)> = v
+                    .iter()
+                    .map(|v| (v.field.as_str(), v.message.as_ref()))
+                    .collect();
                 assert_eq!(got, vec![(*field, *message)], "{file}");
             }
             other => panic!("{file}: expected rejection, got {other:?}"),
@@ -120,7 +146,7 @@ fn each_invalid_example_is_rejected_with_its_message() {
         let cfg: InferenceGatewayConfig = serde_json::from_value(value).unwrap();
         match validation::validate(&cfg.spec) {
             Err(Error::Invalid(v)) => {
-                let got: Vec<&str> = v.iter().map(|v| v.message).collect();
+                let got: Vec<&str> = v.iter().map(|v| v.message.as_ref()).collect();
                 assert_eq!(got, vec![rule.message], "{file}");
             }
             other => panic!("{file}: expected rejection, got {other:?}"),
@@ -136,6 +162,7 @@ fn every_rule_has_an_invalid_example() {
         validation::WEIGHTS_RULES,
         validation::TLS_RULES,
         validation::REDIS_RULES,
+        validation::LISTENER_RULES,
     ];
     for rule in tables.iter().flat_map(|t| t.iter()) {
         assert!(

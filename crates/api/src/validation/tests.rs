@@ -51,6 +51,10 @@ fn crd_carries_every_rule_with_its_message_on_the_right_node() {
     assert_carries(scheduler, SCHEDULER_RULES);
     assert_carries(&scheduler["properties"]["weights"], WEIGHTS_RULES);
     assert_carries(&spec["properties"]["tls"], TLS_RULES);
+    assert_carries(
+        &spec["properties"]["gateway"]["properties"]["listeners"],
+        LISTENER_RULES,
+    );
 }
 
 #[test]
@@ -98,10 +102,10 @@ fn spec(yaml: &str) -> InferenceGatewayConfigSpec {
     serde_yaml::from_str(yaml).unwrap()
 }
 
-fn messages(spec: &InferenceGatewayConfigSpec) -> Vec<&'static str> {
+fn messages(spec: &InferenceGatewayConfigSpec) -> Vec<String> {
     match validate(spec) {
         Ok(()) => vec![],
-        Err(Error::Invalid(v)) => v.into_iter().map(|v| v.message).collect(),
+        Err(Error::Invalid(v)) => v.into_iter().map(|v| v.message.into_owned()).collect(),
         Err(e) => panic!("unexpected {e}"),
     }
 }
@@ -125,7 +129,10 @@ fn every_broken_rule_is_listed_with_its_field() {
     let Error::Invalid(v) = &err else {
         panic!("{err}")
     };
-    let got: Vec<(&str, &str)> = v.iter().map(|v| (v.field.as_str(), v.message)).collect();
+    let got: Vec<(&str, &str)> = v
+        .iter()
+        .map(|v| (v.field.as_str(), v.message.as_ref()))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -145,14 +152,140 @@ fn every_broken_rule_is_listed_with_its_field() {
 }
 
 #[test]
-fn nan_weight_is_rejected() {
+fn a_weight_that_is_not_a_finite_number_is_refused_naming_it() {
+    // YAML carries `.inf` and `.nan` (JSON, and so the API server, cannot): the operator's
+    // JSON round trip would turn them into null and fail with "invalid type: null".
+    let s = spec(
+        "{schedulers: [{name: a, modelName: m, modelSelector: {app: a}, weights: {queue: .inf}}]}",
+    );
+    assert_eq!(
+        violations(&s),
+        vec![(
+            "spec.schedulers[0].weights.queue".to_owned(),
+            WEIGHT_FINITE_MESSAGE.to_owned()
+        )]
+    );
     let mut s = spec(
-        "{schedulers: [{name: a, modelName: m, modelSelector: {app: a}, weights: {queue: 1}}]}",
+        "{schedulers: [{name: a, modelName: m, modelSelector: {app: a}, weights: {queue: 1, inflightTokens: -.inf}}]}",
     );
     if let Some(w) = s.schedulers[0].weights.as_mut() {
         w.prefix = Some(f64::NAN);
     }
-    assert_eq!(messages(&s), vec![WEIGHTS_NON_NEGATIVE.message]);
+    assert_eq!(
+        violations(&s),
+        vec![
+            (
+                "spec.schedulers[0].weights.prefix".to_owned(),
+                WEIGHT_FINITE_MESSAGE.to_owned()
+            ),
+            (
+                "spec.schedulers[0].weights.inflightTokens".to_owned(),
+                WEIGHT_FINITE_MESSAGE.to_owned()
+            ),
+        ]
+    );
+}
+
+/// Weight name → value; absent names are unset.
+type WeightValues<'a> = &'a [(&'a str, f64)];
+
+/// Evaluates a weights rule's text on `weights` (name → value; absent names are unset). The
+/// rules are a chain of one clause per weight joined by `joiner`; each clause is parsed back to
+/// its weight name and must be exactly `clause(name)`, so a rule of another shape fails here
+/// rather than being evaluated wrongly.
+fn eval_weights_rule(
+    rule: &str,
+    joiner: &str,
+    clause: impl Fn(&str) -> String,
+    holds: impl Fn(Option<f64>) -> bool,
+    weights: &[(&str, f64)],
+) -> (Vec<String>, bool) {
+    let mut names = Vec::new();
+    let mut results = Vec::new();
+    for c in rule.split(joiner) {
+        let name = c
+            .split("self.")
+            .nth(1)
+            .and_then(|rest| rest.split([')', ' ']).next())
+            .unwrap_or_else(|| panic!("clause {c:?} names no weight"));
+        assert_eq!(c, clause(name), "clause of {name} in {rule:?}");
+        let value = weights.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        results.push(holds(value));
+        names.push(name.to_owned());
+    }
+    let value = if joiner == " && " {
+        results.iter().all(|r| *r)
+    } else {
+        results.iter().any(|r| *r)
+    };
+    (names, value)
+}
+
+#[test]
+fn the_weight_rules_cover_every_weight_and_agree_with_the_validator() {
+    let names: Vec<&str> = Weights::default().entries().map(|(n, _)| n).to_vec();
+    // `inflightTokens` was missing from both rules while `entries` had it.
+    assert!(names.contains(&"inflightTokens"));
+    let non_negative = |w: &[(&str, f64)]| {
+        eval_weights_rule(
+            WEIGHTS_NON_NEGATIVE.rule,
+            " && ",
+            |n| format!("(!has(self.{n}) || self.{n} >= 0.0)"),
+            |v| v.is_none_or(|v| v >= 0.0),
+            w,
+        )
+    };
+    let one_positive = |w: &[(&str, f64)]| {
+        eval_weights_rule(
+            WEIGHTS_ONE_POSITIVE.rule,
+            " || ",
+            |n| format!("(has(self.{n}) && self.{n} > 0.0)"),
+            |v| v.is_some_and(|v| v > 0.0),
+            w,
+        )
+    };
+    // Each rule names every weight, once, in the order of `entries`.
+    assert_eq!(non_negative(&[]).0, names);
+    assert_eq!(one_positive(&[]).0, names);
+    // The schema's weight properties are the same names.
+    let s = schema();
+    let props = s["properties"]["spec"]["properties"]["schedulers"]["items"]["properties"]
+        ["weights"]["properties"]
+        .as_object()
+        .unwrap();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(props.keys().map(String::as_str).collect::<Vec<_>>(), sorted);
+    // For each weight, the rule text and the Rust check give the same verdict.
+    for name in &names {
+        let other = if *name == "queue" { "prefix" } else { "queue" };
+        // (weights, the non-negative rule holds, the one-positive rule holds)
+        let cases: [(WeightValues, bool, bool); 3] = [
+            (&[(name, 1.0)], true, true),
+            (&[(other, 1.0), (name, -5.0)], false, true),
+            (&[(name, 0.0)], true, false),
+        ];
+        for (weights, want_non_negative, want_one_positive) in cases {
+            assert_eq!(non_negative(weights).1, want_non_negative, "{weights:?}");
+            assert_eq!(one_positive(weights).1, want_one_positive, "{weights:?}");
+            let yaml: Vec<String> = weights.iter().map(|(n, v)| format!("{n}: {v}")).collect();
+            let s = spec(&format!(
+                "{{schedulers: [{{name: a, modelName: m, modelSelector: {{app: a}}, weights: {{{}}}}}]}}",
+                yaml.join(", ")
+            ));
+            let got = messages(&s);
+            assert_eq!(
+                !got.contains(&WEIGHTS_NON_NEGATIVE.message.to_owned()),
+                want_non_negative,
+                "{weights:?}: {got:?}"
+            );
+            assert_eq!(
+                !got.contains(&WEIGHTS_ONE_POSITIVE.message.to_owned()),
+                want_one_positive,
+                "{weights:?}: {got:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -184,9 +317,14 @@ fn a_jwks_uri_must_be_https_in_the_validator_and_the_schema() {
     };
     assert_eq!(
         v.iter()
-            .map(|v| (v.field.as_str(), v.message))
+            .map(|v| (v.field.as_str(), v.message.as_ref()))
             .collect::<Vec<_>>(),
         vec![("spec.auth.jwt.provider.remoteJWKS.uri", JWKS_HTTPS_MESSAGE)]
+    );
+    // The field is named once, not again inside the message.
+    assert_eq!(
+        err.to_string(),
+        "invalid InferenceGatewayConfig: spec.auth.jwt.provider.remoteJWKS.uri: must start with https://: keys fetched in clear text could be replaced on the way"
     );
     let s = schema();
     let uri = &s["properties"]["spec"]["properties"]["auth"]["properties"]["jwt"]["properties"]["provider"]
@@ -194,10 +332,13 @@ fn a_jwks_uri_must_be_https_in_the_validator_and_the_schema() {
     assert_eq!(uri["pattern"], "^https://", "{uri}");
 }
 
-fn violations(spec: &InferenceGatewayConfigSpec) -> Vec<(String, &'static str)> {
+fn violations(spec: &InferenceGatewayConfigSpec) -> Vec<(String, String)> {
     match validate(spec) {
         Ok(()) => vec![],
-        Err(Error::Invalid(v)) => v.into_iter().map(|v| (v.field, v.message)).collect(),
+        Err(Error::Invalid(v)) => v
+            .into_iter()
+            .map(|v| (v.field, v.message.into_owned()))
+            .collect(),
         Err(e) => panic!("unexpected {e}"),
     }
 }
@@ -245,36 +386,45 @@ fn bad_flow_control_values_are_refused_naming_their_path() {
     assert_eq!(
         violations(&s),
         vec![
-            ("spec.flowControl.requestTtlMs".to_owned(), FLOW_TTL_MESSAGE),
+            (
+                "spec.flowControl.requestTtlMs".to_owned(),
+                FLOW_TTL_MESSAGE.to_owned()
+            ),
             (
                 "spec.flowControl.maxRequests".to_owned(),
-                FLOW_LIMIT_MESSAGE
+                FLOW_LIMIT_MESSAGE.to_owned()
             ),
-            ("spec.flowControl.maxBytes".to_owned(), FLOW_LIMIT_MESSAGE),
+            (
+                "spec.flowControl.maxBytes".to_owned(),
+                FLOW_LIMIT_MESSAGE.to_owned()
+            ),
             (
                 "spec.flowControl.bands.standard.maxRequests".to_owned(),
-                FLOW_LIMIT_MESSAGE
+                FLOW_LIMIT_MESSAGE.to_owned()
             ),
             (
                 "spec.flowControl.bands.sheddable.maxBytes".to_owned(),
-                FLOW_LIMIT_MESSAGE
+                FLOW_LIMIT_MESSAGE.to_owned()
             ),
             (
                 "spec.flowControl.headroom.shareHalfLifeMs".to_owned(),
-                FLOW_HALF_LIFE_MESSAGE
+                FLOW_HALF_LIFE_MESSAGE.to_owned()
             ),
             (
                 "spec.flowControl.serviceWeights.input".to_owned(),
-                FLOW_WEIGHT_MESSAGE
+                FLOW_WEIGHT_MESSAGE.to_owned()
             ),
             (
                 "spec.flowControl.serviceWeights.output".to_owned(),
-                FLOW_WEIGHT_MESSAGE
+                FLOW_WEIGHT_MESSAGE.to_owned()
             ),
-            ("spec.tenancy.objectives".to_owned(), OBJECTIVE_NAME_MESSAGE),
+            (
+                "spec.tenancy.objectives".to_owned(),
+                OBJECTIVE_NAME_MESSAGE.to_owned()
+            ),
             (
                 "spec.tenancy.objectives.chat".to_owned(),
-                OBJECTIVE_PRIORITY_MESSAGE
+                OBJECTIVE_PRIORITY_MESSAGE.to_owned()
             ),
         ]
     );
@@ -350,7 +500,7 @@ fn the_redis_password_has_one_source_defined_for_the_pods() {
         )),
         vec![(
             "spec.quotas.redis.passwordEnv".to_owned(),
-            PASSWORD_ENV_MESSAGE
+            PASSWORD_ENV_MESSAGE.to_owned()
         )]
     );
     assert_eq!(
@@ -358,9 +508,265 @@ fn the_redis_password_has_one_source_defined_for_the_pods() {
             &format!("passwordEnv: REDIS_PASSWORD, {secret}"),
             "{name: REDIS_PASSWORD, value: x}"
         )),
-        vec![("spec.quotas.redis".to_owned(), REDIS_ONE_PASSWORD.message)]
+        vec![(
+            "spec.quotas.redis".to_owned(),
+            REDIS_ONE_PASSWORD.message.to_owned()
+        )]
     );
     let s = schema();
     let redis = &s["properties"]["spec"]["properties"]["quotas"]["properties"]["redis"];
     assert_carries(redis, REDIS_RULES);
+}
+
+fn crd_validator() -> jsonschema::Validator {
+    jsonschema::validator_for(&schema()).unwrap()
+}
+
+fn object(spec: Value) -> Value {
+    json!({
+        "apiVersion": "infergate.dev/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": { "name": "x", "namespace": "y" },
+        "spec": spec,
+    })
+}
+
+#[test]
+fn a_model_selector_has_1_to_64_labels_in_the_validator_and_the_schema() {
+    let s = spec("{schedulers: [{name: a, modelName: m, modelSelector: {}}]}");
+    assert_eq!(
+        violations(&s),
+        vec![(
+            "spec.schedulers[0].modelSelector".to_owned(),
+            MODEL_SELECTOR_MESSAGE.to_owned()
+        )]
+    );
+    let labels = |n: usize| -> Value {
+        (0..n)
+            .map(|i| (format!("l{i}"), json!("v")))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let mut s = spec(&format!("{{{ONE_SCHEDULER}}}"));
+    s.schedulers[0].model_selector = serde_json::from_value(labels(65)).unwrap();
+    assert_eq!(
+        violations(&s),
+        vec![(
+            "spec.schedulers[0].modelSelector".to_owned(),
+            MODEL_SELECTOR_MESSAGE.to_owned()
+        )]
+    );
+    let selector = &schema()["properties"]["spec"]["properties"]["schedulers"]["items"]["properties"]
+        ["modelSelector"];
+    assert_eq!(selector["minProperties"], 1, "{selector}");
+    assert_eq!(selector["maxProperties"], 64, "{selector}");
+    let validator = crd_validator();
+    let with = |selector: Value| {
+        object(
+            json!({ "schedulers": [{ "name": "a", "modelName": "m", "modelSelector": selector }] }),
+        )
+    };
+    assert!(validator.is_valid(&with(labels(1))));
+    assert!(validator.is_valid(&with(labels(64))));
+    assert!(!validator.is_valid(&with(labels(0))));
+    assert!(!validator.is_valid(&with(labels(65))));
+}
+
+#[test]
+fn listeners_have_unique_names_and_unique_port_protocol_and_hostname() {
+    let with = |listeners: &str| {
+        spec(&format!(
+            "{{gateway: {{listeners: [{listeners}]}}, {ONE_SCHEDULER}}}"
+        ))
+    };
+    let name = (
+        "spec.gateway.listeners".to_owned(),
+        LISTENER_NAME_UNIQUE.message.to_owned(),
+    );
+    let port = (
+        "spec.gateway.listeners".to_owned(),
+        LISTENER_PORT_UNIQUE.message.to_owned(),
+    );
+    assert_eq!(
+        violations(&with("{name: http, port: 80}, {name: http, port: 81}")),
+        vec![name.clone()]
+    );
+    assert_eq!(
+        violations(&with("{name: a, port: 80}, {name: b, port: 80}")),
+        vec![port.clone()]
+    );
+    assert_eq!(
+        violations(&with(
+            "{name: a, port: 80, hostname: x.example}, {name: b, port: 80, hostname: x.example}"
+        )),
+        vec![port.clone()]
+    );
+    assert_eq!(
+        violations(&with("{name: a, port: 80}, {name: a, port: 80}")),
+        vec![name, port]
+    );
+    // As Gateway API allows: another hostname, or one listener with a hostname and one without,
+    // or another protocol on the same port.
+    for fine in [
+        "{name: a, port: 80, hostname: x.example}, {name: b, port: 80, hostname: y.example}",
+        "{name: a, port: 80, hostname: x.example}, {name: b, port: 80}",
+        "{name: a, port: 443, protocol: HTTP}, {name: b, port: 443, protocol: HTTPS}",
+    ] {
+        let mut s = with(fine);
+        s.tls = Some(serde_yaml::from_str("{certificateSecretRef: {name: c}}").unwrap());
+        assert_eq!(violations(&s), vec![], "{fine}");
+    }
+}
+
+#[test]
+fn lora_adapters_need_the_body_based_router() {
+    let s = spec(
+        "{bbr: {enabled: false}, schedulers: [{name: a, modelName: m, modelSelector: {app: a}, loraAdapters: [x]}]}",
+    );
+    assert_eq!(
+        violations(&s),
+        vec![(
+            "spec.bbr.enabled".to_owned(),
+            LORA_NEEDS_BBR.message.to_owned()
+        )]
+    );
+    // One scheduler without the BBR stays a documented mode, rewrites included.
+    let s = spec(
+        "{bbr: {enabled: false}, schedulers: [{name: a, modelName: m, modelSelector: {app: a},
+          modelRewrites: [{matches: [{model: {value: alias}}], targets: [{modelRewrite: m}]}]}]}",
+    );
+    assert_eq!(violations(&s), vec![]);
+}
+
+fn two_schedulers(a: &str, b: &str) -> InferenceGatewayConfigSpec {
+    spec(&format!(
+        "{{schedulers: [{{name: a, modelName: m1, modelSelector: {{app: a}}, {a}}},
+                        {{name: b, modelName: m2, modelSelector: {{app: b}}, {b}}}]}}"
+    ))
+}
+
+#[test]
+fn a_routed_name_belongs_to_one_scheduler_and_the_message_names_both_places() {
+    let across = "a model name, LoRA adapter or matched name routes to one scheduler only (the body-based router refuses one configured twice, and the two HTTPRoutes would both match it)";
+    let rewrite = |name: &str| {
+        format!(
+            "modelRewrites: [{{matches: [{{model: {{value: {name}}}}}], targets: [{{modelRewrite: m1}}]}}]"
+        )
+    };
+    // The walkthrough's three: an adapter on two schedulers, an adapter that is another
+    // scheduler's model, a rewrite in one pool matching the other pool's model.
+    assert_eq!(
+        violations(&two_schedulers("loraAdapters: [x]", "loraAdapters: [x]")),
+        vec![(
+            "spec.schedulers[1].loraAdapters[0]".to_owned(),
+            format!("`x` is already spec.schedulers[0].loraAdapters[0]: {across}")
+        )]
+    );
+    assert_eq!(
+        violations(&two_schedulers("loraAdapters: [m2]", "")),
+        vec![(
+            "spec.schedulers[1].modelName".to_owned(),
+            format!("`m2` is already spec.schedulers[0].loraAdapters[0]: {across}")
+        )]
+    );
+    assert_eq!(
+        violations(&two_schedulers(&rewrite("m2"), "")),
+        vec![(
+            "spec.schedulers[1].modelName".to_owned(),
+            format!(
+                "`m2` is already spec.schedulers[0].modelRewrites[0].matches[0].model.value: {across}"
+            )
+        )]
+    );
+    // Two pools matching one name in their rewrites.
+    assert_eq!(
+        violations(&two_schedulers(
+            &rewrite("alias"),
+            &rewrite("alias").replace("m1", "m2")
+        )),
+        vec![(
+            "spec.schedulers[1].modelRewrites[0].matches[0].model.value".to_owned(),
+            format!(
+                "`alias` is already spec.schedulers[0].modelRewrites[0].matches[0].model.value: {across}"
+            )
+        )]
+    );
+    // Within one scheduler: what the BBR's table refuses is refused, what the render folds
+    // into one name (a rewrite of the scheduler's own model or adapter) is fine.
+    let within = "a scheduler's model and adapters must be different names, the body-based router refuses one configured twice";
+    assert_eq!(
+        violations(&two_schedulers("loraAdapters: [x, x]", "")),
+        vec![(
+            "spec.schedulers[0].loraAdapters[1]".to_owned(),
+            format!("`x` is already spec.schedulers[0].loraAdapters[0]: {within}")
+        )]
+    );
+    assert_eq!(
+        violations(&two_schedulers("loraAdapters: [m1]", "")),
+        vec![(
+            "spec.schedulers[0].loraAdapters[0]".to_owned(),
+            format!("`m1` is already spec.schedulers[0].modelName: {within}")
+        )]
+    );
+    assert_eq!(
+        violations(&two_schedulers(
+            "loraAdapters: [x], modelRewrites: [{matches: [{model: {value: x}}, {model: {value: m1}}], targets: [{modelRewrite: m1}]}]",
+            ""
+        )),
+        vec![]
+    );
+    // Blank names, which the BBR refuses too.
+    assert_eq!(
+        violations(&two_schedulers("loraAdapters: [' ']", &rewrite("''"))),
+        vec![
+            (
+                "spec.schedulers[0].loraAdapters[0]".to_owned(),
+                NAME_BLANK_MESSAGE.to_owned()
+            ),
+            (
+                "spec.schedulers[1].modelRewrites[0].matches[0].model.value".to_owned(),
+                NAME_BLANK_MESSAGE.to_owned()
+            ),
+        ]
+    );
+    // Two schedulers with one modelName stay the CEL rule's, reported once.
+    assert_eq!(
+        messages(&spec(
+            "{schedulers: [{name: a, modelName: m, modelSelector: {app: a}}, {name: b, modelName: m, modelSelector: {app: b}}]}"
+        )),
+        vec![MODEL_NAME_UNIQUE.message]
+    );
+}
+
+#[test]
+fn a_scheduler_routes_at_most_as_many_names_as_an_httproute_rule_has_matches() {
+    let adapters: Vec<String> = (0..63).map(|i| format!("ad{i}")).collect();
+    let with = |bbr: bool, rewrites: &str| {
+        spec(&format!(
+            "{{bbr: {{enabled: {bbr}}}, schedulers: [{{name: a, modelName: m, modelSelector: {{app: a}},
+              loraAdapters: [{}], {rewrites}}}]}}",
+            adapters.join(", ")
+        ))
+    };
+    // 63 adapters and the model: 64 matches, the most a rule holds.
+    assert_eq!(violations(&with(true, "")), vec![]);
+    // A rewrite's name makes 65 (the walkthrough's case); a rewrite of an adapter adds none.
+    let rewrite = |name: &str| {
+        format!(
+            "modelRewrites: [{{matches: [{{model: {{value: {name}}}}}], targets: [{{modelRewrite: m}}]}}]"
+        )
+    };
+    assert_eq!(
+        violations(&with(true, &rewrite("alias"))),
+        vec![(
+            "spec.schedulers[0]".to_owned(),
+            "routes 65 names (modelName, the loraAdapters and the other names modelRewrites match, each once), but its HTTPRoute rule holds at most 64 matches: route at most 64".to_owned()
+        )]
+    );
+    assert_eq!(violations(&with(true, &rewrite("ad5"))), vec![]);
+    // Without the BBR the route has one catch-all match: only the adapters are refused.
+    assert_eq!(
+        messages(&with(false, &rewrite("alias"))),
+        vec![LORA_NEEDS_BBR.message]
+    );
 }
