@@ -434,7 +434,10 @@ impl<'a> Renderer<'a> {
             models: spec
                 .schedulers
                 .iter()
-                .map(|s| (s.model_name.clone(), routed_names(s).cloned().collect()))
+                .map(|s| {
+                    let names = s.routed_names().into_iter().map(str::to_owned).collect();
+                    (s.model_name.clone(), names)
+                })
                 .collect(),
         };
         let models_yaml = to_yaml(&models)?;
@@ -712,8 +715,8 @@ impl<'a> Renderer<'a> {
 
         // Without the BBR there is one scheduler and nothing to choose: match every request.
         let matches: Vec<Value> = if self.cfg.spec.bbr.enabled {
-            std::iter::once(&s.model_name)
-                .chain(routed_names(s))
+            std::iter::once(s.model_name.as_str())
+                .chain(s.routed_names())
                 .map(|m| {
                     json!({
                         "path": { "type": "PathPrefix", "value": "/" },
@@ -1061,22 +1064,6 @@ struct SecretMount<'a> {
     secret: String,
     key: &'a str,
     mount: &'a str,
-}
-
-/// The names that route to `s`'s pool besides its model: its LoRA adapters, then the names
-/// its rewrite rules match (the BBR maps them to the model, the HTTPRoute matches them, and
-/// the picker rewrites them), each once.
-fn routed_names(s: &SchedulerSpec) -> impl Iterator<Item = &String> + '_ {
-    let mut names: Vec<&String> = s.lora_adapters.iter().collect();
-    for r in &s.model_rewrites {
-        for m in &r.matches {
-            let n = &m.model.value;
-            if *n != s.model_name && !names.contains(&n) {
-                names.push(n);
-            }
-        }
-    }
-    names.into_iter()
 }
 
 /// A container's `env`, each name once (the API server treats the list as a map keyed by name,

@@ -728,3 +728,126 @@ fn pod_defaults_env_sets_each_name_once_and_the_users_value_wins() {
         }
     }
 }
+
+/// Two schedulers (models `m1`, `m2`) with the given adapters and the names one rewrite rule
+/// of each matches.
+fn two_pools(
+    adapters: [&[&str]; 2],
+    matched: [Option<&str>; 2],
+) -> infergate_api::InferenceGatewayConfig {
+    let scheduler = |i: usize| {
+        let (name, model) = [("a", "m1"), ("b", "m2")][i];
+        let mut s = serde_json::json!({
+            "name": name,
+            "modelName": model,
+            "modelSelector": { "app": model },
+            "loraAdapters": adapters[i],
+        });
+        if let Some(n) = matched[i] {
+            s["modelRewrites"] = serde_json::json!([{
+                "matches": [{ "model": { "value": n } }],
+                "targets": [{ "modelRewrite": model }],
+            }]);
+        }
+        s
+    };
+    let mut cfg: infergate_api::InferenceGatewayConfig =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infergate.dev/v1alpha1",
+            "kind": "InferenceGatewayConfig",
+            "metadata": { "name": "t", "namespace": "ns" },
+            "spec": { "schedulers": [scheduler(0), scheduler(1)] },
+        }))
+        .unwrap();
+    cfg.metadata.uid = Some(common::UID.to_owned());
+    cfg
+}
+
+#[test]
+fn the_validation_refuses_every_name_table_the_bbr_refuses() {
+    // Every placement of a few names (both models, two others, a blank one) as adapters and
+    // rewritten names of two schedulers. Whatever the validation accepts renders a models file
+    // that the body-based router's loader (`ModelsFile` → `router()`, what `infergate bbr`
+    // runs at start) accepts, and HTTPRoutes that match disjoint names; whatever table that
+    // loader refuses, the validation refused first.
+    use infergate_extproc::bbr::ModelsFile;
+    let names = ["m1", "m2", "x", "y", " "];
+    let mut lists: Vec<Vec<&str>> = vec![vec![]];
+    lists.extend(names.iter().map(|n| vec![*n]));
+    for a in names {
+        for b in names {
+            lists.push(vec![a, b]);
+        }
+    }
+    let matched: Vec<Option<&str>> = std::iter::once(None)
+        .chain(names.iter().map(|n| Some(*n)))
+        .collect();
+    let (mut accepted, mut refused) = (0, 0);
+    for a_adapters in &lists {
+        for b_adapters in lists.iter().filter(|l| l.len() <= 1) {
+            for a_match in &matched {
+                for b_match in &matched {
+                    let cfg = two_pools([a_adapters, b_adapters], [*a_match, *b_match]);
+                    let case = format!("{a_adapters:?} {a_match:?} / {b_adapters:?} {b_match:?}");
+                    let table = ModelsFile {
+                        models: cfg
+                            .spec
+                            .schedulers
+                            .iter()
+                            .map(|s| {
+                                let names = s.routed_names().into_iter().map(str::to_owned);
+                                (s.model_name.clone(), names.collect())
+                            })
+                            .collect(),
+                    };
+                    let loads = table.router().is_ok();
+                    if infergate_api::validation::validate(&cfg.spec).is_err() {
+                        refused += 1;
+                        continue;
+                    }
+                    accepted += 1;
+                    assert!(loads, "accepted but the BBR refuses its table: {case}");
+                    let out = infergate_operator::render::render(&cfg, &common::opts())
+                        .unwrap_or_else(|e| panic!("accepted but not rendered: {case}: {e}"));
+                    let objects: Vec<Value> = out
+                        .iter()
+                        .map(|c| serde_json::to_value(&c.object).unwrap())
+                        .collect();
+                    let models = objects
+                        .iter()
+                        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "t-bbr")
+                        .unwrap()["data"]["models.yaml"]
+                        .as_str()
+                        .unwrap();
+                    ModelsFile::parse(models)
+                        .unwrap()
+                        .router()
+                        .unwrap_or_else(|e| panic!("{case}: the BBR refuses {models:?}: {e}"));
+                    let mut routed = BTreeSet::new();
+                    for route in objects.iter().filter(|o| o["kind"] == "HTTPRoute") {
+                        for m in route["spec"]["rules"][0]["matches"].as_array().unwrap() {
+                            let name = m["headers"][0]["value"].as_str().unwrap();
+                            assert!(
+                                routed.insert(name.to_owned()),
+                                "{case}: {name} routed twice"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        accepted > 50 && refused > 50,
+        "{accepted} accepted, {refused} refused"
+    );
+    // The walkthrough's cases are among the refused.
+    for (adapters, matched) in [
+        ([&["x"][..], &["x"][..]], [None, None]),
+        ([&["m2"][..], &[][..]], [None, None]),
+        ([&[][..], &[][..]], [Some("m2"), None]),
+    ] {
+        let cfg = two_pools(adapters, matched);
+        assert!(infergate_api::validation::validate(&cfg.spec).is_err());
+    }
+}
