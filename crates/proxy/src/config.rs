@@ -6,7 +6,8 @@
 //!
 //! ```yaml
 //! listen: 127.0.0.1:8080        # front door (HTTP/1.1 and h2c)
-//! auth: none                    # required: `none`, or `jwt` and/or `apiKeys` (see [`auth`])
+//! auth:                         # required: `none`, or `jwt` and/or `apiKeys` (see [`auth`])
+//!   apiKeys: { file: /etc/infergate/keys.yaml }
 //! admin: 127.0.0.1:9090         # /metrics, /healthz, /readyz
 //! limits: { maxRequestBodyBytes: 4194304, maxConcurrentRequests: 256 }   # the latter per model
 //! timeouts: { connectMs: 2000, firstByteMs: 300000, idleMs: 60000, poolIdleMs: 90000 }
@@ -21,8 +22,8 @@
 //! rewrites:                     # canary splits and aliases (`InferenceModelRewrite` rules)
 //!   - matches: [{ model: { type: Exact, value: llama } }]
 //!     targets: [{ modelRewrite: llama-3-8b, weight: 90 }, { modelRewrite: sql-lora, weight: 10 }]
-//! quotas:                      # per-tenant limits (see `infergate_pool::quota::spec`)
-//!   default: { requestsPerMinute: 60 }
+//! quotas:                      # per-tenant limits (see `infergate_pool::quota::spec`); with
+//!   default: { requestsPerMinute: 60 }   # `auth: none` the only tenant is `anonymous`
 //!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
 //!   redis: { address: 127.0.0.1:6379, syncIntervalMs: 100 }   # shared across replicas
 //! flowControl:                 # queue requests while every pod is saturated (off by default)
@@ -30,8 +31,8 @@
 //!   requestTtlMs: 60000
 //!   fairness: least-attained-service   # or global-strict (default), round-robin
 //!   bands: { sheddable: { maxRequests: 1000 } }
-//! tenancy:                     # tenant (auth, else this header, else `default`) and priority
-//!   tenantHeader: x-tenant
+//! tenancy:                     # flow control's tenant and priority
+//!   tenantHeader: x-tenant     # without auth: flow control's tenant (quotas see `anonymous`)
 //!   objectives: { chat: critical, batch: -10 }
 //! ```
 //!
@@ -524,6 +525,9 @@ impl TryFrom<RawGateway> for GatewayConfig {
         }
         infergate_pool::flow::validate_config(&r.flow_control).map_err(|e| e.to_string())?;
         Tenancy::new(&r.tenancy).map_err(|e| e.to_string())?;
+        if !auth.is_enabled() {
+            check_anonymous_tenants(r.quotas.as_ref(), &r.rewrites)?;
+        }
         Ok(GatewayConfig {
             listen: r.listen,
             admin: r.admin,
@@ -543,6 +547,38 @@ impl TryFrom<RawGateway> for GatewayConfig {
             tenancy: r.tenancy,
         })
     }
+}
+
+/// What a tenant named in `quotas:` or `rewrites:` means under `auth: none`, for the errors.
+const ANONYMOUS_TENANTS: &str = "with `auth: none` every request is the tenant `anonymous` for \
+     quotas and rewrites (`tenancy.tenantHeader` names the tenant for flow-control fairness only, \
+     since a client chooses it)";
+
+/// Under `auth: none`, refuses a quota or rewrite rule for a tenant other than `anonymous`: no
+/// request would ever be that tenant. A client-chosen header must not pick its own quota bucket
+/// or rewrite, so `tenancy.tenantHeader` does not name the tenant there.
+fn check_anonymous_tenants(
+    quotas: Option<&QuotasSpec>,
+    rewrites: &[RewriteRule],
+) -> Result<(), String> {
+    let anonymous = crate::auth::ANONYMOUS_TENANT;
+    if let Some(t) = quotas.and_then(|q| q.tenants.keys().find(|t| *t != anonymous)) {
+        return Err(format!(
+            "`quotas.tenants.{t}`: {ANONYMOUS_TENANTS}, so a quota for `{t}` never applies: \
+             configure `auth.jwt` or `auth.apiKeys` for per-tenant quotas, or set the limit under \
+             `quotas.default` or `quotas.tenants.anonymous`"
+        ));
+    }
+    for (i, rule) in rewrites.iter().enumerate() {
+        if let Some(t) = rule.tenants.iter().find(|t| *t != anonymous) {
+            return Err(format!(
+                "`rewrites[{i}].tenants`: {ANONYMOUS_TENANTS}, so a rule for `{t}` never \
+                 applies: configure `auth.jwt` or `auth.apiKeys` for per-tenant rewrites, or \
+                 leave `tenants` out for every request"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a `listen` and an `admin` the gateway could not both bind: the same port (other

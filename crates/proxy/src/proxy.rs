@@ -244,7 +244,10 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
     let parsed = parse_request(a.kind, &a.body).map_err(|e| (e, None))?;
     let requested: &str = &parsed.model;
     // A rewrite (alias or canary split) chooses the served name; the caller's permission is
-    // checked on the name it asked for.
+    // checked on the name it asked for. Rewrites and quotas go by the authenticated tenant
+    // (`anonymous` without authentication), never by `tenancy.tenantHeader`: a client must not
+    // choose its own quota bucket. The configuration refuses, under `auth: none`, entries for
+    // tenants no request can be.
     let served = state
         .rewrites
         .choose(requested, Some(&a.identity.tenant))
@@ -301,7 +304,8 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
             .headers
             .get(&X_INFERGATE_EXPLAIN)
             .is_some_and(|v| v.as_bytes() == b"1");
-    // Tenant and priority (`tenancy:`): the authenticated tenant, else the configured header.
+    // Flow control's tenant and priority (`tenancy:`): the authenticated tenant, else the
+    // configured header (fairness between clients that are not told apart otherwise).
     let authenticated = state.auth.is_enabled().then_some(&a.identity.tenant);
     let tp = state.tenancy.gateway(authenticated, &a.parts.headers);
     let cx = cx.with_priority(tp.priority);

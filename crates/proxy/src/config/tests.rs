@@ -174,3 +174,41 @@ fn a_refused_file_s_error_chain_says_each_thing_once() {
         }
     }
 }
+
+#[test]
+fn without_auth_quotas_and_rewrites_for_named_tenants_are_refused() {
+    let models = "models:\n  - name: m\n  - name: n\n";
+    let parse = |auth: &str, rest: &str| GatewayConfig::from_yaml(&format!("{auth}{models}{rest}"));
+    let none = "auth: none\n";
+    let keys = "auth:\n  apiKeys: { keys: [{ sha256: \
+                9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, tenant: team-a, \
+                models: [\"*\"] }] }\n";
+    let quota = "quotas:\n  tenants: { anonymous: { requestsPerMinute: 5 }, team-a: { requestsPerMinute: 9 } }\n";
+    let rewrite = "rewrites:\n  - matches: [{ model: { value: m } }]\n    tenants: [team-a]\n    \
+                   targets: [{ modelRewrite: n }]\n";
+    let header = "tenancy: { tenantHeader: x-tenant }\n";
+    for (rest, field) in [
+        (format!("{quota}{header}"), "`quotas.tenants.team-a`"),
+        (quota.to_owned(), "`quotas.tenants.team-a`"),
+        (format!("{rewrite}{header}"), "`rewrites[0].tenants`"),
+    ] {
+        let e = parse(none, &rest).unwrap_err().to_string();
+        assert!(e.contains(field), "{e}");
+        assert!(
+            e.contains("every request is the tenant `anonymous` for quotas and rewrites")
+                && e.contains(
+                    "`tenancy.tenantHeader` names the tenant for flow-control fairness only"
+                )
+                && e.contains("auth.apiKeys"),
+            "{e}"
+        );
+        // Authenticated, the same sections name real tenants.
+        assert!(parse(keys, &rest).is_ok(), "{rest}");
+    }
+    // The tenant every request is without authentication, and limits for every tenant, stay.
+    let fine = "quotas:\n  default: { requestsPerMinute: 60 }\n  tenants: { anonymous: { requestsPerMinute: 5 } }\n\
+                rewrites:\n  - matches: [{ model: { value: m } }]\n    tenants: [anonymous]\n    \
+                targets: [{ modelRewrite: n }]\n  - matches: [{ model: { value: n } }]\n    \
+                targets: [{ modelRewrite: m }]\n";
+    assert!(parse(none, &format!("{fine}{header}")).is_ok());
+}
