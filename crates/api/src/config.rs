@@ -58,9 +58,15 @@ pub struct InferenceGatewayConfigSpec {
     /// TLS for HTTPS listeners: an existing certificate Secret, or a cert-manager issuer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
-    /// Client authentication at the Gateway.
+    /// Client authentication at the Gateway. Required unless `allowUnauthenticated` is true:
+    /// the models are never exposed without authentication by omission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
+    /// Serve the Gateway's listeners without client authentication (no `auth`): an explicit
+    /// choice, for a Gateway reachable only from trusted networks or authenticated in front of
+    /// it. A config with neither `auth` nor this set to true is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unauthenticated: bool,
     /// Logging and metrics of the pods the operator runs.
     #[serde(default)]
     pub observability: ObservabilitySpec,

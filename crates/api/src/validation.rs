@@ -36,6 +36,8 @@ pub const SPEC_RULES: &[CelRule] = &[
     NAME_UNIQUE,
     HTTPS_NEEDS_TLS,
     LORA_NEEDS_BBR,
+    AUTH_REQUIRED,
+    AUTH_OR_UNAUTHENTICATED,
 ];
 /// Rules on each `spec.schedulers[*]`.
 pub const SCHEDULER_RULES: &[CelRule] = &[PRESET_XOR_WEIGHTS];
@@ -50,6 +52,16 @@ pub const REDIS_RULES: &[CelRule] = &[REDIS_ONE_PASSWORD];
 /// Rules on `spec.schedulers[*].precisePrefix.tokenizer`.
 pub const TOKENIZER_RULES: &[CelRule] = &[TOKENIZER_ONE_SOURCE, SUB_PATH_NEEDS_CLAIM];
 
+/// Authentication is configured, or explicitly waived.
+pub const AUTH_REQUIRED: CelRule = CelRule {
+    rule: "has(self.auth) || (has(self.allowUnauthenticated) && self.allowUnauthenticated)",
+    message: "spec.auth is not set: configure spec.auth.jwt, or set spec.allowUnauthenticated: true to serve the models without client authentication (they are never exposed unauthenticated by omission)",
+};
+/// Not both: authentication configured and waived.
+pub const AUTH_OR_UNAUTHENTICATED: CelRule = CelRule {
+    rule: "!(has(self.auth) && has(self.allowUnauthenticated) && self.allowUnauthenticated)",
+    message: "spec.allowUnauthenticated: true contradicts spec.auth: remove one of them",
+};
 /// Between 1 and 100 schedulers.
 pub const SCHEDULER_COUNT: CelRule = CelRule {
     rule: "size(self.schedulers) >= 1 && size(self.schedulers) <= 100",
@@ -227,6 +239,11 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
         .any(|l| l.protocol == ListenerProtocol::Https);
     if https && spec.tls.is_none() {
         fail("spec".into(), HTTPS_NEEDS_TLS);
+    }
+    match (&spec.auth, spec.allow_unauthenticated) {
+        (None, false) => fail("spec".into(), AUTH_REQUIRED),
+        (Some(_), true) => fail("spec".into(), AUTH_OR_UNAUTHENTICATED),
+        _ => {}
     }
     if !spec.bbr.enabled && spec.schedulers.iter().any(|s| !s.lora_adapters.is_empty()) {
         fail("spec.bbr.enabled".into(), LORA_NEEDS_BBR);

@@ -73,6 +73,11 @@ const INVALID: &[(&str, CelRule)] = &[
     ("tls-both-sources.yaml", validation::TLS_ONE_SOURCE),
     ("redis-password-both.yaml", validation::REDIS_ONE_PASSWORD),
     ("lora-without-bbr.yaml", validation::LORA_NEEDS_BBR),
+    ("no-auth.yaml", validation::AUTH_REQUIRED),
+    (
+        "auth-and-unauthenticated.yaml",
+        validation::AUTH_OR_UNAUTHENTICATED,
+    ),
     (
         "duplicate-listener-name.yaml",
         validation::LISTENER_NAME_UNIQUE,

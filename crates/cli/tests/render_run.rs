@@ -890,7 +890,7 @@ fn bad_flow_control_and_quotas_are_refused_naming_the_field() {
             format!(
                 "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\n\
                  metadata: {{name: x, namespace: y}}\n\
-                 spec:\n  schedulers: [{{name: a, modelName: m, modelSelector: {{app: a}}}}]\n  {section}\n"
+                 spec:\n  allowUnauthenticated: true\n  schedulers: [{{name: a, modelName: m, modelSelector: {{app: a}}}}]\n  {section}\n"
             ),
         )
         .unwrap();

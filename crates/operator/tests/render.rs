@@ -348,7 +348,9 @@ fn failure_mode_touches_only_the_pool() {
 fn removing_auth_removes_only_the_security_policy() {
     let before = example("multi-model.yaml");
     let mut after = before.clone();
+    // Authentication removed and waived (without the waiver the config is refused).
     after.spec.auth = None;
+    after.spec.allow_unauthenticated = true;
     let (changed, added, removed) = diff(&children(&before), &children(&after));
     assert!(changed.is_empty() && added.is_empty());
     assert_eq!(removed, set(&["SecurityPolicy/fleet-auth"]));
@@ -756,7 +758,7 @@ fn two_pools(
             "apiVersion": "infergate.dev/v1alpha1",
             "kind": "InferenceGatewayConfig",
             "metadata": { "name": "t", "namespace": "ns" },
-            "spec": { "schedulers": [scheduler(0), scheduler(1)] },
+            "spec": { "allowUnauthenticated": true, "schedulers": [scheduler(0), scheduler(1)] },
         }))
         .unwrap();
     cfg.metadata.uid = Some(common::UID.to_owned());

@@ -98,8 +98,45 @@ fn crd_is_namespaced_with_short_name_and_status() {
     );
 }
 
+/// A spec from YAML. Unless it says otherwise about authentication, authentication is waived,
+/// so each test sees only the rule it is about (the authentication rules have their own test).
 fn spec(yaml: &str) -> InferenceGatewayConfigSpec {
-    serde_yaml::from_str(yaml).unwrap()
+    let mut s: InferenceGatewayConfigSpec = serde_yaml::from_str(yaml).unwrap();
+    if s.auth.is_none() && !yaml.contains("allowUnauthenticated") {
+        s.allow_unauthenticated = true;
+    }
+    s
+}
+
+#[test]
+fn authentication_is_configured_or_explicitly_waived_never_both() {
+    let one = "schedulers: [{name: a, modelName: m, modelSelector: {app: a}}]";
+    let auth = "auth: {jwt: {provider: {issuer: i, remoteJWKS: {uri: 'https://i/jwks'}}}}";
+    assert_eq!(
+        violations(&spec(&format!("{{{one}, allowUnauthenticated: false}}"))),
+        vec![("spec".to_owned(), AUTH_REQUIRED.message.to_owned())]
+    );
+    assert_eq!(
+        violations(&spec(&format!(
+            "{{{one}, {auth}, allowUnauthenticated: true}}"
+        ))),
+        vec![(
+            "spec".to_owned(),
+            AUTH_OR_UNAUTHENTICATED.message.to_owned()
+        )]
+    );
+    assert_eq!(violations(&spec(&format!("{{{one}, {auth}}}"))), vec![]);
+    assert_eq!(
+        violations(&spec(&format!("{{{one}, allowUnauthenticated: true}}"))),
+        vec![]
+    );
+    // Unset is false: a spec that does not mention it is refused (what `spec()` waives above).
+    let unset: InferenceGatewayConfigSpec = serde_yaml::from_str(&format!("{{{one}}}")).unwrap();
+    assert!(!unset.allow_unauthenticated);
+    assert_eq!(
+        violations(&unset),
+        vec![("spec".to_owned(), AUTH_REQUIRED.message.to_owned())]
+    );
 }
 
 fn messages(spec: &InferenceGatewayConfigSpec) -> Vec<String> {

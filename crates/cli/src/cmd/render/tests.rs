@@ -42,6 +42,7 @@ const WALKTHROUGH: &[(&str, &str, &[&str])] = &[
         "w-typo.yaml",
         "metadata: {name: t, namespace: ns}
 spec:
+  allowUnauthenticated: true
   schedulers:
     - name: a
       modelName: m
@@ -62,6 +63,7 @@ spec:
   name: t
   namespace: ns
 spec:
+  allowUnauthenticated: true
   schedulers:
   - name: a
     modelName: m1
@@ -79,6 +81,7 @@ spec:
         "v-weights-unknown.yaml",
         "metadata: {name: t, namespace: ns}
 spec:
+  allowUnauthenticated: true
   schedulers:
   - name: a
     modelName: m1
@@ -93,6 +96,7 @@ spec:
         "v-bad-port.yaml",
         "metadata: {name: t, namespace: ns}
 spec:
+  allowUnauthenticated: true
   schedulers:
   - name: a
     modelName: m1
@@ -105,6 +109,7 @@ spec:
         "v-bad-name.yaml",
         "metadata: {name: t, namespace: ns}
 spec:
+  allowUnauthenticated: true
   schedulers:
   - name: A_b
     modelName: m1
@@ -117,6 +122,7 @@ spec:
         "v-bad-timeout.yaml",
         "metadata: {name: t, namespace: ns}
 spec:
+  allowUnauthenticated: true
   schedulers:
   - name: a
     modelName: m1
@@ -129,6 +135,7 @@ spec:
         "v-modelname-empty.yaml",
         "metadata: {name: t, namespace: ns}
 spec:
+  allowUnauthenticated: true
   schedulers:
   - name: a
     modelName: ''
@@ -152,6 +159,7 @@ fn the_walkthroughs_files_are_refused_naming_the_field_and_the_problem() {
 fn the_api_version_must_be_the_crds() {
     let body = "metadata: {name: llama, namespace: inference}
 spec:
+  allowUnauthenticated: true
   schedulers:
     - name: llama-8b
       modelName: meta-llama/Llama-3.1-8B-Instruct
@@ -287,7 +295,7 @@ fn every_invalid_example_fails_with_its_documented_message() {
 #[test]
 fn namespace_flag_fills_in_a_missing_namespace_and_refuses_another() {
     let text = format!(
-        "{HEAD}metadata: {{name: llama}}\nspec:\n  schedulers:\n    - {{name: a, modelName: m, modelSelector: {{app: a}}}}\n"
+        "{HEAD}metadata: {{name: llama}}\nspec:\n  allowUnauthenticated: true\n  schedulers:\n    - {{name: a, modelName: m, modelSelector: {{app: a}}}}\n"
     );
     let opts = RenderOptions::default();
     let err = refused(&text);
@@ -319,7 +327,7 @@ fn namespace_flag_fills_in_a_missing_namespace_and_refuses_another() {
 #[test]
 fn yaml_json_cannot_carry_is_refused() {
     let err = refused(&format!(
-        "{HEAD}metadata: {{name: t, namespace: ns}}\nspec:\n  schedulers:\n  - name: a\n    modelName: m\n    modelSelector: {{app: a}}\n    weights: {{queue: .inf}}\n"
+        "{HEAD}metadata: {{name: t, namespace: ns}}\nspec:\n  allowUnauthenticated: true\n  schedulers:\n  - name: a\n    modelName: m\n    modelSelector: {{app: a}}\n    weights: {{queue: .inf}}\n"
     ));
     assert!(
         err.contains("document 1: spec.schedulers[0].weights.queue is not a finite number"),
@@ -331,7 +339,7 @@ fn yaml_json_cannot_carry_is_refused() {
 fn the_document_at_fault_is_named_in_a_stream() {
     let good = std::fs::read_to_string(examples("")[0].clone()).unwrap();
     let bad = format!(
-        "{HEAD}metadata: {{name: t, namespace: ns}}\nspec:\n  schedulers:\n  - {{name: a, modelName: m, modelSelector: {{app: a}}, targetPort: 0}}\n"
+        "{HEAD}metadata: {{name: t, namespace: ns}}\nspec:\n  allowUnauthenticated: true\n  schedulers:\n  - {{name: a, modelName: m, modelSelector: {{app: a}}, targetPort: 0}}\n"
     );
     let err = refused(&format!(
         "{good}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: x}}\n---\n{bad}"
