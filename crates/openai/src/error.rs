@@ -172,6 +172,19 @@ pub enum ApiError {
         /// Why, e.g. `the token has expired` (never the credential itself).
         reason: &'static str,
     },
+    /// JWT authentication is configured, but the gateway has no key set to check a token's
+    /// signature against: none could be fetched from the identity provider yet (unreachable, an
+    /// error status, not a JWKS document). The client's token is not at fault, so this is a 503
+    /// with `Retry-After`, not a 401; a token whose key id a fetched set lacks is still a 401.
+    /// The message does not name the key set's address.
+    #[error(
+        "the gateway cannot verify tokens yet (its signing key set could not be fetched from the identity provider): retry after {} s",
+        retry_after_secs(*retry_after)
+    )]
+    AuthUnavailable {
+        /// When the key set is fetched again.
+        retry_after: Duration,
+    },
     /// The tenant has used its quota of requests or tokens for the window
     /// (`quotas:`); `Retry-After` is when enough counted use leaves the window.
     #[error(
@@ -352,7 +365,8 @@ impl ApiError {
             | ApiError::NoFreshEndpoints { .. }
             | ApiError::UpstreamRefused { .. }
             | ApiError::GatewayBusy { .. }
-            | ApiError::BufferBudget { .. } => 503,
+            | ApiError::BufferBudget { .. }
+            | ApiError::AuthUnavailable { .. } => 503,
             ApiError::UpstreamTimeout { .. } => 504,
         }
     }
@@ -378,6 +392,7 @@ impl ApiError {
             ApiError::GatewayBusy { .. } => "gateway_busy",
             ApiError::BufferBudget { .. } => "buffer_budget_exhausted",
             ApiError::Unauthorized { .. } => "unauthorized",
+            ApiError::AuthUnavailable { .. } => "auth_unavailable",
             ApiError::Forbidden { .. } => "forbidden",
             ApiError::QuotaExceeded { .. } => "quota_exceeded",
             ApiError::QueueTtlExpired { .. } => "queue_ttl_expired",
@@ -437,6 +452,7 @@ impl ApiError {
             | ApiError::UpstreamRefused { retry_after, .. }
             | ApiError::GatewayBusy { retry_after, .. }
             | ApiError::BufferBudget { retry_after }
+            | ApiError::AuthUnavailable { retry_after }
             | ApiError::QuotaExceeded { retry_after, .. }
             | ApiError::QueueTtlExpired { retry_after, .. }
             | ApiError::QueueFull { retry_after, .. }
@@ -585,6 +601,12 @@ mod tests {
                 401,
             ),
             (
+                ApiError::AuthUnavailable {
+                    retry_after: Duration::from_secs(10),
+                },
+                503,
+            ),
+            (
                 ApiError::Forbidden {
                     tenant: "team-a".into(),
                     model: "m".into(),
@@ -661,6 +683,25 @@ mod tests {
                 .contains("limit of 2 concurrent requests"),
             "{v}"
         );
+    }
+
+    #[test]
+    fn a_key_set_never_fetched_is_a_503_to_retry_not_a_401() {
+        let e = ApiError::AuthUnavailable {
+            retry_after: Duration::from_millis(9_200),
+        };
+        assert_eq!(e.status(), 503);
+        assert_eq!(e.retry_after_secs(), Some(10));
+        assert_eq!(e.www_authenticate(), None);
+        let v = json(&e);
+        assert_eq!(v["error"]["code"], "auth_unavailable");
+        assert_eq!(v["error"]["type"], "server_error");
+        assert_eq!(
+            v["error"]["message"],
+            "the gateway cannot verify tokens yet (its signing key set could not be fetched from \
+             the identity provider): retry after 10 s"
+        );
+        assert_eq!(e.metric_label(), "auth_unavailable");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! - **Where it runs.** [`Authenticator::authenticate`] reads only the request headers, before the
 //!   body is read and before any gateway-wide slot is taken: an unauthenticated request costs no
 //!   body buffer. The model check ([`Identity::may_call`]) runs once routing has resolved the
-//!   body's `model`. 401 and 403 are `ApiError::Unauthorized` / `ApiError::Forbidden`; a 401
+//!   body's `model`. 401 and 403 are `ApiError::Unauthorized` / `ApiError::Forbidden`
+//!   (and a JWT that cannot be checked because no key set was ever fetched is a 503
+//!   `ApiError::AuthUnavailable`: the provider's failure is not the client's); a 401
 //!   carries `WWW-Authenticate: Bearer realm="infergate"`, and neither body repeats the
 //!   credential (the reasons are fixed phrases).
 //! - **The credential.** `Authorization: Bearer <credential>`, the form the OpenAI SDKs send. At
@@ -194,7 +196,8 @@ impl Authenticator {
                                     Ok(n) => tracing::info!(keys = n, "JWKS loaded"),
                                     Err(e) => tracing::warn!(
                                         error = %e,
-                                        "JWKS fetch failed; tokens are refused until one succeeds"
+                                        "JWKS fetch failed; tokens are answered 503 until one \
+                                         succeeds"
                                     ),
                                 }
                                 let _ = tx.send(true);
@@ -260,6 +263,20 @@ impl Authenticator {
     /// Whether requests are authenticated.
     pub fn is_enabled(&self) -> bool {
         self.enabled.is_some()
+    }
+
+    /// Whether some request can be let in: false only while JWTs are the only credential
+    /// accepted and no key set has been fetched yet (every request would be refused). With API
+    /// keys beside JWTs, key holders are served meanwhile.
+    pub fn is_ready(&self) -> bool {
+        match &self.enabled {
+            Some(Enabled {
+                jwt: Some(jwt),
+                keys: None,
+                ..
+            }) => jwt.jwks.fetched(),
+            _ => true,
+        }
     }
 
     /// Whether this authenticator was built from `config` (a reload keeps it, and its cached
@@ -334,6 +351,12 @@ async fn verify_jwt(jwt: &Jwt, token: &str) -> Result<Identity, ApiError> {
             Err(e) => tracing::warn!(error = %e, "JWKS refresh for an unknown key id failed"),
         }
         keys = jwt.jwks.keys();
+    }
+    if !jwt.jwks.fetched() {
+        // Nothing to verify against: the provider's fault (or the network's), not the token's.
+        return Err(ApiError::AuthUnavailable {
+            retry_after: jwt.jwks.next_fetch_in(),
+        });
     }
     let claims = unverified.verify(&keys, &jwt.config, now)?;
     Ok(Identity {

@@ -147,7 +147,8 @@ impl Handle {
             .map(|r| r.target.backend.pool.inflight())
     }
 
-    /// Whether every model has at least one endpoint with fresh metrics.
+    /// Whether every model has at least one endpoint with fresh metrics and, when JWTs are the
+    /// only credential accepted, a key set has been fetched (what `/readyz` answers).
     pub fn is_ready(&self) -> bool {
         self.shared.state.load().is_ready()
     }

@@ -263,11 +263,14 @@ impl State {
         })
     }
 
-    /// Whether every model has an endpoint with fresh metrics.
+    /// Whether every model has an endpoint with fresh metrics, and some request can be
+    /// authenticated (not so while JWTs are the only credential and no key set was fetched).
     pub(crate) fn is_ready(&self) -> bool {
-        self.router
-            .targets()
-            .iter()
-            .all(|m| m.backend.pool.is_ready())
+        self.auth.is_ready()
+            && self
+                .router
+                .targets()
+                .iter()
+                .all(|m| m.backend.pool.is_ready())
     }
 }

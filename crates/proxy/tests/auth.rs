@@ -99,14 +99,66 @@ impl Fixture {
 }
 
 /// The gateway with JWT (`jwt_extra` appended to its section) and API keys (inline key A for
-/// model `m`, key B from the file for every model).
+/// model `m`, key B from the file for every model), once ready.
 async fn start(keys: &[&TestKey], jwt_extra: &str) -> Fixture {
+    let f = start_with(keys, jwt_extra, Jwks::Serving, ApiKeys::Configured).await;
+    wait_ready(&f.gw).await;
+    f
+}
+
+/// What the JWKS server answers from the start.
+enum Jwks {
+    Serving,
+    /// 404 to every fetch (a wrong path, a provider down behind its proxy).
+    NotFound,
+}
+
+/// Whether `auth.apiKeys` is configured beside `auth.jwt`.
+enum ApiKeys {
+    Configured,
+    None,
+}
+
+async fn wait_ready(gw: &Gateway) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !gw.handle().is_ready() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gateway never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`start`] without waiting for readiness, the JWKS server answering as `jwks_status` says,
+/// with API keys or not.
+async fn start_with(
+    keys: &[&TestKey],
+    jwt_extra: &str,
+    jwks_status: Jwks,
+    api_keys: ApiKeys,
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let jwks = JwksServer::start(dir.path(), jwks(keys)).await;
+    if let Jwks::NotFound = jwks_status {
+        jwks.set_status(404);
+    }
     let up = RecordingUpstream::start().await;
     let other = RecordingUpstream::start().await;
     let key_path = dir.path().join("keys.yaml");
     std::fs::write(&key_path, key_file(&[(KEY_FILE_B, "team-b", "\"*\"")])).unwrap();
+    let api_keys = match api_keys {
+        ApiKeys::None => String::new(),
+        ApiKeys::Configured => format!(
+            "  apiKeys:
+    keys: [{{ sha256: {a}, tenant: team-a, models: [m] }}]
+    file: \"{file}\"
+    pollIntervalMs: 20
+",
+            a = sha256_hex(KEY_A),
+            file = key_path.display(),
+        ),
+    };
     let yaml = format!(
         "auth:
   jwt:
@@ -115,11 +167,7 @@ async fn start(keys: &[&TestKey], jwt_extra: &str) -> Fixture {
     audiences: [infergate]
     requiredClaims: [{{ name: org.team, values: [ml, research] }}]
     modelsClaim: models
-{jwt_extra}  apiKeys:
-    keys: [{{ sha256: {a}, tenant: team-a, models: [m] }}]
-    file: \"{file}\"
-    pollIntervalMs: 20
-models:
+{jwt_extra}{api_keys}models:
   - name: m
     loraAdapters: [m-lora]
     scheduler: {{ preset: round-robin }}
@@ -130,8 +178,6 @@ models:
 ",
         uri = jwks.uri,
         ca = jwks.ca_file.display(),
-        a = sha256_hex(KEY_A),
-        file = key_path.display(),
         up = up.addr,
         other = other.addr,
     );
@@ -146,14 +192,6 @@ models:
     })
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !gw.handle().is_ready() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gateway never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     std::mem::forget(other);
     Fixture {
         gw,
@@ -386,6 +424,118 @@ async fn unknown_kids_cause_at_most_one_fetch_per_window() {
         );
     }
     // The startup fetch opened the window: none of the twenty caused another.
+    assert_eq!(f.jwks.fetches(), 1);
+}
+
+/// Waits until every model has a pod routed on (the pools are ready, whatever authentication
+/// says).
+async fn wait_pods_ready(f: &Fixture) {
+    let admin = f.gw.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let v: Value =
+            serde_json::from_str(&infergate_testkit::get(admin, "/heartbeat").await.text())
+                .unwrap();
+        let models = v["models"].as_array().unwrap();
+        if !models.is_empty() && models.iter().all(|m| m["readyPods"].as_u64() >= Some(1)) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pods never ready: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Asserts a 503 `auth_unavailable` whose `Retry-After` is within `retry` and whose body names
+/// no address of the key set.
+fn assert_auth_unavailable(
+    r: &(StatusCode, HeaderMap, String),
+    retry: std::ops::RangeInclusive<u64>,
+    jwks_uri: &str,
+) {
+    assert_eq!(r.0, StatusCode::SERVICE_UNAVAILABLE, "{}", r.2);
+    assert!(r.1.get("www-authenticate").is_none(), "{:?}", r.1);
+    let after: u64 = r.1["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry.contains(&after), "Retry-After {after}");
+    let v: Value = serde_json::from_str(&r.2).unwrap();
+    assert_eq!(v["error"]["code"], "auth_unavailable");
+    assert_eq!(v["error"]["type"], "server_error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("cannot verify tokens yet") && msg.contains("could not be fetched"),
+        "{msg}"
+    );
+    assert!(
+        !r.2.contains(jwks_uri) && !r.2.contains("127.0.0.1"),
+        "{}",
+        r.2
+    );
+}
+
+#[tokio::test]
+async fn with_no_key_set_ever_fetched_a_good_token_is_503_and_jwt_alone_is_not_ready() {
+    let k = TestKey::es256("k");
+    let f = start_with(
+        &[&k],
+        "    jwksMinRefreshIntervalMs: 200\n",
+        Jwks::NotFound,
+        ApiKeys::None,
+    )
+    .await;
+    let token = k.sign(&claims());
+    wait_pods_ready(&f).await;
+    // A correctly signed token, nothing to check it against: the provider's failure, not the
+    // client's, so 503 to retry rather than 401.
+    let r = f.bearer("m", &token).await;
+    assert_auth_unavailable(&r, 1..=1, &f.jwks.uri);
+    // What is wrong with a token whatever the keys is still the client's fault.
+    assert_401(
+        &f.bearer("m", "!!!.@@@.###").await,
+        "",
+        "not a well-formed JWT",
+    );
+    // Every model has a pod, but JWTs are the only way in and none can be verified.
+    let admin = f.gw.admin_addr().unwrap();
+    assert_eq!(infergate_testkit::get(admin, "/readyz").await.status, 503);
+    assert!(!f.gw.handle().is_ready());
+
+    // The provider answers again: the key set is fetched without waiting for a request (or for
+    // `jwksRefreshIntervalMs`, 5 min), the gateway turns ready and the token is served.
+    f.jwks.set_status(200);
+    wait_ready(&f.gw).await;
+    assert_eq!(infergate_testkit::get(admin, "/readyz").await.status, 200);
+    assert_eq!(f.status("m", &token).await, StatusCode::OK);
+    // A key id the fetched set lacks is the token's fault again: 401.
+    let r = f
+        .bearer("m", &TestKey::es256("made-up").sign(&claims()))
+        .await;
+    assert_401(&r, "", "signing key is unknown");
+
+    assert_eq!(f.up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let m = f.metrics().await;
+    assert!(
+        m.contains(r#"infergate_gateway_rejections_total{reason="auth_unavailable"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"infergate_gateway_rejections_total{reason="unauthorized"} 2"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn with_api_keys_beside_jwt_an_unfetched_key_set_keeps_the_gateway_ready() {
+    let k = TestKey::es256("k");
+    let f = start_with(&[&k], "", Jwks::NotFound, ApiKeys::Configured).await;
+    // Ready: key holders can be served.
+    wait_ready(&f.gw).await;
+    assert_eq!(f.status("m", KEY_A).await, StatusCode::OK);
+    // A token waits for no fetch: the one at start opened a window of 10 s (the default
+    // `jwksMinRefreshIntervalMs`), which `Retry-After` does not exceed.
+    let r = f.bearer("m", &k.sign(&claims())).await;
+    assert_auth_unavailable(&r, 1..=10, &f.jwks.uri);
     assert_eq!(f.jwks.fetches(), 1);
 }
 

@@ -1,8 +1,10 @@
 //! A provider's key set, fetched over HTTPS and kept fresh.
 //!
 //! The keys live in an [`ArcSwap`]: a request reads them without a lock. They are fetched once
-//! at start (a failure is logged, not fatal: the gateway answers 401 until a fetch succeeds),
-//! then every `jwksRefreshIntervalMs` by a background task, and again when a token names a `kid`
+//! at start (a failure is logged, not fatal: until a fetch succeeds the gateway has nothing to
+//! verify against and answers tokens 503 `auth_unavailable`, and the background task tries again
+//! every `jwksMinRefreshIntervalMs`), then every `jwksRefreshIntervalMs` by a background task,
+//! and again when a token names a `kid`
 //! the set lacks — at most once per `jwksMinRefreshIntervalMs`, counted from the last fetch of
 //! any kind. Within that window a token with an unknown `kid` is refused at once: only the one
 //! request that starts a fetch waits for it (at most `jwksFetchTimeoutMs`), so a stream of
@@ -13,7 +15,7 @@
 //! given. The answer must be `200` and at most [`MAX_JWKS_BYTES`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -95,6 +97,10 @@ pub(crate) struct Jwks {
     /// When the last fetch started, in milliseconds since `epoch` (`u64::MAX`: never).
     last_fetch_ms: AtomicU64,
     epoch: Instant,
+    /// Whether a fetch has ever succeeded. Until one has, there is nothing to check a token
+    /// against: requests are answered 503 (not the token's fault), `/readyz` may say not ready,
+    /// and the background task retries every `min_refresh` instead of every `refresh_interval`.
+    fetched: AtomicBool,
 }
 
 fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, JwksError> {
@@ -165,12 +171,29 @@ impl Jwks {
             keys: ArcSwap::from_pointee(KeySet::default()),
             last_fetch_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
+            fetched: AtomicBool::new(false),
         })
     }
 
     /// The keys in force.
     pub(crate) fn keys(&self) -> arc_swap::Guard<Arc<KeySet>> {
         self.keys.load()
+    }
+
+    /// Whether a key set has ever been fetched (the keys in force came from the provider).
+    pub(crate) fn fetched(&self) -> bool {
+        self.fetched.load(Ordering::Acquire)
+    }
+
+    /// How long until another fetch may be tried: the rest of the `min_refresh` window opened by
+    /// the last fetch (all of it when a fetch just started, none when there was none).
+    pub(crate) fn next_fetch_in(&self) -> Duration {
+        let last = self.last_fetch_ms.load(Ordering::Acquire);
+        if last == u64::MAX {
+            return Duration::ZERO;
+        }
+        let since = Duration::from_millis(self.now_ms().saturating_sub(last));
+        self.min_refresh.saturating_sub(since)
     }
 
     fn now_ms(&self) -> u64 {
@@ -206,6 +229,7 @@ impl Jwks {
         let set = KeySet::parse(&doc).map_err(|source| JwksError::Parse { source })?;
         let n = set.len();
         self.keys.store(Arc::new(set));
+        self.fetched.store(true, Ordering::Release);
         Ok(n)
     }
 
@@ -261,14 +285,34 @@ impl Jwks {
     }
 }
 
-/// Refreshes `jwks` every `every` until it is dropped.
+/// Refreshes `jwks` every `every` until it is dropped. Until a fetch has succeeded it tries
+/// again every `jwksMinRefreshIntervalMs` instead (when no request-triggered fetch took that
+/// window), so that a gateway that started while its provider was unreachable can verify tokens,
+/// and turn ready, soon after the provider answers, with or without traffic.
 pub(crate) async fn refresh_periodically(jwks: std::sync::Weak<Jwks>, every: Duration) {
     loop {
-        tokio::time::sleep(every).await;
+        let wait = match jwks.upgrade() {
+            None => return,
+            Some(j) if !j.fetched() => j.min_refresh.min(every),
+            Some(_) => every,
+        };
+        tokio::time::sleep(wait).await;
         let Some(j) = jwks.upgrade() else { return };
-        match j.refresh().await {
-            Ok(n) => tracing::debug!(keys = n, "JWKS refreshed"),
-            Err(e) => tracing::warn!(error = %e, "JWKS refresh failed; keeping the keys in force"),
+        if j.fetched() {
+            match j.refresh().await {
+                Ok(n) => tracing::debug!(keys = n, "JWKS refreshed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "JWKS refresh failed; keeping the keys in force")
+                }
+            }
+        } else if j.try_claim_refresh() {
+            match j.refresh_claimed().await {
+                Ok(n) => tracing::info!(keys = n, "JWKS loaded"),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "JWKS fetch failed; tokens are answered 503 until one succeeds"
+                ),
+            }
         }
     }
 }

@@ -12,7 +12,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
@@ -201,6 +201,7 @@ pub struct JwksServer {
     pub ca_file: PathBuf,
     doc: Arc<Mutex<String>>,
     fetches: Arc<AtomicUsize>,
+    status: Arc<AtomicU16>,
 }
 
 impl JwksServer {
@@ -223,13 +224,19 @@ impl JwksServer {
         let addr = listener.local_addr().unwrap();
         let doc = Arc::new(Mutex::new(doc));
         let fetches = Arc::new(AtomicUsize::new(0));
-        let (d, f) = (Arc::clone(&doc), Arc::clone(&fetches));
+        let status = Arc::new(AtomicU16::new(200));
+        let (d, f, st) = (Arc::clone(&doc), Arc::clone(&fetches), Arc::clone(&status));
         tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
-                let (acceptor, d, f) = (acceptor.clone(), Arc::clone(&d), Arc::clone(&f));
+                let (acceptor, d, f, st) = (
+                    acceptor.clone(),
+                    Arc::clone(&d),
+                    Arc::clone(&f),
+                    Arc::clone(&st),
+                );
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
@@ -237,8 +244,10 @@ impl JwksServer {
                     let svc = service_fn(move |_req: Request<Incoming>| {
                         f.fetch_add(1, Ordering::SeqCst);
                         let body = d.lock().unwrap().clone();
+                        let status = http::StatusCode::from_u16(st.load(Ordering::SeqCst)).unwrap();
                         async move {
                             let mut r = Response::new(Full::new(Bytes::from(body)));
+                            *r.status_mut() = status;
                             r.headers_mut().insert(
                                 http::header::CONTENT_TYPE,
                                 http::HeaderValue::from_static("application/json"),
@@ -257,7 +266,13 @@ impl JwksServer {
             ca_file,
             doc,
             fetches,
+            status,
         }
+    }
+
+    /// Answers every fetch with `status` from now on (200, the default, serves the document).
+    pub fn set_status(&self, status: u16) {
+        self.status.store(status, Ordering::SeqCst);
     }
 
     /// Serves `doc` from now on.
