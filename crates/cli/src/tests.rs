@@ -9,7 +9,7 @@
     reason = "a failed unwrap is a failed test"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use clap::Parser as _;
 use infergate_extproc::bbr::ModelsFile;
@@ -17,18 +17,6 @@ use infergate_operator::render::{RenderOptions, render};
 use serde_json::Value;
 
 use super::{Cli, Command};
-
-fn examples() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 3, "examples found: {v:?}");
-    v
-}
 
 fn rendered(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap();
@@ -43,7 +31,7 @@ fn rendered(path: &Path) -> Vec<Value> {
 #[test]
 fn every_rendered_container_command_parses_with_this_binary() {
     let mut seen = 0;
-    for path in examples() {
+    for path in infergate_testkit::example_configs("") {
         let objects = rendered(&path);
         for d in objects.iter().filter(|o| o["kind"] == "Deployment") {
             let pod = &d["spec"]["template"]["spec"];

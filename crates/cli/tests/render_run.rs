@@ -55,17 +55,6 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_infergate")
 }
 
-fn examples() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    v.sort();
-    v
-}
-
 /// `infergate render -f PATH`, parsed.
 fn render(path: &Path) -> Vec<Value> {
     let out = Command::new(bin())
@@ -824,7 +813,7 @@ async fn run_example(path: &Path, example_index: u8) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_renders_starts_and_routes() {
-    let files = examples();
+    let files = infergate_testkit::example_configs("");
     assert!(files.len() >= 3, "{files:?}");
     for (i, path) in files.iter().enumerate() {
         run_example(path, u8::try_from(i).unwrap()).await;

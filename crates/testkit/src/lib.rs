@@ -247,6 +247,23 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The `InferenceGatewayConfig` examples of `deploy/examples/<sub>` (`""` for the valid ones,
+/// `"invalid"` for the broken ones), sorted; panics when the folder holds fewer than three, so a
+/// test over them cannot pass on an empty or moved folder.
+pub fn example_configs(sub: &str) -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/examples")
+        .join(sub);
+    let mut v: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 3, "examples in {}: {v:?}", dir.display());
+    v
+}
+
 /// Whether a program from outside the Rust toolchain that a test needs (a Debian package such as
 /// `redis-server` or `nginx-light`) is `present`. In CI (`CI=true`, where `.ci/run` installs
 /// every such program) a missing one fails the test, saying how to install it; elsewhere the test

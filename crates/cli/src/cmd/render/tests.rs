@@ -4,26 +4,10 @@
     reason = "a failed unwrap is a failed test"
 )]
 
-use std::path::{Path, PathBuf};
-
 use infergate_api::InferenceGatewayConfig;
 use infergate_api::validation::{self, Violation};
 
 use super::*;
-
-fn examples(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../deploy/examples")
-        .join(dir);
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 3, "{v:?}");
-    v
-}
 
 /// `render` of `text` (no `--namespace`), which must fail; its message with every cause.
 fn refused(text: &str) -> String {
@@ -199,7 +183,7 @@ spec:
 
 #[test]
 fn every_example_renders() {
-    for path in examples("") {
+    for path in infergate_testkit::example_configs("") {
         let text = std::fs::read_to_string(&path).unwrap();
         render_documents(&text, &RenderOptions::default(), None)
             .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
@@ -268,7 +252,7 @@ fn every_invalid_example_fails_with_its_documented_message() {
             "spec.schedulers must list between 1 and 100 schedulers",
         ),
     ];
-    for path in examples("invalid") {
+    for path in infergate_testkit::example_configs("invalid") {
         let file = path.file_name().unwrap().to_str().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let err = refused(&text);
@@ -337,7 +321,7 @@ fn yaml_json_cannot_carry_is_refused() {
 
 #[test]
 fn the_document_at_fault_is_named_in_a_stream() {
-    let good = std::fs::read_to_string(examples("")[0].clone()).unwrap();
+    let good = std::fs::read_to_string(infergate_testkit::example_configs("")[0].clone()).unwrap();
     let bad = format!(
         "{HEAD}metadata: {{name: t, namespace: ns}}\nspec:\n  allowUnauthenticated: true\n  schedulers:\n  - {{name: a, modelName: m, modelSelector: {{app: a}}, targetPort: 0}}\n"
     );
