@@ -137,39 +137,56 @@ impl<T> ModelRouter<T> {
                 },
             );
         }
-        self.known = self.render_known();
+        self.known = render_known(self.routes.keys().map(String::as_str).collect());
         Ok(())
     }
 
-    fn render_known(&self) -> String {
-        let mut names: Vec<&str> = self.routes.keys().map(String::as_str).collect();
-        names.sort_unstable();
-        let more = names.len().saturating_sub(KNOWN_NAMES_IN_ERRORS);
-        let mut s = names
-            .into_iter()
-            .take(KNOWN_NAMES_IN_ERRORS)
-            .collect::<Vec<_>>()
-            .join(", ");
-        if more > 0 {
-            s.push_str(&format!(" and {more} more"));
-        }
-        s
+    /// [`ModelRouter::resolve`] for a caller who may use only some names: an unknown name's
+    /// error lists only the served names `visible` accepts (called with each name and its base
+    /// model), so that the caller is not told of models it may not call. The list is built for
+    /// each such error; a caller who may use every name takes [`ModelRouter::resolve`] and its
+    /// list built once.
+    pub fn resolve_visible(
+        &self,
+        model: &str,
+        visible: impl Fn(&str, &str) -> bool,
+    ) -> Result<Resolved<'_, T>, ApiError> {
+        self.lookup(model).ok_or_else(|| {
+            let names: Vec<&str> = self
+                .routes
+                .iter()
+                .filter(|(n, r)| visible(n, &self.bases[r.base]))
+                .map(|(n, _)| n.as_str())
+                .collect();
+            let known = if names.is_empty() {
+                "none that this caller may use".to_owned()
+            } else {
+                render_known(names)
+            };
+            ApiError::UnknownModel {
+                model: model.to_owned(),
+                known,
+            }
+        })
     }
 
     /// Resolves a request's `model`. An unknown name is [`ApiError::UnknownModel`] (404), whose
-    /// message tells the client to set the `model` field to a served model.
+    /// message tells the client to set the `model` field to a served model, and lists every one
+    /// (see [`ModelRouter::resolve_visible`] for a caller who may use only some).
     pub fn resolve(&self, model: &str) -> Result<Resolved<'_, T>, ApiError> {
-        match self.routes.get_key_value(model) {
-            Some((name, route)) => Ok(Resolved {
-                target: &self.targets[route.target],
-                base_model: &self.bases[route.base],
-                adapter: route.adapter.then_some(name.as_str()),
-            }),
-            None => Err(ApiError::UnknownModel {
-                model: model.to_owned(),
-                known: self.known.clone(),
-            }),
-        }
+        self.lookup(model).ok_or_else(|| ApiError::UnknownModel {
+            model: model.to_owned(),
+            known: self.known.clone(),
+        })
+    }
+
+    fn lookup(&self, model: &str) -> Option<Resolved<'_, T>> {
+        let (name, route) = self.routes.get_key_value(model)?;
+        Some(Resolved {
+            target: &self.targets[route.target],
+            base_model: &self.bases[route.base],
+            adapter: route.adapter.then_some(name.as_str()),
+        })
     }
 
     /// Every served name (base models and adapters) with its base model, sorted by name — what
@@ -193,6 +210,22 @@ impl<T> ModelRouter<T> {
     pub fn is_empty(&self) -> bool {
         self.targets.is_empty()
     }
+}
+
+/// `names` sorted and joined for an "unknown model" error, shortened after
+/// [`KNOWN_NAMES_IN_ERRORS`].
+fn render_known(mut names: Vec<&str>) -> String {
+    names.sort_unstable();
+    let more = names.len().saturating_sub(KNOWN_NAMES_IN_ERRORS);
+    let mut s = names
+        .into_iter()
+        .take(KNOWN_NAMES_IN_ERRORS)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
 }
 
 #[cfg(test)]
@@ -259,6 +292,36 @@ mod tests {
         // A failed add leaves the table unchanged.
         assert!(r.resolve("mistral").is_err());
         assert_eq!(r.targets().len(), 2);
+    }
+
+    #[test]
+    fn an_unknown_model_lists_only_what_the_caller_may_use() {
+        let r = router();
+        // A caller allowed `llama` (and so its adapters), not `qwen`.
+        let only_llama = |_: &str, base: &str| base == "llama";
+        let msg = r
+            .resolve_visible("gpt-4", only_llama)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("(chat-lora, llama, sql-lora)"), "{msg}");
+        assert!(!msg.contains("qwen"), "{msg}");
+        let msg = r
+            .resolve_visible("gpt-4", |_, _| false)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("(none that this caller may use)"), "{msg}");
+        // A served name resolves whatever the filter says (permission is checked apart, 403).
+        assert_eq!(
+            *r.resolve_visible("qwen", only_llama).unwrap().target,
+            "pool-b"
+        );
+        // Every name visible: the same list as `resolve`.
+        assert_eq!(
+            r.resolve_visible("gpt-4", |_, _| true)
+                .unwrap_err()
+                .to_string(),
+            r.resolve("gpt-4").unwrap_err().to_string()
+        );
     }
 
     #[test]

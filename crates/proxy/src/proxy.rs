@@ -23,7 +23,7 @@ use infergate_pool::lifecycle::{self, Segments};
 use infergate_pool::quota::QuotaTicket;
 use tokio::time::Instant;
 
-use crate::auth::Identity;
+use crate::auth::{Identity, ModelAccess};
 use crate::backend::Inflight;
 use crate::body::{ResponseBody, Tracked, Upstream};
 use crate::config::CONCURRENCY_RETRY_AFTER;
@@ -140,7 +140,9 @@ pub(crate) async fn handle(
     };
     let admitted = match admit(&state, &telemetry.limits, req, identity).await? {
         Admission::Admitted(a) => a,
-        Admission::Models => return Ok(models_response(&state, request_id)),
+        Admission::Models(identity) => {
+            return Ok(models_response(&state, &identity, request_id));
+        }
         Admission::Refused(e) => return Ok(error_response(telemetry, &e, request_id)),
     };
     let routed = match route(&state, &admitted).await {
@@ -174,8 +176,8 @@ struct Admitted {
 enum Admission {
     /// An API request, its body read within the limit.
     Admitted(Admitted),
-    /// `GET /v1/models`: answered from the configuration.
-    Models,
+    /// `GET /v1/models`: answered from the configuration, listing what this caller may call.
+    Models(Identity),
     /// Answered with this error.
     Refused(ApiError),
 }
@@ -191,7 +193,7 @@ async fn admit(
 ) -> Result<Admission, hyper::Error> {
     let kind = match Route::of(req.method().as_str(), req.uri().path()) {
         Ok(Route::Api(kind)) => kind,
-        Ok(Route::Models) => return Ok(Admission::Models),
+        Ok(Route::Models) => return Ok(Admission::Models(identity)),
         Err(e) => return Ok(Admission::Refused(e)),
     };
     let limits = &state.config.limits;
@@ -252,10 +254,16 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
         .rewrites
         .choose(requested, Some(&a.identity.tenant))
         .filter(|s| *s != requested);
-    let resolved = state
-        .router
-        .resolve(served.unwrap_or(requested))
-        .map_err(|e| (e, None))?;
+    // An unknown name's 404 lists the served names; for a caller allowed only some, only those
+    // (the others are no business of its own).
+    let name = served.unwrap_or(requested);
+    let resolved = match &a.identity.models {
+        ModelAccess::All => state.router.resolve(name),
+        only => state
+            .router
+            .resolve_visible(name, |n, base| only.allows(n, base)),
+    }
+    .map_err(|e| (e, None))?;
     a.identity
         .may_call(requested, resolved.base_model)
         .map_err(|e| (e, None))?;
@@ -540,8 +548,15 @@ fn describe_send_error(err: &SendError) -> String {
     }
 }
 
-fn models_response(state: &State, request_id: HeaderValue) -> Response<ResponseBody> {
-    let mut r = Response::new(ResponseBody::Full(Full::new(state.models_body.clone())));
+/// `GET /v1/models`: the served models and adapters the caller may call (every one without
+/// authentication, from the prebuilt body).
+fn models_response(
+    state: &State,
+    identity: &Identity,
+    request_id: HeaderValue,
+) -> Response<ResponseBody> {
+    let body = state.models_for(&identity.models);
+    let mut r = Response::new(ResponseBody::Full(Full::new(body)));
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -18,7 +18,7 @@ use infergate_openai::ModelRouter;
 use infergate_scheduler::Rewrites;
 use serde::Serialize;
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, ModelAccess};
 use crate::backend::Backend;
 use crate::config::GatewayConfig;
 use crate::error::Error;
@@ -82,6 +82,7 @@ impl Drop for Permit {
 pub(crate) struct State {
     pub(crate) config: GatewayConfig,
     pub(crate) router: ModelRouter<Arc<Model>>,
+    /// The `/v1/models` answer for a caller who may call every model, built once.
     pub(crate) models_body: Bytes,
     /// Who may call, kept across reloads that leave `auth:` unchanged (with its cached keys).
     pub(crate) auth: Arc<Authenticator>,
@@ -168,7 +169,37 @@ fn start_quotas(
         .map_err(|e| invalid(format!("`quotas`: {e}")))
 }
 
+/// The `/v1/models` body: the served names (models and adapters) `visible` accepts, called with
+/// each name and its base model.
+fn model_list<T>(router: &ModelRouter<T>, visible: impl Fn(&str, &str) -> bool) -> Bytes {
+    let list = ModelList {
+        object: "list",
+        data: router
+            .models()
+            .into_iter()
+            .filter(|(id, root)| visible(id, root))
+            .map(|(id, root)| ModelEntry {
+                id,
+                object: "model",
+                created: 0,
+                owned_by: "infergate",
+                root,
+            })
+            .collect(),
+    };
+    Bytes::from(serde_json::to_vec(&list).unwrap_or_default())
+}
+
 impl State {
+    /// The `/v1/models` answer for a caller with `access`: the prebuilt list when it may call
+    /// every model (no allocation), else the models and adapters it may call, built per request.
+    pub(crate) fn models_for(&self, access: &ModelAccess) -> Bytes {
+        match access {
+            ModelAccess::All => self.models_body.clone(),
+            only => model_list(&self.router, |id, root| only.allows(id, root)),
+        }
+    }
+
     /// Builds the state for `config`, carrying over what `previous` can share.
     pub(crate) fn build(
         config: GatewayConfig,
@@ -222,21 +253,7 @@ impl State {
                     })
                 })?;
         }
-        let list = ModelList {
-            object: "list",
-            data: router
-                .models()
-                .into_iter()
-                .map(|(id, root)| ModelEntry {
-                    id,
-                    object: "model",
-                    created: 0,
-                    owned_by: "infergate",
-                    root,
-                })
-                .collect(),
-        };
-        let models_body = Bytes::from(serde_json::to_vec(&list).unwrap_or_default());
+        let models_body = model_list(&router, |_, _| true);
         let auth = match previous.filter(|p| p.auth.serves(&config.auth)) {
             Some(p) => Arc::clone(&p.auth),
             None => Arc::new(Authenticator::new(&config.auth)?),

@@ -91,6 +91,25 @@ impl Fixture {
         self.bearer(model, credential).await.0
     }
 
+    /// `GET /v1/models` with `credential`: status and the listed ids.
+    async fn models(&self, credential: &str) -> (StatusCode, Vec<String>) {
+        let req = Request::get("/v1/models")
+            .header("authorization", format!("Bearer {credential}"))
+            .body(Bytes::new())
+            .unwrap();
+        let r = infergate_testkit::send(self.addr(), req).await.unwrap();
+        let v: Value = serde_json::from_str(&r.text()).unwrap();
+        let ids = v["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .map(|m| m["id"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        (r.status, ids)
+    }
+
     async fn metrics(&self) -> String {
         infergate_testkit::get(self.gw.admin_addr().unwrap(), "/metrics")
             .await
@@ -537,6 +556,43 @@ async fn with_api_keys_beside_jwt_an_unfetched_key_set_keeps_the_gateway_ready()
     let r = f.bearer("m", &k.sign(&claims())).await;
     assert_auth_unavailable(&r, 1..=10, &f.jwks.uri);
     assert_eq!(f.jwks.fetches(), 1);
+}
+
+#[tokio::test]
+async fn the_model_list_and_an_unknown_model_s_404_show_only_what_the_caller_may_call() {
+    let k = TestKey::es256("k");
+    let f = start(&[&k], "").await;
+    // Key A (team-a) may call `m`, and so its adapter; key B (team-b) every model.
+    let (status, ids) = f.models(KEY_A).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ids, ["m", "m-lora"]);
+    let (status, ids) = f.models(KEY_FILE_B).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ids, ["m", "m-lora", "other"]);
+    // A token's models claim, the same way; a token without it may call nothing.
+    assert_eq!(f.models(&k.sign(&claims())).await.1, ["m", "m-lora"]);
+    let (status, ids) = f.models(&k.sign(&without(claims(), "models"))).await;
+    assert_eq!((status, ids.len()), (StatusCode::OK, 0));
+    // No credential: 401, no list.
+    let (status, ids) = f.models("").await;
+    assert_eq!((status, ids.len()), (StatusCode::UNAUTHORIZED, 0));
+
+    // An unknown model's 404 lists what the caller may call, nothing else.
+    let (status, _, body) = f.bearer("nope", KEY_A).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("(m, m-lora)"), "{msg}");
+    assert!(!msg.contains("other"), "{msg}");
+    let (status, _, body) = f.bearer("nope", KEY_FILE_B).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("(m, m-lora, other)"), "{body}");
+    let (_, _, body) = f
+        .bearer("nope", &k.sign(&without(claims(), "models")))
+        .await;
+    assert!(body.contains("(none that this caller may use)"), "{body}");
+    // A served model the caller may not call stays a 403.
+    assert_eq!(f.status("other", KEY_A).await, StatusCode::FORBIDDEN);
 }
 
 #[tokio::test]
