@@ -24,6 +24,22 @@ import traceback
 
 import httpx
 
+# Polls a port until it refuses a connection (or a deadline passes) and prints the wall-clock
+# time it first refused: `python3 -c WATCH_PORT HOST PORT DEADLINE`.
+WATCH_PORT = """
+import socket, sys, time
+host, port, until = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+while time.time() < until:
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+    except ConnectionRefusedError:
+        print(time.time(), flush=True)
+        break
+    except OSError:
+        pass
+    time.sleep(0.002)
+"""
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (LOCAL, CheckFailed, Procs, expect, fmt_ms, free_port, http_ok,  # noqa: E402
                      log, lora_state, metric, parse_families, parse_samples, pct, scrape,
@@ -801,27 +817,21 @@ retries:
             t.start()
         time.sleep(3)
         pa = self.procs.procs["vllm-A"]
+        # SIGKILL is not the end of A's sockets: the kernel frees a process's memory before it
+        # closes its files. The API server dies first (its streams break), but the listening
+        # socket is also held by the engine core, which inherited it and takes up to a second
+        # (3 GB) to go; until then a connection to A's port is accepted into the backlog and
+        # hangs. The gateway can only see A gone once the port refuses; record when it does,
+        # from a process of its own (a thread here would wait for the streaming threads' GIL).
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", WATCH_PORT, LOCAL, str(self.vllm_ports["A"]),
+             str(time.time() + 15)],
+            stdout=subprocess.PIPE, text=True)
+        time.sleep(0.1)  # polling before the kill
         os.killpg(pa.pid, signal.SIGKILL)  # the whole group: API server, engine core, worker
         kill_at["t"] = time.monotonic()
         kill_wall = time.time()
-        # SIGKILL is not the end of A's sockets: the kernel frees the process's memory (3 GB)
-        # before it closes its files, which takes about a second here. The gateway can only
-        # see A gone from then on; record when A's port starts refusing connections.
         refused = {}
-
-        def watch_port():
-            while time.time() - kill_wall < 15:
-                try:
-                    socket.create_connection((LOCAL, self.vllm_ports["A"]), timeout=0.5).close()
-                except ConnectionRefusedError:
-                    refused["t"] = time.time()
-                    return
-                except OSError:
-                    pass
-                time.sleep(0.005)
-
-        watcher = threading.Thread(target=watch_port, daemon=True)
-        watcher.start()
         stale_at = None
         polls = [kill_at["t"]]
         deadline = time.monotonic() + 15
@@ -877,21 +887,28 @@ retries:
         check(not lost, f"no request lost except those streaming from A ({len(lost)} lost)")
         # When the gateway judged A failed, from its own log line (this process's polling of
         # the admin page competes with three streaming threads and lags by up to seconds).
-        watcher.join(16)
+        try:
+            out = watcher.communicate(timeout=16)[0].strip()
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            out = watcher.communicate()[0].strip()
+        if out:
+            refused["t"] = float(out)
         # Either way of learning it: A's scrape failing, or a request's connection to A refused.
         marks = [self.gateway_log_time(text, self.addr("A"), kill_wall)
                  for text in ("metrics target failed", "connection to the endpoint refused")]
         failed_at = min([t for t in marks if t is not None], default=None)
-        # A is gone from the first of: its port refusing, a stream from it breaking.
+        # A is gone once its port refuses; a stream breaking says only that the API server died.
         broke = [kill_wall + (r["t_end"] - t_kill) for r in streaming_from_a if r.get("t_end")]
-        gone = min([t for t in [refused.get("t")] + broke if t is not None], default=None)
+        gone = refused.get("t") or min(broke, default=None)
         after_gone = (failed_at - gone) if failed_at and gone else float("inf")
         check(after_gone <= threshold,
-              f"gateway marked A failed {after_gone * 1000:.0f} ms after A's sockets closed "
-              f"(bound: threshold {STALE_AFTER_MS} + interval {SCRAPE_INTERVAL_MS} ms; by the "
-              f"gateway's log; the sockets closed "
-              f"{((gone or kill_wall) - kill_wall) * 1000:.0f} ms after the SIGKILL, port refusing "
-              f"after {((refused.get('t') or kill_wall) - kill_wall) * 1000:.0f} ms; this "
+              f"gateway marked A failed {after_gone * 1000:.0f} ms after A's port refused "
+              f"connections (bound: threshold {STALE_AFTER_MS} + interval {SCRAPE_INTERVAL_MS} "
+              f"ms; by the gateway's log; the port refused "
+              f"{((refused.get('t') or kill_wall) - kill_wall) * 1000:.0f} ms after the SIGKILL, "
+              f"streams from A broke after "
+              f"{((min(broke, default=kill_wall)) - kill_wall) * 1000:.0f} ms; this "
               f"suite's polls of the admin page saw it {stale_s * 1000:.0f} ms after the kill)")
         if after_gone > threshold:
             for line in self.gateway_log_lines(self.addr("A"), kill_wall - 0.5, kill_wall + 3):
