@@ -109,26 +109,12 @@ fn series(registry: &Registry, name: &str) -> f64 {
         .sum()
 }
 
-/// Log output, for reading back what a test logged.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The start line names the bound address and the peers as text: it logged
 /// `listen="Some(127.0.0.1:24651)"` and a quoted Debug list. Without a listen address the field
 /// is left out.
 #[tokio::test]
 async fn the_start_line_logs_the_listen_address_and_the_peers_as_text() {
-    let out = Captured::default();
+    let out = infergate_testkit::CapturedLog::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
@@ -145,7 +131,7 @@ async fn the_start_line_logs_the_listen_address_and_the_peers_as_text() {
         .await
         .unwrap();
     quiet.shutdown();
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let text = out.text();
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("peer exchange started"))

@@ -206,29 +206,9 @@ async fn the_schedulers_age_bound_is_a_safety_net_above_the_scrapers_threshold()
     );
 }
 
-/// A `tracing` writer that keeps every line in memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 /// Picks with a subscriber at `level` installed, returning what was logged.
 fn logged_picks(pool: &LivePool, level: tracing::Level, n: usize) -> String {
-    let out = Captured::default();
+    let out = infergate_testkit::CapturedLog::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)

@@ -247,6 +247,36 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A log writer that keeps every byte in memory, for reading back what a test logged: give
+/// `tracing_subscriber::fmt().with_writer(move || writer.clone())` a clone and read
+/// [`Self::text`] afterwards.
+#[derive(Clone, Default)]
+pub struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    /// Everything written so far (invalid UTF-8 replaced).
+    pub fn text(&self) -> String {
+        let bytes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The `InferenceGatewayConfig` examples of `deploy/examples/<sub>` (`""` for the valid ones,
 /// `"invalid"` for the broken ones), sorted; panics when the folder holds fewer than three, so a
 /// test over them cannot pass on an empty or moved folder.
