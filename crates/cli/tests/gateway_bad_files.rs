@@ -31,9 +31,7 @@ fn gateway_with(dir: &Path, body: Option<&str>, args: &[&str]) -> (bool, String)
         .env_remove("RUST_LIB_BACKTRACE")
         .output()
         .unwrap();
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    printed_error::outcome(&out)
 }
 
 #[test]

@@ -41,9 +41,7 @@ fn picker_with(flag: &str, body: &str) -> (bool, String) {
         .env_remove("RUST_BACKTRACE")
         .output()
         .unwrap();
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    printed_error::outcome(&out)
 }
 
 #[test]

@@ -41,3 +41,10 @@ pub fn assert_said_once(chain: &[String], text: &str) {
         }
     }
 }
+
+/// Whether a finished run of the binary succeeded, and its standard output then standard error.
+pub fn outcome(out: &std::process::Output) -> (bool, String) {
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
