@@ -11,6 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
+use infergate_pool::precise;
 use infergate_pool::tls::Certificate;
 use infergate_scheduler::EngineType;
 use serde::{Deserialize, Serialize};
@@ -152,12 +153,14 @@ pub struct PickerArgs {
     /// The KV-event topic subscribed to (vLLM's `topic`; default: all).
     #[arg(long, requires = "kv_events_port")]
     pub kv_events_topic: Option<String>,
-    /// The precise index's memory bound in bytes (default 256 MiB), shared by the pods.
-    #[arg(long, requires = "kv_events_port")]
+    /// The precise index's memory bound in bytes (default 256 MiB, at least 1 MiB), shared by
+    /// the pods.
+    #[arg(long, requires = "kv_events_port",
+          value_parser = clap::value_parser!(u64).range(precise::BYTE_BUDGET_RANGE.0..=precise::BYTE_BUDGET_RANGE.1))]
     pub kv_index_bytes: Option<u64>,
-    /// Request bodies longer than this are not tokenized for precise routing (default 65536):
-    /// tokenizing costs about 1 ms of the picker's core per 1,000 tokens.
-    #[arg(long, requires = "kv_events_port")]
+    /// Request bodies longer than this are not tokenized for precise routing (default 65536, at
+    /// least 1024): tokenizing costs about 1 ms of the picker's core per 1,000 tokens.
+    #[arg(long, requires = "kv_events_port", value_parser = kv_body_limit)]
     pub kv_max_body_bytes: Option<usize>,
     /// The model's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`, optionally
     /// `chat_template.jinja`; e.g. a mounted ConfigMap), for `--kv-events-port`.
@@ -204,10 +207,10 @@ impl PickerArgs {
     }
 
     /// Precise prefix routing's settings, when `--kv-events-port` is given.
-    pub fn precise(&self) -> Option<infergate_pool::precise::PreciseConfig> {
+    pub fn precise(&self) -> Option<precise::PreciseConfig> {
         let port = self.kv_events_port?;
         let tokenizer = self.tokenizer.clone()?;
-        let mut cfg = infergate_pool::precise::PreciseConfig::new(tokenizer);
+        let mut cfg = precise::PreciseConfig::new(tokenizer);
         cfg.events_port = port;
         cfg.replay_port = self.kv_events_replay_port;
         if let Some(t) = &self.kv_events_topic {
@@ -316,6 +319,21 @@ fn body_limit(value: &str) -> Result<usize, String> {
         return Err(format!(
             "must be at least {MIN_MAX_BODY_BYTES} bytes (the CRD's minimum for \
              spec.bbr.maxRequestBodyBytes): a smaller cap answers every request with 413"
+        ));
+    }
+    Ok(n)
+}
+
+/// `--kv-max-body-bytes`: the range [`precise::PreciseConfig::validate`] accepts.
+fn kv_body_limit(value: &str) -> Result<usize, String> {
+    let n: usize = value
+        .parse()
+        .map_err(|e| format!("{e}: expected a number of bytes"))?;
+    let (min, max) = precise::MAX_BODY_BYTES_RANGE;
+    if !(min..=max).contains(&(n as u64)) {
+        return Err(format!(
+            "must be between {min} and {max} bytes (the CRD's range for \
+             spec.schedulers[].precisePrefix.maxBodyBytes)"
         ));
     }
     Ok(n)
@@ -500,6 +518,35 @@ mod tests {
         let line = command_line("bbr", &a).unwrap();
         let matches = Bbr::command_for_test().try_get_matches_from(&line).unwrap();
         assert_eq!(BbrArgs::from_arg_matches(&matches).unwrap(), a);
+    }
+
+    #[test]
+    fn precise_sizes_are_refused_outside_the_crds_range() {
+        let base = ["picker", "--kv-events-port=5557", "--tokenizer=/t"];
+        let parse = |extra: &str| {
+            let mut line = base.to_vec();
+            line.push(extra);
+            Picker::try_parse_from(line).map(|p| p.args)
+        };
+        let ok = parse("--kv-max-body-bytes=1024").unwrap();
+        assert_eq!(ok.precise().unwrap().max_body_bytes, 1024);
+        ok.precise().unwrap().validate().unwrap();
+        let max = parse("--kv-index-bytes=68719476736").unwrap();
+        max.precise().unwrap().validate().unwrap();
+        for bad in [
+            "--kv-max-body-bytes=0",
+            "--kv-max-body-bytes=1023",
+            "--kv-max-body-bytes=268435457",
+            "--kv-index-bytes=0",
+            "--kv-index-bytes=1048575",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -13,14 +13,14 @@ use std::time::Duration;
 use common::{children, example};
 use infergate_api::InferenceGatewayConfig;
 use infergate_operator::render::{
-    self, CONFIG_HASH_ANNOTATION, Child, FLOW_CONTROL_CONFIG_FILE, FLOW_CONTROL_CONFIG_PATH,
+    self, Child, CONFIG_HASH_ANNOTATION, FLOW_CONTROL_CONFIG_FILE, FLOW_CONTROL_CONFIG_PATH,
     QUOTAS_CONFIG_FILE, QUOTAS_CONFIG_PATH, REDIS_PASSWORD_ENV,
 };
 use infergate_pool::flow::FlowSettings;
 use infergate_pool::quota::QuotasSpec;
-use infergate_scheduler::Priority;
 use infergate_scheduler::flow::{Fairness, FlowConfig, Ordering};
-use serde_json::{Value, json};
+use infergate_scheduler::Priority;
+use serde_json::{json, Value};
 
 const EXAMPLE: &str = "flow-control-quotas.yaml";
 
@@ -313,4 +313,38 @@ fn the_crd_sections_and_the_pickers_files_have_the_same_fields() {
     let mut redis = file_keys(q.redis.as_ref().unwrap());
     redis.insert("passwordSecretRef".to_owned());
     assert_eq!(schema_keys(&spec["quotas"]["properties"]["redis"]), redis);
+}
+
+#[test]
+fn the_crds_precise_prefix_bounds_are_the_pickers() {
+    // The CRD's byteBudget / maxBodyBytes ranges become `--kv-index-bytes` /
+    // `--kv-max-body-bytes`; the picker and the gateway refuse values outside their own ranges,
+    // so the two must agree or a CR the API server accepts renders a picker that exits.
+    use kube::CustomResourceExt;
+    let crd = InferenceGatewayConfig::crd();
+    let schema = serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap();
+    let precise = &schema["properties"]["spec"]["properties"]["schedulers"]["items"]["properties"]
+        ["precisePrefix"]["properties"];
+    let range = |field: &str| {
+        let f = &precise[field];
+        (
+            // Floats in the schema (`1048576.0`); exact for these powers of two.
+            f["minimum"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{field}: {f}")) as u64,
+            f["maximum"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{field}: {f}")) as u64,
+        )
+    };
+    use infergate_pool::precise::{BYTE_BUDGET_RANGE, MAX_BODY_BYTES_RANGE};
+    assert_eq!(range("byteBudget"), BYTE_BUDGET_RANGE);
+    assert_eq!(range("maxBodyBytes"), MAX_BODY_BYTES_RANGE);
 }

@@ -99,6 +99,72 @@ pub enum PreciseError {
     /// A port of 0.
     #[error("precise prefix routing: {0} must be a port between 1 and 65535")]
     Port(&'static str),
+    /// A size outside what the index or the tokenizer can work with.
+    #[error(
+        "precise prefix routing: {field} must be between {min} and {max} bytes, not {value}{why}"
+    )]
+    Size {
+        /// The field (`byteBudget`, `maxBodyBytes`).
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest accepted.
+        min: u64,
+        /// The largest accepted.
+        max: u64,
+        /// What a value out of range would do.
+        why: &'static str,
+    },
+}
+
+/// The range of [`PreciseConfig::byte_budget`] (the CRD's `byteBudget`): 1 MiB to 64 GiB.
+pub const BYTE_BUDGET_RANGE: (u64, u64) = (1 << 20, 64 << 30);
+
+/// The range of [`PreciseConfig::max_body_bytes`] (the CRD's `maxBodyBytes`): 1 KiB to 256 MiB.
+pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1 << 10, 256 << 20);
+
+impl PreciseConfig {
+    /// Checks the ports and sizes, with the bounds the CRD declares for the same fields.
+    pub fn validate(&self) -> Result<(), PreciseError> {
+        if self.events_port == 0 {
+            return Err(PreciseError::Port("eventsPort"));
+        }
+        if self.replay_port == Some(0) {
+            return Err(PreciseError::Port("replayPort"));
+        }
+        size_in(
+            "byteBudget",
+            self.byte_budget,
+            BYTE_BUDGET_RANGE,
+            ": a smaller index holds too few blocks to match a prompt",
+        )?;
+        let body = u64::try_from(self.max_body_bytes).unwrap_or(u64::MAX);
+        size_in(
+            "maxBodyBytes",
+            body,
+            MAX_BODY_BYTES_RANGE,
+            ": a smaller bound leaves every request on the approximate match",
+        )
+    }
+}
+
+fn size_in(
+    field: &'static str,
+    value: u64,
+    (min, max): (u64, u64),
+    why: &'static str,
+) -> Result<(), PreciseError> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    let why = if value < min { why } else { "" };
+    Err(PreciseError::Size {
+        field,
+        value,
+        min,
+        max,
+        why,
+    })
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,12 +201,7 @@ thread_local! {
 impl Precise {
     /// Loads the tokenizer and prepares the index (no subscription until endpoints are set).
     pub fn new(cfg: &PreciseConfig, registry: Option<&mut Registry>) -> Result<Self, PreciseError> {
-        if cfg.events_port == 0 {
-            return Err(PreciseError::Port("eventsPort"));
-        }
-        if cfg.replay_port == Some(0) {
-            return Err(PreciseError::Port("replayPort"));
-        }
+        cfg.validate()?;
         let tokenizer =
             ModelTokenizer::from_dir(&cfg.tokenizer, Options::default()).map_err(|source| {
                 PreciseError::Tokenizer {

@@ -331,6 +331,9 @@ impl TryFrom<RawModel> for ModelConfig {
                 r.name
             ));
         }
+        if let Some(Err(e)) = r.precise_prefix.as_ref().map(|p| p.validate()) {
+            return Err(format!("model `{}`: {e}", r.name));
+        }
         let mut seen = std::collections::HashSet::new();
         for ep in &r.endpoints {
             if !seen.insert(ep.address) {

@@ -212,3 +212,21 @@ fn without_auth_quotas_and_rewrites_for_named_tenants_are_refused() {
                 targets: [{ modelRewrite: m }]\n";
     assert!(parse(none, &format!("{fine}{header}")).is_ok());
 }
+
+#[test]
+fn precise_prefix_sizes_out_of_range_are_refused_naming_the_model_and_field() {
+    let model = |fields: &str| {
+        format!("models:\n  - name: m\n    precisePrefix: {{ tokenizer: /t{fields} }}\n")
+    };
+    GatewayConfig::from_yaml(&format!("{}auth: none\n", model(""))).unwrap();
+    let e = err(&model(", maxBodyBytes: 0"));
+    assert!(e.contains("model `m`"), "{e}");
+    assert!(
+        e.contains("maxBodyBytes must be between 1024 and 268435456 bytes, not 0"),
+        "{e}"
+    );
+    let e = err(&model(", byteBudget: 1000"));
+    assert!(e.contains("byteBudget must be between 1048576"), "{e}");
+    let e = err(&model(", eventsPort: 0"));
+    assert!(e.contains("eventsPort must be a port"), "{e}");
+}
