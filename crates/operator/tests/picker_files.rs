@@ -13,14 +13,14 @@ use std::time::Duration;
 use common::{children, example};
 use infergate_api::InferenceGatewayConfig;
 use infergate_operator::render::{
-    self, Child, CONFIG_HASH_ANNOTATION, FLOW_CONTROL_CONFIG_FILE, FLOW_CONTROL_CONFIG_PATH,
+    self, CONFIG_HASH_ANNOTATION, Child, FLOW_CONTROL_CONFIG_FILE, FLOW_CONTROL_CONFIG_PATH,
     QUOTAS_CONFIG_FILE, QUOTAS_CONFIG_PATH, REDIS_PASSWORD_ENV,
 };
 use infergate_pool::flow::FlowSettings;
 use infergate_pool::quota::QuotasSpec;
-use infergate_scheduler::flow::{Fairness, FlowConfig, Ordering};
 use infergate_scheduler::Priority;
-use serde_json::{json, Value};
+use infergate_scheduler::flow::{Fairness, FlowConfig, Ordering};
+use serde_json::{Value, json};
 
 const EXAMPLE: &str = "flow-control-quotas.yaml";
 
