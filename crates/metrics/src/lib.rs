@@ -29,7 +29,7 @@ pub mod scraper;
 pub mod telemetry;
 pub mod tls;
 
-pub use error::{Error, HttpError, ParseError, ScrapeError};
+pub use error::{Error, ErrorChain, HttpError, ParseError, ScrapeError};
 pub use parse::{ParsedPage, PrefixCounters, families, parse_page};
 pub use scraper::{Clock, ScrapeState, Scraper, ScraperConfig, Sink, Target, Update};
 pub use telemetry::ScrapeMetrics;

@@ -570,7 +570,7 @@ impl<K: Debug + 'static> Freshness<'_, K> {
         let (id, engine) = (self.id, self.engine);
         match &self.last_error {
             Some(e) => tracing::warn!(
-                target_id = ?id, %engine, error = %e, cause = ?std::error::Error::source(e),
+                target_id = ?id, %engine, error = %crate::ErrorChain(e),
                 unreachable, reachable,
                 "metrics target failed: its metrics are not routed on until it answers again"
             ),

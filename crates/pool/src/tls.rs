@@ -346,7 +346,7 @@ impl ServerTls {
             Ok(Ok(s)) => Ok(s),
         };
         if let Err(e) = &result {
-            tracing::debug!(error = %e, cause = ?std::error::Error::source(e), "TLS handshake failed");
+            tracing::debug!(error = %crate::ErrorChain(e), "TLS handshake failed");
             self.metrics
                 .handshake_failures
                 .get_or_create(&ReasonLabels {
@@ -415,8 +415,7 @@ async fn watch(
                     .get_or_create(&ResultLabels { result: "error" })
                     .inc();
                 tracing::warn!(
-                    error = %e,
-                    cause = ?std::error::Error::source(&e),
+                    error = %crate::ErrorChain(&e),
                     "TLS certificate reload rejected; the previous certificate stays in force"
                 );
             }

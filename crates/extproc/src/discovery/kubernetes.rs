@@ -124,7 +124,7 @@ pub fn pool_endpoints<'a>(
         let engine = match engine_for(&name, &labels, default_engine) {
             Ok(e) => e,
             Err(e) => {
-                tracing::warn!(pod = %name, error = %e, "pod skipped");
+                tracing::warn!(pod = %name, error = %infergate_pool::ErrorChain(&e), "pod skipped");
                 continue;
             }
         };

@@ -27,6 +27,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::time::Instant;
 
+use infergate_pool::ErrorChain;
+
 use super::jwt::KeySet;
 use crate::config::auth::JwtConfig;
 
@@ -51,14 +53,14 @@ pub enum JwksError {
     #[error("remoteJWKS.uri has no usable host")]
     Uri,
     /// TCP or TLS failed.
-    #[error("cannot connect to the JWKS server: {source}")]
+    #[error("cannot connect to the JWKS server")]
     Connect {
         /// The IO or TLS error.
         #[source]
         source: std::io::Error,
     },
     /// HTTP failed.
-    #[error("JWKS request failed: {source}")]
+    #[error("JWKS request failed")]
     Http {
         /// The hyper error.
         #[source]
@@ -74,7 +76,7 @@ pub enum JwksError {
     #[error("the JWKS document is larger than {MAX_JWKS_BYTES} bytes or broke off")]
     Body,
     /// The body is not a JWKS document.
-    #[error("not a JWKS document: {source}")]
+    #[error("not a JWKS document")]
     Parse {
         /// What the JSON parser reported.
         #[source]
@@ -302,17 +304,37 @@ pub(crate) async fn refresh_periodically(jwks: std::sync::Weak<Jwks>, every: Dur
             match j.refresh().await {
                 Ok(n) => tracing::debug!(keys = n, "JWKS refreshed"),
                 Err(e) => {
-                    tracing::warn!(error = %e, "JWKS refresh failed; keeping the keys in force")
+                    tracing::warn!(error = %ErrorChain(&e), "JWKS refresh failed; keeping the keys in force")
                 }
             }
         } else if j.try_claim_refresh() {
             match j.refresh_claimed().await {
                 Ok(n) => tracing::info!(keys = n, "JWKS loaded"),
                 Err(e) => tracing::warn!(
-                    error = %e,
+                    error = %ErrorChain(&e),
                     "JWKS fetch failed; tokens are answered 503 until one succeeds"
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fetch_error_s_chain_says_each_thing_once() {
+        let e = JwksError::Connect {
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"),
+        };
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            "cannot connect to the JWKS server: refused"
+        );
+        let source = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let line = ErrorChain(&JwksError::Parse { source }).to_string();
+        assert_eq!(line.matches("EOF").count(), 1, "{line}");
+        assert!(line.starts_with("not a JWKS document: "), "{line}");
     }
 }

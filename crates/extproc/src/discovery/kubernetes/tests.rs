@@ -78,7 +78,19 @@ fn unready_terminating_ipless_and_engineless_pods_are_not_members() {
         parse(pod("bad-engine", "10.0.0.5", true, Some("triton"))),
         parse(pod("ok", "10.0.0.9", true, Some("tgi"))),
     ];
+    let out = infergate_testkit::CapturedLog::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let logs = tracing::subscriber::set_default(subscriber);
     let eps = pool_endpoints(&pods, &selection(&[80]), None);
+    drop(logs);
+    // The skipped pod's line says which value was wrong, not only that it was.
+    let text = out.text();
+    let line = text.lines().find(|l| l.contains("pod=bad-engine")).unwrap();
+    assert!(line.contains("triton"), "{line}");
     assert_eq!(eps.len(), 1);
     assert_eq!(eps[0].pod, "ok");
     // A configured default engine admits the unlabelled pod (not the unknown one).
