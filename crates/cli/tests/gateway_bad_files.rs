@@ -53,6 +53,23 @@ fn check_refuses_listen_and_admin_on_one_port() {
     let body = format!("listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9090\n{models}");
     let (ok, text) = gateway_with(dir.path(), Some(&body), &["--check"]);
     assert!(ok, "{text}");
+    // The same clash made by the flags that override the file: refused by `--check` and by
+    // the start alike, before anything is bound, naming the flags.
+    for flags in [
+        ["--listen", "127.0.0.1:9090"],
+        ["--admin", "127.0.0.1:8080"],
+    ] {
+        for check in [true, false] {
+            let mut args = flags.to_vec();
+            if check {
+                args.push("--check");
+            }
+            let (ok, text) = gateway_with(dir.path(), Some(&body), &args);
+            assert!(!ok, "{args:?} passed: {text}");
+            assert!(text.contains("--listen/--admin"), "{args:?}: {text}");
+            assert!(!text.contains("binding"), "{args:?}: {text}");
+        }
+    }
 }
 
 #[test]

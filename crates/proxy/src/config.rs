@@ -609,6 +609,21 @@ fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), S
 }
 
 impl GatewayConfig {
+    /// Overrides `listen` and `admin` (the command line's `--listen` / `--admin`), refusing a
+    /// pair the gateway could not both bind, as the file's own pair is refused.
+    pub fn set_addresses(
+        &mut self,
+        listen: Option<SocketAddr>,
+        admin: Option<SocketAddr>,
+    ) -> Result<(), ConfigError> {
+        let listen = listen.unwrap_or(self.listen);
+        let admin = admin.unwrap_or(self.admin);
+        check_listen_and_admin(listen, admin).map_err(ConfigError::Addresses)?;
+        self.listen = listen;
+        self.admin = admin;
+        Ok(())
+    }
+
     /// The concurrency limit in force for `model`: its own, or the top-level default.
     pub fn max_concurrent_requests(&self, model: &ModelConfig) -> Option<u32> {
         model

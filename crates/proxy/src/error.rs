@@ -28,6 +28,10 @@ pub enum ConfigError {
         /// The parser's error, with path, line and column.
         source: serde_yaml::Error,
     },
+    /// The front door and admin addresses, with the command line's overrides applied, cannot
+    /// both be bound.
+    #[error("with --listen/--admin applied, {0}")]
+    Addresses(String),
 }
 
 /// Everything that can stop the gateway from starting or reloading.

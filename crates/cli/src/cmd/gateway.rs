@@ -41,6 +41,10 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut config = GatewayConfig::from_file(&args.config)
         .with_context(|| format!("invalid gateway configuration {}", args.config.display()))?;
+    // Before `--check`, so that it checks the addresses the start would bind.
+    config
+        .set_addresses(args.listen, args.admin)
+        .with_context(|| format!("invalid gateway configuration {}", args.config.display()))?;
     if args.check {
         // The files the configuration names too, read as the start reads them and refused with
         // the start's own error: a file called valid here does not stop the gateway at start.
@@ -51,12 +55,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.config.display()
         );
         return Ok(());
-    }
-    if let Some(l) = args.listen {
-        config.listen = l;
-    }
-    if let Some(a) = args.admin {
-        config.admin = a;
     }
     let workers = args.workers.map_or_else(default_workers, usize::from);
     let listeners = WorkerListeners::bind(config.listen, Some(config.admin), workers)
