@@ -1,6 +1,6 @@
 //! A KV-event publisher speaking vLLM's protocol: a `PUB` socket sending `[topic, seq, payload]`
-//! and an optional `ROUTER` socket replaying buffered batches. The emulator's pods publish with
-//! it, and the tests drive the subscriber against it.
+//! and an optional `ROUTER` socket replaying buffered batches as `[seq, payload]`. The emulator's
+//! pods publish with it, and the tests drive the subscriber against it.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -76,7 +76,7 @@ impl Publisher {
         if let Some(r) = replay {
             let l = TcpListener::bind(r).await?;
             replay_addr = Some(l.local_addr()?);
-            tasks.push(tokio::spawn(serve_replay(l, shared.clone(), topic.clone())));
+            tasks.push(tokio::spawn(serve_replay(l, shared.clone())));
         }
         Ok(Publisher {
             topic,
@@ -188,13 +188,12 @@ async fn pub_conn(
     }
 }
 
-async fn serve_replay(l: TcpListener, shared: Arc<Mutex<Shared>>, topic: Bytes) {
+async fn serve_replay(l: TcpListener, shared: Arc<Mutex<Shared>>) {
     loop {
         let Ok((stream, _)) = l.accept().await else {
             continue;
         };
         let shared = shared.clone();
-        let topic = topic.clone();
         tokio::spawn(async move {
             let Ok(mut conn) =
                 Connection::handshake(stream, SocketType::Router, Limits::default()).await
@@ -219,9 +218,11 @@ async fn serve_replay(l: TcpListener, shared: Arc<Mutex<Shared>>, topic: Bytes) 
                         .cloned()
                         .collect()
                 };
+                // As vLLM answers: `[delimiter, seq, payload]` per batch (no topic), then the
+                // end marker `[delimiter, -1, empty]`.
                 for (seq, payload) in items {
                     if conn
-                        .send(&[b"", &topic, &seq.to_be_bytes(), &payload])
+                        .send(&[b"", &seq.to_be_bytes(), &payload])
                         .await
                         .is_err()
                     {
@@ -229,7 +230,7 @@ async fn serve_replay(l: TcpListener, shared: Arc<Mutex<Shared>>, topic: Bytes) 
                     }
                 }
                 if conn
-                    .send(&[b"", b"", &END_SEQ.to_be_bytes(), b""])
+                    .send(&[b"", &END_SEQ.to_be_bytes(), b""])
                     .await
                     .is_err()
                 {

@@ -543,12 +543,7 @@ async fn replay_into(
     let mut frames: Vec<Bytes> = Vec::with_capacity(4);
     loop {
         conn.recv(&mut frames).await?;
-        // [empty delimiter, topic, seq, payload]
-        let body = match frames.split_first() {
-            Some((d, rest)) if d.is_empty() => rest,
-            _ => &frames[..],
-        };
-        let Some(seq) = message_seq(body) else {
+        let Some((seq, payload)) = replay_message(&frames) else {
             inner.stats.decode_errors.inc();
             continue;
         };
@@ -565,6 +560,23 @@ async fn replay_into(
             inner.stats.gaps.inc();
             inner.reset(pod, "gap");
         }
-        apply_payload(inner, pod, seq, &body[2], last);
+        apply_payload(inner, pod, seq, payload, last);
     }
+}
+
+/// The sequence number and payload of a replayed batch. vLLM's `ROUTER` answers
+/// `[empty delimiter, seq, payload]` (no topic; the end marker is `[empty, -1, empty]`); a
+/// `[empty, topic, seq, payload]` message, as a publisher that copies its `PUB` frames would
+/// send, is read too.
+fn replay_message(frames: &[Bytes]) -> Option<(u64, &[u8])> {
+    let body = match frames.split_first() {
+        Some((d, rest)) if d.is_empty() => rest,
+        _ => frames,
+    };
+    let (seq, payload) = match body {
+        [seq, payload] | [_, seq, payload] => (seq, payload),
+        _ => return None,
+    };
+    let b: [u8; 8] = seq[..].try_into().ok()?;
+    Some((u64::from_be_bytes(b), &payload[..]))
 }

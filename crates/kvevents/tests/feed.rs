@@ -265,3 +265,72 @@ async fn a_hostile_peer_is_survived_and_bad_payloads_reset_the_pod() {
         "{m}"
     );
 }
+
+/// A replay socket answering exactly as vLLM's `ZmqEventPublisher._service_replay` does: per
+/// buffered batch `[delimiter, seq, payload]` (no topic frame), then `[delimiter, -1, empty]`.
+async fn vllm_replay_socket(buffer: Vec<(u64, Vec<u8>)>) -> SocketAddr {
+    use infergate_kvevents::zmtp::{Connection, Limits, SocketType};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let buffer = buffer.clone();
+            tokio::spawn(async move {
+                let mut conn = Connection::handshake(s, SocketType::Router, Limits::default())
+                    .await
+                    .unwrap();
+                let mut req = Vec::new();
+                conn.recv(&mut req).await.unwrap();
+                assert_eq!(req.len(), 2, "a DEALER's request: [delimiter, start seq]");
+                let start = u64::from_be_bytes(req[1][..].try_into().unwrap());
+                for (seq, payload) in buffer.iter().filter(|(s, _)| *s >= start) {
+                    conn.send(&[b"", &seq.to_be_bytes(), payload])
+                        .await
+                        .unwrap();
+                }
+                conn.send(&[b"", &(-1i64).to_be_bytes(), b""])
+                    .await
+                    .unwrap();
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_replay_in_vllms_own_frames_fills_the_index_on_a_first_connect() {
+    let a = prompt(8);
+    let b: Vec<u32> = (5000..5008).collect();
+    let bs = Event::Stored(Stored {
+        block_hashes: vec![50, 51],
+        token_ids: b.clone(),
+        block_size: BS,
+        ..Default::default()
+    });
+    let replay = vllm_replay_socket(vec![
+        (0, batch(vec![stored(&a, 0, 2)], Encoding::Keyed)),
+        (1, batch(vec![bs], Encoding::Keyed)),
+    ])
+    .await;
+    let publisher = Publisher::bind("127.0.0.1:0".parse().unwrap(), None, "", 0)
+        .await
+        .unwrap();
+    let kv = KvEvents::new(SubscriberConfig {
+        // Longer than the wait below: only an understood end marker ends this replay.
+        replay_timeout: Duration::from_secs(60),
+        ..cfg()
+    });
+    let pod: SocketAddr = POD.parse().unwrap();
+    kv.add_pod_at(pod, publisher.addr(), Some(replay));
+    eventually("the replayed blocks", || {
+        cached(&kv, pod, &a) == Some(8) && cached(&kv, pod, &b) == Some(8)
+    })
+    .await;
+    let m = metrics(&kv);
+    assert!(
+        m.contains("kv_events_replays_total{outcome=\"ok\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("kv_events_decode_errors_total 0"), "{m}");
+    assert!(m.contains("kv_events_batches_total 2"), "{m}");
+}
