@@ -64,7 +64,9 @@ impl Router {
         self.admin_addr
     }
 
-    /// Waits until the router has stopped (after its shutdown future completed).
+    /// Waits until the router has stopped: its shutdown future completed, the front door
+    /// closed, and every connection open then ended (each is asked to finish: HTTP/1.1
+    /// keep-alive off, HTTP/2 GOAWAY; running requests, streams included, complete).
     pub async fn wait(self) {
         let _ = self.task.await;
     }
@@ -209,6 +211,8 @@ pub async fn serve(
         let accepting = tokio::spawn(accept);
         shutdown.await;
         let _ = stop_tx.send(true);
+        // Returns once every connection has ended: running answers, streams included, finish.
+        // The heartbeats keep being polled meanwhile, so the retries still fail over.
         let _ = accepting.await;
         for p in pollers {
             p.abort();
@@ -233,6 +237,8 @@ async fn accept_loop(
     let limits = shared.config.limits.clone();
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let tls = tls.map(Arc::new);
+    // Each connection's task holds a receiver: `closed()` resolves once the last one has ended.
+    let (conns_tx, conns_rx) = tokio::sync::watch::channel(());
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -243,7 +249,7 @@ async fn accept_loop(
                     continue;
                 }
             },
-            () = async { let _ = stop.wait_for(|s| *s).await; } => return,
+            () = stopped(&mut stop) => break,
         };
         // Past `maxConnections` the connection is closed at once.
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
@@ -254,8 +260,11 @@ async fn accept_loop(
         let shared = Arc::clone(&shared);
         let tls = tls.clone();
         let limits = limits.clone();
+        let mut stop = stop.clone();
+        let open = conns_rx.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let _open = open;
             let stream = match infergate_pool::tls::accept_tls(tls.as_deref(), stream).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -278,14 +287,30 @@ async fn accept_loop(
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(limits.http2.max_concurrent_streams)
                 .max_header_list_size(u32::try_from(limits.header_bytes()).unwrap_or(u32::MAX));
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            // At shutdown the connection is asked to finish (HTTP/1.1 keep-alive off, HTTP/2
+            // GOAWAY) and served until its running requests have ended.
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
         });
     }
+    drop(listener);
+    drop(conns_rx);
+    conns_tx.closed().await;
+}
+
+/// Resolves once shutdown was signalled (or the signal's sender is gone).
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await.is_ok();
 }
 
 async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<RouterBody> {
