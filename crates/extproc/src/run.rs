@@ -109,7 +109,9 @@ fn invalid_in(path: &Path, reason: String) -> Error {
 pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSettings, Error> {
     let invalid = |e: String| invalid_in(path, e);
     let settings: infergate_pool::flow::FlowSettings = read_yaml(path)?;
-    infergate_pool::flow::validate_config(&settings.flow_control)
+    settings
+        .flow_control
+        .validate()
         .map_err(|e| invalid(e.to_string()))?;
     infergate_pool::tenant::Tenancy::new(&settings.tenancy).map_err(|e| invalid(e.to_string()))?;
     Ok(settings)

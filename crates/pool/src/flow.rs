@@ -47,7 +47,7 @@ use infergate_metrics::Clock;
 use infergate_scheduler::flow::{
     FlowConfig, FlowQueues, FlowRequest, FlowTicket, Refusal, ServiceCharge,
 };
-use infergate_scheduler::{ConfigError, Priority, Usage};
+use infergate_scheduler::{Priority, Usage};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -685,41 +685,6 @@ impl Drop for Queued {
     fn drop(&mut self) {
         self.leave(outcome::CANCELLED);
     }
-}
-
-/// Checks a `flowControl:` section as [`FlowConfig::validate`] does, for the files that carry
-/// one (the gateway's, the picker's `--flow-control`). A band limit of 0 is named down to the
-/// field (`flowControl.bands.standard.maxBytes`), as the CRD's validation names it, where
-/// [`FlowConfig::validate`] names only the band.
-pub fn validate_config(cfg: &FlowConfig) -> Result<(), ConfigError> {
-    let b = &cfg.bands;
-    let band_limits = [
-        (
-            "flowControl.bands.critical.maxRequests",
-            u64::from(b.critical.max_requests),
-        ),
-        ("flowControl.bands.critical.maxBytes", b.critical.max_bytes),
-        (
-            "flowControl.bands.standard.maxRequests",
-            u64::from(b.standard.max_requests),
-        ),
-        ("flowControl.bands.standard.maxBytes", b.standard.max_bytes),
-        (
-            "flowControl.bands.sheddable.maxRequests",
-            u64::from(b.sheddable.max_requests),
-        ),
-        (
-            "flowControl.bands.sheddable.maxBytes",
-            b.sheddable.max_bytes,
-        ),
-    ];
-    if let Some((field, _)) = band_limits.into_iter().find(|&(_, limit)| limit == 0) {
-        return Err(ConfigError {
-            field,
-            reason: "must be at least 1".to_owned(),
-        });
-    }
-    cfg.validate()
 }
 
 #[cfg(test)]

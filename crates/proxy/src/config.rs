@@ -526,7 +526,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
         if let Some(q) = &r.quotas {
             q.to_config()?;
         }
-        infergate_pool::flow::validate_config(&r.flow_control).map_err(|e| e.to_string())?;
+        r.flow_control.validate().map_err(|e| e.to_string())?;
         Tenancy::new(&r.tenancy).map_err(|e| e.to_string())?;
         if !auth.is_enabled() {
             check_anonymous_tenants(r.quotas.as_ref(), &r.rewrites)?;

@@ -326,18 +326,30 @@ impl FlowConfig {
                 "must be at least 1",
             ));
         }
-        let bands = [
-            ("flowControl.bands.critical", self.bands.critical),
-            ("flowControl.bands.standard", self.bands.standard),
-            ("flowControl.bands.sheddable", self.bands.sheddable),
+        // Each limit named down to its field, as the CRD's validation names it.
+        let b = &self.bands;
+        let band_limits = [
+            (
+                "flowControl.bands.critical.maxRequests",
+                u64::from(b.critical.max_requests),
+            ),
+            ("flowControl.bands.critical.maxBytes", b.critical.max_bytes),
+            (
+                "flowControl.bands.standard.maxRequests",
+                u64::from(b.standard.max_requests),
+            ),
+            ("flowControl.bands.standard.maxBytes", b.standard.max_bytes),
+            (
+                "flowControl.bands.sheddable.maxRequests",
+                u64::from(b.sheddable.max_requests),
+            ),
+            (
+                "flowControl.bands.sheddable.maxBytes",
+                b.sheddable.max_bytes,
+            ),
         ];
-        for (field, b) in bands {
-            if b.max_requests == 0 || b.max_bytes == 0 {
-                return Err(ConfigError::new(
-                    field,
-                    "maxRequests and maxBytes must be at least 1",
-                ));
-            }
+        if let Some((field, _)) = band_limits.into_iter().find(|&(_, limit)| limit == 0) {
+            return Err(ConfigError::new(field, "must be at least 1"));
         }
         let w = self.service_weights;
         for (field, v) in [

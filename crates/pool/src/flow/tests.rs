@@ -207,36 +207,3 @@ async fn a_head_held_back_by_the_reserve_passes_its_turn_to_a_protected_request(
     c.kick();
     assert_eq!(poll(&mut n), Some(Turn::Try));
 }
-
-#[test]
-fn a_zero_band_limit_is_refused_naming_the_band_and_the_limit() {
-    fn refused(set: fn(&mut FlowConfig)) -> String {
-        let mut cfg = FlowConfig::default();
-        set(&mut cfg);
-        validate_config(&cfg).unwrap_err().to_string()
-    }
-    for (e, field) in [
-        (
-            refused(|c| c.bands.standard.max_bytes = 0),
-            "flowControl.bands.standard.maxBytes",
-        ),
-        (
-            refused(|c| c.bands.standard.max_requests = 0),
-            "flowControl.bands.standard.maxRequests",
-        ),
-        (
-            refused(|c| c.bands.critical.max_bytes = 0),
-            "flowControl.bands.critical.maxBytes",
-        ),
-        (
-            refused(|c| c.bands.sheddable.max_requests = 0),
-            "flowControl.bands.sheddable.maxRequests",
-        ),
-    ] {
-        assert!(e.contains(&format!("`{field}` must be at least 1")), "{e}");
-    }
-    // The other checks are the scheduler's own.
-    let e = refused(|c| c.max_bytes = 0);
-    assert!(e.contains("`flowControl.maxBytes`"), "{e}");
-    assert_eq!(validate_config(&FlowConfig::default()), Ok(()));
-}

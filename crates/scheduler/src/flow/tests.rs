@@ -522,11 +522,40 @@ fn configuration_parses_with_defaults_and_validates() {
     assert_eq!((d.max_requests, d.max_bytes), (5_000, 1_000_000_000));
     assert_eq!(d.fairness, Fairness::GlobalStrict);
     assert_eq!(d.ordering, Ordering::Fcfs);
-    let bad: FlowConfig = serde_yaml::from_str("bands: {critical: {maxBytes: 0}}").unwrap();
-    assert_eq!(
-        bad.validate().unwrap_err().field,
-        "flowControl.bands.critical"
-    );
+    for (yaml, field) in [
+        (
+            "bands: {critical: {maxBytes: 0}}",
+            "flowControl.bands.critical.maxBytes",
+        ),
+        (
+            "bands: {critical: {maxRequests: 0}}",
+            "flowControl.bands.critical.maxRequests",
+        ),
+        (
+            "bands: {standard: {maxBytes: 0}}",
+            "flowControl.bands.standard.maxBytes",
+        ),
+        (
+            "bands: {standard: {maxRequests: 0}}",
+            "flowControl.bands.standard.maxRequests",
+        ),
+        (
+            "bands: {sheddable: {maxBytes: 0}}",
+            "flowControl.bands.sheddable.maxBytes",
+        ),
+        (
+            "bands: {sheddable: {maxRequests: 0}}",
+            "flowControl.bands.sheddable.maxRequests",
+        ),
+    ] {
+        let bad: FlowConfig = serde_yaml::from_str(yaml).unwrap();
+        let e = bad.validate().unwrap_err();
+        assert_eq!(e.field, field, "{yaml}");
+        assert_eq!(
+            e.to_string(),
+            format!("invalid scheduler configuration: `{field}` must be at least 1")
+        );
+    }
     let bad: FlowConfig = serde_yaml::from_str("serviceWeights: {output: -1}").unwrap();
     assert_eq!(
         bad.validate().unwrap_err().field,
