@@ -21,7 +21,7 @@ use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::quota::Quotas;
 use infergate_pool::tenant::Tenancy;
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
-use infergate_proxy::auth::Authenticator;
+use infergate_proxy::auth::{Authenticator, ModelAccess};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -357,16 +357,22 @@ fn error_response(e: &ApiError) -> Response<RouterBody> {
     r
 }
 
-/// Every model some cluster serves, sorted.
-fn served_models(shared: &Shared) -> Vec<String> {
-    let mut all: Vec<String> = shared.clusters.iter().flat_map(|c| c.served()).collect();
+/// Every model some cluster serves that `access` allows, sorted: a caller allowed only some
+/// models is not told of the others (as on the gateway).
+fn served_models(shared: &Shared, access: &ModelAccess) -> Vec<String> {
+    let mut all: Vec<String> = shared
+        .clusters
+        .iter()
+        .flat_map(|c| c.served())
+        .filter(|m| access.allows(m, m))
+        .collect();
     all.sort();
     all.dedup();
     all
 }
 
-fn models_response(shared: &Shared) -> Response<RouterBody> {
-    let data: Vec<serde_json::Value> = served_models(shared)
+fn models_response(shared: &Shared, access: &ModelAccess) -> Response<RouterBody> {
+    let data: Vec<serde_json::Value> = served_models(shared, access)
         .into_iter()
         .map(|id| serde_json::json!({"id": id, "object": "model", "owned_by": "infergate"}))
         .collect();
@@ -397,7 +403,7 @@ async fn route_request(
     let identity = shared.auth.authenticate(req.headers()).await?;
     let kind = match Route::of(req.method().as_str(), req.uri().path())? {
         Route::Api(kind) => kind,
-        Route::Models => return Ok(models_response(shared)),
+        Route::Models => return Ok(models_response(shared, &identity.models)),
     };
     let limits = &shared.config.limits;
     let running = shared.inflight.fetch_add(1, Ordering::AcqRel);
@@ -476,7 +482,7 @@ async fn route_request(
     let Some(reason) = route::order(routing.policy, objective_ms, &mut candidates, || {
         draw(&shared.rng)
     }) else {
-        let known = served_models(shared).join(", ");
+        let known = served_models(shared, &identity.models).join(", ");
         return Err(ApiError::UnknownModel {
             model: model.to_owned(),
             known,

@@ -19,10 +19,15 @@ const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"
 
 /// The router in front of `cluster` (its models configured, no heartbeat), and its stop switch.
 async fn router(cluster: SocketAddr) -> (Router, oneshot::Sender<()>) {
-    let yaml = format!(
+    router_with(&format!(
         "auth: none\nclusters:\n  - {{ name: a, url: 'http://{cluster}', region: r, models: [m], cost: {{ inputPerMillion: 1, outputPerMillion: 1 }} }}\n"
-    );
-    let config = GlobalConfig::from_yaml(&yaml).unwrap();
+    ))
+    .await
+}
+
+/// The router with the configuration `yaml`, and its stop switch.
+async fn router_with(yaml: &str) -> (Router, oneshot::Sender<()>) {
+    let config = GlobalConfig::from_yaml(yaml).unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (stop, rx) = oneshot::channel::<()>();
     let router = serve(config, Listeners { http, admin: None }, async move {
@@ -196,4 +201,62 @@ async fn a_stream_running_at_shutdown_is_finished_before_the_router_stops() {
         .await
         .expect("the router did not stop once its last answer ended")
         .unwrap();
+}
+
+/// A caller allowed only some models sees only those: in `GET /v1/models` and in the list an
+/// unknown model's 404 gives (a model it may call that no cluster serves), as on the gateway:
+/// the others are no business of its own. A caller allowed every model sees every model some
+/// cluster serves.
+#[tokio::test]
+async fn a_caller_sees_only_the_models_it_may_call() {
+    // SHA-256 of `key-m` and `key-all` (`printf %s key-m | sha256sum`).
+    let key_m = "289c642a857aceb1b7e6f7ee74a11b4a5fb07f43d1e390a71251d611ebe36cd0";
+    let key_all = "7a8399757846cd741227ce8306d45f2433844fc4cc5897cfb21e12671f92ed2b";
+    let cluster = Recorder::start(&[]).await;
+    let yaml = format!(
+        "auth:\n  apiKeys:\n    keys:\n      - {{ sha256: {}, tenant: t-m, models: [m, gone] }}\n      - {{ sha256: {}, tenant: t-all, models: ['*'] }}\nclusters:\n  - {{ name: a, url: 'http://{}', region: r, models: [m, secret-model], cost: {{ inputPerMillion: 1 }} }}\n",
+        key_m, key_all, cluster.addr
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let ids = |r: &Response| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let limited = [("authorization", "Bearer key-m")];
+    let r = send(router.http_addr(), "GET", "/v1/models", &limited).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(ids(&r), ["m"]);
+    let all = [("authorization", "Bearer key-all")];
+    let r = send(router.http_addr(), "GET", "/v1/models", &all).await;
+    assert_eq!(ids(&r), ["m", "secret-model"]);
+
+    let unknown = |key: &'static str| {
+        http::Request::post("/v1/chat/completions")
+            .header("authorization", key)
+            .header("content-type", "application/json")
+            .body(Bytes::from_static(
+                br#"{"model":"gone","messages":[{"role":"user","content":"hi"}]}"#,
+            ))
+            .unwrap()
+    };
+    let r = infergate_testkit::send(router.http_addr(), unknown("Bearer key-m"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(
+        r.text().contains("(m)") && !r.text().contains("secret-model"),
+        "{}",
+        r.text()
+    );
+    let r = infergate_testkit::send(router.http_addr(), unknown("Bearer key-all"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("m, secret-model"), "{}", r.text());
+    assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
