@@ -4,9 +4,10 @@
 //! Sequence numbers (8-byte big-endian, one per batch) are checked: a gap is filled from the
 //! engine's replay socket when it serves one, otherwise the pod's entries are dropped (events
 //! were missed, so nothing known of its cache can be trusted). The same happens on a reconnect
-//! (replay from the last batch seen, or a reset), on an engine restart (the sequence starts over)
-//! and on a payload that does not decode. While a pod's feed is down or catching up its match is
-//! not listed, so the approximate prefix index stands in for it.
+//! (replay from the last batch seen, or a reset), on an engine restart (the sequence starts over,
+//! or a reconnect's replay does not reach the last batch seen) and on a payload that does not
+//! decode. While a pod's feed is down or catching up its match is not listed, so the
+//! approximate prefix index stands in for it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -429,13 +430,26 @@ async fn session(
     }
     // Catch up: replay what was missed (everything buffered on a first connect), or start over.
     let mut replayed_from: Option<u64> = None;
-    match replay {
-        Some(r) => {
-            let from = last.map_or(0, |l| l + 1);
-            catch_up(inner, pod, r, from, last).await;
-            replayed_from = Some(from);
+    match (replay, *last) {
+        (Some(r), Some(l)) => {
+            // Ask from the last batch applied, not the one after: an engine that kept running
+            // still holds it and sends it again (skipped); one whose buffer holds nothing that
+            // recent restarted, with an empty cache, while the feed was down.
+            replayed_from = Some(l);
+            if let Replayed::Newest(newest) = catch_up(inner, pod, r, l, last).await
+                && newest.is_none_or(|n| n < l)
+            {
+                inner.reset(pod, "restart");
+                *last = None;
+                catch_up(inner, pod, r, 0, last).await;
+                replayed_from = Some(0);
+            }
         }
-        None => {
+        (Some(r), None) => {
+            catch_up(inner, pod, r, 0, last).await;
+            replayed_from = Some(0);
+        }
+        (None, _) => {
             if last.take().is_some() {
                 inner.reset(pod, "reconnect");
             }
@@ -502,6 +516,14 @@ fn apply_payload(inner: &Inner, pod: SocketAddr, seq: u64, payload: &[u8], last:
     *last = Some(seq);
 }
 
+/// How a replay ended.
+enum Replayed {
+    /// It failed or timed out; the pod was reset.
+    Failed,
+    /// It ended; the newest sequence number the engine sent, if it sent any batch.
+    Newest(Option<u64>),
+}
+
 /// Requests a replay from `from` and applies it; on failure the pod is reset.
 async fn catch_up(
     inner: &Inner,
@@ -509,16 +531,16 @@ async fn catch_up(
     replay: SocketAddr,
     from: u64,
     last: &mut Option<u64>,
-) {
+) -> Replayed {
     let timeout = inner.cfg.replay_timeout;
     let r = tokio::time::timeout(timeout, replay_into(inner, pod, replay, from, last)).await;
-    let outcome = match r {
-        Ok(Ok(())) => "ok",
+    let (outcome, replayed) = match r {
+        Ok(Ok(newest)) => ("ok", Replayed::Newest(newest)),
         Ok(Err(e)) => {
             tracing::debug!(%pod, %replay, error = %e, "kv-events: replay failed");
-            "failed"
+            ("failed", Replayed::Failed)
         }
-        Err(_) => "timeout",
+        Err(_) => ("timeout", Replayed::Failed),
     };
     inner
         .stats
@@ -529,6 +551,7 @@ async fn catch_up(
         inner.reset(pod, "gap");
         *last = None;
     }
+    replayed
 }
 
 async fn replay_into(
@@ -537,10 +560,11 @@ async fn replay_into(
     replay: SocketAddr,
     from: u64,
     last: &mut Option<u64>,
-) -> Result<(), ZmtpError> {
+) -> Result<Option<u64>, ZmtpError> {
     let mut conn = zmtp::connect(&replay.to_string(), SocketType::Dealer, inner.cfg.limits).await?;
     conn.send(&[b"", &from.to_be_bytes()]).await?;
     let mut frames: Vec<Bytes> = Vec::with_capacity(4);
+    let mut newest: Option<u64> = None;
     loop {
         conn.recv(&mut frames).await?;
         let Some((seq, payload)) = replay_message(&frames) else {
@@ -548,8 +572,9 @@ async fn replay_into(
             continue;
         };
         if seq == END_SEQ {
-            return Ok(());
+            return Ok(newest);
         }
+        newest = newest.max(Some(seq));
         if last.is_some_and(|l| seq <= l) {
             continue;
         }

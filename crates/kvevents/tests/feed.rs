@@ -334,3 +334,48 @@ async fn a_replay_in_vllms_own_frames_fills_the_index_on_a_first_connect() {
     assert!(m.contains("kv_events_decode_errors_total 0"), "{m}");
     assert!(m.contains("kv_events_batches_total 2"), "{m}");
 }
+
+#[tokio::test]
+async fn an_engine_restarted_behind_its_replay_socket_resets_the_pod() {
+    let publisher = Publisher::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Some("127.0.0.1:0".parse().unwrap()),
+        "",
+        64,
+    )
+    .await
+    .unwrap();
+    let (addr, replay) = (publisher.addr(), publisher.replay_addr().unwrap());
+    let kv = KvEvents::new(cfg());
+    let pod: SocketAddr = POD.parse().unwrap();
+    kv.add_pod_at(pod, addr, Some(replay));
+    eventually("the feed", || kv.index().stats().synced_pods == 1).await;
+    let a = prompt(8);
+    publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
+    publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
+    eventually("a", || cached(&kv, pod, &a) == Some(8)).await;
+    drop(publisher);
+    eventually("the feed down", || cached(&kv, pod, &a).is_none()).await;
+    // The engine comes back with an empty cache and a replay buffer that starts over; it stays
+    // idle, so no live batch reveals the restart.
+    let again = loop {
+        match Publisher::bind(addr, Some(replay), "", 64).await {
+            Ok(p) => break p,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    eventually("the feed back", || kv.index().stats().synced_pods == 1).await;
+    assert_eq!(
+        cached(&kv, pod, &a),
+        Some(0),
+        "nothing of the old cache is left"
+    );
+    let m = metrics(&kv);
+    assert!(
+        m.contains("kv_events_resets_total{reason=\"restart\"} 1"),
+        "{m}"
+    );
+    // What the restarted engine then stores is followed.
+    again.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
+    eventually("a again", || cached(&kv, pod, &a) == Some(8)).await;
+}
