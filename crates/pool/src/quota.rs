@@ -695,7 +695,7 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
             }
         },
         Err(e) => {
-            failed(inner, &readings, shared, &e.to_string());
+            failed(inner, &readings, shared, &crate::ErrorChain(&e).to_string());
             false
         }
     }
@@ -737,8 +737,8 @@ fn apply(
         return Err(format!("Redis refused the counter update: {message}").into());
     }
     let presence = &values[writes..writes + PRESENCE];
-    if presence.iter().any(|v| matches!(v, Value::Error(_))) {
-        return Err("Redis refused a presence update".into());
+    if let Some(Value::Error(message)) = presence.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(format!("Redis refused a presence update: {message}").into());
     }
     let seen = presence[3]
         .as_i64()

@@ -334,7 +334,21 @@ async fn exchange(conn: &mut Conn, p: &Pipeline) -> Result<Vec<Value>, RedisErro
     let mut values = Vec::with_capacity(p.commands);
     let mut line = Vec::new();
     for _ in 0..p.commands {
-        values.push(read_value(conn, &mut line, 0).await?);
+        match read_value(conn, &mut line, 0).await {
+            Ok(v) => values.push(v),
+            Err(e @ RedisError::Io { .. }) => {
+                // Redis closes the connection after refusing some commands (an unauthenticated
+                // client's long one, after `NOAUTH` for each before it): its first refusal
+                // says why, the closed socket does not.
+                return Err(
+                    match values.into_iter().find(|v| matches!(v, Value::Error(_))) {
+                        Some(Value::Error(message)) => RedisError::Server { message },
+                        _ => e,
+                    },
+                );
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(values)
 }

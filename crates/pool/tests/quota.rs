@@ -495,3 +495,56 @@ async fn large_token_totals_are_written_as_integers() {
         300_000_000_000_007
     );
 }
+
+/// The sync's warning says why Redis failed: the cause under the client's error (the socket's
+/// report), and the refusal of a Redis that asks for a password the replica was not given,
+/// which Redis answers with `NOAUTH` before it closes the connection.
+#[tokio::test]
+async fn the_warning_of_a_failed_sync_says_why() {
+    let Some(mut redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    // The current-thread runtime runs the sync task here, under this thread's subscriber.
+    let out = infergate_testkit::CapturedLog::default();
+    let writer = out.clone();
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let window = Duration::from_secs(2);
+    let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
+    let mut p = infergate_pool::redis::Pipeline::new();
+    p.cmd(&["CONFIG", "SET", "requirepass", "sekret"]);
+    direct.pipeline(&p).await.unwrap();
+    let q = Quotas::start(config(&redis, "why:", window, 100), None).unwrap();
+    wait_for("a warning", || out.text().contains("Redis unreachable")).await;
+    let text = out.text();
+    assert!(text.contains("NOAUTH Authentication required"), "{text}");
+    drop(q);
+
+    redis.restart().await;
+    let q = Quotas::start(config(&redis, "why:", window, 100), None).unwrap();
+    wait_for("shared", || q.redis_up()).await;
+    let before = out.text().len();
+    redis.kill();
+    wait_for("a second warning", || {
+        out.text()[before..].contains("Redis unreachable")
+    })
+    .await;
+    let text = out.text()[before..].to_owned();
+    let line = text
+        .lines()
+        .find(|l| l.contains("Redis unreachable"))
+        .unwrap();
+    // `the Redis connection failed` alone would not say whether it was refused, reset or closed.
+    assert!(
+        !line.contains("error=\"the Redis connection failed\""),
+        "{line}"
+    );
+    assert!(
+        line.contains("error=\"the Redis connection failed: "),
+        "{line}"
+    );
+}

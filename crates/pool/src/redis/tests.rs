@@ -86,6 +86,39 @@ async fn a_silent_server_times_out_and_the_next_call_waits_out_the_backoff() {
     assert!(matches!(e, RedisError::Backoff { .. }), "{e}");
 }
 
+/// What Redis does to a client without `AUTH` that sends a long command: `NOAUTH` for each
+/// command before it, a protocol error, then it closes the connection.
+#[tokio::test]
+async fn a_refusal_before_the_connection_closes_is_the_error_not_the_closed_socket() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let _server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = s.read(&mut buf).await.unwrap();
+        s.write_all(
+            b"-NOAUTH Authentication required.\r\n-NOAUTH Authentication required.\r\n\
+              -ERR Protocol error: unauthenticated multibulk length\r\n",
+        )
+        .await
+        .unwrap();
+    });
+    let mut r = Redis::new(RedisConfig::new(addr));
+    let mut p = Pipeline::new();
+    p.cmd(&["ZADD", "r", "1", "x"])
+        .cmd(&["ZCARD", "r"])
+        .cmd(&[
+            "MGET", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k",
+        ])
+        .cmd(&["SCARD", "s"]);
+    let e = r.pipeline(&p).await.unwrap_err();
+    assert!(
+        matches!(&e, RedisError::Server { message } if message == "NOAUTH Authentication required."),
+        "{e:?}"
+    );
+    assert!(!r.is_connected());
+}
+
 #[tokio::test]
 async fn nothing_listening_is_a_connect_error() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
