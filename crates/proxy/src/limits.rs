@@ -194,6 +194,11 @@ pub(crate) enum BodyRead {
 /// Reads a request body within `limits`: at most `maxRequestBodyBytes` (413), charged to
 /// `maxBufferedRequestBytes` before it is read (503), complete within `bodyReadTimeoutMs` (408).
 /// Errors only when the client's body breaks off.
+///
+/// A body refused as too large is read on and discarded, when it ends within as many bytes
+/// again ([`drain`]), before the 413 goes out: a client still sending when the answer arrives
+/// sees its stream reset (HTTP/2 `RST_STREAM`) or its connection closed (HTTP/1.1), and some
+/// report that instead of the 413 (curl before 8, over HTTP/2).
 pub(crate) async fn read_body(
     counters: &Counters,
     limits: &Limits,
@@ -204,6 +209,10 @@ pub(crate) async fn read_body(
     let too_large = || BodyRead::Refused(ApiError::BodyTooLarge { limit });
     let limit = to_i64(limit);
     if declared.is_some_and(|n| to_i64(n) > limit) {
+        let twice = limit.saturating_mul(2);
+        if declared.is_some_and(|n| to_i64(n) <= twice) {
+            drain(&mut body, twice, limits.body_read_timeout()).await;
+        }
         return Ok(too_large());
     }
     let budget = to_i64(limits.max_buffered_request_bytes);
@@ -221,6 +230,8 @@ pub(crate) async fn read_body(
         bytes: declared,
     };
     let timeout = limits.body_read_timeout();
+    // The bytes received when the body went over the limit.
+    let mut over: Option<i64> = None;
     let read = async {
         // Most bodies arrive in one frame: keep it without copying; join only when there are
         // more.
@@ -233,6 +244,7 @@ pub(crate) async fn read_body(
             };
             received = received.saturating_add(to_i64(data.len()));
             if received > limit {
+                over = Some(received);
                 return Ok(too_large());
             }
             if !held.grow_to(received, budget) {
@@ -258,10 +270,40 @@ pub(crate) async fn read_body(
             },
         ))
     };
-    match tokio::time::timeout(timeout, read).await {
+    let started = tokio::time::Instant::now();
+    let read = match tokio::time::timeout(timeout, read).await {
         Ok(r) => r,
         Err(_elapsed) => Ok(BodyRead::Refused(ApiError::RequestTimeout { timeout })),
+    };
+    if let Some(received) = over {
+        // What is left of the read's time, for the rest of a body at most twice the limit.
+        let left = timeout.saturating_sub(started.elapsed());
+        drain(
+            &mut body,
+            limit.saturating_mul(2).saturating_sub(received),
+            left,
+        )
+        .await;
     }
+    read
+}
+
+/// Reads and discards the rest of `body`, up to its end, `allowance` bytes or `timeout`,
+/// whichever comes first. Nothing is kept, so a drained body costs no memory, only its bytes'
+/// reading.
+async fn drain(body: &mut Incoming, allowance: i64, timeout: std::time::Duration) {
+    let rest = async {
+        let mut left = allowance;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                left = left.saturating_sub(to_i64(data.len()));
+                if left < 0 {
+                    return;
+                }
+            }
+        }
+    };
+    let _ended = tokio::time::timeout(timeout, rest).await.is_ok();
 }
 
 #[cfg(test)]

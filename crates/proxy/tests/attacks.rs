@@ -723,6 +723,96 @@ async fn two_hundred_concurrent_4_mib_uploads_fit_the_buffer_budget_or_get_503()
 
 /// Just enough HTTP/2 framing (RFC 9113) to misbehave on purpose: no client library opens more
 /// streams than the server allows.
+/// A body over `maxRequestBodyBytes` is read to its end (up to twice the limit) before the 413
+/// goes out: answered while the client still sends, the stream was reset after the answer
+/// (`RST_STREAM`, NO_ERROR), which curl before 8 reports as "Stream error in the HTTP/2
+/// framing layer" instead of the 413. A body declared larger than twice the limit is answered
+/// at once.
+#[tokio::test]
+async fn an_h2_body_over_the_limit_is_answered_413_once_sent_without_a_reset() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&up, "{ maxRequestBodyBytes: 2048 }").await;
+    let served = up.requests();
+    // (declared length, whether the answer may come before the body's end)
+    for (declared, early) in [(Some(3500), false), (None, false), (Some(5000), true)] {
+        let (mut s, mut reader) = h2::connect(gw.addr()).await;
+        let headers = declared.map_or_else(h2::chat_headers, h2::chat_headers_with_length);
+        let chunk = vec![b' '; 1500];
+        s.write_all(&h2::frame(h2::HEADERS, h2::END_HEADERS, 1, &headers))
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            s.write_all(&h2::frame(h2::DATA, 0, 1, &chunk))
+                .await
+                .unwrap();
+        }
+        // The client pauses mid-body: nothing may be answered yet unless `early`.
+        let mut frames = Vec::new();
+        let pause = Instant::now() + Duration::from_millis(300);
+        while let Ok(f) = tokio::time::timeout_at(pause, reader.next(&mut s)).await {
+            frames.push(f);
+        }
+        let answered_early = frames
+            .iter()
+            .any(|f| f.stream == 1 && matches!(f.kind, h2::HEADERS | h2::RST_STREAM));
+        let seen: Vec<(u8, String)> = frames
+            .iter()
+            .map(|f| (f.kind, String::from_utf8_lossy(&f.payload).into_owned()))
+            .collect();
+        assert_eq!(
+            answered_early, early,
+            "{declared:?}: answered during the pause: {seen:?}"
+        );
+        if early {
+            continue;
+        }
+        s.write_all(&h2::frame(h2::DATA, h2::END_STREAM, 1, &chunk[..500]))
+            .await
+            .unwrap();
+        // Up to the answer's end, then a PING's round trip for anything sent after it.
+        loop {
+            let f = tokio::time::timeout(Duration::from_secs(5), reader.next(&mut s))
+                .await
+                .expect("no answer");
+            let end = f.stream == 1
+                && (f.kind == h2::RST_STREAM
+                    || (f.kind == h2::DATA && f.flags & h2::END_STREAM != 0));
+            frames.push(f);
+            if end {
+                break;
+            }
+        }
+        s.write_all(&h2::frame(h2::PING, 0, 0, b"drained!"))
+            .await
+            .unwrap();
+        loop {
+            let f = reader.next(&mut s).await;
+            let ack = f.kind == h2::PING && f.flags & h2::ACK != 0;
+            frames.push(f);
+            if ack {
+                break;
+            }
+        }
+        let on_stream: Vec<u8> = frames
+            .iter()
+            .filter(|f| f.stream == 1 && f.kind != h2::WINDOW_UPDATE)
+            .map(|f| f.kind)
+            .collect();
+        assert!(
+            !on_stream.contains(&h2::RST_STREAM),
+            "{declared:?}: the stream was reset: {on_stream:?}"
+        );
+        let body: Vec<u8> = frames
+            .iter()
+            .filter(|f| f.stream == 1 && f.kind == h2::DATA)
+            .flat_map(|f| f.payload.clone())
+            .collect();
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("body_too_large"), "{declared:?}: {body}");
+    }
+    assert_eq!(up.requests(), served);
+}
+
 mod h2 {
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpStream;
@@ -733,6 +823,7 @@ mod h2 {
     pub const RST_STREAM: u8 = 3;
     pub const SETTINGS: u8 = 4;
     pub const PING: u8 = 6;
+    pub const WINDOW_UPDATE: u8 = 8;
     pub const GOAWAY: u8 = 7;
     pub const ACK: u8 = 1;
     pub const END_STREAM: u8 = 1;
@@ -759,6 +850,29 @@ mod h2 {
             h.extend_from_slice(value.as_bytes());
         }
         h
+    }
+
+    /// [`chat_headers`] and a `content-length` (HPACK static index 28, a literal without
+    /// indexing).
+    pub fn chat_headers_with_length(length: usize) -> Vec<u8> {
+        let mut h = chat_headers();
+        let value = length.to_string();
+        h.extend_from_slice(&[0x0f, 28 - 15, u8::try_from(value.len()).unwrap()]);
+        h.extend_from_slice(value.as_bytes());
+        h
+    }
+
+    /// A connection past the preface and the settings exchange.
+    pub async fn connect(addr: std::net::SocketAddr) -> (TcpStream, Reader) {
+        use tokio::io::AsyncWriteExt;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(PREFACE).await.unwrap();
+        s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+        let mut reader = Reader::default();
+        let settings = reader.next(&mut s).await;
+        assert_eq!(settings.kind, SETTINGS);
+        s.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+        (s, reader)
     }
 
     pub struct Frame {

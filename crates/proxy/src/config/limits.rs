@@ -58,7 +58,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Limits {
-    /// Larger request bodies are answered 413 without being read further.
+    /// Larger request bodies are answered 413 (read on and discarded first when they end within
+    /// twice the limit; never kept).
     pub max_request_body_bytes: usize,
     /// The default for every model's `models[].limits.maxConcurrentRequests` (each model counts
     /// its own requests, after the body is parsed, since the model is named in the body);
