@@ -2,7 +2,7 @@
 //!
 //! ```yaml
 //! listen: 0.0.0.0:8080
-//! admin: 0.0.0.0:9091
+//! admin: 127.0.0.1:9091          # no authentication: keep it private
 //! auth: none                     # required, as for the gateway (`none`, or jwt / apiKeys)
 //! limits: { maxRequestBodyBytes: 4194304, maxRequestsInFlight: 4096 }   # the gateway's `limits:`
 //! tls: { certFile: cert.pem, keyFile: key.pem }                         # optional HTTPS front door
@@ -54,7 +54,8 @@ pub struct GlobalConfig {
     /// The front door's address.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// The admin port (`/metrics`, `/healthz`, `/readyz`).
+    /// The admin port (`/metrics`, `/healthz`, `/readyz`; no authentication), default
+    /// `127.0.0.1:9091`.
     #[serde(default = "default_admin")]
     pub admin: SocketAddr,
     /// Who may call (required: `auth: none` turns authentication off).
@@ -98,8 +99,10 @@ fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 8080))
 }
 
+/// Loopback: the admin port has no authentication (the Helm chart sets `0.0.0.0` behind a
+/// ClusterIP Service of its own).
 fn default_admin() -> SocketAddr {
-    SocketAddr::from(([0, 0, 0, 0], 9091))
+    SocketAddr::from(([127, 0, 0, 1], 9091))
 }
 
 /// `heartbeat:`.
@@ -309,6 +312,21 @@ impl GlobalConfig {
         Ok(config)
     }
 
+    /// Overrides `listen` and `admin` (the command line's `--listen` and `--admin`), refusing
+    /// a pair the router could not both bind, as the file's own pair is refused.
+    pub fn set_addresses(
+        &mut self,
+        listen: Option<SocketAddr>,
+        admin: Option<SocketAddr>,
+    ) -> Result<(), ConfigError> {
+        let listen = listen.unwrap_or(self.listen);
+        let admin = admin.unwrap_or(self.admin);
+        check_listen_and_admin(listen, admin)?;
+        self.listen = listen;
+        self.admin = admin;
+        Ok(())
+    }
+
     /// Reads, parses and validates a configuration file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -323,11 +341,12 @@ impl GlobalConfig {
             field,
             reason: reason.to_owned(),
         };
+        check_listen_and_admin(self.listen, self.admin)?;
         if let Some(q) = &self.quotas {
             q.to_config()
-                .map_err(|reason| invalid("quotas".into(), &reason))?;
+                .map_err(|reason| ConfigError::Quotas { reason })?;
         }
-        Tenancy::new(&self.tenancy).map_err(|e| invalid("tenancy".into(), &e.to_string()))?;
+        Tenancy::new(&self.tenancy)?;
         if self.clusters.len() > crate::route::MAX_CLUSTERS {
             return Err(invalid("clusters".into(), "at most 64 clusters"));
         }
@@ -391,6 +410,15 @@ impl GlobalConfig {
         if self.retries.max_attempts == 0 {
             return Err(invalid("retries.maxAttempts".into(), "must be at least 1"));
         }
+        for (tenant, ms) in &self.routing.tenant_objectives {
+            let field = || format!("routing.tenantObjectives.{tenant}");
+            if *ms == 0 {
+                return Err(invalid(field(), "must be above zero"));
+            }
+            if *ms > max_ms {
+                return Err(invalid(field(), "must be at most 604800000 (a week)"));
+            }
+        }
         if http::HeaderName::from_bytes(self.routing.objective_header.as_bytes()).is_err() {
             return Err(invalid(
                 "routing.objectiveHeader".into(),
@@ -402,12 +430,36 @@ impl GlobalConfig {
             if c.name.is_empty() {
                 return Err(invalid(at("name"), "must not be empty"));
             }
+            // The name is a label value on /metrics (written there as it is) and the value of
+            // the `x-infergate-cluster` response header.
+            if c.name.len() > MAX_NAME_LEN
+                || !c
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            {
+                return Err(invalid(
+                    at("name"),
+                    "use at most 63 letters, digits, `-`, `_` and `.`",
+                ));
+            }
             if self.clusters[..i].iter().any(|o| o.name == c.name) {
                 return Err(invalid(at("name"), "is used by another cluster"));
             }
             parse_url(&c.url).map_err(|reason| invalid(at("url"), reason))?;
             if let Some(h) = &c.heartbeat_url {
                 parse_url(h).map_err(|reason| invalid(at("heartbeatUrl"), reason))?;
+            }
+            if let Some(models) = &c.models {
+                if models.is_empty() {
+                    return Err(invalid(
+                        at("models"),
+                        "lists no model: name the models it serves, or leave `models` out to read them from its /v1/models",
+                    ));
+                }
+                if let Some(j) = models.iter().position(String::is_empty) {
+                    return Err(invalid(at(&format!("models[{j}]")), "must not be empty"));
+                }
             }
             let cost = &c.cost;
             let per_token = cost.input_per_million.is_some() || cost.output_per_million.is_some();
@@ -449,7 +501,33 @@ pub(crate) fn parse_url(url: &str) -> Result<Uri, &'static str> {
     if uri.authority().is_none() {
         return Err("has no host");
     }
+    if uri.query().is_some() {
+        return Err("must not have a query (`?...`): a request's own path and query follow it");
+    }
     Ok(uri)
+}
+
+/// The longest cluster name.
+const MAX_NAME_LEN: usize = 63;
+
+/// Refuses a `listen` and an `admin` the router could not both bind: the same port (other than
+/// 0, for which the system picks a free port each time) on the same IP, or with either IP
+/// unspecified (`0.0.0.0`, `[::]`), which takes the port on every address of the host.
+fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), ConfigError> {
+    let port = listen.port();
+    if port == 0 || port != admin.port() {
+        return Ok(());
+    }
+    if listen.ip() == admin.ip() || listen.ip().is_unspecified() || admin.ip().is_unspecified() {
+        return Err(ConfigError::Invalid {
+            field: "admin".into(),
+            reason: format!(
+                "`listen` ({listen}) and `admin` ({admin}) both take port {port}: the front door \
+                 and the admin port each need a port of their own"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -30,6 +30,16 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// The `quotas:` section (the quota service's own check, which names the field, e.g.
+    /// `` `quotas.redis.passwordEnv`: the variable `REDIS_PASSWORD` is not set ``).
+    #[error("{reason}")]
+    Quotas {
+        /// What is wrong, the field's path first.
+        reason: String,
+    },
+    /// The `tenancy:` section.
+    #[error(transparent)]
+    Tenancy(#[from] infergate_pool::tenant::TenancyError),
 }
 
 /// Why the router could not start.

@@ -119,21 +119,14 @@ pub async fn serve(
     let quotas = match &config.quotas {
         None => None,
         Some(spec) => {
-            let q = spec.to_config().map_err(|reason| {
-                Error::Config(crate::ConfigError::Invalid {
-                    field: "quotas".into(),
-                    reason,
-                })
-            })?;
+            let q = spec
+                .to_config()
+                .map_err(|reason| Error::Config(crate::ConfigError::Quotas { reason }))?;
             Some(Quotas::start(q, Some(&mut registry)).map_err(|e| Error::Quota(Box::new(e)))?)
         }
     };
-    let tenancy = Tenancy::new(&config.tenancy).map_err(|e| {
-        Error::Config(crate::ConfigError::Invalid {
-            field: "tenancy".into(),
-            reason: e.to_string(),
-        })
-    })?;
+    let tenancy =
+        Tenancy::new(&config.tenancy).map_err(|e| Error::Config(crate::ConfigError::from(e)))?;
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
     connector.set_nodelay(true);

@@ -37,6 +37,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.config.display()
         )
     })?;
+    config
+        .set_addresses(args.listen, args.admin)
+        .context("--listen/--admin")?;
     if args.check {
         tracing::info!(
             clusters = config.clusters.len(),
@@ -44,12 +47,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.config.display()
         );
         return Ok(());
-    }
-    if let Some(l) = args.listen {
-        config.listen = l;
-    }
-    if let Some(a) = args.admin {
-        config.admin = a;
     }
     let http = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -135,9 +135,116 @@ fn bad_values_name_their_field() {
             &format!("heartbeat: {{ slowStartMs: 18446744073709551615 }}\n{CLUSTER}"),
             "heartbeat.slowStartMs: must be at most 604800000",
         ),
+        (
+            &format!("routing: {{ tenantObjectives: {{ team-a: 0 }} }}\n{CLUSTER}"),
+            "routing.tenantObjectives.team-a: must be above zero",
+        ),
+        (
+            &format!("routing: {{ tenantObjectives: {{ team-a: 604800001 }} }}\n{CLUSTER}"),
+            "routing.tenantObjectives.team-a: must be at most 604800000",
+        ),
+        (
+            "clusters:\n  - { name: 'a\"b', url: 'http://h:1', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[0].name: use at most 63 letters, digits",
+        ),
+        (
+            "clusters:\n  - { name: \"a\\nb\", url: 'http://h:1', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[0].name: use at most 63",
+        ),
+        (
+            &format!(
+                "clusters:\n  - {{ name: {}, url: 'http://h:1', region: r, cost: {{ inputPerMillion: 1 }} }}\n",
+                "a".repeat(64)
+            ),
+            "clusters[0].name: use at most 63",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { inputPerMillion: 1 }, models: [] }\n",
+            "clusters[0].models: lists no model",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { inputPerMillion: 1 }, models: [m, ''] }\n",
+            "clusters[0].models[1]: must not be empty",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1/p?x=1', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[0].url: must not have a query",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', heartbeatUrl: 'http://h:2/heartbeat?x', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[0].heartbeatUrl: must not have a query",
+        ),
+        (
+            &format!("listen: 127.0.0.1:9000\nadmin: 127.0.0.1:9000\n{CLUSTER}"),
+            "admin: `listen` (127.0.0.1:9000) and `admin` (127.0.0.1:9000) both take port 9000",
+        ),
+        (
+            &format!("listen: 0.0.0.0:9000\nadmin: 127.0.0.1:9000\n{CLUSTER}"),
+            "both take port 9000",
+        ),
     ];
     for (yaml, want) in cases {
         let got = err(&format!("auth: none\n{yaml}"));
         assert!(got.contains(want), "{yaml}: got {got}, want {want}");
+    }
+}
+
+/// A name that works as a metric label and a header value passes.
+#[test]
+fn cluster_names_of_letters_digits_and_punctuation_pass() {
+    let c = GlobalConfig::from_yaml(
+        "auth: none\nclusters:\n  - { name: us-east-1.gw_a, url: 'http://h:1', region: r, cost: { inputPerMillion: 1 } }\n",
+    )
+    .unwrap();
+    assert_eq!(c.clusters[0].name, "us-east-1.gw_a");
+}
+
+/// The admin port has no authentication: by default it listens on loopback only.
+#[test]
+fn the_admin_port_is_on_loopback_by_default() {
+    let c = GlobalConfig::from_yaml(&format!("auth: none\n{CLUSTER}")).unwrap();
+    assert_eq!(c.admin, "127.0.0.1:9091".parse().unwrap());
+}
+
+/// The command line's `--listen` and `--admin` are checked as the file's pair is; port 0 (a
+/// free port each) and different IPs on one port pass.
+#[test]
+fn overridden_addresses_are_checked_like_the_files() {
+    let mut c = GlobalConfig::from_yaml(&format!("auth: none\n{CLUSTER}")).unwrap();
+    let e = c
+        .set_addresses(Some("127.0.0.1:9091".parse().unwrap()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("both take port 9091"), "{e}");
+    c.set_addresses(
+        Some("127.0.0.1:0".parse().unwrap()),
+        Some("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
+    c.set_addresses(
+        Some("127.0.0.2:9000".parse().unwrap()),
+        Some("127.0.0.1:9000".parse().unwrap()),
+    )
+    .unwrap();
+    assert_eq!(c.listen, "127.0.0.2:9000".parse().unwrap());
+}
+
+/// The quota service's and tenancy's own errors already name their field: it is said once.
+#[test]
+fn section_errors_name_their_field_once() {
+    for (yaml, field) in [
+        (
+            format!("quotas: {{ tenants: {{ a: {{ requestsPerMinute: 0 }} }} }}\n{CLUSTER}"),
+            "quotas.tenants.a",
+        ),
+        (
+            format!("tenancy: {{ tenantHeader: 'a b' }}\n{CLUSTER}"),
+            "tenancy.tenantHeader",
+        ),
+    ] {
+        let got = err(&format!("auth: none\n{yaml}"));
+        assert!(got.contains(field), "{got}");
+        let section = field.split('.').next().unwrap_or(field);
+        assert_eq!(got.matches(section).count(), 1, "{got}");
     }
 }
