@@ -93,6 +93,9 @@ const RECENT_SWEEP_EVERY: u32 = 256;
 /// Half-life of the measured send rate behind [`FlowQueues::expected_wait`], in nanoseconds.
 const RATE_HALF_LIFE_NS: f64 = 5e9;
 
+/// The shortest history the send rate is measured over, in seconds ([`FlowQueues::send_rate`]).
+const MIN_RATE_WINDOW_S: f64 = 1.0;
+
 /// The `Retry-After` of a queue rejection when the queues have no TTL to bound it.
 const MAX_QUEUE_RETRY_AFTER: Duration = Duration::from_secs(60);
 
@@ -1043,14 +1046,17 @@ impl<T> FlowQueues<T> {
 
     /// The measured send rate (requests dispatched from the queues or charged, per second),
     /// over about the last 7 s (an exponential average with a 5 s half-life); `None` before two
-    /// moments have passed.
+    /// moments have passed. A history shorter than a second counts as a second long.
     pub fn send_rate(&self, now: Timestamp) -> Option<f64> {
         let first = self.first_sent?;
         let elapsed = now.0.checked_sub(first).filter(|&e| e > 0)? as f64;
         let tau = RATE_HALF_LIFE_NS / std::f64::consts::LN_2;
         // A steady rate r leaves r·τ·(1 − e^(−t/τ)) decayed sends after t: divide by that
-        // window, so the rate is not underestimated while the history is short.
-        let window_s = tau * (1.0 - (-elapsed / tau).exp()) / 1e9;
+        // window, so the rate is not underestimated while the history is short — but not by
+        // less than a second: the sends of a burst's first milliseconds (one per idle pod)
+        // over those milliseconds read as hundreds a second, and told every client the full
+        // queue turned away to come back in a second.
+        let window_s = (tau * (1.0 - (-elapsed / tau).exp()) / 1e9).max(MIN_RATE_WINDOW_S);
         Some(self.sent.get(now.0, RATE_HALF_LIFE_NS) / window_s)
     }
 

@@ -731,6 +731,26 @@ fn a_rejection_retry_after_is_the_wait_of_the_queue_ahead_at_the_measured_rate()
 }
 
 #[test]
+fn the_sends_of_a_burst_s_first_milliseconds_are_not_taken_for_the_rate() {
+    let mut q = queues(|c| c.request_ttl = Duration::from_secs(30));
+    // A burst on two idle pods: one request each at once, then the pool is saturated and 20
+    // wait. Two sends in 20 ms are not 100 a second: the queue ahead drains at no more than
+    // the two a second that can be told.
+    q.charge(&std_req("a"), T0);
+    q.charge(&std_req("a"), at(20));
+    for _ in 0..20 {
+        push(&mut q, std_req("a"), "a");
+    }
+    let rate = q.send_rate(at(40)).unwrap();
+    assert!(rate <= 2.0, "{rate}");
+    let retry = q.retry_after(Priority::Standard, Duration::from_secs(1), at(40));
+    assert!(retry >= Duration::from_secs(10), "{retry:?}");
+    // A second on, the history is what it is.
+    let rate = q.send_rate(at(1_500)).unwrap();
+    assert!(rate > 1.0 && rate < 2.0, "{rate}");
+}
+
+#[test]
 fn a_ttl_over_one_day_is_refused_naming_the_field() {
     let ok: FlowConfig = serde_yaml::from_str("requestTtlMs: 86400000").unwrap();
     ok.validate().unwrap();
