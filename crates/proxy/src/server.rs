@@ -212,6 +212,9 @@ impl WorkerListeners {
         admin: Option<SocketAddr>,
         workers: usize,
     ) -> Result<Self, Error> {
+        if http.port() != 0 {
+            refuse_if_served(http)?;
+        }
         let first = reuseport_listener(http)?;
         // Port 0 in `http` bound a free port: the other workers join that one.
         let addr = first.local_addr()?;
@@ -237,6 +240,26 @@ impl WorkerListeners {
 /// The number of worker threads [`serve_workers`] is meant to run by default: one per core.
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Fails (`AddrInUse`) when another socket holds `addr`. The workers' `SO_REUSEPORT` would
+/// otherwise join the listeners of any other process of the same user on that port — a second
+/// gateway started on a port already served would take a share of its connections, silently.
+/// A socket without `SO_REUSEPORT` cannot be bound where anyone listens; it is closed at once.
+fn refuse_if_served(addr: SocketAddr) -> std::io::Result<()> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::new(
+                e.kind(),
+                format!("{addr} is already in use (by another gateway or another program)"),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {

@@ -866,6 +866,27 @@ async fn workers_share_the_port_and_stop_accepting_at_shutdown() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
 
+/// The workers' `SO_REUSEPORT` sockets share one port; a second gateway on a port already
+/// served must not join them (it would take a share of the first one's connections).
+#[test]
+fn a_port_already_served_is_refused_not_shared() {
+    let local = "127.0.0.1:0".parse().unwrap();
+    let first = WorkerListeners::bind(local, None, 2).unwrap();
+    let addr = first.http[0].local_addr().unwrap();
+    let e = WorkerListeners::bind(addr, None, 2).unwrap_err();
+    let text = format!("{e}: {:?}", std::error::Error::source(&e));
+    assert!(
+        text.contains(&addr.to_string()) && text.contains("in use"),
+        "{text}"
+    );
+    // A port another program listens on, without `SO_REUSEPORT`, as before.
+    let other = std::net::TcpListener::bind(local).unwrap();
+    assert!(WorkerListeners::bind(other.local_addr().unwrap(), None, 2).is_err());
+    // Free again once the first gateway's sockets are closed.
+    drop(first);
+    WorkerListeners::bind(addr, None, 2).unwrap();
+}
+
 #[tokio::test]
 async fn no_front_door_listener_is_an_error() {
     let up = Upstream::start(Behaviour::Ok).await;
