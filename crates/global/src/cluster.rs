@@ -138,7 +138,7 @@ impl Cluster {
         if let Some(models) = &c.models {
             state.served.clone_from(models);
         }
-        let cluster = Cluster {
+        Cluster {
             price: c.cost.per_token(),
             label: ClusterLabel {
                 cluster: c.name.clone(),
@@ -154,9 +154,23 @@ impl Cluster {
             tokens: AtomicU64::new(0),
             cost_nanos: AtomicU64::new(0),
             settings,
+        }
+    }
+
+    /// Reads the bearer token file, if one is configured, at start: a token that cannot be
+    /// used stops the start (requests would reach the cluster without credentials).
+    pub(crate) fn load_token(&self) -> Result<(), crate::Error> {
+        let Some(c) = &self.config.credentials else {
+            return Ok(());
         };
-        cluster.read_token();
-        cluster
+        let value =
+            token_header(&c.bearer_token_file).map_err(|source| crate::Error::Credentials {
+                cluster: self.config.name.clone(),
+                path: c.bearer_token_file.clone(),
+                source,
+            })?;
+        *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
+        Ok(())
     }
 
     /// The upstream URI for a request path (and query).
@@ -169,27 +183,19 @@ impl Cluster {
             .ok()
     }
 
-    /// Re-reads the bearer token file (kept on a read error: a file being rewritten).
+    /// Re-reads the bearer token file (the last good token is kept on an error: a file being
+    /// rewritten).
     fn read_token(&self) {
         let Some(c) = &self.config.credentials else {
             return;
         };
-        match std::fs::read_to_string(&c.bearer_token_file) {
-            Ok(t) => match HeaderValue::try_from(format!("Bearer {}", t.trim())) {
-                Ok(mut v) => {
-                    v.set_sensitive(true);
-                    *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(v);
-                }
-                Err(_) => tracing::warn!(
-                    cluster = %self.config.name,
-                    "the bearer token file holds characters a header cannot carry; ignored"
-                ),
-            },
+        match token_header(&c.bearer_token_file) {
+            Ok(v) => *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(v),
             Err(e) => tracing::warn!(
                 cluster = %self.config.name,
                 file = %c.bearer_token_file.display(),
-                error = %e,
-                "cannot read the bearer token file"
+                error = %infergate_pool::ErrorChain(&e),
+                "cannot use the bearer token file; the last good token is kept"
             ),
         }
     }
@@ -444,6 +450,19 @@ impl Cluster {
     }
 }
 
+/// `Authorization: Bearer <the file's content, trimmed>`, marked sensitive (kept out of logs).
+fn token_header(path: &std::path::Path) -> Result<HeaderValue, crate::TokenError> {
+    let text = std::fs::read_to_string(path).map_err(crate::TokenError::Read)?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(crate::TokenError::Empty);
+    }
+    let mut v = HeaderValue::try_from(format!("Bearer {token}"))
+        .map_err(|_| crate::TokenError::NotAHeader)?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
 /// One request sent to a cluster and still without its first token (counted while held).
 pub(crate) struct Pending(Arc<Cluster>);
 
@@ -518,16 +537,18 @@ pub(crate) async fn poll(
     let models_uri = cluster.uri("/v1/models");
     loop {
         tick.tick().await;
+        let discover = cluster.config.models.is_none()
+            && (cluster.heartbeat.is_none() || tokio::time::Instant::now() >= next_discovery);
+        if discover {
+            cluster.read_token();
+        }
         let token = cluster
             .token
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let discover = cluster.config.models.is_none()
-            && (cluster.heartbeat.is_none() || tokio::time::Instant::now() >= next_discovery);
         if discover {
             next_discovery = tokio::time::Instant::now() + discovery;
-            cluster.read_token();
             if let Some(uri) = models_uri.clone() {
                 match fetch(&client, uri, token.clone(), timeout).await {
                     Some((body, rtt)) => match model_ids(&body) {

@@ -60,4 +60,29 @@ pub enum Error {
     /// The front door's certificate.
     #[error("cannot set up TLS")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
+    /// A cluster's `credentials.bearerTokenFile` cannot be used at start.
+    #[error("cluster `{cluster}`: credentials.bearerTokenFile {}", path.display())]
+    Credentials {
+        /// The cluster's name.
+        cluster: String,
+        /// The token file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: TokenError,
+    },
+}
+
+/// Why a bearer token file cannot be sent as `Authorization: Bearer …`.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// It could not be read.
+    #[error("cannot read it")]
+    Read(#[source] std::io::Error),
+    /// It holds nothing but white space.
+    #[error("it is empty")]
+    Empty,
+    /// It holds characters a header value cannot carry (a control character, say).
+    #[error("it holds characters an HTTP header cannot carry")]
+    NotAHeader,
 }

@@ -32,7 +32,7 @@ mod server;
 mod telemetry;
 
 pub use config::GlobalConfig;
-pub use error::{ConfigError, Error};
+pub use error::{ConfigError, Error, TokenError};
 pub use server::{CLUSTER_HEADER, Listeners, Router, serve};
 
 /// The HTTP/1.1 client to the clusters (pooled keep-alive connections).

@@ -141,6 +141,9 @@ pub async fn serve(
     let clusters: Vec<Arc<Cluster>> = (0..config.clusters.len())
         .map(|i| Arc::new(Cluster::new(&config, i)))
         .collect();
+    for c in &clusters {
+        c.load_token()?;
+    }
     let objective_header = HeaderName::from_bytes(config.routing.objective_header.as_bytes())
         .unwrap_or_else(|_| HeaderName::from_static(crate::config::DEFAULT_OBJECTIVE_HEADER));
     let shared = Arc::new(Shared {

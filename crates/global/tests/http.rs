@@ -260,3 +260,70 @@ async fn a_caller_sees_only_the_models_it_may_call() {
     assert!(r.text().contains("m, secret-model"), "{}", r.text());
     assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
+
+/// A cluster's `credentials.bearerTokenFile` is what the cluster gets as `Authorization`, in
+/// place of the client's; a token file that cannot be used at start (missing, empty) stops the
+/// start naming the cluster and the file, instead of a router that sends its requests without
+/// credentials and logs a warning at every discovery.
+#[tokio::test]
+async fn a_clusters_bearer_token_replaces_the_clients_and_must_load_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let cluster = Recorder::start(&[]).await;
+    let yaml = |file: &std::path::Path| {
+        format!(
+            "auth: none\nclusters:\n  - {{ name: east, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }}, credentials: {{ bearerTokenFile: '{}' }} }}\n",
+            cluster.addr,
+            file.display()
+        )
+    };
+    let (router, _stop) = router_with(&yaml(&token)).await;
+    let r = send(
+        router.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer client-credential")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = cluster.heads().pop().unwrap().to_ascii_lowercase();
+    assert!(
+        head.contains("authorization: bearer s3cret-token\r\n")
+            || head.ends_with("authorization: bearer s3cret-token"),
+        "{head}"
+    );
+    assert!(!head.contains("client-credential"), "{head}");
+
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    for (file, why) in [
+        (dir.path().join("missing"), "No such file"),
+        (empty, "empty"),
+    ] {
+        let config = GlobalConfig::from_yaml(&yaml(&file)).unwrap();
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let Err(e) = serve(
+            config,
+            Listeners { http, admin: None },
+            std::future::pending(),
+        )
+        .await
+        else {
+            panic!("started with the token file {}", file.display());
+        };
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(": ");
+            chain.push_str(&s.to_string());
+            source = s.source();
+        }
+        assert!(
+            chain.contains("`east`")
+                && chain.contains(&file.display().to_string())
+                && chain.contains(why),
+            "{chain}"
+        );
+    }
+}
