@@ -247,6 +247,8 @@ struct Inner {
     missed: bool,
     /// The pool's latest estimated drain time (the `Retry-After` of a queue rejection).
     retry_after: Duration,
+    /// What this controller has added to each band's gauges (requests, bytes).
+    shown: [(i64, i64); 3],
 }
 
 struct Ctl {
@@ -344,13 +346,23 @@ impl Ctl {
         self.gauges(inner);
     }
 
-    fn gauges(&self, inner: &Inner) {
+    /// Moves the band gauges by what this controller's queues changed since it last did: a
+    /// gateway reload that changes `flowControl:` starts a new controller for the pool while
+    /// the old one's requests still wait, and the series shows both queues, not whichever
+    /// moved last.
+    fn gauges(&self, inner: &mut Inner) {
         for p in PRIORITIES {
             let b = band(p);
-            let n = inner.queues.band_len(p);
-            self.metrics.requests[b].set(i64::try_from(n).unwrap_or(i64::MAX));
-            let bytes = inner.queues.band_bytes(p);
-            self.metrics.bytes[b].set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            let n = i64::try_from(inner.queues.band_len(p)).unwrap_or(i64::MAX);
+            let bytes = i64::try_from(inner.queues.band_bytes(p)).unwrap_or(i64::MAX);
+            let (shown_n, shown_bytes) = inner.shown[b];
+            if n != shown_n {
+                self.metrics.requests[b].inc_by(n.saturating_sub(shown_n));
+            }
+            if bytes != shown_bytes {
+                self.metrics.bytes[b].inc_by(bytes.saturating_sub(shown_bytes));
+            }
+            inner.shown[b] = (n, bytes);
         }
     }
 }
@@ -375,6 +387,7 @@ impl FlowController {
                     turn: None,
                     missed: false,
                     retry_after: Duration::from_secs(1),
+                    shown: [(0, 0); 3],
                 }),
                 metrics: PoolMetrics::new(metrics, pool),
             }),

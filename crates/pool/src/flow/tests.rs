@@ -78,6 +78,69 @@ async fn the_head_gets_the_turn_and_passes_it_on_when_dispatched() {
     assert_eq!(c.retry_after(), Duration::from_secs(2));
 }
 
+/// A gateway reload that changes `flowControl:` gives the pool a new controller while requests
+/// still wait in the old one: both share the pool's series.
+#[tokio::test(start_paused = true)]
+async fn two_controllers_of_one_pool_show_their_queues_together() {
+    let mut registry = Registry::default();
+    let metrics = FlowMetrics::register(&mut registry);
+    let cfg = FlowConfig {
+        enabled: true,
+        ..FlowConfig::default()
+    };
+    let new = |cfg| {
+        FlowController::new(
+            "p",
+            cfg,
+            Tenancy::default(),
+            Clock::starting_now(),
+            &metrics,
+        )
+    };
+    let old = new(cfg);
+    let waiting_old: Vec<_> = (0..2)
+        .map(|_| old.enqueue(req("a", Priority::Standard), None).unwrap())
+        .collect();
+    let reloaded = new(FlowConfig {
+        request_ttl: Duration::from_secs(5),
+        ..cfg
+    });
+    let mut waiting_new: Vec<_> = (0..3)
+        .map(|_| {
+            reloaded
+                .enqueue(req("b", Priority::Standard), None)
+                .unwrap()
+        })
+        .collect();
+    let m = text(&registry);
+    assert!(
+        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 5"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"flow_queue_bytes{pool="p",priority="standard"} 500"#),
+        "{m}"
+    );
+    drop(waiting_old);
+    let m = text(&registry);
+    assert!(
+        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 3"#),
+        "{m}"
+    );
+    assert_eq!(poll(&mut waiting_new[0]), Some(Turn::Try));
+    assert!(waiting_new.remove(0).dispatched().is_some());
+    drop(waiting_new);
+    let m = text(&registry);
+    assert!(
+        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 0"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"flow_queue_bytes{pool="p",priority="standard"} 0"#),
+        "{m}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_release_during_a_turn_gives_the_head_another_turn_at_once() {
     let (c, _r) = controller(|_| {});
