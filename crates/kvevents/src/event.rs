@@ -51,8 +51,9 @@ pub struct Stored {
     pub lora_id: Option<u64>,
     /// Where the blocks live (`GPU`, `CPU`, …); `None` means the GPU.
     pub medium: Option<String>,
-    /// Per block: a hash of the extra keys (multimodal inputs, cache salt) when there are any.
-    /// A block with extra keys never matches a plain-token request.
+    /// Per block: a hash of the extra keys (LoRA adapter, multimodal inputs, cache salt) when
+    /// there are any. A block whose extra keys are more than its own adapter
+    /// ([`lora_extra_key`], [`lora_id_extra_key`]) never matches a request.
     pub extra: Vec<Option<u64>>,
     /// The KV-cache group (hybrid models); `None` is group 0.
     pub group_idx: Option<u32>,
@@ -186,10 +187,48 @@ fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<u64>>) -> Result<(), Deco
         if r.nil()? {
             out.push(None);
         } else {
-            out.push(Some(xxh64(r.raw()?, 0x0065_7874_7261)));
+            out.push(Some(extra_key(r.raw()?)));
         }
     }
     Ok(())
+}
+
+/// The key of one block's extra keys. vLLM puts a LoRA request's adapter first in every block's
+/// tuple — its name (`lora_name`), or its integer id in earlier releases — so a tuple of the
+/// adapter alone keys as [`lora_extra_key`] / [`lora_id_extra_key`] and the index can tell it
+/// from keys a request's tokens cannot reproduce (multimodal inputs, a cache salt).
+fn extra_key(raw: &[u8]) -> u64 {
+    let mut r = Reader::new(raw);
+    if r.array().ok() == Some(1) {
+        match r.peek() {
+            Ok(Kind::Str) => {
+                if let Ok(name) = r.str()
+                    && r.remaining() == 0
+                {
+                    return lora_extra_key(name);
+                }
+            }
+            Ok(Kind::Int) => {
+                if let Ok(id) = r.int()
+                    && r.remaining() == 0
+                {
+                    return lora_id_extra_key(id);
+                }
+            }
+            _ => {}
+        }
+    }
+    xxh64(raw, 0x0065_7874_7261)
+}
+
+/// The extra key of a block whose only extra key is the LoRA adapter named `name`.
+pub fn lora_extra_key(name: &str) -> u64 {
+    xxh64(name.as_bytes(), 0x6c6f_7261_6e61_6d65)
+}
+
+/// The extra key of a block whose only extra key is the LoRA adapter of integer id `id`.
+pub fn lora_id_extra_key(id: u64) -> u64 {
+    xxh64(&id.to_le_bytes(), 0x6c6f_7261_6964)
 }
 
 fn decode_events(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), DecodeError> {

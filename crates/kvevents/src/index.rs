@@ -16,7 +16,7 @@ use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 
-use crate::event::{Batch, Event, Stored};
+use crate::event::{Batch, Event, Stored, lora_extra_key, lora_id_extra_key};
 
 /// Bytes one (pod, block) entry costs, counted conservatively: the pod's engine-hash entry and
 /// its share of the block's holder entry, with the maps' slack. `examples/index_memory.rs`
@@ -324,9 +324,20 @@ impl KvIndex {
                 .unwrap_or(UNMATCHABLE),
         };
         self.pods[id as usize].block_size = s.block_size;
+        // The extra keys a block may carry and still match: only its own adapter's (vLLM
+        // lists a LoRA request's adapter in every block), which the seed already stands for.
+        let lora_keys = [
+            s.lora_name.as_deref().map(lora_extra_key),
+            s.lora_id.map(lora_id_extra_key),
+        ];
         for (i, h) in s.block_hashes.iter().enumerate() {
             let toks = s.token_ids.get(i * bs..(i + 1) * bs);
-            let extra = s.extra.get(i).copied().flatten().is_some();
+            let extra = s
+                .extra
+                .get(i)
+                .copied()
+                .flatten()
+                .is_some_and(|k| !lora_keys.contains(&Some(k)));
             let key = match toks {
                 Some(t) if prev != UNMATCHABLE && !extra => block_key(prev, t),
                 _ => UNMATCHABLE,

@@ -7,6 +7,7 @@ use infergate_kvevents::DecodeError;
 use infergate_kvevents::event::{
     Batch, Encoding, Event, Removed, Stored, decode_batch, encode_batch,
 };
+use infergate_kvevents::msgpack::Writer;
 
 fn expected_events(bytes_hash: u64) -> Vec<Event> {
     vec![
@@ -202,5 +203,80 @@ fn hostile_payloads_are_refused_not_trusted() {
     let real = include_bytes!("fixtures/keyed.msgpack");
     for n in 0..real.len() {
         assert!(decode_batch(&real[..n]).is_err(), "prefix of {n} bytes");
+    }
+}
+
+/// A keyed `BlockStored` of two 4-token blocks as vLLM publishes it for a request under the
+/// adapter `sql-lora` (id 3): every block's `extra_keys` entry holds what vLLM folds into the
+/// block hash besides the tokens — the adapter's name (its id in releases before the name),
+/// then a cache salt or multimodal identifiers when there are any.
+fn lora_blocks(extra: impl Fn(&mut Writer)) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.array(2).float(1.0).array(1);
+    w.map(10).str("type").str("BlockStored");
+    w.str("block_hashes").array(2).uint(11).uint(12);
+    w.str("parent_block_hash").nil();
+    w.str("token_ids").array(8);
+    for t in 100..108 {
+        w.uint(t);
+    }
+    w.str("block_size").uint(4);
+    w.str("lora_id").uint(3);
+    w.str("medium").str("GPU");
+    w.str("lora_name").str("sql-lora");
+    w.str("extra_keys").array(2);
+    extra(&mut w);
+    extra(&mut w);
+    w.str("group_idx").uint(0);
+    w.buf
+}
+
+#[test]
+fn a_lora_requests_blocks_match_the_adapter_when_its_name_is_their_only_extra_key() {
+    use infergate_kvevents::{KvIndex, MatchScratch};
+    let pod = "10.0.0.7:8000".parse().unwrap();
+    let tokens: Vec<u32> = (100..110).collect();
+    fn name(w: &mut Writer) {
+        w.array(1).str("sql-lora");
+    }
+    fn id(w: &mut Writer) {
+        w.array(1).uint(3);
+    }
+    fn none(w: &mut Writer) {
+        w.nil();
+    }
+    fn other(w: &mut Writer) {
+        w.array(1).str("chat-lora");
+    }
+    fn salted(w: &mut Writer) {
+        w.array(2).str("sql-lora").str("salt");
+    }
+    type Extra = fn(&mut Writer);
+    let cases: [(&str, Extra, u32); 5] = [
+        ("the adapter's name", name, 8),
+        ("the adapter's id", id, 8),
+        ("no extra key", none, 8),
+        ("another adapter's name", other, 0),
+        ("the name and a cache salt", salted, 0),
+    ];
+    for (what, extra, want) in cases {
+        let batch = decode_batch(&lora_blocks(extra)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut ix = KvIndex::new(1 << 20);
+        ix.apply(pod, &batch);
+        ix.set_synced(pod, true);
+        let mut out = Vec::new();
+        ix.match_tokens(
+            Some("sql-lora"),
+            &tokens,
+            &mut MatchScratch::default(),
+            &mut out,
+        );
+        assert_eq!(out, [(pod, want)], "extra keys: {what}");
+        ix.match_tokens(None, &tokens, &mut MatchScratch::default(), &mut out);
+        assert_eq!(
+            out,
+            [(pod, 0)],
+            "a base-model request never matches: {what}"
+        );
     }
 }
