@@ -575,6 +575,14 @@ fn one_f64() -> f64 {
     1.0
 }
 
+/// The index and value of the first item equal to an earlier one (lists of a few items).
+fn first_repeat<T: PartialEq>(items: &[T]) -> Option<(usize, &T)> {
+    items
+        .iter()
+        .enumerate()
+        .find(|(i, x)| items[..*i].contains(x))
+}
+
 fn default_seeds() -> Vec<u64> {
     vec![1, 2, 3]
 }
@@ -842,8 +850,23 @@ impl Scenario {
         if self.seeds.is_empty() {
             return bad("seeds", "must list at least one seed".into());
         }
+        if let Some((i, seed)) = first_repeat(&self.seeds) {
+            return bad(
+                &format!("seeds[{i}]"),
+                format!(
+                    "seed {seed} is listed twice: the same seed gives the same arrivals, and a \
+                     repeat would weigh its run twice in the means"
+                ),
+            );
+        }
         if self.policies.is_empty() {
             return bad("policies", "must list at least one policy".into());
+        }
+        if let Some((i, policy)) = first_repeat(&self.policies) {
+            return bad(
+                &format!("policies[{i}]"),
+                format!("policy {policy} is listed twice"),
+            );
         }
         if let Some(i) = self.policies.iter().position(|p| p.precise)
             && self.flow.is_some()

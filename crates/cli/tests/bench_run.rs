@@ -120,3 +120,19 @@ fn a_folder_run_keeps_records_where_it_can_and_says_where_it_cannot() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_load_scale_that_is_not_a_positive_number_is_refused_naming_the_flag() {
+    for bad in ["0", "-1", "nan", "inf", "fast"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["bench", "--load-scale", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--load-scale") && stderr.contains("positive number"),
+            "{bad}: {stderr}"
+        );
+    }
+}

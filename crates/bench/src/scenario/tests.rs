@@ -219,3 +219,22 @@ fn tenants_load_and_their_mistakes_name_the_field() {
     let s = Scenario::from_yaml(&long, "t").unwrap();
     assert!(s.fleet_spec(&Catalog::builtin().unwrap(), "t").is_err());
 }
+
+#[test]
+fn a_seed_or_policy_listed_twice_is_refused_naming_the_repeat() {
+    let e = err(&GOOD.replace("seeds: [4]", "seeds: [4, 5, 4]"));
+    assert_eq!(field(&e), "seeds[2]");
+    assert!(e.to_string().contains("seed 4 is listed twice"), "{e}");
+    let e = err(&GOOD.replace(
+        "[round-robin, infergate]",
+        "[infergate, round-robin, infergate]",
+    ));
+    assert_eq!(field(&e), "policies[2]");
+    assert!(e.to_string().contains("infergate is listed twice"), "{e}");
+    // Precise and plain infergate are two policies.
+    Scenario::from_yaml(
+        &GOOD.replace("[round-robin, infergate]", "[infergate, infergate-precise]"),
+        "t.yaml",
+    )
+    .unwrap();
+}

@@ -27,8 +27,8 @@ pub struct Args {
     /// Policies instead of the scenario's (comma-separated presets, or `infergate-precise`).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
-    /// Multiplies every arrival rate (a load sweep on one scenario).
-    #[arg(long)]
+    /// Multiplies every arrival rate (a load sweep on one scenario): a positive number.
+    #[arg(long, value_parser = positive_factor, allow_negative_numbers = true)]
     load_scale: Option<f64>,
     /// Active-active pickers: compare these picker replica counts (comma-separated, e.g.
     /// `1,3,5`), without and with the peer exchange (the scenario's `replicas:` section,
@@ -60,6 +60,15 @@ pub struct Args {
     /// stderr).
     #[arg(long)]
     requests_csv: bool,
+}
+
+/// `--load-scale`: finite and above 0 (a factor of 0 leaves no arrivals to compare).
+fn positive_factor(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(f),
+        Ok(f) => Err(format!("must be a positive number, not {f}")),
+        Err(e) => Err(format!("{e}: expected a positive number such as 1.5")),
+    }
 }
 
 fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
