@@ -151,7 +151,7 @@ pub struct Applied {
     pub over_budget: u64,
     /// Blocks stored without a known parent, or with extra keys: kept for removal only.
     pub unmatchable: u64,
-    /// Events for another medium (CPU offload) or KV-cache group, ignored.
+    /// Blocks of another medium (CPU offload) or KV-cache group, stored or removed: ignored.
     pub ignored: u64,
 }
 
@@ -276,7 +276,7 @@ impl KvIndex {
                 Event::Stored(s) => self.store(id, s, &mut out),
                 Event::Removed(r) => {
                     if !gpu(r.medium.as_deref(), r.group_idx) {
-                        out.ignored += 1;
+                        out.ignored += r.block_hashes.len() as u64;
                         continue;
                     }
                     for h in &r.block_hashes {
@@ -298,7 +298,7 @@ impl KvIndex {
 
     fn store(&mut self, id: u32, s: &Stored, out: &mut Applied) {
         if !gpu(s.medium.as_deref(), s.group_idx) {
-            out.ignored += 1;
+            out.ignored += s.block_hashes.len() as u64;
             return;
         }
         let bs = s.block_size as usize;
@@ -454,4 +454,45 @@ impl KvIndex {
 /// Only GPU blocks of the first KV-cache group are routed on.
 fn gpu(medium: Option<&str>, group: Option<u32>) -> bool {
     matches!(medium, None | Some("GPU") | Some("gpu")) && matches!(group, None | Some(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Removed;
+
+    #[test]
+    fn blocks_of_another_medium_or_group_are_counted_as_ignored_blocks() {
+        let pod: SocketAddr = "10.0.0.7:8000".parse().unwrap();
+        let mut ix = KvIndex::new(1 << 20);
+        let cpu = Stored {
+            block_hashes: vec![1, 2, 3],
+            token_ids: (0..12).collect(),
+            block_size: 4,
+            medium: Some("CPU".into()),
+            ..Default::default()
+        };
+        let group1 = Stored {
+            group_idx: Some(1),
+            medium: None,
+            ..cpu.clone()
+        };
+        let removed = Removed {
+            block_hashes: vec![1, 2],
+            medium: Some("CPU".into()),
+            group_idx: None,
+        };
+        let batch = Batch {
+            events: vec![
+                Event::Stored(cpu),
+                Event::Stored(group1),
+                Event::Removed(removed),
+            ],
+            ..Default::default()
+        };
+        let a = ix.apply(pod, &batch);
+        assert_eq!(a.ignored, 8, "3 + 3 stored, 2 removed");
+        assert_eq!((a.stored, a.removed), (0, 0));
+        assert_eq!(ix.pod_blocks(pod), 0);
+    }
 }
