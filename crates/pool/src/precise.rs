@@ -99,6 +99,12 @@ pub enum PreciseError {
     /// A port of 0.
     #[error("precise prefix routing: {0} must be a port between 1 and 65535")]
     Port(&'static str),
+    /// The replay port is the events port.
+    #[error(
+        "precise prefix routing: replayPort {0} is eventsPort too: the engine's publisher (PUB) \
+         and replay (ROUTER) sockets each need a port of their own"
+    )]
+    SamePort(u16),
     /// A size outside what the index or the tokenizer can work with.
     #[error(
         "precise prefix routing: {field} must be between {min} and {max} bytes, not {value}{why}"
@@ -131,6 +137,9 @@ impl PreciseConfig {
         }
         if self.replay_port == Some(0) {
             return Err(PreciseError::Port("replayPort"));
+        }
+        if self.replay_port == Some(self.events_port) {
+            return Err(PreciseError::SamePort(self.events_port));
         }
         size_in(
             "byteBudget",
@@ -349,5 +358,27 @@ pub fn refine<'a>(
             cx
         }
         None => cx,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replay_port_that_is_the_events_port_is_refused() {
+        let mut cfg = PreciseConfig::new(PathBuf::from("/t"));
+        cfg.replay_port = Some(5558);
+        assert!(cfg.validate().is_ok());
+        cfg.replay_port = Some(cfg.events_port);
+        let e = cfg.validate().map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err(
+                "precise prefix routing: replayPort 5557 is eventsPort too: the engine's \
+                 publisher (PUB) and replay (ROUTER) sockets each need a port of their own"
+                    .to_owned()
+            )
+        );
     }
 }
