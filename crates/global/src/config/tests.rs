@@ -248,3 +248,28 @@ fn section_errors_name_their_field_once() {
         assert_eq!(got.matches(section).count(), 1, "{got}");
     }
 }
+
+/// Every `global.yaml` docs/global.md shows (its YAML blocks with `clusters:`, the Helm values
+/// apart) is valid, so that a new user copying one starts from a file the router takes.
+#[test]
+fn the_documented_files_are_valid() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/global.md"))
+        .unwrap();
+    let mut checked = 0;
+    for block in doc.split("```yaml\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        if !block.contains("\nclusters:") || block.contains("globalRouter:") {
+            continue;
+        }
+        // The variable the example names is not set here; one that is stands in for it.
+        let block = block.replace("passwordEnv: REDIS_PASSWORD", "passwordEnv: PATH");
+        if let Err(e) = GlobalConfig::from_yaml(&block) {
+            panic!(
+                "{e}: {:?}\n{block}",
+                std::error::Error::source(&e).map(ToString::to_string)
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 2, "{checked} documented files found");
+}
