@@ -113,6 +113,9 @@ pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSetti
         .flow_control
         .validate()
         .map_err(|e| invalid(e.to_string()))?;
+    settings
+        .check_for_picker()
+        .map_err(|e| invalid(e.to_string()))?;
     infergate_pool::tenant::Tenancy::new(&settings.tenancy).map_err(|e| invalid(e.to_string()))?;
     Ok(settings)
 }
@@ -389,6 +392,18 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// The gateway's tenant and priority headers are refused, not ignored.
+    #[test]
+    fn the_gateway_s_tenancy_headers_are_refused() {
+        let f = file("tenancy: { tenantHeader: x-tenant }");
+        let e = load_flow_settings(f.path()).unwrap_err();
+        let chain = infergate_pool::ErrorChain(&e).to_string();
+        assert!(
+            chain.contains("`tenancy.tenantHeader` is read by the standalone gateway only"),
+            "{chain}"
+        );
     }
 
     /// A band limit of 0 is refused naming the limit, not only the band.

@@ -72,6 +72,38 @@ pub struct FlowSettings {
     pub tenancy: TenancyConfig,
 }
 
+/// A `tenancy:` field of the gateway's file in the picker's `--flow-control` file, where it
+/// would be read by nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`tenancy.{field}` is read by the standalone gateway only: the picker takes a request's \
+     tenant from `x-llm-d-inference-fairness-id` and its priority from the objective named in \
+     `x-llm-d-inference-objective` (`tenancy.objectives`); remove the field"
+)]
+pub struct GatewayOnlyField {
+    /// `tenantHeader` or `priorityHeader`.
+    pub field: &'static str,
+}
+
+impl FlowSettings {
+    /// Checks a picker's `--flow-control` file: the gateway-only header fields of `tenancy:`
+    /// are refused rather than ignored, since a user who sets them expects them to work.
+    pub fn check_for_picker(&self) -> Result<(), GatewayOnlyField> {
+        let t = &self.tenancy;
+        if t.tenant_header.is_some() {
+            return Err(GatewayOnlyField {
+                field: "tenantHeader",
+            });
+        }
+        if t.priority_header.is_some() {
+            return Err(GatewayOnlyField {
+                field: "priorityHeader",
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Outcome labels of `flow_requests_total`; the values of the rejections are also their reason
 /// headers.
 pub mod outcome {

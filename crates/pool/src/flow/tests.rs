@@ -270,3 +270,22 @@ async fn a_head_held_back_by_the_reserve_passes_its_turn_to_a_protected_request(
     c.kick();
     assert_eq!(poll(&mut n), Some(Turn::Try));
 }
+
+#[test]
+fn the_picker_s_file_refuses_the_gateway_s_header_fields() {
+    let settings = |yaml| serde_yaml::from_str::<FlowSettings>(yaml).unwrap();
+    assert_eq!(
+        settings("tenancy: { objectives: { batch: sheddable } }").check_for_picker(),
+        Ok(())
+    );
+    for (yaml, field) in [
+        ("tenancy: { tenantHeader: x-tenant }", "tenantHeader"),
+        ("tenancy: { priorityHeader: x-band }", "priorityHeader"),
+    ] {
+        let e = settings(yaml).check_for_picker().unwrap_err();
+        assert_eq!(e.field, field);
+        let text = e.to_string();
+        assert!(text.contains(&format!("`tenancy.{field}`")), "{text}");
+        assert!(text.contains("x-llm-d-inference-fairness-id"), "{text}");
+    }
+}
