@@ -222,7 +222,12 @@ impl Inner {
         self.publish_stats(&ix);
         drop(ix);
         self.stats.reset(reason);
-        tracing::debug!(%pod, reason, "kv-events: pod's cache entries dropped");
+        // A gap or a restart loses what a pod held without anything else saying so.
+        if matches!(reason, "gap" | "restart") {
+            tracing::info!(%pod, reason, "kv-events: pod's cache entries dropped");
+        } else {
+            tracing::debug!(%pod, reason, "kv-events: pod's cache entries dropped");
+        }
     }
 
     fn set_synced(&self, pod: SocketAddr, synced: bool) {
@@ -398,12 +403,25 @@ async fn run_pod(
 ) {
     let mut last: Option<u64> = None;
     let mut backoff = inner.cfg.reconnect_min;
+    // The first failure after a start or a connection that reached sequence is a warning; the
+    // retries that follow it are not.
+    let mut warned = false;
     loop {
         let started = tokio::time::Instant::now();
-        let err = session(&inner, pod, events, replay, &mut last).await;
+        let mut in_sequence = false;
+        let err = session(&inner, pod, events, replay, &mut last, &mut in_sequence).await;
         inner.set_synced(pod, false);
         inner.stats.connect_failures.inc();
-        tracing::debug!(%pod, %events, error = %err, "kv-events: feed down");
+        if in_sequence {
+            warned = false;
+        }
+        if warned {
+            tracing::debug!(%pod, %events, error = %err, "kv-events: feed still down");
+        } else {
+            tracing::warn!(%pod, %events, error = %err,
+                "kv-events: feed down; the approximate index stands in until it is back");
+            warned = true;
+        }
         if started.elapsed() > inner.cfg.reconnect_max {
             backoff = inner.cfg.reconnect_min;
         }
@@ -419,6 +437,7 @@ async fn session(
     events: SocketAddr,
     replay: Option<SocketAddr>,
     last: &mut Option<u64>,
+    in_sequence: &mut bool,
 ) -> ZmtpError {
     let cfg = &inner.cfg;
     let mut conn = match zmtp::connect(&events.to_string(), SocketType::Sub, cfg.limits).await {
@@ -456,6 +475,8 @@ async fn session(
         }
     }
     inner.set_synced(pod, true);
+    *in_sequence = true;
+    tracing::info!(%pod, %events, last_seq = ?*last, "kv-events: feed connected and in sequence");
     let mut frames: Vec<Bytes> = Vec::with_capacity(3);
     loop {
         if let Err(e) = conn.recv(&mut frames).await {
@@ -537,10 +558,15 @@ async fn catch_up(
     let (outcome, replayed) = match r {
         Ok(Ok(newest)) => ("ok", Replayed::Newest(newest)),
         Ok(Err(e)) => {
-            tracing::debug!(%pod, %replay, error = %e, "kv-events: replay failed");
+            tracing::warn!(%pod, %replay, from, error = %e,
+                "kv-events: replay failed; the pod's entries are dropped");
             ("failed", Replayed::Failed)
         }
-        Err(_) => ("timeout", Replayed::Failed),
+        Err(_) => {
+            tracing::warn!(%pod, %replay, from, timeout_ms = timeout.as_millis() as u64,
+                "kv-events: replay timed out; the pod's entries are dropped");
+            ("timeout", Replayed::Failed)
+        }
     };
     inner
         .stats
