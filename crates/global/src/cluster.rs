@@ -264,6 +264,25 @@ impl Cluster {
 
     /// A streamed answer's first byte came after `ttft`.
     pub(crate) fn observe_ttft(&self, ttft: Duration, telemetry: &Telemetry) {
+        self.smooth_ttft(ttft);
+        telemetry
+            .ttft
+            .get_or_create(&self.label)
+            .observe(ttft.as_secs_f64());
+    }
+
+    /// A routed request had no response headers after `waited` (`timeouts.firstByteMs`). The
+    /// wait counts as a measured TTFT (the answer's first token would have come later still)
+    /// and as a failed heartbeat, as a refused connection does: a cluster whose front door
+    /// stopped answering while its heartbeat stays good is no longer preferred, rather than
+    /// every request routed there waiting out its own timeout. The TTFT histogram is left to
+    /// answers that came.
+    pub(crate) fn observe_timeout(&self, waited: Duration, telemetry: &Telemetry) {
+        self.smooth_ttft(waited);
+        self.observe_connect_failure(telemetry);
+    }
+
+    fn smooth_ttft(&self, ttft: Duration) {
         let ms = ttft.as_secs_f64() * 1e3;
         let at = now();
         let mut st = lock(&self.state);
@@ -276,14 +295,10 @@ impl Cluster {
             }
             _ => (ms, at),
         });
-        drop(st);
-        telemetry
-            .ttft
-            .get_or_create(&self.label)
-            .observe(ttft.as_secs_f64());
     }
 
-    /// A routed request could not reach the cluster: counts as a failed heartbeat.
+    /// A routed request could not reach the cluster (or timed out before its response
+    /// headers): counts as a failed heartbeat.
     pub(crate) fn observe_connect_failure(&self, telemetry: &Telemetry) {
         let at = now();
         let mut st = lock(&self.state);

@@ -547,6 +547,8 @@ async fn route_request(
         };
         match tokio::time::timeout(first_byte, shared.client.request(up)).await {
             Err(_) => {
+                cluster.observe_timeout(first_byte, &shared.telemetry);
+                tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");
                 return Err(ApiError::UpstreamTimeout {
                     timeout: first_byte,
                 });

@@ -327,3 +327,45 @@ async fn a_clusters_bearer_token_replaces_the_clients_and_must_load_at_start() {
         );
     }
 }
+
+/// A cluster whose front door accepts connections but never answers, while its heartbeat (on
+/// its admin port) stays good: the first request routed there waits `firstByteMs` and gets
+/// 504 (not retried: the cluster might be working on it). That wait counts as the cluster's
+/// measured TTFT and as a failed heartbeat, so the requests after it go to a cluster that
+/// answers, instead of each waiting out its own 504 on the cheapest cluster.
+#[tokio::test]
+async fn a_cluster_that_times_out_is_not_chosen_again_at_once() {
+    let heartbeat = infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
+        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
+            .to_owned()
+    }))
+    .await;
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hung_addr = hung.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hung.accept().await {
+            held.push(s);
+        }
+    });
+    let good = Recorder::start(&[]).await;
+    let yaml = format!(
+        "auth: none\ntimeouts: {{ firstByteMs: 300 }}\nrouting: {{ ttftObjectiveMs: 200 }}\n\
+         heartbeat: {{ intervalMs: 500, staleAfterMs: 3000, slowStartMs: 0 }}\nclusters:\n\
+         \x20 - {{ name: hung, url: 'http://{hung_addr}', heartbeatUrl: 'http://{heartbeat}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: 0.01 }} }}\n\
+         \x20 - {{ name: good, url: 'http://{}', heartbeatUrl: 'http://{heartbeat}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        good.addr
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    // Both up on their first heartbeat; the cheaper, hung, one comes first.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    for i in 0..5 {
+        let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-infergate-cluster"), Some("good"), "request {i}");
+    }
+}
