@@ -12,13 +12,14 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 
@@ -80,9 +81,10 @@ struct OutcomeLabels {
 }
 
 /// The subscriber's series (`kv_events_*`, `kv_index_*`).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Stats {
     batches: Counter,
+    lag: Histogram,
     blocks: Family<KindLabels, Counter>,
     gaps: Counter,
     replays: Family<OutcomeLabels, Counter>,
@@ -96,12 +98,38 @@ struct Stats {
     index_bytes: Gauge,
 }
 
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            batches: Counter::default(),
+            // 1 ms to ~33 s.
+            lag: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
+            blocks: Family::default(),
+            gaps: Counter::default(),
+            replays: Family::default(),
+            resets: Family::default(),
+            decode_errors: Counter::default(),
+            unknown: Counter::default(),
+            connect_failures: Counter::default(),
+            connected: Gauge::default(),
+            index_blocks: Gauge::default(),
+            index_entries: Gauge::default(),
+            index_bytes: Gauge::default(),
+        }
+    }
+}
+
 impl Stats {
     fn register(&self, r: &mut Registry) {
         r.register(
             "kv_events_batches",
             "KV-event batches applied",
             self.batches.clone(),
+        );
+        r.register(
+            "kv_events_lag_seconds",
+            "From a live batch's engine timestamp to its being applied (the clocks' skew included)",
+            self.lag.clone(),
         );
         r.register(
             "kv_events_blocks",
@@ -204,12 +232,23 @@ impl Inner {
         self.stats.connected.set(s.synced_pods as i64);
     }
 
-    fn apply(&self, pod: SocketAddr, batch: &Batch) {
+    /// Applies a batch; `live` when it came from the `PUB` socket (a replayed batch is old by
+    /// design, so only live ones measure the lag).
+    fn apply(&self, pod: SocketAddr, batch: &Batch, live: bool) {
         let mut ix = self.write();
         let a = ix.apply(pod, batch);
         self.publish_stats(&ix);
         drop(ix);
         self.stats.batches.inc();
+        if live
+            && batch.ts.is_finite()
+            && batch.ts > 0.0
+            && let Ok(now) = SystemTime::now().duration_since(UNIX_EPOCH)
+        {
+            self.stats
+                .lag
+                .observe((now.as_secs_f64() - batch.ts).max(0.0));
+        }
         self.stats.applied(&a);
         if batch.unknown_events > 0 {
             self.stats.unknown.inc_by(u64::from(batch.unknown_events));
@@ -511,7 +550,7 @@ async fn session(
                 }
             }
         }
-        apply_payload(inner, pod, seq, &frames[2], last);
+        apply_payload(inner, pod, seq, &frames[2], last, true);
     }
 }
 
@@ -524,9 +563,16 @@ fn message_seq(frames: &[Bytes]) -> Option<u64> {
     Some(u64::from_be_bytes(b))
 }
 
-fn apply_payload(inner: &Inner, pod: SocketAddr, seq: u64, payload: &[u8], last: &mut Option<u64>) {
+fn apply_payload(
+    inner: &Inner,
+    pod: SocketAddr,
+    seq: u64,
+    payload: &[u8],
+    last: &mut Option<u64>,
+    live: bool,
+) {
     match decode_batch(payload) {
-        Ok(batch) => inner.apply(pod, &batch),
+        Ok(batch) => inner.apply(pod, &batch, live),
         Err(e) => {
             // The batch may have removed blocks: nothing of this pod can be trusted now.
             inner.stats.decode_errors.inc();
@@ -611,7 +657,7 @@ async fn replay_into(
             inner.stats.gaps.inc();
             inner.reset(pod, "gap");
         }
-        apply_payload(inner, pod, seq, payload, last);
+        apply_payload(inner, pod, seq, payload, last, false);
     }
 }
 

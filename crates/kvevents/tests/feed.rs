@@ -379,3 +379,43 @@ async fn an_engine_restarted_behind_its_replay_socket_resets_the_pod() {
     again.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
     eventually("a again", || cached(&kv, pod, &a) == Some(8)).await;
 }
+
+#[tokio::test]
+async fn live_batches_measure_the_lag_from_the_engines_timestamp_and_replayed_ones_do_not() {
+    let publisher = Publisher::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Some("127.0.0.1:0".parse().unwrap()),
+        "",
+        64,
+    )
+    .await
+    .unwrap();
+    let a = prompt(8);
+    // Buffered before the subscriber connects, stamped long ago: replayed, not a lag.
+    publisher.publish(batch(vec![stored(&a, 0, 1)], Encoding::Keyed));
+    let kv = KvEvents::new(cfg());
+    let pod: SocketAddr = POD.parse().unwrap();
+    kv.add_pod_at(pod, publisher.addr(), publisher.replay_addr());
+    eventually("the replay", || cached(&kv, pod, &a) == Some(4)).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let late = Batch {
+        ts: now - 5.0,
+        events: vec![stored(&a, 1, 1)],
+        data_parallel_rank: None,
+        unknown_events: 0,
+    };
+    publisher.publish(encode_batch(&late, Encoding::Keyed));
+    eventually("the live batch", || cached(&kv, pod, &a) == Some(8)).await;
+    let m = metrics(&kv);
+    assert!(m.contains("kv_events_lag_seconds_count 1\n"), "{m}");
+    let sum: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("kv_events_lag_seconds_sum "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((5.0..15.0).contains(&sum), "{sum}");
+}
