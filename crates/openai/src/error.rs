@@ -249,11 +249,14 @@ pub enum ApiError {
         /// When to try again (the pool's estimated drain time).
         retry_after: Duration,
     },
-    /// Flow control: the pool had no endpoint for a request at admission or while it waited.
-    #[error("no ready endpoint serves the model `{model}`: the request was not queued")]
+    /// Flow control: the pool had no endpoint for a request at admission, or lost its last one
+    /// while the request waited.
+    #[error("no ready endpoint serves the model `{model}`{}", LeftQueue(*waited))]
     QueueNoEndpoints {
         /// The requested model.
         model: String,
+        /// How long the request had waited in its queue; `None`: refused at admission.
+        waited: Option<Duration>,
     },
     /// The caller is authenticated but may not call this model.
     #[error("tenant `{}` may not call the model `{}`", Echo(tenant), Echo(model))]
@@ -317,6 +320,22 @@ impl QueueLimit {
             }
         }
         Full(self, priority)
+    }
+}
+
+/// The end of [`ApiError::QueueNoEndpoints`]'s message: whether the request had waited.
+struct LeftQueue(Option<Duration>);
+
+impl std::fmt::Display for LeftQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            None => f.write_str(": the request was not queued"),
+            Some(w) => write!(
+                f,
+                " any more: the request left its queue after waiting {} ms",
+                w.as_millis()
+            ),
+        }
     }
 }
 
@@ -770,7 +789,19 @@ mod tests {
                 Some(3),
             ),
             (
-                ApiError::QueueNoEndpoints { model: m() },
+                ApiError::QueueNoEndpoints {
+                    model: m(),
+                    waited: None,
+                },
+                503,
+                "rejected-no-endpoints",
+                None,
+            ),
+            (
+                ApiError::QueueNoEndpoints {
+                    model: m(),
+                    waited: Some(d),
+                },
                 503,
                 "rejected-no-endpoints",
                 None,
@@ -783,6 +814,24 @@ mod tests {
             assert_eq!(json(&e)["error"]["code"], e.metric_label());
         }
         assert_eq!(REASON_HEADER, "x-llm-d-request-dropped-reason");
+        // A request that waited was queued: the message must not say otherwise.
+        let at_admission = ApiError::QueueNoEndpoints {
+            model: m(),
+            waited: None,
+        };
+        assert_eq!(
+            at_admission.to_string(),
+            "no ready endpoint serves the model `m`: the request was not queued"
+        );
+        let while_waiting = ApiError::QueueNoEndpoints {
+            model: m(),
+            waited: Some(d),
+        };
+        assert_eq!(
+            while_waiting.to_string(),
+            "no ready endpoint serves the model `m` any more: the request left its queue after \
+             waiting 2500 ms"
+        );
     }
 
     #[test]

@@ -703,9 +703,10 @@ impl Queued {
         }
     }
 
-    /// Leaves the queue because the pool has no endpoint for it.
-    pub fn no_endpoints(mut self) {
+    /// Leaves the queue because the pool has no endpoint for it; returns how long it waited.
+    pub fn no_endpoints(mut self) -> Duration {
         self.leave(outcome::NO_ENDPOINTS);
+        self.waited()
     }
 
     fn leave(&mut self, why: &'static str) {

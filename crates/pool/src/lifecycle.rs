@@ -447,6 +447,7 @@ pub fn admit<P: EndpointPool>(
         Err(Rejection::Shed { retry_after }) => enqueue(part.flow, req, Some(retry_after), model),
         Err(Rejection::NoEndpoints) => Admission::Refused(ApiError::QueueNoEndpoints {
             model: model.to_owned(),
+            waited: None,
         }),
         Err(r @ Rejection::Unavailable { .. }) => Admission::Refused(rejection_error(r, model)),
     };
@@ -488,6 +489,7 @@ pub fn poll_queued<P: EndpointPool>(
         let Some(q) = queued.as_mut() else {
             return Poll::Ready(Err(ApiError::QueueNoEndpoints {
                 model: model.to_owned(),
+                waited: None,
             }));
         };
         let turn = match q.poll_turn(task) {
@@ -543,12 +545,11 @@ pub fn try_turn<P: EndpointPool>(
             None
         }
         Err(r) => {
-            if let Some(q) = queued.take() {
-                q.no_endpoints();
-            }
+            let waited = queued.take().map(Queued::no_endpoints);
             Some(Err(match r {
                 Rejection::NoEndpoints => ApiError::QueueNoEndpoints {
                     model: model.to_owned(),
+                    waited,
                 },
                 other => rejection_error(other, model),
             }))

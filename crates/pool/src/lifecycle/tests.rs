@@ -294,3 +294,75 @@ async fn a_queue_refusal_says_whether_the_band_or_the_whole_queue_is_full() {
     );
     assert!(!whole.contains("standard"), "{whole}");
 }
+
+/// A pool whose pods are saturated until they are gone (`gone`), then has none.
+#[derive(Clone, Default)]
+struct Vanishing {
+    gone: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EndpointPool for Vanishing {
+    type Inflight = Guard;
+    fn pick(&self, _cx: &RequestContext<'_>) -> Result<Guard, Rejection> {
+        if self.gone.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(Rejection::NoEndpoints)
+        } else {
+            Err(Rejection::Shed {
+                retry_after: Duration::from_secs(1),
+            })
+        }
+    }
+    fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_pool_loses_its_pods_while_it_waits_is_told_it_waited() {
+    use infergate_scheduler::flow::FlowConfig;
+    let flow = FlowController::new(
+        "p",
+        FlowConfig {
+            enabled: true,
+            ..FlowConfig::default()
+        },
+        crate::tenant::Tenancy::default(),
+        infergate_metrics::Clock::starting_now(),
+        &crate::flow::FlowMetrics::default(),
+    );
+    let pool = Vanishing::default();
+    let cx = RequestContext::new("m", 500);
+    let part = || FlowPart {
+        flow: &flow,
+        tenant: "t",
+        bytes: 100,
+    };
+    let (a, _) = admit(&pool, false, &cx, Some(part()), "m");
+    let Admission::Queued(q) = a else {
+        panic!("a saturated pool queues the request");
+    };
+    let mut queued = Some(q);
+    let waker = std::task::Waker::noop();
+    let mut task = std::task::Context::from_waker(waker);
+    assert!(poll_queued(&pool, &mut queued, &cx, "m", &mut task).is_pending());
+    tokio::time::advance(Duration::from_millis(1_500)).await;
+    pool.gone.store(true, std::sync::atomic::Ordering::Relaxed);
+    flow.kick();
+    let std::task::Poll::Ready(Err(e)) = poll_queued(&pool, &mut queued, &cx, "m", &mut task)
+    else {
+        panic!("the request should be refused");
+    };
+    assert_eq!(e.metric_label(), "queue_no_endpoints");
+    let text = e.to_string();
+    assert!(!text.contains("not queued"), "{text}");
+    assert!(
+        text.contains("left its queue after waiting 1500 ms"),
+        "{text}"
+    );
+    // At admission, nothing waited.
+    let (a, _) = admit(&pool, false, &cx, Some(part()), "m");
+    let Admission::Refused(e) = a else {
+        panic!("a pool without pods refuses at once");
+    };
+    assert!(e.to_string().contains("the request was not queued"), "{e}");
+}
