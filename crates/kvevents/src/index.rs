@@ -221,9 +221,11 @@ impl KvIndex {
     pub fn remove_pod(&mut self, addr: SocketAddr) {
         if let Some(id) = self.by_addr.remove(&addr) {
             self.reset(id);
+            // The slot goes to the next pod added, whose feed is not in sequence yet.
             let p = &mut self.pods[id as usize];
             p.addr = None;
             p.block_size = 0;
+            p.synced = false;
             self.free.push(id);
         }
     }
@@ -494,5 +496,21 @@ mod tests {
         assert_eq!(a.ignored, 8, "3 + 3 stored, 2 removed");
         assert_eq!((a.stored, a.removed), (0, 0));
         assert_eq!(ix.pod_blocks(pod), 0);
+    }
+
+    #[test]
+    fn a_pod_taking_a_removed_pods_slot_is_not_in_sequence_until_its_feed_is() {
+        let a: SocketAddr = "10.0.0.7:8000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.8:8000".parse().unwrap();
+        let mut ix = KvIndex::new(1 << 20);
+        ix.pod(a);
+        ix.set_synced(a, true);
+        assert_eq!(ix.stats().synced_pods, 1);
+        ix.remove_pod(a);
+        ix.pod(b);
+        assert_eq!(ix.stats().synced_pods, 0);
+        let mut out = Vec::new();
+        ix.match_tokens(None, &[1, 2, 3, 4], &mut MatchScratch::default(), &mut out);
+        assert!(out.is_empty(), "{out:?}");
     }
 }
