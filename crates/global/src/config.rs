@@ -306,6 +306,23 @@ pub struct Credentials {
 impl GlobalConfig {
     /// Parses and validates a configuration.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        // The two required sections, said plainly rather than as the parser's `missing field`.
+        if let Ok(serde_yaml::Value::Mapping(top)) = serde_yaml::from_str(text) {
+            if !top.contains_key("auth") {
+                return Err(ConfigError::Invalid {
+                    field: "auth".into(),
+                    reason: "is required: configure `auth.jwt` and/or `auth.apiKeys`, or write \
+                             `auth: none` to run without authentication"
+                        .into(),
+                });
+            }
+            if !top.contains_key("clusters") {
+                return Err(ConfigError::Invalid {
+                    field: "clusters".into(),
+                    reason: "is required: at least one cluster is needed".into(),
+                });
+            }
+        }
         let config: GlobalConfig =
             serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { source })?;
         config.validate()?;

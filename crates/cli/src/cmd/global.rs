@@ -64,11 +64,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await
     .context("starting the global router")?;
-    tracing::info!(
-        listen = %router.http_addr(),
-        admin = ?router.admin_addr(),
-        "global router serving"
-    );
+    if let Some(admin) = router.admin_addr() {
+        tracing::info!(listen = %router.http_addr(), %admin, "global router serving");
+    }
     router.wait().await;
     Ok(())
 }

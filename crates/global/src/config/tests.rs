@@ -33,13 +33,17 @@ fn quotas_and_tenancy_are_the_gateways_sections() {
     assert!(q.redis.is_some());
 }
 
+/// A file without `auth` says how to write one, `auth: none` included (it said only
+/// ``missing field `auth` ``).
 #[test]
 fn auth_is_required() {
+    let e = err(CLUSTER);
     assert!(
-        err(CLUSTER).contains("missing field `auth`"),
-        "{}",
-        err(CLUSTER)
+        e.starts_with("auth: is required") && e.contains("`auth: none`"),
+        "{e}"
     );
+    let e = err("auth: none\n");
+    assert!(e.starts_with("clusters: is required"), "{e}");
 }
 
 #[test]
