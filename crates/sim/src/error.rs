@@ -68,7 +68,34 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+    /// A pod's KV-event ports are unusable: past 65535, or another pod's HTTP port.
+    #[error("pod {pod}: KV-event port {port}: {reason}")]
+    KvPort {
+        /// The pod.
+        pod: String,
+        /// The port it was to publish or replay on (above 65535 when past the range).
+        port: u32,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A pod's KV-event sockets could not be bound (on the pod's own address).
+    #[error("pod {pod}: cannot publish KV events on port {events}{}", replay_note(*.replay))]
+    KvBind {
+        /// The pod.
+        pod: String,
+        /// The `PUB` socket's port.
+        events: u16,
+        /// The replay socket's port.
+        replay: Option<u16>,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Binding or serving a socket failed.
     #[error("emulator IO failed")]
     Io(#[from] std::io::Error),
+}
+
+fn replay_note(replay: Option<u16>) -> String {
+    replay.map_or_else(String::new, |r| format!(" and replay them on port {r}"))
 }

@@ -289,7 +289,7 @@ where
         let index = pods.len();
         let feed = match kv_events {
             Some(o) => Some(
-                kv::Feed::bind(o, addr.ip(), index)
+                kv::Feed::bind(o, addr.ip(), index, &pod.name)
                     .await?
                     .with_block_size(pod.profile.block_size),
             ),

@@ -86,3 +86,61 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
         let _ = tx.send(());
     }
 }
+
+#[tokio::test]
+async fn kv_event_ports_past_the_range_on_an_http_port_or_taken_are_refused_naming_the_pod() {
+    let p = Catalog::builtin()
+        .unwrap()
+        .get("llama-3.1-8b/h100")
+        .unwrap()
+        .clone();
+    let mut b = PodSpec::new("b", &p, EngineKind::Vllm);
+    b.port = 31000;
+    let pods = vec![PodSpec::new("a", &p, EngineKind::Vllm), b];
+    let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
+    let opts = |base| KvEventsOptions {
+        base_port: Some(base),
+        ..KvEventsOptions::default()
+    };
+    // Pod 1 would publish on 65534 + 2: past the range, not wrapped or saturated.
+    let e = opts(65534).check(&spec).unwrap_err().to_string();
+    assert!(
+        e.starts_with("pod b: KV-event port 65536: past 65535"),
+        "{e}"
+    );
+    let e = serve_fleet_with(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&opts(65534)),
+        std::future::pending(),
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.starts_with("pod b: KV-event port 65536"), "{e}");
+    // Pod 0's replay socket would take pod b's HTTP port.
+    let e = opts(30999).check(&spec).unwrap_err().to_string();
+    assert_eq!(e, "pod a: KV-event port 31000: pod b serves HTTP on it");
+    assert!(opts(31002).check(&spec).is_ok());
+    // A port already taken names the pod and both sockets.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = serve_fleet_with(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&opts(port)),
+        std::future::pending(),
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "pod a: cannot publish KV events on port {port} and replay them on port {}",
+            port + 1
+        )
+    );
+}

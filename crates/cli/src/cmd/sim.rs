@@ -25,7 +25,7 @@ pub struct Args {
     check: bool,
     /// Publish every vLLM pod's KV-cache events as vLLM does (ZeroMQ): pod `i` on
     /// `PORT + 2i`, its replay socket on `PORT + 2i + 1` (docs/precise-prefix.md).
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     kv_events_port: Option<u16>,
     /// The events' encoding: `keyed` (vLLM since mid-2026) or `positional` (earlier releases).
     #[arg(long, default_value = "keyed", value_parser = parse_encoding, requires = "kv_events_port")]
@@ -62,6 +62,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let spec = FleetSpec::from_file(&path)
         .with_context(|| format!("invalid fleet file {}", path.display()))?;
+    let kv = args.kv_events_port.map(|port| KvEventsOptions {
+        base_port: Some(port),
+        encoding: args.kv_events_encoding,
+        ..KvEventsOptions::default()
+    });
+    if let Some(kv) = &kv {
+        kv.check(&spec)
+            .with_context(|| format!("--kv-events-port with the fleet {}", path.display()))?;
+    }
     if args.check {
         tracing::info!(pods = spec.pods.len(), "{} is valid", path.display());
         return Ok(());
@@ -69,11 +78,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let kv = args.kv_events_port.map(|port| KvEventsOptions {
-        base_port: Some(port),
-        encoding: args.kv_events_encoding,
-        ..KvEventsOptions::default()
-    });
     let fleet = serve_fleet_with(
         &spec,
         |pod| std::net::SocketAddr::from(([127, 0, 0, 1], pod.port)),

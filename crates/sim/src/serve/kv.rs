@@ -17,6 +17,8 @@ use xxhash_rust::xxh64::xxh64;
 
 use super::lock;
 use crate::engine::KvEvent;
+use crate::error::SimError;
+use crate::spec::FleetSpec;
 use crate::tokens::{BYTES_PER_TOKEN, token_ids};
 
 /// How the pods publish.
@@ -44,6 +46,46 @@ impl Default for KvEventsOptions {
     }
 }
 
+impl KvEventsOptions {
+    /// Pod `index`'s `PUB` and replay ports: `base_port + 2 × index` and the one after (0 and 0,
+    /// ports the system picks, without a base port).
+    pub fn ports(&self, index: usize, pod: &str) -> Result<(u16, u16), SimError> {
+        let Some(base) = self.base_port else {
+            return Ok((0, 0));
+        };
+        let events = u64::from(base) + 2 * index as u64;
+        let port = |p: u64| {
+            u16::try_from(p).map_err(|_| SimError::KvPort {
+                pod: pod.to_owned(),
+                port: u32::try_from(p).unwrap_or(u32::MAX),
+                reason: format!(
+                    "past 65535 (pod {index} publishes on the base port {base} + 2 × {index}, \
+                     and replays on the port after): choose a lower base port"
+                ),
+            })
+        };
+        Ok((port(events)?, port(events + 1)?))
+    }
+
+    /// Checks every pod's KV-event ports of `spec`: within range, and none a pod's fixed HTTP
+    /// port.
+    pub fn check(&self, spec: &FleetSpec) -> Result<(), SimError> {
+        for (i, pod) in spec.pods.iter().enumerate() {
+            let (events, replay) = self.ports(i, &pod.name)?;
+            for p in [events, replay].into_iter().filter(|p| *p != 0) {
+                if let Some(other) = spec.pods.iter().find(|o| o.port == p) {
+                    return Err(SimError::KvPort {
+                        pod: pod.name.clone(),
+                        port: u32::from(p),
+                        reason: format!("pod {} serves HTTP on it", other.name),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Blocks remembered for the events at most (a bound on prompts whose blocks never got stored).
 const MAX_KNOWN_BLOCKS: usize = 1 << 20;
 
@@ -61,25 +103,24 @@ pub(crate) struct Feed {
 }
 
 impl Feed {
-    /// Binds pod `index`'s sockets on `ip`.
+    /// Binds the sockets of pod `index`, named `pod`, on `ip`.
     pub(crate) async fn bind(
         o: &KvEventsOptions,
         ip: IpAddr,
         index: usize,
-    ) -> std::io::Result<Feed> {
-        let port = |off: u16| {
-            o.base_port.map_or(0, |b| {
-                b.saturating_add((index as u16).saturating_mul(2))
-                    .saturating_add(off)
-            })
-        };
-        let publisher = Publisher::bind(
-            SocketAddr::new(ip, port(0)),
-            o.replay.then(|| SocketAddr::new(ip, port(1))),
-            &o.topic,
-            10_000,
-        )
-        .await?;
+        pod: &str,
+    ) -> Result<Feed, SimError> {
+        let (events, replay) = o.ports(index, pod)?;
+        let events = SocketAddr::new(ip, events);
+        let replay = o.replay.then(|| SocketAddr::new(ip, replay));
+        let publisher = Publisher::bind(events, replay, &o.topic, 10_000)
+            .await
+            .map_err(|source| SimError::KvBind {
+                pod: pod.to_owned(),
+                events: events.port(),
+                replay: replay.map(|r| r.port()),
+                source,
+            })?;
         Ok(Feed {
             publisher,
             encoding: o.encoding,
