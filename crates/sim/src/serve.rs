@@ -262,8 +262,8 @@ where
     serve_fleet_with(spec, addr, None, shutdown).await
 }
 
-/// Like [`serve_fleet_at`]; with `kv_events`, every pod also publishes vLLM's KV-cache events
-/// ([`kv`]) on its own address at the port `kv_events` gives it.
+/// Like [`serve_fleet_at`]; with `kv_events`, every vLLM pod also publishes vLLM's KV-cache
+/// events ([`kv`]) on its own address at the port `kv_events` gives it.
 pub async fn serve_fleet_with<F>(
     spec: &FleetSpec,
     addr: impl Fn(&PodSpec) -> SocketAddr,
@@ -273,6 +273,14 @@ pub async fn serve_fleet_with<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    // Every pod's KV-event ports are in range before any socket is bound.
+    if let Some(o) = kv_events {
+        for (i, pod) in spec.pods.iter().enumerate() {
+            if pod.engine == EngineKind::Vllm {
+                o.ports(i, &pod.name)?;
+            }
+        }
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let mut pods = Vec::with_capacity(spec.pods.len());
@@ -287,13 +295,14 @@ where
             })?;
         let addr = listener.local_addr()?;
         let index = pods.len();
+        // Only vLLM pods publish vLLM's events; pod `index` keeps its ports either way.
         let feed = match kv_events {
-            Some(o) => Some(
+            Some(o) if pod.engine == EngineKind::Vllm => Some(
                 kv::Feed::bind(o, addr.ip(), index, &pod.name)
                     .await?
                     .with_block_size(pod.profile.block_size),
             ),
-            None => None,
+            _ => None,
         };
         let kv_addrs = feed.as_ref().map(|f| (f.addr(), f.replay_addr()));
         let shared = Arc::new(new_shared(pod, feed));

@@ -144,3 +144,33 @@ async fn kv_event_ports_past_the_range_on_an_http_port_or_taken_are_refused_nami
         )
     );
 }
+
+#[tokio::test]
+async fn only_vllm_pods_publish_and_each_keeps_its_index_ports() {
+    let p = Catalog::builtin()
+        .unwrap()
+        .get("llama-3.1-8b/h100")
+        .unwrap()
+        .clone();
+    let pods = vec![
+        PodSpec::new("tgi", &p, EngineKind::Tgi),
+        PodSpec::new("vllm", &p, EngineKind::Vllm),
+    ];
+    let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
+    let fleet = serve_fleet_with(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&KvEventsOptions::default()),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fleet.pods[0].kv_events, None, "TGI publishes no KV events");
+    assert!(fleet.pods[1].kv_events.is_some());
+    // Pod 1 keeps the ports of its place in the fleet.
+    let opts = KvEventsOptions {
+        base_port: Some(6000),
+        ..KvEventsOptions::default()
+    };
+    assert_eq!(opts.ports(1, "vllm").unwrap(), (6002, 6003));
+}

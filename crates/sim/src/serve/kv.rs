@@ -18,7 +18,7 @@ use xxhash_rust::xxh64::xxh64;
 use super::lock;
 use crate::engine::KvEvent;
 use crate::error::SimError;
-use crate::spec::FleetSpec;
+use crate::spec::{EngineKind, FleetSpec};
 use crate::tokens::{BYTES_PER_TOKEN, token_ids};
 
 /// How the pods publish.
@@ -67,10 +67,11 @@ impl KvEventsOptions {
         Ok((port(events)?, port(events + 1)?))
     }
 
-    /// Checks every pod's KV-event ports of `spec`: within range, and none a pod's fixed HTTP
-    /// port.
+    /// Checks the KV-event ports of every vLLM pod of `spec`: within range, and none a pod's
+    /// fixed HTTP port.
     pub fn check(&self, spec: &FleetSpec) -> Result<(), SimError> {
-        for (i, pod) in spec.pods.iter().enumerate() {
+        let vllm = spec.pods.iter().enumerate();
+        for (i, pod) in vllm.filter(|(_, p)| p.engine == EngineKind::Vllm) {
             let (events, replay) = self.ports(i, &pod.name)?;
             for p in [events, replay].into_iter().filter(|p| *p != 0) {
                 if let Some(other) = spec.pods.iter().find(|o| o.port == p) {
