@@ -9,7 +9,7 @@
 //! drained on the first refused connections rather than at the next poll.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,9 @@ pub(crate) struct Cluster {
     state: Mutex<ClusterState>,
     /// This router's requests sent to the cluster and still without their first token.
     pending: AtomicUsize,
+    /// Whether a refusal of the router's credentials was logged since the last answer the
+    /// cluster accepted them for (one warning per episode, not one per request).
+    refusal_logged: AtomicBool,
     /// Served tokens and their cost, for the cost-per-million gauge.
     tokens: AtomicU64,
     cost_nanos: AtomicU64,
@@ -151,6 +154,7 @@ impl Cluster {
             region_rank,
             state: Mutex::new(state),
             pending: AtomicUsize::new(0),
+            refusal_logged: AtomicBool::new(false),
             tokens: AtomicU64::new(0),
             cost_nanos: AtomicU64::new(0),
             settings,
@@ -295,6 +299,25 @@ impl Cluster {
             }
             _ => (ms, at),
         });
+    }
+
+    /// The cluster answered 401 or 403 to the router's own credentials (its
+    /// `credentials.bearerTokenFile`, or none): warned once until it accepts them again.
+    pub(crate) fn observe_refused_credentials(&self, status: http::StatusCode) {
+        if !self.refusal_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                cluster = %self.config.name,
+                status = status.as_u16(),
+                "the cluster refuses the router's credentials (credentials.bearerTokenFile); its requests go to the next cluster"
+            );
+        }
+    }
+
+    /// The cluster answered a request with the router's credentials otherwise than 401 or 403.
+    pub(crate) fn observe_accepted_credentials(&self) {
+        if self.refusal_logged.load(Ordering::Relaxed) {
+            self.refusal_logged.store(false, Ordering::Relaxed);
+        }
     }
 
     /// A routed request could not reach the cluster (or timed out before its response
@@ -495,32 +518,51 @@ impl Drop for Pending {
     }
 }
 
+/// Why a heartbeat or `/v1/models` fetch failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// No complete answer within `heartbeat.timeoutMs`.
+    #[error("no complete answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// Connecting or sending failed.
+    #[error("the request failed")]
+    Request(#[source] hyper_util::client::legacy::Error),
+    /// A status other than 2xx.
+    #[error("it answered {0}")]
+    Status(http::StatusCode),
+    /// The body broke off or passed [`MAX_POLL_BODY`].
+    #[error("its body could not be read whole (at most 1 MiB)")]
+    Body,
+}
+
 /// Fetches `uri` within `timeout`: the body and the time it took.
 async fn fetch(
     client: &Client,
     uri: Uri,
     token: Option<HeaderValue>,
     timeout: Duration,
-) -> Option<(Bytes, Duration)> {
+) -> Result<(Bytes, Duration), FetchError> {
     let start = tokio::time::Instant::now();
-    let mut req = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+    let mut req = Request::new(Full::new(Bytes::new()));
+    *req.uri_mut() = uri;
     if let Some(t) = token {
         req.headers_mut().insert(header::AUTHORIZATION, t);
     }
     let work = async {
-        let resp = client.request(req).await.ok()?;
+        let resp = client.request(req).await.map_err(FetchError::Request)?;
         if !resp.status().is_success() {
-            return None;
+            return Err(FetchError::Status(resp.status()));
         }
-        let body = Limited::new(resp.into_body(), MAX_POLL_BODY)
+        Limited::new(resp.into_body(), MAX_POLL_BODY)
             .collect()
             .await
-            .ok()?
-            .to_bytes();
-        Some(body)
+            .map(|b| b.to_bytes())
+            .map_err(|_| FetchError::Body)
     };
-    let body = tokio::time::timeout(timeout, work).await.ok()??;
-    Some((body, start.elapsed()))
+    let body = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| FetchError::Timeout(timeout))??;
+    Ok((body, start.elapsed()))
 }
 
 /// Model ids of an OpenAI `/v1/models` answer.
@@ -566,7 +608,7 @@ pub(crate) async fn poll(
             next_discovery = tokio::time::Instant::now() + discovery;
             if let Some(uri) = models_uri.clone() {
                 match fetch(&client, uri, token.clone(), timeout).await {
-                    Some((body, rtt)) => match model_ids(&body) {
+                    Ok((body, rtt)) => match model_ids(&body) {
                         Some(ids) => {
                             cluster.set_served(ids.clone());
                             if cluster.heartbeat.is_none() {
@@ -580,32 +622,38 @@ pub(crate) async fn poll(
                             }
                         }
                     },
-                    None if cluster.heartbeat.is_none() => cluster.fail_all(now()),
-                    None => {}
+                    Err(_) if cluster.heartbeat.is_none() => cluster.fail_all(now()),
+                    // Judged by its heartbeat: the models last read are kept, but a cluster
+                    // refusing the router's token, say, must not go unnoticed.
+                    Err(e) => tracing::warn!(
+                        cluster = %cluster.config.name,
+                        error = %infergate_pool::ErrorChain(&e),
+                        "cannot read the cluster's /v1/models; the models last read are kept"
+                    ),
                 }
             }
         } else if cluster.heartbeat.is_none() && cluster.config.models.is_some() {
             // Static models and no heartbeat: `/v1/models` answering is the heartbeat.
             if let Some(uri) = models_uri.clone() {
                 match fetch(&client, uri, token.clone(), timeout).await {
-                    Some((_, rtt)) => {
+                    Ok((_, rtt)) => {
                         let models = cluster.served();
                         cluster.apply_models_as_heartbeat(&models, rtt, now());
                     }
-                    None => cluster.fail_all(now()),
+                    Err(_) => cluster.fail_all(now()),
                 }
             }
         }
         if let Some(uri) = cluster.heartbeat.clone() {
             match fetch(&client, uri, None, timeout).await {
-                Some((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
+                Ok((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
                     Ok(hb) => cluster.apply_heartbeat(&hb, rtt, now()),
                     Err(e) => {
                         tracing::warn!(cluster = %cluster.config.name, error = %e, "unreadable heartbeat");
                         cluster.fail_all(now());
                     }
                 },
-                None => cluster.fail_all(now()),
+                Err(_) => cluster.fail_all(now()),
             }
         }
         cluster.tick(now(), &telemetry);

@@ -525,12 +525,15 @@ async fn route_request(
         }
         strip_hop_by_hop(h);
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        if let Some(t) = cluster
+        let token = cluster
             .token
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-        {
+            .clone();
+        // The credentials the cluster sees are the router's own (its token, or none because
+        // the client's are not forwarded): a 401 or 403 then concerns the router, not the client.
+        let own_credentials = token.is_some() || shared.auth.is_enabled();
+        if let Some(t) = token {
             h.insert(header::AUTHORIZATION, t);
         }
         let sent_at = tokio::time::Instant::now();
@@ -572,6 +575,25 @@ async fn route_request(
             }
             Ok(Ok(resp)) => {
                 let status = resp.status();
+                if own_credentials
+                    && matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+                {
+                    cluster.observe_refused_credentials(status);
+                    if !last {
+                        failover("credentials");
+                    }
+                    last_error = Some(ApiError::UpstreamUnavailable {
+                        reason: format!(
+                            "cluster `{}` refused the router's credentials ({})",
+                            cluster.config.name,
+                            status.as_u16()
+                        ),
+                    });
+                    continue;
+                }
+                if own_credentials {
+                    cluster.observe_accepted_credentials();
+                }
                 let retryable = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
                 if retryable && !last {
                     failover(if status.is_server_error() {

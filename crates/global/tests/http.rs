@@ -29,8 +29,9 @@ async fn router(cluster: SocketAddr) -> (Router, oneshot::Sender<()>) {
 async fn router_with(yaml: &str) -> (Router, oneshot::Sender<()>) {
     let config = GlobalConfig::from_yaml(yaml).unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
     let (stop, rx) = oneshot::channel::<()>();
-    let router = serve(config, Listeners { http, admin: None }, async move {
+    let router = serve(config, Listeners { http, admin }, async move {
         let _ = rx.await;
     })
     .await
@@ -367,5 +368,150 @@ async fn a_cluster_that_times_out_is_not_chosen_again_at_once() {
         let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
         assert_eq!(r.header("x-infergate-cluster"), Some("good"), "request {i}");
+    }
+}
+
+/// A "cluster" answering every request with `status` and an OpenAI-style error body, on
+/// keep-alive connections.
+async fn refusing_cluster(status: u16) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let body = r#"{"error":{"message":"authentication failed: the API key is not known","type":"authentication_error","param":null,"code":"unauthorized"}}"#;
+                let mut buf = vec![0u8; 65536];
+                let mut got = 0;
+                loop {
+                    match s.read(&mut buf[got..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got += n,
+                    }
+                    let text = String::from_utf8_lossy(&buf[..got]).into_owned();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length: usize = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse().ok())?
+                        })
+                        .unwrap_or(0);
+                    if got < end + 4 + length {
+                        continue;
+                    }
+                    got = 0;
+                    let head = format!(
+                        "HTTP/1.1 {status} Refused\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if s.write_all(head.as_bytes()).await.is_err()
+                        || s.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A cluster that refuses the router's own credentials (its `bearerTokenFile`, or none while
+/// the router's authentication keeps the client's from being forwarded) answers 401 or 403
+/// about the router, not the client: the client was told its API key was not known and to
+/// send one. The request now moves on to the next cluster (`failovers_total{reason=
+/// "credentials"}`) and, when no cluster is left, is a 502 naming the cluster that refused the
+/// router. With the client's own credentials forwarded (no authentication on the router and
+/// no token for the cluster) the cluster's 401 is the client's, and passes through.
+#[tokio::test]
+async fn a_cluster_refusing_the_routers_credentials_is_not_the_clients_401() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "stale-token").unwrap();
+    let good = Recorder::start(&[]).await;
+    for status in [401, 403] {
+        let locked = refusing_cluster(status).await;
+        let cluster = |name: &str, addr: SocketAddr, cost: f64, with_token: bool| {
+            let credentials = if with_token {
+                format!(
+                    ", credentials: {{ bearerTokenFile: '{}' }}",
+                    token.display()
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "  - {{ name: {name}, url: 'http://{addr}', region: r, models: [m], cost: {{ inputPerMillion: {cost} }}{credentials} }}\n"
+            )
+        };
+        // The cheaper cluster refuses the router's token; the next one answers.
+        let yaml = format!(
+            "auth: none\nclusters:\n{}{}",
+            cluster("locked", locked, 0.1, true),
+            cluster("good", good.addr, 1.0, false)
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+        assert_eq!(r.status, 200, "{status}: {}", r.text());
+        assert_eq!(r.header("x-infergate-cluster"), Some("good"));
+        let metrics = infergate_testkit::get(router.admin_addr().unwrap(), "/metrics").await;
+        assert!(
+            metrics.text().contains(
+                r#"infergate_global_failovers_total{cluster="locked",reason="credentials"} 1"#
+            ),
+            "{}",
+            metrics.text()
+        );
+
+        // No cluster left: a 502 about the router, not a 401 telling the client to send a key.
+        let yaml = format!(
+            "auth: none\nclusters:\n{}",
+            cluster("locked", locked, 0.1, true)
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+        assert_eq!(r.status, 502, "{status}: {}", r.text());
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("`locked`") && msg.contains("credentials"),
+            "{msg}"
+        );
+
+        // The router's authentication on and no token: the cluster got no credentials at all.
+        let yaml = format!(
+            "auth:\n  apiKeys:\n    keys: [{{ sha256: 289c642a857aceb1b7e6f7ee74a11b4a5fb07f43d1e390a71251d611ebe36cd0, tenant: t, models: ['*'] }}]\nclusters:\n{}",
+            cluster("locked", locked, 0.1, false)
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        let r = send(
+            router.http_addr(),
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer key-m")],
+        )
+        .await;
+        assert_eq!(r.status, 502, "{status}: {}", r.text());
+
+        // The client's own credentials forwarded: the cluster's answer is the client's.
+        let yaml = format!(
+            "auth: none\nclusters:\n{}",
+            cluster("locked", locked, 0.1, false)
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        let r = send(
+            router.http_addr(),
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer client-key")],
+        )
+        .await;
+        assert_eq!(r.status, status, "{}", r.text());
+        assert_eq!(r.header("x-infergate-cluster"), Some("locked"));
     }
 }
