@@ -334,13 +334,55 @@ pub async fn connect(
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| ZmtpError::Timeout(timeout.as_millis() as u64, "connecting"))??;
+    keep_alive(&stream)?;
     Connection::handshake(stream, ours, limits).await
+}
+
+/// Idle time before the first keepalive probe on a connection infergate opens.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+
+/// Between keepalive probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// TCP keepalive: a subscriber only reads, and an idle engine publishes nothing, so without
+/// probes a publisher whose host or path vanished without a FIN or RST (a node lost, a NAT or
+/// conntrack entry expired) would leave its feed in sequence forever, missing every event since.
+/// With them the connection fails within about half a minute, and the feed is caught up anew.
+fn keep_alive(stream: &TcpStream) -> std::io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+    let ka = ka.with_retries(3);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&ka)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn connections_opened_probe_their_peer() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let peer = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            Connection::handshake(s, SocketType::Pub, Limits::default()).await
+        });
+        let conn = connect(&addr, SocketType::Sub, Limits::default())
+            .await
+            .unwrap();
+        peer.await.unwrap().unwrap();
+        let sock = socket2::SockRef::from(conn.io.get_ref());
+        assert!(sock.keepalive().unwrap());
+        #[cfg(target_os = "linux")]
+        {
+            assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+            assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+            assert_eq!(sock.tcp_keepalive_retries().unwrap(), 3);
+        }
+    }
 
     #[test]
     fn ready_properties_are_parsed_and_bounded() {
