@@ -1,4 +1,5 @@
-//! `infergate picker` with a quota or flow-control file it refuses: the start fails naming the
+//! `infergate picker` (and the operator) refusing to start: with a quota or flow-control file it
+//! refuses, the start fails naming the
 //! flag and the file, saying each cause once, and nothing says the picker is listening first.
 
 #![allow(
@@ -83,5 +84,52 @@ fn a_refused_quota_or_flow_control_file_stops_the_start_before_listening_is_logg
             "{flag} {body:?}: logged listening before refusing the file: {text}"
         );
         assert_said_once(&printed_chain(&text), &text);
+    }
+}
+
+/// Outside a cluster, with no kubeconfig: the operator and a picker without `--endpoints-file`
+/// say there is no cluster, where they looked and (the picker) how to run without one — once.
+/// They said "Kubernetes API call failed" and then kube's inference error four times over.
+#[test]
+fn no_cluster_and_no_kubeconfig_is_said_once_with_where_it_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("no-such-kubeconfig");
+    for args in [
+        vec!["operator", "--metrics-addr", "127.0.0.1:0"],
+        vec![
+            "picker",
+            "--listen-address",
+            "127.0.0.1",
+            "--grpc-port",
+            "0",
+            "--grpc-health-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        let (ok, text) = printed_error::outcome(&out);
+        assert!(!ok, "{args:?} started: {text}");
+        assert_eq!(
+            text.matches("no Kubernetes cluster").count(),
+            1,
+            "{args:?}: {text}"
+        );
+        assert_eq!(
+            text.matches(kubeconfig.to_str().unwrap()).count(),
+            1,
+            "{args:?}: {text}"
+        );
+        if args[0] == "picker" {
+            assert!(text.contains("--endpoints-file"), "{text}");
+        }
     }
 }

@@ -64,6 +64,16 @@ pub enum Error {
     /// A Kubernetes API call failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
+    /// No Kubernetes client could be configured: neither in a pod nor with a kubeconfig.
+    // kube's message already holds its causes, each once; as a `source` they would print again.
+    #[error(
+        "no Kubernetes cluster to discover the pool's pods in (in a pod: its service account; \
+         elsewhere: KUBECONFIG or ~/.kube/config; without Kubernetes: --endpoints-file): {cause}"
+    )]
+    NoCluster {
+        /// What kube reported.
+        cause: kube::Error,
+    },
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Transport(#[from] tonic::transport::Error),

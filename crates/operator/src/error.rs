@@ -57,6 +57,17 @@ pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
+    /// No client could be configured: neither in a pod nor with a kubeconfig.
+    // kube's message already holds its causes, each once ("in-cluster: (...), kubeconfig:
+    // (...)"); as a `source` they would print again below it.
+    #[error(
+        "no Kubernetes cluster to connect to (in a pod: its service account; elsewhere: \
+         KUBECONFIG or ~/.kube/config): {cause}"
+    )]
+    NoCluster {
+        /// What kube reported.
+        cause: kube::Error,
+    },
     /// The metrics listener could not be bound.
     #[error("cannot bind the metrics listener")]
     Io(#[source] std::io::Error),
@@ -83,6 +94,7 @@ impl Error {
             Self::MissingApi { .. } => "missing_api",
             Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Kube(_) => "kube",
+            Self::NoCluster { .. } => "no_cluster",
             Self::LostLease => "lost_lease",
             Self::Io(_) => "io",
             Self::Finalizer(_) => "finalizer",

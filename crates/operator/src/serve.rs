@@ -48,7 +48,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let shutdown = shutdown.shared();
-    let client = Client::try_default().await?;
+    let client = Client::try_default()
+        .await
+        .map_err(|cause| Error::NoCluster { cause })?;
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(
         client.clone(),

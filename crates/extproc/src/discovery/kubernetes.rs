@@ -400,7 +400,9 @@ pub async fn membership(
     name: String,
     default_engine: Option<String>,
 ) -> Result<crate::run::Membership, Error> {
-    let client = kube::Client::try_default().await?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|cause| Error::NoCluster { cause })?;
     Ok(crate::run::Membership::Dynamic(Box::new(move |pool| {
         Box::pin(async move {
             if let Err(e) = watch_pool(client, &namespace, &name, default_engine, pool).await {
