@@ -1,6 +1,6 @@
 //! `infergate picker` (and the operator) refusing to start: with a quota or flow-control file it
-//! refuses, the start fails naming the
-//! flag and the file, saying each cause once, and nothing says the picker is listening first.
+//! refuses, the start fails naming the flag and the file, saying each cause once, and nothing
+//! says the picker is listening first; outside a cluster, the error says so once.
 
 #![allow(
     clippy::unwrap_used,
