@@ -188,8 +188,9 @@ pub enum ApiError {
     /// The tenant has used its quota of requests or tokens for the window
     /// (`quotas:`); `Retry-After` is when enough counted use leaves the window.
     #[error(
-        "tenant `{}` has used its quota of {limit} {kind} per {} s: retry after {} s",
+        "tenant `{}` has used its quota of {} per {} s: retry after {} s",
         Echo(tenant),
+        Quantity(*limit, kind),
         window.as_secs(),
         retry_after_secs(*retry_after)
     )]
@@ -320,6 +321,20 @@ impl QueueLimit {
             }
         }
         Full(self, priority)
+    }
+}
+
+/// `600 requests`, `1 request`: a count of a plural noun (`requests`, `tokens`).
+struct Quantity<'a>(u64, &'a str);
+
+impl std::fmt::Display for Quantity<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let noun = if self.0 == 1 {
+            self.1.strip_suffix('s').unwrap_or(self.1)
+        } else {
+            self.1
+        };
+        write!(f, "{} {noun}", self.0)
     }
 }
 
@@ -750,6 +765,11 @@ mod tests {
             retry_after: Duration::from_secs(1),
         };
         assert_eq!(e.reason(), Some("rejected-quota-tokens"));
+        // A limit of one (a small per-minute limit scaled to a short window) is singular.
+        assert_eq!(
+            e.to_string(),
+            "tenant `t` has used its quota of 1 token per 60 s: retry after 1 s"
+        );
         assert_eq!(ApiError::MissingModel.reason(), None);
     }
 
