@@ -603,11 +603,7 @@ async fn route_request(
                     });
                     continue;
                 }
-                let code = match status.as_u16() {
-                    200..=299 => "2xx",
-                    400..=499 => "4xx",
-                    _ => "5xx",
-                };
+                let code = crate::telemetry::status_class(status.as_u16());
                 shared
                     .telemetry
                     .responses

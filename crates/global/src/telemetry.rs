@@ -27,7 +27,7 @@ pub(crate) struct ClusterReason {
     pub(crate) reason: &'static str,
 }
 
-/// `cluster`, `code` (`2xx`, `4xx`, `5xx`).
+/// `cluster`, `code` ([`status_class`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClusterCode {
     pub(crate) cluster: String,
@@ -159,5 +159,39 @@ impl Telemetry {
             t.ttft.clone(),
         );
         t
+    }
+}
+
+/// The `code` label of an answer passed through: its status class. A redirect (a cluster URL
+/// behind an HTTP-to-HTTPS redirect, say) is `3xx`, not counted with the server errors.
+pub(crate) fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_class;
+
+    #[test]
+    fn each_status_is_counted_in_its_own_class() {
+        for (status, class) in [
+            (101, "1xx"),
+            (200, "2xx"),
+            (204, "2xx"),
+            (301, "3xx"),
+            (307, "3xx"),
+            (404, "4xx"),
+            (429, "4xx"),
+            (500, "5xx"),
+            (503, "5xx"),
+        ] {
+            assert_eq!(status_class(status), class, "{status}");
+        }
     }
 }
