@@ -90,6 +90,7 @@ struct Stats {
     replays: Family<OutcomeLabels, Counter>,
     resets: Family<ReasonLabels, Counter>,
     decode_errors: Counter,
+    other_topic: Counter,
     unknown: Counter,
     connect_failures: Counter,
     connected: Gauge,
@@ -109,6 +110,7 @@ impl Default for Stats {
             replays: Family::default(),
             resets: Family::default(),
             decode_errors: Counter::default(),
+            other_topic: Counter::default(),
             unknown: Counter::default(),
             connect_failures: Counter::default(),
             connected: Gauge::default(),
@@ -148,13 +150,18 @@ impl Stats {
         );
         r.register(
             "kv_events_resets",
-            "A pod's entries dropped, by reason (gap, reconnect, restart, decode-error, cleared, removed)",
+            "A pod's entries dropped, by reason (gap, reconnect, restart, decode-error, topic, cleared, removed)",
             self.resets.clone(),
         );
         r.register(
             "kv_events_decode_errors",
             "Event payloads or messages that did not decode",
             self.decode_errors.clone(),
+        );
+        r.register(
+            "kv_events_other_topic",
+            "Messages on another topic than the one subscribed to (the pod's feed is not used until it reconnects)",
+            self.other_topic.clone(),
         );
         r.register(
             "kv_events_unknown",
@@ -483,9 +490,13 @@ async fn session(
         Ok(c) => c,
         Err(e) => return e,
     };
-    if let Err(e) = conn.subscribe(cfg.topic.as_bytes()).await {
+    // Everything is subscribed to and the topic checked here: a publisher on another topic
+    // would otherwise be a silent feed, in sequence, whose replay (which knows no topics) had
+    // filled the index with blocks no later event corrects.
+    if let Err(e) = conn.subscribe(b"").await {
         return e;
     }
+    let mut other_topic = false;
     // Catch up: replay what was missed (everything buffered on a first connect), or start over.
     let mut replayed_from: Option<u64> = None;
     match (replay, *last) {
@@ -525,6 +536,22 @@ async fn session(
             inner.stats.decode_errors.inc();
             continue;
         };
+        if !frames[0].starts_with(cfg.topic.as_bytes()) {
+            inner.stats.other_topic.inc();
+            if !other_topic {
+                other_topic = true;
+                tracing::warn!(%pod, %events, topic = %String::from_utf8_lossy(&frames[0]),
+                    subscribed = %cfg.topic,
+                    "kv-events: the publisher sends another topic; the feed is not used");
+                inner.set_synced(pod, false);
+                inner.reset(pod, "topic");
+                *last = None;
+            }
+            continue;
+        }
+        if other_topic {
+            continue; // a feed of mixed topics stays unused until it reconnects
+        }
         if let Some(l) = *last {
             if seq <= l {
                 if replayed_from.is_some_and(|f| seq >= f) {

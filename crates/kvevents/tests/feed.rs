@@ -419,3 +419,41 @@ async fn live_batches_measure_the_lag_from_the_engines_timestamp_and_replayed_on
         .unwrap();
     assert!((5.0..15.0).contains(&sum), "{sum}");
 }
+
+#[tokio::test]
+async fn a_publisher_on_another_topic_is_not_used_though_its_replay_was() {
+    let publisher = Publisher::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Some("127.0.0.1:0".parse().unwrap()),
+        "kv@other",
+        64,
+    )
+    .await
+    .unwrap();
+    let a = prompt(8);
+    // Buffered before the subscriber connects: the replay (which has no topic) brings it.
+    publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
+    let kv = KvEvents::new(SubscriberConfig {
+        topic: "kv@llama".into(),
+        ..cfg()
+    });
+    let pod: SocketAddr = POD.parse().unwrap();
+    kv.add_pod_at(pod, publisher.addr(), publisher.replay_addr());
+    eventually("the replay", || cached(&kv, pod, &a) == Some(8)).await;
+    // The first live batch shows the topic: the feed is not used, what it brought is dropped.
+    publisher.publish(batch(vec![Event::AllCleared], Encoding::Keyed));
+    eventually("the feed set aside", || cached(&kv, pod, &a).is_none()).await;
+    assert_eq!(kv.index().pod_blocks(pod), 0);
+    publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
+    eventually("counted", || {
+        metrics(&kv).contains("kv_events_other_topic_total 2")
+    })
+    .await;
+    assert_eq!(cached(&kv, pod, &a), None, "still not used");
+    let m = metrics(&kv);
+    assert!(
+        m.contains("kv_events_resets_total{reason=\"topic\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("kv_events_connected_pods 0"), "{m}");
+}
