@@ -540,8 +540,8 @@ async fn session(
             inner.stats.other_topic.inc();
             if !other_topic {
                 other_topic = true;
-                tracing::warn!(%pod, %events, topic = %String::from_utf8_lossy(&frames[0]),
-                    subscribed = %cfg.topic,
+                tracing::warn!(%pod, %events, topic = ?String::from_utf8_lossy(&frames[0]),
+                    subscribed = ?cfg.topic,
                     "kv-events: the publisher sends another topic; the feed is not used");
                 inner.set_synced(pod, false);
                 inner.reset(pod, "topic");
