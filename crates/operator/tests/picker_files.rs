@@ -264,20 +264,25 @@ fn file_keys<T: serde::Serialize>(v: &T) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-#[test]
-fn the_crd_sections_and_the_pickers_files_have_the_same_fields() {
-    // One block moves between the gateway file, the picker's files and the CR: a field the
-    // picker gains must be added to the CRD (and the other way round), or this fails.
+/// The generated CRD's OpenAPI schema, as JSON.
+fn crd_schema() -> serde_json::Value {
     use kube::CustomResourceExt;
     let crd = InferenceGatewayConfig::crd();
-    let schema = serde_json::to_value(
+    serde_json::to_value(
         crd.spec.versions[0]
             .schema
             .as_ref()
             .and_then(|s| s.open_api_v3_schema.as_ref())
             .unwrap(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn the_crd_sections_and_the_pickers_files_have_the_same_fields() {
+    // One block moves between the gateway file, the picker's files and the CR: a field the
+    // picker gains must be added to the CRD (and the other way round), or this fails.
+    let schema = crd_schema();
     let spec = &schema["properties"]["spec"]["properties"];
     let flow = FlowConfig::default();
     assert_eq!(
@@ -320,16 +325,7 @@ fn the_crds_precise_prefix_bounds_are_the_pickers() {
     // The CRD's byteBudget / maxBodyBytes ranges become `--kv-index-bytes` /
     // `--kv-max-body-bytes`; the picker and the gateway refuse values outside their own ranges,
     // so the two must agree or a CR the API server accepts renders a picker that exits.
-    use kube::CustomResourceExt;
-    let crd = InferenceGatewayConfig::crd();
-    let schema = serde_json::to_value(
-        crd.spec.versions[0]
-            .schema
-            .as_ref()
-            .and_then(|s| s.open_api_v3_schema.as_ref())
-            .unwrap(),
-    )
-    .unwrap();
+    let schema = crd_schema();
     let precise = &schema["properties"]["spec"]["properties"]["schedulers"]["items"]["properties"]
         ["precisePrefix"]["properties"];
     let range = |field: &str| {

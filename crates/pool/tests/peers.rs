@@ -115,12 +115,7 @@ fn series(registry: &Registry, name: &str) -> f64 {
 #[tokio::test]
 async fn the_start_line_logs_the_listen_address_and_the_peers_as_text() {
     let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let _logs = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
     let pool = pool(&[], 1).await;
     let (listen, peer_a, peer_b) = (free_addr().await, free_addr().await, free_addr().await);
     let mut registry = Registry::default();

@@ -209,13 +209,7 @@ async fn the_schedulers_age_bound_is_a_safety_net_above_the_scrapers_threshold()
 /// Picks with a subscriber at `level` installed, returning what was logged.
 fn logged_picks(pool: &LivePool, level: tracing::Level, n: usize) -> String {
     let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    tracing::subscriber::with_default(out.subscriber(level), || {
         for _ in 0..n {
             drop(pool.pick(&RequestContext::new("m", 100)).unwrap());
         }

@@ -247,13 +247,24 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// A log writer that keeps every byte in memory, for reading back what a test logged: give
-/// `tracing_subscriber::fmt().with_writer(move || writer.clone())` a clone and read
-/// [`Self::text`] afterwards.
+/// A log writer that keeps every byte in memory, for reading back what a test logged: install
+/// [`Self::subscriber`] (or give a `tracing_subscriber::fmt()` of your own a clone as its
+/// writer) and read [`Self::text`] afterwards.
 #[derive(Clone, Default)]
 pub struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl CapturedLog {
+    /// A subscriber writing every event up to `level` into this log, as plain text (no
+    /// colours): `let _log = tracing::subscriber::set_default(out.subscriber(Level::INFO));`.
+    pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
     /// Everything written so far (invalid UTF-8 replaced).
     pub fn text(&self) -> String {
         let bytes = self

@@ -79,12 +79,7 @@ fn unready_terminating_ipless_and_engineless_pods_are_not_members() {
         parse(pod("ok", "10.0.0.9", true, Some("tgi"))),
     ];
     let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let logs = tracing::subscriber::set_default(subscriber);
+    let logs = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
     let eps = pool_endpoints(&pods, &selection(&[80]), None);
     drop(logs);
     // The skipped pod's line says which value was wrong, not only that it was.
