@@ -261,6 +261,14 @@ impl Cluster {
         Some((weight, estimate + queued))
     }
 
+    /// Whether some model of it is routed on (up or ramping) at `at`.
+    fn any_up(&self, at: Instant) -> bool {
+        lock(&self.state)
+            .models
+            .values()
+            .any(|m| matches!(m.health.state(at), State::Up { .. }))
+    }
+
     /// The models it serves.
     pub(crate) fn served(&self) -> Vec<String> {
         lock(&self.state).served.clone()
@@ -624,11 +632,17 @@ pub(crate) async fn poll(
                     },
                     Err(_) if cluster.heartbeat.is_none() => cluster.fail_all(now()),
                     // Judged by its heartbeat: the models last read are kept, but a cluster
-                    // refusing the router's token, say, must not go unnoticed.
-                    Err(e) => tracing::warn!(
+                    // up by its heartbeat that refuses the router's token, say, must not go
+                    // unnoticed. One that is down was warned of when it was drained.
+                    Err(e) if cluster.any_up(now()) => tracing::warn!(
                         cluster = %cluster.config.name,
                         error = %infergate_pool::ErrorChain(&e),
                         "cannot read the cluster's /v1/models; the models last read are kept"
+                    ),
+                    Err(e) => tracing::debug!(
+                        cluster = %cluster.config.name,
+                        error = %infergate_pool::ErrorChain(&e),
+                        "cannot read the drained cluster's /v1/models"
                     ),
                 }
             }
