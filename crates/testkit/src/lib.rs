@@ -20,6 +20,8 @@
 //! - [`eventually`] — waits, on wall-clock time, until a condition holds.
 //! - [`required_tool`] — whether a program from outside the Rust toolchain that a test needs is
 //!   there: in CI its absence fails the test, elsewhere the test says it is skipped.
+//! - [`CapturedLog`] — what the code under test logged, read back as text.
+//! - [`example_configs`] — the `InferenceGatewayConfig` examples of `deploy/examples`.
 //!
 //! The timeout is measured on tokio's clock: on a paused clock (`start_paused`) it is paused
 //! too, and only passes when the runtime has nothing else to do.
