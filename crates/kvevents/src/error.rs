@@ -46,16 +46,3 @@ pub enum ZmtpError {
     #[error("connection closed by the publisher")]
     Closed,
 }
-
-/// A bad subscriber configuration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// An endpoint this subscriber cannot connect to.
-    #[error("KV-event endpoint {endpoint:?}: {reason}")]
-    Endpoint {
-        /// The endpoint as given.
-        endpoint: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-}

@@ -34,6 +34,6 @@ pub mod publish;
 pub mod subscriber;
 pub mod zmtp;
 
-pub use error::{ConfigError, DecodeError, ZmtpError};
+pub use error::{DecodeError, ZmtpError};
 pub use index::{IndexStats, KvIndex, MatchScratch};
 pub use subscriber::{Feed, KvEvents, SubscriberConfig};
