@@ -151,8 +151,10 @@ pub struct FlowMetrics {
 impl Default for FlowMetrics {
     fn default() -> Self {
         fn wait_histogram() -> Histogram {
-            // 1 ms to ~65 s: a wait is bounded by the TTL (60 s by default).
-            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+            // 1 ms to ~37 h, doubling: a wait is bounded by the TTL, 60 s by default and at
+            // most one day (`MAX_REQUEST_TTL`), so a long TTL's waits land in a bucket of their
+            // own, not all in `+Inf`.
+            Histogram::new(exponential_buckets(0.001, 2.0, 28))
         }
         FlowMetrics {
             requests: Family::default(),

@@ -141,6 +141,27 @@ async fn two_controllers_of_one_pool_show_their_queues_together() {
     );
 }
 
+/// Waits as long as a TTL allows (one day at most) are told apart by the wait histogram.
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_lands_in_a_bucket_of_its_own() {
+    let (c, registry) = controller(|cfg| cfg.request_ttl = Duration::from_secs(3_600));
+    let mut a = c.enqueue(req("a", Priority::Standard), None).unwrap();
+    assert_eq!(poll(&mut a), Some(Turn::Try));
+    a.still_saturated(Duration::from_secs(1));
+    tokio::time::advance(Duration::from_secs(1_000)).await;
+    c.kick();
+    assert_eq!(poll(&mut a), Some(Turn::Try));
+    assert!(a.dispatched().is_some());
+    let m = text(&registry);
+    let bucket = |le: &str| {
+        format!(r#"flow_queue_wait_seconds_bucket{{le="{le}",pool="p",priority="standard"}}"#)
+    };
+    assert!(m.contains(&format!("{} 0", bucket("524.288"))), "{m}");
+    assert!(m.contains(&format!("{} 1", bucket("1048.576"))), "{m}");
+    // The last bucket before `+Inf` is past one day.
+    assert!(m.contains(&bucket("134217.728")), "{m}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_release_during_a_turn_gives_the_head_another_turn_at_once() {
     let (c, _r) = controller(|_| {});
