@@ -262,7 +262,7 @@ impl Cluster {
     }
 
     /// Whether some model of it is routed on (up or ramping) at `at`.
-    fn any_up(&self, at: Instant) -> bool {
+    pub(crate) fn any_up(&self, at: Instant) -> bool {
         lock(&self.state)
             .models
             .values()
@@ -429,7 +429,8 @@ impl Cluster {
             .set(estimate.map_or(-1.0, |e| (e + rtt.unwrap_or(0.0)) / 1e3));
     }
 
-    /// The current weight of `model` (tests and the admin port).
+    /// The current weight of `model`.
+    #[cfg(test)]
     pub(crate) fn weight(&self, model: &str, at: Instant) -> f64 {
         self.view(model, at, 1.0).map_or(0.0, |(w, _)| w)
     }

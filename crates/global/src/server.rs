@@ -191,11 +191,10 @@ pub async fn serve(
                 Ok(out)
             },
             move || {
+                // Somewhere to send traffic: some cluster routed on for some model, by its
+                // heartbeat, whether or not its `/v1/models` could be read.
                 let at = now();
-                ready
-                    .clusters
-                    .iter()
-                    .any(|c| c.served().iter().any(|m| c.weight(m, at) > 0.0))
+                ready.clusters.iter().any(|c| c.any_up(at))
             },
             async move {
                 let _ = rx.wait_for(|s| *s).await;

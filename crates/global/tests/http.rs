@@ -515,3 +515,38 @@ async fn a_cluster_refusing_the_routers_credentials_is_not_the_clients_401() {
         assert_eq!(r.header("x-infergate-cluster"), Some("locked"));
     }
 }
+
+/// `/readyz` says whether the router has somewhere to send traffic: a cluster up by its
+/// heartbeat is, whether or not its `/v1/models` could be read (it was 503 while discovery
+/// failed, requests being routed all the while).
+#[tokio::test]
+async fn readyz_follows_the_heartbeats_not_the_model_discovery() {
+    let heartbeat = infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
+        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
+            .to_owned()
+    }))
+    .await;
+    let refusing = refusing_cluster(401).await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 100, staleAfterMs: 1000 }}\nclusters:\n\
+         \x20 - {{ name: a, url: 'http://{refusing}', heartbeatUrl: 'http://{heartbeat}/heartbeat', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let admin = router.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let r = infergate_testkit::get(admin, "/readyz").await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready: {} {}",
+            r.status,
+            r.text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
