@@ -520,13 +520,44 @@ async fn sync_loop(inner: Weak<Inner>, shared: SharedConfig) {
     let mut redis = Redis::new(shared.redis.clone());
     let mut tick = tokio::time::interval(shared.sync_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (id, clock) = match inner.upgrade() {
+        Some(i) => (i.id.clone(), i.clock),
+        None => return,
+    };
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else {
+            leave(&mut redis, &shared, &id, clock.now_ms()).await;
             return;
         };
         sync_once(&inner, &mut redis, &shared).await;
     }
+}
+
+/// Takes a dropped service's replica out of the presence sets (best effort, one round trip), so
+/// the others stop counting it — and assuming its share of the use — at their next round rather
+/// than two presence periods later. Its use stays in the totals until it leaves the window.
+async fn leave(redis: &mut Redis, shared: &SharedConfig, id: &str, now: u64) {
+    if !redis.is_connected() {
+        return;
+    }
+    let prefix = &shared.key_prefix;
+    let period_ms = presence_period_ms(shared);
+    let mut p = Pipeline::new();
+    p.cmd(&["ZREM", format!("{prefix}rounds").as_str(), id]);
+    for period in [now / period_ms, (now / period_ms).saturating_sub(1)] {
+        p.cmd(&["SREM", format!("{prefix}replicas:{period}").as_str(), id]);
+    }
+    if let Err(e) = redis.pipeline(&p).await {
+        tracing::debug!(error = %crate::ErrorChain(&e), "quota replica could not leave the presence sets; it ages out");
+    }
+}
+
+/// A presence period: ten sync intervals, at least a second.
+fn presence_period_ms(shared: &SharedConfig) -> u64 {
+    u64::try_from((shared.sync_interval * 10).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1000)
 }
 
 /// Every entry to sync: the configured ones, and unlisted ones (idle ones with nothing left in
@@ -636,9 +667,7 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     let writes = p.len();
     // Presence: each replica's last round time in one sorted set; a replica counts as alive
     // for two periods of ten sync intervals (at least a second each) after its last round.
-    let period_ms = u64::try_from((shared.sync_interval * 10).as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1000);
+    let period_ms = presence_period_ms(shared);
     let rounds = format!("{prefix}rounds");
     let now_s = now.to_string();
     let gone = format!("({}", now.saturating_sub(period_ms * 2));

@@ -288,6 +288,34 @@ async fn a_replica_that_leaves_stops_being_counted() {
     }
 }
 
+/// A replica whose service is dropped (a reload that changed `quotas:`, a shutdown) takes itself
+/// out of the presence sets at once: the others stop counting it at their next round, not two
+/// presence periods (two seconds here) later, and do not meanwhile assume its share of the use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_dropped_stops_being_counted_at_once() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let a = Quotas::start(config(&redis, "drop:", Duration::from_secs(2), 100), None).unwrap();
+    let b = Quotas::start(config(&redis, "drop:", Duration::from_secs(2), 100), None).unwrap();
+    wait_for("both replicas see each other", || {
+        a.replicas() == 2 && b.replicas() == 2
+    })
+    .await;
+    // Past A's first presence period, when its count may only rise.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    drop(b);
+    let dropped = Instant::now();
+    while a.replicas() != 1 {
+        assert!(
+            dropped.elapsed() < Duration::from_millis(900),
+            "B still counted {:?} after it was dropped",
+            dropped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A replica of an earlier release shows only in the per-period presence sets; a current one
 /// counts it, so a fleet in a rolling upgrade still shares the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
