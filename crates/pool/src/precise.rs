@@ -101,8 +101,9 @@ pub enum PreciseError {
     Port(&'static str),
     /// The replay port is the events port.
     #[error(
-        "precise prefix routing: replayPort {0} is eventsPort too: the engine's publisher (PUB) \
-         and replay (ROUTER) sockets each need a port of their own"
+        "precise prefix routing: the replay port {0} (replayPort, --kv-events-replay-port) is the \
+         events port too: the engine's publisher (PUB) and replay (ROUTER) sockets each need a \
+         port of their own"
     )]
     SamePort(u16),
     /// A size outside what the index or the tokenizer can work with.
@@ -374,11 +375,10 @@ mod tests {
         let e = cfg.validate().map_err(|e| e.to_string());
         assert_eq!(
             e,
-            Err(
-                "precise prefix routing: replayPort 5557 is eventsPort too: the engine's \
-                 publisher (PUB) and replay (ROUTER) sockets each need a port of their own"
-                    .to_owned()
-            )
+            Err("precise prefix routing: the replay port 5557 (replayPort, \
+                 --kv-events-replay-port) is the events port too: the engine's publisher (PUB) \
+                 and replay (ROUTER) sockets each need a port of their own"
+                .to_owned())
         );
     }
 }
