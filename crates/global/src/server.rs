@@ -308,10 +308,33 @@ async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await.is_ok();
 }
 
+/// Why a request got no cluster's answer.
+enum Refused {
+    /// The router's own error answer.
+    Api(ApiError),
+    /// The request body broke off (the client went away, or sent a malformed chunk): nobody to
+    /// answer, nothing to count as the router's refusal.
+    BodyBroken(hyper::Error),
+}
+
+impl From<ApiError> for Refused {
+    fn from(e: ApiError) -> Self {
+        Refused::Api(e)
+    }
+}
+
 async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<RouterBody> {
     match route_request(shared, req).await {
         Ok(r) => r,
-        Err(e) => {
+        Err(Refused::BodyBroken(e)) => {
+            tracing::debug!(error = %e, "the request body broke off");
+            let mut r = Response::new(RouterBody::Full(Full::new(Bytes::new())));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            r
+        }
+        Err(Refused::Api(e)) => {
             shared
                 .telemetry
                 .rejections
@@ -394,7 +417,7 @@ fn draw(rng: &AtomicU64) -> f64 {
 async fn route_request(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
-) -> Result<Response<RouterBody>, ApiError> {
+) -> Result<Response<RouterBody>, Refused> {
     let identity = shared.auth.authenticate(req.headers()).await?;
     let kind = match Route::of(req.method().as_str(), req.uri().path())? {
         Route::Api(kind) => kind,
@@ -407,7 +430,8 @@ async fn route_request(
         return Err(ApiError::GatewayBusy {
             limit: limits.max_requests_in_flight,
             retry_after: Duration::from_secs(1),
-        });
+        }
+        .into());
     }
     let max = limits.max_request_body_bytes;
     let declared = req
@@ -416,7 +440,7 @@ async fn route_request(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|d| d > max as u64) {
-        return Err(ApiError::BodyTooLarge { limit: max });
+        return Err(ApiError::BodyTooLarge { limit: max }.into());
     }
     let (parts, body) = req.into_parts();
     let read_timeout = limits.body_read_timeout();
@@ -424,14 +448,14 @@ async fn route_request(
         Err(_) => {
             return Err(ApiError::RequestTimeout {
                 timeout: read_timeout,
-            });
+            }
+            .into());
         }
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::BodyTooLarge { limit: max });
-        }
-        Ok(Err(_)) => {
-            return Err(ApiError::RequestTimeout {
-                timeout: read_timeout,
+        Ok(Err(e)) => {
+            return Err(match e.downcast::<hyper::Error>() {
+                Ok(broken) => Refused::BodyBroken(*broken),
+                // `Limited`'s only other error.
+                Err(_) => ApiError::BodyTooLarge { limit: max }.into(),
             });
         }
         Ok(Ok(b)) => b.to_bytes(),
@@ -481,7 +505,8 @@ async fn route_request(
         return Err(ApiError::UnknownModel {
             model: model.to_owned(),
             known,
-        });
+        }
+        .into());
     };
     let stream = parsed.stream;
     drop(parsed);
@@ -553,7 +578,8 @@ async fn route_request(
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");
                 return Err(ApiError::UpstreamTimeout {
                     timeout: first_byte,
-                });
+                }
+                .into());
             }
             Ok(Err(e)) => {
                 let connect = e.is_connect();
@@ -641,9 +667,11 @@ async fn route_request(
             }
         }
     }
-    Err(last_error.unwrap_or_else(|| ApiError::NoEndpoints {
-        model: model_name(&body, kind),
-    }))
+    Err(last_error
+        .unwrap_or_else(|| ApiError::NoEndpoints {
+            model: model_name(&body, kind),
+        })
+        .into())
 }
 
 fn model_name(body: &[u8], kind: ApiKind) -> String {

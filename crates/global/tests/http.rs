@@ -550,3 +550,37 @@ async fn readyz_follows_the_heartbeats_not_the_model_discovery() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A client that goes away half way through its body is not a request timeout: it was counted
+/// in `rejections_total{reason="request_timeout"}` at once, though `bodyReadTimeoutMs` had not
+/// passed, and nothing reached a cluster.
+#[tokio::test]
+async fn a_client_leaving_mid_body_is_not_counted_as_a_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router(cluster.addr).await;
+    let mut client = tokio::net::TcpStream::connect(router.http_addr())
+        .await
+        .unwrap();
+    client
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 100\r\n\r\n{\"model\":",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    drop(client);
+    // A request answered after it: the router has seen the first end by then, or soon after.
+    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for _ in 0..20 {
+        let metrics = infergate_testkit::get(router.admin_addr().unwrap(), "/metrics").await;
+        assert!(
+            !metrics.text().contains("request_timeout"),
+            "{}",
+            metrics.text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(cluster.heads().len(), 1, "{:?}", cluster.heads());
+}
