@@ -392,7 +392,7 @@ fn served_models(shared: &Shared, access: &ModelAccess) -> Vec<String> {
 fn models_response(shared: &Shared, access: &ModelAccess) -> Response<RouterBody> {
     let data: Vec<serde_json::Value> = served_models(shared, access)
         .into_iter()
-        .map(|id| serde_json::json!({"id": id, "object": "model", "owned_by": "infergate"}))
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"}))
         .collect();
     let body = serde_json::json!({"object": "list", "data": data}).to_string();
     let mut r = Response::new(RouterBody::Full(Full::new(Bytes::from(body))));

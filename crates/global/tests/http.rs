@@ -235,6 +235,14 @@ async fn a_caller_sees_only_the_models_it_may_call() {
     let all = [("authorization", "Bearer key-all")];
     let r = send(router.http_addr(), "GET", "/v1/models", &all).await;
     assert_eq!(ids(&r), ["m", "secret-model"]);
+    // Every field of OpenAI's model object (`created` was missing; typed clients need it).
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["object"], "list", "{v}");
+    for m in v["data"].as_array().unwrap() {
+        assert!(m["id"].is_string() && m["owned_by"].is_string(), "{m}");
+        assert_eq!(m["object"], "model", "{m}");
+        assert!(m["created"].is_u64(), "{m}");
+    }
 
     let unknown = |key: &'static str| {
         http::Request::post("/v1/chat/completions")
