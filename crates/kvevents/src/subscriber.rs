@@ -435,6 +435,12 @@ impl KvEvents {
         self.index().match_tokens(lora, tokens, scratch, out);
     }
 
+    /// Pods whose feed is connected and in sequence, read without the index's lock: with none,
+    /// a request need not be tokenized at all.
+    pub fn pods_in_sequence(&self) -> usize {
+        usize::try_from(self.inner.stats.connected.get()).unwrap_or(0)
+    }
+
     /// The index, for reading.
     pub fn index(&self) -> RwLockReadGuard<'_, KvIndex> {
         self.inner.index.read().unwrap_or_else(|p| p.into_inner())

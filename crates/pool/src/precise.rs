@@ -307,6 +307,11 @@ impl Precise {
             self.count("too-long");
             return None;
         }
+        // Every feed down (or none yet): the tokenizer's cost would buy nothing.
+        if self.events.pods_in_sequence() == 0 {
+            self.count("no-feed");
+            return None;
+        }
         let started = Instant::now();
         let r = SCRATCH.with(|s| {
             let (tokens, scratch) = &mut *s.borrow_mut();

@@ -193,3 +193,24 @@ async fn picks_follow_the_engines_kv_events_through_an_eviction() {
     );
     assert!(out.contains("kv_events_connected_pods 2"), "{out}");
 }
+
+#[tokio::test]
+async fn with_no_feed_in_sequence_a_request_is_not_tokenized() {
+    let mut registry = Registry::default();
+    let precise = Precise::new(&PreciseConfig::new(tokenizer_dir()), Some(&mut registry)).unwrap();
+    let body = body(&"a long shared system prompt ".repeat(50));
+    let parsed = parse_request(ApiKind::ChatCompletions, &body).unwrap();
+    let mut cached = Vec::new();
+    assert_eq!(precise.lookup(&parsed, &body, None, &mut cached), None);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("precise_prefix_requests_total{outcome=\"no-feed\"} 1"),
+        "{text}"
+    );
+    // The tokenizer's 1–2 ms a long request are not spent when no pod's events can be matched.
+    assert!(
+        text.contains("precise_prefix_duration_seconds_count 0"),
+        "{text}"
+    );
+}
