@@ -443,6 +443,12 @@ impl FlowController {
         self.ctl.lock().queues.len()
     }
 
+    /// The attained service of `tenant` in `priority`'s band, for tests.
+    #[cfg(test)]
+    pub(crate) fn attained(&self, tenant: &str, priority: Priority) -> Option<f64> {
+        self.ctl.lock().queues.attained(tenant, priority)
+    }
+
     /// Requests queued in `priority`'s band now.
     pub fn queued_in(&self, priority: Priority) -> usize {
         self.ctl.lock().queues.band_len(priority)

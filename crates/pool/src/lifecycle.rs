@@ -377,11 +377,22 @@ pub fn admit_quota(
 }
 
 /// Corrects a quota's charge once the answer has ended as [`finish`] said: a completed answer
-/// counts the input and output tokens it reported; any other ending keeps the estimate.
+/// counts the input and output tokens it reported; any other ending, or a completed answer that
+/// reported no usage, keeps the estimate.
 pub fn settle_quota(ticket: Option<QuotaTicket>, ending: Ending, usage: &Usage) {
-    if let (Some(t), Ending::Completed) = (ticket, ending) {
+    if let (Some(t), Ending::Completed) = (ticket, ending)
+        && reported(usage)
+    {
         t.settle(usage);
     }
+}
+
+/// Whether [`finish`] read a usage from the answer: it gives zero when the server reported
+/// none (a stream without `stream_options.include_usage`), and settling with that zero would
+/// erase the request's estimate — every such request would count for nothing against a token
+/// quota or a tenant's attained service.
+fn reported(usage: &Usage) -> bool {
+    *usage != Usage::default()
 }
 
 /// A request's part in flow control: its pool's controller, its tenant and its size.
@@ -579,9 +590,12 @@ pub async fn route<P: EndpointPool>(
 }
 
 /// Corrects a flow-control charge once the answer has ended as [`finish`] said: a completed
-/// answer counts the tokens it reported; any other ending keeps the estimate.
+/// answer counts the tokens it reported; any other ending, or a completed answer that reported
+/// no usage, keeps the estimate.
 pub fn settle_flow(charge: Option<FlowCharge>, ending: Ending, usage: &Usage) {
-    if let (Some(c), Ending::Completed) = (charge, ending) {
+    if let (Some(c), Ending::Completed) = (charge, ending)
+        && reported(usage)
+    {
         c.settle(&scheduler_usage(usage));
     }
 }

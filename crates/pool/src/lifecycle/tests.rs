@@ -366,3 +366,68 @@ async fn a_request_whose_pool_loses_its_pods_while_it_waits_is_told_it_waited() 
     };
     assert!(e.to_string().contains("the request was not queued"), "{e}");
 }
+
+/// A stream without `stream_options.include_usage` reports no usage: its estimate stays
+/// counted, against the tenant's token quota and in its attained service, instead of being
+/// replaced by nothing (which let such requests pass a token quota without limit).
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_reports_no_usage_keeps_its_estimates() {
+    use crate::quota::{QuotaConfig, Quotas};
+    use infergate_scheduler::Priority;
+    use infergate_scheduler::flow::{Fairness, FlowConfig};
+    use infergate_scheduler::quota::Limits;
+    let quotas = Quotas::start(
+        QuotaConfig {
+            tenants: vec![(
+                Arc::from("t"),
+                Limits {
+                    requests: None,
+                    tokens: Some(1_000),
+                },
+            )],
+            ..QuotaConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    let flow = FlowController::new(
+        "p",
+        FlowConfig {
+            enabled: true,
+            fairness: Fairness::LeastAttainedService,
+            ..FlowConfig::default()
+        },
+        crate::tenant::Tenancy::default(),
+        infergate_metrics::Clock::starting_now(),
+        &crate::flow::FlowMetrics::default(),
+    );
+    let answer = |sse: &[u8]| {
+        let events = Events::default();
+        let mut watch = ResponseWatch::new(200, true, MAX_USAGE_BODY);
+        watch.feed(sse);
+        finish(guard(&events), 200, true, &mut watch)
+    };
+    let no_usage = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+    for _ in 0..2 {
+        let ticket = quotas.admit("t", 400).unwrap().unwrap().commit();
+        let charge = flow.charge(
+            &infergate_scheduler::FlowRequest::new("t", Priority::Standard, 1)
+                .with_tokens(300, 100),
+        );
+        let (ending, usage) = answer(no_usage);
+        assert_eq!(ending, Ending::Completed);
+        settle_quota(Some(ticket), ending, &usage);
+        settle_flow(Some(charge), ending, &usage);
+    }
+    // Two estimates of 400 are counted: a third does not fit in 1,000.
+    assert!(quotas.admit("t", 400).is_err());
+    assert_eq!(flow.attained("t", Priority::Standard), Some(800.0));
+    // A reported usage still replaces the estimate.
+    let with_usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
+    let charge = flow.charge(
+        &infergate_scheduler::FlowRequest::new("u", Priority::Standard, 1).with_tokens(300, 100),
+    );
+    let (ending, usage) = answer(with_usage);
+    settle_flow(Some(charge), ending, &usage);
+    assert_eq!(flow.attained("u", Priority::Standard), Some(40.0));
+}
