@@ -501,6 +501,14 @@ async fn route_request(
     let Some(reason) = route::order(routing.policy, objective_ms, &mut candidates, || {
         draw(&shared.rng)
     }) else {
+        // No cluster has listed a model yet (none reachable since the start, and no `models:`):
+        // the model may well exist, so a 503 to retry rather than a 404.
+        if served_models(shared, &ModelAccess::All).is_empty() {
+            return Err(ApiError::NoEndpoints {
+                model: model.to_owned(),
+            }
+            .into());
+        }
         let known = served_models(shared, &identity.models).join(", ");
         return Err(ApiError::UnknownModel {
             model: model.to_owned(),

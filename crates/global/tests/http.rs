@@ -592,3 +592,24 @@ async fn a_client_leaving_mid_body_is_not_counted_as_a_timeout() {
     }
     assert_eq!(cluster.heads().len(), 1, "{:?}", cluster.heads());
 }
+
+/// Before any cluster has listed its models (none reachable yet, no `models:` configured) a
+/// request is a 503 the client may retry, not a permanent-looking 404 saying the model "does
+/// not exist here" and listing "()" as the served models.
+#[tokio::test]
+async fn no_known_model_yet_is_a_503_not_a_404() {
+    // A port nothing listens on.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let yaml = format!(
+        "auth: none\nclusters:\n  - {{ name: a, url: 'http://{closed}', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "no_endpoints", "{v}");
+    assert!(!r.text().contains("()"), "{}", r.text());
+}
