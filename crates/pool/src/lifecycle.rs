@@ -354,12 +354,15 @@ pub fn finish<G: InflightGuard>(
 }
 
 /// The tokens a quota charges a request when it is admitted: the prompt's estimate plus the
-/// output it may generate (`max_tokens`, else the scheduler's default). [`settle_quota`]
-/// replaces it with what the response reported.
+/// output it may generate (`max_tokens`, else the scheduler's default; none for embeddings,
+/// which generate nothing). [`settle_quota`] replaces it with what the response reported.
 pub fn quota_estimate(parsed: &ParsedRequest<'_>) -> u64 {
-    let output = parsed
-        .max_output_tokens
-        .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS);
+    let output = match parsed.kind {
+        infergate_openai::ApiKind::Embeddings => 0,
+        _ => parsed
+            .max_output_tokens
+            .unwrap_or(RequestContext::DEFAULT_OUTPUT_TOKENS),
+    };
     u64::from(parsed.estimated_prompt_tokens()) + u64::from(output)
 }
 

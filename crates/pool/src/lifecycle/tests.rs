@@ -431,3 +431,20 @@ async fn an_answer_that_reports_no_usage_keeps_its_estimates() {
     settle_flow(Some(charge), ending, &usage);
     assert_eq!(flow.attained("u", Priority::Standard), Some(40.0));
 }
+
+/// An embeddings request generates nothing: its quota estimate is its input alone, not the
+/// input plus the default output budget a chat request without `max_tokens` is charged.
+#[test]
+fn an_embeddings_request_is_charged_its_input_alone() {
+    use infergate_openai::{ApiKind, parse_request};
+    let input = "x".repeat(400);
+    let body = format!(r#"{{"model":"m","input":"{input}"}}"#);
+    let parsed = parse_request(ApiKind::Embeddings, body.as_bytes()).unwrap();
+    assert_eq!(quota_estimate(&parsed), 100);
+    let body = format!(r#"{{"model":"m","prompt":"{input}"}}"#);
+    let parsed = parse_request(ApiKind::Completions, body.as_bytes()).unwrap();
+    assert_eq!(
+        quota_estimate(&parsed),
+        100 + u64::from(RequestContext::DEFAULT_OUTPUT_TOKENS)
+    );
+}
