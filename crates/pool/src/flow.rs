@@ -228,7 +228,17 @@ impl PoolMetrics {
         }
     }
 
-    fn outcome(&self, priority: Priority, tenant: &str, outcome: &'static str) {
+    /// Counts an outcome, and explains it at debug level (one line per request leaving the
+    /// queue path, `RUST_LOG=infergate_pool=debug`).
+    fn outcome(&self, priority: Priority, tenant: &str, outcome: &'static str, waited: Duration) {
+        tracing::debug!(
+            pool = %self.pool,
+            priority = priority.as_str(),
+            tenant,
+            outcome,
+            waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            "flow control",
+        );
         self.outcomes
             .get_or_create(&OutcomeLabels {
                 pool: self.pool.clone(),
@@ -360,7 +370,7 @@ impl Ctl {
         let metrics = &self.metrics;
         inner.queues.expire(now, |r| {
             metrics.wait[band(r.priority)].observe(r.waited.as_secs_f64());
-            metrics.outcome(r.priority, &r.payload.label, outcome::TTL_EXPIRED);
+            metrics.outcome(r.priority, &r.payload.label, outcome::TTL_EXPIRED, r.waited);
             r.payload.waiter.signal(Signal::Expired);
         });
         if let Some(t) = inner.turn
@@ -542,16 +552,23 @@ impl FlowController {
         let metrics = &ctl.metrics;
         let queued = inner.queues.enqueue(req, entry, ctl.clock.at(now), |r| {
             metrics.wait[band(r.priority)].observe(r.waited.as_secs_f64());
-            metrics.outcome(r.priority, &r.payload.label, outcome::EVICTED);
+            metrics.outcome(r.priority, &r.payload.label, outcome::EVICTED, r.waited);
             r.payload.waiter.signal(Signal::Evicted);
         });
         let ticket = match queued {
             Ok(t) => t,
             Err(refused) => {
-                metrics.outcome(req.priority, &label, outcome::SATURATED);
+                metrics.outcome(req.priority, &label, outcome::SATURATED, Duration::ZERO);
                 return Err(QueueRefused(refused.reason));
             }
         };
+        tracing::debug!(
+            pool = %ctl.metrics.pool,
+            priority = req.priority.as_str(),
+            tenant = &*label,
+            band_queued = inner.queues.band_len(req.priority),
+            "flow control: queued, every pod saturated or requests of its band waiting",
+        );
         ctl.kick_locked(&mut inner, false);
         drop(inner);
         let deadline = ctl
@@ -676,7 +693,7 @@ impl Queued {
         let d = d?;
         ctl.metrics.wait[band(d.priority)].observe(d.waited.as_secs_f64());
         ctl.metrics
-            .outcome(d.priority, &self.label, outcome::DISPATCHED);
+            .outcome(d.priority, &self.label, outcome::DISPATCHED, d.waited);
         Some(FlowCharge {
             ctl: Arc::downgrade(&ctl),
             charge: d.charge,
@@ -724,9 +741,11 @@ impl Queued {
         self.done = true;
         let mut inner = self.ctl.lock();
         if inner.queues.remove(self.ticket).is_some() {
-            self.ctl.metrics.wait[band(self.priority)]
-                .observe(self.enqueued.elapsed().as_secs_f64());
-            self.ctl.metrics.outcome(self.priority, &self.label, why);
+            let waited = self.enqueued.elapsed();
+            self.ctl.metrics.wait[band(self.priority)].observe(waited.as_secs_f64());
+            self.ctl
+                .metrics
+                .outcome(self.priority, &self.label, why, waited);
         }
         if inner.turn == Some(self.ticket) {
             inner.turn = None;
