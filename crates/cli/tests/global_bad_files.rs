@@ -94,3 +94,21 @@ fn a_sections_error_names_its_field_once() {
         assert_eq!(text.matches(section).count(), 1, "{text}");
     }
 }
+
+/// A file the parser refuses: its message (field and line) follows the file's name directly,
+/// without an "invalid configuration" line between them saying nothing more.
+#[test]
+fn a_parse_error_is_printed_once_after_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!("auth: none\nroutng: {{ policy: latency }}\n{CLUSTER}");
+    let (ok, text) = global_with(dir.path(), &body, &["--check"], &[]);
+    assert!(!ok, "{text}");
+    let chain = printed_chain(&text);
+    assert_eq!(chain.len(), 2, "{text}");
+    assert!(chain[0].contains("global.yaml"), "{text}");
+    assert!(
+        chain[1].contains("unknown field `routng`") && chain[1].contains("line 2"),
+        "{text}"
+    );
+    assert_said_once(&chain, &text);
+}

@@ -15,11 +15,11 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// Not YAML of the expected shape (serde_yaml names the field and the line).
-    #[error("invalid configuration")]
+    /// Not YAML of the expected shape (serde_yaml's message names the field and the line, and
+    /// is this error's own).
+    #[error(transparent)]
     Parse {
         /// The parser's error, with the field path and line.
-        #[source]
         source: serde_yaml::Error,
     },
     /// A value that cannot be used.
