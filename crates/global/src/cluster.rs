@@ -144,7 +144,7 @@ impl Cluster {
         Cluster {
             price: c.cost.per_token(),
             label: ClusterLabel {
-                cluster: c.name.clone(),
+                cluster: Arc::from(c.name.as_str()),
             },
             token: Mutex::new(None),
             config: c,
@@ -348,7 +348,7 @@ impl Cluster {
             telemetry
                 .tokens
                 .get_or_create(&crate::telemetry::ClusterKind {
-                    cluster: self.config.name.clone(),
+                    cluster: Arc::clone(&self.label.cluster),
                     kind,
                 })
                 .inc_by(n);
@@ -405,7 +405,7 @@ impl Cluster {
             telemetry
                 .drains
                 .get_or_create(&ClusterReason {
-                    cluster: self.config.name.clone(),
+                    cluster: Arc::clone(&self.label.cluster),
                     reason: reason.as_str(),
                 })
                 .inc();

@@ -523,7 +523,7 @@ async fn route_request(
         .telemetry
         .decisions
         .get_or_create(&ClusterReason {
-            cluster: first.config.name.clone(),
+            cluster: Arc::clone(&first.label.cluster),
             reason: reason.as_str(),
         })
         .inc();
@@ -575,7 +575,7 @@ async fn route_request(
                 .telemetry
                 .retries
                 .get_or_create(&ClusterReason {
-                    cluster: cluster.config.name.clone(),
+                    cluster: Arc::clone(&cluster.label.cluster),
                     reason,
                 })
                 .inc();
@@ -641,7 +641,7 @@ async fn route_request(
                     .telemetry
                     .responses
                     .get_or_create(&ClusterCode {
-                        cluster: cluster.config.name.clone(),
+                        cluster: Arc::clone(&cluster.label.cluster),
                         code,
                     })
                     .inc();

@@ -1,7 +1,8 @@
 //! The fleet-level series on the global router's admin port (`infergate_global_*`).
 //!
-//! Labels are bounded by the configuration: `cluster` is a configured cluster's name, `reason`
-//! and `code` come from fixed sets. With `quotas:` configured, the quota service's
+//! Labels are bounded by the configuration: `cluster` is a configured cluster's name (shared,
+//! so that labelling a request's series copies no string), `reason` and `code` come from fixed
+//! sets. With `quotas:` configured, the quota service's
 //! `infergate_quota_*` series (per-tenant admitted and rejected counts, Redis state, replicas
 //! seen) are on the same page; a refusal also counts in `infergate_global_rejections` under
 //! `quota_exceeded`.
@@ -12,32 +13,33 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 /// `cluster`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClusterLabel {
-    pub(crate) cluster: String,
+    pub(crate) cluster: Arc<str>,
 }
 
 /// `cluster`, `reason`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClusterReason {
-    pub(crate) cluster: String,
+    pub(crate) cluster: Arc<str>,
     pub(crate) reason: &'static str,
 }
 
 /// `cluster`, `code` ([`status_class`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClusterCode {
-    pub(crate) cluster: String,
+    pub(crate) cluster: Arc<str>,
     pub(crate) code: &'static str,
 }
 
 /// `cluster`, `kind` (`input`, `output`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClusterKind {
-    pub(crate) cluster: String,
+    pub(crate) cluster: Arc<str>,
     pub(crate) kind: &'static str,
 }
 
