@@ -274,7 +274,7 @@ impl Cluster {
         lock(&self.state).served.clone()
     }
 
-    /// A streamed answer's first byte came after `ttft`.
+    /// A streamed answer's first generated token came `ttft` after its request was sent.
     pub(crate) fn observe_ttft(&self, ttft: Duration, telemetry: &Telemetry) {
         self.smooth_ttft(ttft);
         telemetry

@@ -157,7 +157,7 @@ impl Telemetry {
         );
         r.register(
             "infergate_global_ttft_seconds",
-            "Measured time to the first body byte of streamed answers, by cluster",
+            "Measured time from sending a streamed request to its first generated token, by cluster",
             t.ttft.clone(),
         );
         t
@@ -178,7 +178,27 @@ pub(crate) fn status_class(status: u16) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::status_class;
+    use super::{Telemetry, status_class};
+
+    /// The TTFT histogram's help says what is measured: to the first generated token (the
+    /// stream's first event, the role, does not count), not to the first body byte.
+    #[test]
+    fn the_ttft_help_names_the_first_token() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let t = Telemetry::register(&mut registry);
+        t.ttft
+            .get_or_create(&super::ClusterLabel {
+                cluster: "a".into(),
+            })
+            .observe(0.1);
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &registry).unwrap_or_default();
+        let help = page
+            .lines()
+            .find(|l| l.starts_with("# HELP infergate_global_ttft_seconds "))
+            .unwrap_or_default();
+        assert!(help.contains("first generated token"), "{help}");
+    }
 
     #[test]
     fn each_status_is_counted_in_its_own_class() {
