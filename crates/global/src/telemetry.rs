@@ -97,7 +97,7 @@ impl Telemetry {
         );
         r.register(
             "infergate_global_failovers",
-            "Requests moved to the next cluster before their first byte, by the cluster that failed and how (connect, error, status_5xx, status_429)",
+            "Requests moved to the next cluster before their first byte, by the cluster that failed and how (connect, error, status_5xx, status_429, credentials)",
             t.retries.clone(),
         );
         r.register(
