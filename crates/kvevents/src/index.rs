@@ -184,6 +184,9 @@ pub struct KvIndex {
     by_addr: HashMap<SocketAddr, u32>,
     blocks: Map<Holders>,
     entries: usize,
+    /// Pods in sequence, kept as they change: [`KvIndex::stats`] runs under the write lock after
+    /// every batch, and must not walk every pod to count them.
+    synced: usize,
     budget_bytes: u64,
 }
 
@@ -196,6 +199,7 @@ impl KvIndex {
             by_addr: HashMap::new(),
             blocks: Map::default(),
             entries: 0,
+            synced: 0,
             budget_bytes,
         }
     }
@@ -225,7 +229,9 @@ impl KvIndex {
             let p = &mut self.pods[id as usize];
             p.addr = None;
             p.block_size = 0;
-            p.synced = false;
+            if std::mem::take(&mut p.synced) {
+                self.synced -= 1;
+            }
             self.free.push(id);
         }
     }
@@ -234,7 +240,15 @@ impl KvIndex {
     /// approximate index stands in) but its blocks are kept for a replay to continue from.
     pub fn set_synced(&mut self, addr: SocketAddr, synced: bool) {
         if let Some(id) = self.by_addr.get(&addr) {
-            self.pods[*id as usize].synced = synced;
+            let p = &mut self.pods[*id as usize];
+            if p.synced != synced {
+                p.synced = synced;
+                if synced {
+                    self.synced += 1;
+                } else {
+                    self.synced -= 1;
+                }
+            }
         }
     }
 
@@ -443,11 +457,7 @@ impl KvIndex {
         IndexStats {
             blocks: self.blocks.len(),
             entries: self.entries,
-            synced_pods: self
-                .pods
-                .iter()
-                .filter(|p| p.addr.is_some() && p.synced)
-                .count(),
+            synced_pods: self.synced,
             bytes: self.entries as u64 * BYTES_PER_ENTRY,
         }
     }
@@ -504,6 +514,7 @@ mod tests {
         let b: SocketAddr = "10.0.0.8:8000".parse().unwrap();
         let mut ix = KvIndex::new(1 << 20);
         ix.pod(a);
+        ix.set_synced(a, true);
         ix.set_synced(a, true);
         assert_eq!(ix.stats().synced_pods, 1);
         ix.remove_pod(a);
