@@ -61,8 +61,9 @@ pub struct GlobalConfig {
     /// Who may call (required: `auth: none` turns authentication off).
     pub auth: AuthConfig,
     /// The gateway's request limits; the global router enforces `maxRequestBodyBytes`,
-    /// `maxConnections`, `maxRequestsInFlight`, `maxHeaderBytes`, `headerReadTimeoutMs`,
-    /// `bodyReadTimeoutMs` and `http2.maxConcurrentStreams` (the others are accepted, unused).
+    /// `maxConnections`, `maxRequestsInFlight`, `maxBufferedRequestBytes`, `maxHeaderBytes`,
+    /// `headerReadTimeoutMs`, `bodyReadTimeoutMs` and `http2.maxConcurrentStreams` (the others
+    /// are accepted, unused).
     #[serde(default)]
     pub limits: Limits,
     /// HTTPS on the front door.
@@ -403,6 +404,10 @@ impl GlobalConfig {
             ("limits.maxRequestBodyBytes", l.max_request_body_bytes == 0),
             ("limits.maxConnections", l.max_connections == 0),
             ("limits.maxRequestsInFlight", l.max_requests_in_flight == 0),
+            (
+                "limits.maxBufferedRequestBytes",
+                l.max_buffered_request_bytes == 0,
+            ),
             (
                 "limits.http2.maxConcurrentStreams",
                 l.http2.max_concurrent_streams == 0,

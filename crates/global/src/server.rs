@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     auth: Authenticator,
     telemetry: Arc<Telemetry>,
     inflight: Arc<AtomicUsize>,
+    /// Bytes of request bodies held now, every connection together.
+    buffered: AtomicU64,
     rng: AtomicU64,
     objective_header: HeaderName,
     quotas: Option<Quotas>,
@@ -154,6 +156,7 @@ pub async fn serve(
         auth,
         telemetry: Arc::clone(&telemetry),
         inflight: Arc::new(AtomicUsize::new(0)),
+        buffered: AtomicU64::new(0),
         objective_header,
         quotas,
         tenancy,
@@ -403,6 +406,83 @@ fn models_response(shared: &Shared, access: &ModelAccess) -> Response<RouterBody
     r
 }
 
+/// Bytes of request bodies this request holds, charged to the router-wide count
+/// (`limits.maxBufferedRequestBytes`) and given back when dropped.
+struct BufferCharge<'a> {
+    held: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl<'a> BufferCharge<'a> {
+    fn new(held: &'a AtomicU64) -> Self {
+        BufferCharge { held, bytes: 0 }
+    }
+
+    /// Raises the charge to `total` bytes if every body held then fits in `budget`.
+    fn grow_to(&mut self, total: u64, budget: u64) -> bool {
+        if total <= self.bytes {
+            return true;
+        }
+        let more = total - self.bytes;
+        let before = self.held.fetch_add(more, Ordering::AcqRel);
+        if before.saturating_add(more) > budget {
+            self.held.fetch_sub(more, Ordering::AcqRel);
+            return false;
+        }
+        self.bytes = total;
+        true
+    }
+}
+
+impl Drop for BufferCharge<'_> {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+fn buffer_busy() -> Refused {
+    ApiError::BufferBudget {
+        retry_after: Duration::from_secs(1),
+    }
+    .into()
+}
+
+/// Reads a request body whole, up to `max` bytes, charging what arrives to `held` (a body
+/// without `content-length` is charged as it comes).
+async fn read_body(
+    mut body: Incoming,
+    max: usize,
+    held: &mut BufferCharge<'_>,
+    budget: u64,
+) -> Result<Bytes, Refused> {
+    // Most bodies arrive in one frame: kept without a copy; joined only when there are more.
+    let mut first: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut received: usize = 0;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(Refused::BodyBroken)?.into_data() else {
+            continue; // trailers
+        };
+        received = received.saturating_add(data.len());
+        if received > max {
+            return Err(ApiError::BodyTooLarge { limit: max }.into());
+        }
+        if !held.grow_to(received as u64, budget) {
+            return Err(buffer_busy());
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            None => joined.extend_from_slice(&data),
+            Some(f) => {
+                joined.reserve(received);
+                joined.extend_from_slice(&f);
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
+}
+
 /// Uniform in `[0, 1)` from a counter (splitmix64): lock-free, reproducible from the seed.
 fn draw(rng: &AtomicU64) -> f64 {
     let mut z = rng
@@ -443,22 +523,25 @@ async fn route_request(
         return Err(ApiError::BodyTooLarge { limit: max }.into());
     }
     let (parts, body) = req.into_parts();
+    // Held until the request has been sent on (its body kept for the retries): the bytes of
+    // request bodies held across every connection stay within `maxBufferedRequestBytes`.
+    let budget = limits.max_buffered_request_bytes;
+    let mut held = BufferCharge::new(&shared.buffered);
+    if let Some(d) = declared
+        && !held.grow_to(d, budget)
+    {
+        return Err(buffer_busy());
+    }
     let read_timeout = limits.body_read_timeout();
-    let body = match tokio::time::timeout(read_timeout, Limited::new(body, max).collect()).await {
+    let read = read_body(body, max, &mut held, budget);
+    let body = match tokio::time::timeout(read_timeout, read).await {
         Err(_) => {
             return Err(ApiError::RequestTimeout {
                 timeout: read_timeout,
             }
             .into());
         }
-        Ok(Err(e)) => {
-            return Err(match e.downcast::<hyper::Error>() {
-                Ok(broken) => Refused::BodyBroken(*broken),
-                // `Limited`'s only other error.
-                Err(_) => ApiError::BodyTooLarge { limit: max }.into(),
-            });
-        }
-        Ok(Ok(b)) => b.to_bytes(),
+        Ok(r) => r?,
     };
     let parsed = parse_request(kind, &body)?;
     let model = parsed.model.as_ref();

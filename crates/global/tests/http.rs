@@ -613,3 +613,80 @@ async fn no_known_model_yet_is_a_503_not_a_404() {
     assert_eq!(v["error"]["code"], "no_endpoints", "{v}");
     assert!(!r.text().contains("()"), "{}", r.text());
 }
+
+/// `limits.maxBufferedRequestBytes` bounds the request bodies held at once, every connection
+/// together, as on the gateway: the router buffers each body whole (to retry it), and the
+/// field was accepted and ignored, so `maxRequestsInFlight` large uploads could all be held.
+/// A body that does not fit is a 503 `buffer_budget_exhausted` with `Retry-After: 1`; the
+/// budget is given back once a request is sent on.
+#[tokio::test]
+async fn request_bodies_held_at_once_are_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let cluster = Recorder::start(&[]).await;
+    let yaml = format!(
+        "auth: none\nlimits: {{ maxRequestBodyBytes: 1000, maxBufferedRequestBytes: 1500 }}\nclusters:\n  - {{ name: a, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        cluster.addr
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let body = format!(
+        "{},\"user\":\"{}\"}}",
+        &CHAT[..CHAT.len() - 1],
+        "x".repeat(900)
+    );
+    assert!(body.len() <= 1000, "{}", body.len());
+    // A declares its body and sends half of it: it holds its declared length.
+    let mut a = tokio::net::TcpStream::connect(router.http_addr())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    a.write_all(head.as_bytes()).await.unwrap();
+    a.write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .unwrap();
+    let post = |b: &str| {
+        http::Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(Bytes::from(b.to_owned()))
+            .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let r = loop {
+        // Until A's head has been read and charged.
+        let r = infergate_testkit::send(router.http_addr(), post(&body))
+            .await
+            .unwrap();
+        if r.status != 200 || tokio::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "buffer_budget_exhausted", "{v}");
+    // A small body still fits beside A's.
+    let r = infergate_testkit::send(router.http_addr(), post(CHAT))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A completes: its charge is given back and a large body fits again.
+    a.write_all(&body.as_bytes()[body.len() / 2..])
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::io::AsyncReadExt::read(&mut a, &mut answer)
+        .await
+        .unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    let r = infergate_testkit::send(router.http_addr(), post(&body))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -124,6 +124,10 @@ fn bad_values_name_their_field() {
             "limits.maxConnections: must be above zero",
         ),
         (
+            &format!("limits: {{ maxBufferedRequestBytes: 0 }}\n{CLUSTER}"),
+            "limits.maxBufferedRequestBytes: must be above zero",
+        ),
+        (
             &format!("limits: {{ bodyReadTimeoutMs: 0 }}\n{CLUSTER}"),
             "limits.bodyReadTimeoutMs: must be above zero",
         ),
