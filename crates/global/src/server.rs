@@ -523,8 +523,9 @@ async fn route_request(
         return Err(ApiError::BodyTooLarge { limit: max }.into());
     }
     let (parts, body) = req.into_parts();
-    // Held until the request has been sent on (its body kept for the retries): the bytes of
-    // request bodies held across every connection stay within `maxBufferedRequestBytes`.
+    // Held while the body is kept for the retries (to a cluster's response headers, or the
+    // refusal): the request bodies held across every connection stay within
+    // `maxBufferedRequestBytes`.
     let budget = limits.max_buffered_request_bytes;
     let mut held = BufferCharge::new(&shared.buffered);
     if let Some(d) = declared
