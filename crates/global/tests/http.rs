@@ -618,7 +618,7 @@ async fn no_known_model_yet_is_a_503_not_a_404() {
 /// together, as on the gateway: the router buffers each body whole (to retry it), and the
 /// field was accepted and ignored, so `maxRequestsInFlight` large uploads could all be held.
 /// A body that does not fit is a 503 `buffer_budget_exhausted` with `Retry-After: 1`; the
-/// budget is given back once a request is sent on.
+/// budget is given back once a cluster has answered.
 #[tokio::test]
 async fn request_bodies_held_at_once_are_bounded() {
     use tokio::io::AsyncWriteExt;
