@@ -310,38 +310,3 @@ fn the_picker_s_file_refuses_the_gateway_s_header_fields() {
         assert!(text.contains("x-llm-d-inference-fairness-id"), "{text}");
     }
 }
-
-/// Each request on the queue path is explained at debug level: when it is queued, and how it
-/// left (here dispatched after 250 ms, and refused by a full band).
-#[tokio::test(start_paused = true)]
-async fn the_queue_path_is_explained_at_debug_level() {
-    let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
-    let (c, _r) = controller(|cfg| cfg.bands.standard.max_requests = 1);
-    let mut a = c.enqueue(req("a", Priority::Standard), None).unwrap();
-    assert!(c.enqueue(req("b", Priority::Standard), None).is_err());
-    tokio::time::advance(Duration::from_millis(250)).await;
-    assert_eq!(poll(&mut a), Some(Turn::Try));
-    assert!(a.dispatched().is_some());
-    let text = out.text();
-    assert!(
-        text.contains("flow control: queued") && text.contains("band_queued=1"),
-        "{text}"
-    );
-    assert!(
-        text.contains("outcome=\"rejected-saturated\"")
-            || text.contains("outcome=rejected-saturated"),
-        "{text}"
-    );
-    assert!(
-        text.contains("dispatched") && text.contains("waited_ms=250"),
-        "{text}"
-    );
-}
