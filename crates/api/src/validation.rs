@@ -51,6 +51,8 @@ pub const TLS_RULES: &[CelRule] = &[TLS_ONE_SOURCE];
 pub const REDIS_RULES: &[CelRule] = &[REDIS_ONE_PASSWORD];
 /// Rules on `spec.schedulers[*].precisePrefix.tokenizer`.
 pub const TOKENIZER_RULES: &[CelRule] = &[TOKENIZER_ONE_SOURCE, SUB_PATH_NEEDS_CLAIM];
+/// Rules on `spec.schedulers[*].precisePrefix`.
+pub const PRECISE_RULES: &[CelRule] = &[REPLAY_NOT_EVENTS_PORT];
 
 /// Authentication is configured, or explicitly waived.
 pub const AUTH_REQUIRED: CelRule = CelRule {
@@ -157,6 +159,13 @@ pub const TOKENIZER_ONE_SOURCE: CelRule = CelRule {
 pub const SUB_PATH_NEEDS_CLAIM: CelRule = CelRule {
     rule: "!has(self.subPath) || has(self.persistentVolumeClaim)",
     message: "precisePrefix.tokenizer.subPath names a directory of a persistentVolumeClaim: a configMap's keys are the files",
+};
+
+/// The replay port is not the events port (`eventsPort` is defaulted by the schema, so it is
+/// set when the rule runs).
+pub const REPLAY_NOT_EVENTS_PORT: CelRule = CelRule {
+    rule: "!has(self.replayPort) || self.replayPort != self.eventsPort",
+    message: "precisePrefix.replayPort must differ from eventsPort: the replay socket (vLLM's replay_endpoint) is not the one the events are published on, and every replay asked of the publishing socket would fail",
 };
 
 /// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
@@ -301,6 +310,12 @@ fn check_scheduler(i: usize, s: &SchedulerSpec, fail: &mut impl FnMut(String, Ce
         check_weights(i, w, fail);
     }
     if let Some(p) = &s.precise_prefix {
+        if p.replay_port == Some(p.events_port) {
+            fail(
+                format!("spec.schedulers[{i}].precisePrefix"),
+                REPLAY_NOT_EVENTS_PORT,
+            );
+        }
         let t = &p.tokenizer;
         let at = format!("spec.schedulers[{i}].precisePrefix.tokenizer");
         if t.config_map.is_some() == t.persistent_volume_claim.is_some() {
@@ -551,6 +566,10 @@ pub fn tls_rules(schema: &mut schemars::Schema) {
 /// `schemars` transform for a tokenizer source node.
 pub fn tokenizer_rules(schema: &mut schemars::Schema) {
     add_rules(schema, TOKENIZER_RULES);
+}
+/// `schemars` transform for a precise prefix routing node.
+pub fn precise_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, PRECISE_RULES);
 }
 /// `schemars` transform for the quotas' Redis node.
 pub fn redis_rules(schema: &mut schemars::Schema) {

@@ -86,6 +86,18 @@ const INVALID: &[(&str, CelRule)] = &[
         "duplicate-listener-port.yaml",
         validation::LISTENER_PORT_UNIQUE,
     ),
+    (
+        "tokenizer-both-sources.yaml",
+        validation::TOKENIZER_ONE_SOURCE,
+    ),
+    (
+        "tokenizer-sub-path-of-config-map.yaml",
+        validation::SUB_PATH_NEEDS_CLAIM,
+    ),
+    (
+        "replay-port-is-events-port.yaml",
+        validation::REPLAY_NOT_EVENTS_PORT,
+    ),
 ];
 
 /// Invalid examples of the checks the schema's bounds and the operator make (no CEL rule):
@@ -168,6 +180,8 @@ fn every_rule_has_an_invalid_example() {
         validation::TLS_RULES,
         validation::REDIS_RULES,
         validation::LISTENER_RULES,
+        validation::TOKENIZER_RULES,
+        validation::PRECISE_RULES,
     ];
     for rule in tables.iter().flat_map(|t| t.iter()) {
         assert!(

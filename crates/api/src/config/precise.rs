@@ -11,6 +11,7 @@ use crate::validation;
 /// model's own tokenizer, against what the pods hold.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = validation::precise_rules)]
 pub struct PrecisePrefixSpec {
     /// Where the model's tokenizer files are (`tokenizer.json`, `tokenizer_config.json`,
     /// optionally `chat_template.jinja`).
