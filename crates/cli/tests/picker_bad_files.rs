@@ -16,14 +16,19 @@ use printed_error::{assert_said_once, printed_chain};
 
 fn picker_with(flag: &str, body: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
-    let endpoints = dir.path().join("endpoints.yaml");
+    let file = dir.path().join("file.yaml");
+    std::fs::write(&file, body).unwrap();
+    picker_in(dir.path(), &[flag.as_ref(), file.as_os_str()])
+}
+
+/// `infergate picker` over one static endpoint, on free loopback ports, with `extra` flags.
+fn picker_in(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (bool, String) {
+    let endpoints = dir.join("endpoints.yaml");
     std::fs::write(
         &endpoints,
         "engine: vllm\nendpoints:\n  - address: 127.0.0.1:9\n",
     )
     .unwrap();
-    let file = dir.path().join("file.yaml");
-    std::fs::write(&file, body).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
         .arg("picker")
         .arg("--endpoints-file")
@@ -37,12 +42,95 @@ fn picker_with(flag: &str, body: &str) -> (bool, String) {
             "--metrics-port",
             "0",
         ])
-        .arg(flag)
-        .arg(&file)
+        .args(extra)
         .env_remove("RUST_BACKTRACE")
         .output()
         .unwrap();
     printed_error::outcome(&out)
+}
+
+/// A tokenizer that does not load stops the start, and the picker never said it was listening
+/// (it did: the line came before precise routing was set up).
+#[test]
+fn a_tokenizer_that_does_not_load_stops_the_start_before_listening_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("no-tokenizer-here");
+    std::fs::create_dir(&empty).unwrap();
+    let (ok, text) = picker_in(
+        dir.path(),
+        &[
+            "--kv-events-port".as_ref(),
+            "5557".as_ref(),
+            "--tokenizer".as_ref(),
+            empty.as_os_str(),
+        ],
+    );
+    assert!(!ok, "started: {text}");
+    assert!(text.contains("tokenizer"), "{text}");
+    assert!(
+        !text.contains("endpoint picker listening"),
+        "logged listening before refusing the tokenizer: {text}"
+    );
+}
+
+/// A start that succeeds says it is listening, with the addresses bound (port 0 included).
+#[test]
+fn a_good_start_logs_listening_with_the_bound_addresses() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = dir.path().join("endpoints.yaml");
+    std::fs::write(
+        &endpoints,
+        "engine: vllm\nendpoints:\n  - address: 127.0.0.1:9\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("picker")
+        .arg("--endpoints-file")
+        .arg(&endpoints)
+        .args(["--listen-address", "127.0.0.1", "--log-format", "text"])
+        .args([
+            "--grpc-port",
+            "0",
+            "--grpc-health-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    for pipe in [
+        Box::new(stderr) as Box<dyn std::io::Read + Send>,
+        Box::new(stdout),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let line = loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(l) if l.contains("endpoint picker listening") => break l,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no listening line: {e}");
+            }
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    for field in ["grpc=127.0.0.1:", "health=127.0.0.1:", "metrics=127.0.0.1:"] {
+        assert!(line.contains(field), "{field}: {line}");
+    }
+    assert!(!line.contains(":0 "), "an unbound port 0 logged: {line}");
 }
 
 #[test]

@@ -68,7 +68,7 @@ pub enum Error {
     // kube's message already holds its causes, each once; as a `source` they would print again.
     #[error(
         "no Kubernetes cluster to discover the pool's pods in (in a pod: its service account; \
-         elsewhere: KUBECONFIG or ~/.kube/config; without Kubernetes: --endpoints-file): {cause}"
+         elsewhere: KUBECONFIG or ~/.kube/config): {cause}"
     )]
     NoCluster {
         /// What kube reported.

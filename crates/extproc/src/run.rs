@@ -208,6 +208,17 @@ pub async fn run_picker(
         }
         Membership::Dynamic(task) => Some(tokio::spawn(task(live.clone()))),
     };
+    // Logged once everything that can stop the start has been set up (files, tokenizer, peer
+    // exchange, the static endpoints): a refused start never says it was listening.
+    let addr = |l: &TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(
+        pool = %picker.pool_name,
+        tls = listeners.tls.is_some(),
+        grpc = %addr(&listeners.grpc),
+        health = %addr(&listeners.health),
+        metrics = %addr(&listeners.metrics),
+        "endpoint picker listening"
+    );
     let gauges = tokio::spawn(report_pods(live.clone(), telemetry.clone()));
     let shutdown = shutdown.shared();
     let ready_pool = live.clone();

@@ -112,15 +112,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    // Logged once every file has been read: a bad one stops the start before this line.
-    tracing::info!(
-        pool = %args.pool_name,
-        tls = listeners.tls.is_some(),
-        grpc = args.grpc_port,
-        health = args.grpc_health_port,
-        metrics = args.metrics_port,
-        "endpoint picker listening"
-    );
     let precise = args.precise();
     let picker = PickerConfig {
         pool_name: args.pool_name,
