@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use http::Uri;
 use infergate_pool::quota::QuotasSpec;
-use infergate_pool::tenant::{Tenancy, TenancyConfig};
+use infergate_pool::tenant::{DEFAULT_TENANT, Tenancy, TenancyConfig};
 use infergate_proxy::config::{AuthConfig, Limits, ListenerTls, MAX_DURATION};
 use serde::Deserialize;
 
@@ -505,6 +505,31 @@ impl GlobalConfig {
                 return Err(invalid(
                     at("cost"),
                     "prices must be finite and not negative",
+                ));
+            }
+        }
+        // Without authentication and without a tenant header every request is one tenant:
+        // a quota or an objective for another never applies (that tenant would be unlimited).
+        if matches!(self.auth, AuthConfig::None) && self.tenancy.tenant_header.is_none() {
+            let quota_tenants = self.quotas.iter().flat_map(|q| q.tenants.keys());
+            let named = quota_tenants
+                .map(|t| ("quotas.tenants", t))
+                .chain(
+                    self.routing
+                        .tenant_objectives
+                        .keys()
+                        .map(|t| ("routing.tenantObjectives", t)),
+                )
+                .find(|(_, t)| t.as_str() != DEFAULT_TENANT);
+            if let Some((section, tenant)) = named {
+                return Err(invalid(
+                    format!("{section}.{tenant}"),
+                    &format!(
+                        "with `auth: none` and no `tenancy.tenantHeader` every request is the \
+                         tenant `{DEFAULT_TENANT}`, so `{tenant}` never applies: configure \
+                         `auth.jwt` or `auth.apiKeys`, or `tenancy.tenantHeader` (a header a \
+                         trusted proxy in front sets), or use `{DEFAULT_TENANT}`"
+                    ),
                 ));
             }
         }

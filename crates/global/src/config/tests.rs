@@ -281,3 +281,36 @@ fn the_documented_files_are_valid() {
     }
     assert!(checked >= 2, "{checked} documented files found");
 }
+
+/// Without authentication and without `tenancy.tenantHeader` every request is the tenant
+/// `default`: a quota or an objective for another tenant never applies. It passed, leaving
+/// that tenant unlimited; it is refused (as the gateway refuses its equivalent), naming how to
+/// name tenants. With a tenant header, with authentication, or for `default` itself, it passes.
+#[test]
+fn a_tenant_no_request_can_be_is_refused() {
+    let quotas = "quotas: { tenants: { team-a: { requestsPerMinute: 5 } } }\n";
+    let objectives = "routing: { tenantObjectives: { team-a: 500 } }\n";
+    for (section, field) in [
+        (quotas, "quotas.tenants.team-a"),
+        (objectives, "routing.tenantObjectives.team-a"),
+    ] {
+        let e = err(&format!("auth: none\n{section}{CLUSTER}"));
+        assert!(
+            e.starts_with(field) && e.contains("`default`") && e.contains("tenantHeader"),
+            "{e}"
+        );
+        GlobalConfig::from_yaml(&format!(
+            "auth: none\ntenancy: {{ tenantHeader: x-tenant }}\n{section}{CLUSTER}"
+        ))
+        .unwrap();
+        GlobalConfig::from_yaml(&format!(
+            "auth: {{ apiKeys: {{ keys: [{{ sha256: {}, tenant: t, models: ['*'] }}] }} }}\n{section}{CLUSTER}",
+            "0".repeat(64)
+        ))
+        .unwrap();
+    }
+    GlobalConfig::from_yaml(&format!(
+        "auth: none\nquotas: {{ tenants: {{ default: {{ requestsPerMinute: 5 }} }} }}\n{CLUSTER}"
+    ))
+    .unwrap();
+}
