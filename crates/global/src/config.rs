@@ -468,7 +468,16 @@ impl GlobalConfig {
             if self.clusters[..i].iter().any(|o| o.name == c.name) {
                 return Err(invalid(at("name"), "is used by another cluster"));
             }
-            parse_url(&c.url).map_err(|reason| invalid(at("url"), reason))?;
+            let url = parse_url(&c.url).map_err(|reason| invalid(at("url"), reason))?;
+            // OpenAI clients' base URLs end in /v1; here the request's own path, which starts
+            // with /v1, follows the URL (the answer would be a 404 for /v1/v1/...).
+            if url.path().trim_end_matches('/').ends_with("/v1") {
+                return Err(invalid(
+                    at("url"),
+                    "ends in /v1, which every request's path (/v1/chat/completions, /v1/models, …) \
+                     already starts with: leave /v1 out (http://host:port)",
+                ));
+            }
             if let Some(h) = &c.heartbeat_url {
                 parse_url(h).map_err(|reason| invalid(at("heartbeatUrl"), reason))?;
             }

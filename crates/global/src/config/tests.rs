@@ -179,6 +179,14 @@ fn bad_values_name_their_field() {
             "clusters[0].url: must not have a query",
         ),
         (
+            "clusters:\n  - { name: a, url: 'http://h:1/v1', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[0].url: ends in /v1",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1/team/v1/', region: r, cost: { inputPerMillion: 1 } }\n",
+            "clusters[0].url: ends in /v1",
+        ),
+        (
             "clusters:\n  - { name: a, url: 'http://h:1', heartbeatUrl: 'http://h:2/heartbeat?x', region: r, cost: { inputPerMillion: 1 } }\n",
             "clusters[0].heartbeatUrl: must not have a query",
         ),
@@ -194,6 +202,18 @@ fn bad_values_name_their_field() {
     for (yaml, want) in cases {
         let got = err(&format!("auth: none\n{yaml}"));
         assert!(got.contains(want), "{yaml}: got {got}, want {want}");
+    }
+}
+
+/// A path prefix is kept (and may contain `v1` elsewhere); only a trailing `/v1`, which every
+/// request's own path repeats, is refused.
+#[test]
+fn a_url_prefix_is_kept() {
+    for url in ["http://h:1/team", "http://h:1/v1x", "http://h:1/v1/team"] {
+        GlobalConfig::from_yaml(&format!(
+            "auth: none\nclusters:\n  - {{ name: a, url: '{url}', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+        ))
+        .unwrap();
     }
 }
 
