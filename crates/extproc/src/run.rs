@@ -223,6 +223,7 @@ pub async fn run_picker(
     let shutdown = shutdown.shared();
     let ready_pool = live.clone();
     let (heartbeat_pool, heartbeat_name) = (live.clone(), picker.pool_name.clone());
+    let heartbeat_flow = picker.flow.clone();
     let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
     let quotas = picker.quotas.clone();
     let admin = infergate_pool::admin::serve_with_heartbeat(
@@ -240,7 +241,12 @@ pub async fn run_picker(
         },
         move || ready_pool.is_ready(),
         move || {
-            Some(heartbeats.render(std::iter::once((heartbeat_name.as_str(), &heartbeat_pool))))
+            let queued = heartbeat_flow.as_ref().map_or(0, |f| f.queued());
+            Some(heartbeats.render(std::iter::once((
+                heartbeat_name.as_str(),
+                &heartbeat_pool,
+                queued,
+            ))))
         },
         shutdown.clone(),
     );

@@ -5,7 +5,7 @@
 //! ```json
 //! {"schema":"infergate.heartbeat/v1","instance":"1764604800123-4242","generation":17,
 //!  "timestampMs":1764604817456,
-//!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"running":9,
+//!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"flowQueue":0,"running":9,
 //!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"drainMs":0.0,"newestMetricsAgeMs":41}]}
 //! ```
 //!
@@ -24,6 +24,9 @@
 //!   cache is over the saturation threshold, the time for running requests to free it. Absent
 //!   when no pod is ready. `prefillMs` is the part of it that is the request's own prefill:
 //!   what each further request sent to that pod adds.
+//! - `flowQueue` counts the requests this process holds in the model's flow-control queue (its
+//!   pods saturated). They reach the pods before a request sent now, so `saturation`,
+//!   `estimatedTtftMs` and `drainMs` count them, spread evenly over the ready pods' queues.
 //! - `drainMs` is the time until the least loaded ready pod is back under the saturation
 //!   thresholds (`0` while one is under them), the figure the pool's `Retry-After` uses.
 //!
@@ -81,6 +84,10 @@ pub struct ModelStatus {
     pub saturation: f64,
     /// Requests waiting in the ready pods' queues (scraped).
     pub queue: u32,
+    /// Requests this process holds in the model's flow-control queue (every pod saturated):
+    /// they reach the pods before a request sent now, so the estimates below count them too.
+    #[serde(default)]
+    pub flow_queue: u32,
     /// Requests running on the ready pods (scraped).
     pub running: u32,
     /// This process's requests in flight to the pool.
@@ -121,9 +128,14 @@ impl Heartbeats {
         }
     }
 
-    /// The document for these `(name, pool)` pairs, as JSON.
-    pub fn render<'a>(&self, pools: impl Iterator<Item = (&'a str, &'a LivePool)>) -> String {
-        let models = pools.map(|(name, pool)| model_status(name, pool)).collect();
+    /// The document for these `(name, pool, flow-control queue length)` entries, as JSON.
+    pub fn render<'a>(
+        &self,
+        pools: impl Iterator<Item = (&'a str, &'a LivePool, usize)>,
+    ) -> String {
+        let models = pools
+            .map(|(name, pool, queued)| model_status(name, pool, queued))
+            .collect();
         let doc = Heartbeat {
             schema: SCHEMA.to_owned(),
             instance: self.instance.clone(),
@@ -142,8 +154,8 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The status of one pool now.
-pub fn model_status(name: &str, pool: &LivePool) -> ModelStatus {
+/// The status of one pool now, with `flow_queue` requests held in its flow-control queue.
+pub fn model_status(name: &str, pool: &LivePool, flow_queue: usize) -> ModelStatus {
     let cfg = pool.scheduler_config();
     let limits = Limits {
         queue_depth: f64::from(cfg.saturation.queue_depth.max(1)),
@@ -151,7 +163,13 @@ pub fn model_status(name: &str, pool: &LivePool) -> ModelStatus {
         prefill_prior: cfg.rates.prefill_tokens_per_sec,
         decode_prior: cfg.rates.decode_tokens_per_sec,
     };
-    status(name, &pool.pod_samples(), pool.inflight(), &limits)
+    status(
+        name,
+        &pool.pod_samples(),
+        pool.inflight(),
+        flow_queue,
+        &limits,
+    )
 }
 
 /// The scheduler settings the estimates use.
@@ -167,8 +185,22 @@ pub struct Limits {
     pub decode_prior: f64,
 }
 
-/// The status computed from per-pod samples (pure: the tests call it directly).
-pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) -> ModelStatus {
+/// The status computed from per-pod samples (pure: the tests call it directly). The
+/// `flow_queue` requests held in flow control are spread evenly over the ready pods' queues in
+/// the estimates: the flow controller sends each to a pod as one frees up.
+pub fn status(
+    name: &str,
+    pods: &[PodSample],
+    inflight: usize,
+    flow_queue: usize,
+    limits: &Limits,
+) -> ModelStatus {
+    let ready_count = pods.iter().filter(|p| !p.stale).count();
+    let held = if ready_count == 0 {
+        0.0
+    } else {
+        flow_queue as f64 / ready_count as f64
+    };
     let mut ready = 0u32;
     let mut load_sum = 0.0;
     let mut queue = 0u32;
@@ -185,7 +217,7 @@ pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) 
             continue;
         }
         ready += 1;
-        let waiting = f64::from(p.waiting.unwrap_or(0).max(p.awaiting_first_token));
+        let waiting = f64::from(p.waiting.unwrap_or(0).max(p.awaiting_first_token)) + held;
         queue = queue.saturating_add(p.waiting.unwrap_or(0));
         running = running.saturating_add(p.running.unwrap_or(0));
         let kv = p.kv_cache_usage.unwrap_or(0.0);
@@ -231,6 +263,7 @@ pub fn status(name: &str, pods: &[PodSample], inflight: usize, limits: &Limits) 
             load_sum / f64::from(ready)
         },
         queue,
+        flow_queue: u32::try_from(flow_queue).unwrap_or(u32::MAX),
         running,
         inflight: u32::try_from(inflight).unwrap_or(u32::MAX),
         estimated_ttft_ms: (ready > 0).then_some(best_ttft * 1e3),

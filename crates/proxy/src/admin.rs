@@ -52,13 +52,10 @@ pub(crate) fn encode_heartbeat(
     shared: &Shared,
 ) -> String {
     let state = shared.state.load();
-    heartbeats.render(
-        state
-            .router
-            .targets()
-            .iter()
-            .map(|model| (model.name.as_str(), &model.backend.pool)),
-    )
+    heartbeats.render(state.router.targets().iter().map(|model| {
+        let queued = model.flow.as_ref().map_or(0, |f| f.queued());
+        (model.name.as_str(), &model.backend.pool, queued)
+    }))
 }
 
 /// Metric families gathered from several encoded registries.

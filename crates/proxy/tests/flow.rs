@@ -140,6 +140,14 @@ async fn a_request_waits_while_the_pod_is_saturated_and_is_served_once_it_has_he
     let waiting = spawn_chat(gw.addr(), &[]);
     gw.until_metric(&queue_gauge("standard", 1)).await;
     assert_eq!(up.requests(), 0, "a queued request reached the pod");
+    // The heartbeat the global router polls counts it: it said the pool had nothing queued.
+    let heartbeat = json(
+        get(gw.gw.admin_addr().unwrap(), "/heartbeat")
+            .await
+            .1
+            .as_bytes(),
+    );
+    assert_eq!(heartbeat["models"][0]["flowQueue"], 1, "{heartbeat}");
     // The next page says the pod has room: the page wakes the queue.
     up.waiting.store(0, Ordering::SeqCst);
     let (status, _, body) = waiting.await.unwrap();

@@ -38,6 +38,7 @@ fn idle_ready_pods_give_one_prefill_and_no_drain() {
             pod(2, false, 0, 0.0, None),
         ],
         3,
+        0,
         &LIMITS,
     );
     assert_eq!(s.pods, 2);
@@ -56,22 +57,44 @@ fn idle_ready_pods_give_one_prefill_and_no_drain() {
 #[test]
 fn queues_raise_ttft_saturation_and_drain() {
     // Queue of 6 at threshold 4: saturated (load 1), 3 requests over, each 512 tokens at 5,120/s.
-    let s = status("m", &[pod(1, false, 6, 0.5, Some(5_120.0))], 0, &LIMITS);
+    let s = status("m", &[pod(1, false, 6, 0.5, Some(5_120.0))], 0, 0, &LIMITS);
     assert_eq!(s.saturation, 1.0);
     assert_eq!(s.queue, 6);
     assert_eq!(s.estimated_ttft_ms, Some(700.0));
     assert_eq!(s.prefill_ms, Some(100.0));
     assert!((s.drain_ms - 300.0).abs() < 1e-9, "{}", s.drain_ms);
     // Half the queue threshold and 0.4 of 0.8 KV: load 0.5.
-    let s = status("m", &[pod(1, false, 2, 0.4, Some(5_120.0))], 0, &LIMITS);
+    let s = status("m", &[pod(1, false, 2, 0.4, Some(5_120.0))], 0, 0, &LIMITS);
     assert_eq!(s.saturation, 0.5);
     assert_eq!(s.drain_ms, 0.0);
 }
 
 #[test]
+fn requests_held_in_flow_control_count_in_the_estimates() {
+    // Two idle pods, 6 requests held by flow control: 3 ahead on each pod, so the typical
+    // request waits for 4 prefills of 512 tokens at 5,120/s; before, the document said 100 ms.
+    let pods = [
+        pod(1, false, 0, 0.0, Some(5_120.0)),
+        pod(2, false, 0, 0.0, Some(5_120.0)),
+    ];
+    let s = status("m", &pods, 0, 6, &LIMITS);
+    assert_eq!(s.flow_queue, 6);
+    assert_eq!(s.queue, 0, "the scraped queues are reported apart");
+    assert_eq!(s.estimated_ttft_ms, Some(400.0));
+    assert_eq!(s.saturation, 0.75);
+    let none = status("m", &pods, 0, 0, &LIMITS);
+    assert_eq!(none.estimated_ttft_ms, Some(100.0));
+    // An older document without the field reads as none held.
+    let mut json = serde_json::to_value(&none).unwrap();
+    json.as_object_mut().unwrap().remove("flowQueue");
+    let back: ModelStatus = serde_json::from_value(json).unwrap();
+    assert_eq!(back.flow_queue, 0);
+}
+
+#[test]
 fn a_full_kv_cache_adds_the_time_to_free_it() {
     // KV 0.9 over 0.8: half way to full, 128 output tokens at 64/s → 1 s.
-    let s = status("m", &[pod(1, false, 0, 0.9, Some(5_120.0))], 0, &LIMITS);
+    let s = status("m", &[pod(1, false, 0, 0.9, Some(5_120.0))], 0, 0, &LIMITS);
     assert_eq!(s.saturation, 1.0);
     let ttft = s.estimated_ttft_ms.unwrap();
     assert!((ttft - 1_100.0).abs() < 1e-6, "{ttft}");
@@ -83,6 +106,7 @@ fn stale_pods_are_not_ready_and_a_pool_of_them_is_a_gray_failure() {
         "m",
         &[pod(1, true, 0, 0.0, None), pod(2, true, 0, 0.0, None)],
         0,
+        0,
         &LIMITS,
     );
     assert_eq!(s.pods, 2);
@@ -93,6 +117,7 @@ fn stale_pods_are_not_ready_and_a_pool_of_them_is_a_gray_failure() {
     let s = status(
         "m",
         &[pod(1, true, 9, 0.0, None), pod(2, false, 1, 0.0, None)],
+        0,
         0,
         &LIMITS,
     );
@@ -109,7 +134,7 @@ fn documents_count_generations_and_round_trip_through_json() {
     assert_eq!((a.generation, b.generation), (1, 2));
     assert_eq!(a.instance, b.instance);
     assert!(b.timestamp_ms >= a.timestamp_ms);
-    let s = status("m", &[pod(1, false, 0, 0.0, Some(5_120.0))], 0, &LIMITS);
+    let s = status("m", &[pod(1, false, 0, 0.0, Some(5_120.0))], 0, 0, &LIMITS);
     let json = serde_json::to_string(&s).unwrap();
     assert!(json.contains(r#""readyPods":1"#), "{json}");
     assert!(json.contains(r#""estimatedTtftMs":100.0"#), "{json}");
