@@ -601,6 +601,8 @@ pub(crate) async fn poll(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_discovery = tokio::time::Instant::now();
     let models_uri = cluster.uri("/v1/models");
+    // Whether the last heartbeat fetch failed (its failures are warned of once per run).
+    let mut heartbeat_failing = false;
     loop {
         tick.tick().await;
         let discover = cluster.config.models.is_none()
@@ -660,15 +662,28 @@ pub(crate) async fn poll(
             }
         }
         if let Some(uri) = cluster.heartbeat.clone() {
-            match fetch(&client, uri, None, timeout).await {
+            let failure = match fetch(&client, uri, None, timeout).await {
                 Ok((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
-                    Ok(hb) => cluster.apply_heartbeat(&hb, rtt, now()),
-                    Err(e) => {
-                        tracing::warn!(cluster = %cluster.config.name, error = %e, "unreadable heartbeat");
-                        cluster.fail_all(now());
+                    Ok(hb) => {
+                        cluster.apply_heartbeat(&hb, rtt, now());
+                        None
                     }
+                    Err(e) => Some(format!("unreadable heartbeat: {e}")),
                 },
-                Err(_) => cluster.fail_all(now()),
+                Err(e) => Some(infergate_pool::ErrorChain(&e).to_string()),
+            };
+            match failure {
+                None => heartbeat_failing = false,
+                Some(why) => {
+                    cluster.fail_all(now());
+                    // Once per run of failures: a wrong URL (never up, so never drained) says
+                    // why at once, and a dead cluster does not repeat it every interval.
+                    if !std::mem::replace(&mut heartbeat_failing, true) {
+                        tracing::warn!(cluster = %cluster.config.name, error = %why, "heartbeat failed; logged again only after a good one");
+                    } else {
+                        tracing::debug!(cluster = %cluster.config.name, error = %why, "heartbeat failed");
+                    }
+                }
             }
         }
         cluster.tick(now(), &telemetry);

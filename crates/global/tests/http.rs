@@ -690,3 +690,31 @@ async fn request_bodies_held_at_once_are_bounded() {
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// A heartbeat URL that does not answer a heartbeat (a wrong path, say: 404) left the cluster
+/// drained without a word: it had never been up, so no drain was logged, and failed fetches
+/// are not. The first failure after a good fetch (or since the start) is a warning naming the
+/// cluster and the cause; the failures after it are not repeated.
+#[tokio::test]
+async fn a_failing_heartbeat_says_why_once() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let wrong = refusing_cluster(404).await;
+    let cluster = Recorder::start(&[]).await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 1000 }}\nclusters:\n  - {{ name: east, url: 'http://{}', heartbeatUrl: 'http://{wrong}/', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        cluster.addr
+    );
+    let (_router, _stop) = router_with(&yaml).await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let text = out.text();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("heartbeat"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains("east") && warnings[0].contains("404"),
+        "{text}"
+    );
+}
