@@ -331,10 +331,10 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Router
         Ok(r) => r,
         Err(Refused::BodyBroken(e)) => {
             tracing::debug!(error = %e, "the request body broke off");
+            // Likely nobody reads it; HTTP/1.1 closes the connection after it anyway, the body
+            // not having been read to its end.
             let mut r = Response::new(RouterBody::Full(Full::new(Bytes::new())));
             *r.status_mut() = StatusCode::BAD_REQUEST;
-            r.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             r
         }
         Err(Refused::Api(e)) => {
