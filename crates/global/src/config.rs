@@ -566,24 +566,14 @@ pub(crate) fn parse_url(url: &str) -> Result<Uri, &'static str> {
 /// The longest cluster name.
 const MAX_NAME_LEN: usize = 63;
 
-/// Refuses a `listen` and an `admin` the router could not both bind: the same port (other than
-/// 0, for which the system picks a free port each time) on the same IP, or with either IP
-/// unspecified (`0.0.0.0`, `[::]`), which takes the port on every address of the host.
+/// Refuses a `listen` and an `admin` the router could not both bind, as the gateway does.
 fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), ConfigError> {
-    let port = listen.port();
-    if port == 0 || port != admin.port() {
-        return Ok(());
-    }
-    if listen.ip() == admin.ip() || listen.ip().is_unspecified() || admin.ip().is_unspecified() {
-        return Err(ConfigError::Invalid {
+    infergate_proxy::config::check_listen_and_admin(listen, admin).map_err(|reason| {
+        ConfigError::Invalid {
             field: "admin".into(),
-            reason: format!(
-                "`listen` ({listen}) and `admin` ({admin}) both take port {port}: the front door \
-                 and the admin port each need a port of their own"
-            ),
-        });
-    }
-    Ok(())
+            reason,
+        }
+    })
 }
 
 #[cfg(test)]

@@ -584,25 +584,19 @@ fn check_anonymous_tenants(
     Ok(())
 }
 
-/// Refuses a `listen` and an `admin` the gateway could not both bind: the same port (other
-/// than 0, for which the system picks a free port each time) on the same IP, or with either IP
-/// unspecified (`0.0.0.0`, `[::]`), which takes the port on every address of the host.
-fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
+/// Refuses a `listen` and an `admin` that could not both be bound: the same port (other than
+/// 0, for which the system picks a free port each time) on the same IP, or with either IP
+/// unspecified (`0.0.0.0`, `[::]`), which takes the port on every address of the host. Shared
+/// by the gateway's and the global router's configurations.
+pub fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
     let port = listen.port();
     if port == 0 || port != admin.port() {
         return Ok(());
     }
-    if listen.ip() == admin.ip() {
+    if listen.ip() == admin.ip() || listen.ip().is_unspecified() || admin.ip().is_unspecified() {
         return Err(format!(
-            "`listen` and `admin` are both {listen}: the front door and the admin server each need \
-             a port of their own"
-        ));
-    }
-    if listen.ip().is_unspecified() || admin.ip().is_unspecified() {
-        return Err(format!(
-            "`listen` ({listen}) and `admin` ({admin}) both take port {port} (an unspecified \
-             address takes it on every address): the front door and the admin server each need \
-             a port of their own"
+            "`listen` ({listen}) and `admin` ({admin}) both take port {port}: the front door \
+             and the admin port each need a port of their own"
         ));
     }
     Ok(())

@@ -130,7 +130,7 @@ fn listen_and_admin_on_one_port_are_refused_naming_both() {
     // The default admin address, taken by the front door.
     let e = err(&format!("listen: 127.0.0.1:9090\n{models}"));
     assert!(
-        e.contains("`listen` and `admin` are both 127.0.0.1:9090"),
+        e.contains("`listen` (127.0.0.1:9090) and `admin` (127.0.0.1:9090) both take port 9090"),
         "{e}"
     );
     // Different ports, different IPs on one port, or port 0 (a free port each) can all be bound.
