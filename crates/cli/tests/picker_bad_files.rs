@@ -21,16 +21,17 @@ fn picker_with(flag: &str, body: &str) -> (bool, String) {
     picker_in(dir.path(), &[flag.as_ref(), file.as_os_str()])
 }
 
-/// `infergate picker` over one static endpoint, on free loopback ports, with `extra` flags.
-fn picker_in(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (bool, String) {
+/// `infergate picker` over one static endpoint (a file written in `dir`), on free loopback
+/// ports.
+fn picker_command(dir: &std::path::Path) -> Command {
     let endpoints = dir.join("endpoints.yaml");
     std::fs::write(
         &endpoints,
         "engine: vllm\nendpoints:\n  - address: 127.0.0.1:9\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("picker")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infergate"));
+    cmd.arg("picker")
         .arg("--endpoints-file")
         .arg(&endpoints)
         .args(["--listen-address", "127.0.0.1"])
@@ -42,10 +43,13 @@ fn picker_in(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (bool, String
             "--metrics-port",
             "0",
         ])
-        .args(extra)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
+        .env_remove("RUST_BACKTRACE");
+    cmd
+}
+
+/// [`picker_command`] with `extra` flags, run to its end.
+fn picker_in(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (bool, String) {
+    let out = picker_command(dir).args(extra).output().unwrap();
     printed_error::outcome(&out)
 }
 
@@ -78,25 +82,8 @@ fn a_tokenizer_that_does_not_load_stops_the_start_before_listening_is_logged() {
 fn a_good_start_logs_listening_with_the_bound_addresses() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let endpoints = dir.path().join("endpoints.yaml");
-    std::fs::write(
-        &endpoints,
-        "engine: vllm\nendpoints:\n  - address: 127.0.0.1:9\n",
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("picker")
-        .arg("--endpoints-file")
-        .arg(&endpoints)
-        .args(["--listen-address", "127.0.0.1", "--log-format", "text"])
-        .args([
-            "--grpc-port",
-            "0",
-            "--grpc-health-port",
-            "0",
-            "--metrics-port",
-            "0",
-        ])
+    let mut child = picker_command(dir.path())
+        .args(["--log-format", "text"])
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

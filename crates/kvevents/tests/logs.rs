@@ -33,14 +33,7 @@ fn metrics(kv: &KvEvents) -> String {
 #[tokio::test]
 async fn a_feed_that_is_unreachable_lost_or_not_replayed_is_logged_once_at_warn() {
     let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
     // Nothing listens yet: several failed connects, one warning.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();

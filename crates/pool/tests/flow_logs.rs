@@ -26,14 +26,7 @@ fn poll(q: &mut Queued) -> Option<Turn> {
 #[tokio::test(start_paused = true)]
 async fn the_queue_path_is_explained_at_debug_level() {
     let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::DEBUG));
     let mut cfg = FlowConfig {
         enabled: true,
         ..FlowConfig::default()

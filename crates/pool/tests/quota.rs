@@ -7,38 +7,21 @@
     reason = "a failed unwrap is a failed test"
 )]
 
+#[path = "common/quota.rs"]
+mod common;
+use common::config;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use infergate_openai::ApiError;
-use infergate_pool::quota::{QuotaConfig, QuotaTicket, Quotas, SharedConfig};
+use infergate_pool::quota::{QuotaConfig, QuotaTicket, Quotas};
 use infergate_pool::redis::{Redis, RedisConfig};
 use infergate_scheduler::quota::Limits;
 use infergate_testkit::redis::RedisServer;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
-
-fn config(redis: &RedisServer, prefix: &str, window: Duration, limit: u64) -> QuotaConfig {
-    QuotaConfig {
-        tenants: vec![(
-            Arc::from("team-a"),
-            Limits {
-                requests: Some(limit),
-                tokens: None,
-            },
-        )],
-        window,
-        // 100 ms buckets.
-        buckets: u32::try_from(window.as_millis() / 100).unwrap(),
-        redis: Some(SharedConfig {
-            redis: RedisConfig::new(redis.addr().to_string()),
-            key_prefix: prefix.to_owned(),
-            sync_interval: Duration::from_millis(50),
-        }),
-        ..QuotaConfig::default()
-    }
-}
 
 /// Admits as fast as every millisecond allows on `q` until `until`; returns when each admitted
 /// request was admitted, on the quota's own clock (the Unix-time milliseconds its buckets are
@@ -120,14 +103,6 @@ fn patient(c: &mut QuotaConfig) {
     redis.command_timeout = Duration::from_secs(1);
 }
 
-async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn metrics(registry: &Registry) -> String {
     let mut text = String::new();
     encode(&mut text, registry).unwrap();
@@ -143,7 +118,7 @@ async fn two_replicas_sharing_redis_hold_the_configured_rate_within_5_percent() 
     let window = Duration::from_secs(6);
     let a = Quotas::start(config(&redis, "rate:", window, 600), None).unwrap();
     let b = Quotas::start(config(&redis, "rate:", window, 600), None).unwrap();
-    wait_for("both replicas see each other", || {
+    infergate_testkit::eventually("both replicas see each other", || {
         a.redis_up() && b.redis_up() && a.replicas() == 2 && b.replicas() == 2
     })
     .await;
@@ -175,7 +150,7 @@ async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again()
     let mut registry = Registry::default();
     let a = Quotas::start(config(&redis, "outage:", window, 100), Some(&mut registry)).unwrap();
     let b = Quotas::start(config(&redis, "outage:", window, 100), None).unwrap();
-    wait_for("both replicas see each other", || {
+    infergate_testkit::eventually("both replicas see each other", || {
         a.redis_up() && b.redis_up() && a.replicas() == 2 && b.replicas() == 2
     })
     .await;
@@ -187,7 +162,7 @@ async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again()
     assert!((95..=105).contains(&shared), "{shared}");
 
     redis.kill();
-    wait_for("both replicas count locally", || {
+    infergate_testkit::eventually("both replicas count locally", || {
         !a.redis_up() && !b.redis_up()
     })
     .await;
@@ -210,7 +185,8 @@ async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again()
     );
 
     redis.restart().await;
-    wait_for("both replicas share again", || a.redis_up() && b.redis_up()).await;
+    infergate_testkit::eventually("both replicas share again", || a.redis_up() && b.redis_up())
+        .await;
     assert!(metrics(&registry).contains("infergate_quota_redis_up 1"));
     let run = run_both(&a, &b, Duration::from_secs(4)).await;
     let back = run.most_in_a_window(&[&run.a, &run.b], 2_000, 100);
@@ -242,7 +218,7 @@ async fn a_redis_restarted_empty_does_not_make_a_replica_think_it_is_alone() {
     let b = Quotas::start(shared("restart:"), None).unwrap();
     let cfg = a.config().redis.clone().unwrap();
     let (mut ra, mut rb) = (Redis::new(cfg.redis.clone()), Redis::new(cfg.redis.clone()));
-    wait_for("both background rounds", || a.redis_up() && b.redis_up()).await;
+    infergate_testkit::eventually("both background rounds", || a.redis_up() && b.redis_up()).await;
     assert!(a.sync_now(&mut ra, &cfg).await && b.sync_now(&mut rb, &cfg).await);
     assert_eq!((a.replicas(), b.replicas()), (2, 2));
 
@@ -275,7 +251,7 @@ async fn a_replica_that_leaves_stops_being_counted() {
     };
     let a = Quotas::start(config(&redis, "leave:", Duration::from_secs(2), 100), None).unwrap();
     let b = Quotas::start(config(&redis, "leave:", Duration::from_secs(2), 100), None).unwrap();
-    wait_for("both replicas see each other", || {
+    infergate_testkit::eventually("both replicas see each other", || {
         a.replicas() == 2 && b.replicas() == 2
     })
     .await;
@@ -298,7 +274,7 @@ async fn a_replica_dropped_stops_being_counted_at_once() {
     };
     let a = Quotas::start(config(&redis, "drop:", Duration::from_secs(2), 100), None).unwrap();
     let b = Quotas::start(config(&redis, "drop:", Duration::from_secs(2), 100), None).unwrap();
-    wait_for("both replicas see each other", || {
+    infergate_testkit::eventually("both replicas see each other", || {
         a.replicas() == 2 && b.replicas() == 2
     })
     .await;
@@ -365,7 +341,7 @@ async fn a_replica_whose_rounds_run_late_does_not_make_the_fleet_over_admit() {
             }
         })
     };
-    wait_for("both replicas see each other", || {
+    infergate_testkit::eventually("both replicas see each other", || {
         a.replicas() == 2 && b.replicas() == 2
     })
     .await;
@@ -461,7 +437,7 @@ async fn a_round_whose_answer_was_lost_counts_once_in_redis() {
     let a = Quotas::start(c, None).unwrap();
     let cfg = a.config().redis.clone().unwrap();
     let mut link = Redis::new(cfg.redis.clone());
-    wait_for("the background round", || a.redis_up()).await;
+    infergate_testkit::eventually("the background round", || a.redis_up()).await;
     let admit = |n: usize| {
         for _ in 0..n {
             drop(QuotaTicket::commit(a.admit("team-a", 0).unwrap().unwrap()));
@@ -512,7 +488,7 @@ async fn large_token_totals_are_written_as_integers() {
     let a = Quotas::start(c, None).unwrap();
     let cfg = a.config().redis.clone().unwrap();
     let mut link = Redis::new(cfg.redis.clone());
-    wait_for("the background round", || a.redis_up()).await;
+    infergate_testkit::eventually("the background round", || a.redis_up()).await;
     drop(QuotaTicket::commit(
         a.admit("team-a", 300_000_000_000_007).unwrap().unwrap(),
     ));

@@ -8,42 +8,15 @@
     reason = "a failed unwrap is a failed test"
 )]
 
-use std::sync::Arc;
+#[path = "common/quota.rs"]
+mod common;
+use common::config;
+
 use std::time::Duration;
 
-use infergate_pool::quota::{QuotaConfig, Quotas, SharedConfig};
+use infergate_pool::quota::Quotas;
 use infergate_pool::redis::{Pipeline, Redis, RedisConfig};
-use infergate_scheduler::quota::Limits;
 use infergate_testkit::redis::RedisServer;
-use tokio::time::Instant;
-
-fn config(redis: &RedisServer, prefix: &str, window: Duration, limit: u64) -> QuotaConfig {
-    QuotaConfig {
-        tenants: vec![(
-            Arc::from("team-a"),
-            Limits {
-                requests: Some(limit),
-                tokens: None,
-            },
-        )],
-        window,
-        buckets: u32::try_from(window.as_millis() / 100).unwrap(),
-        redis: Some(SharedConfig {
-            redis: RedisConfig::new(redis.addr().to_string()),
-            key_prefix: prefix.to_owned(),
-            sync_interval: Duration::from_millis(50),
-        }),
-        ..QuotaConfig::default()
-    }
-}
-
-async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// The sync's warning says why Redis failed: the cause under the client's error (the socket's
 /// report), and the refusal of a Redis that asks for a password the replica was not given,
@@ -55,30 +28,24 @@ async fn the_warning_of_a_failed_sync_says_why() {
     };
     // The current-thread runtime runs the sync task here, under this thread's subscriber.
     let out = infergate_testkit::CapturedLog::default();
-    let writer = out.clone();
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
     let window = Duration::from_secs(2);
     let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
     let mut p = Pipeline::new();
     p.cmd(&["CONFIG", "SET", "requirepass", "sekret"]);
     direct.pipeline(&p).await.unwrap();
     let q = Quotas::start(config(&redis, "why:", window, 100), None).unwrap();
-    wait_for("a warning", || out.text().contains("Redis unreachable")).await;
+    infergate_testkit::eventually("a warning", || out.text().contains("Redis unreachable")).await;
     let text = out.text();
     assert!(text.contains("NOAUTH Authentication required"), "{text}");
     drop(q);
 
     redis.restart().await;
     let q = Quotas::start(config(&redis, "why:", window, 100), None).unwrap();
-    wait_for("shared", || q.redis_up()).await;
+    infergate_testkit::eventually("shared", || q.redis_up()).await;
     let before = out.text().len();
     redis.kill();
-    wait_for("a second warning", || {
+    infergate_testkit::eventually("a second warning", || {
         out.text()[before..].contains("Redis unreachable")
     })
     .await;
