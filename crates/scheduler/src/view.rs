@@ -299,6 +299,16 @@ pub(crate) fn build(
         if consolidating || blocked {
             let free_slots = views.iter().filter(|v| v.lora == lora::FREE_SLOT).count();
             for v in views.iter_mut() {
+                // A pod that reports no LoRA state while another runs or holds the adapter: the
+                // adapter is not known to be there, so it is charged the load a free slot is
+                // (a vLLM pod shows no LoRA state until its engine has run a step; without the
+                // charge a fresh idle pod drew the adapter's requests from the pod running it).
+                if consolidating
+                    && let Some(ep) = src.table.get(v.slot)
+                    && !ep.lora.known
+                {
+                    v.wait += lora_load_secs;
+                }
                 if (v.lora == lora::RUNNING_BLOCKED || v.lora == lora::FREE_SLOT)
                     && let Some(ep) = src.table.get(v.slot)
                 {

@@ -736,11 +736,17 @@ retries:
             # swings from one moment to the next (preemption re-queues requests; with its API
             # server's event loop blocked, the engine can even run dry for an instant), so the
             # two pages, read at different moments, do not always agree; a decision taken on a
-            # page that showed A idle is not one about load.
+            # page that showed A idle is not one about load. Nor is one B could not take: its
+            # page too old to route on (its API server, on these two cores, can be slow to
+            # answer while it serves the new requests) or B saturated — the gateway then has
+            # only A (or neither) to choose, and must not be held to choosing B.
             out = []
             for w, page, ex in zip(served, load_a, explained):
                 seen = self.decision_view(ex, "A")
-                if loaded(*page) and seen is not None and loaded(seen[2], seen[0], seen[1]):
+                b = self.decision_view(ex, "B")
+                b_open = b is not None and b[0] != float("inf")
+                if (loaded(*page) and seen is not None and loaded(seen[2], seen[0], seen[1])
+                        and b_open):
                     out.append(w)
             return out
 

@@ -348,6 +348,34 @@ fn an_adapter_running_on_one_pod_outweighs_a_faster_pod_that_must_load_it() {
     assert_eq!(run(0.0), vec![addr(0); 10]);
 }
 
+/// A pod that reports no LoRA state (a vLLM pod whose engine has run no step yet shows none)
+/// does not draw an adapter's requests from the pod running it: it is charged the adapter's load,
+/// as a pod with a free slot is. Seen on two real vLLM instances: the idle one without LoRA
+/// state took the first `lora-a` request (1.2 ms against the running pod's 26.3 ms estimate).
+#[test]
+fn a_pod_without_lora_state_is_charged_the_load_when_another_runs_the_adapter() {
+    let mut s = Scheduler::new(SchedulerConfig::default()).unwrap();
+    let mut running = with_lora(0, 2, &["lora-a"], &[]);
+    running.running = 2;
+    add_endpoint(&mut s, 0, running);
+    add_endpoint(&mut s, 1, snapshot(T0, 0, 0.1));
+    let req = RequestContext::new("m", 5).with_lora(Some("lora-a"));
+    for seed in 0..10 {
+        let d = s.pick(&req, T0, &mut rng(seed)).unwrap();
+        s.cancel(d.ticket, T0);
+        assert_eq!(d.endpoints.first(), addr(0), "seed {seed}");
+    }
+    // With no pod running the adapter, the pod without LoRA state is charged nothing more than
+    // any other: the idle one is taken.
+    let mut s = Scheduler::new(SchedulerConfig::default()).unwrap();
+    let mut busy = with_lora(0, 2, &[], &[]);
+    busy.running = 2;
+    add_endpoint(&mut s, 0, busy);
+    add_endpoint(&mut s, 1, snapshot(T0, 0, 0.1));
+    let d = s.pick(&req, T0, &mut rng(0)).unwrap();
+    assert_eq!(d.endpoints.first(), addr(1));
+}
+
 /// The first choice for a request for `lora-a`, and its explanation, on pods with the given LoRA
 /// state and scraped queue depth (default configuration: no rates learned).
 fn lora_pick(pods: &[(u32, &[&str], &[&str])], seed: u64) -> (SocketAddr, Explanation) {
