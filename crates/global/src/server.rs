@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -21,7 +21,9 @@ use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::quota::Quotas;
 use infergate_pool::tenant::Tenancy;
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
+use infergate_proxy::BodyRead;
 use infergate_proxy::auth::{Authenticator, ModelAccess};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -79,8 +81,9 @@ pub(crate) struct Shared {
     auth: Authenticator,
     telemetry: Arc<Telemetry>,
     inflight: Arc<AtomicUsize>,
-    /// Bytes of request bodies held now, every connection together.
-    buffered: AtomicU64,
+    /// Bytes of request bodies held now, every connection together
+    /// (`limits.maxBufferedRequestBytes`).
+    buffered: Gauge,
     rng: AtomicU64,
     objective_header: HeaderName,
     quotas: Option<Quotas>,
@@ -156,7 +159,7 @@ pub async fn serve(
         auth,
         telemetry: Arc::clone(&telemetry),
         inflight: Arc::new(AtomicUsize::new(0)),
-        buffered: AtomicU64::new(0),
+        buffered: Gauge::default(),
         objective_header,
         quotas,
         tenancy,
@@ -406,83 +409,6 @@ fn models_response(shared: &Shared, access: &ModelAccess) -> Response<RouterBody
     r
 }
 
-/// Bytes of request bodies this request holds, charged to the router-wide count
-/// (`limits.maxBufferedRequestBytes`) and given back when dropped.
-struct BufferCharge<'a> {
-    held: &'a AtomicU64,
-    bytes: u64,
-}
-
-impl<'a> BufferCharge<'a> {
-    fn new(held: &'a AtomicU64) -> Self {
-        BufferCharge { held, bytes: 0 }
-    }
-
-    /// Raises the charge to `total` bytes if every body held then fits in `budget`.
-    fn grow_to(&mut self, total: u64, budget: u64) -> bool {
-        if total <= self.bytes {
-            return true;
-        }
-        let more = total - self.bytes;
-        let before = self.held.fetch_add(more, Ordering::AcqRel);
-        if before.saturating_add(more) > budget {
-            self.held.fetch_sub(more, Ordering::AcqRel);
-            return false;
-        }
-        self.bytes = total;
-        true
-    }
-}
-
-impl Drop for BufferCharge<'_> {
-    fn drop(&mut self) {
-        self.held.fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
-
-fn buffer_busy() -> Refused {
-    ApiError::BufferBudget {
-        retry_after: Duration::from_secs(1),
-    }
-    .into()
-}
-
-/// Reads a request body whole, up to `max` bytes, charging what arrives to `held` (a body
-/// without `content-length` is charged as it comes).
-async fn read_body(
-    mut body: Incoming,
-    max: usize,
-    held: &mut BufferCharge<'_>,
-    budget: u64,
-) -> Result<Bytes, Refused> {
-    // Most bodies arrive in one frame: kept without a copy; joined only when there are more.
-    let mut first: Option<Bytes> = None;
-    let mut joined: Vec<u8> = Vec::new();
-    let mut received: usize = 0;
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(Refused::BodyBroken)?.into_data() else {
-            continue; // trailers
-        };
-        received = received.saturating_add(data.len());
-        if received > max {
-            return Err(ApiError::BodyTooLarge { limit: max }.into());
-        }
-        if !held.grow_to(received as u64, budget) {
-            return Err(buffer_busy());
-        }
-        match first.take() {
-            None if joined.is_empty() => first = Some(data),
-            None => joined.extend_from_slice(&data),
-            Some(f) => {
-                joined.reserve(received);
-                joined.extend_from_slice(&f);
-                joined.extend_from_slice(&data);
-            }
-        }
-    }
-    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
-}
-
 /// Uniform in `[0, 1)` from a counter (splitmix64): lock-free, reproducible from the seed.
 fn draw(rng: &AtomicU64) -> f64 {
     let mut z = rng
@@ -513,36 +439,21 @@ async fn route_request(
         }
         .into());
     }
-    let max = limits.max_request_body_bytes;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|d| d > max as u64) {
-        return Err(ApiError::BodyTooLarge { limit: max }.into());
-    }
     let (parts, body) = req.into_parts();
-    // Held while the body is kept for the retries (to a cluster's response headers, or the
-    // refusal): the request bodies held across every connection stay within
-    // `maxBufferedRequestBytes`.
-    let budget = limits.max_buffered_request_bytes;
-    let mut held = BufferCharge::new(&shared.buffered);
-    if let Some(d) = declared
-        && !held.grow_to(d, budget)
+    // Read as the gateway reads it (`maxRequestBodyBytes`, `bodyReadTimeoutMs`, and the bytes
+    // held charged to `maxBufferedRequestBytes`). `_held` keeps the charge while the body is kept
+    // for the retries: to a cluster's response headers, or the refusal.
+    let (body, _held) = match infergate_proxy::read_body(&shared.buffered, limits, declared, body)
+        .await
+        .map_err(Refused::BodyBroken)?
     {
-        return Err(buffer_busy());
-    }
-    let read_timeout = limits.body_read_timeout();
-    let read = read_body(body, max, &mut held, budget);
-    let body = match tokio::time::timeout(read_timeout, read).await {
-        Err(_) => {
-            return Err(ApiError::RequestTimeout {
-                timeout: read_timeout,
-            }
-            .into());
-        }
-        Ok(r) => r?,
+        BodyRead::Read(body, held) => (body, held),
+        BodyRead::Refused(e) => return Err(e.into()),
     };
     let parsed = parse_request(kind, &body)?;
     let model = parsed.model.as_ref();

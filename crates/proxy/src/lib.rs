@@ -56,6 +56,7 @@ pub use config::{
     Timeouts,
 };
 pub use error::{ConfigError, Error};
+pub use limits::{BodyRead, BufferCharge, read_body};
 pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, REQUEST_ID_HEADER};
 pub use server::{
     Gateway, Handle, Listeners, WorkerListeners, check_files, default_workers, serve, serve_workers,

@@ -73,7 +73,7 @@ impl Drop for RequestSlot {
 }
 
 /// Bytes of one request body charged to the buffered-bytes budget; dropping it gives them back.
-pub(crate) struct BufferCharge {
+pub struct BufferCharge {
     gauge: Gauge,
     bytes: i64,
 }
@@ -184,7 +184,7 @@ pub(crate) async fn no_request_within(seen: &FirstRequest, timeout: Duration, co
 }
 
 /// What [`read_body`] read: the body and its charge, or the error to answer.
-pub(crate) enum BodyRead {
+pub enum BodyRead {
     /// The whole body, and its bytes' charge (held until the request no longer needs them).
     Read(Bytes, BufferCharge),
     /// Answered with this error without reading further.
@@ -196,11 +196,14 @@ pub(crate) enum BodyRead {
 /// Errors only when the client's body breaks off.
 ///
 /// A body refused as too large is read on and discarded, when it ends within as many bytes
-/// again ([`drain`]), before the 413 goes out: a client still sending when the answer arrives
+/// again, before the 413 goes out: a client still sending when the answer arrives
 /// sees its stream reset (HTTP/2 `RST_STREAM`) or its connection closed (HTTP/1.1), and some
 /// report that instead of the 413 (curl before 8, over HTTP/2).
-pub(crate) async fn read_body(
-    counters: &Counters,
+///
+/// `buffered` is the process-wide count of body bytes held (the gateway's
+/// `infergate_gateway_buffered_request_bytes`); the global router passes its own.
+pub async fn read_body(
+    buffered: &Gauge,
     limits: &Limits,
     declared: Option<u64>,
     mut body: Incoming,
@@ -222,11 +225,11 @@ pub(crate) async fn read_body(
         })
     };
     let declared = declared.map_or(0, to_i64);
-    if !charge(&counters.buffered, declared, budget) {
+    if !charge(buffered, declared, budget) {
         return Ok(busy());
     }
     let mut held = BufferCharge {
-        gauge: counters.buffered.clone(),
+        gauge: buffered.clone(),
         bytes: declared,
     };
     let timeout = limits.body_read_timeout();

@@ -208,7 +208,7 @@ async fn admit(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let (parts, body) = req.into_parts();
-    match read_body(counters, limits, declared, body).await? {
+    match read_body(&counters.buffered, limits, declared, body).await? {
         BodyRead::Read(body, charge) => Ok(Admission::Admitted(Admitted {
             kind,
             parts,
