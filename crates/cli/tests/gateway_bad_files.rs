@@ -8,7 +8,6 @@
 )]
 
 use std::path::Path;
-use std::process::Command;
 
 #[path = "common/printed_error.rs"]
 mod printed_error;
@@ -21,17 +20,7 @@ fn gateway_with(dir: &Path, body: Option<&str>, args: &[&str]) -> (bool, String)
     if let Some(body) = body {
         std::fs::write(&file, body).unwrap();
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("gateway")
-        .arg("--config")
-        .arg(&file)
-        .args(args)
-        .env_remove("INFERGATE_GATEWAY_CONFIG")
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .output()
-        .unwrap();
-    printed_error::outcome(&out)
+    printed_error::run_with_config("gateway", &file, args, &[], "INFERGATE_GATEWAY_CONFIG")
 }
 
 #[test]

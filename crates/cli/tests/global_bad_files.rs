@@ -8,7 +8,6 @@
 )]
 
 use std::path::Path;
-use std::process::Command;
 
 #[path = "common/printed_error.rs"]
 mod printed_error;
@@ -21,18 +20,7 @@ const CLUSTER: &str = "clusters:\n  - { name: a, url: 'http://127.0.0.1:9', regi
 fn global_with(dir: &Path, body: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let file = dir.join("global.yaml");
     std::fs::write(&file, body).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("global")
-        .arg("--config")
-        .arg(&file)
-        .args(args)
-        .envs(env.iter().copied())
-        .env_remove("INFERGATE_GLOBAL_CONFIG")
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .output()
-        .unwrap();
-    printed_error::outcome(&out)
+    printed_error::run_with_config("global", &file, args, env, "INFERGATE_GLOBAL_CONFIG")
 }
 
 /// `listen` and `admin` on one port passed `--check`, and the start then failed binding the

@@ -48,3 +48,27 @@ pub fn outcome(out: &std::process::Output) -> (bool, String) {
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
+
+/// Runs `infergate SUBCOMMAND --config FILE ARGS` with `env` set and `unset` removed (the
+/// subcommand's own config variable, so the file given is the one read), and without a
+/// backtrace: whether it succeeded, and what it printed.
+pub fn run_with_config(
+    subcommand: &str,
+    file: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    unset: &str,
+) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg(subcommand)
+        .arg("--config")
+        .arg(file)
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove(unset)
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("the infergate binary runs");
+    outcome(&out)
+}
