@@ -57,6 +57,18 @@ pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
+    /// The API server refused a call about the config's children: listing them, or writing or
+    /// deleting one (a webhook, a quota, a missing permission, a schema it enforces).
+    #[error("cannot {action} {child}")]
+    Child {
+        /// `list`, `apply`, `create` or `delete`.
+        action: &'static str,
+        /// `Kind namespace/name` of the child, or the kind and selector listed.
+        child: String,
+        /// The API server's answer (boxed: it is large, and errors travel by value).
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// No client could be configured: neither in a pod nor with a kubeconfig.
     // kube's message already holds its causes, each once ("in-cluster: (...), kubeconfig:
     // (...)"); as a `source` they would print again below it.
@@ -92,8 +104,9 @@ impl Error {
             Self::Shape { .. } | Self::CommandLine(_) | Self::Yaml(_) => "render_shape",
             Self::SchedulerConfig(_) | Self::PickerFile { .. } => "invalid",
             Self::MissingApi { .. } => "missing_api",
-            Self::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
-            Self::Kube(_) => "kube",
+            Self::Kube(e) if is_conflict(e) => "conflict",
+            Self::Child { source, .. } if is_conflict(source) => "conflict",
+            Self::Kube(_) | Self::Child { .. } => "kube",
             Self::NoCluster { .. } => "no_cluster",
             Self::LostLease => "lost_lease",
             Self::Io(_) => "io",
@@ -101,4 +114,40 @@ impl Error {
             Self::Random => "random",
         }
     }
+
+    /// The message with every cause, for the log and the config's status: what failed, then
+    /// why (the API server's message, code and reason for a refused call).
+    pub fn report(&self) -> String {
+        match self {
+            Self::Kube(e) => format!("{self}: {}", kube_detail(e)),
+            Self::Child { source, .. } => format!("{self}: {}", kube_detail(source)),
+            other => chain(other),
+        }
+    }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn kube_detail(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} (HTTP {} {})", s.message, s.code, s.reason),
+        other => chain(other),
+    }
+}
+
+/// An error and its sources, each once (many messages already repeat their source's).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = c.source();
+    }
+    out
 }

@@ -131,7 +131,7 @@ pub fn error_policy(cfg: Arc<InferenceGatewayConfig>, error: &Error, ctx: Arc<Co
     let delay = BACKOFF_BASE
         .saturating_mul(1u32 << (n.saturating_sub(1)).min(16))
         .min(BACKOFF_MAX);
-    warn!(config = %key(&cfg), error = %error, kind = error.metric_label(), attempt = n, ?delay, "reconcile failed");
+    warn!(config = %key(&cfg), error = %error.report(), kind = error.metric_label(), attempt = n, ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -156,10 +156,42 @@ async fn apply(
         }
         Err(e) => return Err(e),
     };
+    match converge(cfg, ctx, api, &desired, &now).await {
+        Ok(action) => Ok(action),
+        Err(e) => {
+            // The spec is fine but the cluster did not take it: say why where `kubectl get`
+            // and `describe` look, then back off. The status write is best effort: the
+            // error that matters is `e`.
+            let st = status::failed(cfg, failure_reason(&e), &e.report(), desired.len(), &now);
+            if let Err(status_err) = write_status(cfg, api, st).await {
+                debug!(error = %status_err.report(), "cannot report the failure in the status");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The `Ready` condition's reason for a reconcile that failed after the spec was accepted.
+fn failure_reason(e: &Error) -> &'static str {
+    match e {
+        Error::MissingApi { .. } => "MissingAPI",
+        Error::Child { .. } => "ApplyFailed",
+        _ => "ReconcileError",
+    }
+}
+
+/// Makes the cluster hold `desired` and writes the status of what it saw.
+async fn converge(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+    api: &Api<InferenceGatewayConfig>,
+    desired: &[Child],
+    now: &Time,
+) -> Result<Action, Error> {
     ensure_peer_keys(cfg, ctx).await?;
     let existing = list_children(cfg, ctx, MissingApi::Fail).await?;
     let mut writes = 0usize;
-    for child in &desired {
+    for child in desired {
         let current = existing.get(&(child.resource.kind.clone(), child.object.name_any()));
         if current.is_some_and(|cur| up_to_date(&child.object, cur)) {
             continue;
@@ -195,7 +227,7 @@ async fn apply(
             })
             .collect(),
     };
-    let st = status::accepted(cfg, &observed, desired.len(), &now);
+    let st = status::accepted(cfg, &observed, desired.len(), now);
     let ready = st
         .conditions
         .iter()
@@ -235,7 +267,13 @@ async fn ensure_peer_keys(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result
             Ok(_) => info!(secret = %name, "created the pickers' peer-exchange key"),
             // Created meanwhile (another reconcile, or by hand): keep that one.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "create",
+                    child: format!("Secret {ns}/{name}"),
+                    source: Box::new(source),
+                });
+            }
         }
     }
     Ok(())
@@ -319,7 +357,17 @@ async fn list_children(
                     api_version: ar.api_version.clone(),
                 });
             }
-            Err(e) => return Err(e.into()),
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "list",
+                    child: format!(
+                        "{} objects labelled {CONFIG_LABEL}={} in {ns}",
+                        ar.kind,
+                        cfg.name_any()
+                    ),
+                    source: Box::new(source),
+                });
+            }
         };
         for obj in list {
             out.insert((ar.kind.clone(), obj.name_any()), obj);
@@ -346,7 +394,13 @@ async fn apply_child(ctx: &Context, child: &Child) -> Result<(), Error> {
                 debug!(child = %child.key(), attempt, "conflict, retrying");
                 attempt += 1;
             }
-            Err(e) => return Err(e.into()),
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "apply",
+                    child: format!("{} {ns}/{}", child.resource.kind, child.object.name_any()),
+                    source: Box::new(source),
+                });
+            }
         }
     }
 }
@@ -369,7 +423,15 @@ async fn delete_child(ctx: &Context, kind: &str, obj: &DynamicObject) -> Result<
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(source) => Err(Error::Child {
+            action: "delete",
+            child: format!(
+                "{kind} {}/{}",
+                obj.namespace().unwrap_or_default(),
+                obj.name_any()
+            ),
+            source: Box::new(source),
+        }),
     }
 }
 

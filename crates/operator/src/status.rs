@@ -166,6 +166,51 @@ pub fn rejected(
     }
 }
 
+/// Status for a config that was accepted and rendered but could not be applied (an upstream
+/// API not installed, a child the API server refused): `Ready=False` with `reason` and the
+/// error with its causes; the other conditions and the schedulers' states stay as last seen.
+pub fn failed(
+    cfg: &InferenceGatewayConfig,
+    reason: &str,
+    message: &str,
+    rendered: usize,
+    now: &Time,
+) -> InferenceGatewayConfigStatus {
+    let prev = cfg.status.clone().unwrap_or_default();
+    let generation = cfg.metadata.generation;
+    let accepted = cond(
+        &prev.conditions,
+        ACCEPTED,
+        true,
+        "Rendered",
+        &format!("{rendered} child objects rendered; applying them failed (see Ready)"),
+        generation,
+        now,
+    );
+    let ready = cond(
+        &prev.conditions,
+        READY,
+        false,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    let mut conditions = vec![accepted];
+    conditions.extend(
+        prev.conditions
+            .iter()
+            .filter(|c| c.type_ == GATEWAY_PROGRAMMED || c.type_ == BBR_READY)
+            .cloned(),
+    );
+    conditions.push(ready);
+    InferenceGatewayConfigStatus {
+        conditions,
+        observed_generation: generation,
+        schedulers: prev.schedulers,
+    }
+}
+
 /// Rollout state of a Deployment as one word.
 pub fn rollout(d: Option<&Deployment>) -> RolloutState {
     let Some(d) = d else {

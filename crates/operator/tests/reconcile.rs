@@ -568,3 +568,88 @@ async fn a_scheduler_with_several_replicas_gets_a_random_peer_key_once_kept_and_
         "a hand-made key is not ours to delete"
     );
 }
+
+/// The path of the config `setup` stored.
+fn config_path(fake: &Fake) -> String {
+    fake.paths()
+        .into_iter()
+        .find(|p| p.contains("/inferencegatewayconfigs/"))
+        .expect("config stored")
+}
+
+fn reason(cfg: &Value, type_: &str) -> String {
+    cfg["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_missing_upstream_api_on_a_new_config_is_reported_in_its_status() {
+    // A first config on a cluster without Envoy Gateway: `kubectl get igwc` must say why nothing
+    // happens, not show empty ACCEPTED / READY columns while only the operator's log knows.
+    let (ctx, fake) = setup("single-model.yaml");
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.fail(
+        "GET",
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/inference/securitypolicies",
+        404,
+        1,
+    );
+    let err = reconcile(config(&fake), ctx.clone()).await.unwrap_err();
+    assert_eq!(err.metric_label(), "missing_api");
+    let cfg = fake.get(&config_path(&fake)).unwrap();
+    let (status, message) = condition(&cfg, "Ready");
+    assert_eq!(status, "False");
+    assert_eq!(reason(&cfg, "Ready"), "MissingAPI");
+    assert!(
+        message.contains("SecurityPolicy API (gateway.envoyproxy.io/v1alpha1) is not installed"),
+        "{message}"
+    );
+    assert_eq!(condition(&cfg, "Accepted").0, "True");
+    assert_eq!(cfg["status"]["observedGeneration"], json!(1));
+}
+
+#[tokio::test]
+async fn a_child_the_api_server_refuses_is_named_with_its_reason_in_the_status() {
+    // An admission webhook, a quota or a missing permission refuses one child: the status
+    // names the child and carries the API server's own message and code.
+    let (ctx, fake) = created("single-model.yaml").await;
+    let route = "/apis/gateway.networking.k8s.io/v1/namespaces/inference/httproutes/llama-llama-8b";
+    fake.edit(route, |o| o["spec"]["parentRefs"] = json!([]));
+    fake.fail("PATCH", route, 422, 1);
+    let cfg = config(&fake);
+    let err = reconcile(cfg.clone(), ctx.clone()).await.unwrap_err();
+    assert_eq!(err.metric_label(), "kube");
+    let report = err.report();
+    assert!(
+        report.contains("HTTPRoute inference/llama-llama-8b")
+            && report.contains("injected failure")
+            && report.contains("422"),
+        "{report}"
+    );
+    let stored = fake.get(&config_path(&fake)).unwrap();
+    let (status, message) = condition(&stored, "Ready");
+    assert_eq!(status, "False");
+    assert_eq!(reason(&stored, "Ready"), "ApplyFailed");
+    assert_eq!(message, report);
+    // The same failure again changes nothing in the status: no write, so no watch event that
+    // would bypass the backoff.
+    fake.fail("PATCH", route, 422, 1);
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap_err();
+    assert!(
+        fake.log().iter().all(|s| !s.path.ends_with("/status")),
+        "{:?}",
+        fake.log()
+    );
+    // Once the child applies, Ready leaves the failure.
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let stored = fake.get(&config_path(&fake)).unwrap();
+    assert_eq!(reason(&stored, "Ready"), "Pending");
+}

@@ -300,7 +300,9 @@ fn ok(v: &Value) -> Response<Body> {
 fn status(code: u16, message: &str) -> Response<Body> {
     let reason = match code {
         404 => "NotFound",
+        403 => "Forbidden",
         409 => "Conflict",
+        422 => "Invalid",
         _ => "InternalError",
     };
     let body = json!({
