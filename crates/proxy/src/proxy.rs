@@ -28,7 +28,7 @@ use crate::backend::Inflight;
 use crate::body::{ResponseBody, Tracked, Upstream};
 use crate::config::CONCURRENCY_RETRY_AFTER;
 use crate::limits::{BodyRead, BufferCharge, Counters, RequestSlot, read_body};
-use crate::state::{Model, Permit, State};
+use crate::state::{Gated, Model, Permit, State};
 use crate::telemetry::Telemetry;
 use crate::upstream::{SendError, Upstreams};
 
@@ -277,9 +277,18 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
         )
     });
     let model = Arc::clone(resolved.target);
-    let permit = match &model.concurrency {
-        None => None,
-        Some(c) => match c.try_acquire() {
+    // With flow control the slot is taken when the request is dispatched (a request waiting
+    // in the queue holds none, and a model at its limit queues rather than refuses); without,
+    // here, before the pick.
+    let gated = match (&model.concurrency, &model.flow) {
+        (Some(slots), Some(_)) => Some(Gated {
+            pool: model.backend.pool.clone(),
+            slots: slots.clone(),
+        }),
+        _ => None,
+    };
+    let mut permit = match &model.concurrency {
+        Some(c) if gated.is_none() => match c.try_acquire() {
             Some(p) => Some(p),
             None => {
                 let e = ApiError::ConcurrencyLimit {
@@ -290,6 +299,7 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
                 return Err((e, None));
             }
         },
+        _ => None,
     };
     let segments = Segments::new(parsed.segments());
     let cx = lifecycle::context(
@@ -323,8 +333,18 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
         tenant: &tp.tenant,
         bytes: a.body.len() as u64,
     });
-    let (picked, explanation) =
-        lifecycle::route(&model.backend.pool, explain, &cx, flow, &model.name).await;
+    let (picked, explanation) = match &gated {
+        None => lifecycle::route(&model.backend.pool, explain, &cx, flow, &model.name).await,
+        Some(gated) => {
+            let (picked, explanation) =
+                lifecycle::route(gated, explain, &cx, flow, &model.name).await;
+            let picked = picked.map(|(g, charge)| {
+                permit = Some(g.permit);
+                (g.inflight, charge)
+            });
+            (picked, explanation)
+        }
+    };
     let explanation = explanation.and_then(|e| HeaderValue::try_from(e).ok());
     match picked {
         Ok((inflight, flow_charge)) => Ok(Routed {

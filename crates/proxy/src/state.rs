@@ -12,6 +12,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use infergate_pool::lifecycle::{EndpointPool, InflightGuard};
+use infergate_pool::{Inflight, LivePool};
+use infergate_scheduler::{Rejection, RequestContext};
+use tokio::sync::Notify;
+
 use bytes::Bytes;
 use http::HeaderValue;
 use infergate_openai::ModelRouter;
@@ -20,7 +25,7 @@ use serde::Serialize;
 
 use crate::auth::{Authenticator, ModelAccess};
 use crate::backend::Backend;
-use crate::config::GatewayConfig;
+use crate::config::{CONCURRENCY_RETRY_AFTER, GatewayConfig};
 use crate::error::Error;
 use crate::telemetry::{ModelMetrics, Telemetry};
 
@@ -46,9 +51,13 @@ pub(crate) struct Model {
 /// A model's concurrency limit. The counter is carried over by reloads that keep a limit on the
 /// model, so requests already running keep counting against the new maximum; a model without a
 /// limit counts nothing (no shared counter touched per request).
+#[derive(Clone)]
 pub(crate) struct Concurrency {
     active: Arc<AtomicUsize>,
     max: usize,
+    /// With flow control: notified when a slot frees (the pool's change signal), so the model's
+    /// queue gives its head a turn. Without, nothing waits for a slot.
+    freed: Option<Arc<Notify>>,
 }
 
 impl Concurrency {
@@ -64,17 +73,132 @@ impl Concurrency {
             self.active.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(Permit(Arc::clone(&self.active)))
+        Some(Permit {
+            active: Arc::clone(&self.active),
+            freed: self.freed.clone(),
+        })
     }
 }
 
 /// One admitted request; dropping it (when the response ends, fails or is abandoned) frees the
-/// slot.
-pub(crate) struct Permit(Arc<AtomicUsize>);
+/// slot, and with flow control wakes the model's queue.
+pub(crate) struct Permit {
+    active: Arc<AtomicUsize>,
+    freed: Option<Arc<Notify>>,
+}
+
+impl Permit {
+    /// Frees the slot without waking the queue: the pick it was taken for failed, so no room
+    /// was made (waking the queue here would have its head retry in a loop while the pool is
+    /// saturated).
+    fn give_back(mut self) {
+        self.freed = None;
+    }
+}
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.active.fetch_sub(1, Ordering::AcqRel);
+        if let Some(freed) = &self.freed {
+            freed.notify_one();
+        }
+    }
+}
+
+/// A model's pool behind its concurrency limit, for models with flow control: at the limit a
+/// pick is refused as saturated, so the request waits in the model's queue (and takes its slot
+/// when it is dispatched) instead of being answered 429 `concurrency_limit`. Queued requests
+/// hold no slot.
+#[derive(Clone)]
+pub(crate) struct Gated {
+    pub(crate) pool: LivePool,
+    pub(crate) slots: Concurrency,
+}
+
+/// A pick made through [`Gated`]: the in-flight entry and the slot it took.
+pub(crate) struct GatedInflight {
+    pub(crate) inflight: Inflight,
+    pub(crate) permit: Permit,
+}
+
+impl Gated {
+    fn at_limit(&self) -> Rejection {
+        Rejection::Shed {
+            retry_after: CONCURRENCY_RETRY_AFTER,
+        }
+    }
+}
+
+impl EndpointPool for Gated {
+    type Inflight = GatedInflight;
+
+    fn pick(&self, cx: &RequestContext<'_>) -> Result<GatedInflight, Rejection> {
+        let Some(permit) = self.slots.try_acquire() else {
+            return Err(self.at_limit());
+        };
+        match EndpointPool::pick(&self.pool, cx) {
+            Ok(inflight) => Ok(GatedInflight { inflight, permit }),
+            Err(r) => {
+                permit.give_back();
+                Err(r)
+            }
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        EndpointPool::is_ready(&self.pool)
+    }
+
+    fn pick_explained(
+        &self,
+        cx: &RequestContext<'_>,
+    ) -> (Result<GatedInflight, Rejection>, Option<String>) {
+        let Some(permit) = self.slots.try_acquire() else {
+            let why = format!(
+                "chosen= policy=concurrency-limit priority={} running={} limit={}",
+                cx.priority.as_str(),
+                self.slots.active.load(Ordering::Acquire),
+                self.slots.max
+            );
+            return (Err(self.at_limit()), Some(why));
+        };
+        match EndpointPool::pick_explained(&self.pool, cx) {
+            (Ok(inflight), why) => (Ok(GatedInflight { inflight, permit }), why),
+            (Err(r), why) => {
+                permit.give_back();
+                (Err(r), why)
+            }
+        }
+    }
+
+    fn changes(&self) -> Option<Arc<Notify>> {
+        EndpointPool::changes(&self.pool)
+    }
+
+    fn precise(&self) -> Option<&infergate_pool::precise::Precise> {
+        EndpointPool::precise(&self.pool)
+    }
+}
+
+impl InflightGuard for GatedInflight {
+    fn endpoints(&self) -> &[SocketAddr] {
+        InflightGuard::endpoints(&self.inflight)
+    }
+
+    fn reassign(&mut self, addr: SocketAddr) {
+        InflightGuard::reassign(&mut self.inflight, addr);
+    }
+
+    fn first_token(&mut self) {
+        InflightGuard::first_token(&mut self.inflight);
+    }
+
+    fn complete(self, usage: infergate_scheduler::Usage) {
+        InflightGuard::complete(self.inflight, usage);
+    }
+
+    fn fail(self) {
+        InflightGuard::fail(self.inflight);
     }
 }
 
@@ -233,6 +357,7 @@ impl State {
                 Concurrency {
                     active,
                     max: usize::try_from(max).unwrap_or(usize::MAX),
+                    freed: config.flow_control.enabled.then(|| backend.pool.changes()),
                 }
             });
             let flow = flow_controller(&config, previous, m, &backend, &tenancy, telemetry);

@@ -388,3 +388,87 @@ async fn without_flow_control_a_saturated_pool_answers_as_before() {
     let m = gw.metrics().await;
     assert!(!m.contains("flow_requests_total{"), "{m}");
 }
+
+/// Opens a streamed chat request and reads its first event: the request holds its model's
+/// concurrency slot until the returned body is dropped (the upstream is `Stepped`).
+async fn open_stream(addr: SocketAddr) -> hyper::body::Incoming {
+    use http_body_util::{BodyExt, Full};
+    let chat = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from_static(chat.as_bytes())))
+        .unwrap();
+    let resp = upstream::client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    body
+}
+
+#[tokio::test]
+async fn at_its_concurrency_limit_a_model_queues_and_dispatches_when_a_slot_frees() {
+    // The pod has room; the model's one slot is what is taken.
+    let up = Upstream::start(Behaviour::Stepped).await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 20000 }\nlimits: { maxConcurrentRequests: 1 }\n",
+        &[up.addr],
+    )
+    .await;
+    let first = open_stream(gw.addr()).await;
+    let addr = gw.addr();
+    let second = tokio::spawn(async move { open_stream(addr).await });
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    assert_eq!(up.requests(), 1, "the queued request reached the pod");
+    // The first client leaves: its slot frees and the queued request takes it.
+    drop(first);
+    let second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the queued request was not dispatched when the slot freed")
+        .unwrap();
+    assert_eq!(up.requests(), 2);
+    let m = gw.metrics().await;
+    assert!(m.contains(&queue_gauge("standard", 0)), "{m}");
+    assert!(
+        m.contains(&outcome("standard", "default", "dispatched", 1)),
+        "{m}"
+    );
+    assert!(!m.contains(r#"reason="concurrency_limit""#), "{m}");
+    // The dispatched request holds the slot now: the next one waits in its turn.
+    let third = spawn_chat(gw.addr(), &[]);
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    assert_eq!(up.requests(), 2);
+    drop(second);
+    gw.until_metric(&outcome("standard", "default", "dispatched", 2))
+        .await;
+    assert_eq!(up.requests(), 3);
+    third.abort();
+}
+
+#[tokio::test]
+async fn a_request_queued_for_a_slot_past_its_ttl_gets_429_ttl_expired() {
+    let up = Upstream::start(Behaviour::Stepped).await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 300 }\nlimits: { maxConcurrentRequests: 1 }\nexplainHeader: true\n",
+        &[up.addr],
+    )
+    .await;
+    let _first = open_stream(gw.addr()).await;
+    let (status, headers, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-infergate-explain", "1")],
+    )
+    .await;
+    // The decision names the limit, not the pod's scores.
+    let explained = headers["x-infergate-explain"].to_str().unwrap();
+    assert!(
+        explained.contains("policy=concurrency-limit") && explained.contains("limit=1"),
+        "{explained}"
+    );
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "rejected-ttl-expired");
+    assert_eq!(json(&body)["error"]["code"], "queue_ttl_expired");
+    assert_eq!(up.requests(), 1);
+}
