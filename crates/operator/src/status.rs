@@ -43,30 +43,28 @@ pub fn accepted(
         now,
     ));
 
-    let programmed = observed.gateway.as_ref().is_some_and(gateway_programmed);
+    let gw = gateway_state(observed.gateway.as_ref());
+    let programmed = gw.ok;
     conditions.push(cond(
         &prev.conditions,
         GATEWAY_PROGRAMMED,
         programmed,
-        if programmed { "Programmed" } else { "Pending" },
-        if programmed {
-            "the Gateway is programmed"
-        } else {
-            "waiting for the Gateway controller to program the Gateway"
-        },
+        &gw.reason,
+        &gw.message,
         generation,
         now,
     ));
 
     let bbr_ok = if cfg.spec.bbr.enabled {
-        let state = rollout(find(&observed.deployments, &bbr_name(&name)));
+        let d = find(&observed.deployments, &bbr_name(&name));
+        let state = rollout(d);
         let ok = state == RolloutState::Available;
         conditions.push(cond(
             &prev.conditions,
             BBR_READY,
             ok,
             state_reason(state),
-            &format!("body-based router rollout is {}", state_reason(state)),
+            &rollout_message("body-based router", state, d),
             generation,
             now,
         ));
@@ -87,7 +85,8 @@ pub fn accepted(
     let mut schedulers = Vec::with_capacity(cfg.spec.schedulers.len());
     let mut all_available = true;
     for s in &cfg.spec.schedulers {
-        let state = rollout(find(&observed.deployments, &epp_name(&name, &s.name)));
+        let d = find(&observed.deployments, &epp_name(&name, &s.name));
+        let state = rollout(d);
         let ok = state == RolloutState::Available;
         all_available &= ok;
         let prev_s = prev
@@ -103,7 +102,7 @@ pub fn accepted(
                 READY,
                 ok,
                 state_reason(state),
-                &format!("endpoint picker rollout is {}", state_reason(state)),
+                &rollout_message("endpoint picker", state, d),
                 generation,
                 now,
             )],
@@ -238,11 +237,103 @@ pub fn rollout(d: Option<&Deployment>) -> RolloutState {
     }
 }
 
-fn gateway_programmed(gw: &Value) -> bool {
-    gw["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Programmed" && c["status"] == "True")
-    })
+/// The `GatewayProgrammed` condition's content.
+struct GatewayState {
+    ok: bool,
+    reason: String,
+    message: String,
+}
+
+/// Programmed when the Gateway reports `Programmed=True` and none of its listeners reports a
+/// problem (Envoy Gateway keeps a Gateway programmed while refusing one of its listeners, e.g.
+/// an HTTPS listener whose certificate Secret is missing). Otherwise the Gateway controller's
+/// own reasons, so the user sees what it refused and why.
+fn gateway_state(gw: Option<&Value>) -> GatewayState {
+    let pending = || GatewayState {
+        ok: false,
+        reason: "Pending".to_owned(),
+        message: "waiting for the Gateway controller to program the Gateway".to_owned(),
+    };
+    let Some(gw) = gw else {
+        return pending();
+    };
+    let Some(programmed) = gw["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Programmed"))
+    else {
+        return pending();
+    };
+    let mut problems = Vec::new();
+    for l in gw["status"]["listeners"].as_array().into_iter().flatten() {
+        let name = l["name"].as_str().unwrap_or_default();
+        for c in l["conditions"].as_array().into_iter().flatten() {
+            let bad = match c["type"].as_str() {
+                Some("Accepted" | "ResolvedRefs" | "Programmed") => c["status"] == "False",
+                Some("Conflicted") => c["status"] == "True",
+                _ => false,
+            };
+            if bad {
+                problems.push(format!(
+                    "listener {name}: {}={} ({}): {}",
+                    c["type"].as_str().unwrap_or_default(),
+                    c["status"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default(),
+                    c["message"].as_str().unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    let gw_ok = programmed["status"] == "True";
+    if gw_ok && problems.is_empty() {
+        return GatewayState {
+            ok: true,
+            reason: "Programmed".to_owned(),
+            message: "the Gateway is programmed".to_owned(),
+        };
+    }
+    let mut parts = Vec::new();
+    let reason = if gw_ok {
+        "ListenersNotReady".to_owned()
+    } else {
+        parts.push(format!(
+            "the Gateway is not programmed ({}): {}",
+            programmed["reason"].as_str().unwrap_or_default(),
+            programmed["message"].as_str().unwrap_or_default(),
+        ));
+        programmed["reason"]
+            .as_str()
+            .filter(|r| !r.is_empty())
+            .unwrap_or("NotProgrammed")
+            .to_owned()
+    };
+    parts.extend(problems);
+    GatewayState {
+        ok: false,
+        reason,
+        message: parts.join("; "),
+    }
+}
+
+/// "… rollout is STATE", with the Deployment's own account of a failure (pods it cannot
+/// create, a stalled rollout) when it gives one.
+fn rollout_message(what: &str, state: RolloutState, d: Option<&Deployment>) -> String {
+    let mut msg = format!("{what} rollout is {}", state_reason(state));
+    let conditions = d
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.conditions.as_ref());
+    for c in conditions.into_iter().flatten() {
+        let bad = (c.type_ == "ReplicaFailure" && c.status == "True")
+            || (c.type_ == "Progressing" && c.status == "False");
+        if bad {
+            msg.push_str(&format!(
+                "; {} ({}): {}",
+                c.type_,
+                c.reason.as_deref().unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    msg
 }
 
 fn find<'a>(ds: &'a [Deployment], name: &str) -> Option<&'a Deployment> {

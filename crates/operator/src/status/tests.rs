@@ -69,3 +69,121 @@ fn transition_time_moves_only_when_the_status_flips() {
     let flipped = cond(&prev, READY, true, "Ready", "m", Some(2), &t(300));
     assert_eq!(flipped.last_transition_time, t(300));
 }
+
+fn example() -> InferenceGatewayConfig {
+    let mut cfg: InferenceGatewayConfig = serde_yaml::from_str(include_str!(
+        "../../../../deploy/examples/single-model.yaml"
+    ))
+    .unwrap();
+    cfg.metadata.generation = Some(1);
+    cfg
+}
+
+fn find_cond<'a>(st: &'a InferenceGatewayConfigStatus, type_: &str) -> &'a Condition {
+    st.conditions.iter().find(|c| c.type_ == type_).unwrap()
+}
+
+#[test]
+fn a_gateway_that_is_not_programmed_says_why_in_gateway_programmed() {
+    // Envoy Gateway's own reason (here: the certificate Secret of an HTTPS listener is missing)
+    // is what the user needs; "waiting for the Gateway controller" would send them looking
+    // in the wrong place.
+    let gw = serde_json::json!({"status": {
+        "conditions": [
+            {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
+            {"type": "Programmed", "status": "False", "reason": "Invalid",
+             "message": "No listeners are valid"}
+        ],
+        "listeners": [{"name": "https", "conditions": [
+            {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
+            {"type": "ResolvedRefs", "status": "False", "reason": "InvalidCertificateRef",
+             "message": "Secret inference/llama-cert does not exist."}
+        ]}]
+    }});
+    let observed = Observed {
+        gateway: Some(gw),
+        deployments: Vec::new(),
+    };
+    let st = accepted(&example(), &observed, 3, &t(1));
+    let c = find_cond(&st, GATEWAY_PROGRAMMED);
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason, "Invalid");
+    assert!(
+        c.message.contains("No listeners are valid"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message.contains(
+            "listener https: ResolvedRefs=False (InvalidCertificateRef): Secret inference/llama-cert does not exist."
+        ),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn a_programmed_gateway_with_a_broken_listener_is_not_ready() {
+    // Envoy Gateway keeps the Gateway Programmed while one listener is refused: the listener
+    // the config asked for does not serve, so the config is not ready.
+    let gw = serde_json::json!({"status": {
+        "conditions": [{"type": "Programmed", "status": "True", "reason": "Programmed", "message": ""}],
+        "listeners": [
+            {"name": "http", "conditions": [{"type": "Programmed", "status": "True", "reason": "Programmed", "message": ""}]},
+            {"name": "https", "conditions": [
+                {"type": "Programmed", "status": "False", "reason": "Invalid", "message": "Listener is invalid, see other Conditions for details."},
+                {"type": "ResolvedRefs", "status": "False", "reason": "InvalidCertificateRef", "message": "Secret inference/llama-cert does not exist."}
+            ]}
+        ]
+    }});
+    let observed = Observed {
+        gateway: Some(gw),
+        deployments: Vec::new(),
+    };
+    let st = accepted(&example(), &observed, 3, &t(1));
+    let c = find_cond(&st, GATEWAY_PROGRAMMED);
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason, "ListenersNotReady");
+    assert!(
+        c.message
+            .contains("listener https: ResolvedRefs=False (InvalidCertificateRef)"),
+        "{}",
+        c.message
+    );
+    assert!(!c.message.contains("listener http:"), "{}", c.message);
+    assert_eq!(find_cond(&st, READY).status, "False");
+}
+
+#[test]
+fn a_picker_whose_pods_cannot_be_created_says_why() {
+    // A quota or Pod Security admission refusing the pods shows on the Deployment as
+    // ReplicaFailure; the scheduler's condition carries that message.
+    let mut d = deployment(
+        1,
+        Some(DeploymentStatus {
+            observed_generation: Some(2),
+            conditions: Some(vec![DeploymentCondition {
+                type_: "ReplicaFailure".into(),
+                status: "True".into(),
+                reason: Some("FailedCreate".into()),
+                message: Some("pods \"llama-llama-8b-epp-1\" is forbidden: exceeded quota".into()),
+                ..DeploymentCondition::default()
+            }]),
+            ..DeploymentStatus::default()
+        }),
+    );
+    d.metadata.name = Some("llama-llama-8b-epp".into());
+    let observed = Observed {
+        gateway: None,
+        deployments: vec![d],
+    };
+    let st = accepted(&example(), &observed, 3, &t(1));
+    let c = &st.schedulers[0].conditions[0];
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message
+            .contains("ReplicaFailure (FailedCreate): pods \"llama-llama-8b-epp-1\" is forbidden: exceeded quota"),
+        "{}",
+        c.message
+    );
+}
