@@ -221,3 +221,52 @@ fn committed_crd_matches_the_generated_one() {
         );
     }
 }
+
+/// docs/configuration.md's table of CEL rules ("Validation rules") lists every rule the CRD
+/// carries, each with its place and message, inside the table (a row left after the table's
+/// end is shown as a stray line, not as a rule).
+#[test]
+fn the_documented_cel_table_lists_every_rule() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md"),
+    )
+    .unwrap();
+    let rows: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| *l != "| Where | Message |")
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert!(rows.len() > 2, "no CEL table in docs/configuration.md");
+    let tables: &[(&str, &[CelRule])] = &[
+        ("spec", validation::SPEC_RULES),
+        ("spec.schedulers[*]", validation::SCHEDULER_RULES),
+        ("spec.schedulers[*].weights", validation::WEIGHTS_RULES),
+        ("spec.gateway.listeners", validation::LISTENER_RULES),
+        ("spec.tls", validation::TLS_RULES),
+        ("spec.quotas.redis", validation::REDIS_RULES),
+        (
+            "spec.schedulers[*].precisePrefix.tokenizer",
+            validation::TOKENIZER_RULES,
+        ),
+        (
+            "spec.schedulers[*].precisePrefix",
+            validation::PRECISE_RULES,
+        ),
+    ];
+    let mut documented = 0;
+    for (place, rules) in tables {
+        for rule in *rules {
+            let row = format!("| `{place}` | {} |", rule.message);
+            assert!(
+                rows.contains(&row.as_str()),
+                "docs/configuration.md's CEL table lacks {row}"
+            );
+            documented += 1;
+        }
+    }
+    assert_eq!(
+        rows.len() - 2,
+        documented,
+        "rows for rules that do not exist"
+    );
+}
