@@ -444,7 +444,7 @@ async fn route_request(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     // Read as the gateway reads it (`maxRequestBodyBytes`, `bodyReadTimeoutMs`, and the bytes
     // held charged to `maxBufferedRequestBytes`). `_held` keeps the charge while the body is kept
     // for the retries: to a cluster's response headers, or the refusal.
@@ -464,6 +464,12 @@ async fn route_request(
     let routing = &shared.config.routing;
     let authenticated = shared.auth.is_enabled().then_some(&identity.tenant);
     let tenant = shared.tenancy.gateway(authenticated, &parts.headers).tenant;
+    if authenticated.is_some() {
+        // The clusters see the tenant the router authenticated, not one the client named.
+        shared
+            .tenancy
+            .set_authenticated(&mut parts.headers, &tenant);
+    }
     // Before a cluster is chosen: a tenant over its global quota costs no cluster anything.
     let mut quota = lifecycle::admit_quota(shared.quotas.as_ref(), &tenant, &parsed)?;
     let objective_ms = parts

@@ -718,3 +718,62 @@ async fn a_failing_heartbeat_says_why_once() {
         "{text}"
     );
 }
+
+/// With authentication on, the tenant the clusters see is the one the router authenticated:
+/// the fairness-id header and the configured `tenancy.tenantHeader` a client sent (to be charged
+/// or queued as another tenant behind the router) are replaced, every copy of them.
+#[tokio::test]
+async fn an_authenticated_client_cannot_name_another_tenant_to_the_clusters() {
+    // SHA-256 of `key-m`.
+    let key = "289c642a857aceb1b7e6f7ee74a11b4a5fb07f43d1e390a71251d611ebe36cd0";
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router_with(&format!(
+        "auth:\n  apiKeys:\n    keys: [{{ sha256: {key}, tenant: team-a, models: ['*'] }}]\ntenancy: {{ tenantHeader: x-tenant }}\nclusters:\n  - {{ name: a, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        cluster.addr
+    ))
+    .await;
+    let r = send(
+        router.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("authorization", "Bearer key-m"),
+            ("x-tenant", "team-b"),
+            ("x-tenant", "team-c"),
+            ("x-llm-d-inference-fairness-id", "team-b"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = cluster.heads().pop().unwrap().to_ascii_lowercase();
+    let values = |name: &str| -> Vec<String> {
+        head.split("\r\n")
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(n, _)| n.trim() == name)
+            .map(|(_, v)| v.trim().to_owned())
+            .collect()
+    };
+    assert_eq!(values("x-tenant"), ["team-a"], "{head}");
+    assert_eq!(
+        values("x-llm-d-inference-fairness-id"),
+        ["team-a"],
+        "{head}"
+    );
+
+    // Without authentication the header is the client's own choice, and passes as sent.
+    let (open, _stop) = router_with(&format!(
+        "auth: none\ntenancy: {{ tenantHeader: x-tenant }}\nclusters:\n  - {{ name: a, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        cluster.addr
+    ))
+    .await;
+    let r = send(
+        open.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("x-tenant", "team-b")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = cluster.heads().pop().unwrap().to_ascii_lowercase();
+    assert!(head.contains("\r\nx-tenant: team-b"), "{head}");
+}

@@ -239,6 +239,24 @@ impl Tenancy {
         }
     }
 
+    /// Replaces what a client sent as its tenant with `tenant`, the one authentication named:
+    /// the fairness-id header and, when configured, `tenantHeader`. A cluster or picker behind
+    /// a router that authenticated the client reads either and must see the router's tenant,
+    /// never one the client chose.
+    pub fn set_authenticated(&self, headers: &mut HeaderMap, tenant: &str) {
+        let Ok(v) = HeaderValue::from_str(tenant) else {
+            headers.remove(FAIRNESS_ID_HEADER);
+            if let Some(h) = &self.tenant_header {
+                headers.remove(h);
+            }
+            return;
+        };
+        if let Some(h) = &self.tenant_header {
+            headers.insert(h.clone(), v.clone());
+        }
+        headers.insert(FAIRNESS_ID_HEADER, v);
+    }
+
     fn objective(&self, headers: &HeaderMap) -> Option<Priority> {
         let name = headers.get(OBJECTIVE_HEADER)?.to_str().ok()?;
         self.objectives.get(name).copied()
