@@ -9,6 +9,8 @@
 //! to the first SSE event that carries text. Per-pod request counts come from the pods
 //! themselves, so they do not depend on what a front passes back.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +49,37 @@ enum Outcome {
         finished: f64,
     },
     Rejected,
-    Failed,
+    Failed(Failure),
+}
+
+/// Why a live request did not complete, as counted in [`RunResult::failures`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The request could not be built (never expected).
+    Request,
+    /// The request's task ended without an answer (never expected).
+    Aborted,
+    /// No connection, or the connection broke before a response head.
+    Connect,
+    /// The front answered with a status other than 200, 429 and 503.
+    Status(u16),
+    /// The response body broke off.
+    Stream,
+    /// A 200 answer whose body carried no generated text (not an OpenAI stream).
+    NoText,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Request => f.write_str("request not built"),
+            Failure::Aborted => f.write_str("request task aborted"),
+            Failure::Connect => f.write_str("no connection or no response"),
+            Failure::Status(code) => write!(f, "HTTP {code}"),
+            Failure::Stream => f.write_str("response body broke off"),
+            Failure::NoText => f.write_str("HTTP 200 without generated text"),
+        }
+    }
 }
 
 /// External fronts to run after the scenario's policies, on every seed.
@@ -339,7 +371,7 @@ async fn run_one(
     }
     let mut outcomes = Vec::with_capacity(arrivals.len());
     while let Some(joined) = tasks.join_next().await {
-        outcomes.push(joined.unwrap_or(Outcome::Failed));
+        outcomes.push(joined.unwrap_or(Outcome::Failed(Failure::Aborted)));
         progress.advance(outcomes.len() as u64);
     }
     if let Some(front) = front {
@@ -362,6 +394,7 @@ async fn run_one(
 
     let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rejected, mut errors, mut out_tokens, mut last) = (0u64, 0u64, 0u64, 0.0f64);
+    let mut failures = BTreeMap::new();
     for o in &outcomes {
         match o {
             Outcome::Done {
@@ -379,7 +412,10 @@ async fn run_one(
                 last = last.max(*finished);
             }
             Outcome::Rejected => rejected += 1,
-            Outcome::Failed => errors += 1,
+            Outcome::Failed(why) => {
+                errors += 1;
+                *failures.entry(why.to_string()).or_insert(0u64) += 1;
+            }
         }
     }
     let completed = ttft.len() as u64;
@@ -406,6 +442,7 @@ async fn run_one(
         flow: None,
         prefix_hit_rate: None,
         records: None,
+        failures,
     })
 }
 
@@ -425,31 +462,31 @@ async fn one_request(
         "stream_options": { "include_usage": true },
     });
     let Ok(body) = serde_json::to_vec(&body) else {
-        return Outcome::Failed;
+        return Outcome::Failed(Failure::Request);
     };
     let Ok(req) = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
     else {
-        return Outcome::Failed;
+        return Outcome::Failed(Failure::Request);
     };
     let sent = tokio::time::Instant::now();
     let Ok(resp) = client.request(req).await else {
-        return Outcome::Failed;
+        return Outcome::Failed(Failure::Connect);
     };
     let status = resp.status().as_u16();
     if status == 429 || status == 503 {
         return Outcome::Rejected;
     }
     if status != 200 {
-        return Outcome::Failed;
+        return Outcome::Failed(Failure::Status(status));
     }
     let mut body = resp.into_body();
     let mut scanner = SseScanner::new();
     let mut first = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            return Outcome::Failed;
+            return Outcome::Failed(Failure::Stream);
         };
         if let Some(data) = frame.data_ref()
             && scanner.feed(data)
@@ -460,11 +497,16 @@ async fn one_request(
     }
     let e2e = sent.elapsed().as_secs_f64();
     scanner.finish();
+    // A 200 whose body carried no text produced nothing: counting it as completed (with the
+    // requested output tokens) would credit a front that answers everything with an error body.
+    let Some(ttft) = first.or_else(|| scanner.saw_first_token().then_some(e2e)) else {
+        return Outcome::Failed(Failure::NoText);
+    };
     let output_tokens = scanner.usage().map_or(a.output_tokens, |u| {
         u32::try_from(u.completion_tokens).unwrap_or(u32::MAX)
     });
     Outcome::Done {
-        ttft: first.unwrap_or(e2e),
+        ttft,
         e2e,
         output_tokens,
         finished: start.elapsed().as_secs_f64(),

@@ -4,6 +4,7 @@
 //! Layout: this file holds the result types and the summary; `report/markdown.rs` the tables;
 //! `report/svg.rs` the plots (hand-written SVG, no plotting dependency).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -112,6 +113,10 @@ pub struct RunResult {
     /// its JSON.
     #[serde(skip)]
     pub records: Option<Vec<RequestRecord>>,
+    /// Why the run's failed requests (`errors`) failed: a reason (`HTTP 500`, `no connection
+    /// or no response`, …) and how many (live runs; empty when none failed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failures: BTreeMap<String, u64>,
 }
 
 /// One completed request of a simulated run: where it went and where its time to first token
@@ -193,8 +198,23 @@ pub struct PolicySummary {
     pub throughput_vs_rr: Option<Spread>,
     /// TTFT P99 as a multiple of the clairvoyant floor's P99 on the same seed.
     pub ttft_p99_vs_floor: Spread,
-    /// Share of completed requests per pod (mean over seeds).
+    /// Share of completed requests per pod (mean over the runs that completed any).
     pub pod_share: Vec<f64>,
+    /// Runs of this policy (one per seed).
+    #[serde(default)]
+    pub runs: u32,
+    /// Of those, runs in which no request completed. They have no latencies, so the latency
+    /// figures, the comparisons with round-robin and the floor ratio leave them out; when every
+    /// run is empty there are none (the tables show "—").
+    #[serde(default)]
+    pub empty_runs: u32,
+}
+
+impl PolicySummary {
+    /// Whether some run of this policy completed a request, so that it has latency figures.
+    pub fn has_latencies(&self) -> bool {
+        self.empty_runs < self.runs
+    }
 }
 
 /// Whether a target holds for the `infergate` policy.
@@ -249,59 +269,69 @@ impl Report {
                 policies.push(&r.policy);
             }
         }
+        // A run in which nothing completed has no latencies: its zeros would read as the best
+        // figures of the table, so it is left out of every latency, comparison and share.
         let baseline = |seed: u64| {
             runs.iter()
-                .find(|r| r.policy == "round-robin" && r.seed == seed)
+                .find(|r| r.policy == "round-robin" && r.seed == seed && r.completed > 0)
         };
         let floor = |seed: u64| floors.iter().find(|f| f.seed == seed);
-        let summary: Vec<PolicySummary> =
-            policies
-                .iter()
-                .map(|&p| {
-                    let mine: Vec<&RunResult> = runs.iter().filter(|r| r.policy == p).collect();
-                    let s = |f: &dyn Fn(&RunResult) -> f64| Spread::of(mine.iter().map(|r| f(r)));
-                    let vs_rr = |f: &dyn Fn(&RunResult) -> f64| {
-                        let v: Vec<f64> = mine
-                            .iter()
-                            .filter_map(|r| baseline(r.seed).map(|b| change(f(r), f(b))))
-                            .collect();
-                        (!v.is_empty()).then(|| Spread::of(v))
-                    };
-                    let pods = mine.first().map_or(0, |r| r.per_pod_requests.len());
-                    let pod_share = (0..pods)
-                        .map(|i| {
-                            mine.iter()
-                                .map(|r| {
-                                    let total: u64 = r.per_pod_requests.iter().sum();
-                                    r.per_pod_requests[i] as f64 / total.max(1) as f64
-                                })
-                                .sum::<f64>()
-                                / mine.len().max(1) as f64
-                        })
+        let summary: Vec<PolicySummary> = policies
+            .iter()
+            .map(|&p| {
+                let mine: Vec<&RunResult> = runs.iter().filter(|r| r.policy == p).collect();
+                let served: Vec<&RunResult> =
+                    mine.iter().copied().filter(|r| r.completed > 0).collect();
+                let s = |f: &dyn Fn(&RunResult) -> f64| Spread::of(mine.iter().map(|r| f(r)));
+                let lat = |f: &dyn Fn(&RunResult) -> f64| Spread::of(served.iter().map(|r| f(r)));
+                let vs_rr = |f: &dyn Fn(&RunResult) -> f64, of: &[&RunResult]| {
+                    let v: Vec<f64> = of
+                        .iter()
+                        .filter_map(|r| baseline(r.seed).map(|b| change(f(r), f(b))))
                         .collect();
-                    PolicySummary {
-                        policy: p.to_owned(),
-                        ttft_p50: s(&|r| r.ttft.p50),
-                        ttft_p95: s(&|r| r.ttft.p95),
-                        ttft_p99: s(&|r| r.ttft.p99),
-                        itl_p50: s(&|r| r.itl.p50),
-                        itl_p99: s(&|r| r.itl.p99),
-                        e2e_p50: s(&|r| r.e2e.p50),
-                        e2e_p99: s(&|r| r.e2e.p99),
-                        requests_per_s: s(&|r| r.requests_per_s),
-                        output_tokens_per_s: s(&|r| r.output_tokens_per_s),
-                        rejected: s(&|r| r.rejected as f64),
-                        errors: s(&|r| r.errors as f64),
-                        ttft_p95_vs_rr: vs_rr(&|r| r.ttft.p95),
-                        ttft_p99_vs_rr: vs_rr(&|r| r.ttft.p99),
-                        throughput_vs_rr: vs_rr(&|r| r.output_tokens_per_s),
-                        ttft_p99_vs_floor: Spread::of(mine.iter().filter_map(|r| {
+                    (!v.is_empty()).then(|| Spread::of(v))
+                };
+                let pods = mine.first().map_or(0, |r| r.per_pod_requests.len());
+                let pod_share = (0..pods)
+                    .map(|i| {
+                        served
+                            .iter()
+                            .map(|r| {
+                                let total: u64 = r.per_pod_requests.iter().sum();
+                                r.per_pod_requests.get(i).copied().unwrap_or(0) as f64
+                                    / total.max(1) as f64
+                            })
+                            .sum::<f64>()
+                            / served.len().max(1) as f64
+                    })
+                    .collect();
+                PolicySummary {
+                    policy: p.to_owned(),
+                    ttft_p50: lat(&|r| r.ttft.p50),
+                    ttft_p95: lat(&|r| r.ttft.p95),
+                    ttft_p99: lat(&|r| r.ttft.p99),
+                    itl_p50: lat(&|r| r.itl.p50),
+                    itl_p99: lat(&|r| r.itl.p99),
+                    e2e_p50: lat(&|r| r.e2e.p50),
+                    e2e_p99: lat(&|r| r.e2e.p99),
+                    requests_per_s: s(&|r| r.requests_per_s),
+                    output_tokens_per_s: s(&|r| r.output_tokens_per_s),
+                    rejected: s(&|r| r.rejected as f64),
+                    errors: s(&|r| r.errors as f64),
+                    ttft_p95_vs_rr: vs_rr(&|r| r.ttft.p95, &served),
+                    ttft_p99_vs_rr: vs_rr(&|r| r.ttft.p99, &served),
+                    throughput_vs_rr: vs_rr(&|r| r.output_tokens_per_s, &mine),
+                    ttft_p99_vs_floor: Spread::of(
+                        served.iter().filter_map(|r| {
                             floor(r.seed).map(|f| r.ttft.p99 / f.ttft.p99.max(1e-9))
-                        })),
-                        pod_share,
-                    }
-                })
-                .collect();
+                        }),
+                    ),
+                    pod_share,
+                    runs: u32::try_from(mine.len()).unwrap_or(u32::MAX),
+                    empty_runs: u32::try_from(mine.len() - served.len()).unwrap_or(u32::MAX),
+                }
+            })
+            .collect();
         let verdicts = verdicts(&scenario, &summary);
         Report {
             scenario,
@@ -460,6 +490,15 @@ fn verdicts(scenario: &Scenario, summary: &[PolicySummary]) -> Vec<Verdict> {
     let Some(ig) = summary.iter().find(|s| s.policy == "infergate") else {
         return out;
     };
+    if ig.empty_runs > 0 {
+        // The latency verdicts below are over the runs that completed requests; a run that
+        // completed none is a miss of its own, not a run to leave out quietly.
+        out.push(Verdict {
+            target: "requests completed in every run".into(),
+            measured: format!("none in {} of {} runs", ig.empty_runs, ig.runs),
+            met: false,
+        });
+    }
     for (name, target, got) in [
         ("TTFT P95", t.ttft_p95_reduction, &ig.ttft_p95_vs_rr),
         ("TTFT P99", t.ttft_p99_reduction, &ig.ttft_p99_vs_rr),

@@ -599,6 +599,7 @@ fn finish(mut sim: Sim<'_>, policy: String, seed: u64, rejected: u64, errors: u6
         prefix_hit_rate: (sim.prompt_tokens > 0)
             .then(|| sim.cached_tokens as f64 / sim.prompt_tokens as f64),
         records: sim.records.take(),
+        failures: std::collections::BTreeMap::new(),
     }
 }
 

@@ -136,3 +136,87 @@ fn a_load_scale_that_is_not_a_positive_number_is_refused_naming_the_flag() {
         );
     }
 }
+
+/// An HTTP server for `--front`: `GET` answers 200 (so the front is ready), `POST` answers the
+/// status given as its second argument with a JSON body and no event stream.
+const FAKE_FRONT: &str = r#"
+import sys, http.server
+port, chat = int(sys.argv[1]), int(sys.argv[2])
+class H(http.server.BaseHTTPRequestHandler):
+    def answer(self, code):
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    def do_GET(self):
+        self.answer(200)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.answer(chat)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+#[test]
+fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latencies() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: python3 is not installed (it plays the broken front)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("front.py");
+    std::fs::write(&script, FAKE_FRONT).unwrap();
+    let scenario = dir.path().join("fronts.yaml");
+    std::fs::write(
+        &scenario,
+        "name: fronts\nfleet:\n  - { name: h100, profile: llama-3.1-8b/h100 }\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 8 }\n  prompt_tokens: { dist: fixed, value: 64 }\n  output_tokens: { dist: fixed, value: 4 }\nseeds: [1]\npolicies: [round-robin]\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&scenario)
+        .args(["--mode", "live", "--out"])
+        .arg(&out_dir)
+        .arg("--front")
+        .arg(format!("f500=python3 {} {{port}} 500", script.display()))
+        .arg("--front")
+        .arg(format!("notext=python3 {} {{port}} 200", script.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("f500 (seed 1) completed none of its") && stderr.contains("× HTTP 500"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("notext (seed 1) completed none of its")
+            && stderr.contains("× HTTP 200 without generated text"),
+        "{stderr}"
+    );
+    // The report is written whole: the broken fronts' rows show no latencies, and why.
+    let md = std::fs::read_to_string(out_dir.join("fronts-live.md")).unwrap();
+    for front in ["f500", "notext"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {front} |")))
+            .unwrap();
+        assert!(
+            row.starts_with(&format!("| {front} | — | — | — |")),
+            "{row}"
+        );
+        assert!(md.contains(&format!("- {front}, seed 1: ")), "{md}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("fronts-live.json")).unwrap())
+            .unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    let f500 = runs.iter().find(|r| r["policy"] == "f500").unwrap();
+    assert_eq!(f500["completed"], 0);
+    assert_eq!(f500["failures"]["HTTP 500"], f500["requests"]);
+    let rr = runs.iter().find(|r| r["policy"] == "round-robin").unwrap();
+    assert_eq!(rr["completed"], rr["requests"]);
+}

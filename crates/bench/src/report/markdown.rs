@@ -26,16 +26,19 @@ pub(super) fn table(r: &Report) -> String {
     );
     let opt = |o: &Option<Spread>| o.as_ref().map_or("—".to_owned(), pct);
     for p in &r.summary {
+        // A policy none of whose runs completed a request has no latencies to show.
+        let has = p.has_latencies();
+        let lat = |v: String| if has { v } else { "—".to_owned() };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {:.2}× |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
             p.policy,
-            secs(p.ttft_p50.mean),
-            range(&p.ttft_p95),
-            range(&p.ttft_p99),
-            secs(p.itl_p50.mean),
-            secs(p.itl_p99.mean),
-            secs(p.e2e_p99.mean),
+            lat(secs(p.ttft_p50.mean)),
+            lat(range(&p.ttft_p95)),
+            lat(range(&p.ttft_p99)),
+            lat(secs(p.itl_p50.mean)),
+            lat(secs(p.itl_p99.mean)),
+            lat(secs(p.e2e_p99.mean)),
             p.requests_per_s.mean,
             p.output_tokens_per_s.mean,
             p.rejected.mean,
@@ -43,7 +46,7 @@ pub(super) fn table(r: &Report) -> String {
             opt(&p.ttft_p95_vs_rr),
             opt(&p.ttft_p99_vs_rr),
             opt(&p.throughput_vs_rr),
-            p.ttft_p99_vs_floor.mean,
+            lat(format!("{:.2}×", p.ttft_p99_vs_floor.mean)),
         );
     }
     let floor = Spread::of(r.floors.iter().map(|f| f.ttft.p99));
@@ -56,7 +59,7 @@ pub(super) fn table(r: &Report) -> String {
             .filter_map(|f| {
                 r.runs
                     .iter()
-                    .find(|x| x.policy == "round-robin" && x.seed == f.seed)
+                    .find(|x| x.policy == "round-robin" && x.seed == f.seed && x.completed > 0)
                     .map(|b| super::change(get(&f.ttft), get(&b.ttft)))
             })
             .collect();
@@ -75,6 +78,29 @@ pub(super) fn table(r: &Report) -> String {
         vs_rr(|p| p.p99)
     );
     s
+}
+
+/// Why requests failed, run by run; `None` when none did.
+pub(super) fn failures(r: &Report) -> Option<String> {
+    let mut s = String::new();
+    for run in r.runs.iter().filter(|x| x.errors > 0) {
+        let why: Vec<String> = run
+            .failures
+            .iter()
+            .map(|(reason, n)| format!("{n} × {reason}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "- {}, seed {}: {} of {} requests failed{}{}",
+            run.policy,
+            run.seed,
+            run.errors,
+            run.requests,
+            if why.is_empty() { "" } else { ": " },
+            why.join(", ")
+        );
+    }
+    (!s.is_empty()).then_some(s)
 }
 
 /// The verdict list.
@@ -138,8 +164,14 @@ pub(super) fn pod_shares(r: &Report) -> String {
     for (i, pod) in r.pods.iter().enumerate() {
         let _ = write!(s, "| {} | {} |", pod.name, pod.gpu);
         for p in &r.summary {
-            let share = p.pod_share.get(i).copied().unwrap_or(0.0);
-            let _ = write!(s, " {:.1}% |", share * 100.0);
+            match p.pod_share.get(i) {
+                Some(share) if p.has_latencies() => {
+                    let _ = write!(s, " {:.1}% |", share * 100.0);
+                }
+                _ => {
+                    let _ = write!(s, " — |");
+                }
+            }
         }
         let _ = writeln!(s);
     }
@@ -180,6 +212,9 @@ pub(super) fn render(r: &Report) -> String {
         );
     }
     let _ = writeln!(s, "{}", table(r));
+    if let Some(f) = failures(r) {
+        let _ = writeln!(s, "Failed requests:\n\n{f}");
+    }
     if let Some(f) = &r.flow {
         let _ = writeln!(
             s,

@@ -40,7 +40,11 @@ fn first_seed_runs(r: &Report) -> Vec<&RunResult> {
 
 /// TTFT CDF per policy, log-scale time axis.
 pub(super) fn ttft_cdf(r: &Report) -> String {
-    let runs = first_seed_runs(r);
+    // A run that completed nothing has no TTFT distribution to draw.
+    let runs: Vec<&RunResult> = first_seed_runs(r)
+        .into_iter()
+        .filter(|x| x.completed > 0)
+        .collect();
     let right = legend_margin(runs.iter().map(|x| x.policy.as_str()));
     let (left, top, bottom) = (70.0, 40.0, 50.0);
     let w = 590.0 + right;

@@ -30,6 +30,7 @@ fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
         flow: None,
         prefix_hit_rate: None,
         records: None,
+        failures: BTreeMap::new(),
     }
 }
 
@@ -208,4 +209,58 @@ fn csv_fields_with_commas_quotes_or_line_breaks_are_quoted() {
     assert_eq!(CsvField("fin,eu").to_string(), "\"fin,eu\"");
     assert_eq!(CsvField("say \"hi\"").to_string(), "\"say \"\"hi\"\"\"");
     assert_eq!(CsvField("two\nlines").to_string(), "\"two\nlines\"");
+}
+
+/// A run in which every request failed (a front answering 500, say).
+fn empty_run(policy: &str, seed: u64) -> RunResult {
+    let mut r = run(policy, seed, 0.0, 0.0);
+    r.completed = 0;
+    r.errors = r.requests;
+    r.ttft = Percentiles::default();
+    r.ttft_cdf = vec![0.0; 3];
+    r.per_pod_requests = vec![0, 0];
+    r.failures = BTreeMap::from([("HTTP 500".to_owned(), r.requests)]);
+    r
+}
+
+#[test]
+fn a_run_that_completed_nothing_has_no_latencies_and_misses_its_targets() {
+    let mut r = report();
+    r.runs.push(empty_run("broken-front", 1));
+    r.runs.push(empty_run("broken-front", 2));
+    // infergate's second seed completed nothing: its zeros must not pull its figures down.
+    r.runs.retain(|x| !(x.policy == "infergate" && x.seed == 2));
+    r.runs.push(empty_run("infergate", 2));
+    let r = Report::new(r.scenario, "live", r.pods, r.runs, r.floors);
+
+    let broken = r.policy("broken-front").unwrap();
+    assert!(!broken.has_latencies());
+    assert!(broken.ttft_p99_vs_rr.is_none() && broken.ttft_p95_vs_rr.is_none());
+    let ig = r.policy("infergate").unwrap();
+    assert_eq!((ig.runs, ig.empty_runs), (2, 1));
+    // Seed 1 alone: 0.5 / 10 − 1.
+    assert!((ig.ttft_p99_vs_rr.unwrap().mean + 0.95).abs() < 1e-9);
+    assert!((ig.ttft_p99.mean - 0.5).abs() < 1e-9);
+    let missed = r
+        .verdicts
+        .iter()
+        .find(|v| v.target == "requests completed in every run")
+        .unwrap();
+    assert!(!missed.met && missed.measured == "none in 1 of 2 runs");
+
+    let md = r.markdown();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| broken-front |"))
+        .unwrap();
+    assert!(!row.contains(" ms") && !row.contains("0.00×"), "{row}");
+    assert!(row.contains("| — | — | — |"), "{row}");
+    assert!(
+        md.contains("- broken-front, seed 1: 10 of 10 requests failed: 10 × HTTP 500"),
+        "{md}"
+    );
+    assert!(!svg::ttft_cdf(&r).contains("broken-front"));
+    let json = serde_json::to_string(&r).unwrap();
+    let back: Report = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.runs, r.runs);
 }

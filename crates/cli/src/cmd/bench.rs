@@ -154,6 +154,36 @@ pub fn print(report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The live runs of `report` in which no request completed, one line each with the reasons;
+/// empty when every run completed requests (or the run was simulated: a simulated policy that
+/// completes nothing is a result, a live one is a gateway or front that does not serve).
+pub fn unserved(report: &Report) -> Vec<String> {
+    if report.mode != "live" {
+        return Vec::new();
+    }
+    report
+        .runs
+        .iter()
+        .filter(|r| r.completed == 0 && r.requests > 0)
+        .map(|r| {
+            let why: Vec<String> = r
+                .failures
+                .iter()
+                .map(|(reason, n)| format!("{n} × {reason}"))
+                .collect();
+            let why = if why.is_empty() {
+                format!("{} rejected, {} failed", r.rejected, r.errors)
+            } else {
+                why.join(", ")
+            };
+            format!(
+                "{} (seed {}) completed none of its {} requests: {why}",
+                r.policy, r.seed, r.requests
+            )
+        })
+        .collect()
+}
+
 /// Runs `infergate bench`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let live = match args.mode.as_str() {
@@ -180,6 +210,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|p| load(p, &args).map(|s| (p.clone(), s)))
         .collect::<anyhow::Result<_>>()?;
+    let mut unserved_runs = Vec::new();
     for (path, scenario) in scenarios {
         let origin = path.display().to_string();
         // A folder run keeps records where it can: flow and replica scenarios have their own
@@ -214,6 +245,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         };
         let written = report.write(&args.out)?;
         print(&report, &written)?;
+        let name = path.display();
+        unserved_runs.extend(
+            unserved(&report)
+                .into_iter()
+                .map(|u| format!("{name}: {u}")),
+        );
+    }
+    if !unserved_runs.is_empty() {
+        anyhow::bail!(
+            "live runs that completed no request (their rows in the report show no latencies):\n  {}",
+            unserved_runs.join("\n  ")
+        );
     }
     Ok(())
 }

@@ -37,6 +37,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let written = report.write(&args.out)?;
     super::bench::print(&report, &written)?;
+    let unserved = super::bench::unserved(&report);
+    if !unserved.is_empty() {
+        anyhow::bail!(
+            "demo runs that completed no request:\n  {}",
+            unserved.join("\n  ")
+        );
+    }
     tracing::info!(
         seconds = started.elapsed().as_secs(),
         report = %written.first().map(|p| p.display().to_string()).unwrap_or_default(),
