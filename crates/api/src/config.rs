@@ -273,7 +273,7 @@ pub struct RequiredClaim {
 }
 
 /// Logging and metrics.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObservabilitySpec {
     /// Log level of the BBR and endpoint-picker pods.
@@ -285,6 +285,18 @@ pub struct ObservabilitySpec {
     /// Annotate pods for Prometheus scraping (`prometheus.io/scrape`, port 9090).
     #[serde(default = "default_true")]
     pub metrics: bool,
+}
+
+// Written out, not derived: a derived default would turn `metrics` off when `observability`
+// is left out, and the CRD would carry that as the object's default.
+impl Default for ObservabilitySpec {
+    fn default() -> Self {
+        Self {
+            log_level: LogLevel::default(),
+            log_format: LogFormat::default(),
+            metrics: default_true(),
+        }
+    }
 }
 
 /// Log level.

@@ -270,3 +270,45 @@ fn the_documented_cel_table_lists_every_rule() {
         "rows for rules that do not exist"
     );
 }
+
+/// Where the CRD gives an object a `default` and one of its properties a `default` too, the
+/// two agree: the API server fills in the object's default when the object is left out, and
+/// the property's when only the property is, so a disagreement makes one field default to two
+/// values (`observability.metrics` did: `true` when `observability` was written, `false` when
+/// it was left out).
+#[test]
+fn object_defaults_agree_with_their_properties_defaults() {
+    fn walk(node: &Value, path: &str, errors: &mut Vec<String>) {
+        match node {
+            Value::Object(map) => {
+                if let (Some(Value::Object(def)), Some(Value::Object(props))) =
+                    (map.get("default"), map.get("properties"))
+                {
+                    for (name, prop) in props {
+                        let (Some(want), Some(got)) = (prop.get("default"), def.get(name)) else {
+                            continue;
+                        };
+                        if want != got {
+                            errors.push(format!(
+                                "{path}.{name}: default {want} on the field, {got} in the default of {path}"
+                            ));
+                        }
+                    }
+                }
+                for (k, v) in map {
+                    walk(v, &format!("{path}.{k}"), errors);
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, &format!("{path}[{i}]"), errors);
+                }
+            }
+            _ => {}
+        }
+    }
+    let crd = serde_json::to_value(InferenceGatewayConfig::crd()).unwrap();
+    let mut errors = Vec::new();
+    walk(&crd["spec"]["versions"][0]["schema"], "schema", &mut errors);
+    assert!(errors.is_empty(), "{errors:#?}");
+}

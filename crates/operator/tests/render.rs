@@ -853,3 +853,28 @@ fn the_validation_refuses_every_name_table_the_bbr_refuses() {
         assert!(infergate_api::validation::validate(&cfg.spec).is_err());
     }
 }
+
+#[test]
+fn pods_are_annotated_for_scraping_unless_observability_metrics_is_false() {
+    // `observability.metrics` defaults to true, whether `observability` is written or not.
+    let scraped = |cfg: &infergate_api::InferenceGatewayConfig| -> Vec<bool> {
+        children(cfg)
+            .iter()
+            .filter(|c| c.resource.kind == "Deployment")
+            .map(|c| {
+                c.object.data["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"]
+                    == "true"
+            })
+            .collect()
+    };
+    let cfg = example("single-model.yaml");
+    assert!(
+        cfg.spec.observability.metrics,
+        "observability left out: metrics on"
+    );
+    let on = scraped(&cfg);
+    assert!(!on.is_empty() && on.iter().all(|s| *s), "{on:?}");
+    let mut off = cfg.clone();
+    off.spec.observability.metrics = false;
+    assert!(scraped(&off).iter().all(|s| !*s));
+}
