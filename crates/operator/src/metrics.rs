@@ -93,6 +93,21 @@ mod tests {
             ),
             "{body}"
         );
+        // The names docs/operator.md gives are the ones served.
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operator.md"),
+        )
+        .unwrap();
+        for name in [
+            "infergate_operator_reconciliations_total",
+            "infergate_operator_reconcile_failures_total",
+        ] {
+            assert!(
+                doc.contains(&format!("`{name}")),
+                "docs/operator.md: {name}"
+            );
+            assert!(body.contains(&format!("{name}")), "{body}");
+        }
         assert_eq!(infergate_testkit::get(addr, "/healthz").await.status, 200);
         assert_eq!(infergate_testkit::get(addr, "/readyz").await.status, 200);
         assert_eq!(infergate_testkit::get(addr, "/nope").await.status, 404);
