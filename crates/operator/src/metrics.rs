@@ -106,7 +106,7 @@ mod tests {
                 doc.contains(&format!("`{name}")),
                 "docs/operator.md: {name}"
             );
-            assert!(body.contains(&format!("{name}")), "{body}");
+            assert!(body.contains(name), "{body}");
         }
         assert_eq!(infergate_testkit::get(addr, "/healthz").await.status, 200);
         assert_eq!(infergate_testkit::get(addr, "/readyz").await.status, 200);
