@@ -109,7 +109,11 @@ pub enum BenchError {
         source: std::io::Error,
     },
     /// An external front exited before it was ready.
-    #[error("front {front} exited ({status}) before answering GET /v1/models; its output is in {}", log.display())]
+    #[error(
+        "front {front} exited ({status}) before answering GET /v1/models; its output is in {}{}",
+        log.display(),
+        if tail.is_empty() { String::new() } else { format!(", ending: {tail}") }
+    )]
     FrontExited {
         /// The front's name.
         front: String,
@@ -117,14 +121,18 @@ pub enum BenchError {
         status: String,
         /// Its output.
         log: PathBuf,
+        /// The last lines of its output (empty if it wrote nothing).
+        tail: String,
     },
     /// An external front did not answer `GET /v1/models` with 200 in time.
-    #[error("front {front} did not answer GET /v1/models with 200 within {secs} s; its output is in {}", log.display())]
+    #[error("front {front} did not answer GET /v1/models with 200 within {secs} s (last try: {last}); its output is in {}", log.display())]
     FrontNotReady {
         /// The front's name.
         front: String,
         /// The time allowed.
         secs: u64,
+        /// What the last try got (`HTTP 404`, a connection error, …).
+        last: String,
         /// Its output.
         log: PathBuf,
     },

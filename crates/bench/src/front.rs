@@ -55,16 +55,25 @@ pub struct Front {
 
 /// A `--front` argument that is not `NAME=COMMAND`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "front `{0}`: expected NAME=COMMAND, NAME of letters, digits, '-', '_' or '.', and a command"
-)]
-pub struct FrontSyntaxError(pub String);
+pub enum FrontSyntaxError {
+    /// Not `NAME=COMMAND` (the argument as given).
+    #[error(
+        "front `{0}`: expected NAME=COMMAND, NAME of letters, digits, '-', '_' or '.', and a command"
+    )]
+    Syntax(String),
+    /// The command is a URL (the argument as given): the bench starts each front itself, in
+    /// front of a fleet of its own.
+    #[error(
+        "front `{0}`: the command is a URL, but a front is a command that starts a router listening on {{port}} in front of the bench's fresh fleet (each run has pods of its own, so an already running router cannot be used), e.g. `NAME=my-router --port {{port}} --workers {{urls}}`"
+    )]
+    Url(String),
+}
 
 impl FromStr for Front {
     type Err = FrontSyntaxError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || FrontSyntaxError(s.to_owned());
+        let bad = || FrontSyntaxError::Syntax(s.to_owned());
         let (name, command) = s.split_once('=').ok_or_else(bad)?;
         let name = name.trim();
         let command = command.trim();
@@ -74,6 +83,13 @@ impl FromStr for Front {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
         if !name_ok || command.is_empty() {
             return Err(bad());
+        }
+        if !command.contains(char::is_whitespace)
+            && (command.starts_with("http://") || command.starts_with("https://"))
+        {
+            // A URL would run as a command named after it and exit 127, minutes later, after
+            // the scenario's own policies.
+            return Err(FrontSyntaxError::Url(s.to_owned()));
         }
         Ok(Front {
             name: name.to_owned(),
@@ -204,7 +220,7 @@ impl Front {
             log,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         };
-        running.wait_ready().await?;
+        running.wait_ready(READY_TIMEOUT).await?;
         Ok(running)
     }
 }
@@ -224,7 +240,8 @@ impl RunningFront {
         self.addr
     }
 
-    async fn wait_ready(&mut self) -> Result<(), BenchError> {
+    /// Waits until `GET /v1/models` through the front answers 200, for at most `within`.
+    async fn wait_ready(&mut self, within: Duration) -> Result<(), BenchError> {
         let client: Client<HttpConnector, Empty<Bytes>> =
             Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let uri: http::Uri = format!("http://{}/v1/models", self.addr)
@@ -232,9 +249,10 @@ impl RunningFront {
             .map_err(|_| BenchError::FrontNotReady {
                 front: self.name.clone(),
                 secs: 0,
+                last: "no URI for its address".to_owned(),
                 log: self.log.clone(),
             })?;
-        let by = Instant::now() + READY_TIMEOUT;
+        let by = Instant::now() + within;
         loop {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
@@ -243,19 +261,24 @@ impl RunningFront {
                 return Err(BenchError::FrontExited {
                     front: self.name.clone(),
                     status: status.to_string(),
+                    tail: log_tail(&self.log),
                     log: self.log.clone(),
                 });
             }
             let probe = tokio::time::timeout(Duration::from_secs(2), client.get(uri.clone()));
-            if let Ok(Ok(resp)) = probe.await
-                && resp.status() == http::StatusCode::OK
-            {
-                return Ok(());
-            }
+            // What the probe got, for the error: a front that answers 404 is not one that never
+            // listened.
+            let last = match probe.await {
+                Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => return Ok(()),
+                Ok(Ok(resp)) => format!("HTTP {}", resp.status()),
+                Ok(Err(e)) => error_chain(&e),
+                Err(_) => "no answer within 2 s".to_owned(),
+            };
             if Instant::now() > by {
                 return Err(BenchError::FrontNotReady {
                     front: self.name.clone(),
-                    secs: READY_TIMEOUT.as_secs(),
+                    secs: within.as_secs(),
+                    last,
                     log: self.log.clone(),
                 });
             }
@@ -304,6 +327,29 @@ fn signal_group(pgid: u32, signal: &str) {
         .status();
 }
 
+/// An error and its causes on one line (hyper's client error alone says only "Connect").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// The last lines of a front's log, for an error message (empty when it wrote nothing).
+fn log_tail(path: &Path) -> String {
+    const LINES: usize = 3;
+    const CHARS: usize = 400;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(LINES)..].join(" | ");
+    let skip = tail.chars().count().saturating_sub(CHARS);
+    tail.chars().skip(skip).collect()
+}
+
 fn free_port() -> Result<u16, BenchError> {
     let l = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(BenchError::Bind)?;
     l.local_addr().map(|a| a.port()).map_err(BenchError::Bind)
@@ -311,6 +357,8 @@ fn free_port() -> Result<u16, BenchError> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
     use super::*;
 
     #[test]
@@ -323,6 +371,76 @@ mod tests {
         for bad in ["", "name", "=cmd", "name=", "na me=cmd", "a/b=cmd", " = "] {
             assert!(bad.parse::<Front>().is_err(), "{bad:?} parsed");
         }
+        for url in ["r=http://127.0.0.1:8000", "r=https://router.example/v1"] {
+            let err = url.parse::<Front>().unwrap_err();
+            assert_eq!(err, FrontSyntaxError::Url(url.to_owned()));
+            assert!(err.to_string().contains("is a URL"), "{err}");
+        }
+        // A command that merely mentions a URL is a command.
+        assert!("r=curl-front http://x {port}".parse::<Front>().is_ok());
+    }
+
+    /// A front that is `addr`, started by nobody (the test serves it, or nothing does).
+    fn unmanaged(addr: SocketAddr, log: &Path) -> RunningFront {
+        RunningFront {
+            name: "f".to_owned(),
+            child: None,
+            log: log.to_owned(),
+            addr,
+        }
+    }
+
+    #[tokio::test]
+    async fn not_ready_says_what_the_last_probe_got() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("front-f.log");
+        // Something that answers every request with 404.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let err = unmanaged(addr, &log)
+            .wait_ready(Duration::from_millis(300))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(last try: HTTP 404 Not Found)"), "{err}");
+
+        // Nothing listens.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let err = unmanaged(closed, &log)
+            .wait_ready(Duration::from_millis(300))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Connection refused"), "{err}");
+    }
+
+    #[test]
+    fn the_log_tail_is_its_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("front-f.log");
+        assert_eq!(log_tail(&log), "");
+        std::fs::write(
+            &log,
+            "one\ntwo\n\nthree\nsh: 1: localhost:8000: not found\n",
+        )
+        .unwrap();
+        assert_eq!(
+            log_tail(&log),
+            "two | three | sh: 1: localhost:8000: not found"
+        );
     }
 
     #[test]

@@ -176,7 +176,14 @@ pub async fn run_with_fronts(
                 target.name()
             );
             progress.start(&label, arrivals.len() as u64);
-            let r = run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await?;
+            let r = match run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    progress.abort();
+                    return Err(e);
+                }
+            };
             progress.finish();
             runs.push(r);
         }

@@ -10,6 +10,8 @@ pub trait Progress {
     fn advance(&mut self, done: u64);
     /// The current run ended.
     fn finish(&mut self);
+    /// The current run failed and will not finish (an error follows).
+    fn abort(&mut self) {}
 }
 
 /// Reports nothing.
@@ -67,6 +69,11 @@ impl Progress for StderrBar {
 
     fn finish(&mut self) {
         self.draw(self.total);
+        let _ = writeln!(std::io::stderr());
+    }
+
+    fn abort(&mut self) {
+        // Ends the bar's line where it stopped, so the error starts a line of its own.
         let _ = writeln!(std::io::stderr());
     }
 }

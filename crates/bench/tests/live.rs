@@ -117,10 +117,17 @@ async fn a_front_that_exits_before_it_is_ready_is_reported_with_its_output() {
     let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
         .await
         .unwrap_err();
-    let BenchError::FrontExited { front, status, log } = &err else {
+    let BenchError::FrontExited {
+        front,
+        status,
+        log,
+        tail,
+    } = &err
+    else {
         panic!("{err}");
     };
     assert_eq!(front, "broken");
+    assert!(tail.starts_with("no such router on port "), "{tail}");
     assert!(status.contains('3'), "{status}");
     let output = std::fs::read_to_string(log).unwrap();
     assert!(output.starts_with("no such router on port "), "{output}");

@@ -220,3 +220,46 @@ fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latenc
     let rr = runs.iter().find(|r| r["policy"] == "round-robin").unwrap();
     assert_eq!(rr["completed"], rr["requests"]);
 }
+
+#[test]
+fn a_front_given_as_a_url_or_a_missing_command_is_refused_saying_why_and_writes_no_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("fronts.yaml");
+    std::fs::write(
+        &scenario,
+        "name: fronts\nfleet:\n  - { name: h100, profile: llama-3.1-8b/h100 }\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 4 }\n  prompt_tokens: { dist: fixed, value: 64 }\n  output_tokens: { dist: fixed, value: 4 }\nseeds: [1]\npolicies: [round-robin]\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let bench = |front: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .arg("bench")
+            .arg(&scenario)
+            .args(["--mode", "live", "--out"])
+            .arg(&out_dir)
+            .args(["--front", front])
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{front}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+
+    // Refused while the arguments are read, before any run.
+    let stderr = bench("r=http://127.0.0.1:9");
+    assert!(stderr.contains("the command is a URL"), "{stderr}");
+    assert!(!out_dir.exists());
+
+    // Found only when its turn comes; the error carries the end of its output.
+    let stderr = bench("gone=infergate-no-such-router --port {port}");
+    assert!(
+        stderr.contains("front gone exited (exit status: 127)")
+            && stderr.contains("infergate-no-such-router: not found"),
+        "{stderr}"
+    );
+    // The error starts a line of its own, not the progress bar's.
+    assert!(stderr.lines().any(|l| l.starts_with("Error: ")), "{stderr}");
+    assert!(out_dir.join("front-gone.log").exists());
+    assert!(!out_dir.join("fronts-live.md").exists());
+    assert!(!out_dir.join("fronts-live.json").exists());
+}
