@@ -450,7 +450,15 @@ pub fn admit<P: EndpointPool>(
     };
     let req = part.request(cx);
     if part.flow.must_wait(cx.priority) {
-        return (enqueue(part.flow, req, None, model), None);
+        // Not picked: requests of its band or a higher one wait already, and it goes behind them.
+        let explanation = explain.then(|| {
+            format!(
+                "chosen= policy=queued priority={} queued={} reason=behind-waiting-requests",
+                cx.priority.as_str(),
+                part.flow.queued()
+            )
+        });
+        return (enqueue(part.flow, req, None, model), explanation);
     }
     let cx = cx
         .with_queueing(true)

@@ -472,3 +472,34 @@ async fn a_request_queued_for_a_slot_past_its_ttl_gets_429_ttl_expired() {
     assert_eq!(json(&body)["error"]["code"], "queue_ttl_expired");
     assert_eq!(up.requests(), 1);
 }
+
+#[tokio::test]
+async fn a_request_queued_behind_waiting_ones_is_explained_as_queued() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "flowControl: { enabled: true, requestTtlMs: 300 }\nexplainHeader: true\n",
+        &[up.addr],
+    )
+    .await;
+    let first = spawn_chat(gw.addr(), &[]);
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    let (status, headers, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-infergate-explain", "1")],
+    )
+    .await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    let explained = headers
+        .get("x-infergate-explain")
+        .expect("no explanation for a request that went behind waiting ones")
+        .to_str()
+        .unwrap();
+    assert!(
+        explained.contains("policy=queued") && explained.contains("queued=1"),
+        "{explained}"
+    );
+    assert_eq!(first.await.unwrap().0, 429);
+}
