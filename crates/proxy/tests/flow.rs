@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig, WorkerListeners, serve_workers};
 use tokio::sync::oneshot;
-use upstream::{Behaviour, Upstream, get, post, send};
+use upstream::{Behaviour, Upstream, get, open_stream, post, send};
 
 const REASON: &str = "x-llm-d-request-dropped-reason";
 const FAIRNESS: &str = "x-llm-d-inference-fairness-id";
@@ -389,22 +389,6 @@ async fn without_flow_control_a_saturated_pool_answers_as_before() {
     assert!(!m.contains("flow_requests_total{"), "{m}");
 }
 
-/// Opens a streamed chat request and reads its first event: the request holds its model's
-/// concurrency slot until the returned body is dropped (the upstream is `Stepped`).
-async fn open_stream(addr: SocketAddr) -> hyper::body::Incoming {
-    use http_body_util::{BodyExt, Full};
-    let chat = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from_static(chat.as_bytes())))
-        .unwrap();
-    let resp = upstream::client().request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
-    body
-}
-
 #[tokio::test]
 async fn at_its_concurrency_limit_a_model_queues_and_dispatches_when_a_slot_frees() {
     // The pod has room; the model's one slot is what is taken.
@@ -414,9 +398,9 @@ async fn at_its_concurrency_limit_a_model_queues_and_dispatches_when_a_slot_free
         &[up.addr],
     )
     .await;
-    let first = open_stream(gw.addr()).await;
+    let first = open_stream(gw.addr(), "m").await;
     let addr = gw.addr();
-    let second = tokio::spawn(async move { open_stream(addr).await });
+    let second = tokio::spawn(async move { open_stream(addr, "m").await });
     gw.until_metric(&queue_gauge("standard", 1)).await;
     assert_eq!(up.requests(), 1, "the queued request reached the pod");
     // The first client leaves: its slot frees and the queued request takes it.
@@ -452,7 +436,7 @@ async fn a_request_queued_for_a_slot_past_its_ttl_gets_429_ttl_expired() {
         &[up.addr],
     )
     .await;
-    let _first = open_stream(gw.addr()).await;
+    let _first = open_stream(gw.addr(), "m").await;
     let (status, headers, body) = send(
         gw.addr(),
         "POST",

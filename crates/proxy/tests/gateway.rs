@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Full};
 use infergate_proxy::{Gateway, GatewayConfig, Listeners, WorkerListeners, serve, serve_workers};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use upstream::{Behaviour, Upstream, get, post, refused_addr, send};
+use upstream::{Behaviour, Upstream, get, open_stream, post, refused_addr, send};
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 const CHAT_STREAM: &str = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
@@ -594,20 +594,6 @@ async fn no_endpoint_is_503_and_a_saturated_pool_is_429_with_retry_after() {
         m.contains(r#"infergate_gateway_rejections_total{reason="no_endpoints"} 1"#),
         "{m}"
     );
-}
-
-/// Opens a streaming chat request to `model` and returns its body once the first event arrived.
-async fn open_stream(gw: SocketAddr, model: &str) -> hyper::body::Incoming {
-    let req = http::Request::post(format!("http://{gw}/v1/chat/completions"))
-        .body(Full::new(Bytes::from(
-            CHAT_STREAM.replace("\"m\"", &format!("\"{model}\"")),
-        )))
-        .unwrap();
-    let resp = upstream::client().request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
-    body
 }
 
 #[tokio::test]

@@ -246,6 +246,24 @@ pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
+/// Opens a streamed chat request for `model` through the gateway at `gw` and reads its first
+/// frame: against a `Stepped` upstream the request stays open (holding its concurrency slot)
+/// until the returned body is dropped.
+pub async fn open_stream(gw: SocketAddr, model: &str) -> Incoming {
+    let chat = format!(
+        r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let req = Request::post(format!("http://{gw}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    body
+}
+
 /// Sends a request (a JSON body, and `headers`) and returns status, headers and the whole body.
 pub async fn send(
     addr: SocketAddr,
