@@ -61,7 +61,7 @@ pub enum Error {
     /// deleting one (a webhook, a quota, a missing permission, a schema it enforces).
     #[error("cannot {action} {child}")]
     Child {
-        /// `list`, `apply`, `create` or `delete`.
+        /// `list`, `read`, `apply`, `create` or `delete`.
         action: &'static str,
         /// `Kind namespace/name` of the child, or the kind and selector listed.
         child: String,

@@ -212,7 +212,9 @@ async fn converge(
         delete_child(ctx, kind, obj).await?;
         pruned += 1;
     }
+    let unusable_secrets = unusable_secrets(cfg, ctx).await?;
     let observed = Observed {
+        unusable_secrets,
         gateway: existing
             .iter()
             .find(|((k, _), _)| k == "Gateway")
@@ -242,6 +244,52 @@ async fn converge(
     } else {
         REQUEUE_NOT_READY
     }))
+}
+
+/// The Secrets the spec names (the Gateway's certificate, the Redis password) that do not
+/// exist or lack the key: each as a sentence naming the Secret and the field. Without them
+/// the pickers' pods wait in `CreateContainerConfigError` and the Gateway refuses its HTTPS
+/// listeners, which the Deployment and the Gateway report only vaguely or late.
+async fn unusable_secrets(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+) -> Result<Vec<String>, Error> {
+    let ns = cfg.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let mut refs: Vec<(&str, Option<&str>, &str)> = Vec::new();
+    if let Some(r) = cfg
+        .spec
+        .tls
+        .as_ref()
+        .and_then(|t| t.certificate_secret_ref.as_ref())
+    {
+        refs.push((&r.name, None, "spec.tls.certificateSecretRef"));
+    }
+    if let Some(r) = cfg
+        .spec
+        .quotas
+        .as_ref()
+        .and_then(|q| q.redis.as_ref())
+        .and_then(|r| r.password_secret_ref.as_ref())
+    {
+        refs.push((&r.name, Some(&r.key), "spec.quotas.redis.passwordSecretRef"));
+    }
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut out = Vec::new();
+    for (name, key, field) in refs {
+        let secret = api.get_opt(name).await.map_err(|source| Error::Child {
+            action: "read",
+            child: format!("Secret {ns}/{name} ({field})"),
+            source: Box::new(source),
+        })?;
+        match (secret, key) {
+            (None, _) => out.push(format!("Secret {ns}/{name} ({field}) does not exist")),
+            (Some(s), Some(key)) if !s.data.as_ref().is_some_and(|d| d.contains_key(key)) => {
+                out.push(format!("Secret {ns}/{name} ({field}) has no key `{key}`"));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 /// Creates the peer-exchange key Secret of every scheduler with several picker replicas when

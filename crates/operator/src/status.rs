@@ -20,6 +20,9 @@ pub struct Observed {
     pub gateway: Option<Value>,
     /// Deployments owned by the config.
     pub deployments: Vec<Deployment>,
+    /// Secrets the spec names that the pods or the Gateway cannot use: what is wrong with
+    /// each, naming the Secret and the field (see `reconcile::unusable_secrets`).
+    pub unusable_secrets: Vec<String>,
 }
 
 /// Status for a config that rendered; `rendered` is the number of children applied.
@@ -109,18 +112,24 @@ pub fn accepted(
             rollout_state: state,
         });
     }
-    let ready = programmed && bbr_ok && all_available;
-    let msg = if ready {
-        "the gateway serves traffic"
+    let secrets_ok = observed.unusable_secrets.is_empty();
+    let ready = programmed && bbr_ok && all_available && secrets_ok;
+    let (reason, msg) = if ready {
+        ("Ready", "the gateway serves traffic".to_owned())
+    } else if !secrets_ok {
+        ("SecretNotFound", observed.unusable_secrets.join("; "))
     } else {
-        "waiting for the Gateway, the body-based router or an endpoint picker"
+        (
+            "Pending",
+            "waiting for the Gateway, the body-based router or an endpoint picker".to_owned(),
+        )
     };
     conditions.push(cond(
         &prev.conditions,
         READY,
         ready,
-        if ready { "Ready" } else { "Pending" },
-        msg,
+        reason,
+        &msg,
         generation,
         now,
     ));

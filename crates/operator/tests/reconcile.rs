@@ -653,3 +653,55 @@ async fn a_child_the_api_server_refuses_is_named_with_its_reason_in_the_status()
     let stored = fake.get(&config_path(&fake)).unwrap();
     assert_eq!(reason(&stored, "Ready"), "Pending");
 }
+
+#[tokio::test]
+async fn a_missing_redis_password_secret_is_named_in_ready() {
+    // The pickers' pods would wait in CreateContainerConfigError and the Deployment would say
+    // only "Progressing": the status names the Secret, the key and the field that points at it.
+    let (ctx, fake) = created("flow-control-quotas.yaml").await;
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let stored = fake.get(&config_path(&fake)).unwrap();
+    let (status, message) = condition(&stored, "Ready");
+    assert_eq!(status, "False");
+    assert_eq!(reason(&stored, "Ready"), "SecretNotFound");
+    assert!(
+        message.contains(
+            "Secret inference/quota-redis (spec.quotas.redis.passwordSecretRef) does not exist"
+        ),
+        "{message}"
+    );
+    // There, but without the key.
+    let secret = "/api/v1/namespaces/inference/secrets/quota-redis";
+    fake.put(
+        secret,
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "quota-redis", "namespace": NS},
+               "data": {"pass": "c2VjcmV0"}}),
+    );
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let (_, message) = condition(&fake.get(&config_path(&fake)).unwrap(), "Ready");
+    assert!(
+        message.contains(
+            "Secret inference/quota-redis (spec.quotas.redis.passwordSecretRef) has no key `password`"
+        ),
+        "{message}"
+    );
+    fake.edit(secret, |s| s["data"] = json!({"password": "c2VjcmV0"}));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let stored = fake.get(&config_path(&fake)).unwrap();
+    assert_eq!(reason(&stored, "Ready"), "Pending");
+}
+
+#[tokio::test]
+async fn a_missing_certificate_secret_is_named_in_ready() {
+    let (ctx, fake) = created("tgi-tls-secret.yaml").await;
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let stored = fake.get(&config_path(&fake)).unwrap();
+    assert_eq!(reason(&stored, "Ready"), "SecretNotFound");
+    let (_, message) = condition(&stored, "Ready");
+    assert!(
+        message
+            .contains("Secret serving/mistral-tls (spec.tls.certificateSecretRef) does not exist"),
+        "{message}"
+    );
+}

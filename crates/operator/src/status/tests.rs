@@ -103,6 +103,7 @@ fn a_gateway_that_is_not_programmed_says_why_in_gateway_programmed() {
     let observed = Observed {
         gateway: Some(gw),
         deployments: Vec::new(),
+        unusable_secrets: Vec::new(),
     };
     let st = accepted(&example(), &observed, 3, &t(1));
     let c = find_cond(&st, GATEWAY_PROGRAMMED);
@@ -139,6 +140,7 @@ fn a_programmed_gateway_with_a_broken_listener_is_not_ready() {
     let observed = Observed {
         gateway: Some(gw),
         deployments: Vec::new(),
+        unusable_secrets: Vec::new(),
     };
     let st = accepted(&example(), &observed, 3, &t(1));
     let c = find_cond(&st, GATEWAY_PROGRAMMED);
@@ -176,6 +178,7 @@ fn a_picker_whose_pods_cannot_be_created_says_why() {
     let observed = Observed {
         gateway: None,
         deployments: vec![d],
+        unusable_secrets: Vec::new(),
     };
     let st = accepted(&example(), &observed, 3, &t(1));
     let c = &st.schedulers[0].conditions[0];
