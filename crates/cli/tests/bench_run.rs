@@ -263,3 +263,58 @@ fn a_front_given_as_a_url_or_a_missing_command_is_refused_saying_why_and_writes_
     assert!(!out_dir.join("fronts-live.md").exists());
     assert!(!out_dir.join("fronts-live.json").exists());
 }
+
+#[test]
+fn scenario_paths_and_durations_that_give_nothing_to_run_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README.txt"), "not a scenario").unwrap();
+    let bench = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .arg("bench")
+            .args(args)
+            .current_dir(dir.path())
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = bench(&["."]);
+    assert!(
+        stderr.contains("no scenario files (*.yaml, *.yml) in . (relative to "),
+        "{stderr}"
+    );
+    let stderr = bench(&["missing.yaml"]);
+    assert!(
+        stderr.contains("no scenario file or folder missing.yaml"),
+        "{stderr}"
+    );
+    // The default folder is the repository's; run elsewhere, the error says so.
+    let stderr = bench(&[]);
+    assert!(
+        stderr.contains("no scenario file or folder benches/scenarios")
+            && stderr.contains("run from its root"),
+        "{stderr}"
+    );
+    for bad in ["-5", "0", "nan", "inf", "soon"] {
+        let stderr = bench(&["--duration", bad, "x.yaml"]);
+        assert!(
+            stderr.contains("--duration") && stderr.contains("seconds"),
+            "{bad}: {stderr}"
+        );
+    }
+    // A negative exchange setting reaches the check that names it.
+    let scenario = dir.path().join("s.yaml");
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let stderr = bench(&[
+        "--replicas",
+        "1",
+        "--exchange-ms",
+        "-5,1",
+        scenario.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr.contains("replicas.exchange.interval_ms") && stderr.contains("got -5"),
+        "{stderr}"
+    );
+}

@@ -6,11 +6,14 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use infergate_bench::{Report, Scenario, StderrBar};
 
+/// The scenarios run when none are named: the repository's folder of them.
+const DEFAULT_SCENARIOS: &str = "benches/scenarios";
+
 /// Arguments of `infergate bench`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Scenario files, or folders of them.
-    #[arg(default_value = "benches/scenarios")]
+    #[arg(default_value = DEFAULT_SCENARIOS)]
     scenarios: Vec<PathBuf>,
     /// Folder for the reports (markdown, JSON, SVG).
     #[arg(long, default_value = "target/bench-reports")]
@@ -21,8 +24,8 @@ pub struct Args {
     /// Seeds to run instead of the scenario's (comma-separated).
     #[arg(long, value_delimiter = ',')]
     seeds: Vec<u64>,
-    /// Seconds of arrivals instead of the scenario's.
-    #[arg(long)]
+    /// Seconds of arrivals instead of the scenario's: a positive number.
+    #[arg(long, value_parser = positive_seconds, allow_negative_numbers = true)]
     duration: Option<f64>,
     /// Policies instead of the scenario's (comma-separated presets, or `infergate-precise`).
     #[arg(long, value_delimiter = ',')]
@@ -37,7 +40,12 @@ pub struct Args {
     replicas: Vec<u32>,
     /// With `--replicas`: the peer exchange's report interval and delay in milliseconds
     /// (`INTERVAL,DELAY`, e.g. `25,10`) instead of the scenario's (default 5,1).
-    #[arg(long, value_delimiter = ',', requires = "replicas")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "replicas",
+        allow_hyphen_values = true
+    )]
     exchange_ms: Vec<f64>,
     /// With `--replicas`: periodic reports only (no report pushed right after a pick).
     #[arg(long, requires = "replicas")]
@@ -71,15 +79,53 @@ fn positive_factor(value: &str) -> Result<f64, String> {
     }
 }
 
+/// `--duration`: finite and above 0 (the scenario's own limit, 1 day, is checked with it).
+fn positive_seconds(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(f),
+        Ok(f) => Err(format!("must be a positive number of seconds, not {f}")),
+        Err(e) => Err(format!("{e}: expected a number of seconds such as 30")),
+    }
+}
+
+/// The scenario files named: files as given, folders' `*.yaml` / `*.yml` (not recursively). A
+/// folder with none is an error naming it, not a run of nothing.
 fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
+    let cwd = || {
+        std::env::current_dir()
+            .map(|d| format!(" (relative to {})", d.display()))
+            .unwrap_or_default()
+    };
     for p in paths {
+        let relative = if p.is_relative() {
+            cwd()
+        } else {
+            String::new()
+        };
+        if !p.exists() {
+            anyhow::bail!(
+                "no scenario file or folder {}{relative}{}",
+                p.display(),
+                if p == Path::new(DEFAULT_SCENARIOS) {
+                    "; the default folder is the repository's: run from its root or name scenario files"
+                } else {
+                    ""
+                }
+            );
+        }
         if p.is_dir() {
             let mut found: Vec<PathBuf> = std::fs::read_dir(p)
                 .with_context(|| format!("reading {}", p.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
                 .collect();
+            if found.is_empty() {
+                anyhow::bail!(
+                    "no scenario files (*.yaml, *.yml) in {}{relative}",
+                    p.display()
+                );
+            }
             found.sort();
             out.extend(found);
         } else {
