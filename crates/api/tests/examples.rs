@@ -312,3 +312,31 @@ fn object_defaults_agree_with_their_properties_defaults() {
     walk(&crd["spec"]["versions"][0]["schema"], "schema", &mut errors);
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+/// `kubectl get igwc` shows whether the config was accepted, whether it is ready and, when it
+/// is not, the reason in a word; `-o wide` adds the message that says what to do.
+#[test]
+fn printer_columns_show_the_ready_reason_and_wide_the_message() {
+    let crd = InferenceGatewayConfig::crd();
+    let cols: Vec<(String, String, i32)> = crd.spec.versions[0]
+        .additional_printer_columns
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.json_path, c.priority.unwrap_or(0)))
+        .collect();
+    let want = |name: &str, path: &str, priority: i32| {
+        assert!(
+            cols.contains(&(name.to_owned(), path.to_owned(), priority)),
+            "no column {name} = {path} (priority {priority}): {cols:?}"
+        );
+    };
+    let cond =
+        |type_: &str, field: &str| format!(".status.conditions[?(@.type==\"{type_}\")].{field}");
+    use infergate_api::status::{ACCEPTED, READY};
+    want("Accepted", &cond(ACCEPTED, "status"), 0);
+    want("Ready", &cond(READY, "status"), 0);
+    want("Reason", &cond(READY, "reason"), 0);
+    want("Age", ".metadata.creationTimestamp", 0);
+    want("Message", &cond(READY, "message"), 1);
+}
