@@ -18,6 +18,22 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The tokenizer directory does not exist.
+    #[error("the tokenizer directory {dir} does not exist")]
+    NoDirectory {
+        /// The path given.
+        dir: PathBuf,
+    },
+    /// A file was given where the tokenizer's directory was expected (`tokenizer.json` itself,
+    /// say).
+    #[error(
+        "{path} is a file, not a directory: give the directory that holds tokenizer.json (and \
+         tokenizer_config.json, chat_template.jinja where present)"
+    )]
+    NotADirectory {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The directory has no `tokenizer.json` (the Hugging Face "fast" tokenizer file).
     #[error(
         "no tokenizer.json in {dir} (expected a Hugging Face model or tokenizer directory, or a \
@@ -35,6 +51,14 @@ pub enum Error {
         /// The library's reason.
         #[source]
         source: TokenizersError,
+    },
+    /// A JSON side file is valid JSON but not an object (the settings it holds are keys).
+    #[error("{path} holds JSON {found}, not an object of settings")]
+    ConfigNotObject {
+        /// The file.
+        path: PathBuf,
+        /// What it holds instead (`an array`, `a string`, …).
+        found: &'static str,
     },
     /// A JSON side file (`tokenizer_config.json`, `special_tokens_map.json`) is not valid JSON.
     #[error("{path} is not valid JSON")]

@@ -81,6 +81,16 @@ impl TokenizerFiles {
     /// The files of a Hugging Face directory: `tokenizer.json` must exist, the others are used
     /// when present.
     pub fn in_dir(dir: &Path) -> Result<Self, Error> {
+        if !dir.exists() {
+            return Err(Error::NoDirectory {
+                dir: dir.to_owned(),
+            });
+        }
+        if !dir.is_dir() {
+            return Err(Error::NotADirectory {
+                path: dir.to_owned(),
+            });
+        }
         let tokenizer_json = dir.join("tokenizer.json");
         if !tokenizer_json.is_file() {
             return Err(Error::NoTokenizerJson {
@@ -277,10 +287,25 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
     })
 }
 
+/// A side file's JSON: an object (a file holding anything else would have its settings
+/// silently ignored).
 fn read_json(path: &Path) -> Result<serde_json::Value, Error> {
-    serde_json::from_slice(&read(path)?).map_err(|source| Error::ConfigJson {
+    let value: serde_json::Value =
+        serde_json::from_slice(&read(path)?).map_err(|source| Error::ConfigJson {
+            path: path.to_owned(),
+            source,
+        })?;
+    let found = match &value {
+        serde_json::Value::Object(_) => return Ok(value),
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Null => "null",
+    };
+    Err(Error::ConfigNotObject {
         path: path.to_owned(),
-        source,
+        found,
     })
 }
 
@@ -345,12 +370,44 @@ fn config_template(path: &Path, config: &serde_json::Value) -> Result<Option<Str
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
     use super::*;
 
     const _: fn() = || {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<ModelTokenizer>();
     };
+
+    #[test]
+    fn a_missing_directory_a_file_and_a_config_that_is_no_object_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let err = TokenizerFiles::in_dir(&missing).unwrap_err();
+        assert!(matches!(err, Error::NoDirectory { .. }), "{err}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+
+        let file = dir.path().join("tokenizer.json");
+        std::fs::write(&file, "{}").unwrap();
+        let err = TokenizerFiles::in_dir(&file).unwrap_err();
+        assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
+        assert!(
+            err.to_string().contains("is a file, not a directory"),
+            "{err}"
+        );
+
+        let config = dir.path().join("tokenizer_config.json");
+        for (text, found) in [("[]", "an array"), ("\"x\"", "a string"), ("null", "null")] {
+            std::fs::write(&config, text).unwrap();
+            let err = read_json(&config).unwrap_err();
+            assert!(
+                matches!(err, Error::ConfigNotObject { found: f, .. } if f == found),
+                "{text}: {err}"
+            );
+        }
+        std::fs::write(&config, "{}").unwrap();
+        assert!(read_json(&config).unwrap().is_object());
+    }
 
     #[test]
     fn config_templates_and_tokens_take_both_shapes() {

@@ -165,9 +165,11 @@ fn limits_are_typed_errors() {
 #[test]
 fn loading_errors_name_the_file() {
     let err = ModelTokenizer::from_dir("/nonexistent/model", Options::default()).unwrap_err();
-    assert!(matches!(err, Error::NoTokenizerJson { .. }), "{err}");
+    assert!(matches!(err, Error::NoDirectory { .. }), "{err}");
     assert!(err.to_string().contains("/nonexistent/model"));
     let dir = tempfile::tempdir().unwrap();
+    let err = ModelTokenizer::from_dir(dir.path(), Options::default()).unwrap_err();
+    assert!(matches!(err, Error::NoTokenizerJson { .. }), "{err}");
     std::fs::write(
         dir.path().join("tokenizer.json"),
         b"{\"not\": \"a tokenizer\"}",
