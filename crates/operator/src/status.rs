@@ -159,12 +159,13 @@ pub fn rejected(
                 generation,
                 now,
             ),
+            // The same message again: `Ready` is what `kubectl get -o wide` shows.
             cond(
                 &prev.conditions,
                 READY,
                 false,
                 "Invalid",
-                "the spec was not accepted",
+                &format!("the spec was not accepted: {message}"),
                 generation,
                 now,
             ),

@@ -379,6 +379,15 @@ async fn invalid_spec_sets_accepted_false_with_the_rule_message_and_writes_no_ch
         message.contains(infergate_api::validation::BBR_REQUIRED.message),
         "{message}"
     );
+    // `kubectl get -o wide` shows Ready's reason and message: they say it too.
+    let cfg = fake.get(CFG).unwrap();
+    assert_eq!(reason(&cfg, "Ready"), "Invalid");
+    let (status, ready_message) = condition(&cfg, "Ready");
+    assert_eq!(status, "False");
+    assert!(
+        ready_message.contains(infergate_api::validation::BBR_REQUIRED.message),
+        "{ready_message}"
+    );
 }
 
 #[tokio::test]
