@@ -12,12 +12,33 @@ import sys
 import time
 
 
+def positive(args: list, i: int, name: str, default: float) -> float:
+    """Argument i as a positive finite number, or the default; exits with a usage line if not."""
+    if len(args) <= i:
+        return default
+    try:
+        value = float(args[i])
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        sys.exit(f"host-jitter.py: {name} must be a positive number, not {args[i]!r}\n"
+                 "usage: python3 benches/host-jitter.py [SECONDS] [SLEEP_US]")
+    return value
+
+
 def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
-    sleep_s = (float(sys.argv[2]) if len(sys.argv) > 2 else 500.0) / 1e6
+    if len(sys.argv) > 3:
+        sys.exit("usage: python3 benches/host-jitter.py [SECONDS] [SLEEP_US]")
+    seconds = positive(sys.argv, 1, "SECONDS", 8.0)
+    sleep_s = positive(sys.argv, 2, "SLEEP_US", 500.0) / 1e6
     late = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
+        t = time.perf_counter()
+        time.sleep(sleep_s)
+        late.append(time.perf_counter() - t - sleep_s)
+    if not late:
+        # One sleep is always taken, however short SECONDS is.
         t = time.perf_counter()
         time.sleep(sleep_s)
         late.append(time.perf_counter() - t - sleep_s)
