@@ -878,3 +878,67 @@ fn pods_are_annotated_for_scraping_unless_observability_metrics_is_false() {
     off.spec.observability.metrics = false;
     assert!(scraped(&off).iter().all(|s| !*s));
 }
+
+#[test]
+fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
+    // What the operator calls: server-side apply (patch, and create for an object that does
+    // not exist yet), list by label, delete, the controller's watches; the finalizer by JSON
+    // patch, the status by apply on /status; the peer-key Secrets; and what the pickers' Roles
+    // grant (RBAC lets it grant only what it holds). `update` is never called.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator/operator.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let role = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .find(|v| v["kind"] == "ClusterRole")
+        .unwrap();
+    let mut used: BTreeSet<(String, String, String)> = BTreeSet::new();
+    let mut add = |group: &str, resource: &str, verbs: &[&str]| {
+        for v in verbs {
+            used.insert((group.to_owned(), resource.to_owned(), (*v).to_owned()));
+        }
+    };
+    for k in infergate_operator::render::child_kinds() {
+        add(
+            &k.group,
+            &k.plural,
+            &["get", "list", "watch", "create", "patch", "delete"],
+        );
+    }
+    add(
+        "infergate.dev",
+        "inferencegatewayconfigs",
+        &["get", "list", "watch", "patch"],
+    );
+    add(
+        "infergate.dev",
+        "inferencegatewayconfigs/status",
+        &["patch"],
+    );
+    // Setting a controller owner reference on a cluster that enforces owner-reference
+    // permissions (OpenShift) needs update on the owner's finalizers.
+    add(
+        "infergate.dev",
+        "inferencegatewayconfigs/finalizers",
+        &["update"],
+    );
+    add("", "secrets", &["get", "create", "delete"]);
+    add("", "pods", &["get", "list", "watch"]);
+    let mut excess = Vec::new();
+    for r in role["rules"].as_array().unwrap() {
+        for g in r["apiGroups"].as_array().unwrap() {
+            for res in r["resources"].as_array().unwrap() {
+                for v in r["verbs"].as_array().unwrap() {
+                    let key = (
+                        g.as_str().unwrap().to_owned(),
+                        res.as_str().unwrap().to_owned(),
+                        v.as_str().unwrap().to_owned(),
+                    );
+                    if !used.contains(&key) {
+                        excess.push(key);
+                    }
+                }
+            }
+        }
+    }
+    assert!(excess.is_empty(), "granted but never used: {excess:?}");
+}
