@@ -304,7 +304,7 @@ async fn ensure_peer_keys(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result
     for mut secret in secrets {
         let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-        if api.get_opt(&name).await?.is_some() {
+        if read_secret(&api, &ns, &name).await?.is_some() {
             continue;
         }
         let mut key = [0u8; 32];
@@ -327,6 +327,14 @@ async fn ensure_peer_keys(cfg: &InferenceGatewayConfig, ctx: &Context) -> Result
     Ok(())
 }
 
+async fn read_secret(api: &Api<Secret>, ns: &str, name: &str) -> Result<Option<Secret>, Error> {
+    api.get_opt(name).await.map_err(|source| Error::Child {
+        action: "read",
+        child: format!("Secret {ns}/{name}"),
+        source: Box::new(source),
+    })
+}
+
 /// Deletes the peer-exchange key Secrets this config created (owned by it; one made by hand is
 /// left).
 async fn delete_peer_keys(
@@ -337,7 +345,7 @@ async fn delete_peer_keys(
     for secret in peer_key_secrets(cfg, &ctx.opts).unwrap_or_default() {
         let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-        let Some(current) = api.get_opt(&name).await? else {
+        let Some(current) = read_secret(&api, &ns, &name).await? else {
             continue;
         };
         let ours = current
@@ -348,7 +356,13 @@ async fn delete_peer_keys(
             match api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(source) => {
+                    return Err(Error::Child {
+                        action: "delete",
+                        child: format!("Secret {ns}/{name}"),
+                        source: Box::new(source),
+                    });
+                }
             }
         }
     }

@@ -714,3 +714,20 @@ async fn a_missing_certificate_secret_is_named_in_ready() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_forbidden_peer_key_read_names_the_secret_in_ready() {
+    // An operator whose role lacks `get` on Secrets: the status says which Secret it could not
+    // read and the API server's answer, not only "Kubernetes API call failed".
+    let (ctx, fake) = setup("multi-model.yaml");
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let path = format!("/api/v1/namespaces/{NS}/secrets/fleet-llama-70b-epp-peer-key");
+    fake.fail("GET", &path, 403, 1);
+    reconcile(config(&fake), ctx.clone()).await.unwrap_err();
+    let (status, message) = condition(&fake.get(CFG).unwrap(), "Ready");
+    assert_eq!(status, "False");
+    assert_eq!(
+        message,
+        "cannot read Secret inference/fleet-llama-70b-epp-peer-key: injected failure (HTTP 403 Forbidden)"
+    );
+}
