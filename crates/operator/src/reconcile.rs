@@ -215,6 +215,11 @@ async fn converge(
     let unusable_secrets = unusable_secrets(cfg, ctx).await?;
     let observed = Observed {
         unusable_secrets,
+        routes: existing
+            .iter()
+            .filter(|((k, _), _)| k == "HTTPRoute")
+            .filter_map(|(_, o)| serde_json::to_value(o).ok())
+            .collect(),
         gateway: existing
             .iter()
             .find(|((k, _), _)| k == "Gateway")

@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::Value;
 
-use crate::render::{bbr_name, epp_name};
+use crate::render::{bbr_name, epp_name, scheduler_name};
 
 /// What the reconciler saw of the children before applying.
 #[derive(Debug, Default, Clone)]
@@ -20,6 +20,9 @@ pub struct Observed {
     pub gateway: Option<Value>,
     /// Deployments owned by the config.
     pub deployments: Vec<Deployment>,
+    /// The config's HTTPRoutes as read from the cluster (their `status.parents` is what
+    /// matters).
+    pub routes: Vec<Value>,
     /// Secrets the spec names that the pods or the Gateway cannot use: what is wrong with
     /// each, naming the Secret and the field (see `reconcile::unusable_secrets`).
     pub unusable_secrets: Vec<String>,
@@ -87,11 +90,20 @@ pub fn accepted(
 
     let mut schedulers = Vec::with_capacity(cfg.spec.schedulers.len());
     let mut all_available = true;
+    let mut refused_routes = Vec::new();
     for s in &cfg.spec.schedulers {
         let d = find(&observed.deployments, &epp_name(&name, &s.name));
         let state = rollout(d);
-        let ok = state == RolloutState::Available;
-        all_available &= ok;
+        let route = scheduler_name(&name, &s.name);
+        let problems = route_problems(&route, &observed.routes);
+        let ok = state == RolloutState::Available && problems.is_empty();
+        all_available &= state == RolloutState::Available;
+        let mut message = rollout_message("endpoint picker", state, d);
+        for p in &problems {
+            message.push_str("; ");
+            message.push_str(p);
+        }
+        refused_routes.extend(problems);
         let prev_s = prev
             .schedulers
             .iter()
@@ -105,7 +117,7 @@ pub fn accepted(
                 READY,
                 ok,
                 state_reason(state),
-                &rollout_message("endpoint picker", state, d),
+                &message,
                 generation,
                 now,
             )],
@@ -113,11 +125,14 @@ pub fn accepted(
         });
     }
     let secrets_ok = observed.unusable_secrets.is_empty();
-    let ready = programmed && bbr_ok && all_available && secrets_ok;
+    let routes_ok = refused_routes.is_empty();
+    let ready = programmed && bbr_ok && all_available && secrets_ok && routes_ok;
     let (reason, msg) = if ready {
         ("Ready", "the gateway serves traffic".to_owned())
     } else if !secrets_ok {
         ("SecretNotFound", observed.unusable_secrets.join("; "))
+    } else if !routes_ok {
+        ("RouteNotAccepted", refused_routes.join("; "))
     } else {
         (
             "Pending",
@@ -322,6 +337,32 @@ fn gateway_state(gw: Option<&Value>) -> GatewayState {
         reason,
         message: parts.join("; "),
     }
+}
+
+/// What the Gateway controller refused of the HTTPRoute `name`: each parent's `Accepted` or
+/// `ResolvedRefs` condition that is `False` (e.g. an InferencePool backend on an Envoy Gateway
+/// without Envoy AI Gateway's extension), as one sentence naming the route and the parent.
+fn route_problems(name: &str, routes: &[Value]) -> Vec<String> {
+    let Some(route) = routes.iter().find(|r| r["metadata"]["name"] == name) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for parent in route["status"]["parents"].as_array().into_iter().flatten() {
+        let parent_name = parent["parentRef"]["name"].as_str().unwrap_or_default();
+        for c in parent["conditions"].as_array().into_iter().flatten() {
+            let refused = matches!(c["type"].as_str(), Some("Accepted" | "ResolvedRefs"))
+                && c["status"] == "False";
+            if refused {
+                out.push(format!(
+                    "HTTPRoute {name}, parent {parent_name}: {}=False ({}): {}",
+                    c["type"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default(),
+                    c["message"].as_str().unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// "… rollout is STATE", with the Deployment's own account of a failure (pods it cannot

@@ -103,7 +103,7 @@ fn a_gateway_that_is_not_programmed_says_why_in_gateway_programmed() {
     let observed = Observed {
         gateway: Some(gw),
         deployments: Vec::new(),
-        unusable_secrets: Vec::new(),
+        ..Observed::default()
     };
     let st = accepted(&example(), &observed, 3, &t(1));
     let c = find_cond(&st, GATEWAY_PROGRAMMED);
@@ -140,7 +140,7 @@ fn a_programmed_gateway_with_a_broken_listener_is_not_ready() {
     let observed = Observed {
         gateway: Some(gw),
         deployments: Vec::new(),
-        unusable_secrets: Vec::new(),
+        ..Observed::default()
     };
     let st = accepted(&example(), &observed, 3, &t(1));
     let c = find_cond(&st, GATEWAY_PROGRAMMED);
@@ -178,7 +178,7 @@ fn a_picker_whose_pods_cannot_be_created_says_why() {
     let observed = Observed {
         gateway: None,
         deployments: vec![d],
-        unusable_secrets: Vec::new(),
+        ..Observed::default()
     };
     let st = accepted(&example(), &observed, 3, &t(1));
     let c = &st.schedulers[0].conditions[0];
@@ -189,4 +189,46 @@ fn a_picker_whose_pods_cannot_be_created_says_why() {
         "{}",
         c.message
     );
+}
+
+#[test]
+fn a_route_the_gateway_refuses_makes_its_scheduler_and_the_config_not_ready() {
+    // Envoy Gateway without Envoy AI Gateway's extension refuses an HTTPRoute whose backend is
+    // an InferencePool; every pod can be up and no request would be routed.
+    let route = serde_json::json!({
+        "metadata": {"name": "llama-llama-8b"},
+        "status": {"parents": [{
+            "parentRef": {"name": "llama"},
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "conditions": [
+                {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Route is accepted"},
+                {"type": "ResolvedRefs", "status": "False", "reason": "InvalidKind",
+                 "message": "Kind InferencePool is not supported"}
+            ]
+        }]}
+    });
+    let mut d = deployment(
+        1,
+        Some(DeploymentStatus {
+            observed_generation: Some(2),
+            updated_replicas: Some(1),
+            available_replicas: Some(1),
+            ..DeploymentStatus::default()
+        }),
+    );
+    d.metadata.name = Some("llama-llama-8b-epp".into());
+    let observed = Observed {
+        routes: vec![route],
+        deployments: vec![d],
+        ..Observed::default()
+    };
+    let st = accepted(&example(), &observed, 3, &t(1));
+    let c = &st.schedulers[0].conditions[0];
+    assert_eq!(c.status, "False");
+    let want = "HTTPRoute llama-llama-8b, parent llama: ResolvedRefs=False (InvalidKind): Kind InferencePool is not supported";
+    assert!(c.message.contains(want), "{}", c.message);
+    let ready = find_cond(&st, READY);
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, "RouteNotAccepted");
+    assert!(ready.message.contains(want), "{}", ready.message);
 }
