@@ -318,3 +318,71 @@ fn scenario_paths_and_durations_that_give_nothing_to_run_are_refused_naming_them
         "{stderr}"
     );
 }
+
+/// Whether process `pid` still runs (a zombie waiting for its parent does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_stopped_live_run_stops_its_front_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("stop.yaml");
+    std::fs::write(
+        &scenario,
+        "name: stop\nfleet:\n  - { name: h100, profile: llama-3.1-8b/h100 }\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 4 }\n  prompt_tokens: { dist: fixed, value: 64 }\n  output_tokens: { dist: fixed, value: 4 }\nseeds: [1]\npolicies: [round-robin]\n",
+    )
+    .unwrap();
+    let pid_file = dir.path().join("front.pid");
+    // A front that never gets ready: the bench is stopped while it waits for it.
+    let front = format!("idle=echo $$ > {}; exec sleep 300", pid_file.display());
+    let bench = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&scenario)
+        .args(["--mode", "live", "--out"])
+        .arg(dir.path().join("out"))
+        .args(["--front", &front])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let front_pid: u32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < by, "the front never started");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(alive(front_pid));
+    let killed = Command::new("kill")
+        .args(["-TERM", &bench.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = bench.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while alive(front_pid) {
+        if std::time::Instant::now() > by {
+            // Leave nothing behind, then fail.
+            let _ = Command::new("kill")
+                .args(["-KILL", &front_pid.to_string()])
+                .status();
+            panic!("the front (pid {front_pid}) outlived the bench; stderr: {stderr}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(stderr.contains("interrupted during"), "{stderr}");
+    assert!(!dir.path().join("out/stop-live.md").exists());
+}

@@ -271,13 +271,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             requests: args.requests_csv && keeps,
         };
         let report = if live {
-            infergate_bench::live::run_with_fronts(
-                &scenario,
-                &origin,
-                &fronts,
-                &mut StderrBar::default(),
-            )
-            .await?
+            // Fronts run in process groups of their own, out of reach of the terminal's Ctrl-C:
+            // a signal ends the run here, and dropping it stops the front it had started.
+            let mut bar = StderrBar::default();
+            tokio::select! {
+                report = infergate_bench::live::run_with_fronts(
+                    &scenario,
+                    &origin,
+                    &fronts,
+                    &mut bar,
+                ) => report?,
+                () = super::shutdown_signal() => anyhow::bail!(
+                    "\ninterrupted during {origin}: its runs were stopped, external fronts included, and no report was written for it"
+                ),
+            }
         } else {
             tokio::task::spawn_blocking(move || {
                 infergate_bench::simulate::run_with(
