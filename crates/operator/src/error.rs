@@ -54,6 +54,20 @@ pub enum Error {
         /// Its `group/version`.
         api_version: String,
     },
+    /// A child's name is held by an object this config does not manage (no
+    /// `infergate.dev/config` label naming it): applying would take that object over, and
+    /// deleting the config would delete it.
+    #[error(
+        "{child} already exists and is not managed by this config (it lacks the label \
+         infergate.dev/config={config}): rename the config or the scheduler, or delete or \
+         rename that object"
+    )]
+    NameTaken {
+        /// `Kind namespace/name` of the object.
+        child: String,
+        /// The config's name.
+        config: String,
+    },
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
@@ -104,6 +118,7 @@ impl Error {
             Self::Shape { .. } | Self::CommandLine(_) | Self::Yaml(_) => "render_shape",
             Self::SchedulerConfig(_) | Self::PickerFile { .. } => "invalid",
             Self::MissingApi { .. } => "missing_api",
+            Self::NameTaken { .. } => "name_taken",
             Self::Kube(e) if is_conflict(e) => "conflict",
             Self::Child { source, .. } if is_conflict(source) => "conflict",
             Self::Kube(_) | Self::Child { .. } => "kube",

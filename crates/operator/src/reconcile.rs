@@ -176,6 +176,7 @@ fn failure_reason(e: &Error) -> &'static str {
     match e {
         Error::MissingApi { .. } => "MissingAPI",
         Error::Child { .. } => "ApplyFailed",
+        Error::NameTaken { .. } => "NameTaken",
         _ => "ReconcileError",
     }
 }
@@ -195,6 +196,9 @@ async fn converge(
         let current = existing.get(&(child.resource.kind.clone(), child.object.name_any()));
         if current.is_some_and(|cur| up_to_date(&child.object, cur)) {
             continue;
+        }
+        if current.is_none() {
+            ensure_name_free(cfg, ctx, child).await?;
         }
         apply_child(ctx, child).await?;
         writes += 1;
@@ -441,6 +445,31 @@ async fn list_children(
         }
     }
     Ok(out)
+}
+
+/// Fails when a child missing from the config's labelled children exists all the same: an
+/// object of someone else's with that name, which a forced apply would take over.
+async fn ensure_name_free(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+    child: &Child,
+) -> Result<(), Error> {
+    let ns = child.object.namespace().unwrap_or_default();
+    let name = child.object.name_any();
+    let what = format!("{} {ns}/{name}", child.resource.kind);
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &child.resource);
+    match api.get_opt(&name).await {
+        Ok(None) => Ok(()),
+        Ok(Some(_)) => Err(Error::NameTaken {
+            child: what,
+            config: cfg.name_any(),
+        }),
+        Err(source) => Err(Error::Child {
+            action: "read",
+            child: what,
+            source: Box::new(source),
+        }),
+    }
 }
 
 async fn apply_child(ctx: &Context, child: &Child) -> Result<(), Error> {

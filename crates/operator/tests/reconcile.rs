@@ -153,14 +153,26 @@ async fn create_adds_the_finalizer_first_then_applies_every_child_by_ssa() {
             c.key()
         );
     }
-    // Listing went by the owner label, once per child kind; the one other read is the peer
-    // key Secret of the scheduler with two replicas (missing, so created).
+    // Listing went by the owner label, once per child kind; the other reads are the peer
+    // key Secret of the scheduler with two replicas (missing, so created) and each child,
+    // once, to see that its name is free before it is created.
     let secret = format!("/api/v1/namespaces/{NS}/secrets/fleet-llama-70b-epp-peer-key");
     let (reads, lists): (Vec<&Seen>, Vec<&Seen>) = log
         .iter()
         .filter(|s| s.method == "GET")
-        .partition(|s| s.path == secret);
-    assert_eq!(reads.len(), 1);
+        .partition(|s| !s.query.contains("labelSelector"));
+    let (secret_reads, child_reads): (Vec<&Seen>, Vec<&Seen>) =
+        reads.into_iter().partition(|s| s.path == secret);
+    assert_eq!(secret_reads.len(), 1);
+    assert_eq!(
+        child_reads
+            .iter()
+            .map(|s| s.path.clone())
+            .collect::<BTreeSet<_>>(),
+        paths(&applies, "PATCH"),
+        "one read per child created"
+    );
+    assert_eq!(child_reads.len(), desired.len());
     assert_eq!(
         paths(&writes(&log), "POST"),
         BTreeSet::from([format!("/api/v1/namespaces/{NS}/secrets")])
@@ -729,5 +741,39 @@ async fn a_forbidden_peer_key_read_names_the_secret_in_ready() {
     assert_eq!(
         message,
         "cannot read Secret inference/fleet-llama-70b-epp-peer-key: injected failure (HTTP 403 Forbidden)"
+    );
+}
+
+#[tokio::test]
+async fn an_existing_object_the_config_does_not_manage_is_not_taken_over() {
+    // A Gateway of the user's that happens to have the config's name: a forced apply would
+    // take it over, and deleting the config would delete it. The config reports the clash and
+    // leaves it alone.
+    let (ctx, fake) = setup("single-model.yaml");
+    let gateway = "/apis/gateway.networking.k8s.io/v1/namespaces/inference/gateways/llama";
+    let theirs = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "llama", "namespace": NS, "uid": "someone-else"},
+        "spec": {"gatewayClassName": "other", "listeners": []}});
+    fake.put(gateway, theirs.clone());
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.clear_log();
+    let err = reconcile(config(&fake), ctx.clone()).await.unwrap_err();
+    assert_eq!(err.metric_label(), "name_taken");
+    assert!(
+        fake.log()
+            .iter()
+            .all(|s| !(s.method == "PATCH" && s.path == gateway)),
+        "{:?}",
+        fake.log()
+    );
+    assert_eq!(fake.get(gateway).unwrap(), theirs);
+    let stored = fake.get(&config_path(&fake)).unwrap();
+    assert_eq!(reason(&stored, "Ready"), "NameTaken");
+    let (_, message) = condition(&stored, "Ready");
+    assert!(
+        message.starts_with(
+            "Gateway inference/llama already exists and is not managed by this config"
+        ),
+        "{message}"
     );
 }
