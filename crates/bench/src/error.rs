@@ -99,6 +99,11 @@ pub enum BenchError {
     /// The gateway never became ready (no pod answered its scrapes).
     #[error("the gateway for policy {0} did not become ready within 10 s")]
     NotReady(String),
+    /// Two external fronts have the same name.
+    #[error(
+        "two fronts are named {0}: each needs a name of its own (its row in the report, its front-NAME.log)"
+    )]
+    DuplicateFront(String),
     /// An external front's command could not be started.
     #[error("front {front}: cannot run its command with sh")]
     FrontStart {

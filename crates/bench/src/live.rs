@@ -140,6 +140,12 @@ pub async fn run_with_fronts(
             reason: format!("names {}, which is also a front's name", f.name),
         });
     }
+    for (i, f) in fronts.list.iter().enumerate() {
+        if fronts.list[..i].iter().any(|g| g.name == f.name) {
+            // One row and one log per name: a second front would merge into the first's.
+            return Err(BenchError::DuplicateFront(f.name.clone()));
+        }
+    }
     for policy in &scenario.policies {
         if policy.precise {
             // The live gateway has no KV-event subscriber to feed it.

@@ -135,6 +135,25 @@ async fn a_front_that_exits_before_it_is_ready_is_reported_with_its_output() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_fronts_of_one_name_are_refused_before_any_run() {
+    let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fronts = Fronts {
+        list: vec!["a=exit 1".parse().unwrap(), "a=exit 2".parse().unwrap()],
+        log_dir: dir.path().to_owned(),
+    };
+    let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, BenchError::DuplicateFront(name) if name == "a"),
+        "{err}"
+    );
+    // Refused before the scenario's policies ran or any front started.
+    assert!(!dir.path().join("front-a.log").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_front_named_like_a_policy_is_refused() {
     let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
     let fronts = Fronts {
