@@ -25,8 +25,8 @@ pub struct Args {
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME", default_value = "infergate-operator")]
     identity: String,
-    /// Lease duration in seconds; the leader renews every third of it.
-    #[arg(long, default_value_t = 15)]
+    /// Lease duration in seconds (at least 3); the leader renews every third of it.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..))]
     lease_seconds: u64,
     /// Address serving `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, default_value = "0.0.0.0:9090")]
@@ -52,11 +52,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             lease_namespace: args.lease_namespace,
             lease_name: args.lease_name,
             identity: args.identity,
-            lease_duration: Duration::from_secs(args.lease_seconds.max(3)),
+            lease_duration: Duration::from_secs(args.lease_seconds),
         },
         Some(admin),
         shutdown_signal(),
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+    use clap::Parser as _;
+
+    use crate::{Cli, Command};
+
+    #[test]
+    fn a_lease_shorter_than_three_seconds_is_refused_not_silently_lengthened() {
+        let err = Cli::try_parse_from(["infergate", "operator", "--lease-seconds=1"]).unwrap_err();
+        assert!(err.to_string().contains("--lease-seconds"), "{err}");
+        let cli = Cli::try_parse_from(["infergate", "operator", "--lease-seconds=3"]).unwrap();
+        let Command::Operator(args) = cli.command else {
+            panic!("not the operator command");
+        };
+        assert_eq!(args.lease_seconds, 3);
+    }
 }
