@@ -386,3 +386,25 @@ fn a_stopped_live_run_stops_its_front_too() {
     assert!(stderr.contains("interrupted during"), "{stderr}");
     assert!(!dir.path().join("out/stop-live.md").exists());
 }
+
+#[test]
+fn two_scenario_files_of_one_name_are_refused_before_either_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), SCENARIO).unwrap();
+    std::fs::write(dir.path().join("b.yaml"), SCENARIO).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("are both scenario `csv-check`") && stderr.contains("b.yaml"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out").exists());
+}

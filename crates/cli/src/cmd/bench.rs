@@ -256,6 +256,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|p| load(p, &args).map(|s| (p.clone(), s)))
         .collect::<anyhow::Result<_>>()?;
+    // Reports are named after the scenario: two files of one name would write one report.
+    for (i, (path, s)) in scenarios.iter().enumerate() {
+        if let Some((first, _)) = scenarios[..i].iter().find(|(_, t)| t.name == s.name) {
+            anyhow::bail!(
+                "{} and {} are both scenario `{}`: their reports would overwrite each other (give one another `name`)",
+                first.display(),
+                path.display(),
+                s.name
+            );
+        }
+    }
     let mut unserved_runs = Vec::new();
     for (path, scenario) in scenarios {
         let origin = path.display().to_string();
