@@ -20,12 +20,12 @@ use std::time::Duration;
 use harness::*;
 use infergate_extproc::{EndpointPicker, EndpointPool, InflightGuard, PickerConfig, Telemetry};
 use infergate_metrics::Clock;
+use infergate_pool::Changes;
 use infergate_pool::flow::{FlowController, FlowMetrics};
 use infergate_pool::tenant::{Tenancy, TenancyConfig};
 use infergate_scheduler::flow::FlowConfig;
 use infergate_scheduler::{Priority, Rejection, RequestContext, Usage};
 use prometheus_client::registry::Registry;
-use tokio::sync::Notify;
 
 const BODY: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 const POD: &str = "10.0.0.1:8000";
@@ -34,7 +34,7 @@ const POD: &str = "10.0.0.1:8000";
 #[derive(Clone)]
 struct Gate {
     open: Arc<AtomicBool>,
-    changes: Arc<Notify>,
+    changes: Arc<Changes>,
     priorities: Arc<std::sync::Mutex<Vec<Priority>>>,
 }
 
@@ -69,7 +69,7 @@ impl EndpointPool for Gate {
         true
     }
 
-    fn changes(&self) -> Option<Arc<Notify>> {
+    fn changes(&self) -> Option<Arc<Changes>> {
         Some(Arc::clone(&self.changes))
     }
 }
@@ -77,7 +77,7 @@ impl EndpointPool for Gate {
 fn picker(ttl: Duration) -> (EndpointPicker<Gate>, Gate, FlowController) {
     let gate = Gate {
         open: Arc::default(),
-        changes: Arc::new(Notify::new()),
+        changes: Arc::new(Changes::new()),
         priorities: Arc::default(),
     };
     let tenancy: TenancyConfig = serde_yaml::from_str("objectives: { chat: critical }").unwrap();
@@ -141,7 +141,7 @@ async fn the_picker_queues_a_request_while_the_pool_is_saturated_and_routes_it_a
     let early = tokio::time::timeout(Duration::from_millis(100), ex.next()).await;
     assert!(early.is_err(), "answered while queued: {early:?}");
     gate.open.store(true, Ordering::SeqCst);
-    gate.changes.notify_one();
+    gate.changes.signal();
     let route = headers_answer(&ex.next().await);
     assert_eq!(route.header("x-gateway-destination-endpoint"), Some(POD));
     assert_eq!(route.metadata_destination.as_deref(), Some(POD));

@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use crate::Changes;
 use infergate_metrics::Clock;
 use infergate_scheduler::flow::{
     FlowConfig, FlowQueues, FlowRequest, FlowTicket, Refusal, ServiceCharge,
@@ -55,7 +56,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::tenant::{Tenancy, TenancyConfig};
@@ -473,11 +473,13 @@ impl FlowController {
 
     /// Kicks on every notification of `changes` (the pool's: releases and metrics pages), from
     /// a task that ends at the first notification after the controller is gone.
-    pub fn watch(&self, changes: Arc<Notify>) {
+    pub fn watch(&self, changes: Arc<Changes>) {
         let weak = Arc::downgrade(&self.ctl);
+        // Taken now: a signal raised before the task first runs is not missed.
+        let mut seen = changes.version();
         tokio::spawn(async move {
             loop {
-                changes.notified().await;
+                changes.changed(&mut seen).await;
                 let Some(ctl) = weak.upgrade() else {
                     return;
                 };

@@ -19,7 +19,8 @@
 //! - [`heartbeat`] — the heartbeat document (`/heartbeat` on the admin port): a small JSON status
 //!   per pool that the global router polls;
 //! - [`flow`] — flow control: requests wait in bounded per-priority queues while every pod is
-//!   saturated ([`flow::FlowController`]); [`tenant`] — a request's tenant and priority;
+//!   saturated ([`flow::FlowController`]), woken by the pool's [`changes::Changes`] signal;
+//!   [`tenant`] — a request's tenant and priority;
 //! - [`histogram`] — [`histogram::AtomicHistogram`], a lock-free histogram for per-request
 //!   timings;
 //! - [`hop`] — the hop-by-hop headers both front doors strip before forwarding, either way;
@@ -53,6 +54,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 pub mod admin;
+pub mod changes;
 pub mod error;
 pub mod flow;
 pub mod heartbeat;
@@ -67,6 +69,7 @@ pub mod redis;
 pub mod tenant;
 pub mod tls;
 
+pub use changes::Changes;
 pub use error::{ErrorChain, PoolError};
 
 /// How a pool routes and how it watches its endpoints.
@@ -155,9 +158,9 @@ impl Telemetry {
 }
 
 struct Shared {
-    /// Notified when room may have freed up: an in-flight entry released, a metrics page
-    /// applied (flow control's wake-up; `notify_one`, so a wake-up is never lost).
-    changes: Arc<tokio::sync::Notify>,
+    /// Raised when room may have freed up: an in-flight entry released, a metrics page
+    /// applied (flow control's wake-up; every watcher sees it, none is lost).
+    changes: Arc<Changes>,
     state: Arc<Mutex<State>>,
     scraper: Scraper<SocketAddr>,
     clock: Clock,
@@ -242,7 +245,7 @@ impl LivePool {
         }
         let telemetry = Telemetry::new(registry);
         let sink_state = Arc::clone(&state);
-        let changes = Arc::new(tokio::sync::Notify::new());
+        let changes = Arc::new(Changes::new());
         let sink_changes = Arc::clone(&changes);
         // The scraper has already logged every transition; the scheduler follows it: a late pod
         // stays a candidate on its last page, a failed one leaves the candidates at once.
@@ -276,7 +279,7 @@ impl LivePool {
                 // The endpoint left the pool while its scrape was in flight.
                 tracing::debug!(endpoint = %addr, error = %e, "update for a removed endpoint dropped");
             }
-            sink_changes.notify_one();
+            sink_changes.signal();
         };
         let scraper = Scraper::spawn(config.scrape, clock, scrape_metrics, sink)?;
         Ok(LivePool {
@@ -492,9 +495,9 @@ impl LivePool {
         lock(&self.shared.state).scheduler.inflight()
     }
 
-    /// Notified whenever room may have freed up (an in-flight entry released, a metrics page
+    /// Raised whenever room may have freed up (an in-flight entry released, a metrics page
     /// applied); flow control waits on it.
-    pub fn changes(&self) -> Arc<tokio::sync::Notify> {
+    pub fn changes(&self) -> Arc<Changes> {
         Arc::clone(&self.shared.changes)
     }
 
@@ -655,7 +658,7 @@ impl Inflight {
         self.finished = true;
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
         self.pool.with_scheduler(|s| s.complete(ticket, now, usage));
-        self.pool.shared.changes.notify_one();
+        self.pool.shared.changes.signal();
         self.pool.load_changed();
     }
 
@@ -664,7 +667,7 @@ impl Inflight {
         self.finished = true;
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
         self.pool.with_scheduler(|s| s.fail(ticket, now));
-        self.pool.shared.changes.notify_one();
+        self.pool.shared.changes.signal();
         self.pool.load_changed();
     }
 }
@@ -674,7 +677,7 @@ impl Drop for Inflight {
         if !self.finished {
             let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
             self.pool.with_scheduler(|s| s.cancel(ticket, now));
-            self.pool.shared.changes.notify_one();
+            self.pool.shared.changes.signal();
             self.pool.load_changed();
         }
     }

@@ -74,9 +74,9 @@ pub trait EndpointPool: Clone + Send + Sync + 'static {
         (self.pick(cx), None)
     }
 
-    /// Notified whenever room may have freed up (an in-flight request ended, a metrics page
+    /// Raised whenever room may have freed up (an in-flight request ended, a metrics page
     /// arrived): flow control gives its queue's head a turn then. `None`: the pool says nothing.
-    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+    fn changes(&self) -> Option<std::sync::Arc<crate::Changes>> {
         None
     }
 
@@ -120,7 +120,7 @@ impl EndpointPool for LivePool {
         (picked, Some(explanation.summary(EXPLAIN_CANDIDATES)))
     }
 
-    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+    fn changes(&self) -> Option<std::sync::Arc<crate::Changes>> {
         Some(LivePool::changes(self))
     }
 

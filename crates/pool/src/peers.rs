@@ -810,6 +810,6 @@ async fn receive_from(ctx: &Ctx, mut stream: TcpStream) -> Result<(), SessionErr
         }
         ctx.stats.received.inc();
         // Lower peer load may leave room for a queued request.
-        ctx.pool.shared.changes.notify_one();
+        ctx.pool.shared.changes.signal();
     }
 }

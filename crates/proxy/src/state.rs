@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use infergate_pool::lifecycle::{EndpointPool, InflightGuard};
-use infergate_pool::{Inflight, LivePool};
+use infergate_pool::{Changes, Inflight, LivePool};
 use infergate_scheduler::{Rejection, RequestContext};
-use tokio::sync::Notify;
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -57,7 +56,7 @@ pub(crate) struct Concurrency {
     max: usize,
     /// With flow control: notified when a slot frees (the pool's change signal), so the model's
     /// queue gives its head a turn. Without, nothing waits for a slot.
-    freed: Option<Arc<Notify>>,
+    freed: Option<Arc<Changes>>,
 }
 
 impl Concurrency {
@@ -84,7 +83,7 @@ impl Concurrency {
 /// slot, and with flow control wakes the model's queue.
 pub(crate) struct Permit {
     active: Arc<AtomicUsize>,
-    freed: Option<Arc<Notify>>,
+    freed: Option<Arc<Changes>>,
 }
 
 impl Permit {
@@ -100,7 +99,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         self.active.fetch_sub(1, Ordering::AcqRel);
         if let Some(freed) = &self.freed {
-            freed.notify_one();
+            freed.signal();
         }
     }
 }
@@ -171,7 +170,7 @@ impl EndpointPool for Gated {
         }
     }
 
-    fn changes(&self) -> Option<Arc<Notify>> {
+    fn changes(&self) -> Option<Arc<Changes>> {
         EndpointPool::changes(&self.pool)
     }
 

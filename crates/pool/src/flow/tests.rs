@@ -310,3 +310,40 @@ fn the_picker_s_file_refuses_the_gateway_s_header_fields() {
         assert!(text.contains("x-llm-d-inference-fairness-id"), "{text}");
     }
 }
+
+/// A gateway reload that changes `flowControl:` keeps the pool and starts a second controller
+/// while the first one's requests still wait: one change of the pool gives both queues' heads
+/// their turn (a wake-up for one waiter alone would have left the other queue waiting).
+#[tokio::test(start_paused = true)]
+async fn two_controllers_on_one_pool_are_both_woken_by_one_change() {
+    let changes = Arc::new(Changes::new());
+    let (old, _r1) = controller(|_| {});
+    let (new, _r2) = controller(|_| {});
+    old.watch(Arc::clone(&changes));
+    new.watch(Arc::clone(&changes));
+    // Both watchers wait on the pool's changes.
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    let mut a = old.enqueue(req("a", Priority::Standard), None).unwrap();
+    let mut b = new.enqueue(req("b", Priority::Standard), None).unwrap();
+    for q in [&mut a, &mut b] {
+        assert_eq!(poll(q), Some(Turn::Try));
+        q.still_saturated(Duration::from_secs(1));
+        assert_eq!(poll(q), None);
+    }
+    changes.signal();
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        poll(&mut a),
+        Some(Turn::Try),
+        "the old controller missed the change"
+    );
+    assert_eq!(
+        poll(&mut b),
+        Some(Turn::Try),
+        "the new controller missed the change"
+    );
+}
