@@ -54,6 +54,13 @@ pub enum Error {
         /// Its `group/version`.
         api_version: String,
     },
+    /// The cluster does not serve `InferenceGatewayConfig`: the CRD is not installed.
+    #[error(
+        "the InferenceGatewayConfig CRD (infergate.dev/v1alpha1) is not installed: \
+         kubectl apply --server-side -f crds/ (Helm installs it from the chart's crds/ on a \
+         first install only)"
+    )]
+    MissingCrd,
     /// A child's name is held by an object this config does not manage (no
     /// `infergate.dev/config` label naming it): applying would take that object over, and
     /// deleting the config would delete it.
@@ -119,6 +126,7 @@ impl Error {
             Self::SchedulerConfig(_) | Self::PickerFile { .. } => "invalid",
             Self::MissingApi { .. } => "missing_api",
             Self::NameTaken { .. } => "name_taken",
+            Self::MissingCrd => "missing_crd",
             Self::Kube(e) if is_conflict(e) => "conflict",
             Self::Child { source, .. } if is_conflict(source) => "conflict",
             Self::Kube(_) | Self::Child { .. } => "kube",

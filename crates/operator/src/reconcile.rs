@@ -580,6 +580,22 @@ fn subset(want: &Value, have: &Value) -> bool {
     }
 }
 
+/// Checks, before the controller starts, that the cluster serves `InferenceGatewayConfig` and
+/// lets this operator list it everywhere. Without it the controller's watch would fail over and
+/// over with nothing above debug level in the log, and the operator would idle, ready.
+pub async fn preflight(client: &Client) -> Result<(), Error> {
+    let configs: Api<InferenceGatewayConfig> = Api::all(client.clone());
+    match configs.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::MissingCrd),
+        Err(source) => Err(Error::Child {
+            action: "list",
+            child: "InferenceGatewayConfigs in every namespace".to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -595,8 +611,20 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
-            if let Err(e) = res {
-                debug!(error = %e, "controller event");
+            match res {
+                // A failed reconcile is logged by `error_policy`; an object gone meanwhile is
+                // expected.
+                Ok(_)
+                | Err(
+                    kube::runtime::controller::Error::ReconcilerFailed(..)
+                    | kube::runtime::controller::Error::ObjectNotFound(_),
+                ) => {}
+                // A watch that fails (a CRD such as Gateway API's missing, a permission
+                // withdrawn) is retried with backoff; kube logs it at debug only.
+                Err(e) => warn!(
+                    error = %e,
+                    "watching InferenceGatewayConfigs or their Deployments and Gateways failed; retrying"
+                ),
             }
         })
         .await;

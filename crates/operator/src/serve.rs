@@ -51,6 +51,7 @@ pub async fn serve(
     let client = Client::try_default()
         .await
         .map_err(|cause| Error::NoCluster { cause })?;
+    reconcile::preflight(&client).await?;
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(
         client.clone(),

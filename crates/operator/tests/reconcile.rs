@@ -777,3 +777,36 @@ async fn an_existing_object_the_config_does_not_manage_is_not_taken_over() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn an_operator_started_without_its_crd_says_so_instead_of_idling() {
+    // Without the CRD the controller's watch fails with a 404 that kube logs at debug only: the
+    // operator would run, ready, doing nothing. The start-up check names what to install.
+    let (ctx, fake) = setup("single-model.yaml");
+    let all = "/apis/infergate.dev/v1alpha1/inferencegatewayconfigs";
+    infergate_operator::reconcile::preflight(&ctx.client)
+        .await
+        .unwrap();
+    fake.fail("GET", all, 404, 1);
+    let err = infergate_operator::reconcile::preflight(&ctx.client)
+        .await
+        .unwrap_err();
+    assert_eq!(err.metric_label(), "missing_crd");
+    let text = err.to_string();
+    assert!(
+        text.contains("InferenceGatewayConfig CRD (infergate.dev/v1alpha1) is not installed")
+            && text.contains("kubectl apply --server-side -f crds/"),
+        "{text}"
+    );
+    // A list it may not make is named with the API server's answer.
+    fake.fail("GET", all, 403, 1);
+    let err = infergate_operator::reconcile::preflight(&ctx.client)
+        .await
+        .unwrap_err();
+    assert!(
+        err.report()
+            .starts_with("cannot list InferenceGatewayConfigs in every namespace: injected failure (HTTP 403 Forbidden)"),
+        "{}",
+        err.report()
+    );
+}

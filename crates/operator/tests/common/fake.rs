@@ -149,6 +149,25 @@ impl Fake {
         }
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let Some(i) = segs.iter().position(|s| *s == "namespaces") else {
+            // A list across namespaces: `/apis/G/V/RESOURCE` (or `/api/v1/RESOURCE`).
+            if method == "GET" && segs.len() >= 3 {
+                let (prefix, resource) = segs.split_at(segs.len() - 1);
+                let head = format!("/{}/namespaces/", prefix.join("/"));
+                let items: Vec<Value> = st
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.strip_prefix(&head).is_some_and(|rest| {
+                            let parts: Vec<&str> = rest.split('/').collect();
+                            parts.len() == 3 && parts[1] == resource[0]
+                        })
+                    })
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                return ok(
+                    &json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": st.rv.to_string() }, "items": items }),
+                );
+            }
             return status(404, "not a namespaced path");
         };
         let collection = format!("/{}", segs[..(i + 3).min(segs.len())].join("/"));
