@@ -127,37 +127,9 @@ pub async fn run_with_fronts(
     fronts: &Fronts,
     progress: &mut dyn Progress,
 ) -> Result<Report, BenchError> {
+    check(scenario, origin, fronts)?;
     let catalog = Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
-    if let Some(f) = fronts
-        .list
-        .iter()
-        .find(|f| scenario.policies.iter().any(|p| p.as_str() == f.name))
-    {
-        return Err(BenchError::Invalid {
-            origin: origin.to_owned(),
-            field: "policies".to_owned(),
-            reason: format!("names {}, which is also a front's name", f.name),
-        });
-    }
-    for (i, f) in fronts.list.iter().enumerate() {
-        if fronts.list[..i].iter().any(|g| g.name == f.name) {
-            // One row and one log per name: a second front would merge into the first's.
-            return Err(BenchError::DuplicateFront(f.name.clone()));
-        }
-    }
-    for policy in &scenario.policies {
-        if policy.precise {
-            // The live gateway has no KV-event subscriber to feed it.
-            return Err(BenchError::Invalid {
-                origin: origin.to_owned(),
-                field: "policies".to_owned(),
-                reason: format!(
-                    "lists {policy}, which runs in simulated mode only (for a live run, name the policies with --policies)"
-                ),
-            });
-        }
-    }
     let mut runs = Vec::new();
     let mut floors = Vec::new();
     for (si, &seed) in scenario.seeds.iter().enumerate() {
@@ -196,6 +168,64 @@ pub async fn run_with_fronts(
     }
     let pods = PodInfo::list(&spec);
     Ok(Report::new(scenario.clone(), "live", pods, runs, floors))
+}
+
+/// Whether `scenario` can run live with `fronts`, checked without running anything (a caller
+/// with several scenarios checks them all before the first run): live mode has no KV-event
+/// subscriber (`infergate-precise`), no virtual time to freeze metrics in (`stale:`), and no
+/// flow-control or replica runner (`flow:`, `replicas:`, simulated only); fronts need names of
+/// their own, none a policy's.
+pub fn check(scenario: &Scenario, origin: &str, fronts: &Fronts) -> Result<(), BenchError> {
+    let invalid = |field: &str, reason: String| BenchError::Invalid {
+        origin: origin.to_owned(),
+        field: field.to_owned(),
+        reason,
+    };
+    if let Some(f) = fronts
+        .list
+        .iter()
+        .find(|f| scenario.policies.iter().any(|p| p.as_str() == f.name))
+    {
+        return Err(invalid(
+            "policies",
+            format!("names {}, which is also a front's name", f.name),
+        ));
+    }
+    for (i, f) in fronts.list.iter().enumerate() {
+        if fronts.list[..i].iter().any(|g| g.name == f.name) {
+            // One row and one log per name: a second front would merge into the first's.
+            return Err(BenchError::DuplicateFront(f.name.clone()));
+        }
+    }
+    if let Some(policy) = scenario.policies.iter().find(|p| p.precise) {
+        // The live gateway has no KV-event subscriber to feed it.
+        return Err(invalid(
+            "policies",
+            format!(
+                "lists {policy}, which runs in simulated mode only (for a live run, name the policies with --policies)"
+            ),
+        ));
+    }
+    // These sections have runners in simulated mode only; a live run would quietly drop them.
+    if scenario.flow.is_some() {
+        return Err(invalid(
+            "flow",
+            "is run by the simulator only (drop --mode live)".to_owned(),
+        ));
+    }
+    if scenario.replicas.is_some() {
+        return Err(invalid(
+            "replicas",
+            "is run by the simulator only (drop --mode live, or --replicas)".to_owned(),
+        ));
+    }
+    if !scenario.stale.is_empty() {
+        return Err(invalid(
+            "stale",
+            "windows are in the simulator's virtual time only (drop --mode live)".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 fn gateway_config(

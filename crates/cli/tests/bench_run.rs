@@ -408,3 +408,51 @@ fn two_scenario_files_of_one_name_are_refused_before_either_runs() {
     );
     assert!(!dir.path().join("out").exists());
 }
+
+#[test]
+fn a_live_run_refuses_what_only_the_simulator_runs_before_any_scenario_runs() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    // A scenario that would run live for minutes comes first in the folder.
+    std::fs::write(dir.path().join("a-plain.yaml"), SCENARIO).unwrap();
+    for (file, field) in [
+        ("flow-noisy-neighbour-llama-8b.yaml", "flow"),
+        ("eviction-heavy-llama-8b.yaml", "policies"),
+    ] {
+        std::fs::copy(
+            repo.join("benches/scenarios").join(file),
+            dir.path().join(format!("b-{file}")),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .arg("bench")
+            .arg(dir.path())
+            .args(["--mode", "live", "--out"])
+            .arg(dir.path().join("out"))
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("b-{file}: field `{field}`")),
+            "{stderr}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert!(!dir.path().join("out").exists(), "{file}: a run started");
+        std::fs::remove_file(dir.path().join(format!("b-{file}"))).unwrap();
+    }
+    // --replicas makes a replicas section, which live mode does not run either.
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(dir.path().join("a-plain.yaml"))
+        .args(["--mode", "live", "--replicas", "1,3", "--out"])
+        .arg(dir.path().join("out"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("field `replicas`"), "{stderr}");
+}

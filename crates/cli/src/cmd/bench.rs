@@ -256,6 +256,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|p| load(p, &args).map(|s| (p.clone(), s)))
         .collect::<anyhow::Result<_>>()?;
+    if live {
+        // What a live run cannot do, for every file, before minutes of the first ones.
+        for (path, s) in &scenarios {
+            infergate_bench::live::check(s, &path.display().to_string(), &fronts)?;
+        }
+    }
     // Reports are named after the scenario: two files of one name would write one report.
     for (i, (path, s)) in scenarios.iter().enumerate() {
         if let Some((first, _)) = scenarios[..i].iter().find(|(_, t)| t.name == s.name) {
