@@ -49,8 +49,14 @@ pub fn accepted(
         now,
     ));
 
+    // What the config still waits for, for `Ready`'s message (what `kubectl get -o wide`
+    // shows): each part that is not ready, with its own message.
+    let mut waiting = Vec::new();
     let gw = gateway_state(observed.gateway.as_ref());
     let programmed = gw.ok;
+    if !programmed {
+        waiting.push(format!("Gateway: {}", gw.message));
+    }
     conditions.push(cond(
         &prev.conditions,
         GATEWAY_PROGRAMMED,
@@ -65,12 +71,16 @@ pub fn accepted(
         let d = find(&observed.deployments, &bbr_name(&name));
         let state = rollout(d);
         let ok = state == RolloutState::Available;
+        let message = rollout_message("body-based router", state, d);
+        if !ok {
+            waiting.push(message.clone());
+        }
         conditions.push(cond(
             &prev.conditions,
             BBR_READY,
             ok,
             state_reason(state),
-            &rollout_message("body-based router", state, d),
+            &message,
             generation,
             now,
         ));
@@ -104,6 +114,9 @@ pub fn accepted(
             message.push_str(p);
         }
         refused_routes.extend(problems);
+        if !ok {
+            waiting.push(format!("scheduler {}: {message}", s.name));
+        }
         let prev_s = prev
             .schedulers
             .iter()
@@ -134,10 +147,7 @@ pub fn accepted(
     } else if !routes_ok {
         ("RouteNotAccepted", refused_routes.join("; "))
     } else {
-        (
-            "Pending",
-            "waiting for the Gateway, the body-based router or an endpoint picker".to_owned(),
-        )
+        ("Pending", format!("waiting for {}", waiting.join("; ")))
     };
     conditions.push(cond(
         &prev.conditions,

@@ -232,3 +232,16 @@ fn a_route_the_gateway_refuses_makes_its_scheduler_and_the_config_not_ready() {
     assert_eq!(ready.reason, "RouteNotAccepted");
     assert!(ready.message.contains(want), "{}", ready.message);
 }
+
+#[test]
+fn ready_says_what_it_waits_for() {
+    let st = accepted(&example(), &Observed::default(), 3, &t(1));
+    let ready = find_cond(&st, READY);
+    assert_eq!(ready.reason, "Pending");
+    assert_eq!(
+        ready.message,
+        "waiting for Gateway: waiting for the Gateway controller to program the Gateway; \
+         body-based router rollout is Pending; \
+         scheduler llama-8b: endpoint picker rollout is Pending"
+    );
+}
