@@ -456,3 +456,36 @@ fn a_live_run_refuses_what_only_the_simulator_runs_before_any_scenario_runs() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("field `replicas`"), "{stderr}");
 }
+
+#[test]
+fn a_report_folder_that_cannot_be_made_is_refused_before_the_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.yaml");
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    for command in [
+        vec!["bench", scenario.to_str().unwrap(), "--mode", "live"],
+        vec!["demo"],
+    ] {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(&command)
+            .arg("--out")
+            .arg(file.join("reports"))
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot create the report folder") && stderr.contains("(--out)"),
+            "{command:?}: {stderr}"
+        );
+        // Live runs would take seconds; the refusal takes none.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{command:?}"
+        );
+    }
+}

@@ -200,6 +200,22 @@ pub fn print(report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Creates the report folder `dir` if missing and checks that a file can be written in it, so
+/// that runs are not made for a report that cannot be kept.
+pub fn writable(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the report folder {} (--out)", dir.display()))?;
+    let probe = dir.join(".infergate-write-check");
+    std::fs::write(&probe, b"").with_context(|| {
+        format!(
+            "cannot write in the report folder {} (--out)",
+            dir.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// The live runs of `report` in which no request completed, one line each with the reasons;
 /// empty when every run completed requests (or the run was simulated: a simulated policy that
 /// completes nothing is a result, a live one is a gateway or front that does not serve).
@@ -273,6 +289,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
+    // A report folder that cannot be written would otherwise be found after the runs.
+    writable(&args.out)?;
     let mut unserved_runs = Vec::new();
     for (path, scenario) in scenarios {
         let origin = path.display().to_string();

@@ -26,6 +26,7 @@ pub struct Args {
 /// Runs `infergate demo`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let scenario = Scenario::from_yaml(DEMO, "demo").context("the built-in demo scenario")?;
+    super::bench::writable(&args.out)?;
     let started = Instant::now();
     let report = if args.simulated {
         tokio::task::spawn_blocking(move || {
