@@ -489,3 +489,32 @@ fn a_report_folder_that_cannot_be_made_is_refused_before_the_runs() {
         );
     }
 }
+
+#[test]
+fn progress_written_to_a_pipe_is_one_line_per_run_start_and_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.yaml");
+    std::fs::write(&path, SCENARIO).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&path)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .args(["--seeds", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // No carriage-return redraws in a log.
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    for policy in ["round-robin", "infergate"] {
+        let label = format!("csv-check seed 1 (1/1) {policy}");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("{label}: ")) && l.ends_with(" requests")),
+            "{stderr}"
+        );
+        assert!(stderr.contains(&format!("{label}: done\n")), "{stderr}");
+    }
+}
