@@ -375,41 +375,64 @@ impl Report {
         svg::load(self)
     }
 
-    /// Writes `NAME.md`, `NAME.json`, `NAME-ttft-cdf.svg` and `NAME-load.svg` into `dir`
-    /// (created if missing) and returns their paths.
+    /// Writes `NAME.md`, `NAME.json`, `NAME-ttft-cdf.svg` and `NAME-load.svg` (and the runs'
+    /// request CSVs) into `dir` (created if missing) and returns their paths.
+    ///
+    /// All or nothing: every file is first written beside its place as `.FILE.partial`, and
+    /// only once all are complete are they renamed into place, so a failed or interrupted write
+    /// leaves the previous report (or none), never a new markdown beside an old JSON.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
         std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
             path: dir.to_owned(),
             source,
         })?;
         let name = format!("{}-{}", self.scenario.name, self.mode);
-        let files = [
+        let mut files = vec![
             (format!("{name}.md"), self.markdown()),
             (format!("{name}.json"), serde_json::to_string_pretty(self)?),
             (format!("{name}-ttft-cdf.svg"), self.ttft_cdf_svg()),
             (format!("{name}-load.svg"), self.load_svg()),
         ];
-        let mut out = Vec::new();
-        for (file, text) in files {
-            let path = dir.join(file);
-            std::fs::write(&path, text).map_err(|source| BenchError::Write {
+        for run in &self.runs {
+            if let Some(csv) = self.requests_csv(run) {
+                files.push((
+                    format!("{name}-{}-seed{}-requests.csv", run.policy, run.seed),
+                    csv,
+                ));
+            }
+        }
+        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(files.len());
+        let staged_all = (|| {
+            for (file, text) in &files {
+                let path = dir.join(file);
+                if path.is_dir() {
+                    return Err(BenchError::Write {
+                        source: std::io::Error::other("a folder has the report file's name"),
+                        path,
+                    });
+                }
+                let partial = dir.join(format!(".{file}.partial"));
+                std::fs::write(&partial, text).map_err(|source| BenchError::Write {
+                    path: partial.clone(),
+                    source,
+                })?;
+                staged.push((partial, path));
+            }
+            Ok(())
+        })();
+        if let Err(e) = staged_all {
+            for (partial, _) in &staged {
+                let _ = std::fs::remove_file(partial);
+            }
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(staged.len());
+        for (partial, path) in staged {
+            std::fs::rename(&partial, &path).map_err(|source| BenchError::Write {
                 path: path.clone(),
                 source,
             })?;
             out.push(path);
-        }
-        for run in &self.runs {
-            if let Some(csv) = self.requests_csv(run) {
-                let path = dir.join(format!(
-                    "{name}-{}-seed{}-requests.csv",
-                    run.policy, run.seed
-                ));
-                std::fs::write(&path, csv).map_err(|source| BenchError::Write {
-                    path: path.clone(),
-                    source,
-                })?;
-                out.push(path);
-            }
         }
         Ok(out)
     }

@@ -129,6 +129,36 @@ fn files_are_written_and_plots_are_svg() {
     }
 }
 
+#[test]
+fn a_report_that_cannot_be_written_whole_is_not_written_at_all() {
+    let r = report();
+    let dir = tempfile::tempdir().unwrap();
+    // The third file's name is taken by a folder: the markdown and JSON before it must not be
+    // left as a new report beside no plots.
+    std::fs::create_dir_all(dir.path().join("r-simulated-ttft-cdf.svg/x")).unwrap();
+    let err = r.write(dir.path()).unwrap_err();
+    assert!(
+        err.to_string().contains("r-simulated-ttft-cdf.svg"),
+        "{err}"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["r-simulated-ttft-cdf.svg"]);
+
+    // Written whole, nothing staged is left behind.
+    std::fs::remove_dir_all(dir.path().join("r-simulated-ttft-cdf.svg")).unwrap();
+    let files = r.write(dir.path()).unwrap();
+    assert_eq!(files.len(), 4);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".partial")), "{names:?}");
+}
+
 /// The `(x, y, text)` of every `<text>` element of `svg` and its width and height.
 fn svg_texts(svg: &str) -> (f64, f64, Vec<(f64, f64, String)>) {
     let attr = |tag: &str, name: &str| -> f64 {
