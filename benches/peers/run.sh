@@ -54,7 +54,7 @@ if [ ! -x "$VENV/bin/vllm-router" ] || ! cmp -s "$REQUIREMENTS" "$VENV/requireme
   cp "$REQUIREMENTS" "$VENV/requirements.txt"
 fi
 if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-  echo "installing nginx-light (Debian package)"
+  echo "installing nginx (Debian package)"
   sudo_cmd=""
   if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "nginx is not installed, and installing it needs root or sudo (apt-get install nginx-light)"
@@ -62,8 +62,12 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   fi
   command -v apt-get >/dev/null || die "nginx is not installed and there is no apt-get: install nginx, then run again"
   $sudo_cmd apt-get update -q >/dev/null || die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q nginx-light >/dev/null ||
-    die "apt-get install nginx-light failed"
+  # Debian 12 has nginx-light; later releases have one nginx package (the proxy and upstream
+  # modules used here are in either).
+  pkg=nginx-light
+  apt-cache show nginx-light >/dev/null 2>&1 || pkg=nginx
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "$pkg" >/dev/null ||
+    die "apt-get install $pkg failed"
 fi
 
 BIN=${INFERGATE_BIN:-}
