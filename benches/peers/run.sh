@@ -62,8 +62,8 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   fi
   command -v apt-get >/dev/null || die "nginx is not installed and there is no apt-get: install nginx, then run again"
   $sudo_cmd apt-get update -q >/dev/null || die "apt-get update failed"
-  # Debian 12 has nginx-light; later releases have one nginx package (the proxy and upstream
-  # modules used here are in either).
+  # nginx-light where apt has it (Debian 12 does), else the nginx package: the proxy and
+  # upstream modules used here are in either.
   pkg=nginx-light
   apt-cache show nginx-light >/dev/null 2>&1 || pkg=nginx
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "$pkg" >/dev/null ||
