@@ -113,8 +113,9 @@ pub struct FrontPorts<'a> {
     pub aux_port: u16,
     /// The pods.
     pub pods: &'a [SocketAddr],
-    /// Each pod's KV-event publisher and replay socket, when the fleet publishes them.
-    pub kv_events: &'a [(SocketAddr, Option<SocketAddr>)],
+    /// Each pod's KV-event publisher and replay socket, in the order of `pods`: `None` for a
+    /// pod that publishes none (an SGLang or TGI pod; every pod when the fleet publishes none).
+    pub kv_events: &'a [Option<(SocketAddr, Option<SocketAddr>)>],
     /// The model the pods serve.
     pub model: &'a str,
 }
@@ -135,6 +136,8 @@ impl FrontPorts<'_> {
             .pods
             .iter()
             .zip(self.kv_events)
+            // Paired by position, so a pod without a feed cannot shift the others' onto it.
+            .filter_map(|(pod, feed)| feed.map(|f| (pod, f)))
             .map(|(pod, (feed, replay))| match replay {
                 Some(r) => format!("http://{pod}=tcp://{feed},tcp://{r}"),
                 None => format!("http://{pod}=tcp://{feed}"),
@@ -166,7 +169,7 @@ impl Front {
     pub(crate) async fn start(
         &self,
         pods: &[SocketAddr],
-        kv_events: &[(SocketAddr, Option<SocketAddr>)],
+        kv_events: &[Option<(SocketAddr, Option<SocketAddr>)>],
         model: &str,
         log_dir: &Path,
     ) -> Result<RunningFront, BenchError> {
@@ -455,11 +458,11 @@ mod tests {
             "127.0.0.1:8002".parse().unwrap(),
         ];
         let feeds = vec![
-            (
+            Some((
                 "127.0.0.1:7001".parse().unwrap(),
                 Some("127.0.0.1:7002".parse().unwrap()),
-            ),
-            ("127.0.0.1:7003".parse().unwrap(), None),
+            )),
+            Some(("127.0.0.1:7003".parse().unwrap(), None)),
         ];
         let cmd = f.render(&FrontPorts {
             port: 9000,
@@ -477,5 +480,18 @@ mod tests {
         );
         let plain: Front = "y=nginx-front.sh".parse().unwrap();
         assert!(!plain.wants_kv_events());
+
+        // A fleet whose first pod publishes no events (SGLang): the second pod keeps its own
+        // feed, and the first is not given it.
+        let mixed = [None, Some(("127.0.0.1:7003".parse().unwrap(), None))];
+        let kv: Front = "k=run {kv_events}".parse().unwrap();
+        let cmd = kv.render(&FrontPorts {
+            port: 9000,
+            aux_port: 9001,
+            pods: &pods,
+            kv_events: &mixed,
+            model: "m",
+        });
+        assert_eq!(cmd, "run http://127.0.0.1:8002=tcp://127.0.0.1:7003");
     }
 }

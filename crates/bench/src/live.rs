@@ -336,7 +336,7 @@ async fn run_one(
         }
         Target::Front(f, log_dir) => {
             let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
-            let feeds: Vec<_> = fleet.pods.iter().filter_map(|p| p.kv_events).collect();
+            let feeds: Vec<_> = fleet.pods.iter().map(|p| p.kv_events).collect();
             let model = spec.pods.first().map_or("", |p| &*p.model);
             match f.start(&pods, &feeds, model, log_dir).await {
                 Ok(running) => (running.addr(), None, Some(running)),
