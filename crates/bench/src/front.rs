@@ -22,10 +22,11 @@
 //! The front is ready once `GET /v1/models` through it answers 200 (it is then known to reach a
 //! pod); the run's requests go to `POST /v1/chat/completions` on it. After the run its process
 //! group gets `SIGTERM`, then `SIGKILL` if it is still there 5 s later. Its output goes to
-//! `LOG_DIR/front-NAME.log`.
+//! `LOG_DIR/front-NAME.log`: the first seed's run starts the file afresh, each later seed's
+//! appends to it, every run after a line naming its seed.
 
 use std::fmt;
-use std::fs::File;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -172,6 +173,7 @@ impl Front {
         kv_events: &[Option<(SocketAddr, Option<SocketAddr>)>],
         model: &str,
         log_dir: &Path,
+        run: LogRun,
     ) -> Result<RunningFront, BenchError> {
         let port = free_port()?;
         let mut aux_port = free_port()?;
@@ -191,10 +193,19 @@ impl Front {
             source,
         })?;
         let log = log_dir.join(format!("front-{}.log", self.name));
-        let out = File::create(&log).map_err(|source| BenchError::Write {
+        let write_err = |source| BenchError::Write {
             path: log.clone(),
             source,
-        })?;
+        };
+        // One file for all of a bench's seeds: a later seed's run must not wipe an earlier one's.
+        let mut out = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(!run.first)
+            .truncate(run.first)
+            .open(&log)
+            .map_err(write_err)?;
+        writeln!(out, "== front {}, seed {} ==", self.name, run.seed).map_err(write_err)?;
         let err = out.try_clone().map_err(|source| BenchError::Write {
             path: log.clone(),
             source,
@@ -226,6 +237,15 @@ impl Front {
         running.wait_ready(READY_TIMEOUT).await?;
         Ok(running)
     }
+}
+
+/// Which run of a bench a front's log is written for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogRun {
+    /// The run's seed (named in the log).
+    pub(crate) seed: u64,
+    /// The bench's first run of this front: the log starts afresh.
+    pub(crate) first: bool,
 }
 
 /// A started front; stopped (its whole process group) by [`RunningFront::stop`] or on drop.
@@ -347,7 +367,12 @@ fn log_tail(path: &Path) -> String {
     const LINES: usize = 3;
     const CHARS: usize = 400;
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    // This run's output: what follows the last run's header line.
+    let run = text
+        .rfind("== front ")
+        .and_then(|at| text[at..].find('\n').map(|end| &text[at + end + 1..]))
+        .unwrap_or(&text);
+    let lines: Vec<&str> = run.lines().filter(|l| !l.trim().is_empty()).collect();
     let tail = lines[lines.len().saturating_sub(LINES)..].join(" | ");
     let skip = tail.chars().count().saturating_sub(CHARS);
     tail.chars().skip(skip).collect()
@@ -444,6 +469,13 @@ mod tests {
             log_tail(&log),
             "two | three | sh: 1: localhost:8000: not found"
         );
+        // Only the last run's output, after its header line.
+        std::fs::write(
+            &log,
+            "== front f, seed 1 ==\nold\nolder\n== front f, seed 2 ==\nnew\n",
+        )
+        .unwrap();
+        assert_eq!(log_tail(&log), "new");
     }
 
     #[test]

@@ -338,7 +338,11 @@ async fn run_one(
             let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
             let feeds: Vec<_> = fleet.pods.iter().map(|p| p.kv_events).collect();
             let model = spec.pods.first().map_or("", |p| &*p.model);
-            match f.start(&pods, &feeds, model, log_dir).await {
+            let run = crate::front::LogRun {
+                seed,
+                first: record_load,
+            };
+            match f.start(&pods, &feeds, model, log_dir, run).await {
                 Ok(running) => (running.addr(), None, Some(running)),
                 Err(e) => {
                     let _ = stop_tx.send(true);

@@ -55,7 +55,8 @@ fn nginx_present() -> bool {
 }
 
 /// benches/peers/nginx-front.sh, the script `benches/peers/run.sh` runs nginx with, as a front:
-/// same arrivals, one report, its process group gone afterwards.
+/// same arrivals, one report, its process group gone afterwards, and its log holding every
+/// seed's run (a later seed's run used to start the file afresh).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     if !infergate_testkit::required_tool(nginx_present(), "nginx", "apt-get install -y nginx-light")
@@ -65,15 +66,32 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/peers/nginx-front.sh");
     let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
     scenario.policies = vec!["round-robin".parse().unwrap()];
+    scenario.seeds = vec![5, 6];
+    scenario.workload.duration_s = 2.0;
     let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("front-nginx.log"),
+        "a previous bench's output\n",
+    )
+    .unwrap();
     let fronts = Fronts {
-        list: vec![format!("nginx={}", script.display()).parse().unwrap()],
+        list: vec![
+            format!("nginx=echo started >&2; exec {}", script.display())
+                .parse()
+                .unwrap(),
+        ],
         log_dir: dir.path().to_owned(),
     };
     let report = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
         .await
         .unwrap();
-    assert_eq!(report.runs.len(), 2);
+    assert_eq!(report.runs.len(), 4);
+    let log = std::fs::read_to_string(dir.path().join("front-nginx.log")).unwrap();
+    assert!(!log.contains("a previous bench's output"), "{log}");
+    let seed5 = log.find("== front nginx, seed 5 ==").unwrap();
+    let seed6 = log.find("== front nginx, seed 6 ==").unwrap();
+    assert!(seed5 < seed6, "{log}");
+    assert_eq!(log.matches("started\n").count(), 2, "{log}");
     let (gw, nginx) = (&report.runs[0], &report.runs[1]);
     assert_eq!(nginx.policy, "nginx");
     assert_eq!(nginx.requests, gw.requests, "the same arrivals");
@@ -130,7 +148,10 @@ async fn a_front_that_exits_before_it_is_ready_is_reported_with_its_output() {
     assert!(tail.starts_with("no such router on port "), "{tail}");
     assert!(status.contains('3'), "{status}");
     let output = std::fs::read_to_string(log).unwrap();
-    assert!(output.starts_with("no such router on port "), "{output}");
+    assert!(
+        output.starts_with("== front broken, seed 5 ==\nno such router on port "),
+        "{output}"
+    );
     assert!(err.to_string().contains("front-broken.log"), "{err}");
 }
 
