@@ -646,7 +646,9 @@ fn run_one(
         let text = workload::prompt_text(a);
         let segments = [&*text];
         let lora = a.lora.and_then(|i| adapters.get(usize::from(i)));
-        let cached = precise.as_mut().map(|p| p.cached(&mut sim.fleet, &text));
+        let cached = precise
+            .as_mut()
+            .map(|p| p.cached(&mut sim.fleet, &text, lora.map(|l| &**l)));
         let cx = RequestContext::new(&model, a.prompt_tokens)
             .with_prompt(&segments)
             .with_lora(lora.map(|l| &**l))
@@ -659,7 +661,7 @@ fn run_one(
                 if !sim.place(a, &decision, &text, lora)? {
                     errors += 1;
                 } else if let Some(p) = precise.as_mut() {
-                    p.placed(decision.endpoints.first(), a.id, &text);
+                    p.placed(decision.endpoints.first(), a.id, &text, lora.map(|l| &**l));
                 }
             }
         }

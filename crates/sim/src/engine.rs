@@ -26,7 +26,9 @@ use crate::histogram::{
     TOKEN_BUCKETS, TTFT_BUCKETS,
 };
 use crate::profile::{Profile, StepShape, pairs};
-use crate::tokens::{Prompt, prompt_block_hashes, synthetic_block_hash, text_block_hashes};
+use crate::tokens::{
+    Prompt, lora_seed, prompt_block_hashes, synthetic_block_hash, text_block_hashes,
+};
 use kv::BlockPool;
 
 /// A request as the engine sees it.
@@ -214,6 +216,9 @@ struct Seq {
     group: u64,
     shared_tokens: u32,
     hashes: Option<Box<[u64]>>,
+    /// The chain seed of this request's block hashes: the engine's, mixed with the adapter's
+    /// name for a LoRA request (see [`crate::tokens::lora_seed`]).
+    seed: u64,
     lora: Option<u16>,
     computed: u32,
     generated: u32,
@@ -251,13 +256,13 @@ impl Seq {
         }
     }
 
-    fn block_hash(&self, seed: u64, bs: u32, i: u32) -> u64 {
+    fn block_hash(&self, bs: u32, i: u32) -> u64 {
         match &self.hashes {
             Some(h) => h.get(i as usize).copied().unwrap_or(0),
             None => {
                 let shared = (u64::from(i) + 1) * u64::from(bs) <= u64::from(self.shared_tokens);
                 let key = if shared { self.group } else { self.uid };
-                synthetic_block_hash(seed, key, i, shared)
+                synthetic_block_hash(self.seed, key, i, shared)
             }
         }
     }
@@ -345,6 +350,8 @@ pub struct Engine {
     lora_running: Vec<u32>,
     /// Waiting requests per adapter.
     lora_waiting: Vec<u32>,
+    /// The chain seed of each adapter's requests ([`crate::tokens::lora_seed`]), computed once.
+    lora_seeds: Vec<u64>,
     step: Option<Step>,
     slowdown: f64,
     stats: Stats,
@@ -365,6 +372,7 @@ impl Engine {
         histograms: bool,
     ) -> Self {
         let n = adapters.len();
+        let lora_seeds = adapters.iter().map(|a| lora_seed(seed, Some(a))).collect();
         Engine {
             bs: profile.block_size.max(1),
             pool: BlockPool::new(profile.num_blocks()),
@@ -378,6 +386,7 @@ impl Engine {
             resident: Vec::new(),
             lora_running: vec![0; n],
             lora_waiting: vec![0; n],
+            lora_seeds,
             step: None,
             slowdown: 1.0,
             stats: Stats {
@@ -428,11 +437,12 @@ impl Engine {
         done
     }
 
-    /// Leading prompt tokens of `prompt` whose blocks this engine's prefix cache holds now (whole
-    /// blocks): the engine's truth, which a router's event-fed view trails.
-    pub fn held_prefix_tokens(&self, prompt: &Prompt) -> u32 {
+    /// Leading prompt tokens of `prompt` under LoRA adapter `lora` (`None`: the base model)
+    /// whose blocks this engine's prefix cache holds now (whole blocks): the engine's truth,
+    /// which a router's event-fed view trails.
+    pub fn held_prefix_tokens(&self, prompt: &Prompt, lora: Option<&str>) -> u32 {
         let mut hashes = Vec::new();
-        prompt_block_hashes(prompt, self.bs, self.seed, &mut hashes);
+        prompt_block_hashes(prompt, self.bs, lora_seed(self.seed, lora), &mut hashes);
         let run = hashes
             .iter()
             .take_while(|h| self.pool.contains(**h))
@@ -442,9 +452,17 @@ impl Engine {
             .saturating_mul(self.bs)
     }
 
-    /// The seed of this engine's prefix hash chain.
+    /// The seed of this engine's prefix hash chain for base-model requests; a LoRA request's
+    /// chain starts from [`crate::tokens::lora_seed`] of it and the adapter's name.
     pub fn prefix_seed(&self) -> u64 {
         self.seed
+    }
+
+    /// The chain seed of a request under adapter index `lora` (checked by [`Engine::check`]).
+    fn request_seed(&self, lora: Option<u16>) -> u64 {
+        lora.and_then(|a| self.lora_seeds.get(usize::from(a)))
+            .copied()
+            .unwrap_or(self.seed)
     }
 
     /// The profile.
@@ -537,10 +555,11 @@ impl Engine {
     pub fn submit(&mut self, req: EngineRequest) -> Result<(), SimError> {
         let prompt_len = req.prompt.token_count();
         self.check(prompt_len, req.max_tokens, req.lora)?;
+        let seed = self.request_seed(req.lora);
         let (group, shared_tokens, hashes) = match &req.prompt {
             Prompt::Text(text) => {
                 self.hash_buf.clear();
-                text_block_hashes(text, self.bs, self.seed, &mut self.hash_buf);
+                text_block_hashes(text, self.bs, seed, &mut self.hash_buf);
                 (0, 0, Some(self.hash_buf.as_slice().into()))
             }
             Prompt::Tokens {
@@ -563,6 +582,7 @@ impl Engine {
             group,
             shared_tokens,
             hashes,
+            seed,
             lora: req.lora,
             computed: 0,
             generated: 0,
@@ -726,13 +746,13 @@ impl Engine {
                 break;
             }
             for b in 0..hits {
-                let h = self.waiting[j].block_hash(self.seed, self.bs, b);
+                let h = self.waiting[j].block_hash(self.bs, b);
                 self.pool.acquire(h);
             }
             if !self.pool.alloc(need) {
                 let s = &self.waiting[j];
                 for b in (0..hits).rev() {
-                    self.pool.release(s.block_hash(self.seed, self.bs, b));
+                    self.pool.release(s.block_hash(self.bs, b));
                 }
                 break;
             }
@@ -789,7 +809,7 @@ impl Engine {
             .publishable_blocks(self.bs)
             .min((s.num_tokens() - 1) / self.bs);
         let mut hits = 0;
-        while hits < max_hits && self.pool.contains(s.block_hash(self.seed, self.bs, hits)) {
+        while hits < max_hits && self.pool.contains(s.block_hash(self.bs, hits)) {
             hits += 1;
         }
         hits
@@ -864,7 +884,7 @@ impl Engine {
     }
 
     fn free_blocks(&mut self, s: &Seq) {
-        release_blocks(&mut self.pool, s, self.seed, self.bs);
+        release_blocks(&mut self.pool, s, self.bs);
     }
 
     fn try_bulk(&mut self, now: f64) -> Option<f64> {
@@ -963,16 +983,16 @@ impl Engine {
             if self.running[i].scheduled == 0 {
                 continue;
             }
-            let (bs, seed) = (self.bs, self.seed);
+            let bs = self.bs;
             let s = &mut self.running[i];
             s.computed += s.scheduled;
             s.scheduled = 0;
             let full = s.publishable_blocks(bs).min(s.computed / bs);
             for b in s.held_hashed..full {
-                self.pool.prefetch(s.block_hash(seed, bs, b));
+                self.pool.prefetch(s.block_hash(bs, b));
             }
             while s.held_hashed < full {
-                let h = s.block_hash(seed, bs, s.held_hashed);
+                let h = s.block_hash(bs, s.held_hashed);
                 s.plain_blocks = s.plain_blocks.saturating_sub(1);
                 self.pool.publish(h);
                 s.held_hashed += 1;
@@ -1050,7 +1070,7 @@ impl Engine {
                     output_tokens: s.generated,
                     preemptions: s.preemptions,
                 };
-                release_blocks(&mut self.pool, s, self.seed, self.bs);
+                release_blocks(&mut self.pool, s, self.bs);
                 if let Some(a) = s.lora {
                     let a = usize::from(a);
                     self.lora_running[a] = self.lora_running[a].saturating_sub(1);
@@ -1129,7 +1149,7 @@ impl Engine {
 
 /// Returns a request's blocks to the pool, tail first: the unique computed prompt tail as one LRU
 /// run, then the published prefix blocks last to first, then the rest (decode blocks) as plain.
-fn release_blocks(pool: &mut BlockPool, s: &Seq, seed: u64, bs: u32) {
+fn release_blocks(pool: &mut BlockPool, s: &Seq, bs: u32) {
     let unique = s
         .full_prompt_blocks(bs)
         .min(s.computed / bs)
@@ -1138,10 +1158,10 @@ fn release_blocks(pool: &mut BlockPool, s: &Seq, seed: u64, bs: u32) {
     pool.free_unmatchable(u64::from(unique));
     // Independent lookups first, so that their cache misses overlap (see `BlockPool::prefetch`).
     for b in 0..s.held_hashed {
-        pool.prefetch(s.block_hash(seed, bs, b));
+        pool.prefetch(s.block_hash(bs, b));
     }
     for b in (0..s.held_hashed).rev() {
-        pool.release(s.block_hash(seed, bs, b));
+        pool.release(s.block_hash(bs, b));
     }
     pool.free(u64::from(s.plain_blocks - unique));
 }

@@ -12,7 +12,7 @@ use std::hash::BuildHasherDefault;
 
 use crate::engine::PassThrough;
 use crate::fleet::{Fleet, PodKvEvent};
-use crate::tokens::prompt_block_hashes;
+use crate::tokens::{lora_seed, prompt_block_hashes};
 use crate::{KvEvent, Prompt};
 
 /// One pod as the subscriber knows it.
@@ -101,15 +101,18 @@ impl KvView {
         self.pods.get(pod).map_or(0, |p| p.held.len())
     }
 
-    /// Writes into `out`, one entry per pod, the prompt tokens of `prompt` that the view says each
-    /// pod holds: its longest run of leading blocks present, times its block size.
-    pub fn cached_tokens(&mut self, prompt: &Prompt, out: &mut Vec<u32>) {
+    /// Writes into `out`, one entry per pod, the prompt tokens of `prompt` under LoRA adapter
+    /// `lora` (`None`: the base model) that the view says each pod holds: its longest run of
+    /// leading blocks present, times its block size. Blocks cached under another adapter do not
+    /// count, as in the engine.
+    pub fn cached_tokens(&mut self, prompt: &Prompt, lora: Option<&str>, out: &mut Vec<u32>) {
         out.clear();
         let mut keyed: Option<(u64, u32)> = None;
         for p in &self.pods {
             if keyed != Some((p.seed, p.block_size)) {
                 self.hashes.clear();
-                prompt_block_hashes(prompt, p.block_size, p.seed, &mut self.hashes);
+                let seed = lora_seed(p.seed, lora);
+                prompt_block_hashes(prompt, p.block_size, seed, &mut self.hashes);
                 keyed = Some((p.seed, p.block_size));
             }
             let run = self

@@ -3,7 +3,9 @@
 //! Real tokenizers average about four bytes of English per token; the emulator uses exactly
 //! [`BYTES_PER_TOKEN`] so that a prompt's text fixes its token count and its block hashes, on every
 //! pod and in both clocks. Block hashes are a chain (each block's hash is seeded with the previous
-//! one), as in vLLM, so equal hashes mean equal prefixes.
+//! one), as in vLLM, so equal hashes mean equal prefixes. The chain of a LoRA request starts from
+//! a seed mixed with the adapter's name ([`lora_seed`]), as vLLM keys every block of such a
+//! request by the adapter: prompts under different adapters never share cached blocks.
 //!
 //! Token ids (what the emulated `/tokenize` answers) come from the same pieces: each piece's
 //! bytes, the last one padded with `0xFF` (a byte UTF-8 never uses), form a 32-bit number that a
@@ -23,6 +25,9 @@ pub const BYTES_PER_TOKEN: usize = 4;
 
 /// Seed of the first block of every chain; mixed with the model name by [`chain_seed`].
 const CHAIN_SEED: u64 = 0x1f6e_7a61_7465_0001;
+
+/// Mixed into a chain seed with an adapter's name by [`lora_seed`].
+const LORA_TAG: u64 = 0x6c6f_7261_0000_0001;
 
 /// Byte that pads the last, shorter piece of a prompt to [`BYTES_PER_TOKEN`] bytes: UTF-8 text
 /// never contains it, so padding and text cannot be confused.
@@ -150,6 +155,18 @@ fn feistel_round(half: u16, key: u64) -> u16 {
 /// The chain seed of a model: prefix hashes never match across models.
 pub fn chain_seed(model: &str) -> u64 {
     xxh64(model.as_bytes(), CHAIN_SEED)
+}
+
+/// The chain seed of a request to an engine whose chain seed is `seed`: `seed` itself for the
+/// base model, mixed with the adapter's name for a LoRA request. vLLM puts a LoRA request's
+/// adapter name in every block's hash (the block's extra keys), so the same prompt under two
+/// adapters, or under an adapter and the base model, never shares a cached block; a chain
+/// seeded by the adapter gives every block of the prompt that property at once.
+pub fn lora_seed(seed: u64, adapter: Option<&str>) -> u64 {
+    match adapter {
+        None => seed,
+        Some(name) => xxh64(name.as_bytes(), seed ^ LORA_TAG),
+    }
 }
 
 /// Appends the hash of every *full* block of `text` to `out`.

@@ -1,6 +1,7 @@
 //! The emulator publishes vLLM's KV-cache events: infergate's own subscriber (the one precise
 //! prefix routing runs) receives them over ZeroMQ, in both encodings, and its index then holds
-//! exactly the prompt blocks the pod computed — and drops them when the pod's cache is reset.
+//! exactly the prompt blocks the pod computed, under the LoRA adapter they were computed for — and
+//! drops them when the pod's cache is reset.
 
 // Test helpers panic on purpose: a failed call is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,8 +17,12 @@ use infergate_testkit::eventually;
 use serde_json::json;
 
 fn cached(kv: &KvEvents, pod: SocketAddr, ids: &[u32]) -> u32 {
+    cached_under(kv, pod, None, ids)
+}
+
+fn cached_under(kv: &KvEvents, pod: SocketAddr, lora: Option<&str>, ids: &[u32]) -> u32 {
     let mut out = Vec::new();
-    kv.match_tokens(None, ids, &mut MatchScratch::default(), &mut out);
+    kv.match_tokens(lora, ids, &mut MatchScratch::default(), &mut out);
     out.iter().find(|(a, _)| *a == pod).map_or(0, |(_, n)| *n)
 }
 
@@ -85,6 +90,69 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
         eventually("the clear", || cached(&kv, a, &ids) == 0).await;
         let _ = tx.send(());
     }
+}
+
+/// A LoRA request's blocks are keyed by its adapter in the engine, as in vLLM, and its
+/// `BlockStored` names the adapter: the subscriber matches them for that adapter only, never for
+/// another adapter or the base model, and the base model's own copy of the prompt for it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_blocks_reach_the_subscriber_under_their_adapter_only() {
+    let p = Catalog::builtin()
+        .unwrap()
+        .get("llama-3.1-8b/h100")
+        .unwrap()
+        .clone();
+    let bs = p.block_size;
+    let mut pod = PodSpec::new("a", &p, EngineKind::Vllm);
+    pod.lora_adapters = vec!["sql".into(), "chat".into()];
+    pod.max_loras = 2;
+    let spec = FleetSpec {
+        seed: 1,
+        pods: vec![pod],
+    }
+    .finish()
+    .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let fleet = serve_fleet_with(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&KvEventsOptions::default()),
+        async move {
+            let _ = rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    let kv = KvEvents::new(SubscriberConfig::default());
+    let (events, replay) = fleet.pods[0].kv_events.expect("the pod publishes");
+    let a = fleet.pods[0].addr;
+    kv.add_pod_at(a, events, replay);
+    eventually("the feed", || kv.index().stats().synced_pods == 1).await;
+    let prompt = "the same instructions, whichever adapter reads them, and then some ".repeat(30);
+    let mut ids = Vec::new();
+    token_ids(&prompt, &mut ids);
+    let full = (ids.len() as u32 / bs) * bs;
+    let post = |model: &str| {
+        infergate_testkit::try_post(
+            a,
+            "/v1/completions",
+            "application/json",
+            json!({"model": model, "prompt": prompt, "max_tokens": 2}).to_string(),
+        )
+    };
+    assert_eq!(post("sql").await.unwrap().status, 200);
+    eventually("sql's stores", || {
+        cached_under(&kv, a, Some("sql"), &ids) == full
+    })
+    .await;
+    assert_eq!(cached_under(&kv, a, Some("chat"), &ids), 0);
+    assert_eq!(cached_under(&kv, a, None, &ids), 0);
+    // The base model computes (and stores) the prompt again, under no adapter.
+    assert_eq!(post(p.model.as_str()).await.unwrap().status, 200);
+    eventually("the base model's stores", || cached(&kv, a, &ids) == full).await;
+    assert_eq!(cached_under(&kv, a, Some("sql"), &ids), full);
+    assert_eq!(cached_under(&kv, a, Some("chat"), &ids), 0);
+    let _ = tx.send(());
 }
 
 #[tokio::test]

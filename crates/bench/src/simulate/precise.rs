@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use infergate_sim::tokens::prompt_block_hashes;
+use infergate_sim::tokens::{lora_seed, prompt_block_hashes};
 use infergate_sim::{Fleet, KvView, Prompt};
 
 use super::{pod_addr, pod_index};
@@ -48,12 +48,17 @@ impl Precise {
         }
     }
 
-    /// Every pod's cached prompt tokens for `text`, as the pick's
+    /// Every pod's cached prompt tokens for `text` under adapter `lora`, as the pick's
     /// [`infergate_scheduler::RequestContext::cached`] (every pod listed, 0 included): the
     /// longest run of the prompt's leading blocks that the events delivered up to the fleet's
     /// current time show on the pod (or, with provisional entries, that a request in flight there
     /// carries).
-    pub fn cached(&mut self, fleet: &mut Fleet, text: &Arc<str>) -> &[(SocketAddr, u32)] {
+    pub fn cached(
+        &mut self,
+        fleet: &mut Fleet,
+        text: &Arc<str>,
+        lora: Option<&str>,
+    ) -> &[(SocketAddr, u32)] {
         self.view.sync(fleet);
         let prompt = Prompt::Text(text.clone());
         self.cached.clear();
@@ -61,7 +66,7 @@ impl Precise {
         for (i, &(seed, bs)) in self.keys.iter().enumerate() {
             if keyed != Some((seed, bs)) {
                 self.hashes.clear();
-                prompt_block_hashes(&prompt, bs, seed, &mut self.hashes);
+                prompt_block_hashes(&prompt, bs, lora_seed(seed, lora), &mut self.hashes);
                 keyed = Some((seed, bs));
             }
             let pending = self.provisional.as_ref().and_then(|p| p.get(i));
@@ -78,8 +83,9 @@ impl Precise {
         &self.cached
     }
 
-    /// Request `id` with prompt `text` was sent to `addr` (a provisional entry, if kept).
-    pub fn placed(&mut self, addr: SocketAddr, id: u64, text: &Arc<str>) {
+    /// Request `id` with prompt `text` under adapter `lora` was sent to `addr` (a provisional
+    /// entry, if kept).
+    pub fn placed(&mut self, addr: SocketAddr, id: u64, text: &Arc<str>, lora: Option<&str>) {
         let Some(prov) = self.provisional.as_mut() else {
             return;
         };
@@ -88,7 +94,12 @@ impl Precise {
         };
         let (seed, bs) = self.keys[pod];
         let mut hashes = Vec::new();
-        prompt_block_hashes(&Prompt::Text(text.clone()), bs, seed, &mut hashes);
+        prompt_block_hashes(
+            &Prompt::Text(text.clone()),
+            bs,
+            lora_seed(seed, lora),
+            &mut hashes,
+        );
         for h in &hashes {
             *prov[pod].entry(*h).or_default() += 1;
         }

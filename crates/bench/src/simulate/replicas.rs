@@ -227,7 +227,9 @@ impl Run<'_> {
             let text = workload::prompt_text(a);
             let segments = [&*text];
             let lora = a.lora.and_then(|i| self.adapters.get(usize::from(i)));
-            let cached = precise.as_mut().map(|p| p.cached(&mut m.sim.fleet, &text));
+            let cached = precise
+                .as_mut()
+                .map(|p| p.cached(&mut m.sim.fleet, &text, lora.map(|l| &**l)));
             let cx = RequestContext::new(&model, a.prompt_tokens)
                 .with_prompt(&segments)
                 .with_lora(lora.map(|l| &**l))
@@ -240,7 +242,7 @@ impl Run<'_> {
                     if !m.place(a, &decision, &text, lora, r)? {
                         errors += 1;
                     } else if let Some(p) = precise.as_mut() {
-                        p.placed(decision.endpoints.first(), a.id, &text);
+                        p.placed(decision.endpoints.first(), a.id, &text, lora.map(|l| &**l));
                     }
                     m.pushed(r, a.at);
                 }

@@ -17,9 +17,11 @@ const NIL: u32 = u32::MAX;
 
 /// A change to a pod's prefix cache, as vLLM's KV-event publisher reports it.
 ///
-/// vLLM's `BlockStored` also carries the parent hash, the block's token ids and the LoRA id so
-/// that a subscriber can derive its own keys; here the router and the engine share one hash
-/// chain (see [`crate::tokens`]), so the hash alone identifies the prefix up to the block.
+/// vLLM's `BlockStored` also carries the parent hash, the block's token ids and the LoRA
+/// adapter (id and name) so that a subscriber can derive its own keys; here the router and the
+/// engine share one hash chain (see [`crate::tokens`]), seeded by the adapter for a LoRA request,
+/// so the hash alone identifies the prefix up to the block and the adapter it was computed under.
+/// The real-time server's publisher adds the rest (`crate::serve`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvEvent {
     /// A full prompt block got its hash and joined the prefix cache (`BlockStored`).

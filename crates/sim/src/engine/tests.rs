@@ -165,3 +165,42 @@ fn lora_slots_limit_distinct_adapters_in_the_batch() {
     assert_eq!(done.len(), 3);
     assert_eq!(e.stats().lora_loads, 3);
 }
+
+/// vLLM keys every block of a LoRA request by the adapter's name: the same prompt under another
+/// adapter, or under the base model, finds nothing cached; under the same adapter it hits.
+#[test]
+fn prefix_blocks_are_keyed_by_lora_adapter() {
+    let text: Arc<str> = "the same system prompt, word for word. ".repeat(60).into();
+    let synthetic = Prompt::Tokens {
+        tokens: 600,
+        prefix_group: 7,
+        prefix_tokens: 512,
+    };
+    for prompt in [Prompt::Text(text), synthetic] {
+        let mut e = Engine::new(
+            profile("llama-3.1-8b/a10g"),
+            vec!["a".into(), "b".into()],
+            2,
+            1,
+            false,
+        );
+        let at = |id: u64, lora: Option<u16>| EngineRequest {
+            id,
+            arrival: id as f64 * 10.0,
+            prompt: prompt.clone(),
+            max_tokens: 4,
+            lora,
+        };
+        let reqs = vec![at(0, Some(0)), at(1, Some(1)), at(2, None), at(3, Some(0))];
+        let mut done = run(&mut e, reqs, false);
+        done.sort_by_key(|c| c.id);
+        let cached: Vec<u32> = done.iter().map(|c| c.cached_tokens).collect();
+        assert_eq!(cached[..3], [0, 0, 0], "{prompt:?}: {cached:?}");
+        assert!(cached[3] >= 500, "{prompt:?}: {cached:?}");
+        // The engine's own answer agrees: each adapter (and the base model) holds its own copy.
+        for lora in [Some("a"), Some("b"), None] {
+            assert_eq!(e.held_prefix_tokens(&prompt, lora), cached[3], "{lora:?}");
+        }
+        assert_eq!(e.held_prefix_tokens(&prompt, Some("c")), 0);
+    }
+}

@@ -48,7 +48,7 @@ fn send(f: &mut Fleet, pod: usize, id: u64, prompt: &Prompt) {
 
 fn seen(view: &mut KvView, prompt: &Prompt) -> Vec<u32> {
     let mut out = Vec::new();
-    view.cached_tokens(prompt, &mut out);
+    view.cached_tokens(prompt, None, &mut out);
     out
 }
 
@@ -70,7 +70,7 @@ fn a_stored_prompt_is_seen_after_the_lag_and_an_evicted_one_is_removed() {
     f.advance_to(f.now() + lag);
     view.sync(&mut f);
     assert_eq!(seen(&mut view, &a), [31 * 16, 0]);
-    assert_eq!(f.engine(0).unwrap().held_prefix_tokens(&a), 31 * 16);
+    assert_eq!(f.engine(0).unwrap().held_prefix_tokens(&a, None), 31 * 16);
 
     // Two 56-block prompts need the whole pool: `a` is evicted, its tail first.
     let (b, c) = (text("b", 56 * 16), text("c", 56 * 16));
@@ -83,13 +83,13 @@ fn a_stored_prompt_is_seen_after_the_lag_and_an_evicted_one_is_removed() {
     // The view sees exactly the part of `a` the pool still holds.
     f.advance_to(f.now() + lag);
     view.sync(&mut f);
-    let held = f.engine(0).unwrap().held_prefix_tokens(&a);
+    let held = f.engine(0).unwrap().held_prefix_tokens(&a, None);
     assert!(held > 0 && held < 31 * 16, "{held}");
     assert_eq!(seen(&mut view, &a)[0], held);
     send(&mut f, 0, 3, &c);
     f.advance_to(f.now() + lag);
     view.sync(&mut f);
-    assert_eq!(f.engine(0).unwrap().held_prefix_tokens(&a), 0);
+    assert_eq!(f.engine(0).unwrap().held_prefix_tokens(&a, None), 0);
     assert_eq!(seen(&mut view, &a), [0, 0]);
     assert!(hashes.iter().all(|h| !view.holds(0, *h)));
     assert!(view.held_blocks(0) > 0 && view.held_blocks(0) <= 64);
@@ -136,7 +136,7 @@ fn an_eviction_publishes_a_removed_event_for_the_evicted_block() {
     let mut tail: Vec<u64> = hashes[7..].to_vec();
     tail.reverse();
     assert_eq!(removed, tail);
-    let held = f.engine(0).unwrap().held_prefix_tokens(&a);
+    let held = f.engine(0).unwrap().held_prefix_tokens(&a, None);
     assert_eq!(held, 7 * 16);
 }
 
@@ -170,7 +170,7 @@ fn a_reset_publishes_cleared_and_is_refused_while_busy() {
         .count();
     assert_eq!(cleared, 1);
     assert_eq!(events.last().map(|e| e.event), Some(KvEvent::Cleared));
-    assert_eq!(f.engine(0).unwrap().held_prefix_tokens(&a), 0);
+    assert_eq!(f.engine(0).unwrap().held_prefix_tokens(&a, None), 0);
 }
 
 #[test]
@@ -180,4 +180,35 @@ fn nothing_is_recorded_unless_asked() {
     let mut events = Vec::new();
     f.drain_kv_events(&mut events);
     assert!(events.is_empty());
+}
+
+/// The engine keys a LoRA request's blocks by its adapter, as vLLM does, and so does the view: a
+/// prompt computed under adapter `a` is cached for `a` only.
+#[test]
+fn the_view_keys_a_prompt_by_its_lora_adapter() {
+    let mut spec = FleetSpec::uniform(&small(), EngineKind::Vllm, "pod", 1).unwrap();
+    spec.pods[0].lora_adapters = vec!["a".into(), "b".into()];
+    spec.pods[0].max_loras = 2;
+    let mut f = Fleet::new(&spec).unwrap();
+    let mut view = KvView::new(&mut f, 0.0);
+    let p = text("shared", 20 * 16);
+    let req = Request {
+        id: 1,
+        arrival: f.now(),
+        prompt: p.clone(),
+        max_tokens: 4,
+        lora: Some("a".into()),
+    };
+    f.submit(0, req).unwrap();
+    f.run_until_idle();
+    view.sync(&mut f);
+    let mut out = Vec::new();
+    view.cached_tokens(&p, Some("a"), &mut out);
+    assert_eq!(out, [20 * 16]);
+    view.cached_tokens(&p, Some("b"), &mut out);
+    assert_eq!(out, [0]);
+    assert_eq!(seen(&mut view, &p), [0]);
+    let e = f.engine(0).unwrap();
+    assert_eq!(e.held_prefix_tokens(&p, Some("a")), 20 * 16);
+    assert_eq!(e.held_prefix_tokens(&p, None), 0);
 }

@@ -714,7 +714,14 @@ async fn inference_inner(
     let (tx, mut rx) = mpsc::unbounded_channel();
     lock(&shared.streams).insert(id, tx);
     if let (Some(feed), crate::tokens::Prompt::Text(text)) = (&shared.kv, &p.prompt) {
-        feed.note_prompt(text, crate::tokens::chain_seed(&shared.model));
+        let lora = p.lora.and_then(|i| {
+            let name = shared.adapters.get(usize::from(i))?.clone();
+            Some(super::kv::Adapter {
+                id: u64::from(i) + 1,
+                name,
+            })
+        });
+        feed.note_prompt(text, crate::tokens::chain_seed(&shared.model), lora);
     }
     let submitted = {
         let mut e = lock(&shared.engine);

@@ -5,11 +5,14 @@
 //! events) runs against the emulator unchanged.
 //!
 //! Token ids are the emulator's tokenizer stand-in's ([`crate::tokens`]): a router that matches
-//! on them must tokenize the same way.
+//! on them must tokenize the same way. A LoRA request's blocks are hashed under its adapter, as
+//! the engine hashes them, and their `BlockStored` carries the adapter's `lora_id` and
+//! `lora_name` as vLLM's does (not its per-block `extra_keys`, which the encoder does not write:
+//! a consumer keys such blocks by `lora_name`, as infergate's does).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
 use infergate_kvevents::publish::Publisher;
@@ -19,7 +22,7 @@ use super::lock;
 use crate::engine::KvEvent;
 use crate::error::SimError;
 use crate::spec::{EngineKind, FleetSpec};
-use crate::tokens::{BYTES_PER_TOKEN, token_ids};
+use crate::tokens::{BYTES_PER_TOKEN, lora_seed, token_ids};
 
 /// How the pods publish.
 #[derive(Debug, Clone)]
@@ -90,8 +93,16 @@ impl KvEventsOptions {
 /// Blocks remembered for the events at most (a bound on prompts whose blocks never got stored).
 const MAX_KNOWN_BLOCKS: usize = 1 << 20;
 
-/// A block's parent hash and token ids.
-type BlockInfo = (Option<u64>, Vec<u32>);
+/// A block's parent hash, token ids and the LoRA adapter it was computed under.
+type BlockInfo = (Option<u64>, Vec<u32>, Option<Adapter>);
+
+/// A LoRA adapter as `BlockStored` names it: vLLM's integer `lora_id` (the emulator numbers a
+/// pod's adapters from 1 in the order it lists them) and `lora_name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Adapter {
+    pub(crate) id: u64,
+    pub(crate) name: Arc<str>,
+}
 
 /// One pod's publisher and what it needs to describe a block.
 #[derive(Debug)]
@@ -146,9 +157,10 @@ impl Feed {
         self.publisher.replay_addr()
     }
 
-    /// Remembers the full blocks of a text prompt (hashed as the engine hashes them), so that
-    /// their `BlockStored` can carry their token ids.
-    pub(crate) fn note_prompt(&self, text: &str, seed: u64) {
+    /// Remembers the full blocks of a text prompt under `lora` (hashed as the engine hashes them:
+    /// `seed` is the pod's chain seed, mixed here with the adapter's name), so that their
+    /// `BlockStored` can carry their token ids and adapter.
+    pub(crate) fn note_prompt(&self, text: &str, seed: u64, lora: Option<Adapter>) {
         let bytes = self.block_size as usize * BYTES_PER_TOKEN;
         if bytes == 0 {
             return;
@@ -161,14 +173,14 @@ impl Feed {
         let mut ids = Vec::new();
         token_ids(text, &mut ids);
         let bs = self.block_size as usize;
-        let mut prev = seed;
+        let mut prev = lora_seed(seed, lora.as_ref().map(|a| &*a.name));
         let mut parent = None;
         for (i, chunk) in text.as_bytes().chunks_exact(bytes).enumerate() {
             prev = xxh64(chunk, prev);
             if let Some(block) = ids.get(i * bs..(i + 1) * bs) {
                 blocks
                     .entry(prev)
-                    .or_insert_with(|| (parent, block.to_vec()));
+                    .or_insert_with(|| (parent, block.to_vec(), lora.clone()));
             }
             parent = Some(prev);
         }
@@ -186,10 +198,11 @@ impl Feed {
             for (_, e) in events.drain(..) {
                 match e {
                     KvEvent::Stored { hash } => {
-                        let Some((parent, ids)) = blocks.get(&hash).cloned() else {
+                        let Some((parent, ids, lora)) = blocks.get(&hash).cloned() else {
                             continue; // a synthetic prompt's block: no text, no ids
                         };
-                        // Consecutive blocks of one chain go in one event, as vLLM sends them.
+                        // Consecutive blocks of one chain (so of one adapter) go in one event,
+                        // as vLLM sends them.
                         if let Some(Event::Stored(s)) = out.last_mut()
                             && s.block_hashes.last().copied() == parent
                             && parent.is_some()
@@ -203,6 +216,8 @@ impl Feed {
                             parent,
                             token_ids: ids,
                             block_size: self.block_size,
+                            lora_id: lora.as_ref().map(|a| a.id),
+                            lora_name: lora.map(|a| a.name.to_string()),
                             medium: Some("GPU".into()),
                             ..Default::default()
                         }));

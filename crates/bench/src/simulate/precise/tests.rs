@@ -56,7 +56,7 @@ fn first_choice(
     let model = model_of_sim(sim);
     let text = workload::prompt_text(a);
     let segments = [&*text];
-    let cached = precise.map(|p| p.cached(&mut sim.fleet, &text));
+    let cached = precise.map(|p| p.cached(&mut sim.fleet, &text, None));
     let cx = RequestContext::new(&model, a.prompt_tokens)
         .with_prompt(&segments)
         .with_output_tokens(a.output_tokens)
@@ -135,14 +135,14 @@ fn precise_stops_preferring_a_pod_after_its_blocks_were_evicted() {
         sim.fleet
             .engine(0)
             .unwrap()
-            .held_prefix_tokens(&probe_prompt),
+            .held_prefix_tokens(&probe_prompt, None),
         0
     );
     assert_eq!(
         sim.fleet
             .engine(1)
             .unwrap()
-            .held_prefix_tokens(&probe_prompt),
+            .held_prefix_tokens(&probe_prompt, None),
         160
     );
     // The events tell the precise policy pod 0 lost the prefix and pod 1 kept its part; the
@@ -192,23 +192,23 @@ fn provisional_entries_cover_a_queued_request_until_it_completes() {
     };
     fleet.submit(0, req(0, 0.0, &text)).unwrap();
     fleet2.submit(0, req(0, 0.0, &text)).unwrap();
-    with.placed(pod_addr(0), 0, &text);
-    without.placed(pod_addr(0), 0, &text);
+    with.placed(pod_addr(0), 0, &text, None);
+    without.placed(pod_addr(0), 0, &text, None);
     // Nothing is computed yet: only the provisional entry knows where the prefix is going.
     let full = 496 / 16 * 16;
     assert_eq!(
-        with.cached(&mut fleet, &text),
+        with.cached(&mut fleet, &text, None),
         [(pod_addr(0), full), (pod_addr(1), 0)]
     );
     assert_eq!(
-        without.cached(&mut fleet2, &text),
+        without.cached(&mut fleet2, &text, None),
         [(pod_addr(0), 0), (pod_addr(1), 0)]
     );
     fleet.run_until_idle();
     with.completed(0);
     fleet.advance_to(fleet.now() + 0.005);
     // Completed: the events hold the prefix now.
-    assert_eq!(with.cached(&mut fleet, &text)[0], (pod_addr(0), full));
+    assert_eq!(with.cached(&mut fleet, &text, None)[0], (pod_addr(0), full));
     // Evicted by two long prompts: the provisional entry is gone too, so nothing is claimed.
     for (id, at) in [(1u64, fleet.now()), (2, fleet.now() + 5.0)] {
         let mut other = format!("<other {id}>");
@@ -219,5 +219,40 @@ fn provisional_entries_cover_a_queued_request_until_it_completes() {
         fleet.run_until_idle();
     }
     fleet.advance_to(fleet.now() + 0.005);
-    assert_eq!(with.cached(&mut fleet, &text)[0], (pod_addr(0), 0));
+    assert_eq!(with.cached(&mut fleet, &text, None)[0], (pod_addr(0), 0));
+}
+
+/// The pods cache a LoRA request's prompt under its adapter, so the policy's lookups (events and
+/// provisional entries alike) credit a pod with a prompt only under the adapter it ran with.
+#[test]
+fn lookups_are_keyed_by_the_lora_adapter() {
+    let mut spec = FleetSpec::uniform(&small(), EngineKind::Vllm, "pod", 2).unwrap();
+    for p in &mut spec.pods {
+        p.lora_adapters = vec!["a".into(), "b".into()];
+        p.max_loras = 2;
+    }
+    let mut fleet = infergate_sim::Fleet::new(&spec).unwrap();
+    let mut precise = Precise::new(&mut fleet, 0.005, true);
+    let text = workload::prompt_text(&arrival(0, 0.0, 496, 480));
+    let full = 496 / 16 * 16;
+    let req = Request {
+        id: 0,
+        arrival: 0.0,
+        prompt: Prompt::Text(text.clone()),
+        max_tokens: 4,
+        lora: Some("a".into()),
+    };
+    fleet.submit(0, req).unwrap();
+    precise.placed(pod_addr(0), 0, &text, Some("a"));
+    let on_pod0 =
+        |p: &mut Precise, f: &mut infergate_sim::Fleet, lora| p.cached(f, &text, lora)[0].1;
+    assert_eq!(on_pod0(&mut precise, &mut fleet, Some("a")), full);
+    assert_eq!(on_pod0(&mut precise, &mut fleet, Some("b")), 0);
+    assert_eq!(on_pod0(&mut precise, &mut fleet, None), 0);
+    fleet.run_until_idle();
+    precise.completed(0);
+    fleet.advance_to(fleet.now() + 0.005);
+    assert_eq!(on_pod0(&mut precise, &mut fleet, Some("a")), full);
+    assert_eq!(on_pod0(&mut precise, &mut fleet, Some("b")), 0);
+    assert_eq!(on_pod0(&mut precise, &mut fleet, None), 0);
 }
