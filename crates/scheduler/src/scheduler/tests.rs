@@ -55,6 +55,38 @@ fn a_prompt_is_routed_to_the_same_pod_next_time() {
     }
 }
 
+/// An engine keys a LoRA request's prefix blocks by its adapter (vLLM hashes the adapter's name
+/// into every block), so a prompt sent under adapter A is cached for A only: the prefix index must
+/// not draw adapter B's request, nor the base model's, to A's pod with the same text.
+#[test]
+fn a_prompt_cached_under_one_adapter_does_not_match_under_another() {
+    let mut s = scheduler(SchedulerConfig::default(), 4);
+    let text = prompt_text("one system prompt, several adapters");
+    let segs = [text.as_str()];
+    let under = |lora| {
+        RequestContext::new("m", 500)
+            .with_prompt(&segs)
+            .with_lora(lora)
+    };
+    let d = s.pick(&under(Some("lora-a")), T0, &mut rng(1)).unwrap();
+    s.complete(d.ticket, T0, Usage::default());
+    let matched = |s: &mut Scheduler, lora| {
+        let (d, ex) = s.pick_explained(&under(lora), T0, &mut rng(2));
+        s.cancel(d.unwrap().ticket, T0);
+        assert!(ex.prompt_blocks > 0);
+        ex.candidates
+            .iter()
+            .map(|c| (c.addr, c.prefix_blocks))
+            .filter(|(_, n)| *n > 0)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(matched(&mut s, Some("lora-b")), vec![]);
+    assert_eq!(matched(&mut s, None), vec![]);
+    let same = matched(&mut s, Some("lora-a"));
+    assert_eq!(same.len(), 1, "{same:?}");
+    assert_eq!(same[0].0, d.endpoints.first());
+}
+
 #[test]
 fn prefix_affinity_yields_when_the_pod_is_overloaded() {
     let mut s = scheduler(SchedulerConfig::default(), 2);
