@@ -294,7 +294,8 @@ impl RunningFront {
             let last = match probe.await {
                 Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => return Ok(()),
                 Ok(Ok(resp)) => format!("HTTP {}", resp.status()),
-                Ok(Err(e)) => error_chain(&e),
+                // hyper's client error alone says only "Connect": its causes too.
+                Ok(Err(e)) => infergate_metrics::ErrorChain(&e).to_string(),
                 Err(_) => "no answer within 2 s".to_owned(),
             };
             if Instant::now() > by {
@@ -348,18 +349,6 @@ fn signal_group(pgid: u32, signal: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-}
-
-/// An error and its causes on one line (hyper's client error alone says only "Connect").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
 }
 
 /// The last lines of a front's log, for an error message (empty when it wrote nothing).
