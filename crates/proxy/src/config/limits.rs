@@ -62,8 +62,9 @@ pub struct Limits {
     /// twice the limit; never kept).
     pub max_request_body_bytes: usize,
     /// The default for every model's `models[].limits.maxConcurrentRequests` (each model counts
-    /// its own requests, after the body is parsed, since the model is named in the body);
-    /// `None`, the default, sets no limit.
+    /// its own requests, after the body is parsed, since the model is named in the body; with
+    /// flow control a model at its limit queues rather than refuses); `None`, the default, sets
+    /// no limit.
     pub max_concurrent_requests: Option<u32>,
     /// Open client connections per process, all workers together. A connection beyond it is
     /// accepted and closed at once (the client sees the connection end before any response),
