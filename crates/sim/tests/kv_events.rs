@@ -12,9 +12,36 @@ use infergate_kvevents::event::Encoding;
 use infergate_kvevents::index::MatchScratch;
 use infergate_kvevents::{KvEvents, SubscriberConfig};
 use infergate_sim::tokens::token_ids;
-use infergate_sim::{Catalog, EngineKind, FleetSpec, KvEventsOptions, PodSpec, serve_fleet_with};
+use infergate_sim::{
+    Catalog, EngineKind, FleetSpec, KvEventsOptions, PodSpec, Profile, ServedFleet,
+    serve_fleet_with,
+};
 use infergate_testkit::eventually;
 use serde_json::json;
+
+/// The built-in `llama-3.1-8b/h100` profile.
+fn h100() -> Profile {
+    Catalog::builtin()
+        .unwrap()
+        .get("llama-3.1-8b/h100")
+        .unwrap()
+        .clone()
+}
+
+/// A subscriber to every pod of `fleet`, once it has synced with each pod's feed.
+async fn subscribe(fleet: &ServedFleet) -> KvEvents {
+    let kv = KvEvents::new(SubscriberConfig::default());
+    for pod in &fleet.pods {
+        let (events, replay) = pod.kv_events.expect("the pod publishes");
+        kv.add_pod_at(pod.addr, events, replay);
+    }
+    let pods = fleet.pods.len();
+    eventually("every pod's feed", || {
+        kv.index().stats().synced_pods == pods
+    })
+    .await;
+    kv
+}
 
 fn cached(kv: &KvEvents, pod: SocketAddr, ids: &[u32]) -> u32 {
     cached_under(kv, pod, None, ids)
@@ -28,11 +55,7 @@ fn cached_under(kv: &KvEvents, pod: SocketAddr, lora: Option<&str>, ids: &[u32])
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
-    let p = Catalog::builtin()
-        .unwrap()
-        .get("llama-3.1-8b/h100")
-        .unwrap()
-        .clone();
+    let p = h100();
     let bs = p.block_size;
     for encoding in [Encoding::Keyed, Encoding::Positional] {
         let pods = vec![
@@ -55,12 +78,7 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
         )
         .await
         .unwrap();
-        let kv = KvEvents::new(SubscriberConfig::default());
-        for pod in &fleet.pods {
-            let (events, replay) = pod.kv_events.expect("the pod publishes");
-            kv.add_pod_at(pod.addr, events, replay);
-        }
-        eventually("both feeds", || kv.index().stats().synced_pods == 2).await;
+        let kv = subscribe(&fleet).await;
         let (a, b) = (fleet.pods[0].addr, fleet.pods[1].addr);
         let prompt = "a system prompt every request of this tenant shares, then more ".repeat(30);
         let mut ids = Vec::new();
@@ -97,11 +115,7 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
 /// another adapter or the base model, and the base model's own copy of the prompt for it alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lora_blocks_reach_the_subscriber_under_their_adapter_only() {
-    let p = Catalog::builtin()
-        .unwrap()
-        .get("llama-3.1-8b/h100")
-        .unwrap()
-        .clone();
+    let p = h100();
     let bs = p.block_size;
     let mut pod = PodSpec::new("a", &p, EngineKind::Vllm);
     pod.lora_adapters = vec!["sql".into(), "chat".into()];
@@ -123,11 +137,8 @@ async fn lora_blocks_reach_the_subscriber_under_their_adapter_only() {
     )
     .await
     .unwrap();
-    let kv = KvEvents::new(SubscriberConfig::default());
-    let (events, replay) = fleet.pods[0].kv_events.expect("the pod publishes");
+    let kv = subscribe(&fleet).await;
     let a = fleet.pods[0].addr;
-    kv.add_pod_at(a, events, replay);
-    eventually("the feed", || kv.index().stats().synced_pods == 1).await;
     let prompt = "the same instructions, whichever adapter reads them, and then some ".repeat(30);
     let mut ids = Vec::new();
     token_ids(&prompt, &mut ids);
@@ -157,11 +168,7 @@ async fn lora_blocks_reach_the_subscriber_under_their_adapter_only() {
 
 #[tokio::test]
 async fn kv_event_ports_past_the_range_on_an_http_port_or_taken_are_refused_naming_the_pod() {
-    let p = Catalog::builtin()
-        .unwrap()
-        .get("llama-3.1-8b/h100")
-        .unwrap()
-        .clone();
+    let p = h100();
     let mut b = PodSpec::new("b", &p, EngineKind::Vllm);
     b.port = 31000;
     let pods = vec![PodSpec::new("a", &p, EngineKind::Vllm), b];
@@ -215,11 +222,7 @@ async fn kv_event_ports_past_the_range_on_an_http_port_or_taken_are_refused_nami
 
 #[tokio::test]
 async fn only_vllm_pods_publish_and_each_keeps_its_index_ports() {
-    let p = Catalog::builtin()
-        .unwrap()
-        .get("llama-3.1-8b/h100")
-        .unwrap()
-        .clone();
+    let p = h100();
     let pods = vec![
         PodSpec::new("tgi", &p, EngineKind::Tgi),
         PodSpec::new("vllm", &p, EngineKind::Vllm),
