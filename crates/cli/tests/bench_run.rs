@@ -7,6 +7,7 @@
     reason = "a failed unwrap is a failed test"
 )]
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const SCENARIO: &str = "\
@@ -137,6 +138,20 @@ fn a_load_scale_that_is_not_a_positive_number_is_refused_naming_the_flag() {
     }
 }
 
+/// A one-pod scenario of one second at `rate` requests/s named `name`, written to `dir/NAME.yaml`
+/// (short enough to run live).
+fn live_scenario(dir: &Path, name: &str, rate: u32) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\nfleet:\n  - {{ name: h100, profile: llama-3.1-8b/h100 }}\nworkload:\n  duration_s: 1\n  arrival: {{ kind: poisson, rate: {rate} }}\n  prompt_tokens: {{ dist: fixed, value: 64 }}\n  output_tokens: {{ dist: fixed, value: 4 }}\nseeds: [1]\npolicies: [round-robin]\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// An HTTP server for `--front`: `GET` answers 200 (so the front is ready), `POST` answers the
 /// status given as its second argument with a JSON body and no event stream.
 const FAKE_FRONT: &str = r#"
@@ -168,12 +183,7 @@ fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latenc
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("front.py");
     std::fs::write(&script, FAKE_FRONT).unwrap();
-    let scenario = dir.path().join("fronts.yaml");
-    std::fs::write(
-        &scenario,
-        "name: fronts\nfleet:\n  - { name: h100, profile: llama-3.1-8b/h100 }\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 8 }\n  prompt_tokens: { dist: fixed, value: 64 }\n  output_tokens: { dist: fixed, value: 4 }\nseeds: [1]\npolicies: [round-robin]\n",
-    )
-    .unwrap();
+    let scenario = live_scenario(dir.path(), "fronts", 8);
     let out_dir = dir.path().join("out");
     let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
         .arg("bench")
@@ -224,12 +234,7 @@ fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latenc
 #[test]
 fn a_front_given_as_a_url_or_a_missing_command_is_refused_saying_why_and_writes_no_report() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("fronts.yaml");
-    std::fs::write(
-        &scenario,
-        "name: fronts\nfleet:\n  - { name: h100, profile: llama-3.1-8b/h100 }\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 4 }\n  prompt_tokens: { dist: fixed, value: 64 }\n  output_tokens: { dist: fixed, value: 4 }\nseeds: [1]\npolicies: [round-robin]\n",
-    )
-    .unwrap();
+    let scenario = live_scenario(dir.path(), "fronts", 4);
     let out_dir = dir.path().join("out");
     let bench = |front: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
@@ -333,12 +338,7 @@ fn alive(pid: u32) -> bool {
 #[test]
 fn a_stopped_live_run_stops_its_front_too() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("stop.yaml");
-    std::fs::write(
-        &scenario,
-        "name: stop\nfleet:\n  - { name: h100, profile: llama-3.1-8b/h100 }\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 4 }\n  prompt_tokens: { dist: fixed, value: 64 }\n  output_tokens: { dist: fixed, value: 4 }\nseeds: [1]\npolicies: [round-robin]\n",
-    )
-    .unwrap();
+    let scenario = live_scenario(dir.path(), "stop", 4);
     let pid_file = dir.path().join("front.pid");
     // A front that never gets ready: the bench is stopped while it waits for it.
     let front = format!("idle=echo $$ > {}; exec sleep 300", pid_file.display());
