@@ -83,6 +83,22 @@ fn find_cond<'a>(st: &'a InferenceGatewayConfigStatus, type_: &str) -> &'a Condi
     st.conditions.iter().find(|c| c.type_ == type_).unwrap()
 }
 
+/// The status of the example config with the Gateway reading `gw` and nothing else there.
+fn with_gateway(gw: serde_json::Value) -> InferenceGatewayConfigStatus {
+    let observed = Observed {
+        gateway: Some(gw),
+        ..Observed::default()
+    };
+    accepted(&example(), &observed, 3, &t(1))
+}
+
+/// The example's picker Deployment (the config's only scheduler) with `status`.
+fn picker(status: DeploymentStatus) -> Deployment {
+    let mut d = deployment(1, Some(status));
+    d.metadata.name = Some("llama-llama-8b-epp".into());
+    d
+}
+
 #[test]
 fn a_gateway_that_is_not_programmed_says_why_in_gateway_programmed() {
     // Envoy Gateway's own reason (here: the certificate Secret of an HTTPS listener is missing)
@@ -100,12 +116,7 @@ fn a_gateway_that_is_not_programmed_says_why_in_gateway_programmed() {
              "message": "Secret inference/llama-cert does not exist."}
         ]}]
     }});
-    let observed = Observed {
-        gateway: Some(gw),
-        deployments: Vec::new(),
-        ..Observed::default()
-    };
-    let st = accepted(&example(), &observed, 3, &t(1));
+    let st = with_gateway(gw);
     let c = find_cond(&st, GATEWAY_PROGRAMMED);
     assert_eq!(c.status, "False");
     assert_eq!(c.reason, "Invalid");
@@ -137,12 +148,7 @@ fn a_programmed_gateway_with_a_broken_listener_is_not_ready() {
             ]}
         ]
     }});
-    let observed = Observed {
-        gateway: Some(gw),
-        deployments: Vec::new(),
-        ..Observed::default()
-    };
-    let st = accepted(&example(), &observed, 3, &t(1));
+    let st = with_gateway(gw);
     let c = find_cond(&st, GATEWAY_PROGRAMMED);
     assert_eq!(c.status, "False");
     assert_eq!(c.reason, "ListenersNotReady");
@@ -160,23 +166,18 @@ fn a_programmed_gateway_with_a_broken_listener_is_not_ready() {
 fn a_picker_whose_pods_cannot_be_created_says_why() {
     // A quota or Pod Security admission refusing the pods shows on the Deployment as
     // ReplicaFailure; the scheduler's condition carries that message.
-    let mut d = deployment(
-        1,
-        Some(DeploymentStatus {
-            observed_generation: Some(2),
-            conditions: Some(vec![DeploymentCondition {
-                type_: "ReplicaFailure".into(),
-                status: "True".into(),
-                reason: Some("FailedCreate".into()),
-                message: Some("pods \"llama-llama-8b-epp-1\" is forbidden: exceeded quota".into()),
-                ..DeploymentCondition::default()
-            }]),
-            ..DeploymentStatus::default()
-        }),
-    );
-    d.metadata.name = Some("llama-llama-8b-epp".into());
+    let d = picker(DeploymentStatus {
+        observed_generation: Some(2),
+        conditions: Some(vec![DeploymentCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            reason: Some("FailedCreate".into()),
+            message: Some("pods \"llama-llama-8b-epp-1\" is forbidden: exceeded quota".into()),
+            ..DeploymentCondition::default()
+        }]),
+        ..DeploymentStatus::default()
+    });
     let observed = Observed {
-        gateway: None,
         deployments: vec![d],
         ..Observed::default()
     };
@@ -207,16 +208,12 @@ fn a_route_the_gateway_refuses_makes_its_scheduler_and_the_config_not_ready() {
             ]
         }]}
     });
-    let mut d = deployment(
-        1,
-        Some(DeploymentStatus {
-            observed_generation: Some(2),
-            updated_replicas: Some(1),
-            available_replicas: Some(1),
-            ..DeploymentStatus::default()
-        }),
-    );
-    d.metadata.name = Some("llama-llama-8b-epp".into());
+    let d = picker(DeploymentStatus {
+        observed_generation: Some(2),
+        updated_replicas: Some(1),
+        available_replicas: Some(1),
+        ..DeploymentStatus::default()
+    });
     let observed = Observed {
         routes: vec![route],
         deployments: vec![d],
