@@ -421,14 +421,19 @@ fn overlong_names_are_a_typed_error() {
     assert_eq!(err.metric_label(), "name_too_long");
 }
 
-#[test]
-fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() {
+/// The ClusterRole of the rendered operator manifest, deploy/operator/operator.yaml.
+fn operator_cluster_role() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator/operator.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    let role = serde_yaml::Deserializer::from_str(&text)
+    serde_yaml::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())
         .find(|v| v["kind"] == "ClusterRole")
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() {
+    let role = operator_cluster_role();
     let rules = role["rules"].as_array().unwrap();
     let allows = |group: &str, resource: &str, verb: &str| {
         rules.iter().any(|r| {
@@ -885,12 +890,7 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
     // not exist yet), list by label, delete, the controller's watches; the finalizer by JSON
     // patch, the status by apply on /status; the peer-key Secrets; and what the pickers' Roles
     // grant (RBAC lets it grant only what it holds). `update` is never called.
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator/operator.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let role = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .find(|v| v["kind"] == "ClusterRole")
-        .unwrap();
+    let role = operator_cluster_role();
     let mut used: BTreeSet<(String, String, String)> = BTreeSet::new();
     let mut add = |group: &str, resource: &str, verbs: &[&str]| {
         for v in verbs {
