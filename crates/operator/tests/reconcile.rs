@@ -42,13 +42,16 @@ fn setup(example: &str) -> (Arc<Context>, Fake) {
     (Arc::new(ctx), fake)
 }
 
-fn config(fake: &Fake) -> Arc<InferenceGatewayConfig> {
-    let path = fake
-        .paths()
+/// The path of the config `setup` stored.
+fn config_path(fake: &Fake) -> String {
+    fake.paths()
         .into_iter()
         .find(|p| p.contains("/inferencegatewayconfigs/"))
-        .expect("config stored");
-    Arc::new(serde_json::from_value(fake.get(&path).unwrap()).unwrap())
+        .expect("config stored")
+}
+
+fn config(fake: &Fake) -> Arc<InferenceGatewayConfig> {
+    Arc::new(serde_json::from_value(fake.get(&config_path(fake)).unwrap()).unwrap())
 }
 
 fn writes(log: &[Seen]) -> Vec<&Seen> {
@@ -71,13 +74,18 @@ async fn created(example: &str) -> (Arc<Context>, Fake) {
     (ctx, fake)
 }
 
-fn condition(cfg: &Value, type_: &str) -> (String, String) {
-    let c = cfg["status"]["conditions"]
+/// The stored config's condition `type_`.
+fn find_condition<'a>(cfg: &'a Value, type_: &str) -> &'a Value {
+    cfg["status"]["conditions"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["type"] == type_)
-        .unwrap_or_else(|| panic!("no {type_} condition"));
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+fn condition(cfg: &Value, type_: &str) -> (String, String) {
+    let c = find_condition(cfg, type_);
     (
         c["status"].as_str().unwrap().to_owned(),
         c["message"].as_str().unwrap().to_owned(),
@@ -590,21 +598,8 @@ async fn a_scheduler_with_several_replicas_gets_a_random_peer_key_once_kept_and_
     );
 }
 
-/// The path of the config `setup` stored.
-fn config_path(fake: &Fake) -> String {
-    fake.paths()
-        .into_iter()
-        .find(|p| p.contains("/inferencegatewayconfigs/"))
-        .expect("config stored")
-}
-
 fn reason(cfg: &Value, type_: &str) -> String {
-    cfg["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
-        .unwrap_or_else(|| panic!("no {type_} condition"))["reason"]
+    find_condition(cfg, type_)["reason"]
         .as_str()
         .unwrap()
         .to_owned()
