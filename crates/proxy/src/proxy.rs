@@ -28,7 +28,7 @@ use crate::backend::Inflight;
 use crate::body::{ResponseBody, Tracked, Upstream};
 use crate::config::CONCURRENCY_RETRY_AFTER;
 use crate::limits::{BodyRead, BufferCharge, Counters, RequestSlot, read_body};
-use crate::state::{Gated, Model, Permit, State};
+use crate::state::{Model, Permit, Slots, State};
 use crate::telemetry::Telemetry;
 use crate::upstream::{SendError, Upstreams};
 
@@ -280,15 +280,8 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
     // With flow control the slot is taken when the request is dispatched (a request waiting
     // in the queue holds none, and a model at its limit queues rather than refuses); without,
     // here, before the pick.
-    let gated = match (&model.concurrency, &model.flow) {
-        (Some(slots), Some(_)) => Some(Gated {
-            pool: model.backend.pool.clone(),
-            slots: slots.clone(),
-        }),
-        _ => None,
-    };
-    let mut permit = match &model.concurrency {
-        Some(c) if gated.is_none() => match c.try_acquire() {
+    let mut permit = match &model.slots {
+        Slots::BeforePick(c) => match c.try_acquire() {
             Some(p) => Some(p),
             None => {
                 let e = ApiError::ConcurrencyLimit {
@@ -333,9 +326,11 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
         tenant: &tp.tenant,
         bytes: a.body.len() as u64,
     });
-    let (picked, explanation) = match &gated {
-        None => lifecycle::route(&model.backend.pool, explain, &cx, flow, &model.name).await,
-        Some(gated) => {
+    let (picked, explanation) = match &model.slots {
+        Slots::Unlimited | Slots::BeforePick(_) => {
+            lifecycle::route(&model.backend.pool, explain, &cx, flow, &model.name).await
+        }
+        Slots::AtDispatch(gated) => {
             let (picked, explanation) =
                 lifecycle::route(gated, explain, &cx, flow, &model.name).await;
             let picked = picked.map(|(g, charge)| {

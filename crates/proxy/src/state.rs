@@ -40,11 +40,33 @@ pub(crate) struct Model {
     pub(crate) backend: Backend,
     pub(crate) metrics: ModelMetrics,
     pub(crate) endpoints: HashMap<SocketAddr, EndpointHeaders>,
-    /// `maxConcurrentRequests`, when the model has one.
-    pub(crate) concurrency: Option<Concurrency>,
+    /// `maxConcurrentRequests`, and where it is taken.
+    pub(crate) slots: Slots,
     /// The model's flow control (`flowControl.enabled`), kept with its queue across reloads
     /// that keep the pool and leave `flowControl:` and `tenancy:` unchanged.
     pub(crate) flow: Option<infergate_pool::flow::FlowController>,
+}
+
+/// Where a model's `maxConcurrentRequests` is taken, decided once per configuration.
+pub(crate) enum Slots {
+    /// No limit: nothing is counted.
+    Unlimited,
+    /// Before the pick: a model at its limit answers 429 `concurrency_limit`.
+    BeforePick(Concurrency),
+    /// With flow control, at dispatch, through the pool behind the limit: a model at its limit
+    /// counts as saturated, so the request queues.
+    AtDispatch(Gated),
+}
+
+impl Slots {
+    /// The limit, wherever it is taken.
+    fn concurrency(&self) -> Option<&Concurrency> {
+        match self {
+            Slots::Unlimited => None,
+            Slots::BeforePick(c) => Some(c),
+            Slots::AtDispatch(g) => Some(&g.slots),
+        }
+    }
 }
 
 /// A model's concurrency limit. The counter is carried over by reloads that keep a limit on the
@@ -351,7 +373,7 @@ impl State {
             let concurrency = config.max_concurrent_requests(m).map(|max| {
                 let active = previous
                     .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
-                    .and_then(|old| old.concurrency.as_ref())
+                    .and_then(|old| old.slots.concurrency())
                     .map_or_else(|| Arc::new(AtomicUsize::new(0)), |c| Arc::clone(&c.active));
                 Concurrency {
                     active,
@@ -360,13 +382,21 @@ impl State {
                 }
             });
             let flow = flow_controller(&config, previous, m, &backend, &tenancy, telemetry);
+            let slots = match concurrency {
+                None => Slots::Unlimited,
+                Some(c) if flow.is_some() => Slots::AtDispatch(Gated {
+                    pool: backend.pool.clone(),
+                    slots: c,
+                }),
+                Some(c) => Slots::BeforePick(c),
+            };
             let model = Arc::new(Model {
                 name: m.name.clone(),
                 flow,
                 backend,
                 metrics: telemetry.model(&m.name, &addrs),
                 endpoints: endpoint_headers(&addrs),
-                concurrency,
+                slots,
             });
             // The configuration was validated with the same table, so this cannot clash.
             router
