@@ -3,8 +3,8 @@
 //! One reconcile: add the finalizer (first time), validate and render, list the config's
 //! children by [`CONFIG_LABEL`], server-side apply each desired child that differs from what is
 //! there, delete owned children that left the spec, then write the status if it changed. A
-//! config whose children and status already match causes reads only (lists, and the Secrets
-//! the spec names), no writes.
+//! config whose children and status already match causes reads only (lists, the Secrets the
+//! spec names and the peer-exchange keys), no writes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
