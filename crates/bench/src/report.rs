@@ -119,6 +119,18 @@ pub struct RunResult {
     pub failures: BTreeMap<String, u64>,
 }
 
+impl RunResult {
+    /// [`RunResult::failures`] as `N × REASON`, comma-separated (empty when there are none).
+    pub fn failure_reasons(&self) -> String {
+        let why: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(reason, n)| format!("{n} × {reason}"))
+            .collect();
+        why.join(", ")
+    }
+}
+
 /// One completed request of a simulated run: where it went and where its time to first token
 /// went. Times in seconds of the run's virtual clock.
 #[derive(Debug, Clone, Copy, PartialEq)]

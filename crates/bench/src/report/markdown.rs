@@ -84,11 +84,7 @@ pub(super) fn table(r: &Report) -> String {
 pub(super) fn failures(r: &Report) -> Option<String> {
     let mut s = String::new();
     for run in r.runs.iter().filter(|x| x.errors > 0) {
-        let why: Vec<String> = run
-            .failures
-            .iter()
-            .map(|(reason, n)| format!("{n} × {reason}"))
-            .collect();
+        let why = run.failure_reasons();
         let _ = writeln!(
             s,
             "- {}, seed {}: {} of {} requests failed{}{}",
@@ -97,7 +93,7 @@ pub(super) fn failures(r: &Report) -> Option<String> {
             run.errors,
             run.requests,
             if why.is_empty() { "" } else { ": " },
-            why.join(", ")
+            why
         );
     }
     (!s.is_empty()).then_some(s)

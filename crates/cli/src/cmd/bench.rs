@@ -228,16 +228,10 @@ pub fn unserved(report: &Report) -> Vec<String> {
         .iter()
         .filter(|r| r.completed == 0 && r.requests > 0)
         .map(|r| {
-            let why: Vec<String> = r
-                .failures
-                .iter()
-                .map(|(reason, n)| format!("{n} × {reason}"))
-                .collect();
-            let why = if why.is_empty() {
-                format!("{} rejected, {} failed", r.rejected, r.errors)
-            } else {
-                why.join(", ")
-            };
+            let mut why = r.failure_reasons();
+            if why.is_empty() {
+                why = format!("{} rejected, {} failed", r.rejected, r.errors);
+            }
             format!(
                 "{} (seed {}) completed none of its {} requests: {why}",
                 r.policy, r.seed, r.requests
