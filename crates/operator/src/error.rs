@@ -78,13 +78,15 @@ pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
-    /// The API server refused a call about the config's children: listing them, or writing or
-    /// deleting one (a webhook, a quota, a missing permission, a schema it enforces).
+    /// The API server refused a call about a named object: listing, reading, writing or
+    /// deleting one of the config's children, reading a Secret the spec names or a peer key,
+    /// listing the configs at start (a webhook, a quota, a missing permission, a schema it
+    /// enforces).
     #[error("cannot {action} {child}")]
     Child {
         /// `list`, `read`, `apply`, `create` or `delete`.
         action: &'static str,
-        /// `Kind namespace/name` of the child, or the kind and selector listed.
+        /// `Kind namespace/name` of the object, or the kind and selector listed.
         child: String,
         /// The API server's answer (boxed: it is large, and errors travel by value).
         #[source]
