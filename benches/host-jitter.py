@@ -33,15 +33,13 @@ def main() -> None:
     sleep_s = positive(sys.argv, 2, "SLEEP_US", 500.0) / 1e6
     late = []
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    # One sleep is always taken, however short SECONDS is.
+    while True:
         t = time.perf_counter()
         time.sleep(sleep_s)
         late.append(time.perf_counter() - t - sleep_s)
-    if not late:
-        # One sleep is always taken, however short SECONDS is.
-        t = time.perf_counter()
-        time.sleep(sleep_s)
-        late.append(time.perf_counter() - t - sleep_s)
+        if time.perf_counter() >= end:
+            break
     late.sort()
     n = len(late)
 
