@@ -777,3 +777,58 @@ async fn an_authenticated_client_cannot_name_another_tenant_to_the_clusters() {
     let head = cluster.heads().pop().unwrap().to_ascii_lowercase();
     assert!(head.contains("\r\nx-tenant: team-b"), "{head}");
 }
+
+/// The same, end to end with the consumer the header is for: the router in front of a real
+/// infergate gateway that finds the tenant by `tenancy.tenantHeader` (it trusts the router) and,
+/// with flow control on, tells its model server the tenant in the fairness-id header. The
+/// gateway sees the tenant the router authenticated, not the one the client named.
+#[tokio::test]
+async fn a_gateway_behind_the_router_sees_the_authenticated_tenant() {
+    use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
+    let pod = Recorder::start(&[]).await;
+    let gateway_yaml = format!(
+        "auth: none\ntenancy: {{ tenantHeader: x-tenant }}\nflowControl: {{ enabled: true }}\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
+        pod.addr
+    );
+    let local = "127.0.0.1:0".parse().unwrap();
+    let (gw_stop, gw_rx) = oneshot::channel::<()>();
+    let gw = serve_workers(
+        GatewayConfig::from_yaml(&gateway_yaml).unwrap(),
+        WorkerListeners::bind(local, Some(local), 1).unwrap(),
+        async move {
+            let _ = gw_rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    let admin = gw.admin_addr().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while infergate_testkit::get(admin, "/readyz").await.status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gateway never got ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // SHA-256 of `key-m`.
+    let key = "289c642a857aceb1b7e6f7ee74a11b4a5fb07f43d1e390a71251d611ebe36cd0";
+    let (router, _stop) = router_with(&format!(
+        "auth:\n  apiKeys:\n    keys: [{{ sha256: {key}, tenant: team-a, models: ['*'] }}]\ntenancy: {{ tenantHeader: x-tenant }}\nclusters:\n  - {{ name: a, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        gw.http_addr()
+    ))
+    .await;
+    let r = send(
+        router.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-m"), ("x-tenant", "team-b")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = pod.heads().pop().unwrap().to_ascii_lowercase();
+    assert!(
+        head.contains("\r\nx-llm-d-inference-fairness-id: team-a"),
+        "{head}"
+    );
+    let _ = gw_stop.send(());
+}
