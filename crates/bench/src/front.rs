@@ -206,10 +206,7 @@ impl Front {
             .open(&log)
             .map_err(write_err)?;
         writeln!(out, "== front {}, seed {} ==", self.name, run.seed).map_err(write_err)?;
-        let err = out.try_clone().map_err(|source| BenchError::Write {
-            path: log.clone(),
-            source,
-        })?;
+        let err = out.try_clone().map_err(write_err)?;
         let child = Command::new("sh")
             .arg("-c")
             .arg(&command)
