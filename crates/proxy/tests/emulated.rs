@@ -269,7 +269,13 @@ async fn per_pod_metrics_on_the_gateway_match_the_pods_own_pages() {
     let waiting = metric(&page, "vllm:num_requests_waiting", &[]).unwrap();
     let running = metric(&page, "vllm:num_requests_running", &[]).unwrap();
     let kv = metric(&page, "vllm:kv_cache_usage_perc", &[]).unwrap();
+    // An earlier page may have had the same waiting count: wait for the frozen page's whole
+    // reading, not one field of it.
     rig.wait_metric("infergate_pod_waiting_requests", "a", waiting)
+        .await;
+    rig.wait_metric("infergate_pod_running_requests", "a", running)
+        .await;
+    rig.wait_metric("infergate_pod_kv_cache_usage_ratio", "a", kv)
         .await;
     let m = rig.metrics().await;
     let pod = a.to_string();
