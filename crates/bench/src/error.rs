@@ -145,3 +145,17 @@ pub enum BenchError {
     #[error("cannot encode the JSON report")]
     Json(#[from] serde_json::Error),
 }
+
+impl BenchError {
+    /// Whether this is an external front that did not start (its command could not be run,
+    /// exited, or never got ready): a failure of that front's run, which the report records,
+    /// rather than of the bench.
+    pub fn is_front_start(&self) -> bool {
+        matches!(
+            self,
+            BenchError::FrontStart { .. }
+                | BenchError::FrontExited { .. }
+                | BenchError::FrontNotReady { .. }
+        )
+    }
+}

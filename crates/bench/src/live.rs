@@ -100,8 +100,8 @@ enum Target<'a> {
     Front(&'a Front, &'a std::path::Path),
 }
 
-impl Target<'_> {
-    fn name(&self) -> &str {
+impl<'a> Target<'a> {
+    fn name(&self) -> &'a str {
         match self {
             Target::Gateway(p) => p,
             Target::Front(f, _) => &f.name,
@@ -121,6 +121,10 @@ pub async fn run(
 
 /// Runs every policy of `scenario`, then every front of `fronts`, on every seed, live on
 /// loopback. Must run inside a multi-threaded tokio runtime.
+///
+/// A front that does not start (its command cannot be run, exits, or never gets ready) fails
+/// its own runs, not the call: they are in the report as [`RunResult::not_started`], with the
+/// reason, and the other policies and fronts still run.
 pub async fn run_with_fronts(
     scenario: &Scenario,
     origin: &str,
@@ -132,6 +136,10 @@ pub async fn run_with_fronts(
     let spec = scenario.fleet_spec(&catalog, origin)?;
     let mut runs = Vec::new();
     let mut floors = Vec::new();
+    // Fronts that did not start, and the seed they failed on: their later seeds are recorded as
+    // not started instead of waiting for a command that already said what it does.
+    let mut unstarted: BTreeMap<&str, u64> = BTreeMap::new();
+    let pods = spec.pods.len();
     for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
@@ -146,24 +154,40 @@ pub async fn run_with_fronts(
                     .map(|f| Target::Front(f, fronts.log_dir.as_path())),
             );
         for target in targets {
+            let name = target.name();
+            let requests = arrivals.len() as u64;
+            if let Some(failed_on) = unstarted.get(name) {
+                let why = format!(
+                    "not started: front {name} did not start on seed {failed_on}, so it was not tried again"
+                );
+                runs.push(RunResult::not_started(name, seed, requests, pods, why));
+                continue;
+            }
             let label = format!(
-                "{} live seed {seed} ({}/{}) {}",
+                "{} live seed {seed} ({}/{}) {name}",
                 scenario.name,
                 si + 1,
                 scenario.seeds.len(),
-                target.name()
             );
-            progress.start(&label, arrivals.len() as u64);
-            let r = match run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await
-            {
-                Ok(r) => r,
+            progress.start(&label, requests);
+            match run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await {
+                Ok(r) => {
+                    progress.finish();
+                    runs.push(r);
+                }
+                // A front that cannot be started fails its own runs, not the bench: the runs
+                // before it are kept and the ones after it still run.
+                Err(e) if e.is_front_start() => {
+                    let why = format!("not started: {e}");
+                    progress.fail(&why);
+                    unstarted.insert(name, seed);
+                    runs.push(RunResult::not_started(name, seed, requests, pods, why));
+                }
                 Err(e) => {
                     progress.abort();
                     return Err(e);
                 }
-            };
-            progress.finish();
-            runs.push(r);
+            }
         }
     }
     let pods = PodInfo::list(&spec);

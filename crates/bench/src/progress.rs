@@ -12,6 +12,11 @@ pub trait Progress {
     fn finish(&mut self);
     /// The current run failed and will not finish (an error follows).
     fn abort(&mut self) {}
+    /// The current run failed for `why` and is recorded as failed; the benchmark goes on.
+    fn fail(&mut self, why: &str) {
+        let _ = why;
+        self.abort();
+    }
 }
 
 /// Reports nothing.
@@ -104,5 +109,11 @@ impl Progress for StderrBar {
             // Ends the bar's line where it stopped, so the error starts a line of its own.
             let _ = writeln!(std::io::stderr());
         }
+    }
+
+    fn fail(&mut self, why: &str) {
+        self.abort();
+        // Said now, not only in the report: the bench may go on for a long time.
+        let _ = writeln!(std::io::stderr(), "{}: failed: {why}", self.label);
     }
 }

@@ -120,6 +120,32 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// A run that did not take place (its front did not start): none of its `requests` was
+    /// sent, each counts as failed for `why`, so that its row shows no latencies and the reason
+    /// is listed with the other failures.
+    pub fn not_started(policy: &str, seed: u64, requests: u64, pods: usize, why: String) -> Self {
+        RunResult {
+            policy: policy.to_owned(),
+            seed,
+            requests,
+            completed: 0,
+            rejected: 0,
+            errors: requests,
+            ttft: Percentiles::default(),
+            itl: Percentiles::default(),
+            e2e: Percentiles::default(),
+            requests_per_s: 0.0,
+            output_tokens_per_s: 0.0,
+            per_pod_requests: vec![0; pods],
+            ttft_cdf: Vec::new(),
+            load: None,
+            flow: None,
+            prefix_hit_rate: None,
+            records: None,
+            failures: BTreeMap::from([(why, requests)]),
+        }
+    }
+
     /// [`RunResult::failures`] as `N × REASON`, comma-separated (empty when there are none).
     pub fn failure_reasons(&self) -> String {
         let why: Vec<String> = self

@@ -118,9 +118,15 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     );
 }
 
+/// A front that exits before it is ready fails its own runs, not the bench: the policies before
+/// and after it still run, the report keeps every run, and the failed ones say why (the exit
+/// status, the end of the front's output, its log).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_front_that_exits_before_it_is_ready_is_reported_with_its_output() {
-    let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still_run() {
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.policies = vec!["round-robin".parse().unwrap()];
+    scenario.seeds = vec![5, 6];
+    scenario.workload.duration_s = 2.0;
     let dir = tempfile::tempdir().unwrap();
     let fronts = Fronts {
         list: vec![
@@ -130,29 +136,60 @@ async fn a_front_that_exits_before_it_is_ready_is_reported_with_its_output() {
         ],
         log_dir: dir.path().to_owned(),
     };
-    let mut scenario = scenario;
-    scenario.policies.clear();
-    let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+    let report = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
         .await
-        .unwrap_err();
-    let BenchError::FrontExited {
-        front,
-        status,
-        log,
-        tail,
-    } = &err
-    else {
-        panic!("{err}");
-    };
-    assert_eq!(front, "broken");
-    assert!(tail.starts_with("no such router on port "), "{tail}");
-    assert!(status.contains('3'), "{status}");
-    let output = std::fs::read_to_string(log).unwrap();
+        .unwrap();
+    let runs: Vec<(&str, u64)> = report
+        .runs
+        .iter()
+        .map(|r| (r.policy.as_str(), r.seed))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("round-robin", 5),
+            ("broken", 5),
+            ("round-robin", 6),
+            ("broken", 6)
+        ]
+    );
+    for rr in report.runs.iter().filter(|r| r.policy == "round-robin") {
+        assert_eq!(rr.completed, rr.requests, "{rr:?}");
+    }
+    let log = dir.path().join("front-broken.log");
+    for broken in report.runs.iter().filter(|r| r.policy == "broken") {
+        assert_eq!((broken.completed, broken.errors), (0, broken.requests));
+        assert!(broken.requests > 0);
+        assert_eq!(broken.per_pod_requests, [0, 0]);
+        assert_eq!(broken.failures.len(), 1, "{:?}", broken.failures);
+    }
+    let first = report.runs[1].failure_reasons();
+    assert!(
+        first.contains("not started: front broken exited (exit status: 3)")
+            && first.contains("ending: no such router on port ")
+            && first.contains(&log.display().to_string()),
+        "{first}"
+    );
+    // The command is not tried again on the next seed: it said what it does.
+    let second = report.runs[3].failure_reasons();
+    assert!(
+        second.contains("not started: front broken did not start on seed 5"),
+        "{second}"
+    );
+    let output = std::fs::read_to_string(&log).unwrap();
     assert!(
         output.starts_with("== front broken, seed 5 ==\nno such router on port "),
         "{output}"
     );
-    assert!(err.to_string().contains("front-broken.log"), "{err}");
+    assert_eq!(output.matches("== front").count(), 1, "{output}");
+    let broken = report.policy("broken").unwrap();
+    assert!(!broken.has_latencies());
+    let md = report.markdown();
+    assert!(
+        md.lines().any(|l| l.starts_with("| broken | — | — | — |")),
+        "{md}"
+    );
+    assert!(md.contains("- broken, seed 5: "), "{md}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

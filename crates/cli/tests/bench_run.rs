@@ -232,41 +232,69 @@ fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latenc
 }
 
 #[test]
-fn a_front_given_as_a_url_or_a_missing_command_is_refused_saying_why_and_writes_no_report() {
+fn a_front_given_as_a_url_is_refused_saying_why_and_writes_no_report() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = live_scenario(dir.path(), "fronts", 4);
     let out_dir = dir.path().join("out");
-    let bench = |front: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-            .arg("bench")
-            .arg(&scenario)
-            .args(["--mode", "live", "--out"])
-            .arg(&out_dir)
-            .args(["--front", front])
-            .env("RUST_BACKTRACE", "0")
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{front}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&scenario)
+        .args(["--mode", "live", "--out"])
+        .arg(&out_dir)
+        .args(["--front", "r=http://127.0.0.1:9"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
     // Refused while the arguments are read, before any run.
-    let stderr = bench("r=http://127.0.0.1:9");
     assert!(stderr.contains("the command is a URL"), "{stderr}");
     assert!(!out_dir.exists());
+}
 
-    // Found only when its turn comes; the error carries the end of its output.
-    let stderr = bench("gone=infergate-no-such-router --port {port}");
+/// A front that exits at once fails its own row: the policies' runs are kept, the report is
+/// written with the reason, and the bench exits non-zero naming it.
+#[test]
+fn a_front_that_does_not_start_fails_its_row_and_the_report_is_still_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = live_scenario(dir.path(), "fronts", 4);
+    let out_dir = dir.path().join("out");
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&scenario)
+        .args(["--mode", "live", "--out"])
+        .arg(&out_dir)
+        .args(["--front", "broken=false"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // Said when it happens, and again at the end.
     assert!(
-        stderr.contains("front gone exited (exit status: 127)")
-            && stderr.contains("infergate-no-such-router: not found"),
+        stderr.contains("broken: failed: not started: front broken exited (exit status: 1)"),
         "{stderr}"
     );
-    // The error starts a line of its own, not the progress bar's.
-    assert!(stderr.lines().any(|l| l.starts_with("Error: ")), "{stderr}");
-    assert!(out_dir.join("front-gone.log").exists());
-    assert!(!out_dir.join("fronts-live.md").exists());
-    assert!(!out_dir.join("fronts-live.json").exists());
+    assert!(
+        stderr.contains("broken (seed 1) completed none of its")
+            && stderr.lines().any(|l| l.starts_with("Error: ")),
+        "{stderr}"
+    );
+    let md = std::fs::read_to_string(out_dir.join("fronts-live.md")).unwrap();
+    let row = md.lines().find(|l| l.starts_with("| broken |")).unwrap();
+    assert!(row.starts_with("| broken | — | — | — |"), "{row}");
+    assert!(
+        md.contains("- broken, seed 1: ") && md.contains("× not started: front broken exited"),
+        "{md}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("fronts-live.json")).unwrap())
+            .unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    let rr = runs.iter().find(|r| r["policy"] == "round-robin").unwrap();
+    assert_eq!(rr["completed"], rr["requests"]);
+    let broken = runs.iter().find(|r| r["policy"] == "broken").unwrap();
+    assert_eq!(broken["completed"], 0);
 }
 
 #[test]
