@@ -42,6 +42,7 @@ class Procs:
         self.logdir = logdir
         self.pidfile = pidfile
         self.procs = {}
+        self.log_starts = {}
         os.makedirs(logdir, exist_ok=True)
 
     def _write_pids(self):
@@ -51,6 +52,8 @@ class Procs:
 
     def start(self, name, argv, env=None, cwd=None):
         logf = open(os.path.join(self.logdir, f"{name}.log"), "ab")
+        # tail() shows this start's output only, not an earlier process's of the same name.
+        self.log_starts[name] = logf.seek(0, os.SEEK_END)
         full_env = dict(os.environ)
         full_env.update(env or {})
         p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=full_env,
@@ -95,6 +98,7 @@ class Procs:
         path = os.path.join(self.logdir, f"{name}.log")
         try:
             with open(path, "rb") as f:
+                f.seek(self.log_starts.get(name, 0))
                 lines = f.read().decode(errors="replace").splitlines()
             return "\n".join(lines[-n:])
         except OSError:

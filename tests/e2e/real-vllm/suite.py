@@ -185,6 +185,44 @@ class Suite:
         self.procs.start(f"vllm-{inst}", self.vllm_argv(inst), env=self.vllm_env(inst),
                          cwd=self.work)
 
+    def repick_ports(self, inst):
+        """New free ports for an instance whose port another process took meanwhile (ports are
+        picked when the suite starts; by check 9, minutes later, a client's ephemeral port or
+        another vLLM's internal socket may hold one)."""
+        taken = set(self.vllm_ports.values()) | {p for pair in self.kv_ports.values() for p in pair}
+        fresh = []
+        while len(fresh) < (3 if inst in self.kv_ports else 1):
+            p = free_port()
+            if p not in taken:
+                taken.add(p)
+                fresh.append(p)
+        self.vllm_ports[inst] = fresh[0]
+        if inst in self.kv_ports:
+            self.kv_ports[inst] = (fresh[1], fresh[2])
+
+    def start_fresh(self, insts, attempts=3):
+        """Starts instances nothing else points at yet and waits until each is healthy; one
+        that exits because its address is taken is started again on new ports. Returns each
+        instance's seconds to healthy (its last start)."""
+        for inst in insts:
+            self.start_vllm(inst)
+        took = {}
+        for inst in insts:
+            for attempt in range(1, attempts + 1):
+                try:
+                    took[inst] = self.wait_vllm(inst)
+                    break
+                except CheckFailed as e:
+                    if "Address already in use" not in str(e) or attempt == attempts:
+                        raise
+                    old = self.addr(inst)
+                    self.procs.stop(f"vllm-{inst}")
+                    self.repick_ports(inst)
+                    log(f"vLLM {inst}: {old} was taken by another process; starting it again on "
+                        f"{self.addr(inst)}")
+                    self.start_vllm(inst)
+        return took
+
     def wait_vllm(self, inst, timeout=240):
         t0 = time.monotonic()
 
@@ -255,10 +293,7 @@ retries:
         self.make_model()
         self.timings["model"] = time.monotonic() - t0
         t1 = time.monotonic()
-        for inst in ("A", "B"):
-            self.start_vllm(inst)
-        for inst in ("A", "B"):
-            dt = self.wait_vllm(inst)
+        for inst, dt in self.start_fresh(("A", "B")).items():
             log(f"vLLM {inst} on {self.addr(inst)} healthy after {dt:.1f}s "
                 f"(rss {self.rss_mib(f'vllm-{inst}')} MiB)")
         self.timings["vllm start"] = time.monotonic() - t1
@@ -1282,10 +1317,7 @@ storage:
         BlockRemoved) decide where a repeated long prompt goes — even one this gateway never
         routed — and an eviction moves it; vllm:prefix_cache_hits_total confirms the hits."""
         # Two instances of their own, publishing their KV events; stopped at the end.
-        for inst in ("C", "D"):
-            self.start_vllm(inst)
-        for inst in ("C", "D"):
-            dt = self.wait_vllm(inst)
+        for inst, dt in self.start_fresh(("C", "D")).items():
             log(f"vLLM {inst} (KV events on) on {self.addr(inst)} healthy after {dt:.1f}s")
         port, admin = free_port(), free_port()
         eps = "\n".join(
