@@ -101,7 +101,7 @@ pub enum BenchError {
     NotReady(String),
     /// Two external fronts have the same name.
     #[error(
-        "two fronts are named {0}: each needs a name of its own (its row in the report, its front-NAME.log)"
+        "two fronts are named {0}: each needs a name of its own (its row in the report, its log)"
     )]
     DuplicateFront(String),
     /// An external front's command could not be started.

@@ -22,8 +22,10 @@
 //! The front is ready once `GET /v1/models` through it answers 200 (it is then known to reach a
 //! pod); the run's requests go to `POST /v1/chat/completions` on it. After the run its process
 //! group gets `SIGTERM`, then `SIGKILL` if it is still there 5 s later. Its output goes to
-//! `LOG_DIR/front-NAME.log`: the first seed's run starts the file afresh, each later seed's
-//! appends to it, every run after a line naming its seed.
+//! `LOG_DIR/SCENARIO-live-front-NAME.log` ([`crate::live::Fronts::log_path`]: one file per
+//! scenario and front, named in the report and in every error about the front): the first
+//! seed's run starts the file afresh, each later seed's appends to it, every run after a line
+//! naming its seed.
 
 use std::fmt;
 use std::io::Write as _;
@@ -172,7 +174,7 @@ impl Front {
         pods: &[SocketAddr],
         kv_events: &[Option<(SocketAddr, Option<SocketAddr>)>],
         model: &str,
-        log_dir: &Path,
+        log: &Path,
         run: LogRun,
     ) -> Result<RunningFront, BenchError> {
         let port = free_port()?;
@@ -188,22 +190,24 @@ impl Front {
             model,
         };
         let command = self.render(&ports);
-        std::fs::create_dir_all(log_dir).map_err(|source| BenchError::Write {
-            path: log_dir.to_owned(),
-            source,
-        })?;
-        let log = log_dir.join(format!("front-{}.log", self.name));
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
         let write_err = |source| BenchError::Write {
-            path: log.clone(),
+            path: log.to_owned(),
             source,
         };
-        // One file for all of a bench's seeds: a later seed's run must not wipe an earlier one's.
+        // One file for all of a scenario's seeds: a later seed's run must not wipe an earlier
+        // one's.
         let mut out = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
             .append(!run.first)
             .truncate(run.first)
-            .open(&log)
+            .open(log)
             .map_err(write_err)?;
         writeln!(out, "== front {}, seed {} ==", self.name, run.seed).map_err(write_err)?;
         let err = out.try_clone().map_err(write_err)?;
@@ -228,7 +232,7 @@ impl Front {
         let mut running = RunningFront {
             name: self.name.clone(),
             child: Some(child),
-            log,
+            log: log.to_owned(),
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         };
         running.wait_ready(READY_TIMEOUT).await?;

@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 use crate::BenchError;
 use crate::front::Front;
 use crate::progress::Progress;
-use crate::report::{PodInfo, Report, RunResult};
+use crate::report::{FrontLog, PodInfo, Report, RunResult};
 use crate::scenario::Scenario;
 use crate::simulate::{LoadSeries, floor};
 use crate::stats::{Percentiles, quantile};
@@ -87,8 +87,18 @@ impl fmt::Display for Failure {
 pub struct Fronts {
     /// The fronts, in report order.
     pub list: Vec<Front>,
-    /// Where each front's output goes (`front-NAME.log`).
+    /// Where each front's output goes ([`Fronts::log_path`]).
     pub log_dir: PathBuf,
+}
+
+impl Fronts {
+    /// Where the output of front `front` goes in scenario `scenario`:
+    /// `LOG_DIR/SCENARIO-live-front-NAME.log`, beside the scenario's report
+    /// (`SCENARIO-live.md`), so that a bench of several scenarios keeps each one's output.
+    pub fn log_path(&self, scenario: &str, front: &str) -> PathBuf {
+        self.log_dir
+            .join(format!("{scenario}-live-front-{front}.log"))
+    }
 }
 
 /// What a run sends its requests through.
@@ -96,7 +106,7 @@ pub struct Fronts {
 enum Target<'a> {
     /// The standalone gateway with this scheduler preset.
     Gateway(&'a str),
-    /// An external front.
+    /// An external front, and where its output goes.
     Front(&'a Front, &'a std::path::Path),
 }
 
@@ -140,6 +150,14 @@ pub async fn run_with_fronts(
     // not started instead of waiting for a command that already said what it does.
     let mut unstarted: BTreeMap<&str, u64> = BTreeMap::new();
     let pods = spec.pods.len();
+    let logs: Vec<FrontLog> = fronts
+        .list
+        .iter()
+        .map(|f| FrontLog {
+            front: f.name.clone(),
+            log: fronts.log_path(&scenario.name, &f.name),
+        })
+        .collect();
     for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
@@ -151,7 +169,8 @@ pub async fn run_with_fronts(
                 fronts
                     .list
                     .iter()
-                    .map(|f| Target::Front(f, fronts.log_dir.as_path())),
+                    .zip(&logs)
+                    .map(|(f, l)| Target::Front(f, l.log.as_path())),
             );
         for target in targets {
             let name = target.name();
@@ -191,7 +210,9 @@ pub async fn run_with_fronts(
         }
     }
     let pods = PodInfo::list(&spec);
-    Ok(Report::new(scenario.clone(), "live", pods, runs, floors))
+    let mut report = Report::new(scenario.clone(), "live", pods, runs, floors);
+    report.front_logs = logs;
+    Ok(report)
 }
 
 /// Whether `scenario` can run live with `fronts`, checked without running anything (a caller
@@ -358,7 +379,7 @@ async fn run_one(
             }
             (gateway.http_addr(), Some(gateway), None)
         }
-        Target::Front(f, log_dir) => {
+        Target::Front(f, log) => {
             let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
             let feeds: Vec<_> = fleet.pods.iter().map(|p| p.kv_events).collect();
             let model = spec.pods.first().map_or("", |p| &*p.model);
@@ -366,7 +387,7 @@ async fn run_one(
                 seed,
                 first: record_load,
             };
-            match f.start(&pods, &feeds, model, log_dir, run).await {
+            match f.start(&pods, &feeds, model, log, run).await {
                 Ok(running) => (running.addr(), None, Some(running)),
                 Err(e) => {
                     let _ = stop_tx.send(true);

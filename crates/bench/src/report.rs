@@ -286,6 +286,18 @@ pub struct Report {
     /// Flow-control comparison (scenarios with a `flow:` section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow: Option<FlowReport>,
+    /// Where each external front's output went (live runs with fronts), in report order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub front_logs: Vec<FrontLog>,
+}
+
+/// Where an external front's output went ([`crate::live::Fronts::log_path`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontLog {
+    /// The front's name (its row in the report).
+    pub front: String,
+    /// Its log file.
+    pub log: PathBuf,
 }
 
 fn change(new: f64, base: f64) -> f64 {
@@ -380,6 +392,7 @@ impl Report {
             summary,
             verdicts,
             flow: None,
+            front_logs: Vec::new(),
         }
     }
 

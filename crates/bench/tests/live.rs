@@ -70,7 +70,7 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     scenario.workload.duration_s = 2.0;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
-        dir.path().join("front-nginx.log"),
+        dir.path().join("tiny-live-live-front-nginx.log"),
         "a previous bench's output\n",
     )
     .unwrap();
@@ -86,7 +86,7 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
         .await
         .unwrap();
     assert_eq!(report.runs.len(), 4);
-    let log = std::fs::read_to_string(dir.path().join("front-nginx.log")).unwrap();
+    let log = std::fs::read_to_string(dir.path().join("tiny-live-live-front-nginx.log")).unwrap();
     assert!(!log.contains("a previous bench's output"), "{log}");
     let seed5 = log.find("== front nginx, seed 5 ==").unwrap();
     let seed6 = log.find("== front nginx, seed 6 ==").unwrap();
@@ -105,7 +105,7 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     );
     assert!(nginx.ttft.p50 > 0.0 && nginx.ttft.p99 <= nginx.e2e.p99);
     assert!(report.policy("nginx").is_some());
-    assert!(dir.path().join("front-nginx.log").exists());
+    assert!(dir.path().join("tiny-live-live-front-nginx.log").exists());
     // nginx (its configuration folder is named after the script) was stopped with its group.
     let left = std::process::Command::new("pgrep")
         .args(["-f", "infergate-nginx-front"])
@@ -156,7 +156,7 @@ async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still
     for rr in report.runs.iter().filter(|r| r.policy == "round-robin") {
         assert_eq!(rr.completed, rr.requests, "{rr:?}");
     }
-    let log = dir.path().join("front-broken.log");
+    let log = dir.path().join("tiny-live-live-front-broken.log");
     for broken in report.runs.iter().filter(|r| r.policy == "broken") {
         assert_eq!((broken.completed, broken.errors), (0, broken.requests));
         assert!(broken.requests > 0);
@@ -192,6 +192,40 @@ async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still
     assert!(md.contains("- broken, seed 5: "), "{md}");
 }
 
+/// Two scenarios run with the same front keep their own logs: the second does not overwrite
+/// the first's, and each report and failure names its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_scenario_keeps_its_own_front_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut logs = Vec::new();
+    for name in ["first", "second"] {
+        let mut scenario = Scenario::from_yaml(TINY, name).unwrap();
+        scenario.name = name.to_owned();
+        scenario.policies.clear();
+        let fronts = Fronts {
+            list: vec![format!("f=echo output of {name}; exit 1").parse().unwrap()],
+            log_dir: dir.path().to_owned(),
+        };
+        let report = run_with_fronts(&scenario, name, &fronts, &mut Silent)
+            .await
+            .unwrap();
+        let log = dir.path().join(format!("{name}-live-front-f.log"));
+        assert!(
+            report.runs[0]
+                .failure_reasons()
+                .contains(&log.display().to_string()),
+            "{:?}",
+            report.runs[0].failures
+        );
+        assert!(report.markdown().contains(&log.display().to_string()));
+        logs.push(log);
+    }
+    for (log, name) in logs.iter().zip(["first", "second"]) {
+        let text = std::fs::read_to_string(log).unwrap();
+        assert_eq!(text, format!("== front f, seed 5 ==\noutput of {name}\n"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_fronts_of_one_name_are_refused_before_any_run() {
     let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
@@ -208,7 +242,7 @@ async fn two_fronts_of_one_name_are_refused_before_any_run() {
         "{err}"
     );
     // Refused before the scenario's policies ran or any front started.
-    assert!(!dir.path().join("front-a.log").exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -295,6 +295,14 @@ fn a_front_that_does_not_start_fails_its_row_and_the_report_is_still_written() {
     assert_eq!(rr["completed"], rr["requests"]);
     let broken = runs.iter().find(|r| r["policy"] == "broken").unwrap();
     assert_eq!(broken["completed"], 0);
+    // Its log is the scenario's own, named in the report and in the reason.
+    let log = out_dir.join("fronts-live-front-broken.log");
+    assert!(log.exists());
+    assert!(
+        md.contains(&format!("- broken: `{}`", log.display())),
+        "{md}"
+    );
+    assert!(stderr.contains(&log.display().to_string()), "{stderr}");
 }
 
 #[test]

@@ -211,6 +211,13 @@ pub(super) fn render(r: &Report) -> String {
     if let Some(f) = failures(r) {
         let _ = writeln!(s, "Failed requests:\n\n{f}");
     }
+    if !r.front_logs.is_empty() {
+        let _ = writeln!(s, "Output of the external fronts:\n");
+        for l in &r.front_logs {
+            let _ = writeln!(s, "- {}: `{}`", l.front, l.log.display());
+        }
+        let _ = writeln!(s);
+    }
     if let Some(f) = &r.flow {
         let _ = writeln!(
             s,

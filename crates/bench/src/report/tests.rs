@@ -294,3 +294,23 @@ fn a_run_that_completed_nothing_has_no_latencies_and_misses_its_targets() {
     let back: Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back.runs, r.runs);
 }
+
+#[test]
+fn the_fronts_logs_are_named_in_the_report() {
+    let mut r = report();
+    r.runs.push(empty_run("broken-front", 1));
+    let mut r = Report::new(r.scenario, "live", r.pods, r.runs, r.floors);
+    let md = r.markdown();
+    assert!(!md.contains("Output of the external fronts"), "{md}");
+    r.front_logs = vec![FrontLog {
+        front: "broken-front".to_owned(),
+        log: PathBuf::from("out/s-live-front-broken-front.log"),
+    }];
+    let md = r.markdown();
+    assert!(
+        md.contains("Output of the external fronts:\n\n- broken-front: `out/s-live-front-broken-front.log`\n"),
+        "{md}"
+    );
+    let back: Report = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back.front_logs, r.front_logs);
+}

@@ -59,7 +59,7 @@ pub struct Args {
     /// KV-event feed, `http://HOST:PORT=tcp://HOST:PUB,tcp://HOST:REPLAY`, space-separated; the
     /// pods publish vLLM's KV-cache events only for a front that names it) are filled in, and
     /// set as INFERGATE_FRONT_PORT, _AUX_PORT, _URLS, _ADDRS, _MODEL, _KV_EVENTS. It is ready once GET
-    /// /v1/models through it answers 200; its output goes to OUT/front-NAME.log.
+    /// /v1/models through it answers 200; its output goes to OUT/SCENARIO-live-front-NAME.log.
     #[arg(long = "front", value_name = "NAME=COMMAND")]
     fronts: Vec<infergate_bench::Front>,
     /// Simulated mode: also write every completed request of every run as CSV (where it went,
