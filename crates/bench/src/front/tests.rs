@@ -1,0 +1,141 @@
+#![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+use super::*;
+
+#[test]
+fn parses_name_and_command() {
+    let f: Front = "vllm-router-cache_aware=vllm-router --port {port} --policy x=y"
+        .parse()
+        .unwrap();
+    assert_eq!(f.name, "vllm-router-cache_aware");
+    assert_eq!(f.command, "vllm-router --port {port} --policy x=y");
+    for bad in ["", "name", "=cmd", "name=", "na me=cmd", "a/b=cmd", " = "] {
+        assert!(bad.parse::<Front>().is_err(), "{bad:?} parsed");
+    }
+    for url in ["r=http://127.0.0.1:8000", "r=https://router.example/v1"] {
+        let err = url.parse::<Front>().unwrap_err();
+        assert_eq!(err, FrontSyntaxError::Url(url.to_owned()));
+        assert!(err.to_string().contains("is a URL"), "{err}");
+    }
+    // A command that merely mentions a URL is a command.
+    assert!("r=curl-front http://x {port}".parse::<Front>().is_ok());
+}
+
+/// A front that is `addr`, started by nobody (the test serves it, or nothing does).
+fn unmanaged(addr: SocketAddr, log: &Path) -> RunningFront {
+    RunningFront {
+        name: "f".to_owned(),
+        child: None,
+        log: log.to_owned(),
+        addr,
+    }
+}
+
+#[tokio::test]
+async fn not_ready_says_what_the_last_probe_got() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("front-f.log");
+    // Something that answers every request with 404.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let err = unmanaged(addr, &log)
+        .wait_ready(Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("(last try: HTTP 404 Not Found)"), "{err}");
+
+    // Nothing listens.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = unmanaged(closed, &log)
+        .wait_ready(Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Connection refused"), "{err}");
+}
+
+#[test]
+fn the_log_tail_is_its_last_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("front-f.log");
+    assert_eq!(log_tail(&log), "");
+    std::fs::write(
+        &log,
+        "one\ntwo\n\nthree\nsh: 1: localhost:8000: not found\n",
+    )
+    .unwrap();
+    assert_eq!(
+        log_tail(&log),
+        "two | three | sh: 1: localhost:8000: not found"
+    );
+    // Only the last run's output, after its header line.
+    std::fs::write(
+        &log,
+        "== front f, seed 1 ==\nold\nolder\n== front f, seed 2 ==\nnew\n",
+    )
+    .unwrap();
+    assert_eq!(log_tail(&log), "new");
+}
+
+#[test]
+fn fills_every_placeholder() {
+    let f: Front =
+        "x=run --port {port} --m {aux_port} --w {urls} --a {addrs} {port} {kv_events} {model}"
+            .parse()
+            .unwrap();
+    assert!(f.wants_kv_events());
+    let pods: Vec<SocketAddr> = vec![
+        "127.0.0.1:8001".parse().unwrap(),
+        "127.0.0.1:8002".parse().unwrap(),
+    ];
+    let feeds = vec![
+        Some((
+            "127.0.0.1:7001".parse().unwrap(),
+            Some("127.0.0.1:7002".parse().unwrap()),
+        )),
+        Some(("127.0.0.1:7003".parse().unwrap(), None)),
+    ];
+    let cmd = f.render(&FrontPorts {
+        port: 9000,
+        aux_port: 9001,
+        pods: &pods,
+        kv_events: &feeds,
+        model: "m/x",
+    });
+    assert_eq!(
+        cmd,
+        "run --port 9000 --m 9001 --w http://127.0.0.1:8001 http://127.0.0.1:8002 \
+         --a 127.0.0.1:8001,127.0.0.1:8002 9000 \
+         http://127.0.0.1:8001=tcp://127.0.0.1:7001,tcp://127.0.0.1:7002 \
+         http://127.0.0.1:8002=tcp://127.0.0.1:7003 m/x"
+    );
+    let plain: Front = "y=nginx-front.sh".parse().unwrap();
+    assert!(!plain.wants_kv_events());
+
+    // A fleet whose first pod publishes no events (SGLang): the second pod keeps its own
+    // feed, and the first is not given it.
+    let mixed = [None, Some(("127.0.0.1:7003".parse().unwrap(), None))];
+    let kv: Front = "k=run {kv_events}".parse().unwrap();
+    let cmd = kv.render(&FrontPorts {
+        port: 9000,
+        aux_port: 9001,
+        pods: &pods,
+        kv_events: &mixed,
+        model: "m",
+    });
+    assert_eq!(cmd, "run http://127.0.0.1:8002=tcp://127.0.0.1:7003");
+}
