@@ -618,7 +618,7 @@ async fn run_example(path: &Path, example_index: u8) {
         }
         if flag(args, "--quotas").is_some() {
             assert!(
-                metrics.contains("infergate_quota_redis_up "),
+                metrics.contains("# TYPE infergate_quota_requests counter"),
                 "{}: {metrics}",
                 p.deployment
             );

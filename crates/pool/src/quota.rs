@@ -132,7 +132,9 @@ struct QuotaMetrics {
 }
 
 impl QuotaMetrics {
-    fn register(registry: &mut Registry) -> Self {
+    /// Registers the service's metrics; the Redis ones (`redis_up`, sync errors, replicas) only
+    /// when counts are `shared`, so a replica counting alone by design exports no "Redis down".
+    fn register(registry: &mut Registry, shared: bool) -> Self {
         let m = QuotaMetrics::default();
         registry.register(
             "infergate_quota_requests",
@@ -144,6 +146,9 @@ impl QuotaMetrics {
             "Tokens counted against quotas (input plus output as the responses reported), by tenant",
             m.tokens.clone(),
         );
+        if !shared {
+            return m;
+        }
         registry.register(
             "infergate_quota_redis_up",
             "1 while quota counters are shared through Redis, 0 while this replica counts locally",
@@ -338,7 +343,7 @@ impl Quotas {
     /// force (the gateway, whose reloads may start a new service).
     pub fn start_with_registry(config: QuotaConfig) -> Result<Self, QuotaError> {
         let mut registry = Registry::default();
-        let metrics = QuotaMetrics::register(&mut registry);
+        let metrics = QuotaMetrics::register(&mut registry, config.redis.is_some());
         Self::build(config, WallClock::system(), metrics, Some(registry))
     }
 
@@ -349,7 +354,7 @@ impl Quotas {
         registry: Option<&mut Registry>,
     ) -> Result<Self, QuotaError> {
         let metrics = match registry {
-            Some(r) => QuotaMetrics::register(r),
+            Some(r) => QuotaMetrics::register(r, config.redis.is_some()),
             None => QuotaMetrics::default(),
         };
         Self::build(config, clock, metrics, None)
