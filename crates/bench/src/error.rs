@@ -104,6 +104,24 @@ pub enum BenchError {
         "two fronts are named {0}: each needs a name of its own (its row in the report, its log)"
     )]
     DuplicateFront(String),
+    /// An external front's command is not valid `sh` (found by `sh -n` before any run).
+    #[error("front {front}: its command is not valid sh ({complaint}); nothing was run")]
+    FrontSyntax {
+        /// The front's name.
+        front: String,
+        /// What `sh -n` said.
+        complaint: String,
+    },
+    /// The program an external front's command runs first is not there (found before any run).
+    #[error("front {front}: its command runs `{program}`, which {why}; nothing was run")]
+    FrontProgram {
+        /// The front's name.
+        front: String,
+        /// The program, as the command names it.
+        program: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// An external front's command could not be started.
     #[error("front {front}: cannot run its command with sh")]
     FrontStart {

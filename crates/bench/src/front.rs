@@ -168,6 +168,83 @@ impl Front {
             .replace("{model}", ports.model)
     }
 
+    /// Checks, before any run and without starting the front, that it can start at all: its
+    /// command, placeholders filled with sample values, is valid `sh` (`sh -n`), and the program
+    /// it runs first is there (a shell builtin, a program on `PATH`, or an executable file).
+    /// What the command does after that (a script's own commands, a program that exits) is
+    /// found when it runs. Cheap: at most two `sh` processes that run nothing of the front's.
+    pub fn check(&self) -> Result<(), BenchError> {
+        let pods: [SocketAddr; 2] = [
+            SocketAddr::from(([127, 0, 0, 1], 8001)),
+            SocketAddr::from(([127, 0, 0, 1], 8002)),
+        ];
+        let feeds = [
+            Some((SocketAddr::from(([127, 0, 0, 1], 5557)), None)),
+            Some((SocketAddr::from(([127, 0, 0, 1], 5558)), None)),
+        ];
+        let command = self.render(&FrontPorts {
+            port: 8000,
+            aux_port: 8100,
+            pods: &pods,
+            kv_events: &feeds,
+            model: "model",
+        });
+        let start_err = |source| BenchError::FrontStart {
+            front: self.name.clone(),
+            source,
+        };
+        let syntax = Command::new("sh")
+            .arg("-n")
+            .arg("-c")
+            .arg(&command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .output()
+            .map_err(start_err)?;
+        if !syntax.status.success() {
+            return Err(BenchError::FrontSyntax {
+                front: self.name.clone(),
+                complaint: String::from_utf8_lossy(&syntax.stderr).trim().to_owned(),
+            });
+        }
+        let Some(program) = first_program(&command) else {
+            return Ok(());
+        };
+        let missing = |why| {
+            Err(BenchError::FrontProgram {
+                front: self.name.clone(),
+                program: program.to_owned(),
+                why,
+            })
+        };
+        if program.contains('/') {
+            use std::os::unix::fs::PermissionsExt as _;
+            return match std::fs::metadata(program) {
+                Err(_) => missing("does not exist"),
+                Ok(m) if !m.is_file() || m.permissions().mode() & 0o111 == 0 => {
+                    missing("is not an executable file")
+                }
+                Ok(_) => Ok(()),
+            };
+        }
+        // sh itself says whether it would find the word: builtins and keywords included.
+        let found = Command::new("sh")
+            .arg("-c")
+            .arg(r#"command -v "$1""#)
+            .arg("sh")
+            .arg(program)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(start_err)?;
+        if found.success() {
+            Ok(())
+        } else {
+            missing("is neither a shell builtin nor a program on PATH")
+        }
+    }
+
     /// Starts the front for one run and waits until it is ready.
     pub(crate) async fn start(
         &self,
@@ -237,6 +314,44 @@ impl Front {
         };
         running.wait_ready(READY_TIMEOUT).await?;
         Ok(running)
+    }
+}
+
+/// The program a command runs first, when that can be told from its text alone: its first
+/// word after variable assignments and `exec`. `None` when it cannot be told without running
+/// the shell (quotes, expansions, a subshell, an assignment to `PATH`).
+fn first_program(command: &str) -> Option<&str> {
+    let mut words = command.split_whitespace();
+    loop {
+        let word = words.next()?;
+        // A word ends at an operator: `false;` runs `false`.
+        let word = &word[..word.find([';', '&', '|', '<', '>']).unwrap_or(word.len())];
+        if word.is_empty()
+            || word.starts_with('#')
+            || word.contains(['\'', '"', '\\', '$', '`', '*', '?', '~', '(', ')'])
+            || (word.len() > 1 && word.contains(['{', '}', '[']))
+        {
+            return None;
+        }
+        if let Some((name, _)) = word.split_once('=') {
+            let assignment = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if assignment {
+                if name == "PATH" {
+                    return None;
+                }
+                continue;
+            }
+        }
+        if word == "exec" {
+            continue;
+        }
+        if word.starts_with('-') {
+            // An option of `exec` (bash's `exec -a NAME`): not worth following.
+            return None;
+        }
+        return Some(word);
     }
 }
 

@@ -215,11 +215,12 @@ pub async fn run_with_fronts(
     Ok(report)
 }
 
-/// Whether `scenario` can run live with `fronts`, checked without running anything (a caller
-/// with several scenarios checks them all before the first run): live mode has no KV-event
-/// subscriber (`infergate-precise`), no virtual time to freeze metrics in (`stale:`), and no
-/// flow-control or replica runner (`flow:`, `replicas:`, simulated only); fronts need names of
-/// their own, none a policy's.
+/// Whether `scenario` can run live with `fronts`, checked without running a fleet, a gateway
+/// or a front (a caller with several scenarios checks them all before the first run): live
+/// mode has no KV-event subscriber (`infergate-precise`), no virtual time to freeze metrics in
+/// (`stale:`), and no flow-control or replica runner (`flow:`, `replicas:`, simulated only);
+/// fronts need names of their own, none a policy's, and commands that can start
+/// ([`Front::check`]: valid `sh`, a program that is there).
 pub fn check(scenario: &Scenario, origin: &str, fronts: &Fronts) -> Result<(), BenchError> {
     let invalid = |field: &str, reason: String| BenchError::Invalid {
         origin: origin.to_owned(),
@@ -241,6 +242,8 @@ pub fn check(scenario: &Scenario, origin: &str, fronts: &Fronts) -> Result<(), B
             // One row and one log per name: a second front would merge into the first's.
             return Err(BenchError::DuplicateFront(f.name.clone()));
         }
+        // Before the first run, not after the policies: a front that cannot start at all.
+        f.check()?;
     }
     if let Some(policy) = scenario.policies.iter().find(|p| p.precise) {
         // The live gateway has no KV-event subscriber to feed it.

@@ -226,6 +226,35 @@ async fn each_scenario_keeps_its_own_front_log() {
     }
 }
 
+/// A front whose command is not there cannot start: it is refused before any run, not found
+/// after the scenario's policies have run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_whose_command_is_missing_is_refused_before_any_run() {
+    let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fronts = Fronts {
+        list: vec![
+            "gone=INFERGATE_X=1 infergate-no-such-router --port {port}"
+                .parse()
+                .unwrap(),
+        ],
+        log_dir: dir.path().to_owned(),
+    };
+    let started = std::time::Instant::now();
+    let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("front gone") && msg.contains("infergate-no-such-router"),
+        "{msg}"
+    );
+    assert!(!matches!(err, BenchError::FrontExited { .. }), "{msg}");
+    // No policy ran (a live run takes its 3 s of arrivals), no front started.
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_fronts_of_one_name_are_refused_before_any_run() {
     let scenario = Scenario::from_yaml(TINY, "tiny").unwrap();

@@ -232,23 +232,38 @@ fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latenc
 }
 
 #[test]
-fn a_front_given_as_a_url_is_refused_saying_why_and_writes_no_report() {
+fn a_front_given_as_a_url_or_a_missing_command_is_refused_before_any_run() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = live_scenario(dir.path(), "fronts", 4);
     let out_dir = dir.path().join("out");
-    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("bench")
-        .arg(&scenario)
-        .args(["--mode", "live", "--out"])
-        .arg(&out_dir)
-        .args(["--front", "r=http://127.0.0.1:9"])
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    // Refused while the arguments are read, before any run.
+    let bench = |front: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .arg("bench")
+            .arg(&scenario)
+            .args(["--mode", "live", "--out"])
+            .arg(&out_dir)
+            .args(["--front", front])
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{front}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+
+    // Refused while the arguments are read.
+    let stderr = bench("r=http://127.0.0.1:9");
     assert!(stderr.contains("the command is a URL"), "{stderr}");
+    assert!(!out_dir.exists());
+
+    // Refused before the scenario's policies run, not found when its turn comes.
+    let stderr = bench("gone=infergate-no-such-router --port {port}");
+    assert!(
+        stderr.contains(
+            "front gone: its command runs `infergate-no-such-router`, which is neither a shell builtin nor a program on PATH"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("round-robin"), "a run started: {stderr}");
     assert!(!out_dir.exists());
 }
 

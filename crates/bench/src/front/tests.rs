@@ -139,3 +139,84 @@ fn fills_every_placeholder() {
     });
     assert_eq!(cmd, "run http://127.0.0.1:8002=tcp://127.0.0.1:7003");
 }
+
+#[test]
+fn the_first_program_is_told_from_the_text_where_it_can_be() {
+    for (command, program) in [
+        ("vllm-router --port 8000", Some("vllm-router")),
+        ("  /opt/r/bin/router   --x", Some("/opt/r/bin/router")),
+        ("RUST_LOG=info A_1=x exec ./router 8000", Some("./router")),
+        ("false; echo", Some("false")),
+        ("cd /tmp && exec x", Some("cd")),
+        ("[ -x r ] && r", Some("[")),
+        ("PATH=/opt/bin:$PATH router", None),
+        ("\"my router\" --port 1", None),
+        ("$ROUTER --port 1", None),
+        ("(cd /tmp; r)", None),
+        ("exec -a name router", None),
+        ("# a comment", None),
+        ("", None),
+    ] {
+        assert_eq!(first_program(command), program, "{command:?}");
+    }
+}
+
+#[test]
+fn a_command_that_cannot_start_is_refused_before_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |command: String| format!("f={command}").parse::<Front>().unwrap().check();
+    // Builtins, programs on PATH, executable files and what cannot be told from the text pass.
+    let script = dir.path().join("front.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    let plain = dir.path().join("plain.sh");
+    std::fs::write(&plain, "exit 0\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for ok in [
+        "false".to_owned(),
+        "exec sleep {port}".to_owned(),
+        "echo {urls} {addrs} {kv_events} {model} {aux_port}; exit 1".to_owned(),
+        format!("X=1 exec {} --port {{port}}", script.display()),
+        format!("sh {}", plain.display()),
+        "\"$ROUTER\" --port {port}".to_owned(),
+    ] {
+        check(ok.clone()).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+
+    let err = check("infergate-no-such-router --port {port}".to_owned()).unwrap_err();
+    assert!(
+        matches!(&err, BenchError::FrontProgram { program, .. } if program == "infergate-no-such-router"),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "front f: its command runs `infergate-no-such-router`, which is neither a shell builtin nor a program on PATH; nothing was run"
+    );
+    let missing = dir.path().join("gone.sh");
+    let err = check(format!("{} {{port}}", missing.display())).unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("which does not exist; nothing was run"),
+        "{err}"
+    );
+    let err = check(format!("{} {{port}}", plain.display())).unwrap_err();
+    assert!(
+        err.to_string().contains("is not an executable file"),
+        "{err}"
+    );
+    let err = check(dir.path().display().to_string()).unwrap_err();
+    assert!(
+        err.to_string().contains("is not an executable file"),
+        "{err}"
+    );
+
+    let err = check("router --name 'unterminated {port}".to_owned()).unwrap_err();
+    assert!(
+        matches!(&err, BenchError::FrontSyntax { .. })
+            && err.to_string().contains("its command is not valid sh (")
+            && err.to_string().contains("nterminated"),
+        "{err}"
+    );
+}
