@@ -20,7 +20,8 @@
 //! emulator CPU that the other runs do not pay.
 //!
 //! The front is ready once `GET /v1/models` through it answers 200 (it is then known to reach a
-//! pod); the run's requests go to `POST /v1/chat/completions` on it. After the run its process
+//! pod), within [`READY_TIMEOUT`] (120 s) or the time it is given
+//! ([`Front::with_ready_timeout`], `--front-ready-timeout NAME=SECONDS`); the run's requests go to `POST /v1/chat/completions` on it. After the run its process
 //! group gets `SIGTERM`, then `SIGKILL` if it is still there 5 s later. Its output goes to
 //! `LOG_DIR/SCENARIO-live-front-NAME.log` ([`crate::live::Fronts::log_path`]: one file per
 //! scenario and front, named in the report and in every error about the front): the first
@@ -44,8 +45,13 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::BenchError;
 
-/// How long a front may take to answer `GET /v1/models` with 200.
+/// How long a front may take to answer `GET /v1/models` with 200, unless it is given its own
+/// time ([`Front::with_ready_timeout`]).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The longest a front may be given to get ready: a front slower than an hour to start is
+/// waited for by nobody, and a typo of a few zeros should not hang a bench for days.
+pub const MAX_READY_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// One external front: a name for the report and the command that starts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +60,18 @@ pub struct Front {
     pub name: String,
     /// The command, with placeholders (see the module documentation).
     pub command: String,
+    /// How long it may take to get ready; between 1 s and [`MAX_READY_TIMEOUT`].
+    ready_timeout: Duration,
+}
+
+/// A `--front-ready-timeout` argument, `NAME=SECONDS`: the time front NAME may take to answer
+/// `GET /v1/models` with 200, in whole seconds from 1 to 3,600.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyTimeout {
+    /// The front's name.
+    pub front: String,
+    /// Its time to get ready.
+    pub timeout: Duration,
 }
 
 /// A `--front` argument that is not `NAME=COMMAND`.
@@ -64,6 +82,18 @@ pub enum FrontSyntaxError {
         "front `{0}`: expected NAME=COMMAND, NAME of letters, digits, '-', '_' or '.', and a command"
     )]
     Syntax(String),
+    /// A ready timeout that is not `NAME=SECONDS`, whole seconds from 1 to 3,600 (the argument
+    /// as given).
+    #[error(
+        "front ready timeout `{0}`: expected NAME=SECONDS, SECONDS a whole number from 1 to 3600"
+    )]
+    ReadyTimeout(String),
+    /// A ready timeout for a front that is not given (its name).
+    #[error("a ready timeout is given for front {0}, but no front is named {0}")]
+    UnknownFront(String),
+    /// Two ready timeouts for one front (its name).
+    #[error("two ready timeouts are given for front {0}")]
+    TwoReadyTimeouts(String),
     /// The command is a URL (the argument as given): the bench starts each front itself, in
     /// front of a fleet of its own.
     #[error(
@@ -97,8 +127,46 @@ impl FromStr for Front {
         Ok(Front {
             name: name.to_owned(),
             command: command.to_owned(),
+            ready_timeout: READY_TIMEOUT,
         })
     }
+}
+
+impl FromStr for ReadyTimeout {
+    type Err = FrontSyntaxError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || FrontSyntaxError::ReadyTimeout(s.to_owned());
+        let (front, secs) = s.split_once('=').ok_or_else(bad)?;
+        let secs: u64 = secs.trim().parse().map_err(|_| bad())?;
+        let timeout = Duration::from_secs(secs);
+        if secs == 0 || timeout > MAX_READY_TIMEOUT || front.trim().is_empty() {
+            return Err(bad());
+        }
+        Ok(ReadyTimeout {
+            front: front.trim().to_owned(),
+            timeout,
+        })
+    }
+}
+
+/// Gives each front named in `timeouts` its time to get ready; the others keep
+/// [`READY_TIMEOUT`]. A timeout for a front not in `fronts`, or two for one front, is refused.
+pub fn set_ready_timeouts(
+    fronts: &mut [Front],
+    timeouts: &[ReadyTimeout],
+) -> Result<(), FrontSyntaxError> {
+    for (i, t) in timeouts.iter().enumerate() {
+        if timeouts[..i].iter().any(|u| u.front == t.front) {
+            return Err(FrontSyntaxError::TwoReadyTimeouts(t.front.clone()));
+        }
+        let front = fronts
+            .iter_mut()
+            .find(|f| f.name == t.front)
+            .ok_or_else(|| FrontSyntaxError::UnknownFront(t.front.clone()))?;
+        *front = front.clone().with_ready_timeout(t.timeout)?;
+    }
+    Ok(())
 }
 
 impl fmt::Display for Front {
@@ -151,6 +219,30 @@ impl FrontPorts<'_> {
 }
 
 impl Front {
+    /// The front, given `timeout` to answer `GET /v1/models` with 200 instead of
+    /// [`READY_TIMEOUT`]: whole seconds, from 1 s to [`MAX_READY_TIMEOUT`].
+    pub fn with_ready_timeout(self, timeout: Duration) -> Result<Self, FrontSyntaxError> {
+        if timeout < Duration::from_secs(1)
+            || timeout > MAX_READY_TIMEOUT
+            || timeout.subsec_nanos() != 0
+        {
+            return Err(FrontSyntaxError::ReadyTimeout(format!(
+                "{}={}",
+                self.name,
+                timeout.as_secs_f64()
+            )));
+        }
+        Ok(Front {
+            ready_timeout: timeout,
+            ..self
+        })
+    }
+
+    /// How long the front may take to answer `GET /v1/models` with 200.
+    pub fn ready_timeout(&self) -> Duration {
+        self.ready_timeout
+    }
+
     /// Whether the front reads the pods' KV-event feeds (its command names `{kv_events}` or
     /// `INFERGATE_FRONT_KV_EVENTS`), so the fleet must publish them.
     pub fn wants_kv_events(&self) -> bool {
@@ -312,7 +404,7 @@ impl Front {
             log: log.to_owned(),
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         };
-        running.wait_ready(READY_TIMEOUT).await?;
+        running.wait_ready(self.ready_timeout).await?;
         Ok(running)
     }
 }

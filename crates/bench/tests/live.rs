@@ -4,9 +4,10 @@
 #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 
 use std::path::Path;
+use std::time::Duration;
 
 use infergate_bench::live::{Fronts, run_with_fronts};
-use infergate_bench::{BenchError, Scenario, Silent};
+use infergate_bench::{BenchError, Front, Scenario, Silent};
 
 const TINY: &str = r#"
 name: tiny-live
@@ -118,18 +119,22 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     );
 }
 
-/// A front that exits before it is ready fails its own runs, not the bench: the policies before
-/// and after it still run, the report keeps every run, and the failed ones say why (the exit
-/// status, the end of the front's output, its log).
+/// A front that exits before it is ready, or is not ready in the time it is given, fails its
+/// own runs, not the bench: the policies before and after it and the other fronts still run,
+/// the report keeps every run, and the failed ones say why (the exit status, the end of the
+/// front's output, its log; the time it was given).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still_run() {
+async fn a_front_that_does_not_start_fails_its_runs_and_the_rest_still_run() {
     let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
     scenario.policies = vec!["round-robin".parse().unwrap()];
     scenario.seeds = vec![5, 6];
     scenario.workload.duration_s = 2.0;
     let dir = tempfile::tempdir().unwrap();
+    let slow: Front = "slow=exec sleep 30".parse().unwrap();
+    assert_eq!(slow.ready_timeout(), Duration::from_secs(120));
     let fronts = Fronts {
         list: vec![
+            slow.with_ready_timeout(Duration::from_secs(1)).unwrap(),
             "broken=echo no such router on port {port} >&2; exit 3"
                 .parse()
                 .unwrap(),
@@ -148,10 +153,19 @@ async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still
         runs,
         [
             ("round-robin", 5),
+            ("slow", 5),
             ("broken", 5),
             ("round-robin", 6),
+            ("slow", 6),
             ("broken", 6)
         ]
+    );
+    let slow = report.runs[1].failure_reasons();
+    assert!(
+        slow.contains(
+            "not started: front slow did not answer GET /v1/models with 200 within 1 s (last try: "
+        ) && slow.contains("tiny-live-live-front-slow.log"),
+        "{slow}"
     );
     for rr in report.runs.iter().filter(|r| r.policy == "round-robin") {
         assert_eq!(rr.completed, rr.requests, "{rr:?}");
@@ -163,7 +177,7 @@ async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still
         assert_eq!(broken.per_pod_requests, [0, 0]);
         assert_eq!(broken.failures.len(), 1, "{:?}", broken.failures);
     }
-    let first = report.runs[1].failure_reasons();
+    let first = report.runs[2].failure_reasons();
     assert!(
         first.contains("not started: front broken exited (exit status: 3)")
             && first.contains("ending: no such router on port ")
@@ -171,7 +185,7 @@ async fn a_front_that_exits_before_it_is_ready_fails_its_runs_and_the_rest_still
         "{first}"
     );
     // The command is not tried again on the next seed: it said what it does.
-    let second = report.runs[3].failure_reasons();
+    let second = report.runs[5].failure_reasons();
     assert!(
         second.contains("not started: front broken did not start on seed 5"),
         "{second}"

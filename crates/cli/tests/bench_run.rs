@@ -232,7 +232,7 @@ fn a_live_front_that_serves_nothing_fails_the_run_with_its_reasons_and_no_latenc
 }
 
 #[test]
-fn a_front_given_as_a_url_or_a_missing_command_is_refused_before_any_run() {
+fn a_front_given_as_a_url_a_missing_command_or_a_bad_ready_timeout_is_refused_before_any_run() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = live_scenario(dir.path(), "fronts", 4);
     let out_dir = dir.path().join("out");
@@ -254,6 +254,37 @@ fn a_front_given_as_a_url_or_a_missing_command_is_refused_before_any_run() {
     let stderr = bench("r=http://127.0.0.1:9");
     assert!(stderr.contains("the command is a URL"), "{stderr}");
     assert!(!out_dir.exists());
+
+    // A ready timeout out of bounds, or for no front, is refused with the arguments.
+    for (args, says) in [
+        (
+            ["--front", "a=false", "--front-ready-timeout", "a=0"],
+            "from 1 to 3600",
+        ),
+        (
+            ["--front", "a=false", "--front-ready-timeout", "a=3601"],
+            "from 1 to 3600",
+        ),
+        (
+            ["--front", "a=false", "--front-ready-timeout", "b=5"],
+            "no front is named b",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .arg("bench")
+            .arg(&scenario)
+            .args(["--mode", "live", "--out"])
+            .arg(&out_dir)
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+        assert!(!out_dir.exists());
+    }
 
     // Refused before the scenario's policies run, not found when its turn comes.
     let stderr = bench("gone=infergate-no-such-router --port {port}");
@@ -280,6 +311,8 @@ fn a_front_that_does_not_start_fails_its_row_and_the_report_is_still_written() {
         .args(["--mode", "live", "--out"])
         .arg(&out_dir)
         .args(["--front", "broken=false"])
+        .args(["--front", "idle=exec sleep 30"])
+        .args(["--front-ready-timeout", "idle=1"])
         .env("RUST_BACKTRACE", "0")
         .output()
         .unwrap();
@@ -288,6 +321,12 @@ fn a_front_that_does_not_start_fails_its_row_and_the_report_is_still_written() {
     // Said when it happens, and again at the end.
     assert!(
         stderr.contains("broken: failed: not started: front broken exited (exit status: 1)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "idle: failed: not started: front idle did not answer GET /v1/models with 200 within 1 s"
+        ),
         "{stderr}"
     );
     assert!(

@@ -220,3 +220,53 @@ fn a_command_that_cannot_start_is_refused_before_it_runs() {
         "{err}"
     );
 }
+
+#[test]
+fn a_front_is_given_its_own_ready_timeout_within_bounds() {
+    let front = |s: &str| s.parse::<Front>().unwrap();
+    assert_eq!(front("a=run").ready_timeout(), READY_TIMEOUT);
+    assert_eq!(READY_TIMEOUT, Duration::from_secs(120));
+
+    let t: ReadyTimeout = "a=300".parse().unwrap();
+    assert_eq!(
+        (t.front.as_str(), t.timeout),
+        ("a", Duration::from_secs(300))
+    );
+    assert_eq!(
+        "a=3600".parse::<ReadyTimeout>().unwrap().timeout,
+        MAX_READY_TIMEOUT
+    );
+    for bad in [
+        "a", "a=", "=5", "a=0", "a=-1", "a=1.5", "a=3601", "a=2m", "a=1e3",
+    ] {
+        let err = bad.parse::<ReadyTimeout>().unwrap_err();
+        assert_eq!(err, FrontSyntaxError::ReadyTimeout(bad.to_owned()), "{bad}");
+        assert!(err.to_string().contains("from 1 to 3600"), "{err}");
+    }
+    assert!(
+        front("a=run")
+            .with_ready_timeout(Duration::from_millis(500))
+            .is_err()
+    );
+    assert!(
+        front("a=run")
+            .with_ready_timeout(MAX_READY_TIMEOUT + Duration::from_secs(1))
+            .is_err()
+    );
+
+    let mut fronts = vec![front("a=run"), front("b=run")];
+    set_ready_timeouts(&mut fronts, &["b=5".parse().unwrap()]).unwrap();
+    assert_eq!(fronts[0].ready_timeout(), READY_TIMEOUT);
+    assert_eq!(fronts[1].ready_timeout(), Duration::from_secs(5));
+    assert_eq!(
+        set_ready_timeouts(&mut fronts, &["c=5".parse().unwrap()]),
+        Err(FrontSyntaxError::UnknownFront("c".to_owned()))
+    );
+    assert_eq!(
+        set_ready_timeouts(
+            &mut fronts,
+            &["a=5".parse().unwrap(), "a=6".parse().unwrap()]
+        ),
+        Err(FrontSyntaxError::TwoReadyTimeouts("a".to_owned()))
+    );
+}

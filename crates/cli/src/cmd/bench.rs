@@ -59,12 +59,17 @@ pub struct Args {
     /// KV-event feed, `http://HOST:PORT=tcp://HOST:PUB,tcp://HOST:REPLAY`, space-separated; the
     /// pods publish vLLM's KV-cache events only for a front that names it) are filled in, and
     /// set as INFERGATE_FRONT_PORT, _AUX_PORT, _URLS, _ADDRS, _MODEL, _KV_EVENTS. It is ready once GET
-    /// /v1/models through it answers 200; its output goes to OUT/SCENARIO-live-front-NAME.log.
+    /// /v1/models through it answers 200 (within 120 s, or --front-ready-timeout); its output goes to OUT/SCENARIO-live-front-NAME.log.
     /// Before any run, the command must be valid sh and its first program must be there; a
     /// front that then does not start fails its own runs (in the report, with the reason), not
     /// the bench.
     #[arg(long = "front", value_name = "NAME=COMMAND")]
     fronts: Vec<infergate_bench::Front>,
+    /// Live mode: the time front NAME may take to answer GET /v1/models with 200, in whole
+    /// seconds from 1 to 3600, instead of 120 (`NAME=SECONDS`, repeatable; a router that loads
+    /// a tokenizer or builds its state before it listens may need more).
+    #[arg(long = "front-ready-timeout", value_name = "NAME=SECONDS")]
+    front_ready_timeouts: Vec<infergate_bench::front::ReadyTimeout>,
     /// Simulated mode: also write every completed request of every run as CSV (where it went,
     /// its queue and prefill time, its TTFT), `OUT/SCENARIO-simulated-POLICY-seedN-requests.csv`.
     /// Scenarios with a `flow:` or `replicas:` section run as usual without records (said on
@@ -256,8 +261,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if live && args.requests_csv {
         anyhow::bail!("--requests-csv is for simulated runs (drop --mode live)");
     }
+    let mut list = args.fronts.clone();
+    infergate_bench::front::set_ready_timeouts(&mut list, &args.front_ready_timeouts)?;
     let fronts = infergate_bench::live::Fronts {
-        list: args.fronts.clone(),
+        list,
         log_dir: args.out.clone(),
     };
     let paths = files(&args.scenarios)?;
