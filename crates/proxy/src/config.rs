@@ -527,6 +527,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             q.to_config()?;
         }
         r.flow_control.validate().map_err(|e| e.to_string())?;
+        check_queue_fits_in_flight(&r.flow_control, &r.limits)?;
         Tenancy::new(&r.tenancy).map_err(|e| e.to_string())?;
         if !auth.is_enabled() {
             check_anonymous_tenants(r.quotas.as_ref(), &r.rewrites)?;
@@ -550,6 +551,24 @@ impl TryFrom<RawGateway> for GatewayConfig {
             tenancy: r.tenancy,
         })
     }
+}
+
+/// Refuses a flow-control queue as large as `limits.maxRequestsInFlight`: queued requests hold
+/// an in-flight slot, so such a queue never fills — the gateway answers 503 `gateway_busy`
+/// before a request reaches it, and a Critical request can no longer evict a Sheddable one.
+fn check_queue_fits_in_flight(flow: &FlowConfig, limits: &Limits) -> Result<(), String> {
+    let queued = usize::try_from(flow.max_requests).unwrap_or(usize::MAX);
+    if flow.enabled && queued >= limits.max_requests_in_flight {
+        return Err(format!(
+            "`flowControl.maxRequests` ({queued}) must be below `limits.maxRequestsInFlight` ({}): \
+             queued requests hold an in-flight slot too, so the gateway would refuse requests \
+             (503 gateway_busy) before the queue filled, and a Critical request could not evict \
+             a Sheddable one; lower `flowControl.maxRequests` or raise \
+             `limits.maxRequestsInFlight`, leaving room for the requests running",
+            limits.max_requests_in_flight
+        ));
+    }
+    Ok(())
 }
 
 /// What a tenant named in `quotas:` or `rewrites:` means under `auth: none`, for the errors.

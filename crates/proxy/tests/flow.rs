@@ -274,6 +274,51 @@ async fn a_queued_sheddable_request_is_evicted_for_a_critical_one_with_429_evict
     assert!(m.contains(&queue_gauge("critical", 0)), "{m}");
 }
 
+/// The queue's limit, below the gateway's in-flight limit, is what a flood of Sheddable requests
+/// meets: the one past it gets 429 from the queue, and a Critical request still finds an
+/// in-flight slot and evicts a Sheddable one instead of being refused 503 at the door.
+#[tokio::test]
+async fn a_sheddable_flood_fills_the_queue_not_the_in_flight_slots_and_critical_gets_through() {
+    let up = saturated_pod().await;
+    let gw = start(
+        "limits: { maxRequestsInFlight: 3 }\nflowControl: { enabled: true, requestTtlMs: 20000, maxRequests: 2 }\ntenancy: { priorityHeader: x-priority }\n",
+        &[up.addr],
+    )
+    .await;
+    let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 2)).await;
+    let (status, headers, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-priority", "sheddable")],
+    )
+    .await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "rejected-saturated");
+    let critical = spawn_chat(gw.addr(), &[("x-priority", "critical")]);
+    gw.until_metric(&queue_gauge("critical", 1)).await;
+    let m = gw.metrics().await;
+    assert!(m.contains(&queue_gauge("sheddable", 1)), "{m}");
+    up.waiting.store(0, Ordering::SeqCst);
+    assert_eq!(critical.await.unwrap().0, 200);
+    let mut evicted = 0;
+    for shed in [first, second] {
+        let (status, headers, _) = shed.await.unwrap();
+        if status == 429 {
+            assert_eq!(headers[REASON], "evicted-priority");
+            evicted += 1;
+        } else {
+            assert_eq!(status, 200);
+        }
+    }
+    assert_eq!(evicted, 1);
+    let m = gw.metrics().await;
+    assert!(!m.contains(r#"reason="gateway_busy""#), "{m}");
+}
+
 #[tokio::test]
 async fn a_client_that_disconnects_leaves_the_queue_at_once() {
     let up = saturated_pod().await;

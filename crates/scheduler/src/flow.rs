@@ -9,7 +9,8 @@
 //! - A **band** per [`Priority`]. [`FlowQueues::peek`] always serves Critical before Standard
 //!   before Sheddable. Each band is bounded by a request count and a byte total
 //!   ([`BandLimits`], default 5,000 requests and 1 GB), and the queue as a whole by its own
-//!   limits ([`FlowConfig::max_requests`], [`FlowConfig::max_bytes`]).
+//!   limits ([`FlowConfig::max_requests`], default [`DEFAULT_MAX_QUEUED_REQUESTS`], and
+//!   [`FlowConfig::max_bytes`]).
 //! - A **flow** is a tenant within a band. Between the flows of a band, the [`Fairness`] policy
 //!   chooses whose request goes next: `global-strict` (the best head across all flows: FCFS over
 //!   the whole band), `round-robin` (flows in turn), or `least-attained-service` (the flow that
@@ -175,6 +176,12 @@ impl ServiceWeights {
     }
 }
 
+/// Requests queued across all bands at most, by default: three quarters of the standalone
+/// gateway's default `limits.maxRequestsInFlight` (4,096), which queued requests count in too, so
+/// that with both defaults the queue fills — and evicts Sheddable requests for Critical ones —
+/// before the gateway refuses requests at its door, while a quarter is left for running ones.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: u32 = 3_072;
+
 /// Bounds of one priority band.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
@@ -297,7 +304,7 @@ impl Default for FlowConfig {
         FlowConfig {
             enabled: false,
             request_ttl: Duration::from_secs(60),
-            max_requests: 5_000,
+            max_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_bytes: 1_000_000_000,
             bands: Bands::default(),
             fairness: Fairness::GlobalStrict,

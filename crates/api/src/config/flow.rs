@@ -31,7 +31,7 @@ pub struct FlowControlSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 86400000))]
     pub request_ttl_ms: Option<u64>,
-    /// Requests queued across all bands at most (default 5000; full: Sheddable requests are
+    /// Requests queued across all bands at most (default 3072; full: Sheddable requests are
     /// evicted for Critical and Standard ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]

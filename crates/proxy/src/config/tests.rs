@@ -116,6 +116,27 @@ fn a_zero_band_limit_names_the_band_and_the_limit() {
 }
 
 #[test]
+fn a_flow_queue_as_large_as_the_in_flight_limit_is_refused_naming_both() {
+    let e = err(
+        "limits: { maxRequestsInFlight: 100 }\nflowControl: { enabled: true, maxRequests: 100 }\nmodels:\n  - name: a\n",
+    );
+    assert!(
+        e.contains(
+            "`flowControl.maxRequests` (100) must be below `limits.maxRequestsInFlight` (100)"
+        ),
+        "{e}"
+    );
+    // The defaults fit each other; a queue left off is not checked.
+    let ok =
+        |text: &str| GatewayConfig::from_yaml(&format!("{text}auth: none\nmodels:\n  - name: a\n"));
+    let c = ok("flowControl: { enabled: true }\n").unwrap();
+    assert!((c.flow_control.max_requests as usize) < c.limits.max_requests_in_flight);
+    ok("limits: { maxRequestsInFlight: 100 }\nflowControl: { enabled: true, maxRequests: 99 }\n")
+        .unwrap();
+    ok("limits: { maxRequestsInFlight: 100 }\nflowControl: { enabled: false }\n").unwrap();
+}
+
+#[test]
 fn listen_and_admin_on_one_port_are_refused_naming_both() {
     let models = "models:\n  - name: a\n";
     for (listen, admin) in [

@@ -519,7 +519,7 @@ fn configuration_parses_with_defaults_and_validates() {
     let d = FlowConfig::default();
     assert!(!d.enabled);
     assert_eq!(d.request_ttl, Duration::from_secs(60));
-    assert_eq!((d.max_requests, d.max_bytes), (5_000, 1_000_000_000));
+    assert_eq!((d.max_requests, d.max_bytes), (3_072, 1_000_000_000));
     assert_eq!(d.fairness, Fairness::GlobalStrict);
     assert_eq!(d.ordering, Ordering::Fcfs);
     for (yaml, field) in [
