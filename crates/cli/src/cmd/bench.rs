@@ -59,10 +59,10 @@ pub struct Args {
     /// KV-event feed, `http://HOST:PORT=tcp://HOST:PUB,tcp://HOST:REPLAY`, space-separated; the
     /// pods publish vLLM's KV-cache events only for a front that names it) are filled in, and
     /// set as INFERGATE_FRONT_PORT, _AUX_PORT, _URLS, _ADDRS, _MODEL, _KV_EVENTS. It is ready once GET
-    /// /v1/models through it answers 200 (within 120 s, or --front-ready-timeout); its output goes to OUT/SCENARIO-live-front-NAME.log.
-    /// Before any run, the command must be valid sh and its first program must be there; a
-    /// front that then does not start fails its own runs (in the report, with the reason), not
-    /// the bench.
+    /// /v1/models through it answers 200 (within 120 s, or --front-ready-timeout); its output
+    /// goes to OUT/SCENARIO-live-front-NAME.log. Before any run, the command must be valid sh
+    /// and its first program must be there; a front that then does not start fails its own runs
+    /// (in the report, with the reason), not the bench.
     #[arg(long = "front", value_name = "NAME=COMMAND")]
     fronts: Vec<infergate_bench::Front>,
     /// Live mode: the time front NAME may take to answer GET /v1/models with 200, in whole
