@@ -21,8 +21,9 @@
 //!
 //! The front is ready once `GET /v1/models` through it answers 200 (it is then known to reach a
 //! pod), within [`READY_TIMEOUT`] (120 s) or the time it is given
-//! ([`Front::with_ready_timeout`], `--front-ready-timeout NAME=SECONDS`); the run's requests go to `POST /v1/chat/completions` on it. After the run its process
-//! group gets `SIGTERM`, then `SIGKILL` if it is still there 5 s later. Its output goes to
+//! ([`Front::with_ready_timeout`], `--front-ready-timeout NAME=SECONDS`); the run's requests go
+//! to `POST /v1/chat/completions` on it. After the run its process group gets `SIGTERM`, then
+//! `SIGKILL` if it is still there 5 s later. Its output goes to
 //! `LOG_DIR/SCENARIO-live-front-NAME.log` ([`crate::live::Fronts::log_path`]: one file per
 //! scenario and front, named in the report and in every error about the front): the first
 //! seed's run starts the file afresh, each later seed's appends to it, every run after a line

@@ -175,13 +175,6 @@ pub async fn run_with_fronts(
         for target in targets {
             let name = target.name();
             let requests = arrivals.len() as u64;
-            if let Some(failed_on) = unstarted.get(name) {
-                let why = format!(
-                    "not started: front {name} did not start on seed {failed_on}, so it was not tried again"
-                );
-                runs.push(RunResult::not_started(name, seed, requests, pods, why));
-                continue;
-            }
             let label = format!(
                 "{} live seed {seed} ({}/{}) {name}",
                 scenario.name,
@@ -189,6 +182,14 @@ pub async fn run_with_fronts(
                 scenario.seeds.len(),
             );
             progress.start(&label, requests);
+            if let Some(failed_on) = unstarted.get(name) {
+                let why = format!(
+                    "not started: front {name} did not start on seed {failed_on}, so it was not tried again"
+                );
+                progress.fail(&why);
+                runs.push(RunResult::not_started(name, seed, requests, pods, why));
+                continue;
+            }
             match run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await {
                 Ok(r) => {
                     progress.finish();

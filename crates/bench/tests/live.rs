@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use infergate_bench::live::{Fronts, run_with_fronts};
-use infergate_bench::{BenchError, Front, Scenario, Silent};
+use infergate_bench::{BenchError, Front, Progress, Scenario, Silent};
 
 const TINY: &str = r#"
 name: tiny-live
@@ -119,6 +119,23 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
     );
 }
 
+/// What a bench said of its runs: `finish LABEL` or `fail LABEL: WHY`, one line per run.
+#[derive(Debug, Default)]
+struct Said(Vec<String>, String);
+
+impl Progress for Said {
+    fn start(&mut self, label: &str, _total: u64) {
+        self.1 = label.to_owned();
+    }
+    fn advance(&mut self, _done: u64) {}
+    fn finish(&mut self) {
+        self.0.push(format!("finish {}", self.1));
+    }
+    fn fail(&mut self, why: &str) {
+        self.0.push(format!("fail {}: {why}", self.1));
+    }
+}
+
 /// A front that exits before it is ready, or is not ready in the time it is given, fails its
 /// own runs, not the bench: the policies before and after it and the other fronts still run,
 /// the report keeps every run, and the failed ones say why (the exit status, the end of the
@@ -141,9 +158,22 @@ async fn a_front_that_does_not_start_fails_its_runs_and_the_rest_still_run() {
         ],
         log_dir: dir.path().to_owned(),
     };
-    let report = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+    let mut said = Said::default();
+    let report = run_with_fronts(&scenario, "tiny", &fronts, &mut said)
         .await
         .unwrap();
+    // Each failure is said as it happens, not only in the report.
+    assert_eq!(
+        said.0.iter().filter(|l| l.starts_with("finish ")).count(),
+        2,
+        "{said:?}"
+    );
+    let failed: Vec<&String> = said.0.iter().filter(|l| l.starts_with("fail ")).collect();
+    assert_eq!(failed.len(), 4, "{said:?}");
+    assert!(
+        failed[3].starts_with("fail tiny-live live seed 6 (2/2) broken: not started: "),
+        "{said:?}"
+    );
     let runs: Vec<(&str, u64)> = report
         .runs
         .iter()
