@@ -14,7 +14,8 @@ use futures_util::StreamExt;
 use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
@@ -57,6 +58,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Consecutive failures per `namespace/name`, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// `reportingInstance` of the Events (the pod's name, which Kubernetes sets as `HOSTNAME`).
+    instance: String,
     /// The clock (a function so tests can pin it).
     now: fn() -> Time,
 }
@@ -65,6 +68,7 @@ impl Context {
     /// A context with the system clock.
     pub fn new(client: Client, opts: RenderOptions, metrics: Metrics) -> Self {
         Self {
+            instance: std::env::var("HOSTNAME").unwrap_or_else(|_| FIELD_MANAGER.to_owned()),
             client,
             opts,
             metrics,
@@ -152,7 +156,7 @@ async fn apply(
         ) => {
             // A spec problem: say so in the status and wait for the user to change it.
             let st = status::rejected(cfg, &e.to_string(), &now);
-            write_status(cfg, api, st).await?;
+            write_status(cfg, ctx, api, st).await?;
             return Ok(Action::await_change());
         }
         Err(e) => return Err(e),
@@ -164,7 +168,7 @@ async fn apply(
             // and `describe` look, then back off. The status write is best effort: the
             // error that matters is `e`.
             let st = status::failed(cfg, failure_reason(&e), &e.report(), desired.len(), &now);
-            if let Err(status_err) = write_status(cfg, api, st).await {
+            if let Err(status_err) = write_status(cfg, ctx, api, st).await {
                 debug!(error = %status_err.report(), "cannot report the failure in the status");
             }
             Err(e)
@@ -244,7 +248,7 @@ async fn converge(
         .conditions
         .iter()
         .any(|c| c.type_ == infergate_api::status::READY && c.status == "True");
-    write_status(cfg, api, st).await?;
+    write_status(cfg, ctx, api, st).await?;
     info!(
         children = desired.len(),
         writes, pruned, ready, "reconciled"
@@ -532,23 +536,121 @@ async fn delete_child(ctx: &Context, kind: &str, obj: &DynamicObject) -> Result<
     }
 }
 
+/// Writes `st` when it differs from the config's status, and records an Event on the config
+/// when its `Ready` condition changes (see [`ready_event`]). The Event is sent even when the
+/// status write fails (the failure it reports may be why: the next attempt, seeing the old
+/// status, sends it again), and its own failure is logged only.
 async fn write_status(
     cfg: &InferenceGatewayConfig,
+    ctx: &Context,
     api: &Api<InferenceGatewayConfig>,
     st: InferenceGatewayConfigStatus,
 ) -> Result<(), Error> {
     if cfg.status.as_ref() == Some(&st) {
         return Ok(());
     }
+    let event = ready_event(cfg.status.as_ref(), &st);
     let patch = json!({
         "apiVersion": InferenceGatewayConfig::api_version(&()),
         "kind": InferenceGatewayConfig::kind(&()),
         "status": st,
     });
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch_status(&cfg.name_any(), &pp, &Patch::Apply(&patch))
-        .await?;
+    let written = api
+        .patch_status(&cfg.name_any(), &pp, &Patch::Apply(&patch))
+        .await;
+    if let Some(event) = event {
+        record(cfg, ctx, event).await;
+    }
+    written?;
     Ok(())
+}
+
+/// Creates `event` on the config, in its namespace (`kubectl describe` and `kubectl events`
+/// show it). Each is a new Event: the notes of one reason differ (another error), and a
+/// transition is rare enough that no series is needed.
+async fn record(cfg: &InferenceGatewayConfig, ctx: &Context, event: ReadyEvent) {
+    let Some(ns) = cfg.namespace() else {
+        return;
+    };
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let object = KubeEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.{:x}", cfg.name_any(), now.as_nanosecond())),
+            namespace: Some(ns.clone()),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(MicroTime(now)),
+        type_: Some(if event.warning { "Warning" } else { "Normal" }.to_owned()),
+        reason: Some(event.reason.clone()),
+        note: Some(event.note),
+        action: Some("Reconcile".to_owned()),
+        regarding: Some(cfg.object_ref(&())),
+        reporting_controller: Some(FIELD_MANAGER.to_owned()),
+        reporting_instance: Some(ctx.instance.clone()),
+        ..KubeEvent::default()
+    };
+    let api: Api<KubeEvent> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Err(e) = api.create(&PostParams::default(), &object).await {
+        warn!(config = %key(cfg), reason = %event.reason, error = %e, "cannot record the event");
+    }
+}
+
+/// An Event to record on a config: what [`ready_event`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadyEvent {
+    /// `Warning` rather than `Normal`.
+    pub warning: bool,
+    /// The `Ready` condition's reason.
+    pub reason: String,
+    /// Its message, cut to the 1 kB an Event's note may hold.
+    pub note: String,
+}
+
+/// The `Ready` reasons that are not a problem: the gateway serves, or its children are still
+/// rolling out. Every other reason (`Invalid`, `MissingAPI`, `ApplyFailed`, `NameTaken`,
+/// `SecretNotFound`, `RouteNotAccepted`, ...) is a Warning.
+const NORMAL_REASONS: [&str; 2] = ["Ready", "Pending"];
+
+/// Longest Event note the API server takes (1 kB); longer messages are cut at a character.
+const EVENT_NOTE_BYTES: usize = 1024;
+
+/// The Event for a change of the `Ready` condition from `old` to `new`: a new status or reason,
+/// or a Warning whose message changed (another error). `None` when nothing `kubectl describe`
+/// should show happened, such as a rollout's progress within `Pending`.
+pub fn ready_event(
+    old: Option<&InferenceGatewayConfigStatus>,
+    new: &InferenceGatewayConfigStatus,
+) -> Option<ReadyEvent> {
+    let ready = |s: &InferenceGatewayConfigStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == infergate_api::status::READY)
+            .cloned()
+    };
+    let now = ready(new)?;
+    let warning = !NORMAL_REASONS.contains(&now.reason.as_str());
+    if let Some(before) = old.and_then(ready)
+        && before.status == now.status
+        && before.reason == now.reason
+        && (!warning || before.message == now.message)
+    {
+        return None;
+    }
+    let mut note = now.message;
+    if note.len() > EVENT_NOTE_BYTES {
+        let mut end = EVENT_NOTE_BYTES - 3;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    Some(ReadyEvent {
+        warning,
+        reason: now.reason,
+        note,
+    })
 }
 
 fn owned_by(obj: &DynamicObject, uid: &str) -> bool {

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fake::{Fake, Seen};
-use infergate_api::{InferenceGatewayConfig, RolloutState};
+use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus, RolloutState};
 use infergate_operator::metrics::Metrics;
-use infergate_operator::reconcile::{Context, FIELD_MANAGER, FINALIZER, error_policy, reconcile};
+use infergate_operator::reconcile::{
+    Context, FIELD_MANAGER, FINALIZER, error_policy, ready_event, reconcile,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
@@ -54,8 +56,35 @@ fn config(fake: &Fake) -> Arc<InferenceGatewayConfig> {
     Arc::new(serde_json::from_value(fake.get(&config_path(fake)).unwrap()).unwrap())
 }
 
+/// Whether a request concerns the configs' Events (events.k8s.io).
+fn is_event(s: &Seen) -> bool {
+    s.path.contains("/apis/events.k8s.io/")
+}
+
+/// Writes to the config and its children (Events apart).
 fn writes(log: &[Seen]) -> Vec<&Seen> {
-    log.iter().filter(|s| s.method != "GET").collect()
+    log.iter()
+        .filter(|s| s.method != "GET" && !is_event(s))
+        .collect()
+}
+
+/// The Events created, as (type, reason, note), in order.
+fn events(log: &[Seen]) -> Vec<(String, String, String)> {
+    log.iter()
+        .filter(|s| is_event(s) && s.method == "POST")
+        .map(|s| {
+            let field = |k: &str| s.body[k].as_str().unwrap_or_default().to_owned();
+            (field("type"), field("reason"), field("note"))
+        })
+        .collect()
+}
+
+/// What the fake stores, the Events apart.
+fn stored(fake: &Fake) -> Vec<String> {
+    fake.paths()
+        .into_iter()
+        .filter(|p| !p.contains("/apis/events.k8s.io/"))
+        .collect()
 }
 
 fn paths(seen: &[&Seen], method: &str) -> BTreeSet<String> {
@@ -312,7 +341,7 @@ async fn deletion_runs_cleanup_then_removes_the_finalizer() {
     assert!(last.content_type.starts_with("application/json-patch+json"));
     assert_eq!(last.body[1]["op"], "remove");
     assert_eq!(
-        fake.paths(),
+        stored(&fake),
         Vec::<String>::new(),
         "children and the config are gone"
     );
@@ -391,6 +420,7 @@ async fn invalid_spec_sets_accepted_false_with_the_rule_message_and_writes_no_ch
     let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
     assert_eq!(action, Action::await_change());
     let log = fake.log();
+    let (event_log, log): (Vec<Seen>, Vec<Seen>) = log.into_iter().partition(is_event);
     assert_eq!(log.len(), 1, "{log:?}");
     assert!(log[0].path.ends_with("/status"));
     let (status, message) = condition(&fake.get(CFG).unwrap(), "Accepted");
@@ -399,6 +429,34 @@ async fn invalid_spec_sets_accepted_false_with_the_rule_message_and_writes_no_ch
         message.contains(infergate_api::validation::BBR_REQUIRED.message),
         "{message}"
     );
+    // `kubectl describe` shows it as a Warning on the config, in the config's namespace.
+    let ev = events(&event_log);
+    assert_eq!(ev.len(), 1, "{event_log:?}");
+    assert_eq!((ev[0].0.as_str(), ev[0].1.as_str()), ("Warning", "Invalid"));
+    assert!(
+        ev[0]
+            .2
+            .contains(infergate_api::validation::BBR_REQUIRED.message),
+        "{}",
+        ev[0].2
+    );
+    assert_eq!(
+        event_log[0].path,
+        format!("/apis/events.k8s.io/v1/namespaces/{NS}/events")
+    );
+    assert_eq!(
+        event_log[0].body["regarding"]["kind"],
+        "InferenceGatewayConfig"
+    );
+    assert_eq!(event_log[0].body["regarding"]["name"], "fleet");
+    assert_eq!(
+        event_log[0].body["reportingController"],
+        "infergate-operator"
+    );
+    // Reconciling the same spec again says nothing new.
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(events(&fake.log()), vec![]);
     // `kubectl get -o wide` shows Ready's reason and message: they say it too.
     let cfg = fake.get(CFG).unwrap();
     assert_eq!(reason(&cfg, "Ready"), "Invalid");
@@ -422,7 +480,7 @@ async fn quotas_the_picker_would_refuse_set_accepted_false_and_write_no_children
     fake.clear_log();
     let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
     assert_eq!(action, Action::await_change());
-    let log = fake.log();
+    let log: Vec<Seen> = fake.log().into_iter().filter(|s| !is_event(s)).collect();
     assert_eq!(log.len(), 1, "{log:?}");
     assert!(log[0].path.ends_with("/status"));
     let (status, message) = condition(&fake.get(CFG).unwrap(), "Accepted");
@@ -459,6 +517,67 @@ async fn readiness_rolls_up_from_children() {
             .iter()
             .all(|s| s.rollout_state == RolloutState::Available)
     );
+    // Pending (while rolling out) to Ready: one Normal event.
+    assert_eq!(
+        events(&fake.log()),
+        vec![(
+            "Normal".to_owned(),
+            "Ready".to_owned(),
+            "the gateway serves traffic".to_owned()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn an_event_the_api_server_refuses_does_not_fail_the_reconcile() {
+    // Events are for people reading `kubectl describe`: an operator whose Role lacks them (an
+    // older chart) still reconciles and writes the status.
+    let (ctx, fake) = setup("multi-model.yaml");
+    fake.edit(CFG, |c| c["spec"]["bbr"]["enabled"] = json!(false));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let events_path = format!("/apis/events.k8s.io/v1/namespaces/{NS}/events");
+    fake.fail("POST", &events_path, 403, 1);
+    fake.clear_log();
+    let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert_eq!(reason(&fake.get(CFG).unwrap(), "Ready"), "Invalid");
+    assert!(fake.log().iter().any(|s| s.path == events_path));
+}
+
+#[tokio::test]
+async fn a_changed_error_is_a_new_warning_with_its_own_message() {
+    let (ctx, fake) = setup("multi-model.yaml");
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    fake.edit(CFG, |c| c["spec"]["bbr"]["enabled"] = json!(false));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    // Another mistake: the Ready reason stays Invalid, the message changes, so a new Warning.
+    fake.edit(CFG, |c| {
+        c["spec"]["bbr"]["enabled"] = json!(true);
+        c["spec"]["quotas"] = json!({ "windowSeconds": 7, "buckets": 3 });
+    });
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let ev = events(&fake.log());
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].1, "Invalid");
+    assert!(ev[0].2.contains("spec.quotas"), "{}", ev[0].2);
+    // Back to the first mistake: a Warning again, with that mistake's message (not the
+    // previous Event's, as a series of the same reason would show it).
+    fake.edit(CFG, |c| {
+        c["spec"]["bbr"]["enabled"] = json!(false);
+        c["spec"]["quotas"] = Value::Null;
+    });
+    fake.clear_log();
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let ev = events(&fake.log());
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert!(
+        ev[0]
+            .2
+            .contains(infergate_api::validation::BBR_REQUIRED.message),
+        "{}",
+        ev[0].2
+    );
 }
 
 #[tokio::test]
@@ -478,7 +597,7 @@ async fn overlong_child_names_are_reported_as_not_accepted() {
     assert_eq!(status, "False");
     assert!(message.contains("longer than 63 characters"), "{message}");
     assert!(
-        fake.paths()
+        stored(&fake)
             .iter()
             .all(|p| p.contains("inferencegatewayconfigs")),
         "no child applied"
@@ -532,8 +651,7 @@ async fn deletion_with_an_upstream_api_gone_still_removes_the_finalizer() {
         c["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z")
     });
     reconcile(config(&fake), ctx.clone()).await.unwrap();
-    let remaining: Vec<String> = fake
-        .paths()
+    let remaining: Vec<String> = stored(&fake)
         .into_iter()
         .filter(|p| !p.contains("envoyextensionpolicies"))
         .collect();
@@ -804,4 +922,35 @@ async fn an_operator_started_without_its_crd_says_so_instead_of_idling() {
         "{}",
         err.report()
     );
+}
+
+/// A status whose `Ready` condition has `status`, `reason` and `message`.
+fn ready_status(status: &str, reason: &str, message: &str) -> InferenceGatewayConfigStatus {
+    serde_json::from_value(json!({ "conditions": [{ "type": "Ready", "status": status,
+        "reason": reason, "message": message, "lastTransitionTime": "2027-01-01T00:00:00Z" }] }))
+    .unwrap()
+}
+
+#[test]
+fn rollout_progress_is_no_event_and_a_long_message_is_cut_to_an_events_note() {
+    let waiting = |m: &str| ready_status("False", "Pending", m);
+    assert_eq!(
+        ready_event(Some(&waiting("bbr 0/1")), &waiting("bbr 1/1; picker 0/2")),
+        None
+    );
+    let first = ready_event(None, &waiting("bbr 0/1")).unwrap();
+    assert!(!first.warning);
+    let long = "é".repeat(700); // 1,400 bytes
+    let ev = ready_event(
+        Some(&waiting("x")),
+        &ready_status("False", "ApplyFailed", &long),
+    )
+    .unwrap();
+    assert!(ev.warning);
+    assert!(
+        ev.note.len() <= 1024 && ev.note.ends_with("..."),
+        "{}",
+        ev.note.len()
+    );
+    assert!(long.starts_with(ev.note.trim_end_matches("...")));
 }

@@ -495,6 +495,7 @@ fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() 
         allows("infergate.dev", "inferencegatewayconfigs", "patch"),
         "finalizer patch"
     );
+    assert!(allows("events.k8s.io", "events", "create"), "Events");
 }
 
 #[test]
@@ -889,7 +890,7 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
     // What the operator calls: server-side apply (patch, and create for an object that does
     // not exist yet), list by label, delete, the controller's watches; the finalizer by JSON
     // patch, the status by apply on /status; the peer-key Secrets; and what the pickers' Roles
-    // grant (RBAC lets it grant only what it holds). `update` is never called.
+    // grant (RBAC lets it grant only what it holds); Events. `update` is never called.
     let role = operator_cluster_role();
     let mut used: BTreeSet<(String, String, String)> = BTreeSet::new();
     let mut add = |group: &str, resource: &str, verbs: &[&str]| {
@@ -923,6 +924,8 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
     );
     add("", "secrets", &["get", "create", "delete"]);
     add("", "pods", &["get", "list", "watch"]);
+    // An Event on the config at each change of its Ready condition.
+    add("events.k8s.io", "events", &["create"]);
     let mut excess = Vec::new();
     for r in role["rules"].as_array().unwrap() {
         for g in r["apiGroups"].as_array().unwrap() {
