@@ -16,6 +16,11 @@
 //!   regionPreference: [us-east, eu-west]
 //! retries: { maxAttempts: 3 }    # clusters tried per request, before the first byte
 //! timeouts: { connectMs: 2000, firstByteMs: 60000 }
+//! outlierDetection:              # clusters whose requests keep failing while their heartbeat is good
+//!   consecutiveGatewayFailures: 5   # 502/503/504 or no response headers, in a row: ejected
+//!   baseEjectionMs: 30000        # × the times ejected in a row,
+//!   maxEjectionMs: 300000        # at most this
+//!   maxEjectionPercent: 50       # of a model's clusters at once (0: never eject)
 //! tenancy: { tenantHeader: x-tenant }   # without auth: the tenant named by this header
 //! quotas:                        # global rate limits per tenant (the gateway's `quotas:`)
 //!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
@@ -42,7 +47,7 @@ use infergate_pool::tenant::{DEFAULT_TENANT, Tenancy, TenancyConfig};
 use infergate_proxy::config::{AuthConfig, Limits, ListenerTls, MAX_DURATION};
 use serde::Deserialize;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, OutlierError, OutlierField};
 
 /// The default header a request names its TTFT objective in, in milliseconds.
 pub const DEFAULT_OBJECTIVE_HEADER: &str = "x-infergate-ttft-objective-ms";
@@ -81,6 +86,9 @@ pub struct GlobalConfig {
     /// Upstream timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Passive outlier detection: clusters whose routed requests keep failing are ejected.
+    #[serde(default)]
+    pub outlier_detection: OutlierDetection,
     /// Seed of the slow-start sampling.
     #[serde(default)]
     pub seed: u64,
@@ -235,6 +243,80 @@ impl Default for Timeouts {
             connect_ms: 2_000,
             first_byte_ms: 60_000,
         }
+    }
+}
+
+/// `outlierDetection:` — what the router's own requests say against a cluster, for the failures
+/// its heartbeat cannot see (a gateway answering 503 to every request while its admin port
+/// serves a good heartbeat).
+///
+/// A cluster whose routed requests fail `consecutiveGatewayFailures` times in a row (502, 503 or
+/// 504, or no response headers: a broken connection, `timeouts.firstByteMs`) is ejected: ordered
+/// after the clusters routed on, as a drained one is, for `baseEjectionMs` × the times it was
+/// ejected in a row, at most `maxEjectionMs`; then it is readmitted through the slow-start ramp.
+/// At most `maxEjectionPercent` of the clusters serving a model are ejected at once.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct OutlierDetection {
+    /// Failures in a row that eject a cluster (default 5, at least 1).
+    pub consecutive_gateway_failures: u32,
+    /// The first ejection's length, ms (default 30,000); the n-th in a row lasts n times as long.
+    pub base_ejection_ms: u64,
+    /// The longest ejection, ms (default 300,000; at least `baseEjectionMs`).
+    pub max_ejection_ms: u64,
+    /// The most of a model's clusters ejected at once, percent (default 50, at most 100; 0
+    /// ejects none).
+    pub max_ejection_percent: u32,
+}
+
+impl Default for OutlierDetection {
+    fn default() -> Self {
+        OutlierDetection {
+            consecutive_gateway_failures: 5,
+            base_ejection_ms: 30_000,
+            max_ejection_ms: 300_000,
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+impl OutlierDetection {
+    /// `baseEjectionMs`.
+    pub fn base_ejection(&self) -> Duration {
+        Duration::from_millis(self.base_ejection_ms)
+    }
+    /// `maxEjectionMs`.
+    pub fn max_ejection(&self) -> Duration {
+        Duration::from_millis(self.max_ejection_ms)
+    }
+
+    /// Refuses values that cannot be used, naming the field.
+    pub fn validate(&self) -> Result<(), OutlierError> {
+        let max_ms = u64::try_from(MAX_DURATION.as_millis()).unwrap_or(u64::MAX);
+        if self.consecutive_gateway_failures == 0 {
+            return Err(OutlierError::NoFailures);
+        }
+        for (field, v) in [
+            (OutlierField::BaseEjectionMs, self.base_ejection_ms),
+            (OutlierField::MaxEjectionMs, self.max_ejection_ms),
+        ] {
+            if v == 0 {
+                return Err(OutlierError::ZeroDuration(field));
+            }
+            if v > max_ms {
+                return Err(OutlierError::OverAWeek(field));
+            }
+        }
+        if self.max_ejection_ms < self.base_ejection_ms {
+            return Err(OutlierError::MaxBelowBase {
+                max_ms: self.max_ejection_ms,
+                base_ms: self.base_ejection_ms,
+            });
+        }
+        if self.max_ejection_percent > 100 {
+            return Err(OutlierError::PercentOver100(self.max_ejection_percent));
+        }
+        Ok(())
     }
 }
 
@@ -429,6 +511,7 @@ impl GlobalConfig {
                 "must be at least 1",
             ));
         }
+        self.outlier_detection.validate()?;
         if self.retries.max_attempts == 0 {
             return Err(invalid("retries.maxAttempts".into(), "must be at least 1"));
         }

@@ -40,6 +40,58 @@ pub enum ConfigError {
     /// The `tenancy:` section.
     #[error(transparent)]
     Tenancy(#[from] infergate_pool::tenant::TenancyError),
+    /// The `outlierDetection:` section.
+    #[error(transparent)]
+    OutlierDetection(#[from] OutlierError),
+}
+
+/// An `outlierDetection:` value that cannot be used (each message starts with the field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OutlierError {
+    /// `consecutiveGatewayFailures: 0` would eject a cluster on no evidence at all.
+    #[error(
+        "outlierDetection.consecutiveGatewayFailures: must be at least 1 (to turn ejection off, \
+         set maxEjectionPercent: 0)"
+    )]
+    NoFailures,
+    /// An ejection of no time.
+    #[error("outlierDetection.{0}: must be above zero")]
+    ZeroDuration(OutlierField),
+    /// Past a week a timer's deadline could overflow.
+    #[error("outlierDetection.{0}: must be at most 604800000 (a week)")]
+    OverAWeek(OutlierField),
+    /// The cap is below the first ejection's length.
+    #[error(
+        "outlierDetection.maxEjectionMs: {max_ms} is below baseEjectionMs ({base_ms}), the \
+         first ejection's length"
+    )]
+    MaxBelowBase {
+        /// `maxEjectionMs`.
+        max_ms: u64,
+        /// `baseEjectionMs`.
+        base_ms: u64,
+    },
+    /// A share of a model's clusters above all of them.
+    #[error("outlierDetection.maxEjectionPercent: {0} is over 100")]
+    PercentOver100(u32),
+}
+
+/// An `outlierDetection:` duration field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutlierField {
+    /// `baseEjectionMs`.
+    BaseEjectionMs,
+    /// `maxEjectionMs`.
+    MaxEjectionMs,
+}
+
+impl std::fmt::Display for OutlierField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OutlierField::BaseEjectionMs => "baseEjectionMs",
+            OutlierField::MaxEjectionMs => "maxEjectionMs",
+        })
+    }
 }
 
 /// Why the router could not start.

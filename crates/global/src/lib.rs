@@ -4,16 +4,19 @@
 //!
 //! Each cluster's heartbeat (the JSON status an infergate gateway or picker serves on its admin
 //! port, `infergate_pool::heartbeat`) is polled; a cluster whose heartbeat is stale, failing or
-//! shows no ready pod is drained, and ramps back up over a window when it returns. Per request,
-//! the clusters serving the model are ordered — the cheapest that meets the TTFT objective
-//! first — and a request that fails before its first byte moves on to the next. Answers stream
-//! through untouched. Per-tenant rate limits (`quotas:`) are the gateway's quota service
+//! shows no ready pod is drained, and ramps back up over a window when it returns; one whose
+//! routed requests keep failing at its gateway while its heartbeat looks good is ejected for a
+//! while (passive outlier detection). Per request, the clusters serving the model are ordered —
+//! the cheapest that meets the TTFT objective first — and a request that fails before its first
+//! byte moves on to the next. Answers stream through untouched. Per-tenant rate limits (`quotas:`) are the gateway's quota service
 //! (`infergate_pool::quota`), checked before a cluster is chosen and shared by the router's
 //! replicas through Redis.
 //!
 //! Layout (pure logic apart from the IO):
 //! - [`config`] — the file: types, defaults, validation;
 //! - [`health`] — drain, stale and slow-start state per cluster and model (pure, time passed in);
+//! - [`outlier`] — passive outlier detection: gateway failures in a row, ejections (pure, time
+//!   passed in);
 //! - [`route`] — the per-request order of clusters (pure);
 //! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
 //! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries;
@@ -24,6 +27,7 @@
 pub mod config;
 pub mod error;
 pub mod health;
+pub mod outlier;
 pub mod route;
 
 mod body;
@@ -32,7 +36,7 @@ mod server;
 mod telemetry;
 
 pub use config::GlobalConfig;
-pub use error::{ConfigError, Error, TokenError};
+pub use error::{ConfigError, Error, OutlierError, OutlierField, TokenError};
 pub use server::{CLUSTER_HEADER, Listeners, Router, serve};
 
 /// The HTTP/1.1 client to the clusters (pooled keep-alive connections).

@@ -277,6 +277,94 @@ fn section_errors_name_their_field_once() {
     }
 }
 
+#[test]
+fn outlier_detection_defaults_and_overrides() {
+    let c = GlobalConfig::from_yaml(&format!("auth: none\n{CLUSTER}")).unwrap();
+    assert_eq!(c.outlier_detection, OutlierDetection::default());
+    assert_eq!(c.outlier_detection.consecutive_gateway_failures, 5);
+    assert_eq!(c.outlier_detection.base_ejection(), Duration::from_secs(30));
+    assert_eq!(c.outlier_detection.max_ejection(), Duration::from_secs(300));
+    assert_eq!(c.outlier_detection.max_ejection_percent, 50);
+    let c = GlobalConfig::from_yaml(&format!(
+        "auth: none\noutlierDetection: {{ consecutiveGatewayFailures: 3, baseEjectionMs: 1000, maxEjectionMs: 1000, maxEjectionPercent: 0 }}\n{CLUSTER}"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.outlier_detection,
+        OutlierDetection {
+            consecutive_gateway_failures: 3,
+            base_ejection_ms: 1_000,
+            max_ejection_ms: 1_000,
+            max_ejection_percent: 0,
+        }
+    );
+}
+
+/// Each value outlier detection cannot use is its own error, naming the field once.
+#[test]
+fn outlier_detection_refuses_what_it_cannot_use() {
+    for (section, want) in [
+        (
+            "{ consecutiveGatewayFailures: 0 }",
+            OutlierError::NoFailures,
+        ),
+        (
+            "{ baseEjectionMs: 0 }",
+            OutlierError::ZeroDuration(OutlierField::BaseEjectionMs),
+        ),
+        (
+            "{ maxEjectionMs: 0 }",
+            OutlierError::ZeroDuration(OutlierField::MaxEjectionMs),
+        ),
+        (
+            "{ baseEjectionMs: 604800001, maxEjectionMs: 604800001 }",
+            OutlierError::OverAWeek(OutlierField::BaseEjectionMs),
+        ),
+        (
+            "{ maxEjectionMs: 604800001 }",
+            OutlierError::OverAWeek(OutlierField::MaxEjectionMs),
+        ),
+        (
+            "{ baseEjectionMs: 60000, maxEjectionMs: 30000 }",
+            OutlierError::MaxBelowBase {
+                max_ms: 30_000,
+                base_ms: 60_000,
+            },
+        ),
+        (
+            "{ maxEjectionPercent: 101 }",
+            OutlierError::PercentOver100(101),
+        ),
+    ] {
+        let yaml = format!("auth: none\noutlierDetection: {section}\n{CLUSTER}");
+        match GlobalConfig::from_yaml(&yaml) {
+            Err(ConfigError::OutlierDetection(got)) => {
+                assert_eq!(got, want, "{section}");
+                let text = ConfigError::from(got).to_string();
+                assert!(text.starts_with("outlierDetection."), "{text}");
+                assert_eq!(text.matches("outlierDetection").count(), 1, "{text}");
+            }
+            other => panic!("{section}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        OutlierError::MaxBelowBase {
+            max_ms: 30_000,
+            base_ms: 60_000
+        }
+        .to_string(),
+        "outlierDetection.maxEjectionMs: 30000 is below baseEjectionMs (60000), the first ejection's length"
+    );
+    let e = err(&format!(
+        "auth: none\noutlierDetection: {{ maxEjectionPercent: -1 }}\n{CLUSTER}"
+    ));
+    assert!(e.contains("maxEjectionPercent"), "{e}");
+    let e = err(&format!(
+        "auth: none\noutlierDetection: {{ consecutive5xx: 3 }}\n{CLUSTER}"
+    ));
+    assert!(e.contains("unknown field `consecutive5xx`"), "{e}");
+}
+
 /// Every `global.yaml` docs/global.md shows (its YAML blocks with `clusters:`, the Helm values
 /// apart) is valid, so that a new user copying one starts from a file the router takes.
 #[test]
