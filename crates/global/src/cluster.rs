@@ -7,6 +7,11 @@
 //! `/v1/models`, fetched at the heartbeat interval instead. Each model's [`Health`] decides its
 //! share; requests that cannot connect count as failed fetches, so a dead gateway under load is
 //! drained on the first refused connections rather than at the next poll.
+//!
+//! The router's own requests also feed the cluster's outlier detection ([`crate::outlier`]): its
+//! gateway failures in a row are counted on an atomic (no lock on the request path), and the
+//! rare request that completes a run takes the ejection decision ([`eject`]), which reads every
+//! cluster's ejection to hold `outlierDetection.maxEjectionPercent`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -20,6 +25,7 @@ use infergate_pool::heartbeat::Heartbeat;
 
 use crate::config::{ClusterConfig, GlobalConfig};
 use crate::health::{Health, State};
+use crate::outlier::{self, Consecutive, Ejection};
 use crate::telemetry::{ClusterLabel, ClusterReason, Telemetry};
 use crate::{Client, now};
 
@@ -71,6 +77,18 @@ pub(crate) struct ClusterState {
     pub(crate) observed_ttft: Option<(f64, Instant)>,
     /// Discovered (or configured) model names.
     pub(crate) served: Vec<String>,
+    /// Its ejections by outlier detection, and whether it was ejected at the last tick (to log
+    /// a readmission once).
+    ejection: Ejection,
+    was_ejected: bool,
+}
+
+impl ClusterState {
+    /// Whether the cluster serves `model` (as [`Cluster::view`] sees it: named by a heartbeat,
+    /// configured or discovered).
+    fn serves(&self, model: &str) -> bool {
+        self.models.contains_key(model) || self.served.iter().any(|m| m == model)
+    }
 }
 
 /// One configured cluster.
@@ -96,6 +114,17 @@ pub(crate) struct Cluster {
     tokens: AtomicU64,
     cost_nanos: AtomicU64,
     settings: Settings,
+    /// Gateway failures of routed requests in a row (outlier detection).
+    consecutive: Consecutive,
+    /// Whether its heartbeat had some model up (or ramping) at the last tick: failures of a
+    /// cluster the heartbeat has drained are the heartbeat's business, not outlier detection's.
+    heartbeat_up: AtomicBool,
+    /// When its current ejection ends, in nanoseconds since `epoch` (0: not ejected), read
+    /// without the state lock (the state's [`Ejection`] is the record): the failures of requests
+    /// sent before it was ejected and failing during the ejection start no new run.
+    ejected_until: AtomicU64,
+    epoch: Instant,
+    outlier: outlier::Settings,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -158,6 +187,11 @@ impl Cluster {
             tokens: AtomicU64::new(0),
             cost_nanos: AtomicU64::new(0),
             settings,
+            consecutive: Consecutive::default(),
+            heartbeat_up: AtomicBool::new(false),
+            ejected_until: AtomicU64::new(0),
+            epoch: now(),
+            outlier: outlier::Settings::new(&config.outlier_detection, hb.slow_start()),
         }
     }
 
@@ -239,6 +273,8 @@ impl Cluster {
             State::Up { weight } => weight,
             State::Drained(_) => 0.0,
         };
+        // Ejected: ordered with the drained clusters; readmitted: ramping.
+        let weight = weight.min(st.ejection.weight(now, self.outlier.slow_start));
         let rtt = st.rtt_ms.unwrap_or(0.0);
         let scale = prompt_tokens.max(1.0) / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
         let heartbeat = entry.estimate_ms.map(|e| e * scale + rtt);
@@ -283,15 +319,42 @@ impl Cluster {
             .observe(ttft.as_secs_f64());
     }
 
+    /// Whether its heartbeat had some model up at the last tick (failures count against it
+    /// only then).
+    pub(crate) fn heartbeat_up(&self) -> bool {
+        self.heartbeat_up.load(Ordering::Relaxed)
+    }
+
+    /// A routed request got a 2xx: its gateway failures in a row start again.
+    pub(crate) fn observe_success(&self) {
+        self.consecutive.succeed();
+    }
+
+    /// A request routed on the cluster failed at its gateway (502, 503, 504, or no response
+    /// headers); `heartbeat_up`: its heartbeat had it up. Counted unless the heartbeat has
+    /// drained it or it is ejected. True when that completes a run of
+    /// `outlierDetection.consecutiveGatewayFailures`: the caller then runs [`eject`].
+    pub(crate) fn observe_gateway_failure(&self, heartbeat_up: bool) -> bool {
+        heartbeat_up && !self.ejected_at(now()) && self.consecutive.fail(self.outlier.threshold)
+    }
+
+    /// Whether it is ejected at `at` (without the state lock).
+    fn ejected_at(&self, at: Instant) -> bool {
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        until != 0 && since(self.epoch, at) < until
+    }
+
     /// A routed request had no response headers after `waited` (`timeouts.firstByteMs`). The
     /// wait counts as a measured TTFT (the answer's first token would have come later still)
     /// and as a failed heartbeat, as a refused connection does: a cluster whose front door
     /// stopped answering while its heartbeat stays good is no longer preferred, rather than
     /// every request routed there waiting out its own timeout. The TTFT histogram is left to
     /// answers that came.
-    pub(crate) fn observe_timeout(&self, waited: Duration, telemetry: &Telemetry) {
+    ///
+    /// Returns whether its heartbeat had it up before (as [`Cluster::observe_connect_failure`]).
+    pub(crate) fn observe_timeout(&self, waited: Duration, telemetry: &Telemetry) -> bool {
         self.smooth_ttft(waited);
-        self.observe_connect_failure(telemetry);
+        self.observe_connect_failure(telemetry)
     }
 
     fn smooth_ttft(&self, ttft: Duration) {
@@ -329,15 +392,23 @@ impl Cluster {
     }
 
     /// A routed request could not reach the cluster (or timed out before its response
-    /// headers): counts as a failed heartbeat.
-    pub(crate) fn observe_connect_failure(&self, telemetry: &Telemetry) {
+    /// headers): counts as a failed heartbeat. Returns whether the heartbeat had some model up
+    /// before this failure: the failures after the first `failuresToDrain` have drained it
+    /// (requests already on their way when a gateway dies) add nothing for outlier detection,
+    /// and the heartbeat, not an ejection, then decides when it is back.
+    pub(crate) fn observe_connect_failure(&self, telemetry: &Telemetry) -> bool {
         let at = now();
         let mut st = lock(&self.state);
+        let was_up = st
+            .models
+            .values()
+            .any(|m| matches!(m.health.state(at), State::Up { .. }));
         for m in st.models.values_mut() {
             m.health.observe_failure(at);
         }
         drop(st);
         self.tick(at, telemetry);
+        was_up
     }
 
     /// Tokens served and their cost.
@@ -376,6 +447,11 @@ impl Cluster {
         let rtt = st.rtt_ms;
         let mut drained = None;
         let mut returned = false;
+        let mut any_up = false;
+        let ejected = st.ejection.is_ejected(at);
+        let readmitted = st.was_ejected && !ejected;
+        st.was_ejected = ejected;
+        let ejection_weight = st.ejection.weight(at, self.outlier.slow_start);
         for m in st.models.values_mut() {
             m.health.tick(at);
             let state = m.health.state(at);
@@ -389,8 +465,9 @@ impl Cluster {
             }
             m.up = up;
             m.seen_up |= up;
+            any_up |= up;
             if let State::Up { weight } = state {
-                best_weight = best_weight.max(weight);
+                best_weight = best_weight.max(weight.min(ejection_weight));
             }
             if let Some(a) = m.health.age(at) {
                 age = Some(age.map_or(a, |b| b.min(a)));
@@ -414,6 +491,14 @@ impl Cluster {
             tracing::info!(cluster = %self.config.name, "cluster back; ramping up");
             telemetry.returns.get_or_create(&self.label).inc();
         }
+        self.heartbeat_up.store(any_up, Ordering::Relaxed);
+        if readmitted {
+            tracing::info!(cluster = %self.config.name, "cluster readmitted after its ejection; ramping up");
+        }
+        telemetry
+            .ejected
+            .get_or_create(&self.label)
+            .set(i64::from(ejected));
         telemetry.weight.get_or_create(&self.label).set(best_weight);
         telemetry
             .heartbeat_age
@@ -495,6 +580,89 @@ impl Cluster {
     fn set_served(&self, models: Vec<String>) {
         lock(&self.state).served = models;
     }
+}
+
+/// The cluster at `index` completed a run of `outlierDetection.consecutiveGatewayFailures`:
+/// ejects it, unless it is ejected already or one more ejected would be over
+/// `maxEjectionPercent` of the clusters serving one of its models (held back; tried again after
+/// as many failures more). `deciding` makes the decisions one at a time, so that two clusters
+/// completing their runs together cannot both pass the cap; it is taken only here, as is each
+/// cluster's state lock in turn (never two at once).
+pub(crate) fn eject(
+    clusters: &[Arc<Cluster>],
+    index: usize,
+    deciding: &Mutex<()>,
+    telemetry: &Telemetry,
+) {
+    let Some(cluster) = clusters.get(index) else {
+        return;
+    };
+    let _deciding = deciding.lock().unwrap_or_else(PoisonError::into_inner);
+    let at = now();
+    let models: Vec<String> = {
+        let st = lock(&cluster.state);
+        if st.ejection.is_ejected(at) {
+            return;
+        }
+        let mut models: Vec<String> = st.models.keys().cloned().collect();
+        for m in &st.served {
+            if !models.contains(m) {
+                models.push(m.clone());
+            }
+        }
+        models
+    };
+    let per_model = models.iter().map(|model| {
+        clusters.iter().fold((0, 0), |(serving, ejected), c| {
+            let st = lock(&c.state);
+            if st.serves(model) {
+                (
+                    serving + 1,
+                    ejected + usize::from(st.ejection.is_ejected(at)),
+                )
+            } else {
+                (serving, ejected)
+            }
+        })
+    });
+    let failures = cluster.outlier.threshold;
+    if !outlier::may_eject(cluster.outlier.max_percent, per_model) {
+        tracing::debug!(
+            cluster = %cluster.config.name,
+            failures,
+            max_percent = cluster.outlier.max_percent,
+            "ejection held back: outlierDetection.maxEjectionPercent of a model's clusters are ejected"
+        );
+        telemetry
+            .ejections_held_back
+            .get_or_create(&cluster.label)
+            .inc();
+        return;
+    }
+    let (length, in_a_row) = {
+        let mut st = lock(&cluster.state);
+        let length = st.ejection.eject(at, &cluster.outlier);
+        st.was_ejected = true;
+        (length, st.ejection.streak())
+    };
+    let until = since(cluster.epoch, at)
+        .saturating_add(u64::try_from(length.as_nanos()).unwrap_or(u64::MAX));
+    cluster.ejected_until.store(until.max(1), Ordering::Relaxed);
+    cluster.consecutive.reset();
+    tracing::warn!(
+        cluster = %cluster.config.name,
+        failures,
+        ejection_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
+        in_a_row,
+        "cluster ejected: its routed requests failed at the gateway (502, 503, 504 or no response headers) this many times in a row"
+    );
+    telemetry.ejections.get_or_create(&cluster.label).inc();
+    telemetry.ejected.get_or_create(&cluster.label).set(1);
+}
+
+/// Nanoseconds from `epoch` to `at` (0 before it).
+fn since(epoch: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// `Authorization: Bearer <the file's content, trimmed>`, marked sensitive (kept out of logs).

@@ -33,6 +33,7 @@ use crate::body::{Observed, RouterBody};
 use crate::cluster::{self, Cluster};
 use crate::config::GlobalConfig;
 use crate::error::Error;
+use crate::outlier::{self, Verdict};
 use crate::route::{self, Candidate, MAX_CLUSTERS};
 use crate::telemetry::{ClusterCode, ClusterReason, ReasonLabel, Telemetry};
 use crate::{Client, now};
@@ -88,6 +89,9 @@ pub(crate) struct Shared {
     objective_header: HeaderName,
     quotas: Option<Quotas>,
     tenancy: Tenancy,
+    /// Held while an ejection is decided (`cluster::eject`): rare, never on a request that
+    /// does not complete a cluster's run of gateway failures.
+    ejecting: std::sync::Mutex<()>,
 }
 
 /// One of `limits.maxRequestsInFlight`, held from the request head to the last response byte.
@@ -163,6 +167,7 @@ pub async fn serve(
         objective_header,
         quotas,
         tenancy,
+        ejecting: std::sync::Mutex::new(()),
     });
     let hb = &shared.config.heartbeat;
     let pollers: Vec<JoinHandle<()>> = shared
@@ -571,6 +576,20 @@ async fn route_request(
         }
         let sent_at = tokio::time::Instant::now();
         let pending = cluster.pending();
+        // A failure counts against the cluster only when it was routed on when the order was
+        // made (not ejected, not drained: a last resort's failures are expected) and its
+        // heartbeat still has it up.
+        let routed_on = cand.weight > 0.0;
+        let gateway_failure = |heartbeat_up: bool| {
+            if routed_on && cluster.observe_gateway_failure(heartbeat_up) {
+                cluster::eject(
+                    &shared.clusters,
+                    cand.index,
+                    &shared.ejecting,
+                    &shared.telemetry,
+                );
+            }
+        };
         let failover = |reason: &'static str| {
             shared
                 .telemetry
@@ -583,7 +602,7 @@ async fn route_request(
         };
         match tokio::time::timeout(first_byte, shared.client.request(up)).await {
             Err(_) => {
-                cluster.observe_timeout(first_byte, &shared.telemetry);
+                gateway_failure(cluster.observe_timeout(first_byte, &shared.telemetry));
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");
                 return Err(ApiError::UpstreamTimeout {
                     timeout: first_byte,
@@ -592,9 +611,11 @@ async fn route_request(
             }
             Ok(Err(e)) => {
                 let connect = e.is_connect();
-                if connect {
-                    cluster.observe_connect_failure(&shared.telemetry);
-                }
+                gateway_failure(if connect {
+                    cluster.observe_connect_failure(&shared.telemetry)
+                } else {
+                    cluster.heartbeat_up()
+                });
                 tracing::debug!(cluster = %cluster.config.name, error = %e, "cluster failed before the first byte");
                 if !last {
                     failover(if connect { "connect" } else { "error" });
@@ -627,6 +648,11 @@ async fn route_request(
                 }
                 if own_credentials {
                     cluster.observe_accepted_credentials();
+                }
+                match outlier::verdict(status.as_u16()) {
+                    Verdict::Success => cluster.observe_success(),
+                    Verdict::Failure => gateway_failure(cluster.heartbeat_up()),
+                    Verdict::Neutral => {}
                 }
                 let retryable = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
                 if retryable && !last {

@@ -66,6 +66,9 @@ pub(crate) struct Telemetry {
     pub(crate) weight: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
     pub(crate) estimated_ttft: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
     pub(crate) ttft: Family<ClusterLabel, Histogram>,
+    pub(crate) ejections: Family<ClusterLabel, Counter>,
+    pub(crate) ejections_held_back: Family<ClusterLabel, Counter>,
+    pub(crate) ejected: Family<ClusterLabel, Gauge>,
 }
 
 impl Telemetry {
@@ -89,6 +92,9 @@ impl Telemetry {
                     0.005, 2.0, 14,
                 ))
             }),
+            ejections: Family::default(),
+            ejections_held_back: Family::default(),
+            ejected: Family::default(),
         };
         r.register(
             "infergate_global_decisions",
@@ -109,6 +115,21 @@ impl Telemetry {
             "infergate_global_cluster_returns",
             "Times a drained cluster came back (its slow start began)",
             t.returns.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_ejections",
+            "Times outlier detection ejected a cluster: its routed requests failed at the gateway (502, 503, 504 or no response headers) outlierDetection.consecutiveGatewayFailures times in a row",
+            t.ejections.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_ejections_held_back",
+            "Ejections due but held back: one more ejected cluster would be over outlierDetection.maxEjectionPercent of a model's clusters",
+            t.ejections_held_back.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_ejected",
+            "1 while outlier detection has the cluster ejected (ordered after the clusters routed on), else 0",
+            t.ejected.clone(),
         );
         r.register(
             "infergate_global_responses",
