@@ -1,0 +1,547 @@
+//! Passive outlier detection (`outlierDetection:`) on 127.0.0.1, with real HTTP servers as the
+//! clusters: a real infergate gateway whose only pod answers 503 to inference while its metrics
+//! (and so the gateway's heartbeat) stay good, and scripted model servers behind a good
+//! heartbeat. What is measured is how many requests reach the failing cluster, and when
+//! (`cargo test -p infergate-global --test outlier -- --nocapture` prints it).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "a failed unwrap is a failed test; the tests print what they measured"
+)]
+
+#[path = "common/clusters.rs"]
+mod clusters;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use clusters::counter;
+use infergate_global::{GlobalConfig, Listeners, Router, serve};
+use infergate_testkit::Response;
+use infergate_testkit::pages::vllm_page;
+use infergate_testkit::recorder::CHAT_JSON;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// A model server answering every inference request with the status it holds (a chat completion
+/// for 200, an OpenAI-style error otherwise), and `GET /metrics` with a healthy vLLM page, so
+/// that a gateway in front of it keeps its pod ready. It counts the inference requests.
+struct Scripted {
+    addr: SocketAddr,
+    status: Arc<AtomicU16>,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Scripted {
+    async fn start(status: u16) -> Scripted {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let status = Arc::new(AtomicU16::new(status));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (st, h) = (Arc::clone(&status), Arc::clone(&hits));
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(answer(s, Arc::clone(&st), Arc::clone(&h)));
+            }
+        });
+        Scripted { addr, status, hits }
+    }
+
+    fn set(&self, status: u16) {
+        self.status.store(status, Ordering::Relaxed);
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::Relaxed)
+    }
+}
+
+/// Answers the HTTP/1.1 requests on `s` (keep-alive, `content-length` bodies) until it closes.
+async fn answer(mut s: tokio::net::TcpStream, status: Arc<AtomicU16>, hits: Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 65536];
+    let mut got = 0;
+    loop {
+        match s.read(&mut buf[got..]).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got += n,
+        }
+        let text = String::from_utf8_lossy(&buf[..got]).into_owned();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let length: usize = text[..end]
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        if got < end + 4 + length {
+            continue;
+        }
+        got = 0;
+        let (code, body) = if text.starts_with("GET /metrics") {
+            (200, vllm_page(0))
+        } else {
+            hits.fetch_add(1, Ordering::Relaxed);
+            match status.load(Ordering::Relaxed) {
+                200 => (200, CHAT_JSON.to_owned()),
+                code => (
+                    code,
+                    format!(
+                        r#"{{"error":{{"message":"scripted {code}","type":"server_error","param":null,"code":"scripted"}}}}"#
+                    ),
+                ),
+            }
+        };
+        let head = format!(
+            "HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        if s.write_all(head.as_bytes()).await.is_err()
+            || s.write_all(body.as_bytes()).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A good heartbeat for the model `m` (one ready pod), for the scripted clusters.
+async fn heartbeat() -> SocketAddr {
+    infergate_testkit::pages::page_server(Arc::new(|| {
+        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
+            .to_owned()
+    }))
+    .await
+}
+
+/// The router's entry for a cluster answering on `url` with its heartbeat on `beat`; the
+/// cheaper cluster comes first.
+fn entry(name: &str, url: SocketAddr, beat: SocketAddr, cost: f64) -> String {
+    format!(
+        "  - {{ name: {name}, url: 'http://{url}', heartbeatUrl: 'http://{beat}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: {cost} }} }}\n"
+    )
+}
+
+/// The router over `clusters` (entries) with `outlierDetection: {outlier}`, once every cluster
+/// is up by its heartbeat. Heartbeats every 100 ms; no slow start unless `slow_start_ms`.
+async fn start(
+    outlier: &str,
+    slow_start_ms: u64,
+    clusters: &[String],
+) -> (Router, oneshot::Sender<()>) {
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 100, staleAfterMs: 2000, slowStartMs: {slow_start_ms} }}\noutlierDetection: {outlier}\nclusters:\n{}",
+        clusters.concat()
+    );
+    let config = GlobalConfig::from_yaml(&yaml).unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    let (stop, rx) = oneshot::channel::<()>();
+    let router = serve(config, Listeners { http, admin }, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    let names: Vec<String> = config_names(&yaml);
+    let admin = router.admin_addr().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = metrics(admin).await;
+        let up = names.iter().all(|n| {
+            counter(
+                &page,
+                &format!("infergate_global_cluster_weight{{cluster=\"{n}\"}}"),
+            ) == 1.0
+        });
+        if up {
+            break;
+        }
+        assert!(Instant::now() < deadline, "clusters never up:\n{page}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (router, stop)
+}
+
+fn config_names(yaml: &str) -> Vec<String> {
+    GlobalConfig::from_yaml(yaml)
+        .unwrap()
+        .clusters
+        .into_iter()
+        .map(|c| c.name)
+        .collect()
+}
+
+async fn metrics(admin: SocketAddr) -> String {
+    infergate_testkit::get(admin, "/metrics").await.text()
+}
+
+/// A series' value for `cluster` on the router's page.
+async fn series(router: &Router, name: &str, cluster: &str) -> f64 {
+    let page = metrics(router.admin_addr().unwrap()).await;
+    counter(&page, &format!("{name}{{cluster=\"{cluster}\"}}"))
+}
+
+async fn chat(router: &Router) -> Response {
+    infergate_testkit::post(
+        router.http_addr(),
+        "/v1/chat/completions",
+        "application/json",
+        CHAT,
+    )
+    .await
+}
+
+/// A request answered 200 by `cluster`.
+async fn served_by(router: &Router, cluster: &str) {
+    let r = chat(router).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-infergate-cluster"), Some(cluster));
+}
+
+/// Sends a request every 20 ms until `pod` has been reached `hits` times: the time of the
+/// answer that did it, and the requests sent.
+async fn until_hits(router: &Router, pod: &Scripted, hits: usize) -> (Instant, usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sent = 0;
+    loop {
+        let r = chat(router).await;
+        sent += 1;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if pod.hits() >= hits {
+            return (Instant::now(), sent);
+        }
+        assert!(Instant::now() < deadline, "never reached again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The defect: a cluster whose gateway answers 503 to every request while its heartbeat stays
+/// good (its pod's metrics are fine) was tried first by every request, each paying a round
+/// trip there before failing over. It is now ejected after `consecutiveGatewayFailures` (3
+/// here), stays out for `baseEjectionMs` (1 s), is readmitted, ejected again for twice as long
+/// when it fails again at once, and takes its traffic back once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_answering_503_with_a_good_heartbeat_is_ejected_then_readmitted() {
+    use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
+    let pod = Scripted::start(503).await;
+    let gateway_yaml = format!(
+        "auth: none\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
+        pod.addr
+    );
+    let local = "127.0.0.1:0".parse().unwrap();
+    let (gw_stop, gw_rx) = oneshot::channel::<()>();
+    let gw = serve_workers(
+        GatewayConfig::from_yaml(&gateway_yaml).unwrap(),
+        WorkerListeners::bind(local, Some(local), 1).unwrap(),
+        async move {
+            let _ = gw_rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    let good = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 3, baseEjectionMs: 1000, maxEjectionMs: 10000 }",
+        0,
+        &[
+            entry("bad", gw.http_addr(), gw.admin_addr().unwrap(), 0.1),
+            entry("good", good.addr, beat, 1.0),
+        ],
+    )
+    .await;
+    let heartbeat = infergate_testkit::get(gw.admin_addr().unwrap(), "/heartbeat").await;
+    assert!(
+        heartbeat.text().contains(r#""readyPods":1"#),
+        "{}",
+        heartbeat.text()
+    );
+
+    // Three requests: each tried on the cheaper `bad` first (its gateway's 503), then `good`.
+    let mut third_sent = Instant::now();
+    for i in 0..3 {
+        third_sent = Instant::now();
+        served_by(&router, "good").await;
+        assert_eq!(pod.hits(), i + 1);
+    }
+    let ejections = "infergate_global_cluster_ejections_total";
+    let ejected = "infergate_global_cluster_ejected";
+    assert_eq!(series(&router, ejections, "bad").await, 1.0);
+    assert_eq!(series(&router, ejected, "bad").await, 1.0);
+    assert_eq!(series(&router, ejected, "good").await, 0.0);
+    // Ejected: the next requests go to `good` at once, its heartbeat good all the while.
+    for _ in 0..10 {
+        served_by(&router, "good").await;
+    }
+    assert_eq!(pod.hits(), 3, "an ejected cluster was tried first");
+    let heartbeat = infergate_testkit::get(gw.admin_addr().unwrap(), "/heartbeat").await;
+    assert!(
+        heartbeat.text().contains(r#""readyPods":1"#),
+        "{}",
+        heartbeat.text()
+    );
+
+    // Readmitted after baseEjectionMs (no slow start here): tried first again.
+    let (back, waited) = until_hits(&router, &pod, 4).await;
+    let first = back - third_sent;
+    println!(
+        "first ejection: readmitted {:.3} s after the request that ejected it was sent",
+        first.as_secs_f64()
+    );
+    assert!(first >= Duration::from_millis(1000), "{first:?}");
+    assert!(first < Duration::from_millis(3000), "{first:?}");
+
+    // Failing again at once (the readmitted request was one): ejected for 2 × 1 s.
+    let second_sent = Instant::now();
+    served_by(&router, "good").await;
+    served_by(&router, "good").await;
+    assert_eq!(pod.hits(), 6);
+    assert_eq!(series(&router, ejections, "bad").await, 2.0);
+    // Its pod recovers during the ejection: still ejected until the time is up.
+    pod.set(200);
+    served_by(&router, "good").await;
+    assert_eq!(pod.hits(), 6);
+    let (back, _) = until_hits(&router, &pod, 7).await;
+    let second = back - second_sent;
+    println!(
+        "second ejection in a row: readmitted {:.3} s after the request that ejected it was sent",
+        second.as_secs_f64()
+    );
+    assert!(second >= Duration::from_millis(2000), "{second:?}");
+    assert!(second < Duration::from_millis(4000), "{second:?}");
+    for _ in 0..5 {
+        served_by(&router, "bad").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while series(&router, ejected, "bad").await != 0.0 {
+        assert!(Instant::now() < deadline, "still shown ejected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "requests reaching the failing cluster: 6 of the {} sent while it failed (3 + 10 + {waited} + 2)",
+        3 + 10 + waited + 2
+    );
+    let _ = gw_stop.send(());
+}
+
+/// A plain 500 (or another 5xx that is not a gateway's), a 4xx and a 429 are the request's
+/// problem or overload, not evidence against the cluster: however many in a row, the cluster is
+/// not ejected and stays first. A 503 run broken by a 2xx starts again.
+#[tokio::test]
+async fn a_500_a_4xx_or_a_429_does_not_eject() {
+    let good = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    for status in [500, 501, 400, 404, 429] {
+        let other = Scripted::start(status).await;
+        let (router, _stop) = start(
+            "{ consecutiveGatewayFailures: 3, baseEjectionMs: 60000 }",
+            0,
+            &[
+                entry("other", other.addr, beat, 0.1),
+                entry("good", good.addr, beat, 1.0),
+            ],
+        )
+        .await;
+        for i in 0..10 {
+            let r = chat(&router).await;
+            // A 5xx or a 429 moves on to `good`; a 4xx is the client's answer.
+            let want = if status >= 500 || status == 429 {
+                200
+            } else {
+                status
+            };
+            assert_eq!(r.status, want, "{status}: {}", r.text());
+            assert_eq!(other.hits(), i + 1, "{status}: not tried first");
+        }
+        let ejections = "infergate_global_cluster_ejections_total";
+        assert_eq!(series(&router, ejections, "other").await, 0.0, "{status}");
+        assert_eq!(
+            series(&router, "infergate_global_cluster_ejected", "other").await,
+            0.0,
+            "{status}"
+        );
+    }
+
+    // 503, 503, 200, 503, 503: never three in a row.
+    let flaky = Scripted::start(503).await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 3, baseEjectionMs: 60000 }",
+        0,
+        &[
+            entry("flaky", flaky.addr, beat, 0.1),
+            entry("good", good.addr, beat, 1.0),
+        ],
+    )
+    .await;
+    for status in [503, 503, 200, 503, 503, 200, 503, 503] {
+        flaky.set(status);
+        chat(&router).await;
+    }
+    assert_eq!(flaky.hits(), 8);
+    let ejections = "infergate_global_cluster_ejections_total";
+    assert_eq!(series(&router, ejections, "flaky").await, 0.0);
+    // A 500 between 503s neither counts nor starts the run again: 503, 500, 503, 503 ejects.
+    for status in [500, 503, 500, 503] {
+        flaky.set(status);
+        chat(&router).await;
+    }
+    assert_eq!(series(&router, ejections, "flaky").await, 1.0);
+}
+
+/// With two of three clusters failing and `maxEjectionPercent: 50`, only one is ejected (a
+/// second would be 67% of the model's clusters): the other stays in, failing, and its ejection
+/// is counted as held back.
+#[tokio::test]
+async fn no_more_than_max_ejection_percent_of_a_models_clusters_are_ejected() {
+    let beat = heartbeat().await;
+    let bad_1 = Scripted::start(503).await;
+    let bad_2 = Scripted::start(502).await;
+    let good = Scripted::start(200).await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 3, baseEjectionMs: 60000, maxEjectionMs: 60000, maxEjectionPercent: 50 }",
+        0,
+        &[
+            entry("bad-1", bad_1.addr, beat, 0.1),
+            entry("bad-2", bad_2.addr, beat, 0.2),
+            entry("good", good.addr, beat, 1.0),
+        ],
+    )
+    .await;
+    for _ in 0..12 {
+        served_by(&router, "good").await;
+    }
+    let ejected = "infergate_global_cluster_ejected";
+    let ejections = "infergate_global_cluster_ejections_total";
+    let held = "infergate_global_cluster_ejections_held_back_total";
+    // bad-1 reached three first and was ejected; bad-2's ejection was due at 3, 6, 9 and 12.
+    assert_eq!(series(&router, ejected, "bad-1").await, 1.0);
+    assert_eq!(series(&router, ejected, "bad-2").await, 0.0);
+    assert_eq!(series(&router, ejections, "bad-1").await, 1.0);
+    assert_eq!(series(&router, ejections, "bad-2").await, 0.0);
+    assert_eq!(series(&router, held, "bad-2").await, 4.0);
+    assert_eq!((bad_1.hits(), bad_2.hits()), (3, 12));
+    println!(
+        "max ejection percent 50, 2 of 3 clusters failing: bad-1 reached by {} of 12 requests (ejected), bad-2 by {} (held back {} times)",
+        bad_1.hits(),
+        bad_2.hits(),
+        series(&router, held, "bad-2").await
+    );
+
+    // At 100% both go, and the answers come from `good` without a detour.
+    let bad_1 = Scripted::start(503).await;
+    let bad_2 = Scripted::start(502).await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 3, baseEjectionMs: 60000, maxEjectionPercent: 100 }",
+        0,
+        &[
+            entry("bad-1", bad_1.addr, beat, 0.1),
+            entry("bad-2", bad_2.addr, beat, 0.2),
+            entry("good", good.addr, beat, 1.0),
+        ],
+    )
+    .await;
+    for _ in 0..12 {
+        served_by(&router, "good").await;
+    }
+    assert_eq!((bad_1.hits(), bad_2.hits()), (3, 3));
+}
+
+/// Every cluster of the model ejected (`maxEjectionPercent: 100`): requests are still served,
+/// by the ejected clusters in their usual order, as when every cluster is drained.
+#[tokio::test]
+async fn with_every_cluster_ejected_requests_are_still_served() {
+    let beat = heartbeat().await;
+    let a = Scripted::start(503).await;
+    let b = Scripted::start(504).await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 2, baseEjectionMs: 60000, maxEjectionPercent: 100 }",
+        0,
+        &[entry("a", a.addr, beat, 0.1), entry("b", b.addr, beat, 1.0)],
+    )
+    .await;
+    // Each request tries a, then b, whose 504 is the answer.
+    for _ in 0..2 {
+        let r = chat(&router).await;
+        assert_eq!(r.status, 504, "{}", r.text());
+    }
+    let ejected = "infergate_global_cluster_ejected";
+    assert_eq!(series(&router, ejected, "a").await, 1.0);
+    assert_eq!(series(&router, ejected, "b").await, 1.0);
+    // Both recover while ejected: the requests are served, first by the cheaper one.
+    a.set(200);
+    b.set(200);
+    for _ in 0..3 {
+        served_by(&router, "a").await;
+    }
+    let page = metrics(router.admin_addr().unwrap()).await;
+    assert_eq!(
+        counter(
+            &page,
+            r#"infergate_global_decisions_total{cluster="a",reason="last_resort"}"#
+        ),
+        3.0,
+        "{page}"
+    );
+    // Still failing, too: the last one's answer passes through.
+    a.set(503);
+    b.set(503);
+    let r = chat(&router).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!((a.hits(), b.hits()), (6, 3));
+}
+
+/// Readmitted through the slow-start ramp: when the ejection ends, the cluster's share starts
+/// at 5% and grows over `heartbeat.slowStartMs`, as a cluster back from a drain does.
+#[tokio::test]
+async fn a_readmitted_cluster_ramps_up_over_the_slow_start_window() {
+    let beat = heartbeat().await;
+    let bad = Scripted::start(503).await;
+    let good = Scripted::start(200).await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 2, baseEjectionMs: 500 }",
+        60_000,
+        &[
+            entry("bad", bad.addr, beat, 0.1),
+            entry("good", good.addr, beat, 1.0),
+        ],
+    )
+    .await;
+    served_by(&router, "good").await;
+    served_by(&router, "good").await;
+    let weight = "infergate_global_cluster_weight";
+    let ejected = "infergate_global_cluster_ejected";
+    assert_eq!(series(&router, ejected, "bad").await, 1.0);
+    bad.set(200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // The gauges are refreshed at each heartbeat (100 ms).
+    while series(&router, weight, "bad").await != 0.0 {
+        assert!(Instant::now() < deadline, "never shown ejected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while series(&router, ejected, "bad").await != 0.0 {
+        assert!(Instant::now() < deadline, "never readmitted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let w = series(&router, weight, "bad").await;
+    println!("readmitted with slowStartMs 60000: share {w:.3}");
+    assert!((0.05..0.2).contains(&w), "{w}");
+    // Most requests still go to `good` while `bad` ramps (seeded draws: reproducible).
+    let mut on_bad = 0;
+    for _ in 0..40 {
+        let r = chat(&router).await;
+        assert_eq!(r.status, 200);
+        on_bad += usize::from(r.header("x-infergate-cluster") == Some("bad"));
+    }
+    println!("first 40 requests after the readmission: {on_bad} on the readmitted cluster");
+    assert!(on_bad < 20, "{on_bad}");
+}
