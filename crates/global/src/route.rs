@@ -2,14 +2,16 @@
 //! passed in.
 //!
 //! Each cluster that serves the model is a [`Candidate`] with its share (the slow-start weight,
-//! 0 when drained), its estimated time to first token for this request (the heartbeat's estimate
-//! or the router's own recent measurements, plus the measured network round trip), the price of
-//! this request there, and the rank of its region in `routing.regionPreference`.
+//! 0 when drained or ejected by outlier detection), its estimated time to first token for this
+//! request (the heartbeat's estimate or the router's own recent measurements, plus the measured
+//! network round trip), the price of this request there, and the rank of its region in
+//! `routing.regionPreference`.
 //!
 //! 1. **Tiers.** Up clusters admitted by their share come first: a cluster at full share always
 //!    is, one ramping at weight `w` with probability `w` (one draw each). Up clusters not
-//!    admitted come next, then drained clusters (a last resort, never dropped: when every
-//!    heartbeat looks bad but a cluster still answers, the request is served).
+//!    admitted come next, then drained and ejected clusters (a last resort, never dropped: when
+//!    every heartbeat looks bad, or every cluster is ejected, but a cluster still answers, the
+//!    request is served).
 //! 2. **Within a tier**, policy `costAware`: the clusters whose estimate meets the objective,
 //!    cheapest first (then by region preference, then faster first), followed by the others,
 //!    fastest first. Policy `latency`: fastest first, then by region preference.
@@ -25,7 +27,7 @@ use crate::config::Policy;
 pub struct Candidate {
     /// The cluster's index in the configuration.
     pub index: usize,
-    /// Its share: 1 up, 0–1 ramping, 0 drained.
+    /// Its share: 1 up, 0–1 ramping, 0 drained or ejected.
     pub weight: f64,
     /// Estimated time to first token, ms, round trip included.
     pub ttft_ms: f64,
@@ -44,7 +46,7 @@ pub enum Reason {
     FastestOverObjective,
     /// `latency`: the fastest.
     Fastest,
-    /// Every cluster is drained; tried anyway.
+    /// Every cluster is drained or ejected; tried anyway.
     LastResort,
 }
 
