@@ -232,6 +232,8 @@ async fn kill_return_gray_failure_and_region_down_under_load() {
         "infergate_global_cluster_drains_total{cluster=\"east-a\",reason=\"no_ready_pods\"}",
         "infergate_global_cluster_drains_total{cluster=\"east-b\",reason=\"failing\"}",
         "infergate_global_cluster_returns_total{cluster=\"east-a\"}",
+        "infergate_global_cluster_ejections_total{cluster=\"east-a\"}",
+        "infergate_global_cluster_ejections_total{cluster=\"east-b\"}",
     ] {
         println!("  {series} {}", counter(&m, series));
     }

@@ -314,7 +314,7 @@ async fn a_gateway_answering_503_with_a_good_heartbeat_is_ejected_then_readmitte
     let (back, _) = until_hits(&router, &pod, 7).await;
     let second = back - second_sent;
     println!(
-        "second ejection in a row: readmitted {:.3} s after the request that ejected it was sent",
+        "second ejection in a row: readmitted {:.3} s after the first of the two failures that ejected it was sent",
         second.as_secs_f64()
     );
     assert!(second >= Duration::from_millis(2000), "{second:?}");
