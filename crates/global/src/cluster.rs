@@ -451,6 +451,12 @@ impl Cluster {
         let ejected = st.ejection.is_ejected(at);
         let readmitted = st.was_ejected && !ejected;
         st.was_ejected = ejected;
+        // Set under the state lock, as `eject` sets it: a tick that read the state just before
+        // an ejection cannot overwrite the ejection's 1 with its 0.
+        telemetry
+            .ejected
+            .get_or_create(&self.label)
+            .set(i64::from(ejected));
         let ejection_weight = st.ejection.weight(at, self.outlier.slow_start);
         for m in st.models.values_mut() {
             m.health.tick(at);
@@ -495,10 +501,6 @@ impl Cluster {
         if readmitted {
             tracing::info!(cluster = %self.config.name, "cluster readmitted after its ejection; ramping up");
         }
-        telemetry
-            .ejected
-            .get_or_create(&self.label)
-            .set(i64::from(ejected));
         telemetry.weight.get_or_create(&self.label).set(best_weight);
         telemetry
             .heartbeat_age
@@ -643,6 +645,7 @@ pub(crate) fn eject(
         let mut st = lock(&cluster.state);
         let length = st.ejection.eject(at, &cluster.outlier);
         st.was_ejected = true;
+        telemetry.ejected.get_or_create(&cluster.label).set(1);
         (length, st.ejection.streak())
     };
     let until = since(cluster.epoch, at)
@@ -657,7 +660,6 @@ pub(crate) fn eject(
         "cluster ejected: its routed requests failed at the gateway (502, 503, 504 or no response headers) this many times in a row"
     );
     telemetry.ejections.get_or_create(&cluster.label).inc();
-    telemetry.ejected.get_or_create(&cluster.label).set(1);
 }
 
 /// Nanoseconds from `epoch` to `at` (0 before it).
