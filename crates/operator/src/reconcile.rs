@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -31,7 +31,7 @@ use crate::render::{
     CONFIG_LABEL, Child, MANAGED_BY, PEER_KEY_FILE, RenderOptions, child_kinds, peer_key_secrets,
     render,
 };
-use crate::status::{self, Observed};
+use crate::status::{self, ModelServers, Observed};
 
 /// The one field manager every write uses.
 pub const FIELD_MANAGER: &str = "infergate-operator";
@@ -222,8 +222,10 @@ async fn converge(
         pruned += 1;
     }
     let unusable_secrets = unusable_secrets(cfg, ctx).await?;
+    let model_servers = model_servers(cfg, ctx).await?;
     let observed = Observed {
         unusable_secrets,
+        model_servers,
         routes: existing
             .iter()
             .filter(|((k, _), _)| k == "HTTPRoute")
@@ -258,6 +260,50 @@ async fn converge(
     } else {
         REQUEUE_NOT_READY
     }))
+}
+
+/// The pods each scheduler's `modelSelector` matches in the config's namespace, and how many
+/// are ready: a selector that matches nothing (a typo, model servers in another namespace)
+/// leaves every request of its models without an endpoint while every child looks healthy.
+/// Pods are not watched: a change shows on the next pass (at most 15 s while not ready, 300 s
+/// once ready).
+async fn model_servers(
+    cfg: &InferenceGatewayConfig,
+    ctx: &Context,
+) -> Result<BTreeMap<String, ModelServers>, Error> {
+    let ns = cfg.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut out = BTreeMap::new();
+    for s in &cfg.spec.schedulers {
+        let selector = status::selector_text(&s.model_selector);
+        let pods = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|source| Error::Child {
+                action: "list",
+                child: format!(
+                    "Pods in {ns} matching modelSelector {selector} (scheduler {})",
+                    s.name
+                ),
+                source: Box::new(source),
+            })?;
+        let mut servers = ModelServers::default();
+        for pod in pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            servers.matching += 1;
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|st| st.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            servers.ready += usize::from(ready);
+        }
+        out.insert(s.name.clone(), servers);
+    }
+    Ok(out)
 }
 
 /// The Secrets the spec names (the Gateway's certificate, the Redis password) that do not
@@ -609,7 +655,7 @@ pub struct ReadyEvent {
 
 /// The `Ready` reasons that are not a problem: the gateway serves, or its children are still
 /// rolling out. Every other reason (`Invalid`, `MissingAPI`, `ApplyFailed`, `NameTaken`,
-/// `SecretNotFound`, `RouteNotAccepted`, ...) is a Warning.
+/// `SecretNotFound`, `RouteNotAccepted`, `NoModelServers`, ...) is a Warning.
 const NORMAL_REASONS: [&str; 2] = ["Ready", "Pending"];
 
 /// Longest Event note the API server takes (1 kB); longer messages are cut at a character.

@@ -3,6 +3,8 @@
 //! The clock is passed in; a condition keeps its `lastTransitionTime` while its status stays the
 //! same, so an unchanged world yields an identical status and the reconciler writes nothing.
 
+use std::collections::BTreeMap;
+
 use infergate_api::status::{ACCEPTED, BBR_READY, GATEWAY_PROGRAMMED, READY};
 use infergate_api::{
     InferenceGatewayConfig, InferenceGatewayConfigStatus, RolloutState, SchedulerStatus,
@@ -26,6 +28,33 @@ pub struct Observed {
     /// Secrets the spec names that the pods or the Gateway cannot use: what is wrong with
     /// each, naming the Secret and the field (see `reconcile::unusable_secrets`).
     pub unusable_secrets: Vec<String>,
+    /// Per scheduler name, the model-server pods its `modelSelector` matches. A scheduler not
+    /// in the map was not looked at and is not judged on its model servers.
+    pub model_servers: BTreeMap<String, ModelServers>,
+}
+
+/// The pods a scheduler's `modelSelector` matches in the config's namespace (those being
+/// deleted left out), and how many of them are ready.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ModelServers {
+    /// Pods matching the selector.
+    pub matching: usize,
+    /// Of those, pods whose `Ready` condition is `True`.
+    pub ready: usize,
+}
+
+/// `k=v,k2=v2`: a selector as `kubectl get pods -l` takes it.
+pub fn selector_text(labels: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    for (k, v) in labels {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+    }
+    out
 }
 
 /// Status for a config that rendered; `rendered` is the number of children applied.
@@ -101,17 +130,42 @@ pub fn accepted(
     let mut schedulers = Vec::with_capacity(cfg.spec.schedulers.len());
     let mut all_available = true;
     let mut refused_routes = Vec::new();
+    let mut unmatched = Vec::new();
+    let mut servers_ok = true;
     for s in &cfg.spec.schedulers {
         let d = find(&observed.deployments, &epp_name(&name, &s.name));
         let state = rollout(d);
         let route = scheduler_name(&name, &s.name);
         let problems = route_problems(&route, &observed.routes);
-        let ok = state == RolloutState::Available && problems.is_empty();
+        let selector = selector_text(&s.model_selector);
+        let (servers_reason, servers_problem) = match observed.model_servers.get(&s.name) {
+            Some(m) if m.matching == 0 => (
+                Some("NoModelServers"),
+                Some(format!(
+                    "no pod in namespace {} matches modelSelector {selector}",
+                    cfg.metadata.namespace.as_deref().unwrap_or_default()
+                )),
+            ),
+            Some(m) if m.ready == 0 => (
+                Some("ModelServersNotReady"),
+                Some(format!(
+                    "none of the {} pods matching modelSelector {selector} is ready",
+                    m.matching
+                )),
+            ),
+            _ => (None, None),
+        };
+        let ok =
+            state == RolloutState::Available && problems.is_empty() && servers_problem.is_none();
         all_available &= state == RolloutState::Available;
+        servers_ok &= servers_problem.is_none();
         let mut message = rollout_message("endpoint picker", state, d);
-        for p in &problems {
+        for p in problems.iter().chain(&servers_problem) {
             message.push_str("; ");
             message.push_str(p);
+        }
+        if let (Some("NoModelServers"), Some(p)) = (servers_reason, &servers_problem) {
+            unmatched.push(format!("scheduler {}: {p}", s.name));
         }
         refused_routes.extend(problems);
         if !ok {
@@ -129,7 +183,10 @@ pub fn accepted(
                 prev_s,
                 READY,
                 ok,
-                state_reason(state),
+                match servers_reason {
+                    Some(r) if state == RolloutState::Available => r,
+                    _ => state_reason(state),
+                },
                 &message,
                 generation,
                 now,
@@ -139,13 +196,17 @@ pub fn accepted(
     }
     let secrets_ok = observed.unusable_secrets.is_empty();
     let routes_ok = refused_routes.is_empty();
-    let ready = programmed && bbr_ok && all_available && secrets_ok && routes_ok;
+    let ready = programmed && bbr_ok && all_available && secrets_ok && routes_ok && servers_ok;
     let (reason, msg) = if ready {
         ("Ready", "the gateway serves traffic".to_owned())
     } else if !secrets_ok {
         ("SecretNotFound", observed.unusable_secrets.join("; "))
     } else if !routes_ok {
         ("RouteNotAccepted", refused_routes.join("; "))
+    } else if !unmatched.is_empty() {
+        // Most likely a selector that names no model server at all: nothing will come of
+        // waiting, unlike pods that match and are starting (which stay `Pending`).
+        ("NoModelServers", unmatched.join("; "))
     } else {
         ("Pending", format!("waiting for {}", waiting.join("; ")))
     };

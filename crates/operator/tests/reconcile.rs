@@ -39,9 +39,26 @@ fn setup(example: &str) -> (Arc<Context>, Fake) {
         cfg["metadata"]["namespace"].as_str().unwrap(),
         cfg["metadata"]["name"].as_str().unwrap()
     );
+    // Each scheduler's model servers: one ready pod matching its modelSelector.
+    let ns = cfg["metadata"]["namespace"].as_str().unwrap().to_owned();
+    for s in cfg["spec"]["schedulers"].as_array().unwrap() {
+        let name = format!("{}-server-0", s["name"].as_str().unwrap());
+        model_pod(&fake, &ns, &name, &s["modelSelector"], true);
+    }
     fake.put(&path, cfg);
     let ctx = Context::new(client, common::opts(), Metrics::default()).with_clock(clock);
     (Arc::new(ctx), fake)
+}
+
+/// Stores a model-server pod `name` with `labels`, ready or not.
+fn model_pod(fake: &Fake, ns: &str, name: &str, labels: &Value, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    fake.put(
+        &format!("/api/v1/namespaces/{ns}/pods/{name}"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": ns, "labels": labels},
+               "status": {"conditions": [{"type": "Ready", "status": status}]}}),
+    );
 }
 
 /// The path of the config `setup` stored.
@@ -79,11 +96,11 @@ fn events(log: &[Seen]) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// What the fake stores, the Events apart.
+/// What the fake stores, the Events and the model servers' pods apart.
 fn stored(fake: &Fake) -> Vec<String> {
     fake.paths()
         .into_iter()
-        .filter(|p| !p.contains("/apis/events.k8s.io/"))
+        .filter(|p| !p.contains("/apis/events.k8s.io/") && !p.contains("/pods/"))
         .collect()
 }
 
@@ -194,9 +211,23 @@ async fn create_adds_the_finalizer_first_then_applies_every_child_by_ssa() {
     // key Secret of the scheduler with two replicas (missing, so created) and each child,
     // once, to see that its name is free before it is created.
     let secret = format!("/api/v1/namespaces/{NS}/secrets/fleet-llama-70b-epp-peer-key");
-    let (reads, lists): (Vec<&Seen>, Vec<&Seen>) = log
+    let (pod_lists, gets): (Vec<&Seen>, Vec<&Seen>) = log
         .iter()
         .filter(|s| s.method == "GET")
+        .partition(|s| s.path == format!("/api/v1/namespaces/{NS}/pods"));
+    // The model servers of each scheduler, by its modelSelector.
+    assert_eq!(
+        pod_lists
+            .iter()
+            .map(|s| s.query.as_str())
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            "&labelSelector=app%3Dsglang-qwen",
+            "&labelSelector=app%3Dvllm-llama-70b"
+        ]),
+    );
+    let (reads, lists): (Vec<&Seen>, Vec<&Seen>) = gets
+        .into_iter()
         .partition(|s| !s.query.contains("labelSelector"));
     let (secret_reads, child_reads): (Vec<&Seen>, Vec<&Seen>) =
         reads.into_iter().partition(|s| s.path == secret);
@@ -298,7 +329,7 @@ async fn removing_a_scheduler_prunes_exactly_its_children() {
             .all(|p| p.ends_with("/fleet-qwen-7b") || p.ends_with("/fleet-qwen-7b-epp")),
         "{deleted:?}"
     );
-    assert!(fake.paths().iter().all(|p| !p.contains("qwen")));
+    assert!(stored(&fake).iter().all(|p| !p.contains("qwen")));
     assert_eq!(
         fake.get(CFG).unwrap()["status"]["schedulers"]
             .as_array()
@@ -491,9 +522,8 @@ async fn quotas_the_picker_would_refuse_set_accepted_false_and_write_no_children
     );
 }
 
-#[tokio::test]
-async fn readiness_rolls_up_from_children() {
-    let (ctx, fake) = created("multi-model.yaml").await;
+/// Marks the multi-model example's Deployments available and its Gateway programmed.
+fn children_ready(fake: &Fake) {
     for d in ["fleet-bbr", "fleet-llama-70b-epp", "fleet-qwen-7b-epp"] {
         fake.edit(&format!("/apis/apps/v1/namespaces/inference/deployments/{d}"), |o| {
             let want = o["spec"]["replicas"].clone();
@@ -504,6 +534,75 @@ async fn readiness_rolls_up_from_children() {
         o["status"] = json!({ "conditions": [{ "type": "Programmed", "status": "True", "reason": "Programmed",
             "message": "", "lastTransitionTime": "2027-01-01T00:00:00Z" }] });
     });
+}
+
+/// The stored config's scheduler `name`: its Ready condition's (status, reason, message).
+fn scheduler_ready(cfg: &Value, name: &str) -> (String, String, String) {
+    let s = cfg["status"]["schedulers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap();
+    let c = &s["conditions"][0];
+    let field = |k: &str| c[k].as_str().unwrap().to_owned();
+    (field("status"), field("reason"), field("message"))
+}
+
+#[tokio::test]
+async fn a_model_selector_matching_no_ready_pod_keeps_the_config_from_ready() {
+    // Every child healthy, but the qwen scheduler's modelSelector (app=sglang-qwen) matches
+    // no pod: its model has no endpoint, so the config is not Ready and says why.
+    let (ctx, fake) = created("multi-model.yaml").await;
+    children_ready(&fake);
+    fake.delete(&format!("/api/v1/namespaces/{NS}/pods/qwen-7b-server-0"));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let cfg = fake.get(CFG).unwrap();
+    let (status, message) = condition(&cfg, "Ready");
+    assert_eq!(
+        (status.as_str(), reason(&cfg, "Ready").as_str()),
+        ("False", "NoModelServers")
+    );
+    assert_eq!(
+        message,
+        "scheduler qwen-7b: no pod in namespace inference matches modelSelector app=sglang-qwen"
+    );
+    let (s, r, m) = scheduler_ready(&cfg, "qwen-7b");
+    assert_eq!((s.as_str(), r.as_str()), ("False", "NoModelServers"));
+    assert!(m.contains("app=sglang-qwen"), "{m}");
+    assert_eq!(scheduler_ready(&cfg, "llama-70b").0, "True");
+    assert!(
+        events(&fake.log())
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "NoModelServers"),
+        "{:?}",
+        fake.log()
+    );
+    // A matching pod that is still starting: the config waits for it (Pending), no warning.
+    model_pod(&fake, NS, "qwen-a", &json!({"app": "sglang-qwen"}), false);
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let cfg = fake.get(CFG).unwrap();
+    assert_eq!(reason(&cfg, "Ready"), "Pending");
+    assert!(
+        condition(&cfg, "Ready")
+            .1
+            .contains("none of the 1 pods matching modelSelector app=sglang-qwen is ready"),
+        "{}",
+        condition(&cfg, "Ready").1
+    );
+    assert_eq!(scheduler_ready(&cfg, "qwen-7b").1, "ModelServersNotReady");
+    // Ready: the config is.
+    model_pod(&fake, NS, "qwen-a", &json!({"app": "sglang-qwen"}), true);
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    let cfg = fake.get(CFG).unwrap();
+    assert_eq!(condition(&cfg, "Ready").0, "True");
+    assert_eq!(scheduler_ready(&cfg, "qwen-7b").1, "Available");
+}
+
+#[tokio::test]
+async fn readiness_rolls_up_from_children() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    children_ready(&fake);
     let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(300)));
     let cfg = fake.get(CFG).unwrap();

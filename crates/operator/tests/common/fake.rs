@@ -78,6 +78,11 @@ impl Fake {
             .insert(path.to_owned(), obj);
     }
 
+    /// Removes the object at `path` (as another client would delete it).
+    pub fn delete(&self, path: &str) {
+        self.state.lock().unwrap().objects.remove(path);
+    }
+
     /// The object at `path`.
     pub fn get(&self, path: &str) -> Option<Value> {
         self.state.lock().unwrap().objects.get(path).cloned()
