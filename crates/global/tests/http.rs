@@ -7,12 +7,16 @@
     reason = "a failed unwrap is a failed test"
 )]
 
+#[path = "common/clusters.rs"]
+mod clusters;
+
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use infergate_global::{GlobalConfig, Listeners, Router, serve};
 use infergate_testkit::Response;
 use infergate_testkit::recorder::{HOP_REQUEST_HEADERS, HOP_RESPONSE_HEADERS, Recorder};
+use infergate_testkit::scripted::scripted_server;
 use tokio::sync::oneshot;
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
@@ -382,50 +386,11 @@ async fn a_cluster_that_times_out_is_not_chosen_again_at_once() {
 /// A "cluster" answering every request with `status` and an OpenAI-style error body, on
 /// keep-alive connections.
 async fn refusing_cluster(status: u16) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let body = r#"{"error":{"message":"authentication failed: the API key is not known","type":"authentication_error","param":null,"code":"unauthorized"}}"#;
-                let mut buf = vec![0u8; 65536];
-                let mut got = 0;
-                loop {
-                    match s.read(&mut buf[got..]).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got += n,
-                    }
-                    let text = String::from_utf8_lossy(&buf[..got]).into_owned();
-                    let Some(end) = text.find("\r\n\r\n") else {
-                        continue;
-                    };
-                    let length: usize = text[..end]
-                        .lines()
-                        .find_map(|l| {
-                            let (k, v) = l.split_once(':')?;
-                            k.eq_ignore_ascii_case("content-length")
-                                .then(|| v.trim().parse().ok())?
-                        })
-                        .unwrap_or(0);
-                    if got < end + 4 + length {
-                        continue;
-                    }
-                    got = 0;
-                    let head = format!(
-                        "HTTP/1.1 {status} Refused\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if s.write_all(head.as_bytes()).await.is_err()
-                        || s.write_all(body.as_bytes()).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    let body = r#"{"error":{"message":"authentication failed: the API key is not known","type":"authentication_error","param":null,"code":"unauthorized"}}"#;
+    scripted_server(std::sync::Arc::new(move |_: &str| {
+        (status, "application/json", body.to_owned())
+    }))
+    .await
 }
 
 /// A cluster that refuses the router's own credentials (its `bearerTokenFile`, or none while
@@ -784,32 +749,12 @@ async fn an_authenticated_client_cannot_name_another_tenant_to_the_clusters() {
 /// gateway sees the tenant the router authenticated, not the one the client named.
 #[tokio::test]
 async fn a_gateway_behind_the_router_sees_the_authenticated_tenant() {
-    use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
     let pod = Recorder::start(&[]).await;
-    let gateway_yaml = format!(
+    let (gw, gw_stop) = clusters::ready_gateway(&format!(
         "auth: none\ntenancy: {{ tenantHeader: x-tenant }}\nflowControl: {{ enabled: true }}\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
         pod.addr
-    );
-    let local = "127.0.0.1:0".parse().unwrap();
-    let (gw_stop, gw_rx) = oneshot::channel::<()>();
-    let gw = serve_workers(
-        GatewayConfig::from_yaml(&gateway_yaml).unwrap(),
-        WorkerListeners::bind(local, Some(local), 1).unwrap(),
-        async move {
-            let _ = gw_rx.await;
-        },
-    )
-    .await
-    .unwrap();
-    let admin = gw.admin_addr().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while infergate_testkit::get(admin, "/readyz").await.status != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the gateway never got ready"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    ))
+    .await;
     // SHA-256 of `key-m`.
     let key = "289c642a857aceb1b7e6f7ee74a11b4a5fb07f43d1e390a71251d611ebe36cd0";
     let (router, _stop) = router_with(&format!(

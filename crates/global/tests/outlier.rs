@@ -23,6 +23,7 @@ use infergate_global::{GlobalConfig, Listeners, Router, serve};
 use infergate_testkit::Response;
 use infergate_testkit::pages::vllm_page;
 use infergate_testkit::recorder::CHAT_JSON;
+use infergate_testkit::scripted::scripted_server;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -39,16 +40,26 @@ struct Scripted {
 
 impl Scripted {
     async fn start(status: u16) -> Scripted {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let status = Arc::new(AtomicU16::new(status));
         let hits = Arc::new(AtomicUsize::new(0));
         let (st, h) = (Arc::clone(&status), Arc::clone(&hits));
-        tokio::spawn(async move {
-            while let Ok((s, _)) = listener.accept().await {
-                tokio::spawn(answer(s, Arc::clone(&st), Arc::clone(&h)));
+        let addr = scripted_server(Arc::new(move |head: &str| {
+            if head.starts_with("GET /metrics") {
+                return (200, "text/plain", vllm_page(0));
             }
-        });
+            h.fetch_add(1, Ordering::Relaxed);
+            match st.load(Ordering::Relaxed) {
+                200 => (200, "application/json", CHAT_JSON.to_owned()),
+                code => (
+                    code,
+                    "application/json",
+                    format!(
+                        r#"{{"error":{{"message":"scripted {code}","type":"server_error","param":null,"code":"scripted"}}}}"#
+                    ),
+                ),
+            }
+        }))
+        .await;
         Scripted { addr, status, hits }
     }
 
@@ -58,58 +69,6 @@ impl Scripted {
 
     fn hits(&self) -> usize {
         self.hits.load(Ordering::Relaxed)
-    }
-}
-
-/// Answers the HTTP/1.1 requests on `s` (keep-alive, `content-length` bodies) until it closes.
-async fn answer(mut s: tokio::net::TcpStream, status: Arc<AtomicU16>, hits: Arc<AtomicUsize>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 65536];
-    let mut got = 0;
-    loop {
-        match s.read(&mut buf[got..]).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => got += n,
-        }
-        let text = String::from_utf8_lossy(&buf[..got]).into_owned();
-        let Some(end) = text.find("\r\n\r\n") else {
-            continue;
-        };
-        let length: usize = text[..end]
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse().ok())?
-            })
-            .unwrap_or(0);
-        if got < end + 4 + length {
-            continue;
-        }
-        got = 0;
-        let (code, body) = if text.starts_with("GET /metrics") {
-            (200, vllm_page(0))
-        } else {
-            hits.fetch_add(1, Ordering::Relaxed);
-            match status.load(Ordering::Relaxed) {
-                200 => (200, CHAT_JSON.to_owned()),
-                code => (
-                    code,
-                    format!(
-                        r#"{{"error":{{"message":"scripted {code}","type":"server_error","param":null,"code":"scripted"}}}}"#
-                    ),
-                ),
-            }
-        };
-        let head = format!(
-            "HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        if s.write_all(head.as_bytes()).await.is_err()
-            || s.write_all(body.as_bytes()).await.is_err()
-        {
-            return;
-        }
     }
 }
 
@@ -232,23 +191,12 @@ async fn until_hits(router: &Router, pod: &Scripted, hits: usize) -> (Instant, u
 /// when it fails again at once, and takes its traffic back once it answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_answering_503_with_a_good_heartbeat_is_ejected_then_readmitted() {
-    use infergate_proxy::{GatewayConfig, WorkerListeners, serve_workers};
     let pod = Scripted::start(503).await;
-    let gateway_yaml = format!(
+    let (gw, gw_stop) = clusters::ready_gateway(&format!(
         "auth: none\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
         pod.addr
-    );
-    let local = "127.0.0.1:0".parse().unwrap();
-    let (gw_stop, gw_rx) = oneshot::channel::<()>();
-    let gw = serve_workers(
-        GatewayConfig::from_yaml(&gateway_yaml).unwrap(),
-        WorkerListeners::bind(local, Some(local), 1).unwrap(),
-        async move {
-            let _ = gw_rx.await;
-        },
-    )
-    .await
-    .unwrap();
+    ))
+    .await;
     let good = Scripted::start(200).await;
     let beat = heartbeat().await;
     let (router, _stop) = start(

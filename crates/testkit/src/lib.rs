@@ -41,6 +41,7 @@ use tokio::net::TcpStream;
 pub mod pages;
 pub mod recorder;
 pub mod redis;
+pub mod scripted;
 pub mod tls;
 
 /// How long [`get`], [`post`], [`try_get`], [`try_post`] and [`send`] wait for a whole answer,

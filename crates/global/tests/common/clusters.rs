@@ -303,3 +303,26 @@ pub async fn wait_ready(admin: SocketAddr) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A gateway serving `yaml` (one worker, ports 0 on loopback), once its `/readyz` answers 200;
+/// it stops when the sender is dropped.
+pub async fn ready_gateway(yaml: &str) -> (Gateway, oneshot::Sender<()>) {
+    let local = "127.0.0.1:0".parse().unwrap();
+    let (stop, rx) = oneshot::channel::<()>();
+    let gw = serve_workers(
+        GatewayConfig::from_yaml(yaml).unwrap(),
+        WorkerListeners::bind(local, Some(local), 1).unwrap(),
+        async move {
+            let _ = rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    let admin = gw.admin_addr().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while infergate_testkit::get(admin, "/readyz").await.status != 200 {
+        assert!(Instant::now() < deadline, "the gateway never got ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (gw, stop)
+}
