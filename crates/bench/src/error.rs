@@ -176,4 +176,30 @@ impl BenchError {
                 | BenchError::FrontNotReady { .. }
         )
     }
+
+    /// Whether this is the gateway of a live run that did not start (its configuration was
+    /// refused, it could not listen or start, or it never got ready): a failure of that
+    /// policy's run, which the report records, rather than of the bench.
+    pub fn is_gateway_start(&self) -> bool {
+        matches!(
+            self,
+            BenchError::GatewayConfig { .. }
+                | BenchError::Gateway { .. }
+                | BenchError::Bind(_)
+                | BenchError::NotReady(_)
+        )
+    }
+
+    /// This error and its causes, each after the one it explains, joined by `: ` (one line
+    /// for a report, where the causes are not printed by a caller as `anyhow` does).
+    pub fn with_causes(&self) -> String {
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cause = c.source();
+        }
+        out
+    }
 }

@@ -117,6 +117,14 @@ impl<'a> Target<'a> {
             Target::Front(f, _) => &f.name,
         }
     }
+
+    /// What did not start when this target's run did not: for a run passed over afterwards.
+    fn what(&self) -> String {
+        match self {
+            Target::Gateway(p) => format!("the gateway for policy {p}"),
+            Target::Front(f, _) => format!("front {}", f.name),
+        }
+    }
 }
 
 /// Runs every policy of `scenario` on every seed, live on loopback. Must run inside a
@@ -132,9 +140,10 @@ pub async fn run(
 /// Runs every policy of `scenario`, then every front of `fronts`, on every seed, live on
 /// loopback. Must run inside a multi-threaded tokio runtime.
 ///
-/// A front that does not start (its command cannot be run, exits, or never gets ready) fails
-/// its own runs, not the call: they are in the report as [`RunResult::not_started`], with the
-/// reason, and the other policies and fronts still run.
+/// A front that does not start (its command cannot be run, exits, or never gets ready), or a
+/// policy's gateway that does not (its configuration is refused, it cannot listen, or it never
+/// gets ready), fails its own runs, not the call: they are in the report as
+/// [`RunResult::not_started`], with the reason, and the other policies and fronts still run.
 pub async fn run_with_fronts(
     scenario: &Scenario,
     origin: &str,
@@ -146,8 +155,8 @@ pub async fn run_with_fronts(
     let spec = scenario.fleet_spec(&catalog, origin)?;
     let mut runs = Vec::new();
     let mut floors = Vec::new();
-    // Fronts that did not start, and the seed they failed on: their later seeds are recorded as
-    // not started instead of waiting for a command that already said what it does.
+    // Fronts and policies' gateways that did not start, and the seed they failed on: their
+    // later seeds are recorded as not started instead of trying again what already failed.
     let mut unstarted: BTreeMap<&str, u64> = BTreeMap::new();
     let pods = spec.pods.len();
     let logs: Vec<FrontLog> = fronts
@@ -184,7 +193,8 @@ pub async fn run_with_fronts(
             progress.start(&label, requests);
             if let Some(failed_on) = unstarted.get(name) {
                 let why = format!(
-                    "not started: front {name} did not start on seed {failed_on}, so it was not tried again"
+                    "not started: {} did not start on seed {failed_on}, so it was not tried again",
+                    target.what()
                 );
                 progress.fail(&why);
                 runs.push(RunResult::not_started(name, seed, requests, pods, why));
@@ -195,10 +205,10 @@ pub async fn run_with_fronts(
                     progress.finish();
                     runs.push(r);
                 }
-                // A front that cannot be started fails its own runs, not the bench: the runs
-                // before it are kept and the ones after it still run.
-                Err(e) if e.is_front_start() => {
-                    let why = format!("not started: {e}");
+                // A front or gateway that cannot be started fails its own runs, not the bench:
+                // the runs before it are kept and the ones after it still run.
+                Err(e) if e.is_front_start() || e.is_gateway_start() => {
+                    let why = format!("not started: {}", e.with_causes());
                     progress.fail(&why);
                     unstarted.insert(name, seed);
                     runs.push(RunResult::not_started(name, seed, requests, pods, why));
@@ -328,6 +338,50 @@ fn gateway_config(
     })
 }
 
+/// Starts the gateway for `policy` in front of the pods `served` and waits until it is ready
+/// (some pod answered its scrapes), within 10 s. It stops once `stop` says so; one that never
+/// gets ready is stopped, and waited for, before the error is returned.
+async fn start_gateway(
+    scenario: &Scenario,
+    spec: &FleetSpec,
+    served: &[(String, std::net::SocketAddr)],
+    policy: &str,
+    seed: u64,
+    stop: &watch::Sender<bool>,
+) -> Result<infergate_proxy::Gateway, BenchError> {
+    let config = gateway_config(scenario, spec, served, policy, seed)?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(BenchError::Bind)?;
+    let mut rx = stop.subscribe();
+    let gateway = infergate_proxy::serve(
+        config,
+        Listeners {
+            http: listener,
+            admin: None,
+        },
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        },
+    )
+    .await
+    .map_err(|source| BenchError::Gateway {
+        policy: policy.to_owned(),
+        source,
+    })?;
+    let handle = gateway.handle();
+    let ready_by = Instant::now() + Duration::from_secs(10);
+    while !handle.is_ready() {
+        if Instant::now() > ready_by {
+            let _ = stop.send(true);
+            gateway.wait().await;
+            return Err(BenchError::NotReady(policy.to_owned()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(gateway)
+}
+
 async fn run_one(
     scenario: &Scenario,
     spec: &FleetSpec,
@@ -355,33 +409,15 @@ async fn run_one(
     let served = fleet.addrs();
     let (front_addr, gateway, front) = match target {
         Target::Gateway(policy) => {
-            let config = gateway_config(scenario, spec, &served, policy, seed)?;
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-                .await
-                .map_err(BenchError::Bind)?;
-            let gateway = infergate_proxy::serve(
-                config,
-                Listeners {
-                    http: listener,
-                    admin: None,
-                },
-                stop(stop_rx.clone()),
-            )
-            .await
-            .map_err(|source| BenchError::Gateway {
-                policy: policy.to_owned(),
-                source,
-            })?;
-            let handle = gateway.handle();
-            let ready_by = Instant::now() + Duration::from_secs(10);
-            while !handle.is_ready() {
-                if Instant::now() > ready_by {
+            match start_gateway(scenario, spec, &served, policy, seed, &stop_tx).await {
+                Ok(gateway) => (gateway.http_addr(), Some(gateway), None),
+                Err(e) => {
+                    // The fleet is gone before the next run starts its own.
                     let _ = stop_tx.send(true);
-                    return Err(BenchError::NotReady(policy.to_owned()));
+                    fleet.wait().await;
+                    return Err(e);
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            (gateway.http_addr(), Some(gateway), None)
         }
         Target::Front(f, log) => {
             let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();

@@ -236,6 +236,72 @@ async fn a_front_that_does_not_start_fails_its_runs_and_the_rest_still_run() {
     assert!(md.contains("- broken, seed 5: "), "{md}");
 }
 
+/// A gateway for one of the scenario's policies that does not start fails that policy's runs,
+/// not the bench, as a front's would: here the scenario scrapes every 300 ms, which the
+/// gateway's configuration refuses (its metrics would go stale between two scrapes), so no
+/// gateway starts. Every run is still in the report, with the gateway's reason, and a policy
+/// whose gateway failed is not started again on the next seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_does_not_start_fails_its_policys_runs_and_the_rest_still_run() {
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.seeds = vec![5, 6];
+    scenario.workload.duration_s = 1.0;
+    scenario.scrape.interval_ms = 300.0;
+    let mut said = Said::default();
+    let report = infergate_bench::live::run(&scenario, "tiny", &mut said)
+        .await
+        .unwrap();
+    let runs: Vec<(&str, u64)> = report
+        .runs
+        .iter()
+        .map(|r| (r.policy.as_str(), r.seed))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("round-robin", 5),
+            ("infergate", 5),
+            ("round-robin", 6),
+            ("infergate", 6)
+        ]
+    );
+    for r in &report.runs {
+        assert_eq!((r.completed, r.errors), (0, r.requests), "{r:?}");
+        assert!(r.requests > 0);
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+    }
+    // The gateway's own words, cause included, not only that it was refused.
+    let first = report.runs[0].failure_reasons();
+    assert!(
+        first.contains(
+            "not started: the gateway configuration for policy round-robin was refused: "
+        ) && first.contains("stale_after must be at least one interval"),
+        "{first}"
+    );
+    let second = report.runs[2].failure_reasons();
+    assert!(
+        second.contains(
+            "not started: the gateway for policy round-robin did not start on seed 5, so it was not tried again"
+        ),
+        "{second}"
+    );
+    // Said as it happens, for each of them.
+    let failed: Vec<&String> = said.0.iter().filter(|l| l.starts_with("fail ")).collect();
+    assert_eq!(failed.len(), 4, "{said:?}");
+    assert!(
+        failed[1].starts_with("fail tiny-live live seed 5 (1/2) infergate: not started: "),
+        "{said:?}"
+    );
+    let md = report.markdown();
+    for policy in ["round-robin", "infergate"] {
+        assert!(
+            md.lines()
+                .any(|l| l.starts_with(&format!("| {policy} | — | — | — |"))),
+            "{md}"
+        );
+    }
+}
+
 /// Two scenarios run with the same front keep their own logs: the second does not overwrite
 /// the first's, and each report and failure names its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -359,6 +359,61 @@ fn a_front_that_does_not_start_fails_its_row_and_the_report_is_still_written() {
     assert!(stderr.contains(&log.display().to_string()), "{stderr}");
 }
 
+/// A gateway that does not start fails its policy's runs, not the bench: here the first
+/// scenario scrapes every 300 ms, which the gateway's configuration refuses. Its report is still
+/// written with the reason, the next scenario still runs, and the bench exits non-zero naming
+/// the runs that did not start.
+#[test]
+fn a_gateway_that_does_not_start_fails_its_row_and_the_next_scenario_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = live_scenario(dir.path(), "refused", 4);
+    let text = std::fs::read_to_string(&refused).unwrap();
+    std::fs::write(&refused, format!("{text}scrape: {{ interval_ms: 300 }}\n")).unwrap();
+    let served = live_scenario(dir.path(), "served", 4);
+    let out_dir = dir.path().join("out");
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&refused)
+        .arg(&served)
+        .args(["--mode", "live", "--out"])
+        .arg(&out_dir)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // Said when it happens, and again at the end.
+    assert!(
+        stderr.contains(
+            "round-robin: failed: not started: the gateway configuration for policy round-robin was refused: "
+        ) && stderr.contains("stale_after must be at least one interval"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("refused.yaml: round-robin (seed 1) completed none of its")
+            && !stderr.contains("served.yaml: round-robin"),
+        "{stderr}"
+    );
+    let md = std::fs::read_to_string(out_dir.join("refused-live.md")).unwrap();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| round-robin |"))
+        .unwrap();
+    assert!(row.starts_with("| round-robin | — | — | — |"), "{row}");
+    assert!(
+        md.contains("- round-robin, seed 1: ")
+            && md.contains("× not started: the gateway configuration for policy round-robin"),
+        "{md}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("served-live.json")).unwrap())
+            .unwrap();
+    let rr = &json["runs"][0];
+    assert_eq!(rr["policy"], "round-robin");
+    assert!(rr["completed"].as_u64().unwrap() > 0);
+    assert_eq!(rr["completed"], rr["requests"]);
+}
+
 #[test]
 fn scenario_paths_and_durations_that_give_nothing_to_run_are_refused_naming_them() {
     let dir = tempfile::tempdir().unwrap();
