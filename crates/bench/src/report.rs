@@ -228,22 +228,27 @@ pub struct PolicySummary {
     pub rejected: Spread,
     /// Failed requests per run.
     pub errors: Spread,
-    /// TTFT P95 change against round-robin on the same seed (−0.97 = 97% lower).
+    /// TTFT P95 change against round-robin on the same seed (−0.97 = 97% lower), over the
+    /// runs that completed requests, on seeds where round-robin did too; `None` when there are
+    /// none.
     pub ttft_p95_vs_rr: Option<Spread>,
-    /// TTFT P99 change against round-robin on the same seed.
+    /// TTFT P99 change against round-robin on the same seed, as `ttft_p95_vs_rr`.
     pub ttft_p99_vs_rr: Option<Spread>,
-    /// Output-throughput change against round-robin on the same seed.
+    /// Output-throughput change against round-robin on the same seed, as `ttft_p95_vs_rr`: a
+    /// run that completed nothing (a front or gateway that did not start, or served nothing)
+    /// has no throughput to compare, not a change of −100%.
     pub throughput_vs_rr: Option<Spread>,
-    /// TTFT P99 as a multiple of the clairvoyant floor's P99 on the same seed.
-    pub ttft_p99_vs_floor: Spread,
+    /// TTFT P99 as a multiple of the clairvoyant floor's P99 on the same seed, over the runs
+    /// that completed requests; `None` when none did.
+    pub ttft_p99_vs_floor: Option<Spread>,
     /// Share of completed requests per pod (mean over the runs that completed any).
     pub pod_share: Vec<f64>,
     /// Runs of this policy (one per seed).
     #[serde(default)]
     pub runs: u32,
     /// Of those, runs in which no request completed. They have no latencies, so the latency
-    /// figures, the comparisons with round-robin and the floor ratio leave them out; when every
-    /// run is empty there are none (the tables show "—").
+    /// figures, the comparisons with round-robin (throughput's too) and the floor ratio leave
+    /// them out; when every run is empty the comparisons are `None` (the tables show "—").
     #[serde(default)]
     pub empty_runs: u32,
 }
@@ -370,12 +375,18 @@ impl Report {
                     errors: s(&|r| r.errors as f64),
                     ttft_p95_vs_rr: vs_rr(&|r| r.ttft.p95, &served),
                     ttft_p99_vs_rr: vs_rr(&|r| r.ttft.p99, &served),
-                    throughput_vs_rr: vs_rr(&|r| r.output_tokens_per_s, &mine),
-                    ttft_p99_vs_floor: Spread::of(
-                        served.iter().filter_map(|r| {
-                            floor(r.seed).map(|f| r.ttft.p99 / f.ttft.p99.max(1e-9))
-                        }),
-                    ),
+                    // Over the runs that completed requests: one that completed none would
+                    // read as −100%, a figure for a run that did not take place.
+                    throughput_vs_rr: vs_rr(&|r| r.output_tokens_per_s, &served),
+                    ttft_p99_vs_floor: {
+                        let v: Vec<f64> = served
+                            .iter()
+                            .filter_map(|r| {
+                                floor(r.seed).map(|f| r.ttft.p99 / f.ttft.p99.max(1e-9))
+                            })
+                            .collect();
+                        (!v.is_empty()).then(|| Spread::of(v))
+                    },
                     pod_share,
                     runs: u32::try_from(mine.len()).unwrap_or(u32::MAX),
                     empty_runs: u32::try_from(mine.len() - served.len()).unwrap_or(u32::MAX),
@@ -622,14 +633,11 @@ fn verdicts(scenario: &Scenario, summary: &[PolicySummary]) -> Vec<Verdict> {
             met: ig.ttft_p95.mean < gie.ttft_p95.mean && ig.ttft_p99.mean < gie.ttft_p99.mean,
         });
     }
-    if let Some(m) = t.floor_multiple {
+    if let (Some(m), Some(got)) = (t.floor_multiple, &ig.ttft_p99_vs_floor) {
         out.push(Verdict {
             target: format!("TTFT P99 within {m}× the clairvoyant floor"),
-            measured: format!(
-                "{:.2}× ({:.2}…{:.2})",
-                ig.ttft_p99_vs_floor.mean, ig.ttft_p99_vs_floor.min, ig.ttft_p99_vs_floor.max
-            ),
-            met: ig.ttft_p99_vs_floor.mean <= m,
+            measured: format!("{:.2}× ({:.2}…{:.2})", got.mean, got.min, got.max),
+            met: got.mean <= m,
         });
     }
     out

@@ -46,7 +46,9 @@ pub(super) fn table(r: &Report) -> String {
             opt(&p.ttft_p95_vs_rr),
             opt(&p.ttft_p99_vs_rr),
             opt(&p.throughput_vs_rr),
-            lat(format!("{:.2}×", p.ttft_p99_vs_floor.mean)),
+            p.ttft_p99_vs_floor
+                .as_ref()
+                .map_or("—".to_owned(), |f| format!("{:.2}×", f.mean)),
         );
     }
     let floor = Spread::of(r.floors.iter().map(|f| f.ttft.p99));

@@ -53,8 +53,10 @@ pub(super) fn ttft_cdf(r: &Report) -> String {
     let lo = values
         .clone()
         .filter(|v| *v > 0.0)
-        .fold(f64::INFINITY, f64::min)
-        .max(1e-4);
+        .fold(f64::INFINITY, f64::min);
+    // No run to draw (every one completed nothing): an empty plot on a 10 ms–100 ms axis, not
+    // an infinite one whose decade marks would never end.
+    let lo = if lo.is_finite() { lo.max(1e-4) } else { 1e-2 };
     let hi = values.fold(0.0f64, f64::max).max(lo * 10.0);
     let (l0, l1) = (lo.log10().floor(), hi.log10().ceil());
     let pw = w - left - right;

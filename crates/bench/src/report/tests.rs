@@ -91,7 +91,7 @@ fn changes_are_per_seed_against_round_robin() {
     // Seed 1: 0.5 / 10 − 1 = −0.95; seed 2: 3 / 20 − 1 = −0.85.
     assert!((p99.min + 0.95).abs() < 1e-9 && (p99.max + 0.85).abs() < 1e-9);
     assert!((p99.mean + 0.90).abs() < 1e-9);
-    assert!((ig.ttft_p99_vs_floor.mean - 2.5).abs() < 1e-9);
+    assert!((ig.ttft_p99_vs_floor.unwrap().mean - 2.5).abs() < 1e-9);
     assert!((ig.pod_share[0] - 0.7).abs() < 1e-9);
 }
 
@@ -313,4 +313,66 @@ fn the_fronts_logs_are_named_in_the_report() {
     );
     let back: Report = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
     assert_eq!(back.front_logs, r.front_logs);
+}
+
+/// A run that completed nothing has no figure to compare: its throughput is not "−100% against
+/// round-robin" nor its P99 "0× the floor" — those read as results. The table shows "—", the
+/// JSON `null`, and a policy with some empty runs is compared on the others.
+#[test]
+fn a_run_that_completed_nothing_has_no_relative_figures() {
+    let mut r = report();
+    r.runs.push(empty_run("broken-front", 1));
+    r.runs.push(empty_run("broken-front", 2));
+    r.runs.retain(|x| !(x.policy == "infergate" && x.seed == 2));
+    r.runs.push(empty_run("infergate", 2));
+    let r = Report::new(r.scenario, "live", r.pods, r.runs, r.floors);
+
+    let broken = r.policy("broken-front").unwrap();
+    assert_eq!(broken.throughput_vs_rr, None);
+    assert_eq!(broken.ttft_p99_vs_floor, None);
+    // Seed 1 alone: 101 / 100 − 1; the empty seed 2 is not a −100%.
+    let ig = r.policy("infergate").unwrap();
+    let tput = ig.throughput_vs_rr.unwrap();
+    assert!((tput.min - 0.01).abs() < 1e-9 && (tput.max - 0.01).abs() < 1e-9);
+    assert!((ig.ttft_p99_vs_floor.unwrap().mean - 2.0).abs() < 1e-9);
+
+    let md = r.markdown();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| broken-front |"))
+        .unwrap();
+    assert!(row.ends_with("| — | — | — | — |"), "{row}");
+    let ig_row = md.lines().find(|l| l.starts_with("| infergate |")).unwrap();
+    assert!(ig_row.contains("| +1.0% (+1.0…+1.0) |"), "{ig_row}");
+    assert!(!row.contains('%'), "{row}");
+    let tput = r
+        .verdicts
+        .iter()
+        .find(|v| v.target.starts_with("output throughput"))
+        .unwrap();
+    assert!(tput.met && !tput.measured.contains("-100"), "{tput:?}");
+
+    let json: serde_json::Value = serde_json::to_value(&r).unwrap();
+    let summary = json["summary"].as_array().unwrap();
+    let broken = summary
+        .iter()
+        .find(|p| p["policy"] == "broken-front")
+        .unwrap();
+    assert!(broken["throughput_vs_rr"].is_null(), "{broken}");
+    assert!(broken["ttft_p99_vs_floor"].is_null(), "{broken}");
+    assert!(broken["ttft_p99_vs_rr"].is_null(), "{broken}");
+    let back: Report = serde_json::from_value(json).unwrap();
+    assert_eq!(back.summary, r.summary);
+}
+
+/// A report none of whose runs completed anything (every gateway or front failed to start)
+/// still draws its plots: empty, on finite axes.
+#[test]
+fn plots_of_a_report_with_no_completed_run_are_finite() {
+    let r = report();
+    let runs = vec![empty_run("round-robin", 1), empty_run("infergate", 1)];
+    let r = Report::new(r.scenario, "live", r.pods, runs, r.floors);
+    let cdf = svg::ttft_cdf(&r);
+    assert!(cdf.len() < 100_000 && !cdf.contains("inf"), "{cdf}");
+    assert!(!svg::load(&r).contains("NaN"));
 }
