@@ -8,6 +8,9 @@
 #   fuzz/run.sh                      # every target, 60 s each
 #   FUZZ_SECONDS=600 fuzz/run.sh extproc_picker extproc_bbr
 #
+# Targets run FUZZ_JOBS at a time (default: one per CPU; each libFuzzer run uses one core), so
+# each still gets its FUZZ_SECONDS of a core while the whole step takes a fraction of the sum.
+#
 # Needs cargo-fuzz. On a stable toolchain RUSTC_BOOTSTRAP=1 lets rustc take the -Z flags
 # cargo-fuzz passes. Sanitizer `none` (no ASan: the crates have no `unsafe`) with debug assertions
 # on, so an arithmetic overflow is a crash too.
@@ -18,6 +21,8 @@ export RUSTC_BOOTSTRAP=1
 # FUZZ_TARGET_DIR), even when CARGO_TARGET_DIR points the workspace's builds elsewhere.
 export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$PWD/target}"
 secs="${FUZZ_SECONDS:-60}"
+jobs="${FUZZ_JOBS:-$(nproc)}"
+case "$jobs" in ''|*[!0-9]*|0) echo "FUZZ_JOBS must be a whole number of at least 1, not '$jobs'" >&2; exit 2 ;; esac
 flags=(--sanitizer none --debug-assertions)
 
 if [ "$#" -gt 0 ]; then
@@ -35,33 +40,52 @@ built=$(date +%s)
 echo "fuzz targets built in $((built - start)) s"
 
 mkdir -p ../target/fuzz-logs
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-  mkdir -p "corpus/$t" "artifacts/$t"
-  log="../target/fuzz-logs/$t.log"
+
+# One target's run; its outcome goes to its .status file for the summary.
+fuzz_one() {
+  local t=$1 log="../target/fuzz-logs/$1.log" status
   echo "-- $t: ${secs} s from seeds/$t"
   if "$bin/$t" -artifact_prefix="artifacts/$t/" -max_total_time="$secs" -max_len=65536 \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "corpus/$t" "seeds/$t" >"$log" 2>&1; then
     status=ok
   else
     status=FAILED
-    failed+=("$t")
-    echo "################ fuzz target $t FAILED ################"
-    grep -E 'panicked at|ERROR: libFuzzer|SUMMARY' "$log" | head -5 || true
-    artifact=$(grep -o 'Test unit written to [^ ]*' "$log" | awk '{print $5}' | tail -1)
-    echo "input: fuzz/$artifact (replay: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -a $t $artifact)"
-    echo "log: target/fuzz-logs/$t.log"
+    {
+      echo "################ fuzz target $t FAILED ################"
+      grep -E 'panicked at|ERROR: libFuzzer|SUMMARY' "$log" | head -5 || true
+      artifact=$(grep -o 'Test unit written to [^ ]*' "$log" | awk '{print $5}' | tail -1 || true)
+      echo "input: fuzz/$artifact (replay: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -a $t $artifact)"
+      echo "log: target/fuzz-logs/$t.log"
+    } >&2
   fi
-  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | awk '{print $2}' | tail -1)
-  rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$log" | awk '{print $2}' | tail -1)
+  echo "$status" >"../target/fuzz-logs/$t.status"
+}
+
+for t in "${targets[@]}"; do
+  mkdir -p "corpus/$t" "artifacts/$t"
+  rm -f "../target/fuzz-logs/$t.status"
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
+    wait -n || true
+  done
+  fuzz_one "$t" &
+done
+wait
+
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  log="../target/fuzz-logs/$t.log"
+  status=$(cat "../target/fuzz-logs/$t.status" 2>/dev/null || echo FAILED)
+  [ "$status" = ok ] || failed+=("$t")
+  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | awk '{print $2}' | tail -1 || true)
+  rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$log" | awk '{print $2}' | tail -1 || true)
   units=$(find "corpus/$t" -type f | wc -l)
   summary+=("$(printf '%-18s %-7s %12s runs %8s exec/s %6s corpus' "$t" "$status" "${runs:-?}" "${rate:-?}" "$units")")
 done
 end=$(date +%s)
 
 printf '%s\n' "${summary[@]}"
-echo "fuzzing took $((end - start)) s (build $((built - start)) s, ${#targets[@]} targets x ${secs} s)"
+echo "fuzzing took $((end - start)) s (build $((built - start)) s, ${#targets[@]} targets x ${secs} s, ${jobs} at a time)"
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "fuzz targets failed: ${failed[*]}" >&2
   exit 1
