@@ -26,13 +26,22 @@ pub fn vllm_page(waiting: u32) -> String {
 /// # Panics
 /// When no loopback port can be bound (a test cannot go on without it).
 pub async fn page_server(page: Page) -> SocketAddr {
-    #[allow(
-        clippy::expect_used,
-        reason = "a test helper: a panic is a failed test"
-    )]
+    serve_loopback("the page server", move |s| answer(s, Arc::clone(&page))).await
+}
+
+/// Binds a free loopback port and hands every connection to `serve` on a task of its own,
+/// until the runtime ends. Returns the address. `what` names the server in the panic.
+///
+/// # Panics
+/// When no loopback port can be bound (a test cannot go on without it).
+pub(crate) async fn serve_loopback<F, Fut>(what: &str, serve: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .expect("a loopback port for the page server");
+        .unwrap_or_else(|e| panic!("a loopback port for {what}: {e}"));
     #[allow(
         clippy::expect_used,
         reason = "a test helper: a panic is a failed test"
@@ -40,7 +49,7 @@ pub async fn page_server(page: Page) -> SocketAddr {
     let addr = listener.local_addr().expect("the bound address");
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(answer(s, Arc::clone(&page)));
+            tokio::spawn(serve(s));
         }
     });
     addr

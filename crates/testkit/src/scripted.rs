@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// The answer to one request, given its head (request line and headers): status, content type
 /// and body.
@@ -19,24 +19,10 @@ pub type Script = Arc<dyn Fn(&str) -> (u16, &'static str, String) + Send + Sync>
 /// # Panics
 /// When no loopback port can be bound (a test cannot go on without it).
 pub async fn scripted_server(script: Script) -> SocketAddr {
-    #[allow(
-        clippy::expect_used,
-        reason = "a test helper: a panic is a failed test"
-    )]
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a loopback port for the scripted server");
-    #[allow(
-        clippy::expect_used,
-        reason = "a test helper: a panic is a failed test"
-    )]
-    let addr = listener.local_addr().expect("the bound address");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(answer(s, Arc::clone(&script)));
-        }
-    });
-    addr
+    crate::pages::serve_loopback("the scripted server", move |s| {
+        answer(s, Arc::clone(&script))
+    })
+    .await
 }
 
 /// Answers the requests on `s` with `script` until the client closes.
