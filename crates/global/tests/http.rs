@@ -13,6 +13,7 @@ mod clusters;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
+use clusters::router_with;
 use infergate_global::{GlobalConfig, Listeners, Router, serve};
 use infergate_testkit::Response;
 use infergate_testkit::recorder::{HOP_REQUEST_HEADERS, HOP_RESPONSE_HEADERS, Recorder};
@@ -27,20 +28,6 @@ async fn router(cluster: SocketAddr) -> (Router, oneshot::Sender<()>) {
         "auth: none\nclusters:\n  - {{ name: a, url: 'http://{cluster}', region: r, models: [m], cost: {{ inputPerMillion: 1, outputPerMillion: 1 }} }}\n"
     ))
     .await
-}
-
-/// The router with the configuration `yaml`, and its stop switch.
-async fn router_with(yaml: &str) -> (Router, oneshot::Sender<()>) {
-    let config = GlobalConfig::from_yaml(yaml).unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
-    let (stop, rx) = oneshot::channel::<()>();
-    let router = serve(config, Listeners { http, admin }, async move {
-        let _ = rx.await;
-    })
-    .await
-    .unwrap();
-    (router, stop)
 }
 
 async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clusters::counter;
-use infergate_global::{GlobalConfig, Listeners, Router, serve};
+use infergate_global::{GlobalConfig, Router};
 use infergate_testkit::Response;
 use infergate_testkit::pages::vllm_page;
 use infergate_testkit::recorder::CHAT_JSON;
@@ -102,15 +102,7 @@ async fn start(
         "auth: none\nheartbeat: {{ intervalMs: 100, staleAfterMs: 2000, slowStartMs: {slow_start_ms} }}\noutlierDetection: {outlier}\nclusters:\n{}",
         clusters.concat()
     );
-    let config = GlobalConfig::from_yaml(&yaml).unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
-    let (stop, rx) = oneshot::channel::<()>();
-    let router = serve(config, Listeners { http, admin }, async move {
-        let _ = rx.await;
-    })
-    .await
-    .unwrap();
+    let (router, stop) = clusters::router_with(&yaml).await;
     let names: Vec<String> = config_names(&yaml);
     let admin = router.admin_addr().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

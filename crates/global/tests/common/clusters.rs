@@ -326,3 +326,21 @@ pub async fn ready_gateway(yaml: &str) -> (Gateway, oneshot::Sender<()>) {
     }
     (gw, stop)
 }
+
+/// A global router with the configuration `yaml` on loopback ports 0, and its stop switch.
+pub async fn router_with(yaml: &str) -> (infergate_global::Router, oneshot::Sender<()>) {
+    let config = infergate_global::GlobalConfig::from_yaml(yaml).unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    let (stop, rx) = oneshot::channel::<()>();
+    let router = infergate_global::serve(
+        config,
+        infergate_global::Listeners { http, admin },
+        async move {
+            let _ = rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    (router, stop)
+}
