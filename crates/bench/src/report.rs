@@ -241,8 +241,11 @@ pub struct PolicySummary {
     /// TTFT P99 as a multiple of the clairvoyant floor's P99 on the same seed, over the runs
     /// that completed requests; `None` when none did.
     pub ttft_p99_vs_floor: Option<Spread>,
-    /// Share of completed requests per pod (mean over the runs that completed any).
-    pub pod_share: Vec<f64>,
+    /// Share of completed requests per pod (mean over the runs that completed any); `None`
+    /// when no run completed a request: a policy that served nothing has no shares, not a
+    /// share of 0 on every pod.
+    #[serde(default)]
+    pub pod_share: Option<Vec<f64>>,
     /// Runs of this policy (one per seed).
     #[serde(default)]
     pub runs: u32,
@@ -347,19 +350,21 @@ impl Report {
                     (!v.is_empty()).then(|| Spread::of(v))
                 };
                 let pods = mine.first().map_or(0, |r| r.per_pod_requests.len());
-                let pod_share = (0..pods)
-                    .map(|i| {
-                        served
-                            .iter()
-                            .map(|r| {
-                                let total: u64 = r.per_pod_requests.iter().sum();
-                                r.per_pod_requests.get(i).copied().unwrap_or(0) as f64
-                                    / total.max(1) as f64
-                            })
-                            .sum::<f64>()
-                            / served.len().max(1) as f64
-                    })
-                    .collect();
+                let pod_share = (!served.is_empty()).then(|| {
+                    (0..pods)
+                        .map(|i| {
+                            served
+                                .iter()
+                                .map(|r| {
+                                    let total: u64 = r.per_pod_requests.iter().sum();
+                                    r.per_pod_requests.get(i).copied().unwrap_or(0) as f64
+                                        / total.max(1) as f64
+                                })
+                                .sum::<f64>()
+                                / served.len() as f64
+                        })
+                        .collect()
+                });
                 PolicySummary {
                     policy: p.to_owned(),
                     ttft_p50: lat(&|r| r.ttft.p50),

@@ -162,8 +162,8 @@ pub(super) fn pod_shares(r: &Report) -> String {
     for (i, pod) in r.pods.iter().enumerate() {
         let _ = write!(s, "| {} | {} |", pod.name, pod.gpu);
         for p in &r.summary {
-            match p.pod_share.get(i) {
-                Some(share) if p.has_latencies() => {
+            match p.pod_share.as_ref().and_then(|v| v.get(i)) {
+                Some(share) => {
                     let _ = write!(s, " {:.1}% |", share * 100.0);
                 }
                 _ => {

@@ -92,7 +92,7 @@ fn changes_are_per_seed_against_round_robin() {
     assert!((p99.min + 0.95).abs() < 1e-9 && (p99.max + 0.85).abs() < 1e-9);
     assert!((p99.mean + 0.90).abs() < 1e-9);
     assert!((ig.ttft_p99_vs_floor.unwrap().mean - 2.5).abs() < 1e-9);
-    assert!((ig.pod_share[0] - 0.7).abs() < 1e-9);
+    assert!((ig.pod_share.as_deref().unwrap()[0] - 0.7).abs() < 1e-9);
 }
 
 #[test]
@@ -363,6 +363,55 @@ fn a_run_that_completed_nothing_has_no_relative_figures() {
     assert!(broken["ttft_p99_vs_rr"].is_null(), "{broken}");
     let back: Report = serde_json::from_value(json).unwrap();
     assert_eq!(back.summary, r.summary);
+}
+
+/// A policy that served no request has no share of the pods: `null` in the JSON and "—" in the
+/// table, not 0% on every pod (which reads as a measured spread); a policy with some empty
+/// runs is shared over the others.
+#[test]
+fn a_policy_that_served_nothing_has_no_pod_share() {
+    let mut r = report();
+    r.runs.push(empty_run("broken-front", 1));
+    r.runs.push(empty_run("broken-front", 2));
+    r.runs.retain(|x| !(x.policy == "infergate" && x.seed == 2));
+    r.runs.push(empty_run("infergate", 2));
+    let r = Report::new(r.scenario, "live", r.pods, r.runs, r.floors);
+
+    assert_eq!(r.policy("broken-front").unwrap().pod_share, None);
+    // Seed 1 alone: 7 of 10 on the first pod, 3 on the second.
+    let ig = r.policy("infergate").unwrap().pod_share.clone().unwrap();
+    assert!(
+        (ig[0] - 0.7).abs() < 1e-9 && (ig[1] - 0.3).abs() < 1e-9,
+        "{ig:?}"
+    );
+
+    let json: serde_json::Value = serde_json::to_value(&r).unwrap();
+    let summary = json["summary"].as_array().unwrap();
+    let share =
+        |policy: &str| summary.iter().find(|p| p["policy"] == policy).unwrap()["pod_share"].clone();
+    assert!(share("broken-front").is_null(), "{}", share("broken-front"));
+    assert_eq!(share("infergate").as_array().unwrap().len(), 2);
+    let back: Report = serde_json::from_value(json).unwrap();
+    assert_eq!(back.summary, r.summary);
+
+    let md = r.markdown();
+    let shares = md
+        .split("Share of completed requests per pod:")
+        .nth(1)
+        .unwrap();
+    let header = shares.lines().find(|l| l.starts_with("| pod |")).unwrap();
+    let column = header
+        .split('|')
+        .map(str::trim)
+        .position(|c| c == "broken-front")
+        .unwrap();
+    for row in shares.lines().filter(|l| l.starts_with("| a-")) {
+        assert_eq!(
+            row.split('|').map(str::trim).nth(column),
+            Some("—"),
+            "{row}"
+        );
+    }
 }
 
 /// A report none of whose runs completed anything (every gateway or front failed to start)
