@@ -32,7 +32,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use http::Uri;
@@ -251,6 +251,37 @@ struct Shared<K> {
     buffers: Mutex<Vec<Vec<u8>>>,
 }
 
+impl<K> Shared<K> {
+    /// The thread watch's tick due at `due` has just run: records how late. A delay past the
+    /// staleness threshold means every freshness judgement in that stretch came that much late,
+    /// for want of CPU rather than because of any pod: counted and logged.
+    fn woke(&self, due: Instant) {
+        let delay = Instant::now().saturating_duration_since(due);
+        self.metrics.observe_wakeup_delay(delay);
+        if delay >= self.config.stale_after {
+            self.metrics.count_stall();
+            tracing::warn!(
+                delay_ms = delay.as_millis() as u64,
+                stale_after_ms = self.config.stale_after.as_millis() as u64,
+                "metrics scraper stalled: its thread ran later than the staleness threshold; the gateway is short of CPU (a busy host or a CPU limit), and pods' freshness was judged that much late"
+            );
+        }
+    }
+}
+
+/// Ticks every interval beside the targets' tasks and measures how late each tick runs: the
+/// scheduling delay of the thread the scrapes run on. A task of its own, always idle between ticks,
+/// so that a stall is seen whatever the targets' tasks were doing (a task waiting on a scrape
+/// cannot tell a stalled thread from a slow pod).
+async fn watch_thread<K>(shared: Arc<Shared<K>>) {
+    let mut ticker = tokio::time::interval(shared.config.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        let due = ticker.tick().await;
+        shared.woke(due);
+    }
+}
+
 struct Running<K> {
     target: Target<K>,
     task: JoinHandle<()>,
@@ -262,6 +293,8 @@ struct Inner<K> {
     spawned: AtomicU64,
     /// The scraper's own runtime, when it has one.
     own: Option<OwnRuntime>,
+    /// The thread watch ([`watch_thread`]), started with the first target.
+    watch: OnceLock<JoinHandle<()>>,
 }
 
 /// A single-threaded runtime on a thread of its own, which runs until its handle is dropped.
@@ -298,6 +331,9 @@ impl<K> Drop for Inner<K> {
         let tasks = self.tasks.get_mut().unwrap_or_else(PoisonError::into_inner);
         for (_, running) in tasks.drain() {
             running.task.abort();
+        }
+        if let Some(watch) = self.watch.get() {
+            watch.abort();
         }
     }
 }
@@ -352,8 +388,17 @@ where
                 tasks: Mutex::new(HashMap::new()),
                 spawned: AtomicU64::new(0),
                 own,
+                watch: OnceLock::new(),
             }),
         })
+    }
+
+    /// Runs `task` on the scraper's own thread, or else on the caller's runtime.
+    fn spawn_task(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+        match &self.inner.own {
+            Some(own) => own.handle.spawn(task),
+            None => tokio::spawn(task),
+        }
     }
 
     /// Adds a target, or replaces the one with the same id if its address, engine or path changed
@@ -374,10 +419,10 @@ where
             endpoint,
             phase(n, self.inner.shared.config.interval),
         );
-        let task = match &self.inner.own {
-            Some(own) => own.handle.spawn(run),
-            None => tokio::spawn(run),
-        };
+        self.inner
+            .watch
+            .get_or_init(|| self.spawn_task(watch_thread(Arc::clone(&self.inner.shared))));
+        let task = self.spawn_task(run);
         match tasks.entry(target.id.clone()) {
             Entry::Occupied(mut slot) => slot.insert(Running { target, task }).task.abort(),
             Entry::Vacant(slot) => {

@@ -23,6 +23,8 @@ pub struct ScrapeMetrics {
     stale: Gauge,
     late: Gauge,
     targets: Gauge,
+    wakeup_delay: Histogram,
+    stalls: Counter,
 }
 
 impl Default for ScrapeMetrics {
@@ -34,6 +36,9 @@ impl Default for ScrapeMetrics {
             stale: Gauge::default(),
             late: Gauge::default(),
             targets: Gauge::default(),
+            // 0.5 ms .. ~4 s: an idle thread wakes within a millisecond; a starved one, hundreds.
+            wakeup_delay: Histogram::new(exponential_buckets(0.000_5, 2.0, 14)),
+            stalls: Counter::default(),
         }
     }
 }
@@ -42,7 +47,8 @@ impl ScrapeMetrics {
     /// Creates the metrics and registers them in `registry` under `infergate_metrics_`:
     /// `scrape_duration_seconds` (histogram, successful and failed scrapes),
     /// `scrape_errors_total{reason}`, `stale_targets` (failed: not routed on), `late_targets`
-    /// (connected, slow: routed on their last page) and `targets` (gauges).
+    /// (connected, slow: routed on their last page) and `targets` (gauges), and the scraper
+    /// thread's own health: `scraper_wakeup_delay_seconds` (histogram) and `scraper_stalls_total`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = ScrapeMetrics::default();
         let sub = registry.sub_registry_with_prefix("infergate_metrics");
@@ -68,11 +74,30 @@ impl ScrapeMetrics {
             m.late.clone(),
         );
         sub.register("targets", "Scrape targets being polled", m.targets.clone());
+        sub.register_with_unit(
+            "scraper_wakeup_delay",
+            "How long after its due time a scrape or staleness timer of the scraper ran: the scraper thread's scheduling delay (near zero unless the gateway is short of CPU)",
+            Unit::Seconds,
+            m.wakeup_delay.clone(),
+        );
+        sub.register(
+            "scraper_stalls",
+            "Times the scraper thread ran later than the staleness threshold behind its schedule (the gateway short of CPU: a busy host or a CPU limit); freshness was judged that much late",
+            m.stalls.clone(),
+        );
         m
     }
 
     pub(crate) fn observe_duration(&self, d: Duration) {
         self.duration.observe(d.as_secs_f64());
+    }
+
+    pub(crate) fn observe_wakeup_delay(&self, d: Duration) {
+        self.wakeup_delay.observe(d.as_secs_f64());
+    }
+
+    pub(crate) fn count_stall(&self) {
+        self.stalls.inc();
     }
 
     pub(crate) fn count_error(&self, reason: &'static str) {
@@ -108,5 +133,10 @@ impl ScrapeMetrics {
     /// Targets currently late.
     pub fn late_targets(&self) -> i64 {
         self.late.get()
+    }
+
+    /// Stalls of the scraper thread counted so far (see `scraper_stalls_total`).
+    pub fn stalls(&self) -> u64 {
+        self.stalls.get()
     }
 }

@@ -117,6 +117,88 @@ async fn scrapes_on_the_callers_runtime_when_asked() {
     assert_eq!(server.connections(), 1);
 }
 
+/// A scraper thread that cannot run its timers (blocked here; in production a gateway short of
+/// CPU) is measured, and counted as a stall once per stall past the staleness threshold, however
+/// many targets it scrapes; a shorter hiccup is measured, not counted. The pods it judged late
+/// meanwhile are not failed for it.
+#[tokio::test]
+async fn a_stalled_scraper_thread_is_counted_once_per_stall_and_fails_no_pod() {
+    let (a, b) = (
+        TestServer::start(page(VLLM_IDLE)).await,
+        TestServer::start(page(VLLM_IDLE)).await,
+    );
+    let mut registry = Registry::default();
+    let metrics = ScrapeMetrics::register(&mut registry);
+    // The wake-up delays as exported: (count, sum in seconds).
+    let delays = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let sample = |name: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        (
+            sample("infergate_metrics_scraper_wakeup_delay_seconds_count "),
+            sample("infergate_metrics_scraper_wakeup_delay_seconds_sum "),
+        )
+    };
+    let config = ScraperConfig {
+        // On the test's own thread, so that blocking it starves the scraper.
+        own_thread: false,
+        // Long, so that this machine's own hiccups stay below it.
+        stale_after: Duration::from_secs(1),
+        ..fast()
+    };
+    let (scraper, mut rx) = start(config, metrics.clone());
+    for (id, server) in [(1, &a), (2, &b)] {
+        scraper
+            .upsert(Target::new(id, server.addr, EngineType::Vllm))
+            .unwrap();
+        next_for(&mut rx, id, Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (woken, _) = delays();
+    assert!(woken > 0.0, "every tick is measured");
+
+    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (after_hiccup, delay_hiccup) = delays();
+    assert!(after_hiccup > woken);
+    assert_eq!(metrics.stalls(), 0, "300 ms is below the 1 s threshold");
+
+    for round in 1..=2 {
+        std::thread::sleep(Duration::from_millis(1_500));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(metrics.stalls(), round, "one stall, however many targets");
+        let text = {
+            let mut t = String::new();
+            prometheus_client::encoding::text::encode(&mut t, &registry).unwrap();
+            t
+        };
+        assert!(text.contains(&format!("infergate_metrics_scraper_stalls_total {round}\n")));
+    }
+    let (_, delay) = delays();
+    // Each of the two stalls held up a tick by 1.5 s less at most an interval.
+    assert!(
+        delay - delay_hiccup >= 2.0 * 1.48,
+        "{delay:?} after {delay_hiccup:?}"
+    );
+
+    // Both pods were late at most, never failed, and are read again.
+    drop(scraper);
+    let mut stale = Vec::new();
+    while let Ok((id, u, _)) = rx.try_recv() {
+        if matches!(u, Update::Stale { .. }) {
+            stale.push(id);
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "pods failed for the scraper's stall: {stale:?}"
+    );
+    assert_eq!(metrics.stale_targets(), 0);
+}
+
 /// With its own thread the scraper needs no runtime from the caller, and the last handle going
 /// away stops it.
 #[test]
