@@ -24,15 +24,15 @@ use infergate_openai::SseScanner;
 use infergate_proxy::{GatewayConfig, Listeners};
 use infergate_sim::serve::kv::KvEventsOptions;
 use infergate_sim::{Catalog, FleetSpec};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::BenchError;
 use crate::front::Front;
 use crate::progress::Progress;
-use crate::report::{FrontLog, PodInfo, Report, RunResult};
-use crate::scenario::Scenario;
+use crate::report::{FrontLog, LiveGateway, PodInfo, Report, RunResult};
+use crate::scenario::{self, Scenario};
 use crate::simulate::{LoadSeries, floor};
 use crate::stats::{Percentiles, quantile};
 use crate::workload::{self, Arrival};
@@ -79,6 +79,64 @@ impl fmt::Display for Failure {
             Failure::Stream => f.write_str("response body broke off"),
             Failure::NoText => f.write_str("HTTP 200 without generated text"),
         }
+    }
+}
+
+/// The `scrape:` settings a live run's gateway is started with, in milliseconds.
+///
+/// The scenario gives the interval only; the gateway refuses a staleness threshold below one
+/// interval (and a `maxLate` below the timeout), so its default threshold (250 ms) would refuse
+/// every interval above it. The threshold is the one the simulator applies instead: a pod's
+/// metrics are overdue once two intervals and the scenario's lag have passed without a page
+/// ([`crate::simulate`]), never below the gateway's default. The timeout (one scrape's time to
+/// connect) and `maxLate` (a connected scrape's time to answer) do not depend on the interval
+/// and keep the gateway's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayScrape {
+    /// `intervalMs`: the scenario's `scrape.interval_ms`, rounded (at least 1).
+    pub interval_ms: u64,
+    /// `staleAfterMs`: two intervals plus `scrape.lag_ms`, at least the gateway's default.
+    pub stale_after_ms: u64,
+    /// `timeoutMs`: the gateway's default.
+    pub timeout_ms: u64,
+    /// `maxLateMs`: the gateway's default.
+    pub max_late_ms: u64,
+}
+
+impl GatewayScrape {
+    /// The settings for a scenario's `scrape:` section; the gateway accepts them for every
+    /// interval the scenario's validation accepts.
+    pub fn for_scenario(scrape: &scenario::Scrape) -> Self {
+        // Saturating: an interval past u64::MAX ms is clamped by the gateway to its longest
+        // duration, and the threshold with it.
+        let ms = |v: f64| v.ceil().max(1.0) as u64;
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let defaults = infergate_proxy::config::Scrape::default();
+        let interval_ms = (scrape.interval_ms.round().max(1.0)) as u64;
+        let overdue_ms = ms(2.0 * scrape.interval_ms + scrape.lag_ms);
+        let timeout_ms = millis(defaults.timeout);
+        GatewayScrape {
+            interval_ms,
+            stale_after_ms: overdue_ms
+                .max(millis(defaults.stale_after))
+                .max(interval_ms),
+            timeout_ms,
+            max_late_ms: millis(defaults.max_late).max(timeout_ms),
+        }
+    }
+
+    /// The bound on the age of an ok pod's metrics a policy's gateway runs with: its preset's
+    /// `maxMetricsAge`, which the gateway raises to at least the staleness threshold plus one
+    /// interval (`infergate_pool::LivePool::start`); `None` for a preset that keeps pods on
+    /// metrics of any age.
+    pub fn max_metrics_age_ms(&self, preset: infergate_scheduler::Preset) -> Option<u64> {
+        let age = infergate_scheduler::SchedulerConfig::preset(preset).max_metrics_age?;
+        let floor = self.stale_after_ms.saturating_add(self.interval_ms);
+        Some(
+            u64::try_from(age.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(floor),
+        )
     }
 }
 
@@ -223,6 +281,7 @@ pub async fn run_with_fronts(
     let pods = PodInfo::list(&spec);
     let mut report = Report::new(scenario.clone(), "live", pods, runs, floors);
     report.front_logs = logs;
+    report.gateway = live_gateway(scenario);
     Ok(report)
 }
 
@@ -287,6 +346,28 @@ pub fn check(scenario: &Scenario, origin: &str, fronts: &Fronts) -> Result<(), B
     Ok(())
 }
 
+/// What the policies' gateways ran with, for the report; `None` when no policy ran (fronts
+/// only).
+fn live_gateway(scenario: &Scenario) -> Option<LiveGateway> {
+    if scenario.policies.is_empty() {
+        return None;
+    }
+    let scrape = GatewayScrape::for_scenario(&scenario.scrape);
+    let max_metrics_age_ms = scenario
+        .policies
+        .iter()
+        .filter_map(|p| {
+            scrape
+                .max_metrics_age_ms(p.preset)
+                .map(|ms| (p.as_str().to_owned(), ms))
+        })
+        .collect();
+    Some(LiveGateway {
+        scrape,
+        max_metrics_age_ms,
+    })
+}
+
 fn gateway_config(
     scenario: &Scenario,
     spec: &FleetSpec,
@@ -305,6 +386,7 @@ fn gateway_config(
         .as_ref()
         .map(|l| l.adapters.clone())
         .unwrap_or_default();
+    let scrape = GatewayScrape::for_scenario(&scenario.scrape);
     let endpoints: Vec<serde_json::Value> = served
         .iter()
         .zip(&spec.pods)
@@ -324,7 +406,12 @@ fn gateway_config(
         "reloadIntervalMs": 0,
         // The benchmark's gateway listens on loopback for its own load generator only.
         "auth": "none",
-        "scrape": { "intervalMs": scenario.scrape.interval_ms.round() as u64 },
+        "scrape": {
+            "intervalMs": scrape.interval_ms,
+            "staleAfterMs": scrape.stale_after_ms,
+            "timeoutMs": scrape.timeout_ms,
+            "maxLateMs": scrape.max_late_ms,
+        },
         "models": [{
             "name": model,
             "loraAdapters": adapters,
@@ -642,5 +729,84 @@ async fn one_request(
         e2e,
         output_tokens,
         finished: start.elapsed().as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    const ONE_POD: &str = "name: s\nfleet: [{ name: a, profile: llama-3.1-8b/h100, replicas: 2 }]\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 1 }\n  prompt_tokens: { dist: fixed, value: 8 }\n  output_tokens: { dist: fixed, value: 2 }\n";
+
+    /// Every scrape interval a scenario may give (at least 1 ms, any lag) makes a gateway
+    /// configuration the gateway accepts — not only those below its default staleness
+    /// threshold of 250 ms — with the threshold the simulator applies.
+    #[test]
+    fn the_gateway_accepts_the_scrape_settings_of_every_valid_interval() {
+        let catalog = Catalog::builtin().unwrap();
+        for interval in [
+            1.0, 1.4, 50.0, 124.6, 250.0, 251.0, 300.0, 5_000.0, 1e9, 1e20,
+        ] {
+            for lag in [0.0, 10.0, 2_000.0] {
+                let yaml =
+                    format!("{ONE_POD}scrape: {{ interval_ms: {interval}, lag_ms: {lag} }}\n");
+                let scenario = Scenario::from_yaml(&yaml, "s").unwrap();
+                let spec = scenario.fleet_spec(&catalog, "s").unwrap();
+                let served: Vec<(String, std::net::SocketAddr)> = spec
+                    .pods
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (p.name.clone(), ([127, 0, 0, 1], 9000 + i as u16).into()))
+                    .collect();
+                for policy in ["round-robin", "infergate"] {
+                    let cfg =
+                        gateway_config(&scenario, &spec, &served, policy, 1).unwrap_or_else(|e| {
+                            panic!("interval {interval}, lag {lag}: {}", e.with_causes())
+                        });
+                    assert!(cfg.scrape.stale_after >= cfg.scrape.interval);
+                    assert!(cfg.scrape.max_late >= cfg.scrape.timeout);
+                    assert!(cfg.scrape.to_scraper_config().validate().is_ok());
+                }
+            }
+        }
+        let scrape = |interval_ms, lag_ms| {
+            GatewayScrape::for_scenario(&scenario::Scrape {
+                interval_ms,
+                lag_ms,
+            })
+        };
+        // The default scenario keeps the gateway's defaults.
+        let defaults = infergate_proxy::config::Scrape::default();
+        let base = scrape(50.0, 10.0);
+        assert_eq!(
+            (base.interval_ms, base.stale_after_ms),
+            (50, defaults.stale_after.as_millis() as u64)
+        );
+        assert_eq!(
+            (base.timeout_ms, base.max_late_ms),
+            (
+                defaults.timeout.as_millis() as u64,
+                defaults.max_late.as_millis() as u64
+            )
+        );
+        // Above it, two intervals and the lag, as the simulator judges a pod overdue.
+        assert_eq!(scrape(300.0, 10.0).stale_after_ms, 610);
+        assert_eq!(scrape(1_000.0, 0.0).stale_after_ms, 2_000);
+        // The infergate preset's 2 s bound on metrics age is raised past the threshold and one
+        // interval, as the gateway does; the baselines have none.
+        use infergate_scheduler::Preset;
+        assert_eq!(
+            scrape(50.0, 10.0).max_metrics_age_ms(Preset::Infergate),
+            Some(2_000)
+        );
+        assert_eq!(
+            scrape(1_000.0, 0.0).max_metrics_age_ms(Preset::Infergate),
+            Some(3_000)
+        );
+        assert_eq!(
+            scrape(1_000.0, 0.0).max_metrics_age_ms(Preset::RoundRobin),
+            None
+        );
     }
 }

@@ -297,6 +297,21 @@ pub struct Report {
     /// Where each external front's output went (live runs with fronts), in report order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub front_logs: Vec<FrontLog>,
+    /// What the policies' gateways ran with (live runs of policies; `None` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<LiveGateway>,
+}
+
+/// The settings a live run's gateway ran with besides its policy's preset
+/// ([`crate::live::GatewayScrape::for_scenario`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveGateway {
+    /// Its `scrape:` section, derived from the scenario's.
+    pub scrape: crate::live::GatewayScrape,
+    /// Per policy whose preset drops pods on the age of their metrics: the bound it ran with,
+    /// in milliseconds ([`crate::live::GatewayScrape::max_metrics_age_ms`]).
+    #[serde(default)]
+    pub max_metrics_age_ms: BTreeMap<String, u64>,
 }
 
 /// Where an external front's output went ([`crate::live::Fronts::log_path`]).
@@ -409,6 +424,7 @@ impl Report {
             verdicts,
             flow: None,
             front_logs: Vec::new(),
+            gateway: None,
         }
     }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use infergate_bench::live::{Fronts, run_with_fronts};
+use infergate_bench::scenario::LoraSpec;
 use infergate_bench::{BenchError, Front, Progress, Scenario, Silent};
 
 const TINY: &str = r#"
@@ -236,17 +237,68 @@ async fn a_front_that_does_not_start_fails_its_runs_and_the_rest_still_run() {
     assert!(md.contains("- broken, seed 5: "), "{md}");
 }
 
+/// A scenario that scrapes less often than the gateway's default staleness threshold (250 ms)
+/// runs live: the gateway is given the threshold the simulator applies (two intervals and the
+/// lag), every request completes through it, and the report says what it ran with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_interval_above_the_gateways_default_staleness_runs_live() {
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.workload.duration_s = 2.0;
+    scenario.scrape.interval_ms = 300.0;
+    scenario.validate("tiny").unwrap();
+    let mut said = Said::default();
+    let report = infergate_bench::live::run(&scenario, "tiny", &mut said)
+        .await
+        .unwrap();
+    assert_eq!(report.runs.len(), 2, "{said:?}");
+    for r in &report.runs {
+        assert!(r.requests > 0);
+        assert_eq!(r.completed, r.requests, "{}: {:?}", r.policy, r.failures);
+    }
+    let gateway = report.gateway.as_ref().unwrap();
+    assert_eq!(
+        (gateway.scrape.interval_ms, gateway.scrape.stale_after_ms),
+        (300, 610)
+    );
+    // infergate's 2 s bound on metrics age is above 610 + 300 ms; round-robin has none.
+    assert_eq!(
+        gateway.max_metrics_age_ms.iter().collect::<Vec<_>>(),
+        [(&"infergate".to_owned(), &2_000)]
+    );
+    let md = report.markdown();
+    assert!(
+        md.contains(
+            "Gateway: scrapes every 300 ms (`scrape.intervalMs` 300); a pod is stale after 610 ms"
+        ) && md.contains(
+            "(`maxMetricsAge`, at least the threshold plus one interval): infergate 2.00 s."
+        ),
+        "{md}"
+    );
+    let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["gateway"]["scrape"]["stale_after_ms"], 610);
+}
+
 /// A gateway for one of the scenario's policies that does not start fails that policy's runs,
-/// not the bench, as a front's would: here the scenario scrapes every 300 ms, which the
-/// gateway's configuration refuses (its metrics would go stale between two scrapes), so no
-/// gateway starts. Every run is still in the report, with the gateway's reason, and a policy
-/// whose gateway failed is not started again on the next seed.
+/// not the bench, as a front's would: here the scenario's pods serve a LoRA adapter named like
+/// their model, which the simulator runs but the gateway's configuration refuses (a request
+/// naming it could mean either), so no gateway starts. Every run is still in the report, with
+/// the gateway's reason, and a policy whose gateway failed is not started again on the next
+/// seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_that_does_not_start_fails_its_policys_runs_and_the_rest_still_run() {
     let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
     scenario.seeds = vec![5, 6];
     scenario.workload.duration_s = 1.0;
-    scenario.scrape.interval_ms = 300.0;
+    for group in &mut scenario.fleet {
+        group.served_model_name = Some("tiny".to_owned());
+        group.lora_adapters = vec!["tiny".to_owned()];
+    }
+    scenario.workload.lora = Some(LoraSpec {
+        adapters: vec!["tiny".to_owned()],
+        fraction: 0.5,
+        zipf: 0.0,
+    });
+    scenario.validate("tiny").unwrap();
     let mut said = Said::default();
     let report = infergate_bench::live::run(&scenario, "tiny", &mut said)
         .await
@@ -275,7 +327,7 @@ async fn a_gateway_that_does_not_start_fails_its_policys_runs_and_the_rest_still
     assert!(
         first.contains(
             "not started: the gateway configuration for policy round-robin was refused: "
-        ) && first.contains("stale_after must be at least one interval"),
+        ) && first.contains("model name `tiny` is configured twice"),
         "{first}"
     );
     let second = report.runs[2].failure_reasons();

@@ -360,16 +360,28 @@ fn a_front_that_does_not_start_fails_its_row_and_the_report_is_still_written() {
 }
 
 /// A gateway that does not start fails its policy's runs, not the bench: here the first
-/// scenario scrapes every 300 ms, which the gateway's configuration refuses. Its report is still
-/// written with the reason, the next scenario still runs, and the bench exits non-zero naming
-/// the runs that did not start.
+/// scenario's pod serves a LoRA adapter named like its model, which the gateway's configuration
+/// refuses. Its report is still written with the reason, the next scenario still runs (scraping
+/// every 300 ms, above the gateway's default staleness threshold), and the bench exits non-zero
+/// naming the runs that did not start.
 #[test]
 fn a_gateway_that_does_not_start_fails_its_row_and_the_next_scenario_still_runs() {
     let dir = tempfile::tempdir().unwrap();
     let refused = live_scenario(dir.path(), "refused", 4);
-    let text = std::fs::read_to_string(&refused).unwrap();
-    std::fs::write(&refused, format!("{text}scrape: {{ interval_ms: 300 }}\n")).unwrap();
+    let text = std::fs::read_to_string(&refused)
+        .unwrap()
+        .replace(
+            "profile: llama-3.1-8b/h100 }",
+            "profile: llama-3.1-8b/h100, served_model_name: m, lora_adapters: [m] }",
+        )
+        .replace(
+            "workload:\n",
+            "workload:\n  lora: { adapters: [m], fraction: 0.5 }\n",
+        );
+    std::fs::write(&refused, text).unwrap();
     let served = live_scenario(dir.path(), "served", 4);
+    let text = std::fs::read_to_string(&served).unwrap();
+    std::fs::write(&served, format!("{text}scrape: {{ interval_ms: 300 }}\n")).unwrap();
     let out_dir = dir.path().join("out");
     let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
         .arg("bench")
@@ -386,7 +398,7 @@ fn a_gateway_that_does_not_start_fails_its_row_and_the_next_scenario_still_runs(
     assert!(
         stderr.contains(
             "round-robin: failed: not started: the gateway configuration for policy round-robin was refused: "
-        ) && stderr.contains("stale_after must be at least one interval"),
+        ) && stderr.contains("model name `m` is configured twice"),
         "{stderr}"
     );
     assert!(
@@ -412,6 +424,7 @@ fn a_gateway_that_does_not_start_fails_its_row_and_the_next_scenario_still_runs(
     assert_eq!(rr["policy"], "round-robin");
     assert!(rr["completed"].as_u64().unwrap() > 0);
     assert_eq!(rr["completed"], rr["requests"]);
+    assert_eq!(json["gateway"]["scrape"]["stale_after_ms"], 610);
 }
 
 #[test]

@@ -176,6 +176,35 @@ pub(super) fn pod_shares(r: &Report) -> String {
     s
 }
 
+/// What the live gateway ran with: its scrape settings and the metrics-age bounds.
+fn gateway(g: &super::LiveGateway) -> String {
+    let ms = |v: u64| secs(v as f64 / 1e3);
+    let sc = &g.scrape;
+    let mut s = format!(
+        "Gateway: scrapes every {} (`scrape.intervalMs` {}); a pod is stale after {} without a good page (`staleAfterMs` {}: two intervals and the scenario's scrape lag, as simulated, at least the gateway's default); a scrape has {} to connect (`timeoutMs`) and {} to answer (`maxLateMs`).",
+        ms(sc.interval_ms),
+        sc.interval_ms,
+        ms(sc.stale_after_ms),
+        sc.stale_after_ms,
+        ms(sc.timeout_ms),
+        ms(sc.max_late_ms),
+    );
+    if !g.max_metrics_age_ms.is_empty() {
+        let ages: Vec<String> = g
+            .max_metrics_age_ms
+            .iter()
+            .map(|(p, age)| format!("{p} {}", ms(*age)))
+            .collect();
+        let _ = write!(
+            s,
+            " Pods whose metrics are older are not routed on (`maxMetricsAge`, at least the threshold plus one interval): {}.",
+            ages.join(", ")
+        );
+    }
+    s.push('\n');
+    s
+}
+
 /// The whole report page.
 pub(super) fn render(r: &Report) -> String {
     let sc = &r.scenario;
@@ -199,6 +228,9 @@ pub(super) fn render(r: &Report) -> String {
         seeds.join(", "),
         requests.mean
     );
+    if let Some(g) = &r.gateway {
+        let _ = writeln!(s, "{}", gateway(g));
+    }
     if let Some(st) = &sc.study {
         let f = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:+.0}%"));
         let _ = writeln!(
