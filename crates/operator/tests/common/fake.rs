@@ -1,6 +1,9 @@
 //! A small stateful Kubernetes API behind a `tower-test` mock: it keeps objects by path, lists
 //! by label selector, applies server-side-apply and JSON patches, deletes, records every request
-//! and can inject error answers. Enough for the reconciler's calls, nothing more.
+//! and can inject error answers. Every change (a request's or the test's own `put`, `edit`,
+//! `delete`) is also kept as a watch event, so the controller's watches see it: a watch request
+//! is answered, as a long poll, with the events after its `resourceVersion` once there is one.
+//! Enough for the reconciler's and the controller's calls, nothing more.
 
 #![allow(
     clippy::unwrap_used,
@@ -40,18 +43,63 @@ struct Fault {
     remaining: u32,
 }
 
+/// A change, as a watch reports it.
+struct Change {
+    rv: u64,
+    path: String,
+    type_: &'static str,
+    object: Value,
+}
+
 #[derive(Default)]
 struct State {
     objects: BTreeMap<String, Value>,
     log: Vec<Seen>,
     faults: Vec<Fault>,
     rv: u64,
+    changes: Vec<Change>,
+}
+
+impl State {
+    /// Records the change of `path` to `object` (or its deletion) at the current version.
+    fn changed(&mut self, path: &str, type_: &'static str, object: &Value) {
+        let mut object = object.clone();
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.changes.push(Change {
+            rv: self.rv,
+            path: path.to_owned(),
+            type_,
+            object,
+        });
+    }
+
+    /// Stores `obj` at `path` as a new version and records the change.
+    fn store(&mut self, path: &str, obj: Value) {
+        self.rv += 1;
+        let type_ = if self.objects.contains_key(path) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.changed(path, type_, &obj);
+        self.objects.insert(path.to_owned(), obj);
+    }
+
+    /// Removes the object at `path` and records the deletion.
+    fn remove(&mut self, path: &str) -> Option<Value> {
+        let gone = self.objects.remove(path)?;
+        self.rv += 1;
+        self.changed(path, "DELETED", &gone);
+        Some(gone)
+    }
 }
 
 /// Handle on the fake's state.
 #[derive(Clone, Default)]
 pub struct Fake {
     state: Arc<Mutex<State>>,
+    /// Woken at every change, for the watches waiting for one.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// A client talking to a fresh fake.
@@ -61,8 +109,13 @@ pub fn client() -> (Client, Fake) {
     let served = fake.clone();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
-            let resp = served.handle(req).await;
-            send.send_response(resp);
+            // Each on its own task: a watch waits for a change while other requests go on.
+            let served = served.clone();
+            tokio::spawn(async move {
+                let resp = served.handle(req).await;
+                send.send_response(resp);
+                served.wake.notify_waiters();
+            });
         }
     });
     (Client::new(svc, "default"), fake)
@@ -71,16 +124,14 @@ pub fn client() -> (Client, Fake) {
 impl Fake {
     /// Stores an object at its item path.
     pub fn put(&self, path: &str, obj: Value) {
-        self.state
-            .lock()
-            .unwrap()
-            .objects
-            .insert(path.to_owned(), obj);
+        self.state.lock().unwrap().store(path, obj);
+        self.wake.notify_waiters();
     }
 
     /// Removes the object at `path` (as another client would delete it).
     pub fn delete(&self, path: &str) {
-        self.state.lock().unwrap().objects.remove(path);
+        self.state.lock().unwrap().remove(path);
+        self.wake.notify_waiters();
     }
 
     /// The object at `path`.
@@ -91,7 +142,11 @@ impl Fake {
     /// Changes the object at `path` in place.
     pub fn edit(&self, path: &str, f: impl FnOnce(&mut Value)) {
         let mut st = self.state.lock().unwrap();
-        f(st.objects.get_mut(path).expect("object to edit"));
+        let mut obj = st.objects.get(path).cloned().expect("object to edit");
+        f(&mut obj);
+        st.store(path, obj);
+        drop(st);
+        self.wake.notify_waiters();
     }
 
     /// Item paths of every stored object.
@@ -135,38 +190,39 @@ impl Fake {
         } else {
             serde_json::from_slice(&bytes).unwrap()
         };
-        let mut st = self.state.lock().unwrap();
-        st.log.push(Seen {
-            method: method.clone(),
-            path: path.clone(),
-            query: query.clone(),
-            content_type: content_type.clone(),
-            body: body.clone(),
-        });
-        if let Some(f) = st
-            .faults
-            .iter_mut()
-            .find(|f| f.method == method && f.path == path && f.remaining > 0)
         {
-            f.remaining -= 1;
-            let code = f.code;
-            return status(code, "injected failure");
+            let mut st = self.state.lock().unwrap();
+            st.log.push(Seen {
+                method: method.clone(),
+                path: path.clone(),
+                query: query.clone(),
+                content_type: content_type.clone(),
+                body: body.clone(),
+            });
+            if let Some(f) = st
+                .faults
+                .iter_mut()
+                .find(|f| f.method == method && f.path == path && f.remaining > 0)
+            {
+                f.remaining -= 1;
+                let code = f.code;
+                return status(code, "injected failure");
+            }
         }
+        if method == "GET" && query.split('&').any(|kv| kv == "watch=true") {
+            return self.watch(&path, &query).await;
+        }
+        let mut st = self.state.lock().unwrap();
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let Some(i) = segs.iter().position(|s| *s == "namespaces") else {
             // A list across namespaces: `/apis/G/V/RESOURCE` (or `/api/v1/RESOURCE`).
             if method == "GET" && segs.len() >= 3 {
-                let (prefix, resource) = segs.split_at(segs.len() - 1);
-                let head = format!("/{}/namespaces/", prefix.join("/"));
+                let selector = selector(&query);
                 let items: Vec<Value> = st
                     .objects
                     .iter()
-                    .filter(|(k, _)| {
-                        k.strip_prefix(&head).is_some_and(|rest| {
-                            let parts: Vec<&str> = rest.split('/').collect();
-                            parts.len() == 3 && parts[1] == resource[0]
-                        })
-                    })
+                    .filter(|(k, _)| in_collection(&path, k))
+                    .filter(|(_, v)| selector.as_deref().is_none_or(|s| matches(v, s)))
                     .map(|(_, v)| v.clone())
                     .collect();
                 return ok(
@@ -181,17 +237,11 @@ impl Fake {
         let item = name.map(|n| format!("{collection}/{n}"));
         match (method.as_str(), item) {
             ("GET", None) => {
-                let selector = query
-                    .split('&')
-                    .find_map(|kv| kv.strip_prefix("labelSelector="))
-                    .map(|s| s.replace("%2F", "/").replace("%3D", "="));
+                let selector = selector(&query);
                 let items: Vec<Value> = st
                     .objects
                     .iter()
-                    .filter(|(k, _)| {
-                        k.starts_with(&format!("{collection}/"))
-                            && k[collection.len() + 1..].find('/').is_none()
-                    })
+                    .filter(|(k, _)| in_collection(&collection, k))
                     .filter(|(_, v)| selector.as_deref().is_none_or(|s| matches(v, s)))
                     .map(|(_, v)| v.clone())
                     .collect();
@@ -227,6 +277,12 @@ impl Fake {
                 };
                 let mut stored = stored;
                 stored["metadata"]["resourceVersion"] = json!(rv);
+                let type_ = if st.objects.contains_key(&item) {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                };
+                st.changed(&item, type_, &stored);
                 st.objects.insert(item, stored.clone());
                 ok(&stored)
             }
@@ -262,9 +318,10 @@ impl Fake {
                         .as_array()
                         .is_none_or(Vec::is_empty);
                 if gone {
-                    st.objects.remove(&item);
+                    st.objects.insert(item.clone(), cur.clone());
+                    st.remove(&item);
                 } else {
-                    st.objects.insert(item, cur.clone());
+                    st.store(&item, cur.clone());
                 }
                 ok(&cur)
             }
@@ -280,6 +337,12 @@ impl Fake {
                 st.rv += 1;
                 let mut stored = body.clone();
                 stored["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                let type_ = if st.objects.contains_key(&item) {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                };
+                st.changed(&item, type_, &stored);
                 st.objects.insert(item, stored.clone());
                 ok(&stored)
             }
@@ -294,16 +357,90 @@ impl Fake {
                 st.rv += 1;
                 let mut stored = body.clone();
                 stored["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                let type_ = if st.objects.contains_key(&item) {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                };
+                st.changed(&item, type_, &stored);
                 st.objects.insert(item, stored.clone());
                 ok(&stored)
             }
-            ("DELETE", Some(item)) => match st.objects.remove(&item) {
+            ("DELETE", Some(item)) => match st.remove(&item) {
                 Some(v) => ok(&v),
                 None => status(404, "not found"),
             },
             _ => status(405, "unsupported"),
         }
     }
+}
+
+impl Fake {
+    /// A watch of the collection `path` (one namespace's, or every namespace's): the changes
+    /// after the request's `resourceVersion` that match its label selector, as one body of
+    /// JSON lines, sent once there is at least one. The client watches again from the last.
+    async fn watch(&self, path: &str, query: &str) -> Response<Body> {
+        let since: u64 = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("resourceVersion="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let selector = selector(query);
+        loop {
+            // Registered before looking, so a change made meanwhile still wakes it.
+            let woken = self.wake.notified();
+            let lines: Vec<u8> = {
+                let st = self.state.lock().unwrap();
+                st.changes
+                    .iter()
+                    .filter(|c| c.rv > since && in_collection(path, &c.path))
+                    .filter(|c| selector.as_deref().is_none_or(|s| matches(&c.object, s)))
+                    .flat_map(|c| {
+                        let mut line =
+                            serde_json::to_vec(&json!({ "type": c.type_, "object": c.object }))
+                                .unwrap();
+                        line.push(b'\n');
+                        line
+                    })
+                    .collect()
+            };
+            if !lines.is_empty() {
+                return Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(Body::from(lines))
+                    .unwrap();
+            }
+            woken.await;
+        }
+    }
+}
+
+/// The request's label selector, decoded.
+fn selector(query: &str) -> Option<String> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("labelSelector="))
+        .map(|s| s.replace("%2F", "/").replace("%3D", "="))
+}
+
+/// Whether the item path `item` is in the collection `collection`: one namespace's
+/// (`/api/v1/namespaces/NS/pods`) or every namespace's (`/api/v1/pods`).
+fn in_collection(collection: &str, item: &str) -> bool {
+    if collection.contains("/namespaces/") {
+        return item
+            .strip_prefix(collection)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|name| !name.contains('/'));
+    }
+    let Some((prefix, resource)) = collection.rsplit_once('/') else {
+        return false;
+    };
+    item.strip_prefix(&format!("{prefix}/namespaces/"))
+        .is_some_and(|rest| {
+            let parts: Vec<&str> = rest.split('/').collect();
+            parts.len() == 3 && parts[1] == resource
+        })
 }
 
 fn matches(obj: &Value, selector: &str) -> bool {
