@@ -8,6 +8,8 @@
 //! - [`reconcile`]: the controller — validate, render, server-side apply under one field
 //!   manager, prune children that left the spec, finalizer, status write, `error_policy` with
 //!   backoff and a failure counter.
+//! - [`triggers`]: which configs an event on a Pod or a Secret concerns, pure; `reconcile`
+//!   feeds the watches into it.
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease elector so two replicas never both write.
 //! - [`metrics`]: Prometheus counters of reconciles and failures.
 //! - [`serve`]: the `infergate operator` process tying these together.
@@ -19,5 +21,6 @@ pub mod reconcile;
 pub mod render;
 pub mod serve;
 pub mod status;
+pub mod triggers;
 
 pub use error::Error;
