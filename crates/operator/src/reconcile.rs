@@ -6,7 +6,7 @@
 //! config whose children and status already match causes reads only (lists, the Secrets the
 //! spec names and the peer-exchange keys), no writes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,9 +17,10 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Value, json};
@@ -32,12 +33,14 @@ use crate::render::{
     render,
 };
 use crate::status::{self, ModelServers, Observed};
+use crate::triggers::{self, PodIndex};
 
 /// The one field manager every write uses.
 pub const FIELD_MANAGER: &str = "infergate-operator";
 /// Finalizer that deletes the children before the config goes away.
 pub const FINALIZER: &str = "infergate.dev/cleanup";
-/// Requeue while the gateway is not ready yet (owned Deployments also trigger reconciles).
+/// Requeue while the gateway is not ready yet (what the status reads is watched as well, see
+/// [`run`]; this catches what a watch missed).
 pub const REQUEUE_NOT_READY: Duration = Duration::from_secs(15);
 /// Requeue of a ready config, to catch drift nothing watched reported.
 pub const REQUEUE_READY: Duration = Duration::from_secs(300);
@@ -265,8 +268,7 @@ async fn converge(
 /// The pods each scheduler's `modelSelector` matches in the config's namespace, and how many
 /// are ready: a selector that matches nothing (a typo, model servers in another namespace)
 /// leaves every request of its models without an endpoint while every child looks healthy.
-/// Pods are not watched: a change shows on the next pass (at most 15 s while not ready, 300 s
-/// once ready).
+/// [`run`] watches the pods, so a pass follows each change of a matching one.
 async fn model_servers(
     cfg: &InferenceGatewayConfig,
     ctx: &Context,
@@ -746,6 +748,16 @@ pub async fn preflight(client: &Client) -> Result<(), Error> {
 }
 
 /// Runs the controller until `shutdown` resolves.
+///
+/// Besides the configs it watches what their status depends on, so a change shows at once
+/// rather than at the next timed requeue: the Deployments, Gateways and HTTPRoutes it owns
+/// (labelled `app.kubernetes.io/managed-by`, mapped through the owner reference), every Pod
+/// (mapped through the schedulers' `modelSelector`s by a [`PodIndex`]) and every Secret
+/// (mapped to the configs that name it or control it). Pods and Secrets are watched as
+/// metadata only and nothing of them is stored but the matching pods' names: the status reads
+/// what it needs itself, so an event is only a trigger. No label selector can scope the Pod
+/// watch (the union of several selectors is not one), nor the Secret watch (the user names
+/// the Secrets). The Pod watch starts with the first pass: without a config, no pod matters.
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
@@ -754,11 +766,63 @@ pub async fn run(
     let configs: Api<InferenceGatewayConfig> = Api::all(client.clone());
     let owned =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
-    Controller::new(configs, watcher::Config::default())
+    let controller = Controller::new(configs, watcher::Config::default());
+    let store = controller.store();
+    // Set by the first pass: kube starts reconciling only once its store of configs is listed.
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
+    let pods = {
+        let store = store.clone();
+        let mut index = PodIndex::default();
+        after_configs_listed(
+            listed,
+            watcher(
+                Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .flat_map(move |event| {
+            let refs = match event {
+                Ok(event) => index.apply(event, &store.state()),
+                Err(e) => {
+                    warn!(error = %e, "watching Pods failed; retrying");
+                    HashSet::new()
+                }
+            };
+            futures_util::stream::iter(refs)
+        })
+    };
+    controller
         .owns(Api::<Deployment>::all(client.clone()), owned.clone())
-        .owns(Api::<gateway_api::gateways::Gateway>::all(client), owned)
+        .owns(
+            Api::<gateway_api::gateways::Gateway>::all(client.clone()),
+            owned.clone(),
+        )
+        .owns(
+            Api::<gateway_api::httproutes::HttpRoute>::all(client.clone()),
+            owned,
+        )
+        .reconcile_on(pods)
+        .watches(
+            Api::<PartialObjectMeta<Secret>>::all(client),
+            watcher::Config::default(),
+            move |s| {
+                triggers::configs_naming_secret(
+                    &store.state(),
+                    &s.namespace().unwrap_or_default(),
+                    &s.name_any(),
+                    s.owner_references(),
+                )
+            },
+        )
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |cfg, ctx| {
+                listed_tx.send_replace(true);
+                reconcile(cfg, ctx)
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|res| async move {
             match res {
                 // A failed reconcile is logged by `error_policy`; an object gone meanwhile is
@@ -772,9 +836,30 @@ pub async fn run(
                 // withdrawn) is retried with backoff; kube logs it at debug only.
                 Err(e) => warn!(
                     error = %e,
-                    "watching InferenceGatewayConfigs or their Deployments and Gateways failed; retrying"
+                    "watching InferenceGatewayConfigs, their Deployments, Gateways and HTTPRoutes, or Secrets failed; retrying"
                 ),
             }
         })
         .await;
+}
+
+/// `events`, started once `listed` is true (the configs are listed and one exists: a pod
+/// mapped against no config would be missing from the [`PodIndex`]), with the watcher's backoff
+/// between failed attempts. Not `Store::wait_until_ready`: in kube 4.2 its waiters share one
+/// oneshot receiver that wakes only the last to poll, so a second waiter besides the
+/// controller's own can leave one of them waiting for ever.
+fn after_configs_listed<S, T>(
+    mut listed: tokio::sync::watch::Receiver<bool>,
+    events: S,
+) -> impl futures_util::Stream<Item = Result<T, watcher::Error>> + Send + 'static
+where
+    S: futures_util::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    futures_util::stream::once(async move {
+        // The sender goes only with the controller, which then polls nothing any more.
+        let _ = listed.wait_for(|l| *l).await;
+        events.default_backoff()
+    })
+    .flatten()
 }

@@ -17,7 +17,7 @@ use fake::{Fake, Seen};
 use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus, RolloutState};
 use infergate_operator::metrics::Metrics;
 use infergate_operator::reconcile::{
-    Context, FIELD_MANAGER, FINALIZER, error_policy, ready_event, reconcile,
+    Context, FIELD_MANAGER, FINALIZER, REQUEUE_NOT_READY, error_policy, ready_event, reconcile, run,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
@@ -522,18 +522,28 @@ async fn quotas_the_picker_would_refuse_set_accepted_false_and_write_no_children
     );
 }
 
-/// Marks the multi-model example's Deployments available and its Gateway programmed.
+/// Marks every stored Deployment available and every Gateway programmed.
 fn children_ready(fake: &Fake) {
-    for d in ["fleet-bbr", "fleet-llama-70b-epp", "fleet-qwen-7b-epp"] {
-        fake.edit(&format!("/apis/apps/v1/namespaces/inference/deployments/{d}"), |o| {
+    for d in fake
+        .paths()
+        .into_iter()
+        .filter(|p| p.contains("/deployments/"))
+    {
+        fake.edit(&d, |o| {
             let want = o["spec"]["replicas"].clone();
             o["status"] = json!({ "observedGeneration": 0, "replicas": want, "updatedReplicas": want, "availableReplicas": want });
         });
     }
-    fake.edit("/apis/gateway.networking.k8s.io/v1/namespaces/inference/gateways/fleet", |o| {
-        o["status"] = json!({ "conditions": [{ "type": "Programmed", "status": "True", "reason": "Programmed",
-            "message": "", "lastTransitionTime": "2027-01-01T00:00:00Z" }] });
-    });
+    for g in fake
+        .paths()
+        .into_iter()
+        .filter(|p| p.contains("/gateways/"))
+    {
+        fake.edit(&g, |o| {
+            o["status"] = json!({ "conditions": [{ "type": "Programmed", "status": "True", "reason": "Programmed",
+                "message": "", "lastTransitionTime": "2027-01-01T00:00:00Z" }] });
+        });
+    }
 }
 
 /// The stored config's scheduler `name`: its Ready condition's (status, reason, message).
@@ -1052,4 +1062,139 @@ fn rollout_progress_is_no_event_and_a_long_message_is_cut_to_an_events_note() {
         ev.note.len()
     );
     assert!(long.starts_with(ev.note.trim_end_matches("...")));
+}
+
+/// Runs the controller (`reconcile::run`: the configs and every watch) against the fake until
+/// the test ends.
+fn start_controller(ctx: &Arc<Context>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run(ctx.client.clone(), ctx.clone(), std::future::pending()))
+}
+
+/// Longest wait for a status change caused by a watch: well under the 15 s requeue of a config
+/// not ready (300 s once ready), so a timed pass cannot be what ends the wait.
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+/// Waits until the stored config's `Ready` reason is `want` and returns how long that took on
+/// the paused clock; fails after [`PROMPTLY`].
+async fn ready_reason_becomes(fake: &Fake, want: &str) -> Duration {
+    let start = tokio::time::Instant::now();
+    let wall = std::time::Instant::now();
+    loop {
+        let cfg = fake.get(&config_path(fake)).unwrap();
+        if reason(&cfg, "Ready") == want {
+            let took = start.elapsed();
+            eprintln!(
+                "Ready reason {want} after {took:?} on the paused clock ({:?} of wall time)",
+                wall.elapsed()
+            );
+            return took;
+        }
+        assert!(
+            start.elapsed() < PROMPTLY,
+            "Ready is still {} ({}) after {PROMPTLY:?}, not {want}",
+            reason(&cfg, "Ready"),
+            condition(&cfg, "Ready").1
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Starts the controller and lets its first passes (every config and owned child listed)
+/// finish, so what follows is caused by the change the test makes.
+async fn controller_settled(ctx: &Arc<Context>) -> tokio::task::JoinHandle<()> {
+    let controller = start_controller(ctx);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    controller
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_matching_ready_pod_makes_a_config_without_model_servers_ready_at_once() {
+    assert!(PROMPTLY < REQUEUE_NOT_READY);
+    let (ctx, fake) = created("multi-model.yaml").await;
+    children_ready(&fake);
+    fake.delete(&format!("/api/v1/namespaces/{NS}/pods/qwen-7b-server-0"));
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(reason(&fake.get(CFG).unwrap(), "Ready"), "NoModelServers");
+    let controller = controller_settled(&ctx).await;
+    assert_eq!(reason(&fake.get(CFG).unwrap(), "Ready"), "NoModelServers");
+    // A model server of the qwen scheduler appears, not ready yet, then ready.
+    model_pod(&fake, NS, "qwen-a", &json!({"app": "sglang-qwen"}), false);
+    ready_reason_becomes(&fake, "Pending").await;
+    model_pod(&fake, NS, "qwen-a", &json!({"app": "sglang-qwen"}), true);
+    ready_reason_becomes(&fake, "Ready").await;
+    controller.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ready_config_whose_model_servers_go_away_says_so_at_once() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    children_ready(&fake);
+    let action = reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert_eq!(reason(&fake.get(CFG).unwrap(), "Ready"), "Ready");
+    let controller = controller_settled(&ctx).await;
+    let pod = format!("/api/v1/namespaces/{NS}/pods/qwen-7b-server-0");
+    let labels = fake.get(&pod).unwrap()["metadata"]["labels"].clone();
+    fake.delete(&pod);
+    ready_reason_becomes(&fake, "NoModelServers").await;
+    // Back, then taken out of the selector by relabelling (its event carries only the new
+    // labels, which match no config: the controller remembers which config it served).
+    model_pod(&fake, NS, "qwen-7b-server-0", &labels, true);
+    ready_reason_becomes(&fake, "Ready").await;
+    model_pod(
+        &fake,
+        NS,
+        "qwen-7b-server-0",
+        &json!({"app": "debug"}),
+        true,
+    );
+    ready_reason_becomes(&fake, "NoModelServers").await;
+    controller.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_secret_the_spec_names_turns_a_ready_config_secret_not_found_at_once() {
+    let (ctx, fake) = created("flow-control-quotas.yaml").await;
+    let secret = format!("/api/v1/namespaces/{NS}/secrets/quota-redis");
+    let object = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "quota-redis", "namespace": NS},
+        "data": {"password": "c2VjcmV0"}});
+    fake.put(&secret, object.clone());
+    children_ready(&fake);
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(
+        reason(&fake.get(&config_path(&fake)).unwrap(), "Ready"),
+        "Ready"
+    );
+    let controller = controller_settled(&ctx).await;
+    fake.delete(&secret);
+    ready_reason_becomes(&fake, "SecretNotFound").await;
+    let (_, message) = condition(&fake.get(&config_path(&fake)).unwrap(), "Ready");
+    assert!(
+        message.contains("Secret inference/quota-redis"),
+        "{message}"
+    );
+    fake.put(&secret, object);
+    ready_reason_becomes(&fake, "Ready").await;
+    controller.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_route_the_gateway_controller_stops_accepting_turns_a_ready_config_at_once() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    children_ready(&fake);
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(reason(&fake.get(CFG).unwrap(), "Ready"), "Ready");
+    let controller = controller_settled(&ctx).await;
+    let route =
+        format!("/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/httproutes/fleet-qwen-7b");
+    fake.edit(&route, |r| {
+        r["status"] = json!({"parents": [{"parentRef": {"name": "fleet"},
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "conditions": [{"type": "ResolvedRefs", "status": "False", "reason": "InvalidKind",
+                "message": "InferencePool is not a supported backend",
+                "lastTransitionTime": "2027-01-01T00:00:00Z"}]}]});
+    });
+    ready_reason_becomes(&fake, "RouteNotAccepted").await;
+    controller.abort();
 }

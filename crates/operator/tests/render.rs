@@ -486,6 +486,20 @@ fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() 
     for verb in ["get", "create", "delete"] {
         assert!(allows("", "secrets", verb), "{verb} secrets");
     }
+    // What reconcile::run watches besides the configs: the owned Deployments, Gateways and
+    // HTTPRoutes, every Pod and every Secret (a watch lists first, then watches).
+    for (group, resource) in [
+        ("apps", "deployments"),
+        ("gateway.networking.k8s.io", "gateways"),
+        ("gateway.networking.k8s.io", "httproutes"),
+        ("", "pods"),
+        ("", "secrets"),
+        ("infergate.dev", "inferencegatewayconfigs"),
+    ] {
+        for verb in ["list", "watch"] {
+            assert!(allows(group, resource, verb), "{verb} {group}/{resource}");
+        }
+    }
     assert!(allows(
         "infergate.dev",
         "inferencegatewayconfigs/status",
@@ -922,7 +936,10 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
         "inferencegatewayconfigs/finalizers",
         &["update"],
     );
-    add("", "secrets", &["get", "create", "delete"]);
+    // The Secrets: peer keys (get, create, delete), those the spec names (get), and the
+    // metadata-only watch of every Secret for the status (list, watch).
+    add("", "secrets", &["get", "list", "watch", "create", "delete"]);
+    // Model servers: listed per modelSelector, watched; what the pickers' Roles grant.
     add("", "pods", &["get", "list", "watch"]);
     // An Event on the config at each change of its Ready condition.
     add("events.k8s.io", "events", &["create"]);
