@@ -33,7 +33,7 @@ use crate::render::{
     render,
 };
 use crate::status::{self, ModelServers, Observed};
-use crate::triggers::{self, PodIndex};
+use crate::triggers::PodIndex;
 
 /// The one field manager every write uses.
 pub const FIELD_MANAGER: &str = "infergate-operator";
@@ -751,13 +751,15 @@ pub async fn preflight(client: &Client) -> Result<(), Error> {
 ///
 /// Besides the configs it watches what their status depends on, so a change shows at once
 /// rather than at the next timed requeue: the Deployments, Gateways and HTTPRoutes it owns
-/// (labelled `app.kubernetes.io/managed-by`, mapped through the owner reference), every Pod
-/// (mapped through the schedulers' `modelSelector`s by a [`PodIndex`]) and every Secret
-/// (mapped to the configs that name it or control it). Pods and Secrets are watched as
+/// (labelled `app.kubernetes.io/managed-by`, mapped through the owner reference) and every Pod
+/// (mapped through the schedulers' `modelSelector`s by a [`PodIndex`]). Pods are watched as
 /// metadata only and nothing of them is stored but the matching pods' names: the status reads
 /// what it needs itself, so an event is only a trigger. No label selector can scope the Pod
-/// watch (the union of several selectors is not one), nor the Secret watch (the user names
-/// the Secrets). The Pod watch starts with the first pass: without a config, no pod matters.
+/// watch (the union of several selectors is not one). The Pod watch starts with the first
+/// pass: without a config, no pod matters. Secrets are not watched: that would take `list` and
+/// `watch` on every Secret of the cluster (RBAC cannot grant them for some Secrets only), more
+/// than the operator's `get` of the ones it knows by name; a Secret's change shows on the next
+/// timed pass.
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
@@ -798,22 +800,10 @@ pub async fn run(
             owned.clone(),
         )
         .owns(
-            Api::<gateway_api::httproutes::HttpRoute>::all(client.clone()),
+            Api::<gateway_api::httproutes::HttpRoute>::all(client),
             owned,
         )
         .reconcile_on(pods)
-        .watches(
-            Api::<PartialObjectMeta<Secret>>::all(client),
-            watcher::Config::default(),
-            move |s| {
-                triggers::configs_naming_secret(
-                    &store.state(),
-                    &s.namespace().unwrap_or_default(),
-                    &s.name_any(),
-                    s.owner_references(),
-                )
-            },
-        )
         .graceful_shutdown_on(shutdown)
         .run(
             move |cfg, ctx| {
@@ -836,7 +826,7 @@ pub async fn run(
                 // withdrawn) is retried with backoff; kube logs it at debug only.
                 Err(e) => warn!(
                     error = %e,
-                    "watching InferenceGatewayConfigs, their Deployments, Gateways and HTTPRoutes, or Secrets failed; retrying"
+                    "watching InferenceGatewayConfigs or their Deployments, Gateways and HTTPRoutes failed; retrying"
                 ),
             }
         })

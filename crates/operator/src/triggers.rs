@@ -1,6 +1,5 @@
 //! Which configs an event on an object the controller does not own concerns: a model-server
-//! pod (through a scheduler's `modelSelector`) or a Secret (named by the spec, or a picker's
-//! peer-exchange key the config owns). Pure and synchronous, in the manner of linkerd's
+//! pod (through a scheduler's `modelSelector`). Pure and synchronous, in the manner of linkerd's
 //! kubert indexes: [`crate::reconcile::run`] feeds the watch streams in from outside.
 //!
 //! The status reads these objects on every pass; without a trigger a change would show only at
@@ -12,11 +11,10 @@ use std::sync::Arc;
 
 use infergate_api::InferenceGatewayConfig;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
-use kube::{Resource, ResourceExt};
 
 /// A config to reconcile.
 pub type ConfigRef = ObjectRef<InferenceGatewayConfig>;
@@ -40,46 +38,6 @@ pub fn configs_selecting(
         })
         .map(|c| ObjectRef::from_obj(c.as_ref()))
         .collect()
-}
-
-/// The configs an event on the Secret `ns/name` concerns: those in `ns` whose spec names it
-/// (`spec.tls.certificateSecretRef`, `spec.quotas.redis.passwordSecretRef`), and the config
-/// that controls it (a picker's peer-exchange key, created again when deleted).
-pub fn configs_naming_secret(
-    configs: &[Arc<InferenceGatewayConfig>],
-    ns: &str,
-    name: &str,
-    owners: &[OwnerReference],
-) -> HashSet<ConfigRef> {
-    let mut out: HashSet<ConfigRef> = configs
-        .iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns))
-        .filter(|c| {
-            let tls = c
-                .spec
-                .tls
-                .as_ref()
-                .and_then(|t| t.certificate_secret_ref.as_ref())
-                .is_some_and(|r| r.name == name);
-            let redis = c
-                .spec
-                .quotas
-                .as_ref()
-                .and_then(|q| q.redis.as_ref())
-                .and_then(|r| r.password_secret_ref.as_ref())
-                .is_some_and(|r| r.name == name);
-            tls || redis
-        })
-        .map(|c| ObjectRef::from_obj(c.as_ref()))
-        .collect();
-    let kind = InferenceGatewayConfig::kind(&());
-    let api_version = InferenceGatewayConfig::api_version(&());
-    for o in owners {
-        if o.controller == Some(true) && o.kind == kind && o.api_version == api_version {
-            out.insert(ObjectRef::new(&o.name).within(ns));
-        }
-    }
-    out
 }
 
 /// The model-server pods some config's `modelSelector` matched when last seen, by

@@ -487,13 +487,12 @@ fn operator_cluster_role_covers_every_child_kind_and_what_pickers_are_granted() 
         assert!(allows("", "secrets", verb), "{verb} secrets");
     }
     // What reconcile::run watches besides the configs: the owned Deployments, Gateways and
-    // HTTPRoutes, every Pod and every Secret (a watch lists first, then watches).
+    // HTTPRoutes and every Pod (a watch lists first, then watches).
     for (group, resource) in [
         ("apps", "deployments"),
         ("gateway.networking.k8s.io", "gateways"),
         ("gateway.networking.k8s.io", "httproutes"),
         ("", "pods"),
-        ("", "secrets"),
         ("infergate.dev", "inferencegatewayconfigs"),
     ] {
         for verb in ["list", "watch"] {
@@ -936,9 +935,9 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
         "inferencegatewayconfigs/finalizers",
         &["update"],
     );
-    // The Secrets: peer keys (get, create, delete), those the spec names (get), and the
-    // metadata-only watch of every Secret for the status (list, watch).
-    add("", "secrets", &["get", "list", "watch", "create", "delete"]);
+    // The Secrets: peer keys (get, create, delete), those the spec names (get). Never list or
+    // watch: that would reach every Secret in the cluster.
+    add("", "secrets", &["get", "create", "delete"]);
     // Model servers: listed per modelSelector, watched; what the pickers' Roles grant.
     add("", "pods", &["get", "list", "watch"]);
     // An Event on the config at each change of its Ready condition.

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use infergate_api::InferenceGatewayConfig;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
-use super::{ConfigRef, PodIndex, configs_naming_secret, configs_selecting};
+use super::{ConfigRef, PodIndex, configs_selecting};
 
 fn example(file: &str) -> Arc<InferenceGatewayConfig> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -58,39 +58,6 @@ fn a_pod_concerns_the_configs_of_its_namespace_whose_selector_it_matches() {
     );
     assert!(configs_selecting(&configs, "other", &qwen).is_empty());
     assert!(configs_selecting(&configs, "inference", &labels(&[("app", "x")])).is_empty());
-}
-
-#[test]
-fn a_secret_concerns_the_configs_naming_it_and_the_one_controlling_it() {
-    let configs = [example("tgi-tls-secret.yaml"), example("multi-model.yaml")];
-    let mistral = ObjectRef::new("mistral").within("serving");
-    assert_eq!(
-        configs_naming_secret(&configs, "serving", "mistral-tls", &[]),
-        refs(&[mistral])
-    );
-    assert!(configs_naming_secret(&configs, "inference", "mistral-tls", &[]).is_empty());
-    let owner = OwnerReference {
-        api_version: "infergate.dev/v1alpha1".to_owned(),
-        kind: "InferenceGatewayConfig".to_owned(),
-        name: "fleet".to_owned(),
-        uid: "u".to_owned(),
-        controller: Some(true),
-        ..OwnerReference::default()
-    };
-    assert_eq!(
-        configs_naming_secret(
-            &configs,
-            "inference",
-            "fleet-llama-70b-epp-peer-key",
-            std::slice::from_ref(&owner)
-        ),
-        refs(&[fleet()])
-    );
-    let not_controller = OwnerReference {
-        controller: None,
-        ..owner
-    };
-    assert!(configs_naming_secret(&configs, "inference", "k", &[not_controller]).is_empty());
 }
 
 #[test]
