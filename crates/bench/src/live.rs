@@ -8,10 +8,15 @@
 //! arrivals as every other. TTFT is measured at the client: from the moment the request is sent
 //! to the first SSE event that carries text. Per-pod request counts come from the pods
 //! themselves, so they do not depend on what a front passes back.
+//!
+//! A bench can be interrupted ([`run_until`]): the run in progress is stopped with everything
+//! it started, and the report keeps the runs that completed, naming the others.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +36,7 @@ use tokio::task::JoinSet;
 use crate::BenchError;
 use crate::front::Front;
 use crate::progress::Progress;
-use crate::report::{FrontLog, LiveGateway, PodInfo, Report, RunResult};
+use crate::report::{FrontLog, Interrupted, LiveGateway, NotRun, PodInfo, Report, RunResult};
 use crate::scenario::{self, Scenario};
 use crate::simulate::{LoadSeries, floor};
 use crate::stats::{Percentiles, quantile};
@@ -208,7 +213,23 @@ pub async fn run_with_fronts(
     fronts: &Fronts,
     progress: &mut dyn Progress,
 ) -> Result<Report, BenchError> {
+    run_until(scenario, origin, fronts, progress, std::future::pending()).await
+}
+
+/// As [`run_with_fronts`], until `interrupt` resolves (the caller's Ctrl-C): then the run in
+/// progress is stopped — its requests abandoned, its front, gateway and fleet stopped and
+/// waited for — and the report of the runs that completed is returned, with
+/// [`Report::interrupted`] naming the runs that did not (the stopped one first). `interrupt`
+/// is not polled again once it has resolved.
+pub async fn run_until(
+    scenario: &Scenario,
+    origin: &str,
+    fronts: &Fronts,
+    progress: &mut dyn Progress,
+    interrupt: impl Future<Output = ()>,
+) -> Result<Report, BenchError> {
     check(scenario, origin, fronts)?;
+    let mut interrupt = std::pin::pin!(interrupt);
     let catalog = Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
     let mut runs = Vec::new();
@@ -225,21 +246,24 @@ pub async fn run_with_fronts(
             log: fronts.log_path(&scenario.name, &f.name),
         })
         .collect();
-    for (si, &seed) in scenario.seeds.iter().enumerate() {
+    let targets: Vec<Target<'_>> = scenario
+        .policies
+        .iter()
+        .map(|p| Target::Gateway(p.as_str()))
+        .chain(
+            fronts
+                .list
+                .iter()
+                .zip(&logs)
+                .map(|(f, l)| Target::Front(f, l.log.as_path())),
+        )
+        .collect();
+    // The run stopped part-way, as (seed index, target index), when interrupted.
+    let mut stopped = None;
+    'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
-        let targets = scenario
-            .policies
-            .iter()
-            .map(|p| Target::Gateway(p.as_str()))
-            .chain(
-                fronts
-                    .list
-                    .iter()
-                    .zip(&logs)
-                    .map(|(f, l)| Target::Front(f, l.log.as_path())),
-            );
-        for target in targets {
+        for (ti, &target) in targets.iter().enumerate() {
             let name = target.name();
             let requests = arrivals.len() as u64;
             let label = format!(
@@ -258,10 +282,26 @@ pub async fn run_with_fronts(
                 runs.push(RunResult::not_started(name, seed, requests, pods, why));
                 continue;
             }
-            match run_one(scenario, &spec, target, &arrivals, seed, si == 0, progress).await {
-                Ok(r) => {
+            let ran = run_one(
+                scenario,
+                &spec,
+                target,
+                &arrivals,
+                seed,
+                si == 0,
+                progress,
+                interrupt.as_mut(),
+            )
+            .await;
+            match ran {
+                Ok(Ran::Done(r)) => {
                     progress.finish();
-                    runs.push(r);
+                    runs.push(*r);
+                }
+                Ok(Ran::Interrupted) => {
+                    progress.abort();
+                    stopped = Some((si, ti));
+                    break 'seeds;
                 }
                 // A front or gateway that cannot be started fails its own runs, not the bench:
                 // the runs before it are kept and the ones after it still run.
@@ -278,11 +318,42 @@ pub async fn run_with_fronts(
             }
         }
     }
+    let interrupted = stopped.map(|(si, ti)| {
+        // The stopped run, then the rest of its seed, then every later seed's.
+        let not_run = scenario.seeds[si..]
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &seed)| {
+                let from = if i == 0 { ti } else { 0 };
+                targets[from..]
+                    .iter()
+                    .enumerate()
+                    .map(move |(j, t)| NotRun {
+                        policy: t.name().to_owned(),
+                        seed,
+                        stopped: i == 0 && j == 0,
+                    })
+            })
+            .collect();
+        // A seed none of whose runs completed has no figures for its floor to be compared with.
+        floors.retain(|f| runs.iter().any(|r| r.seed == f.seed));
+        Interrupted { not_run }
+    });
     let pods = PodInfo::list(&spec);
     let mut report = Report::new(scenario.clone(), "live", pods, runs, floors);
     report.front_logs = logs;
     report.gateway = live_gateway(scenario);
+    report.interrupted = interrupted;
     Ok(report)
+}
+
+/// How [`run_one`] ended.
+#[derive(Debug)]
+enum Ran {
+    /// The run completed (boxed: the other variant is empty).
+    Done(Box<RunResult>),
+    /// The interrupt came first; everything the run had started is stopped.
+    Interrupted,
 }
 
 /// Whether `scenario` can run live with `fronts`, checked without running a fleet, a gateway
@@ -469,6 +540,12 @@ async fn start_gateway(
     Ok(gateway)
 }
 
+/// One run of `target` on `seed`'s arrivals, on a fleet of its own; stopped at once, with
+/// everything it started, when `interrupt` resolves first.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one run's inputs, passed down from the loop over seeds and targets"
+)]
 async fn run_one(
     scenario: &Scenario,
     spec: &FleetSpec,
@@ -477,7 +554,8 @@ async fn run_one(
     seed: u64,
     record_load: bool,
     progress: &mut dyn Progress,
-) -> Result<RunResult, BenchError> {
+    mut interrupt: Pin<&mut impl Future<Output = ()>>,
+) -> Result<Ran, BenchError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -494,34 +572,43 @@ async fn run_one(
     )
     .await?;
     let served = fleet.addrs();
-    let (front_addr, gateway, front) = match target {
-        Target::Gateway(policy) => {
-            match start_gateway(scenario, spec, &served, policy, seed, &stop_tx).await {
-                Ok(gateway) => (gateway.http_addr(), Some(gateway), None),
-                Err(e) => {
-                    // The fleet is gone before the next run starts its own.
-                    let _ = stop_tx.send(true);
-                    fleet.wait().await;
-                    return Err(e);
-                }
+    let start = async {
+        match target {
+            Target::Gateway(policy) => {
+                start_gateway(scenario, spec, &served, policy, seed, &stop_tx)
+                    .await
+                    .map(|gateway| (gateway.http_addr(), Some(gateway), None))
+            }
+            Target::Front(f, log) => {
+                let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
+                let feeds: Vec<_> = fleet.pods.iter().map(|p| p.kv_events).collect();
+                let model = spec.pods.first().map_or("", |p| &*p.model);
+                let run = crate::front::LogRun {
+                    seed,
+                    first: record_load,
+                };
+                f.start(&pods, &feeds, model, log, run)
+                    .await
+                    .map(|running| (running.addr(), None, Some(running)))
             }
         }
-        Target::Front(f, log) => {
-            let pods: Vec<std::net::SocketAddr> = served.iter().map(|(_, a)| *a).collect();
-            let feeds: Vec<_> = fleet.pods.iter().map(|p| p.kv_events).collect();
-            let model = spec.pods.first().map_or("", |p| &*p.model);
-            let run = crate::front::LogRun {
-                seed,
-                first: record_load,
+    };
+    // A front can take minutes to get ready: an interrupt does not wait for it. Dropping its
+    // start kills the front's process group; a gateway being started stops with the fleet.
+    let started = tokio::select! {
+        started = start => Some(started),
+        () = interrupt.as_mut() => None,
+    };
+    let (front_addr, gateway, front) = match started {
+        Some(Ok(started)) => started,
+        other => {
+            // The fleet is gone before the next run starts its own.
+            let _ = stop_tx.send(true);
+            fleet.wait().await;
+            return match other {
+                Some(Err(e)) => Err(e),
+                _ => Ok(Ran::Interrupted),
             };
-            match f.start(&pods, &feeds, model, log, run).await {
-                Ok(running) => (running.addr(), None, Some(running)),
-                Err(e) => {
-                    let _ = stop_tx.send(true);
-                    fleet.wait().await;
-                    return Err(e);
-                }
-            }
         }
     };
     // Let a few scrapes land so every policy starts from fresh metrics (and every front gets
@@ -589,10 +676,25 @@ async fn run_one(
         });
     }
     let mut outcomes = Vec::with_capacity(arrivals.len());
-    while let Some(joined) = tasks.join_next().await {
-        outcomes.push(joined.unwrap_or(Outcome::Failed(Failure::Aborted)));
-        progress.advance(outcomes.len() as u64);
+    let mut interrupted = false;
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                Some(joined) => {
+                    outcomes.push(joined.unwrap_or(Outcome::Failed(Failure::Aborted)));
+                    progress.advance(outcomes.len() as u64);
+                }
+                None => break,
+            },
+            () = interrupt.as_mut() => {
+                interrupted = true;
+                break;
+            }
+        }
     }
+    // The requests not sent or not answered yet are abandoned; the front, the fleet and the
+    // gateway are then stopped as after a complete run.
+    tasks.shutdown().await;
     if let Some(front) = front {
         front.stop().await;
     }
@@ -609,6 +711,9 @@ async fn run_one(
     fleet.wait().await;
     if let Some(gateway) = gateway {
         gateway.wait().await;
+    }
+    if interrupted {
+        return Ok(Ran::Interrupted);
     }
 
     let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
@@ -643,7 +748,7 @@ async fn run_one(
     let cdf = (1..=CDF_POINTS)
         .map(|i| quantile(&ttft, i as f64 / CDF_POINTS as f64))
         .collect();
-    Ok(RunResult {
+    Ok(Ran::Done(Box::new(RunResult {
         policy: target.name().to_owned(),
         seed,
         requests: arrivals.len() as u64,
@@ -662,7 +767,7 @@ async fn run_one(
         prefix_hit_rate: None,
         records: None,
         failures,
-    })
+    })))
 }
 
 async fn one_request(

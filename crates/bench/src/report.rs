@@ -300,6 +300,49 @@ pub struct Report {
     /// What the policies' gateways ran with (live runs of policies; `None` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<LiveGateway>,
+    /// Set when the bench was stopped before every run completed (Ctrl-C or SIGTERM during a
+    /// live run): the report is partial, its figures are over the runs that completed, and
+    /// this says which did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<Interrupted>,
+}
+
+/// What an interrupted bench did not run ([`Report::interrupted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interrupted {
+    /// The runs that are not in the report, in the order they would have run: the one stopped
+    /// part-way (its requests' figures dropped), then those never started.
+    pub not_run: Vec<NotRun>,
+}
+
+/// A run of a policy or front on a seed that an interrupted bench did not complete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotRun {
+    /// The policy or front.
+    pub policy: String,
+    /// The seed.
+    pub seed: u64,
+    /// Whether it had started and was stopped part-way (otherwise it never started).
+    pub stopped: bool,
+}
+
+impl Interrupted {
+    /// The runs not run as `POLICY seed N`, the one stopped part-way said so, comma-separated.
+    pub fn list(&self) -> String {
+        let runs: Vec<String> = self
+            .not_run
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} seed {}{}",
+                    r.policy,
+                    r.seed,
+                    if r.stopped { " (stopped part-way)" } else { "" }
+                )
+            })
+            .collect();
+        runs.join(", ")
+    }
 }
 
 /// The settings a live run's gateway ran with besides its policy's preset
@@ -425,6 +468,7 @@ impl Report {
             flow: None,
             front_logs: Vec::new(),
             gateway: None,
+            interrupted: None,
         }
     }
 

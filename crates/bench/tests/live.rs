@@ -354,6 +354,130 @@ async fn a_gateway_that_does_not_start_fails_its_policys_runs_and_the_rest_still
     }
 }
 
+/// Fires an interrupt once the run it is waiting for has routed its first request, and notes
+/// when each run started.
+struct InterruptOnRun {
+    /// The label of the run to interrupt starts with this.
+    run: &'static str,
+    label: String,
+    fire: Option<tokio::sync::oneshot::Sender<()>>,
+    started: Vec<(String, std::time::Instant)>,
+}
+
+impl Progress for InterruptOnRun {
+    fn start(&mut self, label: &str, _total: u64) {
+        label.clone_into(&mut self.label);
+        self.started
+            .push((label.to_owned(), std::time::Instant::now()));
+    }
+    fn advance(&mut self, done: u64) {
+        if done >= 1
+            && self.label.contains(self.run)
+            && let Some(fire) = self.fire.take()
+        {
+            let _ = fire.send(());
+        }
+    }
+    fn finish(&mut self) {}
+}
+
+/// An interrupt during a run stops it part-way and the call returns the report of the runs
+/// that completed, marked interrupted and naming the runs that did not run: the stopped one,
+/// then the rest of its seed and the later seeds. The run is stopped, not waited out: the call
+/// returns before that run's last request would even have been sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_bench_reports_the_runs_that_completed_and_names_the_rest() {
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.seeds = vec![5, 6];
+    scenario.workload.duration_s = 6.0;
+    let last_arrival = infergate_bench::workload::generate(&scenario.workload, 5)
+        .last()
+        .unwrap()
+        .at;
+    let (fire, fired) = tokio::sync::oneshot::channel();
+    let mut progress = InterruptOnRun {
+        run: "seed 5 (1/2) infergate",
+        label: String::new(),
+        fire: Some(fire),
+        started: Vec::new(),
+    };
+    let report = infergate_bench::live::run_until(
+        &scenario,
+        "tiny",
+        &Fronts::default(),
+        &mut progress,
+        async {
+            let _ = fired.await;
+        },
+    )
+    .await
+    .unwrap();
+    let returned = std::time::Instant::now();
+    let (label, started) = progress.started.last().unwrap();
+    assert!(label.ends_with("infergate"), "{:?}", progress.started);
+    assert!(
+        returned < *started + Duration::from_secs_f64(last_arrival),
+        "returned {:?} after the interrupted run started; its arrivals span {last_arrival} s",
+        returned - *started
+    );
+    assert_eq!(progress.started.len(), 2, "later runs started");
+
+    assert_eq!(report.runs.len(), 1);
+    let rr = &report.runs[0];
+    assert_eq!((rr.policy.as_str(), rr.seed), ("round-robin", 5));
+    assert_eq!(rr.completed, rr.requests);
+    assert_eq!(
+        report.floors.len(),
+        1,
+        "only the seed that ran has its floor"
+    );
+    let not_run: Vec<(&str, u64, bool)> = report
+        .interrupted
+        .as_ref()
+        .unwrap()
+        .not_run
+        .iter()
+        .map(|r| (r.policy.as_str(), r.seed, r.stopped))
+        .collect();
+    assert_eq!(
+        not_run,
+        [
+            ("infergate", 5, true),
+            ("round-robin", 6, false),
+            ("infergate", 6, false)
+        ]
+    );
+    let md = report.markdown();
+    assert!(
+        md.contains("**Interrupted — partial report.**")
+            && md.contains(
+                "Not run: infergate seed 5 (stopped part-way), round-robin seed 6, infergate seed 6."
+            ),
+        "{md}"
+    );
+    let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["interrupted"]["not_run"][0],
+        serde_json::json!({ "policy": "infergate", "seed": 5, "stopped": true })
+    );
+    // A bench that ran to its end says nothing of the kind.
+    let mut whole = scenario.clone();
+    whole.seeds = vec![5];
+    whole.policies.truncate(1);
+    whole.workload.duration_s = 1.0;
+    let report = infergate_bench::live::run(&whole, "tiny", &mut Silent)
+        .await
+        .unwrap();
+    assert!(report.interrupted.is_none());
+    assert!(!report.markdown().contains("Interrupted"));
+    assert!(
+        serde_json::to_value(&report)
+            .unwrap()
+            .get("interrupted")
+            .is_none()
+    );
+}
+
 /// Two scenarios run with the same front keep their own logs: the second does not overwrite
 /// the first's, and each report and failure names its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

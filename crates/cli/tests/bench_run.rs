@@ -542,7 +542,112 @@ fn a_stopped_live_run_stops_its_front_too() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     assert!(stderr.contains("interrupted during"), "{stderr}");
-    assert!(!dir.path().join("out/stop-live.md").exists());
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    // The policy's run completed before the front's started: its report is kept.
+    let md = std::fs::read_to_string(dir.path().join("out/stop-live.md")).unwrap();
+    assert!(
+        md.contains("Not run: idle seed 1 (stopped part-way)."),
+        "{md}"
+    );
+}
+
+/// Ctrl-C part-way through a live bench: the run in progress is stopped, the report of the
+/// runs that completed is written — marked interrupted, naming the runs that did not run — and
+/// named on stdout, the scenarios after it are said not to have run, and the bench exits 130.
+#[test]
+fn ctrl_c_during_a_live_bench_writes_the_report_of_the_runs_that_completed() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = live_scenario(dir.path(), "stopped", 4);
+    // Two seeds of 3 s each: the signal comes 1 s into the second.
+    let text = std::fs::read_to_string(&scenario)
+        .unwrap()
+        .replace("duration_s: 1", "duration_s: 3")
+        .replace("seeds: [1]", "seeds: [1, 2]");
+    std::fs::write(&scenario, text).unwrap();
+    let later = live_scenario(dir.path(), "later", 4);
+    let out_dir = dir.path().join("out");
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("bench")
+        .arg(&scenario)
+        .arg(&later)
+        .args(["--mode", "live", "--out"])
+        .arg(&out_dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = bench.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap();
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let second = "stopped live seed 2 (2/2) round-robin: ";
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the second run never started");
+        if line.starts_with(second) && line.ends_with(" requests") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let sent = Command::new("kill")
+        .args(["-INT", &bench.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = bench.wait_with_output().unwrap();
+    let stderr = reader.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    let md_path = out_dir.join("stopped-live.md");
+    assert!(
+        stdout.contains(&format!("report: {}", md_path.display()))
+            && stdout.contains(
+                "INTERRUPTED: a partial report; not run: round-robin seed 2 (stopped part-way)"
+            ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "interrupted during {}: the partial report of the runs that completed is {}",
+            scenario.display(),
+            md_path.display()
+        )) && stderr.contains(&format!("scenarios not run: {}", later.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(&format!("{second}done")), "{stderr}");
+    let md = std::fs::read_to_string(&md_path).unwrap();
+    assert!(
+        md.contains("**Interrupted — partial report.**")
+            && md.contains("Not run: round-robin seed 2 (stopped part-way)."),
+        "{md}"
+    );
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| round-robin |"))
+        .unwrap();
+    assert!(row.contains(" ms |"), "{row}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("stopped-live.json")).unwrap())
+            .unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["seed"], 1);
+    assert_eq!(runs[0]["completed"], runs[0]["requests"]);
+    assert_eq!(
+        json["interrupted"]["not_run"],
+        serde_json::json!([{ "policy": "round-robin", "seed": 2, "stopped": true }])
+    );
+    assert!(!out_dir.join("later-live.md").exists());
 }
 
 #[test]

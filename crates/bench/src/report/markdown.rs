@@ -210,6 +210,13 @@ pub(super) fn render(r: &Report) -> String {
     let sc = &r.scenario;
     let mut s = String::new();
     let _ = writeln!(s, "# {} ({})\n", sc.name, r.mode);
+    if let Some(i) = &r.interrupted {
+        let _ = writeln!(
+            s,
+            "**Interrupted — partial report.** The bench was stopped before every run completed; the figures below are over the runs that did. Not run: {}.\n",
+            i.list()
+        );
+    }
     if !sc.description.is_empty() {
         let _ = writeln!(s, "{}\n", sc.description.trim());
     }

@@ -196,6 +196,13 @@ pub fn print(report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
             v.measured
         )?;
     }
+    if let Some(i) = &report.interrupted {
+        writeln!(
+            out,
+            "\nINTERRUPTED: a partial report; not run: {}",
+            i.list()
+        )?;
+    }
     if let Some(md) = written.first() {
         writeln!(out, "\nreport: {}", md.display())?;
     }
@@ -248,6 +255,88 @@ pub fn unserved(report: &Report) -> Vec<String> {
         .collect()
 }
 
+/// A signal that stops a live bench: Ctrl-C (SIGINT) or SIGTERM, listened for from the moment
+/// [`stop_signal`] returns.
+struct Stopped(tokio::sync::watch::Receiver<Option<u8>>);
+
+impl Stopped {
+    /// Resolves once the signal has come (never, if the listener is gone without one).
+    async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(Option::is_some).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The exit status for the signal that came, 128 + its number: 130 for SIGINT, 143 for
+    /// SIGTERM; `None` while none has.
+    fn code(&self) -> Option<u8> {
+        *self.0.borrow()
+    }
+}
+
+/// Starts listening for SIGINT and SIGTERM (before returning, so that none is missed).
+fn stop_signal() -> anyhow::Result<Stopped> {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?;
+        let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                _ = int.recv() => 130,
+                _ = term.recv() => 143,
+            };
+            let _ = tx.send(Some(code));
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = tx.send(Some(130));
+        }
+    });
+    Ok(Stopped(rx))
+}
+
+/// Ends a live bench stopped by a signal during scenario `origin`: writes the report of the
+/// runs that completed (marked partial, naming those that did not run) and names it, says
+/// which scenarios did not run at all, and exits with `code` — everything the runs started is
+/// already stopped.
+fn interrupted(
+    report: &Report,
+    out: &Path,
+    origin: &str,
+    later: &[String],
+    code: u8,
+) -> anyhow::Result<()> {
+    let mut said = format!("\ninterrupted during {origin}: ");
+    if report.runs.is_empty() {
+        said.push_str("no run had completed, so no report was written for it");
+    } else {
+        let written = report.write(out)?;
+        print(report, &written)?;
+        if let Some(md) = written.first() {
+            said.push_str(&format!(
+                "the partial report of the runs that completed is {}",
+                md.display()
+            ));
+        }
+    }
+    if let Some(i) = &report.interrupted {
+        said.push_str(&format!("\n  not run: {}", i.list()));
+    }
+    if !later.is_empty() {
+        said.push_str(&format!("\n  scenarios not run: {}", later.join(", ")));
+    }
+    eprintln!("{said}");
+    std::io::stdout().flush()?;
+    // The front, gateway and fleet of the stopped run have been stopped and waited for; the
+    // status says how the bench ended, as a shell expects of a program ended by a signal.
+    std::process::exit(i32::from(code));
+}
+
 /// Runs `infergate bench`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let live = match args.mode.as_str() {
@@ -295,8 +384,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     // A report folder that cannot be written would otherwise be found after the runs.
     writable(&args.out)?;
+    // Live runs take minutes: Ctrl-C or SIGTERM stops the run in progress and keeps the report
+    // of those that completed. Listened for from here on, so that no signal between two runs
+    // is lost; a simulated bench keeps the default (the process ends at once).
+    let stopped = if live { Some(stop_signal()?) } else { None };
     let mut unserved_runs = Vec::new();
-    for (path, scenario) in scenarios {
+    let names: Vec<String> = scenarios
+        .iter()
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    for (index, (path, scenario)) in scenarios.into_iter().enumerate() {
         let origin = path.display().to_string();
         // A folder run keeps records where it can: flow and replica scenarios have their own
         // runners, which keep none; they say so and run as usual.
@@ -309,21 +406,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let options = infergate_bench::simulate::RunOptions {
             requests: args.requests_csv && keeps,
         };
-        let report = if live {
+        let report = if let Some(stopped) = &stopped {
             // Fronts run in process groups of their own, out of reach of the terminal's Ctrl-C:
-            // a signal ends the run here, and dropping it stops the front it had started.
+            // a signal stops the run in progress here, and with it the front it had started.
             let mut bar = StderrBar::default();
-            tokio::select! {
-                report = infergate_bench::live::run_with_fronts(
-                    &scenario,
-                    &origin,
-                    &fronts,
-                    &mut bar,
-                ) => report?,
-                () = super::shutdown_signal() => anyhow::bail!(
-                    "\ninterrupted during {origin}: its runs were stopped, external fronts included, and no report was written for it"
-                ),
+            let report = infergate_bench::live::run_until(
+                &scenario,
+                &origin,
+                &fronts,
+                &mut bar,
+                stopped.wait(),
+            )
+            .await?;
+            if let Some(code) = stopped.code() {
+                return interrupted(&report, &args.out, &origin, &names[index + 1..], code);
             }
+            report
         } else {
             tokio::task::spawn_blocking(move || {
                 infergate_bench::simulate::run_with(
