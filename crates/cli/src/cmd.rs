@@ -3,6 +3,7 @@
 pub mod bbr;
 pub mod bench;
 pub mod crdgen;
+pub mod delete_configs;
 pub mod demo;
 pub mod gateway;
 pub mod global;

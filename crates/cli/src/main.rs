@@ -1,5 +1,5 @@
 //! `infergate`: one binary for every role — standalone gateway, ext_proc picker and body-based
-//! router, Kubernetes operator, model-server emulator, benchmarks, the demo, CRD generation,
+//! router, Kubernetes operator (and its uninstall step), model-server emulator, benchmarks, the demo, CRD generation,
 //! API-key hashing for the gateway's `auth.apiKeys`, and the model tokenizer's ids for a request.
 //!
 //! Each subcommand lives in `cmd/<name>.rs` and is a thin shell over its library crate.
@@ -43,6 +43,9 @@ enum Command {
     Bbr(cmd::bbr::Args),
     /// Run the Kubernetes operator.
     Operator(cmd::operator::Args),
+    /// Delete the InferenceGatewayConfigs matching a label selector and wait until the operator
+    /// has let them go (the Helm chart's uninstall hook).
+    DeleteConfigs(cmd::delete_configs::Args),
     /// Serve a fleet of emulated model servers on 127.0.0.1.
     Sim(cmd::sim::Args),
     /// Run benchmark scenarios and write reports.
@@ -97,6 +100,7 @@ fn main() -> anyhow::Result<()> {
             Command::Picker(args) => cmd::picker::run(*args).await,
             Command::Bbr(args) => cmd::bbr::run(args).await,
             Command::Operator(args) => cmd::operator::run(args).await,
+            Command::DeleteConfigs(args) => cmd::delete_configs::run(args).await,
             Command::Sim(args) => cmd::sim::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
             Command::Demo(args) => cmd::demo::run(args).await,

@@ -8,11 +8,13 @@
 //! - [`reconcile`]: the controller — validate, render, server-side apply under one field
 //!   manager, prune children that left the spec, finalizer, status write, `error_policy` with
 //!   backoff and a failure counter.
-//! - [`triggers`]: which configs an event on a Pod or a Secret concerns, pure; `reconcile`
-//!   feeds the watches into it.
+//! - [`triggers`]: which configs an event on a model-server Pod concerns, pure; `reconcile`
+//!   feeds the watch into it.
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease elector so two replicas never both write.
 //! - [`metrics`]: Prometheus counters of reconciles and failures.
 //! - [`serve`]: the `infergate operator` process tying these together.
+//! - [`uninstall`]: deleting a release's configs and waiting for the operator to let them go
+//!   (the chart's `pre-delete` hook, `infergate delete-configs`).
 
 pub mod error;
 pub mod leader;
@@ -22,5 +24,6 @@ pub mod render;
 pub mod serve;
 pub mod status;
 pub mod triggers;
+pub mod uninstall;
 
 pub use error::Error;

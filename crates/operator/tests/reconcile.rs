@@ -1205,3 +1205,106 @@ async fn a_route_the_gateway_controller_stops_accepting_turns_a_ready_config_at_
     ready_reason_becomes(&fake, "RouteNotAccepted").await;
     controller.abort();
 }
+
+/// The release's configs as the chart's `pre-delete` hook sees them: `fleet` labelled with the
+/// release, and `other` (the same spec, another name, no release label) beside it.
+fn release_configs(fake: &Fake) {
+    fake.edit(CFG, |c| {
+        c["metadata"]["labels"]["app.kubernetes.io/instance"] = json!("rel");
+    });
+    let mut other = fake.get(CFG).unwrap();
+    other["metadata"]["name"] = json!("other");
+    other["metadata"]["labels"] = json!({});
+    fake.put(&CFG.replace("/fleet", "/other"), other);
+}
+
+/// What `infergate delete-configs` (the chart's uninstall hook) does with the operator running:
+/// the release's config is deleted, the operator's finalizer deletes its children and lets it
+/// go, and the call returns then; a config of no release is left alone.
+#[tokio::test(start_paused = true)]
+async fn delete_configs_returns_once_the_operator_has_let_the_releases_configs_go() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    release_configs(&fake);
+    assert_eq!(
+        fake.get(CFG).unwrap()["metadata"]["finalizers"],
+        json!([FINALIZER])
+    );
+    let children = |fake: &Fake| {
+        fake.paths()
+            .into_iter()
+            .filter(|p| p.contains("/deployments/fleet-"))
+            .count()
+    };
+    assert!(children(&fake) > 0);
+    let controller = controller_settled(&ctx).await;
+    let started = tokio::time::Instant::now();
+    let deleted = infergate_operator::uninstall::delete_and_wait(
+        ctx.client.clone(),
+        "app.kubernetes.io/instance=rel",
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted, ["inference/fleet"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(fake.get(CFG).is_none(), "the config is gone");
+    assert_eq!(
+        children(&fake),
+        0,
+        "its children were deleted by the finalizer"
+    );
+    assert!(fake.get(&CFG.replace("/fleet", "/other")).is_some());
+    controller.abort();
+}
+
+/// Without an operator nothing removes the finalizer: the call gives up after its timeout and
+/// names what is left and why it is stuck.
+#[tokio::test(start_paused = true)]
+async fn delete_configs_without_an_operator_times_out_naming_the_configs_left() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    release_configs(&fake);
+    let err = infergate_operator::uninstall::delete_and_wait(
+        ctx.client.clone(),
+        "app.kubernetes.io/instance=rel",
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("1 InferenceGatewayConfig(s) matching `app.kubernetes.io/instance=rel` still exist after 30s: inference/fleet (finalizers: infergate.dev/cleanup)"),
+        "{text}"
+    );
+    assert!(text.contains("is the operator running?"), "{text}");
+    // Deleted once, marked, not removed.
+    let stored = fake.get(CFG).unwrap();
+    assert!(!stored["metadata"]["deletionTimestamp"].is_null());
+    let deletes = fake
+        .log()
+        .iter()
+        .filter(|s| s.method == "DELETE" && s.path.contains("/inferencegatewayconfigs/"))
+        .count();
+    assert_eq!(deletes, 1);
+    // A second run (the hook retried) waits for it again without deleting it twice.
+    let err = infergate_operator::uninstall::delete_and_wait(
+        ctx.client.clone(),
+        "app.kubernetes.io/instance=rel",
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("inference/fleet"), "{err}");
+    let deletes = fake
+        .log()
+        .iter()
+        .filter(|s| s.method == "DELETE" && s.path.contains("/inferencegatewayconfigs/"))
+        .count();
+    assert_eq!(deletes, 1);
+}

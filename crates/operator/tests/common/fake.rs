@@ -366,8 +366,21 @@ impl Fake {
                 st.objects.insert(item, stored.clone());
                 ok(&stored)
             }
-            ("DELETE", Some(item)) => match st.remove(&item) {
-                Some(v) => ok(&v),
+            // As the API server: an object with finalizers is only marked for deletion; it
+            // goes when the last finalizer is removed (the JSON patch above).
+            ("DELETE", Some(item)) => match st.objects.get(&item).cloned() {
+                Some(mut v)
+                    if v["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| !f.is_empty()) =>
+                {
+                    if v["metadata"]["deletionTimestamp"].is_null() {
+                        v["metadata"]["deletionTimestamp"] = json!("2027-01-01T00:00:00Z");
+                        st.store(&item, v.clone());
+                    }
+                    ok(&v)
+                }
+                Some(_) => ok(&st.remove(&item).unwrap()),
                 None => status(404, "not found"),
             },
             _ => status(405, "unsupported"),
