@@ -491,6 +491,24 @@ impl FlowController {
         });
     }
 
+    /// Evicts the newest queued Sheddable request (answered as evicted, like an eviction for
+    /// room in the queue), for a request of a higher band that needs an in-flight slot the
+    /// queued ones hold. Whether there was one.
+    pub fn evict_newest_sheddable(&self) -> bool {
+        let mut inner = self.ctl.lock();
+        let now = self.ctl.clock.now();
+        let Some(r) = inner.queues.evict_newest_sheddable(now) else {
+            return false;
+        };
+        self.ctl.gauges(&mut inner);
+        drop(inner);
+        let metrics = &self.ctl.metrics;
+        metrics.wait[band(r.priority)].observe(r.waited.as_secs_f64());
+        metrics.outcome(r.priority, &r.payload.label, outcome::EVICTED, r.waited);
+        r.payload.waiter.signal(Signal::Evicted);
+        true
+    }
+
     /// Whether a request of `priority` must queue behind requests already waiting.
     pub fn must_wait(&self, priority: Priority) -> bool {
         self.ctl.lock().queues.has_queued_at_or_above(priority)

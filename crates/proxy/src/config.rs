@@ -555,15 +555,15 @@ impl TryFrom<RawGateway> for GatewayConfig {
 
 /// Refuses a flow-control queue as large as `limits.maxRequestsInFlight`: queued requests hold
 /// an in-flight slot, so such a queue never fills — the gateway answers 503 `gateway_busy`
-/// before a request reaches it, and a Critical request can no longer evict a Sheddable one.
+/// before a request reaches it, and the rules for a full queue never apply.
 fn check_queue_fits_in_flight(flow: &FlowConfig, limits: &Limits) -> Result<(), String> {
     let queued = usize::try_from(flow.max_requests).unwrap_or(usize::MAX);
     if flow.enabled && queued >= limits.max_requests_in_flight {
         return Err(format!(
             "`flowControl.maxRequests` ({queued}) must be below `limits.maxRequestsInFlight` ({}): \
              queued requests hold an in-flight slot too, so the gateway would refuse requests \
-             (503 gateway_busy) before the queue filled, and a Critical request could not evict \
-             a Sheddable one; lower `flowControl.maxRequests` or raise \
+             (503 gateway_busy) before the queue filled, and a full queue's rules (429 with \
+             Retry-After for Sheddable requests) would never apply; lower `flowControl.maxRequests` or raise \
              `limits.maxRequestsInFlight`, leaving room for the requests running",
             limits.max_requests_in_flight
         ));

@@ -52,6 +52,8 @@ pub(crate) struct Counters {
     pub(crate) in_flight: Gauge,
     /// Request body bytes charged to the budget.
     pub(crate) buffered: Gauge,
+    /// Slots taken over the limit by requests above Sheddable from queued Sheddable ones.
+    pub(crate) slots_taken_over: Counter,
 }
 
 /// One open connection; dropping it frees the slot.
@@ -122,6 +124,14 @@ impl Counters {
             self.connections_refused.inc();
             None
         }
+    }
+
+    /// Starts one more request whatever the limit: for one that takes over the slot of a queued
+    /// request just evicted, which frees it as it answers.
+    pub(crate) fn start_request_over_limit(&self) -> RequestSlot {
+        self.in_flight.inc();
+        self.slots_taken_over.inc();
+        RequestSlot(self.in_flight.clone())
     }
 
     /// Starts one more request, or answers `gateway_busy` when `max` are in flight.

@@ -21,6 +21,7 @@ use infergate_openai::{ApiError, ApiKind, ModelRewriter, Route, parse_request};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, Segments};
 use infergate_pool::quota::QuotaTicket;
+use infergate_scheduler::Priority;
 use tokio::time::Instant;
 
 use crate::auth::{Identity, ModelAccess};
@@ -200,7 +201,10 @@ async fn admit(
     // Before the body is read: the per-model limit needs the body's `model`, this one does not.
     let slot = match counters.start_request(limits.max_requests_in_flight) {
         Ok(slot) => slot,
-        Err(e) => return Ok(Admission::Refused(e)),
+        Err(e) => match slot_of_a_queued_sheddable(state, counters, &identity, req.headers()) {
+            Some(slot) => slot,
+            None => return Ok(Admission::Refused(e)),
+        },
     };
     let declared = req
         .headers()
@@ -219,6 +223,36 @@ async fn admit(
         })),
         BodyRead::Refused(e) => Ok(Admission::Refused(e)),
     }
+}
+
+/// At `limits.maxRequestsInFlight`, a request above Sheddable (by its headers: `tenancy:`)
+/// takes the slot of the newest queued Sheddable request, which is evicted (429
+/// `evicted-priority`, as when a higher band needs room in the queue) and frees its slot as it
+/// answers; meanwhile the new one holds a slot over the limit. Queued requests hold slots, so
+/// without this a Sheddable flood that filled the queue and the slots would turn Critical
+/// requests away at the door (503 `gateway_busy`) before their priority was read. The queue
+/// with the most Sheddable requests gives one up. Only on the refusal path.
+fn slot_of_a_queued_sheddable(
+    state: &State,
+    counters: &Counters,
+    identity: &Identity,
+    headers: &http::HeaderMap,
+) -> Option<RequestSlot> {
+    let authenticated = state.auth.is_enabled().then_some(&identity.tenant);
+    if state.tenancy.gateway(authenticated, headers).priority == Priority::Sheddable {
+        return None;
+    }
+    let flow = state
+        .router
+        .targets()
+        .iter()
+        .filter_map(|m| m.flow.as_ref())
+        .map(|f| (f.queued_in(Priority::Sheddable), f))
+        .filter(|(n, _)| *n > 0)
+        .max_by_key(|(n, _)| *n)?
+        .1;
+    flow.evict_newest_sheddable()
+        .then(|| counters.start_request_over_limit())
 }
 
 /// A routed request: its model, its concurrency slot, its in-flight entry.

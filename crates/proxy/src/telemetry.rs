@@ -130,6 +130,11 @@ impl Telemetry {
             t.limits.in_flight.clone(),
         );
         r.register(
+            "requests_in_flight_taken_over",
+            "Requests above Sheddable admitted at limits.maxRequestsInFlight by evicting a queued Sheddable request (flow control), whose slot they took",
+            t.limits.slots_taken_over.clone(),
+        );
+        r.register(
             "buffered_request_bytes",
             "Request body bytes held, charged to limits.maxBufferedRequestBytes",
             t.limits.buffered.clone(),

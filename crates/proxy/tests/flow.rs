@@ -319,6 +319,86 @@ async fn a_sheddable_flood_fills_the_queue_not_the_in_flight_slots_and_critical_
     assert!(!m.contains(r#"reason="gateway_busy""#), "{m}");
 }
 
+/// The door itself full (`limits.maxRequestsInFlight`, queued requests holding slots): a request
+/// above Sheddable takes the slot of the newest queued Sheddable one, which is evicted (429
+/// `evicted-priority`), instead of 503 `gateway_busy` before its priority was read; a Sheddable
+/// one, or any once no Sheddable request is queued, is still turned away at the door.
+#[tokio::test]
+async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sheddable_one() {
+    use tokio::io::AsyncWriteExt as _;
+
+    let up = saturated_pod().await;
+    let gw = start(
+        "limits: { maxRequestsInFlight: 3 }\nflowControl: { enabled: true, requestTtlMs: 20000, maxRequests: 2 }\ntenancy: { priorityHeader: x-priority }\n",
+        &[up.addr],
+    )
+    .await;
+    // One slot held by a request whose body is still coming (as a running one would hold it).
+    let mut slow = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    slow.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    gw.until_metric("infergate_gateway_requests_in_flight 1\n")
+        .await;
+    let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 1)).await;
+    let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 2)).await;
+    let busy = |status: http::StatusCode, body: &[u8]| {
+        assert_eq!(status, 503, "{}", String::from_utf8_lossy(body));
+        assert_eq!(json(body)["error"]["code"], "gateway_busy");
+    };
+    let (status, _, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-priority", "sheddable")],
+    )
+    .await;
+    busy(status, &body);
+
+    // A Critical request: the newest Sheddable one (the second) gives up its slot.
+    let critical = spawn_chat(gw.addr(), &[("x-priority", "critical")]);
+    let (status, headers, _) = second.await.unwrap();
+    assert_eq!(status, 429);
+    assert_eq!(headers[REASON], "evicted-priority");
+    gw.until_metric(&queue_gauge("critical", 1)).await;
+    gw.until_metric("infergate_gateway_requests_in_flight_taken_over_total 1\n")
+        .await;
+    // A Standard one takes the last.
+    let standard = spawn_chat(gw.addr(), &[("x-priority", "standard")]);
+    let (status, headers, _) = first.await.unwrap();
+    assert_eq!(status, 429);
+    assert_eq!(headers[REASON], "evicted-priority");
+    gw.until_metric(&queue_gauge("standard", 1)).await;
+    gw.until_metric(&queue_gauge("sheddable", 0)).await;
+    // No Sheddable request left to give a slot: turned away at the door.
+    let (status, _, body) = send(
+        gw.addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-priority", "critical")],
+    )
+    .await;
+    busy(status, &body);
+
+    up.waiting.store(0, Ordering::SeqCst);
+    assert_eq!(critical.await.unwrap().0, 200);
+    assert_eq!(standard.await.unwrap().0, 200);
+    drop(slow);
+    gw.until_metric("infergate_gateway_requests_in_flight 0\n")
+        .await;
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(&outcome("sheddable", "default", "evicted-priority", 2)),
+        "{m}"
+    );
+}
+
 #[tokio::test]
 async fn a_client_that_disconnects_leaves_the_queue_at_once() {
     let up = saturated_pod().await;

@@ -787,17 +787,10 @@ impl<T> FlowQueues<T> {
                 });
             }
             while !fits(self.len, self.bytes) {
-                let tail = self.bands[band_index(Priority::Sheddable)].tail;
-                let Some(r) = self.take(tail) else {
+                let Some(r) = self.evict_newest_sheddable(now) else {
                     break;
                 };
-                evicted(Removed {
-                    ticket: r.0,
-                    payload: r.1.payload,
-                    priority: Priority::Sheddable,
-                    reason: Removal::Evicted,
-                    waited: now.saturating_since(r.1.enqueued),
-                });
+                evicted(r);
             }
         }
         let flow = self.flow_for(b, req.tenant);
@@ -860,6 +853,21 @@ impl<T> FlowQueues<T> {
             self.heap_push(Which::Expiry, b, index);
         }
         Ok(ticket)
+    }
+
+    /// Takes out the newest queued Sheddable request (the one eviction takes first), if any:
+    /// for a Critical or Standard request that needs the room it holds elsewhere than in the
+    /// queue (the gateway's in-flight slots).
+    pub fn evict_newest_sheddable(&mut self, now: Timestamp) -> Option<Removed<T>> {
+        let tail = self.bands[band_index(Priority::Sheddable)].tail;
+        let (ticket, entry) = self.take(tail)?;
+        Some(Removed {
+            ticket,
+            payload: entry.payload,
+            priority: Priority::Sheddable,
+            reason: Removal::Evicted,
+            waited: now.saturating_since(entry.enqueued),
+        })
     }
 
     /// The request that would be dispatched next: the Critical band first, then Standard, then

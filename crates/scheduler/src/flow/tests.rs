@@ -288,6 +288,31 @@ fn a_full_queue_evicts_the_newest_sheddable_for_a_higher_band() {
 }
 
 #[test]
+fn evicting_the_newest_sheddable_takes_it_out_and_nothing_else() {
+    let mut q = queues(|_| {});
+    push(&mut q, FlowRequest::new("a", Priority::Sheddable, 10), "s1");
+    push(&mut q, std_req("a"), "n1");
+    push(&mut q, FlowRequest::new("b", Priority::Sheddable, 10), "s2");
+    let r = q.evict_newest_sheddable(at(4)).unwrap();
+    assert_eq!(
+        (r.payload, r.reason, r.priority, r.waited),
+        (
+            "s2",
+            Removal::Evicted,
+            Priority::Sheddable,
+            Duration::from_millis(4)
+        )
+    );
+    assert_eq!(q.evict_newest_sheddable(at(4)).unwrap().payload, "s1");
+    assert!(
+        q.evict_newest_sheddable(at(4)).is_none(),
+        "Standard is not taken"
+    );
+    assert_eq!((q.len(), q.bytes()), (1, 10));
+    assert_eq!(drain(&mut q), ["n1"]);
+}
+
+#[test]
 fn eviction_by_bytes_takes_as_many_sheddables_as_needed_or_none() {
     let mut q = queues(|c| c.max_bytes = 100);
     push(
