@@ -5,16 +5,23 @@
 #      schemas in strict mode, InferenceGatewayConfig against our CRD's schema);
 #   3. every example of deploy/examples/ passed through `gatewayConfigs` renders to the same spec;
 #   4. the chart's CRDs are the ones in crds/, and deploy/operator/operator.yaml is the chart's
-#      default render (deploy/operator/render.sh);
+#      default render without its hooks (deploy/operator/render.sh; `kubectl apply` runs no hooks,
+#      and would start the uninstall Job at once);
 #   5. bad values fail, each with the message that names the problem;
 #   6. the validator itself rejects a broken object (so step 2 can fail);
-#   7. the templates avoid what an EKS add-on cannot render: hooks, `lookup`, `.Capabilities`,
-#      `.Release.Service`.
+#   7. the templates avoid what an EKS add-on cannot render: `lookup`, `.Capabilities`,
+#      `.Release.Service`, and hooks other than the uninstall hook, which
+#      `uninstallHook.enabled=false` removes entirely;
 #   8. the built-in objects the operator renders (its golden files) pass the same strict check;
 #   9. the global router (globalRouter): off by default, insecure or inconsistent values refused,
 #      and its rendered command line, environment and global.yaml accepted by the real binary
 #      (`infergate global --check`; INFERGATE=/path/to/infergate, else cargo builds it), then
-#      started as rendered in front of an emulated model server and driven to an answer.
+#      started as rendered in front of an emulated model server and driven to an answer;
+#  10. the uninstall hook (uninstallHook): its pre-delete ServiceAccount, ClusterRole (exactly get,
+#      list, delete on the configs), binding and Job with their weights, delete policy, hardening
+#      and arguments (tests/helm/uninstall-hook.py), none of it when disabled, bad values refused,
+#      and the Job's command line as rendered run with the real binary and no cluster: its
+#      arguments must parse (not clap's exit 2) and it must fail on the missing connection.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
 # or HELM (tests/helm/install-helm.sh).
 set -euo pipefail
@@ -77,9 +84,10 @@ done
 [ "$(ls "$chart"/crds | wc -l)" = "$(ls crds | wc -l)" ] || fail "$chart/crds/ and crds/ hold different files"
 ok "chart CRDs = crds/"
 sed -n '/^# Source:/,$p' deploy/operator/operator.yaml | sed '1s/^/---\n/' >"$work/committed.yaml"
-cmp -s <(sed '/^---$/d' "$work/committed.yaml") <(sed '/^---$/d' "$work/default.yaml") \
-  || fail "deploy/operator/operator.yaml is not the chart's default render (run deploy/operator/render.sh)"
-ok "deploy/operator/operator.yaml = chart default render"
+"$helm" template infergate "$chart" -n infergate-system --no-hooks >"$work/default-no-hooks.yaml"
+cmp -s <(sed '/^---$/d' "$work/committed.yaml") <(sed '/^---$/d' "$work/default-no-hooks.yaml") \
+  || fail "deploy/operator/operator.yaml is not the chart's default render without hooks (run deploy/operator/render.sh; it must render with --no-hooks)"
+ok "deploy/operator/operator.yaml = chart default render without hooks"
 
 # 5. Bad values: each must fail, naming the problem.
 expect_fail() {
@@ -116,11 +124,15 @@ if python3 tests/helm/validate.py "$work/bad-spec-render.yaml" >"$work/bad-spec.
 fi
 ok "validator rejects an unknown field and a mistyped spec"
 # 7. EKS add-on packaging: the add-on renders the chart without a cluster connection or Helm's
-# release bookkeeping, so none of these may appear in a template.
-if grep -rnE 'helm\.sh/hook|\blookup\b|\.Capabilities|\.Release\.Service' "$chart/templates"; then
-  fail "a template uses a hook, lookup, .Capabilities or .Release.Service (not renderable as an EKS add-on)"
+# release bookkeeping, so none of these may appear in a template. The one hook, the uninstall
+# hook, is written only by its helper and goes away with uninstallHook.enabled=false (step 10).
+if grep -rnE '\blookup\b|\.Capabilities|\.Release\.Service' "$chart/templates"; then
+  fail "a template uses lookup, .Capabilities or .Release.Service (not renderable as an EKS add-on)"
 fi
-ok "no hooks, lookup, .Capabilities or .Release.Service in the templates"
+if grep -rn 'helm\.sh/hook' "$chart/templates" | grep -v '^[^:]*/_helpers\.tpl:[0-9]*:helm\.sh/hook'; then
+  fail "a template writes a Helm hook annotation outside infergate.uninstallHook.annotations"
+fi
+ok "no lookup, .Capabilities or .Release.Service in the templates; hooks only from the uninstall hook's helper"
 # 8. What the operator renders at run time: its golden files, built-in kinds in strict mode (the
 # Gateway API / InferencePool / Envoy Gateway kinds are validated against their upstream CRDs by
 # `cargo test -p infergate-operator`).
@@ -237,4 +249,66 @@ wait "$router_pid" "$sim_pid" 2>/dev/null || true
 grep -qi '^x-infergate-cluster: sim' "$work/router-live.headers" && grep -q '"choices"' <<<"$answer" \
   || fail "the rendered router did not route a chat completion to the cluster: $answer $(tail -5 "$work/router-live.log")"
 ok "rendered global router started as rendered (args, environment, global.yaml) routes a chat completion to an emulated cluster"
+# 10. The uninstall hook: a pre-delete Job (`infergate delete-configs`) with its own RBAC, on by
+# default; the default render and each ci render were validated in step 2 with it included.
+python3 tests/helm/uninstall-hook.py "$work/default.yaml" --release infergate --namespace infergate-system \
+  --timeout 300 >/dev/null || fail "the default render's uninstall hook (above)"
+ok "uninstall hook: pre-delete SA, ClusterRole (get, list, delete on configs), binding before the Job; hardened Job; args"
+sed 's/^    verbs: \[get, list, delete\]$/    verbs: [get, list, delete, patch]/' "$work/default.yaml" >"$work/hook-broad.yaml"
+grep -q 'verbs: \[get, list, delete, patch\]' "$work/hook-broad.yaml" || fail "could not build the over-broad hook render"
+if python3 tests/helm/uninstall-hook.py "$work/hook-broad.yaml" --release infergate --namespace infergate-system \
+  --timeout 300 >/dev/null 2>"$work/hook-broad.out"; then
+  fail "uninstall-hook.py accepted a hook ClusterRole that can also patch configs"
+fi
+grep -q "expected exactly get, list, delete" "$work/hook-broad.out" || fail "uninstall-hook.py's error does not name the verbs: $(cat "$work/hook-broad.out")"
+ok "uninstall-hook.py refuses a hook ClusterRole with one verb more"
+for values in "$chart"/ci/*-values.yaml; do
+  "$helm" template t "$chart" -n ns1 -f "$values" --set uninstallHook.timeoutSeconds=42 >"$work/hook.yaml"
+  python3 tests/helm/uninstall-hook.py "$work/hook.yaml" --release t --namespace ns1 --timeout 42 >/dev/null \
+    || fail "the uninstall hook rendered with $values and timeoutSeconds=42 (above)"
+done
+ok "uninstall hook with each ci values file and timeoutSeconds=42: release, namespace, timeout, pull secrets follow"
+"$helm" template infergate "$chart" -n infergate-system --set uninstallHook.enabled=false >"$work/no-hook.yaml"
+if grep -nE 'helm\.sh/hook|uninstall' "$work/no-hook.yaml"; then
+  fail "uninstallHook.enabled=false still renders (part of) the uninstall hook"
+fi
+cmp -s "$work/no-hook.yaml" "$work/default-no-hooks.yaml" || fail "uninstallHook.enabled=false changes more than the hook"
+"$helm" template infergate "$chart" -n infergate-system --set uninstallHook.enabled=false --set rbac.create=false \
+  --set serviceAccount.create=false --set serviceAccount.name=op >/dev/null \
+  || fail "rbac.create=false with the hook disabled does not render"
+ok "uninstallHook.enabled=false renders no hook object and nothing else changes"
+expect_fail "/uninstallHook/timeoutSeconds" --set uninstallHook.timeoutSeconds=5
+expect_fail "/uninstallHook/timeoutSeconds" --set uninstallHook.timeoutSeconds=soon
+expect_fail "additional properties 'timeout' not allowed" --set uninstallHook.timeout=300
+expect_fail "uninstallHook.enabled needs rbac.create" --set rbac.create=false
+# The Job's command line exactly as rendered (the image's ENTRYPOINT, which is the binary, and the
+# container's args; its environment), run with the built binary where no cluster is reachable:
+# no in-cluster variables, an empty HOME and a KUBECONFIG that does not exist. clap exits 2 when
+# it refuses the arguments; past them, the command must fail (1) on the missing connection.
+hook_words=()
+mapfile -d '' hook_words < <(python3 tests/helm/uninstall-hook.py "$work/default.yaml" --release infergate \
+  --namespace infergate-system --timeout 300) || fail "cannot read the uninstall hook's command line"
+for ((i = 0; i < ${#hook_words[@]}; i++)); do [ "${hook_words[i]}" = -- ] && break; done
+hook_env=("${hook_words[@]:0:i}")
+hook_cmd=("${hook_words[@]:i+1}")
+[ "$(basename "${hook_cmd[0]}")" = infergate ] || fail "the hook runs ${hook_cmd[0]}, not the infergate binary"
+mkdir "$work/no-cluster"
+run_hook() { # extra args...: runs the rendered hook command line with the local binary, no cluster
+  env -i PATH="$PATH" HOME="$work/no-cluster" KUBECONFIG="$work/no-cluster/config" "${hook_env[@]}" \
+    timeout 60 "$infergate" "${hook_cmd[@]:1}" "$@"
+}
+status=0
+run_hook >"$work/hook-run.out" 2>&1 || status=$?
+case $status in
+  1) ;;
+  2) fail "infergate refuses the rendered uninstall hook's arguments (${hook_cmd[*]:1}): $(cat "$work/hook-run.out")" ;;
+  124) fail "the rendered uninstall hook's command did not give up within 60 s without a cluster: $(tail -5 "$work/hook-run.out")" ;;
+  *) fail "the rendered uninstall hook's command exited $status without a cluster, expected 1: $(cat "$work/hook-run.out")" ;;
+esac
+grep -qiE 'kubeconfig|cluster' "$work/hook-run.out" \
+  || fail "without a cluster, the hook's command does not say it could not connect: $(cat "$work/hook-run.out")"
+status=0
+run_hook --no-such-flag >"$work/hook-bad.out" 2>&1 || status=$?
+[ "$status" = 2 ] || fail "an unknown flag after the hook's arguments exited $status, not 2: this check could not tell a refused command line"
+ok "the rendered uninstall hook's command line parses with the real binary and, with no cluster, fails (1) on the connection: $(grep -iE -m1 'kubeconfig|cluster' "$work/hook-run.out" | cut -c1-160)"
 echo "helm chart checks passed"

@@ -89,3 +89,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $c "admin" (printf "0.0.0.0:%d" (int $g.ports.admin)) -}}
 {{- toYaml $c -}}
 {{- end -}}
+
+{{/* The uninstall hook's objects: <full name>-uninstall, the full name shortened so the suffix
+always fits (cut, the name could equal the operator's own ClusterRole, which the hook's
+before-hook-creation policy would then delete). */}}
+{{- define "infergate.uninstallHook.fullname" -}}
+{{- printf "%s-uninstall" (include "infergate.fullname" . | trunc 53 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* Not the operator's selector labels: the metrics Service and the PodDisruptionBudget must not
+select the hook's pod. */}}
+{{- define "infergate.uninstallHook.labels" -}}
+app.kubernetes.io/name: infergate-uninstall
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: uninstall-hook
+app.kubernetes.io/part-of: infergate
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Hook annotations of the uninstall hook's objects; `weight` orders them (RBAC first). */}}
+{{- define "infergate.uninstallHook.annotations" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ .weight | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
