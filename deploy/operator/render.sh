@@ -19,7 +19,8 @@ metadata:
   labels:
     app.kubernetes.io/part-of: infergate
 HEAD
-  "$helm" template infergate charts/infergate --namespace infergate-system
+  # No hooks: `kubectl apply` runs none, and the uninstall hook's Job would run at once.
+  "$helm" template infergate charts/infergate --namespace infergate-system --no-hooks
 } >"$out.tmp"
 mv "$out.tmp" "$out"
 echo "wrote $out"

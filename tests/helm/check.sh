@@ -252,12 +252,12 @@ ok "rendered global router started as rendered (args, environment, global.yaml) 
 # 10. The uninstall hook: a pre-delete Job (`infergate delete-configs`) with its own RBAC, on by
 # default; the default render and each ci render were validated in step 2 with it included.
 python3 tests/helm/uninstall-hook.py "$work/default.yaml" --release infergate --namespace infergate-system \
-  --timeout 300 >/dev/null || fail "the default render's uninstall hook (above)"
+  --timeout 180 >/dev/null || fail "the default render's uninstall hook (above)"
 ok "uninstall hook: pre-delete SA, ClusterRole (get, list, delete on configs), binding before the Job; hardened Job; args"
 sed 's/^    verbs: \[get, list, delete\]$/    verbs: [get, list, delete, patch]/' "$work/default.yaml" >"$work/hook-broad.yaml"
 grep -q 'verbs: \[get, list, delete, patch\]' "$work/hook-broad.yaml" || fail "could not build the over-broad hook render"
 if python3 tests/helm/uninstall-hook.py "$work/hook-broad.yaml" --release infergate --namespace infergate-system \
-  --timeout 300 >/dev/null 2>"$work/hook-broad.out"; then
+  --timeout 180 >/dev/null 2>"$work/hook-broad.out"; then
   fail "uninstall-hook.py accepted a hook ClusterRole that can also patch configs"
 fi
 grep -q "expected exactly get, list, delete" "$work/hook-broad.out" || fail "uninstall-hook.py's error does not name the verbs: $(cat "$work/hook-broad.out")"
@@ -287,7 +287,7 @@ expect_fail "uninstallHook.enabled needs rbac.create" --set rbac.create=false
 # it refuses the arguments; past them, the command must fail (1) on the missing connection.
 hook_words=()
 mapfile -d '' hook_words < <(python3 tests/helm/uninstall-hook.py "$work/default.yaml" --release infergate \
-  --namespace infergate-system --timeout 300) || fail "cannot read the uninstall hook's command line"
+  --namespace infergate-system --timeout 180) || fail "cannot read the uninstall hook's command line"
 for ((i = 0; i < ${#hook_words[@]}; i++)); do [ "${hook_words[i]}" = -- ] && break; done
 hook_env=("${hook_words[@]:0:i}")
 hook_cmd=("${hook_words[@]:i+1}")
