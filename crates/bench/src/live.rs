@@ -135,13 +135,20 @@ impl GatewayScrape {
     /// interval (`infergate_pool::LivePool::start`); `None` for a preset that keeps pods on
     /// metrics of any age.
     pub fn max_metrics_age_ms(&self, preset: infergate_scheduler::Preset) -> Option<u64> {
-        let age = infergate_scheduler::SchedulerConfig::preset(preset).max_metrics_age?;
-        let floor = self.stale_after_ms.saturating_add(self.interval_ms);
-        Some(
-            u64::try_from(age.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(floor),
-        )
+        let mut cfg = infergate_scheduler::SchedulerConfig::preset(preset);
+        self.raise_max_metrics_age(&mut cfg);
+        Some(u64::try_from(cfg.max_metrics_age?.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// Raises `cfg`'s `maxMetricsAge` to the staleness threshold plus one interval, as the
+    /// gateway does (`infergate_pool::LivePool::start`). The simulation applies it too, so that
+    /// a scenario scraping every second or more does not drop healthy pods between two pages
+    /// in simulation while the live gateway keeps them.
+    pub fn raise_max_metrics_age(&self, cfg: &mut infergate_scheduler::SchedulerConfig) {
+        let floor = Duration::from_millis(self.stale_after_ms.saturating_add(self.interval_ms));
+        if let Some(age) = &mut cfg.max_metrics_age {
+            *age = (*age).max(floor);
+        }
     }
 }
 

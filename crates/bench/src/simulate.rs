@@ -505,6 +505,8 @@ fn setup<'a>(
     stale: &[StaleWindow],
 ) -> Result<Sim<'a>, BenchError> {
     let policy = cfg.preset.as_str().to_owned();
+    let mut cfg = cfg;
+    crate::live::GatewayScrape::for_scenario(&scenario.scrape).raise_max_metrics_age(&mut cfg);
     let mut sched = Scheduler::new(cfg).map_err(|source| BenchError::Scheduler {
         policy: policy.clone(),
         source,

@@ -206,3 +206,30 @@ fn pod_index_inverts_pod_addr() {
     assert_eq!(pod_index(&"10.1.0.1:8000".parse().unwrap(), 10), None);
     assert_eq!(pod_index(&"[::1]:8000".parse().unwrap(), 10), None);
 }
+
+/// A scenario scraping every 3 s: the gateway raises `maxMetricsAge` (the infergate preset's 2 s)
+/// to its staleness threshold plus one interval and keeps routing on pages up to that old, so the
+/// simulation must too — else every pod's page is past 2 s for a third of each interval and
+/// requests are turned away that the live gateway serves.
+#[test]
+fn a_slow_scrape_interval_keeps_pods_routable_between_pages_as_the_gateway_does() {
+    let yaml = format!("{MIXED}scrape: {{ interval_ms: 3000 }}\n").replace(
+        "policies: [round-robin, least-request, infergate]",
+        "policies: [infergate]",
+    );
+    let s = Scenario::from_yaml(&yaml, "t").unwrap();
+    let r = run(&s, "t", &mut Silent).unwrap();
+    let run = &r.runs[0];
+    assert!(run.requests > 100);
+    assert_eq!(
+        (run.completed, run.rejected, run.errors),
+        (run.requests, 0, 0),
+        "every request served"
+    );
+    let gateway = crate::live::GatewayScrape::for_scenario(&s.scrape);
+    assert_eq!(
+        gateway.max_metrics_age_ms(infergate_scheduler::Preset::Infergate),
+        Some(6_000 + 3_000 + 10),
+        "{gateway:?}"
+    );
+}
