@@ -76,9 +76,14 @@ fn main() -> anyhow::Result<()> {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // A log line that cannot be written (stderr a closed pipe, a full disk) is dropped. By
+    // default tracing-subscriber reports it with `eprintln!`, which panics when stderr fails:
+    // the gateway exited at its first log line, and later a request's task or a pod's scrape
+    // task died at its next warning (a scrape task gone stops judging its pod for good).
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match cli.log_format {
         LogFormat::Json => logs.json().init(),
         // Colour only on a terminal: logs captured to files or collectors stay plain text.
