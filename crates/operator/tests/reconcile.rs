@@ -1218,6 +1218,28 @@ fn release_configs(fake: &Fake) {
     fake.put(&CFG.replace("/fleet", "/other"), other);
 }
 
+/// `infergate delete-configs --selector app.kubernetes.io/instance=rel`, polling every second.
+async fn delete_release(
+    ctx: &Arc<Context>,
+    timeout: Duration,
+) -> Result<Vec<String>, infergate_operator::uninstall::UninstallError> {
+    infergate_operator::uninstall::delete_and_wait(
+        ctx.client.clone(),
+        "app.kubernetes.io/instance=rel",
+        timeout,
+        Duration::from_secs(1),
+    )
+    .await
+}
+
+/// DELETE requests for configs the fake has seen.
+fn config_deletes(fake: &Fake) -> usize {
+    fake.log()
+        .iter()
+        .filter(|s| s.method == "DELETE" && s.path.contains("/inferencegatewayconfigs/"))
+        .count()
+}
+
 /// What `infergate delete-configs` (the chart's uninstall hook) does with the operator running:
 /// the release's config is deleted, the operator's finalizer deletes its children and lets it
 /// go, and the call returns then; a config of no release is left alone.
@@ -1238,14 +1260,7 @@ async fn delete_configs_returns_once_the_operator_has_let_the_releases_configs_g
     assert!(children(&fake) > 0);
     let controller = controller_settled(&ctx).await;
     let started = tokio::time::Instant::now();
-    let deleted = infergate_operator::uninstall::delete_and_wait(
-        ctx.client.clone(),
-        "app.kubernetes.io/instance=rel",
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
+    let deleted = delete_release(&ctx, Duration::from_secs(60)).await.unwrap();
     assert_eq!(deleted, ["inference/fleet"]);
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -1268,14 +1283,9 @@ async fn delete_configs_returns_once_the_operator_has_let_the_releases_configs_g
 async fn delete_configs_without_an_operator_times_out_naming_the_configs_left() {
     let (ctx, fake) = created("multi-model.yaml").await;
     release_configs(&fake);
-    let err = infergate_operator::uninstall::delete_and_wait(
-        ctx.client.clone(),
-        "app.kubernetes.io/instance=rel",
-        Duration::from_secs(30),
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap_err();
+    let err = delete_release(&ctx, Duration::from_secs(30))
+        .await
+        .unwrap_err();
     let text = err.to_string();
     assert!(
         text.contains("1 InferenceGatewayConfig(s) matching `app.kubernetes.io/instance=rel` still exist after 30s: inference/fleet (finalizers: infergate.dev/cleanup)"),
@@ -1285,26 +1295,11 @@ async fn delete_configs_without_an_operator_times_out_naming_the_configs_left() 
     // Deleted once, marked, not removed.
     let stored = fake.get(CFG).unwrap();
     assert!(!stored["metadata"]["deletionTimestamp"].is_null());
-    let deletes = fake
-        .log()
-        .iter()
-        .filter(|s| s.method == "DELETE" && s.path.contains("/inferencegatewayconfigs/"))
-        .count();
-    assert_eq!(deletes, 1);
+    assert_eq!(config_deletes(&fake), 1);
     // A second run (the hook retried) waits for it again without deleting it twice.
-    let err = infergate_operator::uninstall::delete_and_wait(
-        ctx.client.clone(),
-        "app.kubernetes.io/instance=rel",
-        Duration::from_secs(2),
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap_err();
+    let err = delete_release(&ctx, Duration::from_secs(2))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("inference/fleet"), "{err}");
-    let deletes = fake
-        .log()
-        .iter()
-        .filter(|s| s.method == "DELETE" && s.path.contains("/inferencegatewayconfigs/"))
-        .count();
-    assert_eq!(deletes, 1);
+    assert_eq!(config_deletes(&fake), 1);
 }

@@ -120,6 +120,21 @@ fn outcome(priority: &str, tenant: &str, outcome: &str, n: u64) -> String {
     )
 }
 
+/// Sends a chat request of `priority` (the `x-priority` header) and waits for the answer.
+async fn chat_as(
+    addr: SocketAddr,
+    priority: &'static str,
+) -> (http::StatusCode, http::HeaderMap, bytes::Bytes) {
+    send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &[("x-priority", priority)],
+    )
+    .await
+}
+
 /// Sends a chat request in the background.
 fn spawn_chat(
     addr: SocketAddr,
@@ -288,14 +303,7 @@ async fn a_sheddable_flood_fills_the_queue_not_the_in_flight_slots_and_critical_
     let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
     let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
     gw.until_metric(&queue_gauge("sheddable", 2)).await;
-    let (status, headers, body) = send(
-        gw.addr(),
-        "POST",
-        "/v1/chat/completions",
-        CHAT,
-        &[("x-priority", "sheddable")],
-    )
-    .await;
+    let (status, headers, body) = chat_as(gw.addr(), "sheddable").await;
     assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
     assert_eq!(headers[REASON], "rejected-saturated");
     let critical = spawn_chat(gw.addr(), &[("x-priority", "critical")]);
@@ -350,14 +358,7 @@ async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sh
         assert_eq!(status, 503, "{}", String::from_utf8_lossy(body));
         assert_eq!(json(body)["error"]["code"], "gateway_busy");
     };
-    let (status, _, body) = send(
-        gw.addr(),
-        "POST",
-        "/v1/chat/completions",
-        CHAT,
-        &[("x-priority", "sheddable")],
-    )
-    .await;
+    let (status, _, body) = chat_as(gw.addr(), "sheddable").await;
     busy(status, &body);
 
     // A Critical request: the newest Sheddable one (the second) gives up its slot.
@@ -376,14 +377,7 @@ async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sh
     gw.until_metric(&queue_gauge("standard", 1)).await;
     gw.until_metric(&queue_gauge("sheddable", 0)).await;
     // No Sheddable request left to give a slot: turned away at the door.
-    let (status, _, body) = send(
-        gw.addr(),
-        "POST",
-        "/v1/chat/completions",
-        CHAT,
-        &[("x-priority", "critical")],
-    )
-    .await;
+    let (status, _, body) = chat_as(gw.addr(), "critical").await;
     busy(status, &body);
 
     up.waiting.store(0, Ordering::SeqCst);
