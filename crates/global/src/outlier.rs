@@ -4,9 +4,10 @@
 //!
 //! - **Counting** ([`Consecutive`], [`verdict`]): 502, 503 and 504 answers and requests that
 //!   got no response headers (a broken connection, `timeouts.firstByteMs`) count against the
-//!   cluster; a 2xx resets the count. Anything else (a 500, a 4xx, a 429) neither counts nor
-//!   resets: it is the request's problem or overload, and a client must not be able to eject a
-//!   cluster, or keep one in, with requests of its own making.
+//!   cluster; a 2xx resets the count. Anything else (a 500, a 4xx, a 429, and a 503 the gateway
+//!   marks as its own overload with `x-infergate-overloaded`) neither counts nor resets: it is
+//!   the request's problem or overload, and a client must not be able to eject a cluster, or
+//!   keep one in, with requests of its own making; a busy cluster is failed over, not ejected.
 //! - **Ejection** ([`Ejection`]): `consecutiveGatewayFailures` in a row eject the cluster for
 //!   `baseEjectionMs` × the times it was ejected in a row, at most `maxEjectionMs`. Each
 //!   `baseEjectionMs` it then stays in takes one off that count. An ejected cluster has share 0
@@ -30,15 +31,17 @@ pub enum Verdict {
     Failure,
     /// Says nothing about the cluster: a 500 or another 5xx that is not a gateway's (the
     /// request's problem, as a client could provoke it), a 4xx, a 429 (overload, already
-    /// failed over), a redirect.
+    /// failed over), a gateway's own overload 503, a redirect.
     Neutral,
 }
 
-/// The verdict on an answer with `status` (a request without response headers is a
-/// [`Verdict::Failure`] without a status).
-pub fn verdict(status: u16) -> Verdict {
+/// The verdict on an answer with `status`; `overloaded`: it carries
+/// [`infergate_openai::OVERLOADED_HEADER`] (a gateway full itself: busy, not broken). A request
+/// without response headers is a [`Verdict::Failure`] without a status.
+pub fn verdict(status: u16, overloaded: bool) -> Verdict {
     match status {
         200..=299 => Verdict::Success,
+        503 if overloaded => Verdict::Neutral,
         502..=504 => Verdict::Failure,
         _ => Verdict::Neutral,
     }

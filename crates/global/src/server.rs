@@ -377,6 +377,12 @@ fn error_response(e: &ApiError) -> Response<RouterBody> {
             HeaderValue::from_static(reason),
         );
     }
+    if let Some(code) = e.overloaded() {
+        h.insert(
+            HeaderName::from_static(infergate_openai::OVERLOADED_HEADER),
+            HeaderValue::from_static(code),
+        );
+    }
     if let Some(w) = e.www_authenticate() {
         h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(w));
     }
@@ -649,7 +655,10 @@ async fn route_request(
                 if own_credentials {
                     cluster.observe_accepted_credentials();
                 }
-                match outlier::verdict(status.as_u16()) {
+                let overloaded = resp
+                    .headers()
+                    .contains_key(infergate_openai::OVERLOADED_HEADER);
+                match outlier::verdict(status.as_u16(), overloaded) {
                     Verdict::Success => cluster.observe_success(),
                     Verdict::Failure => gateway_failure(cluster.heartbeat_up()),
                     Verdict::Neutral => {}

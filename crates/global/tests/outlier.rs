@@ -143,13 +143,11 @@ async fn series(router: &Router, name: &str, cluster: &str) -> f64 {
 }
 
 async fn chat(router: &Router) -> Response {
-    infergate_testkit::post(
-        router.http_addr(),
-        "/v1/chat/completions",
-        "application/json",
-        CHAT,
-    )
-    .await
+    chat_at(router.http_addr()).await
+}
+
+async fn chat_at(addr: SocketAddr) -> Response {
+    infergate_testkit::post(addr, "/v1/chat/completions", "application/json", CHAT).await
 }
 
 /// A request answered 200 by `cluster`.
@@ -339,6 +337,79 @@ async fn a_500_a_4xx_or_a_429_does_not_eject() {
     chat(&router).await;
     assert_eq!(series(&router, ejections, "flaky").await, 1.0);
     assert_eq!(flaky.hits(), 10);
+}
+
+/// A cluster whose gateway is full itself — every in-flight slot taken, so it answers 503
+/// `gateway_busy` with `x-infergate-overloaded` — is busy, not broken: each request fails over
+/// to the next cluster, the busy one is not ejected however many in a row, and it is tried
+/// first again, and serves, as soon as a slot frees. (Ejecting busy clusters in turn would
+/// move an overload around a region instead of serving it.)
+#[tokio::test]
+async fn a_gateway_full_itself_is_failed_over_not_ejected() {
+    use tokio::io::AsyncWriteExt as _;
+
+    let pod = Scripted::start(200).await;
+    let (gw, gw_stop) = clusters::ready_gateway(&format!(
+        "auth: none\nlimits: {{ maxRequestsInFlight: 1 }}\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
+        pod.addr
+    ))
+    .await;
+    // The gateway's one slot, held by a request whose body is still coming.
+    let mut slow = tokio::net::TcpStream::connect(gw.http_addr())
+        .await
+        .unwrap();
+    slow.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let direct = chat_at(gw.http_addr()).await;
+    assert_eq!(direct.status, 503, "{}", direct.text());
+    assert_eq!(
+        direct.header(infergate_openai::OVERLOADED_HEADER),
+        Some("gateway_busy")
+    );
+
+    let good = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let (router, _stop) = start(
+        "{ consecutiveGatewayFailures: 3, baseEjectionMs: 60000 }",
+        0,
+        &[
+            entry("busy", gw.http_addr(), gw.admin_addr().unwrap(), 0.1),
+            entry("good", good.addr, beat, 1.0),
+        ],
+    )
+    .await;
+    let good_before = good.hits();
+    for _ in 0..8 {
+        served_by(&router, "good").await;
+    }
+    assert_eq!(good.hits() - good_before, 8);
+    assert_eq!(pod.hits(), 0, "the busy gateway dispatched nothing");
+    let ejections = "infergate_global_cluster_ejections_total";
+    assert_eq!(series(&router, ejections, "busy").await, 0.0);
+    assert_eq!(
+        series(&router, "infergate_global_cluster_ejected", "busy").await,
+        0.0
+    );
+    // A slot frees: the cheaper cluster is first again, and serves.
+    drop(slow);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = chat(&router).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if r.header("x-infergate-cluster") == Some("busy") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the busy cluster never served again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(pod.hits() >= 1);
+    let _ = gw_stop.send(());
 }
 
 /// With two of three clusters failing and `maxEjectionPercent: 50`, only one is ejected (a

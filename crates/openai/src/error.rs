@@ -286,6 +286,13 @@ pub enum QueueLimit {
 /// `x-llm-d-request-dropped-reason`), so clients written for it read ours.
 pub const REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 
+/// Response header on the refusals that say the gateway itself is full ([`ApiError::overloaded`]:
+/// its in-flight slots or its request-body budget), valued with the error's code. A front in
+/// front of several gateways (the global router) fails such a request over without counting it
+/// against the cluster: the gateway is busy, not broken, and ejecting every busy cluster in turn
+/// would move the overload around instead of serving it.
+pub const OVERLOADED_HEADER: &str = "x-infergate-overloaded";
+
 /// The longest client-supplied value echoed in an error message, in characters; longer values
 /// are cut there and end in `…`, so an error body stays small whatever the request held.
 pub const MAX_ECHO_CHARS: usize = 128;
@@ -433,6 +440,18 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::QueueEvicted { .. } => "queue_evicted",
             ApiError::QueueNoEndpoints { .. } => "queue_no_endpoints",
+        }
+    }
+
+    /// The [`OVERLOADED_HEADER`] value of a refusal because the gateway itself is full (503
+    /// `gateway_busy`, 503 `buffer_budget_exhausted`); `None` for every other error, a model
+    /// server's failures included.
+    pub fn overloaded(&self) -> Option<&'static str> {
+        match self {
+            ApiError::GatewayBusy { .. } | ApiError::BufferBudget { .. } => {
+                Some(self.metric_label())
+            }
+            _ => None,
         }
     }
 

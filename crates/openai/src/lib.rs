@@ -25,7 +25,7 @@ pub mod routing;
 pub mod usage;
 
 pub use api::{ApiKind, Route};
-pub use error::{ApiError, QueueLimit, REASON_HEADER};
+pub use error::{ApiError, OVERLOADED_HEADER, QueueLimit, REASON_HEADER};
 pub use request::{ParsedRequest, parse_request};
 pub use rewrite::ModelRewriter;
 pub use routing::{ModelRouter, ModelRouterError, Resolved};

@@ -640,6 +640,12 @@ pub(crate) fn error_response(
             HeaderValue::from_static(reason),
         );
     }
+    if let Some(code) = err.overloaded() {
+        h.insert(
+            HeaderName::from_static(infergate_openai::OVERLOADED_HEADER),
+            HeaderValue::from_static(code),
+        );
+    }
     if let Some(challenge) = err.www_authenticate() {
         h.insert(
             header::WWW_AUTHENTICATE,

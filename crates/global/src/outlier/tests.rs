@@ -30,8 +30,13 @@ fn gateway_failures_count_a_plain_500_and_4xx_do_not() {
         (429, Verdict::Neutral),
         (301, Verdict::Neutral),
     ] {
-        assert_eq!(verdict(status), want, "{status}");
+        assert_eq!(verdict(status, false), want, "{status}");
     }
+    // A gateway's own overload 503 is failed over, not held against the cluster; the header on
+    // another status changes nothing.
+    assert_eq!(verdict(503, true), Verdict::Neutral);
+    assert_eq!(verdict(502, true), Verdict::Failure);
+    assert_eq!(verdict(200, true), Verdict::Success);
 }
 
 #[test]
@@ -63,7 +68,7 @@ fn neutral_answers_between_failures_do_not_reset_the_count() {
     // 503s leave the count where it was (a client's bad requests keep no failing cluster in).
     let c = Consecutive::default();
     for status in [503, 500, 503, 400, 503, 429, 502, 504] {
-        match verdict(status) {
+        match verdict(status, false) {
             Verdict::Failure => {
                 let tripped = c.fail(5);
                 assert_eq!(tripped, c.get() == 5, "{status}");
