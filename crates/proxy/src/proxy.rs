@@ -42,6 +42,9 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub const EXPLAIN_HEADER: &str = "x-infergate-explain";
 
 static X_INFERGATE_ENDPOINT: HeaderName = HeaderName::from_static(ENDPOINT_HEADER);
+/// [`infergate_openai::OVERLOADED_HEADER`], parsed once.
+static X_INFERGATE_OVERLOADED: HeaderName =
+    HeaderName::from_static(infergate_openai::OVERLOADED_HEADER);
 static X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 static X_INFERGATE_EXPLAIN: HeaderName = HeaderName::from_static(EXPLAIN_HEADER);
 
@@ -525,6 +528,8 @@ async fn forward(
         model.metrics.response(status.as_u16());
         let (mut rparts, rbody) = resp.into_parts();
         strip_hop_by_hop(&mut rparts.headers);
+        // Only this gateway says it is overloaded: a model server's answer passed on is not.
+        rparts.headers.remove(infergate_openai::OVERLOADED_HEADER);
         if rewriter.is_some() {
             // The client's name may differ in length from the served one.
             rparts.headers.remove(header::CONTENT_LENGTH);
@@ -642,7 +647,7 @@ pub(crate) fn error_response(
     }
     if let Some(code) = err.overloaded() {
         h.insert(
-            HeaderName::from_static(infergate_openai::OVERLOADED_HEADER),
+            X_INFERGATE_OVERLOADED.clone(),
             HeaderValue::from_static(code),
         );
     }

@@ -290,6 +290,10 @@ async fn a_5xx_before_any_byte_is_retried_and_the_last_one_passed_through() {
     .await;
     assert_eq!(status, 500);
     assert_eq!(json(&body)["error"]["message"], "engine died");
+    assert!(
+        !headers.contains_key("x-infergate-overloaded"),
+        "a model server's overload mark passed on"
+    );
     assert_eq!(
         headers["x-infergate-endpoint"],
         bad.addr.to_string().as_str()

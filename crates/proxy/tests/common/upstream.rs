@@ -175,6 +175,11 @@ async fn answer(
         Behaviour::Fail500 => {
             let mut r = Response::new(full(r#"{"error":{"message":"engine died"}}"#));
             *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            // A header only the gateway may send (its own overload), which it must not pass on.
+            r.headers_mut().insert(
+                "x-infergate-overloaded",
+                http::HeaderValue::from_static("gateway_busy"),
+            );
             r
         }
         Behaviour::Ok if !stream => Response::new(full(if path.ends_with("/chat/completions") {
