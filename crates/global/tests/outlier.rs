@@ -346,8 +346,6 @@ async fn a_500_a_4xx_or_a_429_does_not_eject() {
 /// move an overload around a region instead of serving it.)
 #[tokio::test]
 async fn a_gateway_full_itself_is_failed_over_not_ejected() {
-    use tokio::io::AsyncWriteExt as _;
-
     let pod = Scripted::start(200).await;
     let (gw, gw_stop) = clusters::ready_gateway(&format!(
         "auth: none\nlimits: {{ maxRequestsInFlight: 1 }}\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
@@ -355,14 +353,7 @@ async fn a_gateway_full_itself_is_failed_over_not_ejected() {
     ))
     .await;
     // The gateway's one slot, held by a request whose body is still coming.
-    let mut slow = tokio::net::TcpStream::connect(gw.http_addr())
-        .await
-        .unwrap();
-    slow.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
-    )
-    .await
-    .unwrap();
+    let slow = infergate_testkit::hold_request_slot(gw.http_addr()).await;
     let direct = chat_at(gw.http_addr()).await;
     assert_eq!(direct.status, 503, "{}", direct.text());
     assert_eq!(

@@ -333,8 +333,6 @@ async fn a_sheddable_flood_fills_the_queue_not_the_in_flight_slots_and_critical_
 /// one, or any once no Sheddable request is queued, is still turned away at the door.
 #[tokio::test]
 async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sheddable_one() {
-    use tokio::io::AsyncWriteExt as _;
-
     let up = saturated_pod().await;
     let gw = start(
         "limits: { maxRequestsInFlight: 3 }\nflowControl: { enabled: true, requestTtlMs: 20000, maxRequests: 2 }\ntenancy: { priorityHeader: x-priority }\n",
@@ -342,12 +340,7 @@ async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sh
     )
     .await;
     // One slot held by a request whose body is still coming (as a running one would hold it).
-    let mut slow = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
-    slow.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
-    )
-    .await
-    .unwrap();
+    let slow = infergate_testkit::hold_request_slot(gw.addr()).await;
     gw.until_metric("infergate_gateway_requests_in_flight 1\n")
         .await;
     let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);

@@ -102,6 +102,22 @@ impl Response {
     }
 }
 
+/// Opens a chat request to the gateway on `addr` whose body never finishes (the head and one byte
+/// of a 1,000-byte body): the gateway takes one of its in-flight slots for it at once and holds
+/// it while the connection stays open, as a running request would. Dropping the stream frees it.
+pub async fn hold_request_slot(addr: SocketAddr) -> TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut s = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("writing to {addr}: {e}"));
+    s
+}
+
 /// `GET path` on `addr`. Panics when there is no whole answer within [`TIMEOUT`].
 pub async fn get(addr: SocketAddr, path: &str) -> Response {
     try_get(addr, path)
