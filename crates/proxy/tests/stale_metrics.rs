@@ -135,6 +135,27 @@ impl Rig {
         }
     }
 
+    /// Waits until both pods have a fresh page (`infergate_pod_stale` 0 for each): `/readyz`
+    /// needs only one, and a pick made before the other's first page judges that one alone.
+    async fn wait_both_fresh(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = get(self.admin(), "/metrics").await.1;
+            let fresh = |pod: SocketAddr| {
+                m.lines().any(|l| {
+                    l.starts_with("infergate_pod_stale{")
+                        && l.contains(&format!("pod=\"{pod}\""))
+                        && l.ends_with(" 0")
+                })
+            };
+            if fresh(self.pod) && fresh(self.other) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "both pods never fresh\n{m}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn stop(mut self) {
         self.fleet_stop.take().unwrap().send(()).unwrap();
         self.fleet.take().unwrap().wait().await;
@@ -432,6 +453,7 @@ async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_ta
     let hot = overloaded_pod().await;
     for (mode, want) in [("failOpen", 200), ("failClosed", 429)] {
         let rig = Rig::start_with(&format!("{{ mode: {mode} }}"), hot).await;
+        rig.wait_both_fresh().await;
         let pod = rig.pod;
         // Both fresh: the overloaded pod is passed over for the idle one.
         let (status, headers, body) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
