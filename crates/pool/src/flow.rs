@@ -318,6 +318,29 @@ impl std::fmt::Debug for FlowController {
     }
 }
 
+/// A flow controller that does not keep it alive ([`FlowController::downgrade`]): for whoever
+/// must still reach the requests queued in a controller a reload replaced, for as long as one of
+/// them holds it, without holding it themselves.
+#[derive(Clone)]
+pub struct WeakFlowController {
+    ctl: Weak<Ctl>,
+}
+
+impl WeakFlowController {
+    /// The controller, while anything else still holds it.
+    pub fn upgrade(&self) -> Option<FlowController> {
+        self.ctl.upgrade().map(|ctl| FlowController { ctl })
+    }
+}
+
+impl std::fmt::Debug for WeakFlowController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakFlowController")
+            .field("alive", &(self.ctl.strong_count() > 0))
+            .finish()
+    }
+}
+
 /// Why a request was not queued.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct QueueRefused(pub Refusal);
@@ -446,6 +469,18 @@ impl FlowController {
     /// How tenants and priorities are found.
     pub fn tenancy(&self) -> &Tenancy {
         &self.ctl.tenancy
+    }
+
+    /// A handle that does not keep this controller alive.
+    pub fn downgrade(&self) -> WeakFlowController {
+        WeakFlowController {
+            ctl: Arc::downgrade(&self.ctl),
+        }
+    }
+
+    /// Whether `other` is this controller (a clone of it), not merely one configured alike.
+    pub fn is(&self, other: &FlowController) -> bool {
+        Arc::ptr_eq(&self.ctl, &other.ctl)
     }
 
     /// Requests queued now.

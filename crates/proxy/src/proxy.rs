@@ -234,7 +234,8 @@ async fn admit(
 /// answers; meanwhile the new one holds a slot over the limit. Queued requests hold slots, so
 /// without this a Sheddable flood that filled the queue and the slots would turn Critical
 /// requests away at the door (503 `gateway_busy`) before their priority was read. The queue
-/// with the most Sheddable requests gives one up. Only on the refusal path.
+/// with the most Sheddable requests gives one up, a queue a reload replaced included (its
+/// requests still hold slots). Only on the refusal path.
 fn slot_of_a_queued_sheddable(
     state: &State,
     counters: &Counters,
@@ -246,10 +247,7 @@ fn slot_of_a_queued_sheddable(
         return None;
     }
     let flow = state
-        .router
-        .targets()
-        .iter()
-        .filter_map(|m| m.flow.as_ref())
+        .queues()
         .map(|f| (f.queued_in(Priority::Sheddable), f))
         .filter(|(n, _)| *n > 0)
         .max_by_key(|(n, _)| *n)?

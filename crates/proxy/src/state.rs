@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use infergate_pool::flow::{FlowController, WeakFlowController};
 use infergate_pool::lifecycle::{EndpointPool, InflightGuard};
 use infergate_pool::{Changes, Inflight, LivePool};
 use infergate_scheduler::{Rejection, RequestContext};
@@ -238,6 +239,11 @@ pub(crate) struct State {
     pub(crate) quotas: Option<infergate_pool::quota::Quotas>,
     /// How a request's tenant and priority are found (`tenancy:`).
     pub(crate) tenancy: infergate_pool::tenant::Tenancy,
+    /// The flow controllers reloads replaced (a changed `flowControl:` or `tenancy:`, or a new
+    /// pool) that were still alive at the last reload: requests queued in one still hold
+    /// in-flight slots, so the door must still reach them to evict a Sheddable one
+    /// ([`State::queues`]). Carried from reload to reload while anything holds them.
+    pub(crate) retired_flows: Vec<WeakFlowController>,
 }
 
 #[derive(Serialize)]
@@ -423,6 +429,7 @@ impl State {
             (Some(spec), Some(p)) if p.config.quotas.as_ref() == Some(spec) => p.quotas.clone(),
             (Some(spec), _) => Some(start_quotas(spec)?),
         };
+        let retired_flows = previous.map_or_else(Vec::new, |p| p.retired_flows(&router));
         Ok(State {
             config,
             router,
@@ -431,7 +438,38 @@ impl State {
             rewrites,
             quotas,
             tenancy,
+            retired_flows,
         })
+    }
+
+    /// This state's flow controllers and those it had retired, still alive, that `router` (the
+    /// next state's) does not keep.
+    fn retired_flows(&self, router: &ModelRouter<Arc<Model>>) -> Vec<WeakFlowController> {
+        let kept = |f: &FlowController| {
+            router
+                .targets()
+                .iter()
+                .filter_map(|m| m.flow.as_ref())
+                .any(|k| k.is(f))
+        };
+        self.queues()
+            .filter(|f| !kept(f))
+            .map(|f| f.downgrade())
+            .collect()
+    }
+
+    /// Every flow controller that may hold queued requests: the models' own, then those
+    /// reloads replaced while requests still wait in them.
+    pub(crate) fn queues(&self) -> impl Iterator<Item = FlowController> + '_ {
+        self.router
+            .targets()
+            .iter()
+            .filter_map(|m| m.flow.clone())
+            .chain(
+                self.retired_flows
+                    .iter()
+                    .filter_map(WeakFlowController::upgrade),
+            )
     }
 
     /// Whether every model has an endpoint with fresh metrics, and some request can be

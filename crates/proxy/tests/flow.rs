@@ -56,8 +56,9 @@ fn sha256_hex(key: &str) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A gateway whose model `m` is served by `endpoints`, with `extra` YAML at the top level.
-async fn start(extra: &str, endpoints: &[SocketAddr]) -> Running {
+/// The configuration of a gateway whose model `m` is served by `endpoints`, with `extra` YAML
+/// at the top level.
+fn config(extra: &str, endpoints: &[SocketAddr]) -> GatewayConfig {
     let eps: Vec<String> = endpoints.iter().map(|a| a.to_string()).collect();
     let auth = if extra.contains("auth:") {
         ""
@@ -68,7 +69,12 @@ async fn start(extra: &str, endpoints: &[SocketAddr]) -> Running {
         "{auth}{extra}scrape: {{ intervalMs: 20 }}\ntimeouts: {{ connectMs: 500 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{}]\n",
         eps.join(", ")
     );
-    let config = GatewayConfig::from_yaml(&yaml).unwrap();
+    GatewayConfig::from_yaml(&yaml).unwrap()
+}
+
+/// A gateway whose model `m` is served by `endpoints`, with `extra` YAML at the top level.
+async fn start(extra: &str, endpoints: &[SocketAddr]) -> Running {
+    let config = config(extra, endpoints);
     let local = "127.0.0.1:0".parse().unwrap();
     let listeners = WorkerListeners::bind(local, Some(local), 2).unwrap();
     let (tx, rx) = oneshot::channel::<()>();
@@ -384,6 +390,53 @@ async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sh
         m.contains(&outcome("sheddable", "default", "evicted-priority", 2)),
         "{m}"
     );
+}
+
+/// A reload that changes `flowControl:` gives the model a new queue, but the requests queued in
+/// the old one still wait there holding in-flight slots: the door still reaches them, and a
+/// Critical request takes the slot of the newest of them.
+#[tokio::test]
+async fn after_a_reload_that_replaced_the_queue_a_critical_request_still_takes_a_queued_sheddable_slot()
+ {
+    let up = saturated_pod().await;
+    let door = "limits: { maxRequestsInFlight: 3 }\ntenancy: { priorityHeader: x-priority }\n";
+    let gw = start(
+        &format!("{door}flowControl: {{ enabled: true, requestTtlMs: 20000, maxRequests: 2 }}\n"),
+        &[up.addr],
+    )
+    .await;
+    let slow = infergate_testkit::hold_request_slot(gw.addr()).await;
+    gw.until_metric("infergate_gateway_requests_in_flight 1\n")
+        .await;
+    let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 1)).await;
+    let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 2)).await;
+
+    // A new queue (another request TTL); the two Sheddable requests stay in the old one.
+    gw.gw
+        .handle()
+        .reload(config(
+            &format!(
+                "{door}flowControl: {{ enabled: true, requestTtlMs: 30000, maxRequests: 2 }}\n"
+            ),
+            &[up.addr],
+        ))
+        .unwrap();
+    let critical = spawn_chat(gw.addr(), &[("x-priority", "critical")]);
+    let (status, headers, body) = second.await.unwrap();
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers[REASON], "evicted-priority");
+    gw.until_metric("infergate_gateway_requests_in_flight_taken_over_total 1\n")
+        .await;
+
+    // The old queue still dispatches: the pod frees up and both queues' requests are served.
+    up.waiting.store(0, Ordering::SeqCst);
+    assert_eq!(critical.await.unwrap().0, 200);
+    assert_eq!(first.await.unwrap().0, 200);
+    drop(slow);
+    gw.until_metric("infergate_gateway_requests_in_flight 0\n")
+        .await;
 }
 
 #[tokio::test]
