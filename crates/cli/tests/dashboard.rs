@@ -9,7 +9,8 @@
 //! errors, a stale pod), the picker gets a body that is not JSON (a rejection) and the gateway's
 //! file is changed once (a reload): families that appear only once counted appear. Then every metric name referenced by a PromQL
 //! expression of the dashboard (panel targets and templating queries) must be one that the
-//! gateway's admin port or the picker's metrics port exports.
+//! gateway's admin port or the picker's metrics port exports, and every name either exports must
+//! be under `infergate_` (docs/metrics.md, "Names of infergate's own series").
 
 #![allow(
     clippy::unwrap_used,
@@ -653,11 +654,11 @@ async fn every_metric_on_the_dashboard_is_exported() {
         "infergate_gateway_tokens_total",
         "infergate_gateway_rejections_total",
         "infergate_gateway_config_reloads_total",
-        "extproc_requests_total",
-        "extproc_rejections_total",
-        "extproc_pick_duration_seconds_bucket",
-        "extproc_ttft_seconds_bucket",
-        "extproc_request_duration_seconds_bucket",
+        "infergate_extproc_requests_total",
+        "infergate_extproc_rejections_total",
+        "infergate_extproc_pick_duration_seconds_bucket",
+        "infergate_extproc_ttft_seconds_bucket",
+        "infergate_extproc_request_duration_seconds_bucket",
         "infergate_pod_kv_cache_usage_ratio",
         "infergate_pod_lora_adapters",
         "infergate_metrics_scrape_duration_seconds_bucket",
@@ -692,6 +693,15 @@ async fn every_metric_on_the_dashboard_is_exported() {
             picker.log()
         );
     }
+
+    let outside: Vec<&String> = names
+        .iter()
+        .filter(|n| !n.starts_with("infergate_"))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "exported outside the `infergate_` namespace: {outside:?}"
+    );
 
     let missing: Vec<String> = used
         .iter()

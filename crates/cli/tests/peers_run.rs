@@ -179,8 +179,8 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
     let _b = start(dir.path(), "picker-b", &pb, &key, &[pa.peer]);
     for (name, p) in [("A", &pa), ("B", &pb)] {
         eventually(&format!("{name} connected both ways"), || async {
-            metric(p.metrics, "peer_connections_inbound").await == Some(1.0)
-                && metric(p.metrics, "peer_connections_outbound").await == Some(1.0)
+            metric(p.metrics, "infergate_peer_connections_inbound").await == Some(1.0)
+                && metric(p.metrics, "infergate_peer_connections_outbound").await == Some(1.0)
         })
         .await;
     }
@@ -207,7 +207,7 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
     // says nothing by itself (keepalives), and a fixed sleep is no bound on a loaded machine.
     // A's third write after this read carries a report made after the picks (the write in
     // progress, and the next, may carry older ones); then B must read as many as A wrote.
-    let sent = || async { metric(pa.metrics, "peer_reports_sent_total").await };
+    let sent = || async { metric(pa.metrics, "infergate_peer_reports_sent_total").await };
     let before = sent().await.unwrap();
     eventually("A writes three reports after its picks", || async {
         sent().await.is_some_and(|n| n >= before + 3.0)
@@ -215,7 +215,7 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
     .await;
     let written = sent().await.unwrap();
     eventually("B has read them", || async {
-        metric(pb.metrics, "peer_reports_received_total")
+        metric(pb.metrics, "infergate_peer_reports_received_total")
             .await
             .is_some_and(|n| n >= written)
     })
@@ -240,7 +240,7 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
         eventually("the bad-key replica refused", || async {
             metric(
                 p.metrics,
-                "peer_connection_failures_total{reason=\"bad-mac\"",
+                "infergate_peer_connection_failures_total{reason=\"bad-mac\"",
             )
             .await
             .is_some_and(|n| n >= 1.0)
@@ -249,7 +249,7 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
         // The gauge is refreshed every expire-after / 4 (375 ms).
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(
-            metric(p.metrics, "peer_replicas").await,
+            metric(p.metrics, "infergate_peer_replicas").await,
             Some(1.0),
             "only the other good replica counts"
         );

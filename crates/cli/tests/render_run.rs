@@ -561,7 +561,7 @@ async fn run_example(path: &Path, example_index: u8) {
                     .unwrap_or_default();
                 let peers: f64 = text
                     .lines()
-                    .filter(|l| l.starts_with("peer_replicas{"))
+                    .filter(|l| l.starts_with("infergate_peer_replicas{"))
                     .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                     .sum();
                 if peers == (n - 1) as f64 {
@@ -573,7 +573,7 @@ async fn run_example(path: &Path, example_index: u8) {
                     name(d),
                     n - 1,
                     text.lines()
-                        .filter(|l| l.starts_with("peer_"))
+                        .filter(|l| l.starts_with("infergate_peer_"))
                         .collect::<Vec<_>>()
                         .join("\n")
                 );
@@ -597,7 +597,7 @@ async fn run_example(path: &Path, example_index: u8) {
             let enabled =
                 serde_yaml::from_str::<Value>(&text).unwrap()["flowControl"]["enabled"] == true;
             let series =
-                format!("extproc_flow_queue_requests{{pool=\"{pool}\",priority=\"critical\"}} 0");
+                format!("infergate_flow_queue_requests{{pool=\"{pool}\",priority=\"critical\"}} 0");
             assert_eq!(
                 metrics.contains(&series),
                 enabled,
@@ -609,7 +609,7 @@ async fn run_example(path: &Path, example_index: u8) {
         // picker exits otherwise) and the KV-event index serves its series.
         if flag(args, "--kv-events-port").is_some() {
             let pool = flag(args, "--pool-name").unwrap();
-            let series = format!("kv_events_connected_pods{{pool=\"{pool}\"}}");
+            let series = format!("infergate_kv_events_connected_pods{{pool=\"{pool}\"}}");
             assert!(
                 metrics.contains(&series) && flag(args, "--tokenizer").is_some(),
                 "{}: {series}\n{metrics}",

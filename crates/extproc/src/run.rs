@@ -186,9 +186,8 @@ pub async fn run_picker(
     {
         // Checked when the file was read (`load_flow_settings`).
         let tenancy = infergate_pool::tenant::Tenancy::new(&s.tenancy).unwrap_or_default();
-        let metrics = infergate_pool::flow::FlowMetrics::register(
-            registry.sub_registry_with_prefix("extproc"),
-        );
+        // `infergate_flow_*`, the names the gateway's queues have too.
+        let metrics = infergate_pool::flow::FlowMetrics::register(&mut registry);
         picker.flow = Some(infergate_pool::flow::FlowController::new(
             &picker.pool_name,
             s.flow_control,
@@ -269,7 +268,7 @@ pub async fn run_picker(
     grpc
 }
 
-/// Keeps the `extproc_pods{state}` gauges current.
+/// Keeps the `infergate_extproc_pods{state}` gauges current.
 pub async fn report_pods(pool: LivePool, telemetry: Telemetry) {
     let stale_after = pool.scheduler_config().max_metrics_age;
     let mut tick = tokio::time::interval(POD_GAUGE_INTERVAL);

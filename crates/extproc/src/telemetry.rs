@@ -115,10 +115,10 @@ impl Default for Telemetry {
 }
 
 impl Telemetry {
-    /// Creates the metrics and registers them under the `extproc_` prefix.
+    /// Creates the metrics and registers them under the `infergate_extproc_` prefix.
     pub fn register(registry: &mut Registry) -> Self {
         let t = Telemetry::default();
-        let r = registry.sub_registry_with_prefix("extproc");
+        let r = registry.sub_registry_with_prefix("infergate_extproc");
         r.register(
             "requests",
             "Requests by pool, model, serving pod and outcome",

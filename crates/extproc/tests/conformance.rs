@@ -723,29 +723,29 @@ async fn metrics_count_outcomes_rejections_and_tokens() {
     };
     for line in [
         format!(
-            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"success\"}} 2"
+            "infergate_extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"success\"}} 2"
         ),
         format!(
-            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{B}\",outcome=\"success\"}} 1"
+            "infergate_extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{B}\",outcome=\"success\"}} 1"
         ),
         format!(
-            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"error\"}} 1"
+            "infergate_extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"error\"}} 1"
         ),
         format!(
-            "extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"cancelled\"}} 1"
+            "infergate_extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"cancelled\"}} 1"
         ),
-        "extproc_rejections_total{reason=\"invalid_json\"} 1".to_owned(),
-        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"input\"} 21".to_owned(),
-        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"output\"} 15".to_owned(),
-        "extproc_tokens_total{model=\"llama-3-8b\",kind=\"cached\"} 9".to_owned(),
-        "extproc_pick_duration_seconds_count 5".to_owned(),
+        "infergate_extproc_rejections_total{reason=\"invalid_json\"} 1".to_owned(),
+        "infergate_extproc_tokens_total{model=\"llama-3-8b\",kind=\"input\"} 21".to_owned(),
+        "infergate_extproc_tokens_total{model=\"llama-3-8b\",kind=\"output\"} 15".to_owned(),
+        "infergate_extproc_tokens_total{model=\"llama-3-8b\",kind=\"cached\"} 9".to_owned(),
+        "infergate_extproc_pick_duration_seconds_count 5".to_owned(),
     ] {
         assert!(text.contains(&line), "missing `{line}` in:\n{text}");
     }
     // Exactly those four request series: no zero-valued series for unseen label sets.
     assert_eq!(
         text.lines()
-            .filter(|l| l.starts_with("extproc_requests_total{"))
+            .filter(|l| l.starts_with("infergate_extproc_requests_total{"))
             .count(),
         4,
         "{text}"

@@ -511,7 +511,7 @@ async fn per_pod_metrics_on_the_picker_match_the_pods_own_pages() {
     assert_eq!(metric(&m, "infergate_pod_stale", &labels), Some(0.0), "{m}");
     // The pool's own series carry the pool label too.
     assert_eq!(
-        metric(&m, "pool_endpoints", &[("pool", "llama-pool")]),
+        metric(&m, "infergate_pool_endpoints", &[("pool", "llama-pool")]),
         Some(2.0),
         "{m}"
     );
@@ -580,7 +580,7 @@ async fn every_pod_dead_is_503_with_retry_after_from_the_picker() {
     assert_eq!(
         metric(
             &m,
-            "extproc_rejections_total",
+            "infergate_extproc_rejections_total",
             &[("reason", "no_fresh_endpoints")]
         ),
         Some(1.0),
@@ -708,26 +708,36 @@ async fn the_picker_times_first_token_and_duration_per_pool() {
     let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
     let m = loop {
         let m = p.scrape().await;
-        if metric(&m, "extproc_request_duration_seconds_count", &labels) == Some(1.0) {
+        if metric(
+            &m,
+            "infergate_extproc_request_duration_seconds_count",
+            &labels,
+        ) == Some(1.0)
+        {
             break m;
         }
         assert!(tokio::time::Instant::now() < deadline, "{m}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(
-        metric(&m, "extproc_ttft_seconds_count", &labels),
+        metric(&m, "infergate_extproc_ttft_seconds_count", &labels),
         Some(1.0),
         "{m}"
     );
-    let ttft = metric(&m, "extproc_ttft_seconds_sum", &labels).unwrap();
-    let total = metric(&m, "extproc_request_duration_seconds_sum", &labels).unwrap();
+    let ttft = metric(&m, "infergate_extproc_ttft_seconds_sum", &labels).unwrap();
+    let total = metric(
+        &m,
+        "infergate_extproc_request_duration_seconds_sum",
+        &labels,
+    )
+    .unwrap();
     assert!(ttft > 0.0 && ttft <= total, "ttft {ttft} total {total}");
     // A stream reset after routing ends the request too: its duration is counted.
     drop(p.open_route(1, &[]).await);
     let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
     while metric(
         &p.scrape().await,
-        "extproc_request_duration_seconds_count",
+        "infergate_extproc_request_duration_seconds_count",
         &labels,
     ) != Some(2.0)
     {
@@ -800,7 +810,12 @@ async fn the_picker_routes_over_tls_and_serves_a_replaced_certificate() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let m = p.scrape().await;
-        if metric(&m, "tls_handshake_failures_total", &[("reason", "error")]) == Some(1.0) {
+        if metric(
+            &m,
+            "infergate_tls_handshake_failures_total",
+            &[("reason", "error")],
+        ) == Some(1.0)
+        {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{m}");
@@ -868,7 +883,12 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let m = http_get(metrics_addr, "/metrics").await;
-        if metric(&m, "tls_handshake_failures_total", &[("reason", "error")]) == Some(1.0) {
+        if metric(
+            &m,
+            "infergate_tls_handshake_failures_total",
+            &[("reason", "error")],
+        ) == Some(1.0)
+        {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{m}");

@@ -1,6 +1,6 @@
 //! What the precise index costs: its memory per 100,000 blocks (measured with a counting
-//! allocator, against the estimate `kv_index_bytes` reports) and the time to match a 2,000-token
-//! prompt against it. (Tokenizing it: `crates/tokenizer/examples/cost.rs`.)
+//! allocator, against the estimate `infergate_kv_index_bytes` reports) and the time to match a
+//! 2,000-token prompt against it. (Tokenizing it: `crates/tokenizer/examples/cost.rs`.)
 //!
 //! `cargo run --release -p infergate-kvevents --example index_cost`
 

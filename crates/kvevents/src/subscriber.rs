@@ -80,7 +80,7 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
-/// The subscriber's series (`kv_events_*`, `kv_index_*`).
+/// The subscriber's series (`infergate_kv_events_*`, `infergate_kv_index_*`).
 #[derive(Clone)]
 struct Stats {
     batches: Counter,
@@ -124,72 +124,72 @@ impl Default for Stats {
 impl Stats {
     fn register(&self, r: &mut Registry) {
         r.register(
-            "kv_events_batches",
+            "infergate_kv_events_batches",
             "KV-event batches applied",
             self.batches.clone(),
         );
         r.register(
-            "kv_events_lag_seconds",
+            "infergate_kv_events_lag_seconds",
             "From a live batch's engine timestamp to its being applied (the clocks' skew included)",
             self.lag.clone(),
         );
         r.register(
-            "kv_events_blocks",
+            "infergate_kv_events_blocks",
             "Blocks by what the events did (stored, removed, unmatchable, over-budget, ignored: another medium or group) and AllBlocksCleared events (cleared)",
             self.blocks.clone(),
         );
         r.register(
-            "kv_events_gaps",
+            "infergate_kv_events_gaps",
             "Sequence gaps seen in a pod's event stream",
             self.gaps.clone(),
         );
         r.register(
-            "kv_events_replays",
+            "infergate_kv_events_replays",
             "Replays requested from an engine's replay socket, by outcome",
             self.replays.clone(),
         );
         r.register(
-            "kv_events_resets",
+            "infergate_kv_events_resets",
             "A pod's entries dropped, by reason (gap, reconnect, restart, decode-error, topic, cleared, removed)",
             self.resets.clone(),
         );
         r.register(
-            "kv_events_decode_errors",
+            "infergate_kv_events_decode_errors",
             "Event payloads or messages that did not decode",
             self.decode_errors.clone(),
         );
         r.register(
-            "kv_events_other_topic",
+            "infergate_kv_events_other_topic",
             "Messages on another topic than the one subscribed to (the pod's feed is not used until it reconnects)",
             self.other_topic.clone(),
         );
         r.register(
-            "kv_events_unknown",
+            "infergate_kv_events_unknown",
             "Events of an unknown type, skipped",
             self.unknown.clone(),
         );
         r.register(
-            "kv_events_connect_failures",
+            "infergate_kv_events_connect_failures",
             "Connections to an engine's event publisher that failed or ended",
             self.connect_failures.clone(),
         );
         r.register(
-            "kv_events_connected_pods",
+            "infergate_kv_events_connected_pods",
             "Pods whose event feed is connected and in sequence",
             self.connected.clone(),
         );
         r.register(
-            "kv_index_blocks",
+            "infergate_kv_index_blocks",
             "Distinct token blocks the precise index holds",
             self.index_blocks.clone(),
         );
         r.register(
-            "kv_index_entries",
+            "infergate_kv_index_entries",
             "(pod, block) entries in the precise index",
             self.index_entries.clone(),
         );
         r.register(
-            "kv_index_bytes",
+            "infergate_kv_index_bytes",
             "Estimated bytes of the precise index",
             self.index_bytes.clone(),
         );
@@ -329,7 +329,7 @@ impl KvEvents {
         }
     }
 
-    /// Registers the `kv_events_*` and `kv_index_*` series.
+    /// Registers the `infergate_kv_events_*` and `infergate_kv_index_*` series.
     pub fn register(&self, registry: &mut Registry) {
         self.inner.stats.register(registry);
     }

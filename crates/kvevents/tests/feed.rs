@@ -100,13 +100,13 @@ async fn stores_and_evictions_reach_the_index_in_both_encodings() {
         eventually("the reset", || cached(&kv, pod, &p) == Some(0)).await;
         assert_eq!(kv.index().pod_blocks(pod), 0);
         let m = metrics(&kv);
-        assert!(m.contains("kv_events_batches_total 4"), "{m}");
+        assert!(m.contains("infergate_kv_events_batches_total 4"), "{m}");
         assert!(
-            m.contains("kv_events_blocks_total{kind=\"stored\"} 5"),
+            m.contains("infergate_kv_events_blocks_total{kind=\"stored\"} 5"),
             "{m}"
         );
         assert!(
-            m.contains("kv_events_resets_total{reason=\"cleared\"} 1"),
+            m.contains("infergate_kv_events_resets_total{reason=\"cleared\"} 1"),
             "{m}"
         );
     }
@@ -149,19 +149,19 @@ async fn a_gap_resets_the_pod_without_replay_and_is_filled_with_it() {
         publisher.publish(batch(vec![cs], Encoding::Keyed));
         eventually("c", || cached(&kv, pod, &c) == Some(8)).await;
         let m = metrics(&kv);
-        assert!(m.contains("kv_events_gaps_total 1"), "{m}");
+        assert!(m.contains("infergate_kv_events_gaps_total 1"), "{m}");
         if replay {
             assert_eq!(cached(&kv, pod, &a), Some(8), "a kept");
             assert_eq!(cached(&kv, pod, &b), Some(8), "b replayed");
             assert!(
-                m.contains("kv_events_replays_total{outcome=\"ok\"} 2"),
+                m.contains("infergate_kv_events_replays_total{outcome=\"ok\"} 2"),
                 "{m}"
             );
         } else {
             assert_eq!(cached(&kv, pod, &a), Some(0), "a dropped with the reset");
             assert_eq!(cached(&kv, pod, &b), Some(0));
             assert!(
-                m.contains("kv_events_resets_total{reason=\"gap\"} 1"),
+                m.contains("infergate_kv_events_resets_total{reason=\"gap\"} 1"),
                 "{m}"
             );
         }
@@ -204,7 +204,7 @@ async fn a_restarted_engine_resets_the_pod() {
     eventually("b", || cached(&kv, pod, &b) == Some(8)).await;
     let m = metrics(&kv);
     assert!(
-        m.contains("kv_events_resets_total{reason=\"reconnect\"} 1"),
+        m.contains("infergate_kv_events_resets_total{reason=\"reconnect\"} 1"),
         "{m}"
     );
 }
@@ -239,7 +239,7 @@ async fn a_hostile_peer_is_survived_and_bad_payloads_reset_the_pod() {
     let pod: SocketAddr = POD.parse().unwrap();
     kv.add_pod_at(pod, addr, None);
     eventually("failures", || {
-        metrics(&kv).contains("kv_events_connect_failures_total 4")
+        metrics(&kv).contains("infergate_kv_events_connect_failures_total 4")
     })
     .await;
     assert_eq!(kv.index().stats().synced_pods, 0);
@@ -259,9 +259,12 @@ async fn a_hostile_peer_is_survived_and_bad_payloads_reset_the_pod() {
     publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
     eventually("a again", || cached(&kv, pod, &a) == Some(8)).await;
     let m = metrics(&kv);
-    assert!(m.contains("kv_events_decode_errors_total 1"), "{m}");
     assert!(
-        m.contains("kv_events_resets_total{reason=\"decode-error\"} 1"),
+        m.contains("infergate_kv_events_decode_errors_total 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("infergate_kv_events_resets_total{reason=\"decode-error\"} 1"),
         "{m}"
     );
 }
@@ -328,11 +331,14 @@ async fn a_replay_in_vllms_own_frames_fills_the_index_on_a_first_connect() {
     .await;
     let m = metrics(&kv);
     assert!(
-        m.contains("kv_events_replays_total{outcome=\"ok\"} 1"),
+        m.contains("infergate_kv_events_replays_total{outcome=\"ok\"} 1"),
         "{m}"
     );
-    assert!(m.contains("kv_events_decode_errors_total 0"), "{m}");
-    assert!(m.contains("kv_events_batches_total 2"), "{m}");
+    assert!(
+        m.contains("infergate_kv_events_decode_errors_total 0"),
+        "{m}"
+    );
+    assert!(m.contains("infergate_kv_events_batches_total 2"), "{m}");
 }
 
 #[tokio::test]
@@ -372,7 +378,7 @@ async fn an_engine_restarted_behind_its_replay_socket_resets_the_pod() {
     );
     let m = metrics(&kv);
     assert!(
-        m.contains("kv_events_resets_total{reason=\"restart\"} 1"),
+        m.contains("infergate_kv_events_resets_total{reason=\"restart\"} 1"),
         "{m}"
     );
     // What the restarted engine then stores is followed.
@@ -410,10 +416,13 @@ async fn live_batches_measure_the_lag_from_the_engines_timestamp_and_replayed_on
     publisher.publish(encode_batch(&late, Encoding::Keyed));
     eventually("the live batch", || cached(&kv, pod, &a) == Some(8)).await;
     let m = metrics(&kv);
-    assert!(m.contains("kv_events_lag_seconds_count 1\n"), "{m}");
+    assert!(
+        m.contains("infergate_kv_events_lag_seconds_count 1\n"),
+        "{m}"
+    );
     let sum: f64 = m
         .lines()
-        .find_map(|l| l.strip_prefix("kv_events_lag_seconds_sum "))
+        .find_map(|l| l.strip_prefix("infergate_kv_events_lag_seconds_sum "))
         .unwrap()
         .parse()
         .unwrap();
@@ -446,14 +455,14 @@ async fn a_publisher_on_another_topic_is_not_used_though_its_replay_was() {
     assert_eq!(kv.index().pod_blocks(pod), 0);
     publisher.publish(batch(vec![stored(&a, 0, 2)], Encoding::Keyed));
     eventually("counted", || {
-        metrics(&kv).contains("kv_events_other_topic_total 2")
+        metrics(&kv).contains("infergate_kv_events_other_topic_total 2")
     })
     .await;
     assert_eq!(cached(&kv, pod, &a), None, "still not used");
     let m = metrics(&kv);
     assert!(
-        m.contains("kv_events_resets_total{reason=\"topic\"} 1"),
+        m.contains("infergate_kv_events_resets_total{reason=\"topic\"} 1"),
         "{m}"
     );
-    assert!(m.contains("kv_events_connected_pods 0"), "{m}");
+    assert!(m.contains("infergate_kv_events_connected_pods 0"), "{m}");
 }

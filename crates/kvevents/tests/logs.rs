@@ -45,7 +45,7 @@ async fn a_feed_that_is_unreachable_lost_or_not_replayed_is_logged_once_at_warn(
     let pod: SocketAddr = POD.parse().unwrap();
     kv.add_pod_at(pod, addr, Some(no_replay));
     eventually("failures", || {
-        metrics(&kv).contains("kv_events_connect_failures_total 3")
+        metrics(&kv).contains("infergate_kv_events_connect_failures_total 3")
     })
     .await;
     let text = out.text();

@@ -31,11 +31,14 @@
 //! request's band at the measured send rate, that wait counted up to the TTL
 //! ([`FlowQueues::retry_after`]).
 //!
-//! Metrics (registered once per process by [`FlowMetrics::register`], labelled by pool):
-//! `flow_queue_requests{pool,priority}` and `flow_queue_bytes{pool,priority}` (gauges),
-//! `flow_queue_wait_seconds{pool,priority}` (histogram of the time queued requests waited,
-//! whatever their outcome) and `flow_requests_total{pool,priority,tenant,outcome}` (outcomes of
-//! requests that entered the queue path; tenant labels bounded by [`Tenancy::label`]).
+//! Metrics (registered once per process by [`FlowMetrics::register`], labelled by pool; the same
+//! names at the gateway and at the picker):
+//! `infergate_flow_queue_requests{pool,priority}` and
+//! `infergate_flow_queue_bytes{pool,priority}` (gauges),
+//! `infergate_flow_queue_wait_seconds{pool,priority}` (histogram of the time queued requests
+//! waited, whatever their outcome) and
+//! `infergate_flow_requests_total{pool,priority,tenant,outcome}` (outcomes of requests that
+//! entered the queue path; tenant labels bounded by [`Tenancy::label`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -104,8 +107,8 @@ impl FlowSettings {
     }
 }
 
-/// Outcome labels of `flow_requests_total`; the values of the rejections are also their reason
-/// headers.
+/// Outcome labels of `infergate_flow_requests_total`; the values of the rejections are also their
+/// reason headers.
 pub mod outcome {
     /// Sent after waiting in the queue.
     pub const DISPATCHED: &str = "dispatched";
@@ -128,7 +131,7 @@ struct BandLabels {
     priority: &'static str,
 }
 
-/// Labels of `flow_requests_total`.
+/// Labels of `infergate_flow_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     pool: String,
@@ -170,22 +173,22 @@ impl FlowMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = FlowMetrics::default();
         registry.register(
-            "flow_queue_requests",
+            "infergate_flow_queue_requests",
             "Requests waiting in a flow-control priority band",
             m.requests.clone(),
         );
         registry.register(
-            "flow_queue_bytes",
+            "infergate_flow_queue_bytes",
             "Request bytes waiting in a flow-control priority band",
             m.bytes.clone(),
         );
         registry.register(
-            "flow_queue_wait_seconds",
+            "infergate_flow_queue_wait_seconds",
             "Time requests waited in a flow-control queue, whatever their outcome",
             m.wait.clone(),
         );
         registry.register(
-            "flow_requests",
+            "infergate_flow_requests",
             "Requests that entered flow control's queue path, by outcome",
             m.outcomes.clone(),
         );

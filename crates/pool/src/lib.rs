@@ -123,32 +123,32 @@ impl Telemetry {
         };
         if let Some(r) = registry {
             r.register(
-                "pool_pick_duration_seconds",
+                "infergate_pool_pick_duration_seconds",
                 "Time to choose endpoints for one request, lock wait included",
                 t.pick_seconds.clone(),
             );
             r.register(
-                "pool_endpoints",
+                "infergate_pool_endpoints",
                 "Endpoints in the pool",
                 t.endpoints.clone(),
             );
             r.register(
-                "pool_fail_open",
+                "infergate_pool_fail_open",
                 "1 while requests are dispatched fail-open on in-flight accounting: no pod has fresh metrics, or every fresh pod would shed (staleMetrics)",
                 t.fail_open.clone(),
             );
             r.register(
-                "pool_fail_open_requests",
+                "infergate_pool_fail_open_requests",
                 "Requests dispatched fail-open (no pod with fresh metrics)",
                 t.fail_open_requests.clone(),
             );
             r.register(
-                "pool_pick_sample_fallbacks",
+                "infergate_pool_pick_sample_fallbacks",
                 "Picks over a large pool whose random sample of endpoints (candidateSample) could not take the request (none left after the filters, all saturated, it would shed, or the headroom reserve held endpoints back) and that were made again over every endpoint",
                 t.sample_fallbacks.clone(),
             );
             r.register(
-                "pool_endpoint_refusals",
+                "infergate_pool_endpoint_refusals",
                 "Connections to an endpoint refused on the request path; each fails the endpoint at once, as a refused scrape does",
                 t.refused.clone(),
             );
@@ -389,7 +389,7 @@ impl LivePool {
 
     /// Follows fail-open from the picks' outcomes: a fail-open pick enters it (or counts in
     /// it), a pick on fresh metrics or a pool with no pod answering leaves it. Each transition
-    /// is logged once and shown in `pool_fail_open`.
+    /// is logged once and shown in `infergate_pool_fail_open`.
     fn note_mode(&self, decision: &Result<Decision, Rejection>) {
         if matches!(decision, Ok(d) if d.sample_fallback) {
             self.shared.telemetry.sample_fallbacks.inc();

@@ -278,7 +278,7 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-/// The exchange's series (`peer_*`).
+/// The exchange's series (`infergate_peer_*`).
 #[derive(Clone, Default)]
 struct Stats {
     sent: Counter,
@@ -293,37 +293,37 @@ struct Stats {
 impl Stats {
     fn register(&self, r: &mut Registry) {
         r.register(
-            "peer_reports_sent",
+            "infergate_peer_reports_sent",
             "Load reports written to peer replicas",
             self.sent.clone(),
         );
         r.register(
-            "peer_reports_received",
+            "infergate_peer_reports_received",
             "Load reports from peer replicas applied",
             self.received.clone(),
         );
         r.register(
-            "peer_connection_failures",
+            "infergate_peer_connection_failures",
             "Peer connections that failed or were refused, by reason (bad-mac: another key; bad-tag: a frame altered or out of order; other-pool; timeout; io; ...)",
             self.failures.clone(),
         );
         r.register(
-            "peer_connections_outbound",
+            "infergate_peer_connections_outbound",
             "Connections to peer replicas established",
             self.outbound.clone(),
         );
         r.register(
-            "peer_connections_inbound",
+            "infergate_peer_connections_inbound",
             "Connections from peer replicas established",
             self.inbound.clone(),
         );
         r.register(
-            "peer_replicas",
+            "infergate_peer_replicas",
             "Peer replicas whose load currently counts in picks",
             self.peers.clone(),
         );
         r.register(
-            "peer_expired",
+            "infergate_peer_expired",
             "Peer replicas dropped after a silence longer than expire-after",
             self.expired.clone(),
         );
@@ -366,7 +366,7 @@ pub struct PeerExchange {
 impl PeerExchange {
     /// Starts the exchange for `pool`: binds the listen address (its error is returned here),
     /// then runs the reporter, listener, dialers, resolver and expiry in the background. Series
-    /// (`peer_*`) go into `registry` when one is given. Must run inside a tokio runtime.
+    /// (`infergate_peer_*`) go into `registry` when one is given. Must run inside a tokio runtime.
     pub async fn start(
         pool: LivePool,
         settings: PeerSettings,

@@ -8,9 +8,9 @@
 //! costs one short lock; a pick costs nothing extra.
 //!
 //! Cardinality is bounded by the pool: one series per endpoint per family, labelled `pod`
-//! (`ip:port`, the value `extproc_requests_total` uses) and `name` (`namespace/pod`), plus the
-//! labels of the registry the pool was started with (`model` on the gateway, `pool` on the
-//! picker). Adapter names come from the model server's page, so at most
+//! (`ip:port`, the value `infergate_extproc_requests_total` uses) and `name` (`namespace/pod`),
+//! plus the labels of the registry the pool was started with (`model` on the gateway, `pool` on
+//! the picker). Adapter names come from the model server's page, so at most
 //! [`MAX_ADAPTER_SERIES`] per endpoint are exported by name.
 
 use std::net::SocketAddr;

@@ -236,12 +236,12 @@ impl Precise {
         if let Some(r) = registry {
             events.register(r);
             r.register(
-                "precise_prefix_duration_seconds",
+                "infergate_precise_prefix_duration_seconds",
                 "Time to tokenize a request and match it against the KV-event index",
                 stats.seconds.clone(),
             );
             r.register(
-                "precise_prefix_requests",
+                "infergate_precise_prefix_requests",
                 "Requests by how their prefix was matched (exact; or approximate, and why: unsupported, too-long, tokenize-error, no-feed)",
                 stats.requests.clone(),
             );

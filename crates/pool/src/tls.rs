@@ -12,7 +12,8 @@
 //!
 //! A handshake has a deadline ([`DEFAULT_HANDSHAKE_TIMEOUT`]): a plaintext client, or one that
 //! sends nothing, is closed when its bytes are not a TLS ClientHello or when the deadline passes.
-//! Failures are logged at debug level and counted (`tls_handshake_failures_total{reason}`).
+//! Failures are logged at debug level and counted
+//! (`infergate_tls_handshake_failures_total{reason}`).
 //!
 //! Client side, [`client_tls`] reads a CA bundle and builds an
 //! [`infergate_metrics::ClientTls`], which the scraper and the gateway's upstream connections use.
@@ -298,8 +299,8 @@ impl ServerTls {
         Ok(tls)
     }
 
-    /// Registers `tls_handshake_failures_total{reason}` and
-    /// `tls_certificate_reloads_total{result}` in `registry`.
+    /// Registers `infergate_tls_handshake_failures_total{reason}` and
+    /// `infergate_tls_certificate_reloads_total{result}` in `registry`.
     pub fn register(&self, registry: &mut Registry) {
         // Every label value exported from the start, at 0: an alert on `rate(...)` of a result
         // or reason that has not happened yet still has a series to read.
@@ -313,12 +314,12 @@ impl ServerTls {
             let _ = self.metrics.reloads.get_or_create(&ResultLabels { result });
         }
         registry.register(
-            "tls_handshake_failures",
+            "infergate_tls_handshake_failures",
             "TLS handshakes that failed (reason: timeout, error)",
             self.metrics.handshake_failures.clone(),
         );
         registry.register(
-            "tls_certificate_reloads",
+            "infergate_tls_certificate_reloads",
             "Certificate reloads after the files changed (result: ok, error)",
             self.metrics.reloads.clone(),
         );

@@ -154,8 +154,8 @@ async fn a_peers_requests_count_in_picks_within_milliseconds_and_expire_when_it_
     let ex_a = exchange(&a, "picker-a", addr_a, &[addr_b], key(), &mut reg_a).await;
     let _ex_b = exchange(&b, "picker-b", addr_b, &[addr_a], key(), &mut reg_b).await;
     eventually("both connected", || {
-        series(&reg_a, "peer_connections_inbound") == 1.0
-            && series(&reg_b, "peer_connections_inbound") == 1.0
+        series(&reg_a, "infergate_peer_connections_inbound") == 1.0
+            && series(&reg_b, "infergate_peer_connections_inbound") == 1.0
     })
     .await;
 
@@ -208,12 +208,12 @@ async fn a_peers_requests_count_in_picks_within_milliseconds_and_expire_when_it_
         "dropped after {gone:?} (expire-after 1.5 s)"
     );
     eventually("B's gauge shows no peer", || {
-        series(&reg_b, "peer_replicas") == 0.0
+        series(&reg_b, "infergate_peer_replicas") == 0.0
     })
     .await;
-    assert!(series(&reg_b, "peer_expired_total") >= 1.0);
-    assert!(series(&reg_b, "peer_reports_received_total") >= 3.0);
-    assert!(series(&reg_a, "peer_reports_sent_total") >= 3.0);
+    assert!(series(&reg_b, "infergate_peer_expired_total") >= 1.0);
+    assert!(series(&reg_b, "infergate_peer_reports_received_total") >= 3.0);
+    assert!(series(&reg_a, "infergate_peer_reports_sent_total") >= 3.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,13 +238,16 @@ async fn another_key_or_another_pool_is_refused_and_counted() {
     .await;
     let _held = a.pick(&RequestContext::new("m", 500)).unwrap();
     eventually("B refuses A's hello", || {
-        series(&reg_b, "peer_connection_failures_total{reason=\"bad-mac\"") >= 1.0
+        series(
+            &reg_b,
+            "infergate_peer_connection_failures_total{reason=\"bad-mac\"",
+        ) >= 1.0
     })
     .await;
     eventually("A is told", || {
         series(
             &reg_a,
-            "peer_connection_failures_total{reason=\"refused-by-peer\"",
+            "infergate_peer_connection_failures_total{reason=\"refused-by-peer\"",
         ) >= 1.0
     })
     .await;
@@ -266,12 +269,12 @@ async fn another_key_or_another_pool_is_refused_and_counted() {
     eventually("B refuses another pool", || {
         series(
             &reg_b,
-            "peer_connection_failures_total{reason=\"other-pool\"",
+            "infergate_peer_connection_failures_total{reason=\"other-pool\"",
         ) >= 1.0
     })
     .await;
     assert_eq!(peer_inflight(&b, x), 0);
-    assert_eq!(series(&reg_b, "peer_replicas"), 0.0);
+    assert_eq!(series(&reg_b, "infergate_peer_replicas"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,7 +328,7 @@ async fn hostile_bytes_are_refused_and_the_listener_keeps_serving() {
     .await;
     let _held = a.pick(&RequestContext::new("m", 500)).unwrap();
     eventually("B counts A's request", || peer_inflight(&b, x) == 1).await;
-    assert!(series(&reg_b, "peer_connection_failures_total") >= 3.0);
+    assert!(series(&reg_b, "infergate_peer_connection_failures_total") >= 3.0);
     drop(silent);
 }
 
@@ -342,16 +345,16 @@ async fn a_replica_listed_among_its_own_peers_skips_itself() {
     let _held = a.pick(&RequestContext::new("m", 500)).unwrap();
     eventually("B counts A's request", || peer_inflight(&b, x) == 1).await;
     eventually("both connected out", || {
-        series(&reg_a, "peer_connections_outbound") == 1.0
-            && series(&reg_b, "peer_connections_outbound") == 1.0
+        series(&reg_a, "infergate_peer_connections_outbound") == 1.0
+            && series(&reg_b, "infergate_peer_connections_outbound") == 1.0
     })
     .await;
     // A dialled B before B listened: those refused connects are the only failures there may be.
-    let failures = "peer_connection_failures_total";
+    let failures = "infergate_peer_connection_failures_total";
     let io_failures_a = series(&reg_a, &format!("{failures}{{reason=\"io\""));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(series(&reg_a, "peer_connections_outbound"), 1.0);
-    assert_eq!(series(&reg_b, "peer_connections_outbound"), 1.0);
+    assert_eq!(series(&reg_a, "infergate_peer_connections_outbound"), 1.0);
+    assert_eq!(series(&reg_b, "infergate_peer_connections_outbound"), 1.0);
     assert_eq!(
         peer_inflight(&a, x),
         0,

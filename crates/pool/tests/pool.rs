@@ -108,8 +108,11 @@ async fn picks_follow_scraped_load_and_guards_release_inflight() {
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    assert!(text.contains("pool_pick_duration_seconds"), "{text}");
-    assert!(text.contains("pool_endpoints 1"), "{text}");
+    assert!(
+        text.contains("infergate_pool_pick_duration_seconds"),
+        "{text}"
+    );
+    assert!(text.contains("infergate_pool_endpoints 1"), "{text}");
     pool.shutdown();
 }
 
@@ -172,7 +175,10 @@ async fn admin_server_answers_metrics_health_and_readiness() {
     assert_eq!(get("/readyz").await.0, 200);
     let (status, body) = get("/metrics").await;
     assert_eq!(status, 200);
-    assert!(body.contains("pool_pick_duration_seconds"), "{body}");
+    assert!(
+        body.contains("infergate_pool_pick_duration_seconds"),
+        "{body}"
+    );
     assert_eq!(get("/nope").await.0, 404);
     let post = infergate_testkit::post(addr, "/metrics", "text/plain", "").await;
     assert_eq!(post.status, 405);
@@ -523,7 +529,7 @@ async fn a_sample_that_cannot_take_a_request_is_counted_and_the_whole_pool_picks
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     let fallbacks: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("pool_pick_sample_fallbacks_total "))
+        .find_map(|l| l.strip_prefix("infergate_pool_pick_sample_fallbacks_total "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no fallback counter: {text}"));
     assert!((1.0..=10.0).contains(&fallbacks), "{fallbacks}");

@@ -180,18 +180,21 @@ async fn picks_follow_the_engines_kv_events_through_an_eviction() {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
     assert!(
-        out.contains("precise_prefix_requests_total{outcome=\"too-long\"} 1"),
+        out.contains("infergate_precise_prefix_requests_total{outcome=\"too-long\"} 1"),
         "{out}"
     );
     assert!(
-        out.contains("precise_prefix_requests_total{outcome=\"exact\"} 20"),
+        out.contains("infergate_precise_prefix_requests_total{outcome=\"exact\"} 20"),
         "{out}"
     );
     assert!(
-        out.contains("precise_prefix_requests_total{outcome=\"unsupported\"} 1"),
+        out.contains("infergate_precise_prefix_requests_total{outcome=\"unsupported\"} 1"),
         "{out}"
     );
-    assert!(out.contains("kv_events_connected_pods 2"), "{out}");
+    assert!(
+        out.contains("infergate_kv_events_connected_pods 2"),
+        "{out}"
+    );
 }
 
 #[tokio::test]
@@ -205,12 +208,12 @@ async fn with_no_feed_in_sequence_a_request_is_not_tokenized() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(
-        text.contains("precise_prefix_requests_total{outcome=\"no-feed\"} 1"),
+        text.contains("infergate_precise_prefix_requests_total{outcome=\"no-feed\"} 1"),
         "{text}"
     );
     // The tokenizer's 1–2 ms a long request are not spent when no pod's events can be matched.
     assert!(
-        text.contains("precise_prefix_duration_seconds_count 0"),
+        text.contains("infergate_precise_prefix_duration_seconds_count 0"),
         "{text}"
     );
 }

@@ -1,9 +1,10 @@
 //! The gateway's Prometheus metrics, served on the admin port.
 //!
-//! All series live under `infergate_gateway_`. Label sets per model and per endpoint are resolved
-//! once, when a configuration is loaded ([`ModelMetrics`]), so recording on the request path is
-//! a few atomic operations with no lookup, lock or allocation. Only rejections, which are not the
-//! hot path, look their series up per event.
+//! All series live under `infergate_gateway_`, but for flow control's, which keep the pool crate's
+//! `infergate_flow_` (the picker's queues have the same names). Label sets per model and per
+//! endpoint are resolved once, when a configuration is loaded ([`ModelMetrics`]), so recording on
+//! the request path is a few atomic operations with no lookup, lock or allocation. Only
+//! rejections, which are not the hot path, look their series up per event.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -60,11 +61,13 @@ impl Telemetry {
             limits: crate::limits::Counters::default(),
             flow: infergate_pool::flow::FlowMetrics::default(),
         };
-        let r = registry.sub_registry_with_prefix("infergate_gateway");
+        // Flow control's series are `infergate_flow_*`, as at the picker: the pool's own
+        // families, not the gateway's.
         let t = Telemetry {
-            flow: infergate_pool::flow::FlowMetrics::register(r),
+            flow: infergate_pool::flow::FlowMetrics::register(registry),
             ..t
         };
+        let r = registry.sub_registry_with_prefix("infergate_gateway");
         r.register(
             "requests",
             "Model requests answered by an upstream, by model and status class",

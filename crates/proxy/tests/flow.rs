@@ -117,12 +117,12 @@ fn json(b: &[u8]) -> serde_json::Value {
 }
 
 fn queue_gauge(priority: &str, n: u64) -> String {
-    format!(r#"infergate_gateway_flow_queue_requests{{pool="m",priority="{priority}"}} {n}"#)
+    format!(r#"infergate_flow_queue_requests{{pool="m",priority="{priority}"}} {n}"#)
 }
 
 fn outcome(priority: &str, tenant: &str, outcome: &str, n: u64) -> String {
     format!(
-        r#"infergate_gateway_flow_requests_total{{pool="m",priority="{priority}",tenant="{tenant}",outcome="{outcome}"}} {n}"#
+        r#"infergate_flow_requests_total{{pool="m",priority="{priority}",tenant="{tenant}",outcome="{outcome}"}} {n}"#
     )
 }
 
@@ -181,9 +181,7 @@ async fn a_request_waits_while_the_pod_is_saturated_and_is_served_once_it_has_he
         "{m}"
     );
     assert!(
-        m.contains(
-            r#"infergate_gateway_flow_queue_wait_seconds_count{pool="m",priority="standard"} 1"#
-        ),
+        m.contains(r#"infergate_flow_queue_wait_seconds_count{pool="m",priority="standard"} 1"#),
         "{m}"
     );
 }
@@ -551,7 +549,7 @@ async fn without_flow_control_a_saturated_pool_answers_as_before() {
     assert_eq!(status, 200);
     assert!(!headers.contains_key(REASON));
     let m = gw.metrics().await;
-    assert!(!m.contains("flow_requests_total{"), "{m}");
+    assert!(!m.contains("infergate_flow_requests_total{"), "{m}");
 }
 
 #[tokio::test]

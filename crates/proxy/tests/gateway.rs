@@ -674,10 +674,10 @@ async fn pools_started_by_a_reload_export_their_metrics_and_removed_ones_stop() 
     })
     .await;
     let (_, m) = get(admin, "/metrics").await;
-    assert!(m.contains("pool_endpoints{model=\"n\"} 1"), "{m}");
+    assert!(m.contains("infergate_pool_endpoints{model=\"n\"} 1"), "{m}");
     // The removed pool's series go with it (the gateway's own per-model counters stay, as
     // counters do).
-    assert!(!m.contains("pool_endpoints{model=\"m\"}"), "{m}");
+    assert!(!m.contains("infergate_pool_endpoints{model=\"m\"}"), "{m}");
     assert!(
         !m.contains("scrape_duration_seconds_count{model=\"m\"}"),
         "{m}"
@@ -701,7 +701,8 @@ async fn every_metric_family_appears_once_with_several_models() {
     let admin = gw.admin();
     eventually("both models' pools in /metrics", || async move {
         let m = get(admin, "/metrics").await.1;
-        m.contains("pool_endpoints{model=\"m\"} 1") && m.contains("pool_endpoints{model=\"n\"} 1")
+        m.contains("infergate_pool_endpoints{model=\"m\"} 1")
+            && m.contains("infergate_pool_endpoints{model=\"n\"} 1")
     })
     .await;
     let (_, m) = get(admin, "/metrics").await;

@@ -210,10 +210,13 @@ async fn a_stalled_metrics_page_keeps_serving_fail_open_near_the_direct_latency(
         "fail-open {open} ms vs direct {direct} ms"
     );
     let m = get(rig.admin(), "/metrics").await.1;
-    assert_eq!(sample(&m, "pool_fail_open"), Some(1.0), "{m}");
-    assert!(m.contains(r#"pool_fail_open{model="llama"} 1"#), "{m}");
+    assert_eq!(sample(&m, "infergate_pool_fail_open"), Some(1.0), "{m}");
+    assert!(
+        m.contains(r#"infergate_pool_fail_open{model="llama"} 1"#),
+        "{m}"
+    );
     assert_eq!(
-        sample(&m, "pool_fail_open_requests_total"),
+        sample(&m, "infergate_pool_fail_open_requests_total"),
         Some(20.0),
         "{m}"
     );
@@ -228,9 +231,9 @@ async fn a_stalled_metrics_page_keeps_serving_fail_open_near_the_direct_latency(
     let (status, _, _) = post(rig.gw.http_addr(), "/v1/chat/completions", CHAT).await;
     assert_eq!(status, 200);
     let m = get(rig.admin(), "/metrics").await.1;
-    assert_eq!(sample(&m, "pool_fail_open"), Some(0.0), "{m}");
+    assert_eq!(sample(&m, "infergate_pool_fail_open"), Some(0.0), "{m}");
     assert_eq!(
-        sample(&m, "pool_fail_open_requests_total"),
+        sample(&m, "infergate_pool_fail_open_requests_total"),
         Some(20.0),
         "{m}"
     );
@@ -398,7 +401,11 @@ async fn a_pod_that_refuses_the_request_leaves_fail_open_at_once_and_the_answer_
     assert_eq!(v["error"]["code"], "no_fresh_endpoints", "{v}");
     assert_eq!(get(admin, "/readyz").await.0, 503);
     let m = get(admin, "/metrics").await.1;
-    assert_eq!(sample(&m, "pool_endpoint_refusals_total"), Some(1.0), "{m}");
+    assert_eq!(
+        sample(&m, "infergate_pool_endpoint_refusals_total"),
+        Some(1.0),
+        "{m}"
+    );
     assert_eq!(
         accepted.load(Ordering::SeqCst),
         3,
@@ -490,7 +497,7 @@ async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_ta
                 "{why}"
             );
             assert_eq!(
-                sample(&m, "pool_fail_open_requests_total"),
+                sample(&m, "infergate_pool_fail_open_requests_total"),
                 Some(1.0),
                 "{m}"
             );
@@ -500,7 +507,7 @@ async fn when_every_fresh_pod_is_overloaded_a_pod_that_answers_without_a_page_ta
             assert_eq!(v["error"]["code"], "shed", "{v}");
             assert!(headers.contains_key("retry-after"));
             assert_eq!(
-                sample(&m, "pool_fail_open_requests_total"),
+                sample(&m, "infergate_pool_fail_open_requests_total"),
                 Some(0.0),
                 "{m}"
             );

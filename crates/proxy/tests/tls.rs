@@ -235,10 +235,10 @@ async fn a_certificate_replaced_on_disk_is_served_without_restart() {
         .await
         .text();
     for line in [
-        r#"tls_certificate_reloads_total{result="ok"} 0"#,
-        r#"tls_certificate_reloads_total{result="error"} 0"#,
-        r#"tls_handshake_failures_total{reason="timeout"} 0"#,
-        r#"tls_handshake_failures_total{reason="error"} 0"#,
+        r#"infergate_tls_certificate_reloads_total{result="ok"} 0"#,
+        r#"infergate_tls_certificate_reloads_total{result="error"} 0"#,
+        r#"infergate_tls_handshake_failures_total{reason="timeout"} 0"#,
+        r#"infergate_tls_handshake_failures_total{reason="error"} 0"#,
     ] {
         assert!(
             metrics.lines().any(|l| l.ends_with(line)),
@@ -309,7 +309,7 @@ async fn a_certificate_replaced_on_disk_is_served_without_restart() {
         .await
         .text();
     assert!(
-        metrics.contains("tls_certificate_reloads_total{result=\"ok\"} 2"),
+        metrics.contains("infergate_tls_certificate_reloads_total{result=\"ok\"} 2"),
         "{metrics}"
     );
     stop.send(()).unwrap();
@@ -353,7 +353,7 @@ async fn a_plaintext_client_to_the_tls_port_is_refused_cleanly() {
         .await
         .text();
     assert!(
-        metrics.contains("tls_handshake_failures_total{reason=\"error\"} 1"),
+        metrics.contains("infergate_tls_handshake_failures_total{reason=\"error\"} 1"),
         "{metrics}"
     );
     stop.send(()).unwrap();

@@ -621,9 +621,9 @@ retries:
             expect(im.get("status") == 404 and b"model_not_found" in im.get("body", b""),
                    f"BBR unknown model: immediate {im.get('status')} {im.get('body', b'')[:90]!r}")
             m = scrape(f"http://{LOCAL}:{pk_metrics}/metrics")
-            ok = metric(m, "extproc_requests_total", outcome="success")
+            ok = metric(m, "infergate_extproc_requests_total", outcome="success")
             print(f"    picker counted {ok:.0f} successful requests")
-            expect(ok >= 2, f"picker extproc_requests_total{{outcome=success}} = {ok:.0f} (want 2)")
+            expect(ok >= 2, f"picker infergate_extproc_requests_total{{outcome=success}} = {ok:.0f} (want 2)")
             bbr_ch.close()
             pk_ch.close()
         finally:
@@ -1371,7 +1371,7 @@ models:
             return sum(v for n, labels, v in parse_samples(text)
                        if n.endswith(name) and all(labels.get(k) == x for k, x in match.items()))
 
-        wait_until(lambda: gw_metric("kv_events_connected_pods") == 2, 30, 0.2,
+        wait_until(lambda: gw_metric("infergate_kv_events_connected_pods") == 2, 30, 0.2,
                    "both instances' KV-event feeds connected")
         gw = f"http://{LOCAL}:{port}/v1/completions"
         words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
@@ -1408,10 +1408,10 @@ models:
 
         # (a) The prompt is computed on C directly: this gateway never saw it, only C's events.
         p = prompt("precise", 130)
-        stored0 = gw_metric("kv_events_blocks_total", kind="stored")
+        stored0 = gw_metric("infergate_kv_events_blocks_total", kind="stored")
         p_tokens = direct("C", p)
         expect(p_tokens >= 3 * bs, f"the prompt has {p_tokens} tokens: 3 blocks or more")
-        wait_until(lambda: gw_metric("kv_events_blocks_total", kind="stored") >= stored0 +
+        wait_until(lambda: gw_metric("infergate_kv_events_blocks_total", kind="stored") >= stored0 +
                    p_tokens // bs, 20, 0.1, "C's BlockStored events for the prompt")
         h0 = hits()
         where, explained = via_gateway(p, 3)
@@ -1430,16 +1430,16 @@ models:
               f"C's prefix-cache hits +{rose['C']:.0f}")
 
         # (b) C evicts it: other long prompts (about 1,900 tokens each) fill C's cache.
-        removed0 = gw_metric("kv_events_blocks_total", kind="removed")
+        removed0 = gw_metric("infergate_kv_events_blocks_total", kind="removed")
         fill = 0
         for k in range(2 * blocks):
             fill += direct("C", prompt(f"filler {k}", 340)) // bs
-            if fill > blocks + 4 and gw_metric("kv_events_blocks_total",
+            if fill > blocks + 4 and gw_metric("infergate_kv_events_blocks_total",
                                                kind="removed") > removed0:
                 break
-        wait_until(lambda: gw_metric("kv_events_blocks_total", kind="removed") > removed0,
+        wait_until(lambda: gw_metric("infergate_kv_events_blocks_total", kind="removed") > removed0,
                    20, 0.1, "C's BlockRemoved events")
-        removed = gw_metric("kv_events_blocks_total", kind="removed") - removed0
+        removed = gw_metric("infergate_kv_events_blocks_total", kind="removed") - removed0
         # ... and D computes it: the gateway now sends it to D.
         direct("D", p)
         time.sleep(0.5)
@@ -1467,8 +1467,8 @@ models:
                f"{explained2[0]}")
         print(f"    C evicted {removed:.0f} blocks; the prompt followed to D: 3/3, "
               f"D's prefix-cache hits +{rose2['D']:.0f}")
-        expect(gw_metric("kv_events_decode_errors_total") == 0
-               and gw_metric("kv_events_resets_total", reason="gap") == 0,
+        expect(gw_metric("infergate_kv_events_decode_errors_total") == 0
+               and gw_metric("infergate_kv_events_resets_total", reason="gap") == 0,
                "no decode error, no gap in the instances' event streams")
         self.procs.stop("gateway-precise")
         for inst in ("C", "D"):

@@ -87,12 +87,12 @@ fn counts_are_exact_per_pool_model_pod_and_outcome() {
     other.finished("llama", Some(a), Outcome::Success, None);
     let lines = samples(&registry);
     let expected = [
-        r#"extproc_requests_total{pool="llama-pool",model="llama",pod="10.0.0.1:8000",outcome="success"} 3"#,
-        r#"extproc_requests_total{pool="llama-pool",model="llama",pod="10.0.0.2:8001",outcome="error"} 1"#,
-        r#"extproc_requests_total{pool="llama-pool",model="llama",pod="",outcome="cancelled"} 1"#,
-        r#"extproc_requests_total{pool="other-pool",model="llama",pod="10.0.0.1:8000",outcome="success"} 1"#,
-        r#"extproc_tokens_total{model="llama",kind="input"} 15"#,
-        r#"extproc_tokens_total{model="llama",kind="output"} 6"#,
+        r#"infergate_extproc_requests_total{pool="llama-pool",model="llama",pod="10.0.0.1:8000",outcome="success"} 3"#,
+        r#"infergate_extproc_requests_total{pool="llama-pool",model="llama",pod="10.0.0.2:8001",outcome="error"} 1"#,
+        r#"infergate_extproc_requests_total{pool="llama-pool",model="llama",pod="",outcome="cancelled"} 1"#,
+        r#"infergate_extproc_requests_total{pool="other-pool",model="llama",pod="10.0.0.1:8000",outcome="success"} 1"#,
+        r#"infergate_extproc_tokens_total{model="llama",kind="input"} 15"#,
+        r#"infergate_extproc_tokens_total{model="llama",kind="output"} 6"#,
     ];
     for line in expected {
         assert!(
@@ -104,7 +104,8 @@ fn counts_are_exact_per_pool_model_pod_and_outcome() {
     let counted: Vec<&String> = lines
         .iter()
         .filter(|l| {
-            l.starts_with("extproc_requests_total") || l.starts_with("extproc_tokens_total")
+            l.starts_with("infergate_extproc_requests_total")
+                || l.starts_with("infergate_extproc_tokens_total")
         })
         .collect();
     assert_eq!(counted.len(), expected.len(), "{counted:#?}");
@@ -143,19 +144,19 @@ fn concurrent_counting_loses_nothing() {
             .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
             .sum()
     };
-    assert_eq!(total("extproc_requests_total{"), 20_000);
+    assert_eq!(total("infergate_extproc_requests_total{"), 20_000);
     assert_eq!(
-        total("extproc_tokens_total{model=\"m0\",kind=\"input\"}"),
+        total("infergate_extproc_tokens_total{model=\"m0\",kind=\"input\"}"),
         10_000
     );
     assert_eq!(
-        total("extproc_tokens_total{model=\"m1\",kind=\"output\"}"),
+        total("infergate_extproc_tokens_total{model=\"m1\",kind=\"output\"}"),
         20_000
     );
     assert_eq!(
         lines
             .iter()
-            .filter(|l| l.starts_with("extproc_requests_total{"))
+            .filter(|l| l.starts_with("infergate_extproc_requests_total{"))
             .count(),
         16,
         "two models times eight pods, one outcome"
@@ -175,13 +176,13 @@ fn client_chosen_model_names_cannot_grow_the_series_without_bound() {
     let lines = samples(&registry);
     let requests: Vec<&String> = lines
         .iter()
-        .filter(|l| l.starts_with("extproc_requests_total"))
+        .filter(|l| l.starts_with("infergate_extproc_requests_total"))
         .collect();
     assert_eq!(requests.len(), MAX_MODEL_LABELS + 1, "{requests:#?}");
     assert!(lines.iter().any(|l| l
-        == r#"extproc_requests_total{pool="p",model="(other)",pod="10.0.0.1:8000",outcome="success"} 100"#));
+        == r#"infergate_extproc_requests_total{pool="p",model="(other)",pod="10.0.0.1:8000",outcome="success"} 100"#));
     assert!(lines.iter().any(|l| l
-        == r#"extproc_requests_total{pool="p",model="made-up-0",pod="10.0.0.1:8000",outcome="success"} 2"#));
+        == r#"infergate_extproc_requests_total{pool="p",model="made-up-0",pod="10.0.0.1:8000",outcome="success"} 2"#));
 }
 
 #[test]
@@ -200,7 +201,7 @@ fn a_huge_model_name_is_cut_to_a_bounded_label() {
     );
     let lines = samples(&registry);
     let expected = format!(
-        r#"extproc_requests_total{{pool="p",model="{}",pod="10.0.0.1:8000",outcome="success"}} 2"#,
+        r#"infergate_extproc_requests_total{{pool="p",model="{}",pod="10.0.0.1:8000",outcome="success"}} 2"#,
         "x".repeat(MAX_MODEL_LABEL_BYTES)
     );
     assert!(lines.contains(&expected), "{lines:#?}");

@@ -68,11 +68,11 @@ async fn the_head_gets_the_turn_and_passes_it_on_when_dispatched() {
     assert_eq!(c.queued(), 1);
     let m = text(&registry);
     assert!(
-        m.contains(r#"flow_requests_total{pool="p",priority="critical",tenant="other",outcome="dispatched"} 1"#),
+        m.contains(r#"infergate_flow_requests_total{pool="p",priority="critical",tenant="other",outcome="dispatched"} 1"#),
         "{m}"
     );
     assert!(
-        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 1"#),
+        m.contains(r#"infergate_flow_queue_requests{pool="p",priority="standard"} 1"#),
         "{m}"
     );
     assert_eq!(c.retry_after(), Duration::from_secs(2));
@@ -114,17 +114,17 @@ async fn two_controllers_of_one_pool_show_their_queues_together() {
         .collect();
     let m = text(&registry);
     assert!(
-        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 5"#),
+        m.contains(r#"infergate_flow_queue_requests{pool="p",priority="standard"} 5"#),
         "{m}"
     );
     assert!(
-        m.contains(r#"flow_queue_bytes{pool="p",priority="standard"} 500"#),
+        m.contains(r#"infergate_flow_queue_bytes{pool="p",priority="standard"} 500"#),
         "{m}"
     );
     drop(waiting_old);
     let m = text(&registry);
     assert!(
-        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 3"#),
+        m.contains(r#"infergate_flow_queue_requests{pool="p",priority="standard"} 3"#),
         "{m}"
     );
     assert_eq!(poll(&mut waiting_new[0]), Some(Turn::Try));
@@ -132,11 +132,11 @@ async fn two_controllers_of_one_pool_show_their_queues_together() {
     drop(waiting_new);
     let m = text(&registry);
     assert!(
-        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 0"#),
+        m.contains(r#"infergate_flow_queue_requests{pool="p",priority="standard"} 0"#),
         "{m}"
     );
     assert!(
-        m.contains(r#"flow_queue_bytes{pool="p",priority="standard"} 0"#),
+        m.contains(r#"infergate_flow_queue_bytes{pool="p",priority="standard"} 0"#),
         "{m}"
     );
 }
@@ -154,7 +154,9 @@ async fn a_long_wait_lands_in_a_bucket_of_its_own() {
     assert!(a.dispatched().is_some());
     let m = text(&registry);
     let bucket = |le: &str| {
-        format!(r#"flow_queue_wait_seconds_bucket{{le="{le}",pool="p",priority="standard"}}"#)
+        format!(
+            r#"infergate_flow_queue_wait_seconds_bucket{{le="{le}",pool="p",priority="standard"}}"#
+        )
     };
     assert!(m.contains(&format!("{} 0", bucket("524.288"))), "{m}");
     assert!(m.contains(&format!("{} 1", bucket("1048.576"))), "{m}");
@@ -186,11 +188,11 @@ async fn dropping_a_queued_request_removes_it_and_passes_its_turn_on() {
     assert_eq!(c.queued(), 0);
     let m = text(&registry);
     assert!(
-        m.contains(r#"flow_queue_requests{pool="p",priority="standard"} 0"#),
+        m.contains(r#"infergate_flow_queue_requests{pool="p",priority="standard"} 0"#),
         "{m}"
     );
     assert!(
-        m.contains(r#"flow_requests_total{pool="p",priority="standard",tenant="other",outcome="rejected-context-cancelled"} 2"#),
+        m.contains(r#"infergate_flow_requests_total{pool="p",priority="standard",tenant="other",outcome="rejected-context-cancelled"} 2"#),
         "{m}"
     );
 }
@@ -209,7 +211,7 @@ async fn the_ttl_fires_on_its_own_timer() {
     drop(a);
     let m = text(&registry);
     assert!(
-        m.contains(r#"flow_requests_total{pool="p",priority="standard",tenant="other",outcome="rejected-ttl-expired"} 1"#),
+        m.contains(r#"infergate_flow_requests_total{pool="p",priority="standard",tenant="other",outcome="rejected-ttl-expired"} 1"#),
         "{m}"
     );
     assert!(!m.contains("rejected-context-cancelled"), "{m}");

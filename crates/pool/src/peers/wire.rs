@@ -75,7 +75,7 @@ impl Refusal {
         })
     }
 
-    /// The label of the `peer_handshake_failures_total` counter and of the logs.
+    /// The `reason` label of `infergate_peer_connection_failures_total`, and of the logs.
     pub fn as_str(self) -> &'static str {
         match self {
             Refusal::BadMac => "bad-mac",

@@ -105,7 +105,7 @@ async fn a_replaced_certificate_is_served_to_new_handshakes() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(
-        text.contains("tls_certificate_reloads_total{result=\"ok\"} 1"),
+        text.contains("infergate_tls_certificate_reloads_total{result=\"ok\"} 1"),
         "{text}"
     );
 }
@@ -133,13 +133,13 @@ async fn a_broken_replacement_keeps_the_old_certificate() {
         text.clear();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         // The series exists at 0 from the start: wait for the count.
-        if text.contains("tls_certificate_reloads_total{result=\"error\"} 1") {
+        if text.contains("infergate_tls_certificate_reloads_total{result=\"error\"} 1") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(
-        text.contains("tls_certificate_reloads_total{result=\"error\"} 1"),
+        text.contains("infergate_tls_certificate_reloads_total{result=\"error\"} 1"),
         "{text}"
     );
     assert_eq!(tls.certificate_chain()[0], first.der);
@@ -171,7 +171,7 @@ async fn a_plaintext_client_is_refused_at_once() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(
-        text.contains("tls_handshake_failures_total{reason=\"error\"} 1"),
+        text.contains("infergate_tls_handshake_failures_total{reason=\"error\"} 1"),
         "{text}"
     );
 }
