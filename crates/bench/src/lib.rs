@@ -20,12 +20,15 @@
 //!   over real HTTP with streaming requests;
 //! - [`front`] — external fronts (another router or proxy started as a command) for live runs;
 //! - [`report`] — results, summary over seeds, verdicts, markdown / JSON / SVG;
+//! - `plan` — the runs of a bench in order, and what an interrupted one did not run (both
+//!   runners);
 //! - [`stats`] — percentiles and spreads; [`progress`] — the stderr progress bar;
 //! - `error` — [`BenchError`].
 
 mod error;
 pub mod front;
 pub mod live;
+mod plan;
 pub mod policy;
 pub mod progress;
 pub mod report;

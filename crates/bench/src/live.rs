@@ -35,8 +35,9 @@ use tokio::task::JoinSet;
 
 use crate::BenchError;
 use crate::front::Front;
+use crate::plan::{Plan, Ran};
 use crate::progress::Progress;
-use crate::report::{FrontLog, Interrupted, LiveGateway, NotRun, PodInfo, Report, RunResult};
+use crate::report::{FrontLog, LiveGateway, PodInfo, Report, RunResult};
 use crate::scenario::{self, Scenario};
 use crate::simulate::{LoadSeries, floor};
 use crate::stats::{Percentiles, quantile};
@@ -265,8 +266,10 @@ pub async fn run_until(
                 .map(|(f, l)| Target::Front(f, l.log.as_path())),
         )
         .collect();
-    // The run stopped part-way, as (seed index, target index), when interrupted.
-    let mut stopped = None;
+    let mut plan = Plan::new(
+        &scenario.seeds,
+        targets.iter().map(|t| t.name().to_owned()).collect(),
+    );
     'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
@@ -306,8 +309,9 @@ pub async fn run_until(
                     runs.push(*r);
                 }
                 Ok(Ran::Interrupted) => {
+                    // Everything the run had started is stopped.
                     progress.abort();
-                    stopped = Some((si, ti));
+                    plan.stop(si, ti, true);
                     break 'seeds;
                 }
                 // A front or gateway that cannot be started fails its own runs, not the bench:
@@ -325,42 +329,12 @@ pub async fn run_until(
             }
         }
     }
-    let interrupted = stopped.map(|(si, ti)| {
-        // The stopped run, then the rest of its seed, then every later seed's.
-        let not_run = scenario.seeds[si..]
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &seed)| {
-                let from = if i == 0 { ti } else { 0 };
-                targets[from..]
-                    .iter()
-                    .enumerate()
-                    .map(move |(j, t)| NotRun {
-                        policy: t.name().to_owned(),
-                        seed,
-                        stopped: i == 0 && j == 0,
-                    })
-            })
-            .collect();
-        // A seed none of whose runs completed has no figures for its floor to be compared with.
-        floors.retain(|f| runs.iter().any(|r| r.seed == f.seed));
-        Interrupted { not_run }
-    });
     let pods = PodInfo::list(&spec);
     let mut report = Report::new(scenario.clone(), "live", pods, runs, floors);
     report.front_logs = logs;
     report.gateway = live_gateway(scenario);
-    report.interrupted = interrupted;
+    plan.mark(&mut report);
     Ok(report)
-}
-
-/// How [`run_one`] ended.
-#[derive(Debug)]
-enum Ran {
-    /// The run completed (boxed: the other variant is empty).
-    Done(Box<RunResult>),
-    /// The interrupt came first; everything the run had started is stopped.
-    Interrupted,
 }
 
 /// Whether `scenario` can run live with `fronts`, checked without running a fleet, a gateway

@@ -300,8 +300,8 @@ pub struct Report {
     /// What the policies' gateways ran with (live runs of policies; `None` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<LiveGateway>,
-    /// Set when the bench was stopped before every run completed (Ctrl-C or SIGTERM during a
-    /// live run): the report is partial, its figures are over the runs that completed, and
+    /// Set when the bench was stopped before every run completed (Ctrl-C or SIGTERM, live or
+    /// simulated): the report is partial, its figures are over the runs that completed, and
     /// this says which did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<Interrupted>,

@@ -9,9 +9,15 @@
 //! The `infergate-precise` policy also sees each pod's KV-cache events (every block stored or
 //! evicted, published at the end of the engine step and applied `kv_events.lag_ms` later, see
 //! [`infergate_sim::KvView`]), and every pick carries each pod's cached prompt tokens by that view.
+//!
+//! A bench can be interrupted ([`run_until`]): a flag the caller sets (its Ctrl-C) is looked at
+//! before each run and every [`STOP_EVERY`] arrivals or fleet events within one, so a run of a
+//! 1,000-pod fleet stops within milliseconds; the run stopped part-way is dropped, and the
+//! report keeps the runs that completed, naming the others, as a live bench's does.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use infergate_scheduler::{
     CacheConfig, Decision, EndpointMeta, EngineType, LoraState, MetricsSnapshot, RequestContext,
@@ -28,6 +34,7 @@ use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
+use crate::plan::{Plan, Ran};
 use crate::policy::RoutePolicy;
 use crate::progress::Progress;
 use crate::report::{FloorResult, PodInfo, Report, RequestRecord, RunResult};
@@ -37,6 +44,10 @@ use crate::workload::{self, Arrival};
 
 /// Points kept of each run's TTFT distribution, for the CDF plot.
 const CDF_POINTS: usize = 200;
+
+/// A run looks at the stop flag once in this many arrivals or fleet events: often enough to stop
+/// within milliseconds, rarely enough to cost nothing next to a pick.
+pub const STOP_EVERY: u32 = 256;
 
 /// Per-pod load samples of one run: `running + waiting` every `every_s` seconds.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -72,6 +83,21 @@ pub fn run_with(
     progress: &mut dyn Progress,
     options: RunOptions,
 ) -> Result<Report, BenchError> {
+    run_until(scenario, origin, progress, options, &AtomicBool::new(false))
+}
+
+/// As [`run_with`], until `stop` is set (the caller's Ctrl-C): then no further run starts, the
+/// run in progress stops within [`STOP_EVERY`] arrivals or fleet events and is dropped (figures
+/// over part of its arrivals would read as a whole run's), and the report of the runs that
+/// completed is returned, with [`Report::interrupted`] naming the runs that did not (the one
+/// stopped part-way first, said so).
+pub fn run_until(
+    scenario: &Scenario,
+    origin: &str,
+    progress: &mut dyn Progress,
+    options: RunOptions,
+    stop: &AtomicBool,
+) -> Result<Report, BenchError> {
     if options.requests && !scenario.keeps_request_records() {
         return Err(BenchError::Unsupported {
             origin: origin.to_owned(),
@@ -80,10 +106,10 @@ pub fn run_with(
         });
     }
     if scenario.flow.is_some() {
-        return flow::run(scenario, origin, progress);
+        return flow::run(scenario, origin, progress, stop);
     }
     if scenario.replicas.is_some() {
-        return replicas::run(scenario, origin, progress);
+        return replicas::run(scenario, origin, progress, stop);
     }
     let catalog = infergate_sim::Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
@@ -95,43 +121,117 @@ pub fn run_with(
         .unwrap_or_default();
     let mut runs = Vec::new();
     let mut floors = Vec::new();
-    for (si, &seed) in scenario.seeds.iter().enumerate() {
+    let names = scenario.policies.iter().map(|p| p.as_str().to_owned());
+    let mut until = Until::new(scenario, names.collect(), stop);
+    'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = workload::generate(&scenario.workload, seed);
         floors.push(floor(&spec, &arrivals, seed));
-        for &policy in &scenario.policies {
-            let label = format!(
-                "{} seed {seed} ({}/{}) {policy}",
-                scenario.name,
-                si + 1,
-                scenario.seeds.len()
-            );
-            progress.start(&label, arrivals.len() as u64);
-            let mut r = run_one(
-                scenario,
-                &spec,
-                &adapters,
-                policy,
-                &arrivals,
-                seed,
-                Keep {
-                    load: si == 0,
-                    requests: options.requests,
-                },
-                progress,
-            )?;
-            r.policy = policy.as_str().to_owned();
-            progress.finish();
+        for (pi, &policy) in scenario.policies.iter().enumerate() {
+            let keep = Keep {
+                load: si == 0,
+                requests: options.requests,
+            };
+            let ran = until.run(si, pi, arrivals.len(), progress, |progress, stop| {
+                run_one(
+                    scenario, &spec, &adapters, policy, &arrivals, seed, keep, progress, stop,
+                )
+            })?;
+            let Some(r) = ran else {
+                break 'seeds;
+            };
             runs.push(r);
         }
     }
-    let pods = PodInfo::list(&spec);
-    Ok(Report::new(
-        scenario.clone(),
-        "simulated",
-        pods,
-        runs,
-        floors,
-    ))
+    Ok(until.report(&spec, runs, floors))
+}
+
+/// The stop flag as a run's loops see it: looked at on the first call of [`Stop::now`] and
+/// once in [`STOP_EVERY`] calls after that (a counter, not a load of a shared cache line, per
+/// arrival or event).
+pub(crate) struct Stop<'a> {
+    flag: &'a AtomicBool,
+    calls: u32,
+}
+
+impl Stop<'_> {
+    /// Whether the run is to stop now.
+    pub(crate) fn now(&mut self) -> bool {
+        let look = self.calls == 0;
+        self.calls = (self.calls + 1) % STOP_EVERY;
+        look && self.flag.load(Ordering::Relaxed)
+    }
+}
+
+/// The runs of a simulated bench, made in their plan's order until the stop flag is set.
+struct Until<'a> {
+    scenario: &'a Scenario,
+    plan: Plan<'a>,
+    flag: &'a AtomicBool,
+}
+
+impl<'a> Until<'a> {
+    /// The runs named `runs`, in order, on every seed of `scenario`, until `flag` is set.
+    fn new(scenario: &'a Scenario, runs: Vec<String>, flag: &'a AtomicBool) -> Self {
+        Until {
+            scenario,
+            plan: Plan::new(&scenario.seeds, runs),
+            flag,
+        }
+    }
+
+    /// Makes run `run` of the seed at index `seed` (of `requests` arrivals) with `go`, on the
+    /// progress bar, unless the bench has been stopped; `None` once it has (before the run, or
+    /// part-way through it), when no further run is to be made.
+    fn run(
+        &mut self,
+        seed: usize,
+        run: usize,
+        requests: usize,
+        progress: &mut dyn Progress,
+        go: impl FnOnce(&mut dyn Progress, &mut Stop<'_>) -> Result<Ran, BenchError>,
+    ) -> Result<Option<RunResult>, BenchError> {
+        if self.flag.load(Ordering::Relaxed) {
+            self.plan.stop(seed, run, false);
+            return Ok(None);
+        }
+        let s = self.scenario;
+        let label = format!(
+            "{} seed {} ({}/{}) {}",
+            s.name,
+            s.seeds.get(seed).copied().unwrap_or_default(),
+            seed + 1,
+            s.seeds.len(),
+            self.plan.name(run)
+        );
+        progress.start(&label, requests as u64);
+        let mut stop = Stop {
+            flag: self.flag,
+            calls: 0,
+        };
+        match go(progress, &mut stop) {
+            Ok(Ran::Done(r)) => {
+                progress.finish();
+                Ok(Some(*r))
+            }
+            Ok(Ran::Interrupted) => {
+                progress.abort();
+                self.plan.stop(seed, run, true);
+                Ok(None)
+            }
+            Err(e) => {
+                progress.abort();
+                Err(e)
+            }
+        }
+    }
+
+    /// The report of `runs` on a fleet of `spec`, marked partial if the bench was stopped.
+    fn report(self, spec: &FleetSpec, runs: Vec<RunResult>, floors: Vec<FloorResult>) -> Report {
+        let pods = PodInfo::list(spec);
+        let mut report = Report::new(self.scenario.clone(), "simulated", pods, runs, floors);
+        self.plan.mark(&mut report);
+        report
+    }
 }
 
 /// The address standing for pod `i` in the scheduler (never bound: the fleet is virtual).
@@ -493,6 +593,17 @@ impl Sim<'_> {
         }
         self.fleet.advance_to(t);
     }
+
+    /// Runs the fleet until it is idle, sampling load on the way; false when `stop` came first.
+    fn drain(&mut self, stop: &mut Stop<'_>) -> bool {
+        while let Some(t) = self.fleet.next_event_time() {
+            if stop.now() {
+                return false;
+            }
+            self.advance(t);
+        }
+        true
+    }
 }
 
 /// A fresh fleet and scheduler for one run.
@@ -618,7 +729,8 @@ fn run_one(
     seed: u64,
     keep: Keep,
     progress: &mut dyn Progress,
-) -> Result<RunResult, BenchError> {
+    stop: &mut Stop<'_>,
+) -> Result<Ran, BenchError> {
     let cfg = SchedulerConfig::preset(policy.preset);
     let mut sim = setup(scenario, spec, cfg, arrivals, keep.load, &scenario.stale)?;
     if keep.requests {
@@ -637,6 +749,9 @@ fn run_one(
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x7363_6865_645f_726e);
     let (mut rejected, mut errors) = (0u64, 0u64);
     for (done, a) in sim.arrivals.iter().enumerate() {
+        if stop.now() {
+            return Ok(Ran::Interrupted);
+        }
         sim.advance(a.at);
         sim.absorb();
         if let Some(p) = precise.as_mut() {
@@ -670,11 +785,13 @@ fn run_one(
         progress.advance(done as u64 + 1);
     }
     // Drain: keep sampling load until the fleet is idle.
-    while let Some(t) = sim.fleet.next_event_time() {
-        sim.advance(t);
+    if !sim.drain(stop) {
+        return Ok(Ran::Interrupted);
     }
     sim.absorb();
-    Ok(finish(sim, policy, seed, rejected, errors))
+    Ok(Ran::Done(Box::new(finish(
+        sim, policy, seed, rejected, errors,
+    ))))
 }
 
 /// The clairvoyant floor: each request's uncached prefill on the pod that does it fastest, with

@@ -49,6 +49,10 @@ enum Command {
     /// Serve a fleet of emulated model servers on 127.0.0.1.
     Sim(cmd::sim::Args),
     /// Run benchmark scenarios and write reports.
+    ///
+    /// Ctrl-C or SIGTERM, live or simulated, stops the run in progress (its figures are
+    /// dropped) and writes the report of the runs that completed, marked interrupted and
+    /// naming the runs that did not; the bench then exits 130 (SIGINT) or 143 (SIGTERM).
     Bench(cmd::bench::Args),
     /// Run the live demo: round-robin versus infergate on an emulated mixed-GPU fleet.
     Demo(cmd::demo::Args),

@@ -556,7 +556,6 @@ fn a_stopped_live_run_stops_its_front_too() {
 /// named on stdout, the scenarios after it are said not to have run, and the bench exits 130.
 #[test]
 fn ctrl_c_during_a_live_bench_writes_the_report_of_the_runs_that_completed() {
-    use std::io::BufRead as _;
     let dir = tempfile::tempdir().unwrap();
     let scenario = live_scenario(dir.path(), "stopped", 4);
     // Two seeds of 3 s each: the signal comes 1 s into the second.
@@ -567,12 +566,55 @@ fn ctrl_c_during_a_live_bench_writes_the_report_of_the_runs_that_completed() {
     std::fs::write(&scenario, text).unwrap();
     let later = live_scenario(dir.path(), "later", 4);
     let out_dir = dir.path().join("out");
+    let second = "stopped live seed 2 (2/2) round-robin: ";
+    let (out, stderr) = signalled_bench(
+        &[
+            scenario.as_os_str(),
+            later.as_os_str(),
+            "--mode".as_ref(),
+            "live".as_ref(),
+            "--out".as_ref(),
+            out_dir.as_os_str(),
+        ],
+        |line| line.starts_with(second) && line.ends_with(" requests"),
+        std::time::Duration::from_secs(1),
+        "-INT",
+    );
+    let (_, json) = partial_report(
+        &out,
+        &stderr,
+        &scenario,
+        &out_dir.join("stopped-live.md"),
+        "round-robin seed 2 (stopped part-way)",
+    );
+    assert!(
+        stderr.contains(&format!("scenarios not run: {}", later.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(&format!("{second}done")), "{stderr}");
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["seed"], 1);
+    assert_eq!(runs[0]["completed"], runs[0]["requests"]);
+    assert_eq!(
+        json["interrupted"]["not_run"],
+        serde_json::json!([{ "policy": "round-robin", "seed": 2, "stopped": true }])
+    );
+    assert!(!out_dir.join("later-live.md").exists());
+}
+
+/// Runs `infergate bench ARGS` and sends it `signal` (`-INT`, `-TERM`) `after` the first line
+/// of its stderr that `at` accepts (within 120 s); its output, with the whole of its stderr.
+fn signalled_bench(
+    args: &[&std::ffi::OsStr],
+    at: impl Fn(&str) -> bool,
+    after: std::time::Duration,
+    signal: &str,
+) -> (Output, String) {
+    use std::io::BufRead as _;
     let mut bench = Command::new(env!("CARGO_BIN_EXE_infergate"))
         .arg("bench")
-        .arg(&scenario)
-        .arg(&later)
-        .args(["--mode", "live", "--out"])
-        .arg(&out_dir)
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -589,65 +631,148 @@ fn ctrl_c_during_a_live_bench_writes_the_report_of_the_runs_that_completed() {
         }
         all
     });
-    let second = "stopped live seed 2 (2/2) round-robin: ";
     loop {
         let line = rx
             .recv_timeout(std::time::Duration::from_secs(120))
-            .expect("the second run never started");
-        if line.starts_with(second) && line.ends_with(" requests") {
+            .expect("the awaited line never came");
+        if at(&line) {
             break;
         }
     }
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    std::thread::sleep(after);
     let sent = Command::new("kill")
-        .args(["-INT", &bench.id().to_string()])
+        .args([signal, &bench.id().to_string()])
         .status()
         .unwrap();
     assert!(sent.success());
     let out = bench.wait_with_output().unwrap();
-    let stderr = reader.join().unwrap();
+    (out, reader.join().unwrap())
+}
+
+/// What a bench of `scenario` interrupted by SIGINT said and wrote, checked: it exited 130,
+/// named the partial report `md` on stdout and stderr with the runs `not_run`, and marked the
+/// markdown so, with round-robin's row and its latencies; the markdown, and the JSON beside it.
+fn partial_report(
+    out: &Output,
+    stderr: &str,
+    scenario: &Path,
+    md: &Path,
+    not_run: &str,
+) -> (String, serde_json::Value) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
-    let md_path = out_dir.join("stopped-live.md");
     assert!(
-        stdout.contains(&format!("report: {}", md_path.display()))
-            && stdout.contains(
-                "INTERRUPTED: a partial report; not run: round-robin seed 2 (stopped part-way)"
-            ),
+        stdout.contains(&format!("report: {}", md.display()))
+            && stdout.contains(&format!(
+                "INTERRUPTED: a partial report; not run: {not_run}"
+            )),
         "{stdout}"
     );
     assert!(
         stderr.contains(&format!(
             "interrupted during {}: the partial report of the runs that completed is {}",
             scenario.display(),
-            md_path.display()
-        )) && stderr.contains(&format!("scenarios not run: {}", later.display())),
+            md.display()
+        )),
         "{stderr}"
     );
-    assert!(!stderr.contains(&format!("{second}done")), "{stderr}");
-    let md = std::fs::read_to_string(&md_path).unwrap();
+    let text = std::fs::read_to_string(md).unwrap();
     assert!(
-        md.contains("**Interrupted — partial report.**")
-            && md.contains("Not run: round-robin seed 2 (stopped part-way)."),
-        "{md}"
+        text.contains("**Interrupted — partial report.**")
+            && text.contains(&format!("Not run: {not_run}.")),
+        "{text}"
     );
-    let row = md
+    let row = text
         .lines()
         .find(|l| l.starts_with("| round-robin |"))
         .unwrap();
     assert!(row.contains(" ms |"), "{row}");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("stopped-live.json")).unwrap())
-            .unwrap();
+    let json = std::fs::read_to_string(md.with_extension("json")).unwrap();
+    (text, serde_json::from_str(&json).unwrap())
+}
+
+/// Ctrl-C part-way through a simulated bench (minutes for a large study) does as in a live
+/// one: the run in progress stops, every file of the report of the runs that completed is
+/// written — marked interrupted, naming the runs that did not run — and named, and the bench
+/// exits 130.
+#[test]
+fn ctrl_c_during_a_simulated_bench_writes_the_report_of_the_runs_that_completed() {
+    let dir = tempfile::tempdir().unwrap();
+    // About 24,000 arrivals a run: seconds per run in a debug build, the second run (infergate)
+    // the longer, and it is stopped as it starts.
+    let scenario = dir.path().join("long.yaml");
+    std::fs::write(
+        &scenario,
+        SCENARIO
+            .replace("name: csv-check", "name: long")
+            .replace("duration_s: 20", "duration_s: 1200")
+            .replace("rate: 4 }", "rate: 20 }"),
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let (out, stderr) = signalled_bench(
+        &[
+            scenario.as_os_str(),
+            "--requests-csv".as_ref(),
+            "--out".as_ref(),
+            out_dir.as_os_str(),
+        ],
+        |line| line.starts_with("long seed 1 (1/2) infergate: "),
+        std::time::Duration::ZERO,
+        "-INT",
+    );
+    let (md, json) = partial_report(
+        &out,
+        &stderr,
+        &scenario,
+        &out_dir.join("long-simulated.md"),
+        "infergate seed 1 (stopped part-way), round-robin seed 2, infergate seed 2",
+    );
+    assert!(
+        !stderr.contains("long seed 1 (1/2) infergate: done"),
+        "{stderr}"
+    );
+    assert!(!md.lines().any(|l| l.starts_with("| infergate |")), "{md}");
     let runs = json["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
-    assert_eq!(runs[0]["seed"], 1);
-    assert_eq!(runs[0]["completed"], runs[0]["requests"]);
+    assert_eq!(
+        (&runs[0]["policy"], &runs[0]["seed"]),
+        (&"round-robin".into(), &1.into())
+    );
+    let (requests, completed) = (runs[0]["requests"].as_u64(), runs[0]["completed"].as_u64());
+    assert!(
+        requests > Some(20_000) && completed > Some(20_000),
+        "{:?}",
+        runs[0]
+    );
+    assert!(runs[0]["ttft"]["p99"].as_f64() > Some(0.0), "{:?}", runs[0]);
     assert_eq!(
         json["interrupted"]["not_run"],
-        serde_json::json!([{ "policy": "round-robin", "seed": 2, "stopped": true }])
+        serde_json::json!([
+            { "policy": "infergate", "seed": 1, "stopped": true },
+            { "policy": "round-robin", "seed": 2, "stopped": false },
+            { "policy": "infergate", "seed": 2, "stopped": false },
+        ])
     );
-    assert!(!out_dir.join("later-live.md").exists());
+    // The floor is kept for the seed that ran only; the plots and the completed run's
+    // requests are written, the stopped run's are not.
+    assert_eq!(json["floors"].as_array().map(Vec::len), Some(1));
+    for file in ["long-simulated-ttft-cdf.svg", "long-simulated-load.svg"] {
+        assert!(out_dir.join(file).is_file(), "{file}");
+    }
+    let csv = out_dir.join("long-simulated-round-robin-seed1-requests.csv");
+    let rows = std::fs::read_to_string(&csv).unwrap().lines().count() - 1;
+    assert_eq!(Some(rows as u64), completed);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("requests: {}", csv.display())),
+        "{stdout}"
+    );
+    assert!(
+        !out_dir
+            .join("long-simulated-infergate-seed1-requests.csv")
+            .exists()
+    );
 }
 
 #[test]

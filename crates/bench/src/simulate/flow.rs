@@ -25,6 +25,7 @@
 //! time in the queue is part of it.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use infergate_scheduler::flow::{
     Fairness, FlowConfig, FlowQueues, FlowRequest, Headroom, Ordering, Refusal, Removal, Removed,
@@ -35,12 +36,12 @@ use infergate_sim::FleetSpec;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use super::{Sim, finish, model_of, setup, ts};
+use super::{Sim, Stop, Until, finish, model_of, setup, ts};
 use crate::BenchError;
+use crate::plan::Ran;
 use crate::progress::Progress;
 use crate::report::{
-    BaselineRun, FlowReport, FlowRun, GroupStats, PodInfo, RejectStats, Report, RunResult,
-    StaleStats,
+    BaselineRun, FlowReport, FlowRun, GroupStats, RejectStats, Report, StaleStats,
 };
 use crate::scenario::{FlowBench, FlowPolicy, Scenario, StaleWindow};
 use crate::stats::Percentiles;
@@ -271,7 +272,8 @@ pub(super) fn run_one(
     stale: Stale<'_>,
     record_load: bool,
     progress: &mut dyn Progress,
-) -> Result<RunResult, BenchError> {
+    stop: &mut Stop<'_>,
+) -> Result<Ran, BenchError> {
     let default_bench = FlowBench::default();
     let bench = scenario.flow.as_ref().unwrap_or(&default_bench);
     let preset = cfg.preset;
@@ -303,6 +305,9 @@ pub(super) fn run_one(
     let mut errors = 0u64;
     let mut next = 0usize;
     loop {
+        if stop.now() {
+            return Ok(Ran::Interrupted);
+        }
         let queued = gate.queue.as_ref().is_some_and(|q| !q.is_empty());
         let t_arrival = arrivals.get(next).map_or(f64::INFINITY, |a| a.at);
         if !queued && t_arrival.is_infinite() {
@@ -497,8 +502,8 @@ pub(super) fn run_one(
             break;
         }
     }
-    while let Some(t) = sim.fleet.next_event_time() {
-        sim.advance(t);
+    if !sim.drain(stop) {
+        return Ok(Ran::Interrupted);
     }
     sim.absorb();
     let flow = flow_figures(scenario, &sim, &gate, arrivals, &tenants);
@@ -511,7 +516,7 @@ pub(super) fn run_one(
         errors,
     );
     r.flow = Some(flow);
-    Ok(r)
+    Ok(Ran::Done(Box::new(r)))
 }
 
 fn flow_figures(
@@ -618,12 +623,28 @@ fn router_config(preset: Preset, fp: FlowPolicy, bench: &FlowBench) -> Scheduler
     cfg
 }
 
+/// One run of each seed of a flow scenario: a row of the comparison, or a reference run that
+/// its targets need (kept as a baseline, not a row).
+#[derive(Clone, Copy)]
+enum Step {
+    /// A flow policy in front of a router preset, on all the seed's arrivals.
+    Row(Preset, FlowPolicy),
+    /// A flow policy on the arrivals of the isolation target's tenant alone.
+    Alone(FlowPolicy),
+    /// A flow policy on the critical arrivals alone.
+    CriticalOnly(FlowPolicy),
+    /// The direct path: a Service's round-robin, no metrics, no queue; the stale windows are
+    /// only measured.
+    Direct,
+}
+
 /// Runs a scenario with a `flow:` section: every router preset × flow policy on every seed,
-/// plus the reference runs its targets need.
+/// plus the reference runs its targets need, until `stop` is set ([`super::run_until`]).
 pub(super) fn run(
     scenario: &Scenario,
     origin: &str,
     progress: &mut dyn Progress,
+    stop: &AtomicBool,
 ) -> Result<Report, BenchError> {
     let catalog = infergate_sim::Catalog::builtin()?;
     let spec = scenario.fleet_spec(&catalog, origin)?;
@@ -645,134 +666,111 @@ pub(super) fn run(
         }
     };
     let mut rows = Vec::new();
+    // Each seed's runs, in order, by their progress labels.
+    let mut steps = Vec::new();
     // Validation keeps precise policies out of flow scenarios: the preset is the policy.
     for preset in scenario.policies.iter().map(|p| p.preset) {
         for &fp in &bench.policies {
             rows.push((label(fp, preset), fp));
+            steps.push((label(fp, preset), Step::Row(preset, fp)));
         }
     }
+    let t = &bench.targets;
+    let isolated = t.isolation.as_ref().and_then(|iso| {
+        let k = names.iter().position(|n| *n == iso.tenant)?;
+        Some((&iso.tenant, u16::try_from(k).unwrap_or(u16::MAX)))
+    });
+    for &fp in &bench.policies {
+        if isolated.is_some() {
+            steps.push((format!("{} alone", fp.as_str()), Step::Alone(fp)));
+        }
+    }
+    for &fp in &bench.policies {
+        if t.critical_vs_unloaded.is_some() {
+            steps.push((
+                format!("{} critical only", fp.as_str()),
+                Step::CriticalOnly(fp),
+            ));
+        }
+    }
+    if t.stale_vs_direct.is_some() {
+        steps.push(("direct".to_owned(), Step::Direct));
+    }
+    // The reference runs route with the first preset.
+    let first = scenario
+        .policies
+        .first()
+        .map_or(Preset::Infergate, |p| p.preset);
+    let mut until = Until::new(
+        scenario,
+        steps.iter().map(|(n, _)| n.clone()).collect(),
+        stop,
+    );
     let mut runs = Vec::new();
     let mut floors = Vec::new();
     let mut baselines = Vec::new();
-    let t = &bench.targets;
-    for (si, &seed) in scenario.seeds.iter().enumerate() {
+    'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = workload::generate(&scenario.workload, seed);
         floors.push(super::floor(&spec, &arrivals, seed));
-        let mut go = |what: &str,
-                      preset: Preset,
-                      fp: FlowPolicy,
-                      arr: &[Arrival],
-                      stale: Stale<'_>,
-                      record: bool|
-         -> Result<RunResult, BenchError> {
-            progress.start(
-                &format!(
-                    "{} seed {seed} ({}/{}) {what}",
-                    scenario.name,
-                    si + 1,
-                    scenario.seeds.len()
-                ),
-                arr.len() as u64,
+        let alone = isolated
+            .map(|(_, k)| workload::only_tenants(&arrivals, &[k]))
+            .unwrap_or_default();
+        let mut only: Vec<Arrival> = Vec::new();
+        if t.critical_vs_unloaded.is_some() {
+            only.extend(
+                arrivals
+                    .iter()
+                    .filter(|a| a.priority == Priority::Critical)
+                    .cloned(),
             );
-            let r = run_one(
-                scenario,
-                &spec,
-                &adapters,
-                router_config(preset, fp, bench),
-                fp,
-                arr,
-                seed,
-                stale,
-                record,
-                progress,
-            );
-            progress.finish();
-            r
-        };
+            for (i, a) in only.iter_mut().enumerate() {
+                a.id = i as u64;
+            }
+        }
         let both = Stale {
             applied: &scenario.stale,
             measured: &scenario.stale,
         };
-        for preset in scenario.policies.iter().map(|p| p.preset) {
-            for &fp in &bench.policies {
-                let name = label(fp, preset);
-                let mut r = go(&name, preset, fp, &arrivals, both, si == 0)?;
-                r.policy = name;
-                runs.push(r);
-            }
-        }
-        let preset = scenario
-            .policies
-            .first()
-            .map_or(Preset::Infergate, |p| p.preset);
-        if let Some(iso) = &t.isolation
-            && let Some(k) = names.iter().position(|n| *n == iso.tenant)
-        {
-            let alone = workload::only_tenants(&arrivals, &[u16::try_from(k).unwrap_or(u16::MAX)]);
-            for &fp in &bench.policies {
-                let mut r = go(
-                    &format!("{} alone", fp.as_str()),
-                    preset,
-                    fp,
-                    &alone,
-                    both,
+        for (ri, (name, step)) in steps.iter().enumerate() {
+            let (preset, fp, arr, stale, record) = match *step {
+                Step::Row(preset, fp) => (preset, fp, &arrivals, both, si == 0),
+                Step::Alone(fp) => (first, fp, &alone, both, false),
+                Step::CriticalOnly(fp) => (first, fp, &only, both, false),
+                Step::Direct => (
+                    Preset::RoundRobin,
+                    FlowPolicy::None,
+                    &arrivals,
+                    Stale {
+                        applied: &[],
+                        measured: &scenario.stale,
+                    },
                     false,
-                )?;
-                r.policy = fp.as_str().to_owned();
-                baselines.push(BaselineRun {
-                    kind: format!("alone:{}", iso.tenant),
-                    run: r,
-                });
-            }
-        }
-        if t.critical_vs_unloaded.is_some() {
-            let mut only: Vec<Arrival> = arrivals
-                .iter()
-                .filter(|a| a.priority == Priority::Critical)
-                .cloned()
-                .collect();
-            for (i, a) in only.iter_mut().enumerate() {
-                a.id = i as u64;
-            }
-            for &fp in &bench.policies {
-                let mut r = go(
-                    &format!("{} critical only", fp.as_str()),
-                    preset,
-                    fp,
-                    &only,
-                    both,
-                    false,
-                )?;
-                r.policy = fp.as_str().to_owned();
-                baselines.push(BaselineRun {
-                    kind: "critical-only".to_owned(),
-                    run: r,
-                });
-            }
-        }
-        if t.stale_vs_direct.is_some() {
-            // The direct path: a Service's round-robin, no metrics, no queue; the stale windows
-            // are only measured.
-            let mut r = go(
-                "direct",
-                Preset::RoundRobin,
-                FlowPolicy::None,
-                &arrivals,
-                Stale {
-                    applied: &[],
-                    measured: &scenario.stale,
-                },
-                false,
-            )?;
-            r.policy = FlowPolicy::None.as_str().to_owned();
-            baselines.push(BaselineRun {
-                kind: "direct".to_owned(),
-                run: r,
-            });
+                ),
+            };
+            let cfg = router_config(preset, fp, bench);
+            let ran = until.run(si, ri, arr.len(), progress, |progress, stop| {
+                run_one(
+                    scenario, &spec, &adapters, cfg, fp, arr, seed, stale, record, progress, stop,
+                )
+            })?;
+            let Some(mut r) = ran else {
+                break 'seeds;
+            };
+            let kind = match step {
+                Step::Row(..) => {
+                    r.policy.clone_from(name);
+                    runs.push(r);
+                    continue;
+                }
+                Step::Alone(_) => format!("alone:{}", isolated.map_or("", |(t, _)| t.as_str())),
+                Step::CriticalOnly(_) => "critical-only".to_owned(),
+                Step::Direct => "direct".to_owned(),
+            };
+            r.policy = fp.as_str().to_owned();
+            baselines.push(BaselineRun { kind, run: r });
         }
     }
-    let pods = PodInfo::list(&spec);
-    let mut report = Report::new(scenario.clone(), "simulated", pods, runs.clone(), floors);
+    let mut report = until.report(&spec, runs.clone(), floors);
     report.flow = Some(FlowReport::new(scenario, &rows, &runs, baselines));
     Ok(report)
 }

@@ -19,6 +19,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use infergate_scheduler::{
     Decision, MetricsSnapshot, PeerLoad, RateSample, RequestContext, Scheduler, SchedulerConfig,
@@ -30,12 +31,14 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{
-    MAX_LATE_S, Precise, Sim, finish, floor, model_of, pod_addr, pod_index, setup, snapshot, ts,
+    MAX_LATE_S, Precise, Sim, Stop, Until, finish, floor, model_of, pod_addr, pod_index, setup,
+    snapshot, ts,
 };
 use crate::BenchError;
+use crate::plan::Ran;
 use crate::policy::RoutePolicy;
 use crate::progress::Progress;
-use crate::report::{PodInfo, Report, RunResult};
+use crate::report::Report;
 use crate::scenario::{ReplicaBench, Scenario, Sharing, Spread};
 use crate::workload::{self, Arrival};
 
@@ -49,11 +52,13 @@ pub fn label(policy: RoutePolicy, count: u32, sharing: Sharing) -> String {
     }
 }
 
-/// Runs every policy of `scenario` on every seed, once per replica count and sharing mode.
+/// Runs every policy of `scenario` on every seed, once per replica count and sharing mode,
+/// until `stop` is set ([`super::run_until`]).
 pub(super) fn run(
     scenario: &Scenario,
     origin: &str,
     progress: &mut dyn Progress,
+    stop: &AtomicBool,
 ) -> Result<Report, BenchError> {
     let bench = scenario.replicas.clone().unwrap_or_default();
     let catalog = infergate_sim::Catalog::builtin()?;
@@ -64,56 +69,48 @@ pub(super) fn run(
         .as_ref()
         .map(|l| l.adapters.iter().map(|a| a.as_str().into()).collect())
         .unwrap_or_default();
-    let mut runs = Vec::new();
-    let mut floors = Vec::new();
-    for (si, &seed) in scenario.seeds.iter().enumerate() {
-        let arrivals = workload::generate(&scenario.workload, seed);
-        floors.push(floor(&spec, &arrivals, seed));
-        for &policy in &scenario.policies {
-            for &count in &bench.counts {
-                let modes: &[Sharing] = if count <= 1 {
-                    &[Sharing::None]
-                } else {
-                    &bench.sharing
-                };
-                for &sharing in modes {
-                    let name = label(policy, count, sharing);
-                    progress.start(
-                        &format!(
-                            "{} seed {seed} ({}/{}) {name}",
-                            scenario.name,
-                            si + 1,
-                            scenario.seeds.len()
-                        ),
-                        arrivals.len() as u64,
-                    );
-                    let run = Run {
-                        scenario,
-                        spec: &spec,
-                        adapters: &adapters,
-                        arrivals: &arrivals,
-                        seed,
-                        record_load: si == 0,
-                        bench: &bench,
-                        count,
-                        sharing,
-                    };
-                    let mut r = run.go(policy, progress)?;
-                    r.policy = name;
-                    progress.finish();
-                    runs.push(r);
-                }
-            }
+    // Each seed's runs, in order.
+    let mut order = Vec::new();
+    for &policy in &scenario.policies {
+        for &count in &bench.counts {
+            let modes: &[Sharing] = if count <= 1 {
+                &[Sharing::None]
+            } else {
+                &bench.sharing
+            };
+            order.extend(modes.iter().map(|&sharing| (policy, count, sharing)));
         }
     }
-    let pods = PodInfo::list(&spec);
-    Ok(Report::new(
-        scenario.clone(),
-        "simulated",
-        pods,
-        runs,
-        floors,
-    ))
+    let names = order.iter().map(|&(p, c, s)| label(p, c, s)).collect();
+    let mut until = Until::new(scenario, names, stop);
+    let mut runs = Vec::new();
+    let mut floors = Vec::new();
+    'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
+        let arrivals = workload::generate(&scenario.workload, seed);
+        floors.push(floor(&spec, &arrivals, seed));
+        for (ri, &(policy, count, sharing)) in order.iter().enumerate() {
+            let run = Run {
+                scenario,
+                spec: &spec,
+                adapters: &adapters,
+                arrivals: &arrivals,
+                seed,
+                record_load: si == 0,
+                bench: &bench,
+                count,
+                sharing,
+            };
+            let ran = until.run(si, ri, arrivals.len(), progress, |progress, stop| {
+                run.go(policy, progress, stop)
+            })?;
+            let Some(mut r) = ran else {
+                break 'seeds;
+            };
+            r.policy = label(policy, count, sharing);
+            runs.push(r);
+        }
+    }
+    Ok(until.report(&spec, runs, floors))
 }
 
 /// One run's inputs.
@@ -165,7 +162,12 @@ struct InTransit {
 }
 
 impl Run<'_> {
-    fn go(&self, route: RoutePolicy, progress: &mut dyn Progress) -> Result<RunResult, BenchError> {
+    fn go(
+        &self,
+        route: RoutePolicy,
+        progress: &mut dyn Progress,
+        stop: &mut Stop<'_>,
+    ) -> Result<Ran, BenchError> {
         let cfg = SchedulerConfig::preset(route.preset);
         let policy = route.as_str().to_owned();
         let n = self.count.max(1) as usize;
@@ -211,6 +213,9 @@ impl Run<'_> {
         let mut spread = SmallRng::seed_from_u64(self.seed ^ 0x7265_706c_6963_6173);
         let (mut rejected, mut errors) = (0u64, 0u64);
         for (done, a) in self.arrivals.iter().enumerate() {
+            if stop.now() {
+                return Ok(Ran::Interrupted);
+            }
             m.exchange_until(a.at);
             m.sim.advance(a.at);
             m.absorb();
@@ -249,11 +254,13 @@ impl Run<'_> {
             }
             progress.advance(done as u64 + 1);
         }
-        while let Some(t) = m.sim.fleet.next_event_time() {
-            m.sim.advance(t);
+        if !m.sim.drain(stop) {
+            return Ok(Ran::Interrupted);
         }
         m.absorb();
-        Ok(finish(m.sim, policy, self.seed, rejected, errors))
+        Ok(Ran::Done(Box::new(finish(
+            m.sim, policy, self.seed, rejected, errors,
+        ))))
     }
 }
 

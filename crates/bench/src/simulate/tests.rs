@@ -233,3 +233,167 @@ fn a_slow_scrape_interval_keeps_pods_routable_between_pages_as_the_gateway_does(
         "{gateway:?}"
     );
 }
+
+/// When [`StopAt`] sets the stop flag.
+#[derive(Clone, Copy)]
+enum When {
+    /// As run N (from 1) starts.
+    Start(usize),
+    /// As run N (from 1) finishes.
+    Finish(usize),
+    /// When run N (from 1) has routed this many arrivals.
+    Routed(usize, u64),
+}
+
+/// A progress bar that sets the stop flag at `when`, as a Ctrl-C would, and keeps what it was
+/// shown.
+struct StopAt<'a> {
+    flag: &'a AtomicBool,
+    when: When,
+    labels: Vec<String>,
+    finished: usize,
+    /// The most arrivals any run was said to have routed after the flag was set.
+    routed_after: u64,
+}
+
+impl Progress for StopAt<'_> {
+    fn start(&mut self, label: &str, _total: u64) {
+        self.labels.push(label.to_owned());
+        if matches!(self.when, When::Start(n) if n == self.labels.len()) {
+            self.flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn advance(&mut self, done: u64) {
+        if self.flag.load(Ordering::Relaxed) {
+            self.routed_after = self.routed_after.max(done);
+        } else if matches!(self.when, When::Routed(n, at) if n == self.labels.len() && at == done) {
+            self.flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn finish(&mut self) {
+        self.finished += 1;
+        if matches!(self.when, When::Finish(n) if n == self.finished) {
+            self.flag.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `s` run whole, and run again stopped at `when` by `flag`, with the progress of the second.
+fn whole_and_stopped<'a>(
+    s: &Scenario,
+    when: When,
+    flag: &'a AtomicBool,
+) -> (Report, Report, StopAt<'a>) {
+    let whole = run(s, "t", &mut Silent).unwrap();
+    let mut bar = StopAt {
+        flag,
+        when,
+        labels: Vec::new(),
+        finished: 0,
+        routed_after: 0,
+    };
+    let stopped = run_until(s, "t", &mut bar, RunOptions::default(), flag).unwrap();
+    (whole, stopped, bar)
+}
+
+/// The runs an interrupted report names as not run: (name, seed, stopped part-way).
+fn not_run(r: &Report) -> Vec<(&str, u64, bool)> {
+    r.interrupted
+        .as_ref()
+        .unwrap()
+        .not_run
+        .iter()
+        .map(|n| (n.policy.as_str(), n.seed, n.stopped))
+        .collect()
+}
+
+#[test]
+fn a_run_stopped_part_way_is_dropped_and_named_with_every_run_after_it() {
+    let mut s = Scenario::from_yaml(MIXED, "t").unwrap();
+    s.seeds = vec![1, 2];
+    s.workload.duration_s = 200.0;
+    let flag = AtomicBool::new(false);
+    let (whole, stopped, bar) = whole_and_stopped(&s, When::Routed(2, 300), &flag);
+    // It stopped at its next look at the flag, with nothing started after it.
+    assert_eq!(bar.labels.len(), 2);
+    assert!(
+        (300..=300 + u64::from(STOP_EVERY)).contains(&bar.routed_after),
+        "{}",
+        bar.routed_after
+    );
+    assert_eq!(stopped.runs, whole.runs[..1]);
+    assert_eq!(stopped.floors, whole.floors[..1]);
+    assert_eq!(
+        not_run(&stopped),
+        [
+            ("least-request", 1, true),
+            ("infergate", 1, false),
+            ("round-robin", 2, false),
+            ("least-request", 2, false),
+            ("infergate", 2, false),
+        ]
+    );
+    assert!(whole.interrupted.is_none());
+}
+
+#[test]
+fn a_bench_stopped_between_runs_starts_no_other() {
+    let s = Scenario::from_yaml(MIXED, "t").unwrap();
+    let flag = AtomicBool::new(false);
+    let (whole, stopped, bar) = whole_and_stopped(&s, When::Finish(2), &flag);
+    assert_eq!(bar.labels.len(), 2);
+    assert_eq!(stopped.runs, whole.runs[..2]);
+    assert_eq!(not_run(&stopped), [("infergate", 1, false)]);
+}
+
+#[test]
+fn flow_and_replica_benches_stop_alike() {
+    // A flow scenario's reference run is named by its progress label; the rows before it stay.
+    let flow = Scenario::from_yaml(
+        &MIXED.replace(
+            "policies: [round-robin, least-request, infergate]",
+            "policies: [infergate]\nstale: [{ from_s: 5, to_s: 20 }]\nflow: { targets: { stale_vs_direct: 3.0 } }",
+        ),
+        "t",
+    )
+    .unwrap();
+    let flag = AtomicBool::new(false);
+    let (whole, stopped, bar) = whole_and_stopped(&flow, When::Start(4), &flag);
+    assert!(bar.labels[3].ends_with(" direct"), "{:?}", bar.labels);
+    assert_eq!(stopped.runs, whole.runs);
+    assert_eq!(not_run(&stopped), [("direct", 1, true)]);
+    let (w, p) = (whole.flow.unwrap(), stopped.flow.unwrap());
+    assert_eq!(p.summary.len(), w.summary.len());
+    // Replica runs are named as in the report.
+    let mut replicas = Scenario::from_yaml(MIXED, "t").unwrap();
+    replicas.policies = vec!["infergate".parse().unwrap()];
+    replicas.replicas = Some(crate::scenario::ReplicaBench {
+        counts: vec![1, 2],
+        ..Default::default()
+    });
+    let flag = AtomicBool::new(false);
+    let (whole, stopped, bar) = whole_and_stopped(&replicas, When::Start(2), &flag);
+    assert_eq!(stopped.runs, whole.runs[..1]);
+    let names: Vec<&str> = whole.runs.iter().map(|r| r.policy.as_str()).collect();
+    let stopped_names: Vec<&str> = not_run(&stopped).iter().map(|n| n.0).collect();
+    assert_eq!(stopped_names, names[1..]);
+    assert!(bar.labels[1].ends_with(names[1]), "{:?}", bar.labels);
+}
+
+#[test]
+fn a_bench_stopped_before_it_began_runs_nothing() {
+    let s = Scenario::from_yaml(MIXED, "t").unwrap();
+    let flag = AtomicBool::new(true);
+    let r = run_until(&s, "t", &mut Silent, RunOptions::default(), &flag).unwrap();
+    assert!(r.runs.is_empty() && r.floors.is_empty());
+    assert_eq!(
+        not_run(&r),
+        [
+            ("round-robin", 1, false),
+            ("least-request", 1, false),
+            ("infergate", 1, false)
+        ]
+    );
+}

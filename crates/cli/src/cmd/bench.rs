@@ -2,6 +2,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use infergate_bench::{Report, Scenario, StderrBar};
@@ -255,14 +257,19 @@ pub fn unserved(report: &Report) -> Vec<String> {
         .collect()
 }
 
-/// A signal that stops a live bench: Ctrl-C (SIGINT) or SIGTERM, listened for from the moment
-/// [`stop_signal`] returns.
-struct Stopped(tokio::sync::watch::Receiver<Option<u8>>);
+/// A signal that stops a bench: Ctrl-C (SIGINT) or SIGTERM, listened for from the moment
+/// [`stop_signal`] returns. A live run waits for it ([`Stopped::wait`]); a simulated one, on a
+/// blocking thread of its own, looks at its flag ([`Stopped::flag`]) between runs and every few
+/// hundred arrivals or events within one.
+struct Stopped {
+    code: tokio::sync::watch::Receiver<Option<u8>>,
+    flag: Arc<AtomicBool>,
+}
 
 impl Stopped {
     /// Resolves once the signal has come (never, if the listener is gone without one).
     async fn wait(&self) {
-        let mut rx = self.0.clone();
+        let mut rx = self.code.clone();
         if rx.wait_for(Option::is_some).await.is_err() {
             std::future::pending::<()>().await;
         }
@@ -271,13 +278,27 @@ impl Stopped {
     /// The exit status for the signal that came, 128 + its number: 130 for SIGINT, 143 for
     /// SIGTERM; `None` while none has.
     fn code(&self) -> Option<u8> {
-        *self.0.borrow()
+        *self.code.borrow()
+    }
+
+    /// Set once the signal has come, for a simulated run to stop at
+    /// ([`infergate_bench::simulate::run_until`]).
+    fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.flag)
     }
 }
 
 /// Starts listening for SIGINT and SIGTERM (before returning, so that none is missed).
 fn stop_signal() -> anyhow::Result<Stopped> {
     let (tx, rx) = tokio::sync::watch::channel(None);
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = Arc::clone(&flag);
+    let stop = move |code: u8| {
+        // The code first, then the flag: a simulated run that saw the flag and returned finds
+        // the code sent (waited for all the same, see `run`).
+        let _ = tx.send(Some(code));
+        set.store(true, Ordering::Release);
+    };
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -288,21 +309,21 @@ fn stop_signal() -> anyhow::Result<Stopped> {
                 _ = int.recv() => 130,
                 _ = term.recv() => 143,
             };
-            let _ = tx.send(Some(code));
+            stop(code);
         });
     }
     #[cfg(not(unix))]
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = tx.send(Some(130));
+            stop(130);
         }
     });
-    Ok(Stopped(rx))
+    Ok(Stopped { code: rx, flag })
 }
 
-/// Ends a live bench stopped by a signal during scenario `origin`: writes the report of the
-/// runs that completed (marked partial, naming those that did not run) and names it, says
-/// which scenarios did not run at all, and exits with `code` — everything the runs started is
+/// Ends a bench stopped by a signal during scenario `origin`: writes the report of the runs
+/// that completed (marked partial, naming those that did not run) and names it, says which
+/// scenarios did not run at all, and exits with `code` — everything the runs started is
 /// already stopped.
 fn interrupted(
     report: &Report,
@@ -332,8 +353,9 @@ fn interrupted(
     }
     eprintln!("{said}");
     std::io::stdout().flush()?;
-    // The front, gateway and fleet of the stopped run have been stopped and waited for; the
-    // status says how the bench ended, as a shell expects of a program ended by a signal.
+    // The front, gateway and fleet of a stopped live run have been stopped and waited for, and
+    // a stopped simulated run has returned; the status says how the bench ended, as a shell
+    // expects of a program ended by a signal.
     std::process::exit(i32::from(code));
 }
 
@@ -384,10 +406,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     // A report folder that cannot be written would otherwise be found after the runs.
     writable(&args.out)?;
-    // Live runs take minutes: Ctrl-C or SIGTERM stops the run in progress and keeps the report
-    // of those that completed. Listened for from here on, so that no signal between two runs
-    // is lost; a simulated bench keeps the default (the process ends at once).
-    let stopped = if live { Some(stop_signal()?) } else { None };
+    // Live runs, and simulated studies of large fleets, take minutes: Ctrl-C or SIGTERM stops
+    // the run in progress and keeps the report of those that completed. Listened for from here
+    // on, so that no signal between two runs is lost.
+    let stopped = stop_signal()?;
     let mut unserved_runs = Vec::new();
     let names: Vec<String> = scenarios
         .iter()
@@ -406,33 +428,33 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let options = infergate_bench::simulate::RunOptions {
             requests: args.requests_csv && keeps,
         };
-        let report = if let Some(stopped) = &stopped {
+        let report = if live {
             // Fronts run in process groups of their own, out of reach of the terminal's Ctrl-C:
             // a signal stops the run in progress here, and with it the front it had started.
             let mut bar = StderrBar::default();
-            let report = infergate_bench::live::run_until(
-                &scenario,
-                &origin,
-                &fronts,
-                &mut bar,
-                stopped.wait(),
-            )
-            .await?;
-            if let Some(code) = stopped.code() {
-                return interrupted(&report, &args.out, &origin, &names[index + 1..], code);
-            }
-            report
+            infergate_bench::live::run_until(&scenario, &origin, &fronts, &mut bar, stopped.wait())
+                .await?
         } else {
+            let flag = stopped.flag();
+            let origin = origin.clone();
             tokio::task::spawn_blocking(move || {
-                infergate_bench::simulate::run_with(
+                infergate_bench::simulate::run_until(
                     &scenario,
                     &origin,
                     &mut StderrBar::default(),
                     options,
+                    &flag,
                 )
             })
             .await??
         };
+        if report.interrupted.is_some() || stopped.code().is_some() {
+            // Resolves at once: the code is sent before the flag a simulated run stopped at is
+            // set.
+            stopped.wait().await;
+            let code = stopped.code().unwrap_or(130);
+            return interrupted(&report, &args.out, &origin, &names[index + 1..], code);
+        }
         let written = report.write(&args.out)?;
         print(&report, &written)?;
         let name = path.display();
