@@ -96,6 +96,8 @@ pub(crate) struct Cluster {
     pub(crate) config: ClusterConfig,
     /// `scheme://authority` and the path prefix (without a trailing slash).
     pub(crate) authority: http::uri::Authority,
+    /// `http` or `https` (the connector adds TLS for the latter).
+    pub(crate) scheme: http::uri::Scheme,
     pub(crate) prefix: String,
     pub(crate) heartbeat: Option<Uri>,
     /// Price of one input and one output token.
@@ -110,6 +112,9 @@ pub(crate) struct Cluster {
     /// Whether a refusal of the router's credentials was logged since the last answer the
     /// cluster accepted them for (one warning per episode, not one per request).
     refusal_logged: AtomicBool,
+    /// Whether a failed TLS handshake of a routed request was warned of since the last answer
+    /// (one warning per episode; the others at debug level).
+    pub(crate) tls_failure_logged: AtomicBool,
     /// Served tokens and their cost, for the cost-per-million gauge.
     tokens: AtomicU64,
     cost_nanos: AtomicU64,
@@ -142,13 +147,14 @@ fn lock(m: &Mutex<ClusterState>) -> MutexGuard<'_, ClusterState> {
 impl Cluster {
     pub(crate) fn new(config: &GlobalConfig, index: usize) -> Cluster {
         let c = config.clusters[index].clone();
-        // Validated: the URL parses, has an authority and is http.
+        // Validated: the URL parses, has an authority and is http or https.
         let uri = crate::config::parse_url(&c.url).unwrap_or_default();
         let authority = uri
             .authority()
             .cloned()
             .unwrap_or_else(|| http::uri::Authority::from_static("invalid"));
         let prefix = uri.path().trim_end_matches('/').to_owned();
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
         let heartbeat = c
             .heartbeat_url
             .as_deref()
@@ -178,12 +184,14 @@ impl Cluster {
             token: Mutex::new(None),
             config: c,
             authority,
+            scheme,
             prefix,
             heartbeat,
             region_rank,
             state: Mutex::new(state),
             pending: AtomicUsize::new(0),
             refusal_logged: AtomicBool::new(false),
+            tls_failure_logged: AtomicBool::new(false),
             tokens: AtomicU64::new(0),
             cost_nanos: AtomicU64::new(0),
             settings,
@@ -214,7 +222,7 @@ impl Cluster {
     /// The upstream URI for a request path (and query).
     pub(crate) fn uri(&self, path_and_query: &str) -> Option<Uri> {
         Uri::builder()
-            .scheme("http")
+            .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(format!("{}{}", self.prefix, path_and_query))
             .build()

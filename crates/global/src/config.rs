@@ -32,6 +32,11 @@
 //!     region: us-east
 //!     cost: { inputPerMillion: 0.10, outputPerMillion: 0.40 }     # or { gpuHour: 2.5, tokensPerSecond: 4000 }
 //!     credentials: { bearerTokenFile: /etc/infergate/east-1.token }
+//!   - name: eu-1
+//!     url: https://gateway.eu-1.example.com         # HTTPS: verified against the system roots,
+//!     region: eu-west                                # or only tls.caFile when given
+//!     cost: { inputPerMillion: 0.10, outputPerMillion: 0.40 }
+//!     tls: { caFile: /etc/infergate/eu-1-ca.pem, serverName: gateway.eu-1.internal }
 //! ```
 //!
 //! Every field but `auth` and `clusters` has a default. Validation names the field at fault.
@@ -230,7 +235,8 @@ impl Default for Retries {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Timeouts {
-    /// TCP connect to a cluster, ms (default 2,000); a timeout moves on to the next cluster.
+    /// TCP connect to a cluster, ms (default 2,000), and then, for `https://`, the TLS
+    /// handshake, each within it; a timeout moves on to the next cluster.
     pub connect_ms: u64,
     /// Until a cluster's response headers, ms (default 60,000); not retried (the cluster may be
     /// working on it): 504.
@@ -326,10 +332,11 @@ impl OutlierDetection {
 pub struct ClusterConfig {
     /// A name for metrics and logs (unique).
     pub name: String,
-    /// The cluster's OpenAI-compatible base URL, `http://host:port` (a path prefix is kept).
+    /// The cluster's OpenAI-compatible base URL, `http://host:port` or `https://host[:port]`
+    /// (443 by default; a path prefix is kept).
     pub url: String,
-    /// Its infergate heartbeat (`http://admin-host:port/heartbeat`). Without one, the cluster is
-    /// up while its `/v1/models` answers, and no TTFT estimate comes from it.
+    /// Its infergate heartbeat (`http://admin-host:port/heartbeat`, or `https://`). Without one,
+    /// the cluster is up while its `/v1/models` answers, and no TTFT estimate comes from it.
     #[serde(default)]
     pub heartbeat_url: Option<String>,
     /// Its region.
@@ -342,6 +349,24 @@ pub struct ClusterConfig {
     /// Models it serves, instead of discovering them from `/v1/models`.
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// How its `https://` URLs are verified (default: the system roots and the URL's host).
+    #[serde(default)]
+    pub tls: Option<ClusterTls>,
+}
+
+/// A cluster's `tls:` — the names and meaning of the gateway's `models[].tls`: with `caFile` the
+/// cluster's certificate must chain to it (and only to it: the system roots are not used), with
+/// `serverName` it must carry that name instead of the URL's host.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterTls {
+    /// PEM CA bundle the cluster's certificates must chain to, instead of the system roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// The name the cluster's certificates must carry (DNS name or IP address), when the URL's
+    /// host is an IP address or another name.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 /// A cluster's price: per million input and output tokens, or per GPU-hour at a throughput.
@@ -561,8 +586,32 @@ impl GlobalConfig {
                      already starts with: leave /v1 out (http://host:port)",
                 ));
             }
-            if let Some(h) = &c.heartbeat_url {
-                parse_url(h).map_err(|reason| invalid(at("heartbeatUrl"), reason))?;
+            let heartbeat = match &c.heartbeat_url {
+                Some(h) => {
+                    Some(parse_url(h).map_err(|reason| invalid(at("heartbeatUrl"), reason))?)
+                }
+                None => None,
+            };
+            if let Some(tls) = &c.tls {
+                let https = |u: &Uri| u.scheme() == Some(&http::uri::Scheme::HTTPS);
+                if !https(&url) && !heartbeat.as_ref().is_some_and(https) {
+                    return Err(invalid(
+                        at("tls"),
+                        "applies to https:// URLs, and url (and heartbeatUrl) are http://: use \
+                         https:// or leave tls out",
+                    ));
+                }
+                if tls.ca_file.is_none() && tls.server_name.is_none() {
+                    return Err(invalid(at("tls"), "give caFile and/or serverName"));
+                }
+                if let Some(name) = &tls.server_name
+                    && rustls_pki_types::ServerName::try_from(name.as_str()).is_err()
+                {
+                    return Err(invalid(
+                        at("tls.serverName"),
+                        "is neither a DNS name nor an IP address",
+                    ));
+                }
             }
             if let Some(models) = &c.models {
                 if models.is_empty() {
@@ -629,13 +678,12 @@ impl GlobalConfig {
     }
 }
 
-/// A cluster URL: `http://host:port[/prefix]`. HTTPS clusters are not supported yet.
+/// A cluster URL: `http://host[:port][/prefix]` or `https://…` (ports 80 and 443 by default).
 pub(crate) fn parse_url(url: &str) -> Result<Uri, &'static str> {
     let uri: Uri = url.parse().map_err(|_| "is not a URL")?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err("https:// clusters are not supported yet: use http://"),
-        _ => return Err("must start with http://"),
+        Some("http" | "https") => {}
+        _ => return Err("must start with http:// or https://"),
     }
     if uri.authority().is_none() {
         return Err("has no host");
@@ -644,6 +692,27 @@ pub(crate) fn parse_url(url: &str) -> Result<Uri, &'static str> {
         return Err("must not have a query (`?...`): a request's own path and query follow it");
     }
     Ok(uri)
+}
+
+/// The port `uri` (a [`parse_url`] URL) is reached on: its own, else its scheme's.
+pub(crate) fn port_of(uri: &Uri) -> u16 {
+    uri.port_u16()
+        .unwrap_or(if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+            443
+        } else {
+            80
+        })
+}
+
+/// Whether `uri`'s host is this machine (`localhost`, 127.0.0.0/8, `::1`): what is sent to it
+/// does not cross a network.
+pub(crate) fn is_loopback(uri: &Uri) -> bool {
+    let host = uri.host().unwrap_or_default();
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The longest cluster name.

@@ -123,6 +123,21 @@ pub enum Error {
         #[source]
         source: TokenError,
     },
+    /// A cluster's TLS settings cannot be used at start (its `tls.caFile` cannot be read or
+    /// holds no certificate).
+    #[error("cluster `{cluster}`: {}", match path {
+        Some(p) => format!("tls.caFile {}", p.display()),
+        None => "TLS settings".to_owned(),
+    })]
+    ClusterTls {
+        /// The cluster's name.
+        cluster: String,
+        /// Its `tls.caFile`, if it has one.
+        path: Option<PathBuf>,
+        /// What is wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Why a bearer token file cannot be sent as `Authorization: Bearer …`.

@@ -19,6 +19,8 @@
 //!   passed in);
 //! - [`route`] — the per-request order of clusters (pure);
 //! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
+//! - `connect` — connections to a cluster: TCP, then TLS for `https://` URLs, and what a
+//!   failed request says about the cluster;
 //! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries;
 //! - `body` — the passed-through response body, read on the side for TTFT and usage;
 //! - `telemetry` — the `infergate_global_*` series;
@@ -32,6 +34,7 @@ pub mod route;
 
 mod body;
 mod cluster;
+mod connect;
 mod server;
 mod telemetry;
 
@@ -39,11 +42,9 @@ pub use config::GlobalConfig;
 pub use error::{ConfigError, Error, OutlierError, OutlierField, TokenError};
 pub use server::{CLUSTER_HEADER, Listeners, Router, serve};
 
-/// The HTTP/1.1 client to the clusters (pooled keep-alive connections).
-type Client = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    http_body_util::Full<bytes::Bytes>,
->;
+/// The HTTP/1.1 client to a cluster (pooled keep-alive connections, plain or TLS).
+type Client =
+    hyper_util::client::legacy::Client<connect::Connector, http_body_util::Full<bytes::Bytes>>;
 
 /// The current instant, on tokio's clock (paused in tests).
 fn now() -> std::time::Instant {

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use crate::body::{Observed, RouterBody};
 use crate::cluster::{self, Cluster};
 use crate::config::GlobalConfig;
+use crate::connect::{self, Connector, Failure, SystemRoots};
 use crate::error::Error;
 use crate::outlier::{self, Verdict};
 use crate::route::{self, Candidate, MAX_CLUSTERS};
@@ -78,7 +79,8 @@ impl Router {
 pub(crate) struct Shared {
     config: GlobalConfig,
     pub(crate) clusters: Vec<Arc<Cluster>>,
-    client: Client,
+    /// Each cluster's client, by index.
+    clients: Vec<Client>,
     auth: Authenticator,
     telemetry: Arc<Telemetry>,
     inflight: Arc<AtomicUsize>,
@@ -136,22 +138,36 @@ pub async fn serve(
     };
     let tenancy =
         Tenancy::new(&config.tenancy).map_err(|e| Error::Config(crate::ConfigError::from(e)))?;
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_millis(config.timeouts.connect_ms)));
-    connector.set_nodelay(true);
-    let client: Client =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector.clone());
-    // Heartbeats go over a new connection each time: a gateway whose listeners are gone but
-    // whose open connections still answer (a process half way through dying) must fail its
-    // heartbeat, and the fetch then times a real round trip, connect included.
-    let poll_client: Client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build(connector);
     let clusters: Vec<Arc<Cluster>> = (0..config.clusters.len())
         .map(|i| Arc::new(Cluster::new(&config, i)))
         .collect();
     for c in &clusters {
         c.load_token()?;
+    }
+    // One connector per cluster (its own trust roots and server name), each with its clients
+    // and so its own connection pool.
+    let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
+    let mut system_roots = SystemRoots::new();
+    let mut clients = Vec::with_capacity(config.clusters.len());
+    for c in &config.clusters {
+        let connector = Connector::new(c, connect_timeout, &mut system_roots).map_err(|e| {
+            Error::ClusterTls {
+                cluster: c.name.clone(),
+                path: connect::ca_file(c),
+                source: Box::new(e),
+            }
+        })?;
+        connect::log_cluster(c);
+        if connect::token_in_plaintext(c) {
+            tracing::warn!(
+                cluster = %c.name,
+                url = %c.url,
+                "credentials.bearerTokenFile is sent to an http:// URL off this machine: the \
+                 token (and every prompt and answer) crosses the network in plaintext; use \
+                 https:// unless the network or a mesh encrypts it"
+            );
+        }
+        clients.push(connector.clients());
     }
     let objective_header = HeaderName::from_bytes(config.routing.objective_header.as_bytes())
         .unwrap_or_else(|_| HeaderName::from_static(crate::config::DEFAULT_OBJECTIVE_HEADER));
@@ -159,7 +175,7 @@ pub async fn serve(
         rng: AtomicU64::new(config.seed),
         config,
         clusters,
-        client,
+        clients: clients.iter().map(|(c, _)| c.clone()).collect(),
         auth,
         telemetry: Arc::clone(&telemetry),
         inflight: Arc::new(AtomicUsize::new(0)),
@@ -173,10 +189,11 @@ pub async fn serve(
     let pollers: Vec<JoinHandle<()>> = shared
         .clusters
         .iter()
-        .map(|c| {
+        .zip(clients)
+        .map(|(c, (_, poll_client))| {
             tokio::spawn(cluster::poll(
                 Arc::clone(c),
-                poll_client.clone(),
+                poll_client,
                 (*telemetry).clone(),
                 hb.interval(),
                 hb.discovery_interval(),
@@ -606,7 +623,7 @@ async fn route_request(
                 })
                 .inc();
         };
-        match tokio::time::timeout(first_byte, shared.client.request(up)).await {
+        match tokio::time::timeout(first_byte, shared.clients[cand.index].request(up)).await {
             Err(_) => {
                 gateway_failure(cluster.observe_timeout(first_byte, &shared.telemetry));
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");
@@ -616,25 +633,42 @@ async fn route_request(
                 .into());
             }
             Ok(Err(e)) => {
-                let connect = e.is_connect();
+                let failure = connect::failure(&e);
+                let connect = matches!(failure, Failure::Connect { .. });
                 gateway_failure(if connect {
                     cluster.observe_connect_failure(&shared.telemetry)
                 } else {
                     cluster.heartbeat_up()
                 });
-                tracing::debug!(cluster = %cluster.config.name, error = %e, "cluster failed before the first byte");
                 if !last {
                     failover(if connect { "connect" } else { "error" });
                 }
-                last_error = Some(ApiError::UpstreamUnavailable {
-                    reason: if connect {
-                        format!("cannot connect to cluster `{}`", cluster.config.name)
-                    } else {
-                        format!("cluster `{}` failed before answering", cluster.config.name)
-                    },
-                });
+                let name = &cluster.config.name;
+                let reason = match failure {
+                    // Said to the client too: a certificate the router does not trust is a
+                    // configuration to fix, not a cluster that is down.
+                    Failure::Connect { tls: Some(why) } => {
+                        let error = infergate_pool::ErrorChain(&e);
+                        if cluster.tls_failure_logged.swap(true, Ordering::Relaxed) {
+                            tracing::debug!(cluster = %name, %error, "cannot connect to the cluster: {why}");
+                        } else {
+                            tracing::warn!(cluster = %name, %error, "cannot connect to the cluster: {why}; logged again only after an answer");
+                        }
+                        format!("cannot connect to cluster `{name}`: {why}")
+                    }
+                    Failure::Connect { tls: None } => {
+                        tracing::debug!(cluster = %name, error = %infergate_pool::ErrorChain(&e), "cluster failed before the first byte");
+                        format!("cannot connect to cluster `{name}`")
+                    }
+                    Failure::Exchange => {
+                        tracing::debug!(cluster = %name, error = %infergate_pool::ErrorChain(&e), "cluster failed before the first byte");
+                        format!("cluster `{name}` failed before answering")
+                    }
+                };
+                last_error = Some(ApiError::UpstreamUnavailable { reason });
             }
             Ok(Ok(resp)) => {
+                cluster.tls_failure_logged.store(false, Ordering::Relaxed);
                 let status = resp.status();
                 if own_credentials
                     && matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)

@@ -64,12 +64,28 @@ fn bad_values_name_their_field() {
     let cases = [
         ("clusters: []\n", "clusters: at least one cluster is needed"),
         (
-            "clusters:\n  - { name: a, url: 'https://h:1', region: r, cost: { gpuHour: 1, tokensPerSecond: 1 } }\n",
-            "clusters[0].url: https:// clusters are not supported yet",
+            "clusters:\n  - { name: a, url: 'ftp://h:1', region: r, cost: { gpuHour: 1, tokensPerSecond: 1 } }\n",
+            "clusters[0].url: must start with http:// or https://",
         ),
         (
             "clusters:\n  - { name: a, url: 'h:1', region: r, cost: { gpuHour: 1, tokensPerSecond: 1 } }\n",
             "clusters[0].url: must start with http://",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { inputPerMillion: 1 }, tls: { caFile: ca.pem } }\n",
+            "clusters[0].tls: applies to https:// URLs",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: {} }\n",
+            "clusters[0].tls: give caFile and/or serverName",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: { serverName: 'a b' } }\n",
+            "clusters[0].tls.serverName: is neither a DNS name nor an IP address",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: { cafile: ca.pem } }\n",
+            "unknown field `cafile`",
         ),
         (
             "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { gpuHour: 1, inputPerMillion: 1 } }\n",
@@ -421,4 +437,43 @@ fn a_tenant_no_request_can_be_is_refused() {
         "auth: none\nquotas: {{ tenants: {{ default: {{ requestsPerMinute: 5 }} }} }}\n{CLUSTER}"
     ))
     .unwrap();
+}
+
+#[test]
+fn https_clusters_default_to_port_443_and_take_tls() {
+    let c = GlobalConfig::from_yaml(
+        "auth: none\nclusters:\n  - { name: a, url: 'https://gw.example.com/prefix', heartbeatUrl: 'https://gw.example.com:9443/heartbeat', region: r, cost: { inputPerMillion: 1 }, tls: { caFile: /etc/ca.pem, serverName: gw.internal } }\n  - { name: b, url: 'http://[::1]', region: r, cost: { inputPerMillion: 1 } }\n",
+    )
+    .unwrap();
+    let a = &c.clusters[0];
+    let url = parse_url(&a.url).unwrap();
+    assert_eq!(port_of(&url), 443);
+    assert_eq!(url.path(), "/prefix");
+    assert_eq!(
+        port_of(&parse_url(a.heartbeat_url.as_deref().unwrap()).unwrap()),
+        9443
+    );
+    assert_eq!(
+        a.tls,
+        Some(ClusterTls {
+            ca_file: Some(PathBuf::from("/etc/ca.pem")),
+            server_name: Some("gw.internal".into()),
+        })
+    );
+    let b = parse_url(&c.clusters[1].url).unwrap();
+    assert_eq!(port_of(&b), 80);
+    assert!(is_loopback(&b));
+    // An http:// URL with an https:// heartbeat may verify the heartbeat's certificate.
+    GlobalConfig::from_yaml(
+        "auth: none\nclusters:\n  - { name: a, url: 'http://10.0.0.1:8080', heartbeatUrl: 'https://10.0.0.1:9443/heartbeat', region: r, cost: { inputPerMillion: 1 }, tls: { serverName: gw.internal } }\n",
+    )
+    .unwrap();
+    for (host, loopback) in [
+        ("http://localhost:1", true),
+        ("http://127.0.0.2:1", true),
+        ("http://10.0.0.1:1", false),
+        ("https://gw.example.com", false),
+    ] {
+        assert_eq!(is_loopback(&parse_url(host).unwrap()), loopback, "{host}");
+    }
 }

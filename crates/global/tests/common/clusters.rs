@@ -26,6 +26,18 @@ pub struct TestCluster {
 impl TestCluster {
     /// `pods` pods of `profile` serving `llama`, behind a gateway on port 0.
     pub async fn start(name: &str, profile: &str, pods: usize, seed: u64) -> TestCluster {
+        Self::start_with(name, profile, pods, seed, "").await
+    }
+
+    /// [`Self::start`] with `front` (top-level gateway YAML, e.g. `tls:`) added to the
+    /// gateway's configuration.
+    pub async fn start_with(
+        name: &str,
+        profile: &str,
+        pods: usize,
+        seed: u64,
+        front: &str,
+    ) -> TestCluster {
         let mut spec = format!("seed: {seed}\npods:\n");
         for i in 0..pods {
             spec.push_str(&format!(
@@ -39,8 +51,8 @@ impl TestCluster {
         })
         .await
         .unwrap();
-        let mut config = String::from(
-            "auth: none\nmodels:\n  - name: llama\n    scheduler: { preset: infergate }\n    endpoints:\n",
+        let mut config = format!(
+            "{front}auth: none\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n    endpoints:\n",
         );
         for (pod, addr) in fleet.addrs() {
             config.push_str(&format!(

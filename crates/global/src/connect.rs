@@ -1,0 +1,294 @@
+//! Connections to a cluster: TCP (`timeouts.connectMs`, no delay), then, for an `https://`
+//! URL, a TLS handshake bounded by the same limit, ALPN `http/1.1`.
+//!
+//! Each cluster has its own [`Connector`] (its own trust roots and server name) and so its own
+//! clients and connection pools. The certificate is verified against the system roots, or only
+//! against the cluster's `tls.caFile` when it has one (as the gateway's `models[].tls` does), and
+//! must carry the URL's host, or `tls.serverName`.
+//!
+//! A handshake that fails (an unknown CA, a wrong name, a plaintext server) or does not finish
+//! in time is a connect failure of the cluster, as a refused TCP connection is: the request
+//! moves on to the next cluster, and [`failure`] is the one place that says so.
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use http::uri::Scheme;
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::Client;
+use crate::config::{ClusterConfig, is_loopback, parse_url, port_of};
+
+/// A connection to a cluster, plain or TLS.
+pub(crate) type Conn = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+/// Why a connection to a cluster could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    /// The TCP connection (refused, unreachable, `timeouts.connectMs`, DNS).
+    #[error("TCP connect failed")]
+    Tcp(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The TLS handshake failed; rustls' reason is the source (`invalid peer certificate:
+    /// UnknownIssuer`, `received corrupt message` from a plaintext server, …).
+    #[error("TLS handshake failed")]
+    Tls(#[source] io::Error),
+    /// The server accepted the TCP connection but did not finish the handshake in time.
+    #[error("TLS handshake not completed within {} ms", .0.as_millis())]
+    TlsTimeout(Duration),
+    /// The URL's host cannot be verified as a TLS server name.
+    #[error("`{0}` is not a TLS server name: set tls.serverName")]
+    ServerName(String),
+}
+
+/// Why the TLS settings of a cluster cannot be built at start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetupError {
+    /// The `tls.caFile` bundle.
+    #[error(transparent)]
+    CaFile(#[from] infergate_pool::tls::TlsError),
+    /// rustls refused the configuration.
+    #[error("TLS configuration refused")]
+    Config(#[source] rustls::Error),
+}
+
+/// Opens connections to one cluster.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    http: HttpConnector,
+    tls: Arc<rustls::ClientConfig>,
+    /// `tls.serverName`, else the URL's host.
+    server_name: Option<ServerName<'static>>,
+    handshake_timeout: Duration,
+}
+
+/// The system's trust roots, loaded once for every cluster without a `tls.caFile`.
+pub(crate) struct SystemRoots(Option<Arc<rustls::ClientConfig>>);
+
+impl SystemRoots {
+    /// Nothing loaded yet: loaded on the first cluster that needs them.
+    pub(crate) fn new() -> Self {
+        SystemRoots(None)
+    }
+
+    fn config(&mut self) -> Result<Arc<rustls::ClientConfig>, SetupError> {
+        if let Some(c) = &self.0 {
+            return Ok(Arc::clone(c));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for e in &native.errors {
+            tracing::warn!(error = %e, "cannot load some of the system's root certificates");
+        }
+        // A broken system certificate is skipped, as every client does.
+        let (added, _) = roots.add_parsable_certificates(native.certs);
+        if added == 0 {
+            tracing::warn!(
+                "no system root certificate found: https:// clusters without tls.caFile will \
+                 fail their handshakes (install ca-certificates, or give tls.caFile)"
+            );
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(SetupError::Config)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        self.0 = Some(Arc::clone(&config));
+        Ok(config)
+    }
+}
+
+impl Connector {
+    /// The connector of `cluster`: its `tls.caFile` is read now (an error names the file).
+    pub(crate) fn new(
+        cluster: &ClusterConfig,
+        connect_timeout: Duration,
+        system: &mut SystemRoots,
+    ) -> Result<Connector, SetupError> {
+        let tls = cluster.tls.as_ref();
+        let server_name = tls
+            .and_then(|t| t.server_name.as_deref())
+            .and_then(|n| ServerName::try_from(n.to_owned()).ok());
+        let config = match tls.and_then(|t| t.ca_file.as_deref()) {
+            Some(ca) => Arc::clone(infergate_pool::tls::client_tls(ca, None)?.config()),
+            None if uses_https(cluster) => system.config()?,
+            // Never used: an http:// cluster opens no TLS.
+            None => Arc::new(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(SetupError::Config)?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            ),
+        };
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        // https:// URIs come here too; TLS is added below.
+        http.enforce_http(false);
+        Ok(Connector {
+            http,
+            tls: config,
+            server_name,
+            handshake_timeout: connect_timeout,
+        })
+    }
+
+    /// The cluster's clients: for requests (pooled keep-alive connections), and for its
+    /// heartbeat and `/v1/models` fetches.
+    pub(crate) fn clients(self) -> (Client, Client) {
+        let client =
+            hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(self.clone());
+        // Heartbeats go over a new connection each time: a gateway whose listeners are gone
+        // but whose open connections still answer (a process half way through dying) must fail
+        // its heartbeat, and the fetch then times a real round trip, connect (and handshake)
+        // included.
+        let poll = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(self);
+        (client, poll)
+    }
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = Conn;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Conn, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
+        self.http
+            .poll_ready(cx)
+            .map_err(|e| ConnectError::Tcp(Box::new(e)))
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let https = dst.scheme() == Some(&Scheme::HTTPS);
+        let name = match (&self.server_name, https) {
+            (Some(n), _) => Ok(n.clone()),
+            (None, true) => server_name(&dst),
+            // Not used.
+            (None, false) => Ok(ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())),
+        };
+        let tcp = self.http.call(dst);
+        let tls = TlsConnector::from(Arc::clone(&self.tls));
+        let limit = self.handshake_timeout;
+        Box::pin(async move {
+            let tcp = tcp.await.map_err(|e| ConnectError::Tcp(Box::new(e)))?;
+            if !https {
+                return Ok(MaybeHttpsStream::Http(tcp));
+            }
+            let handshake = tls.connect(name?, TokioIo::new(tcp));
+            match tokio::time::timeout(limit, handshake).await {
+                Err(_) => Err(ConnectError::TlsTimeout(limit)),
+                Ok(Err(e)) => Err(ConnectError::Tls(e)),
+                Ok(Ok(stream)) => Ok(MaybeHttpsStream::from(stream)),
+            }
+        })
+    }
+}
+
+/// The name `dst`'s certificate must carry: its host (a DNS name, or an IP address).
+fn server_name(dst: &Uri) -> Result<ServerName<'static>, ConnectError> {
+    let host = dst.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_owned()).map_err(|_| ConnectError::ServerName(host.to_owned()))
+}
+
+/// Whether the cluster's URL or heartbeat is `https://`.
+fn uses_https(cluster: &ClusterConfig) -> bool {
+    std::iter::once(cluster.url.as_str())
+        .chain(cluster.heartbeat_url.as_deref())
+        .filter_map(|u| parse_url(u).ok())
+        .any(|u| u.scheme() == Some(&Scheme::HTTPS))
+}
+
+/// Says at start how `cluster` is reached: the port (443 or 80 when the URL names none) and
+/// what its certificate is verified against.
+pub(crate) fn log_cluster(cluster: &ClusterConfig) {
+    let Ok(url) = parse_url(&cluster.url) else {
+        return;
+    };
+    let port = port_of(&url);
+    if !uses_https(cluster) {
+        tracing::info!(cluster = %cluster.name, url = %cluster.url, port, "cluster, plain HTTP");
+        return;
+    }
+    let tls = cluster.tls.as_ref();
+    let verified = match tls.and_then(|t| t.ca_file.as_deref()) {
+        Some(ca) => format!("tls.caFile {}", ca.display()),
+        None => "the system roots".to_owned(),
+    };
+    tracing::info!(
+        cluster = %cluster.name,
+        url = %cluster.url,
+        port,
+        server_name = tls.and_then(|t| t.server_name.as_deref()).unwrap_or("the URL's host"),
+        verified_against = %verified,
+        "cluster, HTTPS"
+    );
+}
+
+/// Whether `cluster`'s bearer token would cross a network in plaintext: a token sent to an
+/// `http://` URL whose host is not this machine.
+pub(crate) fn token_in_plaintext(cluster: &ClusterConfig) -> bool {
+    cluster.credentials.is_some()
+        && parse_url(&cluster.url)
+            .is_ok_and(|u| u.scheme() == Some(&Scheme::HTTP) && !is_loopback(&u))
+}
+
+/// What a failed request to a cluster says about it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// No connection could be opened: TCP, or the TLS handshake (`tls` names why).
+    Connect {
+        /// The TLS failure and rustls' reason (`TLS handshake failed: invalid peer
+        /// certificate: UnknownIssuer`), when it was TLS.
+        tls: Option<String>,
+    },
+    /// The connection was open and the exchange failed before the response headers.
+    Exchange,
+}
+
+/// Classifies a failed request: the one place that decides what counts as a connect failure
+/// (fail over, count as a failed heartbeat and toward outlier detection).
+pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
+    if !e.is_connect() {
+        return Failure::Exchange;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(c) = s.downcast_ref::<ConnectError>() {
+            let tls = match c {
+                ConnectError::Tcp(_) => None,
+                other => Some(infergate_pool::ErrorChain(other).to_string()),
+            };
+            return Failure::Connect { tls };
+        }
+        source = s.source();
+    }
+    Failure::Connect { tls: None }
+}
+
+/// The cluster's `tls.caFile`, which [`crate::Error::ClusterTls`] names.
+pub(crate) fn ca_file(cluster: &ClusterConfig) -> Option<PathBuf> {
+    cluster.tls.as_ref().and_then(|t| t.ca_file.clone())
+}
+
+#[cfg(test)]
+mod tests;
