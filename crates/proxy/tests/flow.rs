@@ -142,10 +142,7 @@ async fn chat_as(
 }
 
 /// Sends a chat request in the background.
-fn spawn_chat(
-    addr: SocketAddr,
-    headers: &[(&'static str, &'static str)],
-) -> tokio::task::JoinHandle<(http::StatusCode, http::HeaderMap, bytes::Bytes)> {
+fn spawn_chat(addr: SocketAddr, headers: &[(&'static str, &'static str)]) -> Answer {
     let headers = headers.to_vec();
     tokio::spawn(async move { send(addr, "POST", "/v1/chat/completions", CHAT, &headers).await })
 }
@@ -331,6 +328,23 @@ async fn a_sheddable_flood_fills_the_queue_not_the_in_flight_slots_and_critical_
     assert!(!m.contains(r#"reason="gateway_busy""#), "{m}");
 }
 
+/// A request answered by the gateway, as [`spawn_chat`] runs it.
+type Answer = tokio::task::JoinHandle<(http::StatusCode, http::HeaderMap, bytes::Bytes)>;
+
+/// Fills a gateway at `maxRequestsInFlight: 3` (model `m`'s pod saturated, `x-priority` the
+/// priority header): one slot held by a request whose body is still coming (as a running one
+/// would hold it), then two Sheddable requests queued, the first before the second.
+async fn fill_the_door_with_sheddables(gw: &Running) -> (tokio::net::TcpStream, Answer, Answer) {
+    let slow = infergate_testkit::hold_request_slot(gw.addr()).await;
+    gw.until_metric("infergate_gateway_requests_in_flight 1\n")
+        .await;
+    let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 1)).await;
+    let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
+    gw.until_metric(&queue_gauge("sheddable", 2)).await;
+    (slow, first, second)
+}
+
 /// The door itself full (`limits.maxRequestsInFlight`, queued requests holding slots): a request
 /// above Sheddable takes the slot of the newest queued Sheddable one, which is evicted (429
 /// `evicted-priority`), instead of 503 `gateway_busy` before its priority was read; a Sheddable
@@ -343,14 +357,7 @@ async fn at_the_in_flight_limit_a_critical_request_takes_the_slot_of_a_queued_sh
         &[up.addr],
     )
     .await;
-    // One slot held by a request whose body is still coming (as a running one would hold it).
-    let slow = infergate_testkit::hold_request_slot(gw.addr()).await;
-    gw.until_metric("infergate_gateway_requests_in_flight 1\n")
-        .await;
-    let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
-    gw.until_metric(&queue_gauge("sheddable", 1)).await;
-    let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
-    gw.until_metric(&queue_gauge("sheddable", 2)).await;
+    let (slow, first, second) = fill_the_door_with_sheddables(&gw).await;
     let busy = |status: http::StatusCode, body: &[u8]| {
         assert_eq!(status, 503, "{}", String::from_utf8_lossy(body));
         assert_eq!(json(body)["error"]["code"], "gateway_busy");
@@ -403,13 +410,7 @@ async fn after_a_reload_that_replaced_the_queue_a_critical_request_still_takes_a
         &[up.addr],
     )
     .await;
-    let slow = infergate_testkit::hold_request_slot(gw.addr()).await;
-    gw.until_metric("infergate_gateway_requests_in_flight 1\n")
-        .await;
-    let first = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
-    gw.until_metric(&queue_gauge("sheddable", 1)).await;
-    let second = spawn_chat(gw.addr(), &[("x-priority", "sheddable")]);
-    gw.until_metric(&queue_gauge("sheddable", 2)).await;
+    let (slow, first, second) = fill_the_door_with_sheddables(&gw).await;
 
     // A new queue (another request TTL); the two Sheddable requests stay in the old one.
     gw.gw
