@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use infergate_pool::ErrorChain;
 pub use infergate_scheduler::{RewriteRule, Rewrites};
 
 use crate::error::Error;
@@ -86,31 +85,13 @@ impl RewriteTable {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
         let table = self.clone();
-        let mut last = std::fs::read(&path).ok();
-        tokio::spawn(async move {
-            let mut shutdown = std::pin::pin!(shutdown);
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
-                    () = &mut shutdown => return,
-                }
-                let now = std::fs::read(&path).ok();
-                if now.is_none() || now == last {
-                    continue;
-                }
-                last = now;
-                match Self::read_file(&path) {
-                    Ok(rules) => {
-                        table.set(rules);
-                        tracing::info!(path = %path.display(), "model rewrites reloaded");
-                    }
-                    Err(e) => tracing::error!(
-                        path = %path.display(), error = %ErrorChain(&e),
-                        "model rewrites rejected; the rules in force stay"
-                    ),
-                }
-            }
-        })
+        infergate_pool::watch::watch_file(
+            path,
+            "model rewrites",
+            move || interval,
+            move |path| Self::read_file(path).map(|rules| table.set(rules)),
+            shutdown,
+        )
     }
 }
 

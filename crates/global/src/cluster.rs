@@ -102,7 +102,6 @@ pub(crate) struct Cluster {
     pub(crate) heartbeat: Option<Uri>,
     /// Price of one input and one output token.
     pub(crate) price: (f64, f64),
-    pub(crate) region_rank: usize,
     pub(crate) label: ClusterLabel,
     /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`.
     pub(crate) token: Mutex<Option<HeaderValue>>,
@@ -159,12 +158,6 @@ impl Cluster {
             .heartbeat_url
             .as_deref()
             .and_then(|h| crate::config::parse_url(h).ok());
-        let region_rank = config
-            .routing
-            .region_preference
-            .iter()
-            .position(|r| *r == c.region)
-            .unwrap_or(config.routing.region_preference.len());
         let hb = &config.heartbeat;
         let settings = Settings {
             stale_after: hb.stale_after(),
@@ -187,7 +180,6 @@ impl Cluster {
             scheme,
             prefix,
             heartbeat,
-            region_rank,
             state: Mutex::new(state),
             pending: AtomicUsize::new(0),
             refusal_logged: AtomicBool::new(false),

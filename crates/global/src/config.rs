@@ -21,6 +21,7 @@
 //!   baseEjectionMs: 30000        # × the times ejected in a row,
 //!   maxEjectionMs: 300000        # at most this
 //!   maxEjectionPercent: 50       # of a model's clusters at once (0: never eject)
+//! reloadIntervalMs: 1000         # the file is checked for changes this often (0: never)
 //! tenancy: { tenantHeader: x-tenant }   # without auth: the tenant named by this header
 //! quotas:                        # global rate limits per tenant (the gateway's `quotas:`)
 //!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
@@ -97,6 +98,10 @@ pub struct GlobalConfig {
     /// Seed of the slow-start sampling.
     #[serde(default)]
     pub seed: u64,
+    /// How often the file is checked for changes, ms (default 1,000, the gateway's); 0 turns
+    /// reloading off.
+    #[serde(default = "default_reload_ms")]
+    pub reload_interval_ms: u64,
     /// Global per-tenant rate limits, shared across router replicas through Redis
     /// (`infergate_pool::quota`, the gateway's `quotas:` section); `None`: no limits.
     #[serde(default)]
@@ -111,6 +116,10 @@ pub struct GlobalConfig {
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 8080))
+}
+
+fn default_reload_ms() -> u64 {
+    1_000
 }
 
 /// Loopback: the admin port has no authentication (the Helm chart sets `0.0.0.0` behind a
@@ -500,11 +509,13 @@ impl GlobalConfig {
                 return Err(invalid(name.into(), "must be at most 604800000 (a week)"));
             }
         }
-        if hb.slow_start_ms > max_ms {
-            return Err(invalid(
-                "heartbeat.slowStartMs".into(),
-                "must be at most 604800000 (a week)",
-            ));
+        for (name, v) in [
+            ("heartbeat.slowStartMs", hb.slow_start_ms),
+            ("reloadIntervalMs", self.reload_interval_ms),
+        ] {
+            if v > max_ms {
+                return Err(invalid(name.into(), "must be at most 604800000 (a week)"));
+            }
         }
         // The gateway's limits the router enforces: zero would refuse every request.
         for (name, zero) in [

@@ -21,7 +21,10 @@
 //! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
 //! - `connect` — connections to a cluster: TCP, then TLS for `https://` URLs, and what a
 //!   failed request says about the cluster;
-//! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries;
+//! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries; [`Handle`]:
+//!   reloads of the file;
+//! - `state` — the configuration in force, swapped whole by a reload, and what a reload keeps
+//!   (unchanged clusters with their state, connections and pollers);
 //! - `body` — the passed-through response body, read on the side for TTFT and usage;
 //! - `telemetry` — the `infergate_global_*` series;
 //! - [`error`] — [`Error`], [`ConfigError`].
@@ -36,11 +39,12 @@ mod body;
 mod cluster;
 mod connect;
 mod server;
+mod state;
 mod telemetry;
 
 pub use config::GlobalConfig;
 pub use error::{ConfigError, Error, OutlierError, OutlierField, TokenError};
-pub use server::{CLUSTER_HEADER, Listeners, Router, serve};
+pub use server::{CLUSTER_HEADER, Handle, Listeners, Router, serve};
 
 /// The HTTP/1.1 client to a cluster (pooled keep-alive connections, plain or TLS).
 type Client =

@@ -4,10 +4,12 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -18,26 +20,25 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use infergate_openai::{ApiError, ApiKind, Route, parse_request};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
-use infergate_pool::quota::Quotas;
-use infergate_pool::tenant::Tenancy;
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
 use infergate_proxy::BodyRead;
-use infergate_proxy::auth::{Authenticator, ModelAccess};
+use infergate_proxy::auth::ModelAccess;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::body::{Observed, RouterBody};
-use crate::cluster::{self, Cluster};
+use crate::cluster;
 use crate::config::GlobalConfig;
-use crate::connect::{self, Connector, Failure, SystemRoots};
+use crate::connect::{self, Failure};
 use crate::error::Error;
+use crate::now;
 use crate::outlier::{self, Verdict};
 use crate::route::{self, Candidate, MAX_CLUSTERS};
+use crate::state::State;
 use crate::telemetry::{ClusterCode, ClusterReason, ReasonLabel, Telemetry};
-use crate::{Client, now};
 
 /// The response header naming the cluster that answered.
 pub const CLUSTER_HEADER: &str = "x-infergate-cluster";
@@ -54,6 +55,7 @@ pub struct Listeners {
 pub struct Router {
     http_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
+    handle: Handle,
     task: JoinHandle<()>,
 }
 
@@ -68,6 +70,11 @@ impl Router {
         self.admin_addr
     }
 
+    /// A handle for reloading the configuration.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
     /// Waits until the router has stopped: its shutdown future completed, the front door
     /// closed, and every connection open then ended (each is asked to finish: HTTP/1.1
     /// keep-alive off, HTTP/2 GOAWAY; running requests, streams included, complete).
@@ -76,24 +83,113 @@ impl Router {
     }
 }
 
+/// Reloads the configuration of a running router. Cheap to clone.
+#[derive(Clone)]
+pub struct Handle {
+    shared: Arc<Shared>,
+    /// `--listen` and `--admin`, put over each file read (else every reload would see the
+    /// file's addresses as a change).
+    addresses: (Option<SocketAddr>, Option<SocketAddr>),
+}
+
+impl Handle {
+    /// This handle, with `listen` and `admin` (when given) put over every file it reads.
+    pub fn with_addresses(mut self, listen: Option<SocketAddr>, admin: Option<SocketAddr>) -> Self {
+        self.addresses = (listen, admin);
+        self
+    }
+
+    /// Replaces the configuration. On error nothing changes and the old configuration keeps
+    /// serving, with the error the start would have stopped on. Requests already running finish
+    /// on the configuration they started with; unchanged clusters keep their state (see
+    /// `state`).
+    ///
+    /// `listen`, `admin` and `tls` are read only at start; a change there is ignored (and
+    /// logged).
+    pub fn reload(&self, config: GlobalConfig) -> Result<(), Error> {
+        let shared = &self.shared;
+        let _serial = shared
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = shared.state.load_full();
+        if old.config.listen != config.listen
+            || old.config.admin != config.admin
+            || old.config.tls != config.tls
+        {
+            // (The certificate files themselves are reloaded when they change.)
+            tracing::warn!("`listen`, `admin` and `tls` changes take effect only after a restart");
+        }
+        let reseed = (old.config.seed != config.seed).then_some(config.seed);
+        match State::build(config, Some(&old), &shared.telemetry) {
+            Ok(state) => {
+                let state = Arc::new(state);
+                shared.state.store(Arc::clone(&state));
+                if let Some(seed) = reseed {
+                    shared.rng.store(seed, Ordering::Relaxed);
+                }
+                crate::state::retire(&old, &state, &shared.telemetry);
+                shared.telemetry.reloaded(true);
+                Ok(())
+            }
+            Err(e) => {
+                shared.telemetry.reloaded(false);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads `path` and reloads from it. A file that does not parse or validate is refused with
+    /// the error naming the field, and the running configuration stays.
+    pub fn reload_file(&self, path: &Path) -> Result<(), Error> {
+        let read = GlobalConfig::from_file(path).and_then(|mut c| {
+            c.set_addresses(self.addresses.0, self.addresses.1)?;
+            Ok(c)
+        });
+        match read {
+            Ok(c) => self.reload(c),
+            Err(e) => {
+                self.shared.telemetry.reloaded(false);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Watches `path` and reloads when its contents change, every `reloadIntervalMs` of the
+    /// configuration in force (the gateway's watch, `infergate_pool::watch`), until
+    /// `shutdown` completes. Errors are logged; the running configuration stays.
+    pub fn watch_file(
+        &self,
+        path: PathBuf,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> JoinHandle<()> {
+        let (interval, reload) = (self.clone(), self.clone());
+        infergate_pool::watch::watch_file(
+            path,
+            "configuration",
+            move || Duration::from_millis(interval.shared.state.load().config.reload_interval_ms),
+            move |path| reload.reload_file(path),
+            shutdown,
+        )
+    }
+}
+
+/// What lives as long as the process, across reloads; the configuration in force is `state`.
 pub(crate) struct Shared {
-    config: GlobalConfig,
-    pub(crate) clusters: Vec<Arc<Cluster>>,
-    /// Each cluster's client, by index.
-    clients: Vec<Client>,
-    auth: Authenticator,
+    state: ArcSwap<State>,
     telemetry: Arc<Telemetry>,
     inflight: Arc<AtomicUsize>,
     /// Bytes of request bodies held now, every connection together
     /// (`limits.maxBufferedRequestBytes`).
     buffered: Gauge,
+    /// Open client connections (`limits.maxConnections`, read at each accept).
+    connections: Arc<AtomicUsize>,
     rng: AtomicU64,
-    objective_header: HeaderName,
-    quotas: Option<Quotas>,
-    tenancy: Tenancy,
     /// Held while an ejection is decided (`cluster::eject`): rare, never on a request that
     /// does not complete a cluster's run of gateway failures.
     ejecting: std::sync::Mutex<()>,
+    /// Reloads are rare and must not interleave (each builds on the state before it).
+    reloading: std::sync::Mutex<()>,
 }
 
 /// One of `limits.maxRequestsInFlight`, held from the request head to the last response byte.
@@ -126,81 +222,18 @@ pub async fn serve(
             Some(tls)
         }
     };
-    let auth = Authenticator::new(&config.auth).map_err(|e| Error::Auth(Box::new(e)))?;
-    let quotas = match &config.quotas {
-        None => None,
-        Some(spec) => {
-            let q = spec
-                .to_config()
-                .map_err(|reason| Error::Config(crate::ConfigError::Quotas { reason }))?;
-            Some(Quotas::start(q, Some(&mut registry)).map_err(|e| Error::Quota(Box::new(e)))?)
-        }
-    };
-    let tenancy =
-        Tenancy::new(&config.tenancy).map_err(|e| Error::Config(crate::ConfigError::from(e)))?;
-    let clusters: Vec<Arc<Cluster>> = (0..config.clusters.len())
-        .map(|i| Arc::new(Cluster::new(&config, i)))
-        .collect();
-    for c in &clusters {
-        c.load_token()?;
-    }
-    // One connector per cluster (its own trust roots and server name), each with its clients
-    // and so its own connection pool.
-    let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
-    let mut system_roots = SystemRoots::new();
-    let mut clients = Vec::with_capacity(config.clusters.len());
-    for c in &config.clusters {
-        let connector = Connector::new(c, connect_timeout, &mut system_roots).map_err(|e| {
-            Error::ClusterTls {
-                cluster: c.name.clone(),
-                path: connect::ca_file(c),
-                source: Box::new(e),
-            }
-        })?;
-        connect::log_cluster(c);
-        if connect::token_in_plaintext(c) {
-            tracing::warn!(
-                cluster = %c.name,
-                url = %c.url,
-                "credentials.bearerTokenFile is sent to an http:// URL off this machine: the \
-                 token (and every prompt and answer) crosses the network in plaintext; use \
-                 https:// unless the network or a mesh encrypts it"
-            );
-        }
-        clients.push(connector.clients());
-    }
-    let objective_header = HeaderName::from_bytes(config.routing.objective_header.as_bytes())
-        .unwrap_or_else(|_| HeaderName::from_static(crate::config::DEFAULT_OBJECTIVE_HEADER));
+    let seed = config.seed;
+    let state = State::build(config, None, &telemetry)?;
     let shared = Arc::new(Shared {
-        rng: AtomicU64::new(config.seed),
-        config,
-        clusters,
-        clients: clients.iter().map(|(c, _)| c.clone()).collect(),
-        auth,
+        state: ArcSwap::from_pointee(state),
         telemetry: Arc::clone(&telemetry),
         inflight: Arc::new(AtomicUsize::new(0)),
         buffered: Gauge::default(),
-        objective_header,
-        quotas,
-        tenancy,
+        connections: Arc::new(AtomicUsize::new(0)),
+        rng: AtomicU64::new(seed),
         ejecting: std::sync::Mutex::new(()),
+        reloading: std::sync::Mutex::new(()),
     });
-    let hb = &shared.config.heartbeat;
-    let pollers: Vec<JoinHandle<()>> = shared
-        .clusters
-        .iter()
-        .zip(clients)
-        .map(|(c, (_, poll_client))| {
-            tokio::spawn(cluster::poll(
-                Arc::clone(c),
-                poll_client,
-                (*telemetry).clone(),
-                hb.interval(),
-                hb.discovery_interval(),
-                hb.timeout(),
-            ))
-        })
-        .collect();
     let http_addr = listeners.http.local_addr()?;
     let admin_addr = match &listeners.admin {
         Some(l) => Some(l.local_addr()?),
@@ -209,20 +242,27 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin = listeners.admin.map(|listener| {
         let registry = Arc::new(registry);
-        let ready = Arc::clone(&shared);
+        let (metrics, ready) = (Arc::clone(&shared), Arc::clone(&shared));
         let mut rx = stop_rx.clone();
         tokio::spawn(infergate_pool::admin::serve_with(
             listener,
             move || {
+                // The quota service's series are in a registry of its own: a reload that
+                // changes `quotas:` starts another service, exported from its first scrape.
                 let mut out = String::new();
-                prometheus_client::encoding::text::encode(&mut out, &registry)?;
+                encode_registry(&mut out, &registry)?;
+                let state = metrics.state.load();
+                if let Some(r) = state.quotas.as_ref().and_then(|q| q.registry()) {
+                    encode_registry(&mut out, r)?;
+                }
+                encode_eof(&mut out)?;
                 Ok(out)
             },
             move || {
                 // Somewhere to send traffic: some cluster routed on for some model, by its
                 // heartbeat, whether or not its `/v1/models` could be read.
                 let at = now();
-                ready.clusters.iter().any(|c| c.any_up(at))
+                ready.state.load().clusters.iter().any(|c| c.any_up(at))
             },
             async move {
                 let _ = rx.wait_for(|s| *s).await;
@@ -230,6 +270,10 @@ pub async fn serve(
         ))
     });
     let accept = accept_loop(Arc::clone(&shared), listeners.http, tls, stop_rx);
+    let handle = Handle {
+        shared: Arc::clone(&shared),
+        addresses: (None, None),
+    };
     let task = tokio::spawn(async move {
         let accepting = tokio::spawn(accept);
         shutdown.await;
@@ -237,9 +281,7 @@ pub async fn serve(
         // Returns once every connection has ended: running answers, streams included, finish.
         // The heartbeats keep being polled meanwhile, so the retries still fail over.
         let _ = accepting.await;
-        for p in pollers {
-            p.abort();
-        }
+        shared.state.load().stop_polling();
         if let Some(a) = admin {
             let _ = a.await;
         }
@@ -247,6 +289,7 @@ pub async fn serve(
     Ok(Router {
         http_addr,
         admin_addr,
+        handle,
         task,
     })
 }
@@ -257,8 +300,6 @@ async fn accept_loop(
     tls: Option<ServerTls>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let limits = shared.config.limits.clone();
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let tls = tls.map(Arc::new);
     // Each connection's task holds a receiver: `closed()` resolves once the last one has ended.
     let (conns_tx, conns_rx) = tokio::sync::watch::channel(());
@@ -274,15 +315,19 @@ async fn accept_loop(
             },
             () = stopped(&mut stop) => break,
         };
+        // The connection's settings are the configuration's in force when it was accepted.
+        let limits = shared.state.load().config.limits.clone();
         // Past `maxConnections` the connection is closed at once.
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+        let open = shared.connections.fetch_add(1, Ordering::AcqRel);
+        let permit = Slot(Arc::clone(&shared.connections));
+        if open >= limits.max_connections {
+            drop(permit);
             drop(stream);
             continue;
-        };
+        }
         let _ = stream.set_nodelay(true);
         let shared = Arc::clone(&shared);
         let tls = tls.clone();
-        let limits = limits.clone();
         let mut stop = stop.clone();
         let open = conns_rx.clone();
         tokio::spawn(async move {
@@ -411,8 +456,8 @@ fn error_response(e: &ApiError) -> Response<RouterBody> {
 
 /// Every model some cluster serves that `access` allows, sorted: a caller allowed only some
 /// models is not told of the others (as on the gateway).
-fn served_models(shared: &Shared, access: &ModelAccess) -> Vec<String> {
-    let mut all: Vec<String> = shared
+fn served_models(state: &State, access: &ModelAccess) -> Vec<String> {
+    let mut all: Vec<String> = state
         .clusters
         .iter()
         .flat_map(|c| c.served())
@@ -423,8 +468,8 @@ fn served_models(shared: &Shared, access: &ModelAccess) -> Vec<String> {
     all
 }
 
-fn models_response(shared: &Shared, access: &ModelAccess) -> Response<RouterBody> {
-    let data: Vec<serde_json::Value> = served_models(shared, access)
+fn models_response(state: &State, access: &ModelAccess) -> Response<RouterBody> {
+    let data: Vec<serde_json::Value> = served_models(state, access)
         .into_iter()
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"}))
         .collect();
@@ -452,12 +497,14 @@ async fn route_request(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<RouterBody>, Refused> {
-    let identity = shared.auth.authenticate(req.headers()).await?;
+    // The configuration in force when the request came: it is served on that one to the end.
+    let state = shared.state.load_full();
+    let identity = state.auth.authenticate(req.headers()).await?;
     let kind = match Route::of(req.method().as_str(), req.uri().path())? {
         Route::Api(kind) => kind,
-        Route::Models => return Ok(models_response(shared, &identity.models)),
+        Route::Models => return Ok(models_response(&state, &identity.models)),
     };
-    let limits = &shared.config.limits;
+    let limits = &state.config.limits;
     let running = shared.inflight.fetch_add(1, Ordering::AcqRel);
     let slot = Slot(Arc::clone(&shared.inflight));
     if running >= limits.max_requests_in_flight {
@@ -489,20 +536,18 @@ async fn route_request(
     // know which base model a LoRA adapter belongs to, so an adapter is allowed only when it is
     // listed itself (or every model is): it fails closed where the gateway would look the base up.
     identity.may_call(model, model)?;
-    let routing = &shared.config.routing;
-    let authenticated = shared.auth.is_enabled().then_some(&identity.tenant);
-    let tenant = shared.tenancy.gateway(authenticated, &parts.headers).tenant;
+    let routing = &state.config.routing;
+    let authenticated = state.auth.is_enabled().then_some(&identity.tenant);
+    let tenant = state.tenancy.gateway(authenticated, &parts.headers).tenant;
     if authenticated.is_some() {
         // The clusters see the tenant the router authenticated, not one the client named.
-        shared
-            .tenancy
-            .set_authenticated(&mut parts.headers, &tenant);
+        state.tenancy.set_authenticated(&mut parts.headers, &tenant);
     }
     // Before a cluster is chosen: a tenant over its global quota costs no cluster anything.
-    let mut quota = lifecycle::admit_quota(shared.quotas.as_ref(), &tenant, &parsed)?;
+    let mut quota = lifecycle::admit_quota(state.quotas.as_ref(), &tenant, &parsed)?;
     let objective_ms = parts
         .headers
-        .get(&shared.objective_header)
+        .get(&state.objective_header)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|v| *v > 0)
@@ -515,15 +560,15 @@ async fn route_request(
             .unwrap_or(routing.default_output_tokens),
     );
     let at = now();
-    let mut candidates: Vec<Candidate> = Vec::with_capacity(shared.clusters.len());
-    for (index, c) in shared.clusters.iter().enumerate().take(MAX_CLUSTERS) {
+    let mut candidates: Vec<Candidate> = Vec::with_capacity(state.clusters.len());
+    for (index, c) in state.clusters.iter().enumerate().take(MAX_CLUSTERS) {
         if let Some((weight, ttft_ms)) = c.view(model, at, prompt) {
             candidates.push(Candidate {
                 index,
                 weight,
                 ttft_ms,
                 cost: c.price.0 * prompt + c.price.1 * output,
-                region_rank: c.region_rank,
+                region_rank: state.region_ranks[index],
             });
         }
     }
@@ -532,13 +577,13 @@ async fn route_request(
     }) else {
         // No cluster has listed a model yet (none reachable since the start, and no `models:`):
         // the model may well exist, so a 503 to retry rather than a 404.
-        if served_models(shared, &ModelAccess::All).is_empty() {
+        if served_models(&state, &ModelAccess::All).is_empty() {
             return Err(ApiError::NoEndpoints {
                 model: model.to_owned(),
             }
             .into());
         }
-        let known = served_models(shared, &identity.models).join(", ");
+        let known = served_models(&state, &identity.models).join(", ");
         return Err(ApiError::UnknownModel {
             model: model.to_owned(),
             known,
@@ -547,7 +592,7 @@ async fn route_request(
     };
     let stream = parsed.stream;
     drop(parsed);
-    let first = &shared.clusters[candidates[0].index];
+    let first = &state.clusters[candidates[0].index];
     shared
         .telemetry
         .decisions
@@ -561,11 +606,11 @@ async fn route_request(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let first_byte = Duration::from_millis(shared.config.timeouts.first_byte_ms);
-    let attempts = usize::from(shared.config.retries.max_attempts).min(candidates.len());
+    let first_byte = Duration::from_millis(state.config.timeouts.first_byte_ms);
+    let attempts = usize::from(state.config.retries.max_attempts).min(candidates.len());
     let mut last_error = None;
     for (n, cand) in candidates.iter().take(attempts).enumerate() {
-        let cluster = &shared.clusters[cand.index];
+        let cluster = &state.clusters[cand.index];
         let last = n + 1 == attempts;
         let Some(uri) = cluster.uri(&path_and_query) else {
             continue;
@@ -577,7 +622,7 @@ async fn route_request(
         for (name, value) in &parts.headers {
             if name == header::HOST
                 || name == header::CONTENT_LENGTH
-                || (shared.auth.is_enabled()
+                || (state.auth.is_enabled()
                     && (name == header::AUTHORIZATION || name.as_str() == "x-api-key"))
             {
                 continue;
@@ -593,7 +638,7 @@ async fn route_request(
             .clone();
         // The credentials the cluster sees are the router's own (its token, or none because
         // the client's are not forwarded): a 401 or 403 then concerns the router, not the client.
-        let own_credentials = token.is_some() || shared.auth.is_enabled();
+        let own_credentials = token.is_some() || state.auth.is_enabled();
         if let Some(t) = token {
             h.insert(header::AUTHORIZATION, t);
         }
@@ -606,7 +651,7 @@ async fn route_request(
         let gateway_failure = |heartbeat_up: bool| {
             if routed_on && cluster.observe_gateway_failure(heartbeat_up) {
                 cluster::eject(
-                    &shared.clusters,
+                    &state.clusters,
                     cand.index,
                     &shared.ejecting,
                     &shared.telemetry,
@@ -623,7 +668,7 @@ async fn route_request(
                 })
                 .inc();
         };
-        match tokio::time::timeout(first_byte, shared.clients[cand.index].request(up)).await {
+        match tokio::time::timeout(first_byte, state.clients[cand.index].request(up)).await {
             Err(_) => {
                 gateway_failure(cluster.observe_timeout(first_byte, &shared.telemetry));
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");

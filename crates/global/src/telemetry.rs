@@ -69,6 +69,13 @@ pub(crate) struct Telemetry {
     pub(crate) ejections: Family<ClusterLabel, Counter>,
     pub(crate) ejections_held_back: Family<ClusterLabel, Counter>,
     pub(crate) ejected: Family<ClusterLabel, Gauge>,
+    pub(crate) reloads: Family<ResultLabel, Counter>,
+}
+
+/// `result` of a configuration reload (`ok`, `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ResultLabel {
+    pub(crate) result: &'static str,
 }
 
 impl Telemetry {
@@ -95,7 +102,17 @@ impl Telemetry {
             ejections: Family::default(),
             ejections_held_back: Family::default(),
             ejected: Family::default(),
+            reloads: Family::default(),
         };
+        // Both results exported from the start, at 0 (an alert on errors has a series to read).
+        for result in ["ok", "error"] {
+            let _ = t.reloads.get_or_create(&ResultLabel { result });
+        }
+        r.register(
+            "infergate_global_config_reloads",
+            "Configuration reloads, by result (ok, error)",
+            t.reloads.clone(),
+        );
         r.register(
             "infergate_global_decisions",
             "Requests routed, by the cluster chosen first and why (cheapest_within_objective, fastest_over_objective, fastest, last_resort)",
@@ -194,6 +211,27 @@ pub(crate) fn status_class(status: u16) -> &'static str {
         300..=399 => "3xx",
         400..=499 => "4xx",
         _ => "5xx",
+    }
+}
+
+impl Telemetry {
+    /// Counts a configuration reload.
+    pub(crate) fn reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Drops the gauges of a cluster a reload removed or replaced: a stale weight or ejection
+    /// would read as a cluster still there, or as the replaced one's state. Its counters and
+    /// histogram stay (totals that stop growing;
+    /// removing them would look like a counter reset to `rate()`).
+    pub(crate) fn forget_gauges(&self, label: &ClusterLabel) {
+        self.cost_per_million.remove(label);
+        self.heartbeat_age.remove(label);
+        self.rtt.remove(label);
+        self.weight.remove(label);
+        self.estimated_ttft.remove(label);
+        self.ejected.remove(label);
     }
 }
 

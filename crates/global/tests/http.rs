@@ -9,6 +9,8 @@
 
 #[path = "common/clusters.rs"]
 mod clusters;
+#[path = "common/scripted.rs"]
+mod scripted;
 
 use std::net::SocketAddr;
 
@@ -18,6 +20,7 @@ use infergate_global::{GlobalConfig, Listeners, Router, serve};
 use infergate_testkit::Response;
 use infergate_testkit::recorder::{HOP_REQUEST_HEADERS, HOP_RESPONSE_HEADERS, Recorder};
 use infergate_testkit::scripted::scripted_server;
+use scripted::{HeldStream, finish_stream, open_stream};
 use tokio::sync::oneshot;
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
@@ -87,71 +90,15 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
 
-/// A cluster that answers one streamed request: its headers and first event at once, the rest
-/// when `release` fires.
-async fn held_stream_cluster() -> (SocketAddr, oneshot::Sender<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (release, held) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the router closed before sending its request");
-            head.extend_from_slice(&buf[..n]);
-        }
-        let first = "data: {\"n\":1}\n\n";
-        let rest = "data: {\"n\":2}\n\ndata: [DONE]\n\n";
-        s.write_all(
-            format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n",
-                first.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let _ = held.await;
-        let _ = s
-            .write_all(format!("{:x}\r\n{rest}\r\n0\r\n\r\n", rest.len()).as_bytes())
-            .await;
-        // Hold the socket until the router is done with it.
-        let _ = s.read(&mut buf).await;
-    });
-    (addr, release)
-}
-
 /// At shutdown the router stops accepting but lets a running stream finish: the client gets
 /// every event, and `Router::wait` returns only once that answer has ended (the binary exits
 /// when it returns, which would cut the stream).
 #[tokio::test]
 async fn a_stream_running_at_shutdown_is_finished_before_the_router_stops() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (cluster, release) = held_stream_cluster().await;
-    let (router, stop) = router(cluster).await;
+    let held = HeldStream::start().await;
+    let (router, stop) = router(held.addr).await;
     let addr = router.http_addr();
-    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#;
-    client
-        .write_all(
-            format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&got).contains("\"n\":1") {
-        let n = client.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
+    let (mut client, got) = open_stream(addr).await;
     let _ = stop.send(());
     let mut waiting = tokio::spawn(router.wait());
     // Stopped accepting: a new connection is refused (or closed unanswered) once the listener
@@ -166,29 +113,8 @@ async fn a_stream_running_at_shutdown_is_finished_before_the_router_stops() {
             .is_err(),
         "the router stopped while a stream was running"
     );
-    let _ = release.send(());
-    loop {
-        let n = tokio::time::timeout(std::time::Duration::from_secs(5), client.read(&mut buf))
-            .await
-            .expect("the stream did not end")
-            .unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-        if got.ends_with(b"0\r\n\r\n") {
-            break;
-        }
-    }
-    let text = String::from_utf8_lossy(&got);
-    assert!(
-        text.contains("\"n\":2") && text.contains("[DONE]"),
-        "{text}"
-    );
-    assert!(
-        text.ends_with("0\r\n\r\n"),
-        "the chunked answer was cut: {text}"
-    );
+    let _ = held.release.send(());
+    finish_stream(&mut client, got).await;
     tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
         .await
         .expect("the router did not stop once its last answer ended")

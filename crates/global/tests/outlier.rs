@@ -12,76 +12,20 @@
 
 #[path = "common/clusters.rs"]
 mod clusters;
+#[path = "common/scripted.rs"]
+mod scripted;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clusters::counter;
 use infergate_global::{GlobalConfig, Router};
 use infergate_testkit::Response;
-use infergate_testkit::pages::vllm_page;
-use infergate_testkit::recorder::CHAT_JSON;
-use infergate_testkit::scripted::scripted_server;
+use scripted::{Scripted, heartbeat};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-
-/// A model server answering every inference request with the status it holds (a chat completion
-/// for 200, an OpenAI-style error otherwise), and `GET /metrics` with a healthy vLLM page, so
-/// that a gateway in front of it keeps its pod ready. It counts the inference requests.
-struct Scripted {
-    addr: SocketAddr,
-    status: Arc<AtomicU16>,
-    hits: Arc<AtomicUsize>,
-}
-
-impl Scripted {
-    async fn start(status: u16) -> Scripted {
-        let status = Arc::new(AtomicU16::new(status));
-        let hits = Arc::new(AtomicUsize::new(0));
-        let (st, h) = (Arc::clone(&status), Arc::clone(&hits));
-        let addr = scripted_server(Arc::new(move |head: &str| {
-            if head.starts_with("GET /metrics") {
-                return (200, "text/plain", vllm_page(0));
-            }
-            h.fetch_add(1, Ordering::Relaxed);
-            match st.load(Ordering::Relaxed) {
-                200 => (200, "application/json", CHAT_JSON.to_owned()),
-                code => (
-                    code,
-                    "application/json",
-                    format!(
-                        r#"{{"error":{{"message":"scripted {code}","type":"server_error","param":null,"code":"scripted"}}}}"#
-                    ),
-                ),
-            }
-        }))
-        .await;
-        Scripted { addr, status, hits }
-    }
-
-    fn set(&self, status: u16) {
-        self.status.store(status, Ordering::Relaxed);
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::Relaxed)
-    }
-}
-
-/// A good heartbeat for the model `m` (one ready pod), for the scripted clusters.
-async fn heartbeat() -> SocketAddr {
-    infergate_testkit::pages::page_server(Arc::new(|| {
-        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
-            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
-            .to_owned()
-    }))
-    .await
-}
 
 /// The router's entry for a cluster answering on `url` with its heartbeat on `beat`; the
 /// cheaper cluster comes first.

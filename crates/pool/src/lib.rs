@@ -29,6 +29,7 @@
 //! - [`redis`] — a small RESP2 Redis client (pipelines, timeouts, reconnect with backoff);
 //! - [`tls`] — TLS for the server ports (certificate files reloaded on change, or
 //!   self-signed) and HTTPS to model servers;
+//! - [`watch`] — polling a file for changes and reloading it (configuration files, rewrites);
 //! - [`error`] — [`PoolError`], and [`ErrorChain`] to log an error with its causes.
 //!
 //! [`Scraper`]: infergate_metrics::Scraper
@@ -68,6 +69,7 @@ pub mod quota;
 pub mod redis;
 pub mod tenant;
 pub mod tls;
+pub mod watch;
 
 pub use changes::Changes;
 pub use error::{ErrorChain, PoolError};

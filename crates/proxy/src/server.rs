@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use infergate_pool::ErrorChain;
 use infergate_pool::tls::{ServerTls, accept_tls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -161,36 +160,14 @@ impl Handle {
         path: PathBuf,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> JoinHandle<()> {
-        let handle = self.clone();
-        // Read before returning, so a change made right after this call is seen as a change.
-        // A config file is a few KB on a local disk: reading it inline is cheaper than a thread hop.
-        let mut last = std::fs::read(&path).ok();
-        tokio::spawn(async move {
-            let mut shutdown = std::pin::pin!(shutdown);
-            loop {
-                let interval = handle.shared.state.load().config.reload_interval;
-                if interval.is_zero() {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
-                    () = &mut shutdown => return,
-                }
-                let now = std::fs::read(&path).ok();
-                if now.is_none() || now == last {
-                    continue;
-                }
-                last = now;
-                match handle.reload_file(&path) {
-                    Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
-                    Err(e) => tracing::error!(
-                        path = %path.display(),
-                        error = %ErrorChain(&e),
-                        "configuration reload rejected; the previous configuration stays in force"
-                    ),
-                }
-            }
-        })
+        let (interval, reload) = (self.clone(), self.clone());
+        infergate_pool::watch::watch_file(
+            path,
+            "configuration",
+            move || interval.shared.state.load().config.reload_interval,
+            move |path| reload.reload_file(path),
+            shutdown,
+        )
     }
 }
 

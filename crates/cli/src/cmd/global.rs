@@ -12,7 +12,8 @@ use super::shutdown_signal;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The configuration file (YAML): clusters with their URLs, regions, costs and heartbeats;
-    /// routing objective and policy; `auth`.
+    /// routing objective and policy; `auth`. Polled for changes (`reloadIntervalMs`) and
+    /// reloaded; a file that does not validate is refused and the running configuration stays.
     #[arg(long, short, env = "INFERGATE_GLOBAL_CONFIG")]
     config: PathBuf,
     /// Front-door address; overrides `listen` in the file.
@@ -54,19 +55,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin = tokio::net::TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("binding the admin port on {}", config.admin))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await.is_ok();
+        }
+    };
     let router = infergate_global::serve(
         config,
         Listeners {
             http,
             admin: Some(admin),
         },
-        shutdown_signal(),
+        stopped(),
     )
     .await
     .context("starting the global router")?;
     if let Some(admin) = router.admin_addr() {
         tracing::info!(listen = %router.http_addr(), %admin, "global router serving");
     }
+    // The file is polled for changes (`reloadIntervalMs`); `--listen`/`--admin` stay over it.
+    let watcher = router
+        .handle()
+        .with_addresses(args.listen, args.admin)
+        .watch_file(args.config.clone(), stopped());
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
     router.wait().await;
+    watcher.await.context("configuration watcher")?;
     Ok(())
 }

@@ -18,7 +18,11 @@ fn a_minimal_file_takes_the_defaults() {
     assert_eq!(c.routing.policy, Policy::CostAware);
     assert_eq!(c.routing.ttft_objective_ms, 2_000);
     assert_eq!(c.retries.max_attempts, 3);
+    assert_eq!(c.reload_interval_ms, 1_000);
     assert_eq!(c.clusters[0].cost.per_token(), (0.1 / 1e6, 0.4 / 1e6));
+    // 0 turns reloading off, as on the gateway.
+    let off = GlobalConfig::from_yaml(&format!("auth: none\nreloadIntervalMs: 0\n{CLUSTER}"));
+    assert_eq!(off.unwrap().reload_interval_ms, 0);
 }
 
 #[test]
@@ -158,6 +162,10 @@ fn bad_values_name_their_field() {
         (
             &format!("heartbeat: {{ slowStartMs: 18446744073709551615 }}\n{CLUSTER}"),
             "heartbeat.slowStartMs: must be at most 604800000",
+        ),
+        (
+            &format!("reloadIntervalMs: 604800001\n{CLUSTER}"),
+            "reloadIntervalMs: must be at most 604800000",
         ),
         (
             &format!("routing: {{ tenantObjectives: {{ team-a: 0 }} }}\n{CLUSTER}"),

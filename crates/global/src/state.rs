@@ -1,0 +1,211 @@
+//! The configuration in force: built at start and by each reload, swapped in whole.
+//!
+//! A reload builds a new [`State`] next to the old one ([`State::build`]) and the front door
+//! swaps it in atomically; a request works on the state it loaded first, so requests already
+//! running finish on the configuration they started with. What a reload keeps:
+//! - a cluster whose entry is unchanged, as long as the settings its state is judged by are
+//!   unchanged too ([`judged_alike`]: `heartbeat:`, `outlierDetection:`, `timeouts.connectMs`):
+//!   its `Arc<Cluster>` (heartbeat and model health, measured TTFT, ejection and run of
+//!   failures), its clients (connection pools) and its poller. Any other cluster starts afresh;
+//! - the authenticator (and its cached keys) when `auth:` is unchanged, the quota service (and
+//!   its counts) when `quotas:` is unchanged — as the gateway does.
+//!
+//! A poller runs while some state holds its cluster: the last state to drop it aborts it, and a
+//! reload aborts those of removed or replaced clusters at once ([`retire`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use infergate_pool::quota::Quotas;
+use infergate_pool::tenant::Tenancy;
+use infergate_proxy::auth::Authenticator;
+use tokio::task::JoinHandle;
+
+use crate::Client;
+use crate::cluster::{self, Cluster};
+use crate::config::GlobalConfig;
+use crate::connect::{self, Connector, SystemRoots};
+use crate::error::{ConfigError, Error};
+use crate::telemetry::Telemetry;
+
+/// What one configuration needs at run time.
+pub(crate) struct State {
+    pub(crate) config: GlobalConfig,
+    pub(crate) clusters: Vec<Arc<Cluster>>,
+    /// Each cluster's client, by index.
+    pub(crate) clients: Vec<Client>,
+    /// Each cluster's place in `routing.regionPreference`, by index: a routing setting, kept
+    /// out of the cluster so that changing the preference keeps the clusters' state.
+    pub(crate) region_ranks: Vec<usize>,
+    /// Each cluster's poller, by index (shared with the states that keep the cluster).
+    pollers: Vec<Arc<Poller>>,
+    pub(crate) auth: Arc<Authenticator>,
+    pub(crate) quotas: Option<Quotas>,
+    pub(crate) tenancy: Tenancy,
+    pub(crate) objective_header: HeaderName,
+}
+
+/// A cluster's poller task, aborted when the last state holding it is dropped.
+struct Poller(JoinHandle<()>);
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Whether a cluster's state, judged under `old`, may be kept under `new`: its heartbeat
+/// health, ejection and poller were made with `heartbeat:` and `outlierDetection:`, and its
+/// connections with `timeouts.connectMs`. A change to any of them rebuilds every cluster rather
+/// than leaving the kept ones half under the old settings (a change there is rare and
+/// deliberate; a few heartbeats bring the clusters back).
+fn judged_alike(old: &GlobalConfig, new: &GlobalConfig) -> bool {
+    old.heartbeat == new.heartbeat
+        && old.outlier_detection == new.outlier_detection
+        && old.timeouts.connect_ms == new.timeouts.connect_ms
+}
+
+impl State {
+    /// Builds the state of `config`, keeping from `previous` what it may (see the module
+    /// documentation). Starts the pollers of the new clusters, once nothing can fail any more.
+    pub(crate) fn build(
+        config: GlobalConfig,
+        previous: Option<&State>,
+        telemetry: &Arc<Telemetry>,
+    ) -> Result<State, Error> {
+        let auth = match previous.filter(|p| p.auth.serves(&config.auth)) {
+            Some(p) => Arc::clone(&p.auth),
+            None => {
+                Arc::new(Authenticator::new(&config.auth).map_err(|e| Error::Auth(Box::new(e)))?)
+            }
+        };
+        let tenancy = Tenancy::new(&config.tenancy).map_err(|e| Error::Config(e.into()))?;
+        let keep = previous.filter(|p| judged_alike(&p.config, &config));
+        let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
+        let mut system_roots = SystemRoots::new();
+        // A kept cluster: (its index in `previous`); a new one: its cluster and poll client.
+        let mut kept = Vec::with_capacity(config.clusters.len());
+        let mut fresh = Vec::new();
+        let mut clusters = Vec::with_capacity(config.clusters.len());
+        let mut clients = Vec::with_capacity(config.clusters.len());
+        for (i, c) in config.clusters.iter().enumerate() {
+            let same = keep.and_then(|p| {
+                p.clusters
+                    .iter()
+                    .position(|old| old.config == *c)
+                    .map(|at| (p, at))
+            });
+            if let Some((p, at)) = same {
+                clusters.push(Arc::clone(&p.clusters[at]));
+                clients.push(p.clients[at].clone());
+                kept.push(Some(Arc::clone(&p.pollers[at])));
+                continue;
+            }
+            let cluster = Arc::new(Cluster::new(&config, i));
+            cluster.load_token()?;
+            let connector = Connector::new(c, connect_timeout, &mut system_roots).map_err(|e| {
+                Error::ClusterTls {
+                    cluster: c.name.clone(),
+                    path: connect::ca_file(c),
+                    source: Box::new(e),
+                }
+            })?;
+            if connect::token_in_plaintext(c) {
+                tracing::warn!(
+                    cluster = %c.name,
+                    url = %c.url,
+                    "credentials.bearerTokenFile is sent to an http:// URL off this machine: the \
+                     token (and every prompt and answer) crosses the network in plaintext; use \
+                     https:// unless the network or a mesh encrypts it"
+                );
+            }
+            let (client, poll_client) = connector.clients();
+            fresh.push((i, poll_client));
+            clusters.push(cluster);
+            clients.push(client);
+            kept.push(None);
+        }
+        let quotas = match (&config.quotas, previous) {
+            (None, _) => None,
+            (Some(spec), Some(p)) if p.config.quotas.as_ref() == Some(spec) => p.quotas.clone(),
+            (Some(spec), _) => {
+                let q = spec
+                    .to_config()
+                    .map_err(|reason| Error::Config(ConfigError::Quotas { reason }))?;
+                Some(Quotas::start_with_registry(q).map_err(|e| Error::Quota(Box::new(e)))?)
+            }
+        };
+        // Nothing fails past this point: the new clusters' pollers start.
+        let hb = &config.heartbeat;
+        for (i, poll_client) in fresh {
+            connect::log_cluster(&config.clusters[i]);
+            kept[i] = Some(Arc::new(Poller(tokio::spawn(cluster::poll(
+                Arc::clone(&clusters[i]),
+                poll_client,
+                (**telemetry).clone(),
+                hb.interval(),
+                hb.discovery_interval(),
+                hb.timeout(),
+            )))));
+        }
+        let pollers = kept.into_iter().flatten().collect();
+        let preference = &config.routing.region_preference;
+        let region_ranks = config
+            .clusters
+            .iter()
+            .map(|c| {
+                preference
+                    .iter()
+                    .position(|r| *r == c.region)
+                    .unwrap_or(preference.len())
+            })
+            .collect();
+        // Validated with the configuration.
+        let objective_header = HeaderName::from_bytes(config.routing.objective_header.as_bytes())
+            .unwrap_or_else(|_| HeaderName::from_static(crate::config::DEFAULT_OBJECTIVE_HEADER));
+        Ok(State {
+            config,
+            clusters,
+            clients,
+            region_ranks,
+            pollers,
+            auth,
+            quotas,
+            tenancy,
+            objective_header,
+        })
+    }
+
+    /// Stops every poller (at shutdown, once the last request has ended).
+    pub(crate) fn stop_polling(&self) {
+        for p in &self.pollers {
+            p.0.abort();
+        }
+    }
+}
+
+/// After `new` replaced `old`: logs what changed, stops the pollers of the clusters `new` no
+/// longer has (a request still holding `old` finishes without them: its clusters' state stops
+/// moving, which a running request does not need) and drops their gauges (a replaced cluster's
+/// come back from its new poller's first tick, a removed one's do not).
+pub(crate) fn retire(old: &State, new: &State, telemetry: &Telemetry) {
+    for (at, c) in old.clusters.iter().enumerate() {
+        if new.clusters.iter().any(|n| Arc::ptr_eq(n, c)) {
+            continue;
+        }
+        old.pollers[at].0.abort();
+        telemetry.forget_gauges(&c.label);
+        let name = &c.config.name;
+        if new.config.clusters.iter().any(|n| n.name == *name) {
+            tracing::info!(cluster = %name, "cluster changed by the reload: its state starts afresh");
+        } else {
+            tracing::info!(cluster = %name, "cluster removed by the reload");
+        }
+    }
+    for c in &new.clusters {
+        if !old.config.clusters.iter().any(|o| o.name == c.config.name) {
+            tracing::info!(cluster = %c.config.name, "cluster added by the reload");
+        }
+    }
+}

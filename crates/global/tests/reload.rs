@@ -1,0 +1,337 @@
+//! Reloading the router's file while it serves (`Handle::reload_file`, `Handle::watch_file`),
+//! with scripted clusters behind good heartbeats on 127.0.0.1: clusters added and removed,
+//! a stream through a removed cluster finishing, a bad file refused, and an unchanged cluster
+//! keeping its state (its ejection) across a reload of another part of the file.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "common/clusters.rs"]
+mod clusters;
+#[path = "common/scripted.rs"]
+mod scripted;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use clusters::counter;
+use infergate_global::{GlobalConfig, Router};
+use infergate_testkit::Response;
+use scripted::{HeldStream, Scripted, counted_heartbeat, finish_stream, heartbeat, open_stream};
+use tokio::time::Instant;
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// The file's top (everything but `clusters:`): heartbeats every 50 ms, no slow start, the file
+/// polled every 50 ms, ejection after 3 gateway failures for a minute.
+const TOP: &str = "auth: none\nreloadIntervalMs: 50\nheartbeat: { intervalMs: 50, staleAfterMs: 2000, slowStartMs: 0 }\noutlierDetection: { consecutiveGatewayFailures: 3, baseEjectionMs: 60000, maxEjectionMs: 60000, maxEjectionPercent: 100 }\n";
+
+/// A cluster entry serving `m` at `url`, its heartbeat on `beat`, priced `cost` per input token.
+fn entry(name: &str, url: SocketAddr, beat: SocketAddr, cost: f64) -> String {
+    format!(
+        "  - {{ name: {name}, url: 'http://{url}', heartbeatUrl: 'http://{beat}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: {cost} }} }}\n"
+    )
+}
+
+fn file(entries: &[String]) -> String {
+    format!("{TOP}clusters:\n{}", entries.concat())
+}
+
+async fn chat(router: &Router) -> Response {
+    infergate_testkit::post(
+        router.http_addr(),
+        "/v1/chat/completions",
+        "application/json",
+        CHAT,
+    )
+    .await
+}
+
+/// Which cluster answered a request (asserting a 200).
+async fn answered_by(router: &Router) -> String {
+    let r = chat(router).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-infergate-cluster").unwrap().to_owned()
+}
+
+async fn page(router: &Router) -> String {
+    infergate_testkit::get(router.admin_addr().unwrap(), "/metrics")
+        .await
+        .text()
+}
+
+async fn reloads(router: &Router, result: &str) -> f64 {
+    counter(
+        &page(router).await,
+        &format!("infergate_global_config_reloads_total{{result=\"{result}\"}}"),
+    )
+}
+
+/// Waits until `cluster` is routed on at full weight.
+async fn until_up(router: &Router, cluster: &str) {
+    let weight = format!("infergate_global_cluster_weight{{cluster=\"{cluster}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(&page(router).await, &weight) != 1.0 {
+        assert!(Instant::now() < deadline, "{cluster} never up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends a request every 20 ms until `cluster` answers one.
+async fn until_answered_by(router: &Router, cluster: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered_by(router).await != cluster {
+        assert!(Instant::now() < deadline, "{cluster} never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The router serving the file `path` holds, with its file watched.
+async fn start(path: &Path) -> (Router, tokio::sync::oneshot::Sender<()>) {
+    let (router, stop) = clusters::router_with(&std::fs::read_to_string(path).unwrap()).await;
+    router
+        .handle()
+        .watch_file(path.to_owned(), std::future::pending());
+    (router, stop)
+}
+
+/// A cluster added to the file is routed to once the file is seen changed (the cheaper one
+/// takes the requests); a cluster removed from it gets no request after, and its heartbeat is
+/// no longer polled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_added_to_the_file_is_routed_to_and_a_removed_one_no_longer() {
+    let (a, b) = (Scripted::start(200).await, Scripted::start(200).await);
+    let (beat_a, polled_a) = counted_heartbeat().await;
+    let beat_b = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("global.yaml");
+    std::fs::write(&path, file(&[entry("a", a.addr, beat_a, 1.0)])).unwrap();
+    let (router, _stop) = start(&path).await;
+    until_answered_by(&router, "a").await;
+    assert_eq!(reloads(&router, "ok").await, 0.0);
+    assert_eq!(reloads(&router, "error").await, 0.0);
+
+    std::fs::write(
+        &path,
+        file(&[
+            entry("a", a.addr, beat_a, 1.0),
+            entry("b", b.addr, beat_b, 0.1),
+        ]),
+    )
+    .unwrap();
+    until_answered_by(&router, "b").await;
+    for _ in 0..5 {
+        assert_eq!(answered_by(&router).await, "b");
+    }
+    assert_eq!(reloads(&router, "ok").await, 1.0);
+
+    // `b` removed: `a` answers again, and nothing reaches `b` any more.
+    std::fs::write(&path, file(&[entry("a", a.addr, beat_a, 1.0)])).unwrap();
+    until_answered_by(&router, "a").await;
+    let b_hits = b.hits();
+    for _ in 0..5 {
+        assert_eq!(answered_by(&router).await, "a");
+    }
+    assert_eq!(b.hits(), b_hits);
+    assert_eq!(reloads(&router, "ok").await, 2.0);
+    // `a` was kept through both reloads: its heartbeat is polled by one poller, not two.
+    let before = polled_a.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let polls = polled_a.load(Ordering::Relaxed) - before;
+    assert!(
+        (1..=13).contains(&polls),
+        "{polls} polls of a in 500 ms (two pollers: about 20)"
+    );
+
+    // `a` removed (replaced by `b`): its poller stops, and its gauges leave the page.
+    std::fs::write(&path, file(&[entry("b", b.addr, beat_b, 0.1)])).unwrap();
+    until_answered_by(&router, "b").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopped_at = polled_a.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        polled_a.load(Ordering::Relaxed),
+        stopped_at,
+        "a removed cluster's heartbeat is still polled"
+    );
+    let text = page(&router).await;
+    assert!(
+        !text.contains("infergate_global_cluster_weight{cluster=\"a\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("infergate_global_cluster_weight{cluster=\"b\"}"),
+        "{text}"
+    );
+}
+
+/// A stream running through a cluster when a reload removes it completes, whole; the requests
+/// after the reload go to the cluster that replaced it and none reaches the removed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_through_a_removed_cluster_completes() {
+    let held = HeldStream::start().await;
+    let (beat, _) = counted_heartbeat().await;
+    let b = Scripted::start(200).await;
+    let beat_b = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("global.yaml");
+    // `held` is the cheaper: the stream goes there.
+    let both = file(&[
+        entry("held", held.addr, beat, 0.1),
+        entry("b", b.addr, beat_b, 1.0),
+    ]);
+    std::fs::write(&path, &both).unwrap();
+    let (router, _stop) = clusters::router_with(&both).await;
+    until_up(&router, "held").await;
+    let (mut client, got) = open_stream(router.http_addr()).await;
+    assert_eq!(held.accepted.load(Ordering::Relaxed), 1);
+
+    std::fs::write(&path, file(&[entry("b", b.addr, beat_b, 1.0)])).unwrap();
+    router.handle().reload_file(&path).unwrap();
+    for _ in 0..5 {
+        assert_eq!(answered_by(&router).await, "b");
+    }
+    assert_eq!(
+        held.accepted.load(Ordering::Relaxed),
+        1,
+        "a request reached the removed cluster"
+    );
+    let _ = held.release.send(());
+    finish_stream(&mut client, got).await;
+}
+
+/// A file that does not validate, or names a CA bundle or a token file that cannot be read, is
+/// refused with the error the start gives, counted, and the running configuration keeps
+/// serving.
+#[tokio::test]
+async fn a_bad_file_is_refused_and_the_running_configuration_stays() {
+    let a = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("global.yaml");
+    let good = file(&[entry("a", a.addr, beat, 1.0)]);
+    let (router, _stop) = clusters::router_with(&good).await;
+    until_answered_by(&router, "a").await;
+    let handle = router.handle();
+    let missing = dir.path().join("missing");
+    let bad_entry = |extra: &str| {
+        format!(
+            "  - {{ name: c, url: 'http{}://127.0.0.1:9', region: r, models: [m], cost: {{ inputPerMillion: 1 }}, {extra} }}\n",
+            if extra.starts_with("tls") { "s" } else { "" }
+        )
+    };
+    let cases = [
+        (
+            format!(
+                "{TOP}retries: {{ maxAttempts: 0 }}\nclusters:\n{}",
+                entry("a", a.addr, beat, 1.0)
+            ),
+            "retries.maxAttempts",
+        ),
+        (
+            file(&[
+                entry("a", a.addr, beat, 1.0),
+                bad_entry(&format!("tls: {{ caFile: '{}' }}", missing.display())),
+            ]),
+            "tls.caFile",
+        ),
+        (
+            file(&[
+                entry("a", a.addr, beat, 1.0),
+                bad_entry(&format!(
+                    "credentials: {{ bearerTokenFile: '{}' }}",
+                    missing.display()
+                )),
+            ]),
+            "credentials.bearerTokenFile",
+        ),
+    ];
+    for (n, (yaml, field)) in cases.iter().enumerate() {
+        std::fs::write(&path, yaml).unwrap();
+        let refused = handle.reload_file(&path).unwrap_err();
+        let said = infergate_pool::ErrorChain(&refused).to_string();
+        assert!(said.contains(field), "{said}");
+        // The start says the same.
+        let at_start = match GlobalConfig::from_yaml(yaml) {
+            Err(e) => infergate_pool::ErrorChain(&e).to_string(),
+            Ok(config) => {
+                let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let listeners = infergate_global::Listeners { http, admin: None };
+                match infergate_global::serve(config, listeners, std::future::pending()).await {
+                    Err(e) => infergate_pool::ErrorChain(&e).to_string(),
+                    Ok(_) => panic!("the start accepted {yaml}"),
+                }
+            }
+        };
+        assert_eq!(said, at_start);
+        assert_eq!(reloads(&router, "error").await, (n + 1) as f64);
+        assert_eq!(reloads(&router, "ok").await, 0.0);
+        for _ in 0..3 {
+            assert_eq!(answered_by(&router).await, "a");
+        }
+    }
+    // Still reloadable afterwards.
+    std::fs::write(&path, &good).unwrap();
+    handle.reload_file(&path).unwrap();
+    assert_eq!(reloads(&router, "ok").await, 1.0);
+}
+
+/// An unchanged cluster keeps its state across a reload of another part of the file: `bad`,
+/// ejected after three 503s, stays ejected (no request reaches it) when the reload changes the
+/// price of `good`. A reload that changes `bad`'s own entry starts it afresh: tried again.
+#[tokio::test]
+async fn an_unchanged_cluster_keeps_its_ejection_across_a_reload() {
+    let bad = Scripted::start(503).await;
+    let good = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("global.yaml");
+    let with = |bad_cost: f64, good_cost: f64| {
+        file(&[
+            entry("bad", bad.addr, beat, bad_cost),
+            entry("good", good.addr, beat, good_cost),
+        ])
+    };
+    let (router, _stop) = clusters::router_with(&with(0.1, 1.0)).await;
+    until_up(&router, "bad").await;
+    until_up(&router, "good").await;
+    // Each request tries the cheaper `bad` first until it is ejected.
+    while bad.hits() < 3 {
+        assert_eq!(answered_by(&router).await, "good");
+    }
+    let ejected = "infergate_global_cluster_ejected{cluster=\"bad\"}";
+    assert_eq!(counter(&page(&router).await, ejected), 1.0);
+    let handle = router.handle();
+
+    std::fs::write(&path, with(0.1, 2.0)).unwrap();
+    handle.reload_file(&path).unwrap();
+    // `good`, changed, starts afresh: drained until its first heartbeat (the ejected `bad`
+    // would be the cheaper last resort meanwhile).
+    until_up(&router, "good").await;
+    for _ in 0..5 {
+        assert_eq!(answered_by(&router).await, "good");
+    }
+    assert_eq!(bad.hits(), 3, "the kept cluster lost its ejection");
+    assert_eq!(counter(&page(&router).await, ejected), 1.0);
+
+    // `bad`'s own entry changed: a fresh cluster, tried first again.
+    std::fs::write(&path, with(0.2, 2.0)).unwrap();
+    handle.reload_file(&path).unwrap();
+    until_bad_tried(&router, &bad).await;
+}
+
+async fn until_bad_tried(router: &Router, bad: &Scripted) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bad.hits() == 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the replaced cluster was never tried"
+        );
+        assert_eq!(answered_by(router).await, "good");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
