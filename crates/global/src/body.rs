@@ -28,6 +28,8 @@ pub enum RouterBody {
 pub struct Observed {
     pub(crate) inner: Incoming,
     pub(crate) cluster: Arc<Cluster>,
+    /// The cluster's price of one input and one output token when the request was routed.
+    pub(crate) price: (f64, f64),
     pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) watch: ResponseWatch,
     pub(crate) sent_at: Instant,
@@ -47,8 +49,12 @@ impl Observed {
             return;
         }
         if let Some(u) = self.watch.usage() {
-            self.cluster
-                .observe_usage(u.prompt_tokens, u.completion_tokens, &self.telemetry);
+            self.cluster.observe_usage(
+                u.prompt_tokens,
+                u.completion_tokens,
+                self.price,
+                &self.telemetry,
+            );
             if let Some(q) = self.quota.take() {
                 q.settle(&u);
             }

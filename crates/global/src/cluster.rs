@@ -93,6 +93,9 @@ impl ClusterState {
 
 /// One configured cluster.
 pub(crate) struct Cluster {
+    /// Its entry as the cluster was built from it. A reload that changes only its `cost` or
+    /// `region` keeps the cluster (`state::same_cluster`), so those two are read from the state
+    /// in force (`State::prices`, `State::region_ranks`), never from here.
     pub(crate) config: ClusterConfig,
     /// `scheme://authority` and the path prefix (without a trailing slash).
     pub(crate) authority: http::uri::Authority,
@@ -100,8 +103,6 @@ pub(crate) struct Cluster {
     pub(crate) scheme: http::uri::Scheme,
     pub(crate) prefix: String,
     pub(crate) heartbeat: Option<Uri>,
-    /// Price of one input and one output token.
-    pub(crate) price: (f64, f64),
     pub(crate) label: ClusterLabel,
     /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`.
     pub(crate) token: Mutex<Option<HeaderValue>>,
@@ -170,7 +171,6 @@ impl Cluster {
             state.served.clone_from(models);
         }
         Cluster {
-            price: c.cost.per_token(),
             label: ClusterLabel {
                 cluster: Arc::from(c.name.as_str()),
             },
@@ -411,9 +411,15 @@ impl Cluster {
         was_up
     }
 
-    /// Tokens served and their cost.
-    pub(crate) fn observe_usage(&self, input: u64, output: u64, telemetry: &Telemetry) {
-        let cost = input as f64 * self.price.0 + output as f64 * self.price.1;
+    /// Tokens served and their cost at `price` (one input and one output token's).
+    pub(crate) fn observe_usage(
+        &self,
+        input: u64,
+        output: u64,
+        price: (f64, f64),
+        telemetry: &Telemetry,
+    ) {
+        let cost = input as f64 * price.0 + output as f64 * price.1;
         let kinds = [("input", input), ("output", output)];
         for (kind, n) in kinds {
             telemetry

@@ -567,7 +567,7 @@ async fn route_request(
                 index,
                 weight,
                 ttft_ms,
-                cost: c.price.0 * prompt + c.price.1 * output,
+                cost: state.prices[index].0 * prompt + state.prices[index].1 * output,
                 region_rank: state.region_ranks[index],
             });
         }
@@ -774,6 +774,7 @@ async fn route_request(
                 let observed = Observed {
                     inner,
                     cluster: Arc::clone(cluster),
+                    price: state.prices[cand.index],
                     telemetry: Arc::clone(&shared.telemetry),
                     watch: ResponseWatch::new(status.as_u16(), sse, MAX_USAGE_BODY),
                     sent_at,

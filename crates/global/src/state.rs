@@ -3,8 +3,10 @@
 //! A reload builds a new [`State`] next to the old one ([`State::build`]) and the front door
 //! swaps it in atomically; a request works on the state it loaded first, so requests already
 //! running finish on the configuration they started with. What a reload keeps:
-//! - a cluster whose entry is unchanged, as long as the settings its state is judged by are
-//!   unchanged too ([`judged_alike`]: `heartbeat:`, `outlierDetection:`, `timeouts.connectMs`):
+//! - a cluster whose entry is unchanged but for its `cost` and `region` ([`same_cluster`]: the
+//!   state's prices and region ranks, which the requests read from the state in force), as long
+//!   as the settings its state is judged by are unchanged too ([`judged_alike`]: `heartbeat:`,
+//!   `outlierDetection:`, `timeouts.connectMs`):
 //!   its `Arc<Cluster>` (heartbeat and model health, measured TTFT, ejection and run of
 //!   failures), its clients (connection pools) and its poller. Any other cluster starts afresh;
 //! - the authenticator (and its cached keys) when `auth:` is unchanged, the quota service (and
@@ -24,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use crate::Client;
 use crate::cluster::{self, Cluster};
-use crate::config::GlobalConfig;
+use crate::config::{ClusterConfig, GlobalConfig};
 use crate::connect::{self, Connector, SystemRoots};
 use crate::error::{ConfigError, Error};
 use crate::telemetry::Telemetry;
@@ -36,8 +38,12 @@ pub(crate) struct State {
     /// Each cluster's client, by index.
     pub(crate) clients: Vec<Client>,
     /// Each cluster's place in `routing.regionPreference`, by index: a routing setting, kept
-    /// out of the cluster so that changing the preference keeps the clusters' state.
+    /// out of the cluster so that changing the preference, or a cluster's region, keeps the
+    /// clusters' state.
     pub(crate) region_ranks: Vec<usize>,
+    /// Each cluster's price of one input and one output token, by index: kept out of the
+    /// cluster so that a new price (a spot rate, a new contract) keeps the cluster's state.
+    pub(crate) prices: Vec<(f64, f64)>,
     /// Each cluster's poller, by index (shared with the states that keep the cluster).
     pollers: Vec<Arc<Poller>>,
     pub(crate) auth: Arc<Authenticator>,
@@ -60,6 +66,27 @@ impl Drop for Poller {
 /// connections with `timeouts.connectMs`. A change to any of them rebuilds every cluster rather
 /// than leaving the kept ones half under the old settings (a change there is rare and
 /// deliberate; a few heartbeats bring the clusters back).
+/// Whether the cluster built from `old` may serve the entry `new`: every field the same but
+/// `cost` and `region`, which the state holds ([`State::prices`], [`State::region_ranks`]).
+fn same_cluster(old: &ClusterConfig, new: &ClusterConfig) -> bool {
+    let ClusterConfig {
+        name,
+        url,
+        heartbeat_url,
+        region: _,
+        cost: _,
+        credentials,
+        models,
+        tls,
+    } = new;
+    old.name == *name
+        && old.url == *url
+        && old.heartbeat_url == *heartbeat_url
+        && old.credentials == *credentials
+        && old.models == *models
+        && old.tls == *tls
+}
+
 fn judged_alike(old: &GlobalConfig, new: &GlobalConfig) -> bool {
     old.heartbeat == new.heartbeat
         && old.outlier_detection == new.outlier_detection
@@ -93,7 +120,7 @@ impl State {
             let same = keep.and_then(|p| {
                 p.clusters
                     .iter()
-                    .position(|old| old.config == *c)
+                    .position(|old| same_cluster(&old.config, c))
                     .map(|at| (p, at))
             });
             if let Some((p, at)) = same {
@@ -161,6 +188,7 @@ impl State {
                     .unwrap_or(preference.len())
             })
             .collect();
+        let prices = config.clusters.iter().map(|c| c.cost.per_token()).collect();
         // Validated with the configuration.
         let objective_header = HeaderName::from_bytes(config.routing.objective_header.as_bytes())
             .unwrap_or_else(|_| HeaderName::from_static(crate::config::DEFAULT_OBJECTIVE_HEADER));
@@ -169,6 +197,7 @@ impl State {
             clusters,
             clients,
             region_ranks,
+            prices,
             pollers,
             auth,
             quotas,

@@ -1,7 +1,7 @@
 //! Reloading the router's file while it serves (`Handle::reload_file`, `Handle::watch_file`),
 //! with scripted clusters behind good heartbeats on 127.0.0.1: clusters added and removed,
-//! a stream through a removed cluster finishing, a bad file refused, and an unchanged cluster
-//! keeping its state (its ejection) across a reload of another part of the file.
+//! a stream through a removed cluster finishing, a bad file refused, and a cluster keeping its
+//! state (its ejection) across a reload of prices.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -280,11 +280,13 @@ async fn a_bad_file_is_refused_and_the_running_configuration_stays() {
     assert_eq!(reloads(&router, "ok").await, 1.0);
 }
 
-/// An unchanged cluster keeps its state across a reload of another part of the file: `bad`,
-/// ejected after three 503s, stays ejected (no request reaches it) when the reload changes the
-/// price of `good`. A reload that changes `bad`'s own entry starts it afresh: tried again.
+/// A cluster keeps its state across a reload that leaves its entry unchanged but for its price:
+/// `bad`, ejected after three 503s, stays ejected (no request reaches it) when the reload
+/// changes `good`'s price and its own, and `good`, repriced, is routed on at once (not drained
+/// until a first heartbeat, as a new cluster is). A reload that changes anything else of `bad`'s
+/// entry (its models) starts it afresh: tried again.
 #[tokio::test]
-async fn an_unchanged_cluster_keeps_its_ejection_across_a_reload() {
+async fn a_cluster_keeps_its_ejection_across_a_reload_of_prices() {
     let bad = Scripted::start(503).await;
     let good = Scripted::start(200).await;
     let beat = heartbeat().await;
@@ -307,19 +309,33 @@ async fn an_unchanged_cluster_keeps_its_ejection_across_a_reload() {
     assert_eq!(counter(&page(&router).await, ejected), 1.0);
     let handle = router.handle();
 
-    std::fs::write(&path, with(0.1, 2.0)).unwrap();
+    std::fs::write(&path, with(0.05, 2.0)).unwrap();
     handle.reload_file(&path).unwrap();
-    // `good`, changed, starts afresh: drained until its first heartbeat (the ejected `bad`
-    // would be the cheaper last resort meanwhile).
-    until_up(&router, "good").await;
+    let good_weight = "infergate_global_cluster_weight{cluster=\"good\"}";
+    assert_eq!(
+        counter(&page(&router).await, good_weight),
+        1.0,
+        "good restarted"
+    );
     for _ in 0..5 {
         assert_eq!(answered_by(&router).await, "good");
     }
-    assert_eq!(bad.hits(), 3, "the kept cluster lost its ejection");
+    assert_eq!(bad.hits(), 3, "the repriced cluster lost its ejection");
     assert_eq!(counter(&page(&router).await, ejected), 1.0);
 
-    // `bad`'s own entry changed: a fresh cluster, tried first again.
-    std::fs::write(&path, with(0.2, 2.0)).unwrap();
+    // `bad`'s models changed: a fresh cluster, tried first again.
+    let changed = with(0.05, 2.0).replace(
+        &format!(
+            "url: 'http://{}', heartbeatUrl: 'http://{beat}/heartbeat', region: r, models: [m]",
+            bad.addr
+        ),
+        &format!(
+            "url: 'http://{}', heartbeatUrl: 'http://{beat}/heartbeat', region: r, models: [m, m2]",
+            bad.addr
+        ),
+    );
+    assert_ne!(changed, with(0.05, 2.0));
+    std::fs::write(&path, changed).unwrap();
     handle.reload_file(&path).unwrap();
     until_bad_tried(&router, &bad).await;
 }
