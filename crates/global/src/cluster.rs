@@ -8,24 +8,33 @@
 //! share; requests that cannot connect count as failed fetches, so a dead gateway under load is
 //! drained on the first refused connections rather than at the next poll.
 //!
+//! Its bearer token and its clients (connector and pools) sit behind atomic swaps, read once per
+//! request without a lock: a rotated `credentials.bearerTokenFile` or `tls.caFile` replaces them
+//! ([`Cluster::check_files`], `crate::rotation`) while everything else about the cluster stays.
+//!
 //! The router's own requests also feed the cluster's outlier detection ([`crate::outlier`]): its
 //! gateway failures in a row are counted on an atomic (no lock on the request path), and the
 //! rare request that completes a run takes the ejection decision ([`eject`]), which reads every
 //! cluster's ejection to hold `outlierDetection.maxEjectionPercent`.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use infergate_pool::heartbeat::Heartbeat;
 
 use crate::config::{ClusterConfig, GlobalConfig};
+use crate::connect::{self, Clients, Connector, SetupError, SystemRoots};
+use crate::error::{Error, TokenError};
 use crate::health::{Health, State};
 use crate::outlier::{self, Consecutive, Ejection};
+use crate::rotation::Seen;
 use crate::telemetry::{ClusterLabel, ClusterReason, Telemetry};
 use crate::{Client, now};
 
@@ -104,8 +113,14 @@ pub(crate) struct Cluster {
     pub(crate) prefix: String,
     pub(crate) heartbeat: Option<Uri>,
     pub(crate) label: ClusterLabel,
-    /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`.
-    pub(crate) token: Mutex<Option<HeaderValue>>,
+    /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`; swapped when
+    /// the file is rotated, loaded once per request.
+    token: ArcSwapOption<HeaderValue>,
+    /// Its connector and clients (the request pool, the poller's); swapped whole when
+    /// `tls.caFile` is rotated, loaded once per request.
+    clients: ArcSwap<Clients>,
+    /// Its credential files as last read, compared at each check: locked by the check alone.
+    files: Mutex<Files>,
     state: Mutex<ClusterState>,
     /// This router's requests sent to the cluster and still without their first token.
     pending: AtomicUsize,
@@ -132,6 +147,13 @@ pub(crate) struct Cluster {
     outlier: outlier::Settings,
 }
 
+/// What a cluster's credential files held at the last read (`None`: it names no such file).
+#[derive(Debug, Default)]
+struct Files {
+    token: Option<Seen>,
+    ca: Option<Seen>,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Settings {
     stale_after: Duration,
@@ -145,7 +167,59 @@ fn lock(m: &Mutex<ClusterState>) -> MutexGuard<'_, ClusterState> {
 }
 
 impl Cluster {
-    pub(crate) fn new(config: &GlobalConfig, index: usize) -> Cluster {
+    /// The cluster at `index` of `config`, its files read now: a bearer token or a CA bundle
+    /// that cannot be used is the error the start stops on (and a reload is refused with), since
+    /// requests would reach the cluster without credentials, or fail every handshake.
+    pub(crate) fn load(
+        config: &GlobalConfig,
+        index: usize,
+        system: &mut SystemRoots,
+    ) -> Result<Cluster, Error> {
+        let c = &config.clusters[index];
+        let mut files = Files::default();
+        let token = match &c.credentials {
+            None => None,
+            Some(credentials) => {
+                let path = &credentials.bearer_token_file;
+                let read = std::fs::read(path);
+                files.token = Some(Seen::new(&read));
+                let token = read
+                    .map_err(TokenError::Read)
+                    .and_then(|bytes| token_header(&bytes))
+                    .map_err(|source| Error::Credentials {
+                        cluster: c.name.clone(),
+                        path: path.clone(),
+                        source,
+                    })?;
+                Some(token)
+            }
+        };
+        // Read before the connector reads it: a bundle rewritten in between differs from what
+        // is recorded here, and the next check loads it again.
+        files.ca = connect::ca_file(c).map(|ca| Seen::new(&std::fs::read(ca)));
+        let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
+        let connector =
+            Connector::new(c, connect_timeout, system).map_err(|e| Error::ClusterTls {
+                cluster: c.name.clone(),
+                path: connect::ca_file(c),
+                source: Box::new(e),
+            })?;
+        Ok(Cluster::new(
+            config,
+            index,
+            token,
+            Clients::new(connector),
+            files,
+        ))
+    }
+
+    fn new(
+        config: &GlobalConfig,
+        index: usize,
+        token: Option<HeaderValue>,
+        clients: Clients,
+        files: Files,
+    ) -> Cluster {
         let c = config.clusters[index].clone();
         // Validated: the URL parses, has an authority and is http or https.
         let uri = crate::config::parse_url(&c.url).unwrap_or_default();
@@ -174,7 +248,9 @@ impl Cluster {
             label: ClusterLabel {
                 cluster: Arc::from(c.name.as_str()),
             },
-            token: Mutex::new(None),
+            token: ArcSwapOption::from_pointee(token),
+            clients: ArcSwap::from_pointee(clients),
+            files: Mutex::new(files),
             config: c,
             authority,
             scheme,
@@ -195,20 +271,94 @@ impl Cluster {
         }
     }
 
-    /// Reads the bearer token file, if one is configured, at start: a token that cannot be
-    /// used stops the start (requests would reach the cluster without credentials).
-    pub(crate) fn load_token(&self) -> Result<(), crate::Error> {
-        let Some(c) = &self.config.credentials else {
-            return Ok(());
-        };
-        let value =
-            token_header(&c.bearer_token_file).map_err(|source| crate::Error::Credentials {
-                cluster: self.config.name.clone(),
-                path: c.bearer_token_file.clone(),
-                source,
-            })?;
-        *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
-        Ok(())
+    /// The `Authorization` value sent to the cluster, if it has a token (one atomic load).
+    pub(crate) fn token(&self) -> Option<HeaderValue> {
+        self.token.load().as_deref().cloned()
+    }
+
+    /// Its clients in force (one atomic load): a request holds them to its end, so a rotated
+    /// CA bundle does not cut it.
+    pub(crate) fn clients(&self) -> Arc<Clients> {
+        self.clients.load_full()
+    }
+
+    /// The values of the `file` label its credential files are counted under
+    /// (`infergate_global_credential_reloads_total`).
+    pub(crate) fn rotated_files(&self) -> Vec<&'static str> {
+        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        [(files.token.is_some(), "token"), (files.ca.is_some(), "ca")]
+            .into_iter()
+            .filter_map(|(named, file)| named.then_some(file))
+            .collect()
+    }
+
+    /// Reads its `credentials.bearerTokenFile` and `tls.caFile` again and applies those that
+    /// changed since the last read (`crate::rotation`): a new token is sent from the next
+    /// request on, over the same pool; a new bundle gives the cluster new clients, whose
+    /// connections it verifies. A file changed into something unusable leaves the last good
+    /// value in force; each change is logged and counted once. Never on the request path.
+    pub(crate) fn check_files(&self, telemetry: &Telemetry) {
+        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        if let (Some(c), Some(seen)) = (&self.config.credentials, files.token.as_mut()) {
+            let path = &c.bearer_token_file;
+            if let Some(read) = seen.changed(std::fs::read(path)) {
+                let loaded = read
+                    .map_err(TokenError::Read)
+                    .and_then(|bytes| token_header(&bytes));
+                let result = loaded.map(|token| self.token.store(Some(Arc::new(token))));
+                self.rotated(
+                    "token",
+                    "credentials.bearerTokenFile",
+                    path,
+                    result,
+                    telemetry,
+                );
+            }
+        }
+        if let (Some(path), Some(seen)) = (self.ca_file(), files.ca.as_mut())
+            && let Some(read) = seen.changed(std::fs::read(path))
+        {
+            let loaded = match read {
+                Err(source) => Err(SetupError::CaFile(infergate_pool::tls::TlsError::Read {
+                    path: path.to_owned(),
+                    source,
+                })),
+                Ok(_) => self.clients.load().with_ca(path),
+            };
+            let result = loaded.map(|clients| self.clients.store(Arc::new(clients)));
+            self.rotated("ca", "tls.caFile", path, result, telemetry);
+        }
+    }
+
+    fn ca_file(&self) -> Option<&Path> {
+        self.config.tls.as_ref().and_then(|t| t.ca_file.as_deref())
+    }
+
+    /// Logs and counts a changed credential file's load.
+    fn rotated<E: std::error::Error + 'static>(
+        &self,
+        file: &'static str,
+        field: &str,
+        path: &Path,
+        result: Result<(), E>,
+        telemetry: &Telemetry,
+    ) {
+        let name = &self.config.name;
+        match &result {
+            Ok(()) => tracing::info!(
+                cluster = %name,
+                file = %path.display(),
+                "{field} changed: in force from the next request, the cluster's state kept"
+            ),
+            Err(e) => tracing::warn!(
+                cluster = %name,
+                file = %path.display(),
+                error = %infergate_pool::ErrorChain(e),
+                "{field} changed but cannot be used; the last good one stays in force (logged \
+                 again at its next change)"
+            ),
+        }
+        telemetry.credential_reloaded(&self.label, file, result.is_ok());
     }
 
     /// The upstream URI for a request path (and query).
@@ -219,23 +369,6 @@ impl Cluster {
             .path_and_query(format!("{}{}", self.prefix, path_and_query))
             .build()
             .ok()
-    }
-
-    /// Re-reads the bearer token file (the last good token is kept on an error: a file being
-    /// rewritten).
-    fn read_token(&self) {
-        let Some(c) = &self.config.credentials else {
-            return;
-        };
-        match token_header(&c.bearer_token_file) {
-            Ok(v) => *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(v),
-            Err(e) => tracing::warn!(
-                cluster = %self.config.name,
-                file = %c.bearer_token_file.display(),
-                error = %infergate_pool::ErrorChain(&e),
-                "cannot use the bearer token file; the last good token is kept"
-            ),
-        }
     }
 
     fn new_health(&self) -> Health {
@@ -673,15 +806,17 @@ fn since(epoch: Instant, at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// `Authorization: Bearer <the file's content, trimmed>`, marked sensitive (kept out of logs).
-fn token_header(path: &std::path::Path) -> Result<HeaderValue, crate::TokenError> {
-    let text = std::fs::read_to_string(path).map_err(crate::TokenError::Read)?;
+/// `Authorization: Bearer <a token file's content, trimmed>`, marked sensitive (kept out of
+/// logs).
+fn token_header(bytes: &[u8]) -> Result<HeaderValue, TokenError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| TokenError::Read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     let token = text.trim();
     if token.is_empty() {
-        return Err(crate::TokenError::Empty);
+        return Err(TokenError::Empty);
     }
-    let mut v = HeaderValue::try_from(format!("Bearer {token}"))
-        .map_err(|_| crate::TokenError::NotAHeader)?;
+    let mut v =
+        HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| TokenError::NotAHeader)?;
     v.set_sensitive(true);
     Ok(v)
 }
@@ -764,10 +899,9 @@ pub(crate) fn model_ids(body: &[u8]) -> Option<Vec<String>> {
     Some(list.data.into_iter().map(|e| e.id).collect())
 }
 
-/// Polls `cluster` until the task is aborted.
+/// Polls `cluster` until the task is aborted, with its clients and token in force at each tick.
 pub(crate) async fn poll(
     cluster: Arc<Cluster>,
-    client: Client,
     telemetry: Telemetry,
     interval: Duration,
     discovery: Duration,
@@ -783,14 +917,8 @@ pub(crate) async fn poll(
         tick.tick().await;
         let discover = cluster.config.models.is_none()
             && (cluster.heartbeat.is_none() || tokio::time::Instant::now() >= next_discovery);
-        if discover {
-            cluster.read_token();
-        }
-        let token = cluster
-            .token
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let client = cluster.clients().poll.clone();
+        let token = cluster.token();
         if discover {
             next_discovery = tokio::time::Instant::now() + discovery;
             if let Some(uri) = models_uri.clone() {

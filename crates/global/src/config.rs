@@ -98,8 +98,9 @@ pub struct GlobalConfig {
     /// Seed of the slow-start sampling.
     #[serde(default)]
     pub seed: u64,
-    /// How often the file is checked for changes, ms (default 1,000, the gateway's); 0 turns
-    /// reloading off.
+    /// How often the file, and the clusters' token files and CA bundles, are checked for
+    /// changes, ms (default 1,000, the gateway's); 0 turns reloading the file off (the clusters'
+    /// files are then checked every second).
     #[serde(default = "default_reload_ms")]
     pub reload_interval_ms: u64,
     /// Global per-tenant rate limits, shared across router replicas through Redis
@@ -369,7 +370,8 @@ pub struct ClusterConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ClusterTls {
-    /// PEM CA bundle the cluster's certificates must chain to, instead of the system roots.
+    /// PEM CA bundle the cluster's certificates must chain to, instead of the system roots
+    /// (re-read on change).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
     /// The name the cluster's certificates must carry (DNS name or IP address), when the URL's

@@ -2,9 +2,11 @@
 //! URL, a TLS handshake bounded by the same limit, ALPN `http/1.1`.
 //!
 //! Each cluster has its own [`Connector`] (its own trust roots and server name) and so its own
-//! clients and connection pools. The certificate is verified against the system roots, or only
-//! against the cluster's `tls.caFile` when it has one (as the gateway's `models[].tls` does), and
-//! must carry the URL's host, or `tls.serverName`.
+//! clients and connection pools ([`Clients`]). The certificate is verified against the system
+//! roots, or only against the cluster's `tls.caFile` when it has one (as the gateway's
+//! `models[].tls` does), and must carry the URL's host, or `tls.serverName`. A `tls.caFile`
+//! rotated on disk gives the cluster new [`Clients`] ([`Clients::with_ca`]): a connection
+//! verified under the old bundle serves no new request.
 //!
 //! A handshake that fails (an unknown CA, a wrong name, a plaintext server) or does not finish
 //! in time is a connect failure of the cluster, as a refused TCP connection is: the request
@@ -12,7 +14,7 @@
 
 use std::future::Future;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -150,6 +152,14 @@ impl Connector {
         })
     }
 
+    /// This connector, its trust roots read again from `ca` (a rotated `tls.caFile`).
+    fn with_ca(&self, ca: &Path) -> Result<Connector, SetupError> {
+        Ok(Connector {
+            tls: Arc::clone(infergate_pool::tls::client_tls(ca, None)?.config()),
+            ..self.clone()
+        })
+    }
+
     /// The cluster's clients: for requests (pooled keep-alive connections), and for its
     /// heartbeat and `/v1/models` fetches.
     pub(crate) fn clients(self) -> (Client, Client) {
@@ -163,6 +173,35 @@ impl Connector {
             .pool_max_idle_per_host(0)
             .build(self);
         (client, poll)
+    }
+}
+
+/// A cluster's connector and the clients built on it, replaced together when its `tls.caFile`
+/// is rotated (each client owns its connection pool: new clients, no connection made under the
+/// old bundle).
+pub(crate) struct Clients {
+    /// Requests: pooled keep-alive connections.
+    pub(crate) request: Client,
+    /// Heartbeat and `/v1/models` fetches: a new connection each time.
+    pub(crate) poll: Client,
+    connector: Connector,
+}
+
+impl Clients {
+    /// The clients of `connector`.
+    pub(crate) fn new(connector: Connector) -> Clients {
+        let (request, poll) = connector.clone().clients();
+        Clients {
+            request,
+            poll,
+            connector,
+        }
+    }
+
+    /// New clients, with empty pools, whose connections are verified against the bundle in
+    /// `ca` (read now); the other settings (timeouts, server name) stay.
+    pub(crate) fn with_ca(&self, ca: &Path) -> Result<Clients, SetupError> {
+        Ok(Clients::new(self.connector.with_ca(ca)?))
     }
 }
 

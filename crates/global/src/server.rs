@@ -36,6 +36,7 @@ use crate::connect::{self, Failure};
 use crate::error::Error;
 use crate::now;
 use crate::outlier::{self, Verdict};
+use crate::rotation;
 use crate::route::{self, Candidate, MAX_CLUSTERS};
 use crate::state::State;
 use crate::telemetry::{ClusterCode, ClusterReason, ReasonLabel, Telemetry};
@@ -269,6 +270,7 @@ pub async fn serve(
             },
         ))
     });
+    let files = tokio::spawn(check_files(Arc::clone(&shared)));
     let accept = accept_loop(Arc::clone(&shared), listeners.http, tls, stop_rx);
     let handle = Handle {
         shared: Arc::clone(&shared),
@@ -281,6 +283,7 @@ pub async fn serve(
         // Returns once every connection has ended: running answers, streams included, finish.
         // The heartbeats keep being polled meanwhile, so the retries still fail over.
         let _ = accepting.await;
+        files.abort();
         shared.state.load().stop_polling();
         if let Some(a) = admin {
             let _ = a.await;
@@ -292,6 +295,20 @@ pub async fn serve(
         handle,
         task,
     })
+}
+
+/// Reads the clusters' credential files every `reloadIntervalMs` of the configuration in force
+/// (`rotation::check_interval`) and applies those that changed (`Cluster::check_files`), until
+/// aborted at shutdown, once the last request has ended.
+async fn check_files(shared: Arc<Shared>) {
+    loop {
+        let every = rotation::check_interval(shared.state.load().config.reload_interval_ms);
+        tokio::time::sleep(every).await;
+        let state = shared.state.load_full();
+        for cluster in &state.clusters {
+            cluster.check_files(&shared.telemetry);
+        }
+    }
 }
 
 async fn accept_loop(
@@ -631,11 +648,7 @@ async fn route_request(
         }
         strip_hop_by_hop(h);
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let token = cluster
-            .token
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let token = cluster.token();
         // The credentials the cluster sees are the router's own (its token, or none because
         // the client's are not forwarded): a 401 or 403 then concerns the router, not the client.
         let own_credentials = token.is_some() || state.auth.is_enabled();
@@ -668,7 +681,9 @@ async fn route_request(
                 })
                 .inc();
         };
-        match tokio::time::timeout(first_byte, state.clients[cand.index].request(up)).await {
+        // The clients in force now (a rotated CA bundle's, if one was just swapped in).
+        let clients = cluster.clients();
+        match tokio::time::timeout(first_byte, clients.request.request(up)).await {
             Err(_) => {
                 gateway_failure(cluster.observe_timeout(first_byte, &shared.telemetry));
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");

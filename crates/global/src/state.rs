@@ -8,15 +8,18 @@
 //!   as the settings its state is judged by are unchanged too ([`judged_alike`]: `heartbeat:`,
 //!   `outlierDetection:`, `timeouts.connectMs`):
 //!   its `Arc<Cluster>` (heartbeat and model health, measured TTFT, ejection and run of
-//!   failures), its clients (connection pools) and its poller. Any other cluster starts afresh;
+//!   failures, its clients and connection pools, its token) and its poller. Any other cluster
+//!   starts afresh, its files read as at start;
 //! - the authenticator (and its cached keys) when `auth:` is unchanged, the quota service (and
 //!   its counts) when `quotas:` is unchanged — as the gateway does.
+//!
+//! A cluster's files rotated on disk under an unchanged entry are not a reload's business: the
+//! cluster itself swaps in the new token or CA bundle (`crate::rotation`).
 //!
 //! A poller runs while some state holds its cluster: the last state to drop it aborts it, and a
 //! reload aborts those of removed or replaced clusters at once ([`retire`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::HeaderName;
 use infergate_pool::quota::Quotas;
@@ -24,10 +27,9 @@ use infergate_pool::tenant::Tenancy;
 use infergate_proxy::auth::Authenticator;
 use tokio::task::JoinHandle;
 
-use crate::Client;
 use crate::cluster::{self, Cluster};
 use crate::config::{ClusterConfig, GlobalConfig};
-use crate::connect::{self, Connector, SystemRoots};
+use crate::connect::{self, SystemRoots};
 use crate::error::{ConfigError, Error};
 use crate::telemetry::Telemetry;
 
@@ -35,8 +37,6 @@ use crate::telemetry::Telemetry;
 pub(crate) struct State {
     pub(crate) config: GlobalConfig,
     pub(crate) clusters: Vec<Arc<Cluster>>,
-    /// Each cluster's client, by index.
-    pub(crate) clients: Vec<Client>,
     /// Each cluster's place in `routing.regionPreference`, by index: a routing setting, kept
     /// out of the cluster so that changing the preference, or a cluster's region, keeps the
     /// clusters' state.
@@ -61,13 +61,9 @@ impl Drop for Poller {
     }
 }
 
-/// Whether a cluster's state, judged under `old`, may be kept under `new`: its heartbeat
-/// health, ejection and poller were made with `heartbeat:` and `outlierDetection:`, and its
-/// connections with `timeouts.connectMs`. A change to any of them rebuilds every cluster rather
-/// than leaving the kept ones half under the old settings (a change there is rare and
-/// deliberate; a few heartbeats bring the clusters back).
 /// Whether the cluster built from `old` may serve the entry `new`: every field the same but
 /// `cost` and `region`, which the state holds ([`State::prices`], [`State::region_ranks`]).
+/// (The files it names may have changed on disk: the cluster follows them itself.)
 fn same_cluster(old: &ClusterConfig, new: &ClusterConfig) -> bool {
     let ClusterConfig {
         name,
@@ -87,6 +83,11 @@ fn same_cluster(old: &ClusterConfig, new: &ClusterConfig) -> bool {
         && old.tls == *tls
 }
 
+/// Whether a cluster's state, judged under `old`, may be kept under `new`: its heartbeat
+/// health, ejection and poller were made with `heartbeat:` and `outlierDetection:`, and its
+/// connections with `timeouts.connectMs`. A change to any of them rebuilds every cluster rather
+/// than leaving the kept ones half under the old settings (a change there is rare and
+/// deliberate; a few heartbeats bring the clusters back).
 fn judged_alike(old: &GlobalConfig, new: &GlobalConfig) -> bool {
     old.heartbeat == new.heartbeat
         && old.outlier_detection == new.outlier_detection
@@ -109,13 +110,11 @@ impl State {
         };
         let tenancy = Tenancy::new(&config.tenancy).map_err(|e| Error::Config(e.into()))?;
         let keep = previous.filter(|p| judged_alike(&p.config, &config));
-        let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
         let mut system_roots = SystemRoots::new();
-        // A kept cluster: (its index in `previous`); a new one: its cluster and poll client.
+        // A kept cluster's poller; the indices of the new clusters.
         let mut kept = Vec::with_capacity(config.clusters.len());
         let mut fresh = Vec::new();
         let mut clusters = Vec::with_capacity(config.clusters.len());
-        let mut clients = Vec::with_capacity(config.clusters.len());
         for (i, c) in config.clusters.iter().enumerate() {
             let same = keep.and_then(|p| {
                 p.clusters
@@ -125,19 +124,10 @@ impl State {
             });
             if let Some((p, at)) = same {
                 clusters.push(Arc::clone(&p.clusters[at]));
-                clients.push(p.clients[at].clone());
                 kept.push(Some(Arc::clone(&p.pollers[at])));
                 continue;
             }
-            let cluster = Arc::new(Cluster::new(&config, i));
-            cluster.load_token()?;
-            let connector = Connector::new(c, connect_timeout, &mut system_roots).map_err(|e| {
-                Error::ClusterTls {
-                    cluster: c.name.clone(),
-                    path: connect::ca_file(c),
-                    source: Box::new(e),
-                }
-            })?;
+            let cluster = Arc::new(Cluster::load(&config, i, &mut system_roots)?);
             if connect::token_in_plaintext(c) {
                 tracing::warn!(
                     cluster = %c.name,
@@ -147,10 +137,8 @@ impl State {
                      https:// unless the network or a mesh encrypts it"
                 );
             }
-            let (client, poll_client) = connector.clients();
-            fresh.push((i, poll_client));
+            fresh.push(i);
             clusters.push(cluster);
-            clients.push(client);
             kept.push(None);
         }
         let quotas = match (&config.quotas, previous) {
@@ -165,11 +153,11 @@ impl State {
         };
         // Nothing fails past this point: the new clusters' pollers start.
         let hb = &config.heartbeat;
-        for (i, poll_client) in fresh {
+        for i in fresh {
             connect::log_cluster(&config.clusters[i]);
+            telemetry.credential_files(&clusters[i].label, &clusters[i].rotated_files());
             kept[i] = Some(Arc::new(Poller(tokio::spawn(cluster::poll(
                 Arc::clone(&clusters[i]),
-                poll_client,
                 (**telemetry).clone(),
                 hb.interval(),
                 hb.discovery_interval(),
@@ -195,7 +183,6 @@ impl State {
         Ok(State {
             config,
             clusters,
-            clients,
             region_ranks,
             prices,
             pollers,

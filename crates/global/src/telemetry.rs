@@ -43,6 +43,14 @@ pub(crate) struct ClusterKind {
     pub(crate) kind: &'static str,
 }
 
+/// `cluster`, `file` (`token`, `ca`), `result` (`ok`, `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterFileResult {
+    pub(crate) cluster: Arc<str>,
+    pub(crate) file: &'static str,
+    pub(crate) result: &'static str,
+}
+
 /// `reason` (an `ApiError` metric label).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ReasonLabel {
@@ -70,6 +78,7 @@ pub(crate) struct Telemetry {
     pub(crate) ejections_held_back: Family<ClusterLabel, Counter>,
     pub(crate) ejected: Family<ClusterLabel, Gauge>,
     pub(crate) reloads: Family<ResultLabel, Counter>,
+    pub(crate) credential_reloads: Family<ClusterFileResult, Counter>,
 }
 
 /// `result` of a configuration reload (`ok`, `error`).
@@ -103,6 +112,7 @@ impl Telemetry {
             ejections_held_back: Family::default(),
             ejected: Family::default(),
             reloads: Family::default(),
+            credential_reloads: Family::default(),
         };
         // Both results exported from the start, at 0 (an alert on errors has a series to read).
         for result in ["ok", "error"] {
@@ -112,6 +122,11 @@ impl Telemetry {
             "infergate_global_config_reloads",
             "Configuration reloads, by result (ok, error)",
             t.reloads.clone(),
+        );
+        r.register(
+            "infergate_global_credential_reloads",
+            "Loads of a cluster's credential file after it changed on disk, by file (token: credentials.bearerTokenFile, ca: tls.caFile) and result (ok; error: unusable, the last good one stays in force)",
+            t.credential_reloads.clone(),
         );
         r.register(
             "infergate_global_decisions",
@@ -219,6 +234,31 @@ impl Telemetry {
     pub(crate) fn reloaded(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.reloads.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Exports a cluster's credential reload series at 0 (an alert on errors has a series to
+    /// read before the first rotation).
+    pub(crate) fn credential_files(&self, label: &ClusterLabel, files: &[&'static str]) {
+        for &file in files {
+            for result in ["ok", "error"] {
+                let _ = self.credential_reloads.get_or_create(&ClusterFileResult {
+                    cluster: Arc::clone(&label.cluster),
+                    file,
+                    result,
+                });
+            }
+        }
+    }
+
+    /// Counts a load of a cluster's changed credential `file` (`token`, `ca`).
+    pub(crate) fn credential_reloaded(&self, label: &ClusterLabel, file: &'static str, ok: bool) {
+        self.credential_reloads
+            .get_or_create(&ClusterFileResult {
+                cluster: Arc::clone(&label.cluster),
+                file,
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
     }
 
     /// Drops the gauges of a cluster a reload removed or replaced: a stale weight or ejection

@@ -2,9 +2,10 @@ use super::*;
 
 use std::sync::Mutex;
 
+/// The first cluster of `yaml`, its files read.
 fn cluster(yaml: &str) -> Cluster {
     let config = GlobalConfig::from_yaml(yaml).expect("valid configuration");
-    Cluster::new(&config, 0)
+    Cluster::load(&config, 0, &mut crate::connect::SystemRoots::new()).expect("usable files")
 }
 
 #[test]
@@ -52,7 +53,10 @@ fn fleet(outlier: &str) -> (Vec<Arc<Cluster>>, Telemetry) {
     let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
     let clusters: Vec<Arc<Cluster>> = (0..3)
         .map(|i| {
-            let c = Arc::new(Cluster::new(&config, i));
+            let c = Arc::new(
+                Cluster::load(&config, i, &mut crate::connect::SystemRoots::new())
+                    .expect("no files to read"),
+            );
             let models = c.served();
             c.apply_models_as_heartbeat(&models, Duration::from_millis(1), now());
             c.tick(now(), &telemetry);
@@ -166,4 +170,88 @@ fn failures_of_a_drained_or_ejected_cluster_start_no_run() {
         assert!(!c.observe_gateway_failure(true));
     }
     assert_eq!(c.consecutive.get(), 0);
+}
+
+fn reloads(telemetry: &Telemetry, file: &'static str, result: &'static str) -> u64 {
+    telemetry
+        .credential_reloads
+        .get_or_create(&crate::telemetry::ClusterFileResult {
+            cluster: "a".into(),
+            file,
+            result,
+        })
+        .get()
+}
+
+/// A token file rewritten is swapped in at the next check; one made unusable keeps the last good
+/// token, and is counted once however many checks find it so.
+#[test]
+fn a_changed_token_file_is_swapped_in_and_an_unusable_one_keeps_the_last() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "one\n").expect("write the token");
+    let c = cluster(&format!(
+        "auth: none\nclusters:\n  - {{ name: a, url: 'http://127.0.0.1:1', region: r, \
+         cost: {{ inputPerMillion: 1 }}, models: [m], credentials: {{ bearerTokenFile: '{}' }} }}\n",
+        token.display()
+    ));
+    let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
+    let sent = |c: &Cluster| c.token().map(|v| v.to_str().unwrap_or_default().to_owned());
+    assert_eq!(sent(&c).as_deref(), Some("Bearer one"));
+    c.check_files(&telemetry);
+    assert_eq!(
+        reloads(&telemetry, "token", "ok"),
+        0,
+        "an unchanged file is no reload"
+    );
+
+    std::fs::write(&token, "two").expect("write the token");
+    c.check_files(&telemetry);
+    assert_eq!(sent(&c).as_deref(), Some("Bearer two"));
+    assert_eq!(reloads(&telemetry, "token", "ok"), 1);
+
+    std::fs::write(&token, "  \n").expect("write the token");
+    for _ in 0..3 {
+        c.check_files(&telemetry);
+    }
+    assert_eq!(sent(&c).as_deref(), Some("Bearer two"));
+    assert_eq!(reloads(&telemetry, "token", "error"), 1);
+    assert_eq!(c.rotated_files(), ["token"]);
+}
+
+/// A CA bundle rewritten gives the cluster new clients (new pools); the same bundle, or one
+/// without a certificate, keeps those in force.
+#[test]
+fn a_changed_ca_bundle_gives_new_clients() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (one, two) = (
+        infergate_testkit::tls::TestCa::new("one"),
+        infergate_testkit::tls::TestCa::new("two"),
+    );
+    let bundle = dir.path().join("ca.pem");
+    std::fs::write(&bundle, one.cert_pem()).expect("write the bundle");
+    let c = cluster(&format!(
+        "auth: none\nclusters:\n  - {{ name: a, url: 'https://127.0.0.1:1', region: r, \
+         cost: {{ inputPerMillion: 1 }}, models: [m], tls: {{ caFile: '{}' }} }}\n",
+        bundle.display()
+    ));
+    let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
+    let first = c.clients();
+    c.check_files(&telemetry);
+    assert!(Arc::ptr_eq(&first, &c.clients()), "an unchanged bundle");
+
+    std::fs::write(&bundle, two.cert_pem()).expect("write the bundle");
+    c.check_files(&telemetry);
+    let second = c.clients();
+    assert!(!Arc::ptr_eq(&first, &second), "the bundle changed");
+    assert_eq!(reloads(&telemetry, "ca", "ok"), 1);
+
+    std::fs::write(&bundle, "no certificate\n").expect("write the bundle");
+    c.check_files(&telemetry);
+    assert!(
+        Arc::ptr_eq(&second, &c.clients()),
+        "a bundle without a certificate"
+    );
+    assert_eq!(reloads(&telemetry, "ca", "error"), 1);
+    assert_eq!(c.rotated_files(), ["ca"]);
 }
