@@ -351,3 +351,187 @@ async fn until_bad_tried(router: &Router, bad: &Scripted) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The file's top with ejections of `ms`, and `entries`.
+fn file_ejecting_for(ms: u64, entries: &[String]) -> String {
+    file(entries).replace(
+        "baseEjectionMs: 60000, maxEjectionMs: 60000",
+        &format!("baseEjectionMs: {ms}, maxEjectionMs: {ms}"),
+    )
+}
+
+/// [`entry`] with `credentials.bearerTokenFile: token`.
+fn entry_with_token(
+    name: &str,
+    url: SocketAddr,
+    beat: SocketAddr,
+    cost: f64,
+    token: &Path,
+) -> String {
+    let e = entry(name, url, beat, cost);
+    let credentials = format!(
+        ", credentials: {{ bearerTokenFile: '{}' }} }}\n",
+        token.display()
+    );
+    e.strip_suffix(" }\n").unwrap().to_owned() + &credentials
+}
+
+async fn credential_reloads(router: &Router, cluster: &str, file: &str, result: &str) -> f64 {
+    counter(
+        &page(router).await,
+        &format!(
+            "infergate_global_credential_reloads_total{{cluster=\"{cluster}\",file=\"{file}\",result=\"{result}\"}}"
+        ),
+    )
+}
+
+/// Waits until the router has counted `n` loads of `cluster`'s `file` with `result`.
+async fn until_credential_reloads(
+    router: &Router,
+    cluster: &str,
+    file: &str,
+    result: &str,
+    n: f64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while credential_reloads(router, cluster, file, result).await != n {
+        assert!(
+            Instant::now() < deadline,
+            "{cluster}'s {file} never counted {n} {result} (the file's change was not seen)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A cluster's token file rewritten in place, the configuration file unchanged: the router sends
+/// the new token from then on, and the cluster is the same one — its ejection (three 503s,
+/// five seconds) outlives the rotation, and once it ends the cluster, which now accepts only the
+/// new token, answers. `models:` is configured, so no model discovery reads the file either.
+#[tokio::test]
+async fn a_rotated_token_is_sent_and_the_cluster_keeps_its_ejection() {
+    let tok = Scripted::start(503).await;
+    let spare = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "old-token\n").unwrap();
+    tok.require_token("old-token");
+    let yaml = file_ejecting_for(
+        5000,
+        &[
+            entry_with_token("tok", tok.addr, beat, 0.1, &token),
+            entry("spare", spare.addr, beat, 1.0),
+        ],
+    );
+    let (router, _stop) = clusters::router_with(&yaml).await;
+    until_up(&router, "tok").await;
+    until_up(&router, "spare").await;
+    assert_eq!(credential_reloads(&router, "tok", "token", "ok").await, 0.0);
+    // The cheaper `tok` takes the old token and fails at its gateway until it is ejected.
+    while tok.hits() < 3 {
+        assert_eq!(answered_by(&router).await, "spare");
+    }
+    let ejected = "infergate_global_cluster_ejected{cluster=\"tok\"}";
+    assert_eq!(counter(&page(&router).await, ejected), 1.0);
+
+    tok.require_token("new-token");
+    tok.set(200);
+    std::fs::write(&token, "new-token\n").unwrap();
+    until_credential_reloads(&router, "tok", "token", "ok", 1.0).await;
+    // Still ejected: not a cluster started afresh.
+    assert_eq!(counter(&page(&router).await, ejected), 1.0, "tok restarted");
+    assert_eq!(answered_by(&router).await, "spare");
+    assert_eq!(tok.hits(), 3, "an ejected cluster was tried");
+    assert_eq!(reloads(&router, "ok").await, 0.0);
+
+    // Readmitted after its ejection: only the new token gets through.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while answered_by(&router).await != "tok" {
+        assert!(
+            Instant::now() < deadline,
+            "tok never answered (a 401 to the old token fails over)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let page = page(&router).await;
+    assert_eq!(
+        counter(
+            &page,
+            "infergate_global_failovers_total{cluster=\"tok\",reason=\"credentials\"}"
+        ),
+        0.0,
+        "the old token was sent after the rotation: {page}"
+    );
+}
+
+/// A token file that becomes unusable — empty, a character a header cannot carry, gone — keeps
+/// the last good token in force: requests still reach the cluster with it. Each change is
+/// warned of once, naming the cluster and the file, and counted; a good token then written is
+/// in force at once.
+#[tokio::test]
+async fn an_unusable_token_file_keeps_the_last_good_token() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let tok = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "good-token").unwrap();
+    tok.require_token("good-token");
+    let yaml = file(&[entry_with_token("tok", tok.addr, beat, 1.0, &token)]);
+    let (router, _stop) = clusters::router_with(&yaml).await;
+    until_answered_by(&router, "tok").await;
+    assert_eq!(
+        credential_reloads(&router, "tok", "token", "error").await,
+        0.0
+    );
+
+    let warnings = || {
+        out.text()
+            .lines()
+            .filter(|l| {
+                l.contains("WARN") && l.contains("bearerTokenFile changed but cannot be used")
+            })
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // What the warning says, and how the file is spoilt.
+    type Spoil = fn(&Path);
+    let unusable: [(&str, Spoil); 3] = [
+        ("empty", |p| std::fs::write(p, "\n").unwrap()),
+        ("HTTP header cannot carry", |p| {
+            std::fs::write(p, "bad\u{1}token").unwrap();
+        }),
+        ("cannot read it", |p| std::fs::remove_file(p).unwrap()),
+    ];
+    for (n, (why, spoil)) in unusable.iter().enumerate() {
+        spoil(&token);
+        until_credential_reloads(&router, "tok", "token", "error", (n + 1) as f64).await;
+        // A few checks later: the same bad file is neither warned of nor counted again.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            credential_reloads(&router, "tok", "token", "error").await,
+            (n + 1) as f64
+        );
+        for _ in 0..3 {
+            assert_eq!(answered_by(&router).await, "tok");
+        }
+        let said = warnings();
+        assert_eq!(said.len(), n + 1, "{said:#?}");
+        let last = &said[n];
+        assert!(
+            last.contains("tok")
+                && last.contains(&token.display().to_string())
+                && last.contains(why),
+            "{last}"
+        );
+    }
+    assert_eq!(credential_reloads(&router, "tok", "token", "ok").await, 0.0);
+
+    std::fs::write(&token, "next-token").unwrap();
+    tok.require_token("next-token");
+    until_credential_reloads(&router, "tok", "token", "ok", 1.0).await;
+    for _ in 0..3 {
+        assert_eq!(answered_by(&router).await, "tok");
+    }
+}

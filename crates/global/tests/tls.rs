@@ -230,3 +230,120 @@ async fn an_unusable_ca_file_stops_the_start() {
         );
     }
 }
+
+/// A `tls.caFile` rewritten in place, the configuration file unchanged: the cluster's gateway
+/// comes back with a certificate reissued by a new private CA, which the old bundle does not
+/// verify (502, `UnknownIssuer`); once the bundle holds the new CA the requests succeed again,
+/// without a restart. A bundle that holds no certificate keeps the last good one. And the
+/// connections made under a bundle are not reused once it is replaced: back to the old CA, the
+/// next request's handshake is verified against it, and fails, though a kept-alive connection
+/// verified under the new one was there to take it.
+#[tokio::test]
+async fn a_rotated_ca_bundle_is_trusted_without_a_restart() {
+    // Captured here too, not only to read: tracing caches each log line's interest across
+    // threads, and this test hitting the TLS failure warning with no subscriber of its own, while
+    // `an_untrusted_certificate_fails_over_and_says_tls` captures it, was seen to leave that
+    // test without its warning.
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let dir = tempfile::tempdir().unwrap();
+    let (old_ca, new_ca) = (TestCa::new("cluster CA 1"), TestCa::new("cluster CA 2"));
+    let mut secure = secure_cluster("secure", &old_ca, &["127.0.0.1"], dir.path()).await;
+    let bundle = dir.path().join("bundle.pem");
+    std::fs::write(&bundle, old_ca.cert_pem()).unwrap();
+    let yaml = format!(
+        "reloadIntervalMs: 50\n{}",
+        router_yaml(&entry(
+            &secure,
+            &format!("https://{}", secure.http),
+            1.0,
+            &format!(", tls: {{ caFile: '{}' }}", bundle.display()),
+        ))
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    wait_discovered(router.http_addr()).await;
+    assert_eq!(chat(router.http_addr()).await.status, 200);
+    let reloads = |result: &'static str| {
+        let admin = router.admin_addr().unwrap();
+        async move {
+            let page = infergate_testkit::get(admin, "/metrics").await.text();
+            counter(
+                &page,
+                &format!(
+                    "infergate_global_credential_reloads_total{{cluster=\"secure\",file=\"ca\",result=\"{result}\"}}"
+                ),
+            )
+        }
+    };
+
+    // The certificate reissued by the new CA; the gateway restarted with it (the router's
+    // kept-alive connections to the old one end with it).
+    new_ca
+        .issue(&["127.0.0.1"])
+        .write(&dir.path().join("secure"));
+    secure.kill().await;
+    secure.restart().await;
+    until_chat(router.http_addr(), |r| {
+        r.status == 502 && r.text().contains("UnknownIssuer")
+    })
+    .await;
+
+    std::fs::write(&bundle, new_ca.cert_pem()).unwrap();
+    until_chat(router.http_addr(), |r| r.status == 200).await;
+    assert_eq!(reloads("ok").await, 1.0);
+
+    // No certificate in it: the last good bundle stays.
+    std::fs::write(&bundle, "not a certificate\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads("error").await != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the spoilt bundle was never seen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(chat(router.http_addr()).await.status, 200);
+    }
+    let text = out.text();
+    let warning = text
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("tls.caFile changed but cannot be used"))
+        .unwrap_or_else(|| panic!("no warning: {text}"));
+    assert!(
+        warning.contains("secure")
+            && warning.contains(&bundle.display().to_string())
+            && warning.contains("no PEM certificate"),
+        "{warning}"
+    );
+
+    // Back to the old CA: the pooled connection (verified under the new one) is not used.
+    std::fs::write(&bundle, old_ca.cert_pem()).unwrap();
+    until_chat(router.http_addr(), |r| {
+        r.status == 502 && r.text().contains("UnknownIssuer")
+    })
+    .await;
+    assert_eq!(reloads("ok").await, 2.0);
+}
+
+/// Sends a chat request every 20 ms until one's answer is what `wanted` says.
+async fn until_chat(
+    router: std::net::SocketAddr,
+    wanted: impl Fn(&infergate_testkit::Response) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = chat(router).await;
+        if wanted(&r) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never the answer wanted; the last: {} {}",
+            r.status,
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -4,8 +4,8 @@
 #![allow(dead_code, reason = "each test binary uses part of the helpers")]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use infergate_testkit::pages::vllm_page;
 use infergate_testkit::recorder::CHAT_JSON;
@@ -14,23 +14,37 @@ use tokio::sync::oneshot;
 
 /// A model server answering every inference request with the status it holds (a chat completion
 /// for 200, an OpenAI-style error otherwise), and `GET /metrics` with a healthy vLLM page, so
-/// that a gateway in front of it keeps its pod ready. It counts the inference requests.
+/// that a gateway in front of it keeps its pod ready. It counts the inference requests. Given a
+/// token ([`Scripted::require_token`]) it answers 401 to an inference request without it, as a
+/// cluster's gateway with API keys does.
 pub struct Scripted {
     pub addr: SocketAddr,
     status: Arc<AtomicU16>,
     hits: Arc<AtomicUsize>,
+    token: Arc<Mutex<Option<String>>>,
 }
 
 impl Scripted {
     pub async fn start(status: u16) -> Scripted {
         let status = Arc::new(AtomicU16::new(status));
         let hits = Arc::new(AtomicUsize::new(0));
-        let (st, h) = (Arc::clone(&status), Arc::clone(&hits));
+        let token: Arc<Mutex<Option<String>>> = Arc::default();
+        let (st, h, t) = (Arc::clone(&status), Arc::clone(&hits), Arc::clone(&token));
         let addr = scripted_server(Arc::new(move |head: &str| {
             if head.starts_with("GET /metrics") {
                 return (200, "text/plain", vllm_page(0));
             }
             h.fetch_add(1, Ordering::Relaxed);
+            if let Some(token) = t.lock().unwrap().as_deref() {
+                let wanted = format!("\r\nauthorization: bearer {token}\r\n");
+                if !format!("{}\r\n", head.to_ascii_lowercase()).contains(&wanted) {
+                    return (
+                        401,
+                        "application/json",
+                        r#"{"error":{"message":"authentication failed: the API key is not known","type":"authentication_error","param":null,"code":"unauthorized"}}"#.to_owned(),
+                    );
+                }
+            }
             match st.load(Ordering::Relaxed) {
                 200 => (200, "application/json", CHAT_JSON.to_owned()),
                 code => (
@@ -43,7 +57,18 @@ impl Scripted {
             }
         }))
         .await;
-        Scripted { addr, status, hits }
+        Scripted {
+            addr,
+            status,
+            hits,
+            token,
+        }
+    }
+
+    /// From now on, answers 401 to an inference request without `Authorization: Bearer
+    /// <token>` (lowercase).
+    pub fn require_token(&self, token: &str) {
+        *self.token.lock().unwrap() = Some(token.to_ascii_lowercase());
     }
 
     pub fn set(&self, status: u16) {
