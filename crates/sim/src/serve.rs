@@ -9,7 +9,8 @@
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (JSON or SSE with
 //! `stream_options.include_usage`), `GET /v1/models`, `GET /health`, `GET /metrics` (the pod's
-//! engine flavour, see [`page`]). vLLM pods also serve what other routers call on vLLM (`peer`):
+//! engine flavour, see [`page`]). vLLM pods also serve the Responses API, `POST /v1/responses`
+//! (JSON or vLLM's named events, see `responses`), and what other routers call on vLLM (`peer`):
 //! `POST /tokenize`, `POST /detokenize`, `POST /v1/chat/completions/render`,
 //! `POST /v1/completions/render`, `GET /load` and `GET /get_load`. Errors use the OpenAI JSON
 //! shape. Every response carries [`POD_HEADER`] naming the pod.
@@ -18,6 +19,7 @@ mod http;
 pub mod kv;
 pub mod page;
 mod peer;
+mod responses;
 
 use std::collections::HashMap;
 use std::future::Future;

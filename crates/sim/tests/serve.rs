@@ -600,6 +600,80 @@ async fn pods_also_speak_h2c() {
     fleet.wait().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn vllm_pods_serve_the_responses_api_on_the_chat_path() {
+    let vllm = PodSpec::new("v", &profile("llama-3.1-8b/a10g"), EngineKind::Vllm);
+    let sglang = PodSpec::new("s", &profile("llama-3.1-8b/a10g"), EngineKind::Sglang);
+    let (fleet, stop) = serve(vec![vllm, sglang]).await;
+    let (addr, other) = (fleet.pods[0].addr, fleet.pods[1].addr);
+    // A prompt of whole blocks, first sent as chat: the Responses request of the same messages is
+    // the same prompt, so it finds every full block cached.
+    let question = "q".repeat(4 * 16 * 20);
+    let chat = json!({"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": question},
+    ]});
+    let (status, v) = post(addr, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{v}");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let body = json!({"instructions": "Be brief.", "input": question, "max_output_tokens": 6, "stream": true});
+    let r = call(addr, "POST", "/v1/responses", Some(body)).await;
+    assert_eq!((r.status, r.pod.as_str()), (200, "v"), "{}", r.body);
+    let kinds: Vec<&str> = r
+        .events
+        .iter()
+        .map(|(_, e)| e.lines().next().unwrap().trim_start_matches("event: "))
+        .collect();
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(kinds.last(), Some(&"response.completed"));
+    // Each token's delta leaves when its step ends (35 ms apart on an A10G), not all at the end.
+    let deltas: Vec<Duration> = r
+        .events
+        .iter()
+        .filter(|(_, e)| e.starts_with("event: response.output_text.delta\n"))
+        .map(|(at, _)| *at)
+        .collect();
+    assert_eq!(deltas.len(), 6, "{kinds:?}");
+    assert!(
+        deltas[5] - deltas[0] >= Duration::from_millis(5 * 30),
+        "{deltas:?}"
+    );
+    let last = r.events.last().unwrap().1.lines().nth(1).unwrap();
+    let done: Value = serde_json::from_str(last.trim_start_matches("data: ")).unwrap();
+    let usage = &done["response"]["usage"];
+    assert_eq!(usage["input_tokens"], prompt_tokens, "{usage}");
+    assert_eq!(
+        usage["input_tokens_details"]["cached_tokens"],
+        prompt_tokens / 16 * 16,
+        "{usage}"
+    );
+    assert_eq!(usage["output_tokens"], 6, "{usage}");
+    assert!(!r.body.contains("[DONE]"));
+
+    // Refused as vLLM refuses it, and counted on the page under vLLM's route.
+    let (status, v) = post(addr, "/v1/responses", json!({"model": MODEL})).await;
+    assert_client_error(status, &v, 400, Some("input"));
+    let (status, v) = post(
+        addr,
+        "/v1/responses",
+        json!({"model": "nope", "input": "x"}),
+    )
+    .await;
+    assert_client_error(status, &v, 404, Some("model"));
+    assert_eq!(call(addr, "GET", "/v1/responses", None).await.status, 405);
+    let page = call(addr, "GET", "/metrics", None).await.body;
+    for (class, n) in [("2xx", 1), ("4xx", 2)] {
+        let series = format!(
+            "\nhttp_requests_total{{handler=\"/v1/responses\",method=\"POST\",status=\"{class}\"}} {n}.0\n"
+        );
+        assert!(page.contains(&series), "{series}\n{page}");
+    }
+    // SGLang pods do not serve it.
+    let r = call(other, "POST", "/v1/responses", Some(json!({"input": "x"}))).await;
+    assert_eq!(r.status, 404);
+    stop.send(()).unwrap();
+    fleet.wait().await;
+}
+
 async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
     let r = call(addr, "POST", path, Some(body)).await;
     (r.status, json_of(&r))

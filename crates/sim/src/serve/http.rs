@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use super::{POD_HEADER, PodShared, TokenEvent, lock, peer};
+use super::{POD_HEADER, PodShared, TokenEvent, lock, peer, responses};
 use crate::engine::{Completion, EngineRequest};
 use crate::spec::{EngineKind, MetricsFault};
 use crate::tokens::Prompt;
@@ -27,7 +27,7 @@ use crate::tokens::Prompt;
 /// Largest request body accepted (vLLM has no limit of its own; proxies usually cap far lower).
 const MAX_BODY: usize = 32 * 1024 * 1024;
 /// Output length when a chat request sets no limit.
-const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
+pub(crate) const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
 /// Output length when a completions request sets no limit (the OpenAI default).
 const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 
@@ -83,6 +83,8 @@ pub(crate) async fn accept_loop(
 pub(crate) enum SimBody {
     Full(Option<Bytes>),
     Sse(Box<SseStream>),
+    /// The Responses API's named events ([`responses`]).
+    Events(Box<responses::EventStream>),
 }
 
 impl Body for SimBody {
@@ -96,6 +98,7 @@ impl Body for SimBody {
         match self.get_mut() {
             SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             SimBody::Sse(s) => s.poll_next(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+            SimBody::Events(s) => s.poll_next(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -106,7 +109,7 @@ impl Body for SimBody {
             SimBody::Full(b) => {
                 http_body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
             }
-            SimBody::Sse(_) => http_body::SizeHint::default(),
+            SimBody::Sse(_) | SimBody::Events(_) => http_body::SizeHint::default(),
         }
     }
 }
@@ -143,17 +146,69 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Streams SSE chunks as the driver reports tokens.
-pub(crate) struct SseStream {
+/// What the engine produced next for an admitted request.
+pub(crate) enum Fed {
+    /// The text of the next output token.
+    Word(&'static str),
+    /// The request finished.
+    Done(Completion),
+    /// The engine went away before the request finished.
+    Closed,
+}
+
+/// An admitted request's token events, as text; dropping it before [`Fed::Done`] aborts the
+/// request in the engine.
+pub(crate) struct TokenFeed {
     guard: AbortOnDrop,
     rx: mpsc::UnboundedReceiver<TokenEvent>,
+    /// The engine request's id: it picks the words of the answer.
+    pub(crate) id: u64,
+}
+
+impl TokenFeed {
+    pub(crate) fn poll_fed(&mut self, cx: &mut Context<'_>) -> Poll<Fed> {
+        self.rx.poll_recv(cx).map(|event| match event {
+            Some(TokenEvent::Token { index }) => Fed::Word(word(self.id, index)),
+            Some(TokenEvent::Done(c)) => {
+                self.guard.armed = false;
+                Fed::Done(c)
+            }
+            None => Fed::Closed,
+        })
+    }
+
+    /// The whole answer: its text and completion record, or the error when the engine stopped.
+    pub(crate) async fn collect(
+        mut self,
+        shared: &PodShared,
+    ) -> Result<(String, Completion), Response<SimBody>> {
+        let mut text = String::new();
+        loop {
+            match std::future::poll_fn(|cx| self.poll_fed(cx)).await {
+                Fed::Word(w) => text.push_str(w),
+                Fed::Done(c) => return Ok((text, c)),
+                Fed::Closed => {
+                    return Err(error(
+                        shared,
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the engine stopped",
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Streams SSE chunks as the driver reports tokens.
+pub(crate) struct SseStream {
+    feed: TokenFeed,
     api: Api,
     id: String,
     model: String,
     created: u64,
     include_usage: bool,
     finish_reason: &'static str,
-    seed: u64,
     started: bool,
     ended: bool,
 }
@@ -189,23 +244,21 @@ impl SseStream {
             return Poll::Ready(Some(sse(&c)));
         }
         self.started = true;
-        match self.rx.poll_recv(cx) {
+        match self.feed.poll_fed(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => {
+            Poll::Ready(Fed::Closed) => {
                 self.ended = true;
                 Poll::Ready(Some(Bytes::from_static(b"data: [DONE]\n\n")))
             }
-            Poll::Ready(Some(TokenEvent::Token { index, .. })) => {
-                let word = word(self.seed, index);
+            Poll::Ready(Fed::Word(word)) => {
                 let c = match self.api {
                     Api::Chat => self.chunk(json!({"content": word}), None),
                     Api::Completions => self.chunk(json!(word), None),
                 };
                 Poll::Ready(Some(sse(&c)))
             }
-            Poll::Ready(Some(TokenEvent::Done(done))) => {
+            Poll::Ready(Fed::Done(done)) => {
                 self.ended = true;
-                self.guard.armed = false;
                 let mut out = Vec::new();
                 let last = match self.api {
                     Api::Chat => self.chunk(json!({}), Some(self.finish_reason)),
@@ -243,7 +296,7 @@ fn usage(c: &Completion) -> Value {
     })
 }
 
-fn response(
+pub(crate) fn response(
     shared: &PodShared,
     status: StatusCode,
     content_type: &'static str,
@@ -348,6 +401,9 @@ async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimB
         (&Method::GET, "/v1/models") => models(&shared),
         (&Method::POST, "/v1/chat/completions") => inference(shared, req, Api::Chat).await,
         (&Method::POST, "/v1/completions") => inference(shared, req, Api::Completions).await,
+        (&Method::POST, "/v1/responses") if shared.kind == EngineKind::Vllm => {
+            responses::handle(shared, req).await
+        }
         (&Method::POST, "/reset_prefix_cache") if shared.kind == EngineKind::Vllm => {
             reset_prefix_cache(&shared)
         }
@@ -355,18 +411,23 @@ async fn handle(shared: Arc<PodShared>, req: Request<Incoming>) -> Response<SimB
             peer::handle(shared, path, req).await
         }
         (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
-            json_response(
-                &shared,
-                StatusCode::METHOD_NOT_ALLOWED,
-                &json!({"detail": "Method Not Allowed"}),
-            )
+            method_not_allowed(&shared)
         }
+        (_, "/v1/responses") if shared.kind == EngineKind::Vllm => method_not_allowed(&shared),
         _ => json_response(
             &shared,
             StatusCode::NOT_FOUND,
             &json!({"detail": "Not Found"}),
         ),
     }
+}
+
+fn method_not_allowed(shared: &PodShared) -> Response<SimBody> {
+    json_response(
+        shared,
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({"detail": "Method Not Allowed"}),
+    )
 }
 
 fn metrics(shared: &PodShared) -> Response<SimBody> {
@@ -426,10 +487,11 @@ pub(crate) struct Parsed {
     /// The ids of a prompt sent as token ids (completions only).
     pub(crate) prompt_ids: Option<Vec<u32>>,
     pub(crate) max_tokens: u32,
-    explicit_max: bool,
-    lora: Option<u16>,
+    /// The request set the output length (so it ends at it: `finish_reason: "length"`).
+    pub(crate) explicit_max: bool,
+    pub(crate) lora: Option<u16>,
     pub(crate) stream: bool,
-    include_usage: bool,
+    pub(crate) include_usage: bool,
     pub(crate) model: String,
 }
 
@@ -527,32 +589,47 @@ pub(crate) fn render_chat(
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| bad("every message needs a string role", "messages"))?;
-        text.push_str("<|");
-        text.push_str(role);
-        text.push_str("|>\n");
-        match m.get("content") {
-            Some(Value::String(s)) => text.push_str(s),
-            Some(Value::Array(parts)) => {
-                for p in parts {
-                    if let Some(t) = p.get("text").and_then(Value::as_str) {
-                        text.push_str(t);
-                    }
-                }
-            }
-            Some(Value::Null) | None => {}
-            Some(_) => {
-                return Err(bad(
-                    "message content must be a string or a list of parts",
-                    "messages",
-                ));
-            }
-        }
-        text.push('\n');
+        push_message(&mut text, role, m.get("content"), "messages")?;
     }
     if add_generation_prompt {
-        text.push_str("<|assistant|>\n");
+        text.push_str(GENERATION_PROMPT);
     }
     Ok(text)
+}
+
+/// What the stand-in chat template appends for the model to answer.
+pub(crate) const GENERATION_PROMPT: &str = "<|assistant|>\n";
+
+/// Appends one message in the stand-in chat template; `content` is a string, a list of parts
+/// (their `text`) or nothing. `param` names the request field the message came from.
+pub(crate) fn push_message(
+    text: &mut String,
+    role: &str,
+    content: Option<&Value>,
+    param: &'static str,
+) -> Result<(), Reject> {
+    text.push_str("<|");
+    text.push_str(role);
+    text.push_str("|>\n");
+    match content {
+        Some(Value::String(s)) => text.push_str(s),
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    text.push_str(t);
+                }
+            }
+        }
+        Some(Value::Null) | None => {}
+        Some(_) => {
+            return Err(bad(
+                "message content must be a string or a list of parts",
+                param,
+            ));
+        }
+    }
+    text.push('\n');
+    Ok(())
 }
 
 pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
@@ -701,65 +778,25 @@ async fn inference_inner(
         Ok(p) => p,
         Err((status, msg, param)) => return error(shared, status, &msg, param),
     };
-    let error_rate = shared.faults.borrow().error_rate;
-    if error_rate > 0.0 && lock(&shared.rng).random::<f64>() < error_rate {
-        return error(
-            shared,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal server error (injected fault)",
-            None,
-        );
-    }
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    lock(&shared.streams).insert(id, tx);
-    if let (Some(feed), crate::tokens::Prompt::Text(text)) = (&shared.kv, &p.prompt) {
-        let lora = p.lora.and_then(|i| {
-            let name = shared.adapters.get(usize::from(i))?.clone();
-            Some(super::kv::Adapter {
-                id: u64::from(i) + 1,
-                name,
-            })
-        });
-        feed.note_prompt(text, crate::tokens::chain_seed(&shared.model), lora);
-    }
-    let submitted = {
-        let mut e = lock(&shared.engine);
-        e.submit(EngineRequest {
-            id,
-            arrival: shared.now(),
-            prompt: p.prompt,
-            max_tokens: p.max_tokens,
-            lora: p.lora,
-        })
-    };
-    if let Err(e) = submitted {
-        lock(&shared.streams).remove(&id);
-        return error(shared, StatusCode::BAD_REQUEST, &e.to_string(), None);
-    }
-    shared.wake.notify_one();
-    let mut guard = AbortOnDrop {
-        shared: shared.clone(),
-        id,
-        armed: true,
+    let feed = match admit(shared, &p) {
+        Ok(f) => f,
+        Err((status, msg, param)) => return error(shared, status, &msg, param),
     };
     let created = super::unix_now() as u64;
     let rid = match api {
-        Api::Chat => format!("chatcmpl-{}-{id}", shared.name),
-        Api::Completions => format!("cmpl-{}-{id}", shared.name),
+        Api::Chat => format!("chatcmpl-{}-{}", shared.name, feed.id),
+        Api::Completions => format!("cmpl-{}-{}", shared.name, feed.id),
     };
     let finish_reason = if p.explicit_max { "length" } else { "stop" };
     if p.stream {
         let s = SseStream {
-            guard,
-            rx,
+            feed,
             api,
             id: rid,
             model: p.model,
             created,
             include_usage: p.include_usage,
             finish_reason,
-            seed: id,
             started: false,
             ended: false,
         };
@@ -770,23 +807,9 @@ async fn inference_inner(
             SimBody::Sse(Box::new(s)),
         );
     }
-    let mut text = String::new();
-    let done = loop {
-        match rx.recv().await {
-            Some(TokenEvent::Token { index, .. }) => text.push_str(word(id, index)),
-            Some(TokenEvent::Done(c)) => {
-                guard.armed = false;
-                break c;
-            }
-            None => {
-                return error(
-                    shared,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the engine stopped",
-                    None,
-                );
-            }
-        }
+    let (text, done) = match feed.collect(shared).await {
+        Ok(answer) => answer,
+        Err(r) => return r,
     };
     let body = match api {
         Api::Chat => json!({
@@ -803,15 +826,66 @@ async fn inference_inner(
     json_response(shared, StatusCode::OK, &body)
 }
 
+/// Puts a parsed request on the pod's engine (after the pod's injected error rate), the one way
+/// in for every inference API; why not, if it is refused.
+pub(crate) fn admit(shared: &Arc<PodShared>, p: &Parsed) -> Result<TokenFeed, Reject> {
+    let error_rate = shared.faults.borrow().error_rate;
+    if error_rate > 0.0 && lock(&shared.rng).random::<f64>() < error_rate {
+        return Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal server error (injected fault)".to_owned(),
+            None,
+        ));
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel();
+    lock(&shared.streams).insert(id, tx);
+    if let (Some(feed), crate::tokens::Prompt::Text(text)) = (&shared.kv, &p.prompt) {
+        let lora = p.lora.and_then(|i| {
+            let name = shared.adapters.get(usize::from(i))?.clone();
+            Some(super::kv::Adapter {
+                id: u64::from(i) + 1,
+                name,
+            })
+        });
+        feed.note_prompt(text, crate::tokens::chain_seed(&shared.model), lora);
+    }
+    let submitted = {
+        let mut e = lock(&shared.engine);
+        e.submit(EngineRequest {
+            id,
+            arrival: shared.now(),
+            prompt: p.prompt.clone(),
+            max_tokens: p.max_tokens,
+            lora: p.lora,
+        })
+    };
+    if let Err(e) = submitted {
+        lock(&shared.streams).remove(&id);
+        return Err((StatusCode::BAD_REQUEST, e.to_string(), None));
+    }
+    shared.wake.notify_one();
+    Ok(TokenFeed {
+        guard: AbortOnDrop {
+            shared: shared.clone(),
+            id,
+            armed: true,
+        },
+        rx,
+        id,
+    })
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use proptest::prelude::*;
 
     use super::*;
     use crate::spec::PodSpec;
     use crate::{Catalog, EngineKind};
 
-    fn shared() -> PodShared {
+    /// A vLLM pod serving adapter `a`.
+    pub(crate) fn shared() -> PodShared {
         let p = Catalog::builtin()
             .unwrap()
             .get("llama-3.1-8b/h100")
@@ -845,6 +919,9 @@ mod tests {
                             Just("role".to_owned()),
                             Just("content".to_owned()),
                             Just("n".to_owned()),
+                            Just("input".to_owned()),
+                            Just("instructions".to_owned()),
+                            Just("max_output_tokens".to_owned()),
                             "[a-z_]{1,8}",
                         ],
                         inner
@@ -868,6 +945,7 @@ mod tests {
             let s = shared();
             let _ = parse(&s, &bytes, Api::Chat);
             let _ = parse(&s, &bytes, Api::Completions);
+            let _ = responses::parse(&s, &bytes);
         }
 
         #[test]
@@ -879,6 +957,10 @@ mod tests {
                     prop_assert!(status.is_client_error());
                     prop_assert!(!msg.is_empty());
                 }
+            }
+            if let Err((status, msg, _)) = responses::parse(&s, body.as_bytes()) {
+                prop_assert!(status.is_client_error());
+                prop_assert!(!msg.is_empty());
             }
         }
     }
