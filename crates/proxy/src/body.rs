@@ -28,6 +28,7 @@ use infergate_pool::lifecycle::{self, Ending, ResponseWatch};
 use infergate_pool::quota::QuotaTicket;
 use tokio::time::{Instant, Sleep};
 
+use crate::access_log::{Note, Outcome};
 use crate::backend::Inflight;
 use crate::limits::RequestSlot;
 use crate::state::{Model, Permit};
@@ -116,6 +117,8 @@ pub struct Tracked {
     quota: Option<QuotaTicket>,
     /// The tenant's attained-service charge (`flowControl:`).
     flow_charge: Option<infergate_pool::flow::FlowCharge>,
+    /// The request's access-log note (`accessLog:`), logged when the body is dropped.
+    note: Option<Box<Note>>,
 }
 
 /// What a [`Tracked`] body is made of: the upstream answer and the request's state.
@@ -146,6 +149,8 @@ pub(crate) struct Upstream {
     pub(crate) quota: Option<QuotaTicket>,
     /// The tenant's attained-service charge, settled with the reported usage at the end.
     pub(crate) flow_charge: Option<infergate_pool::flow::FlowCharge>,
+    /// The request's access-log note, when the log is on.
+    pub(crate) note: Option<Box<Note>>,
 }
 
 impl Tracked {
@@ -168,6 +173,7 @@ impl Tracked {
             // An answer is on its way: the request counts against the quota from here.
             quota: up.quota.map(QuotaTicket::commit),
             flow_charge: up.flow_charge,
+            note: up.note,
         }
     }
 
@@ -176,7 +182,11 @@ impl Tracked {
             && let Some(i) = self.inflight.as_mut()
         {
             i.first_token();
-            self.model.metrics.ttft(self.started.elapsed());
+            let ttft = self.started.elapsed();
+            self.model.metrics.ttft(ttft);
+            if let Some(n) = self.note.as_deref_mut() {
+                n.ttft = Some(ttft);
+            }
         }
     }
 
@@ -192,6 +202,15 @@ impl Tracked {
             lifecycle::finish(inflight, self.status.as_u16(), ok, &mut self.watch);
         if ending == Ending::Completed {
             self.model.metrics.tokens(&usage);
+        }
+        if let Some(n) = self.note.as_deref_mut() {
+            n.outcome = match ending {
+                Ending::Completed => Outcome::Completed,
+                Ending::Failed => Outcome::Failed,
+                Ending::Refused => Outcome::Refused,
+            };
+            // Zero counts: the server reported none.
+            n.usage = (ending == Ending::Completed && usage != Default::default()).then_some(usage);
         }
         lifecycle::settle_quota(self.quota.take(), ending, &usage);
         lifecycle::settle_flow(self.flow_charge.take(), ending, &usage);
@@ -285,7 +304,14 @@ impl Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         // Whether it ended or the client left, the request is over now.
-        self.model.metrics.duration(self.started.elapsed());
+        let took = self.started.elapsed();
+        self.model.metrics.duration(took);
+        if let Some(mut note) = self.note.take() {
+            if !self.done {
+                note.outcome = Outcome::Cancelled;
+            }
+            note.done(took);
+        }
         // `inflight`, if still held, cancels itself when dropped.
     }
 }

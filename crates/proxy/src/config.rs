@@ -34,6 +34,7 @@
 //! tenancy:                     # flow control's tenant and priority
 //!   tenantHeader: x-tenant     # without auth: flow control's tenant (quotas see `anonymous`)
 //!   objectives: { chat: critical, batch: -10 }
+//! accessLog: { path: stdout }  # a JSON line per request: stdout, stderr or a file (off by default)
 //! ```
 //!
 //! Validation happens while the file is read, so every error names the field's path *and* its
@@ -51,6 +52,7 @@ use infergate_scheduler::flow::FlowConfig;
 use infergate_scheduler::{EngineType, RewriteRule, Rewrites, SchedulerConfig};
 use serde::Deserialize;
 
+pub use crate::access_log::AccessLogPath;
 use crate::error::ConfigError;
 
 pub mod auth;
@@ -109,6 +111,36 @@ pub struct GatewayConfig {
     pub flow_control: FlowConfig,
     /// How a request's tenant and priority are found (`infergate_pool::tenant`).
     pub tenancy: TenancyConfig,
+    /// The access log, a JSON line per request; `None`: none is written.
+    pub access_log: Option<AccessLogConfig>,
+}
+
+/// `accessLog:`: where the gateway writes a JSON line per request.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    rename_all = "camelCase",
+    try_from = "RawAccessLog"
+)]
+pub struct AccessLogConfig {
+    /// `stdout`, `stderr` or a file (appended to, created if missing).
+    pub path: AccessLogPath,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAccessLog {
+    path: String,
+}
+
+impl TryFrom<RawAccessLog> for AccessLogConfig {
+    type Error = String;
+
+    fn try_from(r: RawAccessLog) -> Result<Self, String> {
+        Ok(AccessLogConfig {
+            path: AccessLogPath::parse(&r.path)?,
+        })
+    }
 }
 
 /// How long a client turned away by a model's `maxConcurrentRequests` is told to wait
@@ -475,6 +507,8 @@ struct RawGateway {
     flow_control: FlowConfig,
     #[serde(default)]
     tenancy: TenancyConfig,
+    #[serde(default)]
+    access_log: Option<AccessLogConfig>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -549,6 +583,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             quotas: r.quotas,
             flow_control: r.flow_control,
             tenancy: r.tenancy,
+            access_log: r.access_log,
         })
     }
 }

@@ -67,6 +67,9 @@ pub enum Error {
     /// The front door's certificate or key could not be loaded.
     #[error("tls")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
+    /// The access log could not be opened.
+    #[error(transparent)]
+    AccessLog(#[from] crate::access_log::AccessLogError),
     /// A model's `tls` section (CA file, server name) could not be used.
     #[error("model `{model}`: tls")]
     UpstreamTls {

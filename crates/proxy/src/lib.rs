@@ -15,6 +15,7 @@
 //! the side. Every error the gateway answers itself is an `infergate_openai::ApiError`.
 //!
 //! Layout:
+//! - [`access_log`] — `accessLog:`, a JSON line per request written by a thread of its own.
 //! - [`auth`] — who may call (JWT, API keys) and which models; 401 and 403.
 //! - [`config`] — the configuration file: types, defaults, validation with field and line.
 //! - `server` — [`serve_workers`] (thread per core, what `infergate gateway` runs), [`serve`]
@@ -35,6 +36,7 @@
 //! - `telemetry` — the `infergate_gateway_*` Prometheus series.
 //! - [`error`] — [`Error`] and [`ConfigError`].
 
+pub mod access_log;
 pub mod auth;
 pub mod body;
 pub mod config;

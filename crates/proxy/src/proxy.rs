@@ -8,6 +8,7 @@
 //! sent to the client: on a connect failure, or on a 5xx status (whose body is then discarded).
 //! Once response headers are forwarded the request is committed to that endpoint.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,6 +25,7 @@ use infergate_pool::quota::QuotaTicket;
 use infergate_scheduler::Priority;
 use tokio::time::Instant;
 
+use crate::access_log::{Note, Outcome};
 use crate::auth::{Identity, ModelAccess};
 use crate::backend::Inflight;
 use crate::body::{ResponseBody, Tracked, Upstream};
@@ -125,38 +127,67 @@ impl RequestIds {
 /// body within its limit), [`route`] (parse, model, concurrency slot, pick — the shared request
 /// lifecycle, `infergate_pool::lifecycle`), and [`forward`] (the retry loop over the ranked
 /// endpoints). Never fails: every problem becomes an OpenAI-style error response, except a
-/// request body that breaks off, which closes the connection.
+/// request body that breaks off, which closes the connection. With `accessLog:` the request's
+/// [`Note`] is logged here when the gateway answered itself, else by the response body.
 pub(crate) async fn handle(
     worker: Arc<Worker>,
     req: Request<Incoming>,
+    client: SocketAddr,
 ) -> Result<Response<ResponseBody>, hyper::Error> {
     let started = Instant::now();
-    let telemetry = &worker.shared.telemetry;
     let request_id = match req.headers().get(&X_REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 200 => v.clone(),
         _ => worker.ids.next(),
     };
     let state = worker.shared.state.load_full();
+    let mut note = state
+        .access_log
+        .as_ref()
+        .map(|log| Note::new(log, client, req.method(), req.uri().path(), &request_id));
+    let answer = respond(&worker, &state, req, request_id, started, &mut note).await;
+    // Still here: the gateway answered itself, or the client's body broke off.
+    if let Some(mut note) = note {
+        match &answer {
+            Ok(r) => note.status = Some(r.status().as_u16()),
+            Err(_) => note.outcome = Outcome::Cancelled,
+        }
+        note.done(started.elapsed());
+    }
+    answer
+}
+
+async fn respond(
+    worker: &Worker,
+    state: &State,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    started: Instant,
+    note: &mut Option<Box<Note>>,
+) -> Result<Response<ResponseBody>, hyper::Error> {
+    let telemetry = &worker.shared.telemetry;
     // Headers only, before any slot is taken or body byte read (`crate::auth`).
     let identity = match state.auth.authenticate(req.headers()).await {
         Ok(identity) => identity,
-        Err(e) => return Ok(error_response(telemetry, &e, request_id)),
+        Err(e) => return Ok(refuse(telemetry, &e, request_id, note)),
     };
-    let admitted = match admit(&state, &telemetry.limits, req, identity).await? {
+    if let Some(n) = note.as_deref_mut() {
+        n.tenant = Some(Arc::clone(&identity.tenant));
+    }
+    let admitted = match admit(state, &telemetry.limits, req, identity).await? {
         Admission::Admitted(a) => a,
         Admission::Models(identity) => {
-            return Ok(models_response(&state, &identity, request_id));
+            return Ok(models_response(state, &identity, request_id));
         }
-        Admission::Refused(e) => return Ok(error_response(telemetry, &e, request_id)),
+        Admission::Refused(e) => return Ok(refuse(telemetry, &e, request_id, note)),
     };
-    let routed = match route(&state, &admitted).await {
+    let routed = match route(state, &admitted, note).await {
         Ok(r) => r,
         Err((e, explanation)) => {
-            let r = error_response(telemetry, &e, request_id);
+            let r = refuse(telemetry, &e, request_id, note);
             return Ok(with_explanation(r, explanation.as_ref()));
         }
     };
-    Ok(forward(&worker, &state, admitted, routed, request_id, started).await)
+    Ok(forward(worker, state, admitted, routed, request_id, started, note).await)
 }
 
 /// A request read and checked, ready to route.
@@ -277,9 +308,17 @@ struct Routed {
 
 /// Parses the body, resolves the model, takes its concurrency slot and picks (the shared
 /// lifecycle). A refusal carries the decision's summary when one was asked for.
-async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<HeaderValue>)> {
+async fn route(
+    state: &State,
+    a: &Admitted,
+    note: &mut Option<Box<Note>>,
+) -> Result<Routed, (ApiError, Option<HeaderValue>)> {
     let parsed = parse_request(a.kind, &a.body).map_err(|e| (e, None))?;
     let requested: &str = &parsed.model;
+    if let Some(n) = note.as_deref_mut() {
+        n.model = Some(requested.into());
+        n.stream = parsed.stream;
+    }
     // A rewrite (alias or canary split) chooses the served name; the caller's permission is
     // checked on the name it asked for. Rewrites and quotas go by the authenticated tenant
     // (`anonymous` without authentication), never by `tenancy.tenantHeader`: a client must not
@@ -312,6 +351,9 @@ async fn route(state: &State, a: &Admitted) -> Result<Routed, (ApiError, Option<
         )
     });
     let model = Arc::clone(resolved.target);
+    if let Some(n) = note.as_deref_mut() {
+        n.served_model = Some(model.name.as_str().into());
+    }
     // With flow control the slot is taken when the request is dispatched (a request waiting
     // in the queue holds none, and a model at its limit queues rather than refuses); without,
     // here, before the pick.
@@ -402,6 +444,7 @@ async fn forward(
     routed: Routed,
     request_id: HeaderValue,
     started: Instant,
+    note: &mut Option<Box<Note>>,
 ) -> Response<ResponseBody> {
     let telemetry = &worker.shared.telemetry;
     // `_charge` lives to the end of this function: the body may be sent again until then.
@@ -465,6 +508,10 @@ async fn forward(
             inflight.reassign(addr);
         }
         model.metrics.pick(addr);
+        if let Some(n) = note.as_deref_mut() {
+            n.endpoint = Some(addr);
+            n.attempts = u8::try_from(attempt + 1).unwrap_or(u8::MAX);
+        }
         let Some(ep) = model.endpoints.get(&addr) else {
             continue;
         };
@@ -499,7 +546,7 @@ async fn forward(
                 let e = ApiError::UpstreamTimeout {
                     timeout: timeouts.first_byte,
                 };
-                let r = error_response(telemetry, &e, request_id);
+                let r = refuse(telemetry, &e, request_id, note);
                 return with_explanation(r, explanation.as_ref());
             }
             Ok(Err(err)) => {
@@ -541,6 +588,9 @@ async fn forward(
                 .headers
                 .get(header::CONTENT_TYPE)
                 .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if let Some(n) = note.as_deref_mut() {
+            n.status = Some(status.as_u16());
+        }
         let tracked = Tracked::new(Upstream {
             body: rbody,
             lease,
@@ -555,6 +605,7 @@ async fn forward(
             rewriter: rewriter.take(),
             quota,
             flow_charge,
+            note: note.take(),
         });
         let r = Response::from_parts(rparts, ResponseBody::Stream(Box::new(tracked)));
         return with_explanation(r, explanation.as_ref());
@@ -573,9 +624,22 @@ async fn forward(
         },
     };
     with_explanation(
-        error_response(telemetry, &e, request_id),
+        refuse(telemetry, &e, request_id, note),
         explanation.as_ref(),
     )
+}
+
+/// [`error_response`] for a request whose note (if any) then names the error.
+fn refuse(
+    telemetry: &Telemetry,
+    err: &ApiError,
+    request_id: HeaderValue,
+    note: &mut Option<Box<Note>>,
+) -> Response<ResponseBody> {
+    if let Some(n) = note.as_deref_mut() {
+        n.error = Some(err.metric_label());
+    }
+    error_response(telemetry, err, request_id)
 }
 
 /// `r` with the decision's summary in `x-infergate-explain`, when there is one.

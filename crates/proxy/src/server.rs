@@ -262,6 +262,7 @@ pub fn check_files(config: &GatewayConfig) -> Result<(), Error> {
         crate::backend::check_files(m)?;
     }
     crate::auth::Authenticator::check(&config.auth)?;
+    crate::access_log::check(config.access_log.as_ref())?;
     Ok(())
 }
 
@@ -477,7 +478,7 @@ async fn accept_loop(
     // once every connection has finished.
     let (conns_tx, conns_rx) = watch::channel(());
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -518,7 +519,7 @@ async fn accept_loop(
             let seen = first.clone();
             let service = service_fn(move |req: hyper::Request<Incoming>| {
                 seen.seen();
-                handle(Arc::clone(&worker), req)
+                handle(Arc::clone(&worker), req, peer)
             });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             let conn = std::pin::pin!(conn);

@@ -44,6 +44,8 @@ pub(crate) struct Telemetry {
     pub(crate) limits: crate::limits::Counters,
     /// Flow control's queue gauges, wait histogram and outcomes (`flowControl:`), per model.
     pub(crate) flow: infergate_pool::flow::FlowMetrics,
+    /// The access log's lines, by result (`accessLog:`).
+    pub(crate) access_log: crate::access_log::LineCounters,
 }
 
 impl Telemetry {
@@ -60,6 +62,7 @@ impl Telemetry {
             reloads: Family::default(),
             limits: crate::limits::Counters::default(),
             flow: infergate_pool::flow::FlowMetrics::default(),
+            access_log: crate::access_log::LineCounters::default(),
         };
         // Flow control's series are `infergate_flow_*`, as at the picker: the pool's own
         // families, not the gateway's.
@@ -136,6 +139,11 @@ impl Telemetry {
             "requests_in_flight_taken_over",
             "Requests above Sheddable admitted at limits.maxRequestsInFlight by evicting a queued Sheddable request (flow control), whose slot they took",
             t.limits.slots_taken_over.clone(),
+        );
+        r.register(
+            "access_log_lines",
+            "Access log lines (accessLog:), by result: written, dropped (the writer fell behind), failed (the write failed)",
+            t.access_log.family.clone(),
         );
         r.register(
             "buffered_request_bytes",

@@ -1,0 +1,356 @@
+//! The access log (`accessLog:`): one JSON line per request, written off the request path.
+//!
+//! A request carries a [`Note`] (only when the log is on: otherwise nothing is built) that the
+//! request path fills as it learns things — the model asked for, the tenant, the endpoint and
+//! attempt, the status, the first token, the usage — and hands to the log when the request is
+//! over: at once for an answer the gateway gives itself, when the response body is dropped for
+//! one passed through (read to its end, broken off, or abandoned by the client). The note goes
+//! to a bounded channel; one writer thread per log formats it and writes it, flushing whenever
+//! the channel runs empty. A full channel (a destination slower than the traffic) drops the
+//! line rather than slow a request, and a failed write is skipped: both are counted
+//! (`infergate_gateway_access_log_lines_total{result}`), and the gateway serves on.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderValue, Method};
+use infergate_openai::Usage;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use serde::Serialize;
+
+use crate::config::AccessLogConfig;
+
+/// Lines that may wait for the writer; more are dropped (and counted).
+const QUEUE: usize = 8192;
+
+/// The longest request path logged; longer ones are cut (a path is the client's to choose).
+const MAX_PATH: usize = 256;
+
+/// Where the access log goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccessLogPath {
+    /// The process's standard output (`path: stdout`), apart from the diagnostic log on stderr.
+    Stdout,
+    /// Standard error (`path: stderr`), interleaved with the diagnostic log.
+    Stderr,
+    /// A file, appended to (created if missing).
+    File(PathBuf),
+}
+
+impl AccessLogPath {
+    /// `stdout`, `stderr` or a file path.
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "" => Err("`accessLog.path` must be `stdout`, `stderr` or a file path".into()),
+            "stdout" => Ok(AccessLogPath::Stdout),
+            "stderr" => Ok(AccessLogPath::Stderr),
+            file => Ok(AccessLogPath::File(PathBuf::from(file))),
+        }
+    }
+}
+
+/// An access log that cannot be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("accessLog.path {}: cannot open it for appending", path.display())]
+pub struct AccessLogError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// What `--check` verifies without writing anything: an existing file can be opened for
+/// appending, or a missing one's folder exists.
+pub(crate) fn check(config: Option<&AccessLogConfig>) -> Result<(), AccessLogError> {
+    let Some(AccessLogPath::File(path)) = config.map(|c| &c.path) else {
+        return Ok(());
+    };
+    let err = |source| AccessLogError {
+        path: path.clone(),
+        source,
+    };
+    if path.exists() {
+        return OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map(drop)
+            .map_err(err);
+    }
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if folder.is_dir() {
+        Ok(())
+    } else {
+        Err(err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no folder {}", folder.display()),
+        )))
+    }
+}
+
+/// The counters of `infergate_gateway_access_log_lines_total`, by result (each exported from
+/// the start, at 0).
+#[derive(Clone)]
+pub(crate) struct LineCounters {
+    pub(crate) family: Family<[(&'static str, &'static str); 1], Counter>,
+    written: Counter,
+    dropped: Counter,
+    failed: Counter,
+}
+
+impl Default for LineCounters {
+    fn default() -> Self {
+        let family = Family::default();
+        let result = |r| {
+            Family::<[(&'static str, &'static str); 1], Counter>::get_or_create(
+                &family,
+                &[("result", r)],
+            )
+            .clone()
+        };
+        let (written, dropped, failed) = (result("written"), result("dropped"), result("failed"));
+        LineCounters {
+            family,
+            written,
+            dropped,
+            failed,
+        }
+    }
+}
+
+/// A running access log: the sending side of its writer thread's channel. The thread ends
+/// when the log and every request still holding a note for it are gone.
+pub(crate) struct AccessLog {
+    path: AccessLogPath,
+    tx: SyncSender<Box<Note>>,
+    counters: LineCounters,
+}
+
+impl AccessLog {
+    /// Opens the destination and starts the writer thread.
+    pub(crate) fn start(
+        config: &AccessLogConfig,
+        counters: &LineCounters,
+    ) -> Result<Arc<AccessLog>, AccessLogError> {
+        let out: Box<dyn Write + Send> = match &config.path {
+            AccessLogPath::Stdout => Box::new(std::io::stdout()),
+            AccessLogPath::Stderr => Box::new(std::io::stderr()),
+            AccessLogPath::File(path) => Box::new(open(path)?),
+        };
+        let (tx, rx) = sync_channel(QUEUE);
+        let writer_counters = counters.clone();
+        let spawned = std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || write_lines(&rx, BufWriter::new(out), &writer_counters));
+        if let Err(source) = spawned {
+            return Err(AccessLogError {
+                path: PathBuf::from(config.path.to_string()),
+                source,
+            });
+        }
+        Ok(Arc::new(AccessLog {
+            path: config.path.clone(),
+            tx,
+            counters: counters.clone(),
+        }))
+    }
+
+    /// Whether this log writes where `config` says (a reload then keeps it).
+    pub(crate) fn writes_to(&self, config: &AccessLogConfig) -> bool {
+        self.path == config.path
+    }
+
+    fn send(&self, note: Box<Note>) {
+        match self.tx.try_send(note) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counters.dropped.inc();
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for AccessLogPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AccessLogPath::Stdout => f.write_str("stdout"),
+            AccessLogPath::Stderr => f.write_str("stderr"),
+            AccessLogPath::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+fn open(path: &Path) -> Result<File, AccessLogError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| AccessLogError {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// The writer thread: a line per note, flushed whenever no note is waiting.
+fn write_lines(rx: &Receiver<Box<Note>>, mut out: impl Write, counters: &LineCounters) {
+    let mut line = Vec::with_capacity(512);
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        while let Some(note) = next {
+            line.clear();
+            // Serializing plain fields into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut line, &note.line());
+            line.push(b'\n');
+            match out.write_all(&line) {
+                Ok(()) => counters.written.inc(),
+                Err(_) => counters.failed.inc(),
+            };
+            next = rx.try_recv().ok();
+        }
+        // A failed flush loses what was buffered: those lines were counted written, and the
+        // next batch tries again.
+        let _ = out.flush();
+    }
+}
+
+/// How a request ended, as the access log says it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Outcome {
+    /// A 2xx answer of a model server, read to its end.
+    Completed,
+    /// A model server's 5xx, or an answer that broke off or stalled.
+    Failed,
+    /// A model server's other answer (a 4xx about the request).
+    Refused,
+    /// The gateway answered itself: an error, or `/v1/models`.
+    Gateway,
+    /// The client left (or its body broke off) before the answer ended.
+    Cancelled,
+}
+
+/// What the log learns of one request as it goes. Built only when the log is on.
+pub(crate) struct Note {
+    log: Arc<AccessLog>,
+    arrived: SystemTime,
+    client: SocketAddr,
+    method: Method,
+    path: Box<str>,
+    request_id: HeaderValue,
+    pub(crate) tenant: Option<Arc<str>>,
+    pub(crate) model: Option<Box<str>>,
+    pub(crate) served_model: Option<Box<str>>,
+    pub(crate) stream: bool,
+    pub(crate) endpoint: Option<SocketAddr>,
+    pub(crate) attempts: u8,
+    pub(crate) status: Option<u16>,
+    pub(crate) error: Option<&'static str>,
+    pub(crate) outcome: Outcome,
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) usage: Option<Usage>,
+    took: Duration,
+}
+
+impl Note {
+    /// A note for a request just arrived.
+    pub(crate) fn new(
+        log: &Arc<AccessLog>,
+        client: SocketAddr,
+        method: &Method,
+        path: &str,
+        request_id: &HeaderValue,
+    ) -> Box<Note> {
+        let mut cut = path.len().min(MAX_PATH);
+        while !path.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        Box::new(Note {
+            log: Arc::clone(log),
+            arrived: SystemTime::now(),
+            client,
+            method: method.clone(),
+            path: path[..cut].into(),
+            request_id: request_id.clone(),
+            tenant: None,
+            model: None,
+            served_model: None,
+            stream: false,
+            endpoint: None,
+            attempts: 0,
+            status: None,
+            error: None,
+            outcome: Outcome::Gateway,
+            ttft: None,
+            usage: None,
+            took: Duration::ZERO,
+        })
+    }
+
+    /// The request is over, `took` after it arrived: the line goes to the log.
+    pub(crate) fn done(mut self: Box<Self>, took: Duration) {
+        self.took = took;
+        let log = Arc::clone(&self.log);
+        log.send(self);
+    }
+
+    fn line(&self) -> Line<'_> {
+        // Milliseconds to the microsecond.
+        let ms = |d: Duration| (d.as_nanos() as f64 / 1e3).round() / 1e3;
+        Line {
+            time: jiff::Timestamp::try_from(self.arrived)
+                .map(|t| format!("{t:.3}"))
+                .unwrap_or_default(),
+            request_id: String::from_utf8_lossy(self.request_id.as_bytes()),
+            client: self.client,
+            method: self.method.as_str(),
+            path: &self.path,
+            status: self.status,
+            outcome: self.outcome,
+            error: self.error,
+            tenant: self.tenant.as_deref(),
+            model: self.model.as_deref(),
+            served_model: self.served_model.as_deref(),
+            stream: self.stream,
+            endpoint: self.endpoint,
+            attempts: self.attempts,
+            ttft_ms: self.ttft.map(ms),
+            duration_ms: ms(self.took),
+            prompt_tokens: self.usage.map(|u| u.prompt_tokens),
+            completion_tokens: self.usage.map(|u| u.completion_tokens),
+            cached_tokens: self.usage.map(|u| u.cached_tokens),
+        }
+    }
+}
+
+/// One line of the log, as written.
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    request_id: std::borrow::Cow<'a, str>,
+    client: SocketAddr,
+    method: &'a str,
+    path: &'a str,
+    status: Option<u16>,
+    outcome: Outcome,
+    error: Option<&'static str>,
+    tenant: Option<&'a str>,
+    model: Option<&'a str>,
+    served_model: Option<&'a str>,
+    stream: bool,
+    endpoint: Option<SocketAddr>,
+    attempts: u8,
+    ttft_ms: Option<f64>,
+    duration_ms: f64,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+}
