@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
-use upstream::{get, post, send, serve_gateway};
+use upstream::{get, metric, post, send, serve_gateway};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
@@ -193,22 +193,6 @@ impl Rig {
             .and_then(|v| v.parse().ok());
         (status.as_u16(), from, headers)
     }
-}
-
-/// The value of the first sample of `family` whose labels include every pair of `labels`.
-fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// Keeps `n` long generations running on `pod`, sent directly (as other gateways would).
