@@ -27,14 +27,15 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use infergate_openai::SseScanner;
 use infergate_proxy::{GatewayConfig, Listeners};
+use infergate_sim::serve::ServedFleet;
 use infergate_sim::serve::kv::KvEventsOptions;
 use infergate_sim::{Catalog, FleetSpec};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::BenchError;
-use crate::front::Front;
+use crate::front::{Front, RunningFront};
 use crate::plan::{Plan, Ran};
 use crate::progress::Progress;
 use crate::report::{FrontLog, LiveGateway, PodInfo, Report, RunResult};
@@ -227,8 +228,10 @@ pub async fn run_with_fronts(
 /// As [`run_with_fronts`], until `interrupt` resolves (the caller's Ctrl-C): then the run in
 /// progress is stopped — its requests abandoned, its front, gateway and fleet stopped and
 /// waited for — and the report of the runs that completed is returned, with
-/// [`Report::interrupted`] naming the runs that did not (the stopped one first). `interrupt`
-/// is not polled again once it has resolved.
+/// [`Report::interrupted`] naming the runs that did not (the stopped one first, said stopped
+/// part-way only if it had begun sending its arrivals: not if the interrupt came between two
+/// runs, or while its fleet, gateway or front was starting). `interrupt` is not polled again
+/// once it has resolved.
 pub async fn run_until(
     scenario: &Scenario,
     origin: &str,
@@ -282,6 +285,12 @@ pub async fn run_until(
                 si + 1,
                 scenario.seeds.len(),
             );
+            // An interrupt that came after the last run ended stops the bench before this
+            // one: it is named as not run, not as stopped part-way.
+            if resolved(interrupt.as_mut()).await {
+                plan.stop(si, ti, false);
+                break 'seeds;
+            }
             progress.start(&label, requests);
             if let Some(failed_on) = unstarted.get(name) {
                 let why = format!(
@@ -308,10 +317,10 @@ pub async fn run_until(
                     progress.finish();
                     runs.push(*r);
                 }
-                Ok(Ran::Interrupted) => {
+                Ok(ran @ (Ran::Interrupted | Ran::Unsent)) => {
                     // Everything the run had started is stopped.
                     progress.abort();
-                    plan.stop(si, ti, true);
+                    plan.stop(si, ti, matches!(ran, Ran::Interrupted));
                     break 'seeds;
                 }
                 // A front or gateway that cannot be started fails its own runs, not the bench:
@@ -521,8 +530,18 @@ async fn start_gateway(
     Ok(gateway)
 }
 
+/// Whether `interrupt` has resolved already (polled once, without waiting).
+async fn resolved(interrupt: Pin<&mut impl Future<Output = ()>>) -> bool {
+    tokio::select! {
+        biased;
+        () = interrupt => true,
+        () = std::future::ready(()) => false,
+    }
+}
+
 /// One run of `target` on `seed`'s arrivals, on a fleet of its own; stopped at once, with
-/// everything it started, when `interrupt` resolves first.
+/// everything it started, when `interrupt` resolves first ([`Ran::Unsent`] before its first
+/// arrival was due to be sent, [`Ran::Interrupted`] after).
 #[allow(
     clippy::too_many_arguments,
     reason = "one run's inputs, passed down from the loop over seeds and targets"
@@ -584,17 +603,24 @@ async fn run_one(
         Some(Ok(started)) => started,
         other => {
             // The fleet is gone before the next run starts its own.
-            let _ = stop_tx.send(true);
-            fleet.wait().await;
+            stop_run(None, fleet, None, &stop_tx, None).await;
             return match other {
                 Some(Err(e)) => Err(e),
-                _ => Ok(Ran::Interrupted),
+                _ => Ok(Ran::Unsent),
             };
         }
     };
     // Let a few scrapes land so every policy starts from fresh metrics (and every front gets
-    // the same head start).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the same head start). No arrival has been sent yet: an interrupt now leaves the run
+    // unsent.
+    let settled = tokio::select! {
+        () = tokio::time::sleep(Duration::from_millis(200)) => true,
+        () = interrupt.as_mut() => false,
+    };
+    if !settled {
+        stop_run(front, fleet, gateway, &stop_tx, None).await;
+        return Ok(Ran::Unsent);
+    }
 
     let url: Arc<str> = format!("http://{front_addr}/v1/chat/completions").into();
     let model: Arc<str> = spec
@@ -676,23 +702,8 @@ async fn run_one(
     // The requests not sent or not answered yet are abandoned; the front, the fleet and the
     // gateway are then stopped as after a complete run.
     tasks.shutdown().await;
-    if let Some(front) = front {
-        front.stop().await;
-    }
-    let per_pod: Vec<u64> = fleet
-        .pods
-        .iter()
-        .map(|p| p.handle.requests_ended())
-        .collect();
-    let _ = stop_tx.send(true);
-    let load = match load_task {
-        Some(t) => t.await.ok().map(|pods| LoadSeries { every_s, pods }),
-        None => None,
-    };
-    fleet.wait().await;
-    if let Some(gateway) = gateway {
-        gateway.wait().await;
-    }
+    let (per_pod, load) = stop_run(front, fleet, gateway, &stop_tx, load_task).await;
+    let load = load.map(|pods| LoadSeries { every_s, pods });
     if interrupted {
         return Ok(Ran::Interrupted);
     }
@@ -749,6 +760,36 @@ async fn run_one(
         records: None,
         failures,
     })))
+}
+
+/// Stops what a run started and waits for it: its front first (the pods still answering it),
+/// then, through `stop`, the fleet, the gateway and the load sampler `load`. Returns the
+/// requests each pod ended, counted once no front sends more, and `load`'s series.
+async fn stop_run(
+    front: Option<RunningFront>,
+    fleet: ServedFleet,
+    gateway: Option<infergate_proxy::Gateway>,
+    stop: &watch::Sender<bool>,
+    load: Option<JoinHandle<Vec<Vec<u32>>>>,
+) -> (Vec<u64>, Option<Vec<Vec<u32>>>) {
+    if let Some(front) = front {
+        front.stop().await;
+    }
+    let per_pod: Vec<u64> = fleet
+        .pods
+        .iter()
+        .map(|p| p.handle.requests_ended())
+        .collect();
+    let _ = stop.send(true);
+    let load = match load {
+        Some(t) => t.await.ok(),
+        None => None,
+    };
+    fleet.wait().await;
+    if let Some(gateway) = gateway {
+        gateway.wait().await;
+    }
+    (per_pod, load)
 }
 
 async fn one_request(

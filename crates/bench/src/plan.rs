@@ -12,6 +12,10 @@ pub(crate) enum Ran {
     /// The interrupt came first: the run stopped part-way and its figures are dropped, since
     /// figures over part of its arrivals would read as a whole run's.
     Interrupted,
+    /// The interrupt came while the run was getting ready (its fleet, gateway or front
+    /// starting), before it sent any arrival: nothing of it ran (live runs only; a simulated
+    /// run has nothing to start).
+    Unsent,
 }
 
 /// Every seed of a bench makes the same runs, in one order.

@@ -322,7 +322,8 @@ pub struct NotRun {
     pub policy: String,
     /// The seed.
     pub seed: u64,
-    /// Whether it had started and was stopped part-way (otherwise it never started).
+    /// Whether it had begun sending its arrivals and was stopped part-way (otherwise none of
+    /// them was sent).
     pub stopped: bool,
 }
 

@@ -213,9 +213,9 @@ impl<'a> Until<'a> {
                 progress.finish();
                 Ok(Some(*r))
             }
-            Ok(Ran::Interrupted) => {
+            Ok(ran @ (Ran::Interrupted | Ran::Unsent)) => {
                 progress.abort();
-                self.plan.stop(seed, run, true);
+                self.plan.stop(seed, run, matches!(ran, Ran::Interrupted));
                 Ok(None)
             }
             Err(e) => {

@@ -354,14 +354,27 @@ async fn a_gateway_that_does_not_start_fails_its_policys_runs_and_the_rest_still
     }
 }
 
-/// Fires an interrupt once the run it is waiting for has routed its first request, and notes
-/// when each run started.
+/// Fires an interrupt once the run it is waiting for has routed its first request (or, with
+/// `at_end`, once that run has ended), and notes when each run started.
 struct InterruptOnRun {
-    /// The label of the run to interrupt starts with this.
+    /// The label of the run to interrupt contains this.
     run: &'static str,
+    /// Fire as the run ends rather than at its first request.
+    at_end: bool,
     label: String,
     fire: Option<tokio::sync::oneshot::Sender<()>>,
     started: Vec<(String, std::time::Instant)>,
+}
+
+impl InterruptOnRun {
+    fn fire_on(&mut self, end: bool) {
+        if end == self.at_end
+            && self.label.contains(self.run)
+            && let Some(fire) = self.fire.take()
+        {
+            let _ = fire.send(());
+        }
+    }
 }
 
 impl Progress for InterruptOnRun {
@@ -371,14 +384,54 @@ impl Progress for InterruptOnRun {
             .push((label.to_owned(), std::time::Instant::now()));
     }
     fn advance(&mut self, done: u64) {
-        if done >= 1
-            && self.label.contains(self.run)
-            && let Some(fire) = self.fire.take()
-        {
-            let _ = fire.send(());
+        if done >= 1 {
+            self.fire_on(false);
         }
     }
-    fn finish(&mut self) {}
+    fn finish(&mut self) {
+        self.fire_on(true);
+    }
+}
+
+/// Runs `scenario` live, interrupted at the first request of the run whose label contains
+/// `run` (or, with `at_end`, once that run has ended): the report, and when each run started.
+async fn interrupted_on(
+    scenario: &Scenario,
+    run: &'static str,
+    at_end: bool,
+) -> (infergate_bench::Report, Vec<(String, std::time::Instant)>) {
+    let (fire, fired) = tokio::sync::oneshot::channel();
+    let mut progress = InterruptOnRun {
+        run,
+        at_end,
+        label: String::new(),
+        fire: Some(fire),
+        started: Vec::new(),
+    };
+    let report = infergate_bench::live::run_until(
+        scenario,
+        "tiny",
+        &Fronts::default(),
+        &mut progress,
+        async {
+            let _ = fired.await;
+        },
+    )
+    .await
+    .unwrap();
+    (report, progress.started)
+}
+
+/// The runs an interrupted report names as not run: policy, seed, and whether stopped part-way.
+fn not_run(report: &infergate_bench::Report) -> Vec<(&str, u64, bool)> {
+    report
+        .interrupted
+        .as_ref()
+        .unwrap()
+        .not_run
+        .iter()
+        .map(|r| (r.policy.as_str(), r.seed, r.stopped))
+        .collect()
 }
 
 /// An interrupt during a run stops it part-way and the call returns the report of the runs
@@ -394,33 +447,16 @@ async fn an_interrupted_bench_reports_the_runs_that_completed_and_names_the_rest
         .last()
         .unwrap()
         .at;
-    let (fire, fired) = tokio::sync::oneshot::channel();
-    let mut progress = InterruptOnRun {
-        run: "seed 5 (1/2) infergate",
-        label: String::new(),
-        fire: Some(fire),
-        started: Vec::new(),
-    };
-    let report = infergate_bench::live::run_until(
-        &scenario,
-        "tiny",
-        &Fronts::default(),
-        &mut progress,
-        async {
-            let _ = fired.await;
-        },
-    )
-    .await
-    .unwrap();
+    let (report, runs) = interrupted_on(&scenario, "seed 5 (1/2) infergate", false).await;
     let returned = std::time::Instant::now();
-    let (label, started) = progress.started.last().unwrap();
-    assert!(label.ends_with("infergate"), "{:?}", progress.started);
+    let (label, started) = runs.last().unwrap();
+    assert!(label.ends_with("infergate"), "{runs:?}");
     assert!(
         returned < *started + Duration::from_secs_f64(last_arrival),
         "returned {:?} after the interrupted run started; its arrivals span {last_arrival} s",
         returned - *started
     );
-    assert_eq!(progress.started.len(), 2, "later runs started");
+    assert_eq!(runs.len(), 2, "later runs started");
 
     assert_eq!(report.runs.len(), 1);
     let rr = &report.runs[0];
@@ -431,16 +467,8 @@ async fn an_interrupted_bench_reports_the_runs_that_completed_and_names_the_rest
         1,
         "only the seed that ran has its floor"
     );
-    let not_run: Vec<(&str, u64, bool)> = report
-        .interrupted
-        .as_ref()
-        .unwrap()
-        .not_run
-        .iter()
-        .map(|r| (r.policy.as_str(), r.seed, r.stopped))
-        .collect();
     assert_eq!(
-        not_run,
+        not_run(&report),
         [
             ("infergate", 5, true),
             ("round-robin", 6, false),
@@ -476,6 +504,23 @@ async fn an_interrupted_bench_reports_the_runs_that_completed_and_names_the_rest
             .get("interrupted")
             .is_none()
     );
+}
+
+/// An interrupt that comes between two runs — the first ended, the next not begun — starts
+/// no other run, and the next is named as not run, not as stopped part-way: none of its
+/// arrivals was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_between_two_runs_stops_none_part_way() {
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.workload.duration_s = 1.0;
+    let (report, runs) = interrupted_on(&scenario, "seed 5 (1/1) round-robin", true).await;
+    assert_eq!(report.runs.len(), 1);
+    assert_eq!(report.runs[0].policy, "round-robin");
+    assert_eq!(not_run(&report), [("infergate", 5, false)]);
+    let md = report.markdown();
+    assert!(md.contains("Not run: infergate seed 5."), "{md}");
+    // Not even begun: no fleet, gateway or progress line for it.
+    assert_eq!(runs.len(), 1, "{runs:?}");
 }
 
 /// Two scenarios run with the same front keep their own logs: the second does not overwrite
