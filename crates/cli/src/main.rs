@@ -55,6 +55,9 @@ enum Command {
     /// naming the runs that did not; the bench then exits 130 (SIGINT) or 143 (SIGTERM).
     Bench(cmd::bench::Args),
     /// Run the live demo: round-robin versus infergate on an emulated mixed-GPU fleet.
+    ///
+    /// Ctrl-C or SIGTERM stops it as it stops a bench: the report of the policy that completed
+    /// is written, marked interrupted, and the demo exits 130 (SIGINT) or 143 (SIGTERM).
     Demo(cmd::demo::Args),
     /// Write the CustomResourceDefinitions to a folder.
     Crdgen(cmd::crdgen::Args),

@@ -10,6 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "common/signalled.rs"]
+mod signalled;
+use signalled::signalled;
+
 const SCENARIO: &str = "\
 name: csv-check
 fleet:
@@ -566,8 +570,9 @@ fn ctrl_c_during_a_live_bench_writes_the_report_of_the_runs_that_completed() {
     let later = live_scenario(dir.path(), "later", 4);
     let out_dir = dir.path().join("out");
     let second = "stopped live seed 2 (2/2) round-robin: ";
-    let (out, stderr) = signalled_bench(
+    let (out, stderr) = signalled(
         &[
+            "bench".as_ref(),
             scenario.as_os_str(),
             later.as_os_str(),
             "--mode".as_ref(),
@@ -600,52 +605,6 @@ fn ctrl_c_during_a_live_bench_writes_the_report_of_the_runs_that_completed() {
         serde_json::json!([{ "policy": "round-robin", "seed": 2, "stopped": true }])
     );
     assert!(!out_dir.join("later-live.md").exists());
-}
-
-/// Runs `infergate bench ARGS` and sends it `signal` (`-INT`, `-TERM`) `after` the first line
-/// of its stderr that `at` accepts (within 120 s); its output, with the whole of its stderr.
-fn signalled_bench(
-    args: &[&std::ffi::OsStr],
-    at: impl Fn(&str) -> bool,
-    after: std::time::Duration,
-    signal: &str,
-) -> (Output, String) {
-    use std::io::BufRead as _;
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .arg("bench")
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = bench.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in std::io::BufReader::new(stderr).lines() {
-            let line = line.unwrap();
-            let _ = tx.send(line.clone());
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    loop {
-        let line = rx
-            .recv_timeout(std::time::Duration::from_secs(120))
-            .expect("the awaited line never came");
-        if at(&line) {
-            break;
-        }
-    }
-    std::thread::sleep(after);
-    let sent = Command::new("kill")
-        .args([signal, &bench.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let out = bench.wait_with_output().unwrap();
-    (out, reader.join().unwrap())
 }
 
 /// What a bench of `scenario` interrupted by SIGINT said and wrote, checked: it exited 130,
@@ -709,8 +668,9 @@ fn ctrl_c_during_a_simulated_bench_writes_the_report_of_the_runs_that_completed(
     )
     .unwrap();
     let out_dir = dir.path().join("out");
-    let (out, stderr) = signalled_bench(
+    let (out, stderr) = signalled(
         &[
+            "bench".as_ref(),
             scenario.as_os_str(),
             "--requests-csv".as_ref(),
             "--out".as_ref(),

@@ -1,7 +1,8 @@
 //! `infergate demo`, the README's first command, as the binary runs it: the built-in scenario
 //! loads, both policies run, the table is printed and the report lands in `--out` (here on the
 //! simulator, seconds instead of the live run's minutes; the live path is the bench's, tested in
-//! `crates/bench/tests/live.rs`).
+//! `crates/bench/tests/live.rs`), and a Ctrl-C stops it as it stops a bench (what an interrupted
+//! demo writes is tested beside its code, `src/cmd/demo.rs`).
 
 #![allow(
     clippy::unwrap_used,
@@ -10,6 +11,10 @@
 )]
 
 use std::process::Command;
+
+#[path = "common/signalled.rs"]
+mod signalled;
+use signalled::signalled;
 
 #[test]
 fn the_demo_runs_both_policies_and_writes_its_report_where_asked() {
@@ -52,4 +57,28 @@ fn the_demo_runs_both_policies_and_writes_its_report_where_asked() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, [std::ffi::OsString::from("report")]);
+}
+
+/// Ctrl-C during the demo's first run (live, a minute of arrivals) stops it as it stops a
+/// bench: nothing had completed, so no report is written; the demo says so, names the runs
+/// not run, and exits 130.
+#[test]
+fn ctrl_c_stops_the_demo_as_it_stops_a_bench() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("report");
+    let (out, stderr) = signalled(
+        &["demo".as_ref(), "--out".as_ref(), out_dir.as_os_str()],
+        |line| line.starts_with("demo live seed 1 (1/1) round-robin: "),
+        std::time::Duration::from_secs(2),
+        "-INT",
+    );
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains(
+            "interrupted during demo: no run had completed, so no report was written for it"
+        ) && stderr.contains("not run: round-robin seed 1"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(", infergate seed 1"), "{stderr}");
+    assert!(!out_dir.join("demo-live.md").exists());
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use infergate_bench::{Report, Scenario, StderrBar};
+use infergate_bench::{Progress, Report, Scenario, StderrBar};
 
 /// The scenarios run when none are named: the repository's folder of them.
 const DEFAULT_SCENARIOS: &str = "benches/scenarios";
@@ -184,9 +184,8 @@ fn load(path: &Path, args: &Args) -> anyhow::Result<Scenario> {
     Ok(s)
 }
 
-/// Prints a report's table and verdicts on stdout.
-pub fn print(report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
+/// Prints a report's table and verdicts on `out` (stdout).
+pub fn print(out: &mut dyn Write, report: &Report, written: &[PathBuf]) -> anyhow::Result<()> {
     writeln!(out, "\n## {} ({})\n", report.scenario.name, report.mode)?;
     writeln!(out, "{}", report.table())?;
     for v in &report.verdicts {
@@ -257,48 +256,50 @@ pub fn unserved(report: &Report) -> Vec<String> {
         .collect()
 }
 
-/// A signal that stops a bench: Ctrl-C (SIGINT) or SIGTERM, listened for from the moment
-/// [`stop_signal`] returns. A live run waits for it ([`Stopped::wait`]); a simulated one, on a
-/// blocking thread of its own, looks at its flag ([`Stopped::flag`]) between runs and every few
+/// A signal that stops a bench or the demo: Ctrl-C (SIGINT) or SIGTERM, once [`stop_signal`]
+/// listens for it, or [`Stopped::stop`]. A live run waits for it ([`Stopped::wait`]); a
+/// simulated one, on a blocking thread of its own, looks at its flag between runs and every few
 /// hundred arrivals or events within one.
-struct Stopped {
-    code: tokio::sync::watch::Receiver<Option<u8>>,
+///
+/// `Stopped::default()` is not stopped yet and listens for no signal.
+#[derive(Debug, Clone, Default)]
+pub struct Stopped {
+    code: Arc<tokio::sync::watch::Sender<Option<u8>>>,
     flag: Arc<AtomicBool>,
 }
 
 impl Stopped {
-    /// Resolves once the signal has come (never, if the listener is gone without one).
-    async fn wait(&self) {
-        let mut rx = self.code.clone();
-        if rx.wait_for(Option::is_some).await.is_err() {
-            std::future::pending::<()>().await;
-        }
+    /// Stops the runs, to exit with status `code` (the first code given is kept).
+    pub fn stop(&self, code: u8) {
+        // The code first, then the flag: a simulated run that saw the flag and returned finds
+        // the code sent.
+        self.code.send_if_modified(|c| {
+            let first = c.is_none();
+            if first {
+                *c = Some(code);
+            }
+            first
+        });
+        self.flag.store(true, Ordering::Release);
     }
 
-    /// The exit status for the signal that came, 128 + its number: 130 for SIGINT, 143 for
-    /// SIGTERM; `None` while none has.
+    /// Resolves once stopped.
+    async fn wait(&self) {
+        // The sender is `self`'s own: the channel cannot close while this waits.
+        let _ = self.code.subscribe().wait_for(Option::is_some).await;
+    }
+
+    /// The exit status to stop with, 128 + the signal's number: 130 for SIGINT, 143 for
+    /// SIGTERM; `None` while not stopped.
     fn code(&self) -> Option<u8> {
         *self.code.borrow()
-    }
-
-    /// Set once the signal has come, for a simulated run to stop at
-    /// ([`infergate_bench::simulate::run_until`]).
-    fn flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.flag)
     }
 }
 
 /// Starts listening for SIGINT and SIGTERM (before returning, so that none is missed).
-fn stop_signal() -> anyhow::Result<Stopped> {
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let flag = Arc::new(AtomicBool::new(false));
-    let set = Arc::clone(&flag);
-    let stop = move |code: u8| {
-        // The code first, then the flag: a simulated run that saw the flag and returned finds
-        // the code sent (waited for all the same, see `run`).
-        let _ = tx.send(Some(code));
-        set.store(true, Ordering::Release);
-    };
+pub fn stop_signal() -> anyhow::Result<Stopped> {
+    let stopped = Stopped::default();
+    let stop = stopped.clone();
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -309,35 +310,89 @@ fn stop_signal() -> anyhow::Result<Stopped> {
                 _ = int.recv() => 130,
                 _ = term.recv() => 143,
             };
-            stop(code);
+            stop.stop(code);
         });
     }
     #[cfg(not(unix))]
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            stop(130);
+            stop.stop(130);
         }
     });
-    Ok(Stopped { code: rx, flag })
+    Ok(stopped)
 }
 
-/// Ends a bench stopped by a signal during scenario `origin`: writes the report of the runs
-/// that completed (marked partial, naming those that did not run) and names it, says which
-/// scenarios did not run at all, and exits with `code` — everything the runs started is
-/// already stopped.
-fn interrupted(
+/// How a scenario is run.
+pub enum Mode<'a> {
+    /// On the simulator, keeping what the options ask for.
+    Simulated(infergate_bench::simulate::RunOptions),
+    /// Live on loopback, with these fronts after the scenario's policies.
+    Live(&'a infergate_bench::live::Fronts),
+}
+
+/// Runs `scenario` (`origin` in its errors) in `mode` until `stopped`: its report (marked
+/// interrupted when a run was stopped), and the exit status to end with when a signal came
+/// (even after the last run: the bench is then ended as the signal asked).
+pub async fn run_scenario(
+    scenario: Scenario,
+    origin: &str,
+    mode: Mode<'_>,
+    stopped: &Stopped,
+    mut progress: impl Progress + Send + 'static,
+) -> anyhow::Result<(Report, Option<u8>)> {
+    let report = match mode {
+        // Fronts run in process groups of their own, out of reach of the terminal's Ctrl-C: a
+        // signal stops the run in progress here, and with it the front it had started.
+        Mode::Live(fronts) => {
+            infergate_bench::live::run_until(
+                &scenario,
+                origin,
+                fronts,
+                &mut progress,
+                stopped.wait(),
+            )
+            .await?
+        }
+        Mode::Simulated(options) => {
+            let flag = Arc::clone(&stopped.flag);
+            let origin = origin.to_owned();
+            tokio::task::spawn_blocking(move || {
+                infergate_bench::simulate::run_until(
+                    &scenario,
+                    &origin,
+                    &mut progress,
+                    options,
+                    &flag,
+                )
+            })
+            .await??
+        }
+    };
+    if report.interrupted.is_none() && stopped.code().is_none() {
+        return Ok((report, None));
+    }
+    // Resolves at once: the code is sent before the flag a simulated run stopped at is set.
+    stopped.wait().await;
+    let code = stopped.code().unwrap_or(130);
+    Ok((report, Some(code)))
+}
+
+/// Ends a bench or the demo stopped by a signal during scenario `origin`: writes the report of
+/// the runs that completed (marked partial, naming those that did not run) and names it on
+/// `out` (stdout) and stderr, with the scenarios `later` that did not run at all.
+pub fn interrupted(
+    out: &mut dyn Write,
     report: &Report,
-    out: &Path,
+    dir: &Path,
     origin: &str,
     later: &[String],
-    code: u8,
 ) -> anyhow::Result<()> {
     let mut said = format!("\ninterrupted during {origin}: ");
     if report.runs.is_empty() {
         said.push_str("no run had completed, so no report was written for it");
     } else {
-        let written = report.write(out)?;
-        print(report, &written)?;
+        let written = report.write(dir)?;
+        print(out, report, &written)?;
         if let Some(md) = written.first() {
             said.push_str(&format!(
                 "the partial report of the runs that completed is {}",
@@ -352,10 +407,16 @@ fn interrupted(
         said.push_str(&format!("\n  scenarios not run: {}", later.join(", ")));
     }
     eprintln!("{said}");
-    std::io::stdout().flush()?;
-    // The front, gateway and fleet of a stopped live run have been stopped and waited for, and
-    // a stopped simulated run has returned; the status says how the bench ended, as a shell
-    // expects of a program ended by a signal.
+    out.flush()?;
+    Ok(())
+}
+
+/// Exits with `code`, once a signal has stopped a bench or the demo and [`interrupted`] has
+/// written what completed: the front, gateway and fleet of a stopped live run have been
+/// stopped and waited for, and a stopped simulated run has returned; the status says how it
+/// ended, as a shell expects of a program ended by a signal.
+pub fn exit(code: u8) -> ! {
+    let _ = std::io::stdout().flush();
     std::process::exit(i32::from(code));
 }
 
@@ -428,35 +489,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let options = infergate_bench::simulate::RunOptions {
             requests: args.requests_csv && keeps,
         };
-        let report = if live {
-            // Fronts run in process groups of their own, out of reach of the terminal's Ctrl-C:
-            // a signal stops the run in progress here, and with it the front it had started.
-            let mut bar = StderrBar::default();
-            infergate_bench::live::run_until(&scenario, &origin, &fronts, &mut bar, stopped.wait())
-                .await?
+        let mode = if live {
+            Mode::Live(&fronts)
         } else {
-            let flag = stopped.flag();
-            let origin = origin.clone();
-            tokio::task::spawn_blocking(move || {
-                infergate_bench::simulate::run_until(
-                    &scenario,
-                    &origin,
-                    &mut StderrBar::default(),
-                    options,
-                    &flag,
-                )
-            })
-            .await??
+            Mode::Simulated(options)
         };
-        if report.interrupted.is_some() || stopped.code().is_some() {
-            // Resolves at once: the code is sent before the flag a simulated run stopped at is
-            // set.
-            stopped.wait().await;
-            let code = stopped.code().unwrap_or(130);
-            return interrupted(&report, &args.out, &origin, &names[index + 1..], code);
+        let (report, code) =
+            run_scenario(scenario, &origin, mode, &stopped, StderrBar::default()).await?;
+        if let Some(code) = code {
+            let later = &names[index + 1..];
+            interrupted(&mut std::io::stdout(), &report, &args.out, &origin, later)?;
+            exit(code);
         }
         let written = report.write(&args.out)?;
-        print(&report, &written)?;
+        print(&mut std::io::stdout(), &report, &written)?;
         let name = path.display();
         unserved_runs.extend(
             unserved(&report)
