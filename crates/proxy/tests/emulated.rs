@@ -13,21 +13,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig};
-use infergate_sim::{Faults, FleetSpec, MetricsFault, ServedFleet, serve_fleet};
-use upstream::{get, metric, post, send, serve_gateway};
+use infergate_sim::{Faults, MetricsFault, ServedFleet};
+use upstream::{get, metric, post, send, serve_emulated, serve_gateway, wait_ready};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
-    let spec = FleetSpec::from_yaml(
+    let (fleet, fleet_stop) = serve_emulated(
         "seed: 7\npods:\n  - { name: a, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }\n  - { name: b, profile: llama-3.1-8b/h100, engine: sglang, served_model_name: llama }\n",
     )
-    .unwrap();
-    let (fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
-    let fleet = serve_fleet(&spec, async move {
-        let _ = fleet_rx.await;
-    })
-    .await
-    .unwrap();
+    .await;
     let addrs = fleet.addrs();
     let config = GatewayConfig::from_yaml(&format!(
         "auth: none\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n    endpoints:\n      - {{ address: {}, name: a, engine: vllm }}\n      - {{ address: {}, name: b, engine: sglang }}\n",
@@ -38,11 +32,7 @@ async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {
     let admin = gw.admin_addr().unwrap();
 
     // Both engines' pages are scraped: the gateway becomes ready.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while get(admin, "/readyz").await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_ready(admin).await;
 
     let served: Vec<String> = addrs.iter().map(|(_, a)| a.to_string()).collect();
     let chat =
@@ -101,13 +91,7 @@ impl Rig {
                 "  - {{ name: {n}, profile: llama-3.1-8b/h100, engine: vllm, served_model_name: llama }}\n"
             );
         }
-        let spec = FleetSpec::from_yaml(&yaml).unwrap();
-        let (fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
-        let fleet = serve_fleet(&spec, async move {
-            let _ = fleet_rx.await;
-        })
-        .await
-        .unwrap();
+        let (fleet, fleet_stop) = serve_emulated(&yaml).await;
         let mut config = format!(
             "auth: none\n{top}models:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n{model_extra}    endpoints:\n"
         );
@@ -407,16 +391,10 @@ async fn every_pod_dead_is_503_with_retry_after_on_the_gateway() {
 /// advertised `Retry-After` to be within a factor of two of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shed_retry_after_is_within_twice_the_emulated_drain_time() {
-    let spec = FleetSpec::from_yaml(
+    let (fleet, _fleet_stop) = serve_emulated(
         "seed: 7\npods:\n  - { name: a, profile: llama-3.1-8b/a10g, engine: vllm, served_model_name: llama }\n  - { name: b, profile: llama-3.1-8b/a10g, engine: vllm, served_model_name: llama }\n",
     )
-    .unwrap();
-    let (_fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
-    let fleet = serve_fleet(&spec, async move {
-        let _ = fleet_rx.await;
-    })
-    .await
-    .unwrap();
+    .await;
     let mut config = String::from(
         "auth: none\nretries: { maxAttempts: 1 }\nmodels:\n  - name: llama\n    scheduler: { preset: infergate }\n    endpoints:\n",
     );
@@ -426,11 +404,7 @@ async fn shed_retry_after_is_within_twice_the_emulated_drain_time() {
     let config = GatewayConfig::from_yaml(&config).unwrap();
     let (gw, _stop) = serve_gateway(config).await;
     let (http, admin) = (gw.http_addr(), gw.admin_addr().unwrap());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while get(admin, "/readyz").await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_ready(admin).await;
     let filler = "The quick brown fox jumps over the lazy dog. ".repeat(25);
     let job = move |i: usize| {
         format!(

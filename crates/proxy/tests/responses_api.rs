@@ -11,14 +11,11 @@
 #[path = "common/upstream.rs"]
 mod upstream;
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use infergate_proxy::GatewayConfig;
-use infergate_sim::{FleetSpec, serve_fleet};
 use serde_json::{Value, json};
-use upstream::{get, metric, post, serve_gateway};
+use upstream::{get, metric, post, serve_emulated, serve_gateway, wait_ready};
 
 /// The `(event, data)` pairs of a Responses API stream: each event an `event:` line and a `data:`
 /// line.
@@ -41,16 +38,10 @@ fn events(stream: &str) -> Vec<(String, Value)> {
 async fn responses_are_routed_streamed_timed_and_counted() {
     // An A10G pod: 35 ms a decode step, so a 16-token answer takes over half a second after its
     // first token.
-    let spec = FleetSpec::from_yaml(
+    let (fleet, _fleet_stop) = serve_emulated(
         "seed: 7\npods:\n  - { name: a, profile: llama-3.1-8b/a10g, engine: vllm, served_model_name: llama, lora_adapters: [sql-lora] }\n",
     )
-    .unwrap();
-    let (_fleet_stop, fleet_rx) = tokio::sync::oneshot::channel::<()>();
-    let fleet = serve_fleet(&spec, async move {
-        let _ = fleet_rx.await;
-    })
-    .await
-    .unwrap();
+    .await;
     let pod = fleet.pods[0].addr;
     let config = GatewayConfig::from_yaml(&format!(
         "auth: none\nmodels:\n  - name: llama\n    loraAdapters: [sql-lora]\n    scheduler: {{ preset: infergate }}\n    endpoints:\n      - {{ address: {pod}, name: a, engine: vllm }}\n"
@@ -58,11 +49,7 @@ async fn responses_are_routed_streamed_timed_and_counted() {
     .unwrap();
     let (gw, _stop) = serve_gateway(config).await;
     let admin = gw.admin_addr().unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while get(admin, "/readyz").await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_ready(admin).await;
     let pod_label = pod.to_string();
     let learned = |m: &str| {
         metric(
@@ -139,16 +126,15 @@ async fn responses_are_routed_streamed_timed_and_counted() {
     assert_eq!(usage["output_tokens"], 16, "{usage}");
 
     // The gateway timed the first token and counted the tokens the usage event reported.
-    let m = get(admin, "/metrics").await.1;
-    assert_eq!(
+    let timed = |m: &str| {
         metric(
-            &m,
+            m,
             "infergate_gateway_ttft_seconds_count",
-            &[("model", "llama")]
-        ),
-        Some(1.0),
-        "{m}"
-    );
+            &[("model", "llama")],
+        )
+    };
+    let m = get(admin, "/metrics").await.1;
+    assert_eq!(timed(&m), Some(1.0), "{m}");
     let tokens = |m: &str, direction: &str| {
         metric(
             m,
@@ -194,14 +180,6 @@ async fn responses_are_routed_streamed_timed_and_counted() {
         "{m}"
     );
     // Only the streamed answer has a first token to time.
-    assert_eq!(
-        metric(
-            &m,
-            "infergate_gateway_ttft_seconds_count",
-            &[("model", "llama")]
-        ),
-        Some(1.0),
-        "{m}"
-    );
+    assert_eq!(timed(&m), Some(1.0), "{m}");
     assert_eq!(gw.handle().inflight("llama"), Some(0));
 }

@@ -323,6 +323,31 @@ pub fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> 
         .and_then(|v| v.parse().ok())
 }
 
+/// Emulated pods (`infergate-sim`) from a fleet file's YAML, on free loopback ports; they stop
+/// when the returned sender is dropped or sent to.
+pub async fn serve_emulated(
+    yaml: &str,
+) -> (infergate_sim::ServedFleet, tokio::sync::oneshot::Sender<()>) {
+    let spec = infergate_sim::FleetSpec::from_yaml(yaml).unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let fleet = infergate_sim::serve_fleet(&spec, async move {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    (fleet, stop)
+}
+
+/// Waits (10 s at most) until the gateway's admin port answers `/readyz` with 200: every pod
+/// scraped.
+pub async fn wait_ready(admin: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while get(admin, "/readyz").await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The gateway on two workers with an admin port, all on free loopback ports; it stops when the
 /// returned sender is dropped or sent to.
 pub async fn serve_gateway(

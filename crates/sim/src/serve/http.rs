@@ -296,7 +296,7 @@ fn usage(c: &Completion) -> Value {
     })
 }
 
-pub(crate) fn response(
+fn response(
     shared: &PodShared,
     status: StatusCode,
     content_type: &'static str,
@@ -310,6 +310,11 @@ pub(crate) fn response(
         r.headers_mut().insert(POD_HEADER, v);
     }
     r
+}
+
+/// A `200` server-sent event stream.
+pub(crate) fn streaming(shared: &PodShared, body: SimBody) -> Response<SimBody> {
+    response(shared, StatusCode::OK, "text/event-stream", body)
 }
 
 pub(crate) fn json_response(
@@ -800,12 +805,7 @@ async fn inference_inner(
             started: false,
             ended: false,
         };
-        return response(
-            shared,
-            StatusCode::OK,
-            "text/event-stream",
-            SimBody::Sse(Box::new(s)),
-        );
+        return streaming(shared, SimBody::Sse(Box::new(s)));
     }
     let (text, done) = match feed.collect(shared).await {
         Ok(answer) => answer,

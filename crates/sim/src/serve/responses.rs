@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 use super::PodShared;
 use super::http::{
     DEFAULT_CHAT_MAX_TOKENS, Fed, GENERATION_PROMPT, Parsed, Reject, SimBody, TokenFeed, admit,
-    bad, error, json_response, object, opt_bool, push_message, read_body, resolve_model, response,
+    bad, error, json_response, object, opt_bool, push_message, read_body, resolve_model, streaming,
 };
 use crate::engine::Completion;
 use crate::tokens::Prompt;
@@ -64,12 +64,7 @@ async fn answer(shared: &Arc<PodShared>, req: Request<Incoming>) -> Response<Sim
             started: false,
             ended: false,
         };
-        return response(
-            shared,
-            StatusCode::OK,
-            "text/event-stream",
-            SimBody::Events(Box::new(s)),
-        );
+        return streaming(shared, SimBody::Events(Box::new(s)));
     }
     match feed.collect(shared).await {
         Ok((text, done)) => {
