@@ -123,7 +123,7 @@ fi
 [ -x "$INFERGATE_BIN" ] || fail "no infergate binary at $INFERGATE_BIN"
 
 # --- the suite ---------------------------------------------------------------------------------
-step "suite (setup, then checks ${REAL_VLLM_CHECKS:-1,2,3,5,6,7,8,9,4})"
+step "suite (setup, then checks ${REAL_VLLM_CHECKS:-1,2,3,5,6,7,8,9,10,4})"
 mkdir -p "$WORK" "$REPORTS"
 rm -rf "$WORK/logs"
 set +e

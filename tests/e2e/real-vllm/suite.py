@@ -1475,6 +1475,95 @@ models:
             self.procs.stop(f"vllm-{inst}")
 
     # ------------------------------------------------------------------ driver
+    # ------------------------------------------------------------------ check 10
+    # The response object's fields, and its message's and text part's, as the emulator writes
+    # them (crates/sim/src/serve/responses.rs): this check holds them against real vLLM's.
+    RESPONSE_KEYS = {
+        "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object",
+        "output", "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p",
+        "background", "max_output_tokens", "max_tool_calls", "previous_response_id", "prompt",
+        "reasoning", "service_tier", "status", "text", "top_logprobs", "truncation", "usage",
+        "user", "presence_penalty", "frequency_penalty", "kv_transfer_params",
+        "ec_transfer_params", "input_messages", "output_messages"}
+    MESSAGE_KEYS = {"id", "content", "role", "status", "type", "phase"}
+    PART_KEYS = {"annotations", "text", "type", "logprobs"}
+    USAGE_KEYS = {"input_tokens", "input_tokens_details", "output_tokens",
+                  "output_tokens_details", "total_tokens"}
+    # The emulator's event sequence, runs of deltas taken as one.
+    EVENT_SEQUENCE = [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+
+    def check_responses(self):
+        def counters():
+            m = self.gw_metrics()
+            return (metric(m, "infergate_gateway_ttft_seconds_count", model=MODEL),
+                    metric(m, "infergate_gateway_tokens_total", model=MODEL, direction="in"),
+                    metric(m, "infergate_gateway_tokens_total", model=MODEL, direction="out"))
+
+        def wait_counted(want, what):
+            try:
+                wait_until(lambda: counters() == want, 10, 0.1, what)
+            except Exception:  # noqa: BLE001 - say what the page held instead
+                expect(False, f"{what}: gateway counted (ttft, in, out) {counters()}, want {want}")
+
+        def shape(what, got, want):
+            expect(set(got) == want, f"{what} fields: extra {sorted(set(got) - want)}, "
+                   f"missing {sorted(want - set(got))}")
+
+        ttft0, in0, out0 = counters()
+        body = {"model": MODEL, "instructions": "Be brief.", "input": "count numbers",
+                "max_output_tokens": 12, "ignore_eos": True, "stream": True}
+        raw = b""
+        with self.http.stream("POST", self.gw("/v1/responses"), json=body, timeout=60.0) as r:
+            head = (r.status_code, r.headers.get("content-type"),
+                    self.inst_of(r.headers.get("x-infergate-endpoint")))
+            for chunk in r.iter_bytes():
+                raw += chunk
+        expect(head[0] == 200 and (head[1] or "").startswith("text/event-stream"),
+               f"streamed: status {head[0]}, {head[1]}, served by {head[2]}")
+        events = []
+        for frame in raw.strip().split(b"\n\n"):
+            lines = frame.split(b"\n")
+            kind = next((l[7:].decode() for l in lines if l.startswith(b"event: ")), None)
+            data = json.loads(next(l[6:] for l in lines if l.startswith(b"data: ")))
+            events.append((kind, data))
+        expect(all(k == d.get("type") and d.get("sequence_number") == i
+                   for i, (k, d) in enumerate(events)),
+               f"{len(events)} events, each an event: line naming its data's type, "
+               f"sequence_number from 0")
+        kinds = [k for i, (k, _) in enumerate(events)
+                 if i == 0 or not (k == "response.output_text.delta" == events[i - 1][0])]
+        deltas = sum(1 for k, _ in events if k == "response.output_text.delta")
+        expect(kinds == self.EVENT_SEQUENCE and b"[DONE]" not in raw,
+               f"event sequence {kinds} ({deltas} deltas), "
+               f"{'a' if b'[DONE]' in raw else 'no'} [DONE]")
+        done = events[-1][1]["response"]
+        usage = done["usage"]
+        shape("usage", usage, self.USAGE_KEYS)
+        expect(usage["output_tokens"] == 12 and "cached_tokens" in usage["input_tokens_details"]
+               and "reasoning_tokens" in usage["output_tokens_details"],
+               f"usage: {usage['input_tokens']} in ({usage['input_tokens_details']}), "
+               f"{usage['output_tokens']} out, status {done['status']}")
+        wait_counted((ttft0 + 1, in0 + usage["input_tokens"], out0 + 12),
+                     "streamed: first token timed, usage counted")
+        # not streamed: one response object
+        body["stream"] = False
+        r = self.post(self.gw("/v1/responses"), body)
+        expect(r.status_code == 200, f"not streamed: status {r.status_code}: {r.text[:200]}")
+        v = r.json()
+        shape("response", v, self.RESPONSE_KEYS)
+        shape("output message", v["output"][0], self.MESSAGE_KEYS)
+        shape("output text part", v["output"][0]["content"][0], self.PART_KEYS)
+        expect(v["object"] == "response" and v["status"] == "incomplete"
+               and (v["incomplete_details"] or {}).get("reason") == "max_output_tokens",
+               f"response: object {v['object']!r}, status {v['status']!r} "
+               f"({v['incomplete_details']}) at max_output_tokens with ignore_eos")
+        in1 = in0 + usage["input_tokens"]
+        wait_counted((ttft0 + 1, in1 + v["usage"]["input_tokens"], out0 + 24),
+                     "not streamed: usage counted, no first token timed")
+
     CHECKS = [
         ("1", "standalone gateway + openai SDK", "check_gateway_sdk"),
         ("2", "BBR + picker over ext_proc", "check_extproc"),
@@ -1484,6 +1573,7 @@ models:
         ("7", "inference-perf", "check_inference_perf"),
         ("8", "tokenization vs vLLM /tokenize", "check_tokenize"),
         ("9", "precise prefix from KV events", "check_precise_prefix"),
+        ("10", "Responses API via the gateway", "check_responses"),
         ("4", "faults", "check_faults"),  # last: it kills the instances
     ]
 
