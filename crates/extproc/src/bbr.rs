@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request a
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     CommonResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use infergate_openai::{ApiError, ApiKind, ModelRouter, parse_request};
+use infergate_openai::{ApiError, ApiKind, ModelRouter, check_content_encoding, parse_request};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -189,6 +189,13 @@ impl Exchange for BbrExchange {
                 // unchanged but for the client's routing headers.
                 self.buffering =
                     kind.filter(|_| !h.end_of_stream && self.request_mode != BodyMode::HeadersOnly);
+                // A compressed body cannot be routed (nor read by a model server): 415 now.
+                if self.buffering.is_some()
+                    && let Err(e) =
+                        check_content_encoding(wire::find_header(&h, "content-encoding"))
+                {
+                    return self.reject(&e, out);
+                }
                 // Full duplex holds the headers answer until the route is known; otherwise the
                 // headers are answered now (buffered mode routes in the body answer, and a
                 // spoofed header is removed already here).

@@ -13,7 +13,9 @@ mod harness;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
-use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingResponse, body_mutation};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    ProcessingResponse, body_mutation, processing_response,
+};
 use harness::*;
 use infergate_extproc::bbr::{BbrConfig, ModelsFile};
 use infergate_extproc::wire::{self, MAX_CHUNK};
@@ -820,6 +822,54 @@ async fn bbr_passes_large_chunks_in_answers_of_at_most_62000_bytes() {
         .map(|(b, eos)| (b.len(), *eos))
         .collect();
     assert_eq!(sizes, [(MAX_CHUNK, false), (1, true)]);
+}
+
+/// A compressed body is answered 415 at its headers by the picker and the body-based router
+/// alike (neither could read it to route, nor could a model server), and an `identity` coding
+/// routes as usual.
+#[tokio::test]
+async fn compressed_bodies_get_415_at_the_headers() {
+    let (_p, picker) = picker(ScriptedPool::new(&[A])).await;
+    let (_b, bbr) = bbr().await;
+    for (envoy, model) in [(&picker, "m"), (&bbr, "llama-3-8b")] {
+        let mut ex = envoy.open().await;
+        ex.send(request_headers(
+            "/v1/chat/completions",
+            &[("content-encoding", "gzip")],
+            false,
+        ))
+        .await;
+        let (status, _, json) = immediate_parts(&ex.next().await);
+        assert_eq!(status, 415);
+        assert_eq!(json["error"]["code"], "unsupported_content_encoding");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("`gzip`"),
+            "{json}"
+        );
+        ex.expect_end().await;
+
+        let mut ex = envoy.open().await;
+        ex.send(request_headers(
+            "/v1/chat/completions",
+            &[("content-encoding", "identity")],
+            false,
+        ))
+        .await;
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        ex.send(request_body(body.as_bytes(), true)).await;
+        let answer = ex.next().await;
+        assert!(
+            !matches!(
+                answer.response,
+                Some(processing_response::Response::ImmediateResponse(_))
+            ),
+            "{answer:?}"
+        );
+    }
 }
 
 #[tokio::test]

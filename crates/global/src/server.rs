@@ -17,7 +17,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use infergate_openai::{ApiError, ApiKind, Route, parse_request};
+use infergate_openai::{ApiError, ApiKind, Route, check_content_encoding, parse_request};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
@@ -485,13 +485,22 @@ fn served_models(state: &State, access: &ModelAccess) -> Vec<String> {
     all
 }
 
-fn models_response(state: &State, access: &ModelAccess) -> Response<RouterBody> {
+/// The model list; for `HEAD` (`head`) its headers, length included, and no body (HTTP/2 leaves
+/// that to the server).
+fn models_response(state: &State, access: &ModelAccess, head: bool) -> Response<RouterBody> {
     let data: Vec<serde_json::Value> = served_models(state, access)
         .into_iter()
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"}))
         .collect();
     let body = serde_json::json!({"object": "list", "data": data}).to_string();
-    let mut r = Response::new(RouterBody::Full(Full::new(Bytes::from(body))));
+    let length = HeaderValue::from(body.len());
+    let body = if head {
+        Bytes::new()
+    } else {
+        Bytes::from(body)
+    };
+    let mut r = Response::new(RouterBody::Full(Full::new(body)));
+    r.headers_mut().insert(header::CONTENT_LENGTH, length);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -519,8 +528,16 @@ async fn route_request(
     let identity = state.auth.authenticate(req.headers()).await?;
     let kind = match Route::of(req.method().as_str(), req.uri().path())? {
         Route::Api(kind) => kind,
-        Route::Models => return Ok(models_response(&state, &identity.models)),
+        Route::Models => {
+            let head = req.method() == http::Method::HEAD;
+            return Ok(models_response(&state, &identity.models, head));
+        }
     };
+    check_content_encoding(
+        req.headers()
+            .get(header::CONTENT_ENCODING)
+            .map(|v| v.as_bytes()),
+    )?;
     let limits = &state.config.limits;
     let running = shared.inflight.fetch_add(1, Ordering::AcqRel);
     let slot = Slot(Arc::clone(&shared.inflight));

@@ -73,8 +73,8 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     let (router, _stop) = router(cluster.addr).await;
     for (method, path, allowed) in [
         ("GET", "/v1/chat/completions", "POST"),
-        ("POST", "/v1/models", "GET"),
-        ("DELETE", "/v1/models", "GET"),
+        ("POST", "/v1/models", "GET, HEAD"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
     ] {
         let r = send(router.http_addr(), method, path, &[]).await;
         assert_eq!(r.status, 405, "{method} {path}: {}", r.text());
@@ -87,6 +87,35 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     let r = send(router.http_addr(), "POST", "/v2/whatever", &[]).await;
     assert_eq!(r.status, 404);
     assert_eq!(r.header("allow"), None);
+    assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
+}
+
+/// `HEAD /v1/models` is its `GET` without the body; a compressed request body is 415 before it
+/// is read, naming the coding, and reaches no cluster.
+#[tokio::test]
+async fn head_on_the_model_list_and_a_compressed_body() {
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router(cluster.addr).await;
+    let got = send(router.http_addr(), "GET", "/v1/models", &[]).await;
+    let head = send(router.http_addr(), "HEAD", "/v1/models", &[]).await;
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty(), "{:?}", head.body);
+    let length = got.body.len().to_string();
+    assert_eq!(head.header("content-length"), Some(length.as_str()));
+    let r = send(
+        router.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("content-encoding", "br")],
+    )
+    .await;
+    assert_eq!(r.status, 415, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "unsupported_content_encoding", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`br`"),
+        "{v}"
+    );
     assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
 

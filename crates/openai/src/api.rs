@@ -65,19 +65,22 @@ impl ApiKind {
 pub enum Route {
     /// `POST` on an API path: read the body and route it by its model.
     Api(ApiKind),
-    /// `GET /v1/models`: answer with the served models.
+    /// `GET /v1/models` (or `HEAD`, answered as `GET` without the body): answer with the
+    /// served models.
     Models,
 }
 
 impl Route {
     /// Routes a request: an API path takes `POST`, the model list (`/v1/models`, `/v1/models/`,
-    /// `/models`) `GET`. Another method on one of those is [`ApiError::MethodNotAllowed`] naming
-    /// the one allowed; any other path is [`ApiError::NotFound`].
+    /// `/models`) `GET` and `HEAD` (RFC 9110 §9.3.2: a server answers `HEAD` wherever it answers
+    /// `GET`; the HTTP layer leaves the body out). Another method on one of those is
+    /// [`ApiError::MethodNotAllowed`] naming the ones allowed; any other path is
+    /// [`ApiError::NotFound`].
     pub fn of(method: &str, path: &str) -> Result<Route, ApiError> {
-        let (route, allowed) = match ApiKind::from_path(path) {
-            Some(kind) => (Route::Api(kind), "POST"),
+        let (route, takes, allowed) = match ApiKind::from_path(path) {
+            Some(kind) => (Route::Api(kind), method == "POST", "POST"),
             None if matches!(path, "/v1/models" | "/v1/models/" | "/models") => {
-                (Route::Models, "GET")
+                (Route::Models, matches!(method, "GET" | "HEAD"), "GET, HEAD")
             }
             None => {
                 return Err(ApiError::NotFound {
@@ -85,7 +88,7 @@ impl Route {
                 });
             }
         };
-        if method == allowed {
+        if takes {
             Ok(route)
         } else {
             Err(ApiError::MethodNotAllowed {
@@ -93,6 +96,28 @@ impl Route {
                 allowed,
             })
         }
+    }
+}
+
+/// Refuses a compressed request body. `value` is the request's `Content-Encoding` header, if
+/// any: none, or only `identity` codings, pass; any other coding (`gzip`, `br`, …) is
+/// [`ApiError::UnsupportedEncoding`] — the front doors read the body as JSON to route it, and
+/// model servers take request bodies uncompressed, so a compressed one would otherwise be
+/// refused as invalid JSON, or forwarded to a server that cannot read it.
+pub fn check_content_encoding(value: Option<&[u8]>) -> Result<(), ApiError> {
+    let Some(value) = value else {
+        return Ok(());
+    };
+    let plain = value.split(|b| *b == b',').all(|coding| {
+        let coding = coding.trim_ascii();
+        coding.is_empty() || coding.eq_ignore_ascii_case(b"identity")
+    });
+    if plain {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedEncoding {
+            encoding: String::from_utf8_lossy(value).chars().take(100).collect(),
+        })
     }
 }
 
@@ -105,6 +130,27 @@ impl fmt::Display for ApiKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_uncompressed_body_passes() {
+        for ok in [
+            None,
+            Some(&b"identity"[..]),
+            Some(b"Identity"),
+            Some(b" identity , "),
+            Some(b""),
+        ] {
+            assert!(check_content_encoding(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [&b"gzip"[..], b"identity, gzip", b"br", b"x-gzip"] {
+            let e = check_content_encoding(Some(bad)).unwrap_err();
+            assert_eq!(e.status(), 415);
+            assert!(
+                e.to_string().contains(&*String::from_utf8_lossy(bad)),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn paths_map_to_kinds() {
@@ -132,10 +178,12 @@ mod tests {
         );
         assert_eq!(Route::of("GET", "/v1/models").ok(), Some(Route::Models));
         assert_eq!(Route::of("GET", "/models").ok(), Some(Route::Models));
+        assert_eq!(Route::of("HEAD", "/v1/models").ok(), Some(Route::Models));
+        assert!(Route::of("HEAD", "/v1/chat/completions").is_err());
         for (method, path, allowed) in [
             ("GET", "/v1/chat/completions", "POST"),
-            ("POST", "/v1/models", "GET"),
-            ("DELETE", "/v1/models/", "GET"),
+            ("POST", "/v1/models", "GET, HEAD"),
+            ("DELETE", "/v1/models/", "GET, HEAD"),
         ] {
             let e = Route::of(method, path).unwrap_err();
             assert_eq!((e.status(), e.allow()), (405, Some(allowed)), "{e}");

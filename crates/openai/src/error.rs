@@ -52,6 +52,16 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The request body is compressed (a `Content-Encoding` other than `identity`): the body is
+    /// read as JSON to route it, and model servers take it as sent.
+    #[error(
+        "the request body has Content-Encoding `{}`: send the JSON uncompressed, without Content-Encoding",
+        Echo(encoding)
+    )]
+    UnsupportedEncoding {
+        /// The header's value.
+        encoding: String,
+    },
     /// The path is not an API this gateway serves.
     #[error(
         "no route for `{}`: the gateway serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and /v1/models",
@@ -66,7 +76,7 @@ pub enum ApiError {
     MethodNotAllowed {
         /// The request's method.
         method: String,
-        /// The method the path takes (`POST` for the APIs, `GET` for the model list); the
+        /// The method the path takes (`POST` for the APIs, `GET, HEAD` for the model list); the
         /// response's `Allow` header.
         allowed: &'static str,
     },
@@ -394,6 +404,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::RequestTimeout { .. } => 408,
             ApiError::BodyTooLarge { .. } => 413,
+            ApiError::UnsupportedEncoding { .. } => 415,
             ApiError::Overloaded { .. }
             | ApiError::ConcurrencyLimit { .. }
             | ApiError::QuotaExceeded { .. }
@@ -420,6 +431,7 @@ impl ApiError {
             ApiError::MissingModel => "missing_model",
             ApiError::UnknownModel { .. } => "unknown_model",
             ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::UnsupportedEncoding { .. } => "unsupported_content_encoding",
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Overloaded { .. } => "shed",
@@ -471,7 +483,7 @@ impl ApiError {
     /// The OpenAI error `type`.
     fn error_type(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 405 | 408 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 | 415 => "invalid_request_error",
             401 => "authentication_error",
             403 => "permission_error",
             429 => "rate_limit_error",
@@ -578,6 +590,12 @@ mod tests {
                 404,
             ),
             (ApiError::BodyTooLarge { limit: 10 }, 413),
+            (
+                ApiError::UnsupportedEncoding {
+                    encoding: "gzip".into(),
+                },
+                415,
+            ),
             (ApiError::NotFound { path: "/x".into() }, 404),
             (
                 ApiError::MethodNotAllowed {

@@ -18,7 +18,9 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use infergate_openai::{ApiError, ApiKind, ModelRewriter, Route, parse_request};
+use infergate_openai::{
+    ApiError, ApiKind, ModelRewriter, Route, check_content_encoding, parse_request,
+};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, Segments};
 use infergate_pool::quota::QuotaTicket;
@@ -175,8 +177,8 @@ async fn respond(
     }
     let admitted = match admit(state, &telemetry.limits, req, identity).await? {
         Admission::Admitted(a) => a,
-        Admission::Models(identity) => {
-            return Ok(models_response(state, &identity, request_id));
+        Admission::Models(identity, head) => {
+            return Ok(models_response(state, &identity, request_id, head));
         }
         Admission::Refused(e) => return Ok(refuse(telemetry, &e, request_id, note)),
     };
@@ -211,8 +213,9 @@ struct Admitted {
 enum Admission {
     /// An API request, its body read within the limit.
     Admitted(Admitted),
-    /// `GET /v1/models`: answered from the configuration, listing what this caller may call.
-    Models(Identity),
+    /// `GET /v1/models` (`HEAD` when `true`): answered from the configuration, listing what this
+    /// caller may call.
+    Models(Identity, bool),
     /// Answered with this error.
     Refused(ApiError),
 }
@@ -228,9 +231,18 @@ async fn admit(
 ) -> Result<Admission, hyper::Error> {
     let kind = match Route::of(req.method().as_str(), req.uri().path()) {
         Ok(Route::Api(kind)) => kind,
-        Ok(Route::Models) => return Ok(Admission::Models(identity)),
+        Ok(Route::Models) => {
+            let head = req.method() == http::Method::HEAD;
+            return Ok(Admission::Models(identity, head));
+        }
         Err(e) => return Ok(Admission::Refused(e)),
     };
+    // A compressed body could be neither routed nor read by a model server: refused before
+    // it is read.
+    let encoding = req.headers().get(header::CONTENT_ENCODING);
+    if let Err(e) = check_content_encoding(encoding.map(HeaderValue::as_bytes)) {
+        return Ok(Admission::Refused(e));
+    }
     let limits = &state.config.limits;
     // Before the body is read: the per-model limit needs the body's `model`, this one does not.
     let slot = match counters.start_request(limits.max_requests_in_flight) {
@@ -665,15 +677,20 @@ fn describe_send_error(err: &SendError) -> String {
 }
 
 /// `GET /v1/models`: the served models and adapters the caller may call (every one without
-/// authentication, from the prebuilt body).
+/// authentication, from the prebuilt body). For `HEAD` (`head`), the same headers, its length
+/// included, and no body: HTTP/2 leaves that to the server.
 fn models_response(
     state: &State,
     identity: &Identity,
     request_id: HeaderValue,
+    head: bool,
 ) -> Response<ResponseBody> {
     let body = state.models_for(&identity.models);
+    let length = HeaderValue::from(body.len());
+    let body = if head { Bytes::new() } else { body };
     let mut r = Response::new(ResponseBody::Full(Full::new(body)));
     let h = r.headers_mut();
+    h.insert(header::CONTENT_LENGTH, length);
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

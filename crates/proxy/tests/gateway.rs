@@ -469,8 +469,8 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
     for (method, path, allowed) in [
         ("GET", "/v1/chat/completions", "POST"),
-        ("POST", "/v1/models", "GET"),
-        ("DELETE", "/v1/models", "GET"),
+        ("POST", "/v1/models", "GET, HEAD"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
     ] {
         let (s, headers, b) = send(gw.addr(), method, path, "{}", &[]).await;
         assert_eq!(s, 405, "{method} {path}");
@@ -485,6 +485,62 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     assert!(!headers.contains_key("allow"));
     assert_eq!(json(&b)["error"]["code"], "not_found");
     assert_eq!(up.requests(), 0);
+}
+
+/// `HEAD /v1/models` is answered as `GET` without the body (RFC 9110 §9.3.2), over HTTP/1.1
+/// and h2c: what a health checker probing the model list sends.
+#[tokio::test]
+async fn head_on_the_model_list_is_its_get_without_the_body() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let (s, got, body) = send(gw.addr(), "GET", "/v1/models", "", &[]).await;
+    assert_eq!(s, 200);
+    let (s, head, empty) = send(gw.addr(), "HEAD", "/v1/models", "", &[]).await;
+    assert_eq!(s, 200);
+    assert!(empty.is_empty(), "{empty:?}");
+    assert_eq!(head["content-length"], body.len().to_string().as_str());
+    assert_eq!(head["content-type"], got["content-type"]);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let req = http::Request::head(format!("http://{}/v1/models", gw.addr()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let h2_body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(h2_body.is_empty(), "{h2_body:?}");
+    assert_eq!(up.requests(), 0);
+}
+
+/// A compressed body is refused 415 before it is read, naming the coding, and reaches no model
+/// server; `identity` is no coding.
+#[tokio::test]
+async fn a_compressed_body_is_415_before_it_is_read() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let gzip = [("content-encoding", "gzip")];
+    let (s, headers, b) = send(gw.addr(), "POST", "/v1/chat/completions", CHAT, &gzip).await;
+    assert_eq!(s, 415, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(headers["content-type"], "application/json");
+    let v = json(&b);
+    assert_eq!(v["error"]["code"], "unsupported_content_encoding", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`gzip`"),
+        "{v}"
+    );
+    assert_eq!(up.requests(), 0);
+    let identity = [("content-encoding", "identity")];
+    let (s, _, _) = send(gw.addr(), "POST", "/v1/chat/completions", CHAT, &identity).await;
+    assert_eq!(s, 200);
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    assert!(
+        metrics.contains(
+            r#"infergate_gateway_rejections_total{reason="unsupported_content_encoding"} 1"#
+        ),
+        "{metrics}"
+    );
 }
 
 /// Headers the `Connection` header names are hop-by-hop (RFC 9110 §7.6.1): neither the client's

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request a
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, processing_response,
 };
-use infergate_openai::{ApiError, ApiKind, parse_request};
+use infergate_openai::{ApiError, ApiKind, check_content_encoding, parse_request};
 use infergate_pool::flow::{FlowCharge, Queued, Turn};
 use infergate_pool::lifecycle::{
     self, Admission, Ending, ResponseWatch, Segments, admit_quota, pick, rejection_error,
@@ -343,6 +343,12 @@ impl<P: EndpointPool> PickerExchange<P> {
         }
         if h.end_of_stream || self.request_mode == BodyMode::HeadersOnly {
             return self.route_headers_only(out);
+        }
+        // A compressed API body cannot be read for routing (nor by a model server): 415 now.
+        if self.kind.is_some()
+            && let Err(e) = check_content_encoding(wire::find_header(h, "content-encoding"))
+        {
+            return self.reject(e, out);
         }
         self.phase = Phase::Body;
         if self.request_mode == BodyMode::Buffered {
