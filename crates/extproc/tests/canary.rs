@@ -30,6 +30,7 @@ use infergate_pool::PoolConfig;
 use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
 use infergate_testkit::eventually;
+use infergate_testkit::metric;
 
 const PROFILE: &str = "llama-3.1-8b/h100";
 
@@ -314,20 +315,4 @@ async fn moving_the_picker_from_90_10_to_0_100_by_reload_under_load_fails_no_req
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     infergate_testkit::get(addr, path).await.text()
-}
-
-/// The value of the first sample of `family` whose labels include every pair of `labels`.
-fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }

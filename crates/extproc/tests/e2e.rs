@@ -28,6 +28,7 @@ use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
 use infergate_sim::{
     Catalog, EngineKind, Faults, FleetSpec, MetricsFault, PodSpec, ServedFleet, serve_fleet,
 };
+use infergate_testkit::metric;
 use std::net::SocketAddr;
 
 const PROFILE: &str = "llama-3.1-8b/a10g";
@@ -426,22 +427,6 @@ impl Process {
 /// A plain HTTP/1.1 GET; the body as text.
 async fn http_get(addr: SocketAddr, path: &str) -> String {
     infergate_testkit::get(addr, path).await.text()
-}
-
-/// The value of the first sample of `family` whose labels include every pair of `labels`.
-fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,7 @@ use infergate_pool::PoolConfig;
 use infergate_pool::tenant::FAIRNESS_ID_HEADER;
 use infergate_scheduler::{EndpointMeta, EngineType, SchedulerConfig};
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, serve_fleet};
+use infergate_testkit::metric;
 
 const BODY: &[u8] =
     br#"{"model":"llama","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -152,20 +153,4 @@ async fn a_tenant_over_its_quota_is_answered_429_before_the_pick() {
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     infergate_testkit::get(addr, path).await.text()
-}
-
-/// The value of the first sample of `family` whose labels include every pair of `labels`.
-fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }

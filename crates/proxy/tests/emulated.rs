@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig};
 use infergate_sim::{Faults, MetricsFault, ServedFleet};
-use upstream::{get, metric, post, send, serve_emulated, serve_gateway, wait_ready};
+use infergate_testkit::metric;
+use upstream::{get, post, send, serve_emulated, serve_gateway, wait_ready};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_pods_serve_chat_and_completions_through_the_gateway() {

@@ -14,8 +14,9 @@ mod upstream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use infergate_proxy::GatewayConfig;
+use infergate_testkit::metric;
 use serde_json::{Value, json};
-use upstream::{get, metric, post, serve_emulated, serve_gateway, wait_ready};
+use upstream::{get, post, serve_emulated, serve_gateway, wait_ready};
 
 /// The `(event, data)` pairs of a Responses API stream: each event an `event:` line and a `data:`
 /// line.

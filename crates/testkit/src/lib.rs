@@ -250,6 +250,23 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The value of the first sample of `family` on the Prometheus text page `text` whose labels
+/// include every pair of `labels` (`None`: no such sample).
+pub fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Polls `f` every 5 ms until it holds, on wall-clock time (a real socket's peer does not follow
 /// tokio's paused clock).
 ///

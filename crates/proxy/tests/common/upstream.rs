@@ -307,22 +307,6 @@ pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
     (r.status, r.text())
 }
 
-/// The value of the first sample of `family` whose labels include every pair of `labels`.
-pub fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// Emulated pods (`infergate-sim`) from a fleet file's YAML, on free loopback ports; they stop
 /// when the returned sender is dropped or sent to.
 pub async fn serve_emulated(
