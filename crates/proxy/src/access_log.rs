@@ -1,14 +1,20 @@
 //! The access log (`accessLog:`): one JSON line per request, written off the request path.
 //!
-//! A request carries a [`Note`] (only when the log is on: otherwise nothing is built) that the
-//! request path fills as it learns things — the model asked for, the tenant, the endpoint and
-//! attempt, the status, the first token, the usage — and hands to the log when the request is
-//! over: at once for an answer the gateway gives itself, when the response body is dropped for
-//! one passed through (read to its end, broken off, or abandoned by the client). The note goes
-//! to a bounded channel; one writer thread per log formats it and writes it, flushing whenever
-//! the channel runs empty. A full channel (a destination slower than the traffic) drops the
-//! line rather than slow a request, and a failed write is skipped: both are counted
-//! (`infergate_gateway_access_log_lines_total{result}`), and the gateway serves on.
+//! The writer is shared by the front doors: [`AccessLog<R>`] takes a front door's own record
+//! type `R` (the gateway's [`Note`], the global router's), [`AccessLogConfig`] and [`check`] are
+//! its configuration and `--check`, [`LineCounters`] its counters, registered under each front
+//! door's prefix (`infergate_gateway_access_log_lines_total`,
+//! `infergate_global_access_log_lines_total`).
+//!
+//! A request carries a record (only when the log is on: otherwise nothing is built) that the
+//! request path fills as it learns things — at the gateway the model asked for, the tenant, the
+//! endpoint and attempt, the status, the first token, the usage — and hands to the log when the
+//! request is over: at once for an answer the front door gives itself, when the response body
+//! is dropped for one passed through (read to its end, broken off, or abandoned by the client).
+//! The record goes to a bounded channel; one writer thread per log formats it and writes it,
+//! flushing whenever the channel runs empty. A full channel (a destination slower than the
+//! traffic) drops the line rather than slow a request, and a failed write is skipped: both are
+//! counted (`..._access_log_lines_total{result}`), and the front door serves on.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -22,9 +28,10 @@ use http::{HeaderValue, Method};
 use infergate_openai::Usage;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use serde::Serialize;
+use prometheus_client::registry::Registry;
+use serde::{Serialize, Serializer};
 
-use crate::config::AccessLogConfig;
+pub use crate::config::AccessLogConfig;
 
 /// Lines that may wait for the writer; more are dropped (and counted).
 const QUEUE: usize = 8192;
@@ -45,7 +52,7 @@ pub enum AccessLogPath {
 
 impl AccessLogPath {
     /// `stdout`, `stderr` or a file path.
-    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "" => Err("`accessLog.path` must be `stdout`, `stderr` or a file path".into()),
             "stdout" => Ok(AccessLogPath::Stdout),
@@ -68,7 +75,7 @@ pub struct AccessLogError {
 
 /// What `--check` verifies without writing anything: an existing file can be opened for
 /// appending, or a missing one's folder exists.
-pub(crate) fn check(config: Option<&AccessLogConfig>) -> Result<(), AccessLogError> {
+pub fn check(config: Option<&AccessLogConfig>) -> Result<(), AccessLogError> {
     let Some(AccessLogPath::File(path)) = config.map(|c| &c.path) else {
         return Ok(());
     };
@@ -97,11 +104,11 @@ pub(crate) fn check(config: Option<&AccessLogConfig>) -> Result<(), AccessLogErr
     }
 }
 
-/// The counters of `infergate_gateway_access_log_lines_total`, by result (each exported from
+/// The counters of a front door's `..._access_log_lines_total`, by result (each exported from
 /// the start, at 0).
 #[derive(Clone)]
-pub(crate) struct LineCounters {
-    pub(crate) family: Family<[(&'static str, &'static str); 1], Counter>,
+pub struct LineCounters {
+    family: Family<[(&'static str, &'static str); 1], Counter>,
     written: Counter,
     dropped: Counter,
     failed: Counter,
@@ -127,20 +134,49 @@ impl Default for LineCounters {
     }
 }
 
-/// A running access log: the sending side of its writer thread's channel. The thread ends
-/// when the log and every request still holding a note for it are gone.
-pub(crate) struct AccessLog {
+impl LineCounters {
+    /// Registers the family as `name` (`access_log_lines` in the gateway's prefixed registry,
+    /// `infergate_global_access_log_lines` in the router's).
+    pub fn register(&self, registry: &mut Registry, name: &str) {
+        registry.register(
+            name,
+            "Access log lines (accessLog:), by result: written, dropped (the writer fell behind), failed (the write failed)",
+            self.family.clone(),
+        );
+    }
+}
+
+/// A running access log of records `R`: the sending side of its writer thread's channel. The
+/// thread ends when the log and every request still holding a record for it are gone.
+pub struct AccessLog<R> {
     path: AccessLogPath,
-    tx: SyncSender<Box<Note>>,
+    tx: SyncSender<Box<R>>,
     counters: LineCounters,
 }
 
-impl AccessLog {
+impl<R: Serialize + Send + 'static> AccessLog<R> {
+    /// The log `config` asks for across a reload: `previous` when it writes to the same place
+    /// (the same writer), else a new one (the old one ends once the requests still holding
+    /// records for it have logged them); none without `accessLog:`.
+    pub fn reloaded(
+        config: Option<&AccessLogConfig>,
+        previous: Option<&Arc<Self>>,
+        counters: &LineCounters,
+    ) -> Result<Option<Arc<Self>>, AccessLogError> {
+        let Some(config) = config else {
+            return Ok(None);
+        };
+        match previous {
+            Some(log) if log.path == config.path => Ok(Some(Arc::clone(log))),
+            _ => Self::start(config, counters).map(Some),
+        }
+    }
+
     /// Opens the destination and starts the writer thread.
-    pub(crate) fn start(
+    pub fn start(
         config: &AccessLogConfig,
         counters: &LineCounters,
-    ) -> Result<Arc<AccessLog>, AccessLogError> {
+    ) -> Result<Arc<Self>, AccessLogError> {
         let out: Box<dyn Write + Send> = match &config.path {
             AccessLogPath::Stdout => Box::new(std::io::stdout()),
             AccessLogPath::Stderr => Box::new(std::io::stderr()),
@@ -164,13 +200,9 @@ impl AccessLog {
         }))
     }
 
-    /// Whether this log writes where `config` says (a reload then keeps it).
-    pub(crate) fn writes_to(&self, config: &AccessLogConfig) -> bool {
-        self.path == config.path
-    }
-
-    fn send(&self, note: Box<Note>) {
-        match self.tx.try_send(note) {
+    /// Hands a request's record to the writer; dropped (and counted) when the queue is full.
+    pub fn send(&self, record: Box<R>) {
+        match self.tx.try_send(record) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.counters.dropped.inc();
@@ -201,14 +233,14 @@ fn open(path: &Path) -> Result<File, AccessLogError> {
 }
 
 /// The writer thread: a line per note, flushed whenever no note is waiting.
-fn write_lines(rx: &Receiver<Box<Note>>, mut out: impl Write, counters: &LineCounters) {
+fn write_lines<R: Serialize>(rx: &Receiver<Box<R>>, mut out: impl Write, counters: &LineCounters) {
     let mut line = Vec::with_capacity(512);
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
-        while let Some(note) = next {
+        while let Some(record) = next {
             line.clear();
             // Serializing plain fields into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut line, &note.line());
+            let _ = serde_json::to_writer(&mut line, &record);
             line.push(b'\n');
             match out.write_all(&line) {
                 Ok(()) => counters.written.inc(),
@@ -220,6 +252,27 @@ fn write_lines(rx: &Receiver<Box<Note>>, mut out: impl Write, counters: &LineCou
         // next batch tries again.
         let _ = out.flush();
     }
+}
+
+/// `time`: when a request arrived, RFC 3339 in UTC to the millisecond.
+pub fn timestamp(at: SystemTime) -> String {
+    jiff::Timestamp::try_from(at)
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_default()
+}
+
+/// A duration in milliseconds, to the microsecond (`ttft_ms`, `duration_ms`).
+pub fn millis(d: Duration) -> f64 {
+    (d.as_nanos() as f64 / 1e3).round() / 1e3
+}
+
+/// `path`: the request's path, cut at 256 bytes (a path is the client's to choose).
+pub fn logged_path(path: &str) -> Box<str> {
+    let mut cut = path.len().min(MAX_PATH);
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    path[..cut].into()
 }
 
 /// How a request ended, as the access log says it.
@@ -240,7 +293,7 @@ pub(crate) enum Outcome {
 
 /// What the log learns of one request as it goes. Built only when the log is on.
 pub(crate) struct Note {
-    log: Arc<AccessLog>,
+    log: Arc<AccessLog<Note>>,
     arrived: SystemTime,
     client: SocketAddr,
     method: Method,
@@ -263,22 +316,18 @@ pub(crate) struct Note {
 impl Note {
     /// A note for a request just arrived.
     pub(crate) fn new(
-        log: &Arc<AccessLog>,
+        log: &Arc<AccessLog<Note>>,
         client: SocketAddr,
         method: &Method,
         path: &str,
         request_id: &HeaderValue,
     ) -> Box<Note> {
-        let mut cut = path.len().min(MAX_PATH);
-        while !path.is_char_boundary(cut) {
-            cut -= 1;
-        }
         Box::new(Note {
             log: Arc::clone(log),
             arrived: SystemTime::now(),
             client,
             method: method.clone(),
-            path: path[..cut].into(),
+            path: logged_path(path),
             request_id: request_id.clone(),
             tenant: None,
             model: None,
@@ -303,12 +352,8 @@ impl Note {
     }
 
     fn line(&self) -> Line<'_> {
-        // Milliseconds to the microsecond.
-        let ms = |d: Duration| (d.as_nanos() as f64 / 1e3).round() / 1e3;
         Line {
-            time: jiff::Timestamp::try_from(self.arrived)
-                .map(|t| format!("{t:.3}"))
-                .unwrap_or_default(),
+            time: timestamp(self.arrived),
             request_id: String::from_utf8_lossy(self.request_id.as_bytes()),
             client: self.client,
             method: self.method.as_str(),
@@ -322,8 +367,8 @@ impl Note {
             stream: self.stream,
             endpoint: self.endpoint,
             attempts: self.attempts,
-            ttft_ms: self.ttft.map(ms),
-            duration_ms: ms(self.took),
+            ttft_ms: self.ttft.map(millis),
+            duration_ms: millis(self.took),
             prompt_tokens: self.usage.map(|u| u.prompt_tokens),
             completion_tokens: self.usage.map(|u| u.completion_tokens),
             cached_tokens: self.usage.map(|u| u.cached_tokens),
@@ -331,7 +376,13 @@ impl Note {
     }
 }
 
-/// One line of the log, as written.
+impl Serialize for Note {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.line().serialize(s)
+    }
+}
+
+/// One line of the gateway's log, as written.
 #[derive(Serialize)]
 struct Line<'a> {
     time: String,

@@ -15,7 +15,8 @@
 //! the side. Every error the gateway answers itself is an `infergate_openai::ApiError`.
 //!
 //! Layout:
-//! - [`access_log`] — `accessLog:`, a JSON line per request written by a thread of its own.
+//! - [`access_log`] — `accessLog:`, a JSON line per request written by a thread of its own (the
+//!   writer is generic over the record, and shared with the global router).
 //! - [`auth`] — who may call (JWT, API keys) and which models; 401 and 403.
 //! - [`config`] — the configuration file: types, defaults, validation with field and line.
 //! - `server` — [`serve_workers`] (thread per core, what `infergate gateway` runs), [`serve`]

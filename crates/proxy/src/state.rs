@@ -23,7 +23,7 @@ use infergate_openai::ModelRouter;
 use infergate_scheduler::Rewrites;
 use serde::Serialize;
 
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, Note};
 use crate::auth::{Authenticator, ModelAccess};
 use crate::backend::Backend;
 use crate::config::{CONCURRENCY_RETRY_AFTER, GatewayConfig};
@@ -246,7 +246,7 @@ pub(crate) struct State {
     /// ([`State::queues`]). Carried from reload to reload while anything holds them.
     pub(crate) retired_flows: Vec<WeakFlowController>,
     /// The access log (`accessLog:`), kept across reloads that leave its path unchanged.
-    pub(crate) access_log: Option<Arc<AccessLog>>,
+    pub(crate) access_log: Option<Arc<AccessLog<Note>>>,
 }
 
 #[derive(Serialize)]
@@ -433,15 +433,11 @@ impl State {
             (Some(spec), _) => Some(start_quotas(spec)?),
         };
         let retired_flows = previous.map_or_else(Vec::new, |p| p.retired_flows(&router));
-        // The same destination keeps its writer; another starts a new one (the old one ends
-        // once the requests still holding notes for it have logged them).
-        let access_log = match &config.access_log {
-            None => None,
-            Some(c) => match previous.and_then(|p| p.access_log.as_ref()) {
-                Some(log) if log.writes_to(c) => Some(Arc::clone(log)),
-                _ => Some(AccessLog::start(c, &telemetry.access_log)?),
-            },
-        };
+        let access_log = AccessLog::reloaded(
+            config.access_log.as_ref(),
+            previous.and_then(|p| p.access_log.as_ref()),
+            &telemetry.access_log,
+        )?;
         Ok(State {
             config,
             router,

@@ -140,11 +140,7 @@ impl Telemetry {
             "Requests above Sheddable admitted at limits.maxRequestsInFlight by evicting a queued Sheddable request (flow control), whose slot they took",
             t.limits.slots_taken_over.clone(),
         );
-        r.register(
-            "access_log_lines",
-            "Access log lines (accessLog:), by result: written, dropped (the writer fell behind), failed (the write failed)",
-            t.access_log.family.clone(),
-        );
+        t.access_log.register(r, "access_log_lines");
         r.register(
             "buffered_request_bytes",
             "Request body bytes held, charged to limits.maxBufferedRequestBytes",
