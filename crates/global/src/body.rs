@@ -12,6 +12,9 @@ use hyper::body::Incoming;
 use infergate_pool::lifecycle::ResponseWatch;
 use tokio::time::Instant;
 
+use infergate_openai::Usage;
+
+use crate::access_log::{Outcome, Record};
 use crate::cluster::Cluster;
 use crate::server::Slot;
 use crate::telemetry::Telemetry;
@@ -39,6 +42,8 @@ pub struct Observed {
     /// The tenant's quota charge, corrected to the reported usage at the end.
     pub(crate) quota: Option<infergate_pool::quota::QuotaTicket>,
     pub(crate) done: bool,
+    /// The request's access-log record (`accessLog:`), logged when the body is dropped.
+    pub(crate) record: Option<Box<Record>>,
     /// The router-wide request slot, held to the last byte.
     pub(crate) _slot: Slot,
 }
@@ -48,15 +53,27 @@ impl Observed {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        if let Some(u) = self.watch.usage() {
+        let usage = self.watch.usage();
+        let cost = usage.map(|u| {
+            if let Some(q) = self.quota.take() {
+                q.settle(&u);
+            }
             self.cluster.observe_usage(
                 u.prompt_tokens,
                 u.completion_tokens,
                 self.price,
                 &self.telemetry,
-            );
-            if let Some(q) = self.quota.take() {
-                q.settle(&u);
+            )
+        });
+        if let Some(r) = self.record.as_deref_mut() {
+            r.outcome = match r.status {
+                Some(200..=299) => Outcome::Completed,
+                Some(500..) => Outcome::Failed,
+                _ => Outcome::Refused,
+            };
+            // Zero counts: the cluster reported none.
+            if usage.is_some_and(|u| u != Usage::default()) {
+                (r.usage, r.cost) = (usage, cost);
             }
         }
     }
@@ -86,10 +103,18 @@ impl Body for RouterBody {
                             o.first_token = true;
                             o.pending = None;
                             o.cluster.observe_ttft(o.sent_at.elapsed(), &o.telemetry);
+                            if let Some(r) = o.record.as_deref_mut() {
+                                r.first_token();
+                            }
                         }
                     }
                     None => o.finish(),
-                    Some(Err(_)) => o.done = true,
+                    Some(Err(_)) => {
+                        o.done = true;
+                        if let Some(r) = o.record.as_deref_mut() {
+                            r.outcome = Outcome::Failed;
+                        }
+                    }
                 }
                 Poll::Ready(frame)
             }
@@ -117,6 +142,13 @@ impl Drop for Observed {
         // reports its usage.
         if self.inner.is_end_stream() {
             self.finish();
+        }
+        // Whether it ended or the client left, the request is over now.
+        if let Some(mut record) = self.record.take() {
+            if !self.done {
+                record.outcome = Outcome::Cancelled;
+            }
+            record.done();
         }
     }
 }

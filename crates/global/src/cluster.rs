@@ -544,14 +544,15 @@ impl Cluster {
         was_up
     }
 
-    /// Tokens served and their cost at `price` (one input and one output token's).
+    /// Tokens served and their cost at `price` (one input and one output token's), which it
+    /// returns.
     pub(crate) fn observe_usage(
         &self,
         input: u64,
         output: u64,
         price: (f64, f64),
         telemetry: &Telemetry,
-    ) {
+    ) -> f64 {
         let cost = input as f64 * price.0 + output as f64 * price.1;
         let kinds = [("input", input), ("output", output)];
         for (kind, n) in kinds {
@@ -575,6 +576,7 @@ impl Cluster {
                 .get_or_create(&self.label)
                 .set(nanos as f64 / 1e9 / tokens as f64 * 1e6);
         }
+        cost
     }
 
     /// Records drains and returns, and refreshes the gauges.

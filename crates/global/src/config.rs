@@ -26,6 +26,7 @@
 //! quotas:                        # global rate limits per tenant (the gateway's `quotas:`)
 //!   tenants: { team-a: { requestsPerMinute: 600, tokensPerMinute: 1000000 } }
 //!   redis: { address: 10.0.0.9:6379 }   # shared by every router replica
+//! accessLog: { path: stdout }   # a JSON line per request: stdout | stderr | a file (the gateway's)
 //! clusters:
 //!   - name: east-1
 //!     url: http://10.0.0.1:8080                # the cluster's OpenAI-compatible front door
@@ -50,7 +51,7 @@ use std::time::Duration;
 use http::Uri;
 use infergate_pool::quota::QuotasSpec;
 use infergate_pool::tenant::{DEFAULT_TENANT, Tenancy, TenancyConfig};
-use infergate_proxy::config::{AuthConfig, Limits, ListenerTls, MAX_DURATION};
+use infergate_proxy::config::{AccessLogConfig, AuthConfig, Limits, ListenerTls, MAX_DURATION};
 use serde::Deserialize;
 
 use crate::error::{ConfigError, OutlierError, OutlierField};
@@ -111,6 +112,10 @@ pub struct GlobalConfig {
     /// tenant, else `tenantHeader`, else `default`.
     #[serde(default)]
     pub tenancy: TenancyConfig,
+    /// The access log, a JSON line per request (the gateway's `accessLog:`); `None`: none is
+    /// written.
+    #[serde(default)]
+    pub access_log: Option<AccessLogConfig>,
     /// The clusters behind the router.
     pub clusters: Vec<ClusterConfig>,
 }

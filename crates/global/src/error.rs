@@ -109,6 +109,9 @@ pub enum Error {
     /// The quota service could not start.
     #[error("cannot start the quotas")]
     Quota(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The access log (`accessLog.path`) cannot be opened.
+    #[error(transparent)]
+    AccessLog(#[from] infergate_proxy::access_log::AccessLogError),
     /// The front door's certificate.
     #[error("cannot set up TLS")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),

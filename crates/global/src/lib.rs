@@ -28,6 +28,8 @@
 //! - `state` — the configuration in force, swapped whole by a reload, and what a reload keeps
 //!   (unchanged clusters with their state, connections and pollers);
 //! - `body` — the passed-through response body, read on the side for TTFT and usage;
+//! - `access_log` — `accessLog:`, the router's record of a request, written by the gateway's
+//!   access-log writer;
 //! - `telemetry` — the `infergate_global_*` series;
 //! - [`error`] — [`Error`], [`ConfigError`].
 
@@ -37,6 +39,7 @@ pub mod health;
 pub mod outlier;
 pub mod route;
 
+mod access_log;
 mod body;
 mod cluster;
 mod connect;
@@ -47,7 +50,7 @@ mod telemetry;
 
 pub use config::GlobalConfig;
 pub use error::{ConfigError, Error, OutlierError, OutlierField, TokenError};
-pub use server::{CLUSTER_HEADER, Handle, Listeners, Router, serve};
+pub use server::{CLUSTER_HEADER, Handle, Listeners, Router, check_files, serve};
 
 /// The HTTP/1.1 client to a cluster (pooled keep-alive connections, plain or TLS).
 type Client =

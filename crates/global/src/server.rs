@@ -29,6 +29,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::access_log::{Outcome, Record};
 use crate::body::{Observed, RouterBody};
 use crate::cluster;
 use crate::config::GlobalConfig;
@@ -40,6 +41,9 @@ use crate::rotation;
 use crate::route::{self, Candidate, MAX_CLUSTERS};
 use crate::state::State;
 use crate::telemetry::{ClusterCode, ClusterReason, ReasonLabel, Telemetry};
+
+/// The request id a client may send; the router passes it on and logs it (`accessLog:`).
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The response header naming the cluster that answered.
 pub const CLUSTER_HEADER: &str = "x-infergate-cluster";
@@ -270,7 +274,7 @@ pub async fn serve(
             },
         ))
     });
-    let files = tokio::spawn(check_files(Arc::clone(&shared)));
+    let files = tokio::spawn(check_cluster_files(Arc::clone(&shared)));
     let accept = accept_loop(Arc::clone(&shared), listeners.http, tls, stop_rx);
     let handle = Handle {
         shared: Arc::clone(&shared),
@@ -297,10 +301,18 @@ pub async fn serve(
     })
 }
 
+/// What `infergate global --check` verifies beyond the file, writing nothing: that
+/// `accessLog.path` can be appended to (an existing file opened for appending, else its folder
+/// present), as the start would need.
+pub fn check_files(config: &GlobalConfig) -> Result<(), Error> {
+    infergate_proxy::access_log::check(config.access_log.as_ref())?;
+    Ok(())
+}
+
 /// Reads the clusters' credential files every `reloadIntervalMs` of the configuration in force
 /// (`rotation::check_interval`) and applies those that changed (`Cluster::check_files`), until
 /// aborted at shutdown, once the last request has ended.
-async fn check_files(shared: Arc<Shared>) {
+async fn check_cluster_files(shared: Arc<Shared>) {
     loop {
         let every = rotation::check_interval(shared.state.load().config.reload_interval_ms);
         tokio::time::sleep(every).await;
@@ -321,7 +333,7 @@ async fn accept_loop(
     // Each connection's task holds a receiver: `closed()` resolves once the last one has ended.
     let (conns_tx, conns_rx) = tokio::sync::watch::channel(());
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -359,7 +371,7 @@ async fn accept_loop(
             };
             let service = service_fn(move |req: Request<Incoming>| {
                 let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+                async move { Ok::<_, Infallible>(handle(&shared, req, peer).await) }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
@@ -413,10 +425,45 @@ impl From<ApiError> for Refused {
     }
 }
 
-async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<RouterBody> {
-    match route_request(shared, req).await {
+/// Serves one request. With `accessLog:` its [`Record`] is logged here when the router answered
+/// itself, else by the response body when it is dropped.
+async fn handle(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    client: SocketAddr,
+) -> Response<RouterBody> {
+    // The configuration in force when the request came: it is served on that one to the end.
+    let state = shared.state.load_full();
+    let mut record = state.access_log.as_ref().map(|log| {
+        Record::new(
+            log,
+            client,
+            req.method(),
+            req.uri().path(),
+            req.headers().get(X_REQUEST_ID),
+        )
+    });
+    let answer = respond(shared, state, req, &mut record).await;
+    // Still here: the router answered itself, or the client's body broke off.
+    if let Some(mut record) = record {
+        record.status = Some(answer.status().as_u16());
+        record.done();
+    }
+    answer
+}
+
+async fn respond(
+    shared: &Arc<Shared>,
+    state: Arc<State>,
+    req: Request<Incoming>,
+    record: &mut Option<Box<Record>>,
+) -> Response<RouterBody> {
+    match route_request(shared, state, req, record).await {
         Ok(r) => r,
         Err(Refused::BodyBroken(e)) => {
+            if let Some(r) = record.as_deref_mut() {
+                r.outcome = Outcome::Cancelled;
+            }
             tracing::debug!(error = %e, "the request body broke off");
             // Likely nobody reads it; HTTP/1.1 closes the connection after it anyway, the body
             // not having been read to its end.
@@ -425,6 +472,9 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Router
             r
         }
         Err(Refused::Api(e)) => {
+            if let Some(r) = record.as_deref_mut() {
+                r.error = Some(e.metric_label());
+            }
             shared
                 .telemetry
                 .rejections
@@ -521,11 +571,16 @@ fn draw(rng: &AtomicU64) -> f64 {
 
 async fn route_request(
     shared: &Arc<Shared>,
+    state: Arc<State>,
     req: Request<Incoming>,
+    record: &mut Option<Box<Record>>,
 ) -> Result<Response<RouterBody>, Refused> {
-    // The configuration in force when the request came: it is served on that one to the end.
-    let state = shared.state.load_full();
     let identity = state.auth.authenticate(req.headers()).await?;
+    let authenticated = state.auth.is_enabled().then_some(&identity.tenant);
+    let tenant = state.tenancy.gateway(authenticated, req.headers()).tenant;
+    if let Some(r) = record.as_deref_mut() {
+        r.tenant = Some(Arc::clone(&tenant));
+    }
     let kind = match Route::of(req.method().as_str(), req.uri().path())? {
         Route::Api(kind) => kind,
         Route::Models => {
@@ -566,13 +621,15 @@ async fn route_request(
     };
     let parsed = parse_request(kind, &body)?;
     let model = parsed.model.as_ref();
+    if let Some(r) = record.as_deref_mut() {
+        r.model = Some(model.into());
+        r.stream = parsed.stream;
+    }
     // The caller's models (an API key's `models`, a JWT's `modelsClaim`). The router does not
     // know which base model a LoRA adapter belongs to, so an adapter is allowed only when it is
     // listed itself (or every model is): it fails closed where the gateway would look the base up.
     identity.may_call(model, model)?;
     let routing = &state.config.routing;
-    let authenticated = state.auth.is_enabled().then_some(&identity.tenant);
-    let tenant = state.tenancy.gateway(authenticated, &parts.headers).tenant;
     if authenticated.is_some() {
         // The clusters see the tenant the router authenticated, not one the client named.
         state.tenancy.set_authenticated(&mut parts.headers, &tenant);
@@ -649,6 +706,10 @@ async fn route_request(
         let Some(uri) = cluster.uri(&path_and_query) else {
             continue;
         };
+        if let Some(r) = record.as_deref_mut() {
+            r.cluster = Some(Arc::clone(cluster));
+            r.clusters_tried = r.clusters_tried.saturating_add(1);
+        }
         let mut up = Request::new(Full::new(body.clone()));
         *up.method_mut() = Method::POST;
         *up.uri_mut() = uri;
@@ -803,6 +864,9 @@ async fn route_request(
                 if let Ok(v) = HeaderValue::from_str(&cluster.config.name) {
                     rparts.headers.insert(CLUSTER_HEADER, v);
                 }
+                if let Some(r) = record.as_deref_mut() {
+                    r.status = Some(status.as_u16());
+                }
                 let observed = Observed {
                     inner,
                     cluster: Arc::clone(cluster),
@@ -814,6 +878,7 @@ async fn route_request(
                     pending: Some(pending),
                     quota: quota.take().map(|q| q.commit()),
                     done: false,
+                    record: record.take(),
                     _slot: slot,
                 };
                 return Ok(Response::from_parts(

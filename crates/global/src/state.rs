@@ -27,6 +27,7 @@ use infergate_pool::tenant::Tenancy;
 use infergate_proxy::auth::Authenticator;
 use tokio::task::JoinHandle;
 
+use crate::access_log::Log;
 use crate::cluster::{self, Cluster};
 use crate::config::{ClusterConfig, GlobalConfig};
 use crate::connect::{self, SystemRoots};
@@ -50,6 +51,8 @@ pub(crate) struct State {
     pub(crate) quotas: Option<Quotas>,
     pub(crate) tenancy: Tenancy,
     pub(crate) objective_header: HeaderName,
+    /// The access log (`accessLog:`), kept across reloads that leave its path unchanged.
+    pub(crate) access_log: Option<Arc<Log>>,
 }
 
 /// A cluster's poller task, aborted when the last state holding it is dropped.
@@ -151,6 +154,11 @@ impl State {
                 Some(Quotas::start_with_registry(q).map_err(|e| Error::Quota(Box::new(e)))?)
             }
         };
+        let access_log = Log::reloaded(
+            config.access_log.as_ref(),
+            previous.and_then(|p| p.access_log.as_ref()),
+            &telemetry.access_log,
+        )?;
         // Nothing fails past this point: the new clusters' pollers start.
         let hb = &config.heartbeat;
         for i in fresh {
@@ -190,6 +198,7 @@ impl State {
             quotas,
             tenancy,
             objective_header,
+            access_log,
         })
     }
 

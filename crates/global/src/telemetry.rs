@@ -79,6 +79,8 @@ pub(crate) struct Telemetry {
     pub(crate) ejected: Family<ClusterLabel, Gauge>,
     pub(crate) reloads: Family<ResultLabel, Counter>,
     pub(crate) credential_reloads: Family<ClusterFileResult, Counter>,
+    /// The access log's lines, by result (`accessLog:`; the gateway's writer).
+    pub(crate) access_log: infergate_proxy::access_log::LineCounters,
 }
 
 /// `result` of a configuration reload (`ok`, `error`).
@@ -113,6 +115,7 @@ impl Telemetry {
             ejected: Family::default(),
             reloads: Family::default(),
             credential_reloads: Family::default(),
+            access_log: infergate_proxy::access_log::LineCounters::default(),
         };
         // Both results exported from the start, at 0 (an alert on errors has a series to read).
         for result in ["ok", "error"] {
@@ -128,6 +131,8 @@ impl Telemetry {
             "Loads of a cluster's credential file after it changed on disk, by file (token: credentials.bearerTokenFile, ca: tls.caFile) and result (ok; error: unusable, the last good one stays in force)",
             t.credential_reloads.clone(),
         );
+        t.access_log
+            .register(r, "infergate_global_access_log_lines");
         r.register(
             "infergate_global_decisions",
             "Requests routed, by the cluster chosen first and why (cheapest_within_objective, fastest_over_objective, fastest, last_resort)",

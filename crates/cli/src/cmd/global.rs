@@ -23,9 +23,10 @@ pub struct Args {
     #[arg(long)]
     admin: Option<SocketAddr>,
     /// Check the configuration file and exit: every field parsed and validated (the error names
-    /// the field), environment variables it names included (`quotas.redis.passwordEnv`). Files
-    /// it names (keys, tokens, certificates) are not read and nothing is contacted, so a file
-    /// rendered for a pod (e.g. by the Helm chart) can be checked anywhere.
+    /// the field), environment variables it names included (`quotas.redis.passwordEnv`), and
+    /// that `accessLog.path` can be appended to (nothing is written). Files it names (keys,
+    /// tokens, certificates) are not read and nothing is contacted, so a file rendered for a pod
+    /// (e.g. by the Helm chart) can be checked anywhere.
     #[arg(long)]
     check: bool,
 }
@@ -42,6 +43,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .set_addresses(args.listen, args.admin)
         .context("--listen/--admin")?;
     if args.check {
+        infergate_global::check_files(&config)?;
         tracing::info!(
             clusters = config.clusters.len(),
             "{} is valid",

@@ -1,0 +1,169 @@
+//! The router's access log (`accessLog:`): its record of a request, written by the gateway's
+//! writer (`infergate_proxy::access_log`: the bounded queue, the writer thread, the path and
+//! its check, the line counters), which this module only feeds.
+//!
+//! A [`Record`] is built when a request arrives, only while the log is on; the request path
+//! fills it (tenant, model, the clusters tried, the status or the router's error) and hands it
+//! over when the request is over: at once when the router answered itself, else when the
+//! passed-through body is dropped (`crate::body`), which adds the first token, the usage and
+//! its cost.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderValue, Method};
+use infergate_openai::Usage;
+use infergate_proxy::access_log::{AccessLog, logged_path, millis, timestamp};
+use serde::{Serialize, Serializer};
+use tokio::time::Instant;
+
+use crate::cluster::Cluster;
+
+/// The router's access log.
+pub(crate) type Log = AccessLog<Record>;
+
+/// How a request ended, as the router's log says it (the gateway's names, `router` for its
+/// `gateway`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Outcome {
+    /// A cluster's 2xx answer, read to its end.
+    Completed,
+    /// A cluster's 5xx (the last one tried), or an answer that broke off.
+    Failed,
+    /// A cluster's other answer passed on (a 4xx about the request, a last 429).
+    Refused,
+    /// The router answered itself: an error, or `/v1/models`.
+    Router,
+    /// The client left before the answer ended, or its request body broke off.
+    Cancelled,
+}
+
+/// What the log learns of one request as it goes. Built only when the log is on.
+pub(crate) struct Record {
+    log: Arc<Log>,
+    arrived: SystemTime,
+    started: Instant,
+    client: SocketAddr,
+    method: Method,
+    path: Box<str>,
+    /// The client's `x-request-id` (the router makes none up; the clusters see the same one).
+    request_id: Option<HeaderValue>,
+    pub(crate) tenant: Option<Arc<str>>,
+    pub(crate) model: Option<Box<str>>,
+    pub(crate) stream: bool,
+    /// The last cluster tried.
+    pub(crate) cluster: Option<Arc<Cluster>>,
+    pub(crate) clusters_tried: u8,
+    pub(crate) status: Option<u16>,
+    pub(crate) error: Option<&'static str>,
+    pub(crate) outcome: Outcome,
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) usage: Option<Usage>,
+    /// The usage at the cluster's price, as `infergate_global_cost_total` counts it.
+    pub(crate) cost: Option<f64>,
+    took: Duration,
+}
+
+impl Record {
+    /// A record for a request just arrived.
+    pub(crate) fn new(
+        log: &Arc<Log>,
+        client: SocketAddr,
+        method: &Method,
+        path: &str,
+        request_id: Option<&HeaderValue>,
+    ) -> Box<Record> {
+        Box::new(Record {
+            log: Arc::clone(log),
+            arrived: SystemTime::now(),
+            started: Instant::now(),
+            client,
+            method: method.clone(),
+            path: logged_path(path),
+            request_id: request_id.cloned(),
+            tenant: None,
+            model: None,
+            stream: false,
+            cluster: None,
+            clusters_tried: 0,
+            status: None,
+            error: None,
+            outcome: Outcome::Router,
+            ttft: None,
+            usage: None,
+            cost: None,
+            took: Duration::ZERO,
+        })
+    }
+
+    /// The first token came now.
+    pub(crate) fn first_token(&mut self) {
+        self.ttft = Some(self.started.elapsed());
+    }
+
+    /// The request is over: the line goes to the log.
+    pub(crate) fn done(mut self: Box<Self>) {
+        self.took = self.started.elapsed();
+        let log = Arc::clone(&self.log);
+        log.send(self);
+    }
+}
+
+impl Serialize for Record {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let cluster = self.cluster.as_deref().map(|c| &c.config);
+        Line {
+            time: timestamp(self.arrived),
+            request_id: self
+                .request_id
+                .as_ref()
+                .map(|v| String::from_utf8_lossy(v.as_bytes())),
+            client: self.client,
+            method: self.method.as_str(),
+            path: &self.path,
+            status: self.status,
+            outcome: self.outcome,
+            error: self.error,
+            tenant: self.tenant.as_deref(),
+            model: self.model.as_deref(),
+            stream: self.stream,
+            cluster: cluster.map(|c| c.name.as_str()),
+            region: cluster.map(|c| c.region.as_str()),
+            clusters_tried: self.clusters_tried,
+            ttft_ms: self.ttft.map(millis),
+            duration_ms: millis(self.took),
+            prompt_tokens: self.usage.map(|u| u.prompt_tokens),
+            completion_tokens: self.usage.map(|u| u.completion_tokens),
+            cached_tokens: self.usage.map(|u| u.cached_tokens),
+            cost: self.cost,
+        }
+        .serialize(s)
+    }
+}
+
+/// One line of the router's log, as written.
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    request_id: Option<std::borrow::Cow<'a, str>>,
+    client: SocketAddr,
+    method: &'a str,
+    path: &'a str,
+    status: Option<u16>,
+    outcome: Outcome,
+    error: Option<&'static str>,
+    tenant: Option<&'a str>,
+    model: Option<&'a str>,
+    stream: bool,
+    cluster: Option<&'a str>,
+    region: Option<&'a str>,
+    clusters_tried: u8,
+    ttft_ms: Option<f64>,
+    duration_ms: f64,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    cost: Option<f64>,
+}

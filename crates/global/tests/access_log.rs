@@ -1,0 +1,321 @@
+//! The router's access log (`accessLog:`) on 127.0.0.1, in front of a real gateway over an
+//! emulated fleet and of scripted clusters: one JSON line per request, whatever way it ended,
+//! read back from the file as a log shipper would.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+#[path = "common/clusters.rs"]
+mod clusters;
+#[path = "common/scripted.rs"]
+mod scripted;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clusters::{CHAT, TestCluster, counter, router_with};
+use infergate_global::{GlobalConfig, Router};
+use scripted::{HeldStream, Scripted, heartbeat, open_stream};
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// Heartbeats every 50 ms, no slow start; the log in `log`.
+fn top(log: &Path) -> String {
+    format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 2000, slowStartMs: 0 }}\naccessLog: {{ path: {} }}\nclusters:\n",
+        log.display()
+    )
+}
+
+/// A scripted cluster entry serving `m`, priced `cost` per million input tokens.
+fn entry(name: &str, url: SocketAddr, beat: SocketAddr, cost: f64) -> String {
+    format!(
+        "  - {{ name: {name}, url: 'http://{url}', heartbeatUrl: 'http://{beat}/heartbeat', region: r-{name}, models: [m], cost: {{ inputPerMillion: {cost} }} }}\n"
+    )
+}
+
+/// Waits until every cluster of `names` is routed on at full weight.
+async fn until_up(router: &Router, names: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for name in names {
+        let weight = format!("infergate_global_cluster_weight{{cluster=\"{name}\"}}");
+        while counter(&page(router).await, &weight) != 1.0 {
+            assert!(Instant::now() < deadline, "{name} never up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn page(router: &Router) -> String {
+    infergate_testkit::get(router.admin_addr().unwrap(), "/metrics")
+        .await
+        .text()
+}
+
+/// The log's lines once it holds `n` of them (the writer runs on its own thread).
+async fn lines(log: &Path, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} lines: {text}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `POST /v1/chat/completions` with `body`, and an `x-request-id` when given.
+async fn chat(
+    router: &Router,
+    body: &str,
+    request_id: Option<&str>,
+) -> infergate_testkit::Response {
+    let mut req =
+        http::Request::post("/v1/chat/completions").header("content-type", "application/json");
+    if let Some(id) = request_id {
+        req = req.header("x-request-id", id);
+    }
+    let req = req.body(Bytes::from(body.to_owned())).unwrap();
+    infergate_testkit::send(router.http_addr(), req)
+        .await
+        .unwrap()
+}
+
+fn the<'a>(lines: &'a [Value], path: &str, model: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|l| l["path"] == path && l["model"] == model)
+        .unwrap_or_else(|| panic!("no line for {path} {model}: {lines:?}"))
+}
+
+/// A streamed answer through a real gateway, a failover from a cluster answering 503 to the
+/// next, and an error the router answers itself: a line each, saying how each ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_gets_one_line_saying_how_it_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let east = TestCluster::start("east", "llama-3.1-8b/h100", 1, 31).await;
+    let (bad, good) = (Scripted::start(503).await, Scripted::start(200).await);
+    let (beat_bad, beat_good) = (heartbeat().await, heartbeat().await);
+    // `bad` is the cheaper: requests for `m` meet it first.
+    let yaml = format!(
+        "{}{}{}{}",
+        top(&log),
+        east.entry("us-east", 0.5, 2.0),
+        entry("bad", bad.addr, beat_bad, 0.1),
+        entry("good", good.addr, beat_good, 1.0),
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["east", "bad", "good"]).await;
+
+    let r = chat(&router, CHAT, Some("streamed-1")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("data: [DONE]"), "{}", r.text());
+    let r = chat(
+        &router,
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-infergate-cluster"), Some("good"));
+    let r = chat(
+        &router,
+        r#"{"model":"nope","messages":[{"role":"user","content":"hi"}]}"#,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    let lines = lines(&log, 3).await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let streamed = the(&lines, "/v1/chat/completions", "llama");
+    assert_eq!(streamed["request_id"], "streamed-1");
+    assert_eq!(streamed["method"], "POST");
+    assert_eq!(streamed["status"], 200);
+    assert_eq!(streamed["outcome"], "completed");
+    assert!(streamed["error"].is_null(), "{streamed}");
+    assert_eq!(streamed["tenant"], "default", "{streamed}");
+    assert_eq!(streamed["stream"], true);
+    assert_eq!(streamed["cluster"], "east");
+    assert_eq!(streamed["region"], "us-east");
+    assert_eq!(streamed["clusters_tried"], 1);
+    let (prompt, completion) = (
+        streamed["prompt_tokens"].as_f64().unwrap(),
+        streamed["completion_tokens"].as_f64().unwrap(),
+    );
+    assert!(prompt > 0.0 && completion > 0.0, "{streamed}");
+    // East's prices: 0.5 and 2.0 per million tokens.
+    let cost = streamed["cost"].as_f64().unwrap();
+    let expected = (prompt * 0.5 + completion * 2.0) / 1e6;
+    assert!(
+        (cost - expected).abs() < 1e-12,
+        "{cost} ≠ {expected}: {streamed}"
+    );
+    let (ttft, took) = (
+        streamed["ttft_ms"].as_f64().unwrap(),
+        streamed["duration_ms"].as_f64().unwrap(),
+    );
+    assert!(ttft > 0.0 && ttft <= took, "{streamed}");
+    let client: SocketAddr = streamed["client"].as_str().unwrap().parse().unwrap();
+    assert!(client.ip().is_loopback(), "{streamed}");
+    // RFC 3339, UTC, milliseconds.
+    let time = streamed["time"].as_str().unwrap();
+    assert!(time.len() == 24 && time.ends_with('Z'), "{time}");
+
+    let failover = the(&lines, "/v1/chat/completions", "m");
+    assert_eq!(failover["clusters_tried"], 2, "{failover}");
+    assert_eq!(failover["cluster"], "good");
+    assert_eq!(failover["region"], "r-good");
+    assert_eq!(failover["outcome"], "completed");
+    assert_eq!(failover["stream"], false);
+    assert!(failover["request_id"].is_null(), "{failover}");
+    assert!(failover["ttft_ms"].is_null(), "{failover}");
+    assert_eq!(
+        (
+            failover["prompt_tokens"].clone(),
+            failover["completion_tokens"].clone()
+        ),
+        (7.into(), 3.into()),
+        "the scripted answer's usage: {failover}"
+    );
+    // 7 input tokens at 1.0 per million; output free.
+    assert!(
+        (failover["cost"].as_f64().unwrap() - 7e-6).abs() < 1e-15,
+        "{failover}"
+    );
+
+    let refused = the(&lines, "/v1/chat/completions", "nope");
+    assert_eq!(refused["status"], 404);
+    assert_eq!(refused["outcome"], "router");
+    assert_eq!(refused["error"], "unknown_model");
+    assert_eq!(refused["clusters_tried"], 0);
+    assert!(
+        refused["cluster"].is_null() && refused["cost"].is_null(),
+        "{refused}"
+    );
+
+    let metrics = page(&router).await;
+    for (result, n) in [("written", 3), ("dropped", 0), ("failed", 0)] {
+        let series =
+            format!("infergate_global_access_log_lines_total{{result=\"{result}\"}} {n}\n");
+        assert!(metrics.contains(&series), "{series} in {metrics}");
+    }
+}
+
+/// A client that leaves while its answer streams: `cancelled`, with the status it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_stream_is_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let held = HeldStream::start().await;
+    let beat = heartbeat().await;
+    let yaml = format!("{}{}", top(&log), entry("held", held.addr, beat, 1.0));
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["held"]).await;
+    let (client, _) = open_stream(router.http_addr()).await;
+    drop(client);
+    let lines = lines(&log, 1).await;
+    let left = &lines[0];
+    assert_eq!(left["outcome"], "cancelled", "{left}");
+    assert_eq!(left["status"], 200);
+    assert_eq!(left["cluster"], "held");
+    assert_eq!(left["stream"], true);
+    assert!(left["completion_tokens"].is_null(), "{left}");
+    drop(held.release);
+}
+
+/// A reload that keeps the path keeps the writer; one that changes it moves the log; one
+/// naming a folder that does not exist is refused, as `--check` refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let up = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let yaml = |log: &Path, seed: u64| {
+        format!(
+            "seed: {seed}\n{}{}",
+            top(log),
+            entry("up", up.addr, beat, 1.0)
+        )
+    };
+    let (router, _stop) = router_with(&yaml(&first, 0)).await;
+    until_up(&router, &["up"]).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    chat(&router, body, Some("one")).await;
+    assert_eq!(lines(&first, 1).await[0]["request_id"], "one");
+
+    // The same path: the writer is kept, with the file it holds open (a new writer would
+    // create the file again).
+    std::fs::remove_file(&first).unwrap();
+    router
+        .handle()
+        .reload(GlobalConfig::from_yaml(&yaml(&first, 1)).unwrap())
+        .unwrap();
+    assert!(!first.exists(), "the reload opened the log again");
+
+    router
+        .handle()
+        .reload(GlobalConfig::from_yaml(&yaml(&second, 1)).unwrap())
+        .unwrap();
+    chat(&router, body, Some("two")).await;
+    let moved = lines(&second, 1).await;
+    assert_eq!(moved.len(), 1);
+    assert_eq!(moved[0]["request_id"], "two");
+    assert!(!first.exists(), "the old destination takes no more");
+
+    // A folder that does not exist: the reload is refused, the log in force stays.
+    let missing = dir.path().join("no-such-dir").join("c.log");
+    let e = router
+        .handle()
+        .reload(GlobalConfig::from_yaml(&yaml(&missing, 1)).unwrap())
+        .unwrap_err();
+    let chain = infergate_pool::ErrorChain(&e).to_string();
+    assert!(
+        chain.contains("accessLog.path") && chain.contains("c.log"),
+        "{chain}"
+    );
+    chat(&router, body, Some("three")).await;
+    assert_eq!(lines(&second, 2).await[1]["request_id"], "three");
+    // `--check` says the same without starting anything, and accepts a path it can use.
+    let e = infergate_global::check_files(&GlobalConfig::from_yaml(&yaml(&missing, 1)).unwrap())
+        .unwrap_err();
+    assert!(format!("{e}").contains("no-such-dir"), "{e}");
+    let fresh = dir.path().join("fresh.log");
+    infergate_global::check_files(&GlobalConfig::from_yaml(&yaml(&fresh, 1)).unwrap()).unwrap();
+    assert!(!fresh.exists(), "--check wrote the log");
+}
+
+#[test]
+fn the_path_is_checked_with_the_file() {
+    let base = "auth: none\nclusters: [{ name: a, url: 'http://127.0.0.1:1', region: r, cost: { inputPerMillion: 1 } }]\n";
+    for (log, expected) in [
+        ("accessLog: { path: '' }", "`accessLog.path` must be"),
+        (
+            "accessLog: { path: stdout, format: text }",
+            "unknown field `format`",
+        ),
+    ] {
+        let e = GlobalConfig::from_yaml(&format!("{base}{log}\n")).unwrap_err();
+        assert!(format!("{e:#}").contains(expected), "{log}: {e:#}");
+    }
+    for path in ["stdout", "stderr", "/var/log/infergate/access.log"] {
+        let c = GlobalConfig::from_yaml(&format!("{base}accessLog: {{ path: {path} }}\n")).unwrap();
+        assert_eq!(c.access_log.unwrap().path.to_string(), path);
+    }
+    assert!(GlobalConfig::from_yaml(base).unwrap().access_log.is_none());
+}
