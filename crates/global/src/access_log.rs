@@ -10,11 +10,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::{HeaderValue, Method};
 use infergate_openai::Usage;
-use infergate_proxy::access_log::{AccessLog, logged_path, millis, timestamp};
+use infergate_proxy::access_log::{AccessLog, Arrival, Measured};
 use serde::{Serialize, Serializer};
 use tokio::time::Instant;
 
@@ -43,13 +43,10 @@ pub(crate) enum Outcome {
 /// What the log learns of one request as it goes. Built only when the log is on.
 pub(crate) struct Record {
     log: Arc<Log>,
-    arrived: SystemTime,
+    /// With the client's `x-request-id`, if any (the router makes none up; the clusters see the
+    /// same one).
+    arrival: Arrival,
     started: Instant,
-    client: SocketAddr,
-    method: Method,
-    path: Box<str>,
-    /// The client's `x-request-id` (the router makes none up; the clusters see the same one).
-    request_id: Option<HeaderValue>,
     pub(crate) tenant: Option<Arc<str>>,
     pub(crate) model: Option<Box<str>>,
     pub(crate) stream: bool,
@@ -77,12 +74,8 @@ impl Record {
     ) -> Box<Record> {
         Box::new(Record {
             log: Arc::clone(log),
-            arrived: SystemTime::now(),
+            arrival: Arrival::now(client, method, path, request_id),
             started: Instant::now(),
-            client,
-            method: method.clone(),
-            path: logged_path(path),
-            request_id: request_id.cloned(),
             tenant: None,
             model: None,
             stream: false,
@@ -115,14 +108,7 @@ impl Serialize for Record {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let cluster = self.cluster.as_deref().map(|c| &c.config);
         Line {
-            time: timestamp(self.arrived),
-            request_id: self
-                .request_id
-                .as_ref()
-                .map(|v| String::from_utf8_lossy(v.as_bytes())),
-            client: self.client,
-            method: self.method.as_str(),
-            path: &self.path,
+            arrival: &self.arrival,
             status: self.status,
             outcome: self.outcome,
             error: self.error,
@@ -132,11 +118,7 @@ impl Serialize for Record {
             cluster: cluster.map(|c| c.name.as_str()),
             region: cluster.map(|c| c.region.as_str()),
             clusters_tried: self.clusters_tried,
-            ttft_ms: self.ttft.map(millis),
-            duration_ms: millis(self.took),
-            prompt_tokens: self.usage.map(|u| u.prompt_tokens),
-            completion_tokens: self.usage.map(|u| u.completion_tokens),
-            cached_tokens: self.usage.map(|u| u.cached_tokens),
+            measured: Measured::new(self.ttft, self.took, self.usage),
             cost: self.cost,
         }
         .serialize(s)
@@ -146,11 +128,8 @@ impl Serialize for Record {
 /// One line of the router's log, as written.
 #[derive(Serialize)]
 struct Line<'a> {
-    time: String,
-    request_id: Option<std::borrow::Cow<'a, str>>,
-    client: SocketAddr,
-    method: &'a str,
-    path: &'a str,
+    #[serde(flatten)]
+    arrival: &'a Arrival,
     status: Option<u16>,
     outcome: Outcome,
     error: Option<&'static str>,
@@ -160,10 +139,7 @@ struct Line<'a> {
     cluster: Option<&'a str>,
     region: Option<&'a str>,
     clusters_tried: u8,
-    ttft_ms: Option<f64>,
-    duration_ms: f64,
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    cached_tokens: Option<u64>,
+    #[serde(flatten)]
+    measured: Measured,
     cost: Option<f64>,
 }

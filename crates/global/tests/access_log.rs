@@ -23,6 +23,9 @@ use scripted::{HeldStream, Scripted, heartbeat, open_stream};
 use serde_json::Value;
 use tokio::time::Instant;
 
+/// A chat request (not streamed) for the scripted clusters' model.
+const CHAT_M: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
 /// Heartbeats every 50 ms, no slow start; the log in `log`.
 fn top(log: &Path) -> String {
     format!(
@@ -124,20 +127,10 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
     let r = chat(&router, CHAT, Some("streamed-1")).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains("data: [DONE]"), "{}", r.text());
-    let r = chat(
-        &router,
-        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
-        None,
-    )
-    .await;
+    let r = chat(&router, CHAT_M, None).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-infergate-cluster"), Some("good"));
-    let r = chat(
-        &router,
-        r#"{"model":"nope","messages":[{"role":"user","content":"hi"}]}"#,
-        None,
-    )
-    .await;
+    let r = chat(&router, &CHAT_M.replace("\"m\"", "\"nope\""), None).await;
     assert_eq!(r.status, 404, "{}", r.text());
 
     let lines = lines(&log, 3).await;
@@ -208,6 +201,41 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
         "{refused}"
     );
 
+    // Every field, in the documented order (docs/global.md), in every line.
+    let fields = [
+        "time",
+        "request_id",
+        "client",
+        "method",
+        "path",
+        "status",
+        "outcome",
+        "error",
+        "tenant",
+        "model",
+        "stream",
+        "cluster",
+        "region",
+        "clusters_tried",
+        "ttft_ms",
+        "duration_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "cost",
+    ];
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        let at: Vec<usize> = fields
+            .iter()
+            .map(|f| {
+                line.find(&format!("\"{f}\":"))
+                    .unwrap_or_else(|| panic!("{f}: {line}"))
+            })
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{line}");
+        assert_eq!(line.matches("\":").count(), fields.len(), "{line}");
+    }
+
     let metrics = page(&router).await;
     for (result, n) in [("written", 3), ("dropped", 0), ("failed", 0)] {
         let series =
@@ -255,8 +283,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
     };
     let (router, _stop) = router_with(&yaml(&first, 0)).await;
     until_up(&router, &["up"]).await;
-    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-    chat(&router, body, Some("one")).await;
+    chat(&router, CHAT_M, Some("one")).await;
     assert_eq!(lines(&first, 1).await[0]["request_id"], "one");
 
     // The same path: the writer is kept, with the file it holds open (a new writer would
@@ -272,7 +299,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
         .handle()
         .reload(GlobalConfig::from_yaml(&yaml(&second, 1)).unwrap())
         .unwrap();
-    chat(&router, body, Some("two")).await;
+    chat(&router, CHAT_M, Some("two")).await;
     let moved = lines(&second, 1).await;
     assert_eq!(moved.len(), 1);
     assert_eq!(moved[0]["request_id"], "two");
@@ -289,7 +316,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
         chain.contains("accessLog.path") && chain.contains("c.log"),
         "{chain}"
     );
-    chat(&router, body, Some("three")).await;
+    chat(&router, CHAT_M, Some("three")).await;
     assert_eq!(lines(&second, 2).await[1]["request_id"], "three");
     // `--check` says the same without starting anything, and accepts a path it can use.
     let e = infergate_global::check_files(&GlobalConfig::from_yaml(&yaml(&missing, 1)).unwrap())

@@ -1,10 +1,11 @@
 //! The access log (`accessLog:`): one JSON line per request, written off the request path.
 //!
 //! The writer is shared by the front doors: [`AccessLog<R>`] takes a front door's own record
-//! type `R` (the gateway's [`Note`], the global router's), [`AccessLogConfig`] and [`check`] are
+//! type `R` (the gateway's `Note`, the global router's), [`AccessLogConfig`] and [`check`] are
 //! its configuration and `--check`, [`LineCounters`] its counters, registered under each front
 //! door's prefix (`infergate_gateway_access_log_lines_total`,
-//! `infergate_global_access_log_lines_total`).
+//! `infergate_global_access_log_lines_total`); [`Arrival`] and [`Measured`] are the fields
+//! every front door's line starts and ends with, flattened into its own.
 //!
 //! A request carries a record (only when the log is on: otherwise nothing is built) that the
 //! request path fills as it learns things — at the gateway the model asked for, the tenant, the
@@ -16,6 +17,7 @@
 //! traffic) drops the line rather than slow a request, and a failed write is skipped: both are
 //! counted (`..._access_log_lines_total{result}`), and the front door serves on.
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
@@ -254,25 +256,88 @@ fn write_lines<R: Serialize>(rx: &Receiver<Box<R>>, mut out: impl Write, counter
     }
 }
 
-/// `time`: when a request arrived, RFC 3339 in UTC to the millisecond.
-pub fn timestamp(at: SystemTime) -> String {
-    jiff::Timestamp::try_from(at)
-        .map(|t| format!("{t:.3}"))
-        .unwrap_or_default()
+/// A request as it arrived, which every front door's line starts with (flattened into it):
+/// `time` (RFC 3339, UTC, milliseconds), `request_id`, `client`, `method` and `path` (cut at
+/// 256 bytes: a path is the client's to choose).
+pub struct Arrival {
+    at: SystemTime,
+    request_id: Option<HeaderValue>,
+    client: SocketAddr,
+    method: Method,
+    path: Box<str>,
 }
 
-/// A duration in milliseconds, to the microsecond (`ttft_ms`, `duration_ms`).
-pub fn millis(d: Duration) -> f64 {
-    (d.as_nanos() as f64 / 1e3).round() / 1e3
-}
-
-/// `path`: the request's path, cut at 256 bytes (a path is the client's to choose).
-pub fn logged_path(path: &str) -> Box<str> {
-    let mut cut = path.len().min(MAX_PATH);
-    while !path.is_char_boundary(cut) {
-        cut -= 1;
+impl Arrival {
+    /// A request arriving now.
+    pub fn now(
+        client: SocketAddr,
+        method: &Method,
+        path: &str,
+        request_id: Option<&HeaderValue>,
+    ) -> Arrival {
+        let mut cut = path.len().min(MAX_PATH);
+        while !path.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        Arrival {
+            at: SystemTime::now(),
+            request_id: request_id.cloned(),
+            client,
+            method: method.clone(),
+            path: path[..cut].into(),
+        }
     }
-    path[..cut].into()
+}
+
+impl Serialize for Arrival {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Fields<'a> {
+            time: String,
+            request_id: Option<Cow<'a, str>>,
+            client: SocketAddr,
+            method: &'a str,
+            path: &'a str,
+        }
+        Fields {
+            time: jiff::Timestamp::try_from(self.at)
+                .map(|t| format!("{t:.3}"))
+                .unwrap_or_default(),
+            request_id: self
+                .request_id
+                .as_ref()
+                .map(|v| String::from_utf8_lossy(v.as_bytes())),
+            client: self.client,
+            method: self.method.as_str(),
+            path: &self.path,
+        }
+        .serialize(s)
+    }
+}
+
+/// What was measured of a request, which every front door's line ends with (flattened into
+/// it): `ttft_ms`, `duration_ms` (to the microsecond) and the reported usage.
+#[derive(Serialize)]
+pub struct Measured {
+    ttft_ms: Option<f64>,
+    duration_ms: f64,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+}
+
+impl Measured {
+    /// The first token `ttft` and the end `took` after arrival; `usage` when reported.
+    pub fn new(ttft: Option<Duration>, took: Duration, usage: Option<Usage>) -> Measured {
+        let ms = |d: Duration| (d.as_nanos() as f64 / 1e3).round() / 1e3;
+        Measured {
+            ttft_ms: ttft.map(ms),
+            duration_ms: ms(took),
+            prompt_tokens: usage.map(|u| u.prompt_tokens),
+            completion_tokens: usage.map(|u| u.completion_tokens),
+            cached_tokens: usage.map(|u| u.cached_tokens),
+        }
+    }
 }
 
 /// How a request ended, as the access log says it.
@@ -294,11 +359,7 @@ pub(crate) enum Outcome {
 /// What the log learns of one request as it goes. Built only when the log is on.
 pub(crate) struct Note {
     log: Arc<AccessLog<Note>>,
-    arrived: SystemTime,
-    client: SocketAddr,
-    method: Method,
-    path: Box<str>,
-    request_id: HeaderValue,
+    arrival: Arrival,
     pub(crate) tenant: Option<Arc<str>>,
     pub(crate) model: Option<Box<str>>,
     pub(crate) served_model: Option<Box<str>>,
@@ -324,11 +385,7 @@ impl Note {
     ) -> Box<Note> {
         Box::new(Note {
             log: Arc::clone(log),
-            arrived: SystemTime::now(),
-            client,
-            method: method.clone(),
-            path: logged_path(path),
-            request_id: request_id.clone(),
+            arrival: Arrival::now(client, method, path, Some(request_id)),
             tenant: None,
             model: None,
             served_model: None,
@@ -353,11 +410,7 @@ impl Note {
 
     fn line(&self) -> Line<'_> {
         Line {
-            time: timestamp(self.arrived),
-            request_id: String::from_utf8_lossy(self.request_id.as_bytes()),
-            client: self.client,
-            method: self.method.as_str(),
-            path: &self.path,
+            arrival: &self.arrival,
             status: self.status,
             outcome: self.outcome,
             error: self.error,
@@ -367,11 +420,7 @@ impl Note {
             stream: self.stream,
             endpoint: self.endpoint,
             attempts: self.attempts,
-            ttft_ms: self.ttft.map(millis),
-            duration_ms: millis(self.took),
-            prompt_tokens: self.usage.map(|u| u.prompt_tokens),
-            completion_tokens: self.usage.map(|u| u.completion_tokens),
-            cached_tokens: self.usage.map(|u| u.cached_tokens),
+            measured: Measured::new(self.ttft, self.took, self.usage),
         }
     }
 }
@@ -385,11 +434,8 @@ impl Serialize for Note {
 /// One line of the gateway's log, as written.
 #[derive(Serialize)]
 struct Line<'a> {
-    time: String,
-    request_id: std::borrow::Cow<'a, str>,
-    client: SocketAddr,
-    method: &'a str,
-    path: &'a str,
+    #[serde(flatten)]
+    arrival: &'a Arrival,
     status: Option<u16>,
     outcome: Outcome,
     error: Option<&'static str>,
@@ -399,9 +445,6 @@ struct Line<'a> {
     stream: bool,
     endpoint: Option<SocketAddr>,
     attempts: u8,
-    ttft_ms: Option<f64>,
-    duration_ms: f64,
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    cached_tokens: Option<u64>,
+    #[serde(flatten)]
+    measured: Measured,
 }
