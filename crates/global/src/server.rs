@@ -85,6 +85,13 @@ impl Router {
     /// keep-alive off, HTTP/2 GOAWAY; running requests, streams included, complete).
     pub async fn wait(self) {
         let _ = self.task.await;
+        // Every request has ended: its access-log line is written before the process may exit.
+        if let Some(log) = self.handle.shared.state.load().access_log.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                log.flush(infergate_proxy::access_log::FLUSH_AT_SHUTDOWN)
+            })
+            .await;
+        }
     }
 }
 

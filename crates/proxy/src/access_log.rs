@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Method};
 use infergate_openai::Usage;
@@ -34,6 +34,9 @@ use prometheus_client::registry::Registry;
 use serde::{Serialize, Serializer};
 
 pub use crate::config::AccessLogConfig;
+
+/// How long a front door's `wait` lets the access log write its last lines at shutdown.
+pub const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// Lines that may wait for the writer; more are dropped (and counted).
 const QUEUE: usize = 8192;
@@ -152,8 +155,16 @@ impl LineCounters {
 /// thread ends when the log and every request still holding a record for it are gone.
 pub struct AccessLog<R> {
     path: AccessLogPath,
-    tx: SyncSender<Box<R>>,
+    tx: SyncSender<Message<R>>,
     counters: LineCounters,
+}
+
+/// What the writer thread is handed.
+enum Message<R> {
+    /// A request's record, to write as a line.
+    Record(Box<R>),
+    /// Write out everything before this, then say so (shutdown).
+    Flush(SyncSender<()>),
 }
 
 impl<R: Serialize + Send + 'static> AccessLog<R> {
@@ -204,12 +215,36 @@ impl<R: Serialize + Send + 'static> AccessLog<R> {
 
     /// Hands a request's record to the writer; dropped (and counted) when the queue is full.
     pub fn send(&self, record: Box<R>) {
-        match self.tx.try_send(record) {
+        match self.tx.try_send(Message::Record(record)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.counters.dropped.inc();
             }
         }
+    }
+
+    /// Waits, at most `within`, until every record handed over so far is written and flushed:
+    /// at shutdown, once the last request ended, so that the process does not exit with the
+    /// last lines still queued. Returns whether they were (`false`: the destination did not
+    /// take them in time, e.g. a stdout pipe nobody reads). Blocks the calling thread.
+    pub fn flush(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let (ack_tx, ack_rx) = sync_channel(1);
+        let mut message = Message::Flush(ack_tx);
+        loop {
+            match self.tx.try_send(message) {
+                Ok(()) => break,
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(m)) if Instant::now() < deadline => {
+                    message = m;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TrySendError::Full(_)) => return false,
+            }
+        }
+        ack_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
     }
 }
 
@@ -235,11 +270,24 @@ fn open(path: &Path) -> Result<File, AccessLogError> {
 }
 
 /// The writer thread: a line per note, flushed whenever no note is waiting.
-fn write_lines<R: Serialize>(rx: &Receiver<Box<R>>, mut out: impl Write, counters: &LineCounters) {
+fn write_lines<R: Serialize>(
+    rx: &Receiver<Message<R>>,
+    mut out: impl Write,
+    counters: &LineCounters,
+) {
     let mut line = Vec::with_capacity(512);
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
-        while let Some(record) = next {
+        let mut flushed = Vec::new();
+        while let Some(message) = next {
+            let record = match message {
+                Message::Record(record) => record,
+                Message::Flush(ack) => {
+                    flushed.push(ack);
+                    next = rx.try_recv().ok();
+                    continue;
+                }
+            };
             line.clear();
             // Serializing plain fields into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut line, &record);
@@ -253,6 +301,9 @@ fn write_lines<R: Serialize>(rx: &Receiver<Box<R>>, mut out: impl Write, counter
         // A failed flush loses what was buffered: those lines were counted written, and the
         // next batch tries again.
         let _ = out.flush();
+        for ack in flushed {
+            let _ = ack.try_send(());
+        }
     }
 }
 
@@ -447,4 +498,56 @@ struct Line<'a> {
     attempts: u8,
     #[serde(flatten)]
     measured: Measured,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+    use std::io::Read;
+
+    use super::*;
+
+    /// `flush` returns once every record handed over is written, even when the destination is
+    /// slow: here a FIFO whose reader takes 1 KiB every millisecond, behind 200 lines of 1 KiB
+    /// (three times a pipe's buffer), so the writer is still blocked on it when `flush` is
+    /// called.
+    #[test]
+    fn flush_waits_until_every_line_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let reader = std::thread::spawn({
+            let fifo = fifo.clone();
+            move || {
+                let mut f = File::open(fifo).unwrap();
+                let (mut buf, mut read) = ([0u8; 1024], 0usize);
+                loop {
+                    match f.read(&mut buf).unwrap() {
+                        0 => return read,
+                        n => read += n,
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+        let config = AccessLogConfig {
+            path: AccessLogPath::File(fifo),
+        };
+        let counters = LineCounters::default();
+        let log = AccessLog::<String>::start(&config, &counters).unwrap();
+        for _ in 0..200 {
+            log.send(Box::new("x".repeat(1021)));
+        }
+        assert!(log.flush(Duration::from_secs(10)));
+        assert_eq!(counters.written.get(), 200);
+        assert_eq!(counters.dropped.get(), 0);
+        drop(log);
+        // Each line: the 1,021 characters, their quotes and the newline.
+        assert_eq!(reader.join().unwrap(), 200 * 1024);
+    }
 }

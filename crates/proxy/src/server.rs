@@ -76,10 +76,18 @@ impl Gateway {
     }
 
     /// Waits until the gateway has shut down: the shutdown future completed, the listeners
-    /// stopped accepting, and every open connection finished its requests.
+    /// stopped accepting, every open connection finished its requests, and their access-log
+    /// lines are written (at most [`access_log::FLUSH_AT_SHUTDOWN`](crate::access_log::FLUSH_AT_SHUTDOWN)).
     pub async fn wait(self) {
         if let Err(e) = self.task.await {
             tracing::error!(error = %e, "gateway task ended abnormally");
+        }
+        // Every request has ended: its access-log line is written before the process may exit.
+        if let Some(log) = self.handle.shared.state.load().access_log.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                log.flush(crate::access_log::FLUSH_AT_SHUTDOWN)
+            })
+            .await;
         }
     }
 }
