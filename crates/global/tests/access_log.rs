@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use clusters::{CHAT, TestCluster, counter, router_with};
 use infergate_global::{GlobalConfig, Router};
+use infergate_testkit::json_lines;
 use scripted::{HeldStream, Scripted, heartbeat, open_stream};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -57,27 +58,6 @@ async fn page(router: &Router) -> String {
     infergate_testkit::get(router.admin_addr().unwrap(), "/metrics")
         .await
         .text()
-}
-
-/// The log's lines once it holds `n` of them (the writer runs on its own thread).
-async fn lines(log: &Path, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} lines: {text}",
-            lines.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// `POST /v1/chat/completions` with `body`, and an `x-request-id` when given.
@@ -133,7 +113,7 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
     let r = chat(&router, &CHAT_M.replace("\"m\"", "\"nope\""), None).await;
     assert_eq!(r.status, 404, "{}", r.text());
 
-    let lines = lines(&log, 3).await;
+    let lines = json_lines(&log, 3).await;
     assert_eq!(lines.len(), 3, "{lines:?}");
     let streamed = the(&lines, "/v1/chat/completions", "llama");
     assert_eq!(streamed["request_id"], "streamed-1");
@@ -256,7 +236,7 @@ async fn a_client_leaving_mid_stream_is_cancelled() {
     until_up(&router, &["held"]).await;
     let (client, _) = open_stream(router.http_addr()).await;
     drop(client);
-    let lines = lines(&log, 1).await;
+    let lines = json_lines(&log, 1).await;
     let left = &lines[0];
     assert_eq!(left["outcome"], "cancelled", "{left}");
     assert_eq!(left["status"], 200);
@@ -284,7 +264,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
     let (router, _stop) = router_with(&yaml(&first, 0)).await;
     until_up(&router, &["up"]).await;
     chat(&router, CHAT_M, Some("one")).await;
-    assert_eq!(lines(&first, 1).await[0]["request_id"], "one");
+    assert_eq!(json_lines(&first, 1).await[0]["request_id"], "one");
 
     // The same path: the writer is kept, with the file it holds open (a new writer would
     // create the file again).
@@ -300,7 +280,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
         .reload(GlobalConfig::from_yaml(&yaml(&second, 1)).unwrap())
         .unwrap();
     chat(&router, CHAT_M, Some("two")).await;
-    let moved = lines(&second, 1).await;
+    let moved = json_lines(&second, 1).await;
     assert_eq!(moved.len(), 1);
     assert_eq!(moved[0]["request_id"], "two");
     assert!(!first.exists(), "the old destination takes no more");
@@ -317,7 +297,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
         "{chain}"
     );
     chat(&router, CHAT_M, Some("three")).await;
-    assert_eq!(lines(&second, 2).await[1]["request_id"], "three");
+    assert_eq!(json_lines(&second, 2).await[1]["request_id"], "three");
     // `--check` says the same without starting anything, and accepts a path it can use.
     let e = infergate_global::check_files(&GlobalConfig::from_yaml(&yaml(&missing, 1)).unwrap())
         .unwrap_err();

@@ -12,9 +12,9 @@ mod upstream;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig};
+use infergate_testkit::json_lines;
 use serde_json::Value;
 use upstream::{Behaviour, Upstream, get, open_stream, post, refused_addr, send};
 
@@ -33,27 +33,6 @@ fn config(log: &Path, endpoints: &[SocketAddr]) -> String {
 
 async fn start(yaml: &str) -> (Gateway, tokio::sync::oneshot::Sender<()>) {
     upstream::serve_gateway(GatewayConfig::from_yaml(yaml).unwrap()).await
-}
-
-/// The log's lines once it holds `n` of them (the writer runs on its own thread).
-async fn lines(log: &Path, n: usize) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {n} lines: {text}",
-            lines.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn the<'a>(lines: &'a [Value], request_id: &str) -> &'a Value {
@@ -96,7 +75,7 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
     let (status, _) = get(gw.http_addr(), "/v1/models").await;
     assert_eq!(status, 200);
 
-    let lines = lines(&log, 3).await;
+    let lines = json_lines(&log, 3).await;
     assert_eq!(lines.len(), 3, "{lines:?}");
     let streamed = the(&lines, "streamed-1");
     assert_eq!(streamed["status"], 200);
@@ -143,7 +122,7 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
     let (gw2, _stop2) = start(&config(&log, &[stepped.addr])).await;
     let body = open_stream(gw2.http_addr(), "m").await;
     drop(body);
-    let lines = self::lines(&log, 4).await;
+    let lines = json_lines(&log, 4).await;
     let left = &lines[3];
     assert_eq!(left["outcome"], "cancelled", "{left}");
     assert_eq!(left["status"], 200);
@@ -167,7 +146,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
     let (gw, _stop) = start(&std::fs::read_to_string(&file).unwrap()).await;
     let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     post(gw.http_addr(), "/v1/chat/completions", chat).await;
-    let before = lines(&first, 1).await;
+    let before = json_lines(&first, 1).await;
     assert_eq!(before[0]["outcome"], "completed");
     assert_eq!(before[0]["stream"], false);
     assert_eq!(before[0]["prompt_tokens"], 7, "{}", before[0]);
@@ -176,9 +155,9 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
         .reload(GatewayConfig::from_yaml(&config(&second, &[up.addr])).unwrap())
         .unwrap();
     post(gw.http_addr(), "/v1/chat/completions", chat).await;
-    assert_eq!(lines(&second, 1).await.len(), 1);
+    assert_eq!(json_lines(&second, 1).await.len(), 1);
     assert_eq!(
-        lines(&first, 1).await.len(),
+        json_lines(&first, 1).await.len(),
         1,
         "the old file takes no more"
     );
@@ -195,7 +174,7 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
         "{chain}"
     );
     post(gw.http_addr(), "/v1/chat/completions", chat).await;
-    assert_eq!(lines(&second, 2).await.len(), 2);
+    assert_eq!(json_lines(&second, 2).await.len(), 2);
     // `--check` says the same without starting anything.
     let e = infergate_proxy::check_files(
         &GatewayConfig::from_yaml(&config(&missing, &[up.addr])).unwrap(),

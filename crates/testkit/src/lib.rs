@@ -18,6 +18,8 @@
 //! - [`recorder`] — a model server recording the request heads it receives, answering with
 //!   response headers the test chooses.
 //! - [`eventually`] — waits, on wall-clock time, until a condition holds.
+//! - [`metric`] — one sample's value from a Prometheus text page.
+//! - [`json_lines`] — a JSON-lines file (an access log) once it holds enough lines.
 //! - [`required_tool`] — whether a program from outside the Rust toolchain that a test needs is
 //!   there: in CI its absence fails the test, elsewhere the test says it is skipped.
 //! - [`CapturedLog`] — what the code under test logged, read back as text.
@@ -248,6 +250,31 @@ fn chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+/// The lines of the JSON-lines file `path`, each parsed, once it holds at least `n` (a writer
+/// thread fills it).
+///
+/// # Panics
+/// When a line is not JSON, or fewer than `n` are there after 10 s, with the file's text.
+pub async fn json_lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} lines: {text}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// The value of the first sample of `family` on the Prometheus text page `text` whose labels
