@@ -43,8 +43,8 @@ pub(crate) enum Outcome {
 /// What the log learns of one request as it goes. Built only when the log is on.
 pub(crate) struct Record {
     log: Arc<Log>,
-    /// With the client's `x-request-id`, if any (the router makes none up; the clusters see the
-    /// same one).
+    /// With the request's id: the client's `x-request-id`, or the one the router made up (the
+    /// clusters see the same).
     arrival: Arrival,
     started: Instant,
     pub(crate) tenant: Option<Arc<str>>,

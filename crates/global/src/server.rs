@@ -23,6 +23,7 @@ use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
 use infergate_proxy::BodyRead;
 use infergate_proxy::auth::ModelAccess;
+use infergate_proxy::request_id::{REQUEST_ID_HEADER, RequestIds};
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -42,8 +43,9 @@ use crate::route::{self, Candidate, MAX_CLUSTERS};
 use crate::state::State;
 use crate::telemetry::{ClusterCode, ClusterReason, ReasonLabel, Telemetry};
 
-/// The request id a client may send; the router passes it on and logs it (`accessLog:`).
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The request id: the client's, or one the router makes up; passed to the clusters (whose
+/// gateways keep it), returned, and logged (`accessLog:`).
+const X_REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 
 /// The response header naming the cluster that answered.
 pub const CLUSTER_HEADER: &str = "x-infergate-cluster";
@@ -197,6 +199,8 @@ pub(crate) struct Shared {
     /// Open client connections (`limits.maxConnections`, read at each accept).
     connections: Arc<AtomicUsize>,
     rng: AtomicU64,
+    /// Request ids for requests that come without one (`x-request-id`).
+    ids: RequestIds,
     /// Held while an ejection is decided (`cluster::eject`): rare, never on a request that
     /// does not complete a cluster's run of gateway failures.
     ejecting: std::sync::Mutex<()>,
@@ -243,6 +247,7 @@ pub async fn serve(
         buffered: Gauge::default(),
         connections: Arc::new(AtomicUsize::new(0)),
         rng: AtomicU64::new(seed),
+        ids: RequestIds::new(seed, 0),
         ejecting: std::sync::Mutex::new(()),
         reloading: std::sync::Mutex::new(()),
     });
@@ -436,21 +441,25 @@ impl From<ApiError> for Refused {
 /// itself, else by the response body when it is dropped.
 async fn handle(
     shared: &Arc<Shared>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     client: SocketAddr,
 ) -> Response<RouterBody> {
     // The configuration in force when the request came: it is served on that one to the end.
     let state = shared.state.load_full();
+    // One id from the client to the model server: the clusters' gateways keep it.
+    let request_id = shared.ids.of(req.headers());
+    req.headers_mut().insert(X_REQUEST_ID, request_id.clone());
     let mut record = state.access_log.as_ref().map(|log| {
         Record::new(
             log,
             client,
             req.method(),
             req.uri().path(),
-            req.headers().get(X_REQUEST_ID),
+            Some(&request_id),
         )
     });
-    let answer = respond(shared, state, req, &mut record).await;
+    let mut answer = respond(shared, state, req, &mut record).await;
+    answer.headers_mut().insert(X_REQUEST_ID, request_id);
     // Still here: the router answered itself, or the client's body broke off.
     if let Some(mut record) = record {
         record.status = Some(answer.status().as_u16());

@@ -155,7 +155,12 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
     assert_eq!(failover["region"], "r-good");
     assert_eq!(failover["outcome"], "completed");
     assert_eq!(failover["stream"], false);
-    assert!(failover["request_id"].is_null(), "{failover}");
+    // Sent without one: the router's own id, 32 hex digits.
+    let id = failover["request_id"].as_str().unwrap();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{failover}"
+    );
     assert!(failover["ttft_ms"].is_null(), "{failover}");
     assert_eq!(
         (

@@ -90,6 +90,34 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
 
+/// A request without `x-request-id` gets one (32 hex digits) that the cluster sees and the
+/// client gets back; a client's own id is passed on and returned unchanged.
+#[tokio::test]
+async fn one_request_id_from_the_client_to_the_cluster() {
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router(cluster.addr).await;
+    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.header("x-request-id").unwrap().to_owned();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    let seen = cluster.heads().join("\n").to_ascii_lowercase();
+    assert!(seen.contains(&format!("x-request-id: {id}")), "{seen}");
+    let mine = [("x-request-id", "client-7")];
+    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &mine).await;
+    assert_eq!(r.header("x-request-id"), Some("client-7"));
+    let seen = cluster.heads().join("\n").to_ascii_lowercase();
+    assert!(seen.contains("x-request-id: client-7"), "{seen}");
+    // An answer of the router's own carries it too.
+    let r = send(router.http_addr(), "POST", "/v2/nothing", &mine).await;
+    assert_eq!(
+        (r.status.as_u16(), r.header("x-request-id")),
+        (404, Some("client-7"))
+    );
+}
+
 /// `HEAD /v1/models` is its `GET` without the body; a compressed request body is 415 before it
 /// is read, naming the coding, and reaches no cluster.
 #[tokio::test]

@@ -36,12 +36,14 @@
 //!   `/metrics`: the gateway's series and those of every pool of the configuration in force.
 //! - `telemetry` — the `infergate_gateway_*` Prometheus series.
 //! - [`error`] — [`Error`] and [`ConfigError`].
+//! - [`request_id`] — the `x-request-id` a request carries through (the client's, or made up).
 
 pub mod access_log;
 pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod request_id;
 
 mod admin;
 mod backend;

@@ -10,7 +10,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -39,8 +38,7 @@ use crate::upstream::{SendError, Upstreams};
 
 /// Response header naming the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
-/// Request and response header carrying the request id.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub use crate::request_id::REQUEST_ID_HEADER;
 /// Request header asking for the routing decision (`1`), and response header carrying it
 /// (when `explainHeader` is on).
 pub const EXPLAIN_HEADER: &str = "x-infergate-explain";
@@ -75,53 +73,18 @@ pub(crate) struct Worker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) upstreams: Arc<Upstreams>,
     /// Each worker numbers its own requests: no counter shared between threads.
-    ids: RequestIds,
+    ids: crate::request_id::RequestIds,
 }
 
 impl Worker {
     /// Worker `index` (distinct per worker, so that their request ids never collide).
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Self {
-        let ids = RequestIds::new(shared.seed, index);
+        let ids = crate::request_id::RequestIds::new(shared.seed, index);
         Worker {
             shared,
             upstreams: Arc::new(Upstreams::default()),
             ids,
         }
-    }
-}
-
-/// Generates request ids: a per-worker prefix and a counter, so ids are unique without a lock.
-struct RequestIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    fn new(seed: u64, worker: usize) -> Self {
-        // Mix the start time in so that two gateways (or two runs) do not repeat ids; the worker
-        // index keeps the workers of one gateway apart (the multiplication is a bijection, so
-        // different inputs give different prefixes).
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        RequestIds {
-            prefix: (t ^ seed.rotate_left(32) ^ (worker as u64).rotate_left(48))
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    fn next(&self) -> HeaderValue {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut buf = [0u8; 32];
-        for (i, v) in [self.prefix, n].into_iter().enumerate() {
-            for j in 0..16 {
-                buf[i * 16 + j] = HEX[((v >> (60 - 4 * j)) & 0xf) as usize];
-            }
-        }
-        // 32 lowercase hex digits are always a valid header value.
-        HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
     }
 }
 
@@ -137,10 +100,7 @@ pub(crate) async fn handle(
     client: SocketAddr,
 ) -> Result<Response<ResponseBody>, hyper::Error> {
     let started = Instant::now();
-    let request_id = match req.headers().get(&X_REQUEST_ID) {
-        Some(v) if !v.is_empty() && v.len() <= 200 => v.clone(),
-        _ => worker.ids.next(),
-    };
+    let request_id = worker.ids.of(req.headers());
     let state = worker.shared.state.load_full();
     let mut note = state
         .access_log
@@ -741,23 +701,4 @@ pub(crate) fn error_response(
     }
     h.insert(X_REQUEST_ID.clone(), request_id);
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn request_ids_are_32_hex_digits_and_differ_across_workers_and_requests() {
-        let a = RequestIds::new(7, 0);
-        let b = RequestIds::new(7, 1);
-        let (a1, a2, b1) = (a.next(), a.next(), b.next());
-        for id in [&a1, &a2, &b1] {
-            assert_eq!(id.len(), 32);
-            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
-        }
-        assert_ne!(a1, a2);
-        assert_ne!(a1, b1);
-        assert_ne!(a1.as_bytes()[..16], b1.as_bytes()[..16]);
-    }
 }
