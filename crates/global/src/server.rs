@@ -17,7 +17,9 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use infergate_openai::{ApiError, ApiKind, Route, check_content_encoding, parse_request};
+use infergate_openai::{
+    ApiError, ApiKind, Route, check_content_encoding, check_transfer_encoding, parse_request,
+};
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
 use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
@@ -624,6 +626,14 @@ async fn route_request(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    // As at the gateway: a body chunked under another coding is refused before it is read.
+    if declared.is_none() {
+        check_transfer_encoding(
+            req.headers()
+                .get(header::TRANSFER_ENCODING)
+                .map(|v| v.as_bytes()),
+        )?;
+    }
     let (mut parts, body) = req.into_parts();
     // Read as the gateway reads it (`maxRequestBodyBytes`, `bodyReadTimeoutMs`, and the bytes
     // held charged to `maxBufferedRequestBytes`). `_held` keeps the charge while the body is kept

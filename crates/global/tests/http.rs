@@ -119,7 +119,8 @@ async fn one_request_id_from_the_client_to_the_cluster() {
 }
 
 /// `HEAD /v1/models` is its `GET` without the body; a compressed request body is 415 before it
-/// is read, naming the coding, and reaches no cluster.
+/// is read, naming the coding, a body chunked under another coding 501, and neither reaches a
+/// cluster.
 #[tokio::test]
 async fn head_on_the_model_list_and_a_compressed_body() {
     let cluster = Recorder::start(&[]).await;
@@ -144,6 +145,17 @@ async fn head_on_the_model_list_and_a_compressed_body() {
         v["error"]["message"].as_str().unwrap().contains("`br`"),
         "{v}"
     );
+    // A body chunked under another coding: 501, before it is read.
+    let r = send(
+        router.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("transfer-encoding", "deflate, chunked")],
+    )
+    .await;
+    assert_eq!(r.status, 501, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "unsupported_transfer_encoding", "{v}");
     assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
 

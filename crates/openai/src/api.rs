@@ -121,6 +121,29 @@ pub fn check_content_encoding(value: Option<&[u8]>) -> Result<(), ApiError> {
     }
 }
 
+/// Refuses a request body sent with a transfer coding other than `chunked`. `value` is the
+/// request's `Transfer-Encoding` header, if any (HTTP/1.1 only; hyper already refuses one that
+/// does not end in `chunked`, and drops `Content-Length` when it is present, so callers need
+/// to look only when the request declared no length): `chunked` alone passes; anything else
+/// (`gzip, chunked`) is [`ApiError::UnsupportedTransferEncoding`], which RFC 9112 suggests
+/// answering with 501 — decoded as plain chunks, the body would fail as JSON without saying why.
+pub fn check_transfer_encoding(value: Option<&[u8]>) -> Result<(), ApiError> {
+    let Some(value) = value else {
+        return Ok(());
+    };
+    let chunked_only = value.split(|b| *b == b',').all(|coding| {
+        let coding = coding.trim_ascii();
+        coding.is_empty() || coding.eq_ignore_ascii_case(b"chunked")
+    });
+    if chunked_only {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedTransferEncoding {
+            coding: String::from_utf8_lossy(value).chars().take(100).collect(),
+        })
+    }
+}
+
 impl fmt::Display for ApiKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.path())
@@ -145,6 +168,31 @@ mod tests {
         for bad in [&b"gzip"[..], b"identity, gzip", b"br", b"x-gzip"] {
             let e = check_content_encoding(Some(bad)).unwrap_err();
             assert_eq!(e.status(), 415);
+            assert!(
+                e.to_string().contains(&*String::from_utf8_lossy(bad)),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_chunked_transfer_coding_passes() {
+        for ok in [
+            None,
+            Some(&b"chunked"[..]),
+            Some(b"Chunked"),
+            Some(b" chunked "),
+        ] {
+            assert!(check_transfer_encoding(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &b"gzip, chunked"[..],
+            b"deflate,chunked",
+            b"x-custom, chunked",
+        ] {
+            let e = check_transfer_encoding(Some(bad)).unwrap_err();
+            assert_eq!(e.status(), 501);
+            assert_eq!(e.metric_label(), "unsupported_transfer_encoding");
             assert!(
                 e.to_string().contains(&*String::from_utf8_lossy(bad)),
                 "{e}"

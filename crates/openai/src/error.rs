@@ -62,6 +62,17 @@ pub enum ApiError {
         /// The header's value.
         encoding: String,
     },
+    /// The request body has a transfer coding other than `chunked` (`Transfer-Encoding: gzip,
+    /// chunked`): HTTP/1.1 servers are not required to decode them, and this one does not
+    /// (RFC 9112, section 6.1, suggests 501).
+    #[error(
+        "the request has Transfer-Encoding `{}`: only `chunked` is supported; send the JSON uncompressed",
+        Echo(coding)
+    )]
+    UnsupportedTransferEncoding {
+        /// The header's value.
+        coding: String,
+    },
     /// The path is not an API this gateway serves.
     #[error(
         "no route for `{}`: the gateway serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and /v1/models",
@@ -405,6 +416,7 @@ impl ApiError {
             ApiError::RequestTimeout { .. } => 408,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::UnsupportedEncoding { .. } => 415,
+            ApiError::UnsupportedTransferEncoding { .. } => 501,
             ApiError::Overloaded { .. }
             | ApiError::ConcurrencyLimit { .. }
             | ApiError::QuotaExceeded { .. }
@@ -432,6 +444,7 @@ impl ApiError {
             ApiError::UnknownModel { .. } => "unknown_model",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::UnsupportedEncoding { .. } => "unsupported_content_encoding",
+            ApiError::UnsupportedTransferEncoding { .. } => "unsupported_transfer_encoding",
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Overloaded { .. } => "shed",
@@ -483,7 +496,7 @@ impl ApiError {
     /// The OpenAI error `type`.
     fn error_type(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 405 | 408 | 413 | 415 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 | 415 | 501 => "invalid_request_error",
             401 => "authentication_error",
             403 => "permission_error",
             429 => "rate_limit_error",
@@ -595,6 +608,12 @@ mod tests {
                     encoding: "gzip".into(),
                 },
                 415,
+            ),
+            (
+                ApiError::UnsupportedTransferEncoding {
+                    coding: "gzip, chunked".into(),
+                },
+                501,
             ),
             (ApiError::NotFound { path: "/x".into() }, 404),
             (

@@ -18,7 +18,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use infergate_openai::{
-    ApiError, ApiKind, ModelRewriter, Route, check_content_encoding, parse_request,
+    ApiError, ApiKind, ModelRewriter, Route, check_content_encoding, check_transfer_encoding,
+    parse_request,
 };
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, Segments};
@@ -217,6 +218,14 @@ async fn admit(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    // Without a length the body may be chunked under another coding, which is not decoded:
+    // refused before it is read (a request with a length has no Transfer-Encoding left).
+    if declared.is_none() {
+        let coding = req.headers().get(header::TRANSFER_ENCODING);
+        if let Err(e) = check_transfer_encoding(coding.map(HeaderValue::as_bytes)) {
+            return Ok(Admission::Refused(e));
+        }
+    }
     let (parts, body) = req.into_parts();
     match read_body(&counters.buffered, limits, declared, body).await? {
         BodyRead::Read(body, charge) => Ok(Admission::Admitted(Admitted {

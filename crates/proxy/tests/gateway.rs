@@ -543,6 +543,40 @@ async fn a_compressed_body_is_415_before_it_is_read() {
     );
 }
 
+/// A body chunked under another transfer coding (`gzip, chunked`) is refused 501 before it is
+/// read, naming the coding, and reaches no model server; `chunked` alone is served.
+#[tokio::test]
+async fn a_transfer_coding_other_than_chunked_is_501() {
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let gzip = [("transfer-encoding", "gzip, chunked")];
+    let (s, headers, b) = send(gw.addr(), "POST", "/v1/chat/completions", CHAT, &gzip).await;
+    assert_eq!(s, 501, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(headers["content-type"], "application/json");
+    let v = json(&b);
+    assert_eq!(v["error"]["code"], "unsupported_transfer_encoding", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`gzip, chunked`"),
+        "{v}"
+    );
+    assert_eq!(up.requests(), 0);
+    let chunked = [("transfer-encoding", "chunked")];
+    let (s, _, b) = send(gw.addr(), "POST", "/v1/chat/completions", CHAT, &chunked).await;
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(up.requests(), 1);
+    let (_, metrics) = get(gw.admin(), "/metrics").await;
+    assert!(
+        metrics.contains(
+            r#"infergate_gateway_rejections_total{reason="unsupported_transfer_encoding"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
 /// Headers the `Connection` header names are hop-by-hop (RFC 9110 §7.6.1): neither the client's
 /// nor the model server's reach the other side, whichever `Connection` line names them and in
 /// whatever case; the other headers do.
