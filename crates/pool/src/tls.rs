@@ -15,8 +15,17 @@
 //! Failures are logged at debug level and counted
 //! (`infergate_tls_handshake_failures_total{reason}`).
 //!
+//! With [`ServerTlsOptions::client_ca`] the port is mutual TLS: every client must present a
+//! certificate chained to that CA bundle (rustls' `WebPkiClientVerifier`), else its handshake
+//! fails (counted with reason `client_certificate`). The bundle is polled with the certificate
+//! files; a new one that loads gives new handshakes a new rustls configuration (an [`ArcSwap`]
+//! of it: the verifier is fixed in a configuration, and a new one also drops the sessions
+//! resumable under the old bundle), one that does not keeps the last good one.
+//!
 //! Client side, [`client_tls`] reads a CA bundle and builds an
-//! [`infergate_metrics::ClientTls`], which the scraper and the gateway's upstream connections use.
+//! [`infergate_metrics::ClientTls`], which the scraper and the gateway's upstream connections use;
+//! [`ca_roots`] and [`load_pair`] are the same PEM loading for a client that builds its own
+//! configuration (the global router's, with a client certificate).
 //!
 //! Only the ring crypto provider is used.
 
@@ -32,8 +41,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert, VerifierBuilderError, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -119,6 +130,15 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
+    /// A client CA bundle could not be made into a client certificate verifier.
+    #[error("the client CA bundle `{}` is not usable", path.display())]
+    ClientCa {
+        /// The CA file.
+        path: PathBuf,
+        /// rustls' reason.
+        #[source]
+        source: VerifierBuilderError,
+    },
     /// `serverName` is neither a DNS name nor an IP address.
     #[error("`{name}` is not a valid TLS server name")]
     ServerName {
@@ -148,17 +168,42 @@ pub enum HandshakeError {
     /// The handshake failed: not TLS at all (a plaintext client), no shared protocol, a reset.
     #[error("TLS handshake failed")]
     Failed(#[source] io::Error),
+    /// A port with a client CA: the client presented no certificate, or one that does not chain
+    /// to the bundle (or is expired, or not for client authentication).
+    #[error("TLS client certificate refused")]
+    ClientCertificate(#[source] io::Error),
 }
 
 impl HandshakeError {
     /// Every value [`Self::metric_label`] returns.
-    pub const METRIC_LABELS: [&'static str; 2] = ["timeout", "error"];
+    pub const METRIC_LABELS: [&'static str; 3] = ["timeout", "error", "client_certificate"];
 
     /// A short label for the `reason` of the failure counter.
     pub const fn metric_label(&self) -> &'static str {
         match self {
             HandshakeError::Timeout(_) => "timeout",
             HandshakeError::Failed(_) => "error",
+            HandshakeError::ClientCertificate(_) => "client_certificate",
+        }
+    }
+
+    /// A failed handshake, told apart by rustls' reason: what the server said of the client's
+    /// certificate (missing, or not verified), or anything else.
+    fn failed(e: io::Error) -> HandshakeError {
+        let refused = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(|r| {
+                // On the server side a certificate is only ever the client's.
+                matches!(
+                    r,
+                    rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_)
+                )
+            });
+        if refused {
+            HandshakeError::ClientCertificate(e)
+        } else {
+            HandshakeError::Failed(e)
         }
     }
 }
@@ -190,15 +235,19 @@ pub struct ServerTlsOptions {
     pub reload_interval: Duration,
     /// How long a client has to complete the handshake.
     pub handshake_timeout: Duration,
+    /// A PEM CA bundle every client's certificate must chain to (mutual TLS), polled with the
+    /// certificate files; `None`: no client certificate is asked for.
+    pub client_ca: Option<PathBuf>,
 }
 
 impl ServerTlsOptions {
-    /// The defaults with `alpn`.
+    /// The defaults with `alpn`: no client certificate.
     pub fn new(alpn: &[&[u8]]) -> Self {
         ServerTlsOptions {
             alpn: alpn.iter().map(|p| p.to_vec()).collect(),
             reload_interval: DEFAULT_RELOAD_INTERVAL,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            client_ca: None,
         }
     }
 }
@@ -229,12 +278,19 @@ impl ResolvesServerCert for Current {
     }
 }
 
-/// A server port's TLS: the acceptor, its reloading certificate and its counters. Cheap to
-/// clone; the file poller runs as long as a clone is alive.
+/// What new handshakes are served with: the rustls configuration (replaced when the client CA
+/// bundle changes) and the certificate resolver inside it (whose certificate is replaced when
+/// the certificate files change).
+struct Live {
+    config: ArcSwap<rustls::ServerConfig>,
+    current: Arc<Current>,
+}
+
+/// A server port's TLS: its configuration, its reloading certificate (and client CA) and its
+/// counters. Cheap to clone; the file poller runs as long as a clone is alive.
 #[derive(Clone)]
 pub struct ServerTls {
-    acceptor: TlsAcceptor,
-    current: Arc<Current>,
+    live: Arc<Live>,
     handshake_timeout: Duration,
     metrics: TlsMetrics,
 }
@@ -251,10 +307,31 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// A server configuration serving `current`'s certificate, asking clients for one when
+/// `verifier` is set.
+fn server_config(
+    provider: &Arc<CryptoProvider>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    current: &Arc<Current>,
+    alpn: &[Vec<u8>],
+) -> Result<rustls::ServerConfig, TlsError> {
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(provider))
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Config)?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::clone(current) as Arc<dyn ResolvesServerCert>);
+    config.alpn_protocols = alpn.to_vec();
+    Ok(config)
+}
+
 impl ServerTls {
-    /// Loads `certificate` and builds the acceptor. With [`Certificate::Files`] the files are
-    /// polled every `options.reload_interval` on the current tokio runtime (so this must be
-    /// called inside one).
+    /// Loads `certificate` (and `options.client_ca`) and builds the configuration. With
+    /// [`Certificate::Files`] or a client CA the files are polled every
+    /// `options.reload_interval` on the current tokio runtime (so this must be called inside
+    /// one).
     pub fn new(certificate: &Certificate, options: &ServerTlsOptions) -> Result<Self, TlsError> {
         let provider = provider();
         // The files as loaded: the poller compares against these bytes, so a change made right
@@ -270,28 +347,49 @@ impl ServerTls {
             Certificate::SelfSigned { names } => self_signed(names, &provider)?,
         };
         let current = Arc::new(Current(ArcSwap::from_pointee(key)));
-        let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(TlsError::Config)?
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::clone(&current) as Arc<dyn ResolvesServerCert>);
-        config.alpn_protocols = options.alpn.clone();
+        let mut client_ca = None;
+        let verifier = match &options.client_ca {
+            Some(path) => {
+                let pem = read(path)?;
+                let verifier = verifier_from_pem(&pem, path, &provider)?;
+                client_ca = Some(pem);
+                Some(verifier)
+            }
+            None => None,
+        };
+        let config = server_config(&provider, verifier, &current, &options.alpn)?;
         let tls = ServerTls {
-            acceptor: TlsAcceptor::from(Arc::new(config)),
-            current,
+            live: Arc::new(Live {
+                config: ArcSwap::from_pointee(config),
+                current,
+            }),
             handshake_timeout: options.handshake_timeout,
             metrics: TlsMetrics::default(),
         };
-        if let (Certificate::Files { cert, key }, Some(last)) = (certificate, loaded)
-            && !options.reload_interval.is_zero()
-        {
-            let runtime = tokio::runtime::Handle::try_current().map_err(|_| TlsError::NoRuntime)?;
+        if options.reload_interval.is_zero() || (loaded.is_none() && client_ca.is_none()) {
+            return Ok(tls);
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| TlsError::NoRuntime)?;
+        if let (Certificate::Files { cert, key }, Some(last)) = (certificate, loaded) {
             runtime.spawn(watch(
-                Arc::downgrade(&tls.current),
+                Arc::downgrade(&tls.live.current),
                 tls.metrics.clone(),
                 last,
                 cert.clone(),
                 key.clone(),
+                options.reload_interval,
+                Arc::clone(&provider),
+            ));
+        }
+        if let (Some(path), Some(last)) = (&options.client_ca, client_ca) {
+            runtime.spawn(watch_client_ca(
+                Arc::downgrade(&tls.live),
+                tls.metrics.clone(),
+                ClientCaFile {
+                    path: path.clone(),
+                    last,
+                    alpn: options.alpn.clone(),
+                },
                 options.reload_interval,
                 provider,
             ));
@@ -315,19 +413,19 @@ impl ServerTls {
         }
         registry.register(
             "infergate_tls_handshake_failures",
-            "TLS handshakes that failed (reason: timeout, error)",
+            "TLS handshakes that failed (reason: timeout, error, client_certificate)",
             self.metrics.handshake_failures.clone(),
         );
         registry.register(
             "infergate_tls_certificate_reloads",
-            "Certificate reloads after the files changed (result: ok, error)",
+            "Certificate and client CA reloads after the files changed (result: ok, error)",
             self.metrics.reloads.clone(),
         );
     }
 
     /// The certificate chain new handshakes are served (leaf first).
     pub fn certificate_chain(&self) -> Vec<CertificateDer<'static>> {
-        self.current.0.load().cert.clone()
+        self.live.current.0.load().cert.clone()
     }
 
     /// Runs the server side of the handshake on `stream` within the handshake timeout. A
@@ -336,16 +434,15 @@ impl ServerTls {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let result = match tokio::time::timeout(
-            self.handshake_timeout,
-            self.acceptor.accept(stream),
-        )
-        .await
-        {
-            Err(_elapsed) => Err(HandshakeError::Timeout(self.handshake_timeout)),
-            Ok(Err(e)) => Err(HandshakeError::Failed(e)),
-            Ok(Ok(s)) => Ok(s),
-        };
+        // The configuration in force now: a client CA replaced during the handshake applies
+        // from the next one.
+        let acceptor = TlsAcceptor::from(self.live.config.load_full());
+        let result =
+            match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
+                Err(_elapsed) => Err(HandshakeError::Timeout(self.handshake_timeout)),
+                Ok(Err(e)) => Err(HandshakeError::failed(e)),
+                Ok(Ok(s)) => Ok(s),
+            };
         if let Err(e) = &result {
             tracing::debug!(error = %crate::ErrorChain(e), "TLS handshake failed");
             self.metrics
@@ -421,6 +518,61 @@ async fn watch(
                 );
             }
         }
+    }
+}
+
+/// A client CA file being polled: its path, its bytes as last read, and the ALPN of the
+/// configurations built with it.
+struct ClientCaFile {
+    path: PathBuf,
+    last: Vec<u8>,
+    alpn: Vec<Vec<u8>>,
+}
+
+/// Polls the client CA bundle every `every` until the port's TLS is gone. A changed bundle
+/// that loads gives new handshakes a configuration verifying against it; one that does not is
+/// logged once (per distinct content) and the old stays. Counted with the certificate reloads.
+async fn watch_client_ca(
+    live: Weak<Live>,
+    metrics: TlsMetrics,
+    mut file: ClientCaFile,
+    every: Duration,
+    provider: Arc<CryptoProvider>,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(live) = live.upgrade() else {
+            return;
+        };
+        // A file missing or half replaced for a moment: wait for the next poll.
+        let Ok(now) = std::fs::read(&file.path) else {
+            continue;
+        };
+        if now == file.last {
+            continue;
+        }
+        let loaded = verifier_from_pem(&now, &file.path, &provider).and_then(|verifier| {
+            server_config(&provider, Some(verifier), &live.current, &file.alpn)
+        });
+        file.last = now;
+        let result = match loaded {
+            Ok(config) => {
+                live.config.store(Arc::new(config));
+                tracing::info!(client_ca = %file.path.display(), "TLS client CA bundle reloaded");
+                "ok"
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %crate::ErrorChain(&e),
+                    "TLS client CA bundle reload rejected; the previous bundle stays in force"
+                );
+                "error"
+            }
+        };
+        metrics
+            .reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 }
 
@@ -517,19 +669,49 @@ fn self_signed(names: &[String], provider: &CryptoProvider) -> Result<CertifiedK
     ))
 }
 
+/// The trust roots in `ca_file` (PEM, one or more certificates).
+pub fn ca_roots(ca_file: &Path) -> Result<RootCertStore, TlsError> {
+    roots_from_pem(&read(ca_file)?, ca_file)
+}
+
+fn roots_from_pem(pem: &[u8], path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for ca in certificates(pem, path)? {
+        roots.add(ca).map_err(|source| TlsError::CaCertificate {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The verifier of client certificates chained to a CA in `ca_file` (PEM, one or more
+/// certificates), as a port with [`ServerTlsOptions::client_ca`] uses it: a client must present
+/// one. For checking the file without serving (`--check`).
+pub fn client_verifier(ca_file: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    verifier_from_pem(&read(ca_file)?, ca_file, &provider())
+}
+
+fn verifier_from_pem(
+    pem: &[u8],
+    path: &Path,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let roots = roots_from_pem(pem, path)?;
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
+        .build()
+        .map_err(|source| TlsError::ClientCa {
+            path: path.to_owned(),
+            source,
+        })
+}
+
 /// The TLS client configuration for model servers whose certificates are signed by a CA in
 /// `ca_file` (PEM, one or more certificates), verifying `server_name` (a DNS name or an IP
 /// address; `None`: the IP address connected to). ALPN offers `http/1.1` only: the gateway and
 /// the scraper speak HTTP/1.1 to model servers.
 pub fn client_tls(ca_file: &Path, server_name: Option<&str>) -> Result<ClientTls, TlsError> {
-    let pem = read(ca_file)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in certificates(&pem, ca_file)? {
-        roots.add(ca).map_err(|source| TlsError::CaCertificate {
-            path: ca_file.to_owned(),
-            source,
-        })?;
-    }
+    let roots = ca_roots(ca_file)?;
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Config)?

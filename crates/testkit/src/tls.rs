@@ -1,6 +1,6 @@
-//! TLS for tests: a private CA that issues server certificates, client configurations (trusting
-//! that CA, or accepting any certificate the way Envoy AI Gateway connects to an endpoint
-//! picker), and HTTP/1.1 over TLS.
+//! TLS for tests: a private CA that issues server (and client) certificates, client
+//! configurations (trusting that CA, presenting a client certificate or not, or accepting any
+//! certificate the way Envoy AI Gateway connects to an endpoint picker), and HTTP/1.1 over TLS.
 #![allow(
     clippy::expect_used,
     reason = "test helpers: a failure is a failed test"
@@ -16,6 +16,7 @@ use http::Request;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -32,7 +33,7 @@ pub struct TestCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
-/// A server certificate and its key, PEM-encoded.
+/// A certificate and its key, PEM-encoded.
 #[derive(Clone, Debug)]
 pub struct Leaf {
     /// The certificate (PEM).
@@ -60,7 +61,8 @@ impl TestCa {
         pem("CERTIFICATE", self.issuer.der())
     }
 
-    /// Issues a server certificate for `names` (DNS names or IP addresses).
+    /// Issues a certificate for `names` (DNS names or IP addresses): a server's, and, carrying
+    /// no extended key usage, good as a client's too.
     pub fn issue(&self, names: &[&str]) -> Leaf {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let params = CertificateParams::new(names).expect("leaf parameters");
@@ -84,13 +86,32 @@ impl TestCa {
 
     /// A client configuration trusting this CA only, offering `alpn`.
     pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        self.client_config_presenting(alpn, None)
+    }
+
+    /// A client configuration trusting this CA only, offering `alpn`, presenting `leaf` (any
+    /// CA's) when the server asks for a client certificate.
+    pub fn client_config_presenting(
+        &self,
+        alpn: &[&[u8]],
+        leaf: Option<&Leaf>,
+    ) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.issuer.der().clone()).expect("CA root");
-        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .expect("protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let mut config = match leaf {
+            None => builder.with_no_client_auth(),
+            Some(leaf) => {
+                let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes())
+                    .expect("the leaf's key");
+                builder
+                    .with_client_auth_cert(vec![leaf.der.clone()], key)
+                    .expect("client certificate")
+            }
+        };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }

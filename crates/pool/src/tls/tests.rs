@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use infergate_testkit::tls::{TestCa, accept_any_config};
+use infergate_testkit::tls::{Leaf, TestCa, accept_any_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -145,6 +145,127 @@ async fn a_broken_replacement_keeps_the_old_certificate() {
     assert_eq!(tls.certificate_chain()[0], first.der);
 }
 
+/// Counters of `registry` as text.
+fn page(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text
+}
+
+/// A port with a client CA serves a client presenting a certificate of that CA; one presenting
+/// none, or one of another CA, fails its handshake, counted as `client_certificate`.
+#[tokio::test]
+async fn a_client_ca_admits_only_clients_with_its_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca, other_ca) = (
+        TestCa::new("server ca"),
+        TestCa::new("client ca"),
+        TestCa::new("other ca"),
+    );
+    let (cert, key) = server_ca.issue(&["gateway.test"]).write(dir.path());
+    let bundle = dir.path().join("clients.pem");
+    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
+    let options = ServerTlsOptions {
+        client_ca: Some(bundle),
+        ..opts(Duration::ZERO)
+    };
+    let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    assert!(
+        page(&registry)
+            .contains("infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 0"),
+        "{}",
+        page(&registry)
+    );
+    let (addr, mut results) = serve(tls).await;
+    let hello = |leaf: Option<Leaf>| {
+        let config = server_ca.client_config_presenting(&[], leaf.as_ref());
+        async move {
+            let mut s = infergate_testkit::tls::connect(addr, "gateway.test", config).await?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.map(|_| got)
+        }
+    };
+    let admitted = hello(Some(client_ca.issue(&["router"]))).await.unwrap();
+    assert_eq!(admitted, b"hello");
+    assert_eq!(results.recv().await.unwrap(), Ok(()));
+    // TLS 1.3: the client's handshake ends before the server has read its certificate; the
+    // refusal is the alert its first read gets.
+    for (leaf, alert) in [
+        (None, "CertificateRequired"),
+        (Some(other_ca.issue(&["router"])), "UnknownCA"),
+    ] {
+        let refused = hello(leaf).await.unwrap_err();
+        assert!(refused.to_string().contains(alert), "{refused}");
+        assert_eq!(
+            results.recv().await.unwrap(),
+            Err("client_certificate".to_owned())
+        );
+    }
+    assert!(
+        page(&registry)
+            .contains("infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 2"),
+        "{}",
+        page(&registry)
+    );
+}
+
+/// A client CA bundle replaced on disk verifies the next handshakes; a replacement holding no
+/// certificate keeps the last good bundle and is counted as a failed reload.
+#[tokio::test]
+async fn a_replaced_client_ca_verifies_new_handshakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, first, second) = (
+        TestCa::new("server ca"),
+        TestCa::new("client ca 1"),
+        TestCa::new("client ca 2"),
+    );
+    let (cert, key) = server_ca.issue(&["gateway.test"]).write(dir.path());
+    let bundle = dir.path().join("clients.pem");
+    std::fs::write(&bundle, first.cert_pem()).unwrap();
+    let options = ServerTlsOptions {
+        client_ca: Some(bundle.clone()),
+        ..opts(Duration::from_millis(20))
+    };
+    let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    let (addr, mut results) = serve(tls).await;
+    let (one, two) = (first.issue(&["router"]), second.issue(&["router"]));
+    let admits = |leaf: &Leaf| {
+        let config = server_ca.client_config_presenting(&[], Some(leaf));
+        async move {
+            let Ok(mut s) = infergate_testkit::tls::connect(addr, "gateway.test", config).await
+            else {
+                return false;
+            };
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.is_ok()
+        }
+    };
+    assert!(admits(&one).await && !admits(&two).await);
+    std::fs::write(&bundle, second.cert_pem()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !admits(&two).await {
+        assert!(tokio::time::Instant::now() < deadline, "never reloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!admits(&one).await, "the old CA is no longer trusted");
+    assert!(page(&registry).contains("infergate_tls_certificate_reloads_total{result=\"ok\"} 1"));
+
+    std::fs::write(&bundle, "no certificate\n").unwrap();
+    while !page(&registry).contains("infergate_tls_certificate_reloads_total{result=\"error\"} 1") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never saw the spoilt bundle"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(admits(&two).await && !admits(&one).await);
+    while results.try_recv().is_ok() {}
+}
+
 #[tokio::test]
 async fn a_plaintext_client_is_refused_at_once() {
     let tls = ServerTls::new(
@@ -246,6 +367,16 @@ fn bad_files_get_typed_errors() {
     assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err:?}");
     assert!(err.to_string().contains("does not match"), "{err}");
     assert!(load_pair(&cert, &key, &p).is_ok());
+    // A client CA bundle: the same typed errors, naming the file.
+    assert!(matches!(
+        client_verifier(&missing),
+        Err(TlsError::Read { path, .. }) if path == missing
+    ));
+    assert!(matches!(
+        client_verifier(&garbage),
+        Err(TlsError::NoCertificate { path }) if path == garbage
+    ));
+    assert!(client_verifier(&ca.write_ca(dir.path())).is_ok());
 }
 
 #[test]
