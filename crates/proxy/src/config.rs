@@ -95,7 +95,8 @@ pub struct GatewayConfig {
     pub explain_header: bool,
     /// Who may call the gateway (required; `auth: none` turns authentication off).
     pub auth: AuthConfig,
-    /// HTTPS on the front door (`tls: { certFile, keyFile }`); `None` serves plain HTTP.
+    /// HTTPS on the front door (`tls: { certFile, keyFile, clientCaFile }`, the last for mutual
+    /// TLS); `None` serves plain HTTP.
     pub tls: Option<ListenerTls>,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,

@@ -1,8 +1,9 @@
 //! The gateway's TLS: the front door's certificate (from `tls: { certFile, keyFile }`, reloaded
-//! when the files change) and, per model, HTTPS to its servers (`models[].tls`, see `backend`
-//! and `upstream`). The machinery is `infergate_pool::tls`, shared with the picker and the BBR.
+//! when the files change; with `clientCaFile`, mutual TLS) and, per model, HTTPS to its servers
+//! (`models[].tls`, see `backend` and `upstream`). The machinery is `infergate_pool::tls`,
+//! shared with the picker and the BBR.
 
-use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions, load_pair};
+use infergate_pool::tls::ServerTls;
 
 use crate::config::ListenerTls;
 use crate::error::Error;
@@ -11,26 +12,19 @@ use crate::error::Error;
 /// hyper's automatic builder then serves whichever the client chose. Must run inside a tokio
 /// runtime: the certificate files are polled there.
 pub(crate) fn listener_tls(config: Option<&ListenerTls>) -> Result<Option<ServerTls>, Error> {
-    let Some(config) = config else {
-        return Ok(None);
-    };
-    let certificate = Certificate::Files {
-        cert: config.cert_file.clone(),
-        key: config.key_file.clone(),
-    };
-    ServerTls::new(&certificate, &ServerTlsOptions::new(&ALPN_HTTP))
-        .map(Some)
+    config
+        .map(ListenerTls::server_tls)
+        .transpose()
         .map_err(|e| Error::Tls(Box::new(e)))
 }
 
-/// Loads the front door's certificate and key as [`listener_tls`] does — both files read, the
-/// key matched to the certificate — with the same errors, without polling the files.
+/// Loads the front door's certificate, key and client CA bundle as [`listener_tls`] does —
+/// every file read, the key matched to the certificate — with the same errors, without
+/// polling the files.
 pub(crate) fn check_listener_tls(config: Option<&ListenerTls>) -> Result<(), Error> {
-    let Some(config) = config else {
-        return Ok(());
-    };
-    let provider = rustls::crypto::ring::default_provider();
-    load_pair(&config.cert_file, &config.key_file, &provider)
+    config
+        .map(ListenerTls::check)
+        .transpose()
         .map(drop)
         .map_err(|e| Error::Tls(Box::new(e)))
 }

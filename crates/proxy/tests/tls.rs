@@ -1,6 +1,7 @@
 //! TLS on the gateway: the front door (`tls: { certFile, keyFile }`) with real TLS clients (the
 //! official `openai` Python SDK with a CA file, and curl), a certificate replaced on disk, a
-//! plaintext client on the TLS port, and HTTPS to a model server behind a private CA.
+//! plaintext client on the TLS port, mutual TLS (`clientCaFile`, curl with and without
+//! `--cert`), and HTTPS to a model server behind a private CA.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -458,4 +459,183 @@ fn a_missing_or_mismatched_certificate_stops_the_gateway_at_start() {
         let text = infergate_pool::ErrorChain(&err).to_string();
         assert!(text.contains("missing.pem"), "{text}");
     });
+}
+
+/// curl over the gateway's TLS front door, trusting `pki`'s CA, presenting `client` (a
+/// certificate and key file) when given: a streamed chat. Its exit code and its output (the
+/// body, then the status).
+async fn curl_chat(
+    pki: &Pki,
+    base: &str,
+    client: Option<&(PathBuf, PathBuf)>,
+) -> (Option<i32>, String) {
+    let mut args: Vec<String> = vec![
+        "-sS".into(),
+        "-N".into(),
+        "--max-time".into(),
+        "20".into(),
+        "--cacert".into(),
+        pki.ca_file.display().to_string(),
+    ];
+    if let Some((cert, key)) = client {
+        args.extend([
+            "--cert".into(),
+            cert.display().to_string(),
+            "--key".into(),
+            key.display().to_string(),
+        ]);
+    }
+    args.extend([
+        "-H".into(),
+        "content-type: application/json".into(),
+        "-d".into(),
+        CHAT_STREAM.into(),
+        "-w".into(),
+        "\n%{http_code}".into(),
+        format!("{base}/v1/chat/completions"),
+    ]);
+    let out = tokio::task::spawn_blocking(move || run_blocking("curl", args))
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Whether curl's exit code says the TLS connection was refused. With TLS 1.3 curl's handshake
+/// is over before the gateway has read its certificate, and the refusal (the gateway's alert,
+/// then the closed connection) meets curl afterwards: curl 7.88.1 exits 55 here (`getpeername()
+/// failed with errno 107`, every run seen); met while reading the answer it would be 56, and
+/// during the handshake (TLS 1.2) 35.
+fn refused(code: Option<i32>) -> bool {
+    matches!(code, Some(35 | 55 | 56))
+}
+
+/// `tls.clientCaFile`: curl presenting a certificate of that CA (`--cert`, `--key`) streams a
+/// chat; curl without one, or with one of another CA, gets no answer (curl fails, the gateway
+/// counts `client_certificate`). A bundle replaced on disk is in force for the next
+/// connections, without a restart; one that holds no certificate keeps the last good bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_ca_admits_only_curl_with_its_client_certificate() {
+    let pki = pki();
+    let (clients, others) = (TestCa::new("client ca"), TestCa::new("other client ca"));
+    let client_ca = pki.dir.path().join("clients.pem");
+    std::fs::write(&client_ca, clients.cert_pem()).unwrap();
+    let write_client = |ca: &TestCa, name: &str| {
+        let dir = pki.dir.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        ca.issue(&["router"]).write(&dir)
+    };
+    let (ours, theirs) = (
+        write_client(&clients, "ours"),
+        write_client(&others, "theirs"),
+    );
+    let a = Upstream::start(Behaviour::Ok).await;
+    let mut config = tls_config(&pki, &[a.addr]);
+    config.tls.as_mut().unwrap().client_ca_file = Some(client_ca.clone());
+    let (gw, stop) = start(config).await;
+    let base = format!("https://localhost:{}", gw.http_addr().port());
+    let failures = || async {
+        let page = infergate_testkit::get(gw.admin_addr().unwrap(), "/metrics")
+            .await
+            .text();
+        let sample = |family, label, value| {
+            infergate_testkit::metric(&page, family, &[(label, value)]).unwrap_or(-1.0)
+        };
+        (
+            sample(
+                "infergate_tls_handshake_failures_total",
+                "reason",
+                "client_certificate",
+            ),
+            sample("infergate_tls_certificate_reloads_total", "result", "ok"),
+            sample("infergate_tls_certificate_reloads_total", "result", "error"),
+        )
+    };
+    assert_eq!(failures().await, (0.0, 0.0, 0.0));
+
+    let (code, out) = curl_chat(&pki, &base, Some(&ours)).await;
+    assert_eq!(code, Some(0), "{out}");
+    let (body, status) = out.rsplit_once('\n').unwrap();
+    assert_eq!(status, "200", "{out}");
+    assert_eq!(streamed_text(body.as_bytes()), "hello", "{body}");
+    for client in [None, Some(&theirs)] {
+        let (code, out) = curl_chat(&pki, &base, client).await;
+        assert!(refused(code), "{code:?} {out}");
+        assert!(!out.contains("hello"), "{out}");
+    }
+    assert_eq!(failures().await, (2.0, 0.0, 0.0));
+    assert_eq!(a.requests(), 1);
+
+    // The other CA's bundle, written over the file: its clients are served, ours no longer.
+    std::fs::write(&client_ca, others.cert_pem()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while curl_chat(&pki, &base, Some(&theirs)).await.0 != Some(0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replaced client CA was not in force within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (code, out) = curl_chat(&pki, &base, Some(&ours)).await;
+    assert!(refused(code), "{code:?} {out}");
+    // No certificate in it: the last good bundle stays.
+    std::fs::write(&client_ca, "not a certificate\n").unwrap();
+    while failures().await.2 != 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the spoilt bundle was never read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(curl_chat(&pki, &base, Some(&theirs)).await.0, Some(0));
+    assert_eq!(failures().await.1, 1.0);
+    stop.send(()).unwrap();
+    gw.wait().await;
+}
+
+/// A `tls.clientCaFile` that cannot be used stops the gateway at start and fails `--check`
+/// (`check_files`), naming the file; `clientCaFile` without a certificate is refused at load,
+/// naming the missing field.
+#[test]
+fn an_unusable_client_ca_file_stops_the_gateway_at_start() {
+    let pki = pki();
+    let not_pem = pki.dir.path().join("not-pem.pem");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (file, why) in [
+        (pki.dir.path().join("missing.pem"), "cannot read"),
+        (not_pem, "holds no PEM certificate"),
+    ] {
+        let mut config = tls_config(&pki, &["127.0.0.1:1".parse().unwrap()]);
+        config.tls.as_mut().unwrap().client_ca_file = Some(file.clone());
+        let named = |text: &str| text.contains(&file.display().to_string()) && text.contains(why);
+        let check = infergate_proxy::check_files(&config).expect_err("--check passed");
+        let text = infergate_pool::ErrorChain(&check).to_string();
+        assert!(named(&text), "{text}");
+        let err = rt.block_on(async {
+            let listeners = Listeners {
+                http: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+                admin: None,
+            };
+            serve(config, listeners, std::future::pending::<()>())
+                .await
+                .err()
+                .expect("started with an unusable client CA file")
+        });
+        let text = infergate_pool::ErrorChain(&err).to_string();
+        assert!(named(&text), "{text}");
+    }
+    let err = GatewayConfig::from_yaml(&format!(
+        "auth: none\ntls: {{ clientCaFile: {} }}\nmodels:\n  - name: m\n    endpoints: [127.0.0.1:1]\n",
+        pki.ca_file.display()
+    ))
+    .unwrap_err();
+    let text = infergate_pool::ErrorChain(&err).to_string();
+    assert!(text.contains("missing field `certFile`"), "{text}");
 }
