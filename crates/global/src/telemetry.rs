@@ -79,7 +79,7 @@ pub(crate) struct Telemetry {
     pub(crate) ejected: Family<ClusterLabel, Gauge>,
     pub(crate) reloads: Family<ResultLabel, Counter>,
     pub(crate) credential_reloads: Family<ClusterFileResult, Counter>,
-    /// The access log's lines, by result (`accessLog:`; the gateway's writer).
+    /// The access log's lines and reopens, by result (`accessLog:`; the gateway's writer).
     pub(crate) access_log: infergate_proxy::access_log::LineCounters,
 }
 
@@ -131,8 +131,7 @@ impl Telemetry {
             "Loads of a cluster's credential file after it changed on disk, by file (token: credentials.bearerTokenFile, ca: tls.caFile) and result (ok; error: unusable, the last good one stays in force)",
             t.credential_reloads.clone(),
         );
-        t.access_log
-            .register(r, "infergate_global_access_log_lines");
+        t.access_log.register(r, "infergate_global_access_log");
         r.register(
             "infergate_global_decisions",
             "Requests routed, by the cluster chosen first and why (cheapest_within_objective, fastest_over_objective, fastest, last_resort)",

@@ -312,6 +312,63 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
     assert!(!fresh.exists(), "--check wrote the log");
 }
 
+/// logrotate's default (rename the file; a new one is written at the path): the lines after it
+/// go to a new file at the path, the renamed one keeps exactly those before. Then the folder
+/// removed: the path cannot be opened again, so the lines go on to the file held, counted
+/// written, the failure counted, and the router serves on. The writer is a thread on the real
+/// clock that checks its path at most once a second: the test waits that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_follows_its_path_across_a_rotation() {
+    const FOLLOW: Duration = Duration::from_millis(1100);
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("logs");
+    std::fs::create_dir(&folder).unwrap();
+    let (log, rotated) = (folder.join("access.log"), folder.join("access.log.1"));
+    let up = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let yaml = format!("{}{}", top(&log), entry("up", up.addr, beat, 1.0));
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["up"]).await;
+    let ids = |lines: &[Value]| -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l["request_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(chat(&router, CHAT_M, Some("one")).await.status, 200);
+    assert_eq!(ids(&json_lines(&log, 1).await), ["one"]);
+
+    std::fs::rename(&log, &rotated).unwrap();
+    tokio::time::sleep(FOLLOW).await;
+    assert_eq!(chat(&router, CHAT_M, Some("two")).await.status, 200);
+    assert_eq!(ids(&json_lines(&log, 1).await), ["two"]);
+    assert_eq!(
+        ids(&json_lines(&rotated, 1).await),
+        ["one"],
+        "only the line from before"
+    );
+    let reopens = "infergate_global_access_log_reopens_total";
+    let (ok, error) = (
+        format!("{reopens}{{result=\"ok\"}}"),
+        format!("{reopens}{{result=\"error\"}}"),
+    );
+    assert_eq!(counter(&page(&router).await, &ok), 1.0);
+
+    std::fs::remove_dir_all(&folder).unwrap();
+    tokio::time::sleep(FOLLOW).await;
+    assert_eq!(chat(&router, CHAT_M, Some("three")).await.status, 200);
+    let written = "infergate_global_access_log_lines_total{result=\"written\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(&page(&router).await, written) != 3.0 {
+        assert!(Instant::now() < deadline, "{}", page(&router).await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let metrics = page(&router).await;
+    assert!(counter(&metrics, &error) >= 1.0, "{metrics}");
+    assert_eq!(counter(&metrics, &ok), 1.0, "{metrics}");
+    assert!(!folder.exists(), "nothing made the folder again");
+}
+
 #[test]
 fn the_path_is_checked_with_the_file() {
     let base = "auth: none\nclusters: [{ name: a, url: 'http://127.0.0.1:1', region: r, cost: { inputPerMillion: 1 } }]\n";

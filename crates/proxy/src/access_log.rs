@@ -16,11 +16,20 @@
 //! flushing whenever the channel runs empty. A full channel (a destination slower than the
 //! traffic) drops the line rather than slow a request, and a failed write is skipped: both are
 //! counted (`..._access_log_lines_total{result}`), and the front door serves on.
+//!
+//! A file survives rename rotation (logrotate's default: the file renamed, a new one created):
+//! before a batch, at most once a second (and every 1,024 lines of a batch that does not end),
+//! the writer compares the device and inode of the file it holds with those of its path, and
+//! when the path is gone or names another file, opens the path again and writes there. A reopen
+//! that fails (the folder gone) keeps the file it holds; both are counted
+//! (`..._access_log_reopens_total{result}`), a failure warned of once until a reopen succeeds.
+//! `copytruncate` needs nothing: the file is appended to, so its writes follow the truncation.
 
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
@@ -43,6 +52,12 @@ const QUEUE: usize = 8192;
 
 /// The longest request path logged; longer ones are cut (a path is the client's to choose).
 const MAX_PATH: usize = 256;
+
+/// How often, at most, a file's writer checks that its path still names the file it holds.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// Lines of one batch between two such checks, for a queue that never runs empty.
+const FOLLOW_LINES: u32 = 1024;
 
 /// Where the access log goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,44 +124,51 @@ pub fn check(config: Option<&AccessLogConfig>) -> Result<(), AccessLogError> {
     }
 }
 
-/// The counters of a front door's `..._access_log_lines_total`, by result (each exported from
-/// the start, at 0).
+/// The counters of a front door's access log, each exported from the start, at 0:
+/// `..._access_log_lines_total{result}` (the lines) and `..._access_log_reopens_total{result}`
+/// (its file opened again after a rename rotation).
 #[derive(Clone)]
 pub struct LineCounters {
     family: Family<[(&'static str, &'static str); 1], Counter>,
     written: Counter,
     dropped: Counter,
     failed: Counter,
+    reopens: Family<[(&'static str, &'static str); 1], Counter>,
+    reopened: Counter,
+    reopen_failed: Counter,
 }
 
 impl Default for LineCounters {
     fn default() -> Self {
-        let family = Family::default();
-        let result = |r| {
-            Family::<[(&'static str, &'static str); 1], Counter>::get_or_create(
-                &family,
-                &[("result", r)],
-            )
-            .clone()
+        let result = |family: &Family<[(&'static str, &'static str); 1], Counter>, r| {
+            family.get_or_create(&[("result", r)]).clone()
         };
-        let (written, dropped, failed) = (result("written"), result("dropped"), result("failed"));
+        let (family, reopens) = (Family::default(), Family::default());
         LineCounters {
+            written: result(&family, "written"),
+            dropped: result(&family, "dropped"),
+            failed: result(&family, "failed"),
+            reopened: result(&reopens, "ok"),
+            reopen_failed: result(&reopens, "error"),
             family,
-            written,
-            dropped,
-            failed,
+            reopens,
         }
     }
 }
 
 impl LineCounters {
-    /// Registers the family as `name` (`access_log_lines` in the gateway's prefixed registry,
-    /// `infergate_global_access_log_lines` in the router's).
-    pub fn register(&self, registry: &mut Registry, name: &str) {
+    /// Registers the families as `{prefix}_lines` and `{prefix}_reopens` (`access_log` in the
+    /// gateway's prefixed registry, `infergate_global_access_log` in the router's).
+    pub fn register(&self, registry: &mut Registry, prefix: &str) {
         registry.register(
-            name,
+            format!("{prefix}_lines"),
             "Access log lines (accessLog:), by result: written, dropped (the writer fell behind), failed (the write failed)",
             self.family.clone(),
+        );
+        registry.register(
+            format!("{prefix}_reopens"),
+            "Access log files opened again because their path named another file or none (a rename rotation), by result: ok, error (the file held is kept)",
+            self.reopens.clone(),
         );
     }
 }
@@ -190,16 +212,16 @@ impl<R: Serialize + Send + 'static> AccessLog<R> {
         config: &AccessLogConfig,
         counters: &LineCounters,
     ) -> Result<Arc<Self>, AccessLogError> {
-        let out: Box<dyn Write + Send> = match &config.path {
-            AccessLogPath::Stdout => Box::new(std::io::stdout()),
-            AccessLogPath::Stderr => Box::new(std::io::stderr()),
-            AccessLogPath::File(path) => Box::new(open(path)?),
+        let out = match &config.path {
+            AccessLogPath::Stdout => Out::stream(std::io::stdout()),
+            AccessLogPath::Stderr => Out::stream(std::io::stderr()),
+            AccessLogPath::File(path) => Out::file(path)?,
         };
         let (tx, rx) = sync_channel(QUEUE);
         let writer_counters = counters.clone();
         let spawned = std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || write_lines(&rx, BufWriter::new(out), &writer_counters));
+            .spawn(move || write_lines(&rx, out, &writer_counters));
         if let Err(source) = spawned {
             return Err(AccessLogError {
                 path: PathBuf::from(config.path.to_string()),
@@ -258,27 +280,107 @@ impl std::fmt::Display for AccessLogPath {
     }
 }
 
-fn open(path: &Path) -> Result<File, AccessLogError> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|source| AccessLogError {
-            path: path.to_owned(),
-            source,
-        })
+/// Opens `path` for appending (created if missing), with its device and inode.
+fn open(path: &Path) -> std::io::Result<(File, (u64, u64))> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let meta = file.metadata()?;
+    Ok((file, (meta.dev(), meta.ino())))
 }
 
-/// The writer thread: a line per note, flushed whenever no note is waiting.
-fn write_lines<R: Serialize>(
-    rx: &Receiver<Message<R>>,
-    mut out: impl Write,
-    counters: &LineCounters,
-) {
+/// Where the writer thread writes.
+struct Out {
+    writer: BufWriter<Box<dyn Write + Send>>,
+    /// For a file: its path, followed across rename rotations; none for stdout and stderr,
+    /// which are never opened again.
+    followed: Option<Followed>,
+}
+
+/// A file's path and the file held for it.
+struct Followed {
+    path: PathBuf,
+    /// The device and inode of the file held.
+    id: (u64, u64),
+    /// When the path was last compared with it.
+    checked: Instant,
+    /// A reopen failed and was warned of: the next failures are only counted, until one
+    /// succeeds.
+    failing: bool,
+}
+
+impl Out {
+    fn stream(out: impl Write + Send + 'static) -> Out {
+        Out {
+            writer: BufWriter::new(Box::new(out)),
+            followed: None,
+        }
+    }
+
+    fn file(path: &Path) -> Result<Out, AccessLogError> {
+        let (file, id) = open(path).map_err(|source| AccessLogError {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Out {
+            writer: BufWriter::new(Box::new(file)),
+            followed: Some(Followed {
+                path: path.to_owned(),
+                id,
+                checked: Instant::now(),
+                failing: false,
+            }),
+        })
+    }
+
+    /// At most every [`FOLLOW_EVERY`]: when the path no longer names the file held (renamed
+    /// away, deleted, replaced), writes what is buffered to the file held and opens the path
+    /// again; if that fails, keeps the file held (its lines are not lost, only misplaced) and
+    /// tries again at the next check.
+    fn follow(&mut self, now: Instant, counters: &LineCounters) {
+        let Out { writer, followed } = self;
+        let Some(f) = followed else {
+            return;
+        };
+        if now.saturating_duration_since(f.checked) < FOLLOW_EVERY {
+            return;
+        }
+        f.checked = now;
+        if std::fs::metadata(&f.path).is_ok_and(|m| (m.dev(), m.ino()) == f.id) {
+            return;
+        }
+        match open(&f.path) {
+            Ok((file, id)) => {
+                // A failed flush loses what was buffered, as at the end of a batch.
+                let _ = writer.flush();
+                *writer = BufWriter::new(Box::new(file));
+                f.id = id;
+                counters.reopened.inc();
+                if std::mem::take(&mut f.failing) {
+                    tracing::info!(path = %f.path.display(), "access log: the file is written again");
+                }
+            }
+            Err(error) => {
+                counters.reopen_failed.inc();
+                if !std::mem::replace(&mut f.failing, true) {
+                    tracing::warn!(
+                        path = %f.path.display(),
+                        %error,
+                        "access log: the path names another file or none (rotated?) and cannot be opened again; writing on to the file held"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The writer thread: a line per note, flushed whenever no note is waiting; the path followed
+/// before each batch and every [`FOLLOW_LINES`] lines of one ([`Out::follow`]).
+fn write_lines<R: Serialize>(rx: &Receiver<Message<R>>, mut out: Out, counters: &LineCounters) {
     let mut line = Vec::with_capacity(512);
     while let Ok(first) = rx.recv() {
+        out.follow(Instant::now(), counters);
         let mut next = Some(first);
         let mut flushed = Vec::new();
+        let mut lines = 0u32;
         while let Some(message) = next {
             let record = match message {
                 Message::Record(record) => record,
@@ -292,15 +394,19 @@ fn write_lines<R: Serialize>(
             // Serializing plain fields into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut line, &record);
             line.push(b'\n');
-            match out.write_all(&line) {
+            match out.writer.write_all(&line) {
                 Ok(()) => counters.written.inc(),
                 Err(_) => counters.failed.inc(),
             };
+            lines += 1;
+            if lines % FOLLOW_LINES == 0 {
+                out.follow(Instant::now(), counters);
+            }
             next = rx.try_recv().ok();
         }
         // A failed flush loses what was buffered: those lines were counted written, and the
         // next batch tries again.
-        let _ = out.flush();
+        let _ = out.writer.flush();
         for ack in flushed {
             let _ = ack.try_send(());
         }

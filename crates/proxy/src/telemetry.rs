@@ -44,7 +44,7 @@ pub(crate) struct Telemetry {
     pub(crate) limits: crate::limits::Counters,
     /// Flow control's queue gauges, wait histogram and outcomes (`flowControl:`), per model.
     pub(crate) flow: infergate_pool::flow::FlowMetrics,
-    /// The access log's lines, by result (`accessLog:`).
+    /// The access log's lines and reopens, by result (`accessLog:`).
     pub(crate) access_log: crate::access_log::LineCounters,
 }
 
@@ -140,7 +140,7 @@ impl Telemetry {
             "Requests above Sheddable admitted at limits.maxRequestsInFlight by evicting a queued Sheddable request (flow control), whose slot they took",
             t.limits.slots_taken_over.clone(),
         );
-        t.access_log.register(r, "access_log_lines");
+        t.access_log.register(r, "access_log");
         r.register(
             "buffered_request_bytes",
             "Request body bytes held, charged to limits.maxBufferedRequestBytes",

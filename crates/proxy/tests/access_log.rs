@@ -12,9 +12,10 @@ mod upstream;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use infergate_proxy::{Gateway, GatewayConfig};
-use infergate_testkit::json_lines;
+use infergate_testkit::{json_lines, metric};
 use serde_json::Value;
 use upstream::{Behaviour, Upstream, get, open_stream, post, refused_addr, send};
 
@@ -181,6 +182,145 @@ async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
     )
     .unwrap_err();
     assert!(format!("{e}").contains("no-such-dir"), "{e}");
+}
+
+/// How long a test waits, after the writer's last check of its path, for the next one to be
+/// due: the writer is a thread of its own on the real clock, checking at most once a second.
+const FOLLOW: Duration = Duration::from_millis(1100);
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// A chat request with `x-request-id: id`, answered 200.
+async fn chat(gw: &Gateway, id: &str) {
+    let headers = [("x-request-id", id)];
+    let (status, _, _) = send(
+        gw.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        CHAT,
+        &headers,
+    )
+    .await;
+    assert_eq!(status, 200, "{id}");
+}
+
+/// The lines' request ids, sorted (a line is written when its response body is dropped, which
+/// may be after the client read it).
+fn ids(lines: &[Value]) -> Vec<&str> {
+    let mut ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l["request_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Waits until the gateway's `series` (`family{labels}`) reads `value`.
+async fn until_metric(gw: &Gateway, family: &str, labels: &[(&str, &str)], value: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, page) = get(gw.admin_addr().unwrap(), "/metrics").await;
+        let now = metric(&page, family, labels);
+        if now == Some(value) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{family}{labels:?}: {now:?}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+const REOPENS: &str = "infergate_gateway_access_log_reopens_total";
+
+/// logrotate's default (the file renamed, an empty one created at the path): the lines after
+/// it go to the new file, the renamed one keeps exactly those before. A file deleted is created
+/// again; one truncated in place (`copytruncate`) is written on from its start, without a
+/// reopen.
+#[tokio::test]
+async fn the_log_follows_its_path_across_rotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let rotated = dir.path().join("access.log.1");
+    let up = Upstream::start(Behaviour::Ok).await;
+    let (gw, _stop) = start(&config(&log, &[up.addr])).await;
+    chat(&gw, "before-1").await;
+    chat(&gw, "before-2").await;
+    assert_eq!(ids(&json_lines(&log, 2).await), ["before-1", "before-2"]);
+
+    // As logrotate's `create` does: renamed, and an empty file made at the path.
+    std::fs::rename(&log, &rotated).unwrap();
+    std::fs::File::create(&log).unwrap();
+    tokio::time::sleep(FOLLOW).await;
+    chat(&gw, "after-1").await;
+    chat(&gw, "after-2").await;
+    assert_eq!(ids(&json_lines(&log, 2).await), ["after-1", "after-2"]);
+    assert_eq!(
+        ids(&json_lines(&rotated, 2).await),
+        ["before-1", "before-2"],
+        "the renamed file holds the lines from before, and only those"
+    );
+    until_metric(&gw, REOPENS, &[("result", "ok")], 1.0).await;
+
+    // Deleted: created again.
+    std::fs::remove_file(&log).unwrap();
+    tokio::time::sleep(FOLLOW).await;
+    chat(&gw, "recreated").await;
+    assert_eq!(ids(&json_lines(&log, 1).await), ["recreated"]);
+    until_metric(&gw, REOPENS, &[("result", "ok")], 2.0).await;
+
+    // `copytruncate`: the same file, emptied; the next line is its first (appended, so no
+    // hole of zeros where the old end was), and no reopen is needed.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    tokio::time::sleep(FOLLOW).await;
+    chat(&gw, "truncated").await;
+    assert_eq!(ids(&json_lines(&log, 1).await), ["truncated"]);
+    assert!(
+        !std::fs::read(&log).unwrap().contains(&0),
+        "a hole of zeros"
+    );
+    until_metric(
+        &gw,
+        "infergate_gateway_access_log_lines_total",
+        &[("result", "written")],
+        6.0,
+    )
+    .await;
+    until_metric(&gw, REOPENS, &[("result", "ok")], 2.0).await;
+    until_metric(&gw, REOPENS, &[("result", "error")], 0.0).await;
+}
+
+/// A path that cannot be opened again (its folder removed): the lines go on to the file held
+/// and are counted written, the failure is counted, and the gateway serves on.
+#[tokio::test]
+async fn a_log_whose_folder_is_gone_writes_on_to_the_file_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("logs");
+    std::fs::create_dir(&folder).unwrap();
+    let log = folder.join("access.log");
+    let up = Upstream::start(Behaviour::Ok).await;
+    let (gw, _stop) = start(&config(&log, &[up.addr])).await;
+    chat(&gw, "before").await;
+    json_lines(&log, 1).await;
+
+    std::fs::remove_dir_all(&folder).unwrap();
+    tokio::time::sleep(FOLLOW).await;
+    chat(&gw, "after-1").await;
+    chat(&gw, "after-2").await;
+    let lines = "infergate_gateway_access_log_lines_total";
+    until_metric(&gw, lines, &[("result", "written")], 3.0).await;
+    until_metric(&gw, lines, &[("result", "failed")], 0.0).await;
+    let (_, page) = get(gw.admin_addr().unwrap(), "/metrics").await;
+    let failed = metric(&page, REOPENS, &[("result", "error")]).unwrap();
+    assert!(failed >= 1.0, "{failed}");
+    assert_eq!(metric(&page, REOPENS, &[("result", "ok")]), Some(0.0));
+    assert!(!folder.exists(), "nothing made the folder again");
 }
 
 #[test]
