@@ -33,7 +33,7 @@ use crate::config::{ClusterConfig, GlobalConfig};
 use crate::connect::{self, Clients, Connector, SetupError, SystemRoots};
 use crate::error::{Error, TokenError};
 use crate::health::{Health, State};
-use crate::outlier::{self, Consecutive, Ejection};
+use crate::outlier::{self, Consecutive, Ejection, Trigger, Verdict, Window};
 use crate::rotation::Seen;
 use crate::telemetry::{ClusterLabel, ClusterReason, Telemetry};
 use crate::{Client, now};
@@ -136,6 +136,9 @@ pub(crate) struct Cluster {
     settings: Settings,
     /// Gateway failures of routed requests in a row (outlier detection).
     consecutive: Consecutive,
+    /// Routed requests' successes and gateway failures over the interval under way
+    /// (`outlierDetection.failurePercentage`; unused without it).
+    window: Window,
     /// Whether its heartbeat had some model up (or ramping) at the last tick: failures of a
     /// cluster the heartbeat has drained are the heartbeat's business, not outlier detection's.
     heartbeat_up: AtomicBool,
@@ -264,6 +267,7 @@ impl Cluster {
             cost_nanos: AtomicU64::new(0),
             settings,
             consecutive: Consecutive::default(),
+            window: Window::default(),
             heartbeat_up: AtomicBool::new(false),
             ejected_until: AtomicU64::new(0),
             epoch: now(),
@@ -458,17 +462,66 @@ impl Cluster {
         self.heartbeat_up.load(Ordering::Relaxed)
     }
 
-    /// A routed request got a 2xx: its gateway failures in a row start again.
-    pub(crate) fn observe_success(&self) {
+    /// A request sent to the cluster got a 2xx: its gateway failures in a row start again;
+    /// `routed_on`: the cluster was routed on when the request's order was made (not a last
+    /// resort), so the success counts in its interval (`failurePercentage`). Returns why the
+    /// cluster is due an ejection when the success closed an interval that trips: the caller
+    /// then runs [`eject`].
+    pub(crate) fn observe_success(
+        &self,
+        routed_on: bool,
+        telemetry: &Telemetry,
+    ) -> Option<Trigger> {
         self.consecutive.succeed();
+        if routed_on {
+            self.judge_interval(Verdict::Success, now(), telemetry)
+        } else {
+            None
+        }
     }
 
     /// A request routed on the cluster failed at its gateway (502, 503, 504, or no response
     /// headers); `heartbeat_up`: its heartbeat had it up. Counted unless the heartbeat has
-    /// drained it or it is ejected. True when that completes a run of
-    /// `outlierDetection.consecutiveGatewayFailures`: the caller then runs [`eject`].
-    pub(crate) fn observe_gateway_failure(&self, heartbeat_up: bool) -> bool {
-        heartbeat_up && !self.ejected_at(now()) && self.consecutive.fail(self.outlier.threshold)
+    /// drained it or it is ejected. Returns why the cluster is due an ejection when that
+    /// completes a run of `outlierDetection.consecutiveGatewayFailures`, or closes an interval
+    /// whose share of failures reached `failurePercentage.threshold`: the caller then runs
+    /// [`eject`].
+    pub(crate) fn observe_gateway_failure(
+        &self,
+        heartbeat_up: bool,
+        telemetry: &Telemetry,
+    ) -> Option<Trigger> {
+        let at = now();
+        if !heartbeat_up || self.ejected_at(at) {
+            return None;
+        }
+        let run = self.consecutive.fail(self.outlier.threshold);
+        let interval = self.judge_interval(Verdict::Failure, at, telemetry);
+        if run {
+            Some(Trigger::Consecutive)
+        } else {
+            interval
+        }
+    }
+
+    /// Counts a routed request's verdict in its interval (with `failurePercentage`); when that
+    /// closes the interval, exports its share of failures and says whether it trips.
+    fn judge_interval(
+        &self,
+        verdict: Verdict,
+        at: Instant,
+        telemetry: &Telemetry,
+    ) -> Option<Trigger> {
+        let rate = self.outlier.rate?;
+        let length = u64::try_from(rate.interval.as_nanos()).unwrap_or(u64::MAX);
+        let closed = self.window.record(verdict, since(self.epoch, at), length)?;
+        telemetry
+            .failure_percent
+            .get_or_create(&self.label)
+            .set(closed.failure_percent());
+        closed
+            .trips(&rate)
+            .then_some(Trigger::FailurePercentage(closed))
     }
 
     /// Whether it is ejected at `at` (without the state lock).
@@ -725,15 +778,17 @@ impl Cluster {
     }
 }
 
-/// The cluster at `index` completed a run of `outlierDetection.consecutiveGatewayFailures`:
-/// ejects it, unless it is ejected already or one more ejected would be over
-/// `maxEjectionPercent` of the clusters serving one of its models (held back; tried again after
-/// as many failures more). `deciding` makes the decisions one at a time, so that two clusters
-/// completing their runs together cannot both pass the cap; it is taken only here, as is each
-/// cluster's state lock in turn (never two at once).
+/// The cluster at `index` is due an ejection (`trigger`: it completed a run of
+/// `outlierDetection.consecutiveGatewayFailures`, or an interval's share of failures reached
+/// `failurePercentage.threshold`): ejects it, unless it is ejected already or one more ejected
+/// would be over `maxEjectionPercent` of the clusters serving one of its models (held back;
+/// tried again after as many failures more, or at the next interval). `deciding` makes the
+/// decisions one at a time, so that two clusters due together cannot both pass the cap; it is
+/// taken only here, as is each cluster's state lock in turn (never two at once).
 pub(crate) fn eject(
     clusters: &[Arc<Cluster>],
     index: usize,
+    trigger: Trigger,
     deciding: &Mutex<()>,
     telemetry: &Telemetry,
 ) {
@@ -768,11 +823,10 @@ pub(crate) fn eject(
             }
         })
     });
-    let failures = cluster.outlier.threshold;
     if !outlier::may_eject(cluster.outlier.max_percent, per_model) {
         tracing::debug!(
             cluster = %cluster.config.name,
-            failures,
+            ?trigger,
             max_percent = cluster.outlier.max_percent,
             "ejection held back: outlierDetection.maxEjectionPercent of a model's clusters are ejected"
         );
@@ -793,13 +847,26 @@ pub(crate) fn eject(
         .saturating_add(u64::try_from(length.as_nanos()).unwrap_or(u64::MAX));
     cluster.ejected_until.store(until.max(1), Ordering::Relaxed);
     cluster.consecutive.reset();
-    tracing::warn!(
-        cluster = %cluster.config.name,
-        failures,
-        ejection_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
-        in_a_row,
-        "cluster ejected: its routed requests failed at the gateway (502, 503, 504 or no response headers) this many times in a row"
-    );
+    cluster.window.reset(since(cluster.epoch, at));
+    let ejection_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX);
+    match trigger {
+        Trigger::Consecutive => tracing::warn!(
+            cluster = %cluster.config.name,
+            failures = cluster.outlier.threshold,
+            ejection_ms,
+            in_a_row,
+            "cluster ejected: its routed requests failed at the gateway (502, 503, 504 or no response headers) this many times in a row"
+        ),
+        Trigger::FailurePercentage(interval) => tracing::warn!(
+            cluster = %cluster.config.name,
+            failures = interval.failures,
+            successes = interval.successes,
+            failure_percent = interval.failure_percent(),
+            ejection_ms,
+            in_a_row,
+            "cluster ejected: this share of its routed requests failed at the gateway (502, 503, 504 or no response headers) over an interval (outlierDetection.failurePercentage)"
+        ),
+    }
     telemetry.ejections.get_or_create(&cluster.label).inc();
 }
 

@@ -21,6 +21,7 @@
 //!   baseEjectionMs: 30000        # × the times ejected in a row,
 //!   maxEjectionMs: 300000        # at most this
 //!   maxEjectionPercent: 50       # of a model's clusters at once (0: never eject)
+//!   failurePercentage: { threshold: 50, minimumRequests: 20, intervalMs: 10000 }   # optional
 //! reloadIntervalMs: 1000         # the file is checked for changes this often (0: never)
 //! tenancy: { tenantHeader: x-tenant }   # without auth: the tenant named by this header
 //! quotas:                        # global rate limits per tenant (the gateway's `quotas:`)
@@ -275,7 +276,9 @@ impl Default for Timeouts {
 /// 504, or no response headers: a broken connection, `timeouts.firstByteMs`) is ejected: ordered
 /// after the clusters routed on, as a drained one is, for `baseEjectionMs` × the times it was
 /// ejected in a row, at most `maxEjectionMs`; then it is readmitted through the slow-start ramp.
-/// At most `maxEjectionPercent` of the clusters serving a model are ejected at once.
+/// At most `maxEjectionPercent` of the clusters serving a model are ejected at once. With
+/// `failurePercentage`, a cluster whose failures come mixed with successes (half its requests,
+/// never enough in a row) is ejected too, by its share of failures over an interval.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct OutlierDetection {
@@ -288,6 +291,8 @@ pub struct OutlierDetection {
     /// The most of a model's clusters ejected at once, percent (default 50, at most 100; 0
     /// ejects none).
     pub max_ejection_percent: u32,
+    /// Ejection by the share of failures over an interval (off unless given).
+    pub failure_percentage: Option<FailurePercentage>,
 }
 
 impl Default for OutlierDetection {
@@ -297,6 +302,33 @@ impl Default for OutlierDetection {
             base_ejection_ms: 30_000,
             max_ejection_ms: 300_000,
             max_ejection_percent: 50,
+            failure_percentage: None,
+        }
+    }
+}
+
+/// `outlierDetection.failurePercentage:` — a cluster is ejected when, over an interval of
+/// `intervalMs` with at least `minimumRequests` requests routed on it, `threshold` percent or
+/// more failed at the gateway (502, 503, 504, no response headers; counted as for
+/// `consecutiveGatewayFailures`). The ejection's length and the cap are those of the
+/// consecutive failures.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct FailurePercentage {
+    /// The share of failures that ejects, percent (default 50; 1 to 100).
+    pub threshold: u32,
+    /// Fewer requests in an interval judge nothing (default 20, at least 1).
+    pub minimum_requests: u32,
+    /// The interval, ms (default 10,000).
+    pub interval_ms: u64,
+}
+
+impl Default for FailurePercentage {
+    fn default() -> Self {
+        FailurePercentage {
+            threshold: 50,
+            minimum_requests: 20,
+            interval_ms: 10_000,
         }
     }
 }
@@ -336,6 +368,20 @@ impl OutlierDetection {
         }
         if self.max_ejection_percent > 100 {
             return Err(OutlierError::PercentOver100(self.max_ejection_percent));
+        }
+        if let Some(f) = &self.failure_percentage {
+            if f.threshold == 0 || f.threshold > 100 {
+                return Err(OutlierError::ThresholdOutOfRange(f.threshold));
+            }
+            if f.minimum_requests == 0 {
+                return Err(OutlierError::NoMinimumRequests);
+            }
+            if f.interval_ms == 0 {
+                return Err(OutlierError::ZeroDuration(OutlierField::IntervalMs));
+            }
+            if f.interval_ms > max_ms {
+                return Err(OutlierError::OverAWeek(OutlierField::IntervalMs));
+            }
         }
         Ok(())
     }

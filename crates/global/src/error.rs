@@ -74,6 +74,15 @@ pub enum OutlierError {
     /// A share of a model's clusters above all of them.
     #[error("outlierDetection.maxEjectionPercent: {0} is over 100")]
     PercentOver100(u32),
+    /// A failure share of none (every interval would eject) or above all requests (none would).
+    #[error(
+        "outlierDetection.failurePercentage.threshold: {0} is not a percentage from 1 to 100 \
+         (to turn it off, leave failurePercentage out)"
+    )]
+    ThresholdOutOfRange(u32),
+    /// An interval of no request would judge a cluster on no evidence.
+    #[error("outlierDetection.failurePercentage.minimumRequests: must be at least 1")]
+    NoMinimumRequests,
 }
 
 /// An `outlierDetection:` duration field.
@@ -83,6 +92,8 @@ pub enum OutlierField {
     BaseEjectionMs,
     /// `maxEjectionMs`.
     MaxEjectionMs,
+    /// `failurePercentage.intervalMs`.
+    IntervalMs,
 }
 
 impl std::fmt::Display for OutlierField {
@@ -90,6 +101,7 @@ impl std::fmt::Display for OutlierField {
         f.write_str(match self {
             OutlierField::BaseEjectionMs => "baseEjectionMs",
             OutlierField::MaxEjectionMs => "maxEjectionMs",
+            OutlierField::IntervalMs => "failurePercentage.intervalMs",
         })
     }
 }

@@ -13,10 +13,15 @@
 //!   `baseEjectionMs` it then stays in takes one off that count. An ejected cluster has share 0
 //!   (ordered with the drained ones, never dropped); once the ejection ends its share ramps
 //!   over `heartbeat.slowStartMs` as a returning cluster's does.
+//! - **Failure percentage** ([`Window`], [`Rate`], optional: `failurePercentage:`): a cluster
+//!   that fails some of its requests but never `consecutiveGatewayFailures` in a row (half of
+//!   them, say) is ejected too when, over an interval of `intervalMs` with at least
+//!   `minimumRequests` routed requests, `threshold` percent or more were gateway failures. The
+//!   interval is closed by the first request after it ends, which judges it: no timer.
 //! - **The cap** ([`may_eject`]): an ejection that would leave more than `maxEjectionPercent`
 //!   of a model's clusters ejected is held back.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::config::OutlierDetection;
@@ -79,6 +84,105 @@ impl Consecutive {
     }
 }
 
+/// One cluster's successes and gateway failures over the current interval, for the failure
+/// percentage ([`Rate`]), counted by every routed request without a lock.
+#[derive(Debug, Default)]
+pub struct Window {
+    /// When the interval began, in nanoseconds since the caller's epoch.
+    began: AtomicU64,
+    successes: AtomicU32,
+    failures: AtomicU32,
+}
+
+/// An interval's routed requests, as [`Window::record`] closed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interval {
+    /// 2xx answers.
+    pub successes: u32,
+    /// Gateway failures (502, 503, 504, no response headers).
+    pub failures: u32,
+}
+
+impl Interval {
+    /// The failures' share of the requests, percent (0 without requests).
+    pub fn failure_percent(&self) -> f64 {
+        let total = u64::from(self.successes) + u64::from(self.failures);
+        if total == 0 {
+            0.0
+        } else {
+            f64::from(self.failures) * 100.0 / total as f64
+        }
+    }
+
+    /// Whether the interval ejects its cluster: at least `rate.minimum` requests, of which at
+    /// least `rate.threshold` percent failed.
+    pub fn trips(&self, rate: &Rate) -> bool {
+        let total = u64::from(self.successes) + u64::from(self.failures);
+        total >= u64::from(rate.minimum.max(1))
+            && u64::from(self.failures) * 100 >= u64::from(rate.threshold) * total
+    }
+}
+
+impl Window {
+    /// Counts `verdict` (a [`Verdict::Neutral`] counts nothing) at `at_ns` (nanoseconds since
+    /// the epoch the window's times are taken from). When the interval under way began
+    /// `interval_ns` or more before, the first caller to see it closes it and gets what it
+    /// counted; a new interval begins at `at_ns`, and the verdict at hand is its first. An
+    /// interval with no request closes when the next request comes, so one interval can span
+    /// more than `interval_ns` of an idle cluster: `minimumRequests` keeps a handful of old
+    /// requests from judging it.
+    pub fn record(&self, verdict: Verdict, at_ns: u64, interval_ns: u64) -> Option<Interval> {
+        let began = self.began.load(Ordering::Relaxed);
+        let closed = (at_ns.saturating_sub(began) >= interval_ns
+            && self
+                .began
+                .compare_exchange(began, at_ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok())
+        .then(|| Interval {
+            successes: self.successes.swap(0, Ordering::Relaxed),
+            failures: self.failures.swap(0, Ordering::Relaxed),
+        });
+        match verdict {
+            Verdict::Success => {
+                self.successes.fetch_add(1, Ordering::Relaxed);
+            }
+            Verdict::Failure => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+            }
+            Verdict::Neutral => {}
+        }
+        closed
+    }
+
+    /// Forgets what was counted and begins a new interval at `at_ns` (the cluster was ejected:
+    /// its requests before say nothing about it when it returns).
+    pub fn reset(&self, at_ns: u64) {
+        self.began.store(at_ns, Ordering::Relaxed);
+        self.successes.store(0, Ordering::Relaxed);
+        self.failures.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Why a cluster is due an ejection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// `consecutiveGatewayFailures` in a row.
+    Consecutive,
+    /// An interval whose share of failures reached `failurePercentage.threshold`.
+    FailurePercentage(Interval),
+}
+
+/// `outlierDetection.failurePercentage` as the state machine uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// `threshold`: the failures' share of an interval's requests that ejects, percent.
+    pub threshold: u32,
+    /// `minimumRequests`: fewer routed requests in an interval judge nothing.
+    pub minimum: u32,
+    /// `intervalMs`.
+    pub interval: Duration,
+}
+
 /// `outlierDetection:` as the state machine uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -92,6 +196,8 @@ pub struct Settings {
     pub max_percent: u32,
     /// `heartbeat.slowStartMs`: the ramp after an ejection.
     pub slow_start: Duration,
+    /// `failurePercentage`, if set.
+    pub rate: Option<Rate>,
 }
 
 impl Settings {
@@ -103,6 +209,11 @@ impl Settings {
             max: config.max_ejection(),
             max_percent: config.max_ejection_percent,
             slow_start,
+            rate: config.failure_percentage.as_ref().map(|f| Rate {
+                threshold: f.threshold,
+                minimum: f.minimum_requests,
+                interval: Duration::from_millis(f.interval_ms),
+            }),
         }
     }
 }

@@ -765,14 +765,20 @@ async fn route_request(
         // made (not ejected, not drained: a last resort's failures are expected) and its
         // heartbeat still has it up.
         let routed_on = cand.weight > 0.0;
-        let gateway_failure = |heartbeat_up: bool| {
-            if routed_on && cluster.observe_gateway_failure(heartbeat_up) {
+        let judged = |due: Option<outlier::Trigger>| {
+            if let Some(trigger) = due {
                 cluster::eject(
                     &state.clusters,
                     cand.index,
+                    trigger,
                     &shared.ejecting,
                     &shared.telemetry,
                 );
+            }
+        };
+        let gateway_failure = |heartbeat_up: bool| {
+            if routed_on {
+                judged(cluster.observe_gateway_failure(heartbeat_up, &shared.telemetry));
             }
         };
         let failover = |reason: &'static str| {
@@ -857,7 +863,9 @@ async fn route_request(
                     .headers()
                     .contains_key(infergate_openai::OVERLOADED_HEADER);
                 match outlier::verdict(status.as_u16(), overloaded) {
-                    Verdict::Success => cluster.observe_success(),
+                    Verdict::Success => {
+                        judged(cluster.observe_success(routed_on, &shared.telemetry));
+                    }
                     Verdict::Failure => gateway_failure(cluster.heartbeat_up()),
                     Verdict::Neutral => {}
                 }

@@ -77,6 +77,7 @@ pub(crate) struct Telemetry {
     pub(crate) ejections: Family<ClusterLabel, Counter>,
     pub(crate) ejections_held_back: Family<ClusterLabel, Counter>,
     pub(crate) ejected: Family<ClusterLabel, Gauge>,
+    pub(crate) failure_percent: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
     pub(crate) reloads: Family<ResultLabel, Counter>,
     pub(crate) credential_reloads: Family<ClusterFileResult, Counter>,
     /// The access log's lines and reopens, by result (`accessLog:`; the gateway's writer).
@@ -113,6 +114,7 @@ impl Telemetry {
             ejections: Family::default(),
             ejections_held_back: Family::default(),
             ejected: Family::default(),
+            failure_percent: Family::default(),
             reloads: Family::default(),
             credential_reloads: Family::default(),
             access_log: infergate_proxy::access_log::LineCounters::default(),
@@ -154,8 +156,13 @@ impl Telemetry {
         );
         r.register(
             "infergate_global_cluster_ejections",
-            "Times outlier detection ejected a cluster: its routed requests failed at the gateway (502, 503, 504 or no response headers) outlierDetection.consecutiveGatewayFailures times in a row",
+            "Times outlier detection ejected a cluster: its routed requests failed at the gateway (502, 503, 504 or no response headers) outlierDetection.consecutiveGatewayFailures times in a row, or in an interval's share of outlierDetection.failurePercentage.threshold",
             t.ejections.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_failure_percent",
+            "The share of the routed requests that failed at the gateway in the cluster's last interval judged (outlierDetection.failurePercentage; absent without it), percent",
+            t.failure_percent.clone(),
         );
         r.register(
             "infergate_global_cluster_ejections_held_back",

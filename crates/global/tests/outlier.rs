@@ -494,3 +494,74 @@ async fn a_readmitted_cluster_ramps_up_over_the_slow_start_window() {
     println!("first 40 requests after the readmission: {on_bad} on the readmitted cluster");
     assert!(on_bad < 20, "{on_bad}");
 }
+
+/// Sends requests one after another for `for_ms`, the cheaper `flaky` cluster answering 503
+/// and 200 by turns (never two failures in a row): how many reached it.
+async fn alternate(router: &Router, flaky: &Scripted, for_ms: u64) -> usize {
+    let until = Instant::now() + Duration::from_millis(for_ms);
+    let mut i = 0;
+    while Instant::now() < until {
+        flaky.set(if i % 2 == 0 { 503 } else { 200 });
+        let r = chat(router).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    flaky.hits()
+}
+
+/// A cluster failing every other request (503, its heartbeat good) never fails
+/// `consecutiveGatewayFailures` in a row, so without `failurePercentage` it is never ejected
+/// and every second request pays a round trip there before failing over. With it, the first
+/// request after an interval of half failures ejects it: the requests then go to the other
+/// cluster at once, and the share is on the metrics page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failing_half_its_requests_is_ejected_by_failure_percentage() {
+    for with in [false, true] {
+        let flaky = Scripted::start(200).await;
+        let good = Scripted::start(200).await;
+        let (beat_a, beat_b) = (heartbeat().await, heartbeat().await);
+        let rate = if with {
+            ", failurePercentage: { threshold: 40, minimumRequests: 10, intervalMs: 500 }"
+        } else {
+            ""
+        };
+        let (router, _stop) = start(
+            &format!("{{ consecutiveGatewayFailures: 3, baseEjectionMs: 60000{rate} }}"),
+            0,
+            &[
+                entry("flaky", flaky.addr, beat_a, 0.1),
+                entry("good", good.addr, beat_b, 1.0),
+            ],
+        )
+        .await;
+        let reached = alternate(&router, &flaky, 1_200).await;
+        let ejections = series(&router, "infergate_global_cluster_ejections_total", "flaky").await;
+        let page = metrics(router.admin_addr().unwrap()).await;
+        let share = counter(
+            &page,
+            "infergate_global_cluster_failure_percent{cluster=\"flaky\"}",
+        );
+        let after = alternate(&router, &flaky, 300).await;
+        println!(
+            "failurePercentage {with}: {reached} requests reached the flaky cluster in 1.2 s, {} in the 0.3 s after; ejections {ejections}, last interval's failures {share}%",
+            after - reached
+        );
+        if with {
+            assert_eq!(ejections, 1.0, "{page}");
+            assert!((40.0..=60.0).contains(&share), "{share}\n{page}");
+            assert_eq!(after, reached, "an ejected cluster was tried first");
+            assert_eq!(
+                series(&router, "infergate_global_cluster_ejected", "flaky").await,
+                1.0
+            );
+        } else {
+            assert_eq!(ejections, 0.0, "{page}");
+            assert!(
+                !page.contains("infergate_global_cluster_failure_percent{"),
+                "{page}"
+            );
+            assert!(after > reached + 5, "{reached} then {after}");
+        }
+    }
+}

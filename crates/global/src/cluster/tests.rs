@@ -73,7 +73,7 @@ fn an_ejected_cluster_has_no_share_until_its_time_is_up_then_ramps() {
     let at = now();
     assert!(clusters[0].heartbeat_up());
     assert_eq!(clusters[0].weight("llama", at), 1.0);
-    eject(&clusters, 0, &deciding, &telemetry);
+    eject(&clusters, 0, Trigger::Consecutive, &deciding, &telemetry);
     assert_eq!(clusters[0].weight("llama", at), 0.0);
     assert_eq!(clusters[1].weight("llama", at), 1.0);
     // Still a candidate (a last resort), not dropped.
@@ -102,10 +102,10 @@ fn the_percent_of_a_models_clusters_ejected_is_held() {
     let (clusters, telemetry) = fleet("{ maxEjectionPercent: 50 }");
     let deciding = Mutex::new(());
     let at = now();
-    eject(&clusters, 0, &deciding, &telemetry);
+    eject(&clusters, 0, Trigger::Consecutive, &deciding, &telemetry);
     // A second of llama's three would be 67%: held back.
-    eject(&clusters, 1, &deciding, &telemetry);
-    eject(&clusters, 2, &deciding, &telemetry);
+    eject(&clusters, 1, Trigger::Consecutive, &deciding, &telemetry);
+    eject(&clusters, 2, Trigger::Consecutive, &deciding, &telemetry);
     let ejected: Vec<bool> = clusters
         .iter()
         .map(|c| c.weight("llama", at) == 0.0)
@@ -130,26 +130,79 @@ fn every_cluster_may_go_at_100_percent_none_at_0() {
     let (clusters, telemetry) = fleet("{ maxEjectionPercent: 100 }");
     let deciding = Mutex::new(());
     for i in 0..3 {
-        eject(&clusters, i, &deciding, &telemetry);
+        eject(&clusters, i, Trigger::Consecutive, &deciding, &telemetry);
     }
     assert!(clusters.iter().all(|c| c.weight("llama", now()) == 0.0));
     let (clusters, telemetry) = fleet("{ maxEjectionPercent: 0 }");
     for i in 0..3 {
-        eject(&clusters, i, &deciding, &telemetry);
+        eject(&clusters, i, Trigger::Consecutive, &deciding, &telemetry);
     }
     assert!(clusters.iter().all(|c| c.weight("llama", now()) == 1.0));
 }
 
 #[test]
 fn a_run_of_failures_trips_at_the_threshold_and_a_success_starts_it_again() {
-    let (clusters, _) = fleet("{ consecutiveGatewayFailures: 3 }");
+    let (clusters, t) = fleet("{ consecutiveGatewayFailures: 3 }");
     let c = &clusters[0];
-    assert!(!c.observe_gateway_failure(true));
-    assert!(!c.observe_gateway_failure(true));
-    c.observe_success();
-    assert!(!c.observe_gateway_failure(true));
-    assert!(!c.observe_gateway_failure(true));
-    assert!(c.observe_gateway_failure(true));
+    assert_eq!(c.observe_gateway_failure(true, &t), None);
+    assert_eq!(c.observe_gateway_failure(true, &t), None);
+    assert_eq!(c.observe_success(true, &t), None);
+    assert_eq!(c.observe_gateway_failure(true, &t), None);
+    assert_eq!(c.observe_gateway_failure(true, &t), None);
+    assert_eq!(
+        c.observe_gateway_failure(true, &t),
+        Some(Trigger::Consecutive)
+    );
+}
+
+/// With `failurePercentage`, failures mixed with successes (never three in a row) eject once
+/// an interval with enough requests closes at or over the threshold; its share is exported.
+/// Without it, the same requests never do.
+#[test]
+fn half_the_requests_failing_trips_an_interval_not_a_run() {
+    let mixed = |c: &Cluster, t: &Telemetry| {
+        let mut due = Vec::new();
+        for i in 0..40 {
+            due.extend(if i % 2 == 0 {
+                c.observe_gateway_failure(true, t)
+            } else {
+                c.observe_success(true, t)
+            });
+        }
+        due
+    };
+    let (clusters, t) = fleet("{ consecutiveGatewayFailures: 3 }");
+    assert!(mixed(&clusters[0], &t).is_empty());
+    let (clusters, t) = fleet(
+        "{ consecutiveGatewayFailures: 3, failurePercentage: { threshold: 50, minimumRequests: 10, intervalMs: 1 } }",
+    );
+    let c = &clusters[0];
+    // The first interval began when the cluster was set up; let it end.
+    std::thread::sleep(Duration::from_millis(2));
+    // This failure closes an interval with nothing in it, then counts in the next.
+    assert_eq!(c.observe_gateway_failure(true, &t), None);
+    for i in 0..19 {
+        let due = if i % 2 == 0 {
+            c.observe_success(true, &t)
+        } else {
+            c.observe_gateway_failure(true, &t)
+        };
+        assert_eq!(due, None, "request {i}: the interval is not over");
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    // Requests of a last resort (not routed on) count in no interval, and close none.
+    assert_eq!(c.observe_success(false, &t), None);
+    let due = c.observe_success(true, &t);
+    let Some(Trigger::FailurePercentage(interval)) = due else {
+        panic!("{due:?}");
+    };
+    assert_eq!((interval.successes, interval.failures), (10, 10));
+    let shown = t.failure_percent.get_or_create(&c.label).get();
+    assert_eq!(shown, 50.0);
+    // Ejected: its interval starts over, empty.
+    eject(&clusters, 0, due.unwrap(), &Mutex::new(()), &t);
+    assert!(c.ejected_at(now()));
+    assert_eq!(c.window.record(Verdict::Neutral, 0, u64::MAX), None);
 }
 
 #[test]
@@ -158,16 +211,25 @@ fn failures_of_a_drained_or_ejected_cluster_start_no_run() {
     let c = &clusters[0];
     // Its heartbeat drained it: the heartbeat decides its return.
     for _ in 0..10 {
-        assert!(!c.observe_gateway_failure(false));
+        assert_eq!(c.observe_gateway_failure(false, &telemetry), None);
     }
     assert_eq!(c.consecutive.get(), 0);
-    assert!(!c.observe_gateway_failure(true));
-    assert!(c.observe_gateway_failure(true));
-    eject(&clusters, 0, &Mutex::new(()), &telemetry);
+    assert_eq!(c.observe_gateway_failure(true, &telemetry), None);
+    assert_eq!(
+        c.observe_gateway_failure(true, &telemetry),
+        Some(Trigger::Consecutive)
+    );
+    eject(
+        &clusters,
+        0,
+        Trigger::Consecutive,
+        &Mutex::new(()),
+        &telemetry,
+    );
     assert_eq!(c.consecutive.get(), 0);
     // Requests sent before the ejection, failing during it.
     for _ in 0..10 {
-        assert!(!c.observe_gateway_failure(true));
+        assert_eq!(c.observe_gateway_failure(true, &telemetry), None);
     }
     assert_eq!(c.consecutive.get(), 0);
 }

@@ -320,7 +320,21 @@ fn outlier_detection_defaults_and_overrides() {
             base_ejection_ms: 1_000,
             max_ejection_ms: 1_000,
             max_ejection_percent: 0,
+            failure_percentage: None,
         }
+    );
+    // `failurePercentage: {}` turns it on with its defaults.
+    let c = GlobalConfig::from_yaml(&format!(
+        "auth: none\noutlierDetection: {{ failurePercentage: {{}} }}\n{CLUSTER}"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.outlier_detection.failure_percentage,
+        Some(crate::config::FailurePercentage {
+            threshold: 50,
+            minimum_requests: 20,
+            interval_ms: 10_000,
+        })
     );
 }
 
@@ -359,6 +373,26 @@ fn outlier_detection_refuses_what_it_cannot_use() {
             "{ maxEjectionPercent: 101 }",
             OutlierError::PercentOver100(101),
         ),
+        (
+            "{ failurePercentage: { threshold: 0 } }",
+            OutlierError::ThresholdOutOfRange(0),
+        ),
+        (
+            "{ failurePercentage: { threshold: 101 } }",
+            OutlierError::ThresholdOutOfRange(101),
+        ),
+        (
+            "{ failurePercentage: { minimumRequests: 0 } }",
+            OutlierError::NoMinimumRequests,
+        ),
+        (
+            "{ failurePercentage: { intervalMs: 0 } }",
+            OutlierError::ZeroDuration(OutlierField::IntervalMs),
+        ),
+        (
+            "{ failurePercentage: { intervalMs: 604800001 } }",
+            OutlierError::OverAWeek(OutlierField::IntervalMs),
+        ),
     ] {
         let yaml = format!("auth: none\noutlierDetection: {section}\n{CLUSTER}");
         match GlobalConfig::from_yaml(&yaml) {
@@ -383,6 +417,10 @@ fn outlier_detection_refuses_what_it_cannot_use() {
         "auth: none\noutlierDetection: {{ maxEjectionPercent: -1 }}\n{CLUSTER}"
     ));
     assert!(e.contains("maxEjectionPercent"), "{e}");
+    let e = err(&format!(
+        "auth: none\noutlierDetection: {{ failurePercentage: {{ thresold: 50 }} }}\n{CLUSTER}"
+    ));
+    assert!(e.contains("thresold"), "{e}");
     let e = err(&format!(
         "auth: none\noutlierDetection: {{ consecutive5xx: 3 }}\n{CLUSTER}"
     ));

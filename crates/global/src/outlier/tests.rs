@@ -11,6 +11,7 @@ fn settings() -> Settings {
         max: 300 * S,
         max_percent: 50,
         slow_start: 10 * S,
+        rate: None,
     }
 }
 
@@ -158,4 +159,126 @@ fn at_most_the_percent_of_a_models_clusters_is_ejected() {
     assert!(may_eject(50, []));
     assert!(!may_eject(0, [(1, 0)]));
     assert!(!may_eject(0, []));
+}
+
+const RATE: Rate = Rate {
+    threshold: 50,
+    minimum: 10,
+    interval: Duration::from_secs(10),
+};
+
+/// Half of the requests failing, never five in a row: the consecutive count never trips, the
+/// interval does once it is over, judged by the first request after it.
+#[test]
+fn an_interval_with_half_its_requests_failed_trips_where_runs_do_not() {
+    let w = Window::default();
+    let c = Consecutive::default();
+    let interval = 10_000_000_000;
+    let mut t = 1;
+    for i in 0..20 {
+        let v = if i % 2 == 0 {
+            Verdict::Failure
+        } else {
+            Verdict::Success
+        };
+        match v {
+            Verdict::Failure => assert!(!c.fail(5)),
+            _ => c.succeed(),
+        }
+        assert_eq!(w.record(v, t, interval), None, "request {i}");
+        t += 100_000_000;
+    }
+    // The interval began at 0 (the window's default): the first request 10 s on closes it.
+    let closed = w.record(Verdict::Success, interval, interval).unwrap();
+    assert_eq!(
+        closed,
+        Interval {
+            successes: 10,
+            failures: 10
+        }
+    );
+    assert!(closed.trips(&RATE));
+    assert_eq!(closed.failure_percent(), 50.0);
+    // The request that closed it is the next interval's first.
+    let next = w.record(Verdict::Success, 2 * interval, interval).unwrap();
+    assert_eq!(
+        next,
+        Interval {
+            successes: 1,
+            failures: 0
+        }
+    );
+    assert!(!next.trips(&RATE));
+}
+
+#[test]
+fn too_few_requests_or_too_few_failures_do_not_trip() {
+    let i = |successes, failures| Interval {
+        successes,
+        failures,
+    };
+    // Below minimumRequests, even all failed.
+    assert!(!i(0, 9).trips(&RATE));
+    assert!(i(0, 10).trips(&RATE));
+    // At the threshold trips, below it not.
+    assert!(i(5, 5).trips(&RATE));
+    assert!(!i(6, 5).trips(&RATE));
+    // No requests: nothing, and no division by zero.
+    assert!(!i(0, 0).trips(&Rate { minimum: 0, ..RATE }));
+    assert_eq!(i(0, 0).failure_percent(), 0.0);
+    // Counts near u32::MAX do not overflow the comparison.
+    assert!(i(u32::MAX, u32::MAX).trips(&RATE));
+}
+
+/// Neutral answers count nothing; a reset forgets the interval and begins a new one then.
+#[test]
+fn neutral_answers_count_nothing_and_a_reset_starts_over() {
+    let w = Window::default();
+    let interval = 1_000;
+    for _ in 0..5 {
+        w.record(Verdict::Neutral, 10, interval);
+        w.record(Verdict::Failure, 10, interval);
+    }
+    w.reset(500);
+    // 1,000 ns after the reset, not after 0: nothing closes at 1,200.
+    assert_eq!(w.record(Verdict::Failure, 1_200, interval), None);
+    assert_eq!(
+        w.record(Verdict::Success, 1_500, interval),
+        Some(Interval {
+            successes: 0,
+            failures: 1
+        })
+    );
+}
+
+/// Many threads recording at once across an interval's end: exactly one closes it, and no
+/// request is lost or counted twice.
+#[test]
+fn one_caller_closes_an_interval_and_nothing_is_lost() {
+    let w = std::sync::Arc::new(Window::default());
+    let interval = 1_000_000;
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let w = std::sync::Arc::clone(&w);
+            std::thread::spawn(move || {
+                let mut closed = Vec::new();
+                for i in 0..10_000u64 {
+                    // Every thread crosses the end at 1,000,000 ns half way through.
+                    if let Some(c) = w.record(Verdict::Failure, i * 200, interval) {
+                        closed.push(c);
+                    }
+                }
+                closed
+            })
+        })
+        .collect();
+    let closed: Vec<Interval> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let counted: u32 = closed.iter().map(|c| c.failures).sum();
+    let open = w.failures.load(Ordering::Relaxed);
+    assert_eq!(counted + open, 40_000, "{closed:?}");
+    // The new interval began at 1,000,000 ns or later and no time reaches 2,000,000.
+    assert_eq!(closed.len(), 1, "{closed:?}");
 }
