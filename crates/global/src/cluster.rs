@@ -155,6 +155,8 @@ pub(crate) struct Cluster {
 struct Files {
     token: Option<Seen>,
     ca: Option<Seen>,
+    /// `tls.certFile` and `tls.keyFile`: a change of either loads the pair.
+    client_certificate: Option<(Seen, Seen)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -198,15 +200,29 @@ impl Cluster {
             }
         };
         // Read before the connector reads it: a bundle rewritten in between differs from what
-        // is recorded here, and the next check loads it again.
+        // is recorded here, and the next check loads it again. The same for the client
+        // certificate.
         files.ca = connect::ca_file(c).map(|ca| Seen::new(&std::fs::read(ca)));
+        files.client_certificate = connect::client_certificate_files(c).map(|(cert, key)| {
+            (
+                Seen::new(&std::fs::read(cert)),
+                Seen::new(&std::fs::read(key)),
+            )
+        });
+        let identity = connect::client_certificate(c)
+            .transpose()
+            .map_err(|source| Error::ClusterCertificate {
+                cluster: c.name.clone(),
+                source: Box::new(source),
+            })?;
         let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
-        let connector =
-            Connector::new(c, connect_timeout, system).map_err(|e| Error::ClusterTls {
+        let connector = Connector::new(c, connect_timeout, system, identity).map_err(|e| {
+            Error::ClusterTls {
                 cluster: c.name.clone(),
                 path: connect::ca_file(c),
                 source: Box::new(e),
-            })?;
+            }
+        })?;
         Ok(Cluster::new(
             config,
             index,
@@ -290,17 +306,23 @@ impl Cluster {
     /// (`infergate_global_credential_reloads_total`).
     pub(crate) fn rotated_files(&self) -> Vec<&'static str> {
         let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        [(files.token.is_some(), "token"), (files.ca.is_some(), "ca")]
-            .into_iter()
-            .filter_map(|(named, file)| named.then_some(file))
-            .collect()
+        [
+            (files.token.is_some(), "token"),
+            (files.ca.is_some(), "ca"),
+            (files.client_certificate.is_some(), "client_cert"),
+        ]
+        .into_iter()
+        .filter_map(|(named, file)| named.then_some(file))
+        .collect()
     }
 
-    /// Reads its `credentials.bearerTokenFile` and `tls.caFile` again and applies those that
-    /// changed since the last read (`crate::rotation`): a new token is sent from the next
-    /// request on, over the same pool; a new bundle gives the cluster new clients, whose
-    /// connections it verifies. A file changed into something unusable leaves the last good
-    /// value in force; each change is logged and counted once. Never on the request path.
+    /// Reads its `credentials.bearerTokenFile`, `tls.caFile`, `tls.certFile` and `tls.keyFile`
+    /// again and applies those that changed since the last read (`crate::rotation`): a new
+    /// token is sent from the next request on, over the same pool; a new bundle, or a new
+    /// client certificate, gives the cluster new clients, whose connections verify or present
+    /// it. A file changed into something unusable (for the client certificate: a pair that does
+    /// not load, its key not the certificate's) leaves the last good value in force; each change
+    /// is logged and counted once. Never on the request path.
     pub(crate) fn check_files(&self, telemetry: &Telemetry) {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         if let (Some(c), Some(seen)) = (&self.config.credentials, files.token.as_mut()) {
@@ -331,6 +353,29 @@ impl Cluster {
             };
             let result = loaded.map(|clients| self.clients.store(Arc::new(clients)));
             self.rotated("ca", "tls.caFile", path, result, telemetry);
+        }
+        if let (Some((cert, key)), Some((seen_cert, seen_key))) = (
+            connect::client_certificate_files(&self.config),
+            files.client_certificate.as_mut(),
+        ) {
+            // Both read at every check: a change of either is one change of the pair.
+            let cert_changed = seen_cert.changed(std::fs::read(cert)).is_some();
+            let key_changed = seen_key.changed(std::fs::read(key)).is_some();
+            if cert_changed || key_changed {
+                let loaded = match connect::client_certificate(&self.config) {
+                    Some(Ok(identity)) => self.clients.load().with_identity(identity),
+                    Some(Err(e)) => Err(SetupError::ClientCertificate(e)),
+                    None => return,
+                };
+                let result = loaded.map(|clients| self.clients.store(Arc::new(clients)));
+                self.rotated(
+                    "client_cert",
+                    "tls.certFile/tls.keyFile",
+                    cert,
+                    result,
+                    telemetry,
+                );
+            }
         }
     }
 

@@ -39,7 +39,8 @@
 //!     url: https://gateway.eu-1.example.com         # HTTPS: verified against the system roots,
 //!     region: eu-west                                # or only tls.caFile when given
 //!     cost: { inputPerMillion: 0.10, outputPerMillion: 0.40 }
-//!     tls: { caFile: /etc/infergate/eu-1-ca.pem, serverName: gateway.eu-1.internal }
+//!     tls: { caFile: /etc/infergate/eu-1-ca.pem, serverName: gateway.eu-1.internal,
+//!            certFile: /etc/infergate/router.crt, keyFile: /etc/infergate/router.key }  # mTLS
 //! ```
 //!
 //! Every field but `auth` and `clusters` has a default. Validation names the field at fault.
@@ -417,7 +418,9 @@ pub struct ClusterConfig {
 
 /// A cluster's `tls:` — the names and meaning of the gateway's `models[].tls`: with `caFile` the
 /// cluster's certificate must chain to it (and only to it: the system roots are not used), with
-/// `serverName` it must carry that name instead of the URL's host.
+/// `serverName` it must carry that name instead of the URL's host. With `certFile` and
+/// `keyFile` the router presents that client certificate (mutual TLS: a gateway with
+/// `tls.clientCaFile`).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ClusterTls {
@@ -429,6 +432,13 @@ pub struct ClusterTls {
     /// host is an IP address or another name.
     #[serde(default)]
     pub server_name: Option<String>,
+    /// PEM certificate chain (leaf first) the router presents when the cluster asks for a
+    /// client certificate, with `keyFile` (re-read on change).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `certFile`'s leaf (re-read on change).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 /// A cluster's price: per million input and output tokens, or per GPU-hour at a throughput.
@@ -665,8 +675,26 @@ impl GlobalConfig {
                          https:// or leave tls out",
                     ));
                 }
-                if tls.ca_file.is_none() && tls.server_name.is_none() {
-                    return Err(invalid(at("tls"), "give caFile and/or serverName"));
+                match (&tls.cert_file, &tls.key_file) {
+                    (Some(_), None) => {
+                        return Err(invalid(
+                            at("tls.keyFile"),
+                            "is missing: certFile needs the key of its certificate",
+                        ));
+                    }
+                    (None, Some(_)) => {
+                        return Err(invalid(
+                            at("tls.certFile"),
+                            "is missing: keyFile needs the certificate it is the key of",
+                        ));
+                    }
+                    (None, None) if tls.ca_file.is_none() && tls.server_name.is_none() => {
+                        return Err(invalid(
+                            at("tls"),
+                            "give caFile, serverName and/or certFile with keyFile",
+                        ));
+                    }
+                    _ => {}
                 }
                 if let Some(name) = &tls.server_name
                     && rustls_pki_types::ServerName::try_from(name.as_str()).is_err()

@@ -4,13 +4,18 @@
 //! Each cluster has its own [`Connector`] (its own trust roots and server name) and so its own
 //! clients and connection pools ([`Clients`]). The certificate is verified against the system
 //! roots, or only against the cluster's `tls.caFile` when it has one (as the gateway's
-//! `models[].tls` does), and must carry the URL's host, or `tls.serverName`. A `tls.caFile`
-//! rotated on disk gives the cluster new [`Clients`] ([`Clients::with_ca`]): a connection
-//! verified under the old bundle serves no new request.
+//! `models[].tls` does), and must carry the URL's host, or `tls.serverName`. With
+//! `tls.certFile` and `tls.keyFile` the router presents that certificate when the cluster asks
+//! for one (mutual TLS: a gateway with `tls.clientCaFile`). A `tls.caFile` or client
+//! certificate rotated on disk gives the cluster new [`Clients`] ([`Clients::with_ca`],
+//! [`Clients::with_identity`]): a connection made under the old one serves no new request.
 //!
 //! A handshake that fails (an unknown CA, a wrong name, a plaintext server) or does not finish
 //! in time is a connect failure of the cluster, as a refused TCP connection is: the request
-//! moves on to the next cluster, and [`failure`] is the one place that says so.
+//! moves on to the next cluster, and [`failure`] is the one place that says so. So is a cluster
+//! refusing the router's client certificate: with TLS 1.3 the router's side of the handshake
+//! is over before the cluster has verified it, so the refusal is the alert that fails the
+//! request's first read, before any answer (the cluster has read no request).
 
 use std::future::Future;
 use std::io;
@@ -25,6 +30,8 @@ use http::uri::Scheme;
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::RootCertStore;
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -59,6 +66,9 @@ pub(crate) enum SetupError {
     /// The `tls.caFile` bundle.
     #[error(transparent)]
     CaFile(#[from] infergate_pool::tls::TlsError),
+    /// The client certificate (`tls.certFile`, `tls.keyFile`).
+    #[error("the client certificate (tls.certFile, tls.keyFile)")]
+    ClientCertificate(#[source] infergate_pool::tls::TlsError),
     /// rustls refused the configuration.
     #[error("TLS configuration refused")]
     Config(#[source] rustls::Error),
@@ -68,14 +78,19 @@ pub(crate) enum SetupError {
 #[derive(Clone)]
 pub(crate) struct Connector {
     http: HttpConnector,
+    /// Built from `roots` and `identity`.
     tls: Arc<rustls::ClientConfig>,
+    /// What the cluster's certificates are verified against (`tls.caFile`, or the system's).
+    roots: Arc<RootCertStore>,
+    /// The client certificate presented (`tls.certFile`, `tls.keyFile`).
+    identity: Option<Arc<CertifiedKey>>,
     /// `tls.serverName`, else the URL's host.
     server_name: Option<ServerName<'static>>,
     handshake_timeout: Duration,
 }
 
 /// The system's trust roots, loaded once for every cluster without a `tls.caFile`.
-pub(crate) struct SystemRoots(Option<Arc<rustls::ClientConfig>>);
+pub(crate) struct SystemRoots(Option<Arc<RootCertStore>>);
 
 impl SystemRoots {
     /// Nothing loaded yet: loaded on the first cluster that needs them.
@@ -83,9 +98,9 @@ impl SystemRoots {
         SystemRoots(None)
     }
 
-    fn config(&mut self) -> Result<Arc<rustls::ClientConfig>, SetupError> {
-        if let Some(c) = &self.0 {
-            return Ok(Arc::clone(c));
+    fn roots(&mut self) -> Arc<RootCertStore> {
+        if let Some(r) = &self.0 {
+            return Arc::clone(r);
         }
         let mut roots = rustls::RootCertStore::empty();
         let native = rustls_native_certs::load_native_certs();
@@ -100,44 +115,52 @@ impl SystemRoots {
                  fail their handshakes (install ca-certificates, or give tls.caFile)"
             );
         }
-        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(SetupError::Config)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let config = Arc::new(config);
-        self.0 = Some(Arc::clone(&config));
-        Ok(config)
+        let roots = Arc::new(roots);
+        self.0 = Some(Arc::clone(&roots));
+        roots
     }
 }
 
+/// The TLS configuration of connections to a cluster: verified against `roots`, presenting
+/// `identity` when asked for a client certificate; ALPN `http/1.1`.
+fn client_config(
+    roots: &Arc<RootCertStore>,
+    identity: Option<&Arc<CertifiedKey>>,
+) -> Result<Arc<rustls::ClientConfig>, SetupError> {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(SetupError::Config)?
+    .with_root_certificates(Arc::clone(roots));
+    let mut config = match identity {
+        Some(pair) => {
+            builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(Arc::clone(pair))))
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 impl Connector {
-    /// The connector of `cluster`: its `tls.caFile` is read now (an error names the file).
+    /// The connector of `cluster`, presenting `identity` (its `tls.certFile` and `tls.keyFile`,
+    /// see [`client_certificate`]): its `tls.caFile` is read now (an error names the file).
     pub(crate) fn new(
         cluster: &ClusterConfig,
         connect_timeout: Duration,
         system: &mut SystemRoots,
+        identity: Option<Arc<CertifiedKey>>,
     ) -> Result<Connector, SetupError> {
         let tls = cluster.tls.as_ref();
         let server_name = tls
             .and_then(|t| t.server_name.as_deref())
             .and_then(|n| ServerName::try_from(n.to_owned()).ok());
-        let config = match tls.and_then(|t| t.ca_file.as_deref()) {
-            Some(ca) => Arc::clone(infergate_pool::tls::client_tls(ca, None)?.config()),
-            None if uses_https(cluster) => system.config()?,
+        let roots = match tls.and_then(|t| t.ca_file.as_deref()) {
+            Some(ca) => Arc::new(infergate_pool::tls::ca_roots(ca)?),
+            None if uses_https(cluster) => system.roots(),
             // Never used: an http:// cluster opens no TLS.
-            None => Arc::new(
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .map_err(SetupError::Config)?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-            ),
+            None => Arc::new(RootCertStore::empty()),
         };
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(connect_timeout));
@@ -146,7 +169,9 @@ impl Connector {
         http.enforce_http(false);
         Ok(Connector {
             http,
-            tls: config,
+            tls: client_config(&roots, identity.as_ref())?,
+            roots,
+            identity,
             server_name,
             handshake_timeout: connect_timeout,
         })
@@ -154,8 +179,19 @@ impl Connector {
 
     /// This connector, its trust roots read again from `ca` (a rotated `tls.caFile`).
     fn with_ca(&self, ca: &Path) -> Result<Connector, SetupError> {
+        let roots = Arc::new(infergate_pool::tls::ca_roots(ca)?);
         Ok(Connector {
-            tls: Arc::clone(infergate_pool::tls::client_tls(ca, None)?.config()),
+            tls: client_config(&roots, self.identity.as_ref())?,
+            roots,
+            ..self.clone()
+        })
+    }
+
+    /// This connector presenting `identity` (a rotated `tls.certFile` and `tls.keyFile`).
+    fn with_identity(&self, identity: Arc<CertifiedKey>) -> Result<Connector, SetupError> {
+        Ok(Connector {
+            tls: client_config(&self.roots, Some(&identity))?,
+            identity: Some(identity),
             ..self.clone()
         })
     }
@@ -202,6 +238,12 @@ impl Clients {
     /// `ca` (read now); the other settings (timeouts, server name) stay.
     pub(crate) fn with_ca(&self, ca: &Path) -> Result<Clients, SetupError> {
         Ok(Clients::new(self.connector.with_ca(ca)?))
+    }
+
+    /// New clients, with empty pools, presenting `identity` as their client certificate; the
+    /// other settings stay.
+    pub(crate) fn with_identity(&self, identity: Arc<CertifiedKey>) -> Result<Clients, SetupError> {
+        Ok(Clients::new(self.connector.with_identity(identity)?))
     }
 }
 
@@ -273,12 +315,17 @@ pub(crate) fn log_cluster(cluster: &ClusterConfig) {
         Some(ca) => format!("tls.caFile {}", ca.display()),
         None => "the system roots".to_owned(),
     };
+    let presented = match client_certificate_files(cluster) {
+        Some((cert, _)) => format!("tls.certFile {}", cert.display()),
+        None => "none".to_owned(),
+    };
     tracing::info!(
         cluster = %cluster.name,
         url = %cluster.url,
         port,
         server_name = tls.and_then(|t| t.server_name.as_deref()).unwrap_or("the URL's host"),
         verified_against = %verified,
+        client_certificate = %presented,
         "cluster, HTTPS"
     );
 }
@@ -308,7 +355,15 @@ pub(crate) enum Failure {
 /// (fail over, count as a failed heartbeat and toward outlier detection).
 pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
     if !e.is_connect() {
-        return Failure::Exchange;
+        // A fatal TLS alert before the response headers: the cluster ended the handshake
+        // after the router's side of it was over (TLS 1.3), refusing its client certificate
+        // (`CertificateRequired`, `UnknownCA`, …). It read no request: a connect failure.
+        return match alert(e) {
+            Some(alert) => Failure::Connect {
+                tls: Some(format!("TLS handshake failed: {alert}")),
+            },
+            None => Failure::Exchange,
+        };
     }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -322,6 +377,39 @@ pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
         source = s.source();
     }
     Failure::Connect { tls: None }
+}
+
+/// The fatal alert rustls received, somewhere in `e`'s causes (an IO error carrying it).
+fn alert<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        // An IO error's `source()` skips the error it carries: look into it.
+        let inner = s
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::get_ref)
+            .and_then(|i| i.downcast_ref::<rustls::Error>());
+        if let Some(r @ rustls::Error::AlertReceived(_)) = inner.or_else(|| s.downcast_ref()) {
+            return Some(r);
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// The cluster's `tls.certFile` and `tls.keyFile`, when it presents a client certificate.
+pub(crate) fn client_certificate_files(cluster: &ClusterConfig) -> Option<(&Path, &Path)> {
+    let tls = cluster.tls.as_ref()?;
+    Some((tls.cert_file.as_deref()?, tls.key_file.as_deref()?))
+}
+
+/// Reads the cluster's client certificate and key (`None`: it presents none), checking that
+/// they belong together.
+pub(crate) fn client_certificate(
+    cluster: &ClusterConfig,
+) -> Option<Result<Arc<CertifiedKey>, infergate_pool::tls::TlsError>> {
+    let (cert, key) = client_certificate_files(cluster)?;
+    let provider = rustls::crypto::ring::default_provider();
+    Some(infergate_pool::tls::load_pair(cert, key, &provider).map(Arc::new))
 }
 
 /// The cluster's `tls.caFile`, which [`crate::Error::ClusterTls`] names.

@@ -153,6 +153,16 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A cluster's client certificate cannot be used at start (its `tls.certFile` or
+    /// `tls.keyFile` cannot be read, is not PEM, or the key is not the certificate's).
+    #[error("cluster `{cluster}`: tls.certFile/tls.keyFile")]
+    ClusterCertificate {
+        /// The cluster's name.
+        cluster: String,
+        /// What is wrong, naming the file.
+        #[source]
+        source: Box<infergate_pool::tls::TlsError>,
+    },
 }
 
 /// Why a bearer token file cannot be sent as `Authorization: Bearer …`.

@@ -22,7 +22,7 @@ use infergate_openai::{
 };
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
-use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
+use infergate_pool::tls::ServerTls;
 use infergate_proxy::BodyRead;
 use infergate_proxy::auth::ModelAccess;
 use infergate_proxy::request_id::{REQUEST_ID_HEADER, RequestIds};
@@ -230,12 +230,8 @@ pub async fn serve(
     let tls = match &config.tls {
         None => None,
         Some(t) => {
-            let certificate = Certificate::Files {
-                cert: t.cert_file.clone(),
-                key: t.key_file.clone(),
-            };
-            let tls = ServerTls::new(&certificate, &ServerTlsOptions::new(&ALPN_HTTP))
-                .map_err(|e| Error::Tls(Box::new(e)))?;
+            // The gateway's front door TLS, `clientCaFile` (mutual TLS) included.
+            let tls = t.server_tls().map_err(|e| Error::Tls(Box::new(e)))?;
             tls.register(&mut registry);
             Some(tls)
         }

@@ -130,7 +130,7 @@ impl Telemetry {
         );
         r.register(
             "infergate_global_credential_reloads",
-            "Loads of a cluster's credential file after it changed on disk, by file (token: credentials.bearerTokenFile, ca: tls.caFile) and result (ok; error: unusable, the last good one stays in force)",
+            "Loads of a cluster's credential file after it changed on disk, by file (token: credentials.bearerTokenFile, ca: tls.caFile, client_cert: tls.certFile and tls.keyFile) and result (ok; error: unusable, the last good one stays in force)",
             t.credential_reloads.clone(),
         );
         t.access_log.register(r, "infergate_global_access_log");
@@ -261,7 +261,7 @@ impl Telemetry {
         }
     }
 
-    /// Counts a load of a cluster's changed credential `file` (`token`, `ca`).
+    /// Counts a load of a cluster's changed credential `file` (`token`, `ca`, `client_cert`).
     pub(crate) fn credential_reloaded(&self, label: &ClusterLabel, file: &'static str, ok: bool) {
         self.credential_reloads
             .get_or_create(&ClusterFileResult {

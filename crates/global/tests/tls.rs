@@ -1,6 +1,7 @@
 //! The router reaching clusters over HTTPS: each secure cluster is a real infergate gateway with
 //! `tls:` on its front door (a certificate of a private CA made for the test), in front of an
 //! emulated fleet; its admin port (the heartbeat) stays plain HTTP, as the gateway serves it.
+//! With `tls.clientCaFile` on the gateway, mutual TLS: the router presents its `certFile`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -23,16 +24,31 @@ const CHAT: &str =
 
 /// A cluster whose gateway serves HTTPS with a certificate of `ca` for `names`.
 async fn secure_cluster(name: &str, ca: &TestCa, names: &[&str], dir: &Path) -> TestCluster {
+    mutual_cluster(name, ca, names, dir, None).await
+}
+
+/// A cluster whose gateway serves HTTPS with a certificate of `ca` for `names`, and with
+/// `client_ca` (a bundle file) asks every client for a certificate chained to it.
+async fn mutual_cluster(
+    name: &str,
+    ca: &TestCa,
+    names: &[&str],
+    dir: &Path,
+    client_ca: Option<&Path>,
+) -> TestCluster {
     let sub = dir.join(name);
     std::fs::create_dir_all(&sub).unwrap();
     let (cert, key) = ca.issue(names).write(&sub);
+    let client_ca = client_ca
+        .map(|c| format!(", clientCaFile: '{}'", c.display()))
+        .unwrap_or_default();
     TestCluster::start_with(
         name,
         "llama-3.1-8b/h100",
         1,
         7,
         &format!(
-            "tls: {{ certFile: '{}', keyFile: '{}' }}\n",
+            "tls: {{ certFile: '{}', keyFile: '{}'{client_ca} }}\n",
             cert.display(),
             key.display()
         ),
@@ -346,4 +362,339 @@ async fn until_chat(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The router's client certificate: `dir/current/{cert,key}.pem`, `current` a symbolic link to
+/// the folder of the pair in force, swapped in one rename as Kubernetes swaps a mounted
+/// Secret's `..data` (so that no check reads a new certificate beside the old key).
+struct ClientFiles {
+    dir: std::path::PathBuf,
+    versions: usize,
+}
+
+impl ClientFiles {
+    fn new(dir: &Path, leaf: &infergate_testkit::tls::Leaf) -> ClientFiles {
+        let mut files = ClientFiles {
+            dir: dir.join("router"),
+            versions: 0,
+        };
+        std::fs::create_dir_all(&files.dir).unwrap();
+        files.install(&leaf.cert_pem, &leaf.key_pem);
+        files
+    }
+
+    /// Puts `cert` and `key` in force at once.
+    fn install(&mut self, cert: &str, key: &str) {
+        self.versions += 1;
+        let version = self.dir.join(format!("v{}", self.versions));
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::write(version.join("cert.pem"), cert).unwrap();
+        std::fs::write(version.join("key.pem"), key).unwrap();
+        let link = self.dir.join("current.tmp");
+        std::os::unix::fs::symlink(&version, &link).unwrap();
+        std::fs::rename(&link, self.dir.join("current")).unwrap();
+    }
+
+    /// `, tls: { caFile, certFile, keyFile }` for a cluster entry.
+    fn entry(&self, server_ca: &Path) -> String {
+        let current = self.dir.join("current");
+        format!(
+            ", tls: {{ caFile: '{}', certFile: '{}', keyFile: '{}' }}",
+            server_ca.display(),
+            current.join("cert.pem").display(),
+            current.join("key.pem").display()
+        )
+    }
+}
+
+/// The gateway's count of handshakes refused for their client certificate.
+async fn refused_client_certificates(cluster: &TestCluster) -> f64 {
+    let page = infergate_testkit::get(cluster.admin, "/metrics")
+        .await
+        .text();
+    counter(
+        &page,
+        "infergate_tls_handshake_failures_total{reason=\"client_certificate\"}",
+    )
+}
+
+/// Mutual TLS: a gateway with `tls.clientCaFile` as the cluster. The router presenting a
+/// certificate of that CA (`tls.certFile`, `tls.keyFile`) discovers the cluster's models and is
+/// served; without a certificate, or with one of another CA, the gateway refuses the handshake
+/// (and counts it) and the router's 502 names the TLS failure.
+#[tokio::test]
+async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca, other_ca) = (
+        TestCa::new("cluster CA"),
+        TestCa::new("router CA"),
+        TestCa::new("another CA"),
+    );
+    let bundle = dir.path().join("clients.pem");
+    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
+    let secure = mutual_cluster(
+        "secure",
+        &server_ca,
+        &["127.0.0.1"],
+        dir.path(),
+        Some(&bundle),
+    )
+    .await;
+    let ca_file = server_ca.write_ca(dir.path());
+    let url = format!("https://{}", secure.http);
+    let ours = ClientFiles::new(dir.path(), &client_ca.issue(&["router"]));
+    let (router, _stop) = router_with(&router_yaml(&entry(
+        &secure,
+        &url,
+        1.0,
+        &ours.entry(&ca_file),
+    )))
+    .await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    wait_discovered(router.http_addr()).await;
+    let r = chat(router.http_addr()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-infergate-cluster"), Some("secure"));
+    assert_eq!(refused_client_certificates(&secure).await, 0.0);
+
+    // No client certificate: the gateway asks for one and gets none.
+    let plain_entry = format!(
+        ", models: [llama], tls: {{ caFile: '{}' }}",
+        ca_file.display()
+    );
+    let (router, _stop) = router_with(&router_yaml(&entry(&secure, &url, 1.0, &plain_entry))).await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    let r = chat(router.http_addr()).await;
+    assert_refused_by_tls(
+        &r,
+        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: CertificateRequired",
+    );
+    assert_eq!(refused_client_certificates(&secure).await, 1.0);
+
+    // Another CA's certificate.
+    let theirs = ClientFiles::new(&dir.path().join("other"), &other_ca.issue(&["router"]));
+    let (router, _stop) = router_with(&router_yaml(&entry(
+        &secure,
+        &url,
+        1.0,
+        &format!(", models: [llama]{}", theirs.entry(&ca_file)),
+    )))
+    .await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    let r = chat(router.http_addr()).await;
+    assert_refused_by_tls(
+        &r,
+        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: UnknownCA",
+    );
+    assert_eq!(refused_client_certificates(&secure).await, 2.0);
+}
+
+/// The router's `tls.certFile` and `tls.keyFile` rotated on disk, the configuration unchanged:
+/// a pair of a CA the cluster does not trust makes the next requests fail (502, `UnknownCA`),
+/// the first pair again serves them, without a restart; a pair whose key is not the
+/// certificate's keeps the last good one, warned of and counted once.
+#[tokio::test]
+async fn a_rotated_client_certificate_is_presented_without_a_restart() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca, other_ca) = (
+        TestCa::new("cluster CA"),
+        TestCa::new("router CA"),
+        TestCa::new("another CA"),
+    );
+    let bundle = dir.path().join("clients.pem");
+    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
+    let secure = mutual_cluster(
+        "secure",
+        &server_ca,
+        &["127.0.0.1"],
+        dir.path(),
+        Some(&bundle),
+    )
+    .await;
+    let ca_file = server_ca.write_ca(dir.path());
+    let good = client_ca.issue(&["router"]);
+    let mut files = ClientFiles::new(dir.path(), &good);
+    let yaml = format!(
+        "reloadIntervalMs: 50\n{}",
+        router_yaml(&entry(
+            &secure,
+            &format!("https://{}", secure.http),
+            1.0,
+            &files.entry(&ca_file),
+        ))
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    wait_discovered(router.http_addr()).await;
+    assert_eq!(chat(router.http_addr()).await.status, 200);
+    let reloads = |result: &'static str| {
+        let admin = router.admin_addr().unwrap();
+        async move {
+            let page = infergate_testkit::get(admin, "/metrics").await.text();
+            counter(
+                &page,
+                &format!(
+                    "infergate_global_credential_reloads_total{{cluster=\"secure\",file=\"client_cert\",result=\"{result}\"}}"
+                ),
+            )
+        }
+    };
+    assert_eq!((reloads("ok").await, reloads("error").await), (0.0, 0.0));
+
+    let stranger = other_ca.issue(&["router"]);
+    files.install(&stranger.cert_pem, &stranger.key_pem);
+    until_chat(router.http_addr(), |r| {
+        r.status == 502 && r.text().contains("received fatal alert: UnknownCA")
+    })
+    .await;
+    files.install(&good.cert_pem, &good.key_pem);
+    until_chat(router.http_addr(), |r| r.status == 200).await;
+    assert_eq!(reloads("ok").await, 2.0);
+
+    // The certificate of one pair, the key of another: the last good pair stays.
+    files.install(&stranger.cert_pem, &good.key_pem);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads("error").await != 1.0 {
+        assert!(Instant::now() < deadline, "the broken pair was never read");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(chat(router.http_addr()).await.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!((reloads("ok").await, reloads("error").await), (2.0, 1.0));
+    let text = out.text();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("WARN") && l.contains("tls.certFile/tls.keyFile changed but cannot be used")
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains("secure") && warnings[0].contains("does not match"),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// A client certificate that cannot be used stops the start, naming the cluster and the file;
+/// `certFile` without `keyFile` (or the reverse) is refused at load, naming the missing field.
+#[tokio::test]
+async fn an_unusable_client_certificate_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("router CA");
+    let (cert, key) = ca.issue(&["router"]).write(dir.path());
+    let not_pem = dir.path().join("not-pem.pem");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let other_key = dir.path().join("other-key.pem");
+    std::fs::write(&other_key, ca.issue(&["router"]).key_pem).unwrap();
+    let missing = dir.path().join("missing.pem");
+    let yaml = |tls: &str| {
+        format!(
+            "auth: none\nclusters:\n  - {{ name: east, url: 'https://127.0.0.1:1', region: r, models: [m], cost: {{ inputPerMillion: 1 }}, tls: {tls} }}\n"
+        )
+    };
+    for (c, k, named, why) in [
+        (&missing, &key, &missing, "cannot read"),
+        (&cert, &missing, &missing, "cannot read"),
+        (&not_pem, &key, &not_pem, "holds no PEM certificate"),
+        (&cert, &other_key, &other_key, "does not match"),
+    ] {
+        let tls = format!(
+            "{{ certFile: '{}', keyFile: '{}' }}",
+            c.display(),
+            k.display()
+        );
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let Err(e) = serve(
+            GlobalConfig::from_yaml(&yaml(&tls)).unwrap(),
+            Listeners { http, admin: None },
+            std::future::pending(),
+        )
+        .await
+        else {
+            panic!("started with {tls}");
+        };
+        let chain = infergate_pool::ErrorChain(&e).to_string();
+        assert!(
+            chain.contains("cluster `east`: tls.certFile/tls.keyFile")
+                && chain.contains(&named.display().to_string())
+                && chain.contains(why),
+            "{chain}"
+        );
+    }
+    for (tls, field) in [
+        (
+            format!("{{ certFile: '{}' }}", cert.display()),
+            "clusters[0].tls.keyFile",
+        ),
+        (
+            format!("{{ keyFile: '{}' }}", key.display()),
+            "clusters[0].tls.certFile",
+        ),
+    ] {
+        let e = GlobalConfig::from_yaml(&yaml(&tls)).unwrap_err();
+        let text = infergate_pool::ErrorChain(&e).to_string();
+        assert!(text.contains(&format!("{field}: is missing")), "{text}");
+    }
+}
+
+/// The router's own front door takes the gateway's `tls.clientCaFile`: a client presenting a
+/// certificate of that CA is answered, one presenting none is refused at the handshake.
+#[tokio::test]
+async fn the_router_front_door_asks_for_client_certificates_with_client_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca) = (TestCa::new("router server CA"), TestCa::new("clients CA"));
+    let (cert, key) = server_ca.issue(&["localhost"]).write(dir.path());
+    let bundle = dir.path().join("clients.pem");
+    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
+    let plain = TestCluster::start("plain", "llama-3.1-8b/h100", 1, 8).await;
+    let yaml = format!(
+        "tls: {{ certFile: '{}', keyFile: '{}', clientCaFile: '{}' }}\n{}",
+        cert.display(),
+        key.display(),
+        bundle.display(),
+        router_yaml(&entry(&plain, &format!("http://{}", plain.http), 1.0, ""))
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    let models = || {
+        let mut r = http::Request::new(bytes::Bytes::new());
+        *r.uri_mut() = "/v1/models".parse().unwrap();
+        r
+    };
+    let leaf = client_ca.issue(&["client"]);
+    let admitted = infergate_testkit::tls::send_within(
+        router.http_addr(),
+        "localhost",
+        server_ca.client_config_presenting(&[b"http/1.1"], Some(&leaf)),
+        models(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(admitted.status, 200, "{}", admitted.text());
+    let refused = infergate_testkit::tls::send_within(
+        router.http_addr(),
+        "localhost",
+        server_ca.client_config(&[b"http/1.1"]),
+        models(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let page = infergate_testkit::get(router.admin_addr().unwrap(), "/metrics")
+        .await
+        .text();
+    assert_eq!(
+        counter(
+            &page,
+            "infergate_tls_handshake_failures_total{reason=\"client_certificate\"}"
+        ),
+        1.0,
+        "{page}"
+    );
 }

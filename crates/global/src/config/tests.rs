@@ -81,7 +81,19 @@ fn bad_values_name_their_field() {
         ),
         (
             "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: {} }\n",
-            "clusters[0].tls: give caFile and/or serverName",
+            "clusters[0].tls: give caFile, serverName and/or certFile with keyFile",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: { certFile: c.pem } }\n",
+            "clusters[0].tls.keyFile: is missing: certFile needs the key of its certificate",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: { keyFile: k.pem } }\n",
+            "clusters[0].tls.certFile: is missing: keyFile needs the certificate",
+        ),
+        (
+            "clusters:\n  - { name: a, url: 'http://h:1', region: r, cost: { inputPerMillion: 1 }, tls: { certFile: c.pem, keyFile: k.pem } }\n",
+            "clusters[0].tls: applies to https:// URLs",
         ),
         (
             "clusters:\n  - { name: a, url: 'https://h', region: r, cost: { inputPerMillion: 1 }, tls: { serverName: 'a b' } }\n",
@@ -504,6 +516,8 @@ fn https_clusters_default_to_port_443_and_take_tls() {
         Some(ClusterTls {
             ca_file: Some(PathBuf::from("/etc/ca.pem")),
             server_name: Some("gw.internal".into()),
+            cert_file: None,
+            key_file: None,
         })
     );
     let b = parse_url(&c.clusters[1].url).unwrap();

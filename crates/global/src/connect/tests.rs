@@ -17,7 +17,7 @@ fn cluster(url: &str, tls: &str) -> ClusterConfig {
 }
 
 async fn fail(url: &str, tls: &str, timeout: Duration) -> Failure {
-    let (client, _) = Connector::new(&cluster(url, tls), timeout, &mut SystemRoots::new())
+    let (client, _) = Connector::new(&cluster(url, tls), timeout, &mut SystemRoots::new(), None)
         .unwrap()
         .clients();
     let mut req = Request::new(Full::new(Bytes::new()));
@@ -104,6 +104,7 @@ async fn a_refused_connection_is_a_tcp_connect_failure_and_http_stays_plain() {
         &cluster(&format!("http://{addr}"), ""),
         Duration::from_secs(2),
         &mut SystemRoots::new(),
+        None,
     )
     .unwrap()
     .clients();
@@ -120,7 +121,7 @@ fn an_unreadable_ca_file_names_the_file() {
         "https://gw.example.com",
         &format!(", tls: {{ caFile: '{}' }}", missing.display()),
     );
-    let Err(e) = Connector::new(&c, Duration::from_secs(1), &mut SystemRoots::new()) else {
+    let Err(e) = Connector::new(&c, Duration::from_secs(1), &mut SystemRoots::new(), None) else {
         panic!("accepted a missing CA file")
     };
     let text = infergate_pool::ErrorChain(&e).to_string();
@@ -131,7 +132,7 @@ fn an_unreadable_ca_file_names_the_file() {
         "https://gw.example.com",
         &format!(", tls: {{ caFile: '{}' }}", empty.display()),
     );
-    let Err(e) = Connector::new(&c, Duration::from_secs(1), &mut SystemRoots::new()) else {
+    let Err(e) = Connector::new(&c, Duration::from_secs(1), &mut SystemRoots::new(), None) else {
         panic!("accepted a CA file without a certificate")
     };
     let text = infergate_pool::ErrorChain(&e).to_string();
