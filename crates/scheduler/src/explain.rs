@@ -17,7 +17,8 @@ pub struct FilteredOut {
     pub addr: SocketAddr,
     /// The filter's name (`freshness`, `lora`, `saturation`; `stale-metrics-cap` for a pod at
     /// the fail-open cap; `admission` for a fresh pod that would have shed the request, when a
-    /// pod without a page took it fail-open instead).
+    /// pod without a page took it fail-open instead; `outlier` for a pod outlier detection
+    /// ejected).
     pub filter: &'static str,
 }
 

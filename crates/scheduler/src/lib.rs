@@ -67,6 +67,7 @@ pub mod error;
 pub mod explain;
 pub mod flow;
 pub mod gpu;
+pub mod outlier;
 pub mod peers;
 pub mod prefix;
 pub mod quota;

@@ -17,6 +17,7 @@ use crate::explain::Explanation;
 use crate::filter::{FilterContext, Filters};
 use crate::inflight::{self, Entry, InflightTable, Phase};
 use crate::lora::adapter_hash;
+use crate::outlier::{Answer, Ejection, EndpointOutlier, OutlierDetection, OutlierError};
 use crate::peers::PeerTable;
 use crate::picker::Picker;
 use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
@@ -57,6 +58,9 @@ pub struct EndpointInfo {
     /// While its scrapes fail, whether they still reach the server
     /// ([`Scheduler::set_reachable`]).
     pub reachable: bool,
+    /// When its last ejection by outlier detection ends or ended ([`Scheduler::observe_answer`]):
+    /// ejected while that is later than now.
+    pub ejected_until: Option<Timestamp>,
 }
 
 /// Reusable buffers so that a pick allocates nothing once the pool's size is stable.
@@ -122,6 +126,13 @@ pub struct Scheduler {
     peers: PeerTable,
     /// Endpoints a peer report touched (reused between reports).
     peer_scratch: Vec<SocketAddr>,
+    /// Passive outlier detection (`outlierDetection`), when on.
+    outlier: Option<OutlierDetection>,
+    /// Endpoints ejected as of the last count (may count one since removed, or whose ejection
+    /// ended, until `readmit_at`).
+    ejected: usize,
+    /// When the next ejection ends (the count is taken again then).
+    readmit_at: Timestamp,
 }
 
 impl Scheduler {
@@ -145,8 +156,89 @@ impl Scheduler {
             scratch,
             peers: PeerTable::default(),
             peer_scratch: Vec::new(),
+            outlier: None,
+            ejected: 0,
+            readmit_at: Timestamp::ZERO,
             cfg,
         })
+    }
+
+    /// Turns passive outlier detection on with `cfg`, or off with `None` (every ejection under
+    /// way ends). Refuses settings it cannot use, naming the field.
+    pub fn set_outlier_detection(
+        &mut self,
+        cfg: Option<OutlierDetection>,
+    ) -> Result<(), OutlierError> {
+        if let Some(c) = &cfg {
+            c.validate()?;
+        }
+        if cfg.is_none() {
+            for slot in self.endpoints.live().to_vec() {
+                if let Some(ep) = self.endpoints.get_mut(slot) {
+                    ep.outlier = EndpointOutlier::default();
+                }
+            }
+            self.ejected = 0;
+        }
+        self.outlier = cfg;
+        Ok(())
+    }
+
+    /// What an answer from `addr` to a request routed there says about it (with
+    /// `outlierDetection` on; `None` otherwise, and for an endpoint not in the pool). Returns
+    /// what was done when the answer completed a run of failures: the endpoint ejected (out of
+    /// the candidates until the returned length has passed), or the ejection held back by
+    /// `maxEjectionPercent`.
+    pub fn observe_answer(
+        &mut self,
+        addr: SocketAddr,
+        answer: Answer,
+        now: Timestamp,
+    ) -> Option<Ejection> {
+        let cfg = self.outlier?;
+        if answer == Answer::Neutral {
+            return None;
+        }
+        let slot = self.endpoints.slot_of(&addr)?;
+        if self.ejected > 0 && now >= self.readmit_at {
+            self.recount_ejected(now);
+        }
+        let pool = self.endpoints.len();
+        let ejected = self.ejected;
+        let ep = self.endpoints.get_mut(slot)?;
+        let done = ep.outlier.observe(answer, now, &cfg, ejected, pool);
+        if let Some(Ejection::Ejected { .. }) = done {
+            let until = ep.outlier.ejected_until(now).unwrap_or(now);
+            self.readmit_at = if self.ejected == 0 {
+                until
+            } else {
+                self.readmit_at.min(until)
+            };
+            self.ejected += 1;
+        }
+        done
+    }
+
+    /// How many endpoints are ejected at `now`.
+    pub fn ejected_endpoints(&mut self, now: Timestamp) -> usize {
+        if self.ejected > 0 && now >= self.readmit_at {
+            self.recount_ejected(now);
+        }
+        self.ejected
+    }
+
+    /// Counts the endpoints ejected at `now` and when the first of them returns.
+    fn recount_ejected(&mut self, now: Timestamp) {
+        let mut n = 0;
+        let mut next: Option<Timestamp> = None;
+        for ep in self.endpoints.iter() {
+            if let Some(until) = ep.outlier.ejected_until(now) {
+                n += 1;
+                next = Some(next.map_or(until, |t| t.min(until)));
+            }
+        }
+        self.ejected = n;
+        self.readmit_at = next.unwrap_or(Timestamp::ZERO);
     }
 
     /// The configuration in force.
@@ -200,6 +292,10 @@ impl Scheduler {
         };
         if let Some(ep) = state {
             ep.unlearn_from(&mut self.rates);
+            if self.ejected > 0 && ep.outlier.is_ejected(Timestamp::ZERO) {
+                // Counted among the ejected: taken again at the next pick.
+                self.readmit_at = Timestamp::ZERO;
+            }
         }
         self.prefix.remove_endpoint(slot);
         true
@@ -315,6 +411,7 @@ impl Scheduler {
             picked: ep.picked,
             scrape: ep.scrape,
             reachable: ep.reachable,
+            ejected_until: ep.outlier.until(),
         })
     }
 
@@ -476,6 +573,9 @@ impl Scheduler {
         mut ex: Option<&mut Explanation>,
     ) -> Result<Decision, Rejection> {
         // Candidates: the subset hint (never relaxed) or the whole pool.
+        if self.ejected > 0 && now >= self.readmit_at {
+            self.recount_ejected(now);
+        }
         let sc = &mut self.scratch;
         view::collect_candidates(
             &self.endpoints,
@@ -486,6 +586,9 @@ impl Scheduler {
         );
         if let Some(ex) = ex.as_deref_mut() {
             ex.considered = sc.candidates.len();
+        }
+        if self.ejected > 0 {
+            view::drop_ejected(&self.endpoints, now, &mut sc.candidates, ex.as_deref_mut());
         }
         if sc.candidates.is_empty() {
             return Err(Rejection::NoEndpoints);

@@ -68,6 +68,8 @@ pub(crate) struct EndpointState {
     /// This gateway's requests in flight per LoRA adapter: which running adapter's slot frees
     /// first ([`AdapterInflight`]).
     pub(crate) adapters: AdapterInflight,
+    /// Its failed answers in a row and ejections (`outlierDetection`, [`crate::outlier`]).
+    pub(crate) outlier: crate::outlier::EndpointOutlier,
     pub(crate) cold: Box<Cold>,
 }
 
@@ -102,6 +104,7 @@ impl EndpointState {
             reachable: false,
             peer: PeerSum::default(),
             adapters: AdapterInflight::default(),
+            outlier: crate::outlier::EndpointOutlier::default(),
         }
     }
 

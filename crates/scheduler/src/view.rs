@@ -7,6 +7,7 @@
 //! turn queued tokens into an estimated wait.
 
 use crate::config::{Policy, SchedulerConfig};
+use crate::endpoint::Timestamp;
 use crate::explain::{Explanation, FilteredOut};
 use crate::filter::{Filter, FilterContext, Filters, LoraFilter, at_or_over};
 use crate::lora;
@@ -83,6 +84,36 @@ pub(crate) fn collect_candidates(
             }
         }
     }
+}
+
+/// The filter's name, in explanations, of a pod out of the candidates because outlier
+/// detection ejected it ([`crate::outlier`]).
+pub(crate) const OUTLIER: &str = "outlier";
+
+/// Drops the candidates ejected at `now` by outlier detection, unless that would drop them all
+/// (an answer from a failing pod is no worse than none).
+pub(crate) fn drop_ejected(
+    table: &EndpointTable,
+    now: Timestamp,
+    candidates: &mut Vec<u32>,
+    ex: Option<&mut Explanation>,
+) {
+    let ejected = |slot: &u32| table.get(*slot).is_some_and(|e| e.outlier.is_ejected(now));
+    let out = candidates.iter().filter(|s| ejected(s)).count();
+    if out == 0 || out == candidates.len() {
+        return;
+    }
+    if let Some(ex) = ex {
+        for slot in candidates.iter().filter(|s| ejected(s)) {
+            if let Some(ep) = table.get(*slot) {
+                ex.filtered.push(FilteredOut {
+                    addr: ep.cold.meta.addr,
+                    filter: OUTLIER,
+                });
+            }
+        }
+    }
+    candidates.retain(|s| !ejected(s));
 }
 
 /// What the views are built from.

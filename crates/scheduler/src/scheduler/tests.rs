@@ -338,3 +338,89 @@ fn requests_per_adapter_are_counted_from_pick_to_release() {
     assert_eq!(count(&s, 0, "lora-a") + count(&s, 1, "lora-a"), 0);
     assert!(s.fail(d.ticket, T0));
 }
+
+/// A pod whose requests keep failing (its metrics fine, so it looks the least loaded) is taken
+/// out of the candidates after `consecutive5xx` failed answers, for every preset; the
+/// explanation says why; it is back once its ejection is over; a request whose only candidates
+/// are ejected still gets one; more than `maxEjectionPercent` of the pool is never out.
+#[test]
+fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
+    use crate::outlier::{Answer, Ejection, OutlierDetection};
+    for preset in [Preset::Infergate, Preset::GieDefault, Preset::RoundRobin] {
+        let mut s = scheduler(SchedulerConfig::preset(preset), 4);
+        s.set_outlier_detection(Some(OutlierDetection {
+            consecutive_5xx: 2,
+            base_ejection_ms: 1_000,
+            max_ejection_ms: 60_000,
+            max_ejection_percent: 50,
+        }))
+        .unwrap();
+        let req = RequestContext::new("m", 10);
+        let bad = s.pick(&req, T0, &mut rng(1)).unwrap().endpoints.first();
+        assert_eq!(s.observe_answer(bad, Answer::Failure, T0), None);
+        // A 4xx is the request's problem: the run goes on.
+        assert_eq!(s.observe_answer(bad, Answer::Neutral, T0), None);
+        let Some(Ejection::Ejected { length, in_a_row }) =
+            s.observe_answer(bad, Answer::Failure, T0)
+        else {
+            panic!("{preset}: not ejected");
+        };
+        assert_eq!((length, in_a_row), (Duration::from_secs(1), 1));
+        assert_eq!(s.ejected_endpoints(T0), 1);
+        let t = T0.saturating_add(Duration::from_millis(500));
+        for seed in 0..40 {
+            let (d, ex) = s.pick_explained(&req, t, &mut rng(seed));
+            let d = d.unwrap();
+            assert!(!d.endpoints.as_slice().contains(&bad), "{preset}: {ex:#?}");
+            assert!(
+                ex.filtered
+                    .iter()
+                    .any(|f| f.addr == bad && f.filter == "outlier"),
+                "{preset}: {ex:#?}"
+            );
+            s.cancel(d.ticket, t);
+        }
+        // Its only candidate ejected, a request still gets it.
+        let only = [bad];
+        let d = s
+            .pick(&req.with_subset(Some(&only)), t, &mut rng(1))
+            .unwrap();
+        assert_eq!(d.endpoints.first(), bad);
+        s.cancel(d.ticket, t);
+        // Two of four may be out at 50%, not three.
+        let others: Vec<_> = s
+            .endpoints()
+            .map(|m| m.addr)
+            .filter(|a| *a != bad)
+            .collect();
+        for (i, addr) in others.iter().enumerate() {
+            s.observe_answer(*addr, Answer::Failure, t);
+            let done = s.observe_answer(*addr, Answer::Failure, t);
+            if i == 0 {
+                assert!(matches!(done, Some(Ejection::Ejected { .. })), "{done:?}");
+            } else {
+                assert_eq!(done, Some(Ejection::HeldBack));
+            }
+        }
+        assert_eq!(s.ejected_endpoints(t), 2);
+        // Back after 1 s (the second one half a second later).
+        let back = T0.saturating_add(Duration::from_secs(1));
+        assert_eq!(s.ejected_endpoints(back), 1);
+        let picked: std::collections::HashSet<_> = (0..40)
+            .map(|seed| {
+                let d = s.pick(&req, back, &mut rng(seed)).unwrap();
+                s.cancel(d.ticket, back);
+                d.endpoints.first()
+            })
+            .collect();
+        assert!(
+            picked.contains(&bad) || preset != Preset::RoundRobin,
+            "{picked:?}"
+        );
+        assert!(!picked.contains(&others[0]), "{preset}: {picked:?}");
+        // Off: every ejection ends.
+        s.set_outlier_detection(None).unwrap();
+        assert_eq!(s.ejected_endpoints(back), 0);
+        assert_eq!(s.observe_answer(bad, Answer::Failure, back), None);
+    }
+}

@@ -1,0 +1,234 @@
+//! Passive outlier detection per endpoint (`outlierDetection:` of a model): what the answers
+//! of the requests routed to a pod say about it, for the failure its metrics cannot show — a
+//! model server whose `/metrics` page is fine while every inference request fails (an engine
+//! in an error state answering 500 at once). Such a pod looks idle, so a load-aware picker
+//! sends it *more* requests than the others: each costs a round trip there before the retry.
+//!
+//! - **Counting** ([`Answer::of_status`]): a 500, 502, 503 or 504 from the pod, or a request
+//!   that got no response headers from it (a connection broken after it was made, the
+//!   first-byte timeout), counts against it; a 2xx starts the count again; anything else (a 4xx,
+//!   a 501 or 505) neither counts nor resets — it is the request's problem.
+//! - **Ejection**: `consecutive5xx` in a row take the pod out of the candidates for
+//!   `baseEjectionMs` × the times it was ejected in a row, at most `maxEjectionMs`; each
+//!   `baseEjectionMs` it then serves without an ejection takes one off that count. It is back
+//!   at the first pick after its time is up (no timer).
+//! - **The cap**: at most `maxEjectionPercent` of the pool's endpoints are ejected at once
+//!   (rounded down: a pool of one is never ejected from, one of two only at 50% or more); an
+//!   ejection over it is held back, and tried again after as many failures more.
+//! - **Never empty**: when every candidate of a request is ejected (a subset hint naming only
+//!   ejected pods), they are candidates after all: an answer from a failing pod is no worse
+//!   than none.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::endpoint::Timestamp;
+
+/// `outlierDetection:` of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct OutlierDetection {
+    /// Failed answers in a row that eject an endpoint (default 5, at least 1).
+    #[serde(rename = "consecutive5xx")]
+    pub consecutive_5xx: u32,
+    /// The first ejection's length, ms (default 30,000); the n-th in a row lasts n times as long.
+    pub base_ejection_ms: u64,
+    /// The longest ejection, ms (default 300,000; at least `baseEjectionMs`).
+    pub max_ejection_ms: u64,
+    /// The most of the pool's endpoints ejected at once, percent (default 50, at most 100).
+    pub max_ejection_percent: u32,
+}
+
+impl Default for OutlierDetection {
+    fn default() -> Self {
+        OutlierDetection {
+            consecutive_5xx: 5,
+            base_ejection_ms: 30_000,
+            max_ejection_ms: 300_000,
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+/// A value of `outlierDetection:` that cannot be used; each message names its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OutlierError {
+    /// Ejecting on no failure at all.
+    #[error(
+        "outlierDetection.consecutive5xx: must be at least 1 (leave outlierDetection out to turn it off)"
+    )]
+    NoFailures,
+    /// An ejection of no time, or one whose deadline could overflow.
+    #[error("outlierDetection.{0}: must be from 1 to 604800000 (a week)")]
+    Duration(&'static str),
+    /// The cap below the first ejection's length.
+    #[error("outlierDetection.maxEjectionMs: {max_ms} is below baseEjectionMs ({base_ms})")]
+    MaxBelowBase {
+        /// `maxEjectionMs`.
+        max_ms: u64,
+        /// `baseEjectionMs`.
+        base_ms: u64,
+    },
+    /// A share above the whole pool.
+    #[error("outlierDetection.maxEjectionPercent: {0} is over 100")]
+    PercentOver100(u32),
+}
+
+/// A week, in ms: the longest duration a setting takes.
+const WEEK_MS: u64 = 7 * 24 * 3600 * 1000;
+
+impl OutlierDetection {
+    /// Refuses values that cannot be used, naming the field.
+    pub fn validate(&self) -> Result<(), OutlierError> {
+        if self.consecutive_5xx == 0 {
+            return Err(OutlierError::NoFailures);
+        }
+        for (field, v) in [
+            ("baseEjectionMs", self.base_ejection_ms),
+            ("maxEjectionMs", self.max_ejection_ms),
+        ] {
+            if v == 0 || v > WEEK_MS {
+                return Err(OutlierError::Duration(field));
+            }
+        }
+        if self.max_ejection_ms < self.base_ejection_ms {
+            return Err(OutlierError::MaxBelowBase {
+                max_ms: self.max_ejection_ms,
+                base_ms: self.base_ejection_ms,
+            });
+        }
+        if self.max_ejection_percent > 100 {
+            return Err(OutlierError::PercentOver100(self.max_ejection_percent));
+        }
+        Ok(())
+    }
+
+    fn base(&self) -> Duration {
+        Duration::from_millis(self.base_ejection_ms)
+    }
+
+    fn max(&self) -> Duration {
+        Duration::from_millis(self.max_ejection_ms)
+    }
+}
+
+/// What one answer from an endpoint says about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A 2xx: its failures in a row start again.
+    Success,
+    /// 500, 502, 503, 504, or no response headers: counts against it.
+    Failure,
+    /// Anything else (a 4xx, a 501, a 505, a redirect): the request's own problem.
+    Neutral,
+}
+
+impl Answer {
+    /// The verdict on an answer with `status`.
+    pub fn of_status(status: u16) -> Answer {
+        match status {
+            200..=299 => Answer::Success,
+            500 | 502..=504 => Answer::Failure,
+            _ => Answer::Neutral,
+        }
+    }
+}
+
+/// What [`crate::Scheduler::observe_answer`] did about an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ejection {
+    /// Ejected for `length`, the `in_a_row`-th time in a row.
+    Ejected {
+        /// How long.
+        length: Duration,
+        /// Times ejected in a row, this one included.
+        in_a_row: u32,
+    },
+    /// Due, but `maxEjectionPercent` of the pool is ejected already.
+    HeldBack,
+}
+
+/// One endpoint's record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EndpointOutlier {
+    /// Failures in a row.
+    failures: u32,
+    /// When the current (or last) ejection ends.
+    until: Option<Timestamp>,
+    /// Times ejected in a row, as of the last ejection.
+    streak: u32,
+}
+
+impl EndpointOutlier {
+    /// Whether it is out of the candidates at `now`.
+    #[inline]
+    pub(crate) fn is_ejected(&self, now: Timestamp) -> bool {
+        self.until.is_some_and(|u| now < u)
+    }
+
+    /// When its last ejection ends or ended.
+    pub(crate) fn until(&self) -> Option<Timestamp> {
+        self.until
+    }
+
+    /// When its ejection ends, while one is under way at `now`.
+    pub(crate) fn ejected_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.until.filter(|u| now < *u)
+    }
+
+    /// Counts `answer` at `now`; `ejected` and `pool` are how many of the pool's endpoints are
+    /// ejected now and how many it has. Returns what was done when the answer completed a run.
+    pub(crate) fn observe(
+        &mut self,
+        answer: Answer,
+        now: Timestamp,
+        cfg: &OutlierDetection,
+        ejected: usize,
+        pool: usize,
+    ) -> Option<Ejection> {
+        match answer {
+            Answer::Success => {
+                self.failures = 0;
+                None
+            }
+            Answer::Neutral => None,
+            // Requests sent before the ejection and failing during it start no new run.
+            Answer::Failure if self.is_ejected(now) => None,
+            Answer::Failure => {
+                self.failures = self.failures.saturating_add(1);
+                if !self.failures.is_multiple_of(cfg.consecutive_5xx) {
+                    return None;
+                }
+                let room = (pool as u64 * u64::from(cfg.max_ejection_percent)) / 100;
+                if ejected as u64 + 1 > room {
+                    return Some(Ejection::HeldBack);
+                }
+                Some(self.eject(now, cfg))
+            }
+        }
+    }
+
+    fn eject(&mut self, now: Timestamp, cfg: &OutlierDetection) -> Ejection {
+        let base = cfg.base();
+        let streak = match self.until {
+            Some(end) if now >= end => {
+                let stayed = now.saturating_since(end).as_nanos() / base.as_nanos().max(1);
+                self.streak
+                    .saturating_sub(u32::try_from(stayed).unwrap_or(u32::MAX))
+            }
+            _ => self.streak,
+        };
+        self.streak = streak.saturating_add(1);
+        self.failures = 0;
+        let length = base.saturating_mul(self.streak).min(cfg.max());
+        self.until = Some(now.saturating_add(length));
+        Ejection::Ejected {
+            length,
+            in_a_row: self.streak,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+use super::*;
+
+const S: Duration = Duration::from_secs(1);
+
+fn cfg() -> OutlierDetection {
+    OutlierDetection {
+        consecutive_5xx: 3,
+        base_ejection_ms: 10_000,
+        max_ejection_ms: 25_000,
+        max_ejection_percent: 50,
+    }
+}
+
+fn at(secs: u64) -> Timestamp {
+    Timestamp::from_millis(secs * 1000)
+}
+
+#[test]
+fn statuses_that_count_against_a_pod() {
+    for (status, want) in [
+        (200, Answer::Success),
+        (204, Answer::Success),
+        (500, Answer::Failure),
+        (502, Answer::Failure),
+        (503, Answer::Failure),
+        (504, Answer::Failure),
+        (501, Answer::Neutral),
+        (505, Answer::Neutral),
+        (400, Answer::Neutral),
+        (404, Answer::Neutral),
+        (429, Answer::Neutral),
+        (302, Answer::Neutral),
+    ] {
+        assert_eq!(Answer::of_status(status), want, "{status}");
+    }
+}
+
+#[test]
+fn a_run_ejects_a_success_starts_it_again_and_neutral_answers_change_nothing() {
+    let c = cfg();
+    let mut o = EndpointOutlier::default();
+    let seen = |o: &mut EndpointOutlier, a| o.observe(a, at(1), &c, 0, 4);
+    assert_eq!(seen(&mut o, Answer::Failure), None);
+    assert_eq!(seen(&mut o, Answer::Failure), None);
+    assert_eq!(seen(&mut o, Answer::Success), None);
+    assert_eq!(seen(&mut o, Answer::Failure), None);
+    assert_eq!(seen(&mut o, Answer::Neutral), None);
+    assert_eq!(seen(&mut o, Answer::Failure), None);
+    assert_eq!(
+        seen(&mut o, Answer::Failure),
+        Some(Ejection::Ejected {
+            length: 10 * S,
+            in_a_row: 1
+        })
+    );
+    assert!(o.is_ejected(at(1)));
+    assert!(o.is_ejected(at(10)));
+    assert!(!o.is_ejected(at(11)));
+    assert_eq!(o.ejected_until(at(5)), Some(at(11)));
+    assert_eq!(o.ejected_until(at(11)), None);
+}
+
+#[test]
+fn failures_during_an_ejection_start_no_run() {
+    let c = cfg();
+    let mut o = EndpointOutlier::default();
+    for _ in 0..3 {
+        o.observe(Answer::Failure, at(0), &c, 0, 4);
+    }
+    assert!(o.is_ejected(at(1)));
+    for _ in 0..10 {
+        assert_eq!(o.observe(Answer::Failure, at(5), &c, 0, 4), None);
+    }
+    // Back at 10 s: a fresh run of three is needed.
+    assert_eq!(o.observe(Answer::Failure, at(10), &c, 0, 4), None);
+    assert_eq!(o.observe(Answer::Failure, at(10), &c, 0, 4), None);
+    assert!(matches!(
+        o.observe(Answer::Failure, at(10), &c, 0, 4),
+        Some(Ejection::Ejected { .. })
+    ));
+}
+
+#[test]
+fn each_ejection_in_a_row_is_longer_up_to_the_cap_and_good_service_forgives() {
+    let c = cfg();
+    let mut o = EndpointOutlier::default();
+    let eject_at = |o: &mut EndpointOutlier, t: u64| {
+        let mut last = None;
+        for _ in 0..3 {
+            last = o.observe(Answer::Failure, at(t), &c, 0, 4);
+        }
+        last
+    };
+    let length = |e: Option<Ejection>| match e {
+        Some(Ejection::Ejected { length, .. }) => length,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(length(eject_at(&mut o, 0)), 10 * S);
+    // Fails again as soon as it is back: twice as long, then capped at 25 s.
+    assert_eq!(length(eject_at(&mut o, 10)), 20 * S);
+    assert_eq!(length(eject_at(&mut o, 30)), 25 * S);
+    // Served 20 s (two base lengths) after the last ejection ended at 55 s: two off the count
+    // of three, so the next is the second in a row.
+    assert_eq!(length(eject_at(&mut o, 75)), 20 * S);
+}
+
+#[test]
+fn the_cap_rounds_down_and_holds_back() {
+    let c = cfg();
+    let mut o = EndpointOutlier::default();
+    let run = |o: &mut EndpointOutlier, ejected, pool| {
+        let mut last = None;
+        for _ in 0..3 {
+            last = o.observe(Answer::Failure, at(0), &c, ejected, pool);
+        }
+        last
+    };
+    // 50% of one pod is none, of three one.
+    assert_eq!(run(&mut o, 0, 1), Some(Ejection::HeldBack));
+    assert!(!o.is_ejected(at(0)));
+    assert_eq!(run(&mut o, 1, 3), Some(Ejection::HeldBack));
+    assert!(matches!(run(&mut o, 0, 3), Some(Ejection::Ejected { .. })));
+    // 100% may take the last one.
+    let all = OutlierDetection {
+        max_ejection_percent: 100,
+        ..cfg()
+    };
+    let mut o = EndpointOutlier::default();
+    for _ in 0..2 {
+        o.observe(Answer::Failure, at(0), &all, 0, 1);
+    }
+    assert!(matches!(
+        o.observe(Answer::Failure, at(0), &all, 0, 1),
+        Some(Ejection::Ejected { .. })
+    ));
+}
+
+#[test]
+fn settings_it_cannot_use_name_their_field() {
+    assert_eq!(OutlierDetection::default().validate(), Ok(()));
+    for (bad, want) in [
+        (
+            OutlierDetection {
+                consecutive_5xx: 0,
+                ..cfg()
+            },
+            "outlierDetection.consecutive5xx: must be at least 1",
+        ),
+        (
+            OutlierDetection {
+                base_ejection_ms: 0,
+                ..cfg()
+            },
+            "outlierDetection.baseEjectionMs: must be from 1 to",
+        ),
+        (
+            OutlierDetection {
+                max_ejection_ms: WEEK_MS + 1,
+                ..cfg()
+            },
+            "outlierDetection.maxEjectionMs: must be from 1 to",
+        ),
+        (
+            OutlierDetection {
+                max_ejection_ms: 5_000,
+                ..cfg()
+            },
+            "outlierDetection.maxEjectionMs: 5000 is below baseEjectionMs (10000)",
+        ),
+        (
+            OutlierDetection {
+                max_ejection_percent: 101,
+                ..cfg()
+            },
+            "outlierDetection.maxEjectionPercent: 101 is over 100",
+        ),
+    ] {
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.starts_with(want), "{e}");
+    }
+    let parsed: OutlierDetection =
+        serde_yaml::from_str("{ consecutive5xx: 2, maxEjectionPercent: 30 }").unwrap();
+    assert_eq!(
+        parsed,
+        OutlierDetection {
+            consecutive_5xx: 2,
+            max_ejection_percent: 30,
+            ..OutlierDetection::default()
+        }
+    );
+    assert!(serde_yaml::from_str::<OutlierDetection>("{ consecutive_5xx: 2 }").is_err());
+}
