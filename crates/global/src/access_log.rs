@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderValue, Method};
+use http::{HeaderValue, Method, Uri};
 use infergate_openai::Usage;
 use infergate_proxy::access_log::{AccessLog, Arrival, Measured};
 use serde::{Serialize, Serializer};
@@ -69,12 +69,12 @@ impl Record {
         log: &Arc<Log>,
         client: SocketAddr,
         method: &Method,
-        path: &str,
+        uri: &Uri,
         request_id: Option<&HeaderValue>,
     ) -> Box<Record> {
         Box::new(Record {
             log: Arc::clone(log),
-            arrival: Arrival::now(client, method, path, request_id),
+            arrival: Arrival::now(client, method, uri, request_id),
             started: Instant::now(),
             tenant: None,
             model: None,

@@ -447,15 +447,10 @@ async fn handle(
     // One id from the client to the model server: the clusters' gateways keep it.
     let request_id = shared.ids.of(req.headers());
     req.headers_mut().insert(X_REQUEST_ID, request_id.clone());
-    let mut record = state.access_log.as_ref().map(|log| {
-        Record::new(
-            log,
-            client,
-            req.method(),
-            req.uri().path(),
-            Some(&request_id),
-        )
-    });
+    let mut record = state
+        .access_log
+        .as_ref()
+        .map(|log| Record::new(log, client, req.method(), req.uri(), Some(&request_id)));
     let mut answer = respond(shared, state, req, &mut record).await;
     answer.headers_mut().insert(X_REQUEST_ID, request_id);
     // Still here: the router answered itself, or the client's body broke off.

@@ -35,7 +35,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::{HeaderValue, Method};
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Method, Uri};
 use infergate_openai::Usage;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -399,7 +400,7 @@ fn write_lines<R: Serialize>(rx: &Receiver<Message<R>>, mut out: Out, counters: 
                 Err(_) => counters.failed.inc(),
             };
             lines += 1;
-            if lines % FOLLOW_LINES == 0 {
+            if lines.is_multiple_of(FOLLOW_LINES) {
                 out.follow(Instant::now(), counters);
             }
             next = rx.try_recv().ok();
@@ -415,34 +416,43 @@ fn write_lines<R: Serialize>(rx: &Receiver<Message<R>>, mut out: Out, counters: 
 
 /// A request as it arrived, which every front door's line starts with (flattened into it):
 /// `time` (RFC 3339, UTC, milliseconds), `request_id`, `client`, `method` and `path` (cut at
-/// 256 bytes: a path is the client's to choose).
+/// 256 bytes when the line is written: a path is the client's to choose).
+///
+/// Nothing of the request is copied: the request id and the path are the request's own
+/// reference-counted bytes (a `HeaderValue` and a `PathAndQuery` clone share them).
 pub struct Arrival {
     at: SystemTime,
     request_id: Option<HeaderValue>,
     client: SocketAddr,
     method: Method,
-    path: Box<str>,
+    path: Option<PathAndQuery>,
 }
 
 impl Arrival {
-    /// A request arriving now.
+    /// A request for `uri` arriving now.
     pub fn now(
         client: SocketAddr,
         method: &Method,
-        path: &str,
+        uri: &Uri,
         request_id: Option<&HeaderValue>,
     ) -> Arrival {
-        let mut cut = path.len().min(MAX_PATH);
-        while !path.is_char_boundary(cut) {
-            cut -= 1;
-        }
         Arrival {
             at: SystemTime::now(),
             request_id: request_id.cloned(),
             client,
             method: method.clone(),
-            path: path[..cut].into(),
+            path: uri.path_and_query().cloned(),
         }
+    }
+
+    /// The path without its query, cut at [`MAX_PATH`] bytes (on a character boundary).
+    fn path(&self) -> &str {
+        let path = self.path.as_ref().map_or("", PathAndQuery::path);
+        let mut cut = path.len().min(MAX_PATH);
+        while !path.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        &path[..cut]
     }
 }
 
@@ -466,7 +476,7 @@ impl Serialize for Arrival {
                 .map(|v| String::from_utf8_lossy(v.as_bytes())),
             client: self.client,
             method: self.method.as_str(),
-            path: &self.path,
+            path: self.path(),
         }
         .serialize(s)
     }
@@ -518,8 +528,11 @@ pub(crate) struct Note {
     log: Arc<AccessLog<Note>>,
     arrival: Arrival,
     pub(crate) tenant: Option<Arc<str>>,
-    pub(crate) model: Option<Box<str>>,
-    pub(crate) served_model: Option<Box<str>>,
+    /// The name the body asked for: the served model's own name when it is one (shared, not
+    /// copied), else a copy.
+    pub(crate) model: Option<Arc<str>>,
+    /// The served model's name, shared with its configuration.
+    pub(crate) served_model: Option<Arc<str>>,
     pub(crate) stream: bool,
     pub(crate) endpoint: Option<SocketAddr>,
     pub(crate) attempts: u8,
@@ -537,12 +550,12 @@ impl Note {
         log: &Arc<AccessLog<Note>>,
         client: SocketAddr,
         method: &Method,
-        path: &str,
+        uri: &Uri,
         request_id: &HeaderValue,
     ) -> Box<Note> {
         Box::new(Note {
             log: Arc::clone(log),
-            arrival: Arrival::now(client, method, path, Some(request_id)),
+            arrival: Arrival::now(client, method, uri, Some(request_id)),
             tenant: None,
             model: None,
             served_model: None,
@@ -613,6 +626,28 @@ mod tests {
     use std::io::Read;
 
     use super::*;
+
+    /// The path is logged without its query and cut at 256 bytes, on a character boundary,
+    /// when the line is written (the request keeps its own).
+    #[test]
+    fn a_long_path_is_cut_when_the_line_is_written() {
+        let client = "127.0.0.1:1".parse().unwrap();
+        let logged = |uri: &str| {
+            let uri: Uri = uri.parse().unwrap();
+            let arrival = Arrival::now(client, &Method::POST, &uri, None);
+            serde_json::to_value(&arrival).unwrap()["path"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        let long = format!("/v1/{}", "a".repeat(300));
+        assert_eq!(logged(&format!("{long}?key=secret")), long[..MAX_PATH]);
+        // 'é' is two bytes: the 256th byte would split one.
+        let accented = format!("/v1{}", "é".repeat(200));
+        let path = logged(&accented);
+        assert_eq!(path, accented[..MAX_PATH - 1]);
+        assert_eq!(logged("/v1/models?x=1"), "/v1/models");
+    }
 
     /// `flush` returns once every record handed over is written, even when the destination is
     /// slow: here a FIFO whose reader takes 1 KiB every millisecond, behind 200 lines of 1 KiB

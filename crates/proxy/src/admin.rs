@@ -54,7 +54,7 @@ pub(crate) fn encode_heartbeat(
     let state = shared.state.load();
     heartbeats.render(state.router.targets().iter().map(|model| {
         let queued = model.flow.as_ref().map_or(0, |f| f.queued());
-        (model.name.as_str(), &model.backend.pool, queued)
+        (&*model.name, &model.backend.pool, queued)
     }))
 }
 

@@ -106,7 +106,7 @@ pub(crate) async fn handle(
     let mut note = state
         .access_log
         .as_ref()
-        .map(|log| Note::new(log, client, req.method(), req.uri().path(), &request_id));
+        .map(|log| Note::new(log, client, req.method(), req.uri(), &request_id));
     let answer = respond(&worker, &state, req, request_id, started, &mut note).await;
     // Still here: the gateway answered itself, or the client's body broke off.
     if let Some(mut note) = note {
@@ -297,7 +297,6 @@ async fn route(
     let parsed = parse_request(a.kind, &a.body).map_err(|e| (e, None))?;
     let requested: &str = &parsed.model;
     if let Some(n) = note.as_deref_mut() {
-        n.model = Some(requested.into());
         n.stream = parsed.stream;
     }
     // A rewrite (alias or canary split) chooses the served name; the caller's permission is
@@ -317,8 +316,15 @@ async fn route(
         only => state
             .router
             .resolve_visible(name, |n, base| only.allows(n, base)),
+    };
+    if let Some(n) = note.as_deref_mut() {
+        // Most requests name a served model: its name is shared rather than copied.
+        n.model = Some(match &resolved {
+            Ok(r) if *r.target.name == *requested => Arc::clone(&r.target.name),
+            _ => requested.into(),
+        });
     }
-    .map_err(|e| (e, None))?;
+    let resolved = resolved.map_err(|e| (e, None))?;
     a.identity
         .may_call(requested, resolved.base_model)
         .map_err(|e| (e, None))?;
@@ -333,7 +339,7 @@ async fn route(
     });
     let model = Arc::clone(resolved.target);
     if let Some(n) = note.as_deref_mut() {
-        n.served_model = Some(model.name.as_str().into());
+        n.served_model = Some(Arc::clone(&model.name));
     }
     // With flow control the slot is taken when the request is dispatched (a request waiting
     // in the queue holds none, and a model at its limit queues rather than refuses); without,
@@ -343,7 +349,7 @@ async fn route(
             Some(p) => Some(p),
             None => {
                 let e = ApiError::ConcurrencyLimit {
-                    model: model.name.clone(),
+                    model: model.name.to_string(),
                     limit: c.max(),
                     retry_after: CONCURRENCY_RETRY_AFTER,
                 };

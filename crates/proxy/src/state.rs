@@ -38,7 +38,8 @@ pub(crate) struct EndpointHeaders {
 
 /// One served model.
 pub(crate) struct Model {
-    pub(crate) name: String,
+    /// Shared, not copied, by the access log's lines of the requests it serves.
+    pub(crate) name: Arc<str>,
     pub(crate) backend: Backend,
     pub(crate) metrics: ModelMetrics,
     pub(crate) endpoints: HashMap<SocketAddr, EndpointHeaders>,
@@ -292,7 +293,7 @@ fn flow_controller(
         .filter(|p| {
             p.config.flow_control == config.flow_control && p.config.tenancy == config.tenancy
         })
-        .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
+        .and_then(|p| p.router.targets().iter().find(|t| *t.name == *m.name))
         .filter(|old| old.backend.pool.same_pool(&backend.pool))
         .and_then(|old| old.flow.clone());
     if kept.is_some() {
@@ -369,7 +370,7 @@ impl State {
         let mut router = ModelRouter::new();
         for (i, m) in config.models.iter().enumerate() {
             let reused = previous
-                .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
+                .and_then(|p| p.router.targets().iter().find(|t| *t.name == *m.name))
                 .filter(|old| old.backend.reusable_for(m, &config.scrape));
             let backend = match reused {
                 Some(old) => {
@@ -381,7 +382,7 @@ impl State {
             let addrs: Vec<SocketAddr> = m.endpoints.iter().map(|e| e.address).collect();
             let concurrency = config.max_concurrent_requests(m).map(|max| {
                 let active = previous
-                    .and_then(|p| p.router.targets().iter().find(|t| t.name == m.name))
+                    .and_then(|p| p.router.targets().iter().find(|t| *t.name == *m.name))
                     .and_then(|old| old.slots.concurrency())
                     .map_or_else(|| Arc::new(AtomicUsize::new(0)), |c| Arc::clone(&c.active));
                 Concurrency {
@@ -400,7 +401,7 @@ impl State {
                 Some(c) => Slots::BeforePick(c),
             };
             let model = Arc::new(Model {
-                name: m.name.clone(),
+                name: m.name.as_str().into(),
                 flow,
                 backend,
                 metrics: telemetry.model(&m.name, &addrs),
