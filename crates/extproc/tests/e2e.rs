@@ -65,6 +65,7 @@ async fn rig(pods: usize) -> Rig {
             scheduler: SchedulerConfig::default(),
             scrape: ScraperConfig::default(),
             seed: 11,
+            outlier_detection: None,
         },
         None,
     )
@@ -332,6 +333,7 @@ impl Process {
                 scheduler: SchedulerConfig::default(),
                 scrape: ScraperConfig::default(),
                 seed: 11,
+                outlier_detection: None,
             },
             Membership::Static(endpoints),
             async move {

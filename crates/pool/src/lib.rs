@@ -54,6 +54,9 @@ use prometheus_client::registry::Registry;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
+use infergate_scheduler::outlier::Ejection;
+pub use infergate_scheduler::outlier::{Answer, OutlierDetection};
+
 pub mod admin;
 pub mod changes;
 pub mod error;
@@ -83,6 +86,9 @@ pub struct PoolConfig {
     pub scrape: ScraperConfig,
     /// Seed of the tie-breaking random generator (fixed seeds make runs reproducible).
     pub seed: u64,
+    /// Passive outlier detection: endpoints whose answers keep failing leave the candidates for
+    /// a while ([`infergate_scheduler::outlier`]); `None` is off.
+    pub outlier_detection: Option<OutlierDetection>,
 }
 
 /// The scheduler and its random generator, locked together for one pick.
@@ -107,6 +113,10 @@ struct Telemetry {
     refused: Counter,
     /// Picks whose random sample of a large pool could not take the request (`candidateSample`).
     sample_fallbacks: Counter,
+    /// Endpoints ejected by outlier detection.
+    ejections: Counter,
+    /// Ejections due but held back by `maxEjectionPercent`.
+    ejections_held_back: Counter,
 }
 
 impl Telemetry {
@@ -122,6 +132,8 @@ impl Telemetry {
             fail_open_requests: Counter::default(),
             refused: Counter::default(),
             sample_fallbacks: Counter::default(),
+            ejections: Counter::default(),
+            ejections_held_back: Counter::default(),
         };
         if let Some(r) = registry {
             r.register(
@@ -148,6 +160,16 @@ impl Telemetry {
                 "infergate_pool_pick_sample_fallbacks",
                 "Picks over a large pool whose random sample of endpoints (candidateSample) could not take the request (none left after the filters, all saturated, it would shed, or the headroom reserve held endpoints back) and that were made again over every endpoint",
                 t.sample_fallbacks.clone(),
+            );
+            r.register(
+                "infergate_pool_endpoint_ejections",
+                "Endpoints outlier detection took out of the candidates: their requests failed (500, 502, 503, 504 or no response headers) outlierDetection.consecutive5xx times in a row",
+                t.ejections.clone(),
+            );
+            r.register(
+                "infergate_pool_endpoint_ejections_held_back",
+                "Ejections due but held back: one more would be over outlierDetection.maxEjectionPercent of the pool's endpoints",
+                t.ejections_held_back.clone(),
             );
             r.register(
                 "infergate_pool_endpoint_refusals",
@@ -228,7 +250,8 @@ impl LivePool {
             .unwrap_or(config.scrape.stale_after);
         let fail_open_enabled = config.scheduler.max_metrics_age.is_some()
             && config.scheduler.stale_metrics.fail_open_cap().is_some();
-        let scheduler = Scheduler::new(config.scheduler)?;
+        let mut scheduler = Scheduler::new(config.scheduler)?;
+        scheduler.set_outlier_detection(config.outlier_detection)?;
         let state = Arc::new(Mutex::new(State {
             scheduler,
             rng: SmallRng::seed_from_u64(config.seed),
@@ -526,6 +549,13 @@ impl LivePool {
         }
     }
 
+    /// Turns outlier detection on with `cfg` (new settings; the records so far are kept) or off
+    /// with `None` (every ejection ends): a configuration reload that keeps the pool.
+    pub fn set_outlier_detection(&self, cfg: Option<OutlierDetection>) -> Result<(), PoolError> {
+        self.with_scheduler(|s| s.set_outlier_detection(cfg))?;
+        Ok(())
+    }
+
     /// A connection to `addr` made on the request path was refused: nothing listens there. The
     /// endpoint is failed and unreachable at once, as a refused scrape makes it, without waiting
     /// for its next scrape: no pick (fail-open included) is sent there until its metrics answer
@@ -584,6 +614,9 @@ pub struct Inflight {
     current: SocketAddr,
     first_token: bool,
     finished: bool,
+    /// What the current endpoint answered, for outlier detection: told without a lock
+    /// ([`Inflight::answered`]), counted under the lock the entry's next report takes anyway.
+    answer: Option<Answer>,
 }
 
 impl std::fmt::Debug for Inflight {
@@ -606,9 +639,59 @@ impl Inflight {
             current,
             first_token: false,
             finished: false,
+            answer: None,
         }
     }
 
+    /// The current endpoint answered with `status` (its response headers): counted for outlier
+    /// detection ([`PoolConfig::outlier_detection`]) when the entry is next reported — moved
+    /// to a fallback, completed, failed or dropped.
+    pub fn answered(&mut self, status: u16) {
+        self.answer = Some(Answer::of_status(status));
+    }
+
+    /// The current endpoint gave no response headers (a connection broken after it was made, a
+    /// first-byte timeout): a failure for outlier detection, as [`Inflight::answered`]. A
+    /// refused connection is [`Inflight::refused`] instead.
+    pub fn no_answer(&mut self) {
+        self.answer = Some(Answer::Failure);
+    }
+}
+
+/// Counts what `addr` answered (if it was told) with the scheduler already locked; logs and
+/// counts an ejection.
+fn judge(
+    s: &mut Scheduler,
+    answer: Option<Answer>,
+    addr: SocketAddr,
+    now: infergate_scheduler::Timestamp,
+    telemetry: &Telemetry,
+) {
+    let Some(answer) = answer else {
+        return;
+    };
+    match s.observe_answer(addr, answer, now) {
+        None => {}
+        Some(Ejection::Ejected { length, in_a_row }) => {
+            telemetry.ejections.inc();
+            tracing::warn!(
+                endpoint = %addr,
+                    ejection_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
+                    in_a_row,
+                "endpoint ejected: its requests failed (500, 502, 503, 504 or no response headers) outlierDetection.consecutive5xx times in a row"
+            );
+        }
+        Some(Ejection::HeldBack) => {
+            telemetry.ejections_held_back.inc();
+            tracing::debug!(
+                endpoint = %addr,
+                "ejection held back: outlierDetection.maxEjectionPercent of the pool is ejected"
+            );
+        }
+    }
+}
+
+impl Inflight {
     /// The ranked endpoints: first choice, then fallbacks.
     pub fn endpoints(&self) -> &Ranked {
         &self.decision.endpoints
@@ -627,8 +710,13 @@ impl Inflight {
     /// Moves the entry to `addr` after falling back to it.
     pub fn reassign(&mut self, addr: SocketAddr) {
         if addr != self.current {
-            let ticket = self.decision.ticket;
-            self.pool.with_scheduler(|s| s.reassign(ticket, addr));
+            let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
+            let (answer, current) = (self.answer.take(), self.current);
+            let telemetry = &self.pool.shared.telemetry;
+            self.pool.with_scheduler(|s| {
+                judge(s, answer, current, now, telemetry);
+                s.reassign(ticket, addr)
+            });
             self.current = addr;
             self.pool.load_changed();
         }
@@ -659,7 +747,12 @@ impl Inflight {
     pub fn complete(mut self, usage: Usage) {
         self.finished = true;
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
-        self.pool.with_scheduler(|s| s.complete(ticket, now, usage));
+        let (answer, current) = (self.answer.take(), self.current);
+        let telemetry = &self.pool.shared.telemetry;
+        self.pool.with_scheduler(|s| {
+            judge(s, answer, current, now, telemetry);
+            s.complete(ticket, now, usage)
+        });
         self.pool.shared.changes.signal();
         self.pool.load_changed();
     }
@@ -668,7 +761,12 @@ impl Inflight {
     pub fn fail(mut self) {
         self.finished = true;
         let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
-        self.pool.with_scheduler(|s| s.fail(ticket, now));
+        let (answer, current) = (self.answer.take(), self.current);
+        let telemetry = &self.pool.shared.telemetry;
+        self.pool.with_scheduler(|s| {
+            judge(s, answer, current, now, telemetry);
+            s.fail(ticket, now)
+        });
         self.pool.shared.changes.signal();
         self.pool.load_changed();
     }
@@ -678,7 +776,12 @@ impl Drop for Inflight {
     fn drop(&mut self) {
         if !self.finished {
             let (ticket, now) = (self.decision.ticket, self.pool.clock().now());
-            self.pool.with_scheduler(|s| s.cancel(ticket, now));
+            let (answer, current) = (self.answer.take(), self.current);
+            let telemetry = &self.pool.shared.telemetry;
+            self.pool.with_scheduler(|s| {
+                judge(s, answer, current, now, telemetry);
+                s.cancel(ticket, now)
+            });
             self.pool.shared.changes.signal();
             self.pool.load_changed();
         }

@@ -42,6 +42,7 @@ fn config() -> PoolConfig {
             ..ScraperConfig::default()
         },
         seed: 7,
+        outlier_detection: None,
     }
 }
 

@@ -529,6 +529,7 @@ async fn forward(
         let (resp, lease) = match sent {
             Err(_elapsed) => {
                 tracing::debug!(endpoint = %addr, "no response headers within the first-byte timeout");
+                inflight.no_answer();
                 inflight.fail();
                 let e = ApiError::UpstreamTimeout {
                     timeout: timeouts.first_byte,
@@ -541,6 +542,8 @@ async fn forward(
                 if err.is_refused() {
                     // Nothing listens there: no later pick goes there until it answers again.
                     inflight.refused(addr);
+                } else {
+                    inflight.no_answer();
                 }
                 unsent &= err.is_before_send();
                 last_error = Some(ApiError::UpstreamUnavailable {
@@ -550,6 +553,7 @@ async fn forward(
             }
             Ok(Ok(sent)) => sent,
         };
+        inflight.answered(resp.status().as_u16());
         if resp.status().is_server_error() && !last {
             tracing::debug!(endpoint = %addr, status = %resp.status(), "retrying on the next endpoint");
             unsent = false;

@@ -267,6 +267,66 @@ async fn a_refused_endpoint_is_retried_on_the_fallback() {
     assert_eq!(gw.gw.handle().inflight("m"), Some(0));
 }
 
+/// A pod that answers 500 to every request while its metrics page is fine: without outlier
+/// detection round-robin puts it first on every third request, each paying a round trip
+/// before the retry; with `outlierDetection` it is out after `consecutive5xx` failures, the
+/// ejection is counted, and a reload that turns it off brings the pod back.
+#[tokio::test]
+async fn a_pod_failing_every_request_is_ejected_by_outlier_detection() {
+    for on in [false, true] {
+        let good = [
+            Upstream::start(Behaviour::Ok).await,
+            Upstream::start(Behaviour::Ok).await,
+        ];
+        let bad = Upstream::start(Behaviour::Fail500).await;
+        let addrs = [bad.addr, good[0].addr, good[1].addr];
+        let plain = model("m", "round-robin", &addrs);
+        let models = if on {
+            plain.clone()
+                + "    outlierDetection: { consecutive5xx: 3, baseEjectionMs: 60000, maxEjectionMs: 60000 }\n"
+        } else {
+            plain.clone()
+        };
+        let gw = start(&yaml(&models)).await;
+        for i in 0..30 {
+            let (status, _, body) = post(gw.addr(), "/v1/chat/completions", CHAT).await;
+            assert_eq!(
+                status,
+                200,
+                "request {i}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        let (_, metrics) = get(gw.admin(), "/metrics").await;
+        let ejections = infergate_testkit::metric(
+            &metrics,
+            "infergate_pool_endpoint_ejections_total",
+            &[("model", "m")],
+        );
+        assert_eq!(good[0].requests() + good[1].requests(), 30);
+        if on {
+            assert_eq!(bad.requests(), 3, "an ejected pod was sent requests");
+            assert_eq!(ejections, Some(1.0), "{metrics}");
+            // Off by a reload: the pod is a candidate again at once.
+            gw.gw
+                .handle()
+                .reload(GatewayConfig::from_yaml(&yaml(&plain)).unwrap())
+                .unwrap();
+            for _ in 0..6 {
+                post(gw.addr(), "/v1/chat/completions", CHAT).await;
+            }
+            assert!(bad.requests() > 3, "{}", bad.requests());
+        } else {
+            assert_eq!(
+                bad.requests(),
+                10,
+                "round-robin puts it first every third time"
+            );
+            assert_eq!(ejections, Some(0.0), "{metrics}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_5xx_before_any_byte_is_retried_and_the_last_one_passed_through() {
     let good = Upstream::start(Behaviour::Ok).await;

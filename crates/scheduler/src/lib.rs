@@ -48,6 +48,7 @@
 //! - `view` — the candidate list and one load view per candidate (with the endpoint filters
 //!   inlined into that pass).
 //! - `filter` — `freshness`, `lora` (on endpoint state) and `saturation` (on views).
+//! - `outlier` — passive outlier detection: failed answers in a row eject a pod for a while.
 //! - `admission` — shedding by priority when no candidate has headroom, and `Retry-After`.
 //! - `scorer` — the scorers and their combination (each formula is documented there and in
 //!   `docs/scheduler.md`).
