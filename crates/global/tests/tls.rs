@@ -280,18 +280,8 @@ async fn a_rotated_ca_bundle_is_trusted_without_a_restart() {
     wait_ready(router.admin_addr().unwrap()).await;
     wait_discovered(router.http_addr()).await;
     assert_eq!(chat(router.http_addr()).await.status, 200);
-    let reloads = |result: &'static str| {
-        let admin = router.admin_addr().unwrap();
-        async move {
-            let page = infergate_testkit::get(admin, "/metrics").await.text();
-            counter(
-                &page,
-                &format!(
-                    "infergate_global_credential_reloads_total{{cluster=\"secure\",file=\"ca\",result=\"{result}\"}}"
-                ),
-            )
-        }
-    };
+    let admin = router.admin_addr().unwrap();
+    let reloads = |result| credential_reloads(admin, "ca", result);
 
     // The certificate reissued by the new CA; the gateway restarted with it (the router's
     // kept-alive connections to the old one end with it).
@@ -343,6 +333,17 @@ async fn a_rotated_ca_bundle_is_trusted_without_a_restart() {
     assert_eq!(reloads("ok").await, 2.0);
 }
 
+/// The router's count of loads of the cluster `secure`'s changed `file` that ended in `result`.
+async fn credential_reloads(admin: std::net::SocketAddr, file: &str, result: &str) -> f64 {
+    let page = infergate_testkit::get(admin, "/metrics").await.text();
+    counter(
+        &page,
+        &format!(
+            "infergate_global_credential_reloads_total{{cluster=\"secure\",file=\"{file}\",result=\"{result}\"}}"
+        ),
+    )
+}
+
 /// Sends a chat request every 20 ms until one's answer is what `wanted` says.
 async fn until_chat(
     router: std::net::SocketAddr,
@@ -361,6 +362,41 @@ async fn until_chat(
             r.text()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The cluster `secure`: a gateway with a certificate of its own CA (`ca_file`) that asks every
+/// client for a certificate of `client_ca`; `other_ca` is a CA it does not trust.
+struct Mutual {
+    dir: tempfile::TempDir,
+    client_ca: TestCa,
+    other_ca: TestCa,
+    ca_file: std::path::PathBuf,
+    secure: TestCluster,
+}
+
+impl Mutual {
+    async fn start() -> Mutual {
+        let dir = tempfile::tempdir().unwrap();
+        let server_ca = TestCa::new("cluster CA");
+        let client_ca = TestCa::new("router CA");
+        let bundle = dir.path().join("clients.pem");
+        std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
+        let secure = mutual_cluster(
+            "secure",
+            &server_ca,
+            &["127.0.0.1"],
+            dir.path(),
+            Some(&bundle),
+        )
+        .await;
+        Mutual {
+            ca_file: server_ca.write_ca(dir.path()),
+            dir,
+            client_ca,
+            other_ca: TestCa::new("another CA"),
+            secure,
+        }
     }
 }
 
@@ -424,23 +460,13 @@ async fn refused_client_certificates(cluster: &TestCluster) -> f64 {
 /// (and counts it) and the router's 502 names the TLS failure.
 #[tokio::test]
 async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_its_ca() {
-    let dir = tempfile::tempdir().unwrap();
-    let (server_ca, client_ca, other_ca) = (
-        TestCa::new("cluster CA"),
-        TestCa::new("router CA"),
-        TestCa::new("another CA"),
-    );
-    let bundle = dir.path().join("clients.pem");
-    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
-    let secure = mutual_cluster(
-        "secure",
-        &server_ca,
-        &["127.0.0.1"],
-        dir.path(),
-        Some(&bundle),
-    )
-    .await;
-    let ca_file = server_ca.write_ca(dir.path());
+    let Mutual {
+        dir,
+        client_ca,
+        other_ca,
+        ca_file,
+        secure,
+    } = Mutual::start().await;
     let url = format!("https://{}", secure.http);
     let ours = ClientFiles::new(dir.path(), &client_ca.issue(&["router"]));
     let (router, _stop) = router_with(&router_yaml(&entry(
@@ -497,23 +523,13 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
 async fn a_rotated_client_certificate_is_presented_without_a_restart() {
     let out = infergate_testkit::CapturedLog::default();
     let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
-    let dir = tempfile::tempdir().unwrap();
-    let (server_ca, client_ca, other_ca) = (
-        TestCa::new("cluster CA"),
-        TestCa::new("router CA"),
-        TestCa::new("another CA"),
-    );
-    let bundle = dir.path().join("clients.pem");
-    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
-    let secure = mutual_cluster(
-        "secure",
-        &server_ca,
-        &["127.0.0.1"],
-        dir.path(),
-        Some(&bundle),
-    )
-    .await;
-    let ca_file = server_ca.write_ca(dir.path());
+    let Mutual {
+        dir,
+        client_ca,
+        other_ca,
+        ca_file,
+        secure,
+    } = Mutual::start().await;
     let good = client_ca.issue(&["router"]);
     let mut files = ClientFiles::new(dir.path(), &good);
     let yaml = format!(
@@ -529,18 +545,8 @@ async fn a_rotated_client_certificate_is_presented_without_a_restart() {
     wait_ready(router.admin_addr().unwrap()).await;
     wait_discovered(router.http_addr()).await;
     assert_eq!(chat(router.http_addr()).await.status, 200);
-    let reloads = |result: &'static str| {
-        let admin = router.admin_addr().unwrap();
-        async move {
-            let page = infergate_testkit::get(admin, "/metrics").await.text();
-            counter(
-                &page,
-                &format!(
-                    "infergate_global_credential_reloads_total{{cluster=\"secure\",file=\"client_cert\",result=\"{result}\"}}"
-                ),
-            )
-        }
-    };
+    let admin = router.admin_addr().unwrap();
+    let reloads = |result| credential_reloads(admin, "client_cert", result);
     assert_eq!((reloads("ok").await, reloads("error").await), (0.0, 0.0));
 
     let stranger = other_ca.issue(&["router"]);

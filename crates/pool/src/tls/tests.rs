@@ -152,110 +152,115 @@ fn page(registry: &Registry) -> String {
     text
 }
 
+/// A port asking for client certificates of the bundle `bundle` (holding `client_ca`), polled
+/// every `reload`, served on 127.0.0.1 with a certificate of `server_ca`.
+struct Mutual {
+    _dir: tempfile::TempDir,
+    server_ca: TestCa,
+    bundle: PathBuf,
+    registry: Registry,
+    addr: SocketAddr,
+    results: tokio::sync::mpsc::UnboundedReceiver<Result<(), String>>,
+}
+
+impl Mutual {
+    async fn start(client_ca: &TestCa, reload: Duration) -> Mutual {
+        let dir = tempfile::tempdir().unwrap();
+        let server_ca = TestCa::new("server ca");
+        let (cert, key) = server_ca.issue(&["gateway.test"]).write(dir.path());
+        let bundle = dir.path().join("clients.pem");
+        std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
+        let options = ServerTlsOptions {
+            client_ca: Some(bundle.clone()),
+            ..opts(reload)
+        };
+        let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
+        let mut registry = Registry::default();
+        tls.register(&mut registry);
+        let (addr, results) = serve(tls).await;
+        Mutual {
+            _dir: dir,
+            server_ca,
+            bundle,
+            registry,
+            addr,
+            results,
+        }
+    }
+
+    /// What a client presenting `leaf` reads from the port: `hello`, or the error that ended
+    /// its handshake or its read.
+    async fn hello(&self, leaf: Option<&Leaf>) -> std::io::Result<Vec<u8>> {
+        let config = self.server_ca.client_config_presenting(&[], leaf);
+        let mut s = infergate_testkit::tls::connect(self.addr, "gateway.test", config).await?;
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.map(|_| got)
+    }
+
+    fn page(&self) -> String {
+        page(&self.registry)
+    }
+}
+
 /// A port with a client CA serves a client presenting a certificate of that CA; one presenting
 /// none, or one of another CA, fails its handshake, counted as `client_certificate`.
 #[tokio::test]
 async fn a_client_ca_admits_only_clients_with_its_certificates() {
-    let dir = tempfile::tempdir().unwrap();
-    let (server_ca, client_ca, other_ca) = (
-        TestCa::new("server ca"),
-        TestCa::new("client ca"),
-        TestCa::new("other ca"),
-    );
-    let (cert, key) = server_ca.issue(&["gateway.test"]).write(dir.path());
-    let bundle = dir.path().join("clients.pem");
-    std::fs::write(&bundle, client_ca.cert_pem()).unwrap();
-    let options = ServerTlsOptions {
-        client_ca: Some(bundle),
-        ..opts(Duration::ZERO)
+    let (client_ca, other_ca) = (TestCa::new("client ca"), TestCa::new("other ca"));
+    let mut port = Mutual::start(&client_ca, Duration::ZERO).await;
+    let failures = |n: u32| {
+        format!("infergate_tls_handshake_failures_total{{reason=\"client_certificate\"}} {n}")
     };
-    let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
-    let mut registry = Registry::default();
-    tls.register(&mut registry);
-    assert!(
-        page(&registry)
-            .contains("infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 0"),
-        "{}",
-        page(&registry)
-    );
-    let (addr, mut results) = serve(tls).await;
-    let hello = |leaf: Option<Leaf>| {
-        let config = server_ca.client_config_presenting(&[], leaf.as_ref());
-        async move {
-            let mut s = infergate_testkit::tls::connect(addr, "gateway.test", config).await?;
-            let mut got = Vec::new();
-            s.read_to_end(&mut got).await.map(|_| got)
-        }
-    };
-    let admitted = hello(Some(client_ca.issue(&["router"]))).await.unwrap();
+    assert!(port.page().contains(&failures(0)), "{}", port.page());
+    let admitted = port
+        .hello(Some(&client_ca.issue(&["router"])))
+        .await
+        .unwrap();
     assert_eq!(admitted, b"hello");
-    assert_eq!(results.recv().await.unwrap(), Ok(()));
+    assert_eq!(port.results.recv().await.unwrap(), Ok(()));
     // TLS 1.3: the client's handshake ends before the server has read its certificate; the
     // refusal is the alert its first read gets.
     for (leaf, alert) in [
         (None, "CertificateRequired"),
         (Some(other_ca.issue(&["router"])), "UnknownCA"),
     ] {
-        let refused = hello(leaf).await.unwrap_err();
+        let refused = port.hello(leaf.as_ref()).await.unwrap_err();
         assert!(refused.to_string().contains(alert), "{refused}");
         assert_eq!(
-            results.recv().await.unwrap(),
+            port.results.recv().await.unwrap(),
             Err("client_certificate".to_owned())
         );
     }
-    assert!(
-        page(&registry)
-            .contains("infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 2"),
-        "{}",
-        page(&registry)
-    );
+    assert!(port.page().contains(&failures(2)), "{}", port.page());
 }
 
 /// A client CA bundle replaced on disk verifies the next handshakes; a replacement holding no
 /// certificate keeps the last good bundle and is counted as a failed reload.
 #[tokio::test]
 async fn a_replaced_client_ca_verifies_new_handshakes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (server_ca, first, second) = (
-        TestCa::new("server ca"),
-        TestCa::new("client ca 1"),
-        TestCa::new("client ca 2"),
-    );
-    let (cert, key) = server_ca.issue(&["gateway.test"]).write(dir.path());
-    let bundle = dir.path().join("clients.pem");
-    std::fs::write(&bundle, first.cert_pem()).unwrap();
-    let options = ServerTlsOptions {
-        client_ca: Some(bundle.clone()),
-        ..opts(Duration::from_millis(20))
-    };
-    let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
-    let mut registry = Registry::default();
-    tls.register(&mut registry);
-    let (addr, mut results) = serve(tls).await;
+    let (first, second) = (TestCa::new("client ca 1"), TestCa::new("client ca 2"));
+    let port = Mutual::start(&first, Duration::from_millis(20)).await;
     let (one, two) = (first.issue(&["router"]), second.issue(&["router"]));
-    let admits = |leaf: &Leaf| {
-        let config = server_ca.client_config_presenting(&[], Some(leaf));
-        async move {
-            let Ok(mut s) = infergate_testkit::tls::connect(addr, "gateway.test", config).await
-            else {
-                return false;
-            };
-            let mut got = Vec::new();
-            s.read_to_end(&mut got).await.is_ok()
-        }
-    };
+    let port = &port;
+    let admits = |leaf| async move { port.hello(Some(leaf)).await.is_ok() };
     assert!(admits(&one).await && !admits(&two).await);
-    std::fs::write(&bundle, second.cert_pem()).unwrap();
+    std::fs::write(&port.bundle, second.cert_pem()).unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !admits(&two).await {
         assert!(tokio::time::Instant::now() < deadline, "never reloaded");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!admits(&one).await, "the old CA is no longer trusted");
-    assert!(page(&registry).contains("infergate_tls_certificate_reloads_total{result=\"ok\"} 1"));
+    assert!(
+        port.page()
+            .contains("infergate_tls_certificate_reloads_total{result=\"ok\"} 1")
+    );
 
-    std::fs::write(&bundle, "no certificate\n").unwrap();
-    while !page(&registry).contains("infergate_tls_certificate_reloads_total{result=\"error\"} 1") {
+    std::fs::write(&port.bundle, "no certificate\n").unwrap();
+    while !port
+        .page()
+        .contains("infergate_tls_certificate_reloads_total{result=\"error\"} 1")
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "never saw the spoilt bundle"
@@ -263,7 +268,6 @@ async fn a_replaced_client_ca_verifies_new_handshakes() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(admits(&two).await && !admits(&one).await);
-    while results.try_recv().is_ok() {}
 }
 
 #[tokio::test]
