@@ -101,9 +101,9 @@ pub struct GlobalConfig {
     /// Seed of the slow-start sampling.
     #[serde(default)]
     pub seed: u64,
-    /// How often the file, and the clusters' token files and CA bundles, are checked for
-    /// changes, ms (default 1,000, the gateway's); 0 turns reloading the file off (the clusters'
-    /// files are then checked every second).
+    /// How often the file, and the clusters' token files, CA bundles and client certificates, are
+    /// checked for changes, ms (default 1,000, the gateway's); 0 turns reloading the file off
+    /// (the clusters' files are then checked every second).
     #[serde(default = "default_reload_ms")]
     pub reload_interval_ms: u64,
     /// Global per-tenant rate limits, shared across router replicas through Redis

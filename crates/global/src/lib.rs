@@ -21,8 +21,8 @@
 //! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
 //! - `connect` — connections to a cluster: TCP, then TLS for `https://` URLs, and what a
 //!   failed request says about the cluster;
-//! - `rotation` — a cluster's token file and CA bundle rotated on disk, noticed and applied
-//!   without a reload, the cluster kept;
+//! - `rotation` — a cluster's token file, CA bundle and client certificate rotated on disk,
+//!   noticed and applied without a reload, the cluster kept;
 //! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries; [`Handle`]:
 //!   reloads of the file;
 //! - `state` — the configuration in force, swapped whole by a reload, and what a reload keeps

@@ -1,5 +1,6 @@
-//! A cluster's files rotated in place: its `credentials.bearerTokenFile` and `tls.caFile` are
-//! mounted Secrets in Kubernetes, rewritten under a running router when they are rotated.
+//! A cluster's files rotated in place: its `credentials.bearerTokenFile`, `tls.caFile`, and
+//! `tls.certFile` and `tls.keyFile` are mounted Secrets in Kubernetes, rewritten under a running
+//! router when they are rotated.
 //!
 //! One task of the front door reads every cluster's files each [`check_interval`] and compares
 //! them with what it read the time before ([`Seen`]), as the gateway's certificate poller does: a
