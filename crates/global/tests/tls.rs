@@ -547,7 +547,17 @@ async fn a_rotated_client_certificate_is_presented_without_a_restart() {
     assert_eq!(chat(router.http_addr()).await.status, 200);
     let admin = router.admin_addr().unwrap();
     let reloads = |result| credential_reloads(admin, "client_cert", result);
-    assert_eq!((reloads("ok").await, reloads("error").await), (0.0, 0.0));
+    // Both series exported at 0 from the start.
+    let page = infergate_testkit::get(admin, "/metrics").await.text();
+    for result in ["ok", "error"] {
+        let series = format!(
+            "infergate_global_credential_reloads_total{{cluster=\"secure\",file=\"client_cert\",result=\"{result}\"}} 0"
+        );
+        assert!(
+            page.lines().any(|l| l == series),
+            "{series} missing:\n{page}"
+        );
+    }
 
     let stranger = other_ca.issue(&["router"]);
     files.install(&stranger.cert_pem, &stranger.key_pem);
