@@ -317,3 +317,41 @@ fn a_changed_ca_bundle_gives_new_clients() {
     assert_eq!(reloads(&telemetry, "ca", "error"), 1);
     assert_eq!(c.rotated_files(), ["ca"]);
 }
+
+/// A client certificate rewritten (both files, or either) gives the cluster new clients; a
+/// certificate whose key was not replaced keeps those in force, counted once however many checks
+/// find it so.
+#[test]
+fn a_changed_client_certificate_gives_new_clients() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ca = infergate_testkit::tls::TestCa::new("router");
+    let (cert, key) = ca.issue(&["router"]).write(dir.path());
+    let c = cluster(&format!(
+        "auth: none\nclusters:\n  - {{ name: a, url: 'https://127.0.0.1:1', region: r, \
+         cost: {{ inputPerMillion: 1 }}, models: [m], \
+         tls: {{ certFile: '{}', keyFile: '{}' }} }}\n",
+        cert.display(),
+        key.display()
+    ));
+    let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
+    let first = c.clients();
+    c.check_files(&telemetry);
+    assert!(Arc::ptr_eq(&first, &c.clients()), "an unchanged pair");
+
+    ca.issue(&["router"]).write(dir.path());
+    c.check_files(&telemetry);
+    let second = c.clients();
+    assert!(!Arc::ptr_eq(&first, &second), "the pair changed");
+    assert_eq!(reloads(&telemetry, "client_cert", "ok"), 1);
+
+    std::fs::write(&cert, ca.issue(&["router"]).cert_pem).expect("write the certificate");
+    for _ in 0..3 {
+        c.check_files(&telemetry);
+    }
+    assert!(
+        Arc::ptr_eq(&second, &c.clients()),
+        "a certificate without its key"
+    );
+    assert_eq!(reloads(&telemetry, "client_cert", "error"), 1);
+    assert_eq!(c.rotated_files(), ["client_cert"]);
+}
