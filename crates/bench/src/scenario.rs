@@ -769,7 +769,10 @@ impl Scenario {
                 return bad("flow.policies", "must list at least one policy".into());
             }
             if let Err(e) = f.config.validate() {
-                return bad("flow.config", e.to_string());
+                // The scheduler names the gateway's `flowControl.…` keys; here they sit under
+                // `flow.config`.
+                let key = e.field.strip_prefix("flowControl.").unwrap_or(e.field);
+                return bad(&format!("flow.config.{key}"), e.reason);
             }
             let r = &f.reference;
             if !(r.kv_cache > 0.0 && r.kv_cache <= 1.0) {

@@ -216,3 +216,30 @@ fn targets_without_the_traffic_they_measure_are_refused() {
     let late = STALE.replace("{ from_s: 5, to_s: 35 }", "{ from_s: 50, to_s: 60 }");
     assert_eq!(field(&late), "flow.targets.stale_vs_direct");
 }
+
+#[test]
+fn a_bad_flow_config_value_is_named_by_its_path_in_the_scenario() {
+    let invalid = |yaml: &str| match Scenario::from_yaml(yaml, "t") {
+        Err(e @ crate::BenchError::Invalid { .. }) => e.to_string(),
+        other => panic!("{other:?}"),
+    };
+    // The scheduler names the gateway's `flowControl.…`; the scenario spells it `flow.config.…`.
+    let ttl = STALE.replace(
+        "flow:\n",
+        "flow:\n  config: { enabled: true, requestTtlMs: 90000000 }\n",
+    );
+    let msg = invalid(&ttl);
+    assert!(
+        msg.starts_with("scenario t: field `flow.config.requestTtlMs` must be between 0"),
+        "{msg}"
+    );
+    let band = STALE.replace(
+        "flow:\n",
+        "flow:\n  config: { bands: { sheddable: { maxRequests: 0 } } }\n",
+    );
+    let msg = invalid(&band);
+    assert_eq!(
+        msg,
+        "scenario t: field `flow.config.bands.sheddable.maxRequests` must be at least 1"
+    );
+}
