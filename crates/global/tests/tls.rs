@@ -98,6 +98,14 @@ async fn chat(router: std::net::SocketAddr) -> infergate_testkit::Response {
     infergate_testkit::post(router, "/v1/chat/completions", "application/json", CHAT).await
 }
 
+/// The answer to one chat request through a router of the cluster `entries` (their models
+/// named: nothing is discovered), started for it.
+async fn chat_through(entries: &str) -> infergate_testkit::Response {
+    let (router, _stop) = router_with(&router_yaml(entries)).await;
+    wait_ready(router.admin_addr().unwrap()).await;
+    chat(router.http_addr()).await
+}
+
 /// With the cluster's CA as `tls.caFile`, its models are discovered over HTTPS and a chat
 /// request is served through it.
 #[tokio::test]
@@ -165,15 +173,13 @@ async fn an_untrusted_certificate_fails_over_and_says_tls() {
     );
 
     // The secure cluster alone: the client's error names the cluster and the TLS failure.
-    let (router, _stop) = router_with(&router_yaml(&entry(
+    let r = chat_through(&entry(
         &secure,
         &format!("https://{}", secure.http),
         0.1,
         ", models: [llama]",
-    )))
+    ))
     .await;
-    wait_ready(router.admin_addr().unwrap()).await;
-    let r = chat(router.http_addr()).await;
     assert_refused_by_tls(
         &r,
         "cannot connect to cluster `secure`: TLS handshake failed: invalid peer certificate: UnknownIssuer",
@@ -203,9 +209,7 @@ async fn server_name_is_verified_when_the_url_is_an_ip_address() {
         ", models: [llama], tls: {{ caFile: '{}' }}",
         ca_file.display()
     );
-    let (router, _stop) = router_with(&router_yaml(&entry(&secure, &url, 1.0, &unnamed))).await;
-    wait_ready(router.admin_addr().unwrap()).await;
-    let r = chat(router.http_addr()).await;
+    let r = chat_through(&entry(&secure, &url, 1.0, &unnamed)).await;
     assert_refused_by_tls(
         &r,
         "TLS handshake failed: invalid peer certificate: certificate not valid for name \\\"127.0.0.1\\\"",
@@ -488,9 +492,7 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
         ", models: [llama], tls: {{ caFile: '{}' }}",
         ca_file.display()
     );
-    let (router, _stop) = router_with(&router_yaml(&entry(&secure, &url, 1.0, &plain_entry))).await;
-    wait_ready(router.admin_addr().unwrap()).await;
-    let r = chat(router.http_addr()).await;
+    let r = chat_through(&entry(&secure, &url, 1.0, &plain_entry)).await;
     assert_refused_by_tls(
         &r,
         "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: CertificateRequired",
@@ -499,15 +501,13 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
 
     // Another CA's certificate.
     let theirs = ClientFiles::new(&dir.path().join("other"), &other_ca.issue(&["router"]));
-    let (router, _stop) = router_with(&router_yaml(&entry(
+    let r = chat_through(&entry(
         &secure,
         &url,
         1.0,
         &format!(", models: [llama]{}", theirs.entry(&ca_file)),
-    )))
+    ))
     .await;
-    wait_ready(router.admin_addr().unwrap()).await;
-    let r = chat(router.http_addr()).await;
     assert_refused_by_tls(
         &r,
         "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: UnknownCA",
