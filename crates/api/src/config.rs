@@ -28,7 +28,8 @@ pub use flow::{
 pub use precise::{PrecisePrefixSpec, TokenizerSource};
 pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec, SecretKeyRef};
 pub use rewrites::{
-    MatchKind, MatchValue, ModelMatch, ModelRewriteRule, RewriteTarget, StaleMetricsSpec, StaleMode,
+    MatchKind, MatchValue, ModelMatch, ModelRewriteRule, OutlierDetectionSpec, RewriteTarget,
+    StaleMetricsSpec, StaleMode,
 };
 
 /// Desired state of an infergate gateway.
@@ -422,6 +423,10 @@ pub struct SchedulerSpec {
     /// request (default: fail-open, 32 per pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_metrics: Option<StaleMetricsSpec>,
+    /// Passive outlier detection: a pod whose requests keep failing while its metrics look fine
+    /// leaves the candidates for a while (off unless given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outlier_detection: Option<OutlierDetectionSpec>,
     /// Precise prefix routing from the model servers' own KV-cache events (vLLM), with the
     /// model's tokenizer; the approximate prefix index stays as the fallback.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -53,6 +53,8 @@ pub const REDIS_RULES: &[CelRule] = &[REDIS_ONE_PASSWORD];
 pub const TOKENIZER_RULES: &[CelRule] = &[TOKENIZER_ONE_SOURCE, SUB_PATH_NEEDS_CLAIM];
 /// Rules on `spec.schedulers[*].precisePrefix`.
 pub const PRECISE_RULES: &[CelRule] = &[REPLAY_NOT_EVENTS_PORT];
+/// Rules on `spec.schedulers[*].outlierDetection`.
+pub const OUTLIER_RULES: &[CelRule] = &[MAX_EJECTION_NOT_BELOW_BASE];
 
 /// Authentication is configured, or explicitly waived.
 pub const AUTH_REQUIRED: CelRule = CelRule {
@@ -166,6 +168,13 @@ pub const SUB_PATH_NEEDS_CLAIM: CelRule = CelRule {
 pub const REPLAY_NOT_EVENTS_PORT: CelRule = CelRule {
     rule: "!has(self.replayPort) || self.replayPort != self.eventsPort",
     message: "precisePrefix.replayPort must differ from eventsPort: the replay socket (vLLM's replay_endpoint) is not the one the events are published on, and every replay asked of the publishing socket would fail",
+};
+
+/// The longest ejection is not shorter than the first (each defaulted when left out: 300000 and
+/// 30000 ms, `OutlierDetectionSpec::DEFAULT_*`).
+pub const MAX_EJECTION_NOT_BELOW_BASE: CelRule = CelRule {
+    rule: "(has(self.maxEjectionMs) ? self.maxEjectionMs : 300000) >= (has(self.baseEjectionMs) ? self.baseEjectionMs : 30000)",
+    message: "outlierDetection.maxEjectionMs (default 300000) must not be below baseEjectionMs (default 30000): it caps every ejection, the first included",
 };
 
 /// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
@@ -308,6 +317,14 @@ fn check_scheduler(i: usize, s: &SchedulerSpec, fail: &mut impl FnMut(String, Ce
     }
     if let Some(w) = &s.weights {
         check_weights(i, w, fail);
+    }
+    if let Some(o) = &s.outlier_detection
+        && o.max_ejection_ms() < o.base_ejection_ms()
+    {
+        fail(
+            format!("spec.schedulers[{i}].outlierDetection"),
+            MAX_EJECTION_NOT_BELOW_BASE,
+        );
     }
     if let Some(p) = &s.precise_prefix {
         if p.replay_port == Some(p.events_port) {
@@ -570,6 +587,10 @@ pub fn tokenizer_rules(schema: &mut schemars::Schema) {
 /// `schemars` transform for a precise prefix routing node.
 pub fn precise_rules(schema: &mut schemars::Schema) {
     add_rules(schema, PRECISE_RULES);
+}
+/// `schemars` transform for an outlier detection node.
+pub fn outlier_rules(schema: &mut schemars::Schema) {
+    add_rules(schema, OUTLIER_RULES);
 }
 /// `schemars` transform for the quotas' Redis node.
 pub fn redis_rules(schema: &mut schemars::Schema) {

@@ -98,6 +98,10 @@ const INVALID: &[(&str, CelRule)] = &[
         "replay-port-is-events-port.yaml",
         validation::REPLAY_NOT_EVENTS_PORT,
     ),
+    (
+        "outlier-max-below-base.yaml",
+        validation::MAX_EJECTION_NOT_BELOW_BASE,
+    ),
 ];
 
 /// Invalid examples of the checks the schema's bounds and the operator make (no CEL rule):

@@ -117,7 +117,6 @@ async fn start(v1: u32, v2: u32) -> Picker {
             scheduler: SchedulerConfig::default(),
             scrape: ScraperConfig::default(),
             seed: 11,
-            outlier_detection: None,
         },
         Membership::Static(endpoints),
         async move {

@@ -43,6 +43,10 @@ struct Rig {
 }
 
 async fn rig(pods: usize) -> Rig {
+    rig_with(pods, SchedulerConfig::default()).await
+}
+
+async fn rig_with(pods: usize, scheduler: SchedulerConfig) -> Rig {
     let catalog = Catalog::builtin().unwrap();
     let profile = catalog.get(PROFILE).unwrap().clone();
     let model = profile.model.to_string();
@@ -62,10 +66,9 @@ async fn rig(pods: usize) -> Rig {
     .unwrap();
     let pool = LivePool::start(
         PoolConfig {
-            scheduler: SchedulerConfig::default(),
+            scheduler,
             scrape: ScraperConfig::default(),
             seed: 11,
-            outlier_detection: None,
         },
         None,
     )
@@ -156,6 +159,76 @@ async fn forwarded_requests_complete_and_release_in_flight() {
             .iter()
             .any(|i| i.picked > 0 && i.inflight == 0)
     );
+}
+
+/// Envoy forwards to the picker's choice and passes the model server's response headers back:
+/// with `outlierDetection`, a pod whose answers are 503 `consecutive5xx` times in a row is out
+/// of every later routing answer (first choice and fallbacks), while its metrics stay fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_ejects_a_pod_whose_answers_keep_failing() {
+    use infergate_scheduler::outlier::OutlierDetection;
+    let rig = rig_with(
+        3,
+        SchedulerConfig {
+            outlier_detection: Some(OutlierDetection {
+                consecutive_5xx: 2,
+                base_ejection_ms: 60_000,
+                max_ejection_ms: 60_000,
+                max_ejection_percent: 50,
+            }),
+            ..SchedulerConfig::default()
+        },
+    )
+    .await;
+    let body = chat(&rig.model, "x", "y", 8, false);
+    // One exchange: the routing answer's endpoints; the first of them answers 503 when it is
+    // `bad` (every first one when `bad` is empty), else 200.
+    let exchange = |bad: String| {
+        let (envoy, body) = (&rig.envoy, &body);
+        async move {
+            let mut ex = envoy.open().await;
+            ex.send(request_headers("/v1/chat/completions", &[], false))
+                .await;
+            ex.send(request_body(body, true)).await;
+            let dest = headers_answer(&ex.next().await)
+                .header(infergate_extproc::wire::DESTINATION_HEADER)
+                .unwrap()
+                .to_owned();
+            ex.streamed_body(true, usize::MAX).await;
+            let first = dest.split(',').next().unwrap().to_owned();
+            let fail = bad.is_empty() || first == bad;
+            let status = if fail { 503 } else { 200 };
+            ex.send(response_headers(status, "application/json", true))
+                .await;
+            ex.next().await;
+            (dest, first, fail)
+        }
+    };
+    let (_, bad, _) = exchange(String::new()).await;
+    let mut failed = 1;
+    for _ in 0..100 {
+        if failed == 2 {
+            break;
+        }
+        failed += usize::from(exchange(bad.clone()).await.2);
+    }
+    wait_inflight(&rig.pool, 0).await;
+    assert_eq!(failed, 2, "{bad} was never first again");
+    for _ in 0..20 {
+        let (dest, _, failed) = exchange(bad.clone()).await;
+        assert!(
+            !failed && !dest.contains(&bad),
+            "{dest} names the ejected {bad}"
+        );
+    }
+    // Its metrics are fine all along: the scraper still has it fresh.
+    let info = rig.pool.endpoints_info();
+    let pod = info
+        .iter()
+        .find(|i| i.meta.addr.to_string() == bad)
+        .unwrap();
+    assert!(pod.metrics.is_some());
+    assert!(pod.ejected_until.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,7 +406,6 @@ impl Process {
                 scheduler: SchedulerConfig::default(),
                 scrape: ScraperConfig::default(),
                 seed: 11,
-                outlier_detection: None,
             },
             Membership::Static(endpoints),
             async move {

@@ -89,7 +89,6 @@ async fn a_tenant_over_its_quota_is_answered_429_before_the_pick() {
             scheduler: SchedulerConfig::default(),
             scrape: ScraperConfig::default(),
             seed: 11,
-            outlier_detection: None,
         },
         Membership::Static(endpoints),
         async move {

@@ -1232,6 +1232,15 @@ pub fn scheduler_config(s: &SchedulerSpec) -> Result<SchedulerConfig, Error> {
             cfg.stale_metrics.max_inflight_per_endpoint = n;
         }
     }
+    if let Some(o) = &s.outlier_detection {
+        let d = infergate_scheduler::outlier::OutlierDetection::default();
+        cfg.outlier_detection = Some(infergate_scheduler::outlier::OutlierDetection {
+            consecutive_5xx: o.consecutive_5xx.unwrap_or(d.consecutive_5xx),
+            base_ejection_ms: o.base_ejection_ms(),
+            max_ejection_ms: o.max_ejection_ms(),
+            max_ejection_percent: o.max_ejection_percent.unwrap_or(d.max_ejection_percent),
+        });
+    }
     // Envoy Gateway routes an InferencePool backend through an ORIGINAL_DST cluster that reads
     // `x-gateway-destination-endpoint` as one `ip:port` (docs/operator.md cites the source); a
     // fallback list there is not an address. So the picker answers with its first choice only.

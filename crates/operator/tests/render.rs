@@ -961,3 +961,42 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
     }
     assert!(excess.is_empty(), "granted but never used: {excess:?}");
 }
+
+/// `schedulers[].outlierDetection` reaches the picker's scheduler configuration field by field,
+/// a field left out takes the scheduler's own default (the CRD's documented defaults are the
+/// scheduler's), and leaving the section out leaves outlier detection off.
+#[test]
+fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
+    use infergate_api::config::OutlierDetectionSpec;
+    use infergate_scheduler::outlier::OutlierDetection;
+    let mut cfg = example("single-model.yaml");
+    let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
+    assert_eq!(sc.outlier_detection, None);
+    cfg.spec.schedulers[0].outlier_detection = Some(OutlierDetectionSpec::default());
+    let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
+    assert_eq!(sc.outlier_detection, Some(OutlierDetection::default()));
+    let d = OutlierDetection::default();
+    assert_eq!(
+        (
+            OutlierDetectionSpec::DEFAULT_BASE_EJECTION_MS,
+            OutlierDetectionSpec::DEFAULT_MAX_EJECTION_MS
+        ),
+        (d.base_ejection_ms, d.max_ejection_ms)
+    );
+    cfg.spec.schedulers[0].outlier_detection = Some(OutlierDetectionSpec {
+        consecutive_5xx: Some(2),
+        base_ejection_ms: Some(1_000),
+        max_ejection_ms: Some(4_000),
+        max_ejection_percent: Some(34),
+    });
+    let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
+    assert_eq!(
+        sc.outlier_detection,
+        Some(OutlierDetection {
+            consecutive_5xx: 2,
+            base_ejection_ms: 1_000,
+            max_ejection_ms: 4_000,
+            max_ejection_percent: 34,
+        })
+    );
+}

@@ -21,9 +21,6 @@ pub enum PoolError {
     /// The admin server could not serve.
     #[error("admin server")]
     Io(#[from] std::io::Error),
-    /// `outlierDetection` holds a value it cannot use (the message names the field).
-    #[error(transparent)]
-    OutlierDetection(#[from] infergate_scheduler::outlier::OutlierError),
 }
 
 pub use infergate_metrics::ErrorChain;

@@ -54,8 +54,7 @@ use prometheus_client::registry::Registry;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use infergate_scheduler::outlier::Ejection;
-pub use infergate_scheduler::outlier::{Answer, OutlierDetection};
+use infergate_scheduler::outlier::{Answer, Ejection};
 
 pub mod admin;
 pub mod changes;
@@ -86,9 +85,6 @@ pub struct PoolConfig {
     pub scrape: ScraperConfig,
     /// Seed of the tie-breaking random generator (fixed seeds make runs reproducible).
     pub seed: u64,
-    /// Passive outlier detection: endpoints whose answers keep failing leave the candidates for
-    /// a while ([`infergate_scheduler::outlier`]); `None` is off.
-    pub outlier_detection: Option<OutlierDetection>,
 }
 
 /// The scheduler and its random generator, locked together for one pick.
@@ -250,8 +246,7 @@ impl LivePool {
             .unwrap_or(config.scrape.stale_after);
         let fail_open_enabled = config.scheduler.max_metrics_age.is_some()
             && config.scheduler.stale_metrics.fail_open_cap().is_some();
-        let mut scheduler = Scheduler::new(config.scheduler)?;
-        scheduler.set_outlier_detection(config.outlier_detection)?;
+        let scheduler = Scheduler::new(config.scheduler)?;
         let state = Arc::new(Mutex::new(State {
             scheduler,
             rng: SmallRng::seed_from_u64(config.seed),
@@ -549,13 +544,6 @@ impl LivePool {
         }
     }
 
-    /// Turns outlier detection on with `cfg` (new settings; the records so far are kept) or off
-    /// with `None` (every ejection ends): a configuration reload that keeps the pool.
-    pub fn set_outlier_detection(&self, cfg: Option<OutlierDetection>) -> Result<(), PoolError> {
-        self.with_scheduler(|s| s.set_outlier_detection(cfg))?;
-        Ok(())
-    }
-
     /// A connection to `addr` made on the request path was refused: nothing listens there. The
     /// endpoint is failed and unreachable at once, as a refused scrape makes it, without waiting
     /// for its next scrape: no pick (fail-open included) is sent there until its metrics answer
@@ -644,7 +632,7 @@ impl Inflight {
     }
 
     /// The current endpoint answered with `status` (its response headers): counted for outlier
-    /// detection ([`PoolConfig::outlier_detection`]) when the entry is next reported — moved
+    /// detection (the scheduler's `outlierDetection`) when the entry is next reported — moved
     /// to a fallback, completed, failed or dropped.
     pub fn answered(&mut self, status: u16) {
         self.answer = Some(Answer::of_status(status));

@@ -99,6 +99,11 @@ pub trait InflightGuard: Send + 'static {
     fn complete(self, usage: infergate_scheduler::Usage);
     /// The response failed (5xx from the model server, or it broke off).
     fn fail(self);
+    /// The endpoint the entry is on answered with `status` (its response headers): what
+    /// outlier detection counts (the scheduler's `outlierDetection`). Nothing by default.
+    fn answered(&mut self, status: u16) {
+        let _ = status;
+    }
 }
 
 impl EndpointPool for LivePool {
@@ -148,6 +153,10 @@ impl InflightGuard for Inflight {
 
     fn fail(self) {
         Inflight::fail(self);
+    }
+
+    fn answered(&mut self, status: u16) {
+        Inflight::answered(self, status);
     }
 }
 

@@ -48,7 +48,6 @@ async fn pool(pods: &[SocketAddr], seed: u64) -> LivePool {
             ..ScraperConfig::default()
         },
         seed,
-        outlier_detection: None,
     };
     let p = LivePool::start(config, None).unwrap();
     p.set_endpoints(

@@ -42,7 +42,6 @@ fn config() -> PoolConfig {
             ..ScraperConfig::default()
         },
         seed: 7,
-        outlier_detection: None,
     }
 }
 

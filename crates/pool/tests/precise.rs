@@ -95,7 +95,6 @@ async fn picks_follow_the_engines_kv_events_through_an_eviction() {
                 ..ScraperConfig::default()
             },
             seed: 3,
-            outlier_detection: None,
         },
         None,
     )

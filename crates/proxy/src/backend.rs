@@ -92,7 +92,6 @@ impl Backend {
                     ..scrape.to_scraper_config()
                 },
                 seed,
-                outlier_detection: model.outlier_detection,
             },
             Some(&mut registry),
         )
@@ -118,14 +117,8 @@ impl Backend {
     }
 
     /// Replaces the pool's membership with `model`'s endpoints; endpoints that stay keep their
-    /// state and in-flight requests. Its `outlierDetection` applies from now on.
+    /// state and in-flight requests.
     pub(crate) fn set_endpoints(&self, model: &ModelConfig) -> Result<(), Error> {
-        self.pool
-            .set_outlier_detection(model.outlier_detection)
-            .map_err(|source| Error::Pool {
-                model: model.name.clone(),
-                source,
-            })?;
         let metas = model.endpoints.iter().map(|e| EndpointMeta {
             namespace: model.name.clone(),
             pod: e.name.clone().unwrap_or_else(|| e.address.to_string()),

@@ -316,9 +316,6 @@ pub struct ModelConfig {
     /// Precise prefix routing (`precisePrefix`): the model's tokenizer and its servers'
     /// KV-cache events. A change on reload starts the model's pool afresh.
     pub precise_prefix: Option<infergate_pool::precise::PreciseConfig>,
-    /// Passive outlier detection (`outlierDetection`): an endpoint whose requests keep failing
-    /// while its metrics look fine leaves the candidates for a while; `None` is off.
-    pub outlier_detection: Option<infergate_pool::OutlierDetection>,
 }
 
 #[derive(Deserialize)]
@@ -341,8 +338,6 @@ struct RawModel {
     tls: Option<UpstreamTls>,
     #[serde(default)]
     precise_prefix: Option<infergate_pool::precise::PreciseConfig>,
-    #[serde(default)]
-    outlier_detection: Option<infergate_pool::OutlierDetection>,
 }
 
 impl TryFrom<RawModel> for ModelConfig {
@@ -372,9 +367,6 @@ impl TryFrom<RawModel> for ModelConfig {
         if let Some(Err(e)) = r.precise_prefix.as_ref().map(|p| p.validate()) {
             return Err(format!("model `{}`: {e}", r.name));
         }
-        if let Some(Err(e)) = r.outlier_detection.as_ref().map(|o| o.validate()) {
-            return Err(format!("model `{}`: {e}", r.name));
-        }
         let mut seen = std::collections::HashSet::new();
         for ep in &r.endpoints {
             if !seen.insert(ep.address) {
@@ -393,7 +385,6 @@ impl TryFrom<RawModel> for ModelConfig {
             limits: r.limits,
             tls: r.tls,
             precise_prefix: r.precise_prefix,
-            outlier_detection: r.outlier_detection,
         })
     }
 }

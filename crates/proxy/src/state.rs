@@ -224,6 +224,10 @@ impl InflightGuard for GatedInflight {
     fn fail(self) {
         InflightGuard::fail(self.inflight);
     }
+
+    fn answered(&mut self, status: u16) {
+        InflightGuard::answered(&mut self.inflight, status);
+    }
 }
 
 /// A loaded configuration, ready to serve.

@@ -282,8 +282,10 @@ async fn a_pod_failing_every_request_is_ejected_by_outlier_detection() {
         let addrs = [bad.addr, good[0].addr, good[1].addr];
         let plain = model("m", "round-robin", &addrs);
         let models = if on {
-            plain.clone()
-                + "    outlierDetection: { consecutive5xx: 3, baseEjectionMs: 60000, maxEjectionMs: 60000 }\n"
+            plain.replace(
+                "{ preset: round-robin }",
+                "{ preset: round-robin, outlierDetection: { consecutive5xx: 3, baseEjectionMs: 60000, maxEjectionMs: 60000 } }",
+            )
         } else {
             plain.clone()
         };

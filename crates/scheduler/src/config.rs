@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::MAX_RETURNED;
 use crate::error::{ConfigError, UnknownPresetError};
+use crate::outlier::OutlierDetection;
 
 /// A named starting point for a configuration.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -294,6 +295,9 @@ pub struct SchedulerConfig {
     /// What happens when no candidate has fresh metrics but some still answer (and when every
     /// fresh candidate would shed the request).
     pub stale_metrics: StaleMetrics,
+    /// Passive outlier detection: endpoints whose answers keep failing leave the candidates for
+    /// a while ([`crate::outlier`]); `None` (every preset) is off.
+    pub outlier_detection: Option<OutlierDetection>,
     /// Whether the LoRA capability filter runs (requests naming an adapter only).
     pub lora_filter: bool,
     /// Load at which an endpoint is saturated: removed while unsaturated endpoints remain, and
@@ -342,6 +346,7 @@ impl SchedulerConfig {
             max_metrics_age: Some(Duration::from_secs(2)),
             on_all_filtered: AllFilteredAction::AllReady,
             stale_metrics: StaleMetrics::default(),
+            outlier_detection: None,
             lora_filter: true,
             saturation: Thresholds {
                 queue_depth: 16,
@@ -424,6 +429,9 @@ impl SchedulerConfig {
                 "maxMetricsAgeMs",
                 "must be above 0 (leave it out to keep stale endpoints)",
             ));
+        }
+        if let Some(o) = &self.outlier_detection {
+            o.validate()?;
         }
         if self.stale_metrics.max_inflight_per_endpoint == 0 {
             return Err(ConfigError::new(
@@ -562,6 +570,8 @@ struct ConfigSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     stale_metrics: Option<StaleMetrics>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    outlier_detection: Option<OutlierDetection>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     lora_filter: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     saturation: Option<Thresholds>,
@@ -622,6 +632,9 @@ impl From<ConfigSpec> for SchedulerConfig {
         if let Some(v) = s.stale_metrics {
             c.stale_metrics = v;
         }
+        if s.outlier_detection.is_some() {
+            c.outlier_detection = s.outlier_detection;
+        }
         if let Some(v) = s.lora_filter {
             c.lora_filter = v;
         }
@@ -665,6 +678,7 @@ impl From<SchedulerConfig> for ConfigSpec {
             max_metrics_age_ms: Some(c.max_metrics_age.map(ms)),
             on_all_filtered: Some(c.on_all_filtered),
             stale_metrics: Some(c.stale_metrics),
+            outlier_detection: c.outlier_detection,
             lora_filter: Some(c.lora_filter),
             saturation: Some(c.saturation),
             overload: Some(c.overload),

@@ -21,12 +21,13 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::endpoint::Timestamp;
+use crate::error::ConfigError;
 
-/// `outlierDetection:` of a model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+/// `outlierDetection:` of a scheduler (off unless given).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct OutlierDetection {
     /// Failed answers in a row that eject an endpoint (default 5, at least 1).
@@ -51,55 +52,43 @@ impl Default for OutlierDetection {
     }
 }
 
-/// A value of `outlierDetection:` that cannot be used; each message names its field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum OutlierError {
-    /// Ejecting on no failure at all.
-    #[error(
-        "outlierDetection.consecutive5xx: must be at least 1 (leave outlierDetection out to turn it off)"
-    )]
-    NoFailures,
-    /// An ejection of no time, or one whose deadline could overflow.
-    #[error("outlierDetection.{0}: must be from 1 to 604800000 (a week)")]
-    Duration(&'static str),
-    /// The cap below the first ejection's length.
-    #[error("outlierDetection.maxEjectionMs: {max_ms} is below baseEjectionMs ({base_ms})")]
-    MaxBelowBase {
-        /// `maxEjectionMs`.
-        max_ms: u64,
-        /// `baseEjectionMs`.
-        base_ms: u64,
-    },
-    /// A share above the whole pool.
-    #[error("outlierDetection.maxEjectionPercent: {0} is over 100")]
-    PercentOver100(u32),
-}
-
 /// A week, in ms: the longest duration a setting takes.
 const WEEK_MS: u64 = 7 * 24 * 3600 * 1000;
 
 impl OutlierDetection {
     /// Refuses values that cannot be used, naming the field.
-    pub fn validate(&self) -> Result<(), OutlierError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.consecutive_5xx == 0 {
-            return Err(OutlierError::NoFailures);
+            return Err(ConfigError::new(
+                "outlierDetection.consecutive5xx",
+                "must be at least 1 (leave outlierDetection out to turn it off)",
+            ));
         }
         for (field, v) in [
-            ("baseEjectionMs", self.base_ejection_ms),
-            ("maxEjectionMs", self.max_ejection_ms),
+            ("outlierDetection.baseEjectionMs", self.base_ejection_ms),
+            ("outlierDetection.maxEjectionMs", self.max_ejection_ms),
         ] {
             if v == 0 || v > WEEK_MS {
-                return Err(OutlierError::Duration(field));
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be from 1 to {WEEK_MS} (a week), got {v}"),
+                ));
             }
         }
         if self.max_ejection_ms < self.base_ejection_ms {
-            return Err(OutlierError::MaxBelowBase {
-                max_ms: self.max_ejection_ms,
-                base_ms: self.base_ejection_ms,
-            });
+            return Err(ConfigError::new(
+                "outlierDetection.maxEjectionMs",
+                format!(
+                    "{} is below baseEjectionMs ({})",
+                    self.max_ejection_ms, self.base_ejection_ms
+                ),
+            ));
         }
         if self.max_ejection_percent > 100 {
-            return Err(OutlierError::PercentOver100(self.max_ejection_percent));
+            return Err(ConfigError::new(
+                "outlierDetection.maxEjectionPercent",
+                format!("{} is over 100", self.max_ejection_percent),
+            ));
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use crate::explain::Explanation;
 use crate::filter::{FilterContext, Filters};
 use crate::inflight::{self, Entry, InflightTable, Phase};
 use crate::lora::adapter_hash;
-use crate::outlier::{Answer, Ejection, EndpointOutlier, OutlierDetection, OutlierError};
+use crate::outlier::{Answer, Ejection};
 use crate::peers::PeerTable;
 use crate::picker::Picker;
 use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
@@ -126,8 +126,6 @@ pub struct Scheduler {
     peers: PeerTable,
     /// Endpoints a peer report touched (reused between reports).
     peer_scratch: Vec<SocketAddr>,
-    /// Passive outlier detection (`outlierDetection`), when on.
-    outlier: Option<OutlierDetection>,
     /// Endpoints ejected as of the last count (may count one since removed, or whose ejection
     /// ended, until `readmit_at`).
     ejected: usize,
@@ -156,36 +154,14 @@ impl Scheduler {
             scratch,
             peers: PeerTable::default(),
             peer_scratch: Vec::new(),
-            outlier: None,
             ejected: 0,
             readmit_at: Timestamp::ZERO,
             cfg,
         })
     }
 
-    /// Turns passive outlier detection on with `cfg`, or off with `None` (every ejection under
-    /// way ends). Refuses settings it cannot use, naming the field.
-    pub fn set_outlier_detection(
-        &mut self,
-        cfg: Option<OutlierDetection>,
-    ) -> Result<(), OutlierError> {
-        if let Some(c) = &cfg {
-            c.validate()?;
-        }
-        if cfg.is_none() {
-            for slot in self.endpoints.live().to_vec() {
-                if let Some(ep) = self.endpoints.get_mut(slot) {
-                    ep.outlier = EndpointOutlier::default();
-                }
-            }
-            self.ejected = 0;
-        }
-        self.outlier = cfg;
-        Ok(())
-    }
-
     /// What an answer from `addr` to a request routed there says about it (with
-    /// `outlierDetection` on; `None` otherwise, and for an endpoint not in the pool). Returns
+    /// `outlierDetection` configured; `None` otherwise, and for an endpoint not in the pool). Returns
     /// what was done when the answer completed a run of failures: the endpoint ejected (out of
     /// the candidates until the returned length has passed), or the ejection held back by
     /// `maxEjectionPercent`.
@@ -195,7 +171,7 @@ impl Scheduler {
         answer: Answer,
         now: Timestamp,
     ) -> Option<Ejection> {
-        let cfg = self.outlier?;
+        let cfg = self.cfg.outlier_detection?;
         if answer == Answer::Neutral {
             return None;
         }

@@ -1,4 +1,5 @@
-//! `spec.schedulers[].modelRewrites` and `spec.schedulers[].staleMetrics`.
+//! `spec.schedulers[].modelRewrites`, `spec.schedulers[].staleMetrics` and
+//! `spec.schedulers[].outlierDetection`.
 //!
 //! `modelRewrites` follows the Gateway API Inference Extension's `InferenceModelRewrite` rules
 //! (`matches[].model{type, value}`, `targets[]{modelRewrite, weight}`), plus infergate's
@@ -8,6 +9,8 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::validation;
 
 /// One rewrite rule: requests for the matched names (every name, with no `matches`) are sent
 /// as one of the targets, split by weight.
@@ -89,6 +92,56 @@ pub struct StaleMetricsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_inflight_per_endpoint: Option<u32>,
+}
+
+/// Passive outlier detection: a pod whose requests keep failing while its metrics look fine (an
+/// engine in an error state answering 500 at once looks idle, so it draws more requests) leaves
+/// the candidates for a while. Off unless given; each field left out takes its default.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = validation::outlier_rules)]
+pub struct OutlierDetectionSpec {
+    /// Failed answers in a row (500, 502, 503, 504, or no response headers) that eject a pod
+    /// (default 5).
+    #[serde(
+        rename = "consecutive5xx",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1))]
+    pub consecutive_5xx: Option<u32>,
+    /// The first ejection's length in ms (default 30000); the n-th in a row lasts n times as
+    /// long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604_800_000))]
+    pub base_ejection_ms: Option<u64>,
+    /// The longest ejection in ms (default 300000; not below `baseEjectionMs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604_800_000))]
+    pub max_ejection_ms: Option<u64>,
+    /// The most of the pool's pods ejected at once, percent, rounded down (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_ejection_percent: Option<u32>,
+}
+
+impl OutlierDetectionSpec {
+    /// `baseEjectionMs` when left out.
+    pub const DEFAULT_BASE_EJECTION_MS: u64 = 30_000;
+    /// `maxEjectionMs` when left out.
+    pub const DEFAULT_MAX_EJECTION_MS: u64 = 300_000;
+
+    /// `baseEjectionMs`, defaulted.
+    pub fn base_ejection_ms(&self) -> u64 {
+        self.base_ejection_ms
+            .unwrap_or(Self::DEFAULT_BASE_EJECTION_MS)
+    }
+
+    /// `maxEjectionMs`, defaulted.
+    pub fn max_ejection_ms(&self) -> u64 {
+        self.max_ejection_ms
+            .unwrap_or(Self::DEFAULT_MAX_EJECTION_MS)
+    }
 }
 
 /// Stale-metrics modes.

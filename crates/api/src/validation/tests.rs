@@ -50,6 +50,7 @@ fn crd_carries_every_rule_with_its_message_on_the_right_node() {
     let scheduler = &spec["properties"]["schedulers"]["items"];
     assert_carries(scheduler, SCHEDULER_RULES);
     assert_carries(&scheduler["properties"]["weights"], WEIGHTS_RULES);
+    assert_carries(&scheduler["properties"]["outlierDetection"], OUTLIER_RULES);
     assert_carries(&spec["properties"]["tls"], TLS_RULES);
     assert_carries(
         &spec["properties"]["gateway"]["properties"]["listeners"],

@@ -616,6 +616,10 @@ impl<P: EndpointPool> PickerExchange<P> {
             inflight.reassign(served);
             r.pod = served;
         }
+        // Outlier detection's evidence, on the endpoint that answered.
+        if let Some(inflight) = r.inflight.as_mut() {
+            inflight.answered(r.status);
+        }
         let is_sse = wire::find_header(h, "content-type")
             .is_some_and(|v| v.starts_with(b"text/event-stream"));
         r.watch = ResponseWatch::new(r.status, is_sse, self.shared.config.max_response_scan_bytes);

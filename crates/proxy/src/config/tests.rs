@@ -255,31 +255,32 @@ fn precise_prefix_sizes_out_of_range_are_refused_naming_the_model_and_field() {
 #[test]
 fn outlier_detection_is_read_and_a_bad_value_names_the_model_and_field() {
     let c = GatewayConfig::from_yaml(
-        "auth: none\nmodels:\n  - name: a\n    outlierDetection: { consecutive5xx: 2 }\n  - name: b\n",
+        "auth: none\nmodels:\n  - name: a\n    scheduler: { outlierDetection: { consecutive5xx: 2 } }\n  - name: b\n",
     )
     .unwrap();
-    let o = c.models[0].outlier_detection.unwrap();
+    let o = c.models[0].scheduler.outlier_detection.unwrap();
     assert_eq!((o.consecutive_5xx, o.base_ejection_ms), (2, 30_000));
-    assert_eq!(c.models[1].outlier_detection, None);
+    assert_eq!(c.models[1].scheduler.outlier_detection, None);
     for (bad, want) in [
         (
             "{ consecutive5xx: 0 }",
-            "outlierDetection.consecutive5xx: must be at least 1",
+            "`outlierDetection.consecutive5xx` must be at least 1",
         ),
         (
             "{ maxEjectionPercent: 120 }",
-            "outlierDetection.maxEjectionPercent: 120 is over 100",
+            "`outlierDetection.maxEjectionPercent` 120 is over 100",
         ),
         (
             "{ baseEjectionMs: 9000, maxEjectionMs: 100 }",
-            "outlierDetection.maxEjectionMs: 100 is below baseEjectionMs (9000)",
+            "`outlierDetection.maxEjectionMs` 100 is below baseEjectionMs (9000)",
         ),
     ] {
         let e = err(&format!(
-            "models:\n  - name: a\n    outlierDetection: {bad}\n"
+            "models:\n  - name: a\n    scheduler: {{ outlierDetection: {bad} }}\n"
         ));
         assert!(e.contains("model `a`") && e.contains(want), "{bad}: {e}");
     }
-    let e = err("models:\n  - name: a\n    outlierDetection: { consecutive5XX: 2 }\n");
+    let e =
+        err("models:\n  - name: a\n    scheduler: { outlierDetection: { consecutive5XX: 2 } }\n");
     assert!(e.contains("consecutive5XX"), "{e}");
 }

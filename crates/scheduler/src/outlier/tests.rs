@@ -144,39 +144,39 @@ fn settings_it_cannot_use_name_their_field() {
                 consecutive_5xx: 0,
                 ..cfg()
             },
-            "outlierDetection.consecutive5xx: must be at least 1",
+            "`outlierDetection.consecutive5xx` must be at least 1",
         ),
         (
             OutlierDetection {
                 base_ejection_ms: 0,
                 ..cfg()
             },
-            "outlierDetection.baseEjectionMs: must be from 1 to",
+            "`outlierDetection.baseEjectionMs` must be from 1 to",
         ),
         (
             OutlierDetection {
                 max_ejection_ms: WEEK_MS + 1,
                 ..cfg()
             },
-            "outlierDetection.maxEjectionMs: must be from 1 to",
+            "`outlierDetection.maxEjectionMs` must be from 1 to",
         ),
         (
             OutlierDetection {
                 max_ejection_ms: 5_000,
                 ..cfg()
             },
-            "outlierDetection.maxEjectionMs: 5000 is below baseEjectionMs (10000)",
+            "`outlierDetection.maxEjectionMs` 5000 is below baseEjectionMs (10000)",
         ),
         (
             OutlierDetection {
                 max_ejection_percent: 101,
                 ..cfg()
             },
-            "outlierDetection.maxEjectionPercent: 101 is over 100",
+            "`outlierDetection.maxEjectionPercent` 101 is over 100",
         ),
     ] {
         let e = bad.validate().unwrap_err().to_string();
-        assert!(e.starts_with(want), "{e}");
+        assert!(e.contains(want), "{e}");
     }
     let parsed: OutlierDetection =
         serde_yaml::from_str("{ consecutive5xx: 2, maxEjectionPercent: 30 }").unwrap();
@@ -189,4 +189,31 @@ fn settings_it_cannot_use_name_their_field() {
         }
     );
     assert!(serde_yaml::from_str::<OutlierDetection>("{ consecutive_5xx: 2 }").is_err());
+}
+
+/// The scheduler's configuration reads it under `outlierDetection`, refuses what it cannot use
+/// through its own validation, and writes it back out.
+#[test]
+fn the_scheduler_configuration_carries_it() {
+    let c: crate::SchedulerConfig =
+        serde_yaml::from_str("{ preset: round-robin, outlierDetection: { consecutive5xx: 2 } }")
+            .unwrap();
+    assert_eq!(
+        c.outlier_detection,
+        Some(OutlierDetection {
+            consecutive_5xx: 2,
+            ..OutlierDetection::default()
+        })
+    );
+    assert_eq!(crate::SchedulerConfig::default().outlier_detection, None);
+    let back: crate::SchedulerConfig =
+        serde_yaml::from_str(&serde_yaml::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back, c);
+    let bad: crate::SchedulerConfig =
+        serde_yaml::from_str("{ outlierDetection: { maxEjectionPercent: 200 } }").unwrap();
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("`outlierDetection.maxEjectionPercent` 200 is over 100"),
+        "{e}"
+    );
 }
