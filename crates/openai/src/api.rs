@@ -105,20 +105,26 @@ impl Route {
 /// model servers take request bodies uncompressed, so a compressed one would otherwise be
 /// refused as invalid JSON, or forwarded to a server that cannot read it.
 pub fn check_content_encoding(value: Option<&[u8]>) -> Result<(), ApiError> {
-    let Some(value) = value else {
-        return Ok(());
-    };
-    let plain = value.split(|b| *b == b',').all(|coding| {
-        let coding = coding.trim_ascii();
-        coding.is_empty() || coding.eq_ignore_ascii_case(b"identity")
-    });
-    if plain {
-        Ok(())
-    } else {
-        Err(ApiError::UnsupportedEncoding {
-            encoding: String::from_utf8_lossy(value).chars().take(100).collect(),
-        })
+    match value {
+        Some(v) if !only_coding(v, b"identity") => Err(ApiError::UnsupportedEncoding {
+            encoding: echoed(v),
+        }),
+        _ => Ok(()),
     }
+}
+
+/// Whether every comma-separated coding of a header `value` is `allowed` (ASCII case ignored)
+/// or empty.
+fn only_coding(value: &[u8], allowed: &[u8]) -> bool {
+    value.split(|b| *b == b',').all(|coding| {
+        let coding = coding.trim_ascii();
+        coding.is_empty() || coding.eq_ignore_ascii_case(allowed)
+    })
+}
+
+/// A header value as an error names it: lossy UTF-8, at most 100 characters.
+fn echoed(value: &[u8]) -> String {
+    String::from_utf8_lossy(value).chars().take(100).collect()
 }
 
 /// Refuses a request body sent with a transfer coding other than `chunked`. `value` is the
@@ -128,19 +134,11 @@ pub fn check_content_encoding(value: Option<&[u8]>) -> Result<(), ApiError> {
 /// (`gzip, chunked`) is [`ApiError::UnsupportedTransferEncoding`], which RFC 9112 suggests
 /// answering with 501 — decoded as plain chunks, the body would fail as JSON without saying why.
 pub fn check_transfer_encoding(value: Option<&[u8]>) -> Result<(), ApiError> {
-    let Some(value) = value else {
-        return Ok(());
-    };
-    let chunked_only = value.split(|b| *b == b',').all(|coding| {
-        let coding = coding.trim_ascii();
-        coding.is_empty() || coding.eq_ignore_ascii_case(b"chunked")
-    });
-    if chunked_only {
-        Ok(())
-    } else {
-        Err(ApiError::UnsupportedTransferEncoding {
-            coding: String::from_utf8_lossy(value).chars().take(100).collect(),
-        })
+    match value {
+        Some(v) if !only_coding(v, b"chunked") => {
+            Err(ApiError::UnsupportedTransferEncoding { coding: echoed(v) })
+        }
+        _ => Ok(()),
     }
 }
 

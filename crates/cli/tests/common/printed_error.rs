@@ -72,3 +72,30 @@ pub fn run_with_config(
         .expect("the infergate binary runs");
     outcome(&out)
 }
+
+/// `accessLog.path` in a folder that does not exist: `--check` and the start both refuse it,
+/// naming the path once, before binding anything; a path in an existing folder passes `--check`
+/// without being created (`--check` writes nothing). `run(body, args)` runs the subcommand on a
+/// configuration `body`; `config(path)` is a configuration whose `accessLog.path` is `path`.
+pub fn assert_access_log_checked(
+    dir: &std::path::Path,
+    config: impl Fn(&std::path::Path) -> String,
+    run: impl Fn(&str, &[&str]) -> (bool, String),
+) {
+    let missing = dir.join("no-such-folder/access.log");
+    for args in [&["--check"][..], &[]] {
+        let (ok, text) = run(&config(&missing), args);
+        assert!(!ok, "{args:?} passed: {text}");
+        assert!(text.contains("accessLog.path"), "{args:?}: {text}");
+        assert!(
+            text.contains("no-such-folder/access.log"),
+            "{args:?}: {text}"
+        );
+        assert!(!text.contains("binding"), "{args:?}: {text}");
+        assert_said_once(&printed_chain(&text), &text);
+    }
+    let fine = dir.join("access.log");
+    let (ok, text) = run(&config(&fine), &["--check"]);
+    assert!(ok, "{text}");
+    assert!(!fine.exists(), "--check created {}", fine.display());
+}
