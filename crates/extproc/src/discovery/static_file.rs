@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use infergate_metrics::{ENGINE_LABEL, Error as MetricsError, engine_for};
+use infergate_pool::precise::{EVENTS_PORT_LABEL, REPLAY_PORT_LABEL};
 use infergate_scheduler::EndpointMeta;
 use serde::Deserialize;
 
@@ -93,6 +94,28 @@ impl EndpointsFile {
             let mut labels = e.labels.clone();
             if let Some(engine) = &e.engine {
                 labels.insert(ENGINE_LABEL.to_owned(), engine.clone());
+            }
+            // Read only when precise prefix routing is on, and then a bad value is only a
+            // warning (a pod label may be anything); in a file, refuse it with the file.
+            for (label, reason) in [
+                (
+                    EVENTS_PORT_LABEL,
+                    "label infergate.io/kv-events-port must be a port, 1 to 65535",
+                ),
+                (
+                    REPLAY_PORT_LABEL,
+                    "label infergate.io/kv-events-replay-port must be a port, 1 to 65535",
+                ),
+            ] {
+                if labels
+                    .get(label)
+                    .is_some_and(|v| !matches!(v.parse::<u16>(), Ok(p) if p > 0))
+                {
+                    return Err(Error::Endpoint {
+                        endpoint: e.address.clone(),
+                        reason,
+                    });
+                }
             }
             let fallback = self.engine.as_deref().or(default_engine);
             let engine = match engine_for(&e.address, &labels, fallback) {
@@ -173,6 +196,30 @@ mod tests {
         assert!(matches!(bad, Error::Engine(_)), "{bad}");
         let cause = std::error::Error::source(&bad).unwrap().to_string();
         assert!(cause.contains("\"vlm\""), "{cause}");
+    }
+
+    /// A KV-event port label that is not a port is refused with the file, naming the entry and
+    /// the label: read at the pick, it was a warning, and the pod followed the configured port,
+    /// which on a host of several engines is another engine's feed.
+    #[test]
+    fn kv_event_port_labels_must_be_ports() {
+        let entry = |label: &str, value: &str| {
+            format!(
+                "engine: vllm\nendpoints:\n  - address: 127.0.0.1:1\n    labels: {{ {label}: \"{value}\" }}\n"
+            )
+        };
+        for label in [
+            infergate_pool::precise::EVENTS_PORT_LABEL,
+            infergate_pool::precise::REPLAY_PORT_LABEL,
+        ] {
+            for value in ["60o2", "0", "65536", ""] {
+                let err = parse(&entry(label, value)).unwrap_err().to_string();
+                assert!(err.starts_with("endpoint `127.0.0.1:1`: "), "{err}");
+                assert!(err.contains(label) && err.contains("1 to 65535"), "{err}");
+            }
+            let eps = parse(&entry(label, "6002")).unwrap();
+            assert_eq!(eps[0].labels[label], "6002");
+        }
     }
 
     /// `--default-engine` applies to entries for which neither the entry nor the file names an
