@@ -195,7 +195,7 @@ pub fn status(
     flow_queue: usize,
     limits: &Limits,
 ) -> ModelStatus {
-    let ready_count = pods.iter().filter(|p| !p.stale).count();
+    let ready_count = pods.iter().filter(|p| !p.stale && !p.ejected).count();
     let held = if ready_count == 0 {
         0.0
     } else {
@@ -213,7 +213,9 @@ pub fn status(
         if let Some(age) = p.metrics_age {
             newest = Some(newest.map_or(age, |n| n.min(age)));
         }
-        if p.stale {
+        // Not routed on: a stale pod, or one outlier detection ejected (it looks idle, and would
+        // make the model's estimates look better than any request routed now will find them).
+        if p.stale || p.ejected {
             continue;
         }
         ready += 1;

@@ -65,6 +65,8 @@ pub struct PodSample {
     pub stale: bool,
     /// How its scrapes are going.
     pub scrape: infergate_metrics::ScrapeState,
+    /// Whether outlier detection has it out of the candidates (its requests kept failing).
+    pub ejected: bool,
     /// Scraped queue depth.
     pub waiting: Option<u32>,
     /// Scraped running batch.
@@ -121,6 +123,7 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 metrics_age: age,
                 stale: crate::routable(&info, now, stale_after) != Some(true),
                 scrape: info.scrape,
+                ejected: info.ejected_until.is_some_and(|until| now < until),
                 waiting: m.map(|m| m.waiting),
                 running: m.map(|m| m.running),
                 kv_cache_usage: m.and_then(|m| m.kv_cache_usage),
@@ -282,6 +285,13 @@ impl Collector for PodCollector {
             "1 when the pod is not routed on (a scheduler with freshness on): its scrapes failed, or its last good metrics page is older than the staleness threshold with no late scrape, or there is none; else 0",
             &labelled,
             |s| Some(u64::from(s.stale)),
+        )?;
+        gauge(
+            e,
+            "infergate_pod_ejected",
+            "1 while outlier detection has the pod out of the candidates (its requests failed outlierDetection.consecutive5xx times in a row while its metrics looked fine), else 0",
+            &labelled,
+            |s| Some(u64::from(s.ejected)),
         )?;
         if !labelled.is_empty() {
             let mut family = e.encode_descriptor(

@@ -306,9 +306,18 @@ async fn a_pod_failing_every_request_is_ejected_by_outlier_detection() {
             &[("model", "m")],
         );
         assert_eq!(good[0].requests() + good[1].requests(), 30);
+        let ejected = |addr: SocketAddr| {
+            infergate_testkit::metric(
+                &metrics,
+                "infergate_pod_ejected",
+                &[("pod", &addr.to_string())],
+            )
+        };
         if on {
             assert_eq!(bad.requests(), 3, "an ejected pod was sent requests");
             assert_eq!(ejections, Some(1.0), "{metrics}");
+            assert_eq!(ejected(bad.addr), Some(1.0), "{metrics}");
+            assert_eq!(ejected(good[0].addr), Some(0.0), "{metrics}");
             // Off by a reload: the pod is a candidate again at once.
             gw.gw
                 .handle()
@@ -325,6 +334,7 @@ async fn a_pod_failing_every_request_is_ejected_by_outlier_detection() {
                 "round-robin puts it first every third time"
             );
             assert_eq!(ejections, Some(0.0), "{metrics}");
+            assert_eq!(ejected(bad.addr), Some(0.0), "{metrics}");
         }
     }
 }

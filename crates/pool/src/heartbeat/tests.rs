@@ -9,6 +9,7 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
         metrics_age: Some(Duration::from_millis(u64::from(port))),
         stale,
         scrape: infergate_metrics::ScrapeState::Ok,
+        ejected: false,
         waiting: Some(waiting),
         running: Some(2),
         kv_cache_usage: Some(kv),
@@ -139,4 +140,23 @@ fn documents_count_generations_and_round_trip_through_json() {
     assert!(json.contains(r#""readyPods":1"#), "{json}");
     assert!(json.contains(r#""estimatedTtftMs":100.0"#), "{json}");
     assert_eq!(serde_json::from_str::<ModelStatus>(&json).unwrap(), s);
+}
+
+/// A pod outlier detection ejected looks idle (its requests fail at once): it is not ready, and
+/// its empty queue does not make the model's estimates look better than what a request routed
+/// now finds.
+#[test]
+fn an_ejected_pod_is_not_ready_and_not_in_the_estimates() {
+    let busy = pod(1, false, 8, 0.5, Some(5_120.0));
+    let failing = PodSample {
+        ejected: true,
+        ..pod(2, false, 0, 0.0, Some(5_120.0))
+    };
+    let both = status("m", &[busy.clone(), failing.clone()], 0, 0, &LIMITS);
+    let alone = status("m", &[busy], 0, 0, &LIMITS);
+    assert_eq!((both.pods, both.ready_pods), (2, 1));
+    assert_eq!(both.estimated_ttft_ms, alone.estimated_ttft_ms);
+    assert_eq!(both.saturation, alone.saturation);
+    let none = status("m", &[failing], 0, 0, &LIMITS);
+    assert_eq!(none.ready_pods, 0);
 }
