@@ -228,9 +228,10 @@ pub enum ApiError {
         retry_after: Duration,
     },
     /// Flow control: the request waited in its priority band's queue for as long as
-    /// `flowControl.requestTtlMs` allows without a pod getting headroom.
+    /// `flowControl.requestTtlMs` allows without being sent: no pod got headroom, or the
+    /// model's `maxConcurrentRequests` stayed taken.
     #[error(
-        "the model `{model}` is saturated and the request waited {} ms in its queue without a pod getting headroom: retry after {} s",
+        "the model `{model}` is saturated (its pods, or its maxConcurrentRequests) and the request waited {} ms in its queue without being sent: retry after {} s",
         waited.as_millis(),
         retry_after_secs(*retry_after)
     )]

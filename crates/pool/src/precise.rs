@@ -33,6 +33,34 @@ pub const EVENTS_PORT_LABEL: &str = "infergate.io/kv-events-port";
 /// An endpoint label naming its engine's KV-event replay port.
 pub const REPLAY_PORT_LABEL: &str = "infergate.io/kv-events-replay-port";
 
+/// Refuses a [`EVENTS_PORT_LABEL`] or [`REPLAY_PORT_LABEL`] in an endpoint's configured
+/// `labels` that is not a port (1 to 65535), saying which: read only at the pick, such a value
+/// is a warning and the pod follows the configured port — with several engines on one host,
+/// another engine's feed. For configuration files (the gateway's, the picker's endpoints file),
+/// where a mistake can be refused at load; a pod's own label may be anything.
+pub fn check_port_labels(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<(), &'static str> {
+    for (label, reason) in [
+        (
+            EVENTS_PORT_LABEL,
+            "label infergate.io/kv-events-port must be a port, 1 to 65535",
+        ),
+        (
+            REPLAY_PORT_LABEL,
+            "label infergate.io/kv-events-replay-port must be a port, 1 to 65535",
+        ),
+    ] {
+        if labels
+            .get(label)
+            .is_some_and(|v| !matches!(v.parse::<u16>(), Ok(p) if p > 0))
+        {
+            return Err(reason);
+        }
+    }
+    Ok(())
+}
+
 /// Precise prefix routing settings (`precisePrefix` in the gateway's pool, the picker's
 /// `--tokenizer` and `--kv-events-*` flags).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

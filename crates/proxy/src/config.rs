@@ -369,6 +369,12 @@ impl TryFrom<RawModel> for ModelConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for ep in &r.endpoints {
+            if let Err(reason) = infergate_pool::precise::check_port_labels(&ep.labels) {
+                return Err(format!(
+                    "model `{}`: endpoint {}: {reason}",
+                    r.name, ep.address
+                ));
+            }
             if !seen.insert(ep.address) {
                 return Err(format!(
                     "model `{}`: endpoint {} is listed twice",

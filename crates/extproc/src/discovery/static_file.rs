@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use infergate_metrics::{ENGINE_LABEL, Error as MetricsError, engine_for};
-use infergate_pool::precise::{EVENTS_PORT_LABEL, REPLAY_PORT_LABEL};
+use infergate_pool::precise::check_port_labels;
 use infergate_scheduler::EndpointMeta;
 use serde::Deserialize;
 
@@ -97,25 +97,11 @@ impl EndpointsFile {
             }
             // Read only when precise prefix routing is on, and then a bad value is only a
             // warning (a pod label may be anything); in a file, refuse it with the file.
-            for (label, reason) in [
-                (
-                    EVENTS_PORT_LABEL,
-                    "label infergate.io/kv-events-port must be a port, 1 to 65535",
-                ),
-                (
-                    REPLAY_PORT_LABEL,
-                    "label infergate.io/kv-events-replay-port must be a port, 1 to 65535",
-                ),
-            ] {
-                if labels
-                    .get(label)
-                    .is_some_and(|v| !matches!(v.parse::<u16>(), Ok(p) if p > 0))
-                {
-                    return Err(Error::Endpoint {
-                        endpoint: e.address.clone(),
-                        reason,
-                    });
-                }
+            if let Err(reason) = check_port_labels(&labels) {
+                return Err(Error::Endpoint {
+                    endpoint: e.address.clone(),
+                    reason,
+                });
             }
             let fallback = self.engine.as_deref().or(default_engine);
             let engine = match engine_for(&e.address, &labels, fallback) {

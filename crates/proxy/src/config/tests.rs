@@ -284,3 +284,30 @@ fn outlier_detection_is_read_and_a_bad_value_names_the_model_and_field() {
         err("models:\n  - name: a\n    scheduler: { outlierDetection: { consecutive5XX: 2 } }\n");
     assert!(e.contains("consecutive5XX"), "{e}");
 }
+
+/// A KV-event port label on an endpoint that is not a port is refused at load, naming the
+/// model, the endpoint and the label (read at the pick, it was a warning, and the pod followed
+/// the configured port: another engine's feed on a shared host).
+#[test]
+fn a_kv_event_port_label_that_is_not_a_port_is_refused() {
+    for label in [
+        "infergate.io/kv-events-port",
+        "infergate.io/kv-events-replay-port",
+    ] {
+        for value in ["60o2", "0", "65536"] {
+            let e = err(&format!(
+                "models:\n  - name: a\n    endpoints:\n      - {{ address: 127.0.0.1:8101, labels: {{ {label}: \"{value}\" }} }}\n"
+            ));
+            assert!(
+                e.contains("model `a`: endpoint 127.0.0.1:8101: label")
+                    && e.contains(label)
+                    && e.contains("1 to 65535"),
+                "{label}={value}: {e}"
+            );
+        }
+        GatewayConfig::from_yaml(&format!(
+            "auth: none\nmodels:\n  - name: a\n    endpoints:\n      - {{ address: 127.0.0.1:8101, labels: {{ {label}: \"6002\" }} }}\n"
+        ))
+        .unwrap();
+    }
+}
