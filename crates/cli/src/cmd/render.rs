@@ -152,12 +152,21 @@ fn schema_problems(schema: &CrdSchema, doc: &mut Value) -> anyhow::Result<Option
         Err(infergate_api::Error::Schema(v)) => v,
         Err(other) => return Err(other.into()),
     };
-    let mut lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
-    if let Ok(cfg) = serde_json::from_value::<InferenceGatewayConfig>(doc.clone())
-        && let Err(infergate_api::Error::Invalid(rules)) = validation::validate(&cfg.spec)
-    {
-        lines.extend(rules.iter().map(ToString::to_string));
-    }
+    let rules = match serde_json::from_value::<InferenceGatewayConfig>(doc.clone()) {
+        Ok(cfg) => match validation::validate(&cfg.spec) {
+            Err(infergate_api::Error::Invalid(rules)) => rules,
+            _ => Vec::new(),
+        },
+        Err(_) => Vec::new(),
+    };
+    // A field both the schema and the operator check (a band's `maxRequests: 0`, an empty
+    // `modelSelector`) is said once, in the operator's words, which say why.
+    let mut lines: Vec<String> = violations
+        .iter()
+        .filter(|v| !rules.iter().any(|r| r.field == v.field))
+        .map(ToString::to_string)
+        .collect();
+    lines.extend(rules.iter().map(ToString::to_string));
     Ok(Some(lines))
 }
 

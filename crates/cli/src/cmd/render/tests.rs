@@ -333,3 +333,19 @@ fn the_document_at_fault_is_named_in_a_stream() {
         "{err}"
     );
 }
+
+/// A bound both the schema and the operator check is reported once, in the operator's words.
+#[test]
+fn a_field_the_schema_refuses_is_named_once() {
+    let path = infergate_testkit::example_configs("invalid")
+        .into_iter()
+        .find(|p| p.ends_with("flow-control-zero-band.yaml"))
+        .unwrap();
+    let err = refused(&std::fs::read_to_string(path).unwrap());
+    assert_eq!(
+        err.matches("spec.flowControl.bands.sheddable.maxRequests")
+            .count(),
+        1,
+        "{err}"
+    );
+}
