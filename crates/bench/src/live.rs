@@ -46,22 +46,29 @@ use crate::workload::{self, Arrival};
 
 const CDF_POINTS: usize = 200;
 
-/// How one live request ended.
+/// How one live request ended, as its client saw it ([`one_request`]).
 #[derive(Debug, Clone)]
-enum Outcome {
+pub enum Outcome {
+    /// Answered 200 with generated text.
     Done {
+        /// Seconds from sending the request to the first SSE event carrying text.
         ttft: f64,
+        /// Seconds from sending it to the end of the answer.
         e2e: f64,
+        /// Output tokens, from the final `usage` event (else the tokens asked for).
         output_tokens: u32,
+        /// Seconds from the run's start to the end of the answer.
         finished: f64,
     },
+    /// Answered 429 or 503: the front refused it.
     Rejected,
+    /// Anything else.
     Failed(Failure),
 }
 
 /// Why a live request did not complete, as counted in [`RunResult::failures`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Failure {
+pub enum Failure {
     /// The request could not be built (never expected).
     Request,
     /// The request's task ended without an answer (never expected).
@@ -792,7 +799,11 @@ async fn stop_run(
     (per_pod, load)
 }
 
-async fn one_request(
+/// Sends arrival `a` to `url` (an OpenAI chat completions URL) as a streamed chat request for
+/// `model` and reads the answer to its end; `start` is the run's start, for
+/// [`Outcome::Done`]'s `finished`. Live mode sends every arrival with it; a load generator of
+/// its own (`crates/bench/examples/outlier.rs`) may too.
+pub async fn one_request(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
     model: &str,
