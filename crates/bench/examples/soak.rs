@@ -32,7 +32,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -45,6 +45,11 @@ use infergate_bench::report::{Panel, time_series_svg};
 use infergate_sim::{FleetSpec, serve_fleet};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+#[path = "common/process.rs"]
+mod process;
+
+use process::{free_port, stop};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -107,12 +112,6 @@ struct Sample {
     errors: u64,
     p50_ms: f64,
     p99_ms: f64,
-}
-
-fn free_port() -> Result<u16, BoxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn rss_kib(pid: u32) -> Result<u64, BoxError> {
@@ -243,20 +242,6 @@ fn check_config(bin: &Path, config: &Path) -> Result<bool, BoxError> {
         .arg(config)
         .output()?;
     Ok(out.status.success())
-}
-
-fn stop(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    for _ in 0..100 {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[tokio::main]

@@ -436,6 +436,26 @@ fn live_gateway(scenario: &Scenario) -> Option<LiveGateway> {
     })
 }
 
+/// The gateway's `endpoints:` for the pods `served` of `spec` (in the fleet's order): address,
+/// name, GPU and engine, as live mode configures its gateway.
+pub fn gateway_endpoints(
+    spec: &FleetSpec,
+    served: &[(String, std::net::SocketAddr)],
+) -> Vec<serde_json::Value> {
+    served
+        .iter()
+        .zip(&spec.pods)
+        .map(|((name, addr), p)| {
+            serde_json::json!({
+                "address": addr.to_string(),
+                "name": name,
+                "gpu": p.profile.gpu_label(),
+                "engine": p.engine.as_str(),
+            })
+        })
+        .collect()
+}
+
 fn gateway_config(
     scenario: &Scenario,
     spec: &FleetSpec,
@@ -455,18 +475,7 @@ fn gateway_config(
         .map(|l| l.adapters.clone())
         .unwrap_or_default();
     let scrape = GatewayScrape::for_scenario(&scenario.scrape);
-    let endpoints: Vec<serde_json::Value> = served
-        .iter()
-        .zip(&spec.pods)
-        .map(|((name, addr), p)| {
-            serde_json::json!({
-                "address": addr.to_string(),
-                "name": name,
-                "gpu": p.profile.gpu_label(),
-                "engine": p.engine.as_str(),
-            })
-        })
-        .collect();
+    let endpoints = gateway_endpoints(spec, served);
     let cfg = serde_json::json!({
         "listen": "127.0.0.1:0",
         "admin": "127.0.0.1:0",
