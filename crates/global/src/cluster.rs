@@ -518,7 +518,8 @@ impl Cluster {
         telemetry: &Telemetry,
     ) -> Option<Trigger> {
         self.consecutive.succeed();
-        if routed_on {
+        // Without `failurePercentage` a success reads no clock.
+        if routed_on && self.outlier.rate.is_some() {
             self.judge_interval(Verdict::Success, now(), telemetry)
         } else {
             None

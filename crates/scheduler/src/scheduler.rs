@@ -268,8 +268,9 @@ impl Scheduler {
         };
         if let Some(ep) = state {
             ep.unlearn_from(&mut self.rates);
-            if self.ejected > 0 && ep.outlier.is_ejected(Timestamp::ZERO) {
-                // Counted among the ejected: taken again at the next pick.
+            if self.ejected > 0 && ep.outlier.until().is_some() {
+                // It may be counted among the ejected: the count is taken again at the next
+                // pick.
                 self.readmit_at = Timestamp::ZERO;
             }
         }
