@@ -8,6 +8,7 @@
 
 use crate::decision::Ticket;
 use crate::endpoint::Timestamp;
+use crate::prefix::Recorded;
 use crate::state::EndpointState;
 
 /// Where an in-flight request is in its life.
@@ -38,6 +39,8 @@ pub(crate) struct Entry {
     pub(crate) adapter: u64,
     /// Whether its endpoint's per-adapter table ([`crate::lora::AdapterInflight`]) counts it.
     pub(crate) adapter_counted: bool,
+    /// Its prompt's blocks as the prefix index recorded them on its endpoint.
+    pub(crate) prefix: Recorded,
 }
 
 impl Entry {
@@ -54,6 +57,7 @@ impl Entry {
         queued_tokens: 0.0,
         adapter: 0,
         adapter_counted: false,
+        prefix: Recorded::NOTHING,
     };
 }
 
@@ -61,29 +65,52 @@ impl Entry {
 #[derive(Default)]
 pub(crate) struct InflightTable {
     entries: Vec<Entry>,
+    /// Each entry's prompt blocks (prefix hashes), by entry index: a fallback takes them to the
+    /// endpoint that serves the request. A freed entry's buffer is reused.
+    blocks: Vec<Vec<u64>>,
     free: Vec<u32>,
     live: usize,
 }
 
 impl InflightTable {
-    pub(crate) fn insert(&mut self, mut e: Entry) -> Ticket {
+    /// Adds `e` with its prompt's `blocks`.
+    pub(crate) fn insert(&mut self, mut e: Entry, blocks: &[u64]) -> Ticket {
         self.live += 1;
-        if let Some(i) = self.free.pop() {
+        let ticket = if let Some(i) = self.free.pop() {
             let slot = &mut self.entries[i as usize];
             e.generation = slot.generation;
             *slot = e;
-            return Ticket {
+            Ticket {
                 index: i,
                 generation: e.generation,
-            };
+            }
+        } else {
+            let i = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
+            e.generation = 0;
+            self.entries.push(e);
+            self.blocks.push(Vec::new());
+            Ticket {
+                index: i,
+                generation: 0,
+            }
+        };
+        if let Some(b) = self.blocks.get_mut(ticket.index as usize) {
+            b.clear();
+            b.extend_from_slice(blocks);
         }
-        let i = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
-        e.generation = 0;
-        self.entries.push(e);
-        Ticket {
-            index: i,
-            generation: 0,
-        }
+        ticket
+    }
+
+    /// The entry of `t` and its prompt's blocks.
+    pub(crate) fn get_with_blocks(&mut self, t: Ticket) -> Option<(&mut Entry, &[u64])> {
+        let e = self
+            .entries
+            .get_mut(t.index as usize)
+            .filter(|e| e.generation == t.generation && e.phase != Phase::Free)?;
+        Some((
+            e,
+            self.blocks.get(t.index as usize).map_or(&[], Vec::as_slice),
+        ))
     }
 
     pub(crate) fn get_mut(&mut self, t: Ticket) -> Option<&mut Entry> {

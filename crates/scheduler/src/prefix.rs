@@ -162,6 +162,21 @@ pub struct PrefixStats {
     pub estimated_bytes: u64,
 }
 
+/// What one [`PrefixIndex::insert`] recorded: block `k` of the prompt with stamp `first + k`, of
+/// which the first `held` blocks the endpoint held already.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// The stamp of the prompt's first block; 0 when nothing was recorded.
+    pub first: u64,
+    /// Leading blocks the endpoint held before.
+    pub held: u32,
+}
+
+impl Recorded {
+    /// Nothing recorded (an unknown endpoint, or no blocks).
+    pub const NOTHING: Recorded = Recorded { first: 0, held: 0 };
+}
+
 /// The approximate prefix index. Endpoints are identified by small integer slots (the scheduler
 /// uses its endpoint-table slots). Public for benchmarks and tools; the scheduler drives it.
 pub struct PrefixIndex {
@@ -260,12 +275,17 @@ impl PrefixIndex {
         }
     }
 
-    /// Records that `hashes` (one prompt's blocks) were sent to `slot`.
-    pub fn insert(&mut self, slot: u32, hashes: &[u64]) {
+    /// Records that `hashes` (one prompt's blocks) were sent to `slot`; what was recorded, for
+    /// [`PrefixIndex::withdraw`].
+    pub fn insert(&mut self, slot: u32, hashes: &[u64]) -> Recorded {
         let i = slot as usize;
         if !self.endpoints.get(i).is_some_and(|e| e.live) {
-            return;
+            return Recorded::NOTHING;
         }
+        let first = self.stamp + 1;
+        // The leading blocks `slot` held already.
+        let mut held = 0u32;
+        let mut leading = true;
         // Neither the endpoint's tuned capacity nor the number of live endpoints changes here.
         let cap = self.capacity(i);
         if self.map.len() >= PREFETCH_MIN_BLOCKS {
@@ -301,6 +321,8 @@ impl PrefixIndex {
                 }
                 true
             };
+            leading &= !added;
+            held += u32::from(leading);
             let e = &mut self.endpoints[i];
             e.order.push_back((h, stamp));
             if added {
@@ -308,6 +330,36 @@ impl PrefixIndex {
                 self.entries += 1;
             }
             self.trim_to(i, cap);
+        }
+        Recorded { first, held }
+    }
+
+    /// Takes back what one [`PrefixIndex::insert`] of `hashes` on `slot` recorded (`recorded`,
+    /// its return value): the request went to another endpoint (a fallback), so `slot` never
+    /// prefilled it. The leading blocks `slot` held before stay, and so does a block recorded
+    /// again since by a later request.
+    pub fn withdraw(&mut self, slot: u32, hashes: &[u64], recorded: Recorded) {
+        let i = slot as usize;
+        if recorded.first == 0 || !self.endpoints.get(i).is_some_and(|e| e.live) {
+            return;
+        }
+        let held = recorded.held as usize;
+        let from = recorded.first + held as u64;
+        for (stamp, h) in (from..).zip(hashes.iter().skip(held)) {
+            if let Entry::Occupied(mut o) = self.map.entry(*h) {
+                let entry = o.get_mut();
+                if let Some(p) = entry.position(slot)
+                    && entry.stamps[p] == stamp
+                {
+                    // Its LRU record is now stale and will be skipped.
+                    entry.slots[p] = EMPTY;
+                    self.endpoints[i].count -= 1;
+                    self.entries -= 1;
+                    if entry.is_empty() {
+                        o.remove();
+                    }
+                }
+            }
         }
     }
 

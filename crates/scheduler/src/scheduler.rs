@@ -20,7 +20,7 @@ use crate::lora::adapter_hash;
 use crate::outlier::{Answer, Ejection};
 use crate::peers::PeerTable;
 use crate::picker::Picker;
-use crate::prefix::{PrefixIndex, PrefixStats, hash_blocks, model_seed};
+use crate::prefix::{PrefixIndex, PrefixStats, Recorded, hash_blocks, model_seed};
 use crate::rates::PoolRates;
 use crate::request::RequestContext;
 use crate::sample;
@@ -508,7 +508,7 @@ impl Scheduler {
         let Some(slot) = self.endpoints.slot_of(&addr) else {
             return false;
         };
-        let Some(old) = self.inflight.get_mut(ticket).copied() else {
+        let Some((&mut old, _)) = self.inflight.get_with_blocks(ticket) else {
             return false;
         };
         if old.slot == slot && self.endpoints.generation(slot) == old.slot_generation {
@@ -526,7 +526,13 @@ impl Scheduler {
         e.slot_generation = generation;
         e.epoch = ep.epoch;
         inflight::charge(ep, &mut e);
-        if let Some(entry) = self.inflight.get_mut(ticket) {
+        if let Some((entry, blocks)) = self.inflight.get_with_blocks(ticket) {
+            // The prompt's blocks go where the request is served: left on the endpoint that
+            // failed, they would draw the next requests of that prefix back to it.
+            if !blocks.is_empty() {
+                self.prefix.withdraw(old.slot, blocks, old.prefix);
+                e.prefix = self.prefix.insert(slot, blocks);
+            }
             *entry = e;
         }
         true
@@ -898,13 +904,15 @@ impl Scheduler {
             queued_tokens: v.queued_tokens,
             adapter: cx.adapter_hash,
             adapter_counted: false,
+            prefix: Recorded::NOTHING,
         };
         inflight::charge(ep, &mut entry);
         ep.picked += 1;
-        let ticket = self.inflight.insert(entry);
-        if use_prefix && !sc.hashes.is_empty() {
-            self.prefix.insert(v.slot, &sc.hashes);
+        let blocks: &[u64] = if use_prefix { &sc.hashes } else { &[] };
+        if !blocks.is_empty() {
+            entry.prefix = self.prefix.insert(v.slot, blocks);
         }
+        let ticket = self.inflight.insert(entry, blocks);
         Ok(Decision {
             endpoints,
             ticket,

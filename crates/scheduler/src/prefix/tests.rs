@@ -74,6 +74,40 @@ fn match_counts_leading_blocks_per_endpoint() {
 }
 
 #[test]
+fn withdraw_takes_back_one_insert_but_not_what_was_held_or_touched_since() {
+    let mut ix = PrefixIndex::new(cfg(1 << 20, 1000));
+    ix.set_endpoint(0, None);
+    ix.set_endpoint(1, None);
+    // Endpoint 0 held blocks 1 and 2 before; the request adds 3 and 4.
+    ix.insert(0, &[1, 2]);
+    let r = ix.insert(0, &[1, 2, 3, 4]);
+    assert_eq!(r.held, 2);
+    assert_eq!(matched(&ix, &[1, 2, 3, 4], 2), [4, 0]);
+    ix.withdraw(0, &[1, 2, 3, 4], r);
+    assert_eq!(matched(&ix, &[1, 2, 3, 4], 2), [2, 0]);
+    assert_eq!(ix.stats().entries, 2);
+    assert_eq!(
+        ix.stats().blocks,
+        2,
+        "a block no endpoint holds leaves the map"
+    );
+    // A block recorded again by a later request stays.
+    let r = ix.insert(1, &[5, 6, 7]);
+    assert_eq!(r.held, 0);
+    ix.insert(1, &[5, 6]);
+    ix.withdraw(1, &[5, 6, 7], r);
+    assert_eq!(matched(&ix, &[5, 6, 7], 2), [0, 2]);
+    // Nothing recorded, or a withdrawal repeated: nothing changes.
+    ix.withdraw(1, &[5, 6], Recorded::NOTHING);
+    ix.withdraw(1, &[5, 6, 7], r);
+    assert_eq!(matched(&ix, &[5, 6, 7], 2), [0, 2]);
+    // The stale LRU records are skipped on eviction: the counts stay exact.
+    assert_eq!(ix.endpoints[0].count, 2);
+    assert_eq!(ix.endpoints[1].count, 2);
+    assert_eq!(ix.stats().entries, 4);
+}
+
+#[test]
 fn per_endpoint_lru_evicts_the_least_recently_used() {
     let mut ix = PrefixIndex::new(cfg(1 << 20, 3));
     ix.set_endpoint(0, None);

@@ -87,6 +87,44 @@ fn a_prompt_cached_under_one_adapter_does_not_match_under_another() {
     assert_eq!(same[0].0, d.endpoints.first());
 }
 
+/// A request whose first choice failed is served by a fallback: the prompt's blocks go with it.
+/// Left on the first choice, they drew the next request of that prefix back to the pod that
+/// failed, and the pod that holds the prefix got no credit.
+#[test]
+fn a_fallback_takes_the_prompt_blocks_with_it() {
+    let mut s = scheduler(SchedulerConfig::default(), 4);
+    let text = prompt_text("retried conversation");
+    let segs = [text.as_str()];
+    let req = RequestContext::new("m", 500).with_prompt(&segs);
+    let d = s.pick(&req, T0, &mut rng(1)).unwrap();
+    let (failed, served) = (d.endpoints.as_slice()[0], d.endpoints.as_slice()[1]);
+    assert!(s.reassign(d.ticket, served));
+    assert!(s.complete(d.ticket, T0, Usage::default()));
+    let (d2, ex) = s.pick_explained(&req, T0, &mut rng(2));
+    s.cancel(d2.unwrap().ticket, T0);
+    let holding: Vec<_> = ex
+        .candidates
+        .iter()
+        .filter(|c| c.prefix_blocks > 0)
+        .map(|c| (c.addr, c.prefix_blocks))
+        .collect();
+    assert_eq!(
+        holding,
+        [(served, ex.prompt_blocks as u32)],
+        "failed: {failed}"
+    );
+    // Reassigning to where the request already is changes nothing.
+    let d3 = s.pick(&req, T0, &mut rng(3)).unwrap();
+    let first = d3.endpoints.first();
+    assert!(s.reassign(d3.ticket, first));
+    let (_, ex) = s.pick_explained(&req, T0, &mut rng(4));
+    assert!(
+        ex.candidates
+            .iter()
+            .any(|c| c.addr == first && c.prefix_blocks as usize == ex.prompt_blocks)
+    );
+}
+
 #[test]
 fn prefix_affinity_yields_when_the_pod_is_overloaded() {
     let mut s = scheduler(SchedulerConfig::default(), 2);
