@@ -54,6 +54,12 @@ pub enum SimError {
     /// A request can never be served by the pod (prompt larger than its KV cache, unknown adapter).
     #[error("request rejected: {0}")]
     Rejected(String),
+    /// The pod failed the request at once, by its `error_rate` fault (a model server answering
+    /// HTTP 500 before any engine work, its metrics unchanged): the caller may try another pod.
+    #[error(
+        "pod {0} failed the request (its error_rate fault: an HTTP 500 before any engine work)"
+    )]
+    Failed(usize),
     /// A token id that no text produces (see [`crate::tokens`]).
     #[error("token id {0} is not in the emulator's vocabulary")]
     UnknownToken(u32),

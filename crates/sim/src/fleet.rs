@@ -19,7 +19,7 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::spec::{EngineKind, FleetSpec};
+use crate::spec::{EngineKind, FaultStep, Faults, FleetSpec};
 use crate::tokens::chain_seed;
 use crate::{Completion, Engine, EngineRequest, EngineView, KvEvent, Prompt, SimError};
 
@@ -56,6 +56,15 @@ struct SimPod {
     version: u32,
     scraped: EngineView,
     pending: VecDeque<(f64, EngineView)>,
+    /// The pod's faults now: `error_rate` fails requests at [`Fleet::submit`], `slowdown`
+    /// prices its steps.
+    faults: Faults,
+    /// Scripted fault changes still to come, in time order, from `next_step` on.
+    script: Vec<FaultStep>,
+    next_step: usize,
+    /// The pod's own seed, and the draws of its `error_rate` from it.
+    seed: u64,
+    rng: SmallRng,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +159,14 @@ pub struct Fleet {
     /// Per-pod scrape times when scrapes are staggered (each pod on its own phase).
     staggered: bool,
     scrape_heap: BinaryHeap<Event>,
+    /// The time of the next scripted fault change of any pod (infinite when none is left).
+    next_fault: f64,
+}
+
+/// Mixes a run seed into a pod's seed for its fault draws (the golden-ratio constant spreads
+/// consecutive run seeds over the whole range).
+fn fault_seed(pod_seed: u64, run_seed: u64) -> u64 {
+    pod_seed ^ run_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 impl Fleet {
@@ -174,12 +191,19 @@ impl Fleet {
                 version: 0,
                 scraped,
                 pending: VecDeque::new(),
+                faults: p.faults,
+                script: p.fault_script.clone(),
+                next_step: 0,
+                seed: p.seed,
+                rng: SmallRng::seed_from_u64(fault_seed(p.seed, 0)),
             });
         }
         if u32::try_from(pods.len()).is_err() {
             return Err(SimError::FleetInvalid("too many pods".into()));
         }
+        let next_fault = first_fault_step(&pods);
         Ok(Fleet {
+            next_fault,
             heap: BinaryHeap::with_capacity(pods.len() * 2),
             pods,
             now: 0.0,
@@ -258,6 +282,33 @@ impl Fleet {
         Ok(())
     }
 
+    /// The pod's faults now (scripted changes up to [`Fleet::now`] applied).
+    pub fn faults(&self, pod: usize) -> Option<&Faults> {
+        self.pods.get(pod).map(|p| &p.faults)
+    }
+
+    /// Reseeds every pod's `error_rate` draws from its own seed and `seed`: a benchmark's run
+    /// seed, so that each seed of a scenario (whose pods have fixed seeds) draws afresh while the
+    /// same seed draws the same failures. [`Fleet::new`] seeds them as `seed` 0 does.
+    pub fn seed_faults(&mut self, seed: u64) {
+        for p in &mut self.pods {
+            p.rng = SmallRng::seed_from_u64(fault_seed(p.seed, seed));
+        }
+    }
+
+    /// Applies every pod's scripted fault changes due at `t` (the next fault time).
+    fn apply_fault_steps(&mut self, t: f64) {
+        for p in &mut self.pods {
+            while let Some(step) = p.script.get(p.next_step).filter(|s| s.at_s <= t) {
+                step.apply(&mut p.faults);
+                p.next_step += 1;
+                // From the pod's next step on: the one in progress keeps its price.
+                p.engine.set_slowdown(p.faults.slowdown);
+            }
+        }
+        self.next_fault = first_fault_step(&self.pods);
+    }
+
     /// Time of the next pending event, if any.
     pub fn next_event_time(&mut self) -> Option<f64> {
         while let Some(ev) = self.heap.peek() {
@@ -278,6 +329,15 @@ impl Fleet {
                 (true, false) => self.next_scrape,
                 (true, true) => self.scrape_heap.peek().map_or(f64::INFINITY, |e| e.t),
             };
+            // A fault change goes before a step ending at the same time, whose next step it prices.
+            if self.next_fault <= t
+                && self.next_fault <= next_scrape
+                && next_ev.is_none_or(|te| self.next_fault <= te)
+            {
+                self.now = self.now.max(self.next_fault);
+                self.apply_fault_steps(self.next_fault);
+                continue;
+            }
             match next_ev {
                 Some(te) if te <= t && te <= next_scrape => {
                     let Some(ev) = self.heap.pop() else { break };
@@ -360,6 +420,12 @@ impl Fleet {
     }
 
     /// Submits `req` to pod `pod`. The fleet first advances to `req.arrival`.
+    ///
+    /// A pod with an `error_rate` fault fails that fraction of the requests it is sent, drawn
+    /// from its seeded generator ([`Fleet::seed_faults`]): [`SimError::Failed`], at once and at
+    /// no cost to the pod (no engine work, nothing in its metrics), as a model server that
+    /// answers 500 before admitting the request. A request it can never serve is
+    /// [`SimError::Rejected`] first.
     pub fn submit(&mut self, pod: usize, req: Request) -> Result<(), SimError> {
         if pod >= self.pods.len() {
             return Err(SimError::NoSuchPod(pod));
@@ -378,6 +444,9 @@ impl Fleet {
                 SimError::Rejected(format!("pod {} does not serve LoRA adapter {name}", p.name))
             })?),
         };
+        if p.faults.error_rate > 0.0 && p.rng.random::<f64>() < p.faults.error_rate {
+            return Err(SimError::Failed(pod));
+        }
         p.engine.submit(EngineRequest {
             id: req.id,
             arrival: req.arrival,
@@ -489,6 +558,13 @@ impl Fleet {
         }
         Ok(&p.scraped)
     }
+}
+
+/// The earliest scripted fault change still to come of any pod (infinite when none is left).
+fn first_fault_step(pods: &[SimPod]) -> f64 {
+    pods.iter()
+        .filter_map(|p| p.script.get(p.next_step).map(|s| s.at_s))
+        .fold(f64::INFINITY, f64::min)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //!     replicas: 2
 //!     lora_adapters: [sql-lora, chat-lora]
 //!     max_loras: 2
-//!     faults:               # live serving only
+//!     faults:               # live serving; the discrete-event fleet runs error_rate and slowdown
 //!       - { at_s: 30, hang: true }
 //!       - { at_s: 60, hang: false, metrics: frozen, error_rate: 0.1, slowdown: 2.0 }
 //! ```
@@ -88,6 +88,26 @@ impl Default for Faults {
     }
 }
 
+impl Faults {
+    /// The faults a pod starts with and the rest of its script, from a fault list in any order:
+    /// the steps at 0 s are applied to the defaults, the later ones are returned in time order
+    /// (steps at the same time in the order given).
+    pub fn scripted(steps: &[FaultStep]) -> (Faults, Vec<FaultStep>) {
+        let mut script = steps.to_vec();
+        script.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        let mut faults = Faults::default();
+        script.retain(|s| {
+            if s.at_s <= 0.0 {
+                s.apply(&mut faults);
+                false
+            } else {
+                true
+            }
+        });
+        (faults, script)
+    }
+}
+
 /// A scripted change of faults, `at_s` seconds after the fleet starts serving.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -109,28 +129,43 @@ pub struct FaultStep {
 }
 
 impl FaultStep {
-    /// Refuses values the emulator cannot honour, naming the pod and the field.
-    fn validate(&self, pod: &str) -> Result<(), SimError> {
-        let bad = |what: String| Err(SimError::FleetInvalid(format!("pod {pod}: fault {what}")));
+    /// The first value the emulator cannot honour: its field (`at_s`, `error_rate`, `slowdown`)
+    /// and why, or `None` when every value can be used. Shared by fleet files and benchmark
+    /// scenarios, each of which names the step its own way.
+    pub fn invalid_field(&self) -> Option<(&'static str, String)> {
         if !self.at_s.is_finite() || self.at_s < 0.0 {
-            return bad(format!(
-                "at_s: {} must be 0 or more (seconds after the fleet starts)",
-                self.at_s
+            return Some((
+                "at_s",
+                format!(
+                    "{} must be 0 or more (seconds after the fleet starts)",
+                    self.at_s
+                ),
             ));
         }
         if let Some(e) = self.error_rate
             && !(0.0..=1.0).contains(&e)
         {
-            return bad(format!("error_rate: {e} must be between 0 and 1"));
+            return Some(("error_rate", format!("{e} must be between 0 and 1")));
         }
         if let Some(s) = self.slowdown
             && !(s.is_finite() && s > 0.0)
         {
-            return bad(format!(
-                "slowdown: {s} must be above 0 (a step-time multiplier; 1 is the profile's speed)"
+            return Some((
+                "slowdown",
+                format!("{s} must be above 0 (a step-time multiplier; 1 is the profile's speed)"),
             ));
         }
-        Ok(())
+        None
+    }
+
+    /// Refuses values the emulator cannot honour, naming the pod and the field.
+    fn validate(&self, pod: &str) -> Result<(), SimError> {
+        match self.invalid_field() {
+            None => Ok(()),
+            Some((field, why)) => Err(SimError::FleetInvalid(format!(
+                "pod {pod}: fault {field}: {why}"
+            ))),
+        }
     }
 
     /// Applies the set fields to `f`.
@@ -169,7 +204,8 @@ pub struct PodSpec {
     pub seed: u64,
     /// Faults from the start.
     pub faults: Faults,
-    /// Scripted fault changes, in time order.
+    /// Scripted fault changes, in time order (each `at_s` above 0: steps at 0 are in
+    /// `faults`).
     pub fault_script: Vec<FaultStep>,
     /// Fixed port for live serving (0 = any free port).
     pub port: u16,
@@ -268,17 +304,7 @@ impl FleetSpec {
             for step in &entry.faults {
                 step.validate(&entry.name)?;
             }
-            let mut script = entry.faults.clone();
-            script.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-            let mut faults = Faults::default();
-            script.retain(|s| {
-                if s.at_s <= 0.0 {
-                    s.apply(&mut faults);
-                    false
-                } else {
-                    true
-                }
-            });
+            let (faults, script) = Faults::scripted(&entry.faults);
             for r in 0..entry.replicas {
                 let name = if entry.replicas == 1 {
                     entry.name.clone()

@@ -449,3 +449,83 @@ fn first_tokens_are_reported_when_produced_and_match_completions() {
         assert_eq!(f.pod, 0);
     }
 }
+
+/// Two H100 pods, the second with `faults` (a fleet file's fault list).
+fn failing_fleet(faults: &str) -> Fleet {
+    let spec = FleetSpec::from_yaml(&format!(
+        "seed: 5\npods:\n  - {{name: ok, profile: llama-3.1-8b/h100}}\n  - {{name: bad, profile: llama-3.1-8b/h100, faults: {faults}}}\n"
+    ))
+    .unwrap();
+    Fleet::new(&spec).unwrap()
+}
+
+/// Which of `n` requests, one every 10 ms from `from`, pod `pod` fails.
+fn failures(fleet: &mut Fleet, pod: usize, from: f64, n: u64) -> Vec<bool> {
+    (0..n)
+        .map(|i| {
+            let r = text_req(i, from + i as f64 * 0.01, "hello there", 4);
+            match fleet.submit(pod, r) {
+                Ok(()) => false,
+                Err(SimError::Failed(p)) => {
+                    assert_eq!(p, pod);
+                    true
+                }
+                Err(e) => panic!("{e}"),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_pod_with_error_rate_one_fails_every_request_at_no_cost_and_normal_metrics() {
+    let mut fleet = failing_fleet("[{at_s: 0, error_rate: 1.0}]");
+    assert!(failures(&mut fleet, 1, 0.0, 50).iter().all(|f| *f));
+    // Nothing reached its engine: idle, no prompt seen, no completion, nothing to run.
+    let v = fleet.view(1).unwrap();
+    assert_eq!((v.running, v.waiting, v.prefix_queries), (0, 0, 0));
+    assert_eq!(v.kv_usage, 0.0);
+    let stats = fleet.engine(1).unwrap().stats();
+    assert_eq!((stats.prompt_tokens_computed, stats.steps), (0, 0));
+    // The healthy pod serves the same requests.
+    assert!(failures(&mut fleet, 0, 1.0, 50).iter().all(|f| !*f));
+    fleet.run_until_idle();
+    let mut done = Vec::new();
+    fleet.drain_completions(&mut done);
+    assert_eq!(done.len(), 50);
+    assert!(done.iter().all(|c| c.pod == 0));
+}
+
+#[test]
+fn error_draws_are_seeded_per_pod_and_run_seed() {
+    let draw = |seed: u64| {
+        let mut fleet = failing_fleet("[{at_s: 0, error_rate: 0.3}]");
+        fleet.seed_faults(seed);
+        failures(&mut fleet, 1, 0.0, 2000)
+    };
+    let a = draw(1);
+    assert_eq!(a, draw(1), "the same seed draws the same failures");
+    assert_ne!(a, draw(2), "another run seed draws afresh");
+    let share = a.iter().filter(|f| **f).count() as f64 / a.len() as f64;
+    assert!((0.27..0.33).contains(&share), "{share}");
+    // A pod without the fault never fails.
+    let mut fleet = failing_fleet("[{at_s: 0, error_rate: 0.3}]");
+    assert!(failures(&mut fleet, 0, 0.0, 200).iter().all(|f| !*f));
+}
+
+#[test]
+fn scripted_fault_steps_change_the_error_rate_and_speed_on_the_virtual_clock() {
+    let mut fleet = failing_fleet("[{at_s: 2, error_rate: 1.0}, {at_s: 4, error_rate: 0}]");
+    assert_eq!(fleet.faults(1).unwrap().error_rate, 0.0);
+    assert!(failures(&mut fleet, 1, 0.0, 100).iter().all(|f| !*f));
+    fleet.run_until_idle();
+    assert!(failures(&mut fleet, 1, 2.0, 100).iter().all(|f| *f));
+    assert_eq!(fleet.faults(1).unwrap().error_rate, 1.0);
+    fleet.run_until_idle();
+    assert!(failures(&mut fleet, 1, 4.0, 100).iter().all(|f| !*f));
+    // A scripted slowdown prices the steps after it.
+    let mut slow = failing_fleet("[{at_s: 10, slowdown: 3.0}]");
+    let before = one(&mut slow, 1, text_req(1, 0.0, "the same prompt", 64));
+    let after = one(&mut slow, 1, text_req(2, 20.0, "another prompt!", 64));
+    let ratio = after.mean_itl() / before.mean_itl();
+    assert!((2.9..3.1).contains(&ratio), "{ratio}");
+}
