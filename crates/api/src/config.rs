@@ -28,8 +28,8 @@ pub use flow::{
 pub use precise::{PrecisePrefixSpec, TokenizerSource};
 pub use quotas::{QuotaLimits, QuotaRedis, QuotasSpec, SecretKeyRef};
 pub use rewrites::{
-    MatchKind, MatchValue, ModelMatch, ModelRewriteRule, OutlierDetectionSpec, RewriteTarget,
-    StaleMetricsSpec, StaleMode,
+    FailurePercentageSpec, MatchKind, MatchValue, ModelMatch, ModelRewriteRule,
+    OutlierDetectionSpec, RewriteTarget, StaleMetricsSpec, StaleMode,
 };
 
 /// Desired state of an infergate gateway.

@@ -208,6 +208,23 @@ fn schema_rejects_structural_mistakes() {
     let mut value = load(&examples_dir().join("single-model.yaml"));
     value["spec"]["schedulers"][0]["routeTimeout"] = "five minutes".into();
     assert!(!validator.is_valid(&value));
+    // outlierDetection.failurePercentage's bounds.
+    for (fp, valid) in [
+        (serde_json::json!({}), true),
+        (
+            serde_json::json!({ "threshold": 100, "minimumRequests": 1, "intervalMs": 1 }),
+            true,
+        ),
+        (serde_json::json!({ "threshold": 0 }), false),
+        (serde_json::json!({ "threshold": 101 }), false),
+        (serde_json::json!({ "minimumRequests": 0 }), false),
+        (serde_json::json!({ "intervalMs": 604_800_001u64 }), false),
+    ] {
+        let mut value = load(&examples_dir().join("single-model.yaml"));
+        value["spec"]["schedulers"][0]["outlierDetection"] =
+            serde_json::json!({ "failurePercentage": fp });
+        assert_eq!(validator.is_valid(&value), valid, "{fp}");
+    }
 }
 
 #[test]

@@ -175,6 +175,7 @@ async fn the_picker_ejects_a_pod_whose_answers_keep_failing() {
                 base_ejection_ms: 60_000,
                 max_ejection_ms: 60_000,
                 max_ejection_percent: 50,
+                failure_percentage: None,
             }),
             ..SchedulerConfig::default()
         },

@@ -1239,6 +1239,14 @@ pub fn scheduler_config(s: &SchedulerSpec) -> Result<SchedulerConfig, Error> {
             base_ejection_ms: o.base_ejection_ms(),
             max_ejection_ms: o.max_ejection_ms(),
             max_ejection_percent: o.max_ejection_percent.unwrap_or(d.max_ejection_percent),
+            failure_percentage: o.failure_percentage.as_ref().map(|f| {
+                let d = infergate_scheduler::outlier::FailurePercentage::default();
+                infergate_scheduler::outlier::FailurePercentage {
+                    threshold: f.threshold.unwrap_or(d.threshold),
+                    minimum_requests: f.minimum_requests.unwrap_or(d.minimum_requests),
+                    interval_ms: f.interval_ms.unwrap_or(d.interval_ms),
+                }
+            }),
         });
     }
     // Envoy Gateway routes an InferencePool backend through an ORIGINAL_DST cluster that reads

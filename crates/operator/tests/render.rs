@@ -967,8 +967,8 @@ fn operator_cluster_role_grants_nothing_the_operator_does_not_use() {
 /// scheduler's), and leaving the section out leaves outlier detection off.
 #[test]
 fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
-    use infergate_api::config::OutlierDetectionSpec;
-    use infergate_scheduler::outlier::OutlierDetection;
+    use infergate_api::config::{FailurePercentageSpec, OutlierDetectionSpec};
+    use infergate_scheduler::outlier::{FailurePercentage, OutlierDetection};
     let mut cfg = example("single-model.yaml");
     let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
     assert_eq!(sc.outlier_detection, None);
@@ -988,6 +988,11 @@ fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
         base_ejection_ms: Some(1_000),
         max_ejection_ms: Some(4_000),
         max_ejection_percent: Some(34),
+        failure_percentage: Some(FailurePercentageSpec {
+            threshold: Some(25),
+            minimum_requests: None,
+            interval_ms: Some(2_000),
+        }),
     });
     let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
     assert_eq!(
@@ -997,6 +1002,21 @@ fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
             base_ejection_ms: 1_000,
             max_ejection_ms: 4_000,
             max_ejection_percent: 34,
+            failure_percentage: Some(FailurePercentage {
+                threshold: 25,
+                minimum_requests: FailurePercentage::default().minimum_requests,
+                interval_ms: 2_000,
+            }),
         })
+    );
+    // `failurePercentage: {}` is on with the scheduler's defaults.
+    cfg.spec.schedulers[0].outlier_detection = Some(OutlierDetectionSpec {
+        failure_percentage: Some(FailurePercentageSpec::default()),
+        ..OutlierDetectionSpec::default()
+    });
+    let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
+    assert_eq!(
+        sc.outlier_detection.and_then(|o| o.failure_percentage),
+        Some(FailurePercentage::default())
     );
 }

@@ -54,7 +54,7 @@ use prometheus_client::registry::Registry;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use infergate_scheduler::outlier::{Answer, Ejection};
+use infergate_scheduler::outlier::{Answer, Cause, Ejection};
 
 pub mod admin;
 pub mod changes;
@@ -660,14 +660,29 @@ fn judge(
     };
     match s.observe_answer(addr, answer, now) {
         None => {}
-        Some(Ejection::Ejected { length, in_a_row }) => {
+        Some(Ejection::Ejected {
+            length,
+            in_a_row,
+            cause,
+        }) => {
             telemetry.ejections.inc();
-            tracing::warn!(
-                endpoint = %addr,
-                    ejection_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
+            let ejection_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX);
+            match cause {
+                Cause::Consecutive5xx => tracing::warn!(
+                    endpoint = %addr,
+                    ejection_ms,
                     in_a_row,
-                "endpoint ejected: its requests failed (500, 502, 503, 504 or no response headers) outlierDetection.consecutive5xx times in a row"
-            );
+                    "endpoint ejected: its requests failed (500, 502, 503, 504 or no response headers) outlierDetection.consecutive5xx times in a row"
+                ),
+                Cause::FailurePercentage { failed, answers } => tracing::warn!(
+                    endpoint = %addr,
+                    ejection_ms,
+                    in_a_row,
+                    failed,
+                    answers,
+                    "endpoint ejected: over an interval of outlierDetection.failurePercentage, at least its threshold of the answers failed (500, 502, 503, 504 or no response headers)"
+                ),
+            }
         }
         Some(Ejection::HeldBack) => {
             telemetry.ejections_held_back.inc();

@@ -339,6 +339,70 @@ async fn a_pod_failing_every_request_is_ejected_by_outlier_detection() {
     }
 }
 
+/// A pod failing every other request never fails `consecutive5xx` times in a row; with
+/// `failurePercentage` the share of failures over an interval ejects it, judged by its first
+/// answer after the interval ends.
+#[tokio::test]
+async fn a_pod_failing_every_other_request_is_ejected_by_failure_percentage() {
+    for on in [false, true] {
+        let good = [
+            Upstream::start(Behaviour::Ok).await,
+            Upstream::start(Behaviour::Ok).await,
+        ];
+        let flaky = Upstream::start(Behaviour::FailEveryOther).await;
+        let addrs = [flaky.addr, good[0].addr, good[1].addr];
+        let detection = if on {
+            "{ consecutive5xx: 3, baseEjectionMs: 60000, maxEjectionMs: 60000, failurePercentage: { threshold: 40, minimumRequests: 4, intervalMs: 1000 } }"
+        } else {
+            "{ consecutive5xx: 3, baseEjectionMs: 60000, maxEjectionMs: 60000 }"
+        };
+        let models = model("m", "round-robin", &addrs).replace(
+            "{ preset: round-robin }",
+            &format!("{{ preset: round-robin, outlierDetection: {detection} }}"),
+        );
+        let gw = start(&yaml(&models)).await;
+        let front = gw.addr();
+        let send = |n: usize| async move {
+            for i in 0..n {
+                let (status, _, body) = post(front, "/v1/chat/completions", CHAT).await;
+                assert_eq!(
+                    status,
+                    200,
+                    "request {i}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+        };
+        // Round-robin puts the flaky pod first for 8 of 24: 4 failures, 4 successes, by turns.
+        // (Within the interval: a second, where 24 requests on loopback take milliseconds.)
+        send(24).await;
+        assert_eq!(flaky.requests(), 8);
+        if on {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        send(12).await;
+        let (_, metrics) = get(gw.admin(), "/metrics").await;
+        let ejections = infergate_testkit::metric(
+            &metrics,
+            "infergate_pool_endpoint_ejections_total",
+            &[("model", "m")],
+        );
+        if on {
+            // Its first answer after the interval (a failure) closes it: 4 of 8 failed, 50%.
+            assert_eq!(flaky.requests(), 9, "an ejected pod was sent requests");
+            assert_eq!(ejections, Some(1.0), "{metrics}");
+        } else {
+            assert_eq!(flaky.requests(), 12);
+            assert_eq!(ejections, Some(0.0), "{metrics}");
+        }
+        // Every request answered: the good pods took all but the flaky pod's successes.
+        assert_eq!(
+            good[0].requests() + good[1].requests() + flaky.requests() / 2,
+            36
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_5xx_before_any_byte_is_retried_and_the_last_one_passed_through() {
     let good = Upstream::start(Behaviour::Ok).await;

@@ -8,6 +8,11 @@
 //!   that got no response headers from it (a connection broken after it was made, the
 //!   first-byte timeout), counts against it; a 2xx starts the count again; anything else (a 4xx,
 //!   a 501 or 505) neither counts nor resets — it is the request's problem.
+//! - **Failure percentage** (`failurePercentage:`, off unless given): a pod failing every other
+//!   request never fails `consecutive5xx` in a row. With it, each pod also counts its successes
+//!   and failures over an interval of `intervalMs`; the first answer after the interval ends
+//!   closes it (no timer) and judges it: at least `minimumRequests` answers of which
+//!   `threshold` percent or more failed eject the pod as a run does.
 //! - **Ejection**: `consecutive5xx` in a row take the pod out of the candidates for
 //!   `baseEjectionMs` × the times it was ejected in a row, at most `maxEjectionMs`; each
 //!   `baseEjectionMs` it then serves without an ejection takes one off that count. It is back
@@ -39,6 +44,9 @@ pub struct OutlierDetection {
     pub max_ejection_ms: u64,
     /// The most of the pool's endpoints ejected at once, percent (default 50, at most 100).
     pub max_ejection_percent: u32,
+    /// Ejection by the share of failed answers over an interval (off unless given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_percentage: Option<FailurePercentage>,
 }
 
 impl Default for OutlierDetection {
@@ -48,7 +56,61 @@ impl Default for OutlierDetection {
             base_ejection_ms: 30_000,
             max_ejection_ms: 300_000,
             max_ejection_percent: 50,
+            failure_percentage: None,
         }
+    }
+}
+
+/// `outlierDetection.failurePercentage:`: an endpoint is ejected when, over an interval of
+/// `intervalMs` with at least `minimumRequests` answers, `threshold` percent or more failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct FailurePercentage {
+    /// The share of failed answers that ejects, percent (default 50, 1 to 100).
+    pub threshold: u32,
+    /// The fewest answers an interval must have to be judged (default 20, at least 1).
+    pub minimum_requests: u32,
+    /// The interval's length, ms (default 10,000).
+    pub interval_ms: u64,
+}
+
+impl Default for FailurePercentage {
+    fn default() -> Self {
+        FailurePercentage {
+            threshold: 50,
+            minimum_requests: 20,
+            interval_ms: 10_000,
+        }
+    }
+}
+
+impl FailurePercentage {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=100).contains(&self.threshold) {
+            return Err(ConfigError::new(
+                "outlierDetection.failurePercentage.threshold",
+                format!(
+                    "{} is not a percentage from 1 to 100 (to turn it off, leave failurePercentage out)",
+                    self.threshold
+                ),
+            ));
+        }
+        if self.minimum_requests == 0 {
+            return Err(ConfigError::new(
+                "outlierDetection.failurePercentage.minimumRequests",
+                "must be at least 1",
+            ));
+        }
+        if self.interval_ms == 0 || self.interval_ms > WEEK_MS {
+            return Err(ConfigError::new(
+                "outlierDetection.failurePercentage.intervalMs",
+                format!(
+                    "must be from 1 to {WEEK_MS} (a week), got {}",
+                    self.interval_ms
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -89,6 +151,9 @@ impl OutlierDetection {
                 "outlierDetection.maxEjectionPercent",
                 format!("{} is over 100", self.max_ejection_percent),
             ));
+        }
+        if let Some(f) = &self.failure_percentage {
+            f.validate()?;
         }
         Ok(())
     }
@@ -133,9 +198,25 @@ pub enum Ejection {
         length: Duration,
         /// Times ejected in a row, this one included.
         in_a_row: u32,
+        /// What ejected it.
+        cause: Cause,
     },
     /// Due, but `maxEjectionPercent` of the pool is ejected already.
     HeldBack,
+}
+
+/// What made an endpoint due for ejection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// `consecutive5xx` failed answers in a row.
+    Consecutive5xx,
+    /// An interval of `failurePercentage` in which `failed` of `answers` failed.
+    FailurePercentage {
+        /// Failed answers in the interval.
+        failed: u32,
+        /// Answers in the interval.
+        answers: u32,
+    },
 }
 
 /// One endpoint's record.
@@ -147,6 +228,49 @@ pub(crate) struct EndpointOutlier {
     until: Option<Timestamp>,
     /// Times ejected in a row, as of the last ejection.
     streak: u32,
+    /// The current `failurePercentage` interval.
+    interval: Interval,
+}
+
+/// Answers counted since `start`, for `failurePercentage`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Interval {
+    /// When it began; `None` until the first answer counted.
+    start: Option<Timestamp>,
+    answers: u32,
+    failed: u32,
+}
+
+impl Interval {
+    /// Counts an answer at `now`. When `now` is past the interval, the interval is closed
+    /// first and judged: the cause when it ejects. The answer then opens the next one.
+    fn count(&mut self, failed: bool, now: Timestamp, cfg: &FailurePercentage) -> Option<Cause> {
+        let mut due = None;
+        match self.start {
+            Some(start)
+                if now.saturating_since(start) >= Duration::from_millis(cfg.interval_ms) =>
+            {
+                if self.answers >= cfg.minimum_requests
+                    && u64::from(self.failed) * 100
+                        >= u64::from(cfg.threshold) * u64::from(self.answers)
+                {
+                    due = Some(Cause::FailurePercentage {
+                        failed: self.failed,
+                        answers: self.answers,
+                    });
+                }
+                *self = Interval {
+                    start: Some(now),
+                    ..Interval::default()
+                };
+            }
+            Some(_) => {}
+            None => self.start = Some(now),
+        }
+        self.answers = self.answers.saturating_add(1);
+        self.failed = self.failed.saturating_add(u32::from(failed));
+        due
+    }
 }
 
 impl EndpointOutlier {
@@ -176,29 +300,34 @@ impl EndpointOutlier {
         ejected: usize,
         pool: usize,
     ) -> Option<Ejection> {
-        match answer {
-            Answer::Success => {
-                self.failures = 0;
-                None
-            }
-            Answer::Neutral => None,
-            // Requests sent before the ejection and failing during it start no new run.
-            Answer::Failure if self.is_ejected(now) => None,
-            Answer::Failure => {
-                self.failures = self.failures.saturating_add(1);
-                if !self.failures.is_multiple_of(cfg.consecutive_5xx) {
-                    return None;
-                }
-                let room = (pool as u64 * u64::from(cfg.max_ejection_percent)) / 100;
-                if ejected as u64 + 1 > room {
-                    return Some(Ejection::HeldBack);
-                }
-                Some(self.eject(now, cfg))
-            }
+        // Requests sent before an ejection and answered during it count for nothing.
+        if answer == Answer::Neutral || self.is_ejected(now) {
+            return None;
         }
+        let failed = answer == Answer::Failure;
+        let mut due = None;
+        if failed {
+            self.failures = self.failures.saturating_add(1);
+            if self.failures.is_multiple_of(cfg.consecutive_5xx) {
+                due = Some(Cause::Consecutive5xx);
+            }
+        } else {
+            self.failures = 0;
+        }
+        if let Some(f) = &cfg.failure_percentage
+            && let Some(cause) = self.interval.count(failed, now, f)
+        {
+            due = Some(cause);
+        }
+        let cause = due?;
+        let room = (pool as u64 * u64::from(cfg.max_ejection_percent)) / 100;
+        if ejected as u64 + 1 > room {
+            return Some(Ejection::HeldBack);
+        }
+        Some(self.eject(now, cfg, cause))
     }
 
-    fn eject(&mut self, now: Timestamp, cfg: &OutlierDetection) -> Ejection {
+    fn eject(&mut self, now: Timestamp, cfg: &OutlierDetection, cause: Cause) -> Ejection {
         let base = cfg.base();
         let streak = match self.until {
             Some(end) if now >= end => {
@@ -210,11 +339,14 @@ impl EndpointOutlier {
         };
         self.streak = streak.saturating_add(1);
         self.failures = 0;
+        // Its answers after the ejection start a new interval.
+        self.interval = Interval::default();
         let length = base.saturating_mul(self.streak).min(cfg.max());
         self.until = Some(now.saturating_add(length));
         Ejection::Ejected {
             length,
             in_a_row: self.streak,
+            cause,
         }
     }
 }

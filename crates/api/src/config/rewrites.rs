@@ -123,6 +123,29 @@ pub struct OutlierDetectionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub max_ejection_percent: Option<u32>,
+    /// Ejection by the share of failed answers over an interval, for a pod whose failures come
+    /// mixed with successes (off unless given; `{}` turns it on with its defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_percentage: Option<FailurePercentageSpec>,
+}
+
+/// `outlierDetection.failurePercentage`: a pod is ejected when, over an interval of
+/// `intervalMs` with at least `minimumRequests` answers, `threshold` percent or more failed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePercentageSpec {
+    /// The share of failed answers that ejects, percent (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub threshold: Option<u32>,
+    /// The fewest answers an interval must have to be judged (default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub minimum_requests: Option<u32>,
+    /// The interval's length in ms (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604_800_000))]
+    pub interval_ms: Option<u64>,
 }
 
 impl OutlierDetectionSpec {

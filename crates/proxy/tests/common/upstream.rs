@@ -29,6 +29,8 @@ pub enum Behaviour {
     Ok,
     /// `500` with a JSON error body.
     Fail500,
+    /// `Fail500` for its 1st, 3rd, 5th... request, `Ok` for the others.
+    FailEveryOther,
     /// `200` SSE headers and one event, then the connection breaks.
     AbortMidStream,
     /// SSE: one event, then one more every time `Upstream::step` is notified; never ends.
@@ -159,7 +161,12 @@ async fn answer(
         );
         return Response::new(full(page));
     }
-    seen.requests.fetch_add(1, Ordering::SeqCst);
+    let nth = seen.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    let behaviour = match behaviour {
+        Behaviour::FailEveryOther if nth % 2 == 1 => Behaviour::Fail500,
+        Behaviour::FailEveryOther => Behaviour::Ok,
+        b => b,
+    };
     *seen.last_request_id.lock().unwrap() = req
         .headers()
         .get("x-request-id")
@@ -172,7 +179,7 @@ async fn answer(
     let stream = v["stream"].as_bool().unwrap_or(false);
     match behaviour {
         Behaviour::Hang => std::future::pending().await,
-        Behaviour::Fail500 => {
+        Behaviour::Fail500 | Behaviour::FailEveryOther => {
             let mut r = Response::new(full(r#"{"error":{"message":"engine died"}}"#));
             *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
             // A header only the gateway may send (its own overload), which it must not pass on.

@@ -8,6 +8,7 @@ fn cfg() -> OutlierDetection {
         base_ejection_ms: 10_000,
         max_ejection_ms: 25_000,
         max_ejection_percent: 50,
+        failure_percentage: None,
     }
 }
 
@@ -50,7 +51,8 @@ fn a_run_ejects_a_success_starts_it_again_and_neutral_answers_change_nothing() {
         seen(&mut o, Answer::Failure),
         Some(Ejection::Ejected {
             length: 10 * S,
-            in_a_row: 1
+            in_a_row: 1,
+            cause: Cause::Consecutive5xx,
         })
     );
     assert!(o.is_ejected(at(1)));
@@ -174,6 +176,46 @@ fn settings_it_cannot_use_name_their_field() {
             },
             "`outlierDetection.maxEjectionPercent` 101 is over 100",
         ),
+        (
+            OutlierDetection {
+                failure_percentage: Some(FailurePercentage {
+                    threshold: 0,
+                    ..FailurePercentage::default()
+                }),
+                ..cfg()
+            },
+            "`outlierDetection.failurePercentage.threshold` 0 is not a percentage from 1 to 100",
+        ),
+        (
+            OutlierDetection {
+                failure_percentage: Some(FailurePercentage {
+                    threshold: 101,
+                    ..FailurePercentage::default()
+                }),
+                ..cfg()
+            },
+            "`outlierDetection.failurePercentage.threshold` 101 is not a percentage",
+        ),
+        (
+            OutlierDetection {
+                failure_percentage: Some(FailurePercentage {
+                    minimum_requests: 0,
+                    ..FailurePercentage::default()
+                }),
+                ..cfg()
+            },
+            "`outlierDetection.failurePercentage.minimumRequests` must be at least 1",
+        ),
+        (
+            OutlierDetection {
+                failure_percentage: Some(FailurePercentage {
+                    interval_ms: 0,
+                    ..FailurePercentage::default()
+                }),
+                ..cfg()
+            },
+            "`outlierDetection.failurePercentage.intervalMs` must be from 1 to",
+        ),
     ] {
         let e = bad.validate().unwrap_err().to_string();
         assert!(e.contains(want), "{e}");
@@ -189,6 +231,153 @@ fn settings_it_cannot_use_name_their_field() {
         }
     );
     assert!(serde_yaml::from_str::<OutlierDetection>("{ consecutive_5xx: 2 }").is_err());
+    // `failurePercentage: {}` turns it on with its defaults; unknown keys are refused.
+    let parsed: OutlierDetection =
+        serde_yaml::from_str("{ failurePercentage: {}, maxEjectionPercent: 30 }").unwrap();
+    assert_eq!(
+        parsed.failure_percentage,
+        Some(FailurePercentage {
+            threshold: 50,
+            minimum_requests: 20,
+            interval_ms: 10_000,
+        })
+    );
+    assert!(
+        serde_yaml::from_str::<OutlierDetection>("{ failurePercentage: { percent: 20 } }").is_err()
+    );
+}
+
+fn by_share() -> OutlierDetection {
+    OutlierDetection {
+        consecutive_5xx: 3,
+        failure_percentage: Some(FailurePercentage {
+            threshold: 40,
+            minimum_requests: 10,
+            interval_ms: 5_000,
+        }),
+        ..cfg()
+    }
+}
+
+/// A pod failing every other answer never fails `consecutive5xx` in a row; the share over an
+/// interval ejects it, judged by the first answer after the interval ends.
+#[test]
+fn failure_percentage_ejects_a_pod_failing_every_other_answer() {
+    let c = by_share();
+    let mut o = EndpointOutlier::default();
+    let ms = |t: u64| Timestamp::from_millis(t);
+    // 20 answers in the first 4 s, every other one failed.
+    for i in 0..20u64 {
+        let a = if i % 2 == 0 {
+            Answer::Failure
+        } else {
+            Answer::Success
+        };
+        assert_eq!(o.observe(a, ms(i * 200), &c, 0, 4), None, "answer {i}");
+    }
+    // Without failurePercentage the same answers never eject.
+    let mut plain = EndpointOutlier::default();
+    for i in 0..40u64 {
+        let a = if i % 2 == 0 {
+            Answer::Failure
+        } else {
+            Answer::Success
+        };
+        assert_eq!(plain.observe(a, ms(i * 200), &cfg(), 0, 4), None);
+    }
+    // The interval ends at 5 s: the next answer, a success, closes and judges it.
+    assert_eq!(
+        o.observe(Answer::Success, ms(5_000), &c, 0, 4),
+        Some(Ejection::Ejected {
+            length: 10 * S,
+            in_a_row: 1,
+            cause: Cause::FailurePercentage {
+                failed: 10,
+                answers: 20
+            },
+        })
+    );
+    assert!(o.is_ejected(ms(5_001)));
+    // After the ejection a new interval starts from nothing.
+    assert_eq!(o.interval, Interval::default());
+}
+
+#[test]
+fn failure_percentage_needs_enough_answers_and_the_threshold() {
+    let c = by_share();
+    let ms = |t: u64| Timestamp::from_millis(t);
+    let judge = |answers: u64, failed: u64| {
+        let mut o = EndpointOutlier::default();
+        for i in 0..answers {
+            // Failures spread so that no run of three forms.
+            let a = if i < 2 * failed && i % 2 == 0 {
+                Answer::Failure
+            } else {
+                Answer::Success
+            };
+            assert_eq!(o.observe(a, ms(i), &c, 0, 4), None);
+        }
+        o.observe(Answer::Success, ms(5_000), &c, 0, 4)
+    };
+    // 9 answers, all but the successes between them failed: too few to judge.
+    assert_eq!(judge(9, 4), None);
+    // 10 answers, 4 failed: 40%, at the threshold.
+    assert!(matches!(judge(10, 4), Some(Ejection::Ejected { .. })));
+    // 10 answers, 3 failed: 30%, under it.
+    assert_eq!(judge(10, 3), None);
+    // Neutral answers are not counted at all.
+    let mut o = EndpointOutlier::default();
+    for i in 0..30 {
+        o.observe(Answer::Neutral, ms(i), &c, 0, 4);
+    }
+    assert_eq!(o.observe(Answer::Success, ms(5_000), &c, 0, 4), None);
+    assert_eq!(o.interval.answers, 1);
+}
+
+/// The cap holds an interval's ejection back as it does a run's; the next interval is judged
+/// again.
+#[test]
+fn failure_percentage_is_held_back_by_the_cap_and_judged_again() {
+    let c = by_share();
+    let ms = |t: u64| Timestamp::from_millis(t);
+    let mut o = EndpointOutlier::default();
+    let interval = |o: &mut EndpointOutlier, from: u64, ejected: usize| {
+        for i in 0..10u64 {
+            let a = if i % 2 == 0 {
+                Answer::Failure
+            } else {
+                Answer::Success
+            };
+            if i == 0 {
+                // The first answer closes the interval before.
+                let got = o.observe(a, ms(from), &c, ejected, 4);
+                if from > 0 {
+                    return got;
+                }
+            } else {
+                assert_eq!(o.observe(a, ms(from + i), &c, ejected, 4), None);
+            }
+        }
+        None
+    };
+    interval(&mut o, 0, 0);
+    // Two of four ejected at 50%: no room.
+    assert_eq!(interval(&mut o, 5_000, 2), Some(Ejection::HeldBack));
+    for i in 1..10u64 {
+        let a = if i % 2 == 0 {
+            Answer::Failure
+        } else {
+            Answer::Success
+        };
+        o.observe(a, ms(5_000 + i), &c, 0, 4);
+    }
+    assert!(matches!(
+        interval(&mut o, 10_000, 1),
+        Some(Ejection::Ejected {
+            cause: Cause::FailurePercentage { .. },
+            ..
+        })
+    ));
 }
 
 /// The scheduler's configuration reads it under `outlierDetection`, refuses what it cannot use

@@ -398,6 +398,7 @@ fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
                 base_ejection_ms: 1_000,
                 max_ejection_ms: 60_000,
                 max_ejection_percent: 50,
+                failure_percentage: None,
             }),
             ..SchedulerConfig::preset(preset)
         };
@@ -407,8 +408,9 @@ fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
         assert_eq!(s.observe_answer(bad, Answer::Failure, T0), None);
         // A 4xx is the request's problem: the run goes on.
         assert_eq!(s.observe_answer(bad, Answer::Neutral, T0), None);
-        let Some(Ejection::Ejected { length, in_a_row }) =
-            s.observe_answer(bad, Answer::Failure, T0)
+        let Some(Ejection::Ejected {
+            length, in_a_row, ..
+        }) = s.observe_answer(bad, Answer::Failure, T0)
         else {
             panic!("{preset}: not ejected");
         };
