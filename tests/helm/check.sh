@@ -155,7 +155,7 @@ if [ -z "$infergate" ]; then
   cargo build -q -p infergate-cli
   infergate=target/debug/infergate
 fi
-run_rendered() { # render.yaml dir: execs the rendered router's command line with --check
+run_rendered() { # render.yaml dir: execs the rendered router's command line with --check --no-files
   local words=()
   mapfile -d '' words < <(python3 tests/helm/router-exec.py "$1" "$2") || return 2
   local env=() i
@@ -163,7 +163,8 @@ run_rendered() { # render.yaml dir: execs the rendered router's command line wit
     [ "${words[i]}" = -- ] && break
     env+=("${words[i]}")
   done
-  env -i PATH="$PATH" "${env[@]}" "$infergate" "${words[@]:i+1}" --check
+  # --no-files: the rendered file names the Secrets the pod mounts, which are not here.
+  env -i PATH="$PATH" "${env[@]}" "$infergate" "${words[@]:i+1}" --check --no-files
 }
 "$helm" template t "$chart" -n infergate-system -f "$chart/ci/global-router-values.yaml" >"$work/router.yaml"
 run_rendered "$work/router.yaml" "$work/router" >"$work/router.out" 2>&1 \

@@ -9,8 +9,11 @@
 
 use std::path::Path;
 
+#[path = "common/checked_files.rs"]
+mod checked_files;
 #[path = "common/printed_error.rs"]
 mod printed_error;
+use checked_files::CheckedFiles;
 use printed_error::{assert_said_once, printed_chain};
 
 /// Runs `infergate gateway --config <dir>/gateway.yaml` (holding `body`, or no file with `None`)
@@ -90,21 +93,14 @@ fn a_refused_start_prints_each_cause_once() {
 fn check_loads_every_file_the_configuration_names_as_the_start_does() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let ca = infergate_testkit::tls::TestCa::new("check test CA");
-    let (cert, key) = ca.issue(&["127.0.0.1"]).write(d);
-    let ca_file = ca.write_ca(d);
-    let other_key = d.join("other-key.pem");
-    std::fs::write(&other_key, ca.issue(&["127.0.0.1"]).key_pem).unwrap();
-    let keys = d.join("keys.yaml");
-    std::fs::write(&keys, "keys: []\n").unwrap();
-    let (cert, key, ca_file, other_key, keys) = (
-        cert.display().to_string(),
-        key.display().to_string(),
-        ca_file.display().to_string(),
-        other_key.display().to_string(),
-        keys.display().to_string(),
-    );
-    let missing = d.join("missing.pem").display().to_string();
+    let CheckedFiles {
+        cert,
+        key,
+        ca: ca_file,
+        other_key,
+        keys,
+        missing,
+    } = CheckedFiles::write(d);
     let model = "models:\n  - name: m\n    endpoints: [127.0.0.1:9]\n";
     let config = |tls: &str, auth: &str, model: &str| format!("{tls}{auth}{model}");
     let tls = |c: &str, k: &str| format!("tls: {{ certFile: \"{c}\", keyFile: \"{k}\" }}\n");

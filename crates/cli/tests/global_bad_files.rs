@@ -9,8 +9,11 @@
 
 use std::path::Path;
 
+#[path = "common/checked_files.rs"]
+mod checked_files;
 #[path = "common/printed_error.rs"]
 mod printed_error;
+use checked_files::CheckedFiles;
 use printed_error::{assert_said_once, printed_chain};
 
 const CLUSTER: &str = "clusters:\n  - { name: a, url: 'http://127.0.0.1:9', region: r, models: [m], cost: { inputPerMillion: 1 } }\n";
@@ -116,4 +119,157 @@ fn check_and_start_refuse_an_access_log_they_cannot_open() {
         },
         |body, args| global_with(dir.path(), body, args, &[]),
     );
+}
+
+/// Every file a configuration can name, missing or unusable — the front door's certificate, key
+/// and client CA bundle, a cluster's CA bundle, client certificate and token, the API key file:
+/// `--check` refused none of them, and the start then stopped on it. Now `--check` refuses each
+/// with the error the start stops on (the same printed chain, under the start's context), passes
+/// once the files are good, and `--check --no-files` reads none of them.
+#[test]
+fn check_loads_every_file_the_configuration_names_as_the_start_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let CheckedFiles {
+        cert,
+        key,
+        ca: ca_file,
+        other_key,
+        keys,
+        missing,
+    } = CheckedFiles::write(d);
+    let [token, empty] = [("token", "secret\n"), ("empty", "\n")].map(|(name, text)| {
+        let path = d.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    });
+    let front = |c: &str, k: &str, client_ca: Option<&str>| {
+        let client_ca = client_ca.map_or(String::new(), |f| format!(", clientCaFile: \"{f}\""));
+        format!("tls: {{ certFile: \"{c}\", keyFile: \"{k}\"{client_ca} }}\n")
+    };
+    let cluster = |extra: &str| {
+        format!(
+            "clusters:\n  - {{ name: a, url: 'https://127.0.0.1:9', region: r, models: [m], \
+             cost: {{ inputPerMillion: 1 }}{extra} }}\n"
+        )
+    };
+    let cluster_ca = |f: &str| cluster(&format!(", tls: {{ caFile: \"{f}\" }}"));
+    let client_cert = |c: &str, k: &str| {
+        cluster(&format!(
+            ", tls: {{ caFile: \"{ca_file}\", certFile: \"{c}\", keyFile: \"{k}\" }}"
+        ))
+    };
+    let bearer = |f: &str| cluster(&format!(", credentials: {{ bearerTokenFile: \"{f}\" }}"));
+    let none = "auth: none\n";
+    let api_keys = |f: &str| format!("auth:\n  apiKeys: {{ file: \"{f}\" }}\n");
+    let plain = cluster("");
+    let bad = [
+        (
+            "tls.certFile missing",
+            format!("{none}{}{plain}", front(&missing, &key, None)),
+            "cannot read",
+        ),
+        (
+            "tls.keyFile missing",
+            format!("{none}{}{plain}", front(&cert, &missing, None)),
+            "cannot read",
+        ),
+        (
+            "tls.keyFile of another certificate",
+            format!("{none}{}{plain}", front(&cert, &other_key, None)),
+            "does not match",
+        ),
+        (
+            "tls.clientCaFile missing",
+            format!("{none}{}{plain}", front(&cert, &key, Some(&missing))),
+            "cannot read",
+        ),
+        (
+            "tls.clientCaFile without a certificate",
+            format!("{none}{}{plain}", front(&cert, &key, Some(&keys))),
+            "no PEM certificate",
+        ),
+        (
+            "clusters[0].tls.caFile missing",
+            format!("{none}{}", cluster_ca(&missing)),
+            "tls.caFile",
+        ),
+        (
+            "clusters[0].tls.caFile without a certificate",
+            format!("{none}{}", cluster_ca(&keys)),
+            "tls.caFile",
+        ),
+        (
+            "clusters[0].tls.certFile missing",
+            format!("{none}{}", client_cert(&missing, &key)),
+            "tls.certFile",
+        ),
+        (
+            "clusters[0].tls.keyFile of another certificate",
+            format!("{none}{}", client_cert(&cert, &other_key)),
+            "does not match",
+        ),
+        (
+            "clusters[0].credentials.bearerTokenFile missing",
+            format!("{none}{}", bearer(&missing)),
+            "credentials.bearerTokenFile",
+        ),
+        (
+            "clusters[0].credentials.bearerTokenFile empty",
+            format!("{none}{}", bearer(&empty)),
+            "it is empty",
+        ),
+        (
+            "auth.apiKeys.file missing",
+            format!("{}{plain}", api_keys(&missing)),
+            "auth.apiKeys",
+        ),
+    ];
+    let ports = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    // Each error names its field (the cause names the file).
+    let field = |what: &str| match what.split_whitespace().next().unwrap_or_default() {
+        f if f.starts_with("tls.") => "tls: the front door's",
+        "clusters[0].tls.caFile" => "cluster `a`: tls.caFile",
+        f if f.starts_with("clusters[0].tls.") => "cluster `a`: tls.certFile/tls.keyFile",
+        f if f.starts_with("clusters[0].credentials") => "cluster `a`: credentials.bearerTokenFile",
+        _ => "auth.apiKeys",
+    };
+    for (what, body, expected) in &bad {
+        let (ok, checked) = global_with(d, body, &["--check"], &[]);
+        assert!(!ok, "{what}: --check passed: {checked}");
+        assert!(checked.contains(expected), "{what}: {checked}");
+        assert!(checked.contains(field(what)), "{what}: {checked}");
+        assert_said_once(&printed_chain(&checked), &checked);
+        let (ok, started) = global_with(d, body, &ports, &[]);
+        assert!(!ok, "{what}: started: {started}");
+        let mut start_chain = printed_chain(&started);
+        assert_eq!(
+            start_chain.remove(0),
+            "starting the global router",
+            "{started}"
+        );
+        assert_eq!(
+            printed_chain(&checked),
+            start_chain,
+            "{what}: --check and the start print different errors"
+        );
+        let (ok, text) = global_with(d, body, &["--check", "--no-files"], &[]);
+        assert!(ok, "{what}: --check --no-files: {text}");
+        assert!(text.contains("were not read"), "{what}: {text}");
+    }
+    let good = [
+        format!("{none}{}{plain}", front(&cert, &key, Some(&ca_file))),
+        format!("{none}{}", client_cert(&cert, &key)),
+        format!("{none}{}", bearer(&token)),
+        format!("{}{plain}", api_keys(&keys)),
+    ];
+    for body in &good {
+        let (ok, text) = global_with(d, body, &["--check"], &[]);
+        assert!(ok, "{body}: {text}");
+        assert!(text.contains("is valid"), "{body}: {text}");
+    }
+    // `--no-files` is a modifier of `--check`, not a way to start without reading them.
+    let (ok, text) = global_with(d, &good[0], &["--no-files"], &[]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("--check"), "{text}");
 }

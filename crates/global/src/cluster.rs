@@ -171,15 +171,25 @@ fn lock(m: &Mutex<ClusterState>) -> MutexGuard<'_, ClusterState> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Cluster {
-    /// The cluster at `index` of `config`, its files read now: a bearer token or a CA bundle
-    /// that cannot be used is the error the start stops on (and a reload is refused with), since
-    /// requests would reach the cluster without credentials, or fail every handshake.
-    pub(crate) fn load(
+/// What a cluster's files gave, read as the start reads them ([`Loaded::read`]): the error the
+/// start stops on and `infergate global --check` refuses the file with.
+pub(crate) struct Loaded {
+    token: Option<HeaderValue>,
+    connector: Connector,
+    files: Files,
+}
+
+impl Loaded {
+    /// Reads the files of the cluster at `index` of `config`: its `credentials.bearerTokenFile`,
+    /// its client certificate (`tls.certFile`, `tls.keyFile`) and its trust roots (`tls.caFile`,
+    /// else the system's for an `https://` cluster). A token or a bundle that cannot be used is
+    /// an error naming the cluster, the field and the file, since requests would reach the
+    /// cluster without credentials, or fail every handshake.
+    pub(crate) fn read(
         config: &GlobalConfig,
         index: usize,
         system: &mut SystemRoots,
-    ) -> Result<Cluster, Error> {
+    ) -> Result<Loaded, Error> {
         let c = &config.clusters[index];
         let mut files = Files::default();
         let token = match &c.credentials {
@@ -223,6 +233,26 @@ impl Cluster {
                 source: Box::new(e),
             }
         })?;
+        Ok(Loaded {
+            token,
+            connector,
+            files,
+        })
+    }
+}
+
+impl Cluster {
+    /// The cluster at `index` of `config`, its files read now ([`Loaded::read`]).
+    pub(crate) fn load(
+        config: &GlobalConfig,
+        index: usize,
+        system: &mut SystemRoots,
+    ) -> Result<Cluster, Error> {
+        let Loaded {
+            token,
+            connector,
+            files,
+        } = Loaded::read(config, index, system)?;
         Ok(Cluster::new(
             config,
             index,

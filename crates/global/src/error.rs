@@ -124,8 +124,9 @@ pub enum Error {
     /// The access log (`accessLog.path`) cannot be opened.
     #[error(transparent)]
     AccessLog(#[from] infergate_proxy::access_log::AccessLogError),
-    /// The front door's certificate.
-    #[error("cannot set up TLS")]
+    /// The front door's `tls` files: its certificate, key or client CA bundle (the cause names
+    /// the file).
+    #[error("tls: the front door's certFile, keyFile or clientCaFile cannot be used")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
     /// A cluster's `credentials.bearerTokenFile` cannot be used at start.
     #[error("cluster `{cluster}`: credentials.bearerTokenFile {}", path.display())]

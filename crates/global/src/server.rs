@@ -311,10 +311,23 @@ pub async fn serve(
     })
 }
 
-/// What `infergate global --check` verifies beyond the file, writing nothing: that
+/// What `infergate global --check` verifies beyond the file, writing nothing and contacting
+/// nothing: every file the configuration names, read as [`serve`] reads it and refused with the
+/// error the start would stop on — the front door's `tls` (certificate, key, client CA bundle),
+/// the `auth.apiKeys.file` and `auth.jwt.remoteJWKS.caFile`, each cluster's
+/// `credentials.bearerTokenFile`, `tls.caFile`, `tls.certFile` and `tls.keyFile` — and that
 /// `accessLog.path` can be appended to (an existing file opened for appending, else its folder
-/// present), as the start would need.
+/// present).
 pub fn check_files(config: &GlobalConfig) -> Result<(), Error> {
+    if let Some(tls) = &config.tls {
+        tls.check().map_err(|e| Error::Tls(Box::new(e)))?;
+    }
+    infergate_proxy::auth::Authenticator::check(&config.auth)
+        .map_err(|e| Error::Auth(Box::new(e)))?;
+    let mut system_roots = connect::SystemRoots::new();
+    for i in 0..config.clusters.len() {
+        cluster::Loaded::read(config, i, &mut system_roots)?;
+    }
     infergate_proxy::access_log::check(config.access_log.as_ref())?;
     Ok(())
 }
