@@ -486,25 +486,12 @@ pub struct Credentials {
 impl GlobalConfig {
     /// Parses and validates a configuration.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        // The two required sections, said plainly rather than as the parser's `missing field`.
-        if let Ok(serde_yaml::Value::Mapping(top)) = serde_yaml::from_str(text) {
-            if !top.contains_key("auth") {
-                return Err(ConfigError::Invalid {
-                    field: "auth".into(),
-                    reason: "is required: configure `auth.jwt` and/or `auth.apiKeys`, or write \
-                             `auth: none` to run without authentication"
-                        .into(),
-                });
+        let config: GlobalConfig = match serde_yaml::from_str(text) {
+            Ok(config) => config,
+            Err(source) => {
+                return Err(missing_section(text, &source).unwrap_or(ConfigError::Parse { source }));
             }
-            if !top.contains_key("clusters") {
-                return Err(ConfigError::Invalid {
-                    field: "clusters".into(),
-                    reason: "is required: at least one cluster is needed".into(),
-                });
-            }
-        }
-        let config: GlobalConfig =
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { source })?;
+        };
         config.validate()?;
         Ok(config)
     }
@@ -818,6 +805,35 @@ fn check_listen_and_admin(listen: SocketAddr, admin: SocketAddr) -> Result<(), C
             reason,
         }
     })
+}
+
+/// The two required sections, said plainly rather than as the parser's ``missing field `auth` ``,
+/// when that is the parser's complaint: a section misspelt (`cluster:`) is an unknown field, which
+/// the parser meets first and names with the fields it expected.
+fn missing_section(text: &str, parsed: &serde_yaml::Error) -> Option<ConfigError> {
+    let serde_yaml::Value::Mapping(top) = serde_yaml::from_str(text).ok()? else {
+        return None;
+    };
+    let (field, reason) = if !top.contains_key("auth") {
+        (
+            "auth",
+            "is required: configure `auth.jwt` and/or `auth.apiKeys`, or write `auth: none` to \
+             run without authentication",
+        )
+    } else if !top.contains_key("clusters") {
+        ("clusters", "is required: at least one cluster is needed")
+    } else {
+        return None;
+    };
+    // The parser's message for a missing field of the top level, and nothing else.
+    let missing = format!("missing field `{field}`");
+    parsed
+        .to_string()
+        .starts_with(&missing)
+        .then(|| ConfigError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        })
 }
 
 #[cfg(test)]

@@ -50,6 +50,25 @@ fn auth_is_required() {
     assert!(e.starts_with("clusters: is required"), "{e}");
 }
 
+/// A required section misspelt is the unknown field it is, with the fields expected: it was
+/// "clusters: is required", which sends the reader looking for a section they wrote.
+#[test]
+fn a_misspelt_required_section_is_named_as_unknown() {
+    let e = err(&format!(
+        "auth: none\n{}",
+        CLUSTER.replacen("clusters:", "cluster:", 1)
+    ));
+    assert!(
+        e.contains("unknown field `cluster`") && e.contains("`clusters`"),
+        "{e}"
+    );
+    let e = err(&format!("auht: none\n{CLUSTER}"));
+    assert!(
+        e.contains("unknown field `auht`") && e.contains("`auth`"),
+        "{e}"
+    );
+}
+
 #[test]
 fn gpu_hour_prices_every_token_alike() {
     let c = GlobalConfig::from_yaml(
