@@ -273,3 +273,26 @@ fn check_loads_every_file_the_configuration_names_as_the_start_does() {
     assert!(!ok, "{text}");
     assert!(text.contains("--check"), "{text}");
 }
+
+/// A port another process holds: the start's error names the address and the setting that chose
+/// it (`listen` or `admin`, and the flag over it), not the address alone.
+#[test]
+fn a_port_in_use_names_the_setting_that_chose_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let body = format!("auth: none\n{CLUSTER}");
+    for (flag, other, setting) in [
+        ("--listen", "--admin", "(`listen`, or --listen)"),
+        ("--admin", "--listen", "(`admin`, or --admin)"),
+    ] {
+        let args = [flag, port.as_str(), other, "127.0.0.1:0"];
+        let (ok, text) = global_with(dir.path(), &body, &args, &[]);
+        assert!(!ok, "{args:?} started: {text}");
+        assert!(
+            text.contains(&port) && text.contains(setting),
+            "{args:?}: {text}"
+        );
+        assert_said_once(&printed_chain(&text), &text);
+    }
+}

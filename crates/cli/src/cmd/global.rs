@@ -68,10 +68,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let http = tokio::net::TcpListener::bind(config.listen)
         .await
-        .with_context(|| format!("binding the front door on {}", config.listen))?;
+        .with_context(|| {
+            format!(
+                "binding the front door on {} (`listen`, or --listen)",
+                config.listen
+            )
+        })?;
     let admin = tokio::net::TcpListener::bind(config.admin)
         .await
-        .with_context(|| format!("binding the admin port on {}", config.admin))?;
+        .with_context(|| {
+            format!(
+                "binding the admin port on {} (`admin`, or --admin)",
+                config.admin
+            )
+        })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
