@@ -1111,7 +1111,7 @@ pub(crate) async fn poll(
             }
         }
         if let Some(uri) = cluster.heartbeat.clone() {
-            let failure = match fetch(&client, uri, None, timeout).await {
+            let failure = match fetch(&client, uri.clone(), None, timeout).await {
                 Ok((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
                     Ok(hb) => {
                         cluster.apply_heartbeat(&hb, rtt, now());
@@ -1128,9 +1128,9 @@ pub(crate) async fn poll(
                     // Once per run of failures: a wrong URL (never up, so never drained) says
                     // why at once, and a dead cluster does not repeat it every interval.
                     if !std::mem::replace(&mut heartbeat_failing, true) {
-                        tracing::warn!(cluster = %cluster.config.name, error = %why, "heartbeat failed; logged again only after a good one");
+                        tracing::warn!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed; logged again only after a good one");
                     } else {
-                        tracing::debug!(cluster = %cluster.config.name, error = %why, "heartbeat failed");
+                        tracing::debug!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed");
                     }
                 }
             }

@@ -641,7 +641,8 @@ async fn request_bodies_held_at_once_are_bounded() {
 /// A heartbeat URL that does not answer a heartbeat (a wrong path, say: 404) left the cluster
 /// drained without a word: it had never been up, so no drain was logged, and failed fetches
 /// are not. The first failure after a good fetch (or since the start) is a warning naming the
-/// cluster and the cause; the failures after it are not repeated.
+/// cluster, the URL fetched (a wrong `heartbeatUrl` is what it most often is: it was not
+/// named) and the cause; the failures after it are not repeated.
 #[tokio::test]
 async fn a_failing_heartbeat_says_why_once() {
     let out = infergate_testkit::CapturedLog::default();
@@ -662,6 +663,10 @@ async fn a_failing_heartbeat_says_why_once() {
     assert_eq!(warnings.len(), 1, "{text}");
     assert!(
         warnings[0].contains("east") && warnings[0].contains("404"),
+        "{text}"
+    );
+    assert!(
+        warnings[0].contains(&format!("heartbeat_url=http://{wrong}/")),
         "{text}"
     );
 }
