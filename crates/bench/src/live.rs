@@ -37,6 +37,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::BenchError;
 use crate::front::{Front, RunningFront};
 use crate::plan::{Plan, Ran};
+use crate::policy::RoutePolicy;
 use crate::progress::Progress;
 use crate::report::{FrontLog, LiveGateway, PodInfo, Report, RunResult};
 use crate::scenario::{self, Scenario};
@@ -392,6 +393,15 @@ pub fn check(scenario: &Scenario, origin: &str, fronts: &Fronts) -> Result<(), B
             ),
         ));
     }
+    if let Some(i) = scenario.policies.iter().position(RoutePolicy::is_entry) {
+        // Live mode configures each gateway by its preset's name.
+        return Err(invalid(
+            &format!("policies[{i}]"),
+            "is a policy entry, which runs in simulated mode only (the live measurement of \
+             outlier detection is `cargo run --release -p infergate-bench --example outlier`)"
+                .to_owned(),
+        ));
+    }
     // These sections have runners in simulated mode only; a live run would quietly drop them.
     if scenario.flow.is_some() {
         return Err(invalid(
@@ -489,6 +499,7 @@ fn gateway_config(
             "timeoutMs": scrape.timeout_ms,
             "maxLateMs": scrape.max_late_ms,
         },
+        "retries": { "maxAttempts": scenario.retries.max_attempts },
         "models": [{
             "name": model,
             "loraAdapters": adapters,
@@ -775,6 +786,7 @@ async fn run_one(
         prefix_hit_rate: None,
         records: None,
         failures,
+        attempts: None,
     })))
 }
 

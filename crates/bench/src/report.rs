@@ -117,6 +117,53 @@ pub struct RunResult {
     /// or no response`, …) and how many (live runs; empty when none failed).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failures: BTreeMap<String, u64>,
+    /// What the attempts of the run's requests met, in a simulated run of a scenario with
+    /// failing pods ([`Scenario::has_failing_pods`]); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Attempts>,
+}
+
+/// The attempts of a simulated run's requests, as the gateway makes them: a request a pod fails
+/// is tried on the next pod of its pick, up to the scenario's `retries.maxAttempts`, and each
+/// answer is reported to the scheduler's outlier detection.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Attempts {
+    /// Requests sent to a pod at least once.
+    pub requests: u64,
+    /// Attempts sent to pods: first attempts and retries.
+    pub sent: u64,
+    /// Of those, attempts the pod failed.
+    pub failed: u64,
+    /// First attempts that went to a pod failing requests at the time (an `error_rate` above 0).
+    pub first_to_failing: u64,
+    /// First attempts per pod, in fleet order.
+    pub first_per_pod: Vec<u64>,
+    /// Requests whose every attempt failed (counted in the run's `errors` too).
+    pub exhausted: u64,
+    /// Pods ejected by the scheduler's outlier detection.
+    pub ejections: u64,
+    /// Ejections due but held back by `maxEjectionPercent`.
+    pub held_back: u64,
+}
+
+impl Attempts {
+    /// Counters at 0 for a fleet of `pods`.
+    pub fn new(pods: usize) -> Self {
+        Attempts {
+            first_per_pod: vec![0; pods],
+            ..Attempts::default()
+        }
+    }
+
+    /// Attempts per request sent.
+    pub fn per_request(&self) -> f64 {
+        self.sent as f64 / self.requests.max(1) as f64
+    }
+
+    /// Share of first attempts that went to a failing pod, 0–1.
+    pub fn first_to_failing_share(&self) -> f64 {
+        self.first_to_failing as f64 / self.requests.max(1) as f64
+    }
 }
 
 impl RunResult {
@@ -143,6 +190,7 @@ impl RunResult {
             prefix_hit_rate: None,
             records: None,
             failures: BTreeMap::from([(why, requests)]),
+            attempts: None,
         }
     }
 

@@ -21,6 +21,22 @@
 //! policies: [round-robin, random, least-request, gie-default, infergate]
 //! ```
 //!
+//! A policy may also be an entry with a name of its own and the gateway's `outlierDetection:`
+//! settings (see [`crate::policy`]); `retries: { maxAttempts: 3 }` is the gateway's retry
+//! policy, which the simulated runner follows when a pod fails a request; a pod group's
+//! `faults:` make its pods fail requests (`error_rate`) or slow down (`slowdown`), from the
+//! start or at `at_s` seconds of virtual time (see [`PodGroup::faults`]):
+//!
+//! ```yaml
+//! fleet:
+//!   - { name: h100, profile: llama-3.1-8b/h100, replicas: 3 }
+//!   - { name: bad, profile: llama-3.1-8b/h100, faults: [{ at_s: 0, error_rate: 1.0 }] }
+//! retries: { maxAttempts: 3 }
+//! policies:
+//!   - infergate
+//!   - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 5 } }
+//! ```
+//!
 //! `infergate-precise` may be listed too (simulated mode, no `flow` section): the
 //! `infergate` preset fed each pod's KV-cache events, seen `kv_events.lag_ms` after the pod
 //! publishes them, and with `kv_events.provisional: true` also counting each routed request's
@@ -30,7 +46,8 @@ use std::path::Path;
 
 use infergate_scheduler::flow::FlowConfig;
 use infergate_scheduler::{Preset, Priority, Thresholds};
-use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec};
+use infergate_sim::spec::FaultStep;
+use infergate_sim::{Catalog, EngineKind, Faults, FleetSpec, PodSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
@@ -64,10 +81,13 @@ pub struct Scenario {
     /// Seeds; every policy runs once per seed on the same arrivals.
     #[serde(default = "default_seeds")]
     pub seeds: Vec<u64>,
-    /// Policies compared (scheduler presets, or `infergate-precise`). Round-robin is the
-    /// baseline of the report.
+    /// Policies compared (scheduler presets, `infergate-precise`, or entries with outlier
+    /// detection). Round-robin is the baseline of the report.
     #[serde(default = "default_policies")]
     pub policies: Vec<RoutePolicy>,
+    /// The gateway's retry policy: how many pods a request is tried on when they fail it.
+    #[serde(default, skip_serializing_if = "Retries::is_default")]
+    pub retries: Retries,
     /// How the pods' KV-cache events reach the `infergate-precise` policy.
     #[serde(default, skip_serializing_if = "KvEvents::is_default")]
     pub kv_events: KvEvents,
@@ -83,6 +103,27 @@ pub struct Scenario {
     /// replica count and sharing mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaBench>,
+}
+
+/// The gateway's `retries:` section (its keys and default): a request a pod fails (a 5xx) is
+/// tried on the next pod of the pick's ranked list, up to `maxAttempts` attempts in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default, rename_all = "camelCase")]
+pub struct Retries {
+    /// Attempts per request including the first (1 = no retry; the gateway's default is 3).
+    pub max_attempts: u8,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries { max_attempts: 3 }
+    }
+}
+
+impl Retries {
+    fn is_default(&self) -> bool {
+        *self == Retries::default()
+    }
 }
 
 /// How the pods' KV-cache events reach a precise router (simulated).
@@ -322,6 +363,12 @@ pub struct PodGroup {
     /// smaller GPUs joins the same pool.
     #[serde(default)]
     pub served_model_name: Option<String>,
+    /// The pods' faults, as in a simulator fleet file (`at_s` 0 for the start): `error_rate`
+    /// (that fraction of the requests sent to a pod fail at once, like a model server answering
+    /// 500 while its metrics look fine) and `slowdown` (a step-time multiplier). Live runs serve
+    /// them from the emulated pods as well.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultStep>,
 }
 
 /// The request stream.
@@ -600,6 +647,15 @@ fn default_policies() -> Vec<RoutePolicy> {
 }
 
 impl Scenario {
+    /// Whether some pod of the fleet ever fails requests (an `error_rate` above 0, from the start
+    /// or scripted): the runs then report their attempts.
+    pub fn has_failing_pods(&self) -> bool {
+        self.fleet
+            .iter()
+            .flat_map(|g| &g.faults)
+            .any(|f| f.error_rate.is_some_and(|e| e > 0.0))
+    }
+
     /// Whether a simulated run of it can keep per-request records
     /// ([`crate::simulate::RunOptions::requests`]): a scenario with a `flow:` or `replicas:`
     /// section has a runner of its own, which keeps its own figures only.
@@ -659,6 +715,42 @@ impl Scenario {
             if g.replicas == 0 {
                 return bad(&format!("fleet[{i}].replicas"), "must be at least 1".into());
             }
+            for (j, step) in g.faults.iter().enumerate() {
+                let at = |f: &str| format!("fleet[{i}].faults[{j}].{f}");
+                if let Some((field, why)) = step.invalid_field() {
+                    return bad(&at(field), why);
+                }
+                // The simulation models no hanging pod or broken page; a scenario means the same
+                // thing in both modes.
+                if step.hang.is_some() {
+                    return bad(
+                        &at("hang"),
+                        "is a fault of `infergate sim` fleets only; a scenario's faults are \
+                         error_rate and slowdown"
+                            .into(),
+                    );
+                }
+                if step.metrics.is_some() {
+                    return bad(
+                        &at("metrics"),
+                        "is a fault of `infergate sim` fleets only (for stale metrics in a \
+                         scenario, see `stale:`)"
+                            .into(),
+                    );
+                }
+            }
+            if !g.faults.is_empty() && (self.flow.is_some() || self.replicas.is_some()) {
+                return bad(
+                    &format!("fleet[{i}].faults"),
+                    "run in scenarios without a `flow:` or `replicas:` section only".into(),
+                );
+            }
+        }
+        if self.retries.max_attempts == 0 {
+            return bad(
+                "retries.maxAttempts",
+                "must be at least 1 (1 = no retry)".into(),
+            );
         }
         let w = &self.workload;
         if !(w.duration_s.is_finite() && w.duration_s > 0.0 && w.duration_s <= 86_400.0) {
@@ -865,11 +957,42 @@ impl Scenario {
         if self.policies.is_empty() {
             return bad("policies", "must list at least one policy".into());
         }
-        if let Some((i, policy)) = first_repeat(&self.policies) {
+        let names: Vec<&str> = self.policies.iter().map(RoutePolicy::as_str).collect();
+        if let Some((i, policy)) = first_repeat(&names) {
             return bad(
                 &format!("policies[{i}]"),
                 format!("policy {policy} is listed twice"),
             );
+        }
+        for (i, p) in self.policies.iter().enumerate() {
+            if !p.is_entry() {
+                continue;
+            }
+            let name = p.as_str();
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                // It names report rows and request files.
+                return bad(
+                    &format!("policies[{i}].name"),
+                    format!("must be non-empty letters, digits, '-' or '_', got {name:?}"),
+                );
+            }
+            if let Some(o) = &p.outlier_detection
+                && let Err(e) = o.validate()
+            {
+                return bad(&format!("policies[{i}].{}", e.field), e.reason);
+            }
+            if self.flow.is_some() || self.replicas.is_some() {
+                return bad(
+                    &format!("policies[{i}]"),
+                    "a policy entry runs in scenarios without a `flow:` or `replicas:` section \
+                     only"
+                        .into(),
+                );
+            }
         }
         if let Some(i) = self.policies.iter().position(|p| p.precise)
             && self.flow.is_some()
@@ -943,6 +1066,7 @@ impl Scenario {
                 if let Some(m) = &g.served_model_name {
                     pod.model = m.as_str().into();
                 }
+                (pod.faults, pod.fault_script) = Faults::scripted(&g.faults);
                 pods.push(pod);
             }
         }

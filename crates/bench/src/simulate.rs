@@ -19,6 +19,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use infergate_scheduler::outlier::{Answer, Ejection};
 use infergate_scheduler::{
     CacheConfig, Decision, EndpointMeta, EngineType, LoraState, MetricsSnapshot, RequestContext,
     Scheduler, SchedulerConfig, ScrapeState, Ticket, Timestamp, Usage,
@@ -37,7 +38,7 @@ use crate::BenchError;
 use crate::plan::{Plan, Ran};
 use crate::policy::RoutePolicy;
 use crate::progress::Progress;
-use crate::report::{FloorResult, PodInfo, Report, RequestRecord, RunResult};
+use crate::report::{Attempts, FloorResult, PodInfo, Report, RequestRecord, RunResult};
 use crate::scenario::{Scenario, StaleWindow};
 use crate::stats::{Percentiles, quantile};
 use crate::workload::{self, Arrival};
@@ -126,7 +127,7 @@ pub fn run_until(
     'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = workload::generate(&scenario.workload, seed);
         floors.push(floor(&spec, &arrivals, seed));
-        for (pi, &policy) in scenario.policies.iter().enumerate() {
+        for (pi, policy) in scenario.policies.iter().enumerate() {
             let keep = Keep {
                 load: si == 0,
                 requests: options.requests,
@@ -348,6 +349,10 @@ struct Sim<'a> {
     cached_tokens: u64,
     /// One record per completed request, when the run keeps them.
     records: Option<Vec<RequestRecord>>,
+    /// Attempts per request at most (the scenario's `retries.maxAttempts`).
+    max_attempts: usize,
+    /// What the attempts met, when the scenario has failing pods.
+    attempts: Option<Attempts>,
 }
 
 /// What a plain run keeps besides its figures.
@@ -422,21 +427,32 @@ impl Sim<'_> {
         self.seen[i].map_or(f64::INFINITY, |(at, _, _)| self.fleet.now() - at)
     }
 
-    /// Sends `a` to the first endpoint of `decision` that accepts it (fallbacks as the gateway's
-    /// retry). False when none did (the ticket is then failed).
+    /// Sends `a` to the endpoints of `decision` in order, as the gateway's retry loop does: a
+    /// pod that refuses it (it can never serve it) is passed over; a pod that fails it (its
+    /// `error_rate`) costs one of the scenario's `retries.maxAttempts`, and its failure is
+    /// reported to the scheduler (`observe_answer`) before the request moves to the next
+    /// endpoint (`reassign`), or, after the last attempt, before the ticket is failed. The
+    /// endpoint that took it, or `None` when none did.
     fn place(
         &mut self,
         a: &Arrival,
         decision: &Decision,
         text: &Arc<str>,
         lora: Option<&Arc<str>>,
-    ) -> Result<bool, BenchError> {
+    ) -> Result<Option<SocketAddr>, BenchError> {
         let n = self.kinds.len();
         let now = self.fleet.now();
+        let mut sent = 0;
+        // The endpoint whose failure is still to be reported: the gateway judges an answer
+        // when the request leaves its endpoint (`Inflight::reassign`, `fail`).
+        let mut failed: Option<SocketAddr> = None;
         for (j, addr) in decision.endpoints.iter().enumerate() {
             let Some(pod) = pod_index(addr, n) else {
                 continue;
             };
+            if let Some(prev) = failed.take() {
+                self.observe(prev, Answer::Failure, now);
+            }
             if j > 0 && !self.sched.reassign(decision.ticket, *addr) {
                 continue;
             }
@@ -447,21 +463,64 @@ impl Sim<'_> {
                 max_tokens: a.output_tokens,
                 lora: lora.cloned(),
             };
-            match self.fleet.submit(pod, req) {
+            let failing = self.attempts.is_some()
+                && self.fleet.faults(pod).is_some_and(|f| f.error_rate > 0.0);
+            let result = self.fleet.submit(pod, req);
+            if !matches!(result, Err(SimError::Rejected(_))) {
+                sent += 1;
+                if let Some(at) = &mut self.attempts {
+                    at.sent += 1;
+                    if sent == 1 {
+                        at.requests += 1;
+                        at.first_to_failing += u64::from(failing);
+                        if let Some(c) = at.first_per_pod.get_mut(pod) {
+                            *c += 1;
+                        }
+                    }
+                }
+            }
+            match result {
                 Ok(()) => {
                     if let Some(t) = self.tickets.get_mut(a.id as usize) {
                         *t = Some(decision.ticket);
                     }
                     self.inflight[pod] += 1;
                     self.since_scrape[pod] += 1;
-                    return Ok(true);
+                    return Ok(Some(*addr));
                 }
                 Err(SimError::Rejected(_)) => continue,
+                Err(SimError::Failed(_)) => {
+                    if let Some(at) = &mut self.attempts {
+                        at.failed += 1;
+                    }
+                    failed = Some(*addr);
+                    if sent >= self.max_attempts {
+                        break;
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
+        if let Some(prev) = failed {
+            self.observe(prev, Answer::Failure, now);
+            if let Some(at) = &mut self.attempts {
+                at.exhausted += 1;
+            }
+        }
         self.sched.fail(decision.ticket, ts(now));
-        Ok(false)
+        Ok(None)
+    }
+
+    /// Reports what `addr` answered to the scheduler's outlier detection (a no-op without it),
+    /// counting its ejections.
+    fn observe(&mut self, addr: SocketAddr, answer: Answer, t: f64) {
+        let ejection = self.sched.observe_answer(addr, answer, ts(t));
+        if let (Some(e), Some(at)) = (ejection, &mut self.attempts) {
+            match e {
+                Ejection::Ejected { .. } => at.ejections += 1,
+                Ejection::HeldBack => at.held_back += 1,
+            }
+        }
     }
 
     /// Records a completed request's figures (TTFT, ITL, E2E, served tokens, per-pod counts)
@@ -531,6 +590,8 @@ impl Sim<'_> {
             };
             // Normally reported already, when it happened; a no-op then.
             self.sched.first_token(ticket, ts(c.first_token));
+            // The gateway judges a 200 when the request completes (`Inflight::complete`).
+            self.observe(pod_addr(c.pod as usize), Answer::Success, c.last_token);
             self.sched.complete(
                 ticket,
                 ts(c.last_token),
@@ -612,6 +673,7 @@ fn setup<'a>(
     spec: &FleetSpec,
     cfg: SchedulerConfig,
     arrivals: &'a [Arrival],
+    seed: u64,
     record_load: bool,
     stale: &[StaleWindow],
 ) -> Result<Sim<'a>, BenchError> {
@@ -634,6 +696,7 @@ fn setup<'a>(
     }
     let mut fleet = Fleet::new(spec)?;
     fleet.record_first_tokens(true);
+    fleet.seed_faults(seed);
     let interval = scenario.scrape.interval_ms / 1e3;
     let lag = scenario.scrape.lag_ms / 1e3;
     let n = spec.pods.len();
@@ -671,6 +734,8 @@ fn setup<'a>(
         prompt_tokens: 0,
         cached_tokens: 0,
         records: None,
+        max_attempts: usize::from(scenario.retries.max_attempts),
+        attempts: scenario.has_failing_pods().then(|| Attempts::new(n)),
     })
 }
 
@@ -712,7 +777,14 @@ fn finish(mut sim: Sim<'_>, policy: String, seed: u64, rejected: u64, errors: u6
         prefix_hit_rate: (sim.prompt_tokens > 0)
             .then(|| sim.cached_tokens as f64 / sim.prompt_tokens as f64),
         records: sim.records.take(),
-        failures: std::collections::BTreeMap::new(),
+        failures: match &sim.attempts {
+            Some(at) if at.exhausted > 0 => std::collections::BTreeMap::from([(
+                "every attempt failed by its pod (HTTP 500)".to_owned(),
+                at.exhausted,
+            )]),
+            _ => std::collections::BTreeMap::new(),
+        },
+        attempts: sim.attempts.take(),
     }
 }
 
@@ -724,15 +796,23 @@ fn run_one(
     scenario: &Scenario,
     spec: &FleetSpec,
     adapters: &[Arc<str>],
-    policy: RoutePolicy,
+    policy: &RoutePolicy,
     arrivals: &[Arrival],
     seed: u64,
     keep: Keep,
     progress: &mut dyn Progress,
     stop: &mut Stop<'_>,
 ) -> Result<Ran, BenchError> {
-    let cfg = SchedulerConfig::preset(policy.preset);
-    let mut sim = setup(scenario, spec, cfg, arrivals, keep.load, &scenario.stale)?;
+    let cfg = policy.scheduler_config();
+    let mut sim = setup(
+        scenario,
+        spec,
+        cfg,
+        arrivals,
+        seed,
+        keep.load,
+        &scenario.stale,
+    )?;
     if keep.requests {
         sim.records = Some(Vec::with_capacity(arrivals.len()));
     }
@@ -774,13 +854,14 @@ fn run_one(
             .with_cached(cached);
         match sim.sched.pick(&cx, ts(a.at), &mut rng) {
             Err(_) => rejected += 1,
-            Ok(decision) => {
-                if !sim.place(a, &decision, &text, lora)? {
-                    errors += 1;
-                } else if let Some(p) = precise.as_mut() {
-                    p.placed(decision.endpoints.first(), a.id, &text, lora.map(|l| &**l));
+            Ok(decision) => match sim.place(a, &decision, &text, lora)? {
+                None => errors += 1,
+                Some(addr) => {
+                    if let Some(p) = precise.as_mut() {
+                        p.placed(addr, a.id, &text, lora.map(|l| &**l));
+                    }
                 }
-            }
+            },
         }
         progress.advance(done as u64 + 1);
     }

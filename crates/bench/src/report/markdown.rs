@@ -101,6 +101,55 @@ pub(super) fn failures(r: &Report) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// What the attempts of each policy's requests met (means over seeds, ranges in parentheses),
+/// when the runs counted them (a scenario with failing pods); `None` otherwise.
+pub(super) fn attempts(r: &Report) -> Option<String> {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| policy | first attempts to a failing pod | attempts per request | failed attempts | failed requests | ejections (held back) |\n|---|---:|---:|---:|---:|---:|"
+    );
+    let mut any = false;
+    for p in &r.summary {
+        let runs: Vec<&super::Attempts> = r
+            .runs
+            .iter()
+            .filter(|x| x.policy == p.policy)
+            .filter_map(|x| x.attempts.as_ref())
+            .collect();
+        if runs.is_empty() {
+            continue;
+        }
+        any = true;
+        let of = |f: &dyn Fn(&super::Attempts) -> f64| Spread::of(runs.iter().map(|a| f(a)));
+        let share = of(&|a| a.first_to_failing_share() * 100.0);
+        let per = of(&|a| a.per_request());
+        let with_range = |sp: &Spread, digits: usize, unit: &str| {
+            if (sp.max - sp.min).abs() < 1e-12 {
+                format!("{:.digits$}{unit}", sp.mean)
+            } else {
+                format!(
+                    "{:.digits$}{unit} ({:.digits$}–{:.digits$})",
+                    sp.mean, sp.min, sp.max
+                )
+            }
+        };
+        let count = |f: &dyn Fn(&super::Attempts) -> u64| with_range(&of(&|a| f(a) as f64), 0, "");
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} ({}) |",
+            p.policy,
+            with_range(&share, 1, "%"),
+            with_range(&per, 2, ""),
+            count(&|a| a.failed),
+            count(&|a| a.exhausted),
+            count(&|a| a.ejections),
+            count(&|a| a.held_back),
+        );
+    }
+    any.then_some(s)
+}
+
 /// The verdict list.
 pub(super) fn verdicts(r: &Report) -> String {
     let mut s = String::new();
@@ -251,6 +300,13 @@ pub(super) fn render(r: &Report) -> String {
     let _ = writeln!(s, "{}", table(r));
     if let Some(f) = failures(r) {
         let _ = writeln!(s, "Failed requests:\n\n{f}");
+    }
+    if let Some(t) = attempts(r) {
+        let _ = writeln!(
+            s,
+            "Attempts per policy, per run: a request a pod fails is tried on the next pod of its pick, at most {} attempts in all (`retries.maxAttempts`); a failing pod is one with an `error_rate` above 0 when the attempt is sent; failed requests are those whose every attempt failed.\n\n{t}",
+            sc.retries.max_attempts
+        );
     }
     if !r.front_logs.is_empty() {
         let _ = writeln!(s, "Output of the external fronts:\n");

@@ -31,6 +31,7 @@ fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
         prefix_hit_rate: None,
         records: None,
         failures: BTreeMap::new(),
+        attempts: None,
     }
 }
 
@@ -424,4 +425,46 @@ fn plots_of_a_report_with_no_completed_run_are_finite() {
     let cdf = svg::ttft_cdf(&r);
     assert!(cdf.len() < 100_000 && !cdf.contains("inf"), "{cdf}");
     assert!(!svg::load(&r).contains("NaN"));
+}
+
+#[test]
+fn attempts_and_failed_requests_are_tabled_only_when_counted() {
+    let plain = report();
+    let page = plain.markdown();
+    assert!(!page.contains("Attempts per policy"), "{page}");
+    let mut runs = plain.runs.clone();
+    for (i, r) in runs.iter_mut().enumerate() {
+        let i = i as u64;
+        r.errors = i % 2 * 2;
+        r.completed = r.requests - r.errors;
+        r.attempts = Some(Attempts {
+            requests: 10,
+            sent: 14 + 2 * i,
+            failed: 4 + 2 * i,
+            first_to_failing: 3 + i % 2,
+            first_per_pod: vec![7, 3],
+            exhausted: i % 2 * 2,
+            ejections: 2 * i,
+            held_back: 0,
+        });
+    }
+    let with = Report::new(
+        plain.scenario.clone(),
+        "simulated",
+        plain.pods.clone(),
+        runs,
+        plain.floors.clone(),
+    );
+    let page = with.markdown();
+    assert!(page.contains("at most 3 attempts in all"), "{page}");
+    // round-robin: runs 0 and 1; infergate: runs 4 and 5.
+    for row in [
+        "| round-robin | 35.0% (30.0–40.0) | 1.50 (1.40–1.60) | 5 (4–6) | 1 (0–2) | 1 (0–2) (0) |",
+        "| infergate | 35.0% (30.0–40.0) | 2.30 (2.20–2.40) | 13 (12–14) | 1 (0–2) | 9 (8–10) (0) |",
+    ] {
+        assert!(page.contains(row), "{row}\n{page}");
+    }
+    let json = serde_json::to_string(&with).unwrap();
+    assert!(json.contains(r#""first_to_failing":3"#), "{json}");
+    assert!(!serde_json::to_string(&plain).unwrap().contains("attempts"));
 }

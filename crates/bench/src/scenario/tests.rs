@@ -238,3 +238,156 @@ fn a_seed_or_policy_listed_twice_is_refused_naming_the_repeat() {
     )
     .unwrap();
 }
+
+/// [`GOOD`] with these policies.
+fn with_policies(policies: &str) -> String {
+    GOOD.replace("policies: [round-robin, infergate]", policies)
+}
+
+#[test]
+fn a_policy_entry_turns_outlier_detection_on_and_round_trips() {
+    let s = Scenario::from_yaml(
+        &with_policies(
+            "policies:\n  - infergate\n  - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 4, baseEjectionMs: 1000 } }",
+        ),
+        "t.yaml",
+    )
+    .unwrap();
+    let p = &s.policies[1];
+    assert_eq!(p.as_str(), "infergate-od");
+    assert_eq!(p.preset, Preset::Infergate);
+    let od = p.outlier_detection.unwrap();
+    assert_eq!((od.consecutive_5xx, od.base_ejection_ms), (4, 1000));
+    // Unset fields take the gateway's defaults.
+    assert_eq!(od.max_ejection_percent, 50);
+    assert_eq!(p.scheduler_config().outlier_detection, Some(od));
+    assert_eq!(s.policies[0].scheduler_config().outlier_detection, None);
+    // A report's scenario is read back the same.
+    let json = serde_json::to_string(&s).unwrap();
+    let back: Scenario = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, s);
+    assert!(
+        json.contains(r#""policies":["infergate",{"name":"infergate-od""#),
+        "{json}"
+    );
+}
+
+#[test]
+fn bad_policy_entries_faults_and_retries_are_refused_naming_the_field() {
+    for (policies, at, says) in [
+        (
+            "{ name: od, preset: infergate, outlierDetection: { consecutive5xx: 0 } }",
+            "policies[1].outlierDetection.consecutive5xx",
+            "must be at least 1",
+        ),
+        (
+            "{ name: od, preset: infergate, outlierDetection: { baseEjectionMs: 9000, maxEjectionMs: 10 } }",
+            "policies[1].outlierDetection.maxEjectionMs",
+            "below baseEjectionMs",
+        ),
+        (
+            "{ name: od, preset: infergate, outlierDetection: { consecutive5xx: -1 } }",
+            "policies[1].outlierDetection.consecutive5xx",
+            "",
+        ),
+        (
+            "{ name: od, preset: infergate, outlierDetection: { consecutive_5xx: 3 } }",
+            "policies[1].outlierDetection.consecutive_5xx",
+            "",
+        ),
+        (
+            "{ name: od, preset: infergate, outlier: {} }",
+            "policies[1].outlier",
+            "",
+        ),
+        ("{ name: od, preset: smart }", "policies[1]", "`smart`"),
+        (
+            "{ name: 'my policy', preset: infergate }",
+            "policies[1].name",
+            "letters, digits",
+        ),
+        (
+            "{ name: round-robin, preset: infergate }",
+            "policies[1]",
+            "round-robin is listed twice",
+        ),
+    ] {
+        let e = err(&with_policies(&format!(
+            "policies:\n  - round-robin\n  - {policies}"
+        )));
+        assert_eq!(field(&e), at, "{policies}: {e}");
+        let said = match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        };
+        assert!(said.contains(says), "{policies}: {said}");
+    }
+    let fault = |f: &str| {
+        GOOD.replace(
+            "engine: tgi, replicas: 2 }",
+            &format!("engine: tgi, replicas: 2, faults: [{f}] }}"),
+        )
+    };
+    for (f, at, says) in [
+        (
+            "{ at_s: 0, error_rate: 1.5 }",
+            "fleet[1].faults[0].error_rate",
+            "1.5 must be between 0 and 1",
+        ),
+        (
+            "{ at_s: -1, error_rate: 1 }",
+            "fleet[1].faults[0].at_s",
+            "must be 0 or more",
+        ),
+        (
+            "{ at_s: 0, slowdown: 0 }",
+            "fleet[1].faults[0].slowdown",
+            "must be above 0",
+        ),
+        (
+            "{ at_s: 0, hang: true }",
+            "fleet[1].faults[0].hang",
+            "`infergate sim` fleets only",
+        ),
+        (
+            "{ at_s: 0, metrics: frozen }",
+            "fleet[1].faults[0].metrics",
+            "see `stale:`",
+        ),
+        ("{ at_s: 0, error: 1 }", "fleet[1].faults[0].error", ""),
+    ] {
+        let e = err(&fault(f));
+        assert_eq!(field(&e), at, "{f}: {e}");
+        assert!(e.to_string().contains(says), "{f}: {e}");
+    }
+    let e = err(&format!("{GOOD}retries: {{ maxAttempts: 0 }}\n"));
+    assert_eq!(field(&e), "retries.maxAttempts");
+    let e = err(&format!("{GOOD}retries: {{ max_attempts: 2 }}\n"));
+    assert_eq!(field(&e), "retries.max_attempts");
+    // The flow and replica runners have no failing pods and take no entries.
+    let tenants = "output_tokens: { dist: fixed, value: 8 }\n  tenants: [{ name: a }]";
+    let flow = |s: String| {
+        format!(
+            "{}flow: {{}}\n",
+            s.replace("output_tokens: { dist: fixed, value: 8 }", tenants)
+        )
+    };
+    let e = err(&flow(fault("{ at_s: 0, error_rate: 1 }")));
+    assert_eq!(field(&e), "fleet[1].faults");
+    let e = err(&flow(with_policies(
+        "policies: [{ name: od, preset: infergate, outlierDetection: {} }]",
+    )));
+    assert_eq!(field(&e), "policies[0]");
+    // A good fault list resolves to the pods' faults and script.
+    let s = Scenario::from_yaml(
+        &fault("{ at_s: 0, error_rate: 0.5 }, { at_s: 5, error_rate: 0, slowdown: 2 }"),
+        "t.yaml",
+    )
+    .unwrap();
+    assert!(s.has_failing_pods());
+    assert!(!Scenario::from_yaml(GOOD, "t").unwrap().has_failing_pods());
+    let spec = s.fleet_spec(&Catalog::builtin().unwrap(), "t").unwrap();
+    assert_eq!(spec.pods[0].faults.error_rate, 0.0);
+    assert_eq!(spec.pods[2].faults.error_rate, 0.5);
+    assert_eq!(spec.pods[2].fault_script.len(), 1);
+}

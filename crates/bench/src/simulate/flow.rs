@@ -204,7 +204,7 @@ fn route(
             Ok(Routed::Answered)
         }
         Ok(decision) => {
-            if sim.place(a, &decision, &text, lora)? {
+            if sim.place(a, &decision, &text, lora)?.is_some() {
                 if let Some(o) = gate.outcome.get_mut(a.id as usize) {
                     *o = Outcome::Sent;
                 }
@@ -277,7 +277,15 @@ pub(super) fn run_one(
     let default_bench = FlowBench::default();
     let bench = scenario.flow.as_ref().unwrap_or(&default_bench);
     let preset = cfg.preset;
-    let mut sim = setup(scenario, spec, cfg, arrivals, record_load, stale.applied)?;
+    let mut sim = setup(
+        scenario,
+        spec,
+        cfg,
+        arrivals,
+        seed,
+        record_load,
+        stale.applied,
+    )?;
     sim.prime();
     let model = model_of(spec);
     let tenants: Vec<Arc<str>> = scenario

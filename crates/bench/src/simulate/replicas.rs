@@ -22,8 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use infergate_scheduler::{
-    Decision, MetricsSnapshot, PeerLoad, RateSample, RequestContext, Scheduler, SchedulerConfig,
-    ScrapeState, Usage,
+    Decision, MetricsSnapshot, PeerLoad, RateSample, RequestContext, Scheduler, ScrapeState, Usage,
 };
 use infergate_sim::fleet::Request;
 use infergate_sim::{FleetSpec, Prompt, SimError};
@@ -44,7 +43,7 @@ use crate::workload::{self, Arrival};
 
 /// The label of one run in the report: the policy alone for one replica (so the scenario's
 /// targets judge the single picker), else `infergate x3 none` / `infergate x3 exchange`.
-pub fn label(policy: RoutePolicy, count: u32, sharing: Sharing) -> String {
+pub fn label(policy: &RoutePolicy, count: u32, sharing: Sharing) -> String {
     if count <= 1 {
         policy.as_str().to_owned()
     } else {
@@ -71,7 +70,7 @@ pub(super) fn run(
         .unwrap_or_default();
     // Each seed's runs, in order.
     let mut order = Vec::new();
-    for &policy in &scenario.policies {
+    for policy in &scenario.policies {
         for &count in &bench.counts {
             let modes: &[Sharing] = if count <= 1 {
                 &[Sharing::None]
@@ -164,22 +163,34 @@ struct InTransit {
 impl Run<'_> {
     fn go(
         &self,
-        route: RoutePolicy,
+        route: &RoutePolicy,
         progress: &mut dyn Progress,
         stop: &mut Stop<'_>,
     ) -> Result<Ran, BenchError> {
-        let cfg = SchedulerConfig::preset(route.preset);
+        let cfg = route.scheduler_config();
         let policy = route.as_str().to_owned();
         let n = self.count.max(1) as usize;
         let mut others = Vec::with_capacity(n - 1);
         for _ in 1..n {
-            others.push(setup(self.scenario, self.spec, cfg.clone(), &[], false, &[])?.sched);
+            others.push(
+                setup(
+                    self.scenario,
+                    self.spec,
+                    cfg.clone(),
+                    &[],
+                    self.seed,
+                    false,
+                    &[],
+                )?
+                .sched,
+            );
         }
         let sim = setup(
             self.scenario,
             self.spec,
             cfg,
             self.arrivals,
+            self.seed,
             self.record_load,
             &self.scenario.stale,
         )?;

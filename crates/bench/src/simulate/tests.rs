@@ -3,6 +3,8 @@
 use super::*;
 use crate::Silent;
 
+mod faults;
+
 const MIXED: &str = r#"
 name: small-mixed
 fleet:

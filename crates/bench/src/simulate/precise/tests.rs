@@ -85,7 +85,7 @@ fn precise_stops_preferring_a_pod_after_its_blocks_were_evicted() {
         arrival(2, 1.0, 496, 480),
     ];
     let cfg = SchedulerConfig::preset(Preset::Infergate);
-    let mut sim = setup(&scenario, &spec, cfg, &arrivals, false, &[]).unwrap();
+    let mut sim = setup(&scenario, &spec, cfg, &arrivals, 1, false, &[]).unwrap();
     assert_eq!(&*model_of(&spec), &*model_of_sim(&sim));
     let mut precise = Precise::new(&mut sim.fleet, 0.005, false);
     sim.prime();
@@ -103,7 +103,7 @@ fn precise_stops_preferring_a_pod_after_its_blocks_were_evicted() {
             .with_subset(Some(&only))
             .with_output_tokens(a.output_tokens);
         let d = sim.sched.pick(&cx, ts(a.at), &mut rng).unwrap();
-        assert!(sim.place(a, &d, &text, None).unwrap());
+        assert!(sim.place(a, &d, &text, None).unwrap().is_some());
     }
     let probe = &arrivals[2];
     // Both pods idle: the longer cached prefix wins, by either view.
