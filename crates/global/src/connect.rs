@@ -358,9 +358,9 @@ pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
         // A fatal TLS alert before the response headers: the cluster ended the handshake
         // after the router's side of it was over (TLS 1.3), refusing its client certificate
         // (`CertificateRequired`, `UnknownCA`, …). It read no request: a connect failure.
-        return match alert(e) {
+        return match rustls_error(e).filter(|r| matches!(r, rustls::Error::AlertReceived(_))) {
             Some(alert) => Failure::Connect {
-                tls: Some(format!("TLS handshake failed: {alert}")),
+                tls: Some(with_remedy(format!("TLS handshake failed: {alert}"), alert)),
             },
             None => Failure::Exchange,
         };
@@ -370,7 +370,13 @@ pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
         if let Some(c) = s.downcast_ref::<ConnectError>() {
             let tls = match c {
                 ConnectError::Tcp(_) => None,
-                other => Some(infergate_pool::ErrorChain(other).to_string()),
+                other => {
+                    let why = infergate_pool::ErrorChain(other).to_string();
+                    Some(match rustls_error(other) {
+                        Some(r) => with_remedy(why, r),
+                        None => why,
+                    })
+                }
             };
             return Failure::Connect { tls };
         }
@@ -379,8 +385,8 @@ pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
     Failure::Connect { tls: None }
 }
 
-/// The fatal alert rustls received, somewhere in `e`'s causes (an IO error carrying it).
-fn alert<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+/// The rustls error somewhere in `e`'s causes (an IO error carrying it, or itself).
+fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
     let mut source = Some(e);
     while let Some(s) = source {
         // An IO error's `source()` skips the error it carries: look into it.
@@ -388,12 +394,55 @@ fn alert<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Err
             .downcast_ref::<io::Error>()
             .and_then(io::Error::get_ref)
             .and_then(|i| i.downcast_ref::<rustls::Error>());
-        if let Some(r @ rustls::Error::AlertReceived(_)) = inner.or_else(|| s.downcast_ref()) {
+        if let Some(r) = inner.or_else(|| s.downcast_ref()) {
             return Some(r);
         }
         source = s.source();
     }
     None
+}
+
+/// `why`, followed by what to change when rustls' reason is one a configuration causes: the
+/// 502 and the warning then say what to do, not only what failed.
+fn with_remedy(why: String, e: &rustls::Error) -> String {
+    match remedy(e) {
+        Some(remedy) => format!("{why} ({remedy})"),
+        None => why,
+    }
+}
+
+/// What to change for a handshake refused for `e`, when a setting of the router or the
+/// cluster's gateway causes it.
+fn remedy(e: &rustls::Error) -> Option<&'static str> {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error};
+    Some(match e {
+        Error::InvalidCertificate(Cert::UnknownIssuer) => {
+            "the cluster's certificate is not issued by a CA the router trusts: put that CA in \
+             the cluster's tls.caFile"
+        }
+        Error::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => {
+            "the cluster's certificate does not carry the URL's host: set the cluster's \
+             tls.serverName to a name it carries"
+        }
+        Error::InvalidCertificate(
+            Cert::Expired
+            | Cert::ExpiredContext { .. }
+            | Cert::NotValidYet
+            | Cert::NotValidYetContext { .. },
+        ) => "the cluster's certificate is outside its validity period: renew it",
+        Error::AlertReceived(Alert::CertificateRequired) => {
+            "the cluster asks for a client certificate: set the cluster's tls.certFile and \
+             tls.keyFile"
+        }
+        Error::AlertReceived(Alert::UnknownCA | Alert::BadCertificate) => {
+            "the cluster does not trust the router's client certificate: issue tls.certFile \
+             from a CA in the gateway's tls.clientCaFile"
+        }
+        Error::AlertReceived(Alert::CertificateExpired) => {
+            "the cluster refused the router's client certificate as expired: renew tls.certFile"
+        }
+        _ => return None,
+    })
 }
 
 /// The cluster's `tls.certFile` and `tls.keyFile`, when it presents a client certificate.

@@ -182,7 +182,9 @@ async fn an_untrusted_certificate_fails_over_and_says_tls() {
     .await;
     assert_refused_by_tls(
         &r,
-        "cannot connect to cluster `secure`: TLS handshake failed: invalid peer certificate: UnknownIssuer",
+        "cannot connect to cluster `secure`: TLS handshake failed: invalid peer certificate: \
+         UnknownIssuer (the cluster's certificate is not issued by a CA the router trusts: put \
+         that CA in the cluster's tls.caFile)",
     );
 }
 
@@ -214,6 +216,7 @@ async fn server_name_is_verified_when_the_url_is_an_ip_address() {
         &r,
         "TLS handshake failed: invalid peer certificate: certificate not valid for name \\\"127.0.0.1\\\"",
     );
+    assert_refused_by_tls(&r, "set the cluster's tls.serverName to a name it carries");
 }
 
 /// A `tls.caFile` that cannot be read or holds no certificate stops the start, naming the
@@ -495,7 +498,9 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
     let r = chat_through(&entry(&secure, &url, 1.0, &plain_entry)).await;
     assert_refused_by_tls(
         &r,
-        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: CertificateRequired",
+        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: \
+         CertificateRequired (the cluster asks for a client certificate: set the cluster's \
+         tls.certFile and tls.keyFile)",
     );
     assert_eq!(refused_client_certificates(&secure).await, 1.0);
 
@@ -510,7 +515,9 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
     .await;
     assert_refused_by_tls(
         &r,
-        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: UnknownCA",
+        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: \
+         UnknownCA (the cluster does not trust the router's client certificate: issue \
+         tls.certFile from a CA in the gateway's tls.clientCaFile)",
     );
     assert_eq!(refused_client_certificates(&secure).await, 2.0);
 }
