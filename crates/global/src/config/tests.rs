@@ -556,3 +556,22 @@ fn https_clusters_default_to_port_443_and_take_tls() {
         assert_eq!(is_loopback(&parse_url(host).unwrap()), loopback, "{host}");
     }
 }
+
+/// `listen: 8080` (a port alone) or a host name was refused as "invalid socket address syntax",
+/// which does not say what to write.
+#[test]
+fn an_address_that_is_not_ip_and_port_says_what_to_write() {
+    for (value, shown) in [("8080", "`8080`"), ("'localhost:8080'", "`localhost:8080`")] {
+        for field in ["listen", "admin"] {
+            let e = err(&format!("auth: none\n{field}: {value}\n{CLUSTER}"));
+            assert!(
+                e.starts_with(&format!("{field}: {shown} is not an address"))
+                    && e.contains("e.g. 0.0.0.0:8080"),
+                "{e}"
+            );
+        }
+    }
+    let c =
+        GlobalConfig::from_yaml(&format!("auth: none\nlisten: '[::1]:8080'\n{CLUSTER}")).unwrap();
+    assert_eq!(c.listen.to_string(), "[::1]:8080");
+}
