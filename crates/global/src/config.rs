@@ -66,11 +66,17 @@ pub const DEFAULT_OBJECTIVE_HEADER: &str = "x-infergate-ttft-objective-ms";
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GlobalConfig {
     /// The front door's address.
-    #[serde(default = "default_listen", deserialize_with = "address")]
+    #[serde(
+        default = "default_listen",
+        deserialize_with = "infergate_pool::address::deserialize"
+    )]
     pub listen: SocketAddr,
     /// The admin port (`/metrics`, `/healthz`, `/readyz`; no authentication), default
     /// `127.0.0.1:9091`.
-    #[serde(default = "default_admin", deserialize_with = "address")]
+    #[serde(
+        default = "default_admin",
+        deserialize_with = "infergate_pool::address::deserialize"
+    )]
     pub admin: SocketAddr,
     /// Who may call (required: `auth: none` turns authentication off).
     pub auth: AuthConfig,
@@ -134,45 +140,6 @@ fn default_reload_ms() -> u64 {
 /// ClusterIP Service of its own).
 fn default_admin() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9091))
-}
-
-/// `listen` and `admin`: an IP address and a port. A port alone (`8080`, a YAML number) or a
-/// host name is refused saying what to write, where the parser said only "invalid socket
-/// address syntax".
-fn address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
-    d.deserialize_any(AddressVisitor)
-}
-
-/// Reads an address inside the parser, so that its error carries the field and the line.
-struct AddressVisitor;
-
-impl AddressVisitor {
-    fn refused<E: serde::de::Error>(text: &dyn std::fmt::Display) -> E {
-        E::custom(format!(
-            "`{text}` is not an address: write an IP address and a port, e.g. 0.0.0.0:8080 or \
-             127.0.0.1:9091 (a host name is not resolved)"
-        ))
-    }
-}
-
-impl serde::de::Visitor<'_> for AddressVisitor {
-    type Value = SocketAddr;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an IP address and a port, e.g. 0.0.0.0:8080")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<SocketAddr, E> {
-        text.parse().map_err(|_| Self::refused(&text))
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, port: u64) -> Result<SocketAddr, E> {
-        Err(Self::refused(&port))
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, port: i64) -> Result<SocketAddr, E> {
-        Err(Self::refused(&port))
-    }
 }
 
 /// `heartbeat:`.

@@ -56,6 +56,7 @@ use rand::rngs::SmallRng;
 
 use infergate_scheduler::outlier::{Answer, Cause, Ejection};
 
+pub mod address;
 pub mod admin;
 pub mod changes;
 pub mod error;

@@ -483,9 +483,15 @@ impl From<RawEndpoint> for EndpointConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawGateway {
-    #[serde(default = "default_listen")]
+    #[serde(
+        default = "default_listen",
+        deserialize_with = "infergate_pool::address::deserialize"
+    )]
     listen: SocketAddr,
-    #[serde(default = "default_admin")]
+    #[serde(
+        default = "default_admin",
+        deserialize_with = "infergate_pool::address::deserialize"
+    )]
     admin: SocketAddr,
     #[serde(default)]
     limits: Limits,

@@ -39,6 +39,24 @@ fn a_bad_address_names_the_field_and_line() {
     assert!(e.contains("line 5"), "{e}");
 }
 
+/// `listen: 8080` (a port alone) or a host name said only "invalid socket address syntax".
+#[test]
+fn a_listen_or_admin_that_is_not_ip_and_port_says_what_to_write() {
+    for (text, shown) in [
+        ("listen: 8080\n", "8080"),
+        ("admin: localhost:9090\n", "localhost:9090"),
+    ] {
+        let e = err(text);
+        assert!(
+            e.contains(&format!(
+                "`{shown}` is not an address: write an IP address and a port"
+            )),
+            "{text}: {e}"
+        );
+        assert!(e.contains("line 1"), "{e}");
+    }
+}
+
 #[test]
 fn an_unknown_field_names_the_field_and_line() {
     let e = err("models:\n  - name: a\n    endpoints: []\n    wieghts: {}\n");
