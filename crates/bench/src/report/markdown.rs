@@ -304,8 +304,13 @@ pub(super) fn render(r: &Report) -> String {
     if let Some(t) = attempts(r) {
         let _ = writeln!(
             s,
-            "Attempts per policy, per run: a request a pod fails is tried on the next pod of its pick, at most {} attempts in all (`retries.maxAttempts`); a failing pod is one with an `error_rate` above 0 when the attempt is sent; failed requests are those whose every attempt failed.\n\n{t}",
-            sc.retries.max_attempts
+            "Attempts per policy, per run: a request a pod fails is tried on the next pod of its pick, at most {} {} in all (`retries.maxAttempts`); a failing pod is one with an `error_rate` above 0 when the attempt is sent; failed requests are those whose every attempt failed.\n\n{t}",
+            sc.retries.max_attempts,
+            if sc.retries.max_attempts == 1 {
+                "attempt"
+            } else {
+                "attempts"
+            }
         );
     }
     if !r.front_logs.is_empty() {
