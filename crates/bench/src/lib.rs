@@ -12,10 +12,11 @@
 //!
 //! Layout:
 //! - [`scenario`] — the scenario file format and its validation (errors name the field);
-//! - [`policy`] — the policies compared: scheduler presets, and `infergate-precise` (picks fed
-//!   the pods' KV-cache events);
+//! - [`policy`] — the policies compared: scheduler presets, `infergate-precise` (picks fed the
+//!   pods' KV-cache events), and entries of a preset with the gateway's `outlierDetection`;
 //! - [`workload`] — seeded arrival processes, length distributions, prefix groups, LoRA mix;
-//! - [`simulate`] — the simulated runner and the clairvoyant floor;
+//! - [`simulate`] — the simulated runner (with the gateway's retries and outlier reports when
+//!   the scenario's pods fail requests) and the clairvoyant floor;
 //! - [`live`] — the live runner: emulated pods on 127.0.0.1 behind the standalone gateway, driven
 //!   over real HTTP with streaming requests;
 //! - [`front`] — external fronts (another router or proxy started as a command) for live runs;

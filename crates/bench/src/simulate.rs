@@ -4,7 +4,16 @@
 //! The scheduler sees what it would see in production and nothing more: a scrape of every pod
 //! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, each request's first
 //! token when it is produced (as a streaming gateway sees it) and its usage when it completes. A
-//! pick's endpoints are tried in order when a pod refuses a request, as the gateway's retry does.
+//! pick's endpoints are tried in order when a pod refuses a request (it cannot serve it: this
+//! costs no attempt), as the gateway's retry does.
+//!
+//! A pod with an `error_rate` fault fails that fraction of the requests sent to it, at once and
+//! at no cost to it (see [`infergate_sim::Fleet::submit`]). The runner then does what the
+//! standalone gateway does with a 5xx: the failure is reported to the scheduler
+//! (`observe_answer`, which the policy's `outlierDetection` counts) as the request moves to the
+//! pick's next endpoint (`reassign`), up to `retries.maxAttempts` attempts; a request whose every
+//! attempt failed is an error of the run; a completed request is reported as a success. The run
+//! counts its [`crate::report::Attempts`] when the scenario has failing pods.
 //!
 //! The `infergate-precise` policy also sees each pod's KV-cache events (every block stored or
 //! evicted, published at the end of the engine step and applied `kv_events.lag_ms` later, see
