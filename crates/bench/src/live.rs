@@ -968,4 +968,35 @@ mod tests {
             None
         );
     }
+
+    /// The scenario's retries reach the live gateway; a policy entry (outlier detection) is
+    /// refused before anything starts, naming it, since the live gateway runs presets by name.
+    #[test]
+    fn retries_reach_the_gateway_and_policy_entries_are_refused() {
+        let catalog = Catalog::builtin().unwrap();
+        let scenario =
+            Scenario::from_yaml(&format!("{ONE_POD}retries: {{ maxAttempts: 1 }}\n"), "s").unwrap();
+        let spec = scenario.fleet_spec(&catalog, "s").unwrap();
+        let served: Vec<(String, std::net::SocketAddr)> = spec
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), ([127, 0, 0, 1], 9000 + i as u16).into()))
+            .collect();
+        let cfg = gateway_config(&scenario, &spec, &served, "infergate", 1).unwrap();
+        assert_eq!(cfg.retries.max_attempts, 1);
+        check(&scenario, "s", &Fronts::default()).unwrap();
+        let entry = Scenario::from_yaml(
+            &format!(
+                "{ONE_POD}policies: [round-robin, {{ name: od, preset: infergate, outlierDetection: {{}} }}]\n"
+            ),
+            "s",
+        )
+        .unwrap();
+        let e = check(&entry, "s", &Fronts::default()).unwrap_err();
+        assert!(
+            matches!(&e, BenchError::Invalid { field, .. } if field == "policies[1]"),
+            "{e}"
+        );
+    }
 }
