@@ -116,6 +116,13 @@ pub enum Error {
         #[source]
         source: TokenizersError,
     },
+    /// The tokenizer failed to decode token ids.
+    #[error("the tokenizer could not decode the token ids")]
+    Decode {
+        /// The library's reason.
+        #[source]
+        source: TokenizersError,
+    },
     /// The text to encode is longer than [`Limits::max_input_bytes`](crate::Limits).
     #[error("the text to tokenize is {bytes} bytes, over the limit of {limit}")]
     InputTooLarge {

@@ -246,6 +246,21 @@ impl ModelTokenizer {
         self.tokenizer.get_vocab_size(true)
     }
 
+    /// The text of token ids, as vLLM's `/detokenize` decodes them (special tokens kept unless
+    /// `skip_special_tokens`). Ids outside the vocabulary are skipped, as the library skips them:
+    /// check them against [`vocab_size`](Self::vocab_size) first to refuse them.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, Error> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|source| Error::Decode { source })
+    }
+
+    /// The vocabulary's string for token `id` (a byte-level piece such as `Ġworld`), as vLLM's
+    /// `/tokenize` lists them with `return_token_strs`; `None` outside the vocabulary.
+    pub fn token_str(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
     fn check_bytes(&self, bytes: usize) -> Result<(), Error> {
         if bytes > self.limits.max_input_bytes {
             return Err(Error::InputTooLarge {
