@@ -26,9 +26,7 @@ use crate::histogram::{
     TOKEN_BUCKETS, TTFT_BUCKETS,
 };
 use crate::profile::{Profile, StepShape, pairs};
-use crate::tokens::{
-    Prompt, lora_seed, prompt_block_hashes, synthetic_block_hash, text_block_hashes,
-};
+use crate::tokens::{Prompt, lora_seed, prompt_block_hashes, synthetic_block_hash};
 use kv::BlockPool;
 
 /// A request as the engine sees it.
@@ -557,9 +555,9 @@ impl Engine {
         self.check(prompt_len, req.max_tokens, req.lora)?;
         let seed = self.request_seed(req.lora);
         let (group, shared_tokens, hashes) = match &req.prompt {
-            Prompt::Text(text) => {
+            Prompt::Text(_) | Prompt::Ids(_) => {
                 self.hash_buf.clear();
-                text_block_hashes(text, self.bs, seed, &mut self.hash_buf);
+                prompt_block_hashes(&req.prompt, self.bs, seed, &mut self.hash_buf);
                 (0, 0, Some(self.hash_buf.as_slice().into()))
             }
             Prompt::Tokens {

@@ -65,7 +65,8 @@ pub use kv_view::KvView;
 pub use profile::{Catalog, Profile, StepShape};
 pub use serve::kv::KvEventsOptions;
 pub use serve::{
-    POD_HEADER, PodHandle, ServedFleet, ServedPod, serve_fleet, serve_fleet_at, serve_fleet_with,
+    POD_HEADER, PodHandle, ServeOptions, ServedFleet, ServedPod, serve_fleet, serve_fleet_at,
+    serve_fleet_opts, serve_fleet_with,
 };
 pub use spec::{EngineKind, Faults, FleetSpec, MetricsFault, PodSpec};
 pub use tokens::Prompt;

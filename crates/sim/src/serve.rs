@@ -14,6 +14,13 @@
 //! `POST /tokenize`, `POST /detokenize`, `POST /v1/chat/completions/render`,
 //! `POST /v1/completions/render`, `GET /load` and `GET /get_load`. Errors use the OpenAI JSON
 //! shape. Every response carries [`POD_HEADER`] naming the pod.
+//!
+//! Prompts are tokenized by the stand-in of [`crate::tokens`], or, given the model's own
+//! tokenizer ([`ServeOptions::tokenizer`], `infergate sim --tokenizer`), as vLLM tokenizes them:
+//! the chat template applied to chat messages, a completions prompt encoded with the
+//! tokenizer's special tokens. Those ids are then what a pod counts, caches block by block,
+//! publishes in its KV-cache events and answers `/tokenize` with, so a router tokenizing with the
+//! same files (precise prefix routing) matches them exactly.
 
 mod http;
 pub mod kv;
@@ -28,6 +35,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use infergate_tokenizer::ModelTokenizer;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::net::TcpListener;
@@ -78,6 +86,8 @@ pub(crate) struct PodShared {
     pub(crate) pages: Mutex<PageState>,
     /// The pod's KV-event publisher, when the fleet publishes them ([`kv`]).
     pub(crate) kv: Option<kv::Feed>,
+    /// The model's own tokenizer; `None`: the stand-in of [`crate::tokens`].
+    pub(crate) tokenizer: Option<Arc<ModelTokenizer>>,
 }
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the state is still
@@ -275,6 +285,35 @@ pub async fn serve_fleet_with<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let options = ServeOptions {
+        kv_events: kv_events.cloned(),
+        tokenizer: None,
+    };
+    serve_fleet_opts(spec, addr, &options, shutdown).await
+}
+
+/// How a fleet is served beyond what its spec says.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Every vLLM pod publishes vLLM's KV-cache events ([`kv`]) at the ports these give it.
+    pub kv_events: Option<kv::KvEventsOptions>,
+    /// The model's own tokenizer: every pod tokenizes prompts with it, as vLLM does, instead of
+    /// the stand-in of [`crate::tokens`] (one tokenizer for the whole fleet: give it a fleet
+    /// whose pods serve that model).
+    pub tokenizer: Option<Arc<ModelTokenizer>>,
+}
+
+/// Like [`serve_fleet_with`], with every option of [`ServeOptions`].
+pub async fn serve_fleet_opts<F>(
+    spec: &FleetSpec,
+    addr: impl Fn(&PodSpec) -> SocketAddr,
+    options: &ServeOptions,
+    shutdown: F,
+) -> Result<ServedFleet, SimError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let kv_events = options.kv_events.as_ref();
     // Every pod's KV-event ports are in range before any socket is bound.
     if let Some(o) = kv_events {
         for (i, pod) in spec.pods.iter().enumerate() {
@@ -307,7 +346,7 @@ where
             _ => None,
         };
         let kv_addrs = feed.as_ref().map(|f| (f.addr(), f.replay_addr()));
-        let shared = Arc::new(new_shared(pod, feed));
+        let shared = Arc::new(new_shared(pod, feed, options.tokenizer.clone()));
         tasks.push(tokio::spawn(drive(shared.clone(), stop_rx.clone())));
         tasks.push(tokio::spawn(http::accept_loop(
             listener,
@@ -336,7 +375,11 @@ where
     Ok(ServedFleet { pods, tasks })
 }
 
-fn new_shared(pod: &PodSpec, kv: Option<kv::Feed>) -> PodShared {
+fn new_shared(
+    pod: &PodSpec,
+    kv: Option<kv::Feed>,
+    tokenizer: Option<Arc<ModelTokenizer>>,
+) -> PodShared {
     let mut engine = Engine::new(
         pod.profile.clone(),
         pod.lora_adapters.clone(),
@@ -362,6 +405,7 @@ fn new_shared(pod: &PodSpec, kv: Option<kv::Feed>) -> PodShared {
         rng: Mutex::new(SmallRng::seed_from_u64(pod.seed)),
         pages: Mutex::new(PageState::default()),
         kv,
+        tokenizer,
     }
 }
 

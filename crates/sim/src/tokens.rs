@@ -57,6 +57,9 @@ pub enum Prompt {
         /// Length of the shared part (0 = nothing shared).
         prefix_tokens: u32,
     },
+    /// A prompt already tokenized by the model's own tokenizer (`infergate sim --tokenizer`):
+    /// these ids are what the engine counts and caches, block by block ([`ids_block_hashes`]).
+    Ids(Arc<[u32]>),
 }
 
 impl Prompt {
@@ -74,6 +77,7 @@ impl Prompt {
         match self {
             Prompt::Text(text) => count_tokens(text),
             Prompt::Tokens { tokens, .. } => *tokens,
+            Prompt::Ids(ids) => u32::try_from(ids.len()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -182,12 +186,29 @@ pub fn text_block_hashes(text: &str, block_size: u32, seed: u64, out: &mut Vec<u
     }
 }
 
+/// Appends the hash of every *full* block of token ids `ids` to `out`: a chain as
+/// [`text_block_hashes`], over each block's ids as little-endian bytes.
+pub fn ids_block_hashes(ids: &[u32], block_size: u32, seed: u64, out: &mut Vec<u64>) {
+    if block_size == 0 {
+        return;
+    }
+    let mut prev = seed;
+    let mut bytes = Vec::with_capacity(block_size as usize * 4);
+    for block in ids.chunks_exact(block_size as usize) {
+        bytes.clear();
+        bytes.extend(block.iter().flat_map(|id| id.to_le_bytes()));
+        prev = xxh64(&bytes, prev);
+        out.push(prev);
+    }
+}
+
 /// Appends the hashes an engine caches `prompt`'s blocks under, in order: every full block of a
-/// text prompt ([`text_block_hashes`]); the shared full blocks of a synthetic one (its unique rest
+/// text prompt ([`text_block_hashes`]) or of a tokenized one ([`ids_block_hashes`]); the shared full blocks of a synthetic one (its unique rest
 /// can never match another request, so it is never looked up).
 pub fn prompt_block_hashes(prompt: &Prompt, block_size: u32, seed: u64, out: &mut Vec<u64>) {
     match prompt {
         Prompt::Text(text) => text_block_hashes(text, block_size, seed, out),
+        Prompt::Ids(ids) => ids_block_hashes(ids, block_size, seed, out),
         Prompt::Tokens {
             tokens,
             prefix_group,
@@ -296,6 +317,25 @@ mod tests {
             assert!(token_bytes(id).is_none());
             assert!(matches!(detokenize(&[id]), Err(SimError::UnknownToken(i)) if i == id));
         }
+    }
+
+    #[test]
+    fn shared_id_prefix_shares_block_hashes_and_counts_every_id() {
+        let seed = chain_seed("m");
+        let common: Vec<u32> = (0..48).collect();
+        let ids = |tail: u32| -> Arc<[u32]> { common.iter().copied().chain([tail; 20]).collect() };
+        let (a, b) = (Prompt::Ids(ids(7)), Prompt::Ids(ids(8)));
+        assert_eq!(a.token_count(), 68);
+        let (mut ha, mut hb) = (Vec::new(), Vec::new());
+        prompt_block_hashes(&a, 16, seed, &mut ha);
+        prompt_block_hashes(&b, 16, seed, &mut hb);
+        // Four full blocks; the last four ids are no block.
+        assert_eq!(ha.len(), 4);
+        assert_eq!(ha[..3], hb[..3]);
+        assert_ne!(ha[3], hb[3]);
+        let mut other = Vec::new();
+        ids_block_hashes(&common, 16, lora_seed(seed, Some("x")), &mut other);
+        assert_ne!(other[0], ha[0], "an adapter's chain is its own");
     }
 
     #[test]

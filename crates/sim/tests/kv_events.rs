@@ -13,10 +13,11 @@ use infergate_kvevents::index::MatchScratch;
 use infergate_kvevents::{KvEvents, SubscriberConfig};
 use infergate_sim::tokens::token_ids;
 use infergate_sim::{
-    Catalog, EngineKind, FleetSpec, KvEventsOptions, PodSpec, Profile, ServedFleet,
-    serve_fleet_with,
+    Catalog, EngineKind, FleetSpec, KvEventsOptions, PodSpec, Profile, ServeOptions, ServedFleet,
+    serve_fleet_opts, serve_fleet_with,
 };
 use infergate_testkit::eventually;
+use infergate_tokenizer::{ChatRequest, ModelTokenizer, Options as TokenizerOptions};
 use serde_json::json;
 
 /// The built-in `llama-3.1-8b/h100` profile.
@@ -244,4 +245,208 @@ async fn only_vllm_pods_publish_and_each_keeps_its_index_ports() {
         ..KvEventsOptions::default()
     };
     assert_eq!(opts.ports(1, "vllm").unwrap(), (6002, 6003));
+}
+
+/// The tiny real tokenizer of the tokenizer crate's tests (tokenizer.json, config, template).
+fn tiny_tokenizer_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny")
+}
+
+/// Two vLLM pods serving with the tiny tokenizer, publishing their KV events.
+async fn tokenized_fleet(
+    tokenizer: std::sync::Arc<ModelTokenizer>,
+) -> (ServedFleet, tokio::sync::oneshot::Sender<()>) {
+    let p = h100();
+    let pods = vec![
+        PodSpec::new("a", &p, EngineKind::Vllm),
+        PodSpec::new("b", &p, EngineKind::Vllm),
+    ];
+    let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let options = ServeOptions {
+        kv_events: Some(KvEventsOptions::default()),
+        tokenizer: Some(tokenizer),
+    };
+    let fleet = serve_fleet_opts(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        &options,
+        async move {
+            let _ = rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    (fleet, tx)
+}
+
+/// With the model's tokenizer, a pod counts, caches and publishes the ids the gateway's precise
+/// prefix routing computes for the same request (chat template and all): the subscriber's exact
+/// match names the pod that served the prompt, with the prompt's full blocks, and no other pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_with_the_model_tokenizer_publish_the_ids_a_precise_router_computes() {
+    let tok = std::sync::Arc::new(
+        ModelTokenizer::from_dir(tiny_tokenizer_dir(), TokenizerOptions::default()).unwrap(),
+    );
+    let bs = h100().block_size;
+    let (fleet, tx) = tokenized_fleet(tok.clone()).await;
+    let kv = subscribe(&fleet).await;
+    let (a, b) = (fleet.pods[0].addr, fleet.pods[1].addr);
+    let system = "You answer questions about the quarterly report, citing its tables. ".repeat(12);
+    let body = json!({
+        "model": h100().model.as_str(),
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "What was the revenue in the third quarter?"},
+        ],
+        "max_tokens": 2,
+    })
+    .to_string();
+    // What the gateway's precise path computes (crates/pool `Precise::lookup`).
+    let mut ids = Vec::new();
+    tok.encode_chat(&ChatRequest::from_json(body.as_bytes()).unwrap(), &mut ids)
+        .unwrap();
+    let full = (ids.len() as u32 / bs) * bs;
+    assert!(full >= 2 * bs, "{} ids: the prompt spans blocks", ids.len());
+    let r =
+        infergate_testkit::try_post(a, "/v1/chat/completions", "application/json", body.clone())
+            .await
+            .unwrap();
+    assert_eq!(r.status, 200);
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(answer["usage"]["prompt_tokens"], ids.len(), "{answer}");
+    eventually("pod a's stores", || cached(&kv, a, &ids) == full).await;
+    assert_eq!(cached(&kv, b, &ids), 0, "b computed nothing");
+    // The pod's own prefix cache keys the same blocks: the same prompt again hits them all.
+    let r = infergate_testkit::try_post(a, "/v1/chat/completions", "application/json", body)
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"], full,
+        "{answer}"
+    );
+    // `/tokenize` answers the same ids, and `/detokenize` gives the rendered chat back.
+    let r = infergate_testkit::try_post(
+        b,
+        "/tokenize",
+        "application/json",
+        json!({"messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "What was the revenue in the third quarter?"},
+        ]})
+        .to_string(),
+    )
+    .await
+    .unwrap();
+    let tokenized: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(tokenized["tokens"], json!(ids), "{tokenized}");
+    let r = infergate_testkit::try_post(
+        b,
+        "/detokenize",
+        "application/json",
+        json!({"tokens": ids}).to_string(),
+    )
+    .await
+    .unwrap();
+    let text: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let rendered = tok
+        .render_chat(&ChatRequest::from_json(r#"{"messages": []}"#.as_bytes()).unwrap())
+        .unwrap();
+    assert!(
+        text["prompt"]
+            .as_str()
+            .is_some_and(|t| t.contains("third quarter") && t.ends_with(&rendered)),
+        "{text}"
+    );
+    // A completions prompt is encoded with the tokenizer's special tokens (vLLM's default).
+    let mut prompt_ids = Vec::new();
+    tok.encode_completion(&system, true, &mut prompt_ids)
+        .unwrap();
+    let r = infergate_testkit::try_post(
+        b,
+        "/v1/completions",
+        "application/json",
+        json!({"model": h100().model.as_str(), "prompt": system, "max_tokens": 2}).to_string(),
+    )
+    .await
+    .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        answer["usage"]["prompt_tokens"],
+        prompt_ids.len(),
+        "{answer}"
+    );
+    let full = (prompt_ids.len() as u32 / bs) * bs;
+    eventually("pod b's stores", || cached(&kv, b, &prompt_ids) == full).await;
+    let _ = tx.send(());
+}
+
+/// A request the model's tokenizer cannot take gets vLLM's 400, never a panic: a chat request
+/// to a model without a chat template (completions still served), a template that fails, ids
+/// outside the vocabulary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_tokenizer_cannot_take_get_vllm_s_400() {
+    let dir = std::env::temp_dir().join(format!("infergate-sim-notemplate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        tiny_tokenizer_dir().join("tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    let bare = ModelTokenizer::from_dir(&dir, TokenizerOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (fleet, tx) = tokenized_fleet(std::sync::Arc::new(bare)).await;
+    let a = fleet.pods[0].addr;
+    let model = h100().model;
+    let post = |path: &'static str, body: serde_json::Value| {
+        infergate_testkit::try_post(a, path, "application/json", body.to_string())
+    };
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let r = post(
+        "/v1/chat/completions",
+        json!({"model": model.as_str(), "messages": messages}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400);
+    let e: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("must provide a chat template")),
+        "{e}"
+    );
+    let r = post("/tokenize", json!({"messages": messages}))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    let r = post(
+        "/v1/completions",
+        json!({"model": model.as_str(), "prompt": "hi", "max_tokens": 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let r = post("/detokenize", json!({"tokens": [4_000_000_000u32]}))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    let _ = tx.send(());
+
+    // A template that does not render (an image part: not reproduced) is a 400 too.
+    let tok = ModelTokenizer::from_dir(tiny_tokenizer_dir(), TokenizerOptions::default()).unwrap();
+    let (fleet, tx) = tokenized_fleet(std::sync::Arc::new(tok)).await;
+    let r = infergate_testkit::try_post(
+        fleet.pods[0].addr,
+        "/v1/chat/completions",
+        "application/json",
+        json!({"model": model.as_str(), "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:,"}}]}]})
+        .to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    let _ = tx.send(());
 }

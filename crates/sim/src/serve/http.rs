@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use infergate_tokenizer::{ChatRequest, Error as TokenizerError, ModelTokenizer};
 use rand::Rng;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -637,6 +638,59 @@ pub(crate) fn push_message(
     Ok(())
 }
 
+/// A completions prompt: text for the stand-in, or the model tokenizer's ids (with its special
+/// tokens unless the request's `add_special_tokens` is false, vLLM's default being true).
+fn completion_prompt(
+    tokenizer: Option<&ModelTokenizer>,
+    obj: &serde_json::Map<String, Value>,
+    text: &str,
+) -> Result<Prompt, Reject> {
+    let Some(t) = tokenizer else {
+        return Ok(Prompt::Text(text.into()));
+    };
+    let add_special_tokens = opt_bool(obj, "add_special_tokens")?.unwrap_or(true);
+    let mut ids = Vec::new();
+    t.encode_completion(text, add_special_tokens, &mut ids)
+        .map_err(|e| tokenizer_reject(&e, "prompt"))?;
+    Ok(Prompt::Ids(ids.into()))
+}
+
+/// The token ids of a chat request (its whole body) with the model's tokenizer and chat
+/// template, as vLLM computes them.
+pub(crate) fn encode_chat(tokenizer: &ModelTokenizer, body: &[u8]) -> Result<Vec<u32>, Reject> {
+    let mut ids = Vec::new();
+    ChatRequest::from_json(body)
+        .and_then(|request| tokenizer.encode_chat(&request, &mut ids))
+        .map_err(|e| tokenizer_reject(&e, "messages"))?;
+    Ok(ids)
+}
+
+/// What vLLM answers a request its tokenizer or chat template cannot handle: 400 with the reason
+/// (its chat handler turns the template's and the tokenizer's `ValueError`, `TypeError` and
+/// `TemplateError` into a `BadRequestError`; a model without a chat template gets its
+/// "no default chat template" message). `param` names the field the text came from.
+pub(crate) fn tokenizer_reject(e: &TokenizerError, param: &'static str) -> Reject {
+    let message = match e {
+        TokenizerError::NoChatTemplate => NO_CHAT_TEMPLATE.to_owned(),
+        TokenizerError::TemplateRefused { message } => message.clone(),
+        _ => {
+            let mut m = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                m.push_str(": ");
+                m.push_str(&c.to_string());
+                cause = c.source();
+            }
+            m
+        }
+    };
+    (StatusCode::BAD_REQUEST, message, Some(param))
+}
+
+/// vLLM's answer to a chat request for a model whose tokenizer has no chat template.
+const NO_CHAT_TEMPLATE: &str = "As of transformers v4.44, default chat template is no longer \
+     allowed, so you must provide a chat template if the tokenizer does not define one.";
+
 pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
     let obj = object(body)?;
     let model = match obj.get("model") {
@@ -646,19 +700,25 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed,
     };
     let lora = resolve_model(shared, &model)?;
     let mut prompt_ids = None;
+    let tokenizer = shared.tokenizer.as_deref();
     let prompt = match api {
         Api::Completions => match obj.get("prompt") {
-            Some(Value::String(s)) => Prompt::Text(s.as_str().into()),
+            Some(Value::String(s)) => completion_prompt(tokenizer, &obj, s)?,
             Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
-                Prompt::Text(items[0].as_str().unwrap_or_default().into())
+                completion_prompt(tokenizer, &obj, items[0].as_str().unwrap_or_default())?
             }
             Some(v @ Value::Array(items))
                 if !items.is_empty() && items.iter().all(Value::is_u64) =>
             {
                 let ids = token_list(v, "prompt")?;
                 let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+                // With the model's tokenizer the ids are the model's: cached as they are.
+                let prompt = match tokenizer {
+                    Some(_) => Prompt::Ids(ids.as_slice().into()),
+                    None => Prompt::tokens(n),
+                };
                 prompt_ids = Some(ids);
-                Prompt::tokens(n)
+                prompt
             }
             Some(Value::Array(_)) => {
                 return Err(bad(
@@ -676,7 +736,11 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed,
         },
         Api::Chat => {
             let add_generation_prompt = opt_bool(&obj, "add_generation_prompt")?.unwrap_or(true);
-            Prompt::Text(render_chat(&obj, add_generation_prompt)?.into())
+            let text = render_chat(&obj, add_generation_prompt)?;
+            match tokenizer {
+                Some(t) => Prompt::Ids(encode_chat(t, body)?.into()),
+                None => Prompt::Text(text.into()),
+            }
         }
     };
     if let Some(n) = obj.get("n")
@@ -840,7 +904,7 @@ pub(crate) fn admit(shared: &Arc<PodShared>, p: &Parsed) -> Result<TokenFeed, Re
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     lock(&shared.streams).insert(id, tx);
-    if let (Some(feed), crate::tokens::Prompt::Text(text)) = (&shared.kv, &p.prompt) {
+    if let Some(feed) = &shared.kv {
         let lora = p.lora.and_then(|i| {
             let name = shared.adapters.get(usize::from(i))?.clone();
             Some(super::kv::Adapter {
@@ -848,7 +912,7 @@ pub(crate) fn admit(shared: &Arc<PodShared>, p: &Parsed) -> Result<TokenFeed, Re
                 name,
             })
         });
-        feed.note_prompt(text, crate::tokens::chain_seed(&shared.model), lora);
+        feed.note_prompt(&p.prompt, crate::tokens::chain_seed(&shared.model), lora);
     }
     let submitted = {
         let mut e = lock(&shared.engine);
@@ -893,7 +957,7 @@ pub(crate) mod tests {
             .clone();
         let mut pod = PodSpec::new("p", &p, EngineKind::Vllm);
         pod.lora_adapters = vec!["a".into()];
-        super::super::new_shared(&pod, None)
+        super::super::new_shared(&pod, None, None)
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

@@ -4,8 +4,9 @@
 //! socket. A subscriber (infergate's precise prefix routing, or any other consumer of vLLM's
 //! events) runs against the emulator unchanged.
 //!
-//! Token ids are the emulator's tokenizer stand-in's ([`crate::tokens`]): a router that matches
-//! on them must tokenize the same way. A LoRA request's blocks are hashed under its adapter, as
+//! Token ids are the emulator's tokenizer stand-in's ([`crate::tokens`]), or the model's own
+//! tokenizer's when the fleet is served with one ([`super::ServeOptions::tokenizer`]): a router
+//! that matches on them must tokenize the same way. A LoRA request's blocks are hashed under its adapter, as
 //! the engine hashes them, and their `BlockStored` carries the adapter's `lora_id` and
 //! `lora_name` as vLLM's does (not its per-block `extra_keys`, which the encoder does not write:
 //! a consumer keys such blocks by `lora_name`, as infergate's does).
@@ -16,13 +17,12 @@ use std::sync::{Arc, Mutex};
 
 use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
 use infergate_kvevents::publish::Publisher;
-use xxhash_rust::xxh64::xxh64;
 
 use super::lock;
 use crate::engine::KvEvent;
 use crate::error::SimError;
 use crate::spec::{EngineKind, FleetSpec};
-use crate::tokens::{BYTES_PER_TOKEN, lora_seed, token_ids};
+use crate::tokens::{Prompt, ids_block_hashes, lora_seed, text_block_hashes, token_ids};
 
 /// How the pods publish.
 #[derive(Debug, Clone)]
@@ -157,32 +157,44 @@ impl Feed {
         self.publisher.replay_addr()
     }
 
-    /// Remembers the full blocks of a text prompt under `lora` (hashed as the engine hashes them:
+    /// Remembers the full blocks of a prompt under `lora` (hashed as the engine hashes them:
     /// `seed` is the pod's chain seed, mixed here with the adapter's name), so that their
-    /// `BlockStored` can carry their token ids and adapter.
-    pub(crate) fn note_prompt(&self, text: &str, seed: u64, lora: Option<Adapter>) {
-        let bytes = self.block_size as usize * BYTES_PER_TOKEN;
-        if bytes == 0 {
+    /// `BlockStored` can carry their token ids and adapter. A synthetic prompt has no ids.
+    pub(crate) fn note_prompt(&self, prompt: &Prompt, seed: u64, lora: Option<Adapter>) {
+        let bs = self.block_size;
+        if bs == 0 {
             return;
         }
+        let seed = lora_seed(seed, lora.as_ref().map(|a| &*a.name));
+        let mut hashes = Vec::new();
+        let mut text_ids = Vec::new();
+        // A block is `bs` tokens: block i's ids are ids[i*bs..(i+1)*bs] (for text, whole
+        // 4-byte pieces, so the same bytes the engine hashed).
+        let ids: &[u32] = match prompt {
+            Prompt::Text(text) => {
+                token_ids(text, &mut text_ids);
+                text_block_hashes(text, bs, seed, &mut hashes);
+                &text_ids
+            }
+            Prompt::Ids(ids) => {
+                ids_block_hashes(ids, bs, seed, &mut hashes);
+                ids
+            }
+            Prompt::Tokens { .. } => return,
+        };
         let mut blocks = lock(&self.blocks);
         if blocks.len() > MAX_KNOWN_BLOCKS {
             blocks.clear();
         }
-        // A block is whole 4-byte pieces: block i's ids are ids[i*bs..(i+1)*bs] of the text's.
-        let mut ids = Vec::new();
-        token_ids(text, &mut ids);
-        let bs = self.block_size as usize;
-        let mut prev = lora_seed(seed, lora.as_ref().map(|a| &*a.name));
+        let bs = bs as usize;
         let mut parent = None;
-        for (i, chunk) in text.as_bytes().chunks_exact(bytes).enumerate() {
-            prev = xxh64(chunk, prev);
+        for (i, hash) in hashes.into_iter().enumerate() {
             if let Some(block) = ids.get(i * bs..(i + 1) * bs) {
                 blocks
-                    .entry(prev)
+                    .entry(hash)
                     .or_insert_with(|| (parent, block.to_vec(), lora.clone()));
             }
-            parent = Some(prev);
+            parent = Some(hash);
         }
     }
 

@@ -4,8 +4,9 @@
 //! Shapes follow vLLM's own protocol (the `/tokenize` and `/detokenize` models of vLLM's
 //! tokenization API, `GenerateRequest` of its render endpoints, `GET /load`'s `server_load`) and,
 //! for `GET /get_load`, what vllm-router's `power_of_two` policy parses (`load` at the top level).
-//! Tokens come from the emulator's one tokenizer stand-in ([`crate::tokens`]): the ids of a prompt
-//! are exactly the tokens the engine charges for it.
+//! Tokens come from the pod's tokenizer — the model's own when the fleet is served with one, else
+//! the stand-in of [`crate::tokens`] — and the same as inference's: the ids of a prompt are
+//! exactly the tokens the engine charges for it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,8 +17,8 @@ use serde_json::{Map, Value, json};
 
 use super::PodShared;
 use super::http::{
-    Api, Reject, SimBody, bad, error, json_response, object, opt_bool, parse, read_body,
-    render_chat, resolve_model, token_list,
+    Api, Reject, SimBody, bad, encode_chat, error, json_response, object, opt_bool, parse,
+    read_body, render_chat, resolve_model, token_list, tokenizer_reject,
 };
 use crate::tokens::{Prompt, detokenize, token_bytes, token_ids};
 
@@ -107,10 +108,12 @@ fn check_model(shared: &PodShared, obj: &Map<String, Value>) -> Result<(), Rejec
 fn tokenize(shared: &PodShared, body: &[u8]) -> Result<Value, Reject> {
     let obj = object(body)?;
     check_model(shared, &obj)?;
-    // Accepted for vLLM's shape; the stand-in has no special tokens to add or leave out.
-    opt_bool(&obj, "add_special_tokens")?;
+    // The stand-in has no special tokens to add or leave out; the model's tokenizer adds them
+    // by default to a prompt, not to messages (vLLM's defaults).
+    let add_special_tokens = opt_bool(&obj, "add_special_tokens")?;
     let return_strs = opt_bool(&obj, "return_token_strs")?.unwrap_or(false);
-    let text = if obj.contains_key("messages") {
+    let chat = obj.contains_key("messages");
+    let text = if chat {
         let add_generation_prompt = opt_bool(&obj, "add_generation_prompt")?.unwrap_or(true);
         render_chat(&obj, add_generation_prompt)?
     } else {
@@ -121,11 +124,20 @@ fn tokenize(shared: &PodShared, body: &[u8]) -> Result<Value, Reject> {
         }
     };
     let mut ids = Vec::new();
-    token_ids(&text, &mut ids);
+    match shared.tokenizer.as_deref() {
+        Some(t) if chat => ids = encode_chat(t, body)?,
+        Some(t) => t
+            .encode_completion(&text, add_special_tokens.unwrap_or(true), &mut ids)
+            .map_err(|e| tokenizer_reject(&e, "prompt"))?,
+        None => token_ids(&text, &mut ids),
+    }
     let token_strs = if return_strs {
         let strs: Vec<String> = ids
             .iter()
-            .map(|id| String::from_utf8_lossy(&token_bytes(*id).unwrap_or_default()).into_owned())
+            .map(|id| match shared.tokenizer.as_deref() {
+                Some(t) => t.token_str(*id).unwrap_or_default(),
+                None => String::from_utf8_lossy(&token_bytes(*id).unwrap_or_default()).into_owned(),
+            })
             .collect();
         json!(strs)
     } else {
@@ -147,7 +159,24 @@ fn detokenize_request(shared: &PodShared, body: &[u8]) -> Result<Value, Reject> 
         .get("tokens")
         .ok_or_else(|| bad("field required: tokens", "tokens"))?;
     let ids = token_list(tokens, "tokens")?;
-    let text = detokenize(&ids).map_err(|e| bad(e.to_string(), "tokens"))?;
+    let text = match shared.tokenizer.as_deref() {
+        Some(t) => {
+            // The library skips ids outside the vocabulary; vLLM refuses them, as the stand-in's
+            // unknown ids are refused.
+            if let Some(id) = ids.iter().find(|id| **id as usize >= t.vocab_size()) {
+                return Err(bad(
+                    format!(
+                        "token id {id} is outside the vocabulary ({} ids)",
+                        t.vocab_size()
+                    ),
+                    "tokens",
+                ));
+            }
+            t.decode(&ids, false)
+                .map_err(|e| tokenizer_reject(&e, "tokens"))?
+        }
+        None => detokenize(&ids).map_err(|e| bad(e.to_string(), "tokens"))?,
+    };
     Ok(json!({"prompt": text}))
 }
 
@@ -159,6 +188,7 @@ fn render(shared: &PodShared, body: &[u8], api: Api) -> Result<Value, Reject> {
     let obj = object(body)?;
     let ids = match (&p.prompt, p.prompt_ids) {
         (_, Some(ids)) => ids,
+        (Prompt::Ids(ids), None) => ids.to_vec(),
         (Prompt::Text(text), None) => {
             let mut ids = Vec::new();
             token_ids(text, &mut ids);
@@ -231,7 +261,7 @@ mod tests {
             .get("llama-3.1-8b/h100")
             .unwrap()
             .clone();
-        super::super::new_shared(&PodSpec::new("p", &p, EngineKind::Vllm), None)
+        super::super::new_shared(&PodSpec::new("p", &p, EngineKind::Vllm), None, None)
     }
 
     proptest! {

@@ -11,7 +11,7 @@ fn request(body: &Value) -> Result<ResponsesRequest, Reject> {
 fn prompt_text(p: &Prompt) -> &str {
     match p {
         Prompt::Text(t) => t,
-        Prompt::Tokens { .. } => panic!("a text prompt: {p:?}"),
+        Prompt::Tokens { .. } | Prompt::Ids(_) => panic!("a text prompt: {p:?}"),
     }
 }
 
