@@ -1,9 +1,11 @@
 //! `infergate sim`: serve a fleet of emulated model servers (`infergate_sim`) on 127.0.0.1.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
-use infergate_sim::{Catalog, FleetSpec, KvEventsOptions, serve_fleet_with};
+use infergate_sim::{Catalog, FleetSpec, KvEventsOptions, ServeOptions, serve_fleet_opts};
+use infergate_tokenizer::{ModelTokenizer, Options};
 
 /// Arguments of `infergate sim`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +32,12 @@ pub struct Args {
     /// The events' encoding: `keyed` (vLLM since mid-2026) or `positional` (earlier releases).
     #[arg(long, default_value = "keyed", value_parser = parse_encoding, requires = "kv_events_port")]
     kv_events_encoding: infergate_kvevents::event::Encoding,
+    /// The model's tokenizer directory (tokenizer.json, tokenizer_config.json, and
+    /// chat_template.jinja where present; the format of the gateway's `precisePrefix.tokenizer`):
+    /// every pod tokenizes prompts with it as vLLM does — chat template and all — and counts,
+    /// caches and publishes (`--kv-events-port`) those ids instead of the stand-in's.
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<PathBuf>,
 }
 
 fn parse_encoding(s: &str) -> Result<infergate_kvevents::event::Encoding, String> {
@@ -71,6 +79,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         kv.check(&spec)
             .with_context(|| format!("--kv-events-port with the fleet {}", path.display()))?;
     }
+    let tokenizer = match &args.tokenizer {
+        Some(dir) => Some(Arc::new(
+            ModelTokenizer::from_dir(dir, Options::default())
+                .with_context(|| format!("--tokenizer {}", dir.display()))?,
+        )),
+        None => None,
+    };
     if args.check {
         tracing::info!(pods = spec.pods.len(), "{} is valid", path.display());
         return Ok(());
@@ -78,10 +93,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let fleet = serve_fleet_with(
+    let options = ServeOptions {
+        kv_events: kv,
+        tokenizer,
+    };
+    let fleet = serve_fleet_opts(
         &spec,
         |pod| std::net::SocketAddr::from(([127, 0, 0, 1], pod.port)),
-        kv.as_ref(),
+        &options,
         shutdown,
     )
     .await

@@ -1,0 +1,82 @@
+//! `infergate sim` with `--tokenizer`: a directory that is not a tokenizer is refused at the
+//! start (and by `--check`), naming the flag and what is wrong with which file, each once.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::path::Path;
+
+#[path = "common/printed_error.rs"]
+mod printed_error;
+use printed_error::{assert_said_once, outcome, printed_chain};
+
+/// Runs `infergate sim --fleet <fleet> --tokenizer <dir> ARGS`: whether it succeeded, and what
+/// it printed.
+fn sim_with_tokenizer(dir: &Path, args: &[&str]) -> (bool, String) {
+    let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/fleets/three-engines.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .arg("sim")
+        .arg("--fleet")
+        .arg(fleet)
+        .arg("--tokenizer")
+        .arg(dir)
+        .args(args)
+        .env_remove("INFERGATE_SIM_FLEET")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("the infergate binary runs");
+    outcome(&out)
+}
+
+#[test]
+fn a_directory_that_is_no_tokenizer_is_refused_naming_the_flag_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let broken = dir.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::write(broken.join("tokenizer.json"), "{\"not\": \"a tokenizer\"}").unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for (path, says) in [
+        (
+            missing.clone(),
+            format!(
+                "the tokenizer directory {} does not exist",
+                missing.display()
+            ),
+        ),
+        (
+            empty.clone(),
+            format!("no tokenizer.json in {}", empty.display()),
+        ),
+        (
+            broken.clone(),
+            format!(
+                "{} is not a tokenizer the `tokenizers` library can load",
+                broken.join("tokenizer.json").display()
+            ),
+        ),
+    ] {
+        // `--check` refuses what the start would, before serving anything.
+        for args in [&["--check"][..], &[][..]] {
+            let (ok, text) = sim_with_tokenizer(&path, args);
+            assert!(!ok, "{args:?} {}: {text}", path.display());
+            let chain = printed_chain(&text);
+            assert_eq!(
+                chain[0],
+                format!("--tokenizer {}", path.display()),
+                "{text}"
+            );
+            assert!(chain[1].starts_with(&says), "{text}");
+            assert_said_once(&chain, &text);
+        }
+    }
+    // The tiny real tokenizer passes.
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny");
+    let (ok, text) = sim_with_tokenizer(&tiny, &["--check"]);
+    assert!(ok, "{text}");
+}
