@@ -896,6 +896,15 @@ pub async fn one_request(
 mod tests {
     use super::*;
 
+    /// The pods of `spec` as if served on 127.0.0.1 from port 9000 on.
+    fn loopback(spec: &FleetSpec) -> Vec<(String, std::net::SocketAddr)> {
+        spec.pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), ([127, 0, 0, 1], 9000 + i as u16).into()))
+            .collect()
+    }
+
     const ONE_POD: &str = "name: s\nfleet: [{ name: a, profile: llama-3.1-8b/h100, replicas: 2 }]\nworkload:\n  duration_s: 1\n  arrival: { kind: poisson, rate: 1 }\n  prompt_tokens: { dist: fixed, value: 8 }\n  output_tokens: { dist: fixed, value: 2 }\n";
 
     /// Every scrape interval a scenario may give (at least 1 ms, any lag) makes a gateway
@@ -912,12 +921,7 @@ mod tests {
                     format!("{ONE_POD}scrape: {{ interval_ms: {interval}, lag_ms: {lag} }}\n");
                 let scenario = Scenario::from_yaml(&yaml, "s").unwrap();
                 let spec = scenario.fleet_spec(&catalog, "s").unwrap();
-                let served: Vec<(String, std::net::SocketAddr)> = spec
-                    .pods
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| (p.name.clone(), ([127, 0, 0, 1], 9000 + i as u16).into()))
-                    .collect();
+                let served = loopback(&spec);
                 for policy in ["round-robin", "infergate"] {
                     let cfg =
                         gateway_config(&scenario, &spec, &served, policy, 1).unwrap_or_else(|e| {
@@ -977,12 +981,7 @@ mod tests {
         let scenario =
             Scenario::from_yaml(&format!("{ONE_POD}retries: {{ maxAttempts: 1 }}\n"), "s").unwrap();
         let spec = scenario.fleet_spec(&catalog, "s").unwrap();
-        let served: Vec<(String, std::net::SocketAddr)> = spec
-            .pods
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.name.clone(), ([127, 0, 0, 1], 9000 + i as u16).into()))
-            .collect();
+        let served = loopback(&spec);
         let cfg = gateway_config(&scenario, &spec, &served, "infergate", 1).unwrap();
         assert_eq!(cfg.retries.max_attempts, 1);
         check(&scenario, "s", &Fronts::default()).unwrap();

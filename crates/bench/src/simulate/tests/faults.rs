@@ -26,6 +26,14 @@ seeds: [1]
     Scenario::from_yaml(&yaml, "t").unwrap()
 }
 
+/// The fleet of `s` and its arrivals on seed 1, for a runner set up by hand.
+fn fleet_and_arrivals(s: &Scenario) -> (FleetSpec, Vec<Arrival>) {
+    let spec = s
+        .fleet_spec(&infergate_sim::Catalog::builtin().unwrap(), "t")
+        .unwrap();
+    (spec, workload::generate(&s.workload, 1))
+}
+
 fn attempts(r: &RunResult) -> &Attempts {
     r.attempts.as_ref().unwrap()
 }
@@ -119,10 +127,7 @@ fn outlier_detection_sends_the_failing_pod_fewer_first_attempts() {
 #[test]
 fn a_retried_request_is_charged_to_the_pod_that_serves_it_and_the_failure_is_judged() {
     let s = failing(1.0, "policies: [round-robin]");
-    let spec = s
-        .fleet_spec(&infergate_sim::Catalog::builtin().unwrap(), "t")
-        .unwrap();
-    let arrivals = workload::generate(&s.workload, 1);
+    let (spec, arrivals) = fleet_and_arrivals(&s);
     let mut cfg = SchedulerConfig::preset(infergate_scheduler::Preset::RoundRobin);
     cfg.outlier_detection = Some(infergate_scheduler::outlier::OutlierDetection {
         consecutive_5xx: 1,
@@ -189,10 +194,7 @@ fn a_completed_request_starts_its_pods_failure_count_again() {
 #[test]
 fn each_run_seed_draws_its_own_failures_on_the_same_requests() {
     let s = failing(0.5, "policies: [round-robin]");
-    let spec = s
-        .fleet_spec(&infergate_sim::Catalog::builtin().unwrap(), "t")
-        .unwrap();
-    let arrivals = workload::generate(&s.workload, 1);
+    let (spec, arrivals) = fleet_and_arrivals(&s);
     let pattern = |seed: u64| {
         let cfg = SchedulerConfig::preset(infergate_scheduler::Preset::RoundRobin);
         let mut sim = setup(&s, &spec, cfg, &arrivals, seed, false, &[]).unwrap();
