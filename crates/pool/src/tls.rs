@@ -40,6 +40,7 @@ use infergate_metrics::tls::MaybeTls;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
@@ -266,6 +267,43 @@ struct ResultLabels {
 struct TlsMetrics {
     handshake_failures: Family<ReasonLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,
+    /// The served certificate's `notAfter`, Unix seconds (0 when it could not be read).
+    not_after: Gauge,
+}
+
+impl TlsMetrics {
+    /// Reads the validity of `chain`'s leaf, the certificate served from now on (`from`: its
+    /// file, or none for a generated one): sets the expiry gauge, and warns when the
+    /// certificate is already expired or not yet valid — it is served anyway (a client decides),
+    /// but every verifying client will refuse it.
+    fn served(&self, chain: &[CertificateDer<'_>], from: Option<&Path>) {
+        let Some(v) = chain.first().and_then(|leaf| Validity::of(leaf)) else {
+            self.not_after.set(0);
+            tracing::debug!(
+                cert = from.map(|p| p.display().to_string()),
+                "TLS certificate: validity not read; infergate_tls_certificate_not_after_timestamp_seconds is 0"
+            );
+            return;
+        };
+        self.not_after.set(v.not_after);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let file = from.map_or_else(|| "(generated)".to_owned(), |p| p.display().to_string());
+        if now > v.not_after {
+            tracing::warn!(
+                cert = %file,
+                expired_seconds_ago = now - v.not_after,
+                "TLS certificate expired: clients that verify it refuse every handshake; replace the file (it is reloaded)"
+            );
+        } else if now < v.not_before {
+            tracing::warn!(
+                cert = %file,
+                valid_in_seconds = v.not_before - now,
+                "TLS certificate not valid yet (notBefore is in the future; check this host's clock): clients that verify it refuse every handshake"
+            );
+        }
+    }
 }
 
 /// The resolver rustls asks for a certificate at each handshake: whatever is current.
@@ -346,6 +384,14 @@ impl ServerTls {
             }
             Certificate::SelfSigned { names } => self_signed(names, &provider)?,
         };
+        let metrics = TlsMetrics::default();
+        metrics.served(
+            &key.cert,
+            match certificate {
+                Certificate::Files { cert, .. } => Some(cert.as_path()),
+                Certificate::SelfSigned { .. } => None,
+            },
+        );
         let current = Arc::new(Current(ArcSwap::from_pointee(key)));
         let mut client_ca = None;
         let verifier = match &options.client_ca {
@@ -364,7 +410,7 @@ impl ServerTls {
                 current,
             }),
             handshake_timeout: options.handshake_timeout,
-            metrics: TlsMetrics::default(),
+            metrics,
         };
         if options.reload_interval.is_zero() || (loaded.is_none() && client_ca.is_none()) {
             return Ok(tls);
@@ -397,8 +443,9 @@ impl ServerTls {
         Ok(tls)
     }
 
-    /// Registers `infergate_tls_handshake_failures_total{reason}` and
-    /// `infergate_tls_certificate_reloads_total{result}` in `registry`.
+    /// Registers `infergate_tls_handshake_failures_total{reason}`,
+    /// `infergate_tls_certificate_reloads_total{result}` and
+    /// `infergate_tls_certificate_not_after_timestamp_seconds` in `registry`.
     pub fn register(&self, registry: &mut Registry) {
         // Every label value exported from the start, at 0: an alert on `rate(...)` of a result
         // or reason that has not happened yet still has a series to read.
@@ -420,6 +467,11 @@ impl ServerTls {
             "infergate_tls_certificate_reloads",
             "Certificate and client CA reloads after the files changed (result: ok, error)",
             self.metrics.reloads.clone(),
+        );
+        registry.register(
+            "infergate_tls_certificate_not_after_timestamp_seconds",
+            "The served certificate's notAfter, Unix seconds (0: not read); alert on it minus time()",
+            self.metrics.not_after.clone(),
         );
     }
 
@@ -500,6 +552,7 @@ async fn watch(
         last = now;
         match loaded {
             Ok(pair) => {
+                metrics.served(&pair.cert, Some(&cert));
                 current.0.store(Arc::new(pair));
                 metrics
                     .reloads
@@ -728,6 +781,10 @@ pub fn client_tls(ca_file: &Path, server_name: Option<&str>) -> Result<ClientTls
         .transpose()?;
     Ok(ClientTls::new(Arc::new(config), name))
 }
+
+mod validity;
+
+pub use validity::Validity;
 
 #[cfg(test)]
 mod tests;

@@ -65,7 +65,25 @@ impl TestCa {
     /// no extended key usage, good as a client's too.
     pub fn issue(&self, names: &[&str]) -> Leaf {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let params = CertificateParams::new(names).expect("leaf parameters");
+        self.issue_with(CertificateParams::new(names).expect("leaf parameters"))
+    }
+
+    /// [`TestCa::issue`] valid only from `not_before` to `not_after` (year, month, day, UTC
+    /// midnight): an expired certificate, or one not valid yet.
+    pub fn issue_valid(
+        &self,
+        names: &[&str],
+        not_before: (i32, u8, u8),
+        not_after: (i32, u8, u8),
+    ) -> Leaf {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf parameters");
+        params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+        params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        self.issue_with(params)
+    }
+
+    fn issue_with(&self, params: CertificateParams) -> Leaf {
         let key = KeyPair::generate().expect("leaf key");
         let cert = params
             .signed_by(&key, &self.issuer)

@@ -110,6 +110,54 @@ async fn a_replaced_certificate_is_served_to_new_handshakes() {
     );
 }
 
+/// The served certificate's `notAfter` is exported, at start and after a reload, so an alert
+/// can fire before it expires; an expired one is still served (with a warning).
+#[tokio::test]
+async fn the_served_certificates_expiry_is_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test ca");
+    let expired = ca.issue_valid(&["gateway.test"], (2020, 1, 1), (2021, 1, 1));
+    let (cert, key) = expired.write(dir.path());
+    let tls = ServerTls::new(
+        &Certificate::Files { cert, key },
+        &opts(Duration::from_millis(20)),
+    )
+    .unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    let gauge = |registry: &Registry| {
+        let text = page(registry);
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("infergate_tls_certificate_not_after_timestamp_seconds ")
+                    .map(|v| v.parse::<i64>().unwrap())
+            })
+            .unwrap_or_else(|| panic!("no gauge in {text}"))
+    };
+    // 2021-01-01T00:00:00Z.
+    assert_eq!(gauge(&registry), 1_609_459_200);
+    let fresh = ca.issue(&["gateway.test"]);
+    fresh.write(dir.path());
+    let want = Validity::of(&fresh.der).unwrap().not_after;
+    let mut waited = Duration::ZERO;
+    while gauge(&registry) != want {
+        assert!(waited < Duration::from_secs(10), "the reload never set it");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+    // A generated certificate has one too.
+    let generated = ServerTls::new(
+        &Certificate::SelfSigned {
+            names: vec!["picker.test".to_owned()],
+        },
+        &opts(Duration::ZERO),
+    )
+    .unwrap();
+    let mut registry = Registry::default();
+    generated.register(&mut registry);
+    assert!(gauge(&registry) > 1_609_459_200);
+}
+
 #[tokio::test]
 async fn a_broken_replacement_keeps_the_old_certificate() {
     let dir = tempfile::tempdir().unwrap();
