@@ -11,9 +11,9 @@
 //! `benches/outlier/one-failing-pod-llama-8b.yaml`); the pod named by `--failing` (default the
 //! fleet's last) gets `error_rate: 1.0`. For each run the example serves a fresh fleet in this
 //! process, writes `OUT/gateway-RUN.yaml` (`--out`, default `target/outlier`; `scheduler: {
-//! preset: infergate }`, `retries: { maxAttempts: --max-attempts }`, default 3, and for the
-//! second run `outlierDetection: { consecutive5xx: --consecutive5xx }`, default 5, the other
-//! fields at their defaults), starts the gateway binary (`--bin`, default
+//! preset: infergate }`, `retries: { maxAttempts: --max-attempts }`, default 3; for the first
+//! run `outlierDetection: null` (off: the preset has it on), for the second `outlierDetection: {
+//! consecutive5xx: --consecutive5xx }`, default 5, the other fields at their defaults), starts the gateway binary (`--bin`, default
 //! `target/release/infergate`) on it, its warnings (`endpoint ejected`) in
 //! `OUT/gateway-RUN.log`, and sends the scenario's arrivals for `--seed` (default the
 //! scenario's first) open loop as streamed chat requests, with the bench's live-mode client
@@ -151,10 +151,12 @@ fn gateway_yaml(
 ) -> Result<String, BoxError> {
     let scrape = GatewayScrape::for_scenario(&scenario.scrape);
     let endpoints = gateway_endpoints(spec, pods);
+    // The preset turns outlier detection on: the run without it says `null`.
     let mut scheduler = serde_json::json!({ "preset": "infergate" });
-    if let Some(n) = outlier {
-        scheduler["outlierDetection"] = serde_json::json!({ "consecutive5xx": n });
-    }
+    scheduler["outlierDetection"] = match outlier {
+        Some(n) => serde_json::json!({ "consecutive5xx": n }),
+        None => serde_json::Value::Null,
+    };
     let model = spec.pods.first().map(|p| p.model.to_string());
     let cfg = serde_json::json!({
         "listen": format!("127.0.0.1:{}", ports.0),

@@ -1232,22 +1232,27 @@ pub fn scheduler_config(s: &SchedulerSpec) -> Result<SchedulerConfig, Error> {
             cfg.stale_metrics.max_inflight_per_endpoint = n;
         }
     }
-    if let Some(o) = &s.outlier_detection {
-        let d = infergate_scheduler::outlier::OutlierDetection::default();
-        cfg.outlier_detection = Some(infergate_scheduler::outlier::OutlierDetection {
-            consecutive_5xx: o.consecutive_5xx.unwrap_or(d.consecutive_5xx),
-            base_ejection_ms: o.base_ejection_ms(),
-            max_ejection_ms: o.max_ejection_ms(),
-            max_ejection_percent: o.max_ejection_percent.unwrap_or(d.max_ejection_percent),
-            failure_percentage: o.failure_percentage.as_ref().map(|f| {
-                let d = infergate_scheduler::outlier::FailurePercentage::default();
-                infergate_scheduler::outlier::FailurePercentage {
-                    threshold: f.threshold.unwrap_or(d.threshold),
-                    minimum_requests: f.minimum_requests.unwrap_or(d.minimum_requests),
-                    interval_ms: f.interval_ms.unwrap_or(d.interval_ms),
-                }
-            }),
-        });
+    match &s.outlier_detection {
+        // Absent: the preset's (on under `infergate` and custom weights).
+        None => {}
+        Some(o) if o.enabled == Some(false) => cfg.outlier_detection = None,
+        Some(o) => {
+            let d = infergate_scheduler::outlier::OutlierDetection::default();
+            cfg.outlier_detection = Some(infergate_scheduler::outlier::OutlierDetection {
+                consecutive_5xx: o.consecutive_5xx.unwrap_or(d.consecutive_5xx),
+                base_ejection_ms: o.base_ejection_ms(),
+                max_ejection_ms: o.max_ejection_ms(),
+                max_ejection_percent: o.max_ejection_percent.unwrap_or(d.max_ejection_percent),
+                failure_percentage: o.failure_percentage.as_ref().map(|f| {
+                    let d = infergate_scheduler::outlier::FailurePercentage::default();
+                    infergate_scheduler::outlier::FailurePercentage {
+                        threshold: f.threshold.unwrap_or(d.threshold),
+                        minimum_requests: f.minimum_requests.unwrap_or(d.minimum_requests),
+                        interval_ms: f.interval_ms.unwrap_or(d.interval_ms),
+                    }
+                }),
+            });
+        }
     }
     // Envoy Gateway routes an InferencePool backend through an ORIGINAL_DST cluster that reads
     // `x-gateway-destination-endpoint` as one `ip:port` (docs/operator.md cites the source); a

@@ -970,8 +970,28 @@ fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
     use infergate_api::config::{FailurePercentageSpec, OutlierDetectionSpec};
     use infergate_scheduler::outlier::{FailurePercentage, OutlierDetection};
     let mut cfg = example("single-model.yaml");
+    // Left out: the preset's, on under `infergate`, off under a baseline; `enabled: false` off.
+    let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
+    assert_eq!(
+        cfg.spec.schedulers[0].effective_preset(),
+        Some(infergate_api::SchedulerPreset::Infergate)
+    );
+    assert_eq!(sc.outlier_detection, Some(OutlierDetection::default()));
+    cfg.spec.schedulers[0].outlier_detection = Some(OutlierDetectionSpec {
+        enabled: Some(false),
+        consecutive_5xx: Some(2),
+        ..OutlierDetectionSpec::default()
+    });
     let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
     assert_eq!(sc.outlier_detection, None);
+    let mut baseline = cfg.spec.schedulers[0].clone();
+    baseline.preset = Some(infergate_api::SchedulerPreset::RoundRobin);
+    baseline.outlier_detection = None;
+    let sc = infergate_operator::render::scheduler_config(&baseline).unwrap();
+    assert_eq!(sc.outlier_detection, None);
+    baseline.outlier_detection = Some(OutlierDetectionSpec::default());
+    let sc = infergate_operator::render::scheduler_config(&baseline).unwrap();
+    assert_eq!(sc.outlier_detection, Some(OutlierDetection::default()));
     cfg.spec.schedulers[0].outlier_detection = Some(OutlierDetectionSpec::default());
     let sc = infergate_operator::render::scheduler_config(&cfg.spec.schedulers[0]).unwrap();
     assert_eq!(sc.outlier_detection, Some(OutlierDetection::default()));
@@ -984,6 +1004,7 @@ fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
         (d.base_ejection_ms, d.max_ejection_ms)
     );
     cfg.spec.schedulers[0].outlier_detection = Some(OutlierDetectionSpec {
+        enabled: None,
         consecutive_5xx: Some(2),
         base_ejection_ms: Some(1_000),
         max_ejection_ms: Some(4_000),

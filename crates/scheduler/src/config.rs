@@ -296,7 +296,9 @@ pub struct SchedulerConfig {
     /// fresh candidate would shed the request).
     pub stale_metrics: StaleMetrics,
     /// Passive outlier detection: endpoints whose answers keep failing leave the candidates for
-    /// a while ([`crate::outlier`]); `None` (every preset) is off.
+    /// a while ([`crate::outlier`]); `None` is off. On with its defaults in the `infergate`
+    /// preset, whose load-aware scores would otherwise send most requests to a pod that fails
+    /// them at once (it looks idle); off in the baselines.
     pub outlier_detection: Option<OutlierDetection>,
     /// Whether the LoRA capability filter runs (requests naming an adapter only).
     pub lora_filter: bool,
@@ -346,7 +348,7 @@ impl SchedulerConfig {
             max_metrics_age: Some(Duration::from_secs(2)),
             on_all_filtered: AllFilteredAction::AllReady,
             stale_metrics: StaleMetrics::default(),
-            outlier_detection: None,
+            outlier_detection: Some(OutlierDetection::default()),
             lora_filter: true,
             saturation: Thresholds {
                 queue_depth: 16,
@@ -367,6 +369,7 @@ impl SchedulerConfig {
             policy,
             weights: Weights::default(),
             max_metrics_age: None,
+            outlier_detection: None,
             lora_filter: false,
             shedding: false,
             ..base.clone()
@@ -391,6 +394,7 @@ impl SchedulerConfig {
                 },
                 shedding: false,
                 inflight_accounting: false,
+                outlier_detection: None,
                 ..base
             },
             Preset::RoundRobin => baseline(Policy::RoundRobin),
@@ -569,8 +573,13 @@ struct ConfigSpec {
     on_all_filtered: Option<AllFilteredAction>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stale_metrics: Option<StaleMetrics>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outlier_detection: Option<OutlierDetection>,
+    /// `Some(None)` (explicit `null`) turns it off.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "double_option"
+    )]
+    outlier_detection: Option<Option<OutlierDetection>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     lora_filter: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -591,20 +600,21 @@ struct ConfigSpec {
     rates: Option<RateConfig>,
 }
 
+/// A field whose explicit `null` means something (off) apart from its absence (the preset's).
 mod double_option {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(
-        v: &Option<Option<u64>>,
+    pub(super) fn serialize<S: Serializer, T: Serialize>(
+        v: &Option<Option<T>>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        v.flatten().serialize(s)
+        v.as_ref().and_then(Option::as_ref).serialize(s)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
-    ) -> Result<Option<Option<u64>>, D::Error> {
-        Option::<u64>::deserialize(d).map(Some)
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
     }
 }
 
@@ -632,8 +642,8 @@ impl From<ConfigSpec> for SchedulerConfig {
         if let Some(v) = s.stale_metrics {
             c.stale_metrics = v;
         }
-        if s.outlier_detection.is_some() {
-            c.outlier_detection = s.outlier_detection;
+        if let Some(v) = s.outlier_detection {
+            c.outlier_detection = v;
         }
         if let Some(v) = s.lora_filter {
             c.lora_filter = v;
@@ -678,7 +688,7 @@ impl From<SchedulerConfig> for ConfigSpec {
             max_metrics_age_ms: Some(c.max_metrics_age.map(ms)),
             on_all_filtered: Some(c.on_all_filtered),
             stale_metrics: Some(c.stale_metrics),
-            outlier_detection: c.outlier_detection,
+            outlier_detection: Some(c.outlier_detection),
             lora_filter: Some(c.lora_filter),
             saturation: Some(c.saturation),
             overload: Some(c.overload),

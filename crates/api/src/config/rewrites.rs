@@ -96,11 +96,17 @@ pub struct StaleMetricsSpec {
 
 /// Passive outlier detection: a pod whose requests keep failing while its metrics look fine (an
 /// engine in an error state answering 500 at once looks idle, so it draws more requests) leaves
-/// the candidates for a while. Off unless given; each field left out takes its default.
+/// the candidates for a while. On with its defaults under the `infergate` preset and custom
+/// weights, off under the baseline presets unless given; `enabled: false` turns it off; each
+/// field left out takes its default.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = validation::outlier_rules)]
 pub struct OutlierDetectionSpec {
+    /// `false` turns outlier detection off, whatever the preset (default `true`: the section
+    /// given turns it on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
     /// Failed answers in a row (500, 502, 503, 504, or no response headers) that eject a pod
     /// (default 5).
     #[serde(

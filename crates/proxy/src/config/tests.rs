@@ -273,12 +273,18 @@ fn precise_prefix_sizes_out_of_range_are_refused_naming_the_model_and_field() {
 #[test]
 fn outlier_detection_is_read_and_a_bad_value_names_the_model_and_field() {
     let c = GatewayConfig::from_yaml(
-        "auth: none\nmodels:\n  - name: a\n    scheduler: { outlierDetection: { consecutive5xx: 2 } }\n  - name: b\n",
+        "auth: none\nmodels:\n  - name: a\n    scheduler: { outlierDetection: { consecutive5xx: 2 } }\n  - name: b\n  - name: c\n    scheduler: { outlierDetection: null }\n  - name: d\n    scheduler: { preset: round-robin }\n",
     )
     .unwrap();
     let o = c.models[0].scheduler.outlier_detection.unwrap();
     assert_eq!((o.consecutive_5xx, o.base_ejection_ms), (2, 30_000));
-    assert_eq!(c.models[1].scheduler.outlier_detection, None);
+    // The `infergate` preset's default is on; `null` and the baselines are off.
+    assert_eq!(
+        c.models[1].scheduler.outlier_detection,
+        Some(infergate_scheduler::outlier::OutlierDetection::default())
+    );
+    assert_eq!(c.models[2].scheduler.outlier_detection, None);
+    assert_eq!(c.models[3].scheduler.outlier_detection, None);
     for (bad, want) in [
         (
             "{ consecutive5xx: 0 }",

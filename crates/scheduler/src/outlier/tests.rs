@@ -394,10 +394,38 @@ fn the_scheduler_configuration_carries_it() {
             ..OutlierDetection::default()
         })
     );
-    assert_eq!(crate::SchedulerConfig::default().outlier_detection, None);
     let back: crate::SchedulerConfig =
         serde_yaml::from_str(&serde_yaml::to_string(&c).unwrap()).unwrap();
     assert_eq!(back, c);
+    // On with its defaults in the `infergate` preset (the default), off in the baselines;
+    // `null` turns it off, and that survives a round trip (the operator renders a complete
+    // configuration: left out, it would read as the preset's).
+    use crate::{Preset, SchedulerConfig};
+    assert_eq!(
+        SchedulerConfig::default().outlier_detection,
+        Some(OutlierDetection::default())
+    );
+    for p in [
+        Preset::GieDefault,
+        Preset::RoundRobin,
+        Preset::Random,
+        Preset::LeastRequest,
+    ] {
+        assert_eq!(SchedulerConfig::preset(p).outlier_detection, None, "{p}");
+    }
+    let read = |y: &str| serde_yaml::from_str::<SchedulerConfig>(y).unwrap();
+    assert_eq!(
+        read("{ preset: infergate }").outlier_detection,
+        Some(OutlierDetection::default())
+    );
+    let off = read("{ preset: infergate, outlierDetection: null }");
+    assert_eq!(off.outlier_detection, None);
+    let text = serde_yaml::to_string(&off).unwrap();
+    assert!(text.contains("outlierDetection: null"), "{text}");
+    assert_eq!(read(&text), off);
+    let on = read("{ preset: round-robin, outlierDetection: {} }");
+    assert_eq!(on.outlier_detection, Some(OutlierDetection::default()));
+    assert_eq!(read(&serde_yaml::to_string(&on).unwrap()), on);
     let bad: crate::SchedulerConfig =
         serde_yaml::from_str("{ outlierDetection: { maxEjectionPercent: 200 } }").unwrap();
     let e = bad.validate().unwrap_err().to_string();

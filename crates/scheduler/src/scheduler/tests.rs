@@ -381,11 +381,17 @@ fn requests_per_adapter_are_counted_from_pick_to_release() {
 /// out of the candidates after `consecutive5xx` failed answers, for every preset; the
 /// explanation says why; it is back once its ejection is over; a request whose only candidates
 /// are ejected still gets one; more than `maxEjectionPercent` of the pool is never out.
-/// Without `outlierDetection` (every preset) nothing is counted.
+/// Without `outlierDetection` (off: the baselines, or `null`) nothing is counted.
 #[test]
 fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
     use crate::outlier::{Answer, Ejection, OutlierDetection};
-    let mut plain = scheduler(SchedulerConfig::default(), 2);
+    let mut plain = scheduler(
+        SchedulerConfig {
+            outlier_detection: None,
+            ..SchedulerConfig::default()
+        },
+        2,
+    );
     let addr = plain.endpoints().next().unwrap().addr;
     for _ in 0..10 {
         assert_eq!(plain.observe_answer(addr, Answer::Failure, T0), None);
