@@ -10,13 +10,15 @@
 //!
 //! A policy is named by its preset (`infergate`), or given as an entry with a name of its own,
 //! a preset (or `infergate-precise`) and the gateway's `outlierDetection:` settings, which the
-//! scheduler then runs with ([`infergate_scheduler::outlier`]):
+//! scheduler then runs with ([`infergate_scheduler::outlier`]): left out, the preset's (on in
+//! `infergate`, off in the baselines); `null`, off:
 //!
 //! ```yaml
 //! policies:
 //!   - round-robin
 //!   - infergate
-//!   - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 5 } }
+//!   - { name: infergate-no-od, preset: infergate, outlierDetection: null }
+//!   - { name: round-robin-od, preset: round-robin, outlierDetection: { consecutive5xx: 5 } }
 //! ```
 
 use std::fmt;
@@ -35,8 +37,8 @@ pub struct RoutePolicy {
     pub preset: Preset,
     /// Whether picks get the exact cached prefix of every pod from its KV-cache events.
     pub precise: bool,
-    /// The scheduler's `outlierDetection:` (`None`, as in every preset: off).
-    pub outlier_detection: Option<OutlierDetection>,
+    /// The scheduler's `outlierDetection:`: `None` keeps the preset's, `Some(None)` is off.
+    pub outlier_detection: Option<Option<OutlierDetection>>,
     /// The policy's own name, when the scenario gave it as an entry (else the preset's).
     pub name: Option<Arc<str>>,
 }
@@ -83,10 +85,12 @@ impl RoutePolicy {
     }
 
     /// The scheduler configuration the policy routes with: its preset's, with its outlier
-    /// detection.
+    /// detection when the entry sets it.
     pub fn scheduler_config(&self) -> SchedulerConfig {
         let mut cfg = SchedulerConfig::preset(self.preset);
-        cfg.outlier_detection = self.outlier_detection;
+        if let Some(o) = self.outlier_detection {
+            cfg.outlier_detection = o;
+        }
         cfg
     }
 
@@ -130,8 +134,29 @@ impl FromStr for RoutePolicy {
 struct Entry {
     name: String,
     preset: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    outlier_detection: Option<OutlierDetection>,
+    /// `Some(None)`: an explicit `null` (off), apart from its absence (the preset's).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "explicit_null",
+        serialize_with = "explicit_null_out"
+    )]
+    outlier_detection: Option<Option<OutlierDetection>>,
+}
+
+/// Reads a present `outlierDetection` (`null` included) as `Some`.
+fn explicit_null<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<OutlierDetection>>, D::Error> {
+    Option::<OutlierDetection>::deserialize(d).map(Some)
+}
+
+/// Writes `Some(None)` as `null`.
+fn explicit_null_out<S: Serializer>(
+    v: &Option<Option<OutlierDetection>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    v.as_ref().and_then(Option::as_ref).serialize(s)
 }
 
 impl Serialize for RoutePolicy {

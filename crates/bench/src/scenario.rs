@@ -33,8 +33,9 @@
 //!   - { name: bad, profile: llama-3.1-8b/h100, faults: [{ at_s: 0, error_rate: 1.0 }] }
 //! retries: { maxAttempts: 3 }
 //! policies:
-//!   - infergate
-//!   - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 5 } }
+//!   - infergate                     # the preset's outlier detection: on
+//!   - { name: infergate-no-od, preset: infergate, outlierDetection: null }
+//!   - { name: infergate-od3, preset: infergate, outlierDetection: { consecutive5xx: 3 } }
 //! ```
 //!
 //! `infergate-precise` may be listed too (simulated mode, no `flow` section): the
@@ -980,7 +981,7 @@ impl Scenario {
                     format!("must be non-empty letters, digits, '-' or '_', got {name:?}"),
                 );
             }
-            if let Some(o) = &p.outlier_detection
+            if let Some(Some(o)) = &p.outlier_detection
                 && let Err(e) = o.validate()
             {
                 return bad(&format!("policies[{i}].{}", e.field), e.reason);

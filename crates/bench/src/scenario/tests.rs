@@ -248,7 +248,7 @@ fn with_policies(policies: &str) -> String {
 fn a_policy_entry_turns_outlier_detection_on_and_round_trips() {
     let s = Scenario::from_yaml(
         &with_policies(
-            "policies:\n  - infergate\n  - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 4, baseEjectionMs: 1000 } }",
+            "policies:\n  - infergate\n  - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 4, baseEjectionMs: 1000 } }\n  - { name: infergate-no-od, preset: infergate, outlierDetection: null }\n  - round-robin",
         ),
         "t.yaml",
     )
@@ -256,18 +256,30 @@ fn a_policy_entry_turns_outlier_detection_on_and_round_trips() {
     let p = &s.policies[1];
     assert_eq!(p.as_str(), "infergate-od");
     assert_eq!(p.preset, Preset::Infergate);
-    let od = p.outlier_detection.unwrap();
+    let od = p.outlier_detection.unwrap().unwrap();
     assert_eq!((od.consecutive_5xx, od.base_ejection_ms), (4, 1000));
     // Unset fields take the gateway's defaults.
     assert_eq!(od.max_ejection_percent, 50);
     assert_eq!(p.scheduler_config().outlier_detection, Some(od));
-    assert_eq!(s.policies[0].scheduler_config().outlier_detection, None);
+    // A preset alone runs as the gateway would: on in `infergate`, off in the baselines;
+    // `null` turns it off.
+    assert_eq!(
+        s.policies[0].scheduler_config().outlier_detection,
+        Some(infergate_scheduler::outlier::OutlierDetection::default())
+    );
+    assert_eq!(s.policies[2].outlier_detection, Some(None));
+    assert_eq!(s.policies[2].scheduler_config().outlier_detection, None);
+    assert_eq!(s.policies[3].scheduler_config().outlier_detection, None);
     // A report's scenario is read back the same.
     let json = serde_json::to_string(&s).unwrap();
     let back: Scenario = serde_json::from_str(&json).unwrap();
     assert_eq!(back, s);
     assert!(
         json.contains(r#""policies":["infergate",{"name":"infergate-od""#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#"{"name":"infergate-no-od","preset":"infergate","outlierDetection":null}"#),
         "{json}"
     );
 }

@@ -40,7 +40,10 @@ fn attempts(r: &RunResult) -> &Attempts {
 
 #[test]
 fn a_failed_attempt_is_retried_on_the_next_pod_and_counted() {
-    let s = failing(1.0, "policies: [round-robin, infergate]");
+    let s = failing(
+        1.0,
+        "policies: [round-robin, { name: infergate-no-od, preset: infergate, outlierDetection: null }]",
+    );
     let report = run(&s, "t", &mut Silent).unwrap();
     for r in &report.runs {
         let at = attempts(r);
@@ -111,7 +114,7 @@ fn the_same_seed_draws_the_same_failures_and_another_seed_others() {
 fn outlier_detection_sends_the_failing_pod_fewer_first_attempts() {
     let s = failing(
         1.0,
-        "policies:\n  - infergate\n  - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 3 } }",
+        "policies:\n  - { name: infergate-no-od, preset: infergate, outlierDetection: null }\n  - { name: infergate-od, preset: infergate, outlierDetection: { consecutive5xx: 3 } }",
     );
     let report = run(&s, "t", &mut Silent).unwrap();
     let (without, with) = (attempts(&report.runs[0]), attempts(&report.runs[1]));
