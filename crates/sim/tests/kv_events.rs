@@ -359,6 +359,19 @@ async fn pods_with_the_model_tokenizer_publish_the_ids_a_precise_router_computes
             .is_some_and(|t| t.contains("third quarter") && t.ends_with(&rendered)),
         "{text}"
     );
+    // A Responses request is the chat request of its messages.
+    let r = infergate_testkit::try_post(
+        b,
+        "/v1/responses",
+        "application/json",
+        json!({"instructions": system, "input": "What was the revenue in the third quarter?",
+               "max_output_tokens": 2})
+        .to_string(),
+    )
+    .await
+    .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(answer["usage"]["input_tokens"], ids.len(), "{answer}");
     // A completions prompt is encoded with the tokenizer's special tokens (vLLM's default).
     let mut prompt_ids = Vec::new();
     tok.encode_completion(&system, true, &mut prompt_ids)

@@ -21,7 +21,8 @@ use serde_json::{Map, Value, json};
 use super::PodShared;
 use super::http::{
     DEFAULT_CHAT_MAX_TOKENS, Fed, GENERATION_PROMPT, Parsed, Reject, SimBody, TokenFeed, admit,
-    bad, error, json_response, object, opt_bool, push_message, read_body, resolve_model, streaming,
+    bad, encode_chat, error, json_response, object, opt_bool, push_message, read_body,
+    resolve_model, streaming,
 };
 use crate::engine::Completion;
 use crate::tokens::Prompt;
@@ -109,18 +110,18 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8]) -> Result<ResponsesRequest,
             ));
         }
     }
-    let mut text = String::new();
+    let mut text = Conversation::default();
     match obj.get("instructions") {
         None | Some(Value::Null) => {}
         Some(v @ Value::String(s)) => {
             if !s.is_empty() {
-                push_message(&mut text, "system", Some(v), "instructions")?;
+                text.push("system", Some(v), "instructions")?;
             }
         }
         Some(_) => return Err(bad("instructions must be a string", "instructions")),
     }
     match obj.get("input") {
-        Some(v @ Value::String(_)) => push_message(&mut text, "user", Some(v), "input")?,
+        Some(v @ Value::String(_)) => text.push("user", Some(v), "input")?,
         Some(Value::Array(items)) => {
             for item in items {
                 push_item(&mut text, item)?;
@@ -134,8 +135,17 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8]) -> Result<ResponsesRequest,
         }
         None => return Err(bad("field required: input", "input")),
     }
-    text.push_str(GENERATION_PROMPT);
-    let prompt = Prompt::Text(text.into());
+    let prompt = match shared.tokenizer.as_deref() {
+        // The chat request of those messages, through the model's chat template.
+        Some(t) => {
+            let chat = json!({"messages": text.messages}).to_string();
+            Prompt::Ids(encode_chat(t, chat.as_bytes())?.into())
+        }
+        None => {
+            text.text.push_str(GENERATION_PROMPT);
+            Prompt::Text(text.text.into())
+        }
+    };
     let prompt_tokens = prompt.token_count();
     let max_len = shared.profile.max_model_len;
     if prompt_tokens >= max_len {
@@ -180,18 +190,41 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8]) -> Result<ResponsesRequest,
 /// a `role`), a tool's output (`function_call_output`, as a `tool` message) or a tool call the
 /// model made (`function_call`: its arguments, as the assistant's). Other item types (reasoning,
 /// built-in tool calls) are refused here.
-fn push_item(text: &mut String, item: &Value) -> Result<(), Reject> {
+/// The chat messages a Responses request stands for: rendered with the stand-in template, and
+/// as the chat request's messages for the model's own template.
+#[derive(Default)]
+struct Conversation {
+    text: String,
+    messages: Vec<Value>,
+}
+
+impl Conversation {
+    /// Appends one message (see [`push_message`]).
+    fn push(
+        &mut self,
+        role: &str,
+        content: Option<&Value>,
+        param: &'static str,
+    ) -> Result<(), Reject> {
+        push_message(&mut self.text, role, content, param)?;
+        self.messages
+            .push(json!({"role": role, "content": content}));
+        Ok(())
+    }
+}
+
+fn push_item(text: &mut Conversation, item: &Value) -> Result<(), Reject> {
     let kind = item.get("type").and_then(Value::as_str);
     if let Some(role) = item.get("role").and_then(Value::as_str)
         && matches!(kind, None | Some("message"))
     {
-        return push_message(text, role, item.get("content"), "input");
+        return text.push(role, item.get("content"), "input");
     }
     match kind {
         Some("function_call_output" | "custom_tool_call_output") => {
-            push_message(text, "tool", item.get("output"), "input")
+            text.push("tool", item.get("output"), "input")
         }
-        Some("function_call") => push_message(text, "assistant", item.get("arguments"), "input"),
+        Some("function_call") => text.push("assistant", item.get("arguments"), "input"),
         Some(other) => Err(bad(
             format!("Unsupported input item type: {other}"),
             "input",
