@@ -318,27 +318,8 @@ impl Default for OutlierDetection {
 /// `intervalMs` with at least `minimumRequests` requests routed on it, `threshold` percent or
 /// more failed at the gateway (502, 503, 504, no response headers; counted as for
 /// `consecutiveGatewayFailures`). The ejection's length and the cap are those of the
-/// consecutive failures.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct FailurePercentage {
-    /// The share of failures that ejects, percent (default 50; 1 to 100).
-    pub threshold: u32,
-    /// Fewer requests in an interval judge nothing (default 20, at least 1).
-    pub minimum_requests: u32,
-    /// The interval, ms (default 10,000).
-    pub interval_ms: u64,
-}
-
-impl Default for FailurePercentage {
-    fn default() -> Self {
-        FailurePercentage {
-            threshold: 50,
-            minimum_requests: 20,
-            interval_ms: 10_000,
-        }
-    }
-}
+/// consecutive failures. The same section as a scheduler's, for pods.
+pub use infergate_scheduler::outlier::FailurePercentage;
 
 impl OutlierDetection {
     /// `baseEjectionMs`.
