@@ -960,6 +960,21 @@ pub(crate) mod tests {
         super::super::new_shared(&pod, None, None)
     }
 
+    /// [`shared`] tokenizing with the tokenizer crate's tiny tokenizer (loaded once).
+    pub(crate) fn shared_with_tokenizer() -> PodShared {
+        static TINY: std::sync::OnceLock<Arc<ModelTokenizer>> = std::sync::OnceLock::new();
+        let tiny = TINY.get_or_init(|| {
+            let dir = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tokenizer/tests/fixtures/tiny"
+            );
+            Arc::new(ModelTokenizer::from_dir(dir, Default::default()).unwrap())
+        });
+        let mut s = shared();
+        s.tokenizer = Some(tiny.clone());
+        s
+    }
+
     fn json_value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
@@ -1006,25 +1021,27 @@ pub(crate) mod tests {
 
         #[test]
         fn any_body_parses_or_gets_a_typed_rejection(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-            let s = shared();
-            let _ = parse(&s, &bytes, Api::Chat);
-            let _ = parse(&s, &bytes, Api::Completions);
-            let _ = responses::parse(&s, &bytes);
+            for s in [shared(), shared_with_tokenizer()] {
+                let _ = parse(&s, &bytes, Api::Chat);
+                let _ = parse(&s, &bytes, Api::Completions);
+                let _ = responses::parse(&s, &bytes);
+            }
         }
 
         #[test]
         fn any_json_parses_or_gets_a_client_error(v in json_value()) {
-            let s = shared();
             let body = v.to_string();
-            for api in [Api::Chat, Api::Completions] {
-                if let Err((status, msg, _)) = parse(&s, body.as_bytes(), api) {
+            for s in [shared(), shared_with_tokenizer()] {
+                for api in [Api::Chat, Api::Completions] {
+                    if let Err((status, msg, _)) = parse(&s, body.as_bytes(), api) {
+                        prop_assert!(status.is_client_error());
+                        prop_assert!(!msg.is_empty());
+                    }
+                }
+                if let Err((status, msg, _)) = responses::parse(&s, body.as_bytes()) {
                     prop_assert!(status.is_client_error());
                     prop_assert!(!msg.is_empty());
                 }
-            }
-            if let Err((status, msg, _)) = responses::parse(&s, body.as_bytes()) {
-                prop_assert!(status.is_client_error());
-                prop_assert!(!msg.is_empty());
             }
         }
     }

@@ -276,14 +276,18 @@ mod tests {
             bytes in prop::collection::vec(any::<u8>(), 0..256),
             prompt in "\\PC{0,40}",
         ) {
-            let s = shared();
             let json = json!({"prompt": prompt, "tokens": bytes}).to_string();
-            for body in [&bytes[..], json.as_bytes()] {
+            let messages = json!({"messages": [{"role": "user", "content": prompt}], "tokens": bytes})
+                .to_string();
+            for (s, body) in [shared(), super::super::http::tests::shared_with_tokenizer()]
+                .iter()
+                .flat_map(|s| [(s, &bytes[..]), (s, json.as_bytes()), (s, messages.as_bytes())])
+            {
                 for r in [
-                    tokenize(&s, body),
-                    detokenize_request(&s, body),
-                    render(&s, body, Api::Chat),
-                    render(&s, body, Api::Completions),
+                    tokenize(s, body),
+                    detokenize_request(s, body),
+                    render(s, body, Api::Chat),
+                    render(s, body, Api::Completions),
                 ] {
                     if let Err((status, msg, _)) = r {
                         prop_assert!(status.is_client_error(), "{status} {msg}");
