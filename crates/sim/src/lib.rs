@@ -10,7 +10,8 @@
 //! - [`fleet::Fleet`]: a discrete-event simulation of many pods on a virtual clock, for benchmarks
 //!   (requests in, [`Completion`] records and scraper-style [`EngineView`]s out);
 //! - [`serve`]: live OpenAI-compatible HTTP pods on 127.0.0.1 driven by tokio time, with vLLM,
-//!   SGLang or TGI `/metrics` pages and runtime fault injection.
+//!   SGLang or TGI `/metrics` pages and runtime fault injection; prompts tokenized by the
+//!   stand-in of [`tokens`], or by the model's own tokenizer ([`ServeOptions::tokenizer`]).
 //!
 //! ```
 //! use infergate_sim::{Catalog, EngineKind, Fleet, FleetSpec, PodSpec, Prompt, Request, ScrapeConfig};
