@@ -184,8 +184,9 @@ impl Fronts {
 /// What a run sends its requests through.
 #[derive(Debug, Clone, Copy)]
 enum Target<'a> {
-    /// The standalone gateway with this scheduler preset.
-    Gateway(&'a str),
+    /// The standalone gateway with this policy's scheduler (its preset, and its outlier
+    /// detection when the entry sets it).
+    Gateway(&'a RoutePolicy),
     /// An external front, and where its output goes.
     Front(&'a Front, &'a std::path::Path),
 }
@@ -193,7 +194,7 @@ enum Target<'a> {
 impl<'a> Target<'a> {
     fn name(&self) -> &'a str {
         match self {
-            Target::Gateway(p) => p,
+            Target::Gateway(p) => p.as_str(),
             Target::Front(f, _) => &f.name,
         }
     }
@@ -268,7 +269,7 @@ pub async fn run_until(
     let targets: Vec<Target<'_>> = scenario
         .policies
         .iter()
-        .map(|p| Target::Gateway(p.as_str()))
+        .map(Target::Gateway)
         .chain(
             fronts
                 .list
@@ -393,15 +394,6 @@ pub fn check(scenario: &Scenario, origin: &str, fronts: &Fronts) -> Result<(), B
             ),
         ));
     }
-    if let Some(i) = scenario.policies.iter().position(RoutePolicy::is_entry) {
-        // Live mode configures each gateway by its preset's name.
-        return Err(invalid(
-            &format!("policies[{i}]"),
-            "is a policy entry, which runs in simulated mode only (the live measurement of \
-             outlier detection is `cargo run --release -p infergate-bench --example outlier`)"
-                .to_owned(),
-        ));
-    }
     // These sections have runners in simulated mode only; a live run would quietly drop them.
     if scenario.flow.is_some() {
         return Err(invalid(
@@ -470,7 +462,7 @@ fn gateway_config(
     scenario: &Scenario,
     spec: &FleetSpec,
     served: &[(String, std::net::SocketAddr)],
-    policy: &str,
+    policy: &RoutePolicy,
     seed: u64,
 ) -> Result<GatewayConfig, BenchError> {
     let model = spec
@@ -486,6 +478,16 @@ fn gateway_config(
         .unwrap_or_default();
     let scrape = GatewayScrape::for_scenario(&scenario.scrape);
     let endpoints = gateway_endpoints(spec, served);
+    let config_error = |source| BenchError::GatewayConfig {
+        policy: policy.as_str().to_owned(),
+        source,
+    };
+    // The policy entry's outlier detection, as the gateway reads it: the scheduler's own
+    // section, or `null` (off).
+    let mut scheduler = serde_json::json!({ "preset": policy.preset.as_str() });
+    if let Some(o) = policy.outlier_detection {
+        scheduler["outlierDetection"] = serde_json::to_value(o).map_err(config_error)?;
+    }
     let cfg = serde_json::json!({
         "listen": "127.0.0.1:0",
         "admin": "127.0.0.1:0",
@@ -503,14 +505,11 @@ fn gateway_config(
         "models": [{
             "name": model,
             "loraAdapters": adapters,
-            "scheduler": { "preset": policy },
+            "scheduler": scheduler,
             "endpoints": endpoints,
         }],
     });
-    GatewayConfig::deserialize(cfg).map_err(|source| BenchError::GatewayConfig {
-        policy: policy.to_owned(),
-        source,
-    })
+    GatewayConfig::deserialize(cfg).map_err(config_error)
 }
 
 /// Starts the gateway for `policy` in front of the pods `served` and waits until it is ready
@@ -520,7 +519,7 @@ async fn start_gateway(
     scenario: &Scenario,
     spec: &FleetSpec,
     served: &[(String, std::net::SocketAddr)],
-    policy: &str,
+    policy: &RoutePolicy,
     seed: u64,
     stop: &watch::Sender<bool>,
 ) -> Result<infergate_proxy::Gateway, BenchError> {
@@ -541,7 +540,7 @@ async fn start_gateway(
     )
     .await
     .map_err(|source| BenchError::Gateway {
-        policy: policy.to_owned(),
+        policy: policy.as_str().to_owned(),
         source,
     })?;
     let handle = gateway.handle();
@@ -550,7 +549,7 @@ async fn start_gateway(
         if Instant::now() > ready_by {
             let _ = stop.send(true);
             gateway.wait().await;
-            return Err(BenchError::NotReady(policy.to_owned()));
+            return Err(BenchError::NotReady(policy.as_str().to_owned()));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -923,8 +922,9 @@ mod tests {
                 let spec = scenario.fleet_spec(&catalog, "s").unwrap();
                 let served = loopback(&spec);
                 for policy in ["round-robin", "infergate"] {
+                    let policy: RoutePolicy = policy.parse().unwrap();
                     let cfg =
-                        gateway_config(&scenario, &spec, &served, policy, 1).unwrap_or_else(|e| {
+                        gateway_config(&scenario, &spec, &served, &policy, 1).unwrap_or_else(|e| {
                             panic!("interval {interval}, lag {lag}: {}", e.with_causes())
                         });
                     assert!(cfg.scrape.stale_after >= cfg.scrape.interval);
@@ -973,29 +973,32 @@ mod tests {
         );
     }
 
-    /// The scenario's retries reach the live gateway; a policy entry (outlier detection) is
-    /// refused before anything starts, naming it, since the live gateway runs presets by name.
+    /// The scenario's retries reach the live gateway, and so does a policy entry's outlier
+    /// detection: its settings, or `null` (off in a preset that has it on); a preset alone
+    /// runs as the gateway's preset does.
     #[test]
-    fn retries_reach_the_gateway_and_policy_entries_are_refused() {
+    fn retries_and_policy_entries_reach_the_gateway() {
+        use infergate_scheduler::outlier::OutlierDetection;
         let catalog = Catalog::builtin().unwrap();
-        let scenario =
-            Scenario::from_yaml(&format!("{ONE_POD}retries: {{ maxAttempts: 1 }}\n"), "s").unwrap();
-        let spec = scenario.fleet_spec(&catalog, "s").unwrap();
-        let served = loopback(&spec);
-        let cfg = gateway_config(&scenario, &spec, &served, "infergate", 1).unwrap();
-        assert_eq!(cfg.retries.max_attempts, 1);
-        check(&scenario, "s", &Fronts::default()).unwrap();
-        let entry = Scenario::from_yaml(
+        let scenario = Scenario::from_yaml(
             &format!(
-                "{ONE_POD}policies: [round-robin, {{ name: od, preset: infergate, outlierDetection: {{}} }}]\n"
+                "{ONE_POD}retries: {{ maxAttempts: 1 }}\npolicies:\n  - infergate\n  - {{ name: no-od, preset: infergate, outlierDetection: null }}\n  - {{ name: rr-od, preset: round-robin, outlierDetection: {{ consecutive5xx: 2, failurePercentage: {{}} }} }}\n"
             ),
             "s",
         )
         .unwrap();
-        let e = check(&entry, "s", &Fronts::default()).unwrap_err();
-        assert!(
-            matches!(&e, BenchError::Invalid { field, .. } if field == "policies[1]"),
-            "{e}"
-        );
+        check(&scenario, "s", &Fronts::default()).unwrap();
+        let spec = scenario.fleet_spec(&catalog, "s").unwrap();
+        let served = loopback(&spec);
+        let od = |i: usize| {
+            let cfg = gateway_config(&scenario, &spec, &served, &scenario.policies[i], 1).unwrap();
+            assert_eq!(cfg.retries.max_attempts, 1);
+            cfg.models[0].scheduler.outlier_detection
+        };
+        assert_eq!(od(0), Some(OutlierDetection::default()));
+        assert_eq!(od(1), None);
+        let rr = od(2).unwrap();
+        assert_eq!(rr.consecutive_5xx, 2);
+        assert!(rr.failure_percentage.is_some());
     }
 }

@@ -94,8 +94,8 @@ impl RoutePolicy {
         cfg
     }
 
-    /// Whether the scenario gave the policy as an entry (its own name or settings), which only
-    /// the plain simulated runner honours.
+    /// Whether the scenario gave the policy as an entry (its own name or settings), which the
+    /// plain simulated runner and live mode honour (the flow and replica runners refuse it).
     pub fn is_entry(&self) -> bool {
         self.name.is_some() || self.outlier_detection.is_some()
     }
