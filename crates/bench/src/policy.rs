@@ -138,25 +138,9 @@ struct Entry {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "explicit_null",
-        serialize_with = "explicit_null_out"
+        with = "infergate_scheduler::config::double_option"
     )]
     outlier_detection: Option<Option<OutlierDetection>>,
-}
-
-/// Reads a present `outlierDetection` (`null` included) as `Some`.
-fn explicit_null<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Option<OutlierDetection>>, D::Error> {
-    Option::<OutlierDetection>::deserialize(d).map(Some)
-}
-
-/// Writes `Some(None)` as `null`.
-fn explicit_null_out<S: Serializer>(
-    v: &Option<Option<OutlierDetection>>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    v.as_ref().and_then(Option::as_ref).serialize(s)
 }
 
 impl Serialize for RoutePolicy {

@@ -600,18 +600,23 @@ struct ConfigSpec {
     rates: Option<RateConfig>,
 }
 
-/// A field whose explicit `null` means something (off) apart from its absence (the preset's).
-mod double_option {
+/// A field whose explicit `null` means something (off) apart from its absence (the preset's):
+/// `Option<Option<T>>` with `#[serde(default, skip_serializing_if = "Option::is_none", with =
+/// "infergate_scheduler::config::double_option")]` reads a present `null` as `Some(None)` and
+/// writes it back as `null`.
+pub mod double_option {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub(super) fn serialize<S: Serializer, T: Serialize>(
+    /// Writes `Some(None)` as `null`.
+    pub fn serialize<S: Serializer, T: Serialize>(
         v: &Option<Option<T>>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         v.as_ref().and_then(Option::as_ref).serialize(s)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    /// Reads a present value, `null` included, as `Some`.
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
     ) -> Result<Option<Option<T>>, D::Error> {
         Option::<T>::deserialize(d).map(Some)
