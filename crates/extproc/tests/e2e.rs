@@ -206,12 +206,13 @@ async fn the_picker_ejects_a_pod_whose_answers_keep_failing() {
         }
     };
     let (_, bad, _) = exchange(String::new()).await;
-    let mut failed = 1;
+    let (mut failed, mut exchanges) = (1, 1);
     for _ in 0..100 {
         if failed == 2 {
             break;
         }
         failed += usize::from(exchange(bad.clone()).await.2);
+        exchanges += 1;
     }
     wait_inflight(&rig.pool, 0).await;
     assert_eq!(failed, 2, "{bad} was never first again");
@@ -230,6 +231,10 @@ async fn the_picker_ejects_a_pod_whose_answers_keep_failing() {
         .unwrap();
     assert!(pod.metrics.is_some());
     assert!(pod.ejected_until.is_some());
+    // Each answer Envoy passed is counted on the endpoint that gave it.
+    assert_eq!((pod.answers.failure, pod.answers.success), (2, 0));
+    let successes: u64 = info.iter().map(|i| i.answers.success).sum();
+    assert_eq!(successes, exchanges + 20 - 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use infergate_metrics::Clock;
+use infergate_scheduler::outlier::AnswerCounts;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -41,6 +42,13 @@ struct StateLabels {
     pod: String,
     name: String,
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    pod: String,
+    name: String,
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -89,6 +97,10 @@ pub struct PodSample {
     pub prefill_tokens_per_sec: Option<f64>,
     /// Learned decode rate per request, tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
+    /// The answers it gave this front door's requests, by verdict.
+    pub answers: AnswerCounts,
+    /// The failed share of its last `outlierDetection.failurePercentage` interval, percent.
+    pub failure_percent: Option<f64>,
 }
 
 /// Distinct names, at most [`MAX_ADAPTER_SERIES`], skipping those in `except`.
@@ -134,6 +146,8 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 awaiting_first_token: info.awaiting_first_token,
                 prefill_tokens_per_sec: info.prefill_tokens_per_sec,
                 decode_tokens_per_sec: info.decode_tokens_per_sec,
+                answers: info.answers,
+                failure_percent: info.failure_interval.map(|j| j.failure_percent()),
             }
         })
         .collect()
@@ -289,10 +303,43 @@ impl Collector for PodCollector {
         gauge(
             e,
             "infergate_pod_ejected",
-            "1 while outlier detection has the pod out of the candidates (its requests failed outlierDetection.consecutive5xx times in a row while its metrics looked fine), else 0",
+            "1 while outlier detection has the pod out of the candidates (its requests failed outlierDetection.consecutive5xx times in a row, or at least failurePercentage.threshold of them over an interval, while its metrics looked fine), else 0",
             &labelled,
             |s| Some(u64::from(s.ejected)),
         )?;
+        gauge(
+            e,
+            "infergate_pod_failure_percent",
+            "The failed share of the pod's answers in its last interval judged by outlierDetection.failurePercentage, percent (absent without it, and before its first interval closed)",
+            &labelled,
+            |s| s.failure_percent,
+        )?;
+        if !labelled.is_empty() {
+            let mut family = e.encode_descriptor(
+                "infergate_pod_answers",
+                "Answers the pod gave to requests routed there, by result: success (2xx), failure (500, 502, 503, 504, or no response headers: what outlier detection counts), other (any other status); since the pod joined the pool",
+                None,
+                MetricType::Counter,
+            )?;
+            for (l, s) in &labelled {
+                for (result, n) in [
+                    ("success", s.answers.success),
+                    ("failure", s.answers.failure),
+                    ("other", s.answers.neutral),
+                ] {
+                    let labels = ResultLabels {
+                        pod: l.pod.clone(),
+                        name: l.name.clone(),
+                        result,
+                    };
+                    family
+                        .encode_family(&labels)?
+                        .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                            &n, None,
+                        )?;
+                }
+            }
+        }
         if !labelled.is_empty() {
             let mut family = e.encode_descriptor(
                 "infergate_pod_scrape_state",

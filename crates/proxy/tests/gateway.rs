@@ -335,6 +335,21 @@ async fn a_pod_failing_every_request_is_ejected_by_outlier_detection() {
             );
             assert_eq!(ejections, Some(0.0), "{metrics}");
             assert_eq!(ejected(bad.addr), Some(0.0), "{metrics}");
+            // Answers are counted per pod with outlier detection off too: each 500 is one.
+            let answers = |addr: SocketAddr, result: &str| {
+                infergate_testkit::metric(
+                    &metrics,
+                    "infergate_pod_answers_total",
+                    &[("pod", &addr.to_string()), ("result", result)],
+                )
+            };
+            assert_eq!(answers(bad.addr, "failure"), Some(10.0), "{metrics}");
+            assert_eq!(answers(bad.addr, "success"), Some(0.0), "{metrics}");
+            assert_eq!(
+                answers(good[0].addr, "success").zip(answers(good[1].addr, "success")),
+                Some((good[0].requests() as f64, good[1].requests() as f64)),
+                "{metrics}"
+            );
         }
     }
 }
@@ -387,13 +402,31 @@ async fn a_pod_failing_every_other_request_is_ejected_by_failure_percentage() {
             "infergate_pool_endpoint_ejections_total",
             &[("model", "m")],
         );
+        let flaky_series = |name: &str, result: Option<&str>| {
+            let pod = flaky.addr.to_string();
+            let mut labels = vec![("pod", pod.as_str())];
+            labels.extend(result.map(|r| ("result", r)));
+            infergate_testkit::metric(&metrics, name, &labels)
+        };
+        let answers = |result| flaky_series("infergate_pod_answers_total", Some(result));
+        let share = flaky_series("infergate_pod_failure_percent", None);
         if on {
             // Its first answer after the interval (a failure) closes it: 4 of 8 failed, 50%.
             assert_eq!(flaky.requests(), 9, "an ejected pod was sent requests");
             assert_eq!(ejections, Some(1.0), "{metrics}");
+            assert_eq!(share, Some(50.0), "{metrics}");
+            assert_eq!(
+                (answers("failure"), answers("success")),
+                (Some(5.0), Some(4.0))
+            );
         } else {
             assert_eq!(flaky.requests(), 12);
             assert_eq!(ejections, Some(0.0), "{metrics}");
+            assert_eq!(share, None, "no failurePercentage, no share: {metrics}");
+            assert_eq!(
+                (answers("failure"), answers("success")),
+                (Some(6.0), Some(6.0))
+            );
         }
         // Every request answered: the good pods took all but the flaky pod's successes.
         assert_eq!(

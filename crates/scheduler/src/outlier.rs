@@ -219,9 +219,56 @@ pub enum Cause {
     },
 }
 
+/// The answers an endpoint gave since it joined the pool, by verdict ([`Answer`]), counted
+/// whether outlier detection is on or off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnswerCounts {
+    /// 2xx answers.
+    pub success: u64,
+    /// 500, 502, 503, 504, or no response headers.
+    pub failure: u64,
+    /// Any other status.
+    pub neutral: u64,
+}
+
+impl AnswerCounts {
+    fn count(&mut self, answer: Answer) {
+        let n = match answer {
+            Answer::Success => &mut self.success,
+            Answer::Failure => &mut self.failure,
+            Answer::Neutral => &mut self.neutral,
+        };
+        *n = n.saturating_add(1);
+    }
+}
+
+/// The last `failurePercentage` interval judged: `failed` of `answers` failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Judged {
+    /// Failed answers in it.
+    pub failed: u32,
+    /// Answers in it (success or failure; neutral ones are not counted).
+    pub answers: u32,
+}
+
+impl Judged {
+    /// The failures' share of the answers, percent (0 without answers).
+    pub fn failure_percent(&self) -> f64 {
+        if self.answers == 0 {
+            0.0
+        } else {
+            f64::from(self.failed) * 100.0 / f64::from(self.answers)
+        }
+    }
+}
+
 /// One endpoint's record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct EndpointOutlier {
+    /// Its answers, by verdict.
+    counts: AnswerCounts,
+    /// The last `failurePercentage` interval judged, whether or not it ejected.
+    judged: Option<Judged>,
     /// Failures in a row.
     failures: u32,
     /// When the current (or last) ejection ends.
@@ -243,22 +290,31 @@ struct Interval {
 
 impl Interval {
     /// Counts an answer at `now`. When `now` is past the interval, the interval is closed
-    /// first and judged: the cause when it ejects. The answer then opens the next one.
-    fn count(&mut self, failed: bool, now: Timestamp, cfg: &FailurePercentage) -> Option<Cause> {
-        let mut due = None;
+    /// first: it is returned, with the cause when it ejects. The answer then opens the next
+    /// one.
+    fn count(
+        &mut self,
+        failed: bool,
+        now: Timestamp,
+        cfg: &FailurePercentage,
+    ) -> Option<(Judged, Option<Cause>)> {
+        let mut closed = None;
         match self.start {
             Some(start)
                 if now.saturating_since(start) >= Duration::from_millis(cfg.interval_ms) =>
             {
-                if self.answers >= cfg.minimum_requests
+                let judged = Judged {
+                    failed: self.failed,
+                    answers: self.answers,
+                };
+                let due = (self.answers >= cfg.minimum_requests
                     && u64::from(self.failed) * 100
-                        >= u64::from(cfg.threshold) * u64::from(self.answers)
-                {
-                    due = Some(Cause::FailurePercentage {
-                        failed: self.failed,
-                        answers: self.answers,
-                    });
-                }
+                        >= u64::from(cfg.threshold) * u64::from(self.answers))
+                .then_some(Cause::FailurePercentage {
+                    failed: self.failed,
+                    answers: self.answers,
+                });
+                closed = Some((judged, due));
                 *self = Interval {
                     start: Some(now),
                     ..Interval::default()
@@ -269,7 +325,7 @@ impl Interval {
         }
         self.answers = self.answers.saturating_add(1);
         self.failed = self.failed.saturating_add(u32::from(failed));
-        due
+        closed
     }
 }
 
@@ -283,6 +339,21 @@ impl EndpointOutlier {
     /// When its last ejection ends or ended.
     pub(crate) fn until(&self) -> Option<Timestamp> {
         self.until
+    }
+
+    /// Its answers, by verdict.
+    pub(crate) fn counts(&self) -> AnswerCounts {
+        self.counts
+    }
+
+    /// The last `failurePercentage` interval judged.
+    pub(crate) fn judged(&self) -> Option<Judged> {
+        self.judged
+    }
+
+    /// Counts `answer` in its totals only (outlier detection off).
+    pub(crate) fn tally(&mut self, answer: Answer) {
+        self.counts.count(answer);
     }
 
     /// When its ejection ends, while one is under way at `now`.
@@ -300,6 +371,7 @@ impl EndpointOutlier {
         ejected: usize,
         pool: usize,
     ) -> Option<Ejection> {
+        self.counts.count(answer);
         // Requests sent before an ejection and answered during it count for nothing.
         if answer == Answer::Neutral || self.is_ejected(now) {
             return None;
@@ -315,9 +387,10 @@ impl EndpointOutlier {
             self.failures = 0;
         }
         if let Some(f) = &cfg.failure_percentage
-            && let Some(cause) = self.interval.count(failed, now, f)
+            && let Some((judged, cause)) = self.interval.count(failed, now, f)
         {
-            due = Some(cause);
+            self.judged = Some(judged);
+            due = cause.or(due);
         }
         let cause = due?;
         let room = (pool as u64 * u64::from(cfg.max_ejection_percent)) / 100;

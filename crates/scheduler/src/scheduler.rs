@@ -17,7 +17,7 @@ use crate::explain::Explanation;
 use crate::filter::{FilterContext, Filters};
 use crate::inflight::{self, Entry, InflightTable, Phase};
 use crate::lora::adapter_hash;
-use crate::outlier::{Answer, Ejection};
+use crate::outlier::{Answer, AnswerCounts, Ejection, Judged};
 use crate::peers::PeerTable;
 use crate::picker::Picker;
 use crate::prefix::{PrefixIndex, PrefixStats, Recorded, hash_blocks, model_seed};
@@ -61,6 +61,12 @@ pub struct EndpointInfo {
     /// When its last ejection by outlier detection ends or ended ([`Scheduler::observe_answer`]):
     /// ejected while that is later than now.
     pub ejected_until: Option<Timestamp>,
+    /// The answers it gave since it joined the pool, by verdict ([`Scheduler::observe_answer`],
+    /// counted with outlier detection on or off).
+    pub answers: AnswerCounts,
+    /// The last interval of `outlierDetection.failurePercentage` judged (`None` without it, or
+    /// before the first interval closed).
+    pub failure_interval: Option<Judged>,
 }
 
 /// Reusable buffers so that a pick allocates nothing once the pool's size is stable.
@@ -160,8 +166,9 @@ impl Scheduler {
         })
     }
 
-    /// What an answer from `addr` to a request routed there says about it (with
-    /// `outlierDetection` configured; `None` otherwise, and for an endpoint not in the pool). Returns
+    /// What an answer from `addr` to a request routed there says about it. The answer is counted
+    /// in the endpoint's [`EndpointInfo::answers`] in any case; the rest needs
+    /// `outlierDetection` configured (`None` otherwise, and for an endpoint not in the pool). Returns
     /// what was done when the answer completed a run of failures: the endpoint ejected (out of
     /// the candidates until the returned length has passed), or the ejection held back by
     /// `maxEjectionPercent`.
@@ -171,11 +178,15 @@ impl Scheduler {
         answer: Answer,
         now: Timestamp,
     ) -> Option<Ejection> {
-        let cfg = self.cfg.outlier_detection?;
+        let slot = self.endpoints.slot_of(&addr)?;
+        let Some(cfg) = self.cfg.outlier_detection else {
+            self.endpoints.get_mut(slot)?.outlier.tally(answer);
+            return None;
+        };
         if answer == Answer::Neutral {
+            self.endpoints.get_mut(slot)?.outlier.tally(answer);
             return None;
         }
-        let slot = self.endpoints.slot_of(&addr)?;
         if self.ejected > 0 && now >= self.readmit_at {
             self.recount_ejected(now);
         }
@@ -389,6 +400,8 @@ impl Scheduler {
             scrape: ep.scrape,
             reachable: ep.reachable,
             ejected_until: ep.outlier.until(),
+            answers: ep.outlier.counts(),
+            failure_interval: ep.outlier.judged(),
         })
     }
 

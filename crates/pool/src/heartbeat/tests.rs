@@ -20,6 +20,8 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
         awaiting_first_token: 0,
         prefill_tokens_per_sec: prefill,
         decode_tokens_per_sec: Some(64.0),
+        answers: Default::default(),
+        failure_percent: None,
     }
 }
 

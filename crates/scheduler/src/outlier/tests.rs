@@ -298,8 +298,75 @@ fn failure_percentage_ejects_a_pod_failing_every_other_answer() {
         })
     );
     assert!(o.is_ejected(ms(5_001)));
-    // After the ejection a new interval starts from nothing.
+    // After the ejection a new interval starts from nothing; the one judged is kept for its
+    // gauge.
     assert_eq!(o.interval, Interval::default());
+    assert_eq!(
+        o.judged(),
+        Some(Judged {
+            failed: 10,
+            answers: 20
+        })
+    );
+    assert_eq!(o.judged().map(|j| j.failure_percent()), Some(50.0));
+    assert_eq!(plain.judged(), None, "no failurePercentage, nothing judged");
+}
+
+/// Every answer is counted by verdict, also those an ejection ignores and neutral ones; an
+/// interval judged without ejecting is kept too.
+#[test]
+fn answers_are_counted_by_verdict_and_every_judged_interval_is_kept() {
+    let c = by_share();
+    let ms = |t: u64| Timestamp::from_millis(t);
+    let mut o = EndpointOutlier::default();
+    for (i, a) in [
+        Answer::Success,
+        Answer::Failure,
+        Answer::Neutral,
+        Answer::Success,
+    ]
+    .into_iter()
+    .cycle()
+    .take(12)
+    .enumerate()
+    {
+        o.observe(a, ms(i as u64), &c, 0, 4);
+    }
+    assert_eq!(o.judged(), None, "the interval has not ended");
+    // 9 answers counted in the interval, 3 failed: judged at 5 s, under the threshold.
+    assert_eq!(o.observe(Answer::Success, ms(5_000), &c, 0, 4), None);
+    assert_eq!(
+        o.judged(),
+        Some(Judged {
+            failed: 3,
+            answers: 9
+        })
+    );
+    assert_eq!(
+        o.counts(),
+        AnswerCounts {
+            success: 7,
+            failure: 3,
+            neutral: 3
+        }
+    );
+    // Answers during an ejection are counted, though they judge nothing.
+    let mut out = EndpointOutlier::default();
+    for i in 0..3 {
+        out.observe(Answer::Failure, at(i), &cfg(), 0, 4);
+    }
+    assert!(out.is_ejected(at(3)));
+    out.observe(Answer::Failure, at(3), &cfg(), 0, 4);
+    out.tally(Answer::Success);
+    assert_eq!((out.counts().failure, out.counts().success), (4, 1));
+    assert_eq!(
+        Judged {
+            failed: 0,
+            answers: 0
+        }
+        .failure_percent(),
+        0.0
+    );
 }
 
 #[test]

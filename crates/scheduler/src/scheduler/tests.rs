@@ -397,6 +397,11 @@ fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
         assert_eq!(plain.observe_answer(addr, Answer::Failure, T0), None);
     }
     assert_eq!(plain.ejected_endpoints(T0), 0);
+    // Counted all the same, for the pod's answers series.
+    plain.observe_answer(addr, Answer::Neutral, T0);
+    let info = plain.endpoint(addr).unwrap();
+    assert_eq!((info.answers.failure, info.answers.neutral), (10, 1));
+    assert_eq!(info.failure_interval, None);
     for preset in [Preset::Infergate, Preset::GieDefault, Preset::RoundRobin] {
         let cfg = SchedulerConfig {
             outlier_detection: Some(OutlierDetection {
