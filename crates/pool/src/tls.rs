@@ -286,9 +286,7 @@ impl TlsMetrics {
             return;
         };
         self.not_after.set(v.not_after);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let now = unix_now();
         let file = from.map_or_else(|| "(generated)".to_owned(), |p| p.display().to_string());
         if now > v.not_after {
             tracing::warn!(
@@ -784,7 +782,7 @@ pub fn client_tls(ca_file: &Path, server_name: Option<&str>) -> Result<ClientTls
 
 mod validity;
 
-pub use validity::Validity;
+pub use validity::{Validity, unix_now};
 
 #[cfg(test)]
 mod tests;

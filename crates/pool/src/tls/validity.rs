@@ -61,6 +61,13 @@ impl Validity {
     }
 }
 
+/// Now, in Unix seconds (0 on a clock set before 1970): what a [`Validity`] is compared with.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// One DER element at the start of `buf`: its tag, its content and what follows it.
 fn tlv(buf: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = buf.split_first()?;
