@@ -28,10 +28,12 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use infergate_pool::heartbeat::Heartbeat;
+use infergate_pool::tls::unix_now;
 
 use crate::config::{ClusterConfig, GlobalConfig};
 use crate::connect::{self, Clients, Connector, SetupError, SystemRoots};
 use crate::error::{Error, TokenError};
+use crate::expiry;
 use crate::health::{Health, State};
 use crate::outlier::{self, Consecutive, Ejection, Trigger, Verdict, Window};
 use crate::rotation::Seen;
@@ -157,6 +159,10 @@ struct Files {
     ca: Option<Seen>,
     /// `tls.certFile` and `tls.keyFile`: a change of either loads the pair.
     client_certificate: Option<(Seen, Seen)>,
+    /// The `notAfter` of the client certificate and of the CA bundle in force, Unix seconds
+    /// (`crate::expiry`; `None`: no such file).
+    client_certificate_not_after: Option<i64>,
+    ca_not_after: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -212,7 +218,11 @@ impl Loaded {
         // Read before the connector reads it: a bundle rewritten in between differs from what
         // is recorded here, and the next check loads it again. The same for the client
         // certificate.
-        files.ca = connect::ca_file(c).map(|ca| Seen::new(&std::fs::read(ca)));
+        let ca = connect::ca_file(c).map(|path| {
+            let read = std::fs::read(&path);
+            (path, read)
+        });
+        files.ca = ca.as_ref().map(|(_, read)| Seen::new(read));
         files.client_certificate = connect::client_certificate_files(c).map(|(cert, key)| {
             (
                 Seen::new(&std::fs::read(cert)),
@@ -225,6 +235,12 @@ impl Loaded {
                 cluster: c.name.clone(),
                 source: Box::new(source),
             })?;
+        files.client_certificate_not_after = identity
+            .as_ref()
+            .zip(connect::client_certificate_files(c))
+            .map(|(identity, (cert, _))| {
+                expiry::client_certificate(&c.name, cert, &identity.cert, unix_now())
+            });
         let connect_timeout = Duration::from_millis(config.timeouts.connect_ms);
         let connector = Connector::new(c, connect_timeout, system, identity).map_err(|e| {
             Error::ClusterTls {
@@ -233,6 +249,10 @@ impl Loaded {
                 source: Box::new(e),
             }
         })?;
+        // The bundle the connector read, unless it was rewritten in between (then the next
+        // check loads it again, and dates it).
+        files.ca_not_after =
+            ca.map(|(path, read)| read.map_or(0, |pem| expiry::bundle(&c.name, &path, &pem)));
         Ok(Loaded {
             token,
             connector,
@@ -379,10 +399,21 @@ impl Cluster {
                     path: path.to_owned(),
                     source,
                 })),
-                Ok(_) => self.clients.load().with_ca(path),
+                Ok(pem) => self
+                    .clients
+                    .load()
+                    .with_ca(path)
+                    .map(|clients| (clients, pem)),
             };
-            let result = loaded.map(|clients| self.clients.store(Arc::new(clients)));
-            self.rotated("ca", "tls.caFile", path, result, telemetry);
+            let result = loaded.map(|(clients, pem)| {
+                self.clients.store(Arc::new(clients));
+                pem
+            });
+            if let Some(pem) = self.rotated(expiry::CA, "tls.caFile", path, result, telemetry) {
+                let not_after = expiry::bundle(&self.config.name, path, &pem);
+                files.ca_not_after = Some(not_after);
+                telemetry.tls_expiry(&self.label, expiry::CA, not_after);
+            }
         }
         if let (Some((cert, key)), Some((seen_cert, seen_key))) = (
             connect::client_certificate_files(&self.config),
@@ -393,18 +424,31 @@ impl Cluster {
             let key_changed = seen_key.changed(std::fs::read(key)).is_some();
             if cert_changed || key_changed {
                 let loaded = match connect::client_certificate(&self.config) {
-                    Some(Ok(identity)) => self.clients.load().with_identity(identity),
+                    Some(Ok(identity)) => self
+                        .clients
+                        .load()
+                        .with_identity(Arc::clone(&identity))
+                        .map(|clients| (clients, identity)),
                     Some(Err(e)) => Err(SetupError::ClientCertificate(e)),
                     None => return,
                 };
-                let result = loaded.map(|clients| self.clients.store(Arc::new(clients)));
-                self.rotated(
-                    "client_cert",
-                    "tls.certFile/tls.keyFile",
-                    cert,
-                    result,
-                    telemetry,
-                );
+                let result = loaded.map(|(clients, identity)| {
+                    self.clients.store(Arc::new(clients));
+                    identity
+                });
+                let field = "tls.certFile/tls.keyFile";
+                if let Some(identity) =
+                    self.rotated(expiry::CLIENT_CERT, field, cert, result, telemetry)
+                {
+                    let not_after = expiry::client_certificate(
+                        &self.config.name,
+                        cert,
+                        &identity.cert,
+                        unix_now(),
+                    );
+                    files.client_certificate_not_after = Some(not_after);
+                    telemetry.tls_expiry(&self.label, expiry::CLIENT_CERT, not_after);
+                }
             }
         }
     }
@@ -413,18 +457,18 @@ impl Cluster {
         self.config.tls.as_ref().and_then(|t| t.ca_file.as_deref())
     }
 
-    /// Logs and counts a changed credential file's load.
-    fn rotated<E: std::error::Error + 'static>(
+    /// Logs and counts a changed credential file's load; what it loaded, when it is in force.
+    fn rotated<T, E: std::error::Error + 'static>(
         &self,
         file: &'static str,
         field: &str,
         path: &Path,
-        result: Result<(), E>,
+        result: Result<T, E>,
         telemetry: &Telemetry,
-    ) {
+    ) -> Option<T> {
         let name = &self.config.name;
         match &result {
-            Ok(()) => tracing::info!(
+            Ok(_) => tracing::info!(
                 cluster = %name,
                 file = %path.display(),
                 "{field} changed: in force from the next request, the cluster's state kept"
@@ -438,6 +482,21 @@ impl Cluster {
             ),
         }
         telemetry.credential_reloaded(&self.label, file, result.is_ok());
+        result.ok()
+    }
+
+    /// Exports the `notAfter` of its client certificate and CA bundle in force, for those it
+    /// names (`infergate_global_cluster_tls_not_after_timestamp_seconds`).
+    pub(crate) fn export_tls_expiry(&self, telemetry: &Telemetry) {
+        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        for (file, not_after) in [
+            (expiry::CLIENT_CERT, files.client_certificate_not_after),
+            (expiry::CA, files.ca_not_after),
+        ] {
+            if let Some(not_after) = not_after {
+                telemetry.tls_expiry(&self.label, file, not_after);
+            }
+        }
     }
 
     /// The upstream URI for a request path (and query).

@@ -23,6 +23,8 @@
 //!   failed request says about the cluster;
 //! - `rotation` — a cluster's token file, CA bundle and client certificate rotated on disk,
 //!   noticed and applied without a reload, the cluster kept;
+//! - `expiry` — when a cluster's client certificate and CA bundle expire: read at each load,
+//!   exported, and a client certificate outside its validity warned of;
 //! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries; [`Handle`]:
 //!   reloads of the file;
 //! - `state` — the configuration in force, swapped whole by a reload, and what a reload keeps
@@ -43,6 +45,7 @@ mod access_log;
 mod body;
 mod cluster;
 mod connect;
+mod expiry;
 mod rotation;
 mod server;
 mod state;

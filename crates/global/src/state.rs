@@ -164,6 +164,7 @@ impl State {
         for i in fresh {
             connect::log_cluster(&config.clusters[i]);
             telemetry.credential_files(&clusters[i].label, &clusters[i].rotated_files());
+            clusters[i].export_tls_expiry(telemetry);
             kept[i] = Some(Arc::new(Poller(tokio::spawn(cluster::poll(
                 Arc::clone(&clusters[i]),
                 (**telemetry).clone(),
@@ -213,7 +214,8 @@ impl State {
 /// After `new` replaced `old`: logs what changed, stops the pollers of the clusters `new` no
 /// longer has (a request still holding `old` finishes without them: its clusters' state stops
 /// moving, which a running request does not need) and drops their gauges (a replaced cluster's
-/// come back from its new poller's first tick, a removed one's do not).
+/// come back from its new poller's first tick, a removed one's do not; the dates of a
+/// replacement's TLS files are exported again here, for the files it names).
 pub(crate) fn retire(old: &State, new: &State, telemetry: &Telemetry) {
     for (at, c) in old.clusters.iter().enumerate() {
         if new.clusters.iter().any(|n| Arc::ptr_eq(n, c)) {
@@ -229,6 +231,9 @@ pub(crate) fn retire(old: &State, new: &State, telemetry: &Telemetry) {
         }
     }
     for c in &new.clusters {
+        if !old.clusters.iter().any(|o| Arc::ptr_eq(o, c)) {
+            c.export_tls_expiry(telemetry);
+        }
         if !old.config.clusters.iter().any(|o| o.name == c.config.name) {
             tracing::info!(cluster = %c.config.name, "cluster added by the reload");
         }

@@ -51,6 +51,13 @@ pub(crate) struct ClusterFileResult {
     pub(crate) result: &'static str,
 }
 
+/// `cluster`, `file` (`client_cert`, `ca`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterFile {
+    pub(crate) cluster: Arc<str>,
+    pub(crate) file: &'static str,
+}
+
 /// `reason` (an `ApiError` metric label).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ReasonLabel {
@@ -80,6 +87,9 @@ pub(crate) struct Telemetry {
     pub(crate) failure_percent: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
     pub(crate) reloads: Family<ResultLabel, Counter>,
     pub(crate) credential_reloads: Family<ClusterFileResult, Counter>,
+    /// The `notAfter` of each cluster's client certificate and CA bundle in force
+    /// (`crate::expiry`), Unix seconds.
+    pub(crate) tls_not_after: Family<ClusterFile, Gauge>,
     /// The access log's lines and reopens, by result (`accessLog:`; the gateway's writer).
     pub(crate) access_log: infergate_proxy::access_log::LineCounters,
 }
@@ -117,6 +127,7 @@ impl Telemetry {
             failure_percent: Family::default(),
             reloads: Family::default(),
             credential_reloads: Family::default(),
+            tls_not_after: Family::default(),
             access_log: infergate_proxy::access_log::LineCounters::default(),
         };
         // Both results exported from the start, at 0 (an alert on errors has a series to read).
@@ -132,6 +143,11 @@ impl Telemetry {
             "infergate_global_credential_reloads",
             "Loads of a cluster's credential file after it changed on disk, by file (token: credentials.bearerTokenFile, ca: tls.caFile, client_cert: tls.certFile and tls.keyFile) and result (ok; error: unusable, the last good one stays in force)",
             t.credential_reloads.clone(),
+        );
+        r.register(
+            "infergate_global_cluster_tls_not_after_timestamp_seconds",
+            "The notAfter of the cluster's TLS file in force, Unix seconds, by file (client_cert: tls.certFile; ca: tls.caFile, its earliest certificate's), for the files configured (0: not read); alert on it minus time()",
+            t.tls_not_after.clone(),
         );
         t.access_log.register(r, "infergate_global_access_log");
         r.register(
@@ -272,6 +288,16 @@ impl Telemetry {
             .inc();
     }
 
+    /// Sets the `notAfter` of a cluster's TLS `file` in force (`client_cert`, `ca`).
+    pub(crate) fn tls_expiry(&self, label: &ClusterLabel, file: &'static str, not_after: i64) {
+        self.tls_not_after
+            .get_or_create(&ClusterFile {
+                cluster: Arc::clone(&label.cluster),
+                file,
+            })
+            .set(not_after);
+    }
+
     /// Drops the gauges of a cluster a reload removed or replaced: a stale weight or ejection
     /// would read as a cluster still there, or as the replaced one's state. Its counters and
     /// histogram stay (totals that stop growing;
@@ -283,6 +309,12 @@ impl Telemetry {
         self.weight.remove(label);
         self.estimated_ttft.remove(label);
         self.ejected.remove(label);
+        for file in [crate::expiry::CLIENT_CERT, crate::expiry::CA] {
+            self.tls_not_after.remove(&ClusterFile {
+                cluster: Arc::clone(&label.cluster),
+                file,
+            });
+        }
     }
 }
 

@@ -603,6 +603,102 @@ async fn a_rotated_client_certificate_is_presented_without_a_restart() {
     );
 }
 
+/// The date of the cluster `secure`'s TLS `file` on the router's admin `/metrics` (Unix
+/// seconds; 0 when the series is absent).
+async fn tls_not_after(admin: std::net::SocketAddr, file: &str) -> f64 {
+    let page = infergate_testkit::get(admin, "/metrics").await.text();
+    counter(
+        &page,
+        &format!(
+            "infergate_global_cluster_tls_not_after_timestamp_seconds{{cluster=\"secure\",file=\"{file}\"}}"
+        ),
+    )
+}
+
+/// The expiry of the router's TLS files for a cluster is on its admin port's `/metrics`: the
+/// client certificate's notAfter, and the CA bundle's earliest certificate's. A client
+/// certificate renewed on disk shows its new date. A reload that replaces the cluster keeps the
+/// dates, and one that drops `tls.caFile` drops its series.
+#[tokio::test]
+async fn the_expiry_of_a_clusters_tls_files_is_exported() {
+    // 2080-06-01, 2090-01-01 and 2095-01-01, 00:00 UTC.
+    const RETIRING_CA: f64 = 3_484_425_600.0;
+    const CLIENT_CERT: f64 = 3_786_912_000.0;
+    const RENEWED: f64 = 3_944_678_400.0;
+    let Mutual {
+        dir,
+        client_ca,
+        ca_file,
+        secure,
+        ..
+    } = Mutual::start().await;
+    // The cluster's CA, and another that expires first.
+    let bundle = dir.path().join("bundle.pem");
+    let retiring = TestCa::new("retiring CA").issue_valid(&["old"], (2020, 1, 1), (2080, 6, 1));
+    let cluster_ca = std::fs::read_to_string(&ca_file).unwrap();
+    std::fs::write(&bundle, format!("{cluster_ca}{}", retiring.cert_pem)).unwrap();
+    let mut files = ClientFiles::new(
+        dir.path(),
+        &client_ca.issue_valid(&["router"], (2020, 1, 1), (2090, 1, 1)),
+    );
+    let url = format!("https://{}", secure.http);
+    let yaml = |extra: &str| {
+        format!(
+            "reloadIntervalMs: 50\n{}",
+            router_yaml(&entry(&secure, &url, 1.0, extra))
+        )
+    };
+    let (router, _stop) = router_with(&yaml(&files.entry(&bundle))).await;
+    let admin = router.admin_addr().unwrap();
+    wait_ready(admin).await;
+    assert_eq!(tls_not_after(admin, "client_cert").await, CLIENT_CERT);
+    assert_eq!(tls_not_after(admin, "ca").await, RETIRING_CA);
+    wait_discovered(router.http_addr()).await;
+    assert_eq!(chat(router.http_addr()).await.status, 200);
+
+    let renewed = client_ca.issue_valid(&["router"], (2020, 1, 1), (2095, 1, 1));
+    files.install(&renewed.cert_pem, &renewed.key_pem);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tls_not_after(admin, "client_cert").await != RENEWED {
+        assert!(Instant::now() < deadline, "the renewed date never shown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tls_not_after(admin, "ca").await, RETIRING_CA);
+    until_chat(router.http_addr(), |r| r.status == 200).await;
+
+    // Replaced by a reload (its models now named): the new cluster's dates, read anew.
+    let named = format!(", models: [llama]{}", files.entry(&bundle));
+    let handle = router.handle();
+    handle
+        .reload(GlobalConfig::from_yaml(&yaml(&named)).unwrap())
+        .unwrap();
+    assert_eq!(tls_not_after(admin, "client_cert").await, RENEWED);
+    assert_eq!(tls_not_after(admin, "ca").await, RETIRING_CA);
+
+    // No tls.caFile any more: no `ca` series.
+    let current = dir.path().join("router").join("current");
+    let without_ca = format!(
+        ", models: [llama], tls: {{ certFile: '{}', keyFile: '{}' }}",
+        current.join("cert.pem").display(),
+        current.join("key.pem").display()
+    );
+    handle
+        .reload(GlobalConfig::from_yaml(&yaml(&without_ca)).unwrap())
+        .unwrap();
+    let page = infergate_testkit::get(admin, "/metrics").await.text();
+    let dates: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("infergate_global_cluster_tls_not_after_timestamp_seconds{"))
+        .collect();
+    assert_eq!(
+        dates,
+        [format!(
+            "infergate_global_cluster_tls_not_after_timestamp_seconds{{cluster=\"secure\",file=\"client_cert\"}} {RENEWED}"
+        )],
+        "{page}"
+    );
+}
+
 /// A client certificate that cannot be used stops the start, naming the cluster and the file;
 /// `certFile` without `keyFile` (or the reverse) is refused at load, naming the missing field.
 #[tokio::test]

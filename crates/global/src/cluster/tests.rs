@@ -318,6 +318,17 @@ fn a_changed_ca_bundle_gives_new_clients() {
     assert_eq!(c.rotated_files(), ["ca"]);
 }
 
+/// The cluster `name`, presenting the client certificate `cert` (its key in `key`).
+fn presenting(name: &str, cert: &std::path::Path, key: &std::path::Path) -> Cluster {
+    cluster(&format!(
+        "auth: none\nclusters:\n  - {{ name: {name}, url: 'https://127.0.0.1:1', region: r, \
+         cost: {{ inputPerMillion: 1 }}, models: [m], \
+         tls: {{ certFile: '{}', keyFile: '{}' }} }}\n",
+        cert.display(),
+        key.display()
+    ))
+}
+
 /// A client certificate rewritten (both files, or either) gives the cluster new clients; a
 /// certificate whose key was not replaced keeps those in force, counted once however many checks
 /// find it so.
@@ -326,13 +337,7 @@ fn a_changed_client_certificate_gives_new_clients() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let ca = infergate_testkit::tls::TestCa::new("router");
     let (cert, key) = ca.issue(&["router"]).write(dir.path());
-    let c = cluster(&format!(
-        "auth: none\nclusters:\n  - {{ name: a, url: 'https://127.0.0.1:1', region: r, \
-         cost: {{ inputPerMillion: 1 }}, models: [m], \
-         tls: {{ certFile: '{}', keyFile: '{}' }} }}\n",
-        cert.display(),
-        key.display()
-    ));
+    let c = presenting("a", &cert, &key);
     let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
     let first = c.clients();
     c.check_files(&telemetry);
@@ -354,4 +359,86 @@ fn a_changed_client_certificate_gives_new_clients() {
     );
     assert_eq!(reloads(&telemetry, "client_cert", "error"), 1);
     assert_eq!(c.rotated_files(), ["client_cert"]);
+}
+
+/// The `infergate_global_cluster_tls_not_after_timestamp_seconds` lines of `registry`'s page.
+fn tls_dates(registry: &prometheus_client::registry::Registry) -> Vec<String> {
+    let mut page = String::new();
+    prometheus_client::encoding::text::encode(&mut page, registry).expect("encoded");
+    page.lines()
+        .filter(|l| l.starts_with("infergate_global_cluster_tls_not_after_timestamp_seconds{"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The dates of the files in force are exported for the files the cluster names only: a
+/// rotated bundle's at its load, and a bundle that cannot be used keeps the last good one's;
+/// its gauges go with the cluster.
+#[test]
+fn the_dates_of_the_tls_files_in_force_are_exported() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ca = infergate_testkit::tls::TestCa::new("cluster CA");
+    let bundle = dir.path().join("ca.pem");
+    let issued = |year| ca.issue_valid(&["a"], (2020, 1, 1), (year, 1, 1)).cert_pem;
+    std::fs::write(&bundle, format!("{}{}", issued(2040), issued(2030))).expect("write");
+    let c = cluster(&format!(
+        "auth: none\nclusters:\n  - {{ name: a, url: 'https://127.0.0.1:1', region: r, \
+         cost: {{ inputPerMillion: 1 }}, models: [m], tls: {{ caFile: '{}' }} }}\n",
+        bundle.display()
+    ));
+    let mut registry = prometheus_client::registry::Registry::default();
+    let telemetry = Telemetry::register(&mut registry);
+    assert!(tls_dates(&registry).is_empty());
+    c.export_tls_expiry(&telemetry);
+    let ca_date = |at: i64| {
+        vec![format!(
+            "infergate_global_cluster_tls_not_after_timestamp_seconds{{cluster=\"a\",file=\"ca\"}} {at}"
+        )]
+    };
+    // 2030-01-01, the earlier of the two.
+    assert_eq!(tls_dates(&registry), ca_date(1_893_456_000));
+
+    std::fs::write(&bundle, issued(2040)).expect("write");
+    c.check_files(&telemetry);
+    assert_eq!(tls_dates(&registry), ca_date(2_208_988_800));
+    std::fs::write(&bundle, "no certificate\n").expect("write");
+    c.check_files(&telemetry);
+    assert_eq!(reloads(&telemetry, "ca", "error"), 1);
+    assert_eq!(tls_dates(&registry), ca_date(2_208_988_800));
+
+    telemetry.forget_gauges(&c.label);
+    assert!(tls_dates(&registry).is_empty());
+}
+
+/// A client certificate outside its validity is warned of when it is loaded: at start, and when
+/// a rotated one is.
+#[test]
+fn an_expired_client_certificate_is_warned_of_at_start_and_rotation() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ca = infergate_testkit::tls::TestCa::new("router");
+    let expired = ca.issue_valid(&["router"], (2020, 1, 1), (2021, 1, 1));
+    let (cert, key) = expired.write(dir.path());
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    const WARNING: &str =
+        "WARN infergate_global::expiry: the cluster's client certificate (tls.certFile) expired";
+    let warnings = || out.text().matches(WARNING).count();
+    let c = presenting("east", &cert, &key);
+    let text = out.text();
+    let start: Vec<&str> = text.lines().filter(|l| l.contains(WARNING)).collect();
+    assert_eq!(start.len(), 1, "{text}");
+    assert!(
+        start[0].contains("cluster=\"east\"")
+            && start[0].contains(&format!("cert={}", cert.display())),
+        "{}",
+        start[0]
+    );
+
+    let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
+    ca.issue(&["router"]).write(dir.path());
+    c.check_files(&telemetry);
+    assert_eq!(warnings(), 1, "a valid certificate: {}", out.text());
+    expired.write(dir.path());
+    c.check_files(&telemetry);
+    assert_eq!(warnings(), 2, "{}", out.text());
 }
