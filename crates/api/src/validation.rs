@@ -35,6 +35,7 @@ pub const SPEC_RULES: &[CelRule] = &[
     MODEL_NAME_UNIQUE,
     NAME_UNIQUE,
     HTTPS_NEEDS_TLS,
+    ISSUER_NEEDS_HOSTNAME,
     LORA_NEEDS_BBR,
     AUTH_REQUIRED,
     AUTH_OR_UNAUTHENTICATED,
@@ -90,6 +91,13 @@ pub const NAME_UNIQUE: CelRule = CelRule {
 pub const HTTPS_NEEDS_TLS: CelRule = CelRule {
     rule: "!self.gateway.listeners.exists(l, l.protocol == 'HTTPS') || has(self.tls)",
     message: "an HTTPS listener needs spec.tls (a certificate Secret or a cert-manager issuer)",
+};
+/// A cert-manager issuer needs each HTTPS listener's hostname: cert-manager's Gateway support
+/// takes a certificate's DNS name from the listener and skips a listener without one, so its
+/// Secret would never be issued and the listener would stay without a certificate.
+pub const ISSUER_NEEDS_HOSTNAME: CelRule = CelRule {
+    rule: "!has(self.tls) || !has(self.tls.issuerRef) || self.gateway.listeners.all(l, l.protocol != 'HTTPS' || has(l.hostname))",
+    message: "an HTTPS listener needs a hostname with spec.tls.issuerRef: cert-manager issues the certificate for the listener's hostname and skips a listener without one; set the listener's hostname, or use spec.tls.certificateSecretRef",
 };
 /// LoRA adapters need the body-based router.
 pub const LORA_NEEDS_BBR: CelRule = CelRule {
@@ -257,6 +265,16 @@ pub fn validate(spec: &InferenceGatewayConfigSpec) -> Result<(), Error> {
         .any(|l| l.protocol == ListenerProtocol::Https);
     if https && spec.tls.is_none() {
         fail("spec".into(), HTTPS_NEEDS_TLS);
+    }
+    if spec.tls.as_ref().is_some_and(|t| t.issuer_ref.is_some()) {
+        for (i, l) in spec.gateway.listeners.iter().enumerate() {
+            if l.protocol == ListenerProtocol::Https && l.hostname.is_none() {
+                fail(
+                    format!("spec.gateway.listeners[{i}].hostname"),
+                    ISSUER_NEEDS_HOSTNAME,
+                );
+            }
+        }
     }
     match (&spec.auth, spec.allow_unauthenticated) {
         (None, false) => fail("spec".into(), AUTH_REQUIRED),

@@ -70,6 +70,10 @@ const INVALID: &[(&str, CelRule)] = &[
     ("negative-weight.yaml", validation::WEIGHTS_NON_NEGATIVE),
     ("all-zero-weights.yaml", validation::WEIGHTS_ONE_POSITIVE),
     ("https-without-tls.yaml", validation::HTTPS_NEEDS_TLS),
+    (
+        "issuer-listener-without-hostname.yaml",
+        validation::ISSUER_NEEDS_HOSTNAME,
+    ),
     ("tls-both-sources.yaml", validation::TLS_ONE_SOURCE),
     ("redis-password-both.yaml", validation::REDIS_ONE_PASSWORD),
     ("lora-without-bbr.yaml", validation::LORA_NEEDS_BBR),
