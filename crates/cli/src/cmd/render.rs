@@ -102,7 +102,7 @@ pub fn render_documents(
         configs += 1;
         for c in children {
             out.push_str(&format!("---\n# {} (from {name})\n", c.key()));
-            out.push_str(&serde_yaml::to_string(&c.object)?);
+            out.push_str(&yaml::to_string(&c.object)?);
         }
     }
     if configs == 0 {
@@ -197,6 +197,8 @@ fn non_finite(v: &serde_yaml::Value, path: String) -> Option<String> {
         _ => None,
     }
 }
+
+mod yaml;
 
 #[cfg(test)]
 mod tests;

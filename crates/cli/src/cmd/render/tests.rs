@@ -349,3 +349,55 @@ fn a_field_the_schema_refuses_is_named_once() {
         "{err}"
     );
 }
+
+/// Strings YAML 1.1 reads as booleans, numbers or dates (`on`, `no`, `y`, `1_000`) come out
+/// quoted, keys included: kubectl and Argo CD read a plain `on` as `true`, and the API server
+/// then refused the object. Everything else is written as serde_yaml writes it.
+#[test]
+fn strings_yaml_1_1_would_misread_are_quoted() {
+    let out = render_documents(
+        &format!(
+            "{HEAD}metadata: {{name: t, namespace: ns}}
+spec:
+  allowUnauthenticated: true
+  podDefaults:
+    labels: {{tier: 'on'}}
+    annotations: {{'off': 'No'}}
+    nodeSelector: {{gpu: 'no'}}
+    env: [{{name: A, value: '1_000'}}, {{name: B, value: 'y'}}, {{name: C, value: '1:20'}}, {{name: D, value: '='}}]
+  schedulers:
+  - {{name: a, modelName: 'yes', modelSelector: {{app: '2001-12-14'}}}}
+"
+        ),
+        &RenderOptions::default(),
+        None,
+    )
+    .unwrap();
+    for want in [
+        "tier: 'on'",
+        "'off': 'No'",
+        "gpu: 'no'",
+        "value: '1_000'",
+        "value: 'y'",
+        "value: '1:20'",
+        "value: '='",
+        "value: 'yes'",
+        "app: '2001-12-14'",
+    ] {
+        assert!(out.contains(want), "{want} not in\n{out}");
+    }
+    assert!(out.contains("value: info\n"), "plain strings stay plain");
+    // Without such strings the output is serde_yaml's, byte for byte.
+    let path = infergate_testkit::example_configs("")
+        .into_iter()
+        .find(|p| p.ends_with("single-model.yaml"))
+        .unwrap();
+    let cfg: InferenceGatewayConfig =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for c in render(&cfg, &RenderOptions::default()).unwrap() {
+        assert_eq!(
+            yaml::to_string(&c.object).unwrap(),
+            serde_yaml::to_string(&c.object).unwrap()
+        );
+    }
+}
