@@ -62,12 +62,41 @@ fn upstream_schemas() -> BTreeMap<String, Value> {
             let kind = v["spec"]["names"]["kind"].as_str().unwrap();
             for version in v["spec"]["versions"].as_array().unwrap() {
                 let name = version["name"].as_str().unwrap();
-                let schema = version["schema"]["openAPIV3Schema"].clone();
+                let mut schema = version["schema"]["openAPIV3Schema"].clone();
+                close_objects(&mut schema);
                 out.insert(format!("{group}/{name}/{kind}"), schema);
             }
         }
     }
     out
+}
+
+/// Every object node that lists its `properties` refuses other fields, as the API server's
+/// pruning does in effect: a field the CRD does not declare is dropped without an error, so a
+/// misspelt field in the render would have no effect and pass a plain JSON-schema check.
+/// `metadata` and nodes marked `x-kubernetes-preserve-unknown-fields` stay open.
+fn close_objects(node: &mut Value) {
+    match node {
+        Value::Object(map) => {
+            let preserve = map
+                .get("x-kubernetes-preserve-unknown-fields")
+                .is_some_and(|v| v == true);
+            if map.get("type").is_some_and(|t| t == "object")
+                && map.contains_key("properties")
+                && !map.contains_key("additionalProperties")
+                && !preserve
+            {
+                map.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (key, child) in map.iter_mut() {
+                if key != "metadata" {
+                    close_objects(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
 }
 
 use serde::Deserialize;
@@ -112,6 +141,19 @@ fn every_emitted_upstream_object_validates_against_its_crd() {
             checked.insert(c.resource.kind.clone());
         }
     }
+    // The check can fail: a misspelt field, which the API server would drop, is refused.
+    let gateway = children(&example("single-model.yaml"))
+        .into_iter()
+        .find(|c| c.resource.kind == "Gateway")
+        .unwrap();
+    let mut misspelt = serde_json::to_value(&gateway.object).unwrap();
+    misspelt["spec"]["listeners"][0]["allowedRoute"] = serde_json::json!({});
+    let validator =
+        jsonschema::validator_for(&schemas["gateway.networking.k8s.io/v1/Gateway"]).unwrap();
+    assert!(
+        !validator.is_valid(&misspelt),
+        "allowedRoute was not refused"
+    );
     let want: BTreeSet<String> = [
         "Gateway",
         "HTTPRoute",
