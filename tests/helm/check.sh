@@ -3,7 +3,8 @@
 #   1. `helm lint --strict` with the default values and every charts/infergate/ci/*-values.yaml;
 #   2. every render validates (tests/helm/validate.py: built-in kinds against the Kubernetes
 #      schemas in strict mode, InferenceGatewayConfig against our CRD's schema);
-#   3. every example of deploy/examples/ passed through `gatewayConfigs` renders to the same spec;
+#   3. every example of deploy/examples/ passed through `gatewayConfigs` renders to the same spec,
+#      and passes `infergate render` (the check install.md gives), which refuses a misspelt field;
 #   4. the chart's CRDs are the ones in crds/, and deploy/operator/operator.yaml is the chart's
 #      default render without its hooks (deploy/operator/render.sh; `kubectl apply` runs no hooks,
 #      and would start the uninstall Job at once);
@@ -155,6 +156,19 @@ if [ -z "$infergate" ]; then
   cargo build -q -p infergate-cli
   infergate=target/debug/infergate
 fi
+# 3b. install.md's check of gatewayConfigs before an install (the chart's schema does not look
+# inside `spec`, and the API server drops a misspelt field): `helm template --show-only
+# templates/gatewayconfigs.yaml | infergate render -f -` renders the examples and refuses a typo.
+"$helm" template infergate "$chart" -n infergate-system -f "$work/examples-values.yaml" \
+  --show-only templates/gatewayconfigs.yaml | "$infergate" render -f - >/dev/null \
+  || fail "the examples through gatewayConfigs are refused by infergate render"
+printf 'gatewayConfigs:\n  - name: typo\n    spec: {allowUnauthenticated: true, schedulers: [{name: a, modelName: m, modelSelector: {app: a}, loraAdpaters: [x]}]}\n' >"$work/typo.yaml"
+if out=$("$helm" template t "$chart" -f "$work/typo.yaml" --show-only templates/gatewayconfigs.yaml \
+  | "$infergate" render -f - 2>&1); then
+  fail "infergate render accepted a gatewayConfigs spec with a misspelt field"
+fi
+grep -qF "loraAdpaters: unknown field" <<<"$out" || fail "infergate render does not name the misspelt field: $out"
+ok "gatewayConfigs through infergate render (install.md): the examples render, a misspelt field is refused"
 run_rendered() { # render.yaml dir: execs the rendered router's command line with --check --no-files
   local words=()
   mapfile -d '' words < <(python3 tests/helm/router-exec.py "$1" "$2") || return 2
