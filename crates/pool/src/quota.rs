@@ -735,6 +735,21 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     }
 }
 
+/// What to change when Redis refused this replica for its password, appended to the warning:
+/// `NOAUTH` alone does not say which setting gives a password. Redis's error codes lead its
+/// error lines (`NOAUTH ...`, `WRONGPASS ...`), whichever reply of the round carried them.
+fn password_hint(reason: &str, has_password: bool) -> &'static str {
+    if reason.contains("NOAUTH") && !has_password {
+        "; this Redis requires a password: name a variable holding it in `redis.passwordEnv` of \
+         the quotas (`spec.quotas.redis.passwordSecretRef` in Kubernetes)"
+    } else if reason.contains("WRONGPASS") || reason.contains("invalid password") {
+        "; the password from `redis.passwordEnv` of the quotas was refused: check the variable's \
+         value (the Secret of `spec.quotas.redis.passwordSecretRef` in Kubernetes)"
+    } else {
+        ""
+    }
+}
+
 /// Replies to the presence commands of a round: `ZADD`, `ZREMRANGEBYSCORE`, `PEXPIRE`, `ZCARD`,
 /// `ZRANGE` on the round times, then `SADD`, `PEXPIRE`, `SCARD`, `SCARD` on the per-period sets.
 const PRESENCE: usize = 9;
@@ -838,7 +853,11 @@ fn failed(inner: &Inner, readings: &[Reading], shared: &SharedConfig, reason: &s
     inner.metrics.sync_errors.inc();
     inner.metrics.redis_up.set(0);
     if inner.redis.swap(DOWN, Ordering::Relaxed) != DOWN {
-        tracing::warn!(address = %shared.redis.address, error = reason, replicas = inner.replicas.load(Ordering::Relaxed), "Redis unreachable: quotas are counted locally, each replica enforcing its share, until it answers again");
+        let error = format!(
+            "{reason}{}",
+            password_hint(reason, shared.redis.password.is_some())
+        );
+        tracing::warn!(address = %shared.redis.address, error = error.as_str(), replicas = inner.replicas.load(Ordering::Relaxed), "Redis unreachable: quotas are counted locally, each replica enforcing its share, until it answers again");
     } else {
         tracing::debug!(address = %shared.redis.address, error = reason, "quota sync with Redis failed");
     }

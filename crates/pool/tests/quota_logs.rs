@@ -38,6 +38,30 @@ async fn the_warning_of_a_failed_sync_says_why() {
     infergate_testkit::eventually("a warning", || out.text().contains("Redis unreachable")).await;
     let text = out.text();
     assert!(text.contains("NOAUTH Authentication required"), "{text}");
+    // ... and which setting gives the password.
+    assert!(
+        text.contains(
+            "this Redis requires a password: name a variable holding it in `redis.passwordEnv`"
+        ),
+        "{text}"
+    );
+    drop(q);
+    // A wrong password is refused with `WRONGPASS`: the warning says it was the password.
+    let before = out.text().len();
+    let mut wrong = config(&redis, "why:", window, 100);
+    if let Some(shared) = wrong.redis.as_mut() {
+        shared.redis.password = Some("not-the-password".to_owned());
+    }
+    let q = Quotas::start(wrong, None).unwrap();
+    infergate_testkit::eventually("a warning for the wrong password", || {
+        out.text()[before..].contains("Redis unreachable")
+    })
+    .await;
+    let text = out.text()[before..].to_owned();
+    assert!(
+        text.contains("the password from `redis.passwordEnv` of the quotas was refused"),
+        "{text}"
+    );
     drop(q);
 
     redis.restart().await;
