@@ -124,9 +124,30 @@ pub fn load_flow_settings(path: &Path) -> Result<infergate_pool::flow::FlowSetti
 /// through Redis when the file says so. Must run inside a tokio runtime.
 pub fn load_quotas(path: &Path) -> Result<infergate_pool::quota::Quotas, Error> {
     let invalid = |e: String| invalid_in(path, e);
-    let spec: infergate_pool::quota::QuotasSpec = read_yaml(path)?;
+    let spec: infergate_pool::quota::QuotasSpec =
+        read_yaml(path).map_err(|e| quotas_key_hint(path, e))?;
     let config = spec.to_config().map_err(invalid)?;
     infergate_pool::quota::Quotas::start_with_registry(config).map_err(|e| invalid(e.to_string()))
+}
+
+/// A quota file that failed to parse because it was copied from a gateway file with its
+/// `quotas:` key (the picker's file holds that section's fields at the top level): says so,
+/// rather than `unknown field `quotas``. Any other error is returned as it was.
+fn quotas_key_hint(path: &Path, e: Error) -> Error {
+    let wrapped = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<serde_yaml::Mapping>(&text).ok())
+        .is_some_and(|m| m.contains_key("quotas"));
+    if !wrapped {
+        return e;
+    }
+    invalid_in(
+        path,
+        "`quotas:` is the gateway file's key: the picker's --quotas file holds that section's \
+         fields at the top level (`default:`, `tenants:`, `windowSeconds:`, `redis:` ...); remove \
+         the `quotas:` line and un-indent what it held"
+            .to_owned(),
+    )
 }
 
 /// Runs an endpoint picker until `shutdown` completes: the live pool, the ext_proc server, gRPC
@@ -408,6 +429,28 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// A quota file copied from a gateway file, `quotas:` key and all, is refused saying to
+    /// drop the key (it was `unknown field `quotas``, which did not say what to do).
+    #[test]
+    fn a_quota_file_with_the_gateway_s_quotas_key_says_to_remove_it() {
+        let f = file("quotas:\n  default: { requestsPerMinute: 60 }\n");
+        let e = load_quotas(f.path()).unwrap_err();
+        let chain = infergate_pool::ErrorChain(&e).to_string();
+        assert!(chain.contains(&f.path().display().to_string()), "{chain}");
+        assert!(
+            chain.contains("`quotas:` is the gateway file's key"),
+            "{chain}"
+        );
+        assert!(chain.contains("remove the `quotas:` line"), "{chain}");
+        // Other mistakes keep their own error.
+        let f = file("default: { requestPerMinute: 60 }\n");
+        let chain = infergate_pool::ErrorChain(&load_quotas(f.path()).unwrap_err()).to_string();
+        assert!(
+            chain.contains("unknown field `requestPerMinute`"),
+            "{chain}"
+        );
     }
 
     /// The gateway's tenant and priority headers are refused, not ignored.

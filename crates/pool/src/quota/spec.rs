@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use infergate_scheduler::quota::{DEFAULT_BUCKETS, Limits, Window};
+use infergate_scheduler::quota::{DEFAULT_BUCKETS, Limits, QuotaError, Window};
 use serde::{Deserialize, Serialize};
 
 use super::{DEFAULT_MAX_TENANTS, QuotaConfig, SharedConfig};
@@ -29,7 +29,11 @@ use crate::redis::RedisConfig;
 
 /// One tenant's limits, per minute.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(
+    deny_unknown_fields,
+    rename_all = "camelCase",
+    expecting = "a map of `requestsPerMinute` and/or `tokensPerMinute`, such as { requestsPerMinute: 60 }"
+)]
 pub struct LimitsSpec {
     /// Requests per minute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,7 +45,11 @@ pub struct LimitsSpec {
 
 /// Where the shared counters live.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(
+    deny_unknown_fields,
+    rename_all = "camelCase",
+    expecting = "a map with `address` (host:port), such as { address: 10.0.0.5:6379 }"
+)]
 pub struct RedisSpec {
     /// `host:port`.
     pub address: String,
@@ -61,7 +69,11 @@ pub struct RedisSpec {
 
 /// The `quotas:` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(
+    deny_unknown_fields,
+    rename_all = "camelCase",
+    expecting = "a map of quota settings (`default`, `tenants`, `windowSeconds`, `buckets`, `maxTenants`, `redis`)"
+)]
 pub struct QuotasSpec {
     /// Tenants with their own limits.
     #[serde(default)]
@@ -93,6 +105,15 @@ fn default_sync_ms() -> u64 {
 
 fn default_timeout_ms() -> u64 {
     200
+}
+
+/// The most buckets, up to `buckets`, that split `window_ms` into whole milliseconds: the
+/// resolution nearest the one asked for. A window is whole seconds, so 2 always divides it.
+fn fitting_buckets(window_ms: u64, buckets: u32) -> u32 {
+    (2..=buckets)
+        .rev()
+        .find(|b| window_ms.is_multiple_of(u64::from(*b)))
+        .unwrap_or(2)
 }
 
 /// A per-minute limit over a window of `window_s` seconds, rounded up.
@@ -130,7 +151,15 @@ impl QuotasSpec {
         if !(2..=3600).contains(&buckets) {
             return Err("`quotas.buckets` must be between 2 and 3600".into());
         }
-        Window::new(window, buckets).map_err(|e| format!("`quotas`: {e}"))?;
+        Window::new(window, buckets).map_err(|e| match e {
+            QuotaError::BadWindow { window_ms, buckets } => format!(
+                "`quotas.buckets`: a window of {window_s} s (`quotas.windowSeconds`) cannot be \
+                 split into {buckets} buckets of whole milliseconds (`buckets` is 60 unless \
+                 set): set `quotas.buckets` to a number that divides {window_ms}, such as {}",
+                fitting_buckets(window_ms, buckets)
+            ),
+            e => format!("`quotas`: {e}"),
+        })?;
         let mut tenants = Vec::with_capacity(self.tenants.len());
         for (name, l) in &self.tenants {
             if name.is_empty() || name.len() > super::MAX_TENANT_NAME {
@@ -259,6 +288,60 @@ mod tests {
                 serde_yaml::from_str(&format!("redis: {{ address: '{address}' }}")).unwrap();
             spec.to_config().unwrap();
         }
+    }
+
+    /// `windowSeconds: 7` with the default 60 buckets: the error names the field to change and
+    /// a value that works, not only the arithmetic.
+    #[test]
+    fn a_window_its_buckets_do_not_divide_names_buckets_and_a_count_that_fits() {
+        for (yaml, window_ms, fits) in [
+            ("windowSeconds: 7", 7000, 56),
+            ("windowSeconds: 1", 1000, 50),
+            ("windowSeconds: 7\nbuckets: 3", 7000, 2),
+        ] {
+            let spec: QuotasSpec = serde_yaml::from_str(yaml).unwrap();
+            let e = spec.to_config().unwrap_err();
+            assert!(e.starts_with("`quotas.buckets`: "), "{yaml}: {e}");
+            assert!(e.contains("`quotas.windowSeconds`"), "{yaml}: {e}");
+            assert!(
+                e.ends_with(&format!(
+                    "set `quotas.buckets` to a number that divides {window_ms}, such as {fits}"
+                )),
+                "{yaml}: {e}"
+            );
+            let fixed: QuotasSpec = serde_yaml::from_str(
+                &format!("{yaml}\nbuckets: {fits}").replace("buckets: 3\n", ""),
+            )
+            .unwrap();
+            fixed.to_config().unwrap();
+        }
+    }
+
+    /// A limit written as a bare number (or a section as a scalar) is refused saying what is
+    /// expected, not with the name of a Rust type (`expected struct LimitsSpec`).
+    #[test]
+    fn a_scalar_where_a_map_belongs_says_what_the_map_holds() {
+        for (yaml, expected) in [
+            (
+                "default: 100",
+                "`requestsPerMinute` and/or `tokensPerMinute`",
+            ),
+            (
+                "tenants: { a: 5 }",
+                "`requestsPerMinute` and/or `tokensPerMinute`",
+            ),
+            ("redis: 10.0.0.5:6379", "a map with `address` (host:port)"),
+        ] {
+            let e = serde_yaml::from_str::<QuotasSpec>(yaml)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{yaml}: {e}");
+            assert!(!e.contains("struct"), "{yaml}: {e}");
+        }
+        let e = serde_yaml::from_str::<QuotasSpec>("5")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a map of quota settings"), "{e}");
     }
 
     #[test]
