@@ -65,7 +65,7 @@ pub enum Error {
     #[error("listener")]
     Io(#[from] std::io::Error),
     /// The front door's certificate or key could not be loaded.
-    #[error("tls")]
+    #[error("the front door's tls (certFile, keyFile, clientCaFile)")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
     /// The access log could not be opened.
     #[error(transparent)]
