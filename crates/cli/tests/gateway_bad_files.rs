@@ -127,7 +127,7 @@ fn check_loads_every_file_the_configuration_names_as_the_start_does() {
         (
             "tls.certFile missing",
             config(&tls(&missing, &key), none, model),
-            "the front door's tls (certFile, keyFile, clientCaFile)",
+            "tls: the front door's certFile, keyFile or clientCaFile cannot be used",
         ),
         (
             "tls.keyFile missing",

@@ -65,7 +65,7 @@ pub enum Error {
     #[error("listener")]
     Io(#[from] std::io::Error),
     /// The front door's certificate or key could not be loaded.
-    #[error("the front door's tls (certFile, keyFile, clientCaFile)")]
+    #[error("tls: the front door's certFile, keyFile or clientCaFile cannot be used")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
     /// The access log could not be opened.
     #[error(transparent)]
