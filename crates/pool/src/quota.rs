@@ -742,6 +742,9 @@ fn password_hint(reason: &str, has_password: bool) -> &'static str {
     if reason.contains("NOAUTH") && !has_password {
         "; this Redis requires a password: name a variable holding it in `redis.passwordEnv` of \
          the quotas (`spec.quotas.redis.passwordSecretRef` in Kubernetes)"
+    } else if reason.contains("without any password configured") {
+        "; this Redis has no password: leave `redis.passwordEnv` out of the quotas (or give the \
+         Redis one, `requirepass`)"
     } else if reason.contains("WRONGPASS") || reason.contains("invalid password") {
         "; the password from `redis.passwordEnv` of the quotas was refused: check the variable's \
          value (the Secret of `spec.quotas.redis.passwordSecretRef` in Kubernetes)"

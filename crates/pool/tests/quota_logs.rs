@@ -30,13 +30,31 @@ async fn the_warning_of_a_failed_sync_says_why() {
     let out = infergate_testkit::CapturedLog::default();
     let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
     let window = Duration::from_secs(2);
+    // A password given to a Redis that has none: Redis refuses the `AUTH`, and the warning says
+    // to leave the password out.
+    let mut with_password = config(&redis, "why:", window, 100);
+    if let Some(shared) = with_password.redis.as_mut() {
+        shared.redis.password = Some("sekret".to_owned());
+    }
+    let q = Quotas::start(with_password, None).unwrap();
+    infergate_testkit::eventually("a warning", || out.text().contains("Redis unreachable")).await;
+    let text = out.text();
+    assert!(
+        text.contains("this Redis has no password: leave `redis.passwordEnv` out"),
+        "{text}"
+    );
+    drop(q);
+    let before = out.text().len();
     let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
     let mut p = Pipeline::new();
     p.cmd(&["CONFIG", "SET", "requirepass", "sekret"]);
     direct.pipeline(&p).await.unwrap();
     let q = Quotas::start(config(&redis, "why:", window, 100), None).unwrap();
-    infergate_testkit::eventually("a warning", || out.text().contains("Redis unreachable")).await;
-    let text = out.text();
+    infergate_testkit::eventually("a warning", || {
+        out.text()[before..].contains("Redis unreachable")
+    })
+    .await;
+    let text = out.text()[before..].to_owned();
     assert!(text.contains("NOAUTH Authentication required"), "{text}");
     // ... and which setting gives the password.
     assert!(
