@@ -343,6 +343,7 @@ impl Control {
             stop_tx,
             admin_task,
             admin_addr,
+            tls,
             ..
         } = self;
         let task = tokio::spawn(async move {
@@ -357,7 +358,13 @@ impl Control {
                 }
             }
         });
-        tracing::info!(%http_addr, admin = ?admin_addr, "gateway serving");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        match admin_addr {
+            Some(admin) => {
+                tracing::info!(addr = %http_addr, scheme, %admin, "gateway serving")
+            }
+            None => tracing::info!(addr = %http_addr, scheme, admin = "off", "gateway serving"),
+        }
         Gateway {
             http_addr,
             admin_addr,
