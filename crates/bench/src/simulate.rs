@@ -4,8 +4,10 @@
 //! The scheduler sees what it would see in production and nothing more: a scrape of every pod
 //! each `scrape.interval_ms` of virtual time, visible `scrape.lag_ms` later, each request's first
 //! token when it is produced (as a streaming gateway sees it) and its usage when it completes. A
-//! pick's endpoints are tried in order when a pod refuses a request (it cannot serve it: this
-//! costs no attempt), as the gateway's retry does.
+//! pick's endpoints are tried in order when a pod refuses a request (it cannot serve it: too long
+//! for its context or KV cache, an adapter it does not serve); this costs no attempt, where the
+//! gateway, which retries only connection failures and 5xx, would hand the pod's 4xx to the
+//! client.
 //!
 //! A pod with an `error_rate` fault fails that fraction of the requests sent to it, at once and
 //! at no cost to it (see [`infergate_sim::Fleet::submit`]). The runner then does what the

@@ -162,6 +162,55 @@ fn a_retried_request_is_charged_to_the_pod_that_serves_it_and_the_failure_is_jud
 }
 
 #[test]
+fn a_failed_attempts_prompt_blocks_go_to_the_pod_that_serves_it() {
+    // The runner moves a failed request to its fallback with the scheduler's `reassign`, as
+    // the gateway's `Inflight::reassign` does, and the prompt's blocks in the prefix index go
+    // with it: the next request of that prefix is drawn to the pod that served the first, never
+    // back to the failing pod. Left on the failing pod, they drew a shared prompt's requests
+    // there: the live run of record in docs/benchmarks.md, made before the scheduler moved
+    // them, sent it 440 of 603 first attempts where the simulation sends 273.
+    let s = failing(1.0, "policies: [infergate]");
+    let (spec, arrivals) = fleet_and_arrivals(&s);
+    let mut cfg = SchedulerConfig::preset(infergate_scheduler::Preset::Infergate);
+    cfg.outlier_detection = None;
+    let mut sim = setup(&s, &spec, cfg, &arrivals, 1, false, &[]).unwrap();
+    sim.prime();
+    let model = model_of(&spec);
+    let mut rng = SmallRng::seed_from_u64(1);
+    let bad = pod_addr(2);
+    // System prompts whose request failed on the failing pod first, and the picks that came
+    // after under one of them.
+    let (mut failed_under, mut after) = (Vec::new(), 0);
+    // Three requests under each system prompt: the first finds the prefix nowhere.
+    for a in arrivals.iter().take(30) {
+        sim.advance(a.at);
+        sim.absorb();
+        sim.refresh_metrics();
+        let system = format!("system prompt {} ", a.id / 3).repeat(60);
+        let text: Arc<str> = format!("{system}<request {}>", a.id).into();
+        let segments = [&*text];
+        let cx = RequestContext::new(&model, a.prompt_tokens).with_prompt(&segments);
+        let (decision, ex) = sim.sched.pick_explained(&cx, ts(a.at), &mut rng);
+        let decision = decision.unwrap();
+        after += usize::from(failed_under.contains(&(a.id / 3)));
+        for c in ex.candidates.iter().filter(|c| c.addr == bad) {
+            assert_eq!(c.prefix_blocks, 0, "request {}: {}", a.id, ex.summary(4));
+        }
+        if decision.endpoints.first() == bad {
+            failed_under.push(a.id / 3);
+        }
+        let placed = sim.place(a, &decision, &text, None).unwrap().unwrap();
+        assert_ne!(placed, bad);
+    }
+    // Its idle page made it the first choice of requests whose prefix no pod held; later
+    // requests under those prefixes were picked with the index as the fallbacks left it.
+    assert!(
+        !failed_under.is_empty() && after > 0,
+        "{failed_under:?} {after}"
+    );
+}
+
+#[test]
 fn a_completed_request_starts_its_pods_failure_count_again() {
     // The failing pod fails everything for 0.6 s in every 3 s: a few failures in a row each time
     // (round-robin sends it a third of about 8 requests a second), with successes between.
