@@ -259,7 +259,11 @@ async fn two_picker_processes_share_their_load_and_refuse_a_replica_with_another
 #[test]
 fn a_picker_refuses_a_short_key_and_a_peer_without_a_key() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("endpoints.yaml"), "endpoints: []\n").unwrap();
+    std::fs::write(
+        dir.path().join("endpoints.yaml"),
+        "engine: vllm\nendpoints:\n  - address: 127.0.0.1:9\n",
+    )
+    .unwrap();
     let short = dir.path().join("short.key");
     std::fs::write(&short, "short\n").unwrap();
     let run = |extra: &[&str]| {

@@ -48,7 +48,9 @@ pub struct PickerArgs {
     /// Scheduler configuration (YAML: `preset: infergate`, or explicit weights).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Static discovery: a YAML list of endpoints. Without it, pods are discovered in Kubernetes.
+    /// Static discovery: a YAML file of the pool's endpoints, `endpoints:` then one
+    /// `- address: IP:PORT` entry per pod (docs/extproc.md). Without it, pods are discovered in
+    /// Kubernetes.
     #[arg(long)]
     pub endpoints_file: Option<PathBuf>,
     /// Address every port is bound on (default: all interfaces). Set it to the pod's IP, or,

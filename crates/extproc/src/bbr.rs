@@ -30,6 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
 use crate::picker::DEFAULT_MAX_BODY_BYTES;
+use crate::run::invalid_in;
 use crate::stream::{AnswerStream, Exchange, Flow};
 use crate::telemetry::Telemetry;
 use crate::wire::{self, BodyMode};
@@ -47,17 +48,39 @@ pub struct ModelsFile {
     pub models: BTreeMap<String, Vec<String>>,
 }
 
+/// How a models file is laid out, for the errors of one that is not.
+const MODELS_FILE_SHAPE: &str = "the file maps each served base model to the list of its LoRA \
+     adapters, one per line (`llama-3-8b: [sql-lora, chat-lora]`, `qwen-2.5-7b: []`)";
+
 impl ModelsFile {
-    /// Reads and parses a models file.
+    /// Reads and parses a models file. A file that names no model is refused: the router would
+    /// answer every request 404.
     pub fn load(path: &Path) -> Result<Self, Error> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|source| Error::Yaml {
-            path: path.to_owned(),
-            source,
-        })
+        let file = Self::parse(&text).map_err(|source| {
+            let listed =
+                serde_yaml::from_str::<serde_yaml::Value>(&text).is_ok_and(|v| v.is_sequence());
+            if listed {
+                return invalid_in(path, MODELS_FILE_SHAPE.to_owned());
+            }
+            Error::Yaml {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        if file.models.is_empty() {
+            return Err(invalid_in(
+                path,
+                format!(
+                    "names no model, so every request would be answered 404 \
+                     `model_not_found`: {MODELS_FILE_SHAPE}"
+                ),
+            ));
+        }
+        Ok(file)
     }
 
     /// Parses a models file's text.
@@ -344,5 +367,44 @@ impl Stream for BbrStream {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         std::pin::Pin::new(&mut self.0).poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+mod tests {
+    use super::*;
+
+    /// A models file naming no model (empty, or `{}`) is refused: the router started and
+    /// answered every request 404. A bare list of names says how the file is laid out (it said
+    /// `invalid type: sequence, expected a map`).
+    #[test]
+    fn an_empty_or_listed_models_file_says_what_to_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            let path = dir.path().join("models.yaml");
+            std::fs::write(&path, text).unwrap();
+            ModelsFile::load(&path)
+        };
+        for text in ["", "\n", "{}\n", "- llama-3-8b\n- qwen-2.5-7b\n"] {
+            let err = load(text).unwrap_err();
+            assert!(matches!(err, Error::Yaml { .. }), "{text:?}: {err}");
+            assert!(err.to_string().contains("models.yaml"), "{err}");
+            let chain = infergate_pool::ErrorChain(&err).to_string();
+            assert!(
+                chain.contains("maps each served base model to the list of its LoRA adapters"),
+                "{text:?}: {chain}"
+            );
+        }
+        let chain = infergate_pool::ErrorChain(&load("").unwrap_err()).to_string();
+        assert!(chain.contains("names no model"), "{chain}");
+        let chain = infergate_pool::ErrorChain(&load("llama: sql\n").unwrap_err()).to_string();
+        assert!(chain.contains("expected a sequence"), "{chain}");
+        let file = load("llama-3-8b: [sql-lora]\nqwen-2.5-7b: []\n").unwrap();
+        assert_eq!(file.models.len(), 2);
     }
 }

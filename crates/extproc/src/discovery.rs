@@ -1,6 +1,7 @@
 //! Pool membership: which endpoints the picker may route to.
 //!
-//! - [`static_file`] — a YAML list of endpoints with engine and labels (standalone and tests);
+//! - [`static_file`] — a YAML file of endpoints (`endpoints:`) with engine and labels (standalone
+//!   and tests);
 //! - [`kubernetes`] — the pods an InferencePool selects, watched with the `kube` runtime.
 //!
 //! Each source produces [`EndpointMeta`](infergate_scheduler::EndpointMeta) lists that the caller

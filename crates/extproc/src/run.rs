@@ -97,7 +97,7 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
 }
 
 /// A checked value of a file that parsed, refused: a YAML error naming the file.
-fn invalid_in(path: &Path, reason: String) -> Error {
+pub(crate) fn invalid_in(path: &Path, reason: String) -> Error {
     Error::Yaml {
         path: path.to_owned(),
         source: <serde_yaml::Error as serde::de::Error>::custom(reason),

@@ -21,6 +21,7 @@ use infergate_scheduler::EndpointMeta;
 use serde::Deserialize;
 
 use crate::error::Error;
+use crate::run::invalid_in;
 
 /// The endpoints file as written.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -68,11 +69,26 @@ impl EndpointsFile {
             path: path.to_owned(),
             source,
         })?;
-        let file: EndpointsFile = serde_yaml::from_str(&text).map_err(|source| Error::Yaml {
-            path: path.to_owned(),
-            source,
-        })?;
-        file.endpoints(default_engine)
+        let file: EndpointsFile =
+            serde_yaml::from_str(&text).map_err(|source| match shape_hint(&text) {
+                Some(hint) => invalid_in(path, hint.to_owned()),
+                None => Error::Yaml {
+                    path: path.to_owned(),
+                    source,
+                },
+            })?;
+        let endpoints = file.endpoints(default_engine)?;
+        if endpoints.is_empty() {
+            // Static discovery never changes: a picker started on no endpoint answers every
+            // request 503 and is never ready.
+            return Err(invalid_in(
+                path,
+                "lists no endpoint, so every request would be answered 503 `no_endpoints`: \
+                 list the pool's endpoints under `endpoints:` (`- address: 10.0.0.7:8000`)"
+                    .to_owned(),
+            ));
+        }
+        Ok(endpoints)
     }
 
     /// The endpoints, validated: addresses parse, no address twice, every engine known. An
@@ -130,6 +146,27 @@ impl EndpointsFile {
         }
         Ok(out)
     }
+}
+
+/// What to say of a file that did not parse because it is laid out as the flag's one-line help
+/// suggests rather than as the format is: a bare list of entries, or entries that are bare
+/// addresses. `None` for any other mistake, whose parser error says it best.
+fn shape_hint(text: &str) -> Option<&'static str> {
+    let entries = match serde_yaml::from_str::<serde_yaml::Value>(text).ok()? {
+        serde_yaml::Value::Sequence(_) => {
+            return Some(
+                "the file is a bare list: put the entries under an `endpoints:` key \
+                 (`endpoints:` then `  - address: 10.0.0.7:8000`), beside the optional \
+                 `engine:` and `namespace:`",
+            );
+        }
+        serde_yaml::Value::Mapping(m) => m.get("endpoints")?.as_sequence()?.clone(),
+        _ => return None,
+    };
+    entries.iter().any(serde_yaml::Value::is_string).then_some(
+        "each entry under `endpoints:` is a map: write `- address: 10.0.0.7:8000`, not \
+         `- 10.0.0.7:8000`",
+    )
 }
 
 #[cfg(test)]
@@ -206,6 +243,43 @@ mod tests {
             let eps = parse(&entry(label, "6002")).unwrap();
             assert_eq!(eps[0].labels[label], "6002");
         }
+    }
+
+    /// A file that lists no endpoint (empty, or `endpoints: []`) is refused: static discovery
+    /// never changes, and such a picker started, was never ready and answered every request
+    /// 503. A bare list, or bare addresses as entries, say how the file is laid out (they said
+    /// `invalid type: sequence, expected struct EndpointsFile`).
+    #[test]
+    fn an_empty_or_misshapen_file_says_what_to_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            let path = dir.path().join("endpoints.yaml");
+            std::fs::write(&path, text).unwrap();
+            let err = EndpointsFile::load(&path, Some("vllm")).unwrap_err();
+            assert!(matches!(err, Error::Yaml { .. }), "{text:?}: {err}");
+            assert!(err.to_string().contains("endpoints.yaml"), "{err}");
+            infergate_pool::ErrorChain(&err).to_string()
+        };
+        for empty in ["", "\n", "engine: vllm\n", "endpoints: []\n"] {
+            let chain = load(empty);
+            assert!(chain.contains("lists no endpoint"), "{empty:?}: {chain}");
+        }
+        let chain = load("- address: 127.0.0.1:8000\n  engine: vllm\n");
+        assert!(
+            chain.contains("put the entries under an `endpoints:` key"),
+            "{chain}"
+        );
+        let chain = load("endpoints:\n  - 127.0.0.1:8000\n");
+        assert!(
+            chain.contains("write `- address: 10.0.0.7:8000`"),
+            "{chain}"
+        );
+        // Other mistakes keep the parser's own words.
+        let chain = load("endpoint:\n  - address: 127.0.0.1:8000\n");
+        assert!(chain.contains("unknown field `endpoint`"), "{chain}");
+        let path = dir.path().join("good.yaml");
+        std::fs::write(&path, "endpoints:\n  - address: 127.0.0.1:8000\n").unwrap();
+        assert_eq!(EndpointsFile::load(&path, Some("vllm")).unwrap().len(), 1);
     }
 
     /// `--default-engine` applies to entries for which neither the entry nor the file names an
