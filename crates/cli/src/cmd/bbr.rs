@@ -2,29 +2,40 @@
 
 use anyhow::Context as _;
 use infergate_extproc::bbr::{BbrConfig, ModelsFile};
-use infergate_extproc::run::{ext_proc_tls, run_bbr};
+use infergate_extproc::run::run_bbr;
 
-use super::{bind, shutdown_signal};
+use super::picker::{bind_port, tls_from_flags};
+use super::shutdown_signal;
 
 /// Arguments of `infergate bbr` (shared with the operator that renders them).
 pub use infergate_extproc::args::BbrArgs as Args;
 
 /// Runs `infergate bbr`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let router = ModelsFile::load(&args.models)?.router()?;
-    let grpc = bind(args.listen_address, args.grpc_port).await?;
+    let router = ModelsFile::load(&args.models)
+        .and_then(|m| m.router())
+        .with_context(|| format!("--models {}", args.models.display()))?;
+    let grpc = bind_port(args.listen_address, "--grpc-port", args.grpc_port).await?;
     let health = match args.grpc_health_port {
         0 => None,
-        p => Some(bind(args.listen_address, p).await?),
+        p => Some(bind_port(args.listen_address, "--grpc-health-port", p).await?),
     };
     let metrics = match args.metrics_port {
         0 => None,
-        p => Some(bind(args.listen_address, p).await?),
+        p => Some(bind_port(args.listen_address, "--metrics-port", p).await?),
     };
-    let tls = ext_proc_tls(args.tls()).context("the ext_proc port's TLS certificate")?;
+    let tls = tls_from_flags(args.tls())?;
+    // The addresses bound, as the picker's start line gives them (`off`: port 0).
+    let addr = |l: &Option<tokio::net::TcpListener>| {
+        l.as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map_or_else(|| "off".to_owned(), |a| a.to_string())
+    };
     tracing::info!(
-        grpc = args.grpc_port,
         tls = tls.is_some(),
+        grpc = %grpc.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        health = %addr(&health),
+        metrics = %addr(&metrics),
         "body-based router listening"
     );
     let config = BbrConfig {

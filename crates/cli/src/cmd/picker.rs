@@ -57,7 +57,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// Everything the picker does, on the runtime `run` gives it.
 async fn serve(args: Args) -> anyhow::Result<()> {
     let scheduler = match &args.config {
-        Some(path) => load_scheduler_config(path)?,
+        Some(path) => {
+            load_scheduler_config(path).with_context(|| format!("--config {}", path.display()))?
+        }
         None => SchedulerConfig::default(),
     };
     let membership = match &args.endpoints_file {
@@ -73,11 +75,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .await
         .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
-    let tls = ext_proc_tls(args.tls()).context("the ext_proc port's TLS certificate")?;
+    let tls = tls_from_flags(args.tls())?;
     let listeners = PickerListeners {
-        grpc: bind(args.listen_address, args.grpc_port).await?,
-        health: bind(args.listen_address, args.grpc_health_port).await?,
-        metrics: bind(args.listen_address, args.metrics_port).await?,
+        grpc: bind_port(args.listen_address, "--grpc-port", args.grpc_port).await?,
+        health: bind_port(
+            args.listen_address,
+            "--grpc-health-port",
+            args.grpc_health_port,
+        )
+        .await?,
+        metrics: bind_port(args.listen_address, "--metrics-port", args.metrics_port).await?,
         tls,
         peers: peer_settings(&args)?,
     };
@@ -92,7 +99,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     // Read once before serving (a bad file stops the start), then followed for changes.
     let rewrites = match &args.rewrites {
         Some(path) => {
-            let table = RewriteTable::new(RewriteTable::read_file(path)?);
+            let table = RewriteTable::new(
+                RewriteTable::read_file(path)
+                    .with_context(|| format!("--rewrites {}", path.display()))?,
+            );
             table.watch(path.clone(), RELOAD_INTERVAL, std::future::pending());
             table
         }
@@ -131,6 +141,47 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     };
     run_picker(listeners, picker, pool, membership, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Binds `port` (the value of `flag`) on `host`; the error names the flag, and for a port
+/// already taken says how to choose another (the picker and the body-based router both default
+/// to `--metrics-port 9090`).
+pub(super) async fn bind_port(
+    host: Option<std::net::IpAddr>,
+    flag: &str,
+    port: u16,
+) -> anyhow::Result<tokio::net::TcpListener> {
+    bind(host, port).await.map_err(|e| {
+        let in_use = e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse);
+        if in_use {
+            e.context(format!(
+                "{flag} {port}: another process listens on this port: stop it, or pass another \
+                 {flag} (or another --listen-address)"
+            ))
+        } else {
+            e.context(format!("{flag} {port}"))
+        }
+    })
+}
+
+/// The ext_proc port's TLS for `certificate`; an error names the flags it came from.
+pub(super) fn tls_from_flags(
+    certificate: Option<infergate_extproc::run::Certificate>,
+) -> anyhow::Result<Option<infergate_extproc::run::ServerTls>> {
+    use infergate_extproc::run::Certificate;
+    let flags = match &certificate {
+        Some(Certificate::Files { cert, key }) => format!(
+            "--tls-cert-file {}, --tls-key-file {}",
+            cert.display(),
+            key.display()
+        ),
+        Some(Certificate::SelfSigned { .. }) => "--tls-self-signed".to_owned(),
+        None => return Ok(None),
+    };
+    ext_proc_tls(certificate)
+        .with_context(|| format!("{flags}: the ext_proc port's TLS certificate cannot be used"))
 }
 
 /// The load exchange with the other replicas, from `--peer-key-file`, `--peer`, `--peer-port`,
