@@ -296,7 +296,7 @@ fn a_refused_quota_or_flow_control_file_stops_the_start_before_listening_is_logg
         (
             "--quotas",
             "quotas:\n  default: { requestsPerMinute: 3 }\n",
-            "unknown field `quotas`",
+            "`quotas:` is the gateway file's key",
         ),
         (
             "--quotas",
