@@ -18,6 +18,14 @@
 # target/callgrind.gateway.out) for `callgrind_annotate`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Every port this script serves must be free: a wait for a port that another program already
+# holds would succeed at once, and the run would measure that program.
+for p in 18001 18002 18003 18004 18080 18090; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "port $p on 127.0.0.1 is in use (another gateway or benchmark?): stop it first" >&2
+    exit 1
+  fi
+done
 WORKERS=${WORKERS:-1}
 OUT=${OUT:-target/callgrind.gateway.out}
 CONFIG=${CONFIG:-benches/nginx/gateway.yaml}

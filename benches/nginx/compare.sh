@@ -20,6 +20,14 @@
 # bench_gateway (for example the number of workers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Every port this script serves must be free: a wait for a port that another program already
+# holds would succeed at once, and the run would measure that program.
+for p in 18001 18002 18003 18004 18080 18081 18090; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "port $p on 127.0.0.1 is in use (another gateway or benchmark?): stop it first" >&2
+    exit 1
+  fi
+done
 RATE=${RATE:-2000}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-20}
 CONNS=${CONNS:-32}
