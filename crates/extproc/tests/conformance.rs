@@ -322,11 +322,12 @@ async fn subset_hints_restrict_the_pick_and_an_ineligible_subset_is_503() {
         assert_eq!(status, 503);
         assert!(!headers.contains_key("retry-after"));
         assert_eq!(json["error"]["code"], "no_endpoints");
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(message.contains("llama-3-8b"), "{message}");
+        // The hint is the cause: the pool itself has ready pods.
         assert!(
-            json["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("llama-3-8b")
+            message.contains("subset hint names (x-gateway-destination-endpoint-subset)"),
+            "{message}"
         );
     }
     pool.wait_inflight(0).await;

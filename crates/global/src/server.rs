@@ -701,6 +701,7 @@ async fn route_request(
         if served_models(&state, &ModelAccess::All).is_empty() {
             return Err(ApiError::NoEndpoints {
                 model: model.to_owned(),
+                subset: false,
             }
             .into());
         }
@@ -929,6 +930,7 @@ async fn route_request(
     Err(last_error
         .unwrap_or_else(|| ApiError::NoEndpoints {
             model: model_name(&body, kind),
+            subset: false,
         })
         .into())
 }

@@ -112,11 +112,16 @@ pub enum ApiError {
         /// When to try again.
         retry_after: Duration,
     },
-    /// No endpoint of the model's pool is ready.
-    #[error("no ready endpoint serves the model `{model}`")]
+    /// No endpoint of the model's pool is ready (of those the request's subset hint names, when
+    /// it has one).
+    #[error("no ready endpoint serves the model `{model}`{}", InSubset(*subset))]
     NoEndpoints {
         /// The requested model.
         model: String,
+        /// Whether the request named the endpoints it may go to (Envoy's subset hint,
+        /// `x-gateway-destination-endpoint-subset`): none of those was ready, whatever the rest
+        /// of the pool.
+        subset: bool,
     },
     /// The model's pool has endpoints but none has fresh metrics: every pod is stale or
     /// unreachable. Answered instead of routing to pods that are most likely down.
@@ -364,6 +369,22 @@ impl std::fmt::Display for Quantity<'_> {
             self.1
         };
         write!(f, "{} {noun}", self.0)
+    }
+}
+
+/// The end of [`ApiError::NoEndpoints`]'s message: whether a subset hint limited the choice.
+struct InSubset(bool);
+
+impl std::fmt::Display for InSubset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 {
+            f.write_str(
+                " among the endpoints the request's subset hint names \
+                 (x-gateway-destination-endpoint-subset): check the hint's addresses against the pool's",
+            )
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -639,7 +660,13 @@ mod tests {
                 },
                 429,
             ),
-            (ApiError::NoEndpoints { model: "m".into() }, 503),
+            (
+                ApiError::NoEndpoints {
+                    model: "m".into(),
+                    subset: false,
+                },
+                503,
+            ),
             (
                 ApiError::NoFreshEndpoints {
                     model: "m".into(),

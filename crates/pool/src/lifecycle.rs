@@ -232,8 +232,9 @@ pub fn pick<P: EndpointPool>(
     }
 }
 
-/// The client-visible error for a scheduler rejection of a request for `model`.
-pub fn rejection_error(rejection: Rejection, model: &str) -> ApiError {
+/// The client-visible error for a scheduler rejection of a request for `model` (`subset`: the
+/// request named the endpoints it may go to).
+pub fn rejection_error(rejection: Rejection, model: &str, subset: bool) -> ApiError {
     match rejection {
         Rejection::Shed { retry_after } => ApiError::Overloaded {
             model: model.to_owned(),
@@ -241,6 +242,7 @@ pub fn rejection_error(rejection: Rejection, model: &str) -> ApiError {
         },
         Rejection::NoEndpoints => ApiError::NoEndpoints {
             model: model.to_owned(),
+            subset,
         },
         Rejection::Unavailable { retry_after } => ApiError::NoFreshEndpoints {
             model: model.to_owned(),
@@ -453,7 +455,7 @@ pub fn admit<P: EndpointPool>(
         let (picked, explanation) = pick(pool, explain, cx);
         let admission = match picked {
             Ok(g) => Admission::Routed(g, None),
-            Err(r) => Admission::Refused(rejection_error(r, model)),
+            Err(r) => Admission::Refused(rejection_error(r, model, cx.subset.is_some())),
         };
         return (admission, explanation);
     };
@@ -480,7 +482,9 @@ pub fn admit<P: EndpointPool>(
             model: model.to_owned(),
             waited: None,
         }),
-        Err(r @ Rejection::Unavailable { .. }) => Admission::Refused(rejection_error(r, model)),
+        Err(r @ Rejection::Unavailable { .. }) => {
+            Admission::Refused(rejection_error(r, model, cx.subset.is_some()))
+        }
     };
     (admission, explanation)
 }
@@ -582,7 +586,7 @@ pub fn try_turn<P: EndpointPool>(
                     model: model.to_owned(),
                     waited,
                 },
-                other => rejection_error(other, model),
+                other => rejection_error(other, model, cx.subset.is_some()),
             }))
         }
     }

@@ -157,7 +157,7 @@ impl<P: EndpointPool> PickerExchange<P> {
             self.explanation = explanation;
             return match picked {
                 Ok(g) => Decided::Routed(g),
-                Err(r) => Decided::Refused(rejection_error(r, model)),
+                Err(r) => Decided::Refused(rejection_error(r, model, cx.subset.is_some())),
             };
         };
         let tp = flow

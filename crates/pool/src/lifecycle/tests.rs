@@ -27,13 +27,29 @@ fn every_rejection_has_one_status_code_and_retry_after() {
         ),
     ];
     for (rejection, status, code, retry_after) in rows {
-        let e = rejection_error(rejection, "m");
+        let e = rejection_error(rejection, "m", false);
         assert_eq!(e.status(), status, "{rejection:?}");
         assert_eq!(e.metric_label(), code, "{rejection:?}");
         assert_eq!(e.retry_after_secs(), retry_after, "{rejection:?}");
         let json = String::from_utf8(e.to_json()).unwrap();
         assert!(json.contains("`m`"), "names the model: {json}");
     }
+    // A request that named the endpoints it may go to is told the hint left none.
+    let hinted = rejection_error(Rejection::NoEndpoints, "m", true);
+    assert_eq!(
+        (hinted.status(), hinted.metric_label()),
+        (503, "no_endpoints")
+    );
+    assert_eq!(
+        hinted.to_string(),
+        "no ready endpoint serves the model `m` among the endpoints the request's subset hint \
+         names (x-gateway-destination-endpoint-subset): check the hint's addresses against the \
+         pool's"
+    );
+    assert_eq!(
+        rejection_error(Rejection::NoEndpoints, "m", false).to_string(),
+        "no ready endpoint serves the model `m`"
+    );
 }
 
 #[test]
