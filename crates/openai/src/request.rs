@@ -127,8 +127,17 @@ struct StreamOptions {
 /// [`ApiError::MissingModel`] without a `model`, [`ApiError::InvalidField`] for a field routing
 /// reads that has the wrong type (the error names the field).
 pub fn parse_request(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, ApiError> {
-    let wire: Wire<'_> =
-        serde_json::from_slice(body).map_err(|source| ApiError::InvalidJson { source })?;
+    let wire: Wire<'_> = serde_json::from_slice(body).map_err(|source| ApiError::InvalidJson {
+        // An empty body is not a parse position to report (`EOF while parsing a value at line
+        // 1 column 0`): say what is missing.
+        source: if body.trim_ascii().is_empty() {
+            <serde_json::Error as serde::de::Error>::custom(
+                "the body is empty: send a JSON object with `model` and the API's fields",
+            )
+        } else {
+            source
+        },
+    })?;
     // serde would also accept a JSON array for a struct; an OpenAI body is always an object.
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(ApiError::InvalidJson {

@@ -97,6 +97,14 @@ fn bad_input_gets_a_typed_error_naming_the_field() {
     }
     let err = chat(r#"{"model":"m","messages":[{"role":"user","content":5}]}"#).unwrap_err();
     assert!(err.to_string().contains("messages[0].content"), "{err}");
+    // An empty body says so, not where the parser stopped.
+    for body in ["", " \r\n"] {
+        assert_eq!(
+            chat(body).unwrap_err().to_string(),
+            "the request body is not valid JSON: the body is empty: send a JSON object with \
+             `model` and the API's fields"
+        );
+    }
 }
 
 #[test]
