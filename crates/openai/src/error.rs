@@ -279,10 +279,17 @@ pub enum ApiError {
     },
     /// Flow control: the pool had no endpoint for a request at admission, or lost its last one
     /// while the request waited.
-    #[error("no ready endpoint serves the model `{model}`{}", LeftQueue(*waited))]
+    #[error(
+        "no ready endpoint serves the model `{model}`{}{}",
+        InSubset(*subset),
+        LeftQueue(*waited)
+    )]
     QueueNoEndpoints {
         /// The requested model.
         model: String,
+        /// Whether the request named the endpoints it may go to (as in
+        /// [`ApiError::NoEndpoints`]).
+        subset: bool,
         /// How long the request had waited in its queue; `None`: refused at admission.
         waited: Option<Duration>,
     },
@@ -895,6 +902,7 @@ mod tests {
             (
                 ApiError::QueueNoEndpoints {
                     model: m(),
+                    subset: false,
                     waited: None,
                 },
                 503,
@@ -904,6 +912,7 @@ mod tests {
             (
                 ApiError::QueueNoEndpoints {
                     model: m(),
+                    subset: false,
                     waited: Some(d),
                 },
                 503,
@@ -921,6 +930,7 @@ mod tests {
         // A request that waited was queued: the message must not say otherwise.
         let at_admission = ApiError::QueueNoEndpoints {
             model: m(),
+            subset: false,
             waited: None,
         };
         assert_eq!(
@@ -929,6 +939,7 @@ mod tests {
         );
         let while_waiting = ApiError::QueueNoEndpoints {
             model: m(),
+            subset: false,
             waited: Some(d),
         };
         assert_eq!(

@@ -480,6 +480,7 @@ pub fn admit<P: EndpointPool>(
         Err(Rejection::Shed { retry_after }) => enqueue(part.flow, req, Some(retry_after), model),
         Err(Rejection::NoEndpoints) => Admission::Refused(ApiError::QueueNoEndpoints {
             model: model.to_owned(),
+            subset: cx.subset.is_some(),
             waited: None,
         }),
         Err(r @ Rejection::Unavailable { .. }) => {
@@ -524,6 +525,7 @@ pub fn poll_queued<P: EndpointPool>(
         let Some(q) = queued.as_mut() else {
             return Poll::Ready(Err(ApiError::QueueNoEndpoints {
                 model: model.to_owned(),
+                subset: cx.subset.is_some(),
                 waited: None,
             }));
         };
@@ -584,6 +586,7 @@ pub fn try_turn<P: EndpointPool>(
             Some(Err(match r {
                 Rejection::NoEndpoints => ApiError::QueueNoEndpoints {
                     model: model.to_owned(),
+                    subset: cx.subset.is_some(),
                     waited,
                 },
                 other => rejection_error(other, model, cx.subset.is_some()),

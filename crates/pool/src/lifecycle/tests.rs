@@ -381,6 +381,20 @@ async fn a_request_whose_pool_loses_its_pods_while_it_waits_is_told_it_waited() 
         panic!("a pool without pods refuses at once");
     };
     assert!(e.to_string().contains("the request was not queued"), "{e}");
+    assert!(!e.to_string().contains("subset hint"), "{e}");
+    // With a subset hint, the refusal names it as the cause.
+    let hinted: [SocketAddr; 1] = ["10.9.9.9:1".parse().unwrap()];
+    let cx = cx.with_subset(Some(&hinted));
+    let (a, _) = admit(&pool, false, &cx, Some(part()), "m");
+    let Admission::Refused(e) = a else {
+        panic!("a pool without pods refuses at once");
+    };
+    assert_eq!(
+        e.to_string(),
+        "no ready endpoint serves the model `m` among the endpoints the request's subset hint \
+         names (x-gateway-destination-endpoint-subset): check the hint's addresses against the \
+         pool's: the request was not queued"
+    );
 }
 
 /// A stream without `stream_options.include_usage` reports no usage: its estimate stays
