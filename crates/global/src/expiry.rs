@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use infergate_pool::tls::Validity;
+use infergate_pool::tls::{Outside, Validity};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
@@ -26,30 +26,6 @@ use rustls_pki_types::pem::PemObject;
 pub(crate) const CLIENT_CERT: &str = "client_cert";
 /// The `file` label of a CA bundle's date.
 pub(crate) const CA: &str = "ca";
-
-/// How a moment stands outside a certificate's validity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outside {
-    /// Past its `notAfter`, by this many seconds.
-    Expired { seconds_ago: i64 },
-    /// Before its `notBefore`, by this many seconds.
-    NotYetValid { in_seconds: i64 },
-}
-
-/// Where `now` (Unix seconds) falls outside `validity`; `None` inside it.
-pub(crate) fn outside(validity: Validity, now: i64) -> Option<Outside> {
-    if now > validity.not_after {
-        Some(Outside::Expired {
-            seconds_ago: now - validity.not_after,
-        })
-    } else if now < validity.not_before {
-        Some(Outside::NotYetValid {
-            in_seconds: validity.not_before - now,
-        })
-    } else {
-        None
-    }
-}
 
 /// The `notAfter` of the client certificate `chain` (leaf first) that `cluster` presents from
 /// now on, loaded from `cert`; 0 when it cannot be read (logged at debug level). Warns when the
@@ -65,7 +41,7 @@ pub(crate) fn client_certificate(
         unread(cluster, cert, CLIENT_CERT);
         return 0;
     };
-    match outside(validity, now) {
+    match validity.outside(now) {
         Some(Outside::Expired { seconds_ago }) => tracing::warn!(
             cluster,
             cert = %cert.display(),

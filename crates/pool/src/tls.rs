@@ -286,20 +286,19 @@ impl TlsMetrics {
             return;
         };
         self.not_after.set(v.not_after);
-        let now = unix_now();
         let file = from.map_or_else(|| "(generated)".to_owned(), |p| p.display().to_string());
-        if now > v.not_after {
-            tracing::warn!(
+        match v.outside(unix_now()) {
+            Some(Outside::Expired { seconds_ago }) => tracing::warn!(
                 cert = %file,
-                expired_seconds_ago = now - v.not_after,
+                expired_seconds_ago = seconds_ago,
                 "TLS certificate expired: clients that verify it refuse every handshake; replace the file (it is reloaded)"
-            );
-        } else if now < v.not_before {
-            tracing::warn!(
+            ),
+            Some(Outside::NotYetValid { in_seconds }) => tracing::warn!(
                 cert = %file,
-                valid_in_seconds = v.not_before - now,
+                valid_in_seconds = in_seconds,
                 "TLS certificate not valid yet (notBefore is in the future; check this host's clock): clients that verify it refuse every handshake"
-            );
+            ),
+            None => {}
         }
     }
 }
@@ -782,7 +781,7 @@ pub fn client_tls(ca_file: &Path, server_name: Option<&str>) -> Result<ClientTls
 
 mod validity;
 
-pub use validity::{Validity, unix_now};
+pub use validity::{Outside, Validity, unix_now};
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,8 @@ use infergate_pool::tls::Validity;
 use infergate_testkit::tls::TestCa;
 use rustls_pki_types::CertificateDer;
 
-use super::{Outside, bundle, client_certificate, outside};
+use super::{bundle, client_certificate};
+use infergate_pool::tls::Outside;
 
 /// 2020-01-01, 2030-01-01 and 2040-01-01, 00:00 UTC.
 const Y2020: i64 = 1_577_836_800;
@@ -17,14 +18,14 @@ fn a_moment_is_outside_before_not_before_and_after_not_after() {
         not_before: Y2020,
         not_after: Y2030,
     };
-    assert_eq!(outside(v, Y2020), None);
-    assert_eq!(outside(v, Y2030), None);
+    assert_eq!(v.outside(Y2020), None);
+    assert_eq!(v.outside(Y2030), None);
     assert_eq!(
-        outside(v, Y2030 + 5),
+        v.outside(Y2030 + 5),
         Some(Outside::Expired { seconds_ago: 5 })
     );
     assert_eq!(
-        outside(v, Y2020 - 7),
+        v.outside(Y2020 - 7),
         Some(Outside::NotYetValid { in_seconds: 7 })
     );
 }

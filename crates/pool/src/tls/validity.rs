@@ -19,7 +19,37 @@ pub struct Validity {
     pub not_after: i64,
 }
 
+/// How a moment stands outside a certificate's validity ([`Validity::outside`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outside {
+    /// Past its `notAfter`, by this many seconds.
+    Expired {
+        /// Seconds since `notAfter`.
+        seconds_ago: i64,
+    },
+    /// Before its `notBefore`, by this many seconds.
+    NotYetValid {
+        /// Seconds until `notBefore`.
+        in_seconds: i64,
+    },
+}
+
 impl Validity {
+    /// Where `now` (Unix seconds) falls outside the validity; `None` inside it.
+    pub fn outside(&self, now: i64) -> Option<Outside> {
+        if now > self.not_after {
+            Some(Outside::Expired {
+                seconds_ago: now - self.not_after,
+            })
+        } else if now < self.not_before {
+            Some(Outside::NotYetValid {
+                in_seconds: self.not_before - now,
+            })
+        } else {
+            None
+        }
+    }
+
     /// The validity of the DER-encoded certificate `der`; `None` when it does not have a
     /// certificate's shape.
     pub fn of(der: &[u8]) -> Option<Validity> {
