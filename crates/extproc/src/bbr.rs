@@ -15,9 +15,10 @@
 //! carry neither header and are not routed pass through untouched (no mutation, no
 //! `clear_route_cache`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
@@ -25,6 +26,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     CommonResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use infergate_openai::{ApiError, ApiKind, ModelRouter, check_content_encoding, parse_request};
+use prometheus_client::metrics::counter::Counter;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -32,7 +34,7 @@ use crate::error::Error;
 use crate::picker::DEFAULT_MAX_BODY_BYTES;
 use crate::run::invalid_in;
 use crate::stream::{AnswerStream, Exchange, Flow};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{BbrTelemetry, RoutedLabels};
 use crate::wire::{self, BodyMode};
 
 /// The served models and their LoRA adapters, as written in a `--models` file:
@@ -120,7 +122,11 @@ impl Default for BbrConfig {
 pub(crate) struct Shared {
     config: BbrConfig,
     router: ModelRouter<()>,
-    telemetry: Telemetry,
+    telemetry: BbrTelemetry,
+    /// `bbr_routed_total`'s counter of every served name, made at start: the names are the
+    /// models file's, so the series are bounded and each exists (at 0) before its first request,
+    /// and counting a routed request is a map lookup and an atomic add.
+    routed: HashMap<Box<str>, Counter>,
 }
 
 /// The ext_proc body-based router service. Cheap to clone.
@@ -131,12 +137,27 @@ pub struct BodyRouter {
 
 impl BodyRouter {
     /// A router over `router`'s models.
-    pub fn new(config: BbrConfig, router: ModelRouter<()>, telemetry: Telemetry) -> Self {
+    pub fn new(config: BbrConfig, router: ModelRouter<()>, telemetry: BbrTelemetry) -> Self {
+        let routed = router
+            .models()
+            .into_iter()
+            .map(|(model, base_model)| {
+                let counter = telemetry
+                    .routed
+                    .get_or_create(&RoutedLabels {
+                        model: model.to_owned(),
+                        base_model: base_model.to_owned(),
+                    })
+                    .clone();
+                (Box::from(model), counter)
+            })
+            .collect();
         BodyRouter {
             shared: Arc::new(Shared {
                 config,
                 router,
                 telemetry,
+                routed,
             }),
         }
     }
@@ -304,6 +325,7 @@ impl BbrExchange {
         end_of_stream: bool,
         out: &mut Vec<ProcessingResponse>,
     ) -> Flow {
+        let started = Instant::now();
         self.buffering = None;
         let body = std::mem::take(&mut self.body);
         let parsed = match parse_request(kind, &body) {
@@ -314,6 +336,8 @@ impl BbrExchange {
             Ok(r) => r,
             Err(e) => return self.reject(&e, out),
         };
+        // Looked up before the body moves on (the name borrows it); counted once answered.
+        let routed = self.shared.routed.get(parsed.model.as_ref());
         let set = vec![
             wire::set_header(wire::MODEL_HEADER, parsed.model.as_bytes()),
             wire::set_header(wire::BASE_MODEL_HEADER, resolved.base_model.as_bytes()),
@@ -330,6 +354,13 @@ impl BbrExchange {
             }
             _ => out.push(wire::buffered_body(true, common, None)),
         }
+        if let Some(routed) = routed {
+            routed.inc();
+        }
+        self.shared
+            .telemetry
+            .route_seconds
+            .observe(started.elapsed().as_secs_f64());
         Flow::Continue
     }
 

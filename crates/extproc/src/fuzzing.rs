@@ -18,7 +18,7 @@ use crate::bbr::{BbrConfig, BbrExchange, BodyRouter};
 use crate::picker::{EndpointPicker, PickerConfig, PickerExchange};
 use crate::pool::{EndpointPool, InflightGuard};
 use crate::stream::{Exchange, Flow};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{BbrTelemetry, Telemetry};
 use crate::wire::BodyMode;
 
 /// What the scripted pool answers to every pick.
@@ -246,7 +246,7 @@ impl Bbr {
             max_body_bytes,
             request_body_mode: BodyMode::FullDuplex,
         };
-        let bbr = BodyRouter::new(config, router, Telemetry::default());
+        let bbr = BodyRouter::new(config, router, BbrTelemetry::default());
         Bbr {
             exchange: Some(BbrExchange::new(Arc::clone(&bbr.shared))),
         }

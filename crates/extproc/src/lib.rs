@@ -50,5 +50,5 @@ pub use bbr::BodyRouter;
 pub use error::Error;
 pub use picker::{EndpointPicker, PickerConfig};
 pub use pool::{EndpointPool, InflightGuard};
-pub use telemetry::Telemetry;
+pub use telemetry::{BbrTelemetry, Telemetry};
 pub use wire::BodyMode;

@@ -21,7 +21,7 @@ use crate::bbr::{BbrConfig, BodyRouter};
 use crate::error::Error;
 use crate::picker::{EndpointPicker, PickerConfig};
 use crate::server::{serve_ext_proc_tls, serve_health};
-use crate::telemetry::{PodStateLabels, Telemetry};
+use crate::telemetry::{BbrTelemetry, PodStateLabels, Telemetry};
 
 /// How often the ready/stale pod gauges are refreshed.
 pub const POD_GAUGE_INTERVAL: Duration = Duration::from_secs(1);
@@ -332,7 +332,7 @@ pub async fn run_bbr(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let mut registry = Registry::default();
-    let telemetry = Telemetry::register(&mut registry);
+    let telemetry = BbrTelemetry::register(&mut registry);
     if let Some(tls) = &tls {
         tls.register(&mut registry);
     }

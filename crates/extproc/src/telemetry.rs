@@ -44,6 +44,14 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// The help text of `rejections_total`, the one family the picker and the body-based router
+/// both export.
+const REJECTIONS_HELP: &str = "Requests answered with an error, by reason";
+
+fn count_rejection(family: &Family<ReasonLabels, Counter>, reason: &'static str) {
+    family.get_or_create(&ReasonLabels { reason }).inc();
+}
+
 /// Labels of `tokens_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
@@ -129,11 +137,7 @@ impl Telemetry {
             "Time from the complete request body to the routing answer",
             t.pick_seconds.clone(),
         );
-        r.register(
-            "rejections",
-            "Requests answered with an error, by reason",
-            t.rejections.clone(),
-        );
+        r.register("rejections", REJECTIONS_HELP, t.rejections.clone());
         r.register(
             "tokens",
             "Tokens reported by model servers, by model and kind (input, output, cached)",
@@ -167,9 +171,7 @@ impl Telemetry {
 
     /// Counts one rejection.
     pub fn reject(&self, reason: &'static str) {
-        self.rejections
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
+        count_rejection(&self.rejections, reason);
     }
 
     /// Adds reported usage.
@@ -196,6 +198,66 @@ impl Telemetry {
             pool: pool.to_owned(),
             models: RwLock::default(),
         }
+    }
+}
+
+/// Labels of the body-based router's `bbr_routed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoutedLabels {
+    /// The served name the request's `model` named (a base model or a LoRA adapter).
+    pub model: String,
+    /// The base model serving it (the `x-gateway-base-model-name` the router set).
+    pub base_model: String,
+}
+
+/// What the body-based router exports, under `infergate_extproc_`: the requests it routed by
+/// model (`bbr_routed_total`), the time from the complete body to its answer
+/// (`bbr_route_duration_seconds`) and the requests it answered with an error
+/// (`rejections_total`, the picker's family and labels). It registers none of the picker's
+/// other families, which it would never fill. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct BbrTelemetry {
+    /// Routed requests by served name and base model.
+    pub routed: Family<RoutedLabels, Counter>,
+    /// Complete request body to the routing answer (parse and lookup).
+    pub route_seconds: Histogram,
+    /// Requests answered with an error instead of a route, by reason.
+    pub rejections: Family<ReasonLabels, Counter>,
+}
+
+impl Default for BbrTelemetry {
+    fn default() -> Self {
+        BbrTelemetry {
+            routed: Family::default(),
+            // 1 µs … ~16 ms, as the picker's `pick_duration_seconds`.
+            route_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 15)),
+            rejections: Family::default(),
+        }
+    }
+}
+
+impl BbrTelemetry {
+    /// Creates the metrics and registers them under the `infergate_extproc_` prefix.
+    pub fn register(registry: &mut Registry) -> Self {
+        let t = BbrTelemetry::default();
+        let r = registry.sub_registry_with_prefix("infergate_extproc");
+        r.register(
+            "bbr_routed",
+            "Requests the body-based router routed, by the served name the body named and its base model",
+            t.routed.clone(),
+        );
+        r.register(
+            "bbr_route_duration_seconds",
+            "Time from the complete request body to the body-based router's routing answer",
+            t.route_seconds.clone(),
+        );
+        r.register("rejections", REJECTIONS_HELP, t.rejections.clone());
+        t
+    }
+
+    /// Counts one rejection.
+    pub fn reject(&self, reason: &'static str) {
+        count_rejection(&self.rejections, reason);
     }
 }
 

@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use harness::*;
 use infergate_extproc::bbr::{BbrConfig, ModelsFile};
 use infergate_extproc::wire::{self, MAX_CHUNK};
-use infergate_extproc::{BodyRouter, EndpointPicker, PickerConfig, Telemetry};
+use infergate_extproc::{BbrTelemetry, BodyRouter, EndpointPicker, PickerConfig, Telemetry};
 use infergate_scheduler::Usage;
 
 const A: &str = "10.0.0.1:8000";
@@ -762,7 +762,7 @@ async fn bbr() -> (Server, Envoy) {
     let router = BodyRouter::new(
         BbrConfig::default(),
         models.router().unwrap(),
-        Telemetry::default(),
+        BbrTelemetry::default(),
     );
     let server = serve(router).await;
     let envoy = Envoy::connect(server.addr).await;

@@ -891,7 +891,10 @@ async fn the_picker_routes_over_tls_and_serves_a_replaced_certificate() {
 
 /// The body-based router with `--tls-self-signed` (`ext_proc_tls`, as `infergate bbr` builds it):
 /// routes a LoRA request over TLS from a client that accepts any certificate; a plaintext h2c
-/// client is closed and counted on its metrics port.
+/// client is closed and counted on its metrics port. The port counts the routed request by its
+/// served name and base model (every served name's series there from the start, at 0), and the
+/// unknown model's 404 as a rejection; none of the picker's families it would never fill is
+/// exported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
     use infergate_extproc::bbr::{BbrConfig, ModelsFile};
@@ -936,6 +939,44 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
         answer.header(infergate_extproc::wire::BASE_MODEL_HEADER),
         Some("llama-3-8b")
     );
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(
+        br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#,
+        true,
+    ))
+    .await;
+    assert_eq!(immediate_parts(&ex.next().await).0, 404);
+    let m = http_get(metrics_addr, "/metrics").await;
+    let routed = |model: &str| {
+        metric(
+            &m,
+            "infergate_extproc_bbr_routed_total",
+            &[("model", model), ("base_model", "llama-3-8b")],
+        )
+    };
+    assert_eq!(routed("sql-lora"), Some(1.0), "{m}");
+    assert_eq!(routed("llama-3-8b"), Some(0.0), "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "infergate_extproc_rejections_total",
+            &[("reason", "unknown_model")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        m.contains("infergate_extproc_bbr_route_duration_seconds_count 1"),
+        "{m}"
+    );
+    for picker_only in ["requests_total", "tokens_total", "pods", "ttft_seconds"] {
+        assert!(
+            !m.contains(&format!("infergate_extproc_{picker_only}")),
+            "{picker_only}: {m}"
+        );
+    }
 
     let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
     plain
