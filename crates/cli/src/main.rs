@@ -4,11 +4,13 @@
 //!
 //! Each subcommand lives in `cmd/<name>.rs` and is a thin shell over its library crate.
 
+use std::ffi::OsString;
 use std::io::IsTerminal;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod cmd;
+mod env_vars;
 
 /// GPU-aware inference gateway for Kubernetes.
 #[derive(Debug, Parser)]
@@ -71,7 +73,28 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let known_vars = env_vars::known(&Cli::command());
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap names the flag; a value that came from the environment says where it was set.
+            if let Some(var) = env_vars::source_of_invalid_value(&e, &known_vars, &args, |name| {
+                std::env::var_os(name).is_some()
+            }) {
+                let text = e.render().to_string();
+                let note = format!(
+                    "  (read from the environment variable {var}: the flag was not given)\n"
+                );
+                match text.find("\nFor more information") {
+                    Some(at) => eprint!("{}{note}{}", &text[..at], &text[at..]),
+                    None => eprint!("{text}{note}"),
+                }
+                std::process::exit(e.exit_code());
+            }
+            e.exit()
+        }
+    };
     // The demo and the benchmarks start emulated pods and gateways in-process, run after run:
     // their start-up lines say nothing the report does not, and would break the progress bar.
     // Their warnings still show; `RUST_LOG` overrides either default.
@@ -95,6 +118,12 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
         // Colour only on a terminal: logs captured to files or collectors stay plain text.
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+    for (set, meant) in env_vars::resembling(&known_vars, std::env::vars_os()) {
+        tracing::warn!(
+            variable = %set,
+            "the environment variable {set} is not one infergate reads, so it is ignored: did you mean {meant}?"
+        );
     }
     let runtime = match cli.command {
         // The gateway serves on its own per-core worker threads (this runtime carries its control

@@ -1,0 +1,103 @@
+//! The real binary and the environment variables its flags read: a misspelt variable is named in
+//! a warning with the one it resembles (the shell takes any name, and infergate would ignore it
+//! silently), and a bad value read from a variable is reported with the variable's name (clap
+//! names only the flag, which the user never typed).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::process::{Command, Output};
+
+/// Runs `infergate ARGS` with `vars` added to a clean environment (PATH only).
+fn run(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infergate"));
+    cmd.args(args).env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    cmd.envs(vars.iter().copied()).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_misspelt_variable_is_named_with_the_one_it_resembles() {
+    // `crdgen` to a fresh folder: a command that starts, logs and exits 0.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("crds");
+    let o = run(
+        &["crdgen", "--out", out.to_str().unwrap()],
+        &[
+            ("INFERGATE_LOG_FROMAT", "json"),
+            ("infergate_gateway_workers", "2"),
+            ("INFERGATE_REDIS_PASSWORD", "secret"),
+        ],
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "the environment variable INFERGATE_LOG_FROMAT is not one infergate reads, so it is \
+             ignored: did you mean INFERGATE_LOG_FORMAT?"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("infergate_gateway_workers is not one infergate reads")
+            && err.contains("did you mean INFERGATE_GATEWAY_WORKERS?"),
+        "{err}"
+    );
+    // A name a configuration file may give a secret resembles nothing: no warning, and the
+    // value is never printed.
+    assert!(!err.contains("INFERGATE_REDIS_PASSWORD"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+    // The right name: no warning.
+    let o = run(
+        &["crdgen", "--out", out.to_str().unwrap()],
+        &[("INFERGATE_LOG_FORMAT", "json")],
+    );
+    assert!(!stderr(&o).contains("did you mean"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_bad_value_from_a_variable_names_the_variable() {
+    let o = run(
+        &["gateway", "--config", "/nonexistent.yaml"],
+        &[("INFERGATE_GATEWAY_WORKERS", "0")],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value '0' for '--workers"),
+        "clap's own message: {err}"
+    );
+    assert!(
+        err.contains(
+            "(read from the environment variable INFERGATE_GATEWAY_WORKERS: the flag was not given)"
+        ),
+        "{err}"
+    );
+    let o = run(
+        &["crdgen", "--out", "/x"],
+        &[("INFERGATE_LOG_FORMAT", "yaml")],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("environment variable INFERGATE_LOG_FORMAT"),
+        "{err}"
+    );
+    // The same bad value given as the flag: clap's message alone.
+    let o = run(
+        &["gateway", "--config", "/nonexistent.yaml", "--workers", "0"],
+        &[("INFERGATE_GATEWAY_WORKERS", "0")],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains("environment variable"), "{err}");
+}
