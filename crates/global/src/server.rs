@@ -122,19 +122,40 @@ impl Handle {
     ///
     /// `listen`, `admin` and `tls` are read only at start; a change there is ignored (and
     /// logged).
-    pub fn reload(&self, config: GlobalConfig) -> Result<(), Error> {
+    pub fn reload(&self, mut config: GlobalConfig) -> Result<(), Error> {
         let shared = &self.shared;
         let _serial = shared
             .reloading
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let old = shared.state.load_full();
-        if old.config.listen != config.listen
-            || old.config.admin != config.admin
-            || old.config.tls != config.tls
-        {
-            // (The certificate files themselves are reloaded when they change.)
-            tracing::warn!("`listen`, `admin` and `tls` changes take effect only after a restart");
+        // The values in force stay in the new configuration, so that a file changed back to
+        // them is no change and the next reload compares with what runs, not with the last
+        // file. (The certificate files themselves are reloaded when they change.)
+        let mut kept = Vec::new();
+        if old.config.listen != config.listen {
+            kept.push(format!(
+                "listen {} (in force: {})",
+                config.listen, old.config.listen
+            ));
+            config.listen = old.config.listen;
+        }
+        if old.config.admin != config.admin {
+            kept.push(format!(
+                "admin {} (in force: {})",
+                config.admin, old.config.admin
+            ));
+            config.admin = old.config.admin;
+        }
+        if old.config.tls != config.tls {
+            kept.push("tls".to_owned());
+            config.tls.clone_from(&old.config.tls);
+        }
+        if !kept.is_empty() {
+            tracing::warn!(
+                changed = %kept.join(", "),
+                "`listen`, `admin` and `tls` changes take effect only after a restart; the rest of the file applies"
+            );
         }
         let reseed = (old.config.seed != config.seed).then_some(config.seed);
         match State::build(config, Some(&old), &shared.telemetry) {
@@ -730,6 +751,10 @@ async fn route_request(
         .to_owned();
     let first_byte = Duration::from_millis(state.config.timeouts.first_byte_ms);
     let attempts = usize::from(state.config.retries.max_attempts).min(candidates.len());
+    // What each cluster tried did, for the 502 when none answered: the last one's failure alone
+    // would hide that an earlier one was reached and answered an error (a gateway with no ready
+    // pod, say), or could not be reached either.
+    let mut tried: Vec<String> = Vec::new();
     let mut last_error = None;
     for (n, cand) in candidates.iter().take(attempts).enumerate() {
         let cluster = &state.clusters[cand.index];
@@ -840,7 +865,10 @@ async fn route_request(
                         format!("cluster `{name}` failed before answering")
                     }
                 };
-                last_error = Some(ApiError::UpstreamUnavailable { reason });
+                tried.push(reason);
+                last_error = Some(ApiError::UpstreamUnavailable {
+                    reason: tried.join("; "),
+                });
             }
             Ok(Ok(resp)) => {
                 cluster.tls_failure_logged.store(false, Ordering::Relaxed);
@@ -852,12 +880,13 @@ async fn route_request(
                     if !last {
                         failover("credentials");
                     }
+                    tried.push(format!(
+                        "cluster `{}` refused the router's credentials ({})",
+                        cluster.config.name,
+                        status.as_u16()
+                    ));
                     last_error = Some(ApiError::UpstreamUnavailable {
-                        reason: format!(
-                            "cluster `{}` refused the router's credentials ({})",
-                            cluster.config.name,
-                            status.as_u16()
-                        ),
+                        reason: tried.join("; "),
                     });
                     continue;
                 }
@@ -881,6 +910,10 @@ async fn route_request(
                     } else {
                         "status_429"
                     });
+                    tried.push(format!(
+                        "cluster `{}` answered {status}",
+                        cluster.config.name
+                    ));
                     continue;
                 }
                 let code = crate::telemetry::status_class(status.as_u16());

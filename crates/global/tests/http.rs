@@ -471,6 +471,33 @@ async fn a_cluster_refusing_the_routers_credentials_is_not_the_clients_401() {
     }
 }
 
+/// When no cluster answers, the 502 says what each cluster tried did: `busy` was reached and
+/// answered 503, then `dead` could not be reached. The last failure alone read as if `busy` had
+/// not been tried, or had been unreachable too.
+#[tokio::test]
+async fn the_502_when_no_cluster_answers_names_every_cluster_tried() {
+    let busy = refusing_cluster(503).await;
+    // A port nothing listens on: connections to it are refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let yaml = format!(
+        "auth: none\nclusters:\n  - {{ name: busy, url: 'http://{busy}', region: r, models: [m], cost: {{ inputPerMillion: 0.1 }} }}\n  - {{ name: dead, url: 'http://{dead}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n"
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        "the model server could not be reached: cluster `busy` answered 503 Service \
+         Unavailable; cannot connect to cluster `dead`",
+        "{v}"
+    );
+}
+
 /// `/readyz` says whether the router has somewhere to send traffic: a cluster up by its
 /// heartbeat is, whether or not its `/v1/models` could be read (it was 503 while discovery
 /// failed, requests being routed all the while).

@@ -280,6 +280,50 @@ async fn a_bad_file_is_refused_and_the_running_configuration_stays() {
     assert_eq!(reloads(&router, "ok").await, 1.0);
 }
 
+/// `listen` changed in the file is warned of once, naming the new address and the one in force,
+/// and the rest of the file applies; the file changed back to the address in force is no change,
+/// so no warning (the comparison is with what runs, not with the last file read).
+#[tokio::test]
+async fn a_listen_change_is_warned_of_and_changing_it_back_is_not() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let a = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("global.yaml");
+    let good = format!(
+        "listen: 127.0.0.1:18480\n{}",
+        file(&[entry("a", a.addr, beat, 1.0)])
+    );
+    let (router, _stop) = clusters::router_with(&good).await;
+    until_answered_by(&router, "a").await;
+    let handle = router.handle();
+    let warnings = || {
+        out.text()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("take effect only after a restart"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+
+    let moved = good.replace("127.0.0.1:18480", "127.0.0.1:18481");
+    std::fs::write(&path, &moved).unwrap();
+    handle.reload_file(&path).unwrap();
+    let said = warnings();
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(
+        said[0].contains("listen 127.0.0.1:18481 (in force: 127.0.0.1:18480)"),
+        "{}",
+        said[0]
+    );
+
+    std::fs::write(&path, &good).unwrap();
+    handle.reload_file(&path).unwrap();
+    assert_eq!(warnings().len(), 1, "{:#?}", warnings());
+    assert_eq!(reloads(&router, "ok").await, 2.0);
+    assert_eq!(answered_by(&router).await, "a");
+}
+
 /// A cluster keeps its state across a reload that leaves its entry unchanged but for its price:
 /// `bad`, ejected after three 503s, stays ejected (no request reaches it) when the reload
 /// changes `good`'s price and its own, and `good`, repriced, is routed on at once (not drained
