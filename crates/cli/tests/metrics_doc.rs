@@ -38,9 +38,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use front_doors::{
-    ADAPTER, FrontDoors, Proc, chat, http, local, sample_name, scrape_until, suffixes,
+    ADAPTER, FrontDoors, Proc, assert_unknown_model_refused, chat, ext_proc_answer, http, local,
+    sample_name, scrape_until, start_ext_proc, suffixes,
 };
-use harness::{Envoy, headers_answer, immediate, request_body, request_headers};
+use harness::{Envoy, headers_answer, immediate};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -516,24 +517,8 @@ async fn every_exported_family_is_documented_and_every_documented_one_exported()
     // The body-based router, for the pods' model and adapter.
     let models = dir.join("models.yaml");
     std::fs::write(&models, format!("{}: [{ADAPTER}]\n", doors.model)).unwrap();
-    let (grpc_s, health_s, metrics_s) = (p[0].to_string(), p[1].to_string(), p[2].to_string());
-    let mut bbr = Proc::start(
-        "bbr",
-        &[
-            "bbr",
-            "--models",
-            models.to_str().unwrap(),
-            "--listen-address",
-            "127.0.0.1",
-            "--grpc-port",
-            &grpc_s,
-            "--grpc-health-port",
-            &health_s,
-            "--metrics-port",
-            &metrics_s,
-        ],
-        &dir,
-    );
+    let models = models.to_str().unwrap();
+    let mut bbr = start_ext_proc("bbr", &["--models", models], [p[0], p[1], p[2]], &dir);
 
     // The global router over two clusters: the gateway, with a token file (its reloads are
     // exported), and the same gateway behind a heartbeat this test serves, dearer, which says
@@ -713,11 +698,7 @@ async fn drive_bbr(grpc: SocketAddr, model: &str) {
         (unknown, Some(404)),
         (b"not json".to_vec(), Some(400)),
     ] {
-        let mut ex = envoy.open().await;
-        ex.send(request_headers("/v1/chat/completions", &[], false))
-            .await;
-        ex.send(request_body(&body, true)).await;
-        let answer = ex.next().await;
+        let answer = ext_proc_answer(&envoy, &body).await;
         match status {
             None => {
                 let route = headers_answer(&answer);
@@ -745,13 +726,5 @@ async fn drive_global(front: SocketAddr, model: &str) {
         .unwrap();
         assert_eq!(status, 200, "{body}");
     }
-    let (status, body) = http(
-        front,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("no-such-model", "hi", false)),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 404, "{body}");
+    assert_unknown_model_refused(front).await;
 }

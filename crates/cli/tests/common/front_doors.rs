@@ -27,6 +27,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::forward;
 use crate::harness::{Envoy, immediate, request_body, request_headers};
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
 
 /// How long a process may take to become ready.
 pub const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -236,6 +237,47 @@ pub async fn scrape_until(
     }
 }
 
+/// Starts `infergate picker` or `infergate bbr` (`command`) with `args`, on 127.0.0.1 with its
+/// ext_proc, gRPC health and metrics ports at `ports`.
+pub fn start_ext_proc(command: &'static str, args: &[&str], ports: [u16; 3], dir: &Path) -> Proc {
+    let [grpc, health, metrics] = ports.map(|p| p.to_string());
+    let mut all = vec![command, "--listen-address", "127.0.0.1"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "--grpc-port",
+        &grpc,
+        "--grpc-health-port",
+        &health,
+        "--metrics-port",
+        &metrics,
+    ]);
+    Proc::start(command, &all, dir)
+}
+
+/// The first answer of an ext_proc stream to a chat completion's headers and `body`, as Envoy
+/// sends them.
+pub async fn ext_proc_answer(envoy: &Envoy, body: &[u8]) -> ProcessingResponse {
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(body, true)).await;
+    ex.next().await
+}
+
+/// Asserts that an OpenAI-compatible front door answers a chat completion for a model it does
+/// not serve with 404.
+pub async fn assert_unknown_model_refused(front: SocketAddr) {
+    let (status, body) = http(
+        front,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("no-such-model", "hi", false)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 404, "{body}");
+}
+
 /// The emulated pods, the gateway and the picker in front of them.
 pub struct FrontDoors {
     /// The gateway process.
@@ -347,28 +389,11 @@ impl FrontDoors {
         let endpoints_file = dir.path().join("endpoints.yaml");
         let file = json!({ "engine": "vllm", "endpoints": endpoints });
         std::fs::write(&endpoints_file, serde_yaml::to_string(&file).unwrap()).unwrap();
-        let (grpc_s, health_s, metrics_s) = (
-            grpc.to_string(),
-            grpc_health.to_string(),
-            picker_metrics.to_string(),
-        );
-        let mut picker = Proc::start(
+        let endpoints_file = endpoints_file.to_str().unwrap();
+        let mut picker = start_ext_proc(
             "picker",
-            &[
-                "picker",
-                "--pool-name",
-                "llama",
-                "--endpoints-file",
-                endpoints_file.to_str().unwrap(),
-                "--listen-address",
-                "127.0.0.1",
-                "--grpc-port",
-                &grpc_s,
-                "--grpc-health-port",
-                &health_s,
-                "--metrics-port",
-                &metrics_s,
-            ],
+            &["--pool-name", "llama", "--endpoints-file", endpoints_file],
+            [grpc, grpc_health, picker_metrics],
             dir.path(),
         );
         gateway.wait_ready(gateway_admin).await;
@@ -423,15 +448,7 @@ impl FrontDoors {
             assert_eq!(status, 200, "{m} (stream {stream}): {body}");
             assert!(body.contains("usage"), "{body}");
         }
-        let (status, body) = http(
-            self.front,
-            "POST",
-            "/v1/chat/completions",
-            Some(&chat("no-such-model", "hi", false)),
-        )
-        .await
-        .unwrap();
-        assert_eq!(status, 404, "{body}");
+        assert_unknown_model_refused(self.front).await;
 
         let envoy = Envoy::connect(self.grpc).await;
         for stream in [false, true] {
@@ -440,11 +457,7 @@ impl FrontDoors {
             assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
             assert_ne!(f.endpoint, self.dead);
         }
-        let mut ex = envoy.open().await;
-        ex.send(request_headers("/v1/chat/completions", &[], false))
-            .await;
-        ex.send(request_body(b"not json", true)).await;
-        let answer = ex.next().await;
+        let answer = ext_proc_answer(&envoy, b"not json").await;
         let status = immediate(&answer).status.as_ref().map_or(0, |s| s.code);
         assert_eq!(status, 400, "{answer:?}");
     }
