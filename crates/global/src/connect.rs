@@ -441,6 +441,17 @@ fn remedy(e: &rustls::Error) -> Option<&'static str> {
         Error::AlertReceived(Alert::CertificateExpired) => {
             "the cluster refused the router's client certificate as expired: renew tls.certFile"
         }
+        // The alert rustls sends for a certificate whose extended key usage does not allow its
+        // use: a server's certificate presented as the router's, the usual mistake.
+        Error::AlertReceived(Alert::UnsupportedCertificate) => {
+            "the cluster does not accept the router's client certificate for client \
+             authentication: issue tls.certFile with extendedKeyUsage clientAuth, or none, from \
+             a CA in the gateway's tls.clientCaFile"
+        }
+        Error::InvalidCertificate(Cert::InvalidPurpose | Cert::InvalidPurposeContext { .. }) => {
+            "the cluster's certificate is not issued for server authentication: reissue it with \
+             extendedKeyUsage serverAuth, or none"
+        }
         _ => return None,
     })
 }

@@ -520,6 +520,28 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
          tls.certFile from a CA in the gateway's tls.clientCaFile)",
     );
     assert_eq!(refused_client_certificates(&secure).await, 2.0);
+
+    // A certificate of the right CA issued for servers only (extendedKeyUsage serverAuth): the
+    // gateway refuses it as unsupported, and the router says what to issue instead.
+    let server_only = ClientFiles::new(
+        &dir.path().join("server-only"),
+        &client_ca.issue_for_servers_only(&["router"]),
+    );
+    let r = chat_through(&entry(
+        &secure,
+        &url,
+        1.0,
+        &format!(", models: [llama]{}", server_only.entry(&ca_file)),
+    ))
+    .await;
+    assert_refused_by_tls(
+        &r,
+        "cannot connect to cluster `secure`: TLS handshake failed: received fatal alert: \
+         UnsupportedCertificate (the cluster does not accept the router's client certificate \
+         for client authentication: issue tls.certFile with extendedKeyUsage clientAuth, or \
+         none, from a CA in the gateway's tls.clientCaFile)",
+    );
+    assert_eq!(refused_client_certificates(&secure).await, 3.0);
 }
 
 /// The router's `tls.certFile` and `tls.keyFile` rotated on disk, the configuration unchanged:

@@ -68,6 +68,15 @@ impl TestCa {
         self.issue_with(CertificateParams::new(names).expect("leaf parameters"))
     }
 
+    /// A certificate for `names` whose extended key usage is server authentication only: a
+    /// server's certificate, refused where a client's is asked for.
+    pub fn issue_for_servers_only(&self, names: &[&str]) -> Leaf {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf parameters");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue_with(params)
+    }
+
     /// [`TestCa::issue`] valid only from `not_before` to `not_after` (year, month, day, UTC
     /// midnight): an expired certificate, or one not valid yet.
     pub fn issue_valid(

@@ -156,3 +156,20 @@ fn a_token_to_a_remote_http_url_is_plaintext() {
     )));
     assert!(!token_in_plaintext(&cluster("http://10.0.0.1:8080", "")));
 }
+
+/// A certificate whose extended key usage does not allow its use is named with what to issue:
+/// the cluster's not for servers (rustls' `InvalidPurpose`), the router's refused by the gateway
+/// (the `UnsupportedCertificate` alert rustls sends for it).
+#[test]
+fn a_certificate_of_the_wrong_purpose_says_what_to_issue() {
+    let server = rustls::Error::InvalidCertificate(rustls::CertificateError::InvalidPurpose);
+    assert!(
+        with_remedy("invalid peer certificate".to_owned(), &server)
+            .ends_with("(the cluster's certificate is not issued for server authentication: reissue it with extendedKeyUsage serverAuth, or none)"),
+    );
+    let client = rustls::Error::AlertReceived(rustls::AlertDescription::UnsupportedCertificate);
+    assert!(
+        with_remedy("received fatal alert".to_owned(), &client)
+            .contains("issue tls.certFile with extendedKeyUsage clientAuth"),
+    );
+}
