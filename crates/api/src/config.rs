@@ -405,7 +405,10 @@ pub struct SchedulerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 63), inner(length(min = 1, max = 253)))]
     pub lora_adapters: Vec<String>,
-    /// Request timeout on the route, e.g. `300s` (Gateway API duration).
+    /// Request timeout on the route (Gateway API `timeouts.request`: from the request to the end
+    /// of the response), a Gateway API duration; default `300s`. Every HTTPRoute gets one:
+    /// without it Envoy applies its default of 15 s, which cuts every streamed answer that takes
+    /// longer. `0s` sets no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"))]
     pub route_timeout: Option<String>,
@@ -433,6 +436,11 @@ pub struct SchedulerSpec {
     pub precise_prefix: Option<PrecisePrefixSpec>,
 }
 
+/// The HTTPRoute's request timeout when `routeTimeout` is left out: five minutes, room for a long
+/// generation, where Envoy's own default (15 s, from the request to the end of the response)
+/// would cut streamed answers.
+pub const DEFAULT_ROUTE_TIMEOUT: &str = "300s";
+
 impl SchedulerSpec {
     /// The names that route to this scheduler's pool besides `modelName`: its LoRA adapters,
     /// then the names its rewrite rules match, each once. The body-based router maps them to
@@ -448,6 +456,13 @@ impl SchedulerSpec {
             }
         }
         names
+    }
+
+    /// The HTTPRoute's request timeout: `routeTimeout`, else [`DEFAULT_ROUTE_TIMEOUT`].
+    pub fn route_timeout(&self) -> &str {
+        self.route_timeout
+            .as_deref()
+            .unwrap_or(DEFAULT_ROUTE_TIMEOUT)
     }
 
     /// The scorer preset the picker runs: the explicit one, else `infergate` unless weights are set.

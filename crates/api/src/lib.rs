@@ -23,7 +23,7 @@ pub mod upstream;
 pub mod validation;
 
 pub use config::{
-    AppProtocol, AuthSpec, BbrSpec, EngineType, FailureMode, GatewaySpec, InferenceGatewayConfig,
+    AppProtocol, AuthSpec, BbrSpec, DEFAULT_ROUTE_TIMEOUT, EngineType, FailureMode, GatewaySpec, InferenceGatewayConfig,
     InferenceGatewayConfigSpec, IssuerKind, IssuerRef, JwtAuth, JwtProvider, ListenerProtocol,
     ListenerSpec, LogFormat, LogLevel, ObservabilitySpec, PodDefaults, PrecisePrefixSpec,
     RemoteJwks, RequiredClaim, SchedulerPreset, SchedulerSpec, SecretRef, TlsSpec, TokenizerSource,

@@ -735,9 +735,9 @@ impl<'a> Renderer<'a> {
                 "name": pool_name,
             }],
         });
-        if let Some(t) = &s.route_timeout {
-            rule["timeouts"] = json!({ "request": t });
-        }
+        // Always set: without it Envoy's default route timeout (15 s to the end of the
+        // response) cuts every longer streamed answer.
+        rule["timeouts"] = json!({ "request": s.route_timeout() });
         let route: HttpRoute = typed(
             "HTTPRoute",
             json!({

@@ -377,6 +377,47 @@ fn route_timeout_touches_only_the_route() {
     assert_eq!(changed, set(&["HTTPRoute/fleet-qwen-7b"]));
 }
 
+/// Every HTTPRoute carries a request timeout: `routeTimeout`, else 300 s. The route used to get
+/// one only when `routeTimeout` was set, and Envoy's default route timeout (15 s, from the
+/// request to the end of the response) then cut every streamed answer that took longer. `0s`
+/// (no deadline, in Gateway API's terms) is passed as written.
+#[test]
+fn every_route_has_a_request_timeout() {
+    for path in example_files() {
+        let cfg = load(&path);
+        for c in children(&cfg) {
+            if c.resource.kind == "HTTPRoute" {
+                let v = serde_json::to_value(&c.object).unwrap();
+                let t = &v["spec"]["rules"][0]["timeouts"]["request"];
+                assert!(t.is_string(), "{}: {v}", c.key());
+            }
+        }
+    }
+    let timeouts = |cfg: &infergate_api::InferenceGatewayConfig| -> BTreeMap<String, Value> {
+        children(cfg)
+            .into_iter()
+            .filter(|c| c.resource.kind == "HTTPRoute")
+            .map(|c| {
+                let v = serde_json::to_value(&c.object).unwrap();
+                (c.key(), v["spec"]["rules"][0]["timeouts"].clone())
+            })
+            .collect()
+    };
+    let mut cfg = example("multi-model.yaml");
+    cfg.spec.schedulers[0].route_timeout = None;
+    cfg.spec.schedulers[1].route_timeout = Some("0s".to_owned());
+    let got = timeouts(&cfg);
+    assert_eq!(
+        got["HTTPRoute/fleet-llama-70b"],
+        serde_json::json!({ "request": infergate_api::DEFAULT_ROUTE_TIMEOUT })
+    );
+    assert_eq!(infergate_api::DEFAULT_ROUTE_TIMEOUT, "300s");
+    assert_eq!(
+        got["HTTPRoute/fleet-qwen-7b"],
+        serde_json::json!({ "request": "0s" })
+    );
+}
+
 #[test]
 fn failure_mode_touches_only_the_pool() {
     let before = example("multi-model.yaml");
