@@ -182,7 +182,7 @@ pub const REPLAY_NOT_EVENTS_PORT: CelRule = CelRule {
 /// 30000 ms, `OutlierDetectionSpec::DEFAULT_*`).
 pub const MAX_EJECTION_NOT_BELOW_BASE: CelRule = CelRule {
     rule: "(has(self.maxEjectionMs) ? self.maxEjectionMs : 300000) >= (has(self.baseEjectionMs) ? self.baseEjectionMs : 30000)",
-    message: "outlierDetection.maxEjectionMs (default 300000) must not be below baseEjectionMs (default 30000): it caps every ejection, the first included",
+    message: "outlierDetection.maxEjectionMs must not be below baseEjectionMs (a field left out counts at its default: 300000 and 30000): it caps every ejection, the first included",
 };
 
 /// The message for a JWKS URI that is not `https://` (the schema's `pattern: ^https://` is the
