@@ -926,7 +926,13 @@ pub(crate) fn admit(shared: &Arc<PodShared>, p: &Parsed) -> Result<TokenFeed, Re
     };
     if let Err(e) = submitted {
         lock(&shared.streams).remove(&id);
-        return Err((StatusCode::BAD_REQUEST, e.to_string(), None));
+        // The engine's reason is the client's message, as vLLM words it (the error's own
+        // `request rejected:` prefix is for the fleet's callers).
+        let message = match e {
+            crate::error::SimError::Rejected(reason) => reason,
+            other => other.to_string(),
+        };
+        return Err((StatusCode::BAD_REQUEST, message, None));
     }
     shared.wake.notify_one();
     Ok(TokenFeed {
