@@ -33,8 +33,6 @@ mod harness;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use front_doors::{
@@ -43,7 +41,6 @@ use front_doors::{
 };
 use harness::{Envoy, headers_answer, immediate};
 use serde_json::json;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// The processes this test starts: how the test calls each, and how the page's `Exported by`
 /// columns name it.
@@ -57,32 +54,7 @@ const PROCESSES: [(&str, &str); 4] = [
 /// Documented families that appear only under a condition this test does not make, with the
 /// condition. They are not asked of the processes; when one is exported all the same it is
 /// checked as any other.
-const CONDITIONAL: &[(&str, &str)] = &[
-    (
-        "infergate_pod_failure_percent",
-        "needs outlierDetection.failurePercentage and a closed interval of a pod's answers",
-    ),
-    (
-        "infergate_global_failovers_total",
-        "needs a cluster that fails a request routed to it before its first byte",
-    ),
-    (
-        "infergate_global_cluster_ejections_total",
-        "needs outlier detection to eject a cluster whose gateway answers 5xx",
-    ),
-    (
-        "infergate_global_cluster_failure_percent",
-        "needs outlierDetection.failurePercentage and a closed interval of a cluster's answers",
-    ),
-    (
-        "infergate_global_cluster_ejections_held_back_total",
-        "needs an ejection held back by outlierDetection.maxEjectionPercent",
-    ),
-    (
-        "infergate_global_cluster_tls_not_after_timestamp_seconds",
-        "needs a cluster reached over TLS (tls.caFile or tls.certFile)",
-    ),
-];
+const CONDITIONAL: &[(&str, &str)] = &[];
 
 /// Families that are exported declared, but have a series only at moments this test cannot
 /// hold: their labels are not compared (the rest of the check applies).
@@ -520,34 +492,55 @@ async fn every_exported_family_is_documented_and_every_documented_one_exported()
     let models = models.to_str().unwrap();
     let mut bbr = start_ext_proc("bbr", &["--models", models], [p[0], p[1], p[2]], &dir);
 
-    // The global router over two clusters: the gateway, with a token file (its reloads are
-    // exported), and the same gateway behind a heartbeat this test serves, dearer, which says
-    // its pods are ready, then that none is (drained), then ready again (it returns).
+    // The global router over three clusters, all with the gateway's heartbeat: the gateway,
+    // with a token file (its reloads are exported), and two cheaper ones whose front doors refuse
+    // connections, so that each request fails over from them; one is reached over TLS (its CA's
+    // expiry is exported). Their refusals drain them, the next heartbeat returns them, and
+    // outlier detection ejects the first and holds the second back (one cluster in three at
+    // most); the failure percentage of each cluster's last interval is judged.
     let token = dir.join("east-token");
     std::fs::write(&token, "east-secret\n").unwrap();
-    let west = Heartbeat::serve(&doors.model).await;
+    let ca = infergate_testkit::tls::TestCa::new("metrics doc CA").write_ca(&dir);
+    let heartbeat = format!("http://{}/heartbeat", doors.gateway_admin);
+    let models = [doors.model.as_str(), ADAPTER];
     let global_file = dir.join("global.yaml");
     let mut global_config = json!({
         "listen": global_front.to_string(),
         "admin": global_admin.to_string(),
         "auth": "none",
         "reloadIntervalMs": 100,
-        "heartbeat": { "intervalMs": 100 },
+        "heartbeat": { "intervalMs": 100, "failuresToDrain": 1 },
+        "retries": { "maxAttempts": 3 },
+        "outlierDetection": {
+            "consecutiveGatewayFailures": 1,
+            "maxEjectionPercent": 50,
+            "failurePercentage": { "minimumRequests": 1, "intervalMs": 1 },
+        },
         "clusters": [
             {
                 "name": "east",
                 "url": format!("http://{}", doors.front),
-                "heartbeatUrl": format!("http://{}/heartbeat", doors.gateway_admin),
+                "heartbeatUrl": heartbeat,
                 "region": "us-east",
                 "cost": { "inputPerMillion": 0.5, "outputPerMillion": 1.0 },
                 "credentials": { "bearerTokenFile": token.to_str().unwrap() },
             },
             {
                 "name": "west",
-                "url": format!("http://{}", doors.front),
-                "heartbeatUrl": format!("http://{}/heartbeat", west.addr),
+                "url": format!("http://{}", doors.dead),
+                "heartbeatUrl": heartbeat,
                 "region": "us-west",
-                "cost": { "inputPerMillion": 5.0, "outputPerMillion": 10.0 },
+                "models": models,
+                "cost": { "inputPerMillion": 0.05, "outputPerMillion": 0.1 },
+            },
+            {
+                "name": "north",
+                "url": format!("https://{}", doors.dead),
+                "heartbeatUrl": heartbeat,
+                "region": "us-north",
+                "models": models,
+                "cost": { "inputPerMillion": 0.1, "outputPerMillion": 0.2 },
+                "tls": { "caFile": ca.to_str().unwrap() },
             },
         ],
     });
@@ -564,28 +557,7 @@ async fn every_exported_family_is_documented_and_every_documented_one_exported()
     drive_bbr(bbr_grpc, &doors.model).await;
     global_config["clusters"][0]["cost"]["inputPerMillion"] = json!(0.6);
     std::fs::write(&global_file, serde_yaml::to_string(&global_config).unwrap()).unwrap();
-    drive_global(global_front, &doors.model).await;
-    // West up, drained, and back.
-    for (series, ready) in [
-        (
-            r#"infergate_global_cluster_weight{cluster="west"} 1"#,
-            false,
-        ),
-        (
-            r#"infergate_global_cluster_drains_total{cluster="west""#,
-            true,
-        ),
-    ] {
-        let seen = |pages: &[String]| pages[0].lines().any(|l| l.starts_with(series));
-        let pages = scrape_until(&[("global", global_admin)], EXPORTED_WITHIN, seen).await;
-        assert!(
-            seen(&pages),
-            "no `{series}` within {EXPORTED_WITHIN:?}:\n{}",
-            pages[0]
-        );
-        west.ready.store(ready, Ordering::Relaxed);
-    }
-
+    drive_global(global_front, global_admin, &doors.model).await;
     let ports: Vec<(&str, SocketAddr)> = vec![
         ("gateway", doors.gateway_admin),
         ("picker", doors.picker_metrics),
@@ -625,68 +597,6 @@ async fn every_exported_family_is_documented_and_every_documented_one_exported()
     );
 }
 
-/// A cluster's heartbeat (docs/global.md, "Heartbeat") served by the test: one model, with one
-/// ready pod while `ready` holds, else none.
-struct Heartbeat {
-    addr: SocketAddr,
-    ready: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Heartbeat {
-    async fn serve(model: &str) -> Heartbeat {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let ready = Arc::new(AtomicBool::new(true));
-        let (model, flag) = (model.to_owned(), ready.clone());
-        let task = tokio::spawn(async move {
-            for generation in 1.. {
-                let Ok((mut s, _)) = listener.accept().await else {
-                    return;
-                };
-                let ready = u8::from(flag.load(Ordering::Relaxed));
-                let body = json!({
-                    "schema": "infergate.heartbeat/v1",
-                    "instance": "metrics-doc",
-                    "generation": generation,
-                    "timestampMs": 0,
-                    "models": [{
-                        "name": model, "pods": 1, "readyPods": ready, "saturation": 0.1,
-                        "queue": 0, "flowQueue": 0, "running": 0, "inflight": 0,
-                        "estimatedTtftMs": 50.0, "prefillMs": 10.0, "drainMs": 0.0,
-                        "newestMetricsAgeMs": 10,
-                    }],
-                })
-                .to_string();
-                tokio::spawn(async move {
-                    // The request head, then the answer; the connection is not kept.
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16384 {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = s.write_all(answer.as_bytes()).await;
-                });
-            }
-        });
-        Heartbeat { addr, ready, task }
-    }
-}
-
 /// Through the body-based router, as Envoy sends it: the adapter routed, an unknown model and a
 /// body that is not JSON refused.
 async fn drive_bbr(grpc: SocketAddr, model: &str) {
@@ -713,9 +623,21 @@ async fn drive_bbr(grpc: SocketAddr, model: &str) {
     }
 }
 
-/// Through the global router: plain and streamed to the gateway, and an unknown model refused.
-async fn drive_global(front: SocketAddr, model: &str) {
-    for stream in [false, true] {
+/// Through the global router: plain and streamed requests (each failed over from the clusters
+/// that refuse) until its page shows the failovers, drains, returns, ejection and held-back
+/// ejection they lead to, and an unknown model refused.
+async fn drive_global(front: SocketAddr, admin: SocketAddr, model: &str) {
+    let wanted = [
+        "infergate_global_failovers_total{",
+        "infergate_global_cluster_drains_total{",
+        "infergate_global_cluster_returns_total{",
+        "infergate_global_cluster_ejections_total{",
+        "infergate_global_cluster_ejections_held_back_total{",
+        "infergate_global_cluster_failure_percent{",
+    ];
+    let deadline = std::time::Instant::now() + EXPORTED_WITHIN;
+    for i in 0.. {
+        let stream = i % 2 == 1;
         let (status, body) = http(
             front,
             "POST",
@@ -725,6 +647,17 @@ async fn drive_global(front: SocketAddr, model: &str) {
         .await
         .unwrap();
         assert_eq!(status, 200, "{body}");
+        let (_, page) = http(admin, "GET", "/metrics", None).await.unwrap();
+        let missing: Vec<&&str> = wanted.iter().filter(|w| !page.contains(**w)).collect();
+        if missing.is_empty() && i >= 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {missing:?} on the router's page after {} requests:\n{page}",
+            i + 1
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_unknown_model_refused(front).await;
 }

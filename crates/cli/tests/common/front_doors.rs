@@ -4,7 +4,8 @@
 //!
 //! Emulated vLLM pods (`infergate-sim`, with a LoRA adapter) run on 127.0.0.1; the gateway and
 //! the picker are started in front of them, each with its own free ports. One listed endpoint
-//! has nothing behind it (scrape errors, a stale pod). [`FrontDoors::drive`] sends plain and
+//! has nothing behind it (scrape errors, a stale pod). Both judge the pods' answers by
+//! outlier detection's failure percentage, over 1 ms intervals. [`FrontDoors::drive`] sends plain and
 //! streamed chat through the gateway's front door and through the picker's ext_proc stream, one
 //! unknown model, a body that is not JSON (a rejection), and changes the gateway's file once (a
 //! reload).
@@ -348,6 +349,15 @@ impl FrontDoors {
         // Nothing listens here: its scrapes fail (`connect`) and it stays stale.
         let dead = local(ports[5]);
 
+        // Both judge each pod's answers over intervals of 1 ms (so that the share of failures
+        // of each closed interval is exported); only all of them failing would eject it.
+        let scheduler = json!({
+            "preset": "infergate",
+            "outlierDetection": {
+                "failurePercentage": { "threshold": 100, "minimumRequests": 1, "intervalMs": 1 },
+            },
+        });
+
         // The gateway in front of the pods.
         let endpoints: Vec<Value> = fleet
             .pods
@@ -368,7 +378,7 @@ impl FrontDoors {
                 "name": model,
                 "engine": "vllm",
                 "loraAdapters": [ADAPTER],
-                "scheduler": { "preset": "infergate" },
+                "scheduler": scheduler.clone(),
                 "endpoints": endpoints,
             }],
         });
@@ -389,10 +399,22 @@ impl FrontDoors {
         let endpoints_file = dir.path().join("endpoints.yaml");
         let file = json!({ "engine": "vllm", "endpoints": endpoints });
         std::fs::write(&endpoints_file, serde_yaml::to_string(&file).unwrap()).unwrap();
-        let endpoints_file = endpoints_file.to_str().unwrap();
+        let scheduler_file = dir.path().join("scheduler.yaml");
+        std::fs::write(&scheduler_file, serde_yaml::to_string(&scheduler).unwrap()).unwrap();
+        let (endpoints_file, scheduler_file) = (
+            endpoints_file.to_str().unwrap(),
+            scheduler_file.to_str().unwrap(),
+        );
         let mut picker = start_ext_proc(
             "picker",
-            &["--pool-name", "llama", "--endpoints-file", endpoints_file],
+            &[
+                "--pool-name",
+                "llama",
+                "--endpoints-file",
+                endpoints_file,
+                "--config",
+                scheduler_file,
+            ],
             [grpc, grpc_health, picker_metrics],
             dir.path(),
         );
@@ -419,6 +441,7 @@ impl FrontDoors {
     /// Changes the gateway's file (a reload), then sends the traffic: through the gateway plain
     /// and streamed, base model and adapter, and one unknown model (a rejection); through the
     /// picker, as Envoy sends it, plain and streamed, and a body that is not JSON (a rejection).
+    /// On each, some pod answers twice, which closes its interval of answers.
     pub async fn drive(&mut self) {
         self.config["retries"]["maxAttempts"] = json!(2);
         std::fs::write(
@@ -451,7 +474,8 @@ impl FrontDoors {
         assert_unknown_model_refused(self.front).await;
 
         let envoy = Envoy::connect(self.grpc).await;
-        for stream in [false, true] {
+        // Three, so that one pod answers twice (its interval is judged).
+        for stream in [false, true, false] {
             let body = serde_json::to_vec(&chat(&model, "via ext_proc", stream)).unwrap();
             let f = forward::forward(&envoy, "/v1/chat/completions", &body, 64).await;
             assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
