@@ -43,7 +43,7 @@ pids+=($!)
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" --instr-atstart=no \
   "$BIN/bench_gateway" "$CONFIG" "$WORKERS" >/dev/null 2>&1 &
 gw=$!
-pids+=($gw)
+pids+=("$gw")
 for _ in $(seq 1 300); do
   (exec 3<>/dev/tcp/127.0.0.1/18080) 2>/dev/null && break
   sleep 0.2

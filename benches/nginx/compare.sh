@@ -59,11 +59,11 @@ mkdir -p "$RUN/tmp"
 cp benches/nginx/nginx.conf "$RUN/nginx.conf"
 "$NGINX" -p "$RUN" -c nginx.conf >"$RUN/nginx.log" 2>&1 &
 nginx_pid=$!
-pids+=($nginx_pid)
+pids+=("$nginx_pid")
 # shellcheck disable=SC2086 # GATEWAY_ARGS is a list of words
 RUST_LOG=warn "$BIN/bench_gateway" benches/nginx/gateway.yaml $GATEWAY_ARGS >"$RUN/gateway.log" 2>&1 &
 gateway_pid=$!
-pids+=($gateway_pid)
+pids+=("$gateway_pid")
 
 wait_port() {
   for _ in $(seq 1 200); do

@@ -141,6 +141,20 @@ code=$(curl -s -o /dev/null -w '%{http_code}' localhost:18080/v1/chat/completion
   -d '{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}')
 [ "$code" = 404 ] || fail "unknown model answered $code, want 404"
 
+step "a streamed answer longer than Envoy's default route timeout (15 s) arrives whole"
+# 4,000 tokens at the emulated H100's decode step (about 6 ms) take over 20 s. The HTTPRoute's
+# timeouts.request (routeTimeout, 300 s unless set) lets it finish; a route without one gets
+# Envoy's default of 15 s and the stream is cut.
+start=$(date +%s)
+stream=$(curl -sS -N --max-time 120 localhost:18080/v1/chat/completions -H 'content-type: application/json' \
+  -d "{\"model\":\"$MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":4000,\"stream\":true}")
+took=$(( $(date +%s) - start ))
+chunks=$(printf '%s\n' "$stream" | grep -c '^data: {' || true)
+printf '%s\n' "$stream" | tail -n 3 | grep -q '^data: \[DONE\]' \
+  || fail "the stream ended without [DONE] after ${took}s and $chunks chunks"
+[ "$took" -ge 16 ] || fail "the stream took ${took}s: too short to test the route timeout"
+echo "streamed $chunks chunks in ${took}s"
+
 step "one leader"
 holder=$(kubectl -n infergate-system get lease infergate-operator -o jsonpath='{.spec.holderIdentity}')
 kubectl -n infergate-system get pod "$holder" >/dev/null || fail "lease holder $holder is not an operator pod"
