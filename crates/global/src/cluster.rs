@@ -1115,8 +1115,9 @@ pub(crate) async fn poll(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_discovery = tokio::time::Instant::now();
     let models_uri = cluster.uri("/v1/models");
-    // Whether the last heartbeat fetch failed (its failures are warned of once per run).
-    let mut heartbeat_failing = false;
+    // Whether the last heartbeat fetch failed — or, without `heartbeatUrl`, the last
+    // `/v1/models` fetch, which stands for it (its failures are warned of once per run).
+    let mut failing = false;
     loop {
         tick.tick().await;
         let discover = cluster.config.models.is_none()
@@ -1126,22 +1127,31 @@ pub(crate) async fn poll(
         if discover {
             next_discovery = tokio::time::Instant::now() + discovery;
             if let Some(uri) = models_uri.clone() {
-                match fetch(&client, uri, token.clone(), timeout).await {
+                match fetch(&client, uri.clone(), token.clone(), timeout).await {
                     Ok((body, rtt)) => match model_ids(&body) {
                         Some(ids) => {
                             cluster.set_served(ids.clone());
                             if cluster.heartbeat.is_none() {
                                 cluster.apply_models_as_heartbeat(&ids, rtt, now());
+                                failing = false;
                             }
                         }
+                        None if cluster.heartbeat.is_none() => models_failed(
+                            &cluster,
+                            &mut failing,
+                            &uri,
+                            "it is not an OpenAI model list",
+                        ),
                         None => {
                             tracing::warn!(cluster = %cluster.config.name, "/v1/models is not an OpenAI model list");
-                            if cluster.heartbeat.is_none() {
-                                cluster.fail_all(now());
-                            }
                         }
                     },
-                    Err(_) if cluster.heartbeat.is_none() => cluster.fail_all(now()),
+                    Err(e) if cluster.heartbeat.is_none() => models_failed(
+                        &cluster,
+                        &mut failing,
+                        &uri,
+                        &infergate_pool::ErrorChain(&e).to_string(),
+                    ),
                     // Judged by its heartbeat: the models last read are kept, but a cluster
                     // up by its heartbeat that refuses the router's token, say, must not go
                     // unnoticed. One that is down was warned of when it was drained.
@@ -1160,12 +1170,18 @@ pub(crate) async fn poll(
         } else if cluster.heartbeat.is_none() && cluster.config.models.is_some() {
             // Static models and no heartbeat: `/v1/models` answering is the heartbeat.
             if let Some(uri) = models_uri.clone() {
-                match fetch(&client, uri, token.clone(), timeout).await {
+                match fetch(&client, uri.clone(), token.clone(), timeout).await {
                     Ok((_, rtt)) => {
                         let models = cluster.served();
                         cluster.apply_models_as_heartbeat(&models, rtt, now());
+                        failing = false;
                     }
-                    Err(_) => cluster.fail_all(now()),
+                    Err(e) => models_failed(
+                        &cluster,
+                        &mut failing,
+                        &uri,
+                        &infergate_pool::ErrorChain(&e).to_string(),
+                    ),
                 }
             }
         }
@@ -1181,12 +1197,12 @@ pub(crate) async fn poll(
                 Err(e) => Some(infergate_pool::ErrorChain(&e).to_string()),
             };
             match failure {
-                None => heartbeat_failing = false,
+                None => failing = false,
                 Some(why) => {
                     cluster.fail_all(now());
                     // Once per run of failures: a wrong URL (never up, so never drained) says
                     // why at once, and a dead cluster does not repeat it every interval.
-                    if !std::mem::replace(&mut heartbeat_failing, true) {
+                    if !std::mem::replace(&mut failing, true) {
                         tracing::warn!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed; logged again only after a good one");
                     } else {
                         tracing::debug!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed");
@@ -1195,6 +1211,18 @@ pub(crate) async fn poll(
             }
         }
         cluster.tick(now(), &telemetry);
+    }
+}
+
+/// A cluster without `heartbeatUrl` whose `/v1/models` fetch, its heartbeat, failed: drained,
+/// and warned of once per run of failures as a failed heartbeat is, naming the URL fetched (a
+/// wrong `url`, never up and so never drained, said nothing at all).
+fn models_failed(cluster: &Cluster, failing: &mut bool, uri: &Uri, why: &str) {
+    cluster.fail_all(now());
+    if !std::mem::replace(failing, true) {
+        tracing::warn!(cluster = %cluster.config.name, models_url = %uri, error = %why, "/v1/models failed (the cluster has no heartbeatUrl: this fetch is its heartbeat); logged again only after a good one");
+    } else {
+        tracing::debug!(cluster = %cluster.config.name, models_url = %uri, error = %why, "/v1/models failed");
     }
 }
 

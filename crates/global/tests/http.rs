@@ -698,6 +698,34 @@ async fn a_failing_heartbeat_says_why_once() {
     );
 }
 
+/// A cluster without `heartbeatUrl` is up while its `/v1/models` answers: one whose `url` does
+/// not answer it (a wrong port: 404) was never up and said nothing. Its failures are now warned
+/// of as a heartbeat's are, once per run, naming the URL fetched, with `models:` set or not.
+#[tokio::test]
+async fn a_cluster_without_heartbeat_whose_models_fail_says_why_once() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let wrong = refusing_cluster(404).await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 1000 }}\nclusters:\n  - {{ name: listed, url: 'http://{wrong}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n  - {{ name: discovered, url: 'http://{wrong}', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+    );
+    let (_router, _stop) = router_with(&yaml).await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let text = out.text();
+    for name in ["listed", "discovered"] {
+        let warnings: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains(&format!("cluster={name} ")))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{name}: {text}");
+        assert!(
+            warnings[0].contains(&format!("models_url=http://{wrong}/v1/models"))
+                && warnings[0].contains("404"),
+            "{text}"
+        );
+    }
+}
+
 /// With authentication on, the tenant the clusters see is the one the router authenticated:
 /// the fairness-id header and the configured `tenancy.tenantHeader` a client sent (to be charged
 /// or queued as another tenant behind the router) are replaced, every copy of them.
