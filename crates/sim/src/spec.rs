@@ -377,15 +377,9 @@ impl FleetSpec {
                     pod.name
                 )));
             }
-            // A request names an adapter by its `model`: a name listed twice, or the base
-            // model's own name, would leave which one serves it to the order of the list.
+            // A request names an adapter by its `model`: with a name listed twice, which of
+            // the two serves it would be left to the order of the list.
             for (j, adapter) in pod.lora_adapters.iter().enumerate() {
-                if **adapter == *pod.model {
-                    return Err(SimError::FleetInvalid(format!(
-                        "pod {} lists LoRA adapter {adapter}, the name of the model it serves",
-                        pod.name
-                    )));
-                }
                 if pod.lora_adapters[..j].contains(adapter) {
                     return Err(SimError::FleetInvalid(format!(
                         "pod {} lists LoRA adapter {adapter} twice",
@@ -428,10 +422,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_adapter_listed_twice_or_named_as_the_model_is_refused() {
+    fn an_adapter_listed_twice_is_refused() {
         let pod = |adapters: &str| {
             FleetSpec::from_yaml(&format!(
-                "seed: 1\npods:\n  - name: a\n    profile: llama-3.1-8b/h100\n    served_model_name: m\n    lora_adapters: {adapters}\n"
+                "seed: 1\npods:\n  - name: a\n    profile: llama-3.1-8b/h100\n    lora_adapters: {adapters}\n"
             ))
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -441,11 +435,6 @@ mod tests {
         assert!(
             twice.contains("pod a lists LoRA adapter x twice"),
             "{twice}"
-        );
-        let model = pod("[x, m]").unwrap_err();
-        assert!(
-            model.contains("pod a lists LoRA adapter m, the name of the model it serves"),
-            "{model}"
         );
     }
 
