@@ -222,12 +222,12 @@ impl Telemetry {
         );
         r.register(
             "infergate_global_heartbeat_rtt_seconds",
-            "Measured round trip of the heartbeat fetch (smoothed)",
+            "Measured round trip of the heartbeat fetch (smoothed; -1 before the first)",
             t.rtt.clone(),
         );
         r.register(
             "infergate_global_cluster_weight",
-            "The cluster's routing share: 1 up, between 0 and 1 ramping up (slow start), 0 drained",
+            "The cluster's routing share: 1 up, between 0 and 1 ramping up (slow start), 0 drained or ejected (the best over its models)",
             t.weight.clone(),
         );
         r.register(
