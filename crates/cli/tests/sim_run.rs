@@ -80,3 +80,26 @@ fn a_directory_that_is_no_tokenizer_is_refused_naming_the_flag_and_the_file() {
     let (ok, text) = sim_with_tokenizer(&tiny, &["--check"]);
     assert!(ok, "{text}");
 }
+
+/// `infergate sim --list-profiles` prints its table on stdout, so that it can be piped
+/// (`| grep a10g`), and nothing else there.
+#[test]
+fn the_profile_list_is_printed_on_stdout() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["sim", "--list-profiles"])
+        .env_remove("INFERGATE_SIM_FLEET")
+        .output()
+        .expect("the infergate binary runs");
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let ids: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(ids.contains(&"llama-3.1-8b/h100"), "{stdout:?}");
+    assert!(ids.contains(&"llama-3.1-8b/a10g"), "{stdout:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("llama-3.1-8b/h100"),
+        "the list went to stderr too"
+    );
+}

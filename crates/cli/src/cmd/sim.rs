@@ -19,7 +19,7 @@ pub struct Args {
         required_unless_present = "list_profiles"
     )]
     fleet: Option<PathBuf>,
-    /// Print the built-in performance profiles and exit.
+    /// Print the built-in performance profiles (on stdout) and exit.
     #[arg(long)]
     list_profiles: bool,
     /// Check the fleet file and exit.
@@ -62,7 +62,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 1e6 / p.prefill_per_token_us,
             ));
         }
-        eprint!("{out}");
+        // The listing is the command's output (to pipe into grep), not a log line.
+        std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())
+            .context("cannot print the profiles")?;
         return Ok(());
     }
     let Some(path) = args.fleet else {
@@ -107,8 +109,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .context("cannot serve the fleet")?;
     for pod in &fleet.pods {
         match pod.kv_events {
-            Some((events, replay)) => tracing::info!(pod = %pod.name, addr = %pod.addr,
-                kv_events = %events, kv_replay = ?replay, "serving"),
+            Some((events, Some(replay))) => tracing::info!(pod = %pod.name, addr = %pod.addr,
+                kv_events = %events, kv_replay = %replay, "serving"),
+            Some((events, None)) => tracing::info!(pod = %pod.name, addr = %pod.addr,
+                kv_events = %events, "serving"),
             None => tracing::info!(pod = %pod.name, addr = %pod.addr, "serving"),
         }
     }
