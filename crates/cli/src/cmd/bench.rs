@@ -145,7 +145,9 @@ fn files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Loads a scenario and applies the command-line overrides.
+/// Loads a scenario and applies the command-line overrides. The file is checked as written
+/// first, so that a value only the overrides make wrong (`--duration` ending the workload before
+/// a `stale:` window starts, `--replicas 0`) is said to come from them, not from the file.
 fn load(path: &Path, args: &Args) -> anyhow::Result<Scenario> {
     let mut s = Scenario::from_file(path)?;
     if !args.seeds.is_empty() {
@@ -180,8 +182,40 @@ fn load(path: &Path, args: &Args) -> anyhow::Result<Scenario> {
         }
         s.replicas = Some(r);
     }
-    s.validate(&path.display().to_string())?;
+    s.validate(&path.display().to_string())
+        .with_context(|| format!("{} cannot run with {}", path.display(), overrides(args)))?;
     Ok(s)
+}
+
+/// The command-line values that replace a scenario's, as given: `--seeds 1,2 --duration 5`.
+fn overrides(args: &Args) -> String {
+    let list = |v: &[String]| v.join(",");
+    let mut given = Vec::new();
+    if !args.seeds.is_empty() {
+        let seeds: Vec<String> = args.seeds.iter().map(u64::to_string).collect();
+        given.push(format!("--seeds {}", list(&seeds)));
+    }
+    if let Some(d) = args.duration {
+        given.push(format!("--duration {d}"));
+    }
+    if !args.policies.is_empty() {
+        given.push(format!("--policies {}", list(&args.policies)));
+    }
+    if let Some(f) = args.load_scale {
+        given.push(format!("--load-scale {f}"));
+    }
+    if !args.replicas.is_empty() {
+        let counts: Vec<String> = args.replicas.iter().map(u32::to_string).collect();
+        given.push(format!("--replicas {}", list(&counts)));
+    }
+    if !args.exchange_ms.is_empty() {
+        let ms: Vec<String> = args.exchange_ms.iter().map(f64::to_string).collect();
+        given.push(format!("--exchange-ms {}", list(&ms)));
+    }
+    if args.exchange_periodic {
+        given.push("--exchange-periodic".to_owned());
+    }
+    given.join(" ")
 }
 
 /// Prints a report's table and verdicts on `out` (stdout).
@@ -433,6 +467,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if live && args.requests_csv {
         anyhow::bail!("--requests-csv is for simulated runs (drop --mode live)");
     }
+    if let Some(p) = args
+        .policies
+        .iter()
+        .find(|p| p.as_str() == "infergate-precise")
+    {
+        // Said of the flag: the scenario check's advice is to name the policies with it.
+        anyhow::bail!(
+            "--policies {p}: runs in simulated mode only (the live gateway is fed no KV-cache events): drop it, or run without --mode live"
+        );
+    }
     let mut list = args.fronts.clone();
     infergate_bench::front::set_ready_timeouts(&mut list, &args.front_ready_timeouts)?;
     let fronts = infergate_bench::live::Fronts {
@@ -517,4 +561,81 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn scenario(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../benches/scenarios")
+            .join(name)
+    }
+
+    /// The whole chain of an error, as `Error: ... Caused by: ...` prints it.
+    fn said(e: &anyhow::Error) -> String {
+        format!("{e:#}")
+    }
+
+    /// A value the command line makes wrong names the flags, not the file alone: the file's
+    /// `stale:` window is fine until `--duration 5` ends the workload before it starts, and a
+    /// file without `replicas:` gets its counts from `--replicas`.
+    #[test]
+    fn a_value_made_wrong_by_the_command_line_names_the_flags() {
+        let stale = scenario("flow-stale-metrics-llama-8b.yaml");
+        let cli = Cli::parse_from(["bench", "--duration", "5", "--seeds", "1"]);
+        let e = said(&load(&stale, &cli.args).unwrap_err());
+        assert!(
+            e.starts_with(&format!(
+                "{} cannot run with --seeds 1 --duration 5: ",
+                stale.display()
+            )),
+            "{e}"
+        );
+        assert!(e.contains("stale window"), "{e}");
+
+        let mixed = scenario("mixed-llama-8b.yaml");
+        let cli = Cli::parse_from(["bench", "--replicas", "0"]);
+        let e = said(&load(&mixed, &cli.args).unwrap_err());
+        assert!(e.contains("cannot run with --replicas 0: "), "{e}");
+
+        // Without overrides the same files load.
+        let cli = Cli::parse_from(["bench"]);
+        load(&stale, &cli.args).unwrap();
+        load(&mixed, &cli.args).unwrap();
+    }
+
+    /// A live run asked for `infergate-precise` by `--policies` is refused naming the flag (the
+    /// scenario's own check would blame its `policies` field and advise that very flag).
+    #[tokio::test]
+    async fn a_live_run_of_the_precise_policy_by_the_flag_names_the_flag() {
+        let out = tempfile::tempdir().unwrap();
+        let file = scenario("shared-prefix-llama-8b.yaml");
+        let cli = Cli::parse_from([
+            "bench".as_ref(),
+            file.as_os_str(),
+            "--mode".as_ref(),
+            "live".as_ref(),
+            "--policies".as_ref(),
+            "infergate,infergate-precise".as_ref(),
+            "--out".as_ref(),
+            out.path().as_os_str(),
+        ]);
+        let e = said(&run(cli.args).await.unwrap_err());
+        assert!(
+            e.starts_with("--policies infergate-precise: runs in simulated mode only"),
+            "{e}"
+        );
+    }
 }
