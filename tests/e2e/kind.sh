@@ -141,6 +141,12 @@ code=$(curl -s -o /dev/null -w '%{http_code}' localhost:18080/v1/chat/completion
   -d '{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}')
 [ "$code" = 404 ] || fail "unknown model answered $code, want 404"
 
+step "a prompt over 32 KiB is routed (the BBR's body streams; a buffered one would be 413 at Envoy's listener buffer)"
+prompt=$(printf 'hello %.0s' $(seq 8000))
+code=$(curl -s -o /dev/null -w '%{http_code}' localhost:18080/v1/chat/completions -H 'content-type: application/json' \
+  -d "{\"model\":\"$MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"$prompt\"}],\"max_tokens\":4}")
+[ "$code" = 200 ] || fail "a ${#prompt}-character prompt answered $code, want 200"
+
 step "a streamed answer longer than Envoy's default route timeout (15 s) arrives whole"
 # 4,000 tokens at the emulated H100's decode step (about 6 ms) take over 20 s. The HTTPRoute's
 # timeouts.request (routeTimeout, 300 s unless set) lets it finish; a route without one gets

@@ -38,7 +38,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{Envoy, headers_answer, immediate_parts, request_body, request_headers};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use harness::{
+    Envoy, body_answer, headers_answer, immediate_parts, request_body, request_headers, split,
+    with_modes,
+};
 use infergate_extproc::wire;
 use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, serve_fleet_at};
 use kube_api::FakeKube;
@@ -47,6 +51,10 @@ use serde_json::{Value, json};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+
+/// Envoy Gateway's per-connection buffer limit when no ClientTrafficPolicy sets one: what a
+/// `Buffered` ext_proc body must fit in.
+const ENVOY_GATEWAY_BUFFER_LIMIT: usize = 32_768;
 
 /// How long a rendered process may take to become ready.
 const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -639,6 +647,16 @@ async fn run_example(path: &Path, example_index: u8) {
     let bbr = deployments
         .iter()
         .find(|d| d["spec"]["template"]["spec"]["containers"][0]["args"][0] == "bbr");
+    // The body mode of the BBR's ext_proc filter, from its rendered policy.
+    let bbr_mode = match of_kind(&objects, "EnvoyExtensionPolicy")
+        .first()
+        .map(|p| p["spec"]["extProc"][0]["processingMode"]["request"]["body"].clone())
+    {
+        None => BodySendMode::None,
+        Some(Value::String(m)) if m == "FullDuplexStreamed" => BodySendMode::FullDuplexStreamed,
+        Some(Value::String(m)) if m == "Buffered" => BodySendMode::Buffered,
+        Some(other) => panic!("the BBR's policy has a body mode this test does not drive: {other}"),
+    };
     for route in of_kind(&objects, "HTTPRoute") {
         let rule = &route["spec"]["rules"][0];
         let backend = &rule["backendRefs"][0];
@@ -655,19 +673,48 @@ async fn run_example(path: &Path, example_index: u8) {
                 Value::String(m) => m.clone(),
                 _ => "any-model".to_owned(),
             };
+            // A prompt over 32 KiB, the listener buffer a `Buffered` policy would have to fit in.
+            let prompt = "hello ".repeat(8_000);
             let body = serde_json::to_vec(&json!({
                 "model": model,
                 "max_tokens": 4,
-                "messages": [{ "role": "user", "content": "hello" }],
+                "messages": [{ "role": "user", "content": prompt }],
             }))
             .unwrap();
             if let Some(bbr) = bbr {
+                // Envoy streams the body to the router as the rendered policy's mode says
+                // (Envoy Gateway maps it onto the filter as written), announced in the stream's
+                // first message.
                 let envoy = Envoy::connect(ext_proc_addr(name(bbr))).await;
                 let mut ex = envoy.open().await;
-                ex.send(request_headers("/v1/chat/completions", &[], false))
-                    .await;
-                ex.send(request_body(&body, true)).await;
-                let answer = headers_answer(&ex.next().await);
+                ex.send(with_modes(
+                    request_headers("/v1/chat/completions", &[], false),
+                    bbr_mode,
+                    BodySendMode::None,
+                ))
+                .await;
+                let answer = if bbr_mode == BodySendMode::FullDuplexStreamed {
+                    let chunks = split(&body, &[16_384, 16_384]);
+                    let last = chunks.len() - 1;
+                    for (i, c) in chunks.iter().enumerate() {
+                        ex.send(request_body(c, i == last)).await;
+                    }
+                    headers_answer(&ex.next().await)
+                } else {
+                    // Envoy holds a `Buffered` body in the listener's connection buffer, which
+                    // Envoy Gateway sets to 32 KiB unless a ClientTrafficPolicy raises it: a
+                    // longer prompt is answered 413 by Envoy before the router sees it.
+                    assert!(
+                        body.len() <= ENVOY_GATEWAY_BUFFER_LIMIT,
+                        "a {}-byte prompt would be answered 413 by Envoy under the rendered \
+                         {bbr_mode:?} policy (Envoy Gateway's listener buffer is {} bytes)",
+                        body.len(),
+                        ENVOY_GATEWAY_BUFFER_LIMIT
+                    );
+                    let _ = headers_answer(&ex.next().await);
+                    ex.send(request_body(&body, true)).await;
+                    body_answer(&ex.next().await)
+                };
                 let header = model_header["name"].as_str().unwrap().to_ascii_lowercase();
                 assert_eq!(
                     header,

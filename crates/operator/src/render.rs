@@ -61,6 +61,10 @@ pub const EPP_HEALTH_PORT: i32 = args::PICKER_HEALTH_PORT as i32;
 pub const METRICS_PORT: i32 = args::METRICS_PORT as i32;
 /// Body-based-router ext_proc port.
 pub const BBR_GRPC_PORT: i32 = args::BBR_GRPC_PORT as i32;
+/// The request body mode of the BBR's `EnvoyExtensionPolicy`: the body streams to the router
+/// and back, so no Envoy buffer limits the prompts it routes (`spec.bbr.maxRequestBodyBytes`
+/// does, at the router).
+pub const BBR_BODY_MODE: &str = "FullDuplexStreamed";
 /// Body-based-router gRPC health port.
 pub const BBR_HEALTH_PORT: i32 = args::BBR_HEALTH_PORT as i32;
 /// Folder the picker's and the BBR's ConfigMap is mounted at.
@@ -488,13 +492,20 @@ impl<'a> Renderer<'a> {
                 target_refs: vec![TargetRef::gateway_api("Gateway", &self.name)],
                 ext_proc: vec![ExtProc {
                     backend_refs: vec![BackendRef::service(&name, BBR_GRPC_PORT)],
+                    // The body streams to the router and back (Envoy Gateway sends the request
+                    // trailers with it, as full duplex needs), as the reference BBR's own Envoy
+                    // configuration has it. `Buffered` made Envoy hold the whole body in the
+                    // listener's connection buffer first, 32 KiB on Envoy Gateway unless a
+                    // ClientTrafficPolicy raises it, so every longer prompt was answered 413
+                    // before the router saw it. The router answers once the body has ended; the
+                    // timeout leaves room for a slow client's upload of a large body.
                     processing_mode: Some(ProcessingMode {
                         request: Some(ProcessingModeDirection {
-                            body: Some("Buffered".to_owned()),
+                            body: Some(BBR_BODY_MODE.to_owned()),
                         }),
                         response: None,
                     }),
-                    message_timeout: Some("5s".to_owned()),
+                    message_timeout: Some("30s".to_owned()),
                     fail_open: Some(false),
                 }],
             },
