@@ -96,6 +96,56 @@ async fn serve(pods: Vec<PodSpec>) -> (ServedFleet, tokio::sync::oneshot::Sender
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
+/// A request without `model` (or with `null`) is served by the base model, as vLLM serves it;
+/// a `model` that is not a string is refused naming it.
+#[tokio::test(start_paused = true)]
+async fn a_request_without_a_model_is_served_by_the_base_model() {
+    let (fleet, stop) = serve(vec![PodSpec::new(
+        "pod-a",
+        &profile("llama-3.1-8b/h100"),
+        EngineKind::Vllm,
+    )])
+    .await;
+    let addr = fleet.pods[0].addr;
+    let messages = json!([{"role": "user", "content": "hello"}]);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 2}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": null, "messages": messages, "max_tokens": 2}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hello", "max_tokens": 2}),
+        ),
+        (
+            "/v1/chat/completions/render",
+            json!({"messages": messages, "max_tokens": 2}),
+        ),
+    ] {
+        let r = call(addr, "POST", path, Some(body.clone())).await;
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.body);
+        let v = json_of(&r);
+        assert_eq!(v["model"], MODEL, "{path} {body}");
+    }
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": 7, "messages": messages})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, json_of(&r)["error"]["param"].as_str()),
+        (400, Some("model"))
+    );
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn live_and_virtual_clocks_agree() {
     let pods = vec![
@@ -959,7 +1009,7 @@ async fn peer_endpoints_reject_bad_input() {
         ),
         (
             "/v1/chat/completions/render",
-            json!({"messages": [{"role": "user", "content": "x"}]}),
+            json!({"model": 3, "messages": [{"role": "user", "content": "x"}]}),
             400,
             "model",
         ),

@@ -691,13 +691,21 @@ pub(crate) fn tokenizer_reject(e: &TokenizerError, param: &'static str) -> Rejec
 const NO_CHAT_TEMPLATE: &str = "As of transformers v4.44, default chat template is no longer \
      allowed, so you must provide a chat template if the tokenizer does not define one.";
 
+/// The request's `model`: the base model when it has none (or `null`), as vLLM serves it.
+pub(crate) fn request_model(
+    shared: &PodShared,
+    obj: &serde_json::Map<String, Value>,
+) -> Result<String, Reject> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Ok(shared.model.to_string()),
+        Some(Value::String(m)) => Ok(m.clone()),
+        Some(_) => Err(bad("model must be a string", "model")),
+    }
+}
+
 pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
     let obj = object(body)?;
-    let model = match obj.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        Some(_) => return Err(bad("model must be a string", "model")),
-        None => return Err(bad("field required: model", "model")),
-    };
+    let model = request_model(shared, &obj)?;
     let lora = resolve_model(shared, &model)?;
     let mut prompt_ids = None;
     let tokenizer = shared.tokenizer.as_deref();

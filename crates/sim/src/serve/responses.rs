@@ -82,11 +82,7 @@ async fn answer(shared: &Arc<PodShared>, req: Request<Incoming>) -> Response<Sim
 /// `previous_response_id` a stored response, neither of which a pod has (vLLM's default).
 pub(crate) fn parse(shared: &PodShared, body: &[u8]) -> Result<ResponsesRequest, Reject> {
     let obj = object(body)?;
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => shared.model.to_string(),
-        Some(Value::String(m)) => m.clone(),
-        Some(_) => return Err(bad("model must be a string", "model")),
-    };
+    let model = super::http::request_model(shared, &obj)?;
     let lora = resolve_model(shared, &model)?;
     if opt_bool(&obj, "background")? == Some(true) {
         return Err(bad(
