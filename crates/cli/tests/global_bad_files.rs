@@ -65,6 +65,24 @@ fn listen_and_admin_on_one_port_are_refused_before_binding() {
     }
 }
 
+/// `--listen 8080` (a port alone) or a host name was refused by clap with "invalid socket
+/// address syntax"; the flags now say what to write, as the file's `listen` does.
+#[test]
+fn a_port_alone_on_the_command_line_says_what_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!("auth: none\n{CLUSTER}");
+    for (flag, value) in [("--listen", "8080"), ("--admin", "localhost:9091")] {
+        let (ok, text) = global_with(dir.path(), &body, &[flag, value, "--check"], &[]);
+        assert!(!ok, "{flag} {value} passed: {text}");
+        assert!(
+            text.contains(&format!(
+                "`{value}` is not an address: write an IP address and a port"
+            )),
+            "{text}"
+        );
+    }
+}
+
 /// The quota service's and tenancy's errors name their field; the printed error said it twice
 /// (`quotas: `quotas.redis.passwordEnv`: …`, `tenancy: tenancy.tenantHeader: …`).
 #[test]

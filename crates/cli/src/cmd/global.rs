@@ -17,10 +17,10 @@ pub struct Args {
     #[arg(long, short, env = "INFERGATE_GLOBAL_CONFIG")]
     config: PathBuf,
     /// Front-door address; overrides `listen` in the file.
-    #[arg(long)]
+    #[arg(long, value_parser = address)]
     listen: Option<SocketAddr>,
     /// Admin address (`/metrics`, `/healthz`, `/readyz`); overrides `admin` in the file.
-    #[arg(long)]
+    #[arg(long, value_parser = address)]
     admin: Option<SocketAddr>,
     /// Check the configuration file and exit: every field parsed and validated (the error names
     /// the field), environment variables it names included (`quotas.redis.passwordEnv`), and
@@ -35,6 +35,13 @@ pub struct Args {
     /// are not mounted where it is checked (the Helm chart's check).
     #[arg(long, requires = "check")]
     no_files: bool,
+}
+
+/// `--listen` and `--admin` read as the file's `listen` and `admin` are: a port alone or a host
+/// name is refused saying what to write, where clap said only "invalid socket address syntax".
+fn address(text: &str) -> Result<SocketAddr, serde::de::value::Error> {
+    use serde::de::IntoDeserializer;
+    infergate_pool::address::deserialize(text.into_deserializer())
 }
 
 /// Runs `infergate global`.
