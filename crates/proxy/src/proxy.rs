@@ -421,6 +421,25 @@ async fn route(
     }
 }
 
+/// The path and query sent upstream: the client's, except that an API path the gateway took
+/// with a trailing slash (`/v1/chat/completions/`, `ApiKind::from_path`) goes as the API's own
+/// path. A model server has no route for the slashed path: vLLM (FastAPI) answers it with a
+/// redirect to its own address, which would send the client around the gateway, and others 404.
+fn upstream_path(kind: ApiKind, uri: &Uri) -> PathAndQuery {
+    let client = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    if client.path() == kind.path() {
+        return client;
+    }
+    let canonical = match client.query() {
+        Some(q) => format!("{}?{q}", kind.path()),
+        None => kind.path().to_owned(),
+    };
+    PathAndQuery::try_from(canonical).unwrap_or(client)
+}
+
 /// Sends the request to the pick's endpoints in rank order until one answers: a connect
 /// failure, or a 5xx while another endpoint remains, moves on (nothing has reached the client
 /// yet); the first other answer is streamed back through a [`Tracked`] body.
@@ -436,6 +455,7 @@ async fn forward(
     let telemetry = &worker.shared.telemetry;
     // `_charge` lives to the end of this function: the body may be sent again until then.
     let Admitted {
+        kind,
         parts,
         body,
         charge: _charge,
@@ -457,11 +477,7 @@ async fn forward(
         Some((b, rw)) => (b, Some(rw)),
         None => (body, None),
     };
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let path_and_query = upstream_path(kind, &parts.uri);
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     // Only the gateway says who the tenant is (`tenancy:`): a client's fairness id or

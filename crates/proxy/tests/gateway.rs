@@ -794,6 +794,25 @@ async fn the_upstream_request_is_in_origin_form_with_the_endpoint_as_host() {
         .map(|(_, v)| v.trim())
         .collect();
     assert_eq!(hosts, [up.addr.to_string()], "{head}");
+
+    // The gateway takes an API path with one trailing slash; the model server gets the API's
+    // own path (vLLM redirects the slashed one to its own address, others have no route).
+    for (sent, forwarded) in [
+        (
+            "/v1/chat/completions/",
+            "POST /v1/chat/completions HTTP/1.1",
+        ),
+        (
+            "/v1/chat/completions/?x=1",
+            "POST /v1/chat/completions?x=1 HTTP/1.1",
+        ),
+    ] {
+        let (status, _, body) = send(gw.addr(), "POST", sent, CHAT, &[]).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let heads = up.heads();
+        let head = heads.last().expect("one model request");
+        assert_eq!(head.split("\r\n").next(), Some(forwarded), "{head}");
+    }
 }
 
 #[tokio::test]
