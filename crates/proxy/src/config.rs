@@ -695,8 +695,12 @@ impl GatewayConfig {
 
     /// Parses and validates a configuration. Errors name the field's path and its line.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        // serde_yaml's messages already carry the field path and the line.
-        serde_yaml::from_str(text).map_err(|source| ConfigError::Invalid { source })
+        // serde_yaml's messages already carry the field path and the line, except for a
+        // top-level key given twice.
+        serde_yaml::from_str(text).map_err(|source| match duplicate_top_level_key(&source, text) {
+            Some((key, line)) => ConfigError::DuplicateKey { key, line, source },
+            None => ConfigError::Invalid { source },
+        })
     }
 
     /// Reads and validates a configuration file.
@@ -707,6 +711,32 @@ impl GatewayConfig {
         })?;
         Self::from_yaml(&text)
     }
+}
+
+/// For serde_yaml's `duplicate field` error without a position (it gives none for the top-level
+/// mapping), the key and the line (from 1) of its second occurrence at the start of a line.
+/// `None` for any other error, or a file that does not have the key twice at the start of a
+/// line (a flow mapping, JSON on one line).
+fn duplicate_top_level_key(e: &serde_yaml::Error, text: &str) -> Option<(String, usize)> {
+    let message = e.to_string();
+    // A message with a position ends with it, not with the key's closing backquote.
+    let key = message
+        .strip_prefix("duplicate field `")?
+        .strip_suffix('`')?;
+    let line = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            [key, &format!("\"{key}\""), &format!("'{key}'")]
+                .iter()
+                .any(|k| {
+                    l.strip_prefix(k)
+                        .is_some_and(|rest| rest.trim_start().starts_with(':'))
+                })
+        })
+        .nth(1)?
+        .0;
+    Some((key.to_owned(), line + 1))
 }
 
 #[cfg(test)]

@@ -92,6 +92,27 @@ fn not_yaml_is_a_clear_error() {
 }
 
 #[test]
+fn a_top_level_key_given_twice_names_the_line_of_the_second() {
+    // serde_yaml gives no position for the top-level mapping; the gateway finds the line. Nested
+    // duplicates already carry serde_yaml's own position.
+    let text = "auth: none\nmodels:\n  - name: a\n    endpoints: [127.0.0.1:1]\nlisten: 127.0.0.1:1\n\"models\" : []\n";
+    let e = GatewayConfig::from_yaml(text).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the top-level key `models` is given twice, the second time at line 6"
+    );
+    assert_eq!(chain(&e)[1], "duplicate field `models`");
+    let e = err("limits: { maxConnections: 1, maxConnections: 2 }\n");
+    assert!(
+        e.contains("duplicate field `maxConnections` at line 1"),
+        "{e}"
+    );
+    // JSON on one line has no line to name: the parser's message stays.
+    let e = GatewayConfig::from_yaml(r#"{"auth": "none", "auth": "none"}"#).unwrap_err();
+    assert_eq!(e.to_string(), "duplicate field `auth`");
+}
+
+#[test]
 fn concurrency_limits_default_per_model_and_can_be_overridden() {
     let c = GatewayConfig::from_yaml(
         "auth: none\nlimits: { maxConcurrentRequests: 8 }\nmodels:\n  - name: a\n  - name: b\n    limits: { maxConcurrentRequests: 2 }\n",
