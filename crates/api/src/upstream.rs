@@ -6,9 +6,9 @@ pub mod envoy_gateway;
 pub mod inference_pool;
 
 pub use envoy_gateway::{
-    Authorization, AuthorizationRule, BackendRef, ClaimMatch, EnvoyExtensionPolicy,
-    EnvoyExtensionPolicySpec, ExtProc, Jwt, JwtPrincipal, Principal, ProcessingMode,
-    ProcessingModeDirection, RemoteJwksRef, SecurityJwtProvider, SecurityPolicy,
+    Authorization, AuthorizationRule, BackendRef, CircuitBreaker, ClaimMatch, ClusterSettings,
+    EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, Jwt, JwtPrincipal, Principal,
+    ProcessingMode, ProcessingModeDirection, RemoteJwksRef, SecurityJwtProvider, SecurityPolicy,
     SecurityPolicySpec, TargetRef,
 };
 pub use inference_pool::{

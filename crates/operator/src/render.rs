@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use gateway_api::gateways::Gateway;
 use gateway_api::httproutes::HttpRoute;
 use infergate_api::upstream::{
-    Authorization, AuthorizationRule, BackendRef, ClaimMatch, EndpointPickerRef,
-    EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, InferencePool, InferencePoolSpec, Jwt,
-    JwtPrincipal, PoolSelector, PortNumber, Principal, ProcessingMode, ProcessingModeDirection,
-    RemoteJwksRef, SecurityJwtProvider, SecurityPolicy, SecurityPolicySpec, TargetRef,
+    Authorization, AuthorizationRule, BackendRef, CircuitBreaker, ClaimMatch, ClusterSettings,
+    EndpointPickerRef, EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, InferencePool,
+    InferencePoolSpec, Jwt, JwtPrincipal, PoolSelector, PortNumber, Principal, ProcessingMode,
+    ProcessingModeDirection, RemoteJwksRef, SecurityJwtProvider, SecurityPolicy,
+    SecurityPolicySpec, TargetRef,
 };
 use infergate_api::{
     AuthSpec, InferenceGatewayConfig, InferenceGatewayConfigSpec, ListenerProtocol, SchedulerSpec,
@@ -65,6 +66,12 @@ pub const BBR_GRPC_PORT: i32 = args::BBR_GRPC_PORT as i32;
 /// and back, so no Envoy buffer limits the prompts it routes (`spec.bbr.maxRequestBodyBytes`
 /// does, at the router).
 pub const BBR_BODY_MODE: &str = "FullDuplexStreamed";
+/// Connections, parallel requests and pending requests Envoy may have to the BBR at once: Envoy
+/// Gateway's schema maximum. Every request through the Gateway holds one ext_proc stream to
+/// the BBR, and without a circuit breaker Envoy Gateway leaves Envoy's defaults of 1024, so
+/// the 1025th concurrent request of an Envoy replica, whatever its model, failed with the
+/// stream's overflow. How many requests run at once is for the pickers' queues to decide.
+pub const BBR_CIRCUIT_BREAKER_LIMIT: u32 = u32::MAX;
 /// Body-based-router gRPC health port.
 pub const BBR_HEALTH_PORT: i32 = args::BBR_HEALTH_PORT as i32;
 /// Folder the picker's and the BBR's ConfigMap is mounted at.
@@ -507,6 +514,13 @@ impl<'a> Renderer<'a> {
                     }),
                     message_timeout: Some("30s".to_owned()),
                     fail_open: Some(false),
+                    backend_settings: Some(ClusterSettings {
+                        circuit_breaker: Some(CircuitBreaker {
+                            max_connections: Some(BBR_CIRCUIT_BREAKER_LIMIT),
+                            max_parallel_requests: Some(BBR_CIRCUIT_BREAKER_LIMIT),
+                            max_pending_requests: Some(BBR_CIRCUIT_BREAKER_LIMIT),
+                        }),
+                    }),
                 }],
             },
         );

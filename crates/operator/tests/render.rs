@@ -170,6 +170,43 @@ fn every_emitted_upstream_object_validates_against_its_crd() {
     );
 }
 
+/// The BBR's ext_proc cluster carries a circuit breaker at Envoy Gateway's schema maximum.
+/// Every request through the Gateway holds one ext_proc stream to the BBR; without
+/// `backendSettings.circuitBreaker` Envoy Gateway sets only the retry threshold
+/// (`internal/xds/translator/cluster.go` `buildXdsClusterCircuitBreaker`) and Envoy's defaults
+/// of 1024 connections, requests and pending requests apply, so an Envoy replica failed its
+/// 1025th concurrent request, of any model. A field left out of a present circuit breaker is
+/// defaulted to 1024 by the CRD, so all three are checked.
+#[test]
+fn the_bbr_policy_lifts_envoys_default_circuit_breaker() {
+    let schemas = upstream_schemas();
+    let cb = &schemas["gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy"]["properties"]["spec"]
+        ["properties"]["extProc"]["items"]["properties"]["backendSettings"]["properties"]["circuitBreaker"]
+        ["properties"];
+    let mut seen = 0;
+    for path in example_files() {
+        for c in children(&load(&path)) {
+            if c.resource.kind != "EnvoyExtensionPolicy" {
+                continue;
+            }
+            let v = serde_json::to_value(&c.object).unwrap();
+            for ep in v["spec"]["extProc"].as_array().unwrap() {
+                for field in [
+                    "maxConnections",
+                    "maxParallelRequests",
+                    "maxPendingRequests",
+                ] {
+                    assert_eq!(cb[field]["default"], 1024, "{field}: Envoy's default");
+                    let got = &ep["backendSettings"]["circuitBreaker"][field];
+                    assert_eq!(got, &cb[field]["maximum"], "{} {field}: {v}", c.key());
+                }
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen > 0, "no example renders the BBR");
+}
+
 #[test]
 fn upstream_cel_rules_our_objects_could_break_hold() {
     for path in example_files() {

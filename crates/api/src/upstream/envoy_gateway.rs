@@ -60,6 +60,35 @@ pub struct ExtProc {
     /// Let requests through when the server fails (must be false with full-duplex bodies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_open: Option<bool>,
+    /// Settings of the cluster Envoy Gateway builds for the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_settings: Option<ClusterSettings>,
+}
+
+/// Settings of an upstream cluster (Envoy Gateway's `ClusterSettings`), reduced to the circuit
+/// breaker.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSettings {
+    /// Limits on the cluster's connections and requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreaker>,
+}
+
+/// A cluster's circuit breaker. Envoy Gateway's CRD defaults every field left out of a present
+/// circuit breaker to 1024, Envoy's own default, so all three are set together.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreaker {
+    /// Connections to the cluster at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// Requests (on HTTP/2, streams) to the cluster at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_requests: Option<u32>,
+    /// Requests waiting for a connection at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_requests: Option<u32>,
 }
 
 /// A Service backend.
