@@ -224,8 +224,18 @@ pub(crate) fn retire(old: &State, new: &State, telemetry: &Telemetry) {
         old.pollers[at].0.abort();
         telemetry.forget_gauges(&c.label);
         let name = &c.config.name;
-        if new.config.clusters.iter().any(|n| n.name == *name) {
-            tracing::info!(cluster = %name, "cluster changed by the reload: its state starts afresh");
+        if let Some(entry) = new.config.clusters.iter().find(|n| n.name == *name) {
+            // Its entry unchanged: rebuilt because the settings every cluster is judged by
+            // changed (`judged_alike`), which the log says rather than a change the user did
+            // not make to the cluster.
+            if same_cluster(&c.config, entry) {
+                tracing::info!(
+                    cluster = %name,
+                    "cluster started afresh by the reload: `heartbeat`, `outlierDetection` or `timeouts.connectMs` changed, which every cluster is judged by"
+                );
+            } else {
+                tracing::info!(cluster = %name, "cluster changed by the reload: its state starts afresh");
+            }
         } else {
             tracing::info!(cluster = %name, "cluster removed by the reload");
         }

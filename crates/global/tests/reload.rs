@@ -324,6 +324,42 @@ async fn a_listen_change_is_warned_of_and_changing_it_back_is_not() {
     assert_eq!(answered_by(&router).await, "a");
 }
 
+/// A reload that changes `heartbeat:` starts every cluster afresh and says why: the log named
+/// it a change of the cluster ("cluster changed by the reload") when its entry was untouched.
+/// A changed entry is still said to be one.
+#[tokio::test]
+async fn a_cluster_restarted_by_a_changed_heartbeat_section_says_why() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let a = Scripted::start(200).await;
+    let beat = heartbeat().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("global.yaml");
+    let good = file(&[entry("a", a.addr, beat, 1.0)]);
+    let (router, _stop) = clusters::router_with(&good).await;
+    until_answered_by(&router, "a").await;
+    let handle = router.handle();
+    let said = |what: &str| out.text().lines().filter(|l| l.contains(what)).count();
+
+    std::fs::write(&path, good.replace("intervalMs: 50,", "intervalMs: 60,")).unwrap();
+    handle.reload_file(&path).unwrap();
+    assert_eq!(
+        said(
+            "cluster started afresh by the reload: `heartbeat`, `outlierDetection` or `timeouts.connectMs` changed"
+        ),
+        1,
+        "{}",
+        out.text()
+    );
+    assert_eq!(said("cluster changed by the reload"), 0, "{}", out.text());
+
+    let moved = file(&[entry("a", a.addr, beat, 1.0).replace("models: [m]", "models: [m, n]")]);
+    std::fs::write(&path, moved.replace("intervalMs: 50,", "intervalMs: 60,")).unwrap();
+    handle.reload_file(&path).unwrap();
+    assert_eq!(said("cluster changed by the reload"), 1, "{}", out.text());
+    until_answered_by(&router, "a").await;
+}
+
 /// A cluster keeps its state across a reload that leaves its entry unchanged but for its price:
 /// `bad`, ejected after three 503s, stays ejected (no request reaches it) when the reload
 /// changes `good`'s price and its own, and `good`, repriced, is routed on at once (not drained
