@@ -295,6 +295,12 @@ impl Authenticator {
             return Ok(self.anonymous.clone());
         };
         let Some(value) = headers.get(header::AUTHORIZATION) else {
+            // Clients of other APIs (Anthropic's SDKs) send their key there.
+            if headers.contains_key(&X_API_KEY) {
+                return Err(unauthorized(
+                    "the credential is in `x-api-key`, which the gateway does not read",
+                ));
+            }
             return Err(unauthorized("the request carries no credential"));
         };
         let raw = value.as_bytes();
