@@ -685,14 +685,25 @@ async fn route_request(
         // The clusters see the tenant the router authenticated, not one the client named.
         state.tenancy.set_authenticated(&mut parts.headers, &tenant);
     }
+    // A value the router cannot read is refused rather than ignored: the caller set the header
+    // to be routed by it, and would otherwise be routed by another objective without a word.
+    let requested_objective = match parts.headers.get(&state.objective_header) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|v| *v > 0)
+                .ok_or_else(|| ApiError::InvalidField {
+                    field: state.objective_header.as_str().to_owned(),
+                    expected: "the request's time-to-first-token objective in milliseconds, a \
+                               positive integer (the header routing.objectiveHeader names)",
+                })?,
+        ),
+    };
     // Before a cluster is chosen: a tenant over its global quota costs no cluster anything.
     let mut quota = lifecycle::admit_quota(state.quotas.as_ref(), &tenant, &parsed)?;
-    let objective_ms = parts
-        .headers
-        .get(&state.objective_header)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|v| *v > 0)
+    let objective_ms = requested_objective
         .or_else(|| routing.tenant_objectives.get(&*tenant).copied())
         .unwrap_or(routing.ttft_objective_ms) as f64;
     let prompt = f64::from(parsed.estimated_prompt_tokens());

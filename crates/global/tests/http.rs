@@ -498,6 +498,43 @@ async fn the_502_when_no_cluster_answers_names_every_cluster_tried() {
     );
 }
 
+/// A TTFT objective header the router cannot read (not a positive integer of milliseconds) is
+/// a 400 naming the header: it was ignored, and the request routed by the default objective
+/// without a word. A good one is served.
+#[tokio::test]
+async fn an_unreadable_objective_header_is_refused_naming_it() {
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router(cluster.addr).await;
+    for bad in ["abc", "0", "500ms", "-5", "1.5"] {
+        let r = send(
+            router.http_addr(),
+            "POST",
+            "/v1/chat/completions",
+            &[("x-infergate-ttft-objective-ms", bad)],
+        )
+        .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_field", "{v}");
+        assert_eq!(v["error"]["param"], "x-infergate-ttft-objective-ms", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("a positive integer"),
+            "{v}"
+        );
+    }
+    let r = send(
+        router.http_addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("x-infergate-ttft-objective-ms", " 500 ")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 /// `/readyz` says whether the router has somewhere to send traffic: a cluster up by its
 /// heartbeat is, whether or not its `/v1/models` could be read (it was 503 while discovery
 /// failed, requests being routed all the while).
