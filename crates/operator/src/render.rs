@@ -115,6 +115,10 @@ pub const PEER_PORT: i32 = args::PEER_PORT as i32;
 pub const EG_OWNING_GATEWAY_NAME: &str = "gateway.envoyproxy.io/owning-gateway-name";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its namespace).
 pub const EG_OWNING_GATEWAY_NAMESPACE: &str = "gateway.envoyproxy.io/owning-gateway-namespace";
+/// Label Envoy Gateway puts on the data-plane pods instead of the two above when its
+/// `EnvoyProxy` merges the Gateways of a class (`mergeGateways: true`): one proxy serves every
+/// Gateway of the GatewayClass it names.
+pub const EG_OWNING_GATEWAY_CLASS: &str = "gateway.envoyproxy.io/owning-gatewayclass";
 
 /// Settings of the operator process that shape every render.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -966,13 +970,23 @@ impl<'a> Renderer<'a> {
                     "policyTypes": ["Ingress"],
                     "ingress": [
                         {
-                            "from": [{
-                                "namespaceSelector": {},
-                                "podSelector": { "matchLabels": {
-                                    EG_OWNING_GATEWAY_NAME: self.name,
-                                    EG_OWNING_GATEWAY_NAMESPACE: self.namespace,
-                                } },
-                            }],
+                            // The Gateway's own proxy, or the merged proxy of its class: Envoy
+                            // Gateway labels a proxy by the one or the other, never both.
+                            "from": [
+                                {
+                                    "namespaceSelector": {},
+                                    "podSelector": { "matchLabels": {
+                                        EG_OWNING_GATEWAY_NAME: self.name,
+                                        EG_OWNING_GATEWAY_NAMESPACE: self.namespace,
+                                    } },
+                                },
+                                {
+                                    "namespaceSelector": {},
+                                    "podSelector": { "matchLabels": {
+                                        EG_OWNING_GATEWAY_CLASS: self.cfg.spec.gateway.class_name,
+                                    } },
+                                },
+                            ],
                             "ports": port_of(&["grpc"]),
                         },
                         { "ports": port_of(&["health", "metrics"]) },

@@ -207,6 +207,90 @@ fn the_bbr_policy_lifts_envoys_default_circuit_breaker() {
     assert!(seen > 0, "no example renders the BBR");
 }
 
+/// Whether a NetworkPolicy's ingress admits, on `port`, a pod with these labels in another
+/// namespace than the policy's (where Envoy Gateway runs its proxies by default).
+fn admits_from_elsewhere(policy: &Value, port: i64, labels: &BTreeMap<String, String>) -> bool {
+    policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|rule| {
+            let on_port = rule["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["port"] == port);
+            let from = match rule["from"].as_array() {
+                None => true,
+                Some(peers) => peers.iter().any(|peer| {
+                    // Without a namespaceSelector a peer is in the policy's namespace only.
+                    peer["namespaceSelector"] == serde_json::json!({})
+                        && peer["podSelector"]["matchLabels"]
+                            .as_object()
+                            .unwrap()
+                            .iter()
+                            .all(|(k, v)| labels.get(k).is_some_and(|l| v == l))
+                }),
+            };
+            on_port && from
+        })
+}
+
+/// The pickers' and the BBR's ext_proc port admits the Gateway's Envoy pods as Envoy Gateway
+/// labels them in either of its deployment modes, and no other Gateway's: its own proxy
+/// (`owning-gateway-name` and `-namespace`), or, when its `EnvoyProxy` merges the Gateways of
+/// a class, the class's proxy, which carries only `owning-gatewayclass`
+/// (`internal/gatewayapi/translator.go` `buildIR`, `helpers.go` `OwnerLabels`). Only the first
+/// was admitted, so with merged Gateways every call to the BBR and the pickers was dropped.
+#[test]
+fn ext_proc_ports_admit_the_gateways_envoy_pods_in_both_modes() {
+    let cfg = example("multi-model.yaml");
+    let name = cfg.metadata.name.clone().unwrap();
+    let ns = cfg.metadata.namespace.clone().unwrap();
+    let class = cfg.spec.gateway.class_name.clone();
+    let envoy = |owner: &[(&str, &str)]| -> BTreeMap<String, String> {
+        [
+            ("app.kubernetes.io/name", "envoy"),
+            ("app.kubernetes.io/component", "proxy"),
+            ("app.kubernetes.io/managed-by", "envoy-gateway"),
+        ]
+        .iter()
+        .chain(owner)
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+    };
+    let gateway_name = "gateway.envoyproxy.io/owning-gateway-name";
+    let gateway_ns = "gateway.envoyproxy.io/owning-gateway-namespace";
+    let gateway_class = "gateway.envoyproxy.io/owning-gatewayclass";
+    let own = envoy(&[(gateway_name, &name), (gateway_ns, &ns)]);
+    let merged = envoy(&[(gateway_class, &class)]);
+    let other_gateway = envoy(&[(gateway_name, "other"), (gateway_ns, &ns)]);
+    let other_class = envoy(&[(gateway_class, "other")]);
+    let mut seen = 0;
+    for c in children(&cfg) {
+        if c.resource.kind != "NetworkPolicy" {
+            continue;
+        }
+        let v = serde_json::to_value(&c.object).unwrap();
+        let port = if c.key().ends_with("-bbr") {
+            9004
+        } else {
+            9002
+        };
+        let admits = |labels| admits_from_elsewhere(&v, port, labels);
+        assert!(admits(&own), "{}: the Gateway's own proxy: {v}", c.key());
+        assert!(
+            admits(&merged),
+            "{}: the class's merged proxy: {v}",
+            c.key()
+        );
+        assert!(!admits(&other_gateway), "{}: {v}", c.key());
+        assert!(!admits(&other_class), "{}: {v}", c.key());
+        seen += 1;
+    }
+    assert_eq!(seen, 3, "the BBR's and two pickers' policies");
+}
+
 #[test]
 fn upstream_cel_rules_our_objects_could_break_hold() {
     for path in example_files() {
