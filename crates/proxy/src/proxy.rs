@@ -226,6 +226,18 @@ async fn admit(
             return Ok(Admission::Refused(e));
         }
     }
+    // A client waiting for `100 Continue` has not sent the body yet: a declared length over the
+    // limit is answered at once, where reading on to discard the body (`read_body`) would first
+    // tell the client to send it.
+    let limit = limits.max_request_body_bytes;
+    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX))
+        && req
+            .headers()
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+    {
+        return Ok(Admission::Refused(ApiError::BodyTooLarge { limit }));
+    }
     let (parts, body) = req.into_parts();
     match read_body(&counters.buffered, limits, declared, body).await? {
         BodyRead::Read(body, charge) => Ok(Admission::Admitted(Admitted {

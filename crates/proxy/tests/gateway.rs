@@ -610,6 +610,26 @@ async fn bad_requests_get_clear_json_errors() {
         .build_http();
     let resp = client.request(req).await.unwrap();
     assert_eq!(resp.status(), 413);
+
+    // A client that waits for `100 Continue` before sending a body over the limit (curl does
+    // above 1 MiB) gets the 413 at once, never told to send the body it would be refused for.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+              content-length: 1500\r\nexpect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut head = vec![0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut head))
+            .await
+            .expect("an answer before the body is sent")
+            .unwrap();
+        let head = String::from_utf8_lossy(&head[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 413 "), "{head}");
+    }
     assert_eq!(up.requests(), 0);
 }
 
