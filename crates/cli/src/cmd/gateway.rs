@@ -24,7 +24,8 @@ pub struct Args {
     /// Front-door address; overrides `listen` in the file.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Admin address (`/metrics`, `/healthz`, `/readyz`); overrides `admin` in the file.
+    /// Admin address (`/metrics`, `/healthz`, `/readyz`, `/heartbeat`); overrides `admin` in the
+    /// file.
     #[arg(long)]
     admin: Option<SocketAddr>,
     /// Worker threads serving the front door (default: one per core).
