@@ -461,5 +461,22 @@ async fn requests_the_tokenizer_cannot_take_get_vllm_s_400() {
     .await
     .unwrap();
     assert_eq!(r.status, 400, "{:?}", r.body);
+    // A request-level field the tokenizer does not reproduce is named as `param`.
+    let r = infergate_testkit::try_post(
+        fleet.pods[0].addr,
+        "/v1/chat/completions",
+        "application/json",
+        json!({"model": model.as_str(), "messages": messages,
+            "tools": [{"type": "function", "function": {"name": "f"}}]})
+        .to_string(),
+    )
+    .await
+    .unwrap();
+    let e: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        (r.status.as_u16(), &e["error"]["param"]),
+        (400, &json!("tools")),
+        "{e}"
+    );
     let _ = tx.send(());
 }

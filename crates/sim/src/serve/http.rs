@@ -684,6 +684,12 @@ pub(crate) fn tokenizer_reject(e: &TokenizerError, param: &'static str) -> Rejec
             m
         }
     };
+    // A request-level field the tokenizer refuses (`tools`, `chat_template`, ...) is the one
+    // to name; what it refuses inside a message stays the request's text field.
+    let param = match e {
+        TokenizerError::Unsupported { field, .. } if !field.starts_with("messages") => field,
+        _ => param,
+    };
     (StatusCode::BAD_REQUEST, message, Some(param))
 }
 
