@@ -111,18 +111,23 @@ pub fn check(config: Option<&AccessLogConfig>) -> Result<(), AccessLogError> {
             .map(drop)
             .map_err(err);
     }
+    missing_folder(path).map_or(Ok(()), |e| Err(err(e)))
+}
+
+/// The error for a file whose folder does not exist, naming the folder (the OS says only
+/// `No such file or directory`); `None` when the folder is there. `--check` and the start say
+/// the same.
+fn missing_folder(path: &Path) -> Option<std::io::Error> {
     let folder = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    if folder.is_dir() {
-        Ok(())
-    } else {
-        Err(err(std::io::Error::new(
+    (!folder.is_dir()).then(|| {
+        std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("no folder {}", folder.display()),
-        )))
-    }
+        )
+    })
 }
 
 /// The counters of a front door's access log, each exported from the start, at 0:
@@ -319,7 +324,10 @@ impl Out {
     fn file(path: &Path) -> Result<Out, AccessLogError> {
         let (file, id) = open(path).map_err(|source| AccessLogError {
             path: path.to_owned(),
-            source,
+            source: match source.kind() {
+                std::io::ErrorKind::NotFound => missing_folder(path).unwrap_or(source),
+                _ => source,
+            },
         })?;
         Ok(Out {
             writer: BufWriter::new(Box::new(file)),

@@ -83,6 +83,7 @@ pub fn assert_access_log_checked(
     run: impl Fn(&str, &[&str]) -> (bool, String),
 ) {
     let missing = dir.join("no-such-folder/access.log");
+    let mut chains = Vec::new();
     for args in [&["--check"][..], &[]] {
         let (ok, text) = run(&config(&missing), args);
         assert!(!ok, "{args:?} passed: {text}");
@@ -92,8 +93,20 @@ pub fn assert_access_log_checked(
             "{args:?}: {text}"
         );
         assert!(!text.contains("binding"), "{args:?}: {text}");
-        assert_said_once(&printed_chain(&text), &text);
+        let chain = printed_chain(&text);
+        assert_said_once(&chain, &text);
+        chains.push(chain);
     }
+    // `--check` stops on the error the start stops on, word for word (the start may say what it
+    // was doing first): the missing folder named.
+    assert!(chains[1].ends_with(&chains[0]), "{chains:?}");
+    assert!(
+        chains[1]
+            .iter()
+            .any(|l| l.contains("no folder") && l.contains("no-such-folder")),
+        "{:?}",
+        chains[1]
+    );
     let fine = dir.join("access.log");
     let (ok, text) = run(&config(&fine), &["--check"]);
     assert!(ok, "{text}");
