@@ -103,3 +103,33 @@ fn the_profile_list_is_printed_on_stdout() {
         "the list went to stderr too"
     );
 }
+
+/// `--kv-events-port` over a fleet without a vLLM pod is refused (by `--check` too): SGLang and
+/// TGI pods publish no KV events, so it would open no port and say nothing.
+#[test]
+fn kv_events_over_a_fleet_without_vllm_pods_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("sglang.yaml");
+    std::fs::write(
+        &fleet,
+        "seed: 1\npods:\n  - { name: s, profile: llama-3.1-8b/h100, engine: sglang }\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["sim", "--check", "--kv-events-port", "6000", "--fleet"])
+        .arg(&fleet)
+        .env_remove("INFERGATE_SIM_FLEET")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("the infergate binary runs");
+    let (ok, said) = outcome(&out);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "--kv-events-port: the fleet {} has no vLLM pod",
+            fleet.display()
+        )),
+        "{said}"
+    );
+}

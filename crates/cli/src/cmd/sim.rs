@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use infergate_sim::{Catalog, FleetSpec, KvEventsOptions, ServeOptions, serve_fleet_opts};
+use infergate_sim::{
+    Catalog, EngineKind, FleetSpec, KvEventsOptions, ServeOptions, serve_fleet_opts,
+};
 use infergate_tokenizer::{ModelTokenizer, Options};
 
 /// Arguments of `infergate sim`.
@@ -80,6 +82,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(kv) = &kv {
         kv.check(&spec)
             .with_context(|| format!("--kv-events-port with the fleet {}", path.display()))?;
+        // SGLang and TGI pods publish no KV events: the flag would open no port at all.
+        if !spec.pods.iter().any(|p| p.engine == EngineKind::Vllm) {
+            anyhow::bail!(
+                "--kv-events-port: the fleet {} has no vLLM pod, and only vLLM pods publish KV-cache events",
+                path.display()
+            );
+        }
     }
     let tokenizer = match &args.tokenizer {
         Some(dir) => Some(Arc::new(
