@@ -52,6 +52,9 @@ pub const MANAGED_BY: &str = "infergate-operator";
 pub const CONFIG_HASH_ANNOTATION: &str = "infergate.dev/config-hash";
 /// Header the body-based router sets from the request's `model`.
 pub const MODEL_HEADER: &str = "X-Gateway-Model-Name";
+/// Header that carries the client's JWT to the Gateway (Envoy's default place for it, which the
+/// rendered `SecurityPolicy` keeps); removed from requests on their way to the model servers.
+pub const AUTHORIZATION_HEADER: &str = "Authorization";
 
 /// Endpoint-picker ext_proc port (the picker's own default, so the rendered flag and the
 /// binary agree).
@@ -767,6 +770,18 @@ impl<'a> Renderer<'a> {
         // Always set: without it Envoy's default route timeout (15 s to the end of the
         // response) cuts every longer streamed answer.
         rule["timeouts"] = json!({ "request": s.route_timeout() });
+        // The client's token is the Gateway's credential, not the model servers'. Envoy Gateway
+        // leaves it on the request after checking it (its JWT provider forwards the token), so
+        // without this every model-server pod received every user's bearer token. Removed as
+        // the request leaves for the pod: the JWT filter and the ext_proc servers, which run
+        // before the router, still see it. Without `auth` the header is the client's own, e.g.
+        // a model server's API key, and is passed on.
+        if self.cfg.spec.auth.is_some() {
+            rule["filters"] = json!([{
+                "type": "RequestHeaderModifier",
+                "requestHeaderModifier": { "remove": [AUTHORIZATION_HEADER] },
+            }]);
+        }
         let route: HttpRoute = typed(
             "HTTPRoute",
             json!({

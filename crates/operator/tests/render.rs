@@ -539,6 +539,42 @@ fn every_route_has_a_request_timeout() {
     );
 }
 
+/// With `auth`, every route removes `Authorization` on the way to the model servers. Envoy
+/// Gateway's JWT provider keeps the token on the request after checking it
+/// (`internal/xds/translator/jwt.go` `buildJWTProvider`: `Forward: true`, where Envoy's own
+/// default removes it), so every model-server pod received every user's bearer token. Without
+/// `auth` the header is the client's own (a model server's API key, say) and is left alone.
+#[test]
+fn routes_remove_the_clients_token_when_the_gateway_checks_it() {
+    let filters = |cfg: &infergate_api::InferenceGatewayConfig| -> Vec<(String, Value)> {
+        children(cfg)
+            .into_iter()
+            .filter(|c| c.resource.kind == "HTTPRoute")
+            .map(|c| {
+                let v = serde_json::to_value(&c.object).unwrap();
+                (c.key(), v["spec"]["rules"][0]["filters"].clone())
+            })
+            .collect()
+    };
+    let removed = serde_json::json!([{
+        "type": "RequestHeaderModifier",
+        "requestHeaderModifier": { "remove": ["Authorization"] },
+    }]);
+    let mut with_auth = 0;
+    for path in example_files() {
+        let cfg = load(&path);
+        for (key, f) in filters(&cfg) {
+            if cfg.spec.auth.is_some() {
+                assert_eq!(f, removed, "{key} in {}", path.display());
+                with_auth += 1;
+            } else {
+                assert_eq!(f, Value::Null, "{key} in {}", path.display());
+            }
+        }
+    }
+    assert!(with_auth > 0, "no example sets auth");
+}
+
 #[test]
 fn failure_mode_touches_only_the_pool() {
     let before = example("multi-model.yaml");
@@ -548,15 +584,21 @@ fn failure_mode_touches_only_the_pool() {
     assert_eq!(changed, set(&["InferencePool/fleet-qwen-7b"]));
 }
 
+/// Removing `auth` removes the SecurityPolicy and the routes' removal of the token header (the
+/// client's `Authorization` is then its own, passed on).
 #[test]
-fn removing_auth_removes_only_the_security_policy() {
+fn removing_auth_removes_the_security_policy_and_touches_only_the_routes() {
     let before = example("multi-model.yaml");
     let mut after = before.clone();
     // Authentication removed and waived (without the waiver the config is refused).
     after.spec.auth = None;
     after.spec.allow_unauthenticated = true;
     let (changed, added, removed) = diff(&children(&before), &children(&after));
-    assert!(changed.is_empty() && added.is_empty());
+    assert!(added.is_empty());
+    assert_eq!(
+        changed,
+        set(&["HTTPRoute/fleet-llama-70b", "HTTPRoute/fleet-qwen-7b"])
+    );
     assert_eq!(removed, set(&["SecurityPolicy/fleet-auth"]));
 }
 
