@@ -1120,97 +1120,128 @@ pub(crate) async fn poll(
     let mut failing = false;
     loop {
         tick.tick().await;
-        let discover = cluster.config.models.is_none()
-            && (cluster.heartbeat.is_none() || tokio::time::Instant::now() >= next_discovery);
-        let client = cluster.clients().poll.clone();
-        let token = cluster.token();
-        if discover {
-            next_discovery = tokio::time::Instant::now() + discovery;
-            if let Some(uri) = models_uri.clone() {
-                match fetch(&client, uri.clone(), token.clone(), timeout).await {
-                    Ok((body, rtt)) => match model_ids(&body) {
-                        Some(ids) => {
-                            cluster.set_served(ids.clone());
-                            if cluster.heartbeat.is_none() {
-                                cluster.apply_models_as_heartbeat(&ids, rtt, now());
-                                failing = false;
-                            }
-                        }
-                        None if cluster.heartbeat.is_none() => models_failed(
-                            &cluster,
-                            &mut failing,
-                            &uri,
-                            "it is not an OpenAI model list",
-                        ),
-                        None => {
-                            tracing::warn!(cluster = %cluster.config.name, "/v1/models is not an OpenAI model list");
-                        }
-                    },
-                    Err(e) if cluster.heartbeat.is_none() => models_failed(
-                        &cluster,
-                        &mut failing,
-                        &uri,
-                        &infergate_pool::ErrorChain(&e).to_string(),
-                    ),
-                    // Judged by its heartbeat: the models last read are kept, but a cluster
-                    // up by its heartbeat that refuses the router's token, say, must not go
-                    // unnoticed. One that is down was warned of when it was drained.
-                    Err(e) if cluster.any_up(now()) => tracing::warn!(
-                        cluster = %cluster.config.name,
-                        error = %infergate_pool::ErrorChain(&e),
-                        "cannot read the cluster's /v1/models; the models last read are kept"
-                    ),
-                    Err(e) => tracing::debug!(
-                        cluster = %cluster.config.name,
-                        error = %infergate_pool::ErrorChain(&e),
-                        "cannot read the drained cluster's /v1/models"
-                    ),
-                }
-            }
-        } else if cluster.heartbeat.is_none() && cluster.config.models.is_some() {
-            // Static models and no heartbeat: `/v1/models` answering is the heartbeat.
-            if let Some(uri) = models_uri.clone() {
-                match fetch(&client, uri.clone(), token.clone(), timeout).await {
-                    Ok((_, rtt)) => {
-                        let models = cluster.served();
-                        cluster.apply_models_as_heartbeat(&models, rtt, now());
-                        failing = false;
-                    }
-                    Err(e) => models_failed(
-                        &cluster,
-                        &mut failing,
-                        &uri,
-                        &infergate_pool::ErrorChain(&e).to_string(),
-                    ),
-                }
-            }
-        }
-        if let Some(uri) = cluster.heartbeat.clone() {
-            let failure = match fetch(&client, uri.clone(), None, timeout).await {
-                Ok((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
-                    Ok(hb) => {
-                        cluster.apply_heartbeat(&hb, rtt, now());
-                        None
-                    }
-                    Err(e) => Some(format!("unreadable heartbeat: {e}")),
-                },
-                Err(e) => Some(infergate_pool::ErrorChain(&e).to_string()),
-            };
-            match failure {
-                None => failing = false,
-                Some(why) => {
-                    cluster.fail_all(now());
-                    // Once per run of failures: a wrong URL (never up, so never drained) says
-                    // why at once, and a dead cluster does not repeat it every interval.
-                    if !std::mem::replace(&mut failing, true) {
-                        tracing::warn!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed; logged again only after a good one");
-                    } else {
-                        tracing::debug!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed");
-                    }
-                }
+        let round = poll_once(
+            &cluster,
+            models_uri.as_ref(),
+            &mut next_discovery,
+            &mut failing,
+            discovery,
+            timeout,
+        );
+        // A fetch may hang for `timeoutMs`, longer than the time left to `staleAfterMs`: the
+        // state is ticked every interval meanwhile, so that the drain routing already applies
+        // (it reads the heartbeat's age itself) is logged and exported when it happens, not
+        // when the fetch gives up.
+        tokio::pin!(round);
+        let mut meanwhile =
+            tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        meanwhile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut round => break,
+                _ = meanwhile.tick() => cluster.tick(now(), &telemetry),
             }
         }
         cluster.tick(now(), &telemetry);
+    }
+}
+
+/// One round of the poller: `/v1/models` when it is due (or stands for the heartbeat), then
+/// the heartbeat.
+async fn poll_once(
+    cluster: &Cluster,
+    models_uri: Option<&Uri>,
+    next_discovery: &mut tokio::time::Instant,
+    failing: &mut bool,
+    discovery: Duration,
+    timeout: Duration,
+) {
+    let discover = cluster.config.models.is_none()
+        && (cluster.heartbeat.is_none() || tokio::time::Instant::now() >= *next_discovery);
+    let client = cluster.clients().poll.clone();
+    let token = cluster.token();
+    if discover {
+        *next_discovery = tokio::time::Instant::now() + discovery;
+        if let Some(uri) = models_uri.cloned() {
+            match fetch(&client, uri.clone(), token.clone(), timeout).await {
+                Ok((body, rtt)) => match model_ids(&body) {
+                    Some(ids) => {
+                        cluster.set_served(ids.clone());
+                        if cluster.heartbeat.is_none() {
+                            cluster.apply_models_as_heartbeat(&ids, rtt, now());
+                            *failing = false;
+                        }
+                    }
+                    None if cluster.heartbeat.is_none() => {
+                        models_failed(cluster, failing, &uri, "it is not an OpenAI model list")
+                    }
+                    None => {
+                        tracing::warn!(cluster = %cluster.config.name, "/v1/models is not an OpenAI model list");
+                    }
+                },
+                Err(e) if cluster.heartbeat.is_none() => models_failed(
+                    cluster,
+                    failing,
+                    &uri,
+                    &infergate_pool::ErrorChain(&e).to_string(),
+                ),
+                // Judged by its heartbeat: the models last read are kept, but a cluster
+                // up by its heartbeat that refuses the router's token, say, must not go
+                // unnoticed. One that is down was warned of when it was drained.
+                Err(e) if cluster.any_up(now()) => tracing::warn!(
+                    cluster = %cluster.config.name,
+                    error = %infergate_pool::ErrorChain(&e),
+                    "cannot read the cluster's /v1/models; the models last read are kept"
+                ),
+                Err(e) => tracing::debug!(
+                    cluster = %cluster.config.name,
+                    error = %infergate_pool::ErrorChain(&e),
+                    "cannot read the drained cluster's /v1/models"
+                ),
+            }
+        }
+    } else if cluster.heartbeat.is_none() && cluster.config.models.is_some() {
+        // Static models and no heartbeat: `/v1/models` answering is the heartbeat.
+        if let Some(uri) = models_uri.cloned() {
+            match fetch(&client, uri.clone(), token.clone(), timeout).await {
+                Ok((_, rtt)) => {
+                    let models = cluster.served();
+                    cluster.apply_models_as_heartbeat(&models, rtt, now());
+                    *failing = false;
+                }
+                Err(e) => models_failed(
+                    cluster,
+                    failing,
+                    &uri,
+                    &infergate_pool::ErrorChain(&e).to_string(),
+                ),
+            }
+        }
+    }
+    if let Some(uri) = cluster.heartbeat.clone() {
+        let failure = match fetch(&client, uri.clone(), None, timeout).await {
+            Ok((body, rtt)) => match serde_json::from_slice::<Heartbeat>(&body) {
+                Ok(hb) => {
+                    cluster.apply_heartbeat(&hb, rtt, now());
+                    None
+                }
+                Err(e) => Some(format!("unreadable heartbeat: {e}")),
+            },
+            Err(e) => Some(infergate_pool::ErrorChain(&e).to_string()),
+        };
+        match failure {
+            None => *failing = false,
+            Some(why) => {
+                cluster.fail_all(now());
+                // Once per run of failures: a wrong URL (never up, so never drained) says
+                // why at once, and a dead cluster does not repeat it every interval.
+                if !std::mem::replace(failing, true) {
+                    tracing::warn!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed; logged again only after a good one");
+                } else {
+                    tracing::debug!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed");
+                }
+            }
+        }
     }
 }
 

@@ -763,6 +763,66 @@ async fn a_cluster_without_heartbeat_whose_models_fail_says_why_once() {
     }
 }
 
+/// A heartbeat fetch that hangs longer than the time left to `staleAfterMs` (`timeoutMs` is
+/// the longer): routing drained the cluster as stale on time, since it reads the heartbeat's age
+/// itself, but the drain was logged and exported only when the fetch gave up — here 5 s later,
+/// the weight reading 1 all the while. The state is now ticked while the fetch hangs.
+#[tokio::test]
+async fn a_hanging_heartbeat_is_drained_stale_when_it_is() {
+    let beat = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let beat_addr = beat.local_addr().unwrap();
+    // The first fetch is answered; every later connection is held unanswered.
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut held = Vec::new();
+        let (mut first, _) = beat.accept().await.unwrap();
+        let mut buf = [0u8; 2048];
+        let _ = first.read(&mut buf).await.unwrap();
+        let body = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,"models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,"inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        first.write_all(answer.as_bytes()).await.unwrap();
+        drop(first);
+        loop {
+            let (s, _) = beat.accept().await.unwrap();
+            held.push(s);
+        }
+    });
+    let cluster = Recorder::start(&[]).await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, timeoutMs: 5000, staleAfterMs: 300, slowStartMs: 0 }}\nclusters:\n  - {{ name: a, url: 'http://{}', heartbeatUrl: 'http://{beat_addr}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        cluster.addr
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let admin = router.admin_addr().unwrap();
+    let page = || async move { infergate_testkit::get(admin, "/metrics").await.text() };
+    let weight = r#"infergate_global_cluster_weight{cluster="a"}"#;
+    let stale = r#"infergate_global_cluster_drains_total{cluster="a",reason="stale"}"#;
+    let start = std::time::Instant::now();
+    while clusters::counter(&page().await, weight) != 1.0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "never up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let up = std::time::Instant::now();
+    loop {
+        let text = page().await;
+        if clusters::counter(&text, stale) == 1.0 {
+            assert_eq!(clusters::counter(&text, weight), 0.0, "{text}");
+            break;
+        }
+        assert!(
+            up.elapsed() < std::time::Duration::from_millis(1500),
+            "not drained stale 1.5 s after its last good heartbeat (staleAfterMs: 300): {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// With authentication on, the tenant the clusters see is the one the router authenticated:
 /// the fairness-id header and the configured `tenancy.tenantHeader` a client sent (to be charged
 /// or queued as another tenant behind the router) are replaced, every copy of them.
