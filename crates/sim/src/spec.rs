@@ -377,6 +377,25 @@ impl FleetSpec {
                     pod.name
                 )));
             }
+            // An empty name is one no client can send, and no log or header can show.
+            if pod.name.is_empty() {
+                return Err(SimError::FleetInvalid(format!(
+                    "pod number {} of the fleet has an empty name",
+                    i + 1
+                )));
+            }
+            if pod.model.is_empty() {
+                return Err(SimError::FleetInvalid(format!(
+                    "pod {} has an empty served_model_name",
+                    pod.name
+                )));
+            }
+            if pod.lora_adapters.iter().any(|a| a.is_empty()) {
+                return Err(SimError::FleetInvalid(format!(
+                    "pod {} lists a LoRA adapter with an empty name",
+                    pod.name
+                )));
+            }
             // A request names an adapter by its `model`: with a name listed twice, which of
             // the two serves it would be left to the order of the list.
             for (j, adapter) in pod.lora_adapters.iter().enumerate() {
@@ -436,6 +455,31 @@ mod tests {
             twice.contains("pod a lists LoRA adapter x twice"),
             "{twice}"
         );
+    }
+
+    #[test]
+    fn empty_names_are_refused() {
+        let refused = |pod: &str| {
+            FleetSpec::from_yaml(&format!(
+                "seed: 1\npods:\n  - {{ name: b, profile: llama-3.1-8b/h100 }}\n  - {{ profile: llama-3.1-8b/h100, {pod} }}\n"
+            ))
+            .unwrap_err()
+            .to_string()
+        };
+        for (pod, says) in [
+            ("name: ''", "pod number 2 of the fleet has an empty name"),
+            (
+                "name: a, served_model_name: ''",
+                "pod a has an empty served_model_name",
+            ),
+            (
+                "name: a, lora_adapters: [x, '']",
+                "pod a lists a LoRA adapter with an empty name",
+            ),
+        ] {
+            let e = refused(pod);
+            assert!(e.contains(says), "{pod}: {e}");
+        }
     }
 
     #[test]
