@@ -278,7 +278,8 @@ pub async fn json_lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Val
 }
 
 /// The value of the first sample of `family` on the Prometheus text page `text` whose labels
-/// include every pair of `labels` (`None`: no such sample).
+/// include every pair of `labels` (`None`: no such sample). A label is matched whole: `model`
+/// is not found in `base_model="…"`.
 pub fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
     text.lines()
         .filter(|l| {
@@ -286,9 +287,10 @@ pub fn metric(text: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> 
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
         })
         .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+            labels.iter().all(|(k, v)| {
+                let pair = format!("{k}=\"{v}\"");
+                l.contains(&format!("{{{pair}")) || l.contains(&format!(",{pair}"))
+            })
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
@@ -391,6 +393,19 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+
+    /// A label is matched whole. `model="m"` was found inside `base_model="m"`, so a sample of
+    /// another model could be read, depending on the order of the page's series.
+    #[test]
+    fn metric_matches_whole_labels() {
+        let page =
+            "f_total{model=\"a\",base_model=\"m\"} 1\nf_total{model=\"m\",base_model=\"m\"} 0\n";
+        assert_eq!(metric(page, "f_total", &[("model", "m")]), Some(0.0));
+        assert_eq!(metric(page, "f_total", &[("base_model", "m")]), Some(1.0));
+        assert_eq!(metric(page, "f_total", &[("model", "a")]), Some(1.0));
+        assert_eq!(metric(page, "f_total", &[("odel", "a")]), None);
+        assert_eq!(metric(page, "f", &[("model", "a")]), None);
+    }
 
     /// Answers each connection with `answer` after reading its request head, and hands the
     /// request bytes back.
