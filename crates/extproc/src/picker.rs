@@ -95,8 +95,7 @@ impl Default for PickerConfig {
 pub(crate) struct Shared<P> {
     pub(crate) config: PickerConfig,
     pub(crate) pool: P,
-    pub(crate) telemetry: Telemetry,
-    /// The pool's request and token counters (cached handles).
+    /// The pool's counters and histograms (cached handles).
     pub(crate) counters: PoolTelemetry,
 }
 
@@ -125,7 +124,6 @@ impl<P: EndpointPool> EndpointPicker<P> {
             shared: Arc::new(Shared {
                 config,
                 pool,
-                telemetry,
                 counters,
             }),
         }

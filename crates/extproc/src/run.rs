@@ -21,7 +21,7 @@ use crate::bbr::{BbrConfig, BodyRouter};
 use crate::error::Error;
 use crate::picker::{EndpointPicker, PickerConfig};
 use crate::server::{serve_ext_proc_tls, serve_health};
-use crate::telemetry::{BbrTelemetry, PodStateLabels, Telemetry};
+use crate::telemetry::{BbrTelemetry, PoolTelemetry, Telemetry};
 
 /// How often the ready/stale pod gauges are refreshed.
 pub const POD_GAUGE_INTERVAL: Duration = Duration::from_secs(1);
@@ -239,7 +239,10 @@ pub async fn run_picker(
         metrics = %addr(&listeners.metrics),
         "endpoint picker listening"
     );
-    let gauges = tokio::spawn(report_pods(live.clone(), telemetry.clone()));
+    let gauges = tokio::spawn(report_pods(
+        live.clone(),
+        telemetry.for_pool(&picker.pool_name),
+    ));
     let shutdown = shutdown.shared();
     let ready_pool = live.clone();
     let (heartbeat_pool, heartbeat_name) = (live.clone(), picker.pool_name.clone());
@@ -289,8 +292,8 @@ pub async fn run_picker(
     grpc
 }
 
-/// Keeps the `infergate_extproc_pods{state}` gauges current.
-pub async fn report_pods(pool: LivePool, telemetry: Telemetry) {
+/// Keeps the `infergate_extproc_pods{pool, state}` gauges current.
+pub async fn report_pods(pool: LivePool, telemetry: PoolTelemetry) {
     let stale_after = pool.scheduler_config().max_metrics_age;
     let mut tick = tokio::time::interval(POD_GAUGE_INTERVAL);
     loop {
@@ -309,14 +312,7 @@ pub async fn report_pods(pool: LivePool, telemetry: Telemetry) {
                 stale += 1;
             }
         }
-        telemetry
-            .pods
-            .get_or_create(&PodStateLabels { state: "ready" })
-            .set(ready);
-        telemetry
-            .pods
-            .get_or_create(&PodStateLabels { state: "stale" })
-            .set(stale);
+        telemetry.set_pods(ready, stale);
     }
 }
 

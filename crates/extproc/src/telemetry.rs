@@ -21,13 +21,13 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 /// Labels of `requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// The pool (or `bbr` for the body-based router).
+    /// The pool.
     pub pool: String,
     /// The model the request named.
     pub model: String,
@@ -37,24 +37,27 @@ pub struct RequestLabels {
     pub outcome: &'static str,
 }
 
-/// Labels of `rejections_total`.
+/// Labels of the picker's `rejections_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub struct PoolReasonLabels {
+    /// The pool.
+    pub pool: String,
     /// The client-visible error's metric label (e.g. `shed`, `no_endpoints`, `invalid_json`).
     pub reason: &'static str,
 }
 
-/// The help text of `rejections_total`, the one family the picker and the body-based router
-/// both export.
-const REJECTIONS_HELP: &str = "Requests answered with an error, by reason";
-
-fn count_rejection(family: &Family<ReasonLabels, Counter>, reason: &'static str) {
-    family.get_or_create(&ReasonLabels { reason }).inc();
+/// Labels of the body-based router's `rejections_total` (it serves no pool).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The client-visible error's metric label (e.g. `invalid_json`, `unknown_model`).
+    pub reason: &'static str,
 }
 
 /// Labels of `tokens_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
+    /// The pool.
+    pub pool: String,
     /// The model the request named.
     pub model: String,
     /// `input`, `output` or `cached`.
@@ -76,6 +79,11 @@ fn ttft_histogram() -> AtomicHistogram {
     AtomicHistogram::new(exponential_buckets(0.000_5, 2.0, 16))
 }
 
+fn pick_histogram() -> AtomicHistogram {
+    // 1 µs … ~16 ms: the answer is microseconds; milliseconds would be worth seeing.
+    AtomicHistogram::new(exponential_buckets(1e-6, 2.0, 15))
+}
+
 fn duration_histogram() -> AtomicHistogram {
     // 1 ms .. ~65 s, as the gateway's `infergate_gateway_request_duration_seconds`.
     AtomicHistogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -84,6 +92,8 @@ fn duration_histogram() -> AtomicHistogram {
 /// Labels of the pod gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PodStateLabels {
+    /// The pool.
+    pub pool: String,
     /// `ready` (fresh metrics) or `stale`.
     pub state: &'static str,
 }
@@ -93,13 +103,13 @@ pub struct PodStateLabels {
 pub struct Telemetry {
     /// Requests by pool, model, pod and outcome.
     pub requests: Family<RequestLabels, Counter>,
-    /// Time from the end of the request body to the routing answer (pick included).
-    pub pick_seconds: Histogram,
-    /// Requests answered with an error instead of a route, by reason.
-    pub rejections: Family<ReasonLabels, Counter>,
-    /// Tokens reported by model servers, by model and kind.
+    /// Time from the end of the request body to the routing answer (pick included), by pool.
+    pub pick_seconds: HistogramFamily,
+    /// Requests answered with an error instead of a route, by pool and reason.
+    pub rejections: Family<PoolReasonLabels, Counter>,
+    /// Tokens reported by model servers, by pool, model and kind.
     pub tokens: Family<TokenLabels, Counter>,
-    /// Pods by state.
+    /// Pods by pool and state.
     pub pods: Family<PodStateLabels, Gauge>,
     /// Routing answer to the first streamed token, by pool.
     pub ttft: HistogramFamily,
@@ -111,8 +121,7 @@ impl Default for Telemetry {
     fn default() -> Self {
         Telemetry {
             requests: Family::default(),
-            // 1 µs … ~16 ms: the answer is microseconds; milliseconds would be worth seeing.
-            pick_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 15)),
+            pick_seconds: Family::new_with_constructor(pick_histogram),
             rejections: Family::default(),
             tokens: Family::default(),
             pods: Family::default(),
@@ -134,16 +143,24 @@ impl Telemetry {
         );
         r.register(
             "pick_duration_seconds",
-            "Time from the complete request body to the routing answer",
+            "Time from the complete request body to the routing answer, by pool",
             t.pick_seconds.clone(),
         );
-        r.register("rejections", REJECTIONS_HELP, t.rejections.clone());
+        r.register(
+            "rejections",
+            "Requests answered with an error, by pool and reason",
+            t.rejections.clone(),
+        );
         r.register(
             "tokens",
-            "Tokens reported by model servers, by model and kind (input, output, cached)",
+            "Tokens reported by model servers, by pool, model and kind (input, output, cached)",
             t.tokens.clone(),
         );
-        r.register("pods", "Pool pods by state (ready, stale)", t.pods.clone());
+        r.register(
+            "pods",
+            "Pool pods by state (ready, stale), by pool",
+            t.pods.clone(),
+        );
         r.register(
             "ttft_seconds",
             "Time from the routing answer to the first generated token of a streamed response, by pool",
@@ -169,17 +186,13 @@ impl Telemetry {
             .inc();
     }
 
-    /// Counts one rejection.
-    pub fn reject(&self, reason: &'static str) {
-        count_rejection(&self.rejections, reason);
-    }
-
     /// Adds reported usage.
-    pub fn usage(&self, model: &str, usage: &infergate_openai::Usage) {
+    pub fn usage(&self, pool: &str, model: &str, usage: &infergate_openai::Usage) {
         for (kind, n) in token_kinds(usage) {
             if n > 0 {
                 self.tokens
                     .get_or_create(&TokenLabels {
+                        pool: pool.to_owned(),
                         model: model.to_owned(),
                         kind,
                     })
@@ -192,6 +205,7 @@ impl Telemetry {
     /// documentation). Build it once per pool and keep it.
     pub fn for_pool(&self, pool: &str) -> PoolTelemetry {
         PoolTelemetry {
+            pick: OnceLock::new(),
             ttft: OnceLock::new(),
             duration: OnceLock::new(),
             telemetry: self.clone(),
@@ -210,17 +224,17 @@ pub struct RoutedLabels {
     pub base_model: String,
 }
 
-/// What the body-based router exports, under `infergate_extproc_`: the requests it routed by
+/// What the body-based router exports, under `infergate_extproc_bbr_`: the requests it routed by
 /// model (`bbr_routed_total`), the time from the complete body to its answer
 /// (`bbr_route_duration_seconds`) and the requests it answered with an error
-/// (`rejections_total`, the picker's family and labels). It registers none of the picker's
-/// other families, which it would never fill. Cheap to clone.
+/// (`bbr_rejections_total{reason}`: the picker's `rejections_total` also names its pool, and the
+/// router serves none). It registers none of the picker's families. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct BbrTelemetry {
     /// Routed requests by served name and base model.
     pub routed: Family<RoutedLabels, Counter>,
     /// Complete request body to the routing answer (parse and lookup).
-    pub route_seconds: Histogram,
+    pub route_seconds: AtomicHistogram,
     /// Requests answered with an error instead of a route, by reason.
     pub rejections: Family<ReasonLabels, Counter>,
 }
@@ -229,8 +243,7 @@ impl Default for BbrTelemetry {
     fn default() -> Self {
         BbrTelemetry {
             routed: Family::default(),
-            // 1 µs … ~16 ms, as the picker's `pick_duration_seconds`.
-            route_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 15)),
+            route_seconds: pick_histogram(),
             rejections: Family::default(),
         }
     }
@@ -251,13 +264,19 @@ impl BbrTelemetry {
             "Time from the complete request body to the body-based router's routing answer",
             t.route_seconds.clone(),
         );
-        r.register("rejections", REJECTIONS_HELP, t.rejections.clone());
+        r.register(
+            "bbr_rejections",
+            "Requests the body-based router answered with an error, by reason",
+            t.rejections.clone(),
+        );
         t
     }
 
     /// Counts one rejection.
     pub fn reject(&self, reason: &'static str) {
-        count_rejection(&self.rejections, reason);
+        self.rejections
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 }
 
@@ -329,6 +348,8 @@ pub const OTHER_MODEL: &str = "(other)";
 /// kept per model and endpoint. Made by [`Telemetry::for_pool`].
 #[derive(Debug)]
 pub struct PoolTelemetry {
+    /// `pick_duration_seconds{pool}`, created on first use.
+    pick: OnceLock<AtomicHistogram>,
     /// `ttft_seconds{pool}`, created on first use.
     ttft: OnceLock<AtomicHistogram>,
     /// `request_duration_seconds{pool}`, created on first use.
@@ -353,6 +374,43 @@ impl PoolTelemetry {
     /// The pool label.
     pub fn pool(&self) -> &str {
         &self.pool
+    }
+
+    /// Records the time from the complete request body to the routing answer, in seconds.
+    pub fn observe_pick(&self, secs: f64) {
+        self.pick
+            .get_or_init(|| {
+                self.telemetry
+                    .pick_seconds
+                    .get_or_create(&self.labels())
+                    .clone()
+            })
+            .observe(secs);
+    }
+
+    /// Counts one request answered with an error instead of a route (an error path: the
+    /// series is looked up in the family).
+    pub fn reject(&self, reason: &'static str) {
+        self.telemetry
+            .rejections
+            .get_or_create(&PoolReasonLabels {
+                pool: self.pool.clone(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Sets the pool's pod gauges: pods with fresh metrics and stale ones.
+    pub fn set_pods(&self, ready: i64, stale: i64) {
+        for (state, n) in [("ready", ready), ("stale", stale)] {
+            self.telemetry
+                .pods
+                .get_or_create(&PodStateLabels {
+                    pool: self.pool.clone(),
+                    state,
+                })
+                .set(n);
+        }
     }
 
     /// Records a time to first token, in seconds.
@@ -397,6 +455,7 @@ impl PoolTelemetry {
                                 self.telemetry
                                     .tokens
                                     .get_or_create(&TokenLabels {
+                                        pool: self.pool.clone(),
                                         model: model.to_owned(),
                                         kind,
                                     })

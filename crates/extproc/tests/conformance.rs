@@ -737,11 +737,14 @@ async fn metrics_count_outcomes_rejections_and_tokens() {
         format!(
             "infergate_extproc_requests_total{{pool=\"llama\",model=\"llama-3-8b\",pod=\"{A}\",outcome=\"cancelled\"}} 1"
         ),
-        "infergate_extproc_rejections_total{reason=\"invalid_json\"} 1".to_owned(),
-        "infergate_extproc_tokens_total{model=\"llama-3-8b\",kind=\"input\"} 21".to_owned(),
-        "infergate_extproc_tokens_total{model=\"llama-3-8b\",kind=\"output\"} 15".to_owned(),
-        "infergate_extproc_tokens_total{model=\"llama-3-8b\",kind=\"cached\"} 9".to_owned(),
-        "infergate_extproc_pick_duration_seconds_count 5".to_owned(),
+        "infergate_extproc_rejections_total{pool=\"llama\",reason=\"invalid_json\"} 1".to_owned(),
+        "infergate_extproc_tokens_total{pool=\"llama\",model=\"llama-3-8b\",kind=\"input\"} 21"
+            .to_owned(),
+        "infergate_extproc_tokens_total{pool=\"llama\",model=\"llama-3-8b\",kind=\"output\"} 15"
+            .to_owned(),
+        "infergate_extproc_tokens_total{pool=\"llama\",model=\"llama-3-8b\",kind=\"cached\"} 9"
+            .to_owned(),
+        "infergate_extproc_pick_duration_seconds_count{pool=\"llama\"} 5".to_owned(),
     ] {
         assert!(text.contains(&line), "missing `{line}` in:\n{text}");
     }

@@ -961,7 +961,7 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
     assert_eq!(
         metric(
             &m,
-            "infergate_extproc_rejections_total",
+            "infergate_extproc_bbr_rejections_total",
             &[("reason", "unknown_model")]
         ),
         Some(1.0),
@@ -971,9 +971,13 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
         m.contains("infergate_extproc_bbr_route_duration_seconds_count 1"),
         "{m}"
     );
-    for picker_only in ["requests_total", "tokens_total", "pods", "ttft_seconds"] {
+    assert!(
+        m.contains("# TYPE infergate_extproc_bbr_rejections counter"),
+        "{m}"
+    );
+    for picker_only in ["requests", "rejections", "tokens", "pods", "ttft_seconds"] {
         assert!(
-            !m.contains(&format!("infergate_extproc_{picker_only}")),
+            !m.contains(&format!("# TYPE infergate_extproc_{picker_only} ")),
             "{picker_only}: {m}"
         );
     }

@@ -551,9 +551,8 @@ impl<P: EndpointPool> PickerExchange<P> {
 
     fn record_pick(&self, started: Instant) {
         self.shared
-            .telemetry
-            .pick_seconds
-            .observe(started.elapsed().as_secs_f64());
+            .counters
+            .observe_pick(started.elapsed().as_secs_f64());
     }
 
     fn enter_routed(
@@ -586,7 +585,7 @@ impl<P: EndpointPool> PickerExchange<P> {
 
     fn reject(&mut self, err: ApiError, out: &mut Vec<ProcessingResponse>) -> Flow {
         tracing::debug!(error = %err, status = err.status(), "request answered locally");
-        self.shared.telemetry.reject(err.metric_label());
+        self.shared.counters.reject(err.metric_label());
         let mut answer = wire::immediate_error(&err);
         if let Some(e) = self.explanation.take()
             && let Some(processing_response::Response::ImmediateResponse(i)) = &mut answer.response

@@ -65,7 +65,7 @@ fn cached_counting_exports_exactly_what_the_family_path_does() {
         cached.finished(model, pod, outcome, u.as_ref());
         let pod = pod.map(|p| p.to_string()).unwrap_or_default();
         if let Some(u) = &u {
-            plain.usage(model, u);
+            plain.usage("pool-a", model, u);
         }
         plain.request("pool-a", model, &pod, outcome.as_str());
     }
@@ -91,8 +91,8 @@ fn counts_are_exact_per_pool_model_pod_and_outcome() {
         r#"infergate_extproc_requests_total{pool="llama-pool",model="llama",pod="10.0.0.2:8001",outcome="error"} 1"#,
         r#"infergate_extproc_requests_total{pool="llama-pool",model="llama",pod="",outcome="cancelled"} 1"#,
         r#"infergate_extproc_requests_total{pool="other-pool",model="llama",pod="10.0.0.1:8000",outcome="success"} 1"#,
-        r#"infergate_extproc_tokens_total{model="llama",kind="input"} 15"#,
-        r#"infergate_extproc_tokens_total{model="llama",kind="output"} 6"#,
+        r#"infergate_extproc_tokens_total{pool="llama-pool",model="llama",kind="input"} 15"#,
+        r#"infergate_extproc_tokens_total{pool="llama-pool",model="llama",kind="output"} 6"#,
     ];
     for line in expected {
         assert!(
@@ -146,11 +146,11 @@ fn concurrent_counting_loses_nothing() {
     };
     assert_eq!(total("infergate_extproc_requests_total{"), 20_000);
     assert_eq!(
-        total("infergate_extproc_tokens_total{model=\"m0\",kind=\"input\"}"),
+        total("infergate_extproc_tokens_total{pool=\"p\",model=\"m0\",kind=\"input\"}"),
         10_000
     );
     assert_eq!(
-        total("infergate_extproc_tokens_total{model=\"m1\",kind=\"output\"}"),
+        total("infergate_extproc_tokens_total{pool=\"p\",model=\"m1\",kind=\"output\"}"),
         20_000
     );
     assert_eq!(
