@@ -465,6 +465,32 @@ impl SchedulerSpec {
             .unwrap_or(DEFAULT_ROUTE_TIMEOUT)
     }
 
+    /// The HTTPRoute's request timeout as a duration; `None` when it sets no deadline (`0s`).
+    /// A string the schema's pattern refuses reads as no deadline.
+    pub fn route_deadline(&self) -> Option<std::time::Duration> {
+        let mut total = std::time::Duration::ZERO;
+        let mut rest = self.route_timeout();
+        while !rest.is_empty() {
+            let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+            let n: u64 = rest[..digits].parse().ok()?;
+            rest = &rest[digits..];
+            let (unit, len) = if rest.starts_with("ms") {
+                (std::time::Duration::from_millis(n), 2)
+            } else if rest.starts_with('s') {
+                (std::time::Duration::from_secs(n), 1)
+            } else if rest.starts_with('m') {
+                (std::time::Duration::from_secs(n * 60), 1)
+            } else if rest.starts_with('h') {
+                (std::time::Duration::from_secs(n * 3600), 1)
+            } else {
+                return None;
+            };
+            total += unit;
+            rest = &rest[len..];
+        }
+        (!total.is_zero()).then_some(total)
+    }
+
     /// The scorer preset the picker runs: the explicit one, else `infergate` unless weights are set.
     pub fn effective_preset(&self) -> Option<SchedulerPreset> {
         match (&self.preset, &self.weights) {

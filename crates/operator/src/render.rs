@@ -114,6 +114,11 @@ pub const PEER_KEY_FILE: &str = "key";
 pub const PEER_KEY_PATH: &str = "/etc/infergate-peer/key";
 /// Port of the pickers' peer exchange.
 pub const PEER_PORT: i32 = args::PEER_PORT as i32;
+/// Longest `terminationGracePeriodSeconds` of a picker pod: an hour, for a route or a queue
+/// without a deadline.
+pub const PICKER_GRACE_CAP_SECONDS: u64 = 3600;
+/// Added to a picker's longest request for its own stop (the last answer's end, the exit).
+pub const PICKER_GRACE_MARGIN_SECONDS: u64 = 30;
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its name).
 pub const EG_OWNING_GATEWAY_NAME: &str = "gateway.envoyproxy.io/owning-gateway-name";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its namespace).
@@ -485,6 +490,7 @@ impl<'a> Renderer<'a> {
             secret_mount: None,
             tokenizer: None,
             config_hash: &hash,
+            grace_seconds: None,
         };
         out.push(child(&self.deployment(
             &name,
@@ -727,6 +733,7 @@ impl<'a> Renderer<'a> {
             }),
             tokenizer,
             config_hash: &hash,
+            grace_seconds: Some(self.picker_grace_seconds(s)?),
         };
         out.push(child(
             &self.deployment(&epp, component, sched, s.replicas, &process)?,
@@ -932,6 +939,9 @@ impl<'a> Renderer<'a> {
         if process.secret_mount.is_some() {
             pod_spec["securityContext"]["fsGroup"] = json!(65532);
         }
+        if let Some(g) = process.grace_seconds {
+            pod_spec["terminationGracePeriodSeconds"] = json!(g);
+        }
         if !pd.node_selector.is_empty() {
             pod_spec["nodeSelector"] = json!(pd.node_selector);
         }
@@ -955,6 +965,38 @@ impl<'a> Renderer<'a> {
                 },
             }),
         )
+    }
+
+    /// How long a stopping picker pod is given before it is killed: the longest a request's
+    /// ext_proc stream to it can last, so a rollout or a drain lets the answers in flight finish.
+    /// The stream carries the response body too (Envoy AI Gateway's filter streams both bodies to
+    /// the picker), so it lasts from the request's arrival through its wait in the queue (the
+    /// flow-control TTL) to the end of the answer (the route's request timeout, which starts once
+    /// the picker has let the request go), and the picker, told to stop, lets open streams
+    /// finish. At Kubernetes' default of 30 s every answer still streaming then was cut.
+    /// Unbounded (a `0s` route timeout or TTL) is capped at [`PICKER_GRACE_CAP_SECONDS`].
+    fn picker_grace_seconds(&self, s: &SchedulerSpec) -> Result<u64, Error> {
+        let queue = match &self.cfg.spec.flow_control {
+            None => Some(std::time::Duration::ZERO),
+            Some(f) => {
+                let settings: infergate_pool::flow::FlowSettings =
+                    serde_json::from_value(json!({ "flowControl": f })).map_err(|e| {
+                        Error::PickerFile {
+                            field: "flowControl",
+                            reason: e.to_string(),
+                        }
+                    })?;
+                let ttl = settings.flow_control.request_ttl;
+                (!ttl.is_zero()).then_some(ttl)
+            }
+        };
+        Ok(match (queue, s.route_deadline()) {
+            (Some(q), Some(r)) => (q + r)
+                .as_secs()
+                .saturating_add(PICKER_GRACE_MARGIN_SECONDS)
+                .min(PICKER_GRACE_CAP_SECONDS),
+            _ => PICKER_GRACE_CAP_SECONDS,
+        })
     }
 
     /// Admits only what a picker or BBR pod must answer: ext_proc from this config's Envoy
@@ -1110,6 +1152,8 @@ struct Process<'a> {
     /// within it, mounted read-only at [`TOKENIZER_MOUNT`].
     tokenizer: Option<(Value, Option<String>)>,
     config_hash: &'a str,
+    /// The pod's `terminationGracePeriodSeconds`; Kubernetes' default (30 s) when `None`.
+    grace_seconds: Option<u64>,
 }
 
 /// One key of a Secret, mounted read-only as a file named after the key.

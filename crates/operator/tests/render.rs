@@ -489,13 +489,17 @@ fn a_new_lora_adapter_touches_the_route_and_the_bbr_model_map() {
     );
 }
 
+/// The route's timeout and the picker's grace period to stop, which outlasts it.
 #[test]
-fn route_timeout_touches_only_the_route() {
+fn route_timeout_touches_the_route_and_its_pickers_grace_period() {
     let before = example("multi-model.yaml");
     let mut after = before.clone();
     after.spec.schedulers[1].route_timeout = Some("60s".to_owned());
     let (changed, _, _) = diff(&children(&before), &children(&after));
-    assert_eq!(changed, set(&["HTTPRoute/fleet-qwen-7b"]));
+    assert_eq!(
+        changed,
+        set(&["HTTPRoute/fleet-qwen-7b", "Deployment/fleet-qwen-7b-epp"])
+    );
 }
 
 /// Every HTTPRoute carries a request timeout: `routeTimeout`, else 300 s. The route used to get
@@ -573,6 +577,54 @@ fn routes_remove_the_clients_token_when_the_gateway_checks_it() {
         }
     }
     assert!(with_auth > 0, "no example sets auth");
+}
+
+/// A picker pod is given, to stop, the longest its ext_proc streams can last: the wait in the
+/// flow-control queue (its TTL) plus the route's request timeout (which Envoy starts once the
+/// request has passed the picker), plus 30 s; an hour when either has no bound. Envoy AI
+/// Gateway's filter streams the response body through the picker
+/// (`internal/extensionserver/inferencepool.go` `buildHTTPFilterForInferencePool`), and the
+/// picker lets open streams finish when told to stop, but the pods had Kubernetes' default of
+/// 30 s, so a rollout or a drain cut every answer still streaming then.
+#[test]
+fn picker_pods_are_given_time_to_finish_their_answers() {
+    let graces = |cfg: &infergate_api::InferenceGatewayConfig| -> BTreeMap<String, Value> {
+        children(cfg)
+            .into_iter()
+            .filter(|c| c.resource.kind == "Deployment")
+            .map(|c| {
+                let v = serde_json::to_value(&c.object).unwrap();
+                let g = v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].clone();
+                (c.key(), g)
+            })
+            .collect()
+    };
+    // Route timeout 300 s, no queue.
+    let single = graces(&example("single-model.yaml"));
+    assert_eq!(single["Deployment/llama-llama-8b-epp"], 330);
+    // The BBR keeps Kubernetes' default.
+    assert_eq!(single["Deployment/llama-bbr"], Value::Null);
+    // A 30 s queue TTL before the 300 s route timeout.
+    let mut queued = example("flow-control-quotas.yaml");
+    let name = queued.metadata.name.clone().unwrap();
+    let s = queued.spec.schedulers[0].name.clone();
+    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 360);
+    // No deadline on the route, or none in the queue: capped at an hour.
+    queued.spec.schedulers[0].route_timeout = Some("0s".to_owned());
+    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 3600);
+    queued.spec.schedulers[0].route_timeout = Some("1m30s".to_owned());
+    queued.spec.flow_control.as_mut().unwrap().request_ttl_ms = Some(0);
+    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 3600);
+    queued.spec.flow_control.as_mut().unwrap().request_ttl_ms = Some(1_500);
+    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 121);
+    // Every example's pickers outlast Kubernetes' default.
+    for path in example_files() {
+        for (key, g) in graces(&load(&path)) {
+            if key.ends_with("-epp") {
+                assert!(g.as_u64().unwrap() > 30, "{key}: {g}");
+            }
+        }
+    }
 }
 
 #[test]
