@@ -13,23 +13,30 @@ use std::path::Path;
 mod printed_error;
 use printed_error::{assert_said_once, outcome, printed_chain};
 
-/// Runs `infergate sim --fleet <fleet> --tokenizer <dir> ARGS`: whether it succeeded, and what
-/// it printed.
-fn sim_with_tokenizer(dir: &Path, args: &[&str]) -> (bool, String) {
-    let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/fleets/three-engines.yaml");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+/// Runs `infergate sim ARGS`, without the fleet variable or a backtrace.
+fn sim<I: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = I>) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
         .arg("sim")
-        .arg("--fleet")
-        .arg(fleet)
-        .arg("--tokenizer")
-        .arg(dir)
         .args(args)
         .env_remove("INFERGATE_SIM_FLEET")
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
         .output()
-        .expect("the infergate binary runs");
-    outcome(&out)
+        .expect("the infergate binary runs")
+}
+
+/// Runs `infergate sim --fleet <fleet> --tokenizer <dir> ARGS`: whether it succeeded, and what
+/// it printed.
+fn sim_with_tokenizer(dir: &Path, args: &[&str]) -> (bool, String) {
+    let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/fleets/three-engines.yaml");
+    let mut all = vec![
+        "--fleet".into(),
+        fleet.into_os_string(),
+        "--tokenizer".into(),
+        dir.into(),
+    ];
+    all.extend(args.iter().map(Into::into));
+    outcome(&sim(all))
 }
 
 #[test]
@@ -85,11 +92,7 @@ fn a_directory_that_is_no_tokenizer_is_refused_naming_the_flag_and_the_file() {
 /// (`| grep a10g`), and nothing else there.
 #[test]
 fn the_profile_list_is_printed_on_stdout() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["sim", "--list-profiles"])
-        .env_remove("INFERGATE_SIM_FLEET")
-        .output()
-        .expect("the infergate binary runs");
+    let out = sim(["--list-profiles"]);
     assert!(out.status.success());
     let stdout = String::from_utf8(out.stdout).unwrap();
     let ids: Vec<&str> = stdout
@@ -115,15 +118,13 @@ fn kv_events_over_a_fleet_without_vllm_pods_is_refused() {
         "seed: 1\npods:\n  - { name: s, profile: llama-3.1-8b/h100, engine: sglang }\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["sim", "--check", "--kv-events-port", "6000", "--fleet"])
-        .arg(&fleet)
-        .env_remove("INFERGATE_SIM_FLEET")
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .output()
-        .expect("the infergate binary runs");
-    let (ok, said) = outcome(&out);
+    let (ok, said) = outcome(&sim([
+        "--check".as_ref(),
+        "--kv-events-port".as_ref(),
+        "6000".as_ref(),
+        "--fleet".as_ref(),
+        fleet.as_os_str(),
+    ]));
     assert!(!ok, "{said}");
     assert!(
         said.contains(&format!(
