@@ -209,13 +209,15 @@ async fn a_stream_through_a_removed_cluster_completes() {
 /// serving.
 #[tokio::test]
 async fn a_bad_file_is_refused_and_the_running_configuration_stays() {
-    let a = Scripted::start(200).await;
-    let beat = heartbeat().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("global.yaml");
-    let good = file(&[entry("a", a.addr, beat, 1.0)]);
-    let (router, _stop) = clusters::router_with(&good).await;
-    until_answered_by(&router, "a").await;
+    let OneCluster {
+        router,
+        _stop,
+        dir,
+        path,
+        file: good,
+        cluster: a,
+        beat,
+    } = OneCluster::start("").await;
     let handle = router.handle();
     let missing = dir.path().join("missing");
     let bad_entry = |extra: &str| {
@@ -280,6 +282,40 @@ async fn a_bad_file_is_refused_and_the_running_configuration_stays() {
     assert_eq!(reloads(&router, "ok").await, 1.0);
 }
 
+/// A router over one scripted cluster `a` behind a good heartbeat, started on `extra` followed
+/// by the usual file and answering, with a path in a folder of its own for the next files.
+struct OneCluster {
+    router: Router,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    /// The file it started on.
+    file: String,
+    cluster: Scripted,
+    beat: SocketAddr,
+}
+
+impl OneCluster {
+    async fn start(extra: &str) -> OneCluster {
+        let cluster = Scripted::start(200).await;
+        let beat = heartbeat().await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("global.yaml");
+        let file = format!("{extra}{}", file(&[entry("a", cluster.addr, beat, 1.0)]));
+        let (router, stop) = clusters::router_with(&file).await;
+        until_answered_by(&router, "a").await;
+        OneCluster {
+            router,
+            _stop: stop,
+            dir,
+            path,
+            file,
+            cluster,
+            beat,
+        }
+    }
+}
+
 /// `listen` changed in the file is warned of once, naming the new address and the one in force,
 /// and the rest of the file applies; the file changed back to the address in force is no change,
 /// so no warning (the comparison is with what runs, not with the last file read).
@@ -287,16 +323,8 @@ async fn a_bad_file_is_refused_and_the_running_configuration_stays() {
 async fn a_listen_change_is_warned_of_and_changing_it_back_is_not() {
     let out = infergate_testkit::CapturedLog::default();
     let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
-    let a = Scripted::start(200).await;
-    let beat = heartbeat().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("global.yaml");
-    let good = format!(
-        "listen: 127.0.0.1:18480\n{}",
-        file(&[entry("a", a.addr, beat, 1.0)])
-    );
-    let (router, _stop) = clusters::router_with(&good).await;
-    until_answered_by(&router, "a").await;
+    let one = OneCluster::start("listen: 127.0.0.1:18480\n").await;
+    let (router, path, good) = (&one.router, one.path.as_path(), one.file.as_str());
     let handle = router.handle();
     let warnings = || {
         out.text()
@@ -307,8 +335,8 @@ async fn a_listen_change_is_warned_of_and_changing_it_back_is_not() {
     };
 
     let moved = good.replace("127.0.0.1:18480", "127.0.0.1:18481");
-    std::fs::write(&path, &moved).unwrap();
-    handle.reload_file(&path).unwrap();
+    std::fs::write(path, moved).unwrap();
+    handle.reload_file(path).unwrap();
     let said = warnings();
     assert_eq!(said.len(), 1, "{said:#?}");
     assert!(
@@ -317,11 +345,11 @@ async fn a_listen_change_is_warned_of_and_changing_it_back_is_not() {
         said[0]
     );
 
-    std::fs::write(&path, &good).unwrap();
-    handle.reload_file(&path).unwrap();
+    std::fs::write(path, good).unwrap();
+    handle.reload_file(path).unwrap();
     assert_eq!(warnings().len(), 1, "{:#?}", warnings());
-    assert_eq!(reloads(&router, "ok").await, 2.0);
-    assert_eq!(answered_by(&router).await, "a");
+    assert_eq!(reloads(router, "ok").await, 2.0);
+    assert_eq!(answered_by(router).await, "a");
 }
 
 /// A reload that changes `heartbeat:` starts every cluster afresh and says why: the log named
@@ -331,18 +359,13 @@ async fn a_listen_change_is_warned_of_and_changing_it_back_is_not() {
 async fn a_cluster_restarted_by_a_changed_heartbeat_section_says_why() {
     let out = infergate_testkit::CapturedLog::default();
     let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
-    let a = Scripted::start(200).await;
-    let beat = heartbeat().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("global.yaml");
-    let good = file(&[entry("a", a.addr, beat, 1.0)]);
-    let (router, _stop) = clusters::router_with(&good).await;
-    until_answered_by(&router, "a").await;
+    let one = OneCluster::start("").await;
+    let (router, path, good) = (&one.router, one.path.as_path(), one.file.as_str());
     let handle = router.handle();
     let said = |what: &str| out.text().lines().filter(|l| l.contains(what)).count();
 
-    std::fs::write(&path, good.replace("intervalMs: 50,", "intervalMs: 60,")).unwrap();
-    handle.reload_file(&path).unwrap();
+    std::fs::write(path, good.replace("intervalMs: 50,", "intervalMs: 60,")).unwrap();
+    handle.reload_file(path).unwrap();
     assert_eq!(
         said(
             "cluster started afresh by the reload: `heartbeat`, `outlierDetection` or `timeouts.connectMs` changed"
@@ -353,11 +376,13 @@ async fn a_cluster_restarted_by_a_changed_heartbeat_section_says_why() {
     );
     assert_eq!(said("cluster changed by the reload"), 0, "{}", out.text());
 
-    let moved = file(&[entry("a", a.addr, beat, 1.0).replace("models: [m]", "models: [m, n]")]);
-    std::fs::write(&path, moved.replace("intervalMs: 50,", "intervalMs: 60,")).unwrap();
-    handle.reload_file(&path).unwrap();
+    let moved = good
+        .replace("models: [m]", "models: [m, n]")
+        .replace("intervalMs: 50,", "intervalMs: 60,");
+    std::fs::write(path, moved).unwrap();
+    handle.reload_file(path).unwrap();
     assert_eq!(said("cluster changed by the reload"), 1, "{}", out.text());
-    until_answered_by(&router, "a").await;
+    until_answered_by(router, "a").await;
 }
 
 /// A cluster keeps its state across a reload that leaves its entry unchanged but for its price:
