@@ -518,15 +518,8 @@ fn every_route_has_a_request_timeout() {
             }
         }
     }
-    let timeouts = |cfg: &infergate_api::InferenceGatewayConfig| -> BTreeMap<String, Value> {
-        children(cfg)
-            .into_iter()
-            .filter(|c| c.resource.kind == "HTTPRoute")
-            .map(|c| {
-                let v = serde_json::to_value(&c.object).unwrap();
-                (c.key(), v["spec"]["rules"][0]["timeouts"].clone())
-            })
-            .collect()
+    let timeouts = |cfg: &infergate_api::InferenceGatewayConfig| {
+        field_of(cfg, "HTTPRoute", "/spec/rules/0/timeouts")
     };
     let mut cfg = example("multi-model.yaml");
     cfg.spec.schedulers[0].route_timeout = None;
@@ -543,6 +536,22 @@ fn every_route_has_a_request_timeout() {
     );
 }
 
+/// One field (a JSON pointer) of every rendered child of `kind`, by child (`Null` when unset).
+fn field_of(
+    cfg: &infergate_api::InferenceGatewayConfig,
+    kind: &str,
+    pointer: &str,
+) -> BTreeMap<String, Value> {
+    children(cfg)
+        .into_iter()
+        .filter(|c| c.resource.kind == kind)
+        .map(|c| {
+            let v = serde_json::to_value(&c.object).unwrap();
+            (c.key(), v.pointer(pointer).cloned().unwrap_or(Value::Null))
+        })
+        .collect()
+}
+
 /// With `auth`, every route removes `Authorization` on the way to the model servers. Envoy
 /// Gateway's JWT provider keeps the token on the request after checking it
 /// (`internal/xds/translator/jwt.go` `buildJWTProvider`: `Forward: true`, where Envoy's own
@@ -550,15 +559,8 @@ fn every_route_has_a_request_timeout() {
 /// `auth` the header is the client's own (a model server's API key, say) and is left alone.
 #[test]
 fn routes_remove_the_clients_token_when_the_gateway_checks_it() {
-    let filters = |cfg: &infergate_api::InferenceGatewayConfig| -> Vec<(String, Value)> {
-        children(cfg)
-            .into_iter()
-            .filter(|c| c.resource.kind == "HTTPRoute")
-            .map(|c| {
-                let v = serde_json::to_value(&c.object).unwrap();
-                (c.key(), v["spec"]["rules"][0]["filters"].clone())
-            })
-            .collect()
+    let filters = |cfg: &infergate_api::InferenceGatewayConfig| {
+        field_of(cfg, "HTTPRoute", "/spec/rules/0/filters")
     };
     let removed = serde_json::json!([{
         "type": "RequestHeaderModifier",
@@ -588,16 +590,12 @@ fn routes_remove_the_clients_token_when_the_gateway_checks_it() {
 /// 30 s, so a rollout or a drain cut every answer still streaming then.
 #[test]
 fn picker_pods_are_given_time_to_finish_their_answers() {
-    let graces = |cfg: &infergate_api::InferenceGatewayConfig| -> BTreeMap<String, Value> {
-        children(cfg)
-            .into_iter()
-            .filter(|c| c.resource.kind == "Deployment")
-            .map(|c| {
-                let v = serde_json::to_value(&c.object).unwrap();
-                let g = v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].clone();
-                (c.key(), g)
-            })
-            .collect()
+    let graces = |cfg: &infergate_api::InferenceGatewayConfig| {
+        field_of(
+            cfg,
+            "Deployment",
+            "/spec/template/spec/terminationGracePeriodSeconds",
+        )
     };
     // Route timeout 300 s, no queue.
     let single = graces(&example("single-model.yaml"));
