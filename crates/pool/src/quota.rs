@@ -40,7 +40,7 @@
 //! sharing a prefix must use the same window and bucket count.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
@@ -129,6 +129,7 @@ struct QuotaMetrics {
     redis_up: Gauge,
     sync_errors: Counter,
     replicas: Gauge,
+    layout_conflict: Gauge,
 }
 
 impl QuotaMetrics {
@@ -163,6 +164,12 @@ impl QuotaMetrics {
             "infergate_quota_replicas",
             "Replicas sharing the quota counters, as last seen in Redis",
             m.replicas.clone(),
+        );
+        registry.register(
+            "infergate_quota_window_conflict",
+            "1 while another replica sharing the key prefix in Redis counts in another window or \
+             bucket count (their counts do not add up), else 0",
+            m.layout_conflict.clone(),
         );
         m
     }
@@ -257,6 +264,10 @@ struct Inner {
     up_since_ms: AtomicU64,
     /// This replica's id in the presence set: random per service.
     id: String,
+    /// This replica's window layout as written to Redis ([`layout`]).
+    layout: String,
+    /// Whether the last round found another window layout in Redis under the same prefix.
+    layout_conflict: AtomicBool,
     clock: WallClock,
     metrics: QuotaMetrics,
     /// The metrics' own registry, when started with [`Quotas::start_with_registry`].
@@ -398,6 +409,8 @@ impl Quotas {
             redis: AtomicU8::new(UNKNOWN),
             up_since_ms: AtomicU64::new(0),
             id: replica_id(),
+            layout: layout(&config),
+            layout_conflict: AtomicBool::new(false),
             clock,
             metrics,
             config,
@@ -407,6 +420,12 @@ impl Quotas {
             tokio::spawn(sync_loop(Arc::downgrade(&inner), shared));
         }
         Ok(Quotas { inner })
+    }
+
+    /// Whether the last sync round found another replica under the same key prefix counting in
+    /// another window layout (`infergate_quota_window_conflict`).
+    pub fn window_conflict(&self) -> bool {
+        self.inner.layout_conflict.load(Ordering::Relaxed)
     }
 
     /// The configuration in force.
@@ -697,6 +716,17 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
     ]);
     p.cmd(&["SCARD", current.as_str()]);
     p.cmd(&["SCARD", previous.as_str()]);
+    // The window layout every replica under this prefix must share: written by the first, kept
+    // alive only by the replicas that count in it, read back by each.
+    let layout_key = format!("{prefix}layout");
+    p.cmd(&[
+        "EVAL",
+        CLAIM_LAYOUT,
+        "1",
+        layout_key.as_str(),
+        inner.layout.as_str(),
+        (period_ms * 3).to_string().as_str(),
+    ]);
     for r in &readings {
         let mut words = vec![String::from("MGET")];
         words.extend(
@@ -717,6 +747,7 @@ async fn sync_once(inner: &Inner, redis: &mut Redis, shared: &SharedConfig) -> b
             presence_settled(inner, now, period_ms),
         ) {
             Ok(()) => {
+                check_layout(inner, &values[writes + PRESENCE], shared);
                 if inner.redis.swap(UP, Ordering::Relaxed) != UP {
                     tracing::info!(address = %shared.redis.address, replicas = inner.replicas.load(Ordering::Relaxed), "quota counters are shared through Redis");
                 }
@@ -757,6 +788,61 @@ fn password_hint(reason: &str, has_password: bool) -> &'static str {
 /// `ZRANGE` on the round times, then `SADD`, `PEXPIRE`, `SCARD`, `SCARD` on the per-period sets.
 const PRESENCE: usize = 9;
 
+/// Replies to the window-layout claim of a round ([`CLAIM_LAYOUT`]).
+const LAYOUT: usize = 1;
+
+/// Sets the layout key to this replica's layout when it has none, refreshes its expiry when it
+/// holds this replica's, and returns what it holds: a layout no live replica counts in expires.
+const CLAIM_LAYOUT: &str = "\
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ARGV[1]
+end
+if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return cur";
+
+/// A quota configuration's window layout as the replicas compare it: the window and its bucket
+/// count decide which time each bucket key covers.
+fn layout(config: &QuotaConfig) -> String {
+    format!(
+        "windowMs={} buckets={}",
+        config.window.as_millis(),
+        config.buckets
+    )
+}
+
+/// Compares the layout Redis holds with this replica's: another means their bucket keys cover
+/// different times and the counts do not add up. Said once when it starts and once when it
+/// ends; a reply of another shape (an older Redis refusing the script) is left unjudged.
+fn check_layout(inner: &Inner, reply: &Value, shared: &SharedConfig) {
+    let Value::Bulk(theirs) = reply else {
+        return;
+    };
+    let theirs = String::from_utf8_lossy(theirs);
+    let conflict = theirs != inner.layout;
+    inner.metrics.layout_conflict.set(i64::from(conflict));
+    if inner.layout_conflict.swap(conflict, Ordering::Relaxed) == conflict {
+        return;
+    }
+    if conflict {
+        tracing::warn!(
+            key_prefix = shared.key_prefix.as_str(),
+            ours = inner.layout.as_str(),
+            theirs = %theirs,
+            "quotas: another replica sharing this keyPrefix in Redis counts in another window \
+             (quotas.windowSeconds or quotas.buckets differ), so their counts do not add up and \
+             the limits are not held; give every replica the same window, or each fleet its own \
+             keyPrefix"
+        );
+    } else {
+        tracing::info!(
+            key_prefix = shared.key_prefix.as_str(),
+            "quotas: every replica sharing this keyPrefix counts in the same window again"
+        );
+    }
+}
+
 /// Whether the presence set read at `now` can be trusted to name every live replica: a whole
 /// period has passed since this run of successful rounds began. Called for a round that Redis
 /// answered; the first such round after an outage (or at start) begins a run.
@@ -778,7 +864,7 @@ fn apply(
     values: &[Value],
     settled: bool,
 ) -> Result<(), std::borrow::Cow<'static, str>> {
-    if values.len() != writes + PRESENCE + readings.len() {
+    if values.len() != writes + PRESENCE + LAYOUT + readings.len() {
         return Err("Redis answered a different number of commands than were sent".into());
     }
     // Redis's own words: a server that does not allow scripts (`EVAL`) says so here.
@@ -822,7 +908,7 @@ fn apply(
     } else {
         None
     };
-    for (r, v) in readings.iter().zip(&values[writes + PRESENCE..]) {
+    for (r, v) in readings.iter().zip(&values[writes + PRESENCE + LAYOUT..]) {
         let Value::Array(totals) = v else {
             return Err("Redis answered MGET with something other than an array".into());
         };

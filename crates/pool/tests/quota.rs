@@ -499,3 +499,49 @@ async fn large_token_totals_are_written_as_integers() {
         300_000_000_000_007
     );
 }
+
+/// Two replicas sharing a key prefix but counting in different windows cannot add their counts
+/// (a bucket key of one covers another time span for the other): the one that finds another
+/// layout in Redis says so (`window_conflict`, `infergate_quota_window_conflict` 1), and a
+/// replica counting in the layout Redis holds does not. A layout no live replica counts in
+/// expires, so a fleet that changed its window all at once stops being warned of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_counting_in_different_windows_are_told_apart() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let first =
+        Quotas::start(config(&redis, "layout:", Duration::from_secs(2), 100), None).unwrap();
+    infergate_testkit::eventually("the first replica syncs", || first.redis_up()).await;
+    let same = Quotas::start(config(&redis, "layout:", Duration::from_secs(2), 100), None).unwrap();
+    let mut registry = Registry::default();
+    let other = Quotas::start(
+        config(&redis, "layout:", Duration::from_secs(4), 100),
+        Some(&mut registry),
+    )
+    .unwrap();
+    infergate_testkit::eventually("the replica with another window is told", || {
+        other.window_conflict()
+    })
+    .await;
+    assert!(
+        metrics(&registry).contains("infergate_quota_window_conflict 1"),
+        "{}",
+        metrics(&registry)
+    );
+    infergate_testkit::eventually("all three sync", || {
+        first.replicas() == 3 && same.replicas() == 3
+    })
+    .await;
+    assert!(!first.window_conflict() && !same.window_conflict());
+    // Every replica of the first layout gone: its claim expires (three presence periods of a
+    // second here) and the remaining replica's layout is the one Redis holds.
+    drop(first);
+    drop(same);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while other.window_conflict() {
+        assert!(Instant::now() < deadline, "still in conflict 10 s after");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(metrics(&registry).contains("infergate_quota_window_conflict 0"));
+}

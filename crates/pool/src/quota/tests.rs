@@ -174,6 +174,8 @@ fn round_replies(zcard: Value, oldest: Value, mget: Value) -> Vec<Value> {
         Value::Int(1),
         Value::Int(1),
         Value::Int(0),
+        // The window layout Redis holds.
+        Value::Bulk(b"windowMs=60000 buckets=60".to_vec()),
         mget,
     ]
 }
@@ -197,7 +199,7 @@ async fn a_sync_round_with_a_malformed_reply_applies_nothing() {
     let bad: [(&str, Vec<Value>, usize); 6] = [
         (
             "one reply short",
-            round_replies(Value::Int(2), oldest.clone(), totals(1))[..9].to_vec(),
+            round_replies(Value::Int(2), oldest.clone(), totals(1))[..10].to_vec(),
             0,
         ),
         (
