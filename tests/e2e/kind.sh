@@ -161,6 +161,29 @@ printf '%s\n' "$stream" | tail -n 3 | grep -q '^data: \[DONE\]' \
 [ "$took" -ge 16 ] || fail "the stream took ${took}s: too short to test the route timeout"
 echo "streamed $chunks chunks in ${took}s"
 
+step "a streamed answer outlives a rollout of the picker"
+# The picker carries the answer's body too (Envoy AI Gateway streams both bodies through it); told
+# to stop, it lets open streams finish within its pod's terminationGracePeriodSeconds (the route
+# timeout plus 30 s). 16,000 tokens take over 80 s: at Kubernetes' default of 30 s the replaced
+# picker would be killed mid-answer and the stream cut.
+picker_sel="app.kubernetes.io/component=endpoint-picker,infergate.dev/config=llama"
+pickers_before=$(kubectl -n "$NS" get pod -l "$picker_sel" -o jsonpath='{.items[*].metadata.name}')
+out=$(mktemp)
+curl -sS -N --max-time 240 localhost:18080/v1/chat/completions -H 'content-type: application/json' \
+  -d "{\"model\":\"$MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":16000,\"stream\":true}" \
+  >"$out" &
+curl_pid=$!
+sleep 5
+kubectl -n "$NS" rollout restart deploy/llama-llama-8b-epp
+kubectl -n "$NS" rollout status deploy/llama-llama-8b-epp --timeout=180s
+wait "$curl_pid" || fail "the streamed request failed across the picker's rollout"
+tail -n 3 "$out" | grep -q '^data: \[DONE\]' \
+  || fail "the stream was cut across the picker's rollout after $(grep -c '^data: {' "$out" || true) chunks"
+rm -f "$out"
+pickers_after=$(kubectl -n "$NS" get pod -l "$picker_sel" --field-selector=status.phase=Running \
+  -o jsonpath='{.items[*].metadata.name}')
+[ "$pickers_before" != "$pickers_after" ] || fail "the picker pod was not replaced"
+
 step "one leader"
 holder=$(kubectl -n infergate-system get lease infergate-operator -o jsonpath='{.spec.holderIdentity}')
 kubectl -n infergate-system get pod "$holder" >/dev/null || fail "lease holder $holder is not an operator pod"
