@@ -32,9 +32,15 @@ pub enum ApiError {
         /// What a valid value looks like.
         expected: &'static str,
     },
-    /// The body has no `model` field.
-    #[error("the request has no `model` field: set `model` to the name of a served model")]
-    MissingModel,
+    /// The body has no `model` field, or (`empty`) one that is empty or blank.
+    #[error(
+        "{}: set `model` to the name of a served model",
+        if *empty { "the request's `model` is empty" } else { "the request has no `model` field" }
+    )]
+    MissingModel {
+        /// The field is there, empty or blank.
+        empty: bool,
+    },
     /// No pool serves the requested model.
     #[error(
         "the model `{}` does not exist here: set the request's `model` field to one of the served models ({known})",
@@ -437,7 +443,7 @@ impl ApiError {
         match self {
             ApiError::InvalidJson { .. }
             | ApiError::InvalidField { .. }
-            | ApiError::MissingModel => 400,
+            | ApiError::MissingModel { .. } => 400,
             ApiError::Unauthorized { .. } => 401,
             ApiError::Forbidden { .. } => 403,
             ApiError::UnknownModel { .. } | ApiError::NotFound { .. } => 404,
@@ -469,7 +475,7 @@ impl ApiError {
         match self {
             ApiError::InvalidJson { .. } => "invalid_json",
             ApiError::InvalidField { .. } => "invalid_field",
-            ApiError::MissingModel => "missing_model",
+            ApiError::MissingModel { .. } => "missing_model",
             ApiError::UnknownModel { .. } => "unknown_model",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::UnsupportedEncoding { .. } => "unsupported_content_encoding",
@@ -537,7 +543,7 @@ impl ApiError {
     fn param(&self) -> Option<&str> {
         match self {
             ApiError::InvalidField { field, .. } => Some(field),
-            ApiError::MissingModel | ApiError::UnknownModel { .. } => Some("model"),
+            ApiError::MissingModel { .. } | ApiError::UnknownModel { .. } => Some("model"),
             _ => None,
         }
     }
@@ -623,7 +629,8 @@ mod tests {
                 },
                 400,
             ),
-            (ApiError::MissingModel, 400),
+            (ApiError::MissingModel { empty: false }, 400),
+            (ApiError::MissingModel { empty: true }, 400),
             (
                 ApiError::UnknownModel {
                     model: "x".into(),
@@ -784,7 +791,10 @@ mod tests {
             retry_after: Duration::from_secs(4),
         };
         assert_eq!(e.retry_after_secs(), Some(4));
-        assert_eq!(ApiError::MissingModel.retry_after_secs(), None);
+        assert_eq!(
+            ApiError::MissingModel { empty: false }.retry_after_secs(),
+            None
+        );
         let e = ApiError::NoFreshEndpoints {
             model: "m".into(),
             retry_after: Duration::from_secs(1),
@@ -861,7 +871,7 @@ mod tests {
             e.to_string(),
             "tenant `t` has used its quota of 1 token per 60 s: retry after 1 s"
         );
-        assert_eq!(ApiError::MissingModel.reason(), None);
+        assert_eq!(ApiError::MissingModel { empty: false }.reason(), None);
     }
 
     #[test]

@@ -146,10 +146,10 @@ pub fn parse_request(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, Ap
             ),
         });
     }
-    let model_raw = wire.model.ok_or(ApiError::MissingModel)?;
+    let model_raw = wire.model.ok_or(ApiError::MissingModel { empty: false })?;
     let model = parse_str(model_raw, "model", "a string naming the model")?;
     if model.trim().is_empty() {
-        return Err(ApiError::MissingModel);
+        return Err(ApiError::MissingModel { empty: true });
     }
     let start = span_start(body, model_raw);
     let model_span = start..start + model_raw.get().len();

@@ -97,6 +97,19 @@ fn bad_input_gets_a_typed_error_naming_the_field() {
     }
     let err = chat(r#"{"model":"m","messages":[{"role":"user","content":5}]}"#).unwrap_err();
     assert!(err.to_string().contains("messages[0].content"), "{err}");
+    // An empty `model` is said to be empty: the field is there (it read "has no `model` field").
+    for body in [
+        r#"{"model":"","messages":[]}"#,
+        r#"{"model":"  ","messages":[]}"#,
+    ] {
+        let err = chat(body).unwrap_err().to_string();
+        assert!(
+            err.starts_with("the request's `model` is empty"),
+            "{body}: {err}"
+        );
+    }
+    let err = chat(r#"{"messages":[]}"#).unwrap_err().to_string();
+    assert!(err.starts_with("the request has no `model` field"), "{err}");
     // An empty body says so, not where the parser stopped.
     for body in ["", " \r\n"] {
         assert_eq!(
