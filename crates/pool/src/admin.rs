@@ -91,7 +91,8 @@ where
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz or /readyz\n",
+            "not found: this port serves /metrics, /healthz (also /livez), /readyz and, on the \
+             gateway and the picker, /heartbeat\n",
         ),
     }
 }

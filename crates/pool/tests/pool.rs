@@ -179,7 +179,12 @@ async fn admin_server_answers_metrics_health_and_readiness() {
         body.contains("infergate_pool_pick_duration_seconds"),
         "{body}"
     );
-    assert_eq!(get("/nope").await.0, 404);
+    let (status, body) = get("/nope").await;
+    assert_eq!(status, 404);
+    // Every path the port serves is named, /livez and /heartbeat included.
+    for path in ["/metrics", "/healthz", "/livez", "/readyz", "/heartbeat"] {
+        assert!(body.contains(path), "{path}: {body}");
+    }
     let post = infergate_testkit::post(addr, "/metrics", "text/plain", "").await;
     assert_eq!(post.status, 405);
     tx.send(()).unwrap();
