@@ -582,7 +582,10 @@ async fn run_one(
     progress: &mut dyn Progress,
     mut interrupt: Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Ran, BenchError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // The gateway and the load sampler stop on `stop_tx`, the fleet on `fleet_stop_tx`: after a
+    // run the gateway goes first, so its scrapes never meet pods already gone.
+    let (stop_tx, _stop_rx) = watch::channel(false);
+    let (fleet_stop_tx, fleet_stop_rx) = watch::channel(false);
     let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
@@ -594,7 +597,7 @@ async fn run_one(
         spec,
         |pod| std::net::SocketAddr::from(([127, 0, 0, 1], pod.port)),
         kv_events.as_ref(),
-        stop(stop_rx.clone()),
+        stop(fleet_stop_rx),
     )
     .await?;
     let served = fleet.addrs();
@@ -629,7 +632,7 @@ async fn run_one(
         Some(Ok(started)) => started,
         other => {
             // The fleet is gone before the next run starts its own.
-            stop_run(None, fleet, None, &stop_tx, None).await;
+            stop_run(None, fleet, None, [&stop_tx, &fleet_stop_tx], None).await;
             return match other {
                 Some(Err(e)) => Err(e),
                 _ => Ok(Ran::Unsent),
@@ -644,7 +647,7 @@ async fn run_one(
         () = interrupt.as_mut() => false,
     };
     if !settled {
-        stop_run(front, fleet, gateway, &stop_tx, None).await;
+        stop_run(front, fleet, gateway, [&stop_tx, &fleet_stop_tx], None).await;
         return Ok(Ran::Unsent);
     }
 
@@ -672,7 +675,7 @@ async fn run_one(
     let every_s = (scenario.workload.duration_s / 300.0).max(0.25);
     let load_task = record_load.then(|| {
         let handles: Vec<_> = fleet.pods.iter().map(|p| p.handle.clone()).collect();
-        let mut rx = stop_rx.clone();
+        let mut rx = stop_tx.subscribe();
         tokio::spawn(async move {
             let mut series = vec![Vec::new(); handles.len()];
             let mut tick = tokio::time::interval(Duration::from_secs_f64(every_s));
@@ -728,7 +731,8 @@ async fn run_one(
     // The requests not sent or not answered yet are abandoned; the front, the fleet and the
     // gateway are then stopped as after a complete run.
     tasks.shutdown().await;
-    let (per_pod, load) = stop_run(front, fleet, gateway, &stop_tx, load_task).await;
+    let (per_pod, load) =
+        stop_run(front, fleet, gateway, [&stop_tx, &fleet_stop_tx], load_task).await;
     let load = load.map(|pods| LoadSeries { every_s, pods });
     if interrupted {
         return Ok(Ran::Interrupted);
@@ -790,13 +794,15 @@ async fn run_one(
 }
 
 /// Stops what a run started and waits for it: its front first (the pods still answering it),
-/// then, through `stop`, the fleet, the gateway and the load sampler `load`. Returns the
-/// requests each pod ended, counted once no front sends more, and `load`'s series.
+/// then, through `stop[0]`, the gateway and the load sampler `load`, and last, through
+/// `stop[1]`, the fleet, so that no scrape of the gateway's finds a pod gone (it logged "metrics
+/// target failed" at the end of runs). Returns the requests each pod ended, counted once no
+/// front sends more, and `load`'s series.
 async fn stop_run(
     front: Option<RunningFront>,
     fleet: ServedFleet,
     gateway: Option<infergate_proxy::Gateway>,
-    stop: &watch::Sender<bool>,
+    [stop, fleet_stop]: [&watch::Sender<bool>; 2],
     load: Option<JoinHandle<Vec<Vec<u32>>>>,
 ) -> (Vec<u64>, Option<Vec<Vec<u32>>>) {
     if let Some(front) = front {
@@ -812,10 +818,11 @@ async fn stop_run(
         Some(t) => t.await.ok(),
         None => None,
     };
-    fleet.wait().await;
     if let Some(gateway) = gateway {
         gateway.wait().await;
     }
+    let _ = fleet_stop.send(true);
+    fleet.wait().await;
     (per_pod, load)
 }
 
