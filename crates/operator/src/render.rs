@@ -490,7 +490,12 @@ impl<'a> Renderer<'a> {
             secret_mount: None,
             tokenizer: None,
             config_hash: &hash,
-            grace_seconds: None,
+            // Envoy keeps a request's ext_proc stream to the router open until the filter is
+            // destroyed, at the end of the answer, even though the router's part ends with the
+            // request body (envoyproxy/envoy PR 41425 describes it and closes it early only in
+            // some modes): a stopping router lets those streams end, as long as the longest
+            // route's answer, as a picker does.
+            grace_seconds: Some(self.bbr_grace_seconds()?),
         };
         out.push(child(&self.deployment(
             &name,
@@ -965,6 +970,16 @@ impl<'a> Renderer<'a> {
                 },
             }),
         )
+    }
+
+    /// How long a stopping BBR pod is given before it is killed: the longest any scheduler's
+    /// picker is given, since every routed request passes the router first.
+    fn bbr_grace_seconds(&self) -> Result<u64, Error> {
+        let mut longest = PICKER_GRACE_MARGIN_SECONDS;
+        for s in &self.cfg.spec.schedulers {
+            longest = longest.max(self.picker_grace_seconds(s)?);
+        }
+        Ok(longest)
     }
 
     /// How long a stopping picker pod is given before it is killed: the longest a request's

@@ -496,6 +496,7 @@ fn route_timeout_touches_the_route_and_its_pickers_grace_period() {
     let mut after = before.clone();
     after.spec.schedulers[1].route_timeout = Some("60s".to_owned());
     let (changed, _, _) = diff(&children(&before), &children(&after));
+    // The BBR's period is the longest picker's, the 70B model's 300 s, unchanged.
     assert_eq!(
         changed,
         set(&["HTTPRoute/fleet-qwen-7b", "Deployment/fleet-qwen-7b-epp"])
@@ -600,8 +601,9 @@ fn picker_pods_are_given_time_to_finish_their_answers() {
     // Route timeout 300 s, no queue.
     let single = graces(&example("single-model.yaml"));
     assert_eq!(single["Deployment/llama-llama-8b-epp"], 330);
-    // The BBR keeps Kubernetes' default.
-    assert_eq!(single["Deployment/llama-bbr"], Value::Null);
+    // The BBR's streams last as long (Envoy keeps a request's ext_proc stream open until the
+    // end of the answer): the longest picker's period.
+    assert_eq!(single["Deployment/llama-bbr"], 330);
     // A 30 s queue TTL before the 300 s route timeout.
     let mut queued = example("flow-control-quotas.yaml");
     let name = queued.metadata.name.clone().unwrap();
@@ -615,10 +617,11 @@ fn picker_pods_are_given_time_to_finish_their_answers() {
     assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 3600);
     queued.spec.flow_control.as_mut().unwrap().request_ttl_ms = Some(1_500);
     assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 121);
-    // Every example's pickers outlast Kubernetes' default.
+    assert_eq!(graces(&queued)[&format!("Deployment/{name}-bbr")], 121);
+    // Every example's pickers and routers outlast Kubernetes' default.
     for path in example_files() {
         for (key, g) in graces(&load(&path)) {
-            if key.ends_with("-epp") {
+            if key.ends_with("-epp") || key.ends_with("-bbr") {
                 assert!(g.as_u64().unwrap() > 30, "{key}: {g}");
             }
         }
