@@ -105,17 +105,20 @@ async fn rig_with(pods: usize, scheduler: SchedulerConfig) -> Rig {
 }
 
 fn chat(model: &str, system: &str, user: &str, max_tokens: u32, stream: bool) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
+    let mut body = serde_json::json!({
         "model": model,
         "max_tokens": max_tokens,
         "stream": stream,
-        "stream_options": {"include_usage": true},
         "messages": [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ],
-    }))
-    .unwrap()
+    });
+    // vLLM refuses stream options on a request that is not streamed.
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    serde_json::to_vec(&body).unwrap()
 }
 
 async fn wait_inflight(pool: &LivePool, n: usize) {

@@ -268,6 +268,24 @@ async fn openai_endpoints_answer_like_a_model_server() {
     assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 
+    // Stream options on a request that is not streamed: refused, as vLLM's validator does
+    // (`null` and `{}` are not options).
+    let mut o = chat.clone();
+    o["stream_options"] = json!({"include_usage": true});
+    let r = call(addr, "POST", "/v1/chat/completions", Some(o.clone())).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body
+            .contains("Stream options can only be defined when `stream=True`."),
+        "{}",
+        r.body
+    );
+    for empty in [json!(null), json!({})] {
+        o["stream_options"] = empty;
+        let r = call(addr, "POST", "/v1/chat/completions", Some(o.clone())).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
     // streaming with usage: role chunk, 5 token chunks, finish chunk, usage chunk, [DONE]
     let mut s = chat.clone();
     s["stream"] = json!(true);

@@ -152,16 +152,20 @@ pub async fn http(
 
 /// A chat completion request for `model`.
 pub fn chat(model: &str, user: &str, stream: bool) -> Value {
-    json!({
+    let mut body = json!({
         "model": model,
         "max_tokens": 8,
         "stream": stream,
-        "stream_options": { "include_usage": true },
         "messages": [
             { "role": "system", "content": "be brief" },
             { "role": "user", "content": user },
         ],
-    })
+    });
+    // vLLM refuses stream options on a request that is not streamed.
+    if stream {
+        body["stream_options"] = json!({ "include_usage": true });
+    }
+    body
 }
 
 /// Every sample name a Prometheus / OpenMetrics text page exports: each `# TYPE` family expanded

@@ -548,6 +548,19 @@ pub(crate) fn resolve_model(shared: &PodShared, model: &str) -> Result<Option<u1
 }
 
 /// An optional boolean field (`null` = absent).
+/// Whether a JSON value is true as Python tests it (`if value:`), as vLLM's validators do:
+/// `null`, `false`, `0`, `""`, `[]` and `{}` are not.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
 pub(crate) fn opt_bool(
     obj: &serde_json::Map<String, Value>,
     key: &'static str,
@@ -795,6 +808,14 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed,
         },
     };
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    // vLLM's request models refuse stream options on a request that is not streamed (their
+    // `check_stream_options`: a truthy `stream_options` without `stream`).
+    if !stream && obj.get("stream_options").is_some_and(truthy) {
+        return Err(bad(
+            "Stream options can only be defined when `stream=True`.",
+            "stream_options",
+        ));
+    }
     let include_usage = obj
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
