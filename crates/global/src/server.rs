@@ -18,7 +18,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use infergate_openai::{
-    ApiError, ApiKind, Route, check_content_encoding, check_transfer_encoding, parse_request,
+    ApiError, ApiKind, Route, check_content_encoding, check_transfer_encoding, model_id,
+    parse_request,
 };
 use infergate_pool::hop::strip_hop_by_hop;
 use infergate_pool::lifecycle::{self, MAX_USAGE_BODY, ResponseWatch};
@@ -586,6 +587,39 @@ fn models_response(state: &State, access: &ModelAccess, head: bool) -> Response<
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"}))
         .collect();
     let body = serde_json::json!({"object": "list", "data": data}).to_string();
+    json_response(body, head)
+}
+
+/// `GET /v1/models/{id}`: the entry of a model some cluster serves and the caller may call, as
+/// in the list; else 404, listing what the caller may call (503 while no cluster has listed a
+/// model yet, as for a request).
+fn model_response(
+    state: &State,
+    access: &ModelAccess,
+    id: &str,
+    head: bool,
+) -> Result<Response<RouterBody>, ApiError> {
+    let served = served_models(state, access);
+    if !served.iter().any(|m| m == id) {
+        if served_models(state, &ModelAccess::All).is_empty() {
+            return Err(ApiError::NoEndpoints {
+                model: id.to_owned(),
+                subset: false,
+            });
+        }
+        return Err(ApiError::UnknownModel {
+            model: id.to_owned(),
+            known: served.join(", "),
+        });
+    }
+    let body =
+        serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"})
+            .to_string();
+    Ok(json_response(body, head))
+}
+
+/// A JSON answer; for `HEAD` (`head`) its headers, length included, and no body.
+fn json_response(body: String, head: bool) -> Response<RouterBody> {
     let length = HeaderValue::from(body.len());
     let body = if head {
         Bytes::new()
@@ -629,6 +663,11 @@ async fn route_request(
         Route::Models => {
             let head = req.method() == http::Method::HEAD;
             return Ok(models_response(&state, &identity.models, head));
+        }
+        Route::Model => {
+            let head = req.method() == http::Method::HEAD;
+            let id = model_id(req.uri().path()).unwrap_or_default();
+            return Ok(model_response(&state, &identity.models, &id, head)?);
         }
     };
     check_content_encoding(

@@ -136,6 +136,17 @@ async fn kill_return_gray_failure_and_region_down_under_load() {
         "{}",
         models.text()
     );
+    // One model (`GET /v1/models/{id}`): a served one's entry, an unknown one 404 listing them.
+    let one = infergate_testkit::get(front, "/v1/models/llama").await;
+    assert_eq!(one.status, 200, "{}", one.text());
+    let v: serde_json::Value = serde_json::from_str(&one.text()).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["object"].as_str()),
+        (Some("llama"), Some("model"))
+    );
+    let unknown = infergate_testkit::get(front, "/v1/models/gpt-9").await;
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
+    assert!(unknown.text().contains("llama"), "{}", unknown.text());
 
     let load = Load::start(front, 6, Duration::ZERO, CHAT);
     tokio::time::sleep(Duration::from_secs(1)).await;

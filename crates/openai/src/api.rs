@@ -68,6 +68,26 @@ pub enum Route {
     /// `GET /v1/models` (or `HEAD`, answered as `GET` without the body): answer with the
     /// served models.
     Models,
+    /// `GET /v1/models/{model}` (or `HEAD`): answer with that model's entry, as OpenAI's
+    /// "retrieve model" does ([`model_id`] reads the name from the path).
+    Model,
+}
+
+/// The model a `/v1/models/{model}` (or `/models/{model}`) path names, percent-decoded; the
+/// rest of the path is the name, slashes included (`/v1/models/meta-llama/Llama-3.1-8B` names
+/// `meta-llama/Llama-3.1-8B`, as the `openai` SDKs put it in the path). `None` for any other
+/// path, for the list itself (`/v1/models/`) and for a name that is not UTF-8 once decoded.
+pub fn model_id(path: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let rest = path
+        .strip_prefix("/v1/models/")
+        .or_else(|| path.strip_prefix("/models/"))?;
+    if rest.is_empty() {
+        return None;
+    }
+    percent_encoding::percent_decode_str(rest)
+        .decode_utf8()
+        .ok()
 }
 
 impl Route {
@@ -81,6 +101,9 @@ impl Route {
             Some(kind) => (Route::Api(kind), method == "POST", "POST"),
             None if matches!(path, "/v1/models" | "/v1/models/" | "/models") => {
                 (Route::Models, matches!(method, "GET" | "HEAD"), "GET, HEAD")
+            }
+            None if model_id(path).is_some() => {
+                (Route::Model, matches!(method, "GET" | "HEAD"), "GET, HEAD")
             }
             None => {
                 return Err(ApiError::NotFound {
@@ -223,6 +246,29 @@ mod tests {
             Some(Route::Api(ApiKind::ChatCompletions))
         );
         assert_eq!(Route::of("GET", "/v1/models").ok(), Some(Route::Models));
+        assert_eq!(
+            Route::of("GET", "/v1/models/llama").ok(),
+            Some(Route::Model)
+        );
+        assert_eq!(Route::of("HEAD", "/models/llama").ok(), Some(Route::Model));
+        assert_eq!(
+            Route::of("DELETE", "/v1/models/llama")
+                .unwrap_err()
+                .status(),
+            405
+        );
+        assert_eq!(model_id("/v1/models/llama").as_deref(), Some("llama"));
+        assert_eq!(
+            model_id("/v1/models/meta-llama/Llama-3.1-8B?x=1").as_deref(),
+            Some("meta-llama/Llama-3.1-8B")
+        );
+        assert_eq!(
+            model_id("/v1/models/meta-llama%2FLlama%203").as_deref(),
+            Some("meta-llama/Llama 3")
+        );
+        assert_eq!(model_id("/v1/models/"), None);
+        assert_eq!(model_id("/v1/models/%FF"), None);
+        assert_eq!(model_id("/v1/chat/completions"), None);
         assert_eq!(Route::of("GET", "/models").ok(), Some(Route::Models));
         assert_eq!(Route::of("HEAD", "/v1/models").ok(), Some(Route::Models));
         assert!(Route::of("HEAD", "/v1/chat/completions").is_err());

@@ -24,7 +24,7 @@ pub mod rewrite;
 pub mod routing;
 pub mod usage;
 
-pub use api::{ApiKind, Route, check_content_encoding, check_transfer_encoding};
+pub use api::{ApiKind, Route, check_content_encoding, check_transfer_encoding, model_id};
 pub use error::{ApiError, OVERLOADED_HEADER, QueueLimit, REASON_HEADER};
 pub use request::{ParsedRequest, parse_request};
 pub use rewrite::ModelRewriter;

@@ -151,23 +151,29 @@ impl<T> ModelRouter<T> {
         model: &str,
         visible: impl Fn(&str, &str) -> bool,
     ) -> Result<Resolved<'_, T>, ApiError> {
-        self.lookup(model).ok_or_else(|| {
-            let names: Vec<&str> = self
-                .routes
-                .iter()
-                .filter(|(n, r)| visible(n, &self.bases[r.base]))
-                .map(|(n, _)| n.as_str())
-                .collect();
-            let known = if names.is_empty() {
-                "none that this caller may use".to_owned()
-            } else {
-                render_known(names)
-            };
-            ApiError::UnknownModel {
-                model: model.to_owned(),
-                known,
-            }
-        })
+        self.lookup(model)
+            .ok_or_else(|| self.unknown_to(model, visible))
+    }
+
+    /// The [`ApiError::UnknownModel`] for `model`, listing only the served names `visible`
+    /// accepts (called with each name and its base model): for a name that is not served, or
+    /// that this caller may not be shown.
+    pub fn unknown_to(&self, model: &str, visible: impl Fn(&str, &str) -> bool) -> ApiError {
+        let names: Vec<&str> = self
+            .routes
+            .iter()
+            .filter(|(n, r)| visible(n, &self.bases[r.base]))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let known = if names.is_empty() {
+            "none that this caller may use".to_owned()
+        } else {
+            render_known(names)
+        };
+        ApiError::UnknownModel {
+            model: model.to_owned(),
+            known,
+        }
     }
 
     /// Resolves a request's `model`. An unknown name is [`ApiError::UnknownModel`] (404), whose

@@ -141,6 +141,12 @@ async fn respond(
         Admission::Models(identity, head) => {
             return Ok(models_response(state, &identity, request_id, head));
         }
+        Admission::Model(identity, head, id) => {
+            return Ok(match state.model_for(&identity.models, &id) {
+                Ok(body) => json_response(body, request_id, head),
+                Err(e) => refuse(telemetry, &e, request_id, note),
+            });
+        }
         Admission::Refused(e) => return Ok(refuse(telemetry, &e, request_id, note)),
     };
     let routed = match route(state, &admitted, note).await {
@@ -177,6 +183,9 @@ enum Admission {
     /// `GET /v1/models` (`HEAD` when `true`): answered from the configuration, listing what this
     /// caller may call.
     Models(Identity, bool),
+    /// `GET /v1/models/{id}` (`HEAD` when `true`): that model's entry, when this caller may call
+    /// it.
+    Model(Identity, bool, String),
     /// Answered with this error.
     Refused(ApiError),
 }
@@ -195,6 +204,11 @@ async fn admit(
         Ok(Route::Models) => {
             let head = req.method() == http::Method::HEAD;
             return Ok(Admission::Models(identity, head));
+        }
+        Ok(Route::Model) => {
+            let head = req.method() == http::Method::HEAD;
+            let id = infergate_openai::model_id(req.uri().path()).unwrap_or_default();
+            return Ok(Admission::Model(identity, head, id.into_owned()));
         }
         Err(e) => return Ok(Admission::Refused(e)),
     };
@@ -692,7 +706,12 @@ fn models_response(
     request_id: HeaderValue,
     head: bool,
 ) -> Response<ResponseBody> {
-    let body = state.models_for(&identity.models);
+    json_response(state.models_for(&identity.models), request_id, head)
+}
+
+/// A JSON answer of the gateway's own; for `HEAD` (`head`), the same headers, its length
+/// included, and no body.
+fn json_response(body: Bytes, request_id: HeaderValue, head: bool) -> Response<ResponseBody> {
     let length = HeaderValue::from(body.len());
     let body = if head { Bytes::new() } else { body };
     let mut r = Response::new(ResponseBody::Full(Full::new(body)));

@@ -359,6 +359,33 @@ impl State {
         }
     }
 
+    /// The `/v1/models/{id}` answer for a caller with `access`: the model's entry, as in the list;
+    /// a name that is not served, or that this caller may not call, is 404 listing what it may
+    /// call (as for a request naming it).
+    pub(crate) fn model_for(
+        &self,
+        access: &ModelAccess,
+        id: &str,
+    ) -> Result<Bytes, infergate_openai::ApiError> {
+        let allowed = |name: &str, root: &str| access.allows(name, root);
+        let Some((id, root)) = self
+            .router
+            .models()
+            .into_iter()
+            .find(|(name, root)| *name == id && allowed(name, root))
+        else {
+            return Err(self.router.unknown_to(id, allowed));
+        };
+        let entry = ModelEntry {
+            id,
+            object: "model",
+            created: 0,
+            owned_by: "infergate",
+            root,
+        };
+        Ok(Bytes::from(serde_json::to_vec(&entry).unwrap_or_default()))
+    }
+
     /// Builds the state for `config`, carrying over what `previous` can share.
     pub(crate) fn build(
         config: GatewayConfig,

@@ -593,6 +593,52 @@ async fn the_model_list_and_an_unknown_model_s_404_show_only_what_the_caller_may
     assert!(body.contains("(none that this caller may use)"), "{body}");
     // A served model the caller may not call stays a 403.
     assert_eq!(f.status("other", KEY_A).await, StatusCode::FORBIDDEN);
+
+    // One model (`GET /v1/models/{id}`): the entry of a model the caller may call; one it may
+    // not call is not shown (404 listing what it may call), nor is an unknown one; HEAD is GET
+    // without the body.
+    let retrieve = |method: &'static str, path: &'static str, credential: &'static str| {
+        let addr = f.addr();
+        async move {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header("authorization", format!("Bearer {credential}"))
+                .body(Bytes::new())
+                .unwrap();
+            let r = infergate_testkit::send(addr, req).await.unwrap();
+            (r.status, r.text())
+        }
+    };
+    let (status, body) = retrieve("GET", "/v1/models/m-lora", KEY_A).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["root"].as_str()),
+        (Some("m-lora"), Some("m"))
+    );
+    assert_eq!(v["object"], "model");
+    let (status, body) = retrieve("HEAD", "/v1/models/m", KEY_A).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
+    for (path, key) in [("/v1/models/other", KEY_A), ("/v1/models/nope", KEY_FILE_B)] {
+        let (status, body) = retrieve("GET", path, key).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found", "{body}");
+    }
+    let (_, body) = retrieve("GET", "/v1/models/other", KEY_A).await;
+    assert!(
+        body.contains("(m, m-lora)") && !body.contains("other)"),
+        "{body}"
+    );
+    assert_eq!(
+        retrieve("GET", "/v1/models/other", KEY_FILE_B).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        retrieve("GET", "/v1/models/m", "").await.0,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 #[tokio::test]

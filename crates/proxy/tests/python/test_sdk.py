@@ -72,6 +72,16 @@ def main(base_url, ca_file=None):
     ids = sorted(m.id for m in client.models.list())
     check(ids == ["m", "m-lora"], f"models: {ids}")
 
+    # One model (`GET /v1/models/{model}`), an adapter included; an unknown one is a 404.
+    for name in ("m", "m-lora"):
+        got = client.models.retrieve(name)
+        check(got.id == name and got.object == "model", f"retrieve {name}: {got}")
+    try:
+        client.models.retrieve("gpt-9")
+        check(False, "unknown model retrieved")
+    except openai.NotFoundError as e:
+        check("gpt-9" in str(e), f"unknown model retrieve message: {e}")
+
     # An unknown model is a typed 404 the SDK understands.
     try:
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
