@@ -23,11 +23,11 @@ pub mod upstream;
 pub mod validation;
 
 pub use config::{
-    AppProtocol, AuthSpec, BbrSpec, DEFAULT_ROUTE_TIMEOUT, EngineType, FailureMode, GatewaySpec, InferenceGatewayConfig,
-    InferenceGatewayConfigSpec, IssuerKind, IssuerRef, JwtAuth, JwtProvider, ListenerProtocol,
-    ListenerSpec, LogFormat, LogLevel, ObservabilitySpec, PodDefaults, PrecisePrefixSpec,
-    RemoteJwks, RequiredClaim, SchedulerPreset, SchedulerSpec, SecretRef, TlsSpec, TokenizerSource,
-    Weights,
+    AppProtocol, AuthSpec, BbrSpec, DEFAULT_ROUTE_TIMEOUT, EngineType, FailureMode, GatewaySpec,
+    InferenceGatewayConfig, InferenceGatewayConfigSpec, IssuerKind, IssuerRef, JwtAuth,
+    JwtProvider, ListenerProtocol, ListenerSpec, LogFormat, LogLevel, ObservabilitySpec,
+    PodDefaults, PrecisePrefixSpec, RemoteJwks, RequiredClaim, SchedulerPreset, SchedulerSpec,
+    SecretRef, TlsSpec, TokenizerSource, Weights,
 };
 pub use error::Error;
 pub use status::{InferenceGatewayConfigStatus, RolloutState, SchedulerStatus};
