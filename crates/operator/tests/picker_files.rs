@@ -186,14 +186,16 @@ fn a_quota_or_flow_change_rolls_only_the_pickers_pods() {
             })
             .map(Child::key)
             .collect();
-        assert_eq!(
-            changed,
-            [
-                "ConfigMap/shared-llama-8b-epp",
-                "Deployment/shared-llama-8b-epp"
-            ],
-            "{patch}"
-        );
+        // A queue TTL also lengthens the pods' grace period to stop, the BBR's included (it
+        // takes the longest of its pickers'); the quota and the tenancy change only the picker.
+        let mut expected = vec![
+            "ConfigMap/shared-llama-8b-epp",
+            "Deployment/shared-llama-8b-epp",
+        ];
+        if patch.get("flowControl").is_some() {
+            expected.insert(1, "Deployment/shared-bbr");
+        }
+        assert_eq!(changed, expected, "{patch}");
     }
 }
 
