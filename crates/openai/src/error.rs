@@ -167,6 +167,29 @@ pub enum ApiError {
         /// The timeout that expired.
         timeout: Duration,
     },
+    /// The global router: a cluster sent no response headers within its first-byte timeout
+    /// (`timeouts.firstByteMs`). Not retried elsewhere: the cluster may be working on it.
+    #[error(
+        "cluster `{cluster}` sent no response headers within {} ms (timeouts.firstByteMs); the request was not retried on another cluster, since `{cluster}` may still be working on it",
+        timeout.as_millis()
+    )]
+    ClusterTimeout {
+        /// The cluster's configured name.
+        cluster: String,
+        /// The timeout that elapsed.
+        timeout: Duration,
+    },
+    /// The global router: no cluster has reported the requested model yet — none has listed
+    /// any model since the start (discovery under way, or failing). A 503 to retry, not the
+    /// 404 of a model the clusters do not serve.
+    #[error("no cluster has reported the model `{}` yet: {why}", Echo(model))]
+    NoClusterReported {
+        /// The requested model.
+        model: String,
+        /// What the router knows of its clusters' discovery, naming those whose `/v1/models`
+        /// failed and why.
+        why: String,
+    },
     /// The client did not send the whole request body in time (`limits.bodyReadTimeoutMs`).
     #[error(
         "the request body did not arrive within {} ms: send the whole body at once",
@@ -460,13 +483,14 @@ impl ApiError {
             | ApiError::QueueEvicted { .. } => 429,
             ApiError::UpstreamUnavailable { .. } => 502,
             ApiError::NoEndpoints { .. }
+            | ApiError::NoClusterReported { .. }
             | ApiError::QueueNoEndpoints { .. }
             | ApiError::NoFreshEndpoints { .. }
             | ApiError::UpstreamRefused { .. }
             | ApiError::GatewayBusy { .. }
             | ApiError::BufferBudget { .. }
             | ApiError::AuthUnavailable { .. } => 503,
-            ApiError::UpstreamTimeout { .. } => 504,
+            ApiError::UpstreamTimeout { .. } | ApiError::ClusterTimeout { .. } => 504,
         }
     }
 
@@ -484,11 +508,15 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Overloaded { .. } => "shed",
             ApiError::ConcurrencyLimit { .. } => "concurrency_limit",
-            ApiError::NoEndpoints { .. } => "no_endpoints",
+            // The global router's, under the gateway's labels: the same condition, said of
+            // clusters rather than endpoints.
+            ApiError::NoEndpoints { .. } | ApiError::NoClusterReported { .. } => "no_endpoints",
             ApiError::NoFreshEndpoints { .. } => "no_fresh_endpoints",
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ApiError::UpstreamRefused { .. } => "upstream_refused",
-            ApiError::UpstreamTimeout { .. } => "upstream_timeout",
+            ApiError::UpstreamTimeout { .. } | ApiError::ClusterTimeout { .. } => {
+                "upstream_timeout"
+            }
             ApiError::RequestTimeout { .. } => "request_timeout",
             ApiError::GatewayBusy { .. } => "gateway_busy",
             ApiError::BufferBudget { .. } => "buffer_budget_exhausted",
@@ -708,6 +736,20 @@ mod tests {
                 504,
             ),
             (
+                ApiError::ClusterTimeout {
+                    cluster: "east".into(),
+                    timeout: Duration::from_secs(1),
+                },
+                504,
+            ),
+            (
+                ApiError::NoClusterReported {
+                    model: "m".into(),
+                    why: "discovery is under way".into(),
+                },
+                503,
+            ),
+            (
                 ApiError::RequestTimeout {
                     timeout: Duration::from_secs(2),
                 },
@@ -763,6 +805,32 @@ mod tests {
             assert!(v["error"]["type"].is_string());
             assert!(v["error"]["code"].is_string());
         }
+    }
+
+    /// The global router's own wording keeps the gateway's codes (and metric labels) for the
+    /// same conditions: a client or an alert reading `no_endpoints` or `upstream_timeout` reads
+    /// them from either.
+    #[test]
+    fn the_global_routers_errors_keep_the_gateways_codes() {
+        let e = ApiError::ClusterTimeout {
+            cluster: "east".into(),
+            timeout: Duration::from_millis(1500),
+        };
+        assert_eq!(json(&e)["error"]["code"], "upstream_timeout");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("cluster `east` sent no response headers within 1500 ms"),
+            "{msg}"
+        );
+        let e = ApiError::NoClusterReported {
+            model: "m".into(),
+            why: "discovery failed for `east`".into(),
+        };
+        assert_eq!(json(&e)["error"]["code"], "no_endpoints");
+        assert_eq!(
+            e.to_string(),
+            "no cluster has reported the model `m` yet: discovery failed for `east`"
+        );
     }
 
     #[test]
