@@ -141,6 +141,23 @@ pub enum ScrapeError {
 }
 
 impl ScrapeError {
+    /// Every [`ScrapeError::metric_label`], in a stable order: the scrape error counter exports
+    /// each at 0 from the start, so `rate()` and dashboards see the series before the first
+    /// failure of that kind.
+    pub const REASONS: [&'static str; 11] = [
+        "connect",
+        "tls",
+        "http",
+        "status",
+        "body_too_large",
+        "timeout",
+        "parse_truncated",
+        "parse_malformed",
+        "parse_invalid_value",
+        "parse_duplicate_series",
+        "parse_missing_family",
+    ];
+
     /// A short, stable label for metrics (`reason` of the scrape error counter).
     pub const fn metric_label(&self) -> &'static str {
         match self {
@@ -240,5 +257,73 @@ impl std::fmt::Display for ErrorChain<'_> {
 impl std::fmt::Debug for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of every variant, parse errors included.
+    fn every_error() -> Vec<ScrapeError> {
+        let io = || std::io::Error::other("x");
+        let parse = [
+            ParseError::Truncated,
+            ParseError::Malformed {
+                line: 1,
+                reason: "x",
+            },
+            ParseError::InvalidUtf8 {
+                line: 1,
+                source: std::str::from_utf8(&[0xff]).unwrap_err(),
+            },
+            ParseError::InvalidValue {
+                family: "f",
+                line: 1,
+                value: -1.0,
+                reason: "negative",
+            },
+            ParseError::DuplicateSeries {
+                family: "f",
+                line: 1,
+            },
+            ParseError::InvalidLabel {
+                family: "f",
+                label: "l",
+                value: "v".into(),
+                line: 1,
+            },
+            ParseError::MissingFamily {
+                engine: EngineType::Vllm,
+                family: "f",
+            },
+        ];
+        let mut all = vec![
+            ScrapeError::Connect(io()),
+            ScrapeError::Tls(io()),
+            ScrapeError::Io(io()),
+            ScrapeError::Protocol(HttpError::ContentLength),
+            ScrapeError::Closed,
+            ScrapeError::Status(http::StatusCode::NOT_FOUND),
+            ScrapeError::BodyTooLarge { limit: 1 },
+            ScrapeError::Timeout(Duration::from_secs(1)),
+        ];
+        all.extend(parse.into_iter().map(ScrapeError::Parse));
+        all
+    }
+
+    #[test]
+    fn reasons_lists_every_label_once() {
+        let labels: std::collections::BTreeSet<&str> = every_error()
+            .iter()
+            .map(ScrapeError::metric_label)
+            .collect();
+        let listed: std::collections::BTreeSet<&str> = ScrapeError::REASONS.into_iter().collect();
+        assert_eq!(
+            listed.len(),
+            ScrapeError::REASONS.len(),
+            "a reason listed twice"
+        );
+        assert_eq!(labels, listed);
     }
 }

@@ -46,11 +46,17 @@ impl Default for ScrapeMetrics {
 impl ScrapeMetrics {
     /// Creates the metrics and registers them in `registry` under `infergate_metrics_`:
     /// `scrape_duration_seconds` (histogram, successful and failed scrapes),
-    /// `scrape_errors_total{reason}`, `stale_targets` (failed: not routed on), `late_targets`
+    /// `scrape_errors_total{reason}` (every reason of [`crate::ScrapeError::REASONS`] at 0 from the
+    /// start), `stale_targets` (failed: not routed on), `late_targets`
     /// (connected, slow: routed on their last page) and `targets` (gauges), and the scraper
     /// thread's own health: `scraper_wakeup_delay_seconds` (histogram) and `scraper_stalls_total`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = ScrapeMetrics::default();
+        // Every reason exported at 0 from the start: a series that appears only with its first
+        // failure hides that failure from `rate()` and `increase()`, which need a sample before it.
+        for reason in crate::ScrapeError::REASONS {
+            let _created = m.errors.get_or_create(&[("reason", reason)]);
+        }
         let sub = registry.sub_registry_with_prefix("infergate_metrics");
         sub.register_with_unit(
             "scrape_duration",
@@ -138,5 +144,23 @@ impl ScrapeMetrics {
     /// Stalls of the scraper thread counted so far (see `scraper_stalls_total`).
     pub fn stalls(&self) -> u64 {
         self.stalls.get()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_reason_is_exported_at_zero_before_any_error() {
+        let mut registry = Registry::default();
+        let _metrics = ScrapeMetrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for reason in crate::ScrapeError::REASONS {
+            let want = format!("infergate_metrics_scrape_errors_total{{reason=\"{reason}\"}} 0\n");
+            assert!(text.contains(&want), "{want} missing:\n{text}");
+        }
     }
 }
