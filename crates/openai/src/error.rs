@@ -241,13 +241,20 @@ pub enum ApiError {
         retry_after: Duration,
     },
     /// The tenant has used its quota of requests or tokens for the window
-    /// (`quotas:`); `Retry-After` is when enough counted use leaves the window.
+    /// (`quotas:`); `Retry-After` is when enough counted use leaves the window. A request whose
+    /// own token estimate is above the whole token limit is charged the limit, so it runs only
+    /// once the window holds none of the tenant's tokens: the message says so rather than
+    /// blaming the tenant's earlier use.
     #[error(
-        "tenant `{}` has used its quota of {} per {} s: retry after {} s",
-        Echo(tenant),
-        Quantity(*limit, kind),
-        window.as_secs(),
-        retry_after_secs(*retry_after)
+        "{}",
+        QuotaRefusal {
+            tenant,
+            kind,
+            limit: *limit,
+            window: *window,
+            request_tokens: *request_tokens,
+            retry_after: *retry_after,
+        }
     )]
     QuotaExceeded {
         /// The tenant.
@@ -258,6 +265,9 @@ pub enum ApiError {
         limit: u64,
         /// The window the limit counts over.
         window: Duration,
+        /// The request's own estimated tokens (prompt plus `max_tokens`, or the default output),
+        /// when they alone exceed the token limit; `None` otherwise.
+        request_tokens: Option<u64>,
         /// When the request would fit.
         retry_after: Duration,
     },
@@ -405,6 +415,38 @@ impl std::fmt::Display for Quantity<'_> {
             self.1
         };
         write!(f, "{} {noun}", self.0)
+    }
+}
+
+/// [`ApiError::QuotaExceeded`]'s message: the tenant's use so far, or the request alone.
+struct QuotaRefusal<'a> {
+    tenant: &'a str,
+    kind: &'a str,
+    limit: u64,
+    window: Duration,
+    request_tokens: Option<u64>,
+    retry_after: Duration,
+}
+
+impl std::fmt::Display for QuotaRefusal<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (tenant, quota) = (Echo(self.tenant), Quantity(self.limit, self.kind));
+        let (window, retry) = (self.window.as_secs(), retry_after_secs(self.retry_after));
+        match self.request_tokens {
+            Some(needs) if needs > self.limit => write!(
+                f,
+                "the request alone needs an estimated {} (prompt and output), more than \
+                 tenant `{tenant}`'s whole quota of {quota} per {window} s: it can run only once \
+                 the window holds none of the tenant's tokens: retry after {retry} s, or send a \
+                 shorter prompt or a lower max_tokens",
+                Quantity(needs, "tokens"),
+            ),
+            _ => write!(
+                f,
+                "tenant `{tenant}` has used its quota of {quota} per {window} s: retry after \
+                 {retry} s"
+            ),
+        }
     }
 }
 
@@ -793,6 +835,7 @@ mod tests {
                     kind: "tokens",
                     limit: 1000,
                     window: Duration::from_secs(60),
+                    request_tokens: None,
                     retry_after: Duration::from_millis(1500),
                 },
                 429,
@@ -914,6 +957,7 @@ mod tests {
             kind: "requests",
             limit: 600,
             window: Duration::from_secs(60),
+            request_tokens: None,
             retry_after: Duration::from_millis(12_300),
         };
         assert_eq!(e.status(), 429);
@@ -931,6 +975,7 @@ mod tests {
             kind: "tokens",
             limit: 1,
             window: Duration::from_secs(60),
+            request_tokens: None,
             retry_after: Duration::from_secs(1),
         };
         assert_eq!(e.reason(), Some("rejected-quota-tokens"));
@@ -938,6 +983,38 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "tenant `t` has used its quota of 1 token per 60 s: retry after 1 s"
+        );
+        // A request that alone needs more than the whole token quota is told so, and that it runs
+        // once the window is empty; an estimate within the limit keeps the usual message.
+        let e = ApiError::QuotaExceeded {
+            tenant: "t".into(),
+            kind: "tokens",
+            limit: 4000,
+            window: Duration::from_secs(60),
+            request_tokens: Some(9000),
+            retry_after: Duration::from_millis(41_200),
+        };
+        assert_eq!(e.status(), 429);
+        assert_eq!(e.retry_after_secs(), Some(42));
+        assert_eq!(e.reason(), Some("rejected-quota-tokens"));
+        assert_eq!(
+            e.to_string(),
+            "the request alone needs an estimated 9000 tokens (prompt and output), more than \
+             tenant `t`'s whole quota of 4000 tokens per 60 s: it can run only once the window \
+             holds none of the tenant's tokens: retry after 42 s, or send a shorter prompt or a \
+             lower max_tokens"
+        );
+        let within = ApiError::QuotaExceeded {
+            tenant: "t".into(),
+            kind: "tokens",
+            limit: 4000,
+            window: Duration::from_secs(60),
+            request_tokens: Some(4000),
+            retry_after: Duration::from_millis(41_200),
+        };
+        assert_eq!(
+            within.to_string(),
+            "tenant `t` has used its quota of 4000 tokens per 60 s: retry after 42 s"
         );
         assert_eq!(ApiError::MissingModel { empty: false }.reason(), None);
     }

@@ -476,11 +476,15 @@ impl Quotas {
                     QuotaKind::Requests => entry.rejected_requests.inc(),
                     QuotaKind::Tokens => entry.rejected_tokens.inc(),
                 };
+                // Charged at most the limit, such a request waits for an empty window: the
+                // message says so instead of blaming the tenant's earlier use.
+                let alone = e.kind == QuotaKind::Tokens && estimated_tokens > e.limit;
                 Err(ApiError::QuotaExceeded {
                     tenant: tenant.to_owned(),
                     kind: e.kind.as_str(),
                     limit: e.limit,
                     window: self.inner.config.window,
+                    request_tokens: alone.then_some(estimated_tokens),
                     retry_after: e.retry_after,
                 })
             }

@@ -90,6 +90,37 @@ async fn tokens_count_what_the_response_reported() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_request_larger_than_the_whole_token_quota_waits_for_an_empty_window() {
+    let q = service(None);
+    q.admit("team-b", 100).unwrap().map(QuotaTicket::commit);
+    tokio::time::advance(Duration::from_millis(10_000)).await;
+    // 5,000 tokens against a quota of 1,000: charged the limit, it fits only once the 100
+    // tokens counted 10 s ago have left the window, and the refusal says that, not that the
+    // tenant used its quota (it used a tenth of it).
+    let e = q.admit("team-b", 5_000).unwrap_err();
+    assert_eq!(e.status(), 429);
+    assert_eq!(e.reason(), Some("rejected-quota-tokens"));
+    assert_eq!(retry_after(&e), Duration::from_millis(49_750));
+    assert_eq!(
+        e.to_string(),
+        "the request alone needs an estimated 5000 tokens (prompt and output), more than tenant \
+         `team-b`'s whole quota of 1000 tokens per 60 s: it can run only once the window holds \
+         none of the tenant's tokens: retry after 50 s, or send a shorter prompt or a lower \
+         max_tokens"
+    );
+    // A request within the limit refused by the same use keeps the usual message.
+    let e = q.admit("team-b", 950).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("tenant `team-b` has used its quota of 1000 tokens"),
+        "{e}"
+    );
+    tokio::time::advance(Duration::from_millis(49_750)).await;
+    let t = q.admit("team-b", 5_000).unwrap().unwrap();
+    assert_eq!(t.charge().tokens, 1_000);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_request_refused_further_on_is_not_counted() {
     let q = service(None);
     let t = q.admit("team-a", 1).unwrap().unwrap();
