@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
         .take(4096)
         .collect();
     let (mut scratch, mut out) = (MatchScratch::default(), Vec::new());
-    ix.match_tokens(None, &tokens, &mut scratch, &mut out);
+    ix.match_tokens(None, None, &tokens, &mut scratch, &mut out);
     assert_eq!(out.len(), 1);
     for enc in [Encoding::Keyed, Encoding::Positional] {
         let again = decode_batch(&encode_batch(&batch, enc)).expect("re-encoded batch decodes");

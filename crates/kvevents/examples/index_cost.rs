@@ -110,13 +110,13 @@ fn main() {
         ix.set_synced(pod(i), true);
     }
     let (mut scratch, mut out) = (MatchScratch::default(), Vec::new());
-    ix.match_tokens(None, &prompt, &mut scratch, &mut out);
+    ix.match_tokens(None, None, &prompt, &mut scratch, &mut out);
     assert!(out.contains(&(holder, n as u32)), "{out:?}");
     let mut t_match = Vec::new();
     let region = Region::new(GLOBAL);
     for _ in 0..20_000 {
         let t = Instant::now();
-        ix.match_tokens(None, black_box(&prompt), &mut scratch, &mut out);
+        ix.match_tokens(None, None, black_box(&prompt), &mut scratch, &mut out);
         t_match.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let allocs = region.change().allocations;

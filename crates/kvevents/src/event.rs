@@ -51,10 +51,13 @@ pub struct Stored {
     pub lora_id: Option<u64>,
     /// Where the blocks live (`GPU`, `CPU`, …); `None` means the GPU.
     pub medium: Option<String>,
-    /// Per block: a hash of the extra keys (LoRA adapter, multimodal inputs, cache salt) when
-    /// there are any. A block whose extra keys are more than its own adapter
-    /// ([`lora_extra_key`], [`lora_id_extra_key`]) never matches a request.
-    pub extra: Vec<Option<u64>>,
+    /// Per block, what vLLM mixed into the block's hash besides its tokens and parent (its
+    /// `extra_keys`: `None` for a block with none); empty when the event has no `extra_keys`
+    /// (vLLM omits the field when no block has any, and releases before 2026 never send it).
+    /// vLLM's `generate_block_hash_extra_keys` (`vllm/v1/core/kv_cache_utils.py`) builds each
+    /// tuple as the LoRA adapter's name, then multimodal identifiers, then the request's
+    /// `cache_salt` (block 0 only), then prompt-embedding hashes.
+    pub extra_keys: Vec<Option<Vec<ExtraKey>>>,
     /// The KV-cache group (hybrid models); `None` is group 0.
     pub group_idx: Option<u32>,
 }
@@ -177,7 +180,21 @@ fn tokens(r: &mut Reader<'_>, out: &mut Vec<u32>) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<u64>>) -> Result<(), DecodeError> {
+/// One element of a block's extra keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtraKey {
+    /// A string: a LoRA adapter's name, a request's `cache_salt` (or, in some releases, a
+    /// multimodal input's identifier).
+    Str(String),
+    /// An integer: a LoRA adapter's id (releases before the adapter's name was used).
+    Int(u64),
+    /// Anything else (a multimodal `(identifier, offset)` pair, prompt-embedding bytes), as its
+    /// MessagePack bytes: it makes the block unmatchable, and the encoder writes it back as it
+    /// came.
+    Other(Vec<u8>),
+}
+
+fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<Vec<ExtraKey>>>) -> Result<(), DecodeError> {
     if r.nil()? {
         return Ok(());
     }
@@ -186,49 +203,46 @@ fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<u64>>) -> Result<(), Deco
     for _ in 0..n {
         if r.nil()? {
             out.push(None);
-        } else {
-            out.push(Some(extra_key(r.raw()?)));
+            continue;
         }
+        // msgspec writes a tuple as an array; anything else is kept whole, as one element.
+        if r.peek()? != Kind::Array {
+            out.push(Some(vec![ExtraKey::Other(r.raw()?.to_vec())]));
+            continue;
+        }
+        let k = r.array()?;
+        let mut keys = Vec::with_capacity(k.min(8));
+        for _ in 0..k {
+            keys.push(match r.peek()? {
+                Kind::Str => ExtraKey::Str(r.str()?.to_owned()),
+                Kind::Int => ExtraKey::Int(r.int()?),
+                _ => ExtraKey::Other(r.raw()?.to_vec()),
+            });
+        }
+        out.push(Some(keys));
     }
     Ok(())
 }
 
-/// The key of one block's extra keys. vLLM puts a LoRA request's adapter first in every block's
-/// tuple — its name (`lora_name`), or its integer id in earlier releases — so a tuple of the
-/// adapter alone keys as [`lora_extra_key`] / [`lora_id_extra_key`] and the index can tell it
-/// from keys a request's tokens cannot reproduce (multimodal inputs, a cache salt).
-fn extra_key(raw: &[u8]) -> u64 {
-    let mut r = Reader::new(raw);
-    if r.array().ok() == Some(1) {
-        match r.peek() {
-            Ok(Kind::Str) => {
-                if let Ok(name) = r.str()
-                    && r.remaining() == 0
-                {
-                    return lora_extra_key(name);
+fn write_extra_keys(w: &mut crate::msgpack::Writer, keys: &[Option<Vec<ExtraKey>>]) {
+    w.array(keys.len());
+    for block in keys {
+        match block {
+            None => {
+                w.nil();
+            }
+            Some(k) => {
+                w.array(k.len());
+                for key in k {
+                    match key {
+                        ExtraKey::Str(s) => w.str(s),
+                        ExtraKey::Int(v) => w.uint(*v),
+                        ExtraKey::Other(raw) => w.raw(raw),
+                    };
                 }
             }
-            Ok(Kind::Int) => {
-                if let Ok(id) = r.int()
-                    && r.remaining() == 0
-                {
-                    return lora_id_extra_key(id);
-                }
-            }
-            _ => {}
         }
     }
-    xxh64(raw, 0x0065_7874_7261)
-}
-
-/// The extra key of a block whose only extra key is the LoRA adapter named `name`.
-pub fn lora_extra_key(name: &str) -> u64 {
-    xxh64(name.as_bytes(), 0x6c6f_7261_6e61_6d65)
-}
-
-/// The extra key of a block whose only extra key is the LoRA adapter of integer id `id`.
-pub fn lora_id_extra_key(id: u64) -> u64 {
-    xxh64(&id.to_le_bytes(), 0x6c6f_7261_6964)
 }
 
 fn decode_events(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), DecodeError> {
@@ -281,7 +295,7 @@ fn positional(r: &mut Reader<'_>) -> Result<Event, DecodeError> {
             next!(s.lora_id = opt_u64(r)?);
             next!(s.medium = opt_str(r)?);
             next!(s.lora_name = opt_str(r)?);
-            next!(extra_keys(r, &mut s.extra)?);
+            next!(extra_keys(r, &mut s.extra_keys)?);
             next!(s.group_idx = opt_u32(r)?);
             if read < 4 {
                 return Err(DecodeError::Malformed(
@@ -346,8 +360,8 @@ fn keyed(r: &mut Reader<'_>) -> Result<Event, DecodeError> {
             "medium" => s.medium = opt_str(r)?,
             "lora_name" => s.lora_name = opt_str(r)?,
             "extra_keys" => {
-                s.extra.clear();
-                extra_keys(r, &mut s.extra)?;
+                s.extra_keys.clear();
+                extra_keys(r, &mut s.extra_keys)?;
             }
             "group_idx" => s.group_idx = opt_u32(r)?,
             _ => r.skip()?,
@@ -412,7 +426,8 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
     for e in &batch.events {
         match (e, encoding) {
             (Event::Stored(s), Encoding::Keyed) => {
-                w.map(8).str("type").str("BlockStored");
+                let extra = !s.extra_keys.is_empty();
+                w.map(8 + usize::from(extra)).str("type").str("BlockStored");
                 w.str("block_hashes").array(s.block_hashes.len());
                 for h in &s.block_hashes {
                     w.uint(*h);
@@ -442,9 +457,18 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
                     Some(n) => w.str(n),
                     None => w.nil(),
                 };
+                if extra {
+                    w.str("extra_keys");
+                    write_extra_keys(&mut w, &s.extra_keys);
+                }
             }
             (Event::Stored(s), Encoding::Positional) => {
-                w.array(8).str("BlockStored").array(s.block_hashes.len());
+                // msgspec leaves trailing fields at their default out of an array: `extra_keys`
+                // only when a block has any.
+                let extra = !s.extra_keys.is_empty();
+                w.array(8 + usize::from(extra))
+                    .str("BlockStored")
+                    .array(s.block_hashes.len());
                 for h in &s.block_hashes {
                     w.uint(*h);
                 }
@@ -469,6 +493,9 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
                     Some(n) => w.str(n),
                     None => w.nil(),
                 };
+                if extra {
+                    write_extra_keys(&mut w, &s.extra_keys);
+                }
             }
             (Event::Removed(r), Encoding::Keyed) => {
                 w.map(3).str("type").str("BlockRemoved");

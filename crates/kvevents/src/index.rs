@@ -1,8 +1,9 @@
 //! Which pod holds which token blocks, kept from the engines' KV-cache events.
 //!
 //! Each block is keyed by a chain hash over its token ids seeded by the hash of the block before
-//! it (block 0 by the LoRA adapter's name), so one key stands for the whole prefix up to that
-//! block — computed the same way from an event's `token_ids` and from a request's tokens. The
+//! it (block 0 by the LoRA adapter's name and the request's `cache_salt`, [`request_seed`]), so
+//! one key stands for the whole prefix up to that block — computed the same way from an event's
+//! `token_ids` and `extra_keys` and from a request's tokens and salt. The
 //! engine's own block hashes (sha256 over pickled tuples by default) cannot be reproduced outside
 //! the engine; they are kept per pod only to resolve `BlockRemoved` and parent links.
 //!
@@ -16,7 +17,9 @@ use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 
-use crate::event::{Batch, Event, Stored, lora_extra_key, lora_id_extra_key};
+use xxhash_rust::xxh64::xxh64;
+
+use crate::event::{Batch, Event, ExtraKey, Stored};
 
 /// Bytes one (pod, block) entry costs, counted conservatively: the pod's engine-hash entry and
 /// its share of the block's holder entry, with the maps' slack. `examples/index_memory.rs`
@@ -77,6 +80,67 @@ pub fn adapter_seed(lora: Option<&str>) -> u64 {
             }
             fmix(h)
         }
+    }
+}
+
+/// The seed of the first block of a request under the adapter `lora` with the `cache_salt`
+/// `salt`: [`adapter_seed`] without a salt, else that mixed with the salt. vLLM adds a salt to
+/// the extra keys of a request's first block only (`generate_block_hash_extra_keys` in
+/// `vllm/v1/core/kv_cache_utils.py`), and every later block's hash chains through it, so a salted
+/// prefix shares no block with another salt's or an unsalted one. An empty salt is no salt, as
+/// there (vLLM's API refuses one anyway).
+pub fn request_seed(lora: Option<&str>, salt: Option<&str>) -> u64 {
+    let seed = adapter_seed(lora);
+    match salt {
+        None | Some("") => seed,
+        Some(s) => match fmix(seed ^ xxh64(s.as_bytes(), 0x7361_6c74)) {
+            UNMATCHABLE => 1,
+            k => k,
+        },
+    }
+}
+
+/// Whether `key` is the event's adapter as vLLM lists it in a LoRA block's extra keys: its name,
+/// or its integer id in releases before the name.
+fn is_adapter(key: &ExtraKey, s: &Stored) -> bool {
+    match key {
+        ExtraKey::Str(n) => s.lora_name.as_deref() == Some(n.as_str()),
+        ExtraKey::Int(id) => s.lora_id == Some(*id),
+        ExtraKey::Other(_) => false,
+    }
+}
+
+/// The extra keys of block `i` of `s` once its adapter is taken off the front; `None` when
+/// they hold something else first (the block is then unmatchable).
+fn past_adapter(s: &Stored, i: usize) -> Option<&[ExtraKey]> {
+    let keys = s
+        .extra_keys
+        .get(i)
+        .and_then(Option::as_deref)
+        .unwrap_or(&[]);
+    let adapter = s.lora_name.is_some() || s.lora_id.is_some();
+    match keys.split_first() {
+        None => Some(keys),
+        Some((first, rest)) if adapter && is_adapter(first, s) => Some(rest),
+        Some(_) if adapter => None,
+        Some(_) => Some(keys),
+    }
+}
+
+/// The seed of a chain that starts with the event's first block (one without a parent: the
+/// request's block 0), from the adapter and the block's extra keys: nothing past the adapter,
+/// or exactly one string — the request's `cache_salt`. Anything else (multimodal inputs, prompt
+/// embeddings, an adapter known by id only) is [`UNMATCHABLE`].
+fn chain_start(s: &Stored) -> u64 {
+    let lora = match (&s.lora_name, s.lora_id) {
+        (Some(n), _) => Some(n.as_str()),
+        (None, Some(_)) => return UNMATCHABLE, // an adapter known by id only
+        (None, None) => None,
+    };
+    match past_adapter(s, 0) {
+        Some([]) => request_seed(lora, None),
+        Some([ExtraKey::Str(salt)]) if !salt.is_empty() => request_seed(lora, Some(salt)),
+        _ => UNMATCHABLE,
     }
 }
 
@@ -323,16 +387,8 @@ impl KvIndex {
             return;
         }
         let share = self.share();
-        let lora_seed;
         let mut prev = match s.parent {
-            None => {
-                lora_seed = match (&s.lora_name, s.lora_id) {
-                    (Some(n), _) => adapter_seed(Some(n)),
-                    (None, Some(_)) => UNMATCHABLE, // an adapter known by id only
-                    (None, None) => adapter_seed(None),
-                };
-                lora_seed
-            }
+            None => chain_start(s),
             Some(p) => self.pods[id as usize]
                 .engine
                 .get(&p)
@@ -340,20 +396,11 @@ impl KvIndex {
                 .unwrap_or(UNMATCHABLE),
         };
         self.pods[id as usize].block_size = s.block_size;
-        // The extra keys a block may carry and still match: only its own adapter's (vLLM
-        // lists a LoRA request's adapter in every block), which the seed already stands for.
-        let lora_keys = [
-            s.lora_name.as_deref().map(lora_extra_key),
-            s.lora_id.map(lora_id_extra_key),
-        ];
         for (i, h) in s.block_hashes.iter().enumerate() {
             let toks = s.token_ids.get(i * bs..(i + 1) * bs);
-            let extra = s
-                .extra
-                .get(i)
-                .copied()
-                .flatten()
-                .is_some_and(|k| !lora_keys.contains(&Some(k)));
+            // Past block 0 (whose keys the chain's seed stands for), a block may carry its own
+            // adapter only — vLLM lists a LoRA request's adapter in every block.
+            let extra = (s.parent.is_some() || i > 0) && !matches!(past_adapter(s, i), Some([]));
             let key = match toks {
                 Some(t) if prev != UNMATCHABLE && !extra => block_key(prev, t),
                 _ => UNMATCHABLE,
@@ -386,11 +433,14 @@ impl KvIndex {
         }
     }
 
-    /// For the request's `tokens` under `lora`, appends `(pod, cached prompt tokens)` for every
-    /// pod whose feed is in sequence, 0 included, to `out` (cleared first).
+    /// For the request's `tokens` under `lora` with the `cache_salt` `salt`, appends `(pod,
+    /// cached prompt tokens)` for every pod whose feed is in sequence, 0 included, to `out`
+    /// (cleared first). A salted request matches only blocks its salt was stored under: vLLM
+    /// would reuse no other (see [`request_seed`]).
     pub fn match_tokens(
         &self,
         lora: Option<&str>,
+        salt: Option<&str>,
         tokens: &[u32],
         scratch: &mut MatchScratch,
         out: &mut Vec<(SocketAddr, u32)>,
@@ -408,7 +458,7 @@ impl KvIndex {
                 scratch.sizes.push(p.block_size);
             }
         }
-        let seed = adapter_seed(lora);
+        let seed = request_seed(lora, salt);
         for &bs in &scratch.sizes {
             let bs = bs as usize;
             scratch.keys.clear();
@@ -521,7 +571,13 @@ mod tests {
         ix.pod(b);
         assert_eq!(ix.stats().synced_pods, 0);
         let mut out = Vec::new();
-        ix.match_tokens(None, &[1, 2, 3, 4], &mut MatchScratch::default(), &mut out);
+        ix.match_tokens(
+            None,
+            None,
+            &[1, 2, 3, 4],
+            &mut MatchScratch::default(),
+            &mut out,
+        );
         assert!(out.is_empty(), "{out:?}");
     }
 }

@@ -22,7 +22,7 @@
 //! ix.apply(pod, &Batch { events: vec![Event::Stored(stored)], ..Default::default() });
 //! ix.set_synced(pod, true);
 //! let (mut scratch, mut out) = (MatchScratch::default(), Vec::new());
-//! ix.match_tokens(None, &tokens, &mut scratch, &mut out);
+//! ix.match_tokens(None, None, &tokens, &mut scratch, &mut out);
 //! assert_eq!(out, [(pod, 32)]);
 //! ```
 

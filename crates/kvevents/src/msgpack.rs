@@ -410,4 +410,10 @@ impl Writer {
         self.buf.push(0xc0);
         self
     }
+
+    /// Writes one value already encoded (as [`Reader::raw`] returned it).
+    pub fn raw(&mut self, value: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(value);
+        self
+    }
 }

@@ -428,11 +428,12 @@ impl KvEvents {
     pub fn match_tokens(
         &self,
         lora: Option<&str>,
+        salt: Option<&str>,
         tokens: &[u32],
         scratch: &mut MatchScratch,
         out: &mut Vec<(SocketAddr, u32)>,
     ) {
-        self.index().match_tokens(lora, tokens, scratch, out);
+        self.index().match_tokens(lora, salt, tokens, scratch, out);
     }
 
     /// Pods whose feed is connected and in sequence, read without the index's lock: with none,

@@ -5,7 +5,7 @@
 
 use infergate_kvevents::DecodeError;
 use infergate_kvevents::event::{
-    Batch, Encoding, Event, Removed, Stored, decode_batch, encode_batch,
+    Batch, Encoding, Event, ExtraKey, Removed, Stored, decode_batch, encode_batch,
 };
 use infergate_kvevents::msgpack::Writer;
 
@@ -19,7 +19,7 @@ fn expected_events(bytes_hash: u64) -> Vec<Event> {
             lora_name: None,
             lora_id: None,
             medium: Some("GPU".into()),
-            extra: vec![],
+            extra_keys: vec![],
             group_idx: None,
         }),
         Event::Stored(Stored {
@@ -30,7 +30,7 @@ fn expected_events(bytes_hash: u64) -> Vec<Event> {
             lora_name: Some("sql-lora".into()),
             lora_id: Some(3),
             medium: Some("GPU".into()),
-            extra: vec![],
+            extra_keys: vec![],
             group_idx: Some(0),
         }),
         Event::Removed(Removed {
@@ -206,11 +206,13 @@ fn hostile_payloads_are_refused_not_trusted() {
     }
 }
 
-/// A keyed `BlockStored` of two 4-token blocks as vLLM publishes it for a request under the
-/// adapter `sql-lora` (id 3): every block's `extra_keys` entry holds what vLLM folds into the
-/// block hash besides the tokens — the adapter's name (its id in releases before the name),
-/// then a cache salt or multimodal identifiers when there are any.
-fn lora_blocks(extra: impl Fn(&mut Writer)) -> Vec<u8> {
+/// A keyed `BlockStored` of two 4-token blocks (tokens 100..108, no parent) as vLLM publishes
+/// it, optionally under the adapter `sql-lora` (id 3): every block's `extra_keys` entry holds
+/// what vLLM folds into the block hash besides the tokens — the adapter's name (its id in
+/// releases before the name) in every block, multimodal identifiers where there are any, the
+/// request's `cache_salt` in block 0 only (`generate_block_hash_extra_keys`,
+/// `vllm/v1/core/kv_cache_utils.py`).
+fn stored_blocks(lora: bool, first: impl Fn(&mut Writer), second: impl Fn(&mut Writer)) -> Vec<u8> {
     let mut w = Writer::default();
     w.array(2).float(1.0).array(1);
     w.map(10).str("type").str("BlockStored");
@@ -221,62 +223,212 @@ fn lora_blocks(extra: impl Fn(&mut Writer)) -> Vec<u8> {
         w.uint(t);
     }
     w.str("block_size").uint(4);
-    w.str("lora_id").uint(3);
-    w.str("medium").str("GPU");
-    w.str("lora_name").str("sql-lora");
+    if lora {
+        w.str("lora_id").uint(3);
+        w.str("medium").str("GPU");
+        w.str("lora_name").str("sql-lora");
+    } else {
+        w.str("lora_id").nil();
+        w.str("medium").str("GPU");
+        w.str("lora_name").nil();
+    }
     w.str("extra_keys").array(2);
-    extra(&mut w);
-    extra(&mut w);
+    first(&mut w);
+    second(&mut w);
     w.str("group_idx").uint(0);
     w.buf
 }
 
-#[test]
-fn a_lora_requests_blocks_match_the_adapter_when_its_name_is_their_only_extra_key() {
+type Extra = fn(&mut Writer);
+
+fn no_key(w: &mut Writer) {
+    w.nil();
+}
+fn name_key(w: &mut Writer) {
+    w.array(1).str("sql-lora");
+}
+
+/// Leading tokens of 100..110 that `blocks` give a request under `lora` with `salt`.
+fn matched(blocks: &[u8], lora: Option<&str>, salt: Option<&str>) -> u32 {
     use infergate_kvevents::{KvIndex, MatchScratch};
     let pod = "10.0.0.7:8000".parse().unwrap();
     let tokens: Vec<u32> = (100..110).collect();
-    fn name(w: &mut Writer) {
-        w.array(1).str("sql-lora");
-    }
+    let batch = decode_batch(blocks).unwrap();
+    let mut ix = KvIndex::new(1 << 20);
+    ix.apply(pod, &batch);
+    ix.set_synced(pod, true);
+    let mut out = Vec::new();
+    ix.match_tokens(lora, salt, &tokens, &mut MatchScratch::default(), &mut out);
+    assert_eq!(out.len(), 1);
+    out[0].1
+}
+
+#[test]
+fn a_lora_requests_blocks_match_the_adapter_when_its_name_is_their_only_extra_key() {
     fn id(w: &mut Writer) {
         w.array(1).uint(3);
-    }
-    fn none(w: &mut Writer) {
-        w.nil();
     }
     fn other(w: &mut Writer) {
         w.array(1).str("chat-lora");
     }
-    fn salted(w: &mut Writer) {
-        w.array(2).str("sql-lora").str("salt");
+    fn mm(w: &mut Writer) {
+        w.array(2).str("sql-lora").array(2).str("img-1").uint(0);
     }
-    type Extra = fn(&mut Writer);
-    let cases: [(&str, Extra, u32); 5] = [
-        ("the adapter's name", name, 8),
-        ("the adapter's id", id, 8),
-        ("no extra key", none, 8),
-        ("another adapter's name", other, 0),
-        ("the name and a cache salt", salted, 0),
+    let cases: [(&str, Extra, Extra, u32); 5] = [
+        ("the adapter's name", name_key, name_key, 8),
+        ("the adapter's id", id, id, 8),
+        ("no extra key", no_key, no_key, 8),
+        ("another adapter's name", other, other, 0),
+        ("a multimodal input", mm, mm, 0),
     ];
-    for (what, extra, want) in cases {
-        let batch = decode_batch(&lora_blocks(extra)).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let mut ix = KvIndex::new(1 << 20);
-        ix.apply(pod, &batch);
-        ix.set_synced(pod, true);
-        let mut out = Vec::new();
-        ix.match_tokens(
-            Some("sql-lora"),
-            &tokens,
-            &mut MatchScratch::default(),
-            &mut out,
-        );
-        assert_eq!(out, [(pod, want)], "extra keys: {what}");
-        ix.match_tokens(None, &tokens, &mut MatchScratch::default(), &mut out);
+    for (what, first, second, want) in cases {
+        let blocks = stored_blocks(true, first, second);
         assert_eq!(
-            out,
-            [(pod, 0)],
+            matched(&blocks, Some("sql-lora"), None),
+            want,
+            "extra keys: {what}"
+        );
+        assert_eq!(
+            matched(&blocks, None, None),
+            0,
             "a base-model request never matches: {what}"
         );
+        assert_eq!(
+            matched(&blocks, Some("sql-lora"), Some("salt")),
+            0,
+            "a salted request never matches unsalted blocks: {what}"
+        );
     }
+}
+
+/// vLLM puts a request's `cache_salt` last in its first block's extra keys (after the adapter's
+/// name); the index matches such blocks for a request with that salt (and that adapter) only.
+#[test]
+fn salted_blocks_match_requests_with_the_same_salt_only() {
+    fn salt_a(w: &mut Writer) {
+        w.array(1).str("tenant-a");
+    }
+    fn lora_salt_a(w: &mut Writer) {
+        w.array(2).str("sql-lora").str("tenant-a");
+    }
+    fn two_strings(w: &mut Writer) {
+        w.array(2).str("tenant-a").str("tenant-a");
+    }
+    // Base model, salted: block 0 carries the salt, block 1 nothing.
+    let base = stored_blocks(false, salt_a, no_key);
+    assert_eq!(matched(&base, None, Some("tenant-a")), 8);
+    assert_eq!(matched(&base, None, Some("tenant-b")), 0, "another salt");
+    assert_eq!(matched(&base, None, None), 0, "no salt");
+    assert_eq!(matched(&base, None, Some("")), 0, "an empty salt is none");
+    assert_eq!(matched(&base, Some("sql-lora"), Some("tenant-a")), 0);
+    // Under an adapter: (name, salt) in block 0, the name alone after it.
+    let lora = stored_blocks(true, lora_salt_a, name_key);
+    assert_eq!(matched(&lora, Some("sql-lora"), Some("tenant-a")), 8);
+    assert_eq!(matched(&lora, Some("sql-lora"), Some("tenant-b")), 0);
+    assert_eq!(matched(&lora, Some("sql-lora"), None), 0);
+    assert_eq!(matched(&lora, None, Some("tenant-a")), 0);
+    // The salt alone under an adapter (the name missing), or a salt past block 0, are not what
+    // vLLM sends for a salted text request: never matched.
+    let no_name = stored_blocks(true, salt_a, name_key);
+    assert_eq!(matched(&no_name, Some("sql-lora"), Some("tenant-a")), 0);
+    let salt_later = stored_blocks(false, salt_a, salt_a);
+    assert_eq!(
+        matched(&salt_later, None, Some("tenant-a")),
+        4,
+        "block 0 only"
+    );
+    let two = stored_blocks(false, two_strings, no_key);
+    assert_eq!(matched(&two, None, Some("tenant-a")), 0);
+    // An unsalted unnamed block 0 still matches unsalted requests.
+    let plain = stored_blocks(false, no_key, no_key);
+    assert_eq!(matched(&plain, None, None), 8);
+    assert_eq!(matched(&plain, None, Some("tenant-a")), 0);
+}
+
+/// A later event that continues a salted chain (its parent the salted block) stays under the
+/// salt, as in vLLM, where only block 0 names it.
+#[test]
+fn blocks_that_continue_a_salted_chain_keep_its_salt() {
+    use infergate_kvevents::{KvIndex, MatchScratch};
+    let pod = "10.0.0.7:8000".parse().unwrap();
+    let first = Stored {
+        block_hashes: vec![21],
+        token_ids: (0..4).collect(),
+        block_size: 4,
+        extra_keys: vec![Some(vec![ExtraKey::Str("t".into())])],
+        ..Default::default()
+    };
+    let next = Stored {
+        block_hashes: vec![22, 23],
+        parent: Some(21),
+        token_ids: (4..12).collect(),
+        block_size: 4,
+        ..Default::default()
+    };
+    let batch = Batch {
+        events: vec![Event::Stored(first), Event::Stored(next)],
+        ..Default::default()
+    };
+    let mut ix = KvIndex::new(1 << 20);
+    ix.apply(
+        pod,
+        &decode_batch(&encode_batch(&batch, Encoding::Keyed)).unwrap(),
+    );
+    ix.set_synced(pod, true);
+    let tokens: Vec<u32> = (0..12).collect();
+    let mut out = Vec::new();
+    let mut scratch = MatchScratch::default();
+    ix.match_tokens(None, Some("t"), &tokens, &mut scratch, &mut out);
+    assert_eq!(out, [(pod, 12)]);
+    ix.match_tokens(None, None, &tokens, &mut scratch, &mut out);
+    assert_eq!(out, [(pod, 0)]);
+}
+
+/// Extra keys survive the encoder in both encodings, as vLLM writes them: present only when
+/// a block has any, each block's tuple an array (a block without keys `nil`).
+#[test]
+fn extra_keys_round_trip_in_both_encodings() {
+    let mut raw = Writer::default();
+    raw.array(2).str("img-1").uint(3);
+    let stored = Stored {
+        block_hashes: vec![1, 2, 3],
+        token_ids: (0..12).collect(),
+        block_size: 4,
+        lora_id: Some(3),
+        lora_name: Some("sql-lora".into()),
+        medium: Some("GPU".into()),
+        extra_keys: vec![
+            Some(vec![
+                ExtraKey::Str("sql-lora".into()),
+                ExtraKey::Str("salt".into()),
+            ]),
+            Some(vec![ExtraKey::Int(3), ExtraKey::Other(raw.buf.clone())]),
+            None,
+        ],
+        ..Default::default()
+    };
+    let batch = Batch {
+        ts: 1.5,
+        events: vec![Event::Stored(stored.clone())],
+        data_parallel_rank: Some(0),
+        unknown_events: 0,
+    };
+    for enc in [Encoding::Keyed, Encoding::Positional] {
+        assert_eq!(
+            decode_batch(&encode_batch(&batch, enc)).unwrap(),
+            batch,
+            "{enc:?}"
+        );
+    }
+    // Without extra keys the field is left out, as msgspec leaves out a default.
+    let plain = Batch {
+        events: vec![Event::Stored(Stored {
+            extra_keys: vec![],
+            ..stored
+        })],
+        ..batch
+    };
+    let bytes = encode_batch(&plain, Encoding::Keyed);
+    assert!(!bytes.windows(10).any(|w| w == b"extra_keys"));
+    assert_eq!(decode_batch(&bytes).unwrap(), plain);
 }

@@ -46,7 +46,7 @@ fn batch(events: Vec<Event>, enc: Encoding) -> Vec<u8> {
 
 fn cached(kv: &KvEvents, pod: SocketAddr, tokens: &[u32]) -> Option<u32> {
     let mut out = Vec::new();
-    kv.match_tokens(None, tokens, &mut MatchScratch::default(), &mut out);
+    kv.match_tokens(None, None, tokens, &mut MatchScratch::default(), &mut out);
     out.iter().find(|(a, _)| *a == pod).map(|(_, n)| *n)
 }
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
+use infergate_kvevents::event::{Batch, Encoding, Event, ExtraKey, Removed, Stored, encode_batch};
 use infergate_kvevents::publish::Publisher;
 use infergate_metrics::ScraperConfig;
 use infergate_openai::{ApiKind, parse_request};
@@ -160,6 +160,58 @@ async fn picks_follow_the_engines_kv_events_through_an_eviction() {
         let (addr, ex) = pick(&pool, &req);
         assert_eq!(addr, pods[0], "{ex}");
     }
+    // Pod 1 computes it again for a request salted `tenant-a`: vLLM publishes the salt in the
+    // first block's extra keys. Only requests with that salt match pod 1; an unsalted request
+    // still goes to pod 0, and another salt's matches nothing (vLLM reuses neither).
+    let salted = |salt: &str| {
+        let mut v: serde_json::Value = serde_json::from_slice(&req).unwrap();
+        v["cache_salt"] = salt.into();
+        serde_json::to_vec(&v).unwrap()
+    };
+    publishers[1].publish(batch(Event::Stored(Stored {
+        block_hashes: (900..900 + blocks).collect(),
+        token_ids: ids[..blocks as usize * BS].to_vec(),
+        block_size: BS as u32,
+        extra_keys: (0..blocks)
+            .map(|i| (i == 0).then(|| vec![ExtraKey::Str("tenant-a".into())]))
+            .collect(),
+        ..Default::default()
+    })));
+    eventually("pod 1's salted blocks", || {
+        p.events().index().pod_blocks(pods[1]) > 0
+    })
+    .await;
+    for _ in 0..5 {
+        let (addr, ex) = pick(&pool, &salted("tenant-a"));
+        assert_eq!(addr, pods[1], "{ex}");
+        let (addr, ex) = pick(&pool, &req);
+        assert_eq!(addr, pods[0], "{ex}");
+    }
+    let other = salted("tenant-b");
+    let parsed = parse_request(ApiKind::ChatCompletions, &other).unwrap();
+    let mut cached = Vec::new();
+    let lookup = pool
+        .precise()
+        .unwrap()
+        .lookup(&parsed, &other, None, &mut cached);
+    assert!(lookup.is_some());
+    cached.sort();
+    let mut want = vec![(pods[0], 0), (pods[1], 0)];
+    want.sort();
+    assert_eq!(cached, want, "another salt holds nothing");
+    // A salt that is not a string: vLLM refuses the request; nothing is matched.
+    let bad = {
+        let mut v: serde_json::Value = serde_json::from_slice(&req).unwrap();
+        v["cache_salt"] = 7.into();
+        serde_json::to_vec(&v).unwrap()
+    };
+    let parsed = parse_request(ApiKind::ChatCompletions, &bad).unwrap();
+    assert_eq!(
+        pool.precise()
+            .unwrap()
+            .lookup(&parsed, &bad, None, &mut cached),
+        None
+    );
     // A request the tokenizer cannot take keeps the approximate match (no exact_prefix).
     let completions = br#"{"model": "m", "prompt": [1, 2, 3]}"#;
     let parsed = parse_request(ApiKind::Completions, completions).unwrap();
@@ -184,11 +236,11 @@ async fn picks_follow_the_engines_kv_events_through_an_eviction() {
         "{out}"
     );
     assert!(
-        out.contains("infergate_precise_prefix_requests_total{outcome=\"exact\"} 20"),
+        out.contains("infergate_precise_prefix_requests_total{outcome=\"exact\"} 31"),
         "{out}"
     );
     assert!(
-        out.contains("infergate_precise_prefix_requests_total{outcome=\"unsupported\"} 1"),
+        out.contains("infergate_precise_prefix_requests_total{outcome=\"unsupported\"} 2"),
         "{out}"
     );
     assert!(

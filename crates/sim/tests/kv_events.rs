@@ -50,7 +50,7 @@ fn cached(kv: &KvEvents, pod: SocketAddr, ids: &[u32]) -> u32 {
 
 fn cached_under(kv: &KvEvents, pod: SocketAddr, lora: Option<&str>, ids: &[u32]) -> u32 {
     let mut out = Vec::new();
-    kv.match_tokens(lora, ids, &mut MatchScratch::default(), &mut out);
+    kv.match_tokens(lora, None, ids, &mut MatchScratch::default(), &mut out);
     out.iter().find(|(a, _)| *a == pod).map_or(0, |(_, n)| *n)
 }
 

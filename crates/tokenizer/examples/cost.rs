@@ -271,7 +271,7 @@ fn main() -> anyhow::Result<()> {
     let ix = index(&ids, a.pods, a.block_size)?;
     let ix_chat = index(&chat_ids, a.pods, a.block_size)?;
     let (mut scratch, mut matched) = (MatchScratch::default(), Vec::new());
-    ix.match_tokens(None, &ids, &mut scratch, &mut matched);
+    ix.match_tokens(None, None, &ids, &mut scratch, &mut matched);
     let best = matched.iter().map(|(_, n)| *n).max().unwrap_or(0);
 
     let mut out = Vec::with_capacity(ids.len() + 16);
@@ -290,19 +290,19 @@ fn main() -> anyhow::Result<()> {
     });
     report("  of which render", chat_ids.len(), &s);
     let s = time(a.iterations, || {
-        ix.match_tokens(None, black_box(&ids), &mut scratch, &mut matched);
+        ix.match_tokens(None, None, black_box(&ids), &mut scratch, &mut matched);
         black_box(&matched);
     });
     report(&format!("match alone ({} pods)", a.pods), ids.len(), &s);
     let s = time(a.iterations, || {
         let _ = tok.encode_completion(black_box(&text), true, &mut out);
-        ix.match_tokens(None, &out, &mut scratch, &mut matched);
+        ix.match_tokens(None, None, &out, &mut scratch, &mut matched);
         black_box(&matched);
     });
     report("encode completion + match", ids.len(), &s);
     let s = time(a.iterations, || {
         let _ = tok.encode_chat(black_box(&request), &mut out);
-        ix_chat.match_tokens(None, &out, &mut scratch, &mut matched);
+        ix_chat.match_tokens(None, None, &out, &mut scratch, &mut matched);
         black_box(&matched);
     });
     report("encode chat + match", chat_ids.len(), &s);
