@@ -716,8 +716,8 @@ impl GatewayConfig {
 /// For serde_yaml's `duplicate field` error without a position (it gives none for the top-level
 /// mapping), the key and the line (from 1) of its second occurrence at the start of a line.
 /// `None` for any other error, or a file that does not have the key twice at the start of a
-/// line (a flow mapping, JSON on one line).
-fn duplicate_top_level_key(e: &serde_yaml::Error, text: &str) -> Option<(String, usize)> {
+/// line (a flow mapping, JSON on one line). The global router's configuration uses it too.
+pub fn duplicate_top_level_key(e: &serde_yaml::Error, text: &str) -> Option<(String, usize)> {
     let message = e.to_string();
     // A message with a position ends with it, not with the key's closing backquote.
     let key = message

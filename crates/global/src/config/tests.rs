@@ -50,6 +50,33 @@ fn auth_is_required() {
     assert!(e.starts_with("clusters: is required"), "{e}");
 }
 
+/// A top-level key given twice (a section appended to a file that had it, the common reload
+/// mistake) names the line of the second, as the gateway's loader does: the parser's message
+/// was only ``duplicate field `clusters` ``. A nested duplicate keeps the parser's own position.
+#[test]
+fn a_top_level_key_given_twice_names_the_line_of_the_second() {
+    let text = format!("auth: none\n{CLUSTER}heartbeat: {{ intervalMs: 500 }}\n{CLUSTER}");
+    let e = GlobalConfig::from_yaml(&text).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the top-level key `clusters` is given twice, the second time at line 5"
+    );
+    let cause = std::error::Error::source(&e).map(ToString::to_string);
+    assert_eq!(cause.as_deref(), Some("duplicate field `clusters`"));
+    let e = err(&format!("auth: none\n'auth' : none\n{CLUSTER}"));
+    assert_eq!(
+        e,
+        "the top-level key `auth` is given twice, the second time at line 2"
+    );
+    let e = err(&format!(
+        "auth: none\nheartbeat: {{ intervalMs: 500, intervalMs: 600 }}\n{CLUSTER}"
+    ));
+    assert!(
+        e.contains("duplicate field `intervalMs`") && e.contains("line 2"),
+        "{e}"
+    );
+}
+
 /// A required section misspelt is the unknown field it is, with the fields expected: it was
 /// "clusters: is required", which sends the reader looking for a section they wrote.
 #[test]
