@@ -139,9 +139,9 @@ ok "no lookup, .Capabilities or .Release.Service in the templates; hooks only fr
 # `cargo test -p infergate-operator`).
 for golden in crates/operator/tests/golden/*.yaml; do
   python3 tests/helm/validate.py --skip-kind Gateway --skip-kind HTTPRoute --skip-kind InferencePool \
-    --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy "$golden" >/dev/null \
+    --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy --skip-kind ClientTrafficPolicy "$golden" >/dev/null \
     || { python3 tests/helm/validate.py --skip-kind Gateway --skip-kind HTTPRoute --skip-kind InferencePool \
-      --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy "$golden" >&2 || true
+      --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy --skip-kind ClientTrafficPolicy "$golden" >&2 || true
       fail "operator golden $golden has an invalid built-in object"; }
 done
 ok "operator goldens: built-in objects valid (strict)"

@@ -253,6 +253,14 @@ pub struct JwtProvider {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub required_claims: Vec<RequiredClaim>,
+    /// The claim naming the request's tenant (nested claims with dots, e.g. `org.team`): the
+    /// endpoint pickers' tenant for quotas, fairness and per-tenant rewrites. Envoy writes it
+    /// into `x-llm-d-inference-fairness-id` after the token is checked, and a header of that
+    /// name sent by the client is removed first. A token without the claim (or with a
+    /// list or object there) is the tenant `default`.
+    #[serde(default = "default_tenant_claim")]
+    #[schemars(length(min = 1, max = 253))]
+    pub tenant_claim: String,
 }
 
 /// Remote JSON Web Key Set.
@@ -660,6 +668,9 @@ fn default_listeners() -> Vec<ListenerSpec> {
 }
 fn default_provider_name() -> String {
     "default".to_owned()
+}
+fn default_tenant_claim() -> String {
+    "sub".to_owned()
 }
 fn default_target_port() -> i32 {
     8000

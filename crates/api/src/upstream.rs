@@ -6,8 +6,9 @@ pub mod envoy_gateway;
 pub mod inference_pool;
 
 pub use envoy_gateway::{
-    Authorization, AuthorizationRule, BackendRef, CircuitBreaker, ClaimMatch, ClusterSettings,
-    EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, Jwt, JwtPrincipal, Principal,
+    Authorization, AuthorizationRule, BackendRef, CircuitBreaker, ClaimMatch, ClaimToHeader,
+    ClientTrafficPolicy, ClientTrafficPolicySpec, ClusterSettings, EnvoyExtensionPolicy,
+    EnvoyExtensionPolicySpec, ExtProc, HeaderFilter, HeaderSettings, Jwt, JwtPrincipal, Principal,
     ProcessingMode, ProcessingModeDirection, RemoteJwksRef, SecurityJwtProvider, SecurityPolicy,
     SecurityPolicySpec, TargetRef,
 };

@@ -14,8 +14,11 @@
 //!   picker to a pick, which must name an emulated pod of that pool;
 //! - a picker started with a rendered `--quotas` file enforces it: the tenant with the smallest
 //!   request limit gets exactly that many answered requests (forwarded to the emulated pod and
-//!   streamed back through the picker, as Envoy does), then the picker's own 429; a picker
-//!   started with a rendered `--flow-control` file serves its queues' series.
+//!   streamed back through the picker, as Envoy does), then the picker's own 429 — with
+//!   `spec.auth`, sent as the tenant header Envoy builds from the rendered ClientTrafficPolicy
+//!   and SecurityPolicy for a client that names another tenant, so the token's tenant is the
+//!   one charged; a picker started with a rendered `--flow-control` file serves its queues'
+//!   series.
 //!
 //! A flag, port, probe, mount path or ConfigMap format changed on one side only fails here.
 
@@ -82,6 +85,47 @@ fn render(path: &Path) -> Vec<Value> {
         .map(|d| serde_json::to_value(serde_yaml::Value::deserialize(d).unwrap()).unwrap())
         .filter(|v| !v.is_null())
         .collect()
+}
+
+/// The tenant headers Envoy would pass a picker for a client that sent
+/// `x-llm-d-inference-fairness-id: forged`, applying the rendered objects as Envoy does. With
+/// `spec.auth` (a SecurityPolicy), the token names `tenant` in the claim the policy's
+/// `claimToHeaders` copies: the Gateway's ClientTrafficPolicy first removes the headers its
+/// `headers.earlyRequestHeaders.remove` lists (the HTTP connection manager's early header
+/// mutation, before any filter), then the JWT filter appends the claim to the header named
+/// (Envoy's `addJWTClaimToHeader` uses `addCopy`). Without auth, the client's header is passed
+/// as sent, so the caller must use `forged` as the tenant.
+const FAIRNESS_ID: &str = infergate_pool::tenant::FAIRNESS_ID_HEADER;
+
+fn envoy_tenant_headers(objects: &[Value], forged: &str, tenant: &str) -> Vec<(String, String)> {
+    let mut headers = vec![(FAIRNESS_ID.to_owned(), forged.to_owned())];
+    let Some(sp) = of_kind(objects, "SecurityPolicy").first().copied() else {
+        return headers;
+    };
+    for ctp in of_kind(objects, "ClientTrafficPolicy") {
+        let removed = ctp["spec"]["headers"]["earlyRequestHeaders"]["remove"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        headers.retain(|(k, _)| {
+            !removed
+                .iter()
+                .any(|r| r.as_str().is_some_and(|r| r.eq_ignore_ascii_case(k)))
+        });
+    }
+    for c in sp["spec"]["jwt"]["providers"][0]["claimToHeaders"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        // The token's payload carries `tenant` under the (possibly nested) claim named.
+        assert!(c["claim"].as_str().is_some_and(|c| !c.is_empty()), "{c}");
+        headers.push((
+            c["header"].as_str().unwrap().to_ascii_lowercase(),
+            tenant.to_owned(),
+        ));
+    }
+    headers
 }
 
 fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -815,7 +859,25 @@ async fn run_example(path: &Path, example_index: u8) {
             "messages": [{ "role": "user", "content": "hello" }],
         }))
         .unwrap();
-        let mut headers = vec![(infergate_pool::tenant::FAIRNESS_ID_HEADER, tenant.as_str())];
+        // The headers Envoy passes the picker: a client naming another tenant, after the
+        // rendered policies (with auth, the token's claim is the tenant; without, the
+        // client's header is).
+        let with_auth = !of_kind(&objects, "SecurityPolicy").is_empty();
+        let forged = if with_auth { "someone-else" } else { &tenant };
+        let tenant_headers = envoy_tenant_headers(&objects, forged, &tenant);
+        if with_auth {
+            // One value, the token's: the client's was removed before the claim was added.
+            assert_eq!(
+                tenant_headers,
+                [(FAIRNESS_ID.to_owned(), tenant.clone())],
+                "{}",
+                p.deployment
+            );
+        }
+        let mut headers: Vec<(&str, &str)> = tenant_headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         if bbr.is_some() {
             headers.push((wire::MODEL_HEADER, model));
         }

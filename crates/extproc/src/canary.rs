@@ -22,7 +22,7 @@ pub use infergate_scheduler::{RewriteRule, Rewrites};
 use crate::error::Error;
 
 /// The request header naming the tenant (the reference's flow fairness id).
-pub const FAIRNESS_ID_HEADER: &str = "x-llm-d-inference-fairness-id";
+pub use infergate_pool::tenant::FAIRNESS_ID_HEADER;
 
 /// How often [`RewriteTable::watch`] looks at the file.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);

@@ -83,6 +83,20 @@ pub fn find_header<'h>(headers: &'h HttpHeaders, name: &str) -> Option<&'h [u8]>
         .map(header_value)
 }
 
+/// The last value of header `name` (lowercase) in a headers message. Envoy sends each value of
+/// a repeated header as its own entry, in the order they were added, and its filters add a
+/// value after those the client sent (the JWT filter's claim-to-header copy appends): for a
+/// header a filter in front writes, the last value is that filter's.
+pub fn find_last_header<'h>(headers: &'h HttpHeaders, name: &str) -> Option<&'h [u8]> {
+    headers
+        .headers
+        .as_ref()?
+        .headers
+        .iter()
+        .rfind(|h| h.key.eq_ignore_ascii_case(name))
+        .map(header_value)
+}
+
 /// A header that replaces any existing value (`OVERWRITE_IF_EXISTS_OR_ADD`), sent as `raw_value`.
 pub fn set_header(key: &str, value: impl Into<Vec<u8>>) -> HeaderValueOption {
     HeaderValueOption {

@@ -1,6 +1,6 @@
 //! Per-tenant quotas in the endpoint picker (`--quotas`): emulated vLLM pods, the live pool and
 //! the harness playing Envoy. The tenant is `x-llm-d-inference-fairness-id` (set by the Gateway
-//! from trusted auth), else `default`.
+//! from trusted auth; its last value when repeated), else `default`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -137,10 +137,30 @@ async fn a_tenant_over_its_quota_is_answered_429_before_the_pick() {
         let f = forward_with(&envoy, "/v1/chat/completions", headers, BODY, 4096).await;
         assert_eq!(f.status, 200);
     }
+    // Two values, as Envoy sends a client's own header followed by the one its JWT filter
+    // appended from the token: the token's (the last) is the tenant. team-a's quota is spent,
+    // so naming team-b first does not get its request in, and naming team-a first does not
+    // charge team-a.
+    let spoofed = [
+        (FAIRNESS_ID_HEADER, "team-b"),
+        (FAIRNESS_ID_HEADER, "team-a"),
+    ];
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &spoofed, false))
+        .await;
+    ex.send(request_body(BODY, true)).await;
+    let (status, _, body) = immediate_parts(&ex.next().await);
+    assert_eq!(status, 429, "the client's own value was used: {body}");
+    let other_way = [
+        (FAIRNESS_ID_HEADER, "team-a"),
+        (FAIRNESS_ID_HEADER, "team-b"),
+    ];
+    let f = forward_with(&envoy, "/v1/chat/completions", &other_way, BODY, 4096).await;
+    assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
     let m = http_get(metrics, "/metrics").await;
     for line in [
         r#"infergate_quota_requests_total{tenant="team-a",outcome="admitted"} 2"#,
-        r#"infergate_quota_requests_total{tenant="team-a",outcome="rejected_requests"} 1"#,
+        r#"infergate_quota_requests_total{tenant="team-a",outcome="rejected_requests"} 2"#,
     ] {
         assert!(m.contains(line), "{line}\n{m}");
     }

@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use gateway_api::gateways::Gateway;
 use gateway_api::httproutes::HttpRoute;
 use infergate_api::upstream::{
-    Authorization, AuthorizationRule, BackendRef, CircuitBreaker, ClaimMatch, ClusterSettings,
-    EndpointPickerRef, EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, InferencePool,
-    InferencePoolSpec, Jwt, JwtPrincipal, PoolSelector, PortNumber, Principal, ProcessingMode,
-    ProcessingModeDirection, RemoteJwksRef, SecurityJwtProvider, SecurityPolicy,
+    Authorization, AuthorizationRule, BackendRef, CircuitBreaker, ClaimMatch, ClaimToHeader,
+    ClientTrafficPolicy, ClientTrafficPolicySpec, ClusterSettings, EndpointPickerRef,
+    EnvoyExtensionPolicy, EnvoyExtensionPolicySpec, ExtProc, HeaderFilter, HeaderSettings,
+    InferencePool, InferencePoolSpec, Jwt, JwtPrincipal, PoolSelector, PortNumber, Principal,
+    ProcessingMode, ProcessingModeDirection, RemoteJwksRef, SecurityJwtProvider, SecurityPolicy,
     SecurityPolicySpec, TargetRef,
 };
 use infergate_api::{
@@ -55,6 +56,11 @@ pub const MODEL_HEADER: &str = "X-Gateway-Model-Name";
 /// Header that carries the client's JWT to the Gateway (Envoy's default place for it, which the
 /// rendered `SecurityPolicy` keeps); removed from requests on their way to the model servers.
 pub const AUTHORIZATION_HEADER: &str = "Authorization";
+/// Header the endpoint pickers read a request's tenant from (the reference's flow fairness id).
+/// With `spec.auth`, the rendered `ClientTrafficPolicy` removes a client's own as Envoy receives
+/// the request, and the `SecurityPolicy` writes it from the token's `tenantClaim` after the
+/// check, so the pickers' quotas and fairness count the authenticated tenant.
+pub const TENANT_HEADER: &str = infergate_pool::tenant::FAIRNESS_ID_HEADER;
 
 /// Endpoint-picker ext_proc port (the picker's own default, so the rendered flag and the
 /// binary agree).
@@ -160,6 +166,7 @@ pub fn child_kinds() -> Vec<ApiResource> {
         ApiResource::erase::<HttpRoute>(&()),
         ApiResource::erase::<EnvoyExtensionPolicy>(&()),
         ApiResource::erase::<SecurityPolicy>(&()),
+        ApiResource::erase::<ClientTrafficPolicy>(&()),
     ]
 }
 
@@ -437,6 +444,12 @@ impl<'a> Renderer<'a> {
                         remote_jwks: RemoteJwksRef {
                             uri: p.remote_jwks.uri.clone(),
                         },
+                        // Envoy appends the claim to the header (`addCopy`), so the
+                        // ClientTrafficPolicy below removes a client's own first.
+                        claim_to_headers: vec![ClaimToHeader {
+                            header: TENANT_HEADER.to_owned(),
+                            claim: p.tenant_claim.clone(),
+                        }],
                     }],
                 }),
                 authorization,
@@ -444,6 +457,23 @@ impl<'a> Renderer<'a> {
         );
         sp.metadata = self.meta(&format!("{}-auth", self.name), "auth", None)?;
         out.push(child(&sp)?);
+        // Removed as Envoy receives the request (the HTTP connection manager's early header
+        // mutation), before the JWT filter writes the token's tenant and before the BBR and
+        // the pickers read it.
+        let name = format!("{}-client", self.name);
+        let mut ctp = ClientTrafficPolicy::new(
+            &name,
+            ClientTrafficPolicySpec {
+                target_refs: vec![TargetRef::gateway_api("Gateway", &self.name)],
+                headers: Some(HeaderSettings {
+                    early_request_headers: Some(HeaderFilter {
+                        remove: vec![TENANT_HEADER.to_owned()],
+                    }),
+                }),
+            },
+        );
+        ctp.metadata = self.meta(&name, "auth", None)?;
+        out.push(child(&ctp)?);
         Ok(())
     }
 

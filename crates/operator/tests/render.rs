@@ -160,6 +160,7 @@ fn every_emitted_upstream_object_validates_against_its_crd() {
         "InferencePool",
         "EnvoyExtensionPolicy",
         "SecurityPolicy",
+        "ClientTrafficPolicy",
     ]
     .into_iter()
     .map(String::from)
@@ -314,6 +315,16 @@ fn upstream_cel_rules_our_objects_could_break_hold() {
                 // "port is required when kind is 'Service'"
                 assert!(v["spec"]["endpointPickerRef"]["port"]["number"].is_number());
             }
+            if c.resource.kind == "ClientTrafficPolicy" {
+                // "either targetRef or targetRefs must be used", "this policy can only have a
+                // targetRefs[*].group of gateway.networking.k8s.io", "… kind of Gateway or
+                // ListenerSet".
+                assert!(v["spec"].get("targetRef").is_none(), "{}", c.key());
+                for t in v["spec"]["targetRefs"].as_array().unwrap() {
+                    assert_eq!(t["group"], "gateway.networking.k8s.io");
+                    assert_eq!(t["kind"], "Gateway");
+                }
+            }
         }
     }
 }
@@ -375,10 +386,12 @@ fn kinds_per_example() {
     // Gateway; BBR: SA, CM, Deployment, Service, PDB, NetworkPolicy, EEP; per scheduler (2):
     // pool, SA, Role, RoleBinding, CM, Deployment, Service, PDB, NetworkPolicy, HTTPRoute (no
     // EEP: Envoy Gateway calls the pool's picker itself), and for the one with two replicas the
-    // headless Service of its peer exchange; SecurityPolicy.
+    // headless Service of its peer exchange; SecurityPolicy and the Gateway's
+    // ClientTrafficPolicy (auth).
     let expect: BTreeMap<String, usize> = [
         ("Gateway", 1),
         ("SecurityPolicy", 1),
+        ("ClientTrafficPolicy", 1),
         ("ServiceAccount", 3),
         ("ConfigMap", 3),
         ("Deployment", 3),
@@ -397,6 +410,7 @@ fn kinds_per_example() {
     assert_eq!(multi, expect);
     let tgi = count("tgi-tls-secret.yaml");
     assert_eq!(tgi.get("SecurityPolicy"), None);
+    assert_eq!(tgi.get("ClientTrafficPolicy"), None);
     assert_eq!(
         tgi.get("Deployment"),
         Some(&1),
@@ -637,8 +651,9 @@ fn failure_mode_touches_only_the_pool() {
     assert_eq!(changed, set(&["InferencePool/fleet-qwen-7b"]));
 }
 
-/// Removing `auth` removes the SecurityPolicy and the routes' removal of the token header (the
-/// client's `Authorization` is then its own, passed on).
+/// Removing `auth` removes the SecurityPolicy, the Gateway's removal of a client's tenant header
+/// and the routes' removal of the token header (the client's `Authorization` is then its own,
+/// passed on).
 #[test]
 fn removing_auth_removes_the_security_policy_and_touches_only_the_routes() {
     let before = example("multi-model.yaml");
@@ -652,7 +667,72 @@ fn removing_auth_removes_the_security_policy_and_touches_only_the_routes() {
         changed,
         set(&["HTTPRoute/fleet-llama-70b", "HTTPRoute/fleet-qwen-7b"])
     );
-    assert_eq!(removed, set(&["SecurityPolicy/fleet-auth"]));
+    assert_eq!(
+        removed,
+        set(&[
+            "SecurityPolicy/fleet-auth",
+            "ClientTrafficPolicy/fleet-client"
+        ])
+    );
+}
+
+/// With `auth`, the pickers' tenant is the token's: the Gateway's ClientTrafficPolicy removes a
+/// client's `x-llm-d-inference-fairness-id` as Envoy receives the request (Envoy Gateway
+/// `internal/xds/translator/listener.go` `buildEarlyHeaderMutation`: the HTTP connection
+/// manager's early header mutation, before any HTTP filter), and the SecurityPolicy has Envoy
+/// write the token's `tenantClaim` into it after the check. Envoy's JWT filter appends the claim
+/// (`jwt_authn/authenticator.cc` `addJWTClaimToHeader`: `addCopy`), so without the removal the
+/// client's value came first, and the picker read it: a client chose its own quota and fairness
+/// share. The header name is the one the picker reads.
+#[test]
+fn with_auth_the_tenant_header_is_the_tokens_claim_and_never_the_clients() {
+    let mut with_auth = 0;
+    for path in example_files() {
+        let cfg = load(&path);
+        let kids = children(&cfg);
+        let name = cfg.metadata.name.clone().unwrap();
+        let ctp = kids
+            .iter()
+            .find(|c| c.resource.kind == "ClientTrafficPolicy");
+        let sp = kids.iter().find(|c| c.resource.kind == "SecurityPolicy");
+        let Some(auth) = &cfg.spec.auth else {
+            assert!(ctp.is_none() && sp.is_none(), "{}", path.display());
+            continue;
+        };
+        with_auth += 1;
+        let ctp = serde_json::to_value(&ctp.unwrap().object).unwrap();
+        assert_eq!(
+            ctp["spec"]["targetRefs"],
+            serde_json::json!([{ "group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name }]),
+            "{}",
+            path.display()
+        );
+        assert_eq!(
+            ctp["spec"]["headers"]["earlyRequestHeaders"]["remove"],
+            serde_json::json!([infergate_pool::tenant::FAIRNESS_ID_HEADER])
+        );
+        let sp = serde_json::to_value(&sp.unwrap().object).unwrap();
+        assert_eq!(
+            sp["spec"]["jwt"]["providers"][0]["claimToHeaders"],
+            serde_json::json!([{
+                "header": infergate_pool::tenant::FAIRNESS_ID_HEADER,
+                "claim": auth.jwt.provider.tenant_claim,
+            }])
+        );
+    }
+    assert!(with_auth > 0, "no example sets auth");
+    // `sub` when the config names no claim (multi-model.yaml does not); else the claim named.
+    let mut cfg = example("multi-model.yaml");
+    let claim = |cfg: &infergate_api::InferenceGatewayConfig| {
+        field_of(
+            cfg,
+            "SecurityPolicy",
+            "/spec/jwt/providers/0/claimToHeaders/0/claim",
+        )
+    };
+    assert_eq!(claim(&cfg)["SecurityPolicy/fleet-auth"], "sub");
+    cfg.spec.auth.as_mut().unwrap().jwt.provider.tenant_claim = "org.team".to_owned();
+    assert_eq!(claim(&cfg)["SecurityPolicy/fleet-auth"], "org.team");
 }
 
 #[test]

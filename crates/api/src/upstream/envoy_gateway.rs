@@ -1,5 +1,6 @@
 //! Envoy Gateway policies, `gateway.envoyproxy.io/v1alpha1`: `EnvoyExtensionPolicy` (an ext_proc
-//! filter on a Gateway or route) and `SecurityPolicy` (JWT authentication and claim checks).
+//! filter on a Gateway or route), `SecurityPolicy` (JWT authentication and claim checks) and
+//! `ClientTrafficPolicy` (here: the request headers removed before any filter runs).
 
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
@@ -179,6 +180,19 @@ pub struct SecurityJwtProvider {
     /// Remote key set.
     #[serde(rename = "remoteJWKS")]
     pub remote_jwks: RemoteJwksRef,
+    /// Claims of a valid token copied into request headers, for the filters after the JWT
+    /// check (the endpoint picker reads its tenant from one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claim_to_headers: Vec<ClaimToHeader>,
+}
+
+/// One claim copied into a request header.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ClaimToHeader {
+    /// The header written.
+    pub header: String,
+    /// The claim (nested claims with dots, e.g. `org.team`).
+    pub claim: String,
 }
 
 /// Remote key set.
@@ -232,4 +246,40 @@ pub struct ClaimMatch {
     pub name: String,
     /// Accepted values.
     pub values: Vec<String>,
+}
+
+/// Settings of the connections and requests between clients and a Gateway's Envoy.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "gateway.envoyproxy.io",
+    version = "v1alpha1",
+    kind = "ClientTrafficPolicy",
+    namespaced,
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientTrafficPolicySpec {
+    /// What the policy attaches to (a Gateway, or one of its listeners).
+    pub target_refs: Vec<TargetRef>,
+    /// Request and response header handling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<HeaderSettings>,
+}
+
+/// Header handling of a `ClientTrafficPolicy`, reduced to the early request header changes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderSettings {
+    /// Changes to a request's headers made as Envoy receives them: before routing and before
+    /// any HTTP filter (JWT check, ext_proc) sees the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_request_headers: Option<HeaderFilter>,
+}
+
+/// Gateway API's `HTTPHeaderFilter`, reduced to header removal.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeaderFilter {
+    /// Header names removed (case-insensitive).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
 }

@@ -333,7 +333,10 @@ impl<P: EndpointPool> PickerExchange<P> {
             .map(str::to_owned);
         self.explain = self.shared.config.explain_header
             && wire::find_header(h, wire::EXPLAIN_HEADER) == Some(b"1");
-        self.tenant = wire::find_header(h, crate::canary::FAIRNESS_ID_HEADER)
+        // The last value: the operator's Gateway removes a client's own tenant header and has
+        // Envoy write the token's, which Envoy appends, so if the removal is not in force (a
+        // conflicting ClientTrafficPolicy) a client's value still comes first and is not used.
+        self.tenant = wire::find_last_header(h, crate::canary::FAIRNESS_ID_HEADER)
             .and_then(|v| std::str::from_utf8(v).ok())
             .map(str::to_owned);
         if self.shared.config.flow.is_some() {
