@@ -26,7 +26,7 @@ use crate::histogram::{
     TOKEN_BUCKETS, TTFT_BUCKETS,
 };
 use crate::profile::{Profile, StepShape, pairs};
-use crate::tokens::{Prompt, lora_seed, prompt_block_hashes, synthetic_block_hash};
+use crate::tokens::{Prompt, lora_seed, prompt_block_hashes, salt_seed, synthetic_block_hash};
 use kv::BlockPool;
 
 /// A request as the engine sees it.
@@ -42,6 +42,9 @@ pub struct EngineRequest {
     pub max_tokens: u32,
     /// LoRA adapter, as an index into the engine's adapter table.
     pub lora: Option<u16>,
+    /// The request's `cache_salt`: its prefix-cache blocks are its salt's alone
+    /// ([`crate::tokens::salt_seed`]).
+    pub cache_salt: Option<Arc<str>>,
 }
 
 /// What happened to one finished request.
@@ -215,7 +218,8 @@ struct Seq {
     shared_tokens: u32,
     hashes: Option<Box<[u64]>>,
     /// The chain seed of this request's block hashes: the engine's, mixed with the adapter's
-    /// name for a LoRA request (see [`crate::tokens::lora_seed`]).
+    /// name for a LoRA request and with its `cache_salt` (see [`crate::tokens::lora_seed`],
+    /// [`crate::tokens::salt_seed`]).
     seed: u64,
     lora: Option<u16>,
     computed: u32,
@@ -439,8 +443,19 @@ impl Engine {
     /// whose blocks this engine's prefix cache holds now (whole blocks): the engine's truth,
     /// which a router's event-fed view trails.
     pub fn held_prefix_tokens(&self, prompt: &Prompt, lora: Option<&str>) -> u32 {
+        self.held_salted_prefix_tokens(prompt, lora, None)
+    }
+
+    /// [`Engine::held_prefix_tokens`] for a request with the `cache_salt` `salt`.
+    pub fn held_salted_prefix_tokens(
+        &self,
+        prompt: &Prompt,
+        lora: Option<&str>,
+        salt: Option<&str>,
+    ) -> u32 {
         let mut hashes = Vec::new();
-        prompt_block_hashes(prompt, self.bs, lora_seed(self.seed, lora), &mut hashes);
+        let seed = salt_seed(lora_seed(self.seed, lora), salt);
+        prompt_block_hashes(prompt, self.bs, seed, &mut hashes);
         let run = hashes
             .iter()
             .take_while(|h| self.pool.contains(**h))
@@ -553,7 +568,7 @@ impl Engine {
     pub fn submit(&mut self, req: EngineRequest) -> Result<(), SimError> {
         let prompt_len = req.prompt.token_count();
         self.check(prompt_len, req.max_tokens, req.lora)?;
-        let seed = self.request_seed(req.lora);
+        let seed = salt_seed(self.request_seed(req.lora), req.cache_salt.as_deref());
         let (group, shared_tokens, hashes) = match &req.prompt {
             Prompt::Text(_) | Prompt::Ids(_) => {
                 self.hash_buf.clear();

@@ -453,6 +453,7 @@ impl Fleet {
             prompt: req.prompt,
             max_tokens: req.max_tokens,
             lora,
+            cache_salt: None,
         })?;
         let t = req.arrival;
         let new_end = if p.engine.in_step() {

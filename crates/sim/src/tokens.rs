@@ -29,6 +29,9 @@ const CHAIN_SEED: u64 = 0x1f6e_7a61_7465_0001;
 /// Mixed into a chain seed with an adapter's name by [`lora_seed`].
 const LORA_TAG: u64 = 0x6c6f_7261_0000_0001;
 
+/// Mixed into a chain seed with a request's `cache_salt` by [`salt_seed`].
+const SALT_TAG: u64 = 0x7361_6c74_0000_0001;
+
 /// Byte that pads the last, shorter piece of a prompt to [`BYTES_PER_TOKEN`] bytes: UTF-8 text
 /// never contains it, so padding and text cannot be confused.
 const PAD: u8 = 0xFF;
@@ -170,6 +173,19 @@ pub fn lora_seed(seed: u64, adapter: Option<&str>) -> u64 {
     match adapter {
         None => seed,
         Some(name) => xxh64(name.as_bytes(), seed ^ LORA_TAG),
+    }
+}
+
+/// The chain seed of a request with the `cache_salt` `salt`, from its chain seed without one
+/// (`seed`, from [`lora_seed`]). vLLM adds the salt to the extra keys of a request's first
+/// block only (`generate_block_hash_extra_keys` in `vllm/v1/core/kv_cache_utils.py`), and every
+/// later block's hash chains through that one, so a salted prompt shares no cached block with
+/// the same prompt under another salt or none; seeding the chain with the salt does the same.
+/// An empty salt is no salt there (vLLM's API refuses one before).
+pub fn salt_seed(seed: u64, salt: Option<&str>) -> u64 {
+    match salt {
+        None | Some("") => seed,
+        Some(s) => xxh64(s.as_bytes(), seed ^ SALT_TAG),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The emulator publishes vLLM's KV-cache events: infergate's own subscriber (the one precise
 //! prefix routing runs) receives them over ZeroMQ, in both encodings, and its index then holds
-//! exactly the prompt blocks the pod computed, under the LoRA adapter they were computed for — and
-//! drops them when the pod's cache is reset.
+//! exactly the prompt blocks the pod computed, under the LoRA adapter and `cache_salt` they were
+//! computed for — and drops them when the pod's cache is reset.
 
 // Test helpers panic on purpose: a failed call is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -49,8 +49,18 @@ fn cached(kv: &KvEvents, pod: SocketAddr, ids: &[u32]) -> u32 {
 }
 
 fn cached_under(kv: &KvEvents, pod: SocketAddr, lora: Option<&str>, ids: &[u32]) -> u32 {
+    cached_salted(kv, pod, lora, None, ids)
+}
+
+fn cached_salted(
+    kv: &KvEvents,
+    pod: SocketAddr,
+    lora: Option<&str>,
+    salt: Option<&str>,
+    ids: &[u32],
+) -> u32 {
     let mut out = Vec::new();
-    kv.match_tokens(lora, None, ids, &mut MatchScratch::default(), &mut out);
+    kv.match_tokens(lora, salt, ids, &mut MatchScratch::default(), &mut out);
     out.iter().find(|(a, _)| *a == pod).map_or(0, |(_, n)| *n)
 }
 
@@ -164,6 +174,79 @@ async fn lora_blocks_reach_the_subscriber_under_their_adapter_only() {
     eventually("the base model's stores", || cached(&kv, a, &ids) == full).await;
     assert_eq!(cached_under(&kv, a, Some("sql"), &ids), full);
     assert_eq!(cached_under(&kv, a, Some("chat"), &ids), 0);
+    let _ = tx.send(());
+}
+
+/// A salted request's blocks are keyed by its `cache_salt` in the engine, as in vLLM, and their
+/// `BlockStored` lists the salt in the first block's `extra_keys` (after the adapter's name under
+/// an adapter): the subscriber matches them for that salt (and adapter) only, and the unsalted
+/// copy of the prompt for unsalted requests only. Positional encoding, to cover both (the stores
+/// test above runs keyed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn salted_blocks_reach_the_subscriber_under_their_salt_only() {
+    let p = h100();
+    let bs = p.block_size;
+    let mut pod = PodSpec::new("a", &p, EngineKind::Vllm);
+    pod.lora_adapters = vec!["sql".into()];
+    pod.max_loras = 1;
+    let spec = FleetSpec {
+        seed: 1,
+        pods: vec![pod],
+    }
+    .finish()
+    .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let opts = KvEventsOptions {
+        encoding: Encoding::Positional,
+        ..KvEventsOptions::default()
+    };
+    let fleet = serve_fleet_with(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&opts),
+        async move {
+            let _ = rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    let kv = subscribe(&fleet).await;
+    let a = fleet.pods[0].addr;
+    let prompt = "one tenant's private instructions, which no other tenant may reuse ".repeat(30);
+    let mut ids = Vec::new();
+    token_ids(&prompt, &mut ids);
+    let full = (ids.len() as u32 / bs) * bs;
+    let post = |model: &str, salt: Option<&str>| {
+        let mut body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
+        if let Some(s) = salt {
+            body["cache_salt"] = s.into();
+        }
+        infergate_testkit::try_post(a, "/v1/completions", "application/json", body.to_string())
+    };
+    let base = p.model.as_str();
+    assert_eq!(post(base, Some("tenant-a")).await.unwrap().status, 200);
+    eventually("tenant-a's stores", || {
+        cached_salted(&kv, a, None, Some("tenant-a"), &ids) == full
+    })
+    .await;
+    assert_eq!(cached_salted(&kv, a, None, Some("tenant-b"), &ids), 0);
+    assert_eq!(cached(&kv, a, &ids), 0, "an unsalted request");
+    assert_eq!(
+        cached_salted(&kv, a, Some("sql"), Some("tenant-a"), &ids),
+        0
+    );
+    // The same salt under an adapter: its own blocks, listed as (adapter, salt).
+    assert_eq!(post("sql", Some("tenant-a")).await.unwrap().status, 200);
+    eventually("sql + tenant-a's stores", || {
+        cached_salted(&kv, a, Some("sql"), Some("tenant-a"), &ids) == full
+    })
+    .await;
+    assert_eq!(cached_under(&kv, a, Some("sql"), &ids), 0);
+    // Unsalted, the prompt is computed once more and matched for unsalted requests alone.
+    assert_eq!(post(base, None).await.unwrap().status, 200);
+    eventually("the unsalted stores", || cached(&kv, a, &ids) == full).await;
+    assert_eq!(cached_salted(&kv, a, None, Some("tenant-b"), &ids), 0);
+    assert_eq!(cached_salted(&kv, a, None, Some("tenant-a"), &ids), full);
     let _ = tx.send(());
 }
 

@@ -146,6 +146,102 @@ async fn a_request_without_a_model_is_served_by_the_base_model() {
     fleet.wait().await;
 }
 
+/// vLLM mixes a request's `cache_salt` into its first block's hash, so the same prompt under
+/// two salts (or a salt and none) shares no cached block, while requests with one salt do; its
+/// request models refuse a salt that is not a non-empty string (`check_cache_salt_support`).
+#[tokio::test(start_paused = true)]
+async fn a_cache_salt_isolates_the_prefix_cache() {
+    let (fleet, stop) = serve(vec![PodSpec::new(
+        "pod-a",
+        &profile("llama-3.1-8b/h100"),
+        EngineKind::Vllm,
+    )])
+    .await;
+    let addr = fleet.pods[0].addr;
+    let long = "y".repeat(4 * 2000);
+    let cached = |path: &'static str, salt: Value| {
+        let mut body = match path {
+            "/v1/completions" => json!({"model": MODEL, "prompt": long, "max_tokens": 1}),
+            _ => json!({"model": MODEL, "max_tokens": 1,
+                        "messages": [{"role": "user", "content": long}]}),
+        };
+        if !salt.is_null() {
+            body["cache_salt"] = salt;
+        }
+        async move {
+            let (status, v) = post(addr, path, body).await;
+            assert_eq!(status, 200, "{v}");
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        assert_eq!(cached(path, json!("tenant-a")).await, 0, "{path}: cold");
+        assert!(
+            cached(path, json!("tenant-a")).await >= 1984,
+            "{path}: a salt hits its own blocks"
+        );
+        assert_eq!(
+            cached(path, json!("tenant-b")).await,
+            0,
+            "{path}: another salt"
+        );
+        assert_eq!(cached(path, Value::Null).await, 0, "{path}: no salt");
+        assert!(cached(path, Value::Null).await >= 1984, "{path}: unsalted");
+        assert!(cached(path, json!("tenant-b")).await >= 1984, "{path}");
+        assert!(cached(path, json!("tenant-a")).await >= 1984, "{path}");
+    }
+    // A salt that is not a non-empty string is refused with vLLM's message, on every API.
+    let messages = json!([{"role": "user", "content": "hello"}]);
+    for salt in [
+        json!(""),
+        json!(7),
+        json!(["a"]),
+        json!({"a": 1}),
+        json!(true),
+    ] {
+        for (path, mut body) in [
+            ("/v1/completions", json!({"model": MODEL, "prompt": "hi"})),
+            (
+                "/v1/chat/completions",
+                json!({"model": MODEL, "messages": messages}),
+            ),
+            (
+                "/v1/chat/completions/render",
+                json!({"model": MODEL, "messages": messages}),
+            ),
+            ("/v1/responses", json!({"model": MODEL, "input": "hi"})),
+        ] {
+            body["cache_salt"] = salt.clone();
+            let (status, v) = post(addr, path, body).await;
+            assert_client_error(status, &v, 400, Some("cache_salt"));
+            assert_eq!(
+                v["error"]["message"],
+                "Parameter 'cache_salt' must be a non-empty string if provided.",
+                "{path} {salt}"
+            );
+        }
+    }
+    // `null` is no salt; the render endpoint hands the salt on as it came.
+    let (status, v) = post(
+        addr,
+        "/v1/chat/completions/render",
+        json!({"model": MODEL, "messages": messages, "cache_salt": null}),
+    )
+    .await;
+    assert_eq!((status, &v["cache_salt"]), (200, &Value::Null), "{v}");
+    let (status, v) = post(
+        addr,
+        "/v1/chat/completions/render",
+        json!({"model": MODEL, "messages": messages, "cache_salt": "tenant-a"}),
+    )
+    .await;
+    assert_eq!((status, &v["cache_salt"]), (200, &json!("tenant-a")), "{v}");
+    let _ = stop.send(());
+    fleet.wait().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn live_and_virtual_clocks_agree() {
     let pods = vec![

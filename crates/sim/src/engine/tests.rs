@@ -19,6 +19,7 @@ fn req(id: u64, arrival: f64, tokens: u32, out: u32) -> EngineRequest {
         prompt: Prompt::tokens(tokens),
         max_tokens: out,
         lora: None,
+        cache_salt: None,
     }
 }
 
@@ -190,6 +191,7 @@ fn prefix_blocks_are_keyed_by_lora_adapter() {
             prompt: prompt.clone(),
             max_tokens: 4,
             lora,
+            cache_salt: None,
         };
         let reqs = vec![at(0, Some(0)), at(1, Some(1)), at(2, None), at(3, Some(0))];
         let mut done = run(&mut e, reqs, false);

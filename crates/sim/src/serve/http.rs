@@ -496,6 +496,8 @@ pub(crate) struct Parsed {
     /// The request set the output length (so it ends at it: `finish_reason: "length"`).
     pub(crate) explicit_max: bool,
     pub(crate) lora: Option<u16>,
+    /// The request's `cache_salt` ([`cache_salt`]).
+    pub(crate) cache_salt: Option<Arc<str>>,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) model: String,
@@ -710,6 +712,20 @@ pub(crate) fn tokenizer_reject(e: &TokenizerError, param: &'static str) -> Rejec
 const NO_CHAT_TEMPLATE: &str = "As of transformers v4.44, default chat template is no longer \
      allowed, so you must provide a chat template if the tokenizer does not define one.";
 
+/// The request's `cache_salt`, checked as vLLM's request models check it
+/// (`check_cache_salt_support` in its chat, completions and responses requests): absent or
+/// `null` is none; anything but a non-empty string is refused with vLLM's message.
+pub(crate) fn cache_salt(obj: &serde_json::Map<String, Value>) -> Result<Option<Arc<str>>, Reject> {
+    match obj.get("cache_salt") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.as_str().into())),
+        Some(_) => Err(bad(
+            "Parameter 'cache_salt' must be a non-empty string if provided.",
+            "cache_salt",
+        )),
+    }
+}
+
 /// The request's `model`: the base model when it has none (or `null`), as vLLM serves it.
 pub(crate) fn request_model(
     shared: &PodShared,
@@ -827,6 +843,7 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8], api: Api) -> Result<Parsed,
         max_tokens,
         explicit_max,
         lora,
+        cache_salt: cache_salt(&obj)?,
         stream,
         include_usage,
         model,
@@ -947,7 +964,12 @@ pub(crate) fn admit(shared: &Arc<PodShared>, p: &Parsed) -> Result<TokenFeed, Re
                 name,
             })
         });
-        feed.note_prompt(&p.prompt, crate::tokens::chain_seed(&shared.model), lora);
+        feed.note_prompt(
+            &p.prompt,
+            crate::tokens::chain_seed(&shared.model),
+            lora,
+            p.cache_salt.clone(),
+        );
     }
     let submitted = {
         let mut e = lock(&shared.engine);
@@ -957,6 +979,7 @@ pub(crate) fn admit(shared: &Arc<PodShared>, p: &Parsed) -> Result<TokenFeed, Re
             prompt: p.prompt.clone(),
             max_tokens: p.max_tokens,
             lora: p.lora,
+            cache_salt: p.cache_salt.clone(),
         })
     };
     if let Err(e) = submitted {

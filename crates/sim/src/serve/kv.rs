@@ -6,23 +6,25 @@
 //!
 //! Token ids are the emulator's tokenizer stand-in's ([`crate::tokens`]), or the model's own
 //! tokenizer's when the fleet is served with one ([`super::ServeOptions::tokenizer`]): a router
-//! that matches on them must tokenize the same way. A LoRA request's blocks are hashed under its adapter, as
-//! the engine hashes them, and their `BlockStored` carries the adapter's `lora_id` and
-//! `lora_name` as vLLM's does (not its per-block `extra_keys`, which the encoder does not write:
-//! a consumer keys such blocks by `lora_name`, as infergate's does).
+//! that matches on them must tokenize the same way. A LoRA request's blocks are hashed under its
+//! adapter and a salted request's under its `cache_salt`, as the engine hashes them, and their
+//! `BlockStored` carries what vLLM's does: the adapter's `lora_id` and `lora_name`, and per block
+//! the `extra_keys` vLLM mixed into its hash (`generate_block_hash_extra_keys` in
+//! `vllm/v1/core/kv_cache_utils.py`) — the adapter's name in every block of a LoRA request, then
+//! the salt in a salted request's first block; the field is left out when no block has any.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
-use infergate_kvevents::event::{Batch, Encoding, Event, Removed, Stored, encode_batch};
+use infergate_kvevents::event::{Batch, Encoding, Event, ExtraKey, Removed, Stored, encode_batch};
 use infergate_kvevents::publish::Publisher;
 
 use super::lock;
 use crate::engine::KvEvent;
 use crate::error::SimError;
 use crate::spec::{EngineKind, FleetSpec};
-use crate::tokens::{Prompt, ids_block_hashes, lora_seed, text_block_hashes, token_ids};
+use crate::tokens::{Prompt, ids_block_hashes, lora_seed, salt_seed, text_block_hashes, token_ids};
 
 /// How the pods publish.
 #[derive(Debug, Clone)]
@@ -93,8 +95,31 @@ impl KvEventsOptions {
 /// Blocks remembered for the events at most (a bound on prompts whose blocks never got stored).
 const MAX_KNOWN_BLOCKS: usize = 1 << 20;
 
-/// A block's parent hash, token ids and the LoRA adapter it was computed under.
-type BlockInfo = (Option<u64>, Vec<u32>, Option<Adapter>);
+/// What `BlockStored` says of one block besides its hash.
+#[derive(Debug, Clone)]
+struct BlockInfo {
+    /// The block before it (`None` for a prompt's first block).
+    parent: Option<u64>,
+    ids: Vec<u32>,
+    /// The LoRA adapter it was computed under.
+    lora: Option<Adapter>,
+    /// The request's `cache_salt`, for a prompt's first block only: vLLM lists it in that
+    /// block's extra keys alone.
+    salt: Option<Arc<str>>,
+}
+
+impl BlockInfo {
+    /// The block's `extra_keys` entry as vLLM builds it: the adapter's name, then the salt.
+    fn extra_keys(&self) -> Option<Vec<ExtraKey>> {
+        let keys: Vec<ExtraKey> = self
+            .lora
+            .iter()
+            .map(|a| ExtraKey::Str(a.name.to_string()))
+            .chain(self.salt.iter().map(|s| ExtraKey::Str(s.to_string())))
+            .collect();
+        (!keys.is_empty()).then_some(keys)
+    }
+}
 
 /// A LoRA adapter as `BlockStored` names it: vLLM's integer `lora_id` (the emulator numbers a
 /// pod's adapters from 1 in the order it lists them) and `lora_name`.
@@ -157,15 +182,26 @@ impl Feed {
         self.publisher.replay_addr()
     }
 
-    /// Remembers the full blocks of a prompt under `lora` (hashed as the engine hashes them:
-    /// `seed` is the pod's chain seed, mixed here with the adapter's name), so that their
-    /// `BlockStored` can carry their token ids and adapter. A synthetic prompt has no ids.
-    pub(crate) fn note_prompt(&self, prompt: &Prompt, seed: u64, lora: Option<Adapter>) {
+    /// Remembers the full blocks of a prompt under `lora` and `salt` (hashed as the engine
+    /// hashes them: `seed` is the pod's chain seed, mixed here with the adapter's name and the
+    /// salt), so that their `BlockStored` can carry their token ids, adapter and extra keys. A
+    /// synthetic prompt has no ids.
+    pub(crate) fn note_prompt(
+        &self,
+        prompt: &Prompt,
+        seed: u64,
+        lora: Option<Adapter>,
+        salt: Option<Arc<str>>,
+    ) {
         let bs = self.block_size;
         if bs == 0 {
             return;
         }
-        let seed = lora_seed(seed, lora.as_ref().map(|a| &*a.name));
+        let salt = salt.filter(|s| !s.is_empty());
+        let seed = salt_seed(
+            lora_seed(seed, lora.as_ref().map(|a| &*a.name)),
+            salt.as_deref(),
+        );
         let mut hashes = Vec::new();
         let mut text_ids = Vec::new();
         // A block is `bs` tokens: block i's ids are ids[i*bs..(i+1)*bs] (for text, whole
@@ -190,9 +226,12 @@ impl Feed {
         let mut parent = None;
         for (i, hash) in hashes.into_iter().enumerate() {
             if let Some(block) = ids.get(i * bs..(i + 1) * bs) {
-                blocks
-                    .entry(hash)
-                    .or_insert_with(|| (parent, block.to_vec(), lora.clone()));
+                blocks.entry(hash).or_insert_with(|| BlockInfo {
+                    parent,
+                    ids: block.to_vec(),
+                    lora: lora.clone(),
+                    salt: if i == 0 { salt.clone() } else { None },
+                });
             }
             parent = Some(hash);
         }
@@ -210,27 +249,36 @@ impl Feed {
             for (_, e) in events.drain(..) {
                 match e {
                     KvEvent::Stored { hash } => {
-                        let Some((parent, ids, lora)) = blocks.get(&hash).cloned() else {
+                        let Some(b) = blocks.get(&hash).cloned() else {
                             continue; // a synthetic prompt's block: no text, no ids
                         };
+                        let extra = b.extra_keys();
                         // Consecutive blocks of one chain (so of one adapter) go in one event,
                         // as vLLM sends them.
                         if let Some(Event::Stored(s)) = out.last_mut()
-                            && s.block_hashes.last().copied() == parent
-                            && parent.is_some()
+                            && s.block_hashes.last().copied() == b.parent
+                            && b.parent.is_some()
                         {
+                            // `extra_keys` has an entry per block once any block has one.
+                            if extra.is_some() && s.extra_keys.is_empty() {
+                                s.extra_keys.resize(s.block_hashes.len(), None);
+                            }
+                            if !s.extra_keys.is_empty() {
+                                s.extra_keys.push(extra);
+                            }
                             s.block_hashes.push(hash);
-                            s.token_ids.extend_from_slice(&ids);
+                            s.token_ids.extend_from_slice(&b.ids);
                             continue;
                         }
                         out.push(Event::Stored(Stored {
                             block_hashes: vec![hash],
-                            parent,
-                            token_ids: ids,
+                            parent: b.parent,
+                            token_ids: b.ids,
                             block_size: self.block_size,
-                            lora_id: lora.as_ref().map(|a| a.id),
-                            lora_name: lora.map(|a| a.name.to_string()),
+                            lora_id: b.lora.as_ref().map(|a| a.id),
+                            lora_name: b.lora.map(|a| a.name.to_string()),
                             medium: Some("GPU".into()),
+                            extra_keys: extra.map(|k| vec![Some(k)]).unwrap_or_default(),
                             ..Default::default()
                         }));
                     }

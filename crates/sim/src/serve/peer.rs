@@ -203,11 +203,8 @@ fn render(shared: &PodShared, body: &[u8], api: Api) -> Result<Value, Reject> {
             ));
         }
     };
-    let cache_salt = match obj.get("cache_salt") {
-        None | Some(Value::Null) => Value::Null,
-        Some(v @ Value::String(_)) => v.clone(),
-        Some(_) => return Err(bad("cache_salt must be a string", "cache_salt")),
-    };
+    // `parse` has checked the salt as inference checks it.
+    let cache_salt = p.cache_salt.as_deref().map_or(Value::Null, Value::from);
     let priority = match obj.get("priority") {
         None | Some(Value::Null) => json!(0),
         Some(v) if v.is_i64() => v.clone(),

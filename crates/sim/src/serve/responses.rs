@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 use super::PodShared;
 use super::http::{
     DEFAULT_CHAT_MAX_TOKENS, Fed, GENERATION_PROMPT, Parsed, Reject, SimBody, TokenFeed, admit,
-    bad, encode_chat, error, json_response, object, opt_bool, push_message, read_body,
+    bad, cache_salt, encode_chat, error, json_response, object, opt_bool, push_message, read_body,
     resolve_model, streaming,
 };
 use crate::engine::Completion;
@@ -174,6 +174,7 @@ pub(crate) fn parse(shared: &PodShared, body: &[u8]) -> Result<ResponsesRequest,
             max_tokens,
             explicit_max,
             lora,
+            cache_salt: cache_salt(&obj)?,
             stream,
             include_usage: false,
             model,
