@@ -20,7 +20,10 @@
 //!   1); `1` when no pod is ready.
 //! - `estimatedTtftMs` is what a typical request ([`TYPICAL_PROMPT_TOKENS`] prompt tokens) would
 //!   wait for its first token on the best ready pod: its queue and itself prefilled at the pod's
-//!   learned prefill rate (the scheduler's prior until one is learned), plus, on a pod whose KV
+//!   learned prefill rate (the scheduler's prior until one is learned; first tokens that waited
+//!   for under 256 tokens of work teach none, their wait being the server's fixed cost per
+//!   request, which read as a rate made this estimate twenty times too long after short
+//!   prompts), plus, on a pod whose KV
 //!   cache is over the saturation threshold, the time for running requests to free it. Absent
 //!   when no pod is ready. `prefillMs` is the part of it that is the request's own prefill:
 //!   what each further request sent to that pod adds.

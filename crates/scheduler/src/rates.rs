@@ -12,6 +12,18 @@
 //! factor, and an endpoint without samples gets it times its own ([`crate::gpu`]; 1 for an
 //! unknown GPU, so a pool without GPU types works as before).
 
+/// The least work, in tokens (the prefill queued ahead at the pick plus the request's own prompt
+/// tokens not served from the prefix cache), a first token must have waited for to teach the
+/// prefill rate. Below it the time to first token is mostly the server's fixed cost per request
+/// (a forward pass, its scheduling step, the HTTP exchange: 35 ms on the emulated A10G, 20 ms on
+/// the H100), so `work / ttft` measures that cost, not prefill: seven-token prompts answered in
+/// 40 ms taught an A10G 175 tokens/s, twenty times too slow, and a pod that had served short
+/// prompts looked that much slower than one that had served long ones. At 256 tokens the sample
+/// is within a factor of 1.6 of the emulated rate on both GPUs (A10G 35 + 64 ms, H100
+/// 20 + 8 ms); a pod that only ever serves shorter prompts keeps the pool's typical rate, which
+/// is also what its short prefills cost least to get wrong.
+pub(crate) const MIN_PREFILL_SAMPLE_TOKENS: f64 = 256.0;
+
 /// A geometric EWMA of a positive rate.
 #[derive(Copy, Clone, Debug, Default)]
 pub(crate) struct LogEwma {

@@ -487,8 +487,12 @@ impl Scheduler {
             f64::from(e.prefill_tokens)
         };
         let ttft = first.saturating_since(e.picked_at).as_secs_f64().max(1e-3);
-        let work = (e.queued_tokens + own).max(1.0);
-        ep.learn_prefill(work / ttft, min_alpha, &mut self.rates);
+        let work = e.queued_tokens + own;
+        // Too little work and the wait is the server's fixed cost per request, not prefill.
+        let prefill = (work >= crate::rates::MIN_PREFILL_SAMPLE_TOKENS).then(|| work / ttft);
+        if let Some(rate) = prefill {
+            ep.learn_prefill(rate, min_alpha, &mut self.rates);
+        }
         let mut decode = None;
         // Decode: tokens after the first, over the time after the first.
         if usage.output_tokens > 1 {
@@ -500,8 +504,11 @@ impl Scheduler {
             }
         }
         // For the peer replicas, once a shell exchanges rate samples ([`crate::peers`]).
-        let addr = ep.cold.meta.addr;
-        self.peers.learned(addr, work / ttft, decode);
+        // A sample without a prefill rate is not sent (the exchange's samples all carry one).
+        if let Some(rate) = prefill {
+            let addr = ep.cold.meta.addr;
+            self.peers.learned(addr, rate, decode);
+        }
         true
     }
 

@@ -480,3 +480,25 @@ fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
         assert!(!picked.contains(&others[0]), "{preset}: {picked:?}");
     }
 }
+
+#[test]
+fn short_prompts_teach_no_prefill_rate() {
+    // An emulated A10G (35 ms per prefill step plus 250 us per token) answering five seven-token
+    // prompts in 40 ms: their time to first token is the fixed cost of a step, and read as a rate
+    // (175 tokens/s) it made a 512-token prompt look 2.9 s long instead of 165 ms.
+    let mut s = scheduler(SchedulerConfig::default(), 1);
+    teach(&mut s, 0, 7, Duration::from_millis(40), 5);
+    assert_eq!(s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec, None);
+    // Nor do they reach the peer replicas.
+    let mut sent = Vec::new();
+    s.take_rate_samples(&mut sent);
+    teach(&mut s, 0, 7, Duration::from_millis(40), 1);
+    s.take_rate_samples(&mut sent);
+    assert!(sent.is_empty(), "{sent:?}");
+    // A prompt long enough for its prefill to dominate teaches the rate.
+    teach(&mut s, 0, 512, Duration::from_millis(165), 1);
+    let rate = s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
+    assert!((rate - 512.0 / 0.165).abs() < 1.0, "{rate}");
+    s.take_rate_samples(&mut sent);
+    assert_eq!(sent.len(), 1);
+}
