@@ -29,6 +29,31 @@ fn h100() -> Profile {
         .clone()
 }
 
+/// Serves `pods` (each on a port of its own on 127.0.0.1) publishing their KV events in
+/// `encoding`; the sender stops the fleet.
+async fn serve_publishing(
+    pods: Vec<PodSpec>,
+    encoding: Encoding,
+) -> (ServedFleet, tokio::sync::oneshot::Sender<()>) {
+    let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let opts = KvEventsOptions {
+        encoding,
+        ..KvEventsOptions::default()
+    };
+    let fleet = serve_fleet_with(
+        &spec,
+        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&opts),
+        async move {
+            let _ = rx.await;
+        },
+    )
+    .await
+    .unwrap();
+    (fleet, tx)
+}
+
 /// A subscriber to every pod of `fleet`, once it has synced with each pod's feed.
 async fn subscribe(fleet: &ServedFleet) -> KvEvents {
     let kv = KvEvents::new(SubscriberConfig::default());
@@ -73,22 +98,7 @@ async fn emulated_pods_publish_stores_in_both_encodings_to_the_subscriber() {
             PodSpec::new("a", &p, EngineKind::Vllm),
             PodSpec::new("b", &p, EngineKind::Vllm),
         ];
-        let spec = FleetSpec { seed: 1, pods }.finish().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let opts = KvEventsOptions {
-            encoding,
-            ..KvEventsOptions::default()
-        };
-        let fleet = serve_fleet_with(
-            &spec,
-            |_| SocketAddr::from(([127, 0, 0, 1], 0)),
-            Some(&opts),
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-        .unwrap();
+        let (fleet, tx) = serve_publishing(pods, encoding).await;
         let kv = subscribe(&fleet).await;
         let (a, b) = (fleet.pods[0].addr, fleet.pods[1].addr);
         let prompt = "a system prompt every request of this tenant shares, then more ".repeat(30);
@@ -131,23 +141,7 @@ async fn lora_blocks_reach_the_subscriber_under_their_adapter_only() {
     let mut pod = PodSpec::new("a", &p, EngineKind::Vllm);
     pod.lora_adapters = vec!["sql".into(), "chat".into()];
     pod.max_loras = 2;
-    let spec = FleetSpec {
-        seed: 1,
-        pods: vec![pod],
-    }
-    .finish()
-    .unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let fleet = serve_fleet_with(
-        &spec,
-        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
-        Some(&KvEventsOptions::default()),
-        async move {
-            let _ = rx.await;
-        },
-    )
-    .await
-    .unwrap();
+    let (fleet, tx) = serve_publishing(vec![pod], Encoding::Keyed).await;
     let kv = subscribe(&fleet).await;
     let a = fleet.pods[0].addr;
     let prompt = "the same instructions, whichever adapter reads them, and then some ".repeat(30);
@@ -189,27 +183,7 @@ async fn salted_blocks_reach_the_subscriber_under_their_salt_only() {
     let mut pod = PodSpec::new("a", &p, EngineKind::Vllm);
     pod.lora_adapters = vec!["sql".into()];
     pod.max_loras = 1;
-    let spec = FleetSpec {
-        seed: 1,
-        pods: vec![pod],
-    }
-    .finish()
-    .unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let opts = KvEventsOptions {
-        encoding: Encoding::Positional,
-        ..KvEventsOptions::default()
-    };
-    let fleet = serve_fleet_with(
-        &spec,
-        |_| SocketAddr::from(([127, 0, 0, 1], 0)),
-        Some(&opts),
-        async move {
-            let _ = rx.await;
-        },
-    )
-    .await
-    .unwrap();
+    let (fleet, tx) = serve_publishing(vec![pod], Encoding::Positional).await;
     let kv = subscribe(&fleet).await;
     let a = fleet.pods[0].addr;
     let prompt = "one tenant's private instructions, which no other tenant may reuse ".repeat(30);
