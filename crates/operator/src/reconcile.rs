@@ -189,6 +189,13 @@ fn failure_reason(e: &Error) -> &'static str {
     }
 }
 
+/// The children whose `status.ancestors` say whether Envoy Gateway attached them.
+const POLICY_KINDS: [&str; 3] = [
+    "EnvoyExtensionPolicy",
+    "SecurityPolicy",
+    "ClientTrafficPolicy",
+];
+
 /// Makes the cluster hold `desired` and writes the status of what it saw.
 async fn converge(
     cfg: &InferenceGatewayConfig,
@@ -233,6 +240,16 @@ async fn converge(
             .iter()
             .filter(|((k, _), _)| k == "HTTPRoute")
             .filter_map(|(_, o)| serde_json::to_value(o).ok())
+            .collect(),
+        policies: existing
+            .iter()
+            .filter(|((k, _), _)| POLICY_KINDS.contains(&k.as_str()))
+            .filter_map(|((k, _), o)| {
+                let mut v = serde_json::to_value(o).ok()?;
+                // Items of a list may come without their kind; the status names it.
+                v["kind"] = Value::from(k.as_str());
+                Some(v)
+            })
             .collect(),
         gateway: existing
             .iter()
@@ -657,7 +674,8 @@ pub struct ReadyEvent {
 
 /// The `Ready` reasons that are not a problem: the gateway serves, or its children are still
 /// rolling out. Every other reason (`Invalid`, `MissingAPI`, `ApplyFailed`, `NameTaken`,
-/// `SecretNotFound`, `RouteNotAccepted`, `NoModelServers`, ...) is a Warning.
+/// `SecretNotFound`, `RouteNotAccepted`, `PolicyNotAccepted`, `NoModelServers`, ...) is a
+/// Warning.
 const NORMAL_REASONS: [&str; 2] = ["Ready", "Pending"];
 
 /// Longest Event note the API server takes (1 kB); longer messages are cut at a character.
@@ -750,8 +768,9 @@ pub async fn preflight(client: &Client) -> Result<(), Error> {
 /// Runs the controller until `shutdown` resolves.
 ///
 /// Besides the configs it watches what their status depends on, so a change shows at once
-/// rather than at the next timed requeue: the Deployments, Gateways and HTTPRoutes it owns
-/// (labelled `app.kubernetes.io/managed-by`, mapped through the owner reference) and every Pod
+/// rather than at the next timed requeue: the Deployments, Gateways, HTTPRoutes and Envoy
+/// Gateway policies it owns (labelled `app.kubernetes.io/managed-by`, mapped through the owner
+/// reference) and every Pod
 /// (mapped through the schedulers' `modelSelector`s by a [`PodIndex`]). Pods are watched as
 /// metadata only and nothing of them is stored but the matching pods' names: the status reads
 /// what it needs itself, so an event is only a trigger. No label selector can scope the Pod
@@ -800,7 +819,19 @@ pub async fn run(
             owned.clone(),
         )
         .owns(
-            Api::<gateway_api::httproutes::HttpRoute>::all(client),
+            Api::<gateway_api::httproutes::HttpRoute>::all(client.clone()),
+            owned.clone(),
+        )
+        .owns(
+            Api::<infergate_api::upstream::EnvoyExtensionPolicy>::all(client.clone()),
+            owned.clone(),
+        )
+        .owns(
+            Api::<infergate_api::upstream::SecurityPolicy>::all(client.clone()),
+            owned.clone(),
+        )
+        .owns(
+            Api::<infergate_api::upstream::ClientTrafficPolicy>::all(client),
             owned,
         )
         .reconcile_on(pods)
@@ -826,7 +857,7 @@ pub async fn run(
                 // withdrawn) is retried with backoff; kube logs it at debug only.
                 Err(e) => warn!(
                     error = %e,
-                    "watching InferenceGatewayConfigs or their Deployments, Gateways and HTTPRoutes failed; retrying"
+                    "watching InferenceGatewayConfigs or their Deployments, Gateways, HTTPRoutes and Envoy Gateway policies failed; retrying"
                 ),
             }
         })

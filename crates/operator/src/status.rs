@@ -25,6 +25,10 @@ pub struct Observed {
     /// The config's HTTPRoutes as read from the cluster (their `status.parents` is what
     /// matters).
     pub routes: Vec<Value>,
+    /// The config's Envoy Gateway policies (EnvoyExtensionPolicy, SecurityPolicy,
+    /// ClientTrafficPolicy) as read from the cluster (their `status.ancestors` is what
+    /// matters).
+    pub policies: Vec<Value>,
     /// Secrets the spec names that the pods or the Gateway cannot use: what is wrong with
     /// each, naming the Secret and the field (see `reconcile::unusable_secrets`).
     pub unusable_secrets: Vec<String>,
@@ -196,13 +200,23 @@ pub fn accepted(
     }
     let secrets_ok = observed.unusable_secrets.is_empty();
     let routes_ok = refused_routes.is_empty();
-    let ready = programmed && bbr_ok && all_available && secrets_ok && routes_ok && servers_ok;
+    let refused_policies = policy_problems(&observed.policies);
+    let policies_ok = refused_policies.is_empty();
+    let ready = programmed
+        && bbr_ok
+        && all_available
+        && secrets_ok
+        && routes_ok
+        && policies_ok
+        && servers_ok;
     let (reason, msg) = if ready {
         ("Ready", "the gateway serves traffic".to_owned())
     } else if !secrets_ok {
         ("SecretNotFound", observed.unusable_secrets.join("; "))
     } else if !routes_ok {
         ("RouteNotAccepted", refused_routes.join("; "))
+    } else if !policies_ok {
+        ("PolicyNotAccepted", refused_policies.join("; "))
     } else if !unmatched.is_empty() {
         // Most likely a selector that names no model server at all: nothing will come of
         // waiting, unlike pods that match and are starting (which stay `Pending`).
@@ -430,6 +444,42 @@ fn route_problems(name: &str, routes: &[Value]) -> Vec<String> {
                     c["reason"].as_str().unwrap_or_default(),
                     c["message"].as_str().unwrap_or_default(),
                 ));
+            }
+        }
+    }
+    out
+}
+
+/// What Envoy Gateway refused of the config's policies: each ancestor (the Gateway, or one of
+/// its listeners) whose `Accepted` condition is `False`, as one sentence naming the policy, the
+/// ancestor and Envoy Gateway's reason and message. Envoy Gateway reports a policy it could not
+/// attach this way: a second `ClientTrafficPolicy` on the same Gateway (`Conflicted`, so a
+/// client's tenant header is not removed), an invalid JWT provider, an ext_proc backend it
+/// cannot resolve. A refused SecurityPolicy or the BBR's EnvoyExtensionPolicy leaves the routes
+/// failing or unmatched, however healthy the pods are.
+fn policy_problems(policies: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in policies {
+        let kind = p["kind"].as_str().unwrap_or("policy");
+        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+        for a in p["status"]["ancestors"].as_array().into_iter().flatten() {
+            let r = &a["ancestorRef"];
+            let mut ancestor = format!(
+                "{} {}",
+                r["kind"].as_str().unwrap_or("Gateway"),
+                r["name"].as_str().unwrap_or_default()
+            );
+            if let Some(section) = r["sectionName"].as_str() {
+                ancestor.push_str(&format!(" listener {section}"));
+            }
+            for c in a["conditions"].as_array().into_iter().flatten() {
+                if c["type"] == "Accepted" && c["status"] == "False" {
+                    out.push(format!(
+                        "{kind} {name}, {ancestor}: Accepted=False ({}): {}",
+                        c["reason"].as_str().unwrap_or_default(),
+                        c["message"].as_str().unwrap_or_default(),
+                    ));
+                }
             }
         }
     }

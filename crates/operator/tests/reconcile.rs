@@ -1206,6 +1206,36 @@ async fn a_route_the_gateway_controller_stops_accepting_turns_a_ready_config_at_
     controller.abort();
 }
 
+/// Envoy Gateway refusing one of the config's policies (here a second ClientTrafficPolicy
+/// already on the Gateway, so a client's tenant header would not be removed) turns a ready
+/// config not ready as soon as it writes the policy's status: the policies are watched.
+#[tokio::test(start_paused = true)]
+async fn a_policy_the_gateway_controller_refuses_turns_a_ready_config_at_once() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    children_ready(&fake);
+    reconcile(config(&fake), ctx.clone()).await.unwrap();
+    assert_eq!(reason(&fake.get(CFG).unwrap(), "Ready"), "Ready");
+    let controller = controller_settled(&ctx).await;
+    let policy = format!(
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/{NS}/clienttrafficpolicies/fleet-client"
+    );
+    fake.edit(&policy, |p| {
+        p["status"] = json!({"ancestors": [{
+            "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "fleet"},
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "conditions": [{"type": "Accepted", "status": "False", "reason": "Conflicted",
+                "message": "Unable to target Gateway fleet, another ClientTrafficPolicy has already attached to it",
+                "lastTransitionTime": "2027-01-01T00:00:00Z"}]}]});
+    });
+    ready_reason_becomes(&fake, "PolicyNotAccepted").await;
+    let (_, message) = condition(&fake.get(&config_path(&fake)).unwrap(), "Ready");
+    assert_eq!(
+        message,
+        "ClientTrafficPolicy fleet-client, Gateway fleet: Accepted=False (Conflicted): Unable to target Gateway fleet, another ClientTrafficPolicy has already attached to it"
+    );
+    controller.abort();
+}
+
 /// The release's configs as the chart's `pre-delete` hook sees them: `fleet` labelled with the
 /// release, and `other` (the same spec, another name, no release label) beside it.
 fn release_configs(fake: &Fake) {

@@ -242,3 +242,61 @@ fn ready_says_what_it_waits_for() {
          scheduler llama-8b: endpoint picker rollout is Pending"
     );
 }
+
+/// A policy Envoy Gateway would not attach keeps the config from `Ready`, naming the policy,
+/// the ancestor and Envoy Gateway's own reason: a second ClientTrafficPolicy on the Gateway
+/// (so a client's tenant header is not removed). Ancestors that accepted it, and a policy
+/// with no status yet, are no problem.
+#[test]
+fn a_policy_envoy_gateway_refuses_is_not_ready_with_its_reason() {
+    let d = picker(DeploymentStatus {
+        observed_generation: Some(2),
+        updated_replicas: Some(1),
+        available_replicas: Some(1),
+        ..DeploymentStatus::default()
+    });
+    let gateway = serde_json::json!({
+        "status": {"conditions": [{"type": "Programmed", "status": "True", "reason": "Programmed"}]}
+    });
+    let accepted_policy = serde_json::json!({
+        "kind": "SecurityPolicy",
+        "metadata": {"name": "llama-auth"},
+        "status": {"ancestors": [{
+            "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "llama"},
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Policy has been accepted."}]
+        }]}
+    });
+    let unreported =
+        serde_json::json!({"kind": "EnvoyExtensionPolicy", "metadata": {"name": "llama-bbr"}});
+    let conflicted = serde_json::json!({
+        "kind": "ClientTrafficPolicy",
+        "metadata": {"name": "llama-client"},
+        "status": {"ancestors": [{
+            "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "llama", "sectionName": "http"},
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "conditions": [{"type": "Accepted", "status": "False", "reason": "Conflicted",
+                "message": "Unable to target Gateway llama, another ClientTrafficPolicy has already attached to it"}]
+        }]}
+    });
+    let mut bbr = d.clone();
+    bbr.metadata.name = Some("llama-bbr".into());
+    let mut observed = Observed {
+        gateway: Some(gateway),
+        deployments: vec![d, bbr],
+        policies: vec![accepted_policy, unreported],
+        ..Observed::default()
+    };
+    let st = accepted(&example(), &observed, 3, &t(1));
+    let ready = find_cond(&st, READY);
+    assert_eq!(ready.reason, "Ready", "{}", ready.message);
+    observed.policies.push(conflicted);
+    let st = accepted(&example(), &observed, 3, &t(1));
+    let ready = find_cond(&st, READY);
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, "PolicyNotAccepted");
+    assert_eq!(
+        ready.message,
+        "ClientTrafficPolicy llama-client, Gateway llama listener http: Accepted=False (Conflicted): Unable to target Gateway llama, another ClientTrafficPolicy has already attached to it"
+    );
+}
