@@ -1,5 +1,6 @@
 //! The admin HTTP server: `/metrics` (Prometheus text format), `/healthz` (also `/livez`),
-//! `/readyz`, and for the gateway and the picker `/heartbeat` (the JSON status the global router
+//! `/readyz` (503 when not ready, the body saying why: [`crate::readiness`]), and for the gateway
+//! and the picker `/heartbeat` (the JSON status the global router
 //! polls, [`crate::heartbeat`]); any other path is 404, any method but `GET` and `HEAD` 405.
 //!
 //! It is the one admin server of every infergate process: the picker and the BBR
@@ -24,11 +25,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+use crate::readiness::Readiness;
+
 /// The content type of the Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -37,7 +40,7 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-fn respond<M, R, H>(
+fn respond<M, R, T, H>(
     req: &Request<Incoming>,
     metrics: &M,
     ready: &R,
@@ -45,7 +48,8 @@ fn respond<M, R, H>(
 ) -> Response<Full<Bytes>>
 where
     M: Fn() -> Result<String, std::fmt::Error>,
-    R: Fn() -> bool,
+    R: Fn() -> T,
+    T: Into<Readiness>,
     H: Fn() -> Option<String>,
 {
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -83,11 +87,13 @@ where
         },
         "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
-            if ready() {
-                text(StatusCode::OK, "ready\n")
+            let readiness: Readiness = ready().into();
+            let status = if readiness.is_ready() {
+                StatusCode::OK
             } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-            }
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            text(status, readiness.to_string())
         }
         _ => text(
             StatusCode::NOT_FOUND,
@@ -100,15 +106,17 @@ where
 /// Serves the admin endpoints on `listener` until `shutdown` completes, with `/metrics` encoding
 /// `registry`.
 ///
-/// `ready` answers `/readyz` (for a pool: [`LivePool::is_ready`](crate::LivePool::is_ready)).
-pub async fn serve<R>(
+/// `ready` answers `/readyz`: a `bool` (for a pool: [`LivePool::is_ready`](crate::LivePool::is_ready)),
+/// or a [`Readiness`] that says what is not ready.
+pub async fn serve<R, T>(
     listener: TcpListener,
     registry: Arc<Registry>,
     ready: R,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
-    R: Fn() -> bool + Send + Sync + 'static,
+    R: Fn() -> T + Send + Sync + 'static,
+    T: Into<Readiness>,
 {
     let metrics = move || {
         let mut out = String::new();
@@ -120,7 +128,7 @@ where
 
 /// As [`serve`], with `/metrics` answered by `metrics` at each scrape: for a server whose set of
 /// registries changes while it runs (the gateway's pools come and go with its configuration).
-pub async fn serve_with<M, R>(
+pub async fn serve_with<M, R, T>(
     listener: TcpListener,
     metrics: M,
     ready: R,
@@ -128,14 +136,15 @@ pub async fn serve_with<M, R>(
 ) -> std::io::Result<()>
 where
     M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
-    R: Fn() -> bool + Send + Sync + 'static,
+    R: Fn() -> T + Send + Sync + 'static,
+    T: Into<Readiness>,
 {
     serve_with_heartbeat(listener, metrics, ready, || None, shutdown).await
 }
 
 /// As [`serve_with`], with `/heartbeat` answered by `heartbeat` (the JSON document of
 /// [`crate::heartbeat`]; `None` answers 404).
-pub async fn serve_with_heartbeat<M, R, H>(
+pub async fn serve_with_heartbeat<M, R, T, H>(
     listener: TcpListener,
     metrics: M,
     ready: R,
@@ -144,7 +153,8 @@ pub async fn serve_with_heartbeat<M, R, H>(
 ) -> std::io::Result<()>
 where
     M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
-    R: Fn() -> bool + Send + Sync + 'static,
+    R: Fn() -> T + Send + Sync + 'static,
+    T: Into<Readiness>,
     H: Fn() -> Option<String> + Send + Sync + 'static,
 {
     let handlers = Arc::new((metrics, ready, heartbeat));

@@ -26,6 +26,7 @@
 //! - [`hop`] — the hop-by-hop headers both front doors strip before forwarding, either way;
 //! - [`pods`] — the per-pod gauges (`infergate_pod_*`), read from the scheduler at each scrape;
 //! - [`quota`] — per-tenant request and token quotas, shared across replicas through Redis;
+//! - [`readiness`] — what `/readyz` says when not ready: which pools cannot route, and why;
 //! - [`redis`] — a small RESP2 Redis client (pipelines, timeouts, reconnect with backoff);
 //! - [`tls`] — TLS for the server ports (certificate files reloaded on change, or
 //!   self-signed) and HTTPS to model servers;
@@ -68,6 +69,7 @@ pub mod peers;
 pub mod pods;
 pub mod precise;
 pub mod quota;
+pub mod readiness;
 pub mod redis;
 pub mod tenant;
 pub mod tls;
@@ -479,16 +481,46 @@ impl LivePool {
     /// — unless the pool dispatches fail-open (`staleMetrics`) and the failed one's scrapes
     /// still reach the server.
     pub fn is_ready(&self) -> bool {
+        self.not_ready().is_none()
+    }
+
+    /// Why the pool is not ready ([`LivePool::is_ready`]), or `None` when it is: no endpoint,
+    /// none scraped yet, or none with fresh metrics, with how many endpoints are in which state
+    /// (what `/readyz` says, [`readiness`]).
+    pub fn not_ready(&self) -> Option<readiness::Reason> {
         let now = self.shared.clock.now();
         let st = lock(&self.shared.state);
         let addrs: Vec<SocketAddr> = st.scheduler.endpoints().map(|m| m.addr).collect();
-        addrs.into_iter().any(|a| {
-            st.scheduler.endpoint(a).is_some_and(|info| {
-                routable(&info, now, self.shared.stale_after) == Some(true)
-                    || (self.shared.fail_open_enabled
-                        && info.scrape == ScrapeState::Failed
-                        && info.reachable)
-            })
+        let (mut failing, mut old, mut not_scraped) = (0, 0, 0);
+        for info in addrs.iter().filter_map(|a| st.scheduler.endpoint(*a)) {
+            if routable(&info, now, self.shared.stale_after) == Some(true)
+                || (self.shared.fail_open_enabled
+                    && info.scrape == ScrapeState::Failed
+                    && info.reachable)
+            {
+                return None;
+            }
+            if info.scrape == ScrapeState::Failed {
+                failing += 1;
+            } else if info.metrics.is_none() {
+                not_scraped += 1;
+            } else {
+                old += 1;
+            }
+        }
+        let endpoints = failing + old + not_scraped;
+        Some(if endpoints == 0 {
+            readiness::Reason::NoEndpoints
+        } else if not_scraped == endpoints {
+            readiness::Reason::NotScraped { endpoints }
+        } else {
+            readiness::Reason::Stale {
+                endpoints,
+                failing,
+                old,
+                not_scraped,
+                stale_after: self.shared.stale_after,
+            }
         })
     }
 

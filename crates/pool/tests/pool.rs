@@ -191,6 +191,86 @@ async fn admin_server_answers_metrics_health_and_readiness() {
     server.await.unwrap().unwrap();
 }
 
+/// `/readyz` names each pool that cannot route and why: no endpoint, none scraped yet, none
+/// with fresh metrics (with how many endpoints are in which state); a ready pool is not listed.
+/// It answered `not ready` alone.
+#[tokio::test]
+async fn readyz_names_each_pool_that_cannot_route_and_why() {
+    use infergate_pool::readiness::{NotReady, Readiness, Reason};
+    // Scrapes that connect and are never answered: not scraped for the 1.5 s of their timeout.
+    let mut slow = config();
+    slow.scrape.stale_after = Duration::from_secs(2);
+    slow.scrape.timeout = Duration::from_millis(1_500);
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let up = metrics_server(Arc::new(AtomicU32::new(0))).await;
+    let empty = LivePool::start(config(), None).unwrap();
+    let waiting = LivePool::start(slow, None).unwrap();
+    waiting
+        .set_endpoints([meta(silent_addr, "silent")])
+        .unwrap();
+    let dead = LivePool::start(config(), None).unwrap();
+    dead.set_endpoints([meta(refused, "dead")]).unwrap();
+    let fine = LivePool::start(config(), None).unwrap();
+    fine.set_endpoints([meta(up, "up")]).unwrap();
+    wait_ready(&fine).await;
+    eventually("the refused endpoint failed", || {
+        dead.not_ready().is_some_and(|r| r.code() == "stale")
+    })
+    .await;
+
+    let pools = Arc::new([
+        ("empty", empty),
+        ("waiting", waiting),
+        ("dead", dead),
+        ("fine", fine),
+    ]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let ready_pools = Arc::clone(&pools);
+    let server = tokio::spawn(infergate_pool::admin::serve(
+        listener,
+        Arc::new(Registry::default()),
+        move || {
+            let mut r = Readiness::ready();
+            for (name, pool) in ready_pools.iter() {
+                if let Some(reason) = pool.not_ready() {
+                    r.push(NotReady::Model {
+                        name: (*name).to_owned(),
+                        reason,
+                    });
+                }
+            }
+            r
+        },
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    let r = infergate_testkit::get(addr, "/readyz").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.text(),
+        "not ready\n\
+         model \"empty\": no-endpoints: no endpoint is configured or discovered\n\
+         model \"waiting\": not-scraped: none of its 1 endpoint has had a metrics page read yet\n\
+         model \"dead\": stale: none of its 1 endpoint has fresh metrics (1 failing scrape, 0 last \
+         pages older than 2000 ms, 0 not scraped yet)\n"
+    );
+    assert_eq!(
+        pools[1].1.not_ready(),
+        Some(Reason::NotScraped { endpoints: 1 })
+    );
+    tx.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    drop(silent);
+}
+
 #[tokio::test]
 async fn the_schedulers_age_bound_is_a_safety_net_above_the_scrapers_threshold() {
     let mut cfg = config();
@@ -448,13 +528,13 @@ async fn a_killed_pod_fails_at_once_and_comes_back_with_its_rates_forgotten() {
     // reads ten times faster than A if its sleep ends up to 100 ms late on a loaded machine).
     for (addr, ttft) in [(a.addr, 1000), (b, 1)] {
         let only = [addr];
-        let req = RequestContext::new("m", 100).with_subset(Some(&only[..]));
+        let req = RequestContext::new("m", 1_000).with_subset(Some(&only[..]));
         let mut g = pool.pick(&req).unwrap();
         assert_eq!(g.endpoint(), addr);
         tokio::time::sleep(Duration::from_millis(ttft)).await;
         g.first_token();
         g.complete(Usage {
-            prompt_tokens: 100,
+            prompt_tokens: 1_000,
             cached_tokens: 0,
             output_tokens: 10,
         });

@@ -315,7 +315,7 @@ impl Control {
             tokio::spawn(infergate_pool::admin::serve_with_heartbeat(
                 listener,
                 move || crate::admin::encode_metrics(&registry, &metrics),
-                move || ready.state.load().is_ready(),
+                move || ready.state.load().readiness(),
                 move || Some(crate::admin::encode_heartbeat(&heartbeats, &heartbeat)),
                 async move { stopped(&mut rx).await },
             ))

@@ -516,11 +516,25 @@ impl State {
     /// Whether every model has an endpoint with fresh metrics, and some request can be
     /// authenticated (not so while JWTs are the only credential and no key set was fetched).
     pub(crate) fn is_ready(&self) -> bool {
-        self.auth.is_ready()
-            && self
-                .router
-                .targets()
-                .iter()
-                .all(|m| m.backend.pool.is_ready())
+        self.readiness().is_ready()
+    }
+
+    /// As [`State::is_ready`], with each model that cannot route and why, and the missing key
+    /// set: what `/readyz` answers.
+    pub(crate) fn readiness(&self) -> infergate_pool::readiness::Readiness {
+        use infergate_pool::readiness::{NotReady, Readiness};
+        let mut readiness = Readiness::ready();
+        for m in self.router.targets() {
+            if let Some(reason) = m.backend.pool.not_ready() {
+                readiness.push(NotReady::Model {
+                    name: m.name.to_string(),
+                    reason,
+                });
+            }
+        }
+        if !self.auth.is_ready() {
+            readiness.push(NotReady::JwksNotFetched);
+        }
+        readiness
     }
 }

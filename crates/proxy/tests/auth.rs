@@ -517,7 +517,13 @@ async fn with_no_key_set_ever_fetched_a_good_token_is_503_and_jwt_alone_is_not_r
     );
     // Every model has a pod, but JWTs are the only way in and none can be verified.
     let admin = f.gw.admin_addr().unwrap();
-    assert_eq!(infergate_testkit::get(admin, "/readyz").await.status, 503);
+    let r = infergate_testkit::get(admin, "/readyz").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.text(),
+        "not ready\nauth: jwks-not-fetched: JWTs are the only credential accepted and no signing \
+         key set has been fetched yet\n"
+    );
     assert!(!f.gw.handle().is_ready());
 
     // The provider answers again: the key set is fetched without waiting for a request (or for

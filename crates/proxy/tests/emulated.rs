@@ -383,7 +383,16 @@ async fn every_pod_dead_is_503_with_retry_after_on_the_gateway() {
         2,
         "{m}"
     );
-    assert_eq!(get(rig.gw.admin_addr().unwrap(), "/readyz").await.0, 503);
+    // `/readyz` says which model cannot route, and why.
+    let (status, why) = get(rig.gw.admin_addr().unwrap(), "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(
+        why.starts_with(
+            "not ready\nmodel \"llama\": stale: none of its 2 endpoints has fresh metrics (2 \
+             failing scrapes, 0 last pages older than "
+        ),
+        "{why}"
+    );
 }
 
 /// Pool exhaustion: every pod saturated, standard requests shed with a `Retry-After` that is the
