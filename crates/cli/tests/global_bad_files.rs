@@ -314,3 +314,28 @@ fn a_port_in_use_names_the_setting_that_chose_it() {
         assert_said_once(&printed_chain(&text), &text);
     }
 }
+
+/// A cluster's token sent to an `http://` URL on another machine is warned of at start; `--check`
+/// called the file valid without a word. It now gives the start's warning, with and without
+/// `--no-files`, and still passes: a warning is not a refusal.
+#[test]
+fn check_gives_the_starts_warning_of_a_token_in_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "secret\n").unwrap();
+    let body = format!(
+        "auth: none\nclusters:\n  - {{ name: far, url: 'http://10.0.0.1:8080', region: r, models: [m], cost: {{ inputPerMillion: 1 }}, credentials: {{ bearerTokenFile: \"{}\" }} }}\n",
+        token.display()
+    );
+    for args in [&["--check"][..], &["--check", "--no-files"]] {
+        let (ok, text) = global_with(dir.path(), &body, args, &[]);
+        assert!(ok, "{args:?}: {text}");
+        let warnings: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warnings.len(), 1, "{args:?}: {text}");
+        assert!(
+            warnings[0].contains("crosses the network in plaintext")
+                && warnings[0].contains("cluster=far"),
+            "{args:?}: {text}"
+        );
+    }
+}

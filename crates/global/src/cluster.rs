@@ -92,6 +92,21 @@ pub(crate) struct ClusterState {
     /// a readmission once).
     ejection: Ejection,
     was_ejected: bool,
+    /// What its last `/v1/models` fetch gave (`Listed` from the start with `models:`).
+    pub(crate) discovery: Discovery,
+}
+
+/// What a cluster's last `/v1/models` fetch (discovery) gave: what the router tells a client
+/// when no cluster has reported a model yet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum Discovery {
+    /// None has completed yet.
+    #[default]
+    Pending,
+    /// A model list was read, or `models:` is configured.
+    Listed,
+    /// The last one failed: why (the status and what it means, or the cause), as it is logged.
+    Failed(Arc<str>),
 }
 
 impl ClusterState {
@@ -312,6 +327,7 @@ impl Cluster {
         let mut state = ClusterState::default();
         if let Some(models) = &c.models {
             state.served.clone_from(models);
+            state.discovery = Discovery::Listed;
         }
         Cluster {
             label: ClusterLabel {
@@ -579,6 +595,11 @@ impl Cluster {
     /// The models it serves.
     pub(crate) fn served(&self) -> Vec<String> {
         lock(&self.state).served.clone()
+    }
+
+    /// What its last `/v1/models` fetch gave.
+    pub(crate) fn discovery(&self) -> Discovery {
+        lock(&self.state).discovery.clone()
     }
 
     /// A streamed answer's first generated token came `ttft` after its request was sent.
@@ -909,7 +930,32 @@ impl Cluster {
     }
 
     fn set_served(&self, models: Vec<String>) {
-        lock(&self.state).served = models;
+        let mut st = lock(&self.state);
+        st.served = models;
+        st.discovery = Discovery::Listed;
+    }
+
+    /// Its `/v1/models` fetch failed (`why`): the models last read are kept.
+    fn discovery_failed(&self, why: &str) {
+        lock(&self.state).discovery = Discovery::Failed(Arc::from(why));
+    }
+
+    /// Why a `/v1/models` fetch failed, in the words of the log and of the answer to a client
+    /// (`ApiError::NoClusterReported`): a 401 or 403 says whose credentials were refused.
+    fn discovery_error(&self, e: &FetchError) -> String {
+        let chain = infergate_pool::ErrorChain(e).to_string();
+        if !e.refused_credentials() {
+            return chain;
+        }
+        if self.config.credentials.is_some() {
+            format!(
+                "{chain}: the cluster refuses the router's token from credentials.bearerTokenFile"
+            )
+        } else {
+            format!(
+                "{chain}: the cluster asks for credentials and the router sends none: set credentials.bearerTokenFile"
+            )
+        }
     }
 }
 
@@ -1059,6 +1105,18 @@ pub(crate) enum FetchError {
     Body,
 }
 
+impl FetchError {
+    /// Whether the cluster answered 401 or 403: it refuses the router's credentials (its
+    /// `credentials.bearerTokenFile`, or none).
+    fn refused_credentials(&self) -> bool {
+        matches!(
+            self,
+            FetchError::Status(s)
+                if *s == http::StatusCode::UNAUTHORIZED || *s == http::StatusCode::FORBIDDEN
+        )
+    }
+}
+
 /// Fetches `uri` within `timeout`: the body and the time it took.
 async fn fetch(
     client: &Client,
@@ -1103,6 +1161,18 @@ pub(crate) fn model_ids(body: &[u8]) -> Option<Vec<String>> {
     Some(list.data.into_iter().map(|e| e.id).collect())
 }
 
+/// What the poller remembers between rounds for its warnings: each run of failures is warned
+/// of once.
+#[derive(Debug, Default)]
+struct Runs {
+    /// The last heartbeat fetch failed — or, without `heartbeatUrl`, the last `/v1/models`
+    /// fetch, which stands for it.
+    failing: bool,
+    /// A failed `/v1/models` fetch of a cluster judged by its heartbeat was warned of since the
+    /// last good one.
+    discovery_warned: bool,
+}
+
 /// Polls `cluster` until the task is aborted, with its clients and token in force at each tick.
 pub(crate) async fn poll(
     cluster: Arc<Cluster>,
@@ -1115,16 +1185,15 @@ pub(crate) async fn poll(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_discovery = tokio::time::Instant::now();
     let models_uri = cluster.uri("/v1/models");
-    // Whether the last heartbeat fetch failed — or, without `heartbeatUrl`, the last
-    // `/v1/models` fetch, which stands for it (its failures are warned of once per run).
-    let mut failing = false;
+    let mut runs = Runs::default();
     loop {
         tick.tick().await;
         let round = poll_once(
             &cluster,
+            &telemetry,
             models_uri.as_ref(),
             &mut next_discovery,
-            &mut failing,
+            &mut runs,
             discovery,
             timeout,
         );
@@ -1150,9 +1219,10 @@ pub(crate) async fn poll(
 /// the heartbeat.
 async fn poll_once(
     cluster: &Cluster,
+    telemetry: &Telemetry,
     models_uri: Option<&Uri>,
     next_discovery: &mut tokio::time::Instant,
-    failing: &mut bool,
+    runs: &mut Runs,
     discovery: Duration,
     timeout: Duration,
 ) {
@@ -1163,41 +1233,57 @@ async fn poll_once(
     if discover {
         *next_discovery = tokio::time::Instant::now() + discovery;
         if let Some(uri) = models_uri.cloned() {
-            match fetch(&client, uri.clone(), token.clone(), timeout).await {
-                Ok((body, rtt)) => match model_ids(&body) {
-                    Some(ids) => {
-                        cluster.set_served(ids.clone());
-                        if cluster.heartbeat.is_none() {
-                            cluster.apply_models_as_heartbeat(&ids, rtt, now());
-                            *failing = false;
-                        }
+            let listed = match fetch(&client, uri.clone(), token.clone(), timeout).await {
+                Ok((body, rtt)) => model_ids(&body)
+                    .map(|ids| (ids, rtt))
+                    .ok_or_else(|| ("it is not an OpenAI model list".to_owned(), false)),
+                Err(e) => Err((cluster.discovery_error(&e), e.refused_credentials())),
+            };
+            let result = match &listed {
+                Ok(_) => "ok",
+                Err((_, true)) => "refused",
+                Err(_) => "error",
+            };
+            telemetry.discovered(&cluster.label, result);
+            match listed {
+                Ok((ids, rtt)) => {
+                    if std::mem::take(&mut runs.discovery_warned) {
+                        tracing::info!(cluster = %cluster.config.name, models = ids.len(), "the cluster's /v1/models is read again");
                     }
-                    None if cluster.heartbeat.is_none() => {
-                        models_failed(cluster, failing, &uri, "it is not an OpenAI model list")
+                    if cluster.heartbeat.is_none() {
+                        cluster.apply_models_as_heartbeat(&ids, rtt, now());
+                        runs.failing = false;
                     }
-                    None => {
-                        tracing::warn!(cluster = %cluster.config.name, "/v1/models is not an OpenAI model list");
+                    cluster.set_served(ids);
+                }
+                Err((why, _)) if cluster.heartbeat.is_none() => {
+                    cluster.discovery_failed(&why);
+                    models_failed(cluster, &mut runs.failing, &uri, &why);
+                }
+                // Judged by its heartbeat: the models last read are kept, but a cluster that
+                // refuses the router's token, or is up by its heartbeat, must not go unnoticed
+                // (the router's /v1/models does not list what it could not read). One that is
+                // down otherwise was warned of when it was drained.
+                Err((why, refused)) => {
+                    cluster.discovery_failed(&why);
+                    if (refused || cluster.any_up(now()))
+                        && !std::mem::replace(&mut runs.discovery_warned, true)
+                    {
+                        tracing::warn!(
+                            cluster = %cluster.config.name,
+                            models_url = %uri,
+                            error = %why,
+                            "cannot read the cluster's /v1/models: the router's /v1/models lists only the models last read from it (none before the first read); logged again only after a good read"
+                        );
+                    } else {
+                        tracing::debug!(
+                            cluster = %cluster.config.name,
+                            models_url = %uri,
+                            error = %why,
+                            "cannot read the cluster's /v1/models"
+                        );
                     }
-                },
-                Err(e) if cluster.heartbeat.is_none() => models_failed(
-                    cluster,
-                    failing,
-                    &uri,
-                    &infergate_pool::ErrorChain(&e).to_string(),
-                ),
-                // Judged by its heartbeat: the models last read are kept, but a cluster
-                // up by its heartbeat that refuses the router's token, say, must not go
-                // unnoticed. One that is down was warned of when it was drained.
-                Err(e) if cluster.any_up(now()) => tracing::warn!(
-                    cluster = %cluster.config.name,
-                    error = %infergate_pool::ErrorChain(&e),
-                    "cannot read the cluster's /v1/models; the models last read are kept"
-                ),
-                Err(e) => tracing::debug!(
-                    cluster = %cluster.config.name,
-                    error = %infergate_pool::ErrorChain(&e),
-                    "cannot read the drained cluster's /v1/models"
-                ),
+                }
             }
         }
     } else if cluster.heartbeat.is_none() && cluster.config.models.is_some() {
@@ -1207,13 +1293,13 @@ async fn poll_once(
                 Ok((_, rtt)) => {
                     let models = cluster.served();
                     cluster.apply_models_as_heartbeat(&models, rtt, now());
-                    *failing = false;
+                    runs.failing = false;
                 }
                 Err(e) => models_failed(
                     cluster,
-                    failing,
+                    &mut runs.failing,
                     &uri,
-                    &infergate_pool::ErrorChain(&e).to_string(),
+                    &cluster.discovery_error(&e),
                 ),
             }
         }
@@ -1230,12 +1316,12 @@ async fn poll_once(
             Err(e) => Some(infergate_pool::ErrorChain(&e).to_string()),
         };
         match failure {
-            None => *failing = false,
+            None => runs.failing = false,
             Some(why) => {
                 cluster.fail_all(now());
                 // Once per run of failures: a wrong URL (never up, so never drained) says
                 // why at once, and a dead cluster does not repeat it every interval.
-                if !std::mem::replace(failing, true) {
+                if !std::mem::replace(&mut runs.failing, true) {
                     tracing::warn!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed; logged again only after a good one");
                 } else {
                     tracing::debug!(cluster = %cluster.config.name, heartbeat_url = %uri, error = %why, "heartbeat failed");

@@ -338,6 +338,21 @@ pub(crate) fn token_in_plaintext(cluster: &ClusterConfig) -> bool {
             .is_ok_and(|u| u.scheme() == Some(&Scheme::HTTP) && !is_loopback(&u))
 }
 
+/// Warns of what `cluster`'s entry exposes, as the start (or the reload that adds the cluster)
+/// and `infergate global --check` both do: a bearer token sent in plaintext
+/// ([`token_in_plaintext`]). Not refused: a private network or a mesh may encrypt it.
+pub(crate) fn warn_of(cluster: &ClusterConfig) {
+    if token_in_plaintext(cluster) {
+        tracing::warn!(
+            cluster = %cluster.name,
+            url = %cluster.url,
+            "credentials.bearerTokenFile is sent to an http:// URL off this machine: the token \
+             (and every prompt and answer) crosses the network in plaintext; use https:// \
+             unless the network or a mesh encrypts it"
+        );
+    }
+}
+
 /// What a failed request to a cluster says about it.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Failure {

@@ -53,7 +53,7 @@ mod telemetry;
 
 pub use config::GlobalConfig;
 pub use error::{ConfigError, Error, OutlierError, OutlierField, TokenError};
-pub use server::{CLUSTER_HEADER, Handle, Listeners, Router, check_files, serve};
+pub use server::{CLUSTER_HEADER, Handle, Listeners, Router, check, check_files, serve};
 
 /// The HTTP/1.1 client to a cluster (pooled keep-alive connections, plain or TLS).
 type Client =

@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 
 use crate::access_log::{Outcome, Record};
 use crate::body::{Observed, RouterBody};
-use crate::cluster;
+use crate::cluster::{self, Discovery};
 use crate::config::GlobalConfig;
 use crate::connect::{self, Failure};
 use crate::error::Error;
@@ -333,6 +333,21 @@ pub async fn serve(
     })
 }
 
+/// What `infergate global --check` runs once the file itself validated: the warnings the start
+/// gives about the configuration (a cluster's token sent over plain `http://`), then, with
+/// `read_files` (not `--no-files`), [`check_files`] — which gives the start's warnings about
+/// those files too (a client certificate outside its validity). A file called valid here
+/// neither stops the router at start nor draws a warning there that this did not give.
+pub fn check(config: &GlobalConfig, read_files: bool) -> Result<(), Error> {
+    for c in &config.clusters {
+        connect::warn_of(c);
+    }
+    if read_files {
+        check_files(config)?;
+    }
+    Ok(())
+}
+
 /// What `infergate global --check` verifies beyond the file, writing nothing and contacting
 /// nothing: every file the configuration names, read as [`serve`] reads it and refused with the
 /// error the start would stop on — the front door's `tls` (certificate, key, client CA bundle),
@@ -579,6 +594,39 @@ fn served_models(state: &State, access: &ModelAccess) -> Vec<String> {
     all
 }
 
+/// The answer to a request for `model` while no cluster has listed any model (a 503 to retry:
+/// the model may well exist): what the router knows of each cluster's discovery — those whose
+/// `/v1/models` failed, named with why, those not read yet, those that listed none.
+fn no_cluster_reported(state: &State, model: &str) -> ApiError {
+    let (mut failed, mut pending, mut empty) = (Vec::new(), Vec::new(), Vec::new());
+    for c in &state.clusters {
+        let name = &c.config.name;
+        match c.discovery() {
+            Discovery::Failed(why) => failed.push(format!("`{name}` ({why})")),
+            Discovery::Pending => pending.push(format!("`{name}`")),
+            Discovery::Listed => empty.push(format!("`{name}`")),
+        }
+    }
+    let mut why = Vec::new();
+    if !failed.is_empty() {
+        why.push(format!("GET /v1/models failed on {}", failed.join(", ")));
+    }
+    if !pending.is_empty() {
+        why.push(format!(
+            "{} {} not answered it yet: retry shortly",
+            pending.join(", "),
+            if pending.len() == 1 { "has" } else { "have" }
+        ));
+    }
+    if !empty.is_empty() {
+        why.push(format!("{} listed no model", empty.join(", ")));
+    }
+    ApiError::NoClusterReported {
+        model: model.to_owned(),
+        why: why.join("; "),
+    }
+}
+
 /// The model list; for `HEAD` (`head`) its headers, length included, and no body (HTTP/2 leaves
 /// that to the server).
 fn models_response(state: &State, access: &ModelAccess, head: bool) -> Response<RouterBody> {
@@ -602,10 +650,7 @@ fn model_response(
     let served = served_models(state, access);
     if !served.iter().any(|m| m == id) {
         if served_models(state, &ModelAccess::All).is_empty() {
-            return Err(ApiError::NoEndpoints {
-                model: id.to_owned(),
-                subset: false,
-            });
+            return Err(no_cluster_reported(state, id));
         }
         return Err(ApiError::UnknownModel {
             model: id.to_owned(),
@@ -770,11 +815,7 @@ async fn route_request(
         // No cluster has listed a model yet (none reachable since the start, and no `models:`):
         // the model may well exist, so a 503 to retry rather than a 404.
         if served_models(&state, &ModelAccess::All).is_empty() {
-            return Err(ApiError::NoEndpoints {
-                model: model.to_owned(),
-                subset: false,
-            }
-            .into());
+            return Err(no_cluster_reported(&state, model).into());
         }
         let known = served_models(&state, &identity.models).join(", ");
         return Err(ApiError::UnknownModel {
@@ -877,7 +918,8 @@ async fn route_request(
             Err(_) => {
                 gateway_failure(cluster.observe_timeout(first_byte, &shared.telemetry));
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");
-                return Err(ApiError::UpstreamTimeout {
+                return Err(ApiError::ClusterTimeout {
+                    cluster: cluster.config.name.clone(),
                     timeout: first_byte,
                 }
                 .into());

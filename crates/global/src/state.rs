@@ -131,15 +131,7 @@ impl State {
                 continue;
             }
             let cluster = Arc::new(Cluster::load(&config, i, &mut system_roots)?);
-            if connect::token_in_plaintext(c) {
-                tracing::warn!(
-                    cluster = %c.name,
-                    url = %c.url,
-                    "credentials.bearerTokenFile is sent to an http:// URL off this machine: the \
-                     token (and every prompt and answer) crosses the network in plaintext; use \
-                     https:// unless the network or a mesh encrypts it"
-                );
-            }
+            connect::warn_of(c);
             fresh.push(i);
             clusters.push(cluster);
             kept.push(None);
@@ -164,6 +156,9 @@ impl State {
         for i in fresh {
             connect::log_cluster(&config.clusters[i]);
             telemetry.credential_files(&clusters[i].label, &clusters[i].rotated_files());
+            if config.clusters[i].models.is_none() {
+                telemetry.discovering(&clusters[i].label);
+            }
             clusters[i].export_tls_expiry(telemetry);
             kept[i] = Some(Arc::new(Poller(tokio::spawn(cluster::poll(
                 Arc::clone(&clusters[i]),

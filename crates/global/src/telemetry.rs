@@ -51,6 +51,13 @@ pub(crate) struct ClusterFileResult {
     pub(crate) result: &'static str,
 }
 
+/// `cluster`, `result` (of a `/v1/models` fetch: `ok`, `refused`, `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterResult {
+    pub(crate) cluster: Arc<str>,
+    pub(crate) result: &'static str,
+}
+
 /// `cluster`, `file` (`client_cert`, `ca`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClusterFile {
@@ -87,6 +94,9 @@ pub(crate) struct Telemetry {
     pub(crate) failure_percent: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
     pub(crate) reloads: Family<ResultLabel, Counter>,
     pub(crate) credential_reloads: Family<ClusterFileResult, Counter>,
+    /// Each discovering cluster's `/v1/models` fetches, by result: a cluster refusing the
+    /// router's token shows here, where the model list only stays empty.
+    pub(crate) discoveries: Family<ClusterResult, Counter>,
     /// The `notAfter` of each cluster's client certificate and CA bundle in force
     /// (`crate::expiry`), Unix seconds.
     pub(crate) tls_not_after: Family<ClusterFile, Gauge>,
@@ -127,6 +137,7 @@ impl Telemetry {
             failure_percent: Family::default(),
             reloads: Family::default(),
             credential_reloads: Family::default(),
+            discoveries: Family::default(),
             tls_not_after: Family::default(),
             access_log: infergate_proxy::access_log::LineCounters::default(),
         };
@@ -148,6 +159,11 @@ impl Telemetry {
             "infergate_global_cluster_tls_not_after_timestamp_seconds",
             "The notAfter of the cluster's TLS file in force, Unix seconds, by file (client_cert: tls.certFile; ca: tls.caFile, its earliest certificate's), for the files configured (0: not read); alert on it minus time()",
             t.tls_not_after.clone(),
+        );
+        r.register(
+            "infergate_global_discoveries",
+            "Reads of a cluster's /v1/models (the models it serves; clusters without models: only), by result (ok; refused: 401 or 403, the cluster refuses the router's credentials; error: anything else, its models last read kept)",
+            t.discoveries.clone(),
         );
         t.access_log.register(r, "infergate_global_access_log");
         r.register(
@@ -244,6 +260,10 @@ impl Telemetry {
     }
 }
 
+/// The `result` of a `/v1/models` fetch: `ok`, `refused` (401 or 403: the cluster refuses the
+/// router's credentials), `error` (anything else).
+pub(crate) const DISCOVERY_RESULTS: [&str; 3] = ["ok", "refused", "error"];
+
 /// The `code` label of an answer passed through: its status class. A redirect (a cluster URL
 /// behind an HTTP-to-HTTPS redirect, say) is `3xx`, not counted with the server errors.
 pub(crate) fn status_class(status: u16) -> &'static str {
@@ -275,6 +295,27 @@ impl Telemetry {
                 });
             }
         }
+    }
+
+    /// Exports a discovering cluster's `/v1/models` series at 0 (an alert on refusals has a
+    /// series to read before the first).
+    pub(crate) fn discovering(&self, label: &ClusterLabel) {
+        for result in DISCOVERY_RESULTS {
+            let _ = self.discoveries.get_or_create(&ClusterResult {
+                cluster: Arc::clone(&label.cluster),
+                result,
+            });
+        }
+    }
+
+    /// Counts a `/v1/models` fetch of a cluster (`result`: one of [`DISCOVERY_RESULTS`]).
+    pub(crate) fn discovered(&self, label: &ClusterLabel, result: &'static str) {
+        self.discoveries
+            .get_or_create(&ClusterResult {
+                cluster: Arc::clone(&label.cluster),
+                result,
+            })
+            .inc();
     }
 
     /// Counts a load of a cluster's changed credential `file` (`token`, `ca`, `client_cert`).

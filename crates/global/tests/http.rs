@@ -358,6 +358,17 @@ async fn a_cluster_that_times_out_is_not_chosen_again_at_once() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
     assert_eq!(r.status, 504, "{}", r.text());
+    // The cluster and the timeout that elapsed are named, as the 502 names every cluster
+    // tried (it said "the model server did not answer within 300 ms").
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "upstream_timeout", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(
+            "cluster `hung` sent no response headers within 300 ms (timeouts.firstByteMs)"
+        ),
+        "{msg}"
+    );
     for i in 0..5 {
         let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
@@ -606,23 +617,74 @@ async fn a_client_leaving_mid_body_is_not_counted_as_a_timeout() {
 
 /// Before any cluster has listed its models (none reachable yet, no `models:` configured) a
 /// request is a 503 the client may retry, not a permanent-looking 404 saying the model "does
-/// not exist here" and listing "()" as the served models.
+/// not exist here" and listing "()" as the served models. It said the gateway's "no ready
+/// endpoint serves the model", which the router has no endpoints to mean: it now says no
+/// cluster has reported the model yet, naming each cluster whose discovery failed and why (a
+/// refused connection, a 401 to the router's token) and those not answered yet; the same for
+/// `GET /v1/models/{model}`.
 #[tokio::test]
 async fn no_known_model_yet_is_a_503_not_a_404() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "stale-token").unwrap();
     // A port nothing listens on.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
+    let locked = refusing_cluster(401).await;
+    // Accepts and never answers: its first discovery is under way for `timeoutMs`.
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hung_addr = hung.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hung.accept().await {
+            held.push(s);
+        }
+    });
     let yaml = format!(
-        "auth: none\nclusters:\n  - {{ name: a, url: 'http://{closed}', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+        "auth: none\nheartbeat: {{ timeoutMs: 30000 }}\nclusters:\n\
+         \x20 - {{ name: down, url: 'http://{closed}', region: r, cost: {{ inputPerMillion: 1 }} }}\n\
+         \x20 - {{ name: locked, url: 'http://{locked}', region: r, cost: {{ inputPerMillion: 1 }}, credentials: {{ bearerTokenFile: '{}' }} }}\n\
+         \x20 - {{ name: slow, url: 'http://{hung_addr}', region: r, cost: {{ inputPerMillion: 1 }} }}\n",
+        token.display()
     );
     let (router, _stop) = router_with(&yaml).await;
-    let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+    // Both failures seen (the first discovery runs at start).
+    let mut text = String::new();
+    for _ in 0..100 {
+        let r = send(router.http_addr(), "POST", "/v1/chat/completions", &[]).await;
+        assert_eq!(r.status, 503, "{}", r.text());
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "no_endpoints", "{v}");
+        text = v["error"]["message"].as_str().unwrap().to_owned();
+        if text.contains("`down` (") && text.contains("`locked` (") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        text.starts_with("no cluster has reported the model `m` yet: GET /v1/models failed on `down` (the request failed: "),
+        "{text}"
+    );
+    assert!(!text.contains("no ready endpoint"), "{text}");
+    assert!(!text.contains("()"), "{text}");
+    assert!(
+        text.contains(", `locked` (it answered 401 Unauthorized: the cluster refuses the router's token from credentials.bearerTokenFile); "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("; `slow` has not answered it yet: retry shortly"),
+        "{text}"
+    );
+    let r = send(router.http_addr(), "GET", "/v1/models/m", &[]).await;
     assert_eq!(r.status, 503, "{}", r.text());
-    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(v["error"]["code"], "no_endpoints", "{v}");
-    assert!(!r.text().contains("()"), "{}", r.text());
+    assert!(
+        r.text()
+            .contains("no cluster has reported the model `m` yet"),
+        "{}",
+        r.text()
+    );
 }
 
 /// `limits.maxBufferedRequestBytes` bounds the request bodies held at once, every connection
@@ -733,6 +795,69 @@ async fn a_failing_heartbeat_says_why_once() {
         warnings[0].contains(&format!("heartbeat_url=http://{wrong}/")),
         "{text}"
     );
+}
+
+/// A cluster up by its heartbeat whose `/v1/models` refuses the router's token (401, 403) left
+/// the router's `GET /v1/models` empty with no reason given: the first refusals came before the
+/// heartbeat had it up (logged at debug level), and later ones were warnings without the cause.
+/// A refusal is now a warning at once, naming the cluster, the URL and the status with what it
+/// means, given once per run of failures; and counted, from 0, in
+/// `infergate_global_discoveries_total{result="refused"}`.
+#[tokio::test]
+async fn a_discovery_refusing_the_routers_token_is_warned_of_and_counted() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "stale-token").unwrap();
+    let heartbeat = infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
+        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
+            .to_owned()
+    }))
+    .await;
+    for status in [401, 403] {
+        let from = out.text().len();
+        let locked = refusing_cluster(status).await;
+        let yaml = format!(
+            "auth: none\nheartbeat: {{ intervalMs: 50, discoveryIntervalMs: 50 }}\nclusters:\n\
+             \x20 - {{ name: locked, url: 'http://{locked}', heartbeatUrl: 'http://{heartbeat}/heartbeat', region: r, cost: {{ inputPerMillion: 1 }}, credentials: {{ bearerTokenFile: '{}' }} }}\n",
+            token.display()
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        let admin = router.admin_addr().unwrap();
+        let refused = r#"infergate_global_discoveries_total{cluster="locked",result="refused"}"#;
+        let mut page = String::new();
+        for _ in 0..200 {
+            page = infergate_testkit::get(admin, "/metrics").await.text();
+            if clusters::counter(&page, refused) >= 3.0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(clusters::counter(&page, refused) >= 3.0, "{page}");
+        assert!(
+            page.contains("infergate_global_discoveries_total{cluster=\"locked\",result=\"ok\"} 0"),
+            "{page}"
+        );
+        let models = send(router.http_addr(), "GET", "/v1/models", &[]).await;
+        assert_eq!(models.status, 200);
+        assert!(models.text().contains(r#""data":[]"#), "{}", models.text());
+        let text = out.text()[from..].to_owned();
+        let warnings: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("/v1/models"))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{status}: {text}");
+        assert!(
+            warnings[0].contains("cluster=locked")
+                && warnings[0].contains(&format!("models_url=http://{locked}/v1/models"))
+                && warnings[0].contains(&format!("it answered {status} "))
+                && warnings[0].contains("refuses the router's token"),
+            "{text}"
+        );
+    }
 }
 
 /// A cluster without `heartbeatUrl` is up while its `/v1/models` answers: one whose `url` does

@@ -839,3 +839,47 @@ async fn the_router_front_door_asks_for_client_certificates_with_client_ca_file(
         "{page}"
     );
 }
+
+/// `infergate global --check` gives the warnings the start gives: a cluster's token sent over
+/// plain `http://` to another machine was warned of at start, while `--check` called the file
+/// valid without a word. `check` now logs the same warning, files read or not (`--no-files`);
+/// a token to this machine is warned of by neither.
+#[tokio::test]
+async fn check_gives_the_warnings_the_start_gives() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "secret\n").unwrap();
+    let entry = |name: &str, url: &str| {
+        format!(
+            "  - {{ name: {name}, url: '{url}', region: r, models: [m], cost: {{ inputPerMillion: 1 }}, credentials: {{ bearerTokenFile: '{}' }} }}\n",
+            token.display()
+        )
+    };
+    let yaml = format!(
+        "auth: none\nclusters:\n{}{}",
+        entry("far", "http://10.0.0.1:8080"),
+        entry("near", "http://127.0.0.1:9")
+    );
+    // The warning lines since `from`, without their timestamps.
+    let warnings = |from: usize| -> Vec<String> {
+        out.text()[from..]
+            .lines()
+            .filter_map(|l| l.split_once(" WARN ").map(|(_, w)| w.to_owned()))
+            .filter(|w| w.contains("plaintext"))
+            .collect()
+    };
+    let config = GlobalConfig::from_yaml(&yaml).unwrap();
+    let (router, stop) = router_with(&yaml).await;
+    let at_start = warnings(0);
+    assert_eq!(at_start.len(), 1, "{}", out.text());
+    assert!(at_start[0].contains("cluster=far"), "{at_start:?}");
+    drop(stop);
+    router.wait().await;
+    for read_files in [true, false] {
+        let from = out.text().len();
+        infergate_global::check(&config, read_files).unwrap();
+        assert_eq!(warnings(from), at_start, "read_files: {read_files}");
+    }
+}

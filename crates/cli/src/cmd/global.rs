@@ -56,11 +56,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .set_addresses(args.listen, args.admin)
         .context("--listen/--admin")?;
     if args.check {
-        if !args.no_files {
-            // Read as the start reads them, refused with the start's own error: a file called
-            // valid here does not stop the router at start.
-            infergate_global::check_files(&config)?;
-        }
+        // The start's warnings, and the files read as the start reads them, refused with the
+        // start's own error: a file called valid here does not stop the router at start.
+        infergate_global::check(&config, !args.no_files)?;
         let unread = if args.no_files {
             " (--no-files: the files it names were not read)"
         } else {
