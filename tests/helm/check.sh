@@ -23,6 +23,13 @@
 #      and arguments (tests/helm/uninstall-hook.py), none of it when disabled, bad values refused,
 #      and the Job's command line as rendered run with the real binary and no cluster: its
 #      arguments must parse (not clap's exit 2) and it must fail on the missing connection.
+#  11. what a platform team checks before it admits the chart: every pod of every render passes the
+#      Pod Security Standards' `restricted` profile and has requests, a memory limit, a pinned
+#      tag, a pull policy, probes and (with replicas) a spread across nodes (tests/helm/pod-checks.py);
+#      the operator's command line as rendered (logFormat included) parses with the real binary;
+#      the global router's grace period outlasts a streamed answer; the namespace of
+#      deploy/operator/operator.yaml enforces `restricted`; and docs/install.md's values table names
+#      every top-level value of values.yaml and no key the chart does not have.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
 # or HELM (tests/helm/install-helm.sh).
 set -euo pipefail
@@ -43,10 +50,12 @@ for values in "$chart"/ci/*-values.yaml; do
     python3 tests/helm/validate.py "$work/render.yaml" >&2 || true
     fail "render with $values does not validate"
   }
-  ok "lint + validate with $values"
+  python3 tests/helm/pod-checks.py "$work/render.yaml" >/dev/null || fail "pods rendered with $values (above)"
+  ok "lint + validate + pod checks with $values"
 done
 "$helm" template infergate "$chart" -n infergate-system >"$work/default.yaml"
 python3 tests/helm/validate.py "$work/default.yaml" || fail "default render does not validate"
+python3 tests/helm/pod-checks.py "$work/default.yaml" || fail "the default render's pods (above)"
 
 # 3. The examples through gatewayConfigs: valid, and the spec comes out as it went in.
 python3 - "$work/examples-values.yaml" <<'PY'
@@ -326,4 +335,115 @@ status=0
 run_hook --no-such-flag >"$work/hook-bad.out" 2>&1 || status=$?
 [ "$status" = 2 ] || fail "an unknown flag after the hook's arguments exited $status, not 2: this check could not tell a refused command line"
 ok "the rendered uninstall hook's command line parses with the real binary and, with no cluster, fails (1) on the connection: $(grep -iE -m1 'kubeconfig|cluster' "$work/hook-run.out" | cut -c1-160)"
+# 11. A platform team's admission checks, and what install.md promises of the default install.
+sed 's/allowPrivilegeEscalation: false/allowPrivilegeEscalation: true/' "$work/default.yaml" >"$work/pods-broken.yaml"
+if python3 tests/helm/pod-checks.py "$work/pods-broken.yaml" 2>"$work/pods-broken.out"; then
+  fail "pod-checks.py accepted a container that allows privilege escalation"
+fi
+grep -q "allowPrivilegeEscalation is not false" "$work/pods-broken.out" \
+  || fail "pod-checks.py's error does not name allowPrivilegeEscalation: $(cat "$work/pods-broken.out")"
+python3 - "$work/default.yaml" "$work/no-spread.yaml" <<'PY'
+import sys, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o]
+for o in objs:
+    if o["kind"] == "Deployment":
+        o["spec"]["template"]["spec"].pop("topologySpreadConstraints")
+yaml.safe_dump_all(objs, open(sys.argv[2], "w"))
+PY
+if python3 tests/helm/pod-checks.py "$work/no-spread.yaml" 2>"$work/no-spread.out"; then
+  fail "pod-checks.py accepted two operator replicas that nothing spreads across nodes"
+fi
+grep -q "nothing spreads them across nodes" "$work/no-spread.out" || fail "pod-checks.py: $(cat "$work/no-spread.out")"
+"$helm" template t "$chart" --set replicaCount=1 --set leaderElection.enabled=false >"$work/one.yaml"
+python3 tests/helm/pod-checks.py "$work/one.yaml" >/dev/null || fail "one operator replica (above)"
+if grep -q topologySpreadConstraints "$work/one.yaml"; then fail "one operator replica still renders a spread"; fi
+python3 tests/helm/pod-checks.py "$work/router-min-render.yaml" >/dev/null || fail "the minimal global router's pods (above)"
+ok "pod checks refuse privilege escalation and unspread replicas; one replica needs no spread"
+# The operator's container as rendered (the image's ENTRYPOINT, args, environment) run with the
+# built binary where no cluster is reachable: clap refuses bad arguments or a bad
+# INFERGATE_LOG_FORMAT with exit 2; past them the operator must fail (1) on the connection.
+run_operator() { # render.yaml [extra args...]
+  local words=() i render=$1
+  shift
+  mapfile -d '' words < <(python3 tests/helm/pod-checks.py "$render" --command infergate-operator/operator) || return 3
+  for ((i = 0; i < ${#words[@]}; i++)); do [ "${words[i]}" = -- ] && break; done
+  [ "$(basename "${words[i + 1]}")" = infergate ] || return 4
+  env -i PATH="$PATH" HOME="$work/no-cluster" KUBECONFIG="$work/no-cluster/config" "${words[@]:0:i}" \
+    timeout 60 "$infergate" "${words[@]:i+2}" "$@"
+}
+"$helm" template infergate "$chart" -n infergate-system --set logFormat=json >"$work/json.yaml"
+for render in default json; do
+  status=0
+  run_operator "$work/$render.yaml" >"$work/operator-run.out" 2>&1 || status=$?
+  [ "$status" = 1 ] || fail "the operator's rendered command line ($render render) exited $status, expected 1 (no cluster): $(cat "$work/operator-run.out")"
+  grep -qiE 'kubeconfig|cluster' "$work/operator-run.out" || fail "the operator did not say it could not connect: $(cat "$work/operator-run.out")"
+done
+[ "$(grep -cx '              value: "json"' "$work/json.yaml")" = 2 ] \
+  || fail "logFormat=json does not reach both the operator's and the uninstall hook's INFERGATE_LOG_FORMAT"
+status=0
+run_operator "$work/default.yaml" --no-such-flag >"$work/operator-bad.out" 2>&1 || status=$?
+[ "$status" = 2 ] || fail "an unknown flag after the operator's rendered arguments exited $status, not 2: this check could not tell a refused command line"
+expect_fail "/logFormat" --set logFormat=yaml
+# `helm upgrade --reuse-values` from a release made before logFormat existed carries no such key:
+# the variable must still be one the binary accepts (an empty one makes clap refuse it, exit 2).
+"$helm" template infergate "$chart" -n infergate-system --set logFormat=null >"$work/reused.yaml"
+status=0
+run_operator "$work/reused.yaml" >"$work/operator-reused.out" 2>&1 || status=$?
+[ "$status" = 1 ] || fail "without logFormat (helm upgrade --reuse-values) the operator exited $status: $(cat "$work/operator-reused.out")"
+ok "the operator's rendered command line (text and json logs) parses with the real binary and fails (1) only on the connection"
+python3 - "$work/router-min-render.yaml" "$work/router.yaml" <<'PY' || fail "the global router's pod (above)"
+import sys, yaml
+for path in sys.argv[1:]:
+    for o in yaml.safe_load_all(open(path)):
+        if o and o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-global-router"):
+            pod = o["spec"]["template"]["spec"]
+            grace = pod.get("terminationGracePeriodSeconds", 30)
+            # A cluster's gateway answers within its route's request timeout, 300 s by default.
+            assert grace >= 330, f"{path}: the global router's grace period is {grace} s, under a 300 s stream"
+            env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+            assert env.get("INFERGATE_LOG_FORMAT") == "text", f"{path}: INFERGATE_LOG_FORMAT is {env.get('INFERGATE_LOG_FORMAT')}"
+PY
+ok "the global router's grace period outlasts a 300 s streamed answer"
+python3 - <<'PY' || fail "deploy/operator/operator.yaml's Namespace (above)"
+import yaml
+ns = [o for o in yaml.safe_load_all(open("deploy/operator/operator.yaml")) if o and o["kind"] == "Namespace"]
+assert len(ns) == 1, f"expected one Namespace, found {len(ns)}"
+labels = ns[0]["metadata"].get("labels", {})
+want = {"pod-security.kubernetes.io/enforce": "restricted"}
+assert all(labels.get(k) == v for k, v in want.items()), f"Namespace labels {labels} lack {want}"
+PY
+ok "deploy/operator/operator.yaml's namespace enforces the restricted Pod Security profile"
+# install.md's values table: every top-level key of values.yaml, and no key the chart lacks.
+python3 - "$chart/values.yaml" docs/install.md <<'PY' || fail "docs/install.md's values table and values.yaml differ (above)"
+import re, sys, yaml
+values = yaml.safe_load(open(sys.argv[1]))
+keys, inside, last = [], False, None
+for line in open(sys.argv[2]):
+    if line.startswith("| key | default | meaning |"):
+        inside = True
+        continue
+    if inside and not line.startswith("|"):
+        break
+    if inside and not line.startswith("|---"):
+        for key in re.findall(r"`([A-Za-z.][A-Za-z0-9.*]*)`", line.split("|")[1]):
+            # `leaderElection.enabled`, `.leaseSeconds`: a leading dot continues the previous key.
+            if key.startswith(".") and last:
+                key = last.rsplit(".", 1)[0] + key
+            keys.append(key)
+            last = key
+def exists(key):
+    node = values
+    for part in key.split("."):
+        if part == "*":
+            return True
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+missing = sorted(set(values) - {k.split(".")[0] for k in keys})
+unknown = sorted(k for k in keys if not exists(k))
+assert not missing, f"values.yaml keys not in install.md's values table: {missing}"
+assert not unknown, f"install.md's values table names keys values.yaml does not have: {unknown}"
+print(f"ok: install.md's values table covers the {len(values)} top-level values; its {len(keys)} keys exist")
+PY
 echo "helm chart checks passed"
