@@ -30,6 +30,8 @@
 #      the global router's grace period outlasts a streamed answer; the namespace of
 #      deploy/operator/operator.yaml enforces `restricted`; and docs/install.md's values table names
 #      every top-level value of values.yaml and no key the chart does not have.
+#  12. deploy/argocd/infergate.yaml rendered as Argo CD renders it: valid, pods checked, the hook
+#      for its release, its configs through `infergate render`, its name equal to its release.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
 # or HELM (tests/helm/install-helm.sh).
 set -euo pipefail
@@ -446,4 +448,30 @@ assert not missing, f"values.yaml keys not in install.md's values table: {missin
 assert not unknown, f"install.md's values table names keys values.yaml does not have: {unknown}"
 print(f"ok: install.md's values table covers the {len(values)} top-level values; its {len(keys)} keys exist")
 PY
+# 12. deploy/argocd/infergate.yaml as Argo CD renders it: its release name, destination namespace
+# and valuesObject through the chart (hooks included: Argo CD v3.3+ runs the pre-delete one),
+# validated, its pods checked, its configs through `infergate render`; the Application's name is
+# its release name (label tracking sets app.kubernetes.io/instance to the Application's name, and
+# the uninstall hook selects the configs by it).
+python3 - deploy/argocd/infergate.yaml "$work/argocd-values.yaml" >"$work/argocd-release" <<'PY'
+import sys, yaml
+(app,) = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+assert app["kind"] == "Application", app["kind"]
+helm = app["spec"]["source"]["helm"]
+assert app["metadata"]["name"] == helm["releaseName"], \
+    f"Application {app['metadata']['name']} renders release {helm['releaseName']}: keep them equal"
+assert app["spec"]["source"]["path"] == "charts/infergate", app["spec"]["source"]["path"]
+yaml.safe_dump(helm.get("valuesObject", {}), open(sys.argv[2], "w"))
+print(helm["releaseName"], app["spec"]["destination"]["namespace"])
+PY
+read -r argo_release argo_ns <"$work/argocd-release"
+"$helm" template "$argo_release" "$chart" -n "$argo_ns" -f "$work/argocd-values.yaml" >"$work/argocd.yaml"
+python3 tests/helm/validate.py "$work/argocd.yaml" >/dev/null || fail "the Argo CD Application's render does not validate"
+python3 tests/helm/pod-checks.py "$work/argocd.yaml" >/dev/null || fail "the Argo CD Application's pods (above)"
+python3 tests/helm/uninstall-hook.py "$work/argocd.yaml" --release "$argo_release" --namespace "$argo_ns" \
+  --timeout 180 >/dev/null || fail "the Argo CD Application's uninstall hook (above)"
+"$helm" template "$argo_release" "$chart" -n "$argo_ns" -f "$work/argocd-values.yaml" \
+  --show-only templates/gatewayconfigs.yaml | "$infergate" render -f - >/dev/null \
+  || fail "the Argo CD Application's gatewayConfigs are refused by infergate render"
+ok "deploy/argocd/infergate.yaml renders, validates, and its configs pass infergate render"
 echo "helm chart checks passed"
