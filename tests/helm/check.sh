@@ -27,7 +27,8 @@
 #      Pod Security Standards' `restricted` profile and has requests, a memory limit, a pinned
 #      tag, a pull policy, probes and (with replicas) a spread across nodes (tests/helm/pod-checks.py);
 #      the operator's command line as rendered (logFormat included) parses with the real binary;
-#      the global router's grace period outlasts a streamed answer; the namespace of
+#      the global router's grace period outlasts a streamed answer; NOTES.txt gives the CRD's
+#      upgrade command (Helm never upgrades crds/); the namespace of
 #      deploy/operator/operator.yaml enforces `restricted`; and docs/install.md's values table names
 #      every top-level value of values.yaml and no key the chart does not have.
 #  12. deploy/argocd/infergate.yaml rendered as Argo CD renders it: valid, pods checked, the hook
@@ -415,6 +416,12 @@ want = {"pod-security.kubernetes.io/enforce": "restricted"}
 assert all(labels.get(k) == v for k, v in want.items()), f"Namespace labels {labels} lack {want}"
 PY
 ok "deploy/operator/operator.yaml's namespace enforces the restricted Pod Security profile"
+# NOTES.txt (printed by install and upgrade) says how to upgrade the CRD, which Helm never does.
+"$helm" install infergate "$chart" -n infergate-system --dry-run=client >"$work/notes.out" 2>&1 \
+  || fail "helm install --dry-run=client: $(cat "$work/notes.out")"
+grep -qF "kubectl apply --server-side --force-conflicts -f charts/infergate/crds/" "$work/notes.out" \
+  || fail "NOTES.txt does not give the CRD's upgrade command: $(sed -n '/^NOTES:/,$p' "$work/notes.out")"
+ok "NOTES.txt gives the CRD's upgrade command"
 # install.md's values table: every top-level key of values.yaml, and no key the chart lacks.
 python3 - "$chart/values.yaml" docs/install.md <<'PY' || fail "docs/install.md's values table and values.yaml differ (above)"
 import re, sys, yaml
