@@ -275,7 +275,7 @@ mod tests {
             },
             ParseError::InvalidUtf8 {
                 line: 1,
-                source: std::str::from_utf8(&[0xff]).unwrap_err(),
+                source: String::from_utf8(vec![0xff]).unwrap_err().utf8_error(),
             },
             ParseError::InvalidValue {
                 family: "f",
