@@ -28,7 +28,8 @@
 #      tag, a pull policy, probes and (with replicas) a spread across nodes (tests/helm/pod-checks.py);
 #      the operator's command line as rendered (logFormat included) parses with the real binary;
 #      the global router's grace period outlasts a streamed answer; NOTES.txt gives the CRD's
-#      upgrade command (Helm never upgrades crds/); the namespace of
+#      upgrade command (Helm never upgrades crds/); the leader Role reads and renews only the
+#      operator's own Lease; the namespace of
 #      deploy/operator/operator.yaml enforces `restricted`; and docs/install.md's values table names
 #      every top-level value of values.yaml and no key the chart does not have.
 #  12. deploy/argocd/infergate.yaml rendered as Argo CD renders it: valid, pods checked, the hook
@@ -416,6 +417,35 @@ want = {"pod-security.kubernetes.io/enforce": "restricted"}
 assert all(labels.get(k) == v for k, v in want.items()), f"Namespace labels {labels} lack {want}"
 PY
 ok "deploy/operator/operator.yaml's namespace enforces the restricted Pod Security profile"
+# The leader Role: create (RBAC cannot name an object not yet there), and get and update on the
+# operator's own Lease only, the one its --lease-name names; with each ci values file and a
+# fullnameOverride.
+for values in default "$chart/ci/single-replica-values.yaml" fullname; do
+  case $values in
+    default) "$helm" template infergate "$chart" -n infergate-system >"$work/lease.yaml" ;;
+    fullname) "$helm" template infergate "$chart" -n infergate-system --set fullnameOverride=igw >"$work/lease.yaml" ;;
+    *) "$helm" template infergate "$chart" -n infergate-system -f "$values" --set leaderElection.enabled=true \
+      --set replicaCount=2 >"$work/lease.yaml" ;;
+  esac
+  python3 - "$work/lease.yaml" <<'PY' || fail "the leader Role with $values (above)"
+import sys, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o]
+(dep,) = [o for o in objs if o["kind"] == "Deployment"]
+args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+(lease,) = [a.split("=", 1)[1] for a in args if a.startswith("--lease-name=")]
+(role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-leader")]
+grants = {}
+for r in role["rules"]:
+    assert r["apiGroups"] == ["coordination.k8s.io"] and r["resources"] == ["leases"], r
+    for v in r["verbs"]:
+        grants[v] = r.get("resourceNames")
+assert set(grants) == {"get", "create", "update"}, f"leader Role verbs {sorted(grants)}"
+assert grants["create"] is None, grants
+for v in ("get", "update"):
+    assert grants[v] == [lease], f"{v} on leases is limited to {grants[v]}, not the operator's Lease {lease}"
+PY
+done
+ok "leader Role: create, and get/update on the operator's own Lease only (default, ci values, fullnameOverride)"
 # NOTES.txt (printed by install and upgrade) says how to upgrade the CRD, which Helm never does.
 "$helm" install infergate "$chart" -n infergate-system --dry-run=client >"$work/notes.out" 2>&1 \
   || fail "helm install --dry-run=client: $(cat "$work/notes.out")"
