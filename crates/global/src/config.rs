@@ -475,15 +475,17 @@ impl GlobalConfig {
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let config: GlobalConfig = match serde_yaml::from_str(text) {
             Ok(config) => config,
+            // serde_yaml names no line for a top-level key given twice: the gateway's loader
+            // finds it.
             Err(source) => {
-                // serde_yaml names no line for a top-level key given twice: the gateway's
-                // loader finds it.
-                if let Some((key, line)) =
-                    infergate_proxy::config::duplicate_top_level_key(&source, text)
-                {
-                    return Err(ConfigError::DuplicateKey { key, line, source });
-                }
-                return Err(missing_section(text, &source).unwrap_or(ConfigError::Parse { source }));
+                return Err(
+                    match infergate_proxy::config::duplicate_top_level_key(source, text) {
+                        Ok(duplicate) => ConfigError::DuplicateKey(duplicate),
+                        Err(source) => {
+                            missing_section(text, &source).unwrap_or(ConfigError::Parse { source })
+                        }
+                    },
+                );
             }
         };
         config.validate()?;

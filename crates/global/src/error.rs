@@ -22,19 +22,10 @@ pub enum ConfigError {
         /// The parser's error, with the field path and line.
         source: serde_yaml::Error,
     },
-    /// A top-level key given twice (a section appended to a file that already had it). The
-    /// parser's message names no line for it; this names the second occurrence's, as the
-    /// gateway's loader does.
-    #[error("the top-level key `{key}` is given twice, the second time at line {line}")]
-    DuplicateKey {
-        /// The key.
-        key: String,
-        /// The line (from 1) of its second occurrence.
-        line: usize,
-        /// The parser's error.
-        #[source]
-        source: serde_yaml::Error,
-    },
+    /// A top-level key given twice (a section appended to a file that already had it): the
+    /// line of the second, as the gateway's loader finds it.
+    #[error(transparent)]
+    DuplicateKey(#[from] infergate_proxy::error::DuplicateKey),
     /// A value that cannot be used.
     #[error("{field}: {reason}")]
     Invalid {

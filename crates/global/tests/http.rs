@@ -330,21 +330,8 @@ async fn a_clusters_bearer_token_replaces_the_clients_and_must_load_at_start() {
 /// answers, instead of each waiting out its own 504 on the cheapest cluster.
 #[tokio::test]
 async fn a_cluster_that_times_out_is_not_chosen_again_at_once() {
-    let heartbeat = infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
-        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
-            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
-            .to_owned()
-    }))
-    .await;
-    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hung_addr = hung.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = hung.accept().await {
-            held.push(s);
-        }
-    });
+    let heartbeat = good_heartbeat().await;
+    let hung_addr = hung_cluster().await;
     let good = Recorder::start(&[]).await;
     let yaml = format!(
         "auth: none\ntimeouts: {{ firstByteMs: 300 }}\nrouting: {{ ttftObjectiveMs: 200 }}\n\
@@ -376,6 +363,39 @@ async fn a_cluster_that_times_out_is_not_chosen_again_at_once() {
     }
 }
 
+/// A heartbeat page showing the model `m` with one ready pod, every time.
+async fn good_heartbeat() -> SocketAddr {
+    infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
+        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
+            .to_owned()
+    }))
+    .await
+}
+
+/// A "cluster" that accepts connections and never answers on them.
+async fn hung_cluster() -> SocketAddr {
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hung.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hung.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// A token file the clusters do not accept (`stale-token`), in a folder kept while the guard
+/// lives.
+fn token_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "stale-token").unwrap();
+    (dir, token)
+}
+
 /// A "cluster" answering every request with `status` and an OpenAI-style error body, on
 /// keep-alive connections.
 async fn refusing_cluster(status: u16) -> SocketAddr {
@@ -395,9 +415,7 @@ async fn refusing_cluster(status: u16) -> SocketAddr {
 /// no token for the cluster) the cluster's 401 is the client's, and passes through.
 #[tokio::test]
 async fn a_cluster_refusing_the_routers_credentials_is_not_the_clients_401() {
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "stale-token").unwrap();
+    let (_dir, token) = token_file();
     let good = Recorder::start(&[]).await;
     for status in [401, 403] {
         let locked = refusing_cluster(status).await;
@@ -551,13 +569,7 @@ async fn an_unreadable_objective_header_is_refused_naming_it() {
 /// failed, requests being routed all the while).
 #[tokio::test]
 async fn readyz_follows_the_heartbeats_not_the_model_discovery() {
-    let heartbeat = infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
-        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
-            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
-            .to_owned()
-    }))
-    .await;
+    let heartbeat = good_heartbeat().await;
     let refusing = refusing_cluster(401).await;
     let yaml = format!(
         "auth: none\nheartbeat: {{ intervalMs: 100, staleAfterMs: 1000 }}\nclusters:\n\
@@ -624,24 +636,15 @@ async fn a_client_leaving_mid_body_is_not_counted_as_a_timeout() {
 /// `GET /v1/models/{model}`.
 #[tokio::test]
 async fn no_known_model_yet_is_a_503_not_a_404() {
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "stale-token").unwrap();
+    let (_dir, token) = token_file();
     // A port nothing listens on.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
     let locked = refusing_cluster(401).await;
-    // Accepts and never answers: its first discovery is under way for `timeoutMs`.
-    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hung_addr = hung.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = hung.accept().await {
-            held.push(s);
-        }
-    });
+    // Its first discovery is under way for `timeoutMs`.
+    let hung_addr = hung_cluster().await;
     let yaml = format!(
         "auth: none\nheartbeat: {{ timeoutMs: 30000 }}\nclusters:\n\
          \x20 - {{ name: down, url: 'http://{closed}', region: r, cost: {{ inputPerMillion: 1 }} }}\n\
@@ -807,16 +810,8 @@ async fn a_failing_heartbeat_says_why_once() {
 async fn a_discovery_refusing_the_routers_token_is_warned_of_and_counted() {
     let out = infergate_testkit::CapturedLog::default();
     let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "stale-token").unwrap();
-    let heartbeat = infergate_testkit::pages::page_server(std::sync::Arc::new(|| {
-        r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
-            "models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-            "inflight":0,"estimatedTtftMs":20.0,"prefillMs":20.0,"drainMs":0.0}]}"#
-            .to_owned()
-    }))
-    .await;
+    let (_dir, token) = token_file();
+    let heartbeat = good_heartbeat().await;
     for status in [401, 403] {
         let from = out.text().len();
         let locked = refusing_cluster(status).await;

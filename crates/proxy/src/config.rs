@@ -53,7 +53,7 @@ use infergate_scheduler::{EngineType, RewriteRule, Rewrites, SchedulerConfig};
 use serde::Deserialize;
 
 pub use crate::access_log::AccessLogPath;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, DuplicateKey};
 
 pub mod auth;
 pub use auth::AuthConfig;
@@ -697,9 +697,9 @@ impl GatewayConfig {
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         // serde_yaml's messages already carry the field path and the line, except for a
         // top-level key given twice.
-        serde_yaml::from_str(text).map_err(|source| match duplicate_top_level_key(&source, text) {
-            Some((key, line)) => ConfigError::DuplicateKey { key, line, source },
-            None => ConfigError::Invalid { source },
+        serde_yaml::from_str(text).map_err(|source| match duplicate_top_level_key(source, text) {
+            Ok(duplicate) => ConfigError::DuplicateKey(duplicate),
+            Err(source) => ConfigError::Invalid { source },
         })
     }
 
@@ -715,9 +715,22 @@ impl GatewayConfig {
 
 /// For serde_yaml's `duplicate field` error without a position (it gives none for the top-level
 /// mapping), the key and the line (from 1) of its second occurrence at the start of a line.
-/// `None` for any other error, or a file that does not have the key twice at the start of a
-/// line (a flow mapping, JSON on one line). The global router's configuration uses it too.
-pub fn duplicate_top_level_key(e: &serde_yaml::Error, text: &str) -> Option<(String, usize)> {
+/// The parser's error back for any other error, or a file that does not have the key twice at
+/// the start of a line (a flow mapping, JSON on one line). The global router's configuration
+/// uses it too.
+pub fn duplicate_top_level_key(
+    source: serde_yaml::Error,
+    text: &str,
+) -> Result<DuplicateKey, serde_yaml::Error> {
+    match duplicate_line(&source, text) {
+        Some((key, line)) => Ok(DuplicateKey { key, line, source }),
+        None => Err(source),
+    }
+}
+
+/// The key serde_yaml's positionless `duplicate field` error names, and the line of its second
+/// occurrence at the start of a line.
+fn duplicate_line(e: &serde_yaml::Error, text: &str) -> Option<(String, usize)> {
     let message = e.to_string();
     // A message with a position ends with it, not with the key's closing backquote.
     let key = message

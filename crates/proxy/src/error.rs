@@ -28,23 +28,29 @@ pub enum ConfigError {
         /// The parser's error, with path, line and column.
         source: serde_yaml::Error,
     },
-    /// A top-level key given twice (a key appended to a file that already had it). The parser's
-    /// message names no line for it: the top-level mapping starts at line 1, column 1, which
-    /// serde_yaml leaves out of its messages.
-    #[error("the top-level key `{key}` is given twice, the second time at line {line}")]
-    DuplicateKey {
-        /// The key.
-        key: String,
-        /// The line (from 1) of its second occurrence.
-        line: usize,
-        /// The parser's error.
-        #[source]
-        source: serde_yaml::Error,
-    },
+    /// A top-level key given twice (a key appended to a file that already had it).
+    #[error(transparent)]
+    DuplicateKey(#[from] DuplicateKey),
     /// The front door and admin addresses, with the command line's overrides applied, cannot
     /// both be bound.
     #[error("with --listen/--admin applied, {0}")]
     Addresses(String),
+}
+
+/// A top-level YAML key given twice (a key appended to a file that already had it): the line of
+/// the second. The parser's message names no line for it: the top-level mapping starts at line
+/// 1, column 1, which serde_yaml leaves out of its messages. Found by
+/// [`crate::config::duplicate_top_level_key`], for the gateway's file and the global router's.
+#[derive(Debug, thiserror::Error)]
+#[error("the top-level key `{key}` is given twice, the second time at line {line}")]
+pub struct DuplicateKey {
+    /// The key.
+    pub key: String,
+    /// The line (from 1) of its second occurrence.
+    pub line: usize,
+    /// The parser's error.
+    #[source]
+    pub source: serde_yaml::Error,
 }
 
 /// Everything that can stop the gateway from starting or reloading.
