@@ -27,7 +27,8 @@
 #      Pod Security Standards' `restricted` profile and has requests, a memory limit, a pinned
 #      tag, a pull policy, probes and (with replicas) a spread across nodes (tests/helm/pod-checks.py);
 #      the operator's command line as rendered (logFormat included) parses with the real binary;
-#      the global router's grace period outlasts a streamed answer; NOTES.txt gives the CRD's
+#      the global router waits for its endpoint's removal before SIGTERM and its grace period
+#      outlasts that and a streamed answer; NOTES.txt gives the CRD's
 #      upgrade command (Helm never upgrades crds/); the leader Role reads and renews only the
 #      operator's own Lease; the namespace of
 #      deploy/operator/operator.yaml enforces `restricted`; and docs/install.md's values table names
@@ -402,12 +403,22 @@ for path in sys.argv[1:]:
         if o and o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-global-router"):
             pod = o["spec"]["template"]["spec"]
             grace = pod.get("terminationGracePeriodSeconds", 30)
-            # A cluster's gateway answers within its route's request timeout, 300 s by default.
-            assert grace >= 330, f"{path}: the global router's grace period is {grace} s, under a 300 s stream"
-            env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+            (c,) = pod["containers"]
+            # Endpoint removal lags the pod's deletion: the router must keep its front door open
+            # for a moment before SIGTERM closes it, with a sleep the image has.
+            pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+            assert len(pre) == 2 and pre[0] == "/bin/sleep" and int(pre[1]) >= 1, \
+                f"{path}: the global router's preStop is {pre}, not a wait before SIGTERM"
+            base = [l.split()[1] for l in open("Dockerfile") if l.startswith("FROM ")][-1]
+            assert base.startswith(("debian:", "ubuntu:")), f"the image's base {base} may have no /bin/sleep"
+            # A cluster's gateway answers within its route's request timeout, 300 s by default;
+            # the grace period counts from the start of the preStop wait.
+            assert grace >= 330 + int(pre[1]), \
+                f"{path}: the global router's grace period is {grace} s, under a {pre[1]} s wait and a 300 s stream"
+            env = {e["name"]: e.get("value") for e in c["env"]}
             assert env.get("INFERGATE_LOG_FORMAT") == "text", f"{path}: INFERGATE_LOG_FORMAT is {env.get('INFERGATE_LOG_FORMAT')}"
 PY
-ok "the global router's grace period outlasts a 300 s streamed answer"
+ok "the global router waits (preStop) before SIGTERM, and its grace period outlasts that wait and a 300 s streamed answer"
 python3 - <<'PY' || fail "deploy/operator/operator.yaml's Namespace (above)"
 import yaml
 ns = [o for o in yaml.safe_load_all(open("deploy/operator/operator.yaml")) if o and o["kind"] == "Namespace"]
