@@ -4,7 +4,9 @@
 //! The poller fetches the heartbeat every `heartbeat.intervalMs` (timed: the fetch's duration is
 //! the measured round trip) and the cluster's `/v1/models` every `heartbeat.discoveryIntervalMs`
 //! (unless `models:` is configured). A cluster without `heartbeatUrl` is judged by its
-//! `/v1/models`, fetched at the heartbeat interval instead. Each model's [`Health`] decides its
+//! `/v1/models`, fetched at the heartbeat interval instead. Each `/v1/models` fetch's outcome is
+//! kept ([`Discovery`]: what a client is told while no cluster has listed a model), counted, and
+//! a refusal of the router's token warned of at once. Each model's [`Health`] decides its
 //! share; requests that cannot connect count as failed fetches, so a dead gateway under load is
 //! drained on the first refused connections rather than at the next poll.
 //!

@@ -26,7 +26,8 @@
 //! - `expiry` — when a cluster's client certificate and CA bundle expire: read at each load,
 //!   exported, and a client certificate outside its validity warned of;
 //! - `server` — [`serve`]: the front door, limits, authentication, quotas, retries; [`Handle`]:
-//!   reloads of the file;
+//!   reloads of the file; [`check`]: what `infergate global --check` runs (the start's warnings,
+//!   and its files read as the start reads them);
 //! - `state` — the configuration in force, swapped whole by a reload, and what a reload keeps
 //!   (unchanged clusters with their state, connections and pollers);
 //! - `body` — the passed-through response body, read on the side for TTFT and usage;
