@@ -2,7 +2,8 @@
 # Checks the Helm chart (charts/infergate) without a cluster:
 #   1. `helm lint --strict` with the default values and every charts/infergate/ci/*-values.yaml;
 #   2. every render validates (tests/helm/validate.py: built-in kinds against the Kubernetes
-#      schemas in strict mode, InferenceGatewayConfig against our CRD's schema);
+#      schemas in strict mode, of 1.33 and of the oldest version Chart.yaml's kubeVersion admits,
+#      InferenceGatewayConfig against our CRD's schema);
 #   3. every example of deploy/examples/ passed through `gatewayConfigs` renders to the same spec,
 #      and passes `infergate render` (the check install.md gives), which refuses a misspelt field;
 #   4. the chart's CRDs are the ones in crds/, and deploy/operator/operator.yaml is the chart's
@@ -60,6 +61,19 @@ for values in "$chart"/ci/*-values.yaml; do
 done
 "$helm" template infergate "$chart" -n infergate-system >"$work/default.yaml"
 python3 tests/helm/validate.py "$work/default.yaml" || fail "default render does not validate"
+# The oldest Kubernetes Chart.yaml's kubeVersion admits: a field newer than it would be refused
+# (or dropped) there. Every render, and the operator's goldens, against its schemas too.
+min_k8s=$(sed -n 's/^kubeVersion: ">=\([0-9]*\.[0-9]*\.[0-9]*\)-0"$/\1/p' "$chart/Chart.yaml")
+[ -n "$min_k8s" ] || fail "cannot read the lowest Kubernetes version from $chart/Chart.yaml's kubeVersion"
+for render in "$work/default.yaml" "$chart"/ci/*-values.yaml; do
+  if [ "$render" != "$work/default.yaml" ]; then
+    "$helm" template t "$chart" -n infergate-system -f "$render" >"$work/min-k8s.yaml"
+    render=$work/min-k8s.yaml
+  fi
+  python3 tests/helm/validate.py --k8s "$min_k8s" "$render" >/dev/null \
+    || { python3 tests/helm/validate.py --k8s "$min_k8s" "$render" >&2 || true; fail "a render does not validate against Kubernetes $min_k8s (Chart.yaml kubeVersion)"; }
+done
+ok "the default and ci renders validate against Kubernetes $min_k8s, the oldest Chart.yaml admits"
 python3 tests/helm/pod-checks.py "$work/default.yaml" || fail "the default render's pods (above)"
 
 # 3. The examples through gatewayConfigs: valid, and the spec comes out as it went in.
@@ -158,7 +172,12 @@ for golden in crates/operator/tests/golden/*.yaml; do
       --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy --skip-kind ClientTrafficPolicy "$golden" >&2 || true
       fail "operator golden $golden has an invalid built-in object"; }
 done
-ok "operator goldens: built-in objects valid (strict)"
+for golden in crates/operator/tests/golden/*.yaml; do
+  python3 tests/helm/validate.py --k8s "$min_k8s" --skip-kind Gateway --skip-kind HTTPRoute --skip-kind InferencePool \
+    --skip-kind EnvoyExtensionPolicy --skip-kind SecurityPolicy --skip-kind ClientTrafficPolicy "$golden" >/dev/null \
+    || fail "operator golden $golden has a built-in object Kubernetes $min_k8s refuses"
+done
+ok "operator goldens: built-in objects valid (strict, Kubernetes 1.33 and $min_k8s)"
 # 9. The global router (globalRouter): off by default (the default render above has none of its
 # objects), refused when insecure or inconsistent, and what it renders is what the binary
 # accepts: the rendered container's arguments and environment, with the rendered global.yaml,
