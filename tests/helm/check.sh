@@ -476,6 +476,17 @@ for v in ("get", "update"):
 PY
 done
 ok "leader Role: create, and get/update on the operator's own Lease only (default, ci values, fullnameOverride)"
+# The image the chart runs by default is the build this checkout makes: Chart.yaml's appVersion
+# is the binary's version, and image.repository the one the operator gives its pickers by
+# default (`infergate render` without --image shows it), so crds/ and the image agree.
+app_version=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$chart/Chart.yaml")
+bin_version=$("$infergate" --version | awk '{print $2}')
+[ "$app_version" = "$bin_version" ] || fail "Chart.yaml appVersion $app_version is not the binary's version $bin_version"
+picker_image=$("$infergate" render -f deploy/examples/single-model.yaml | sed -n 's/^ *image: //p' | sort -u)
+chart_image=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["image"]["repository"])' "$chart/values.yaml")
+[ "$picker_image" = "$chart_image:$app_version" ] \
+  || fail "the operator's default picker image $picker_image is not the chart's image $chart_image:$app_version"
+ok "the chart's default image is this build's ($chart_image:$app_version), the one the operator gives its pickers"
 # NOTES.txt (printed by install and upgrade) says how to upgrade the CRD, which Helm never does.
 "$helm" install infergate "$chart" -n infergate-system --dry-run=client >"$work/notes.out" 2>&1 \
   || fail "helm install --dry-run=client: $(cat "$work/notes.out")"
