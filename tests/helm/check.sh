@@ -29,11 +29,11 @@
 #      tag, a pull policy, probes and (with replicas) a spread across nodes (tests/helm/pod-checks.py);
 #      the operator's command line as rendered (logFormat included) parses with the real binary;
 #      the global router waits for its endpoint's removal before SIGTERM and its grace period
-#      outlasts that and a streamed answer; NOTES.txt gives the CRD's
-#      upgrade command (Helm never upgrades crds/); the leader Role reads and renews only the
-#      operator's own Lease; the namespace of
-#      deploy/operator/operator.yaml enforces `restricted`; and docs/install.md's values table names
-#      every top-level value of values.yaml and no key the chart does not have.
+#      outlasts that and a streamed answer; the leader Role reads and renews only the operator's
+#      own Lease; the default image is this build's; NOTES.txt gives the CRD's upgrade command
+#      (Helm never upgrades crds/); deploy/operator/operator.yaml's namespace enforces
+#      `restricted`; and docs/install.md's values table names every top-level value of
+#      values.yaml and no key the chart does not have.
 #  12. deploy/argocd/infergate.yaml rendered as Argo CD renders it: valid, pods checked, the hook
 #      for its release, its configs through `infergate render`, its name equal to its release.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
