@@ -40,6 +40,10 @@ pub struct ParsedRequest<'a> {
     pub prompt: Vec<Cow<'a, str>>,
     /// Prompt tokens given directly as token ids (completions and embeddings accept them).
     pub prompt_token_ids: usize,
+    /// vLLM's `cache_salt`: prefix-cache blocks are shared only between requests with the same
+    /// salt (vLLM hashes it into the request's first block). `None` when absent, `null`, empty
+    /// or not a string (the request is not refused for it: the model server decides).
+    pub cache_salt: Option<Cow<'a, str>>,
 }
 
 impl<'a> ParsedRequest<'a> {
@@ -97,6 +101,8 @@ struct Wire<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_salt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     instructions: Option<&'a RawValue>,
 }
@@ -182,6 +188,14 @@ pub fn parse_request(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, Ap
         }
     }
 
+    // Only vLLM reads the salt, and it refuses one that is not a non-empty string (400): such a
+    // request is routed as unsalted and left to the model server to answer, as another engine,
+    // which ignores the field, would serve it.
+    let cache_salt = wire
+        .cache_salt
+        .and_then(|raw| parse_str(raw, "cache_salt", "a string").ok())
+        .filter(|s| !s.is_empty());
+
     let mut req = ParsedRequest {
         kind,
         model,
@@ -191,6 +205,7 @@ pub fn parse_request(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, Ap
         max_output_tokens,
         prompt: Vec::new(),
         prompt_token_ids: 0,
+        cache_salt,
     };
     match kind {
         ApiKind::ChatCompletions => {

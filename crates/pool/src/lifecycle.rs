@@ -202,7 +202,7 @@ impl<'a> Segments<'a> {
 
 /// The scheduler's view of a parsed request routed to `model` (the base model) with `lora`.
 pub fn context<'a>(
-    parsed: &ParsedRequest<'_>,
+    parsed: &'a ParsedRequest<'_>,
     model: &'a str,
     lora: Option<&'a str>,
     segments: &'a Segments<'a>,
@@ -211,6 +211,7 @@ pub fn context<'a>(
     RequestContext::new(model, parsed.estimated_prompt_tokens())
         .with_prompt(segments.as_slice())
         .with_lora(lora)
+        .with_cache_salt(parsed.cache_salt.as_deref())
         .with_subset(subset)
         .with_output_tokens(
             parsed

@@ -232,14 +232,6 @@ impl std::fmt::Debug for Precise {
     }
 }
 
-/// The request's `cache_salt`, the one field of the body precise routing reads besides the
-/// prompt (`null` or absent: none).
-#[derive(Deserialize)]
-struct Salted<'a> {
-    #[serde(borrow, default)]
-    cache_salt: Option<std::borrow::Cow<'a, str>>,
-}
-
 thread_local! {
     static SCRATCH: RefCell<(Vec<u32>, MatchScratch)> = RefCell::new((Vec::new(), MatchScratch::default()));
 }
@@ -369,13 +361,9 @@ impl Precise {
                 return None;
             }
             // vLLM keys a salted request's blocks by its salt: it is matched against those only.
-            let Ok(Salted { cache_salt }) = serde_json::from_slice::<Salted<'_>>(body) else {
-                // Not a string: vLLM refuses the request (400), there is nothing to match.
-                self.count("unsupported");
-                return None;
-            };
+            // (A salt that is not a string was refused by the parse, as vLLM refuses it.)
             self.events
-                .match_tokens(lora, cache_salt.as_deref(), tokens, scratch, cached);
+                .match_tokens(lora, parsed.cache_salt.as_deref(), tokens, scratch, cached);
             if cached.is_empty() {
                 self.count("no-feed");
                 return None;

@@ -47,6 +47,18 @@ pub fn model_seed(model: &str, adapter: Option<&str>) -> u64 {
     }
 }
 
+/// The seed of a request's first block: [`model_seed`], then the request's `cache_salt` when it
+/// has one. vLLM hashes the salt into a request's first block (and so into every block after
+/// it), so a salted prompt shares no cached block with another salt or none; its prefixes are
+/// matched and recorded under the salt for the same reason.
+pub fn request_seed(model: &str, adapter: Option<&str>, salt: Option<&str>) -> u64 {
+    let s = model_seed(model, adapter);
+    match salt.filter(|s| !s.is_empty()) {
+        Some(salt) => xxh64(salt.as_bytes(), s ^ 0xc2b2_ae3d_27d4_eb4f),
+        None => s,
+    }
+}
+
 /// Hashes the prompt `segments` (as if concatenated) into chained block hashes, appending at most
 /// `max_blocks` of them to `out`. Returns how many were appended.
 pub fn hash_blocks(

@@ -56,6 +56,9 @@ pub struct RequestContext<'a> {
     pub model: &'a str,
     /// The LoRA adapter the request asks for, if any.
     pub lora_adapter: Option<&'a str>,
+    /// The request's `cache_salt`: vLLM shares prefix-cache blocks only between requests with
+    /// the same salt, so prefixes are matched under it ([`crate::prefix::request_seed`]).
+    pub cache_salt: Option<&'a str>,
     /// Prompt text segments, hashed as if concatenated.
     pub prompt: &'a [&'a str],
     /// Estimated prompt tokens (the shell's estimate; e.g. bytes / 4).
@@ -92,6 +95,7 @@ impl<'a> RequestContext<'a> {
         RequestContext {
             model,
             lora_adapter: None,
+            cache_salt: None,
             prompt: &[],
             prompt_tokens,
             output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
@@ -112,6 +116,12 @@ impl<'a> RequestContext<'a> {
     /// Sets the LoRA adapter.
     pub const fn with_lora(mut self, adapter: Option<&'a str>) -> Self {
         self.lora_adapter = adapter;
+        self
+    }
+
+    /// Sets the `cache_salt` (`None`, or empty: unsalted).
+    pub const fn with_cache_salt(mut self, salt: Option<&'a str>) -> Self {
+        self.cache_salt = salt;
         self
     }
 

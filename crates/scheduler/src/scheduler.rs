@@ -20,7 +20,7 @@ use crate::lora::adapter_hash;
 use crate::outlier::{Answer, AnswerCounts, Ejection, Judged};
 use crate::peers::PeerTable;
 use crate::picker::Picker;
-use crate::prefix::{PrefixIndex, PrefixStats, Recorded, hash_blocks, model_seed};
+use crate::prefix::{PrefixIndex, PrefixStats, Recorded, hash_blocks, request_seed};
 use crate::rates::PoolRates;
 use crate::request::RequestContext;
 use crate::sample;
@@ -608,7 +608,7 @@ impl Scheduler {
         }
         sc.hashes.clear();
         if use_prefix && !req.prompt.is_empty() {
-            let seed = model_seed(req.model, req.lora_adapter);
+            let seed = request_seed(req.model, req.lora_adapter, req.cache_salt);
             hash_blocks(
                 seed,
                 req.prompt,

@@ -120,6 +120,28 @@ fn bad_input_gets_a_typed_error_naming_the_field() {
     }
 }
 
+/// vLLM's `cache_salt`: a string (borrowed, or unescaped), else none. A salt that is not a
+/// string is not refused here (vLLM refuses it, other engines ignore the field): it salts
+/// nothing.
+#[test]
+fn cache_salt_is_read_and_anything_but_a_string_is_none() {
+    let with = |salt: &str| {
+        let body = format!(
+            r#"{{"model":"m","cache_salt":{salt},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        chat(&body).unwrap().cache_salt.map(|s| s.into_owned())
+    };
+    assert_eq!(with(r#""tenant-a""#).as_deref(), Some("tenant-a"));
+    assert_eq!(with(r#""a\"b""#).as_deref(), Some("a\"b"));
+    for none in ["null", r#""""#, "7", "true", "[\"a\"]", "{}"] {
+        assert_eq!(with(none), None, "{none}");
+    }
+    let r = chat(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+    assert!(r.cache_salt.is_none());
+    let r = chat(r#"{"model":"m","cache_salt":"s","messages":[{"role":"user","content":"hi"}]}"#);
+    assert!(matches!(r.unwrap().cache_salt, Some(Cow::Borrowed("s"))));
+}
+
 #[test]
 fn null_optionals_are_accepted() {
     let r = chat(

@@ -139,6 +139,43 @@ fn prefix_affinity_yields_when_the_pod_is_overloaded() {
     assert_ne!(d2.endpoints.first(), hot);
 }
 
+/// A prompt recorded under one `cache_salt` gives no prefix match to the same prompt with
+/// another salt or none (vLLM shares no block between them), and does to the same salt.
+#[test]
+fn a_cache_salt_keeps_prefixes_apart() {
+    /// The best prefix match of `asked` after a pick of `recorded` (each pick records its
+    /// prompt on the pod it chose).
+    fn matched(recorded: Option<&str>, asked: Option<&str>) -> u32 {
+        let text = prompt_text("shared");
+        let segs = [text.as_str()];
+        let mut s = scheduler(SchedulerConfig::default(), 2);
+        let first = RequestContext::new("m", 500)
+            .with_prompt(&segs)
+            .with_cache_salt(recorded);
+        let d = s.pick(&first, T0, &mut rng(1)).unwrap();
+        s.cancel(d.ticket, T0);
+        let then = RequestContext::new("m", 500)
+            .with_prompt(&segs)
+            .with_cache_salt(asked);
+        let (_, ex) = s.pick_explained(&then, T0, &mut rng(2));
+        ex.candidates.iter().map(|c| c.prefix_blocks).max().unwrap()
+    }
+    assert!(
+        matched(Some("tenant-a"), Some("tenant-a")) > 0,
+        "the same salt matches"
+    );
+    assert!(matched(None, None) > 0);
+    // An empty salt is none, as in vLLM.
+    assert!(matched(None, Some("")) > 0);
+    for (recorded, asked) in [
+        (Some("tenant-a"), None),
+        (Some("tenant-a"), Some("tenant-b")),
+        (None, Some("tenant-a")),
+    ] {
+        assert_eq!(matched(recorded, asked), 0, "{recorded:?} then {asked:?}");
+    }
+}
+
 #[test]
 fn same_seed_same_decision_and_explained_pick_agrees() {
     let mut a = scheduler(SchedulerConfig::default(), 8);
