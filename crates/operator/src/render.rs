@@ -125,6 +125,15 @@ pub const PEER_PORT: i32 = args::PEER_PORT as i32;
 pub const PICKER_GRACE_CAP_SECONDS: u64 = 3600;
 /// Added to a picker's longest request for its own stop (the last answer's end, the exit).
 pub const PICKER_GRACE_MARGIN_SECONDS: u64 = 30;
+/// How long a stopping picker or BBR pod keeps serving before it is told to stop (a `preStop`
+/// sleep), added to its grace period. Its endpoint's removal reaches Envoy a moment after the pod
+/// is marked for deletion, and on SIGTERM the process stops accepting connections at once: the
+/// ext_proc streams Envoy opened to it in between would fail, and with them the requests
+/// (a picker's pool fails closed by default; the BBR's policy never fails open).
+pub const PRE_STOP_SLEEP_SECONDS: u64 = 5;
+/// Spreads a Deployment's replicas over nodes when it can (`ScheduleAnyway`): two replicas on
+/// one node are one node drain or failure from no picker, whatever the PodDisruptionBudget says.
+pub const SPREAD_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its name).
 pub const EG_OWNING_GATEWAY_NAME: &str = "gateway.envoyproxy.io/owning-gateway-name";
 /// Label Envoy Gateway puts on the data-plane pods of a Gateway (its namespace).
@@ -918,6 +927,12 @@ impl<'a> Renderer<'a> {
                 None => default_resources(),
             },
         });
+        if process.grace_seconds.is_some() {
+            // The image's /bin/sleep (Debian's coreutils; Dockerfile).
+            container["lifecycle"] = json!({
+                "preStop": { "exec": { "command": ["/bin/sleep", PRE_STOP_SLEEP_SECONDS.to_string()] } },
+            });
+        }
         if let Some(h) = port("health") {
             container["readinessProbe"] =
                 json!({ "grpc": { "port": h, "service": "readiness" }, "periodSeconds": 5 });
@@ -975,7 +990,18 @@ impl<'a> Renderer<'a> {
             pod_spec["securityContext"]["fsGroup"] = json!(65532);
         }
         if let Some(g) = process.grace_seconds {
-            pod_spec["terminationGracePeriodSeconds"] = json!(g);
+            // Counted from the start of the preStop sleep.
+            pod_spec["terminationGracePeriodSeconds"] = json!(g + PRE_STOP_SLEEP_SECONDS);
+        }
+        if replicas > 1 {
+            pod_spec["topologySpreadConstraints"] = json!([{
+                "maxSkew": 1,
+                "topologyKey": SPREAD_TOPOLOGY_KEY,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": { "matchLabels": self.selector(component, sched) },
+                // Only the pods of the same revision: during a rollout the old ones are leaving.
+                "matchLabelKeys": ["pod-template-hash"],
+            }]);
         }
         if !pd.node_selector.is_empty() {
             pod_spec["nodeSelector"] = json!(pd.node_selector);

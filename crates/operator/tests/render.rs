@@ -602,7 +602,8 @@ fn routes_remove_the_clients_token_when_the_gateway_checks_it() {
 /// Gateway's filter streams the response body through the picker
 /// (`internal/extensionserver/inferencepool.go` `buildHTTPFilterForInferencePool`), and the
 /// picker lets open streams finish when told to stop, but the pods had Kubernetes' default of
-/// 30 s, so a rollout or a drain cut every answer still streaming then.
+/// 30 s, so a rollout or a drain cut every answer still streaming then. The 5 s preStop sleep
+/// before it (below) comes on top: the grace period counts from its start.
 #[test]
 fn picker_pods_are_given_time_to_finish_their_answers() {
     let graces = |cfg: &infergate_api::InferenceGatewayConfig| {
@@ -614,24 +615,36 @@ fn picker_pods_are_given_time_to_finish_their_answers() {
     };
     // Route timeout 300 s, no queue.
     let single = graces(&example("single-model.yaml"));
-    assert_eq!(single["Deployment/llama-llama-8b-epp"], 330);
+    assert_eq!(single["Deployment/llama-llama-8b-epp"], 5 + 330);
     // The BBR's streams last as long (Envoy keeps a request's ext_proc stream open until the
     // end of the answer): the longest picker's period.
-    assert_eq!(single["Deployment/llama-bbr"], 330);
+    assert_eq!(single["Deployment/llama-bbr"], 5 + 330);
     // A 30 s queue TTL before the 300 s route timeout.
     let mut queued = example("flow-control-quotas.yaml");
     let name = queued.metadata.name.clone().unwrap();
     let s = queued.spec.schedulers[0].name.clone();
-    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 360);
+    assert_eq!(
+        graces(&queued)[&format!("Deployment/{name}-{s}-epp")],
+        5 + 360
+    );
     // No deadline on the route, or none in the queue: capped at an hour.
     queued.spec.schedulers[0].route_timeout = Some("0s".to_owned());
-    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 3600);
+    assert_eq!(
+        graces(&queued)[&format!("Deployment/{name}-{s}-epp")],
+        5 + 3600
+    );
     queued.spec.schedulers[0].route_timeout = Some("1m30s".to_owned());
     queued.spec.flow_control.as_mut().unwrap().request_ttl_ms = Some(0);
-    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 3600);
+    assert_eq!(
+        graces(&queued)[&format!("Deployment/{name}-{s}-epp")],
+        5 + 3600
+    );
     queued.spec.flow_control.as_mut().unwrap().request_ttl_ms = Some(1_500);
-    assert_eq!(graces(&queued)[&format!("Deployment/{name}-{s}-epp")], 121);
-    assert_eq!(graces(&queued)[&format!("Deployment/{name}-bbr")], 121);
+    assert_eq!(
+        graces(&queued)[&format!("Deployment/{name}-{s}-epp")],
+        5 + 121
+    );
+    assert_eq!(graces(&queued)[&format!("Deployment/{name}-bbr")], 5 + 121);
     // Every example's pickers and routers outlast Kubernetes' default.
     for path in example_files() {
         for (key, g) in graces(&load(&path)) {
@@ -640,6 +653,53 @@ fn picker_pods_are_given_time_to_finish_their_answers() {
             }
         }
     }
+}
+
+/// A stopping picker or BBR pod keeps serving for 5 s before SIGTERM (preStop, the image's
+/// /bin/sleep): its endpoint's removal reaches Envoy a moment after the pod is marked for
+/// deletion, and on SIGTERM it stops accepting connections, so the ext_proc streams opened in
+/// between failed, and a picker's pool fails closed. And a Deployment of more than one replica
+/// spreads them over nodes when it can: two pickers on one node are one node from none.
+#[test]
+fn ext_proc_pods_wait_before_stopping_and_replicas_spread_over_nodes() {
+    let mut spread = 0;
+    for path in example_files() {
+        let cfg = load(&path);
+        for c in children(&cfg) {
+            if c.resource.kind != "Deployment" {
+                continue;
+            }
+            let d = serde_json::to_value(&c.object).unwrap();
+            let pod = &d["spec"]["template"]["spec"];
+            assert_eq!(
+                pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"],
+                serde_json::json!(["/bin/sleep", "5"]),
+                "{} in {}",
+                c.key(),
+                path.display()
+            );
+            let constraints = &pod["topologySpreadConstraints"];
+            if d["spec"]["replicas"].as_i64().unwrap() > 1 {
+                spread += 1;
+                assert_eq!(constraints[0]["topologyKey"], "kubernetes.io/hostname");
+                assert_eq!(constraints[0]["whenUnsatisfiable"], "ScheduleAnyway");
+                assert_eq!(
+                    constraints[0]["matchLabelKeys"],
+                    serde_json::json!(["pod-template-hash"])
+                );
+                // The selector is the Deployment's own: its pods, and no other's.
+                assert_eq!(
+                    constraints[0]["labelSelector"]["matchLabels"],
+                    d["spec"]["selector"]["matchLabels"],
+                    "{}",
+                    c.key()
+                );
+            } else {
+                assert!(constraints.is_null(), "{}", c.key());
+            }
+        }
+    }
+    assert!(spread > 0, "no example runs more than one replica");
 }
 
 #[test]
