@@ -415,6 +415,29 @@ status=0
 run_operator "$work/reused.yaml" >"$work/operator-reused.out" 2>&1 || status=$?
 [ "$status" = 1 ] || fail "without logFormat (helm upgrade --reuse-values) the operator exited $status: $(cat "$work/operator-reused.out")"
 ok "the operator's rendered command line (text and json logs) parses with the real binary and fails (1) only on the connection"
+# How the routers and pickers pull their image: the operator's rendered environment, given to the
+# real binary's `render` (the operator's own flags and variables), must yield pods that pull as
+# the values say; and the operator starts with it.
+"$helm" template infergate "$chart" -n infergate-system --set 'imagePullSecrets[0].name=regcred' \
+  --set pickerImagePullPolicy=Always >"$work/pull.yaml"
+status=0
+run_operator "$work/pull.yaml" >"$work/operator-pull.out" 2>&1 || status=$?
+[ "$status" = 1 ] || fail "with pull settings the operator's rendered command line exited $status: $(cat "$work/operator-pull.out")"
+mapfile -d '' words < <(python3 tests/helm/pod-checks.py "$work/pull.yaml" --command infergate-operator/operator)
+for ((i = 0; i < ${#words[@]}; i++)); do [ "${words[i]}" = -- ] && break; done
+env -i PATH="$PATH" "${words[@]:0:i}" "$infergate" render -f deploy/examples/multi-model.yaml >"$work/pull-pods.yaml" \
+  || fail "infergate render with the operator's rendered environment"
+python3 - "$work/pull-pods.yaml" <<'PY' || fail "the pods the operator renders do not pull as pickerImagePullPolicy and imagePullSecrets say (above)"
+import sys, yaml
+pods = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment"]
+assert pods, "no Deployment rendered"
+for p in pods:
+    assert p.get("imagePullSecrets") == [{"name": "regcred"}], p.get("imagePullSecrets")
+    assert all(c["imagePullPolicy"] == "Always" for c in p["containers"]), p["containers"]
+PY
+expect_fail "pickerImagePullPolicy" --set pickerImagePullPolicy=Sometimes
+expect_fail "pickerImagePullSecrets" --set 'pickerImagePullSecrets[0]=Bad_Name'
+ok "pickerImagePullPolicy and imagePullSecrets reach the pods the operator renders, through its real command line"
 python3 - "$work/router-min-render.yaml" "$work/router.yaml" <<'PY' || fail "the global router's pod (above)"
 import sys, yaml
 for path in sys.argv[1:]:

@@ -148,14 +148,34 @@ pub const EG_OWNING_GATEWAY_CLASS: &str = "gateway.envoyproxy.io/owning-gatewayc
 pub struct RenderOptions {
     /// Container image running `infergate picker` / `infergate bbr`.
     pub image: String,
+    /// The containers' `imagePullPolicy`.
+    pub image_pull_policy: PullPolicy,
+    /// Secrets the kubelet pulls the image with (`imagePullSecrets`), by name: each must exist
+    /// in the namespace of every config (a pod can name only Secrets of its own namespace).
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             image: format!("ghcr.io/infergate/infergate:{}", env!("CARGO_PKG_VERSION")),
+            image_pull_policy: PullPolicy::IfNotPresent,
+            image_pull_secrets: Vec::new(),
         }
     }
+}
+
+/// A container's `imagePullPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[clap(rename_all = "verbatim")]
+pub enum PullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull only when the node does not have the image (Kubernetes' default for a tagged image).
+    #[default]
+    IfNotPresent,
+    /// Never pull: the image must be on the node.
+    Never,
 }
 
 /// The kinds a config can own, in apply order (RBAC and config before the pods that use them,
@@ -909,6 +929,7 @@ impl<'a> Renderer<'a> {
         let mut container = json!({
             "name": component,
             "image": self.opts.image,
+            "imagePullPolicy": self.opts.image_pull_policy,
             "args": process.args,
             "ports": process.ports.iter().map(|(n, p)| json!({ "name": n, "containerPort": p, "protocol": "TCP" })).collect::<Vec<_>>(),
             "env": env,
@@ -988,6 +1009,14 @@ impl<'a> Renderer<'a> {
         });
         if process.secret_mount.is_some() {
             pod_spec["securityContext"]["fsGroup"] = json!(65532);
+        }
+        if !self.opts.image_pull_secrets.is_empty() {
+            pod_spec["imagePullSecrets"] = self
+                .opts
+                .image_pull_secrets
+                .iter()
+                .map(|n| json!({ "name": n }))
+                .collect();
         }
         if let Some(g) = process.grace_seconds {
             // Counted from the start of the preStop sleep.

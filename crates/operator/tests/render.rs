@@ -1480,3 +1480,38 @@ fn crd_outlier_detection_reaches_the_pickers_scheduler_configuration() {
         Some(FailurePercentage::default())
     );
 }
+
+/// The operator's pull settings (`--image-pull-policy`, `--image-pull-secret`) reach every pod it
+/// renders: an image from a registry that needs credentials could not be pulled by the pickers
+/// before, whatever the chart's `imagePullSecrets` said. By default: `IfNotPresent`, no Secrets.
+#[test]
+fn pull_policy_and_secrets_reach_every_pod() {
+    use infergate_operator::render::{PullPolicy, RenderOptions, render};
+    let cfg = example("multi-model.yaml");
+    let pods = |opts: &RenderOptions| -> Vec<Value> {
+        render(&cfg, opts)
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.resource.kind == "Deployment")
+            .map(|c| serde_json::to_value(&c.object).unwrap()["spec"]["template"]["spec"].clone())
+            .collect()
+    };
+    let defaults = pods(&common::opts());
+    assert_eq!(defaults.len(), 3);
+    for p in &defaults {
+        assert_eq!(p["containers"][0]["imagePullPolicy"], "IfNotPresent");
+        assert!(p["imagePullSecrets"].is_null(), "{p}");
+    }
+    let opts = RenderOptions {
+        image_pull_policy: PullPolicy::Always,
+        image_pull_secrets: vec!["regcred".to_owned(), "mirror".to_owned()],
+        ..common::opts()
+    };
+    for p in pods(&opts) {
+        assert_eq!(p["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(
+            p["imagePullSecrets"],
+            serde_json::json!([{ "name": "regcred" }, { "name": "mirror" }])
+        );
+    }
+}

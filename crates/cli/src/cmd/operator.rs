@@ -16,6 +16,8 @@ pub struct Args {
     /// Image the body-based router and endpoint pickers run (default: this build's release).
     #[arg(long, env = "INFERGATE_IMAGE")]
     image: Option<String>,
+    #[command(flatten)]
+    pull: super::render::PullArgs,
     /// Namespace of the leader Lease (the operator's own namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "infergate-system")]
     lease_namespace: String,
@@ -42,6 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(image) = args.image {
         render.image = image;
     }
+    args.pull.apply(&mut render)?;
     let admin = TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use infergate_api::schema::CrdSchema;
 use infergate_api::{InferenceGatewayConfig, validation};
-use infergate_operator::render::{RenderOptions, render};
+use infergate_operator::render::{PullPolicy, RenderOptions, render};
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -31,6 +31,55 @@ pub struct Args {
     /// Image the body-based router and endpoint pickers run (default: this build's release).
     #[arg(long, env = "INFERGATE_IMAGE")]
     pub image: Option<String>,
+    #[command(flatten)]
+    pub pull: PullArgs,
+}
+
+/// How the pods the operator creates pull their image (`infergate operator` and `infergate
+/// render` share these).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PullArgs {
+    /// `imagePullPolicy` of the body-based router and endpoint picker containers.
+    #[arg(long, env = "INFERGATE_IMAGE_PULL_POLICY", value_enum, default_value_t = PullPolicy::IfNotPresent)]
+    pub image_pull_policy: PullPolicy,
+    /// A Secret the body-based router and endpoint picker pods pull their image with
+    /// (`imagePullSecrets`); repeat the flag, or separate names with commas. Each must exist in
+    /// the namespace of every config: a pod names Secrets of its own namespace only.
+    #[arg(
+        long = "image-pull-secret",
+        env = "INFERGATE_IMAGE_PULL_SECRETS",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub image_pull_secrets: Vec<String>,
+}
+
+impl PullArgs {
+    /// Sets `opts`' pull policy and Secrets; refuses a Secret name Kubernetes would.
+    pub fn apply(self, opts: &mut RenderOptions) -> anyhow::Result<()> {
+        for name in &self.image_pull_secrets {
+            anyhow::ensure!(
+                is_dns_subdomain(name),
+                "--image-pull-secret: `{name}` is not a Secret name (lowercase letters, digits, \
+                 '-' and '.', starting and ending with a letter or digit, at most 253 characters)"
+            );
+        }
+        opts.image_pull_policy = self.image_pull_policy;
+        opts.image_pull_secrets = self.image_pull_secrets;
+        Ok(())
+    }
+}
+
+/// An RFC 1123 DNS subdomain, what Kubernetes requires of a Secret's name.
+fn is_dns_subdomain(name: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
+        && name.split('.').all(|part| {
+            let b = part.as_bytes();
+            b.first().is_some_and(|&c| alnum(c)) && b.last().is_some_and(|&c| alnum(c))
+        })
 }
 
 /// Runs `infergate render`.
@@ -45,6 +94,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(image) = args.image {
         opts.image = image;
     }
+    args.pull.apply(&mut opts)?;
     let out = render_documents(&text, &opts, args.namespace.as_deref())?;
     std::io::stdout().lock().write_all(out.as_bytes())?;
     Ok(())

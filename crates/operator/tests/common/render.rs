@@ -49,6 +49,7 @@ pub fn example(name: &str) -> InferenceGatewayConfig {
 pub fn opts() -> RenderOptions {
     RenderOptions {
         image: "ghcr.io/infergate/infergate:test".to_owned(),
+        ..RenderOptions::default()
     }
 }
 
