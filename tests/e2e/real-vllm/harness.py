@@ -1,10 +1,12 @@
-"""Process, port, HTTP and Prometheus helpers for the real-vLLM suite (stdlib + httpx only)."""
+"""Process, port, HTTP and Prometheus helpers for the real-vLLM suite (stdlib + httpx; the KV-event
+tap also pyzmq and msgspec, which vLLM itself depends on)."""
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -218,6 +220,94 @@ def pct(values, q):
     v = sorted(values)
     k = min(len(v) - 1, max(0, int(round(q / 100 * (len(v) - 1)))))
     return v[k]
+
+
+class KvEventTap:
+    """A second subscriber to one vLLM instance's KV-event publisher (ZeroMQ PUB, the frames
+    `(topic, 8-byte big-endian sequence, payload)` of `vllm/distributed/kv_events.py`), kept
+    beside the gateway's: it records every batch as it came and decoded untyped, so a check can
+    show what vLLM itself published. A batch is msgspec's array form of `KVEventBatch`,
+    `[ts, [event, ...], data_parallel_rank]`; each event is a map tagged by `type` (vLLM 0.32:
+    `{"type": "BlockStored", "block_hashes": …, "extra_keys": …}`, fields at their default
+    left out) or, in releases that encode events as arrays, positional with the tag first
+    (`["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+    lora_name, extra_keys, …]`)."""
+
+    def __init__(self, host, port):
+        import msgspec
+        import zmq
+        self._decode = msgspec.msgpack.decode
+        self.encode = msgspec.msgpack.encode  # for showing a decoded part as the bytes it was
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.setsockopt(zmq.RCVTIMEO, 200)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(f"tcp://{host}:{port}")
+        self._again = zmq.Again
+        self._lock = threading.Lock()
+        self._batches = []  # (seq, raw payload, decoded)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                frames = self._sock.recv_multipart()
+            except self._again:
+                continue
+            if len(frames) != 3:
+                continue
+            _topic, seq, payload = frames
+            try:
+                decoded = self._decode(payload)
+            except Exception as e:  # noqa: BLE001 - kept, shown by whoever reads it
+                decoded = {"undecodable": repr(e)}
+            with self._lock:
+                self._batches.append((int.from_bytes(seq, "big"), payload, decoded))
+
+    def mark(self):
+        """The position after every batch received so far (for `since`)."""
+        with self._lock:
+            return len(self._batches)
+
+    def since(self, mark):
+        """[(seq, raw payload, decoded batch)] received after `mark`."""
+        with self._lock:
+            return list(self._batches[mark:])
+
+    def stored_since(self, mark):
+        """[(raw payload, event)] for every BlockStored event after `mark`, the event as a dict
+        of vLLM's field names (those the event carries)."""
+        out = []
+        for _seq, raw, batch in self.since(mark):
+            if not isinstance(batch, list) or len(batch) < 2:
+                continue
+            for ev in batch[1]:
+                f = block_stored_fields(ev)
+                if f is not None:
+                    out.append((raw, f))
+        return out
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)
+        self._sock.close(0)
+        self._ctx.term()
+
+
+def block_stored_fields(ev):
+    """A decoded BlockStored event, keyed or positional, as a dict of vLLM's field names (those
+    it carries); None for any other event."""
+    if isinstance(ev, dict):
+        return {k: v for k, v in ev.items() if k != "type"} if ev.get("type") == "BlockStored" \
+            else None
+    if isinstance(ev, list) and ev and ev[0] == "BlockStored":
+        names = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                 "medium", "lora_name", "extra_keys", "group_idx")
+        return dict(zip(names, ev[1:]))
+    return None
 
 
 def die(msg):

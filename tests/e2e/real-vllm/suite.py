@@ -42,9 +42,9 @@ while time.time() < until:
 """
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (LOCAL, CheckFailed, Procs, expect, fmt_ms, free_port, http_ok,  # noqa: E402
-                     log, lora_state, metric, parse_families, parse_samples, pct, scrape,
-                     wait_until)
+from harness import (LOCAL, CheckFailed, KvEventTap, Procs, expect, fmt_ms,  # noqa: E402
+                     free_port, http_ok, log, lora_state, metric, parse_families, parse_samples,
+                     pct, scrape, wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = "tiny"
@@ -1331,7 +1331,8 @@ storage:
     def check_precise_prefix(self):
         """A gateway with precisePrefix: the instances' own KV events (BlockStored and
         BlockRemoved) decide where a repeated long prompt goes — even one this gateway never
-        routed — and an eviction moves it; vllm:prefix_cache_hits_total confirms the hits."""
+        routed — and an eviction moves it; a request's cache_salt keeps it off another salt's
+        blocks, as vLLM does, and on its own; vllm:prefix_cache_hits_total confirms the hits."""
         # Two instances of their own, publishing their KV events; stopped at the end.
         for inst, dt in self.start_fresh(("C", "D")).items():
             log(f"vLLM {inst} (KV events on) on {self.addr(inst)} healthy after {dt:.1f}s")
@@ -1350,6 +1351,7 @@ explainHeader: true
 models:
   - name: {MODEL}
     engine: vllm
+    loraAdapters: [lora-a, lora-b]
     scheduler:
       preset: infergate
     precisePrefix:
@@ -1373,6 +1375,17 @@ models:
 
         wait_until(lambda: gw_metric("infergate_kv_events_connected_pods") == 2, 30, 0.2,
                    "both instances' KV-event feeds connected")
+        # A subscriber of the suite's own beside the gateway's: what C itself publishes (part c).
+        tap = KvEventTap(LOCAL, self.kv_ports["C"][0])
+        try:
+            self._precise_prefix_parts(port, gw_metric, tap)
+        finally:
+            tap.close()
+        self.procs.stop("gateway-precise")
+        for inst in ("C", "D"):
+            self.procs.stop(f"vllm-{inst}")
+
+    def _precise_prefix_parts(self, port, gw_metric, tap):
         gw = f"http://{LOCAL}:{port}/v1/completions"
         words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
         tag = random.randrange(1 << 30)
@@ -1385,18 +1398,18 @@ models:
             return {i: metric(scrape(self.url(i, "/metrics")), "vllm:prefix_cache_hits_total")
                     for i in ("C", "D")}
 
-        def via_gateway(p, n):
+        def via_gateway(p, n, **extra):
             where, explained = [], []
             for _ in range(n):
-                r = self.post_explained(gw, self.completion_body(prompt=p, max_tokens=2),
+                r = self.post_explained(gw, self.completion_body(prompt=p, max_tokens=2, **extra),
                                         explained)
                 expect(r.status_code == 200, f"precise gateway: {r.status_code} {r.text[:200]}")
                 where.append(self.inst_of(r.headers.get("x-infergate-endpoint")))
             return where, explained
 
-        def direct(inst, p):
+        def direct(inst, p, **extra):
             r = self.post(self.url(inst, "/v1/completions"),
-                          self.completion_body(prompt=p, max_tokens=2))
+                          self.completion_body(prompt=p, max_tokens=2, **extra))
             expect(r.status_code == 200, f"direct to {inst}: {r.status_code} {r.text[:200]}")
             return r.json()["usage"]["prompt_tokens"]
 
@@ -1467,12 +1480,98 @@ models:
                f"{explained2[0]}")
         print(f"    C evicted {removed:.0f} blocks; the prompt followed to D: 3/3, "
               f"D's prefix-cache hits +{rose2['D']:.0f}")
+
+        # (c) cache_salt. vLLM hashes a salted request's first block with its salt and lists the
+        # salt in that block's BlockStored extra_keys, after the adapter's name under a LoRA
+        # adapter (generate_block_hash_extra_keys and to_event_extra_keys in
+        # vllm/v1/core/kv_cache_utils.py). A prompt salted on C directly, for the base model and
+        # for lora-a: the tap shows what C published; the same prompt without the salt through
+        # the gateway is credited to no pod (C would recompute it: its hits stay put), and with
+        # the salt it goes to C, credited with the prompt, and hits there.
+        salt = f"tenant-{tag}"
+        report = []
+        # The unsalted prompts of parts a and b, as C published them: no block has extra keys
+        # (vLLM 0.32 sends `extra_keys` as one nil per block rather than leaving it out).
+        plain = [f for _, f in tap.stored_since(0)]
+        plain_keys = [k for f in plain for k in (f.get("extra_keys") or [])]
+        expect(plain and all(k is None for k in plain_keys),
+               f"the tap saw C's BlockStored events for parts a and b ({len(plain)} events), "
+               f"none with extra keys: extra_keys {'absent' if not plain_keys else 'nil'} in "
+               f"each of {sum(len(f['block_hashes']) for f in plain)} blocks")
+        for label, model in (("salted", MODEL), ("salted-lora", "lora-a")):
+            ps = prompt(label, 130)
+            mark = tap.mark()
+            stored0 = gw_metric("infergate_kv_events_blocks_total", kind="stored")
+            ps_tokens = direct("C", ps, model=model, cache_salt=salt)
+            n_blocks = ps_tokens // bs
+            wait_until(lambda: gw_metric("infergate_kv_events_blocks_total", kind="stored") >=
+                       stored0 + n_blocks, 20, 0.1,
+                       f"C's BlockStored events for the {label} prompt")
+
+            def tapped():
+                evs = tap.stored_since(mark)
+                return evs if sum(len(f["block_hashes"]) for _, f in evs) >= n_blocks else None
+
+            evs = wait_until(tapped, 10, 0.1, f"the tap's copy of C's {label} BlockStored events")
+            keys, names = [], set()
+            for _, f in evs:
+                keys += f.get("extra_keys") or [None] * len(f["block_hashes"])
+                names.add(f.get("lora_name"))
+            heads = [(raw, f) for raw, f in evs if f.get("parent_block_hash") is None]
+            for raw, f in heads:
+                shown = {k: (v if k != "token_ids" else f"[{len(v)} ids]")
+                         for k, v in f.items() if k not in ("block_hashes",)}
+                report.append(f"{label}: cache_salt {salt!r}, model {model}, {ps_tokens} tokens\n"
+                              f"  decoded: {shown}\n"
+                              f"  extra_keys, re-encoded by msgspec (vLLM's encoder): "
+                              f"{tap.encode(f.get('extra_keys')).hex()}\n"
+                              f"  whole batch ({len(raw)} bytes): {raw.hex()}\n")
+            adapter = [] if model == MODEL else [model]
+            want_keys = [adapter + [salt]] + [adapter or None] * (len(keys) - 1)
+            print(f"    C published the {label} prompt's first block with extra_keys "
+                  f"{keys[0] if keys else None!r}, lora_name {sorted(names, key=str)}")
+            expect(len(heads) == 1 and keys[:n_blocks] == want_keys[:n_blocks]
+                   and names == {None if model == MODEL else model},
+                   f"{label}: C's BlockStored for {n_blocks} blocks carries extra_keys "
+                   f"{keys[:3]!r}… (want {want_keys[:3]!r}…), lora_name {names}")
+
+            h0 = hits()
+            where_u, explained_u = via_gateway(ps, 1, model=model)
+            h1 = hits()
+            credit_u = tuple(prefix_blocks_of(explained_u[0], i) for i in ("C", "D"))
+            rose_u = {i: h1[i] - h0[i] for i in h0}
+            if credit_u != (0, 0):
+                print("    routing decision:\n      " + explained_u[0])
+            expect("exact_prefix=2" in explained_u[0] and credit_u == (0, 0)
+                   and rose_u == {"C": 0, "D": 0},
+                   f"{label}: the prompt without its salt through the gateway: credited C "
+                   f"{credit_u[0]}, D {credit_u[1]} tokens (want 0, 0); served by {where_u}, "
+                   f"prefix_cache_hits_total C +{rose_u['C']:.0f}, D +{rose_u['D']:.0f} (want 0)")
+
+            h2 = hits()
+            where_s, explained_s = via_gateway(ps, 3, model=model, cache_salt=salt)
+            h3 = hits()
+            rose_s = {i: h3[i] - h2[i] for i in h2}
+            credit_s = [(prefix_blocks_of(e, "C"), prefix_blocks_of(e, "D")) for e in explained_s]
+            held = ((ps_tokens - 1) // bs) * bs
+            want_s = 3 * held
+            if where_s.count("C") != 3:
+                print("    routing decisions:\n      " + "\n      ".join(explained_s))
+            expect(where_s == ["C"] * 3 and rose_s["C"] >= want_s and rose_s["D"] == 0
+                   and all(c is not None and c >= held and d == 0 for c, d in credit_s),
+                   f"{label}: with its salt, 3 times through the gateway: served by {where_s}, "
+                   f"credited (C, D) {credit_s} tokens (want >= {held} on C, 0 on D); "
+                   f"prefix_cache_hits_total C +{rose_s['C']:.0f}, D +{rose_s['D']:.0f} "
+                   f"(want >= {want_s} on C, 0 on D)")
+            print(f"    {label} ({ps_tokens} tokens, salt on C): unsalted credited to none, "
+                  f"salted 3/3 to C credited {credit_s[0][0]} tokens, C's hits "
+                  f"+{rose_s['C']:.0f}")
+        with open(os.path.join(self.reports, "kv-events-salt.txt"), "w") as f:
+            f.write("".join(report))
+
         expect(gw_metric("infergate_kv_events_decode_errors_total") == 0
                and gw_metric("infergate_kv_events_resets_total", reason="gap") == 0,
                "no decode error, no gap in the instances' event streams")
-        self.procs.stop("gateway-precise")
-        for inst in ("C", "D"):
-            self.procs.stop(f"vllm-{inst}")
 
     # ------------------------------------------------------------------ driver
     # ------------------------------------------------------------------ check 10
