@@ -95,6 +95,9 @@ pub struct PodSample {
     pub awaiting_first_token: u32,
     /// Learned prefill rate, tokens/s.
     pub prefill_tokens_per_sec: Option<f64>,
+    /// Learned prefill rate on long prompts, tokens/s (from first tokens that waited for 256
+    /// tokens of work or more), what a long prompt is extrapolated with.
+    pub bulk_prefill_tokens_per_sec: Option<f64>,
     /// Learned decode rate per request, tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
     /// The answers it gave this front door's requests, by verdict.
@@ -145,6 +148,7 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 inflight: info.inflight,
                 awaiting_first_token: info.awaiting_first_token,
                 prefill_tokens_per_sec: info.prefill_tokens_per_sec,
+                bulk_prefill_tokens_per_sec: info.bulk_prefill_tokens_per_sec,
                 decode_tokens_per_sec: info.decode_tokens_per_sec,
                 answers: info.answers,
                 failure_percent: info.failure_interval.map(|j| j.failure_percent()),

@@ -195,21 +195,8 @@ pub fn prompt_text(tag: &str) -> String {
     format!("{tag}: ").repeat(200)
 }
 
-/// Teaches endpoint `i` a prefill rate by reporting `n` requests that took `ttft` for `tokens`
-/// (and their ten output tokens as long again).
+/// Teaches endpoint `i` a prefill rate by reporting `n` requests that took `ttft` for `tokens`.
 pub fn teach(s: &mut Scheduler, i: u32, tokens: u32, ttft: std::time::Duration, n: usize) {
-    teach_apart(s, i, tokens, ttft, ttft, n);
-}
-
-/// As [`teach`], with the ten output tokens taking `decode` after the first token.
-pub fn teach_apart(
-    s: &mut Scheduler,
-    i: u32,
-    tokens: u32,
-    ttft: std::time::Duration,
-    decode: std::time::Duration,
-    n: usize,
-) {
     let subset = [addr(i)];
     for k in 0..n {
         let req = crate::request::RequestContext::new("m", tokens).with_subset(Some(&subset));
@@ -217,7 +204,7 @@ pub fn teach_apart(
         s.first_token(d.ticket, T0.saturating_add(ttft));
         s.complete(
             d.ticket,
-            T0.saturating_add(ttft + decode),
+            T0.saturating_add(ttft * 2),
             crate::decision::Usage {
                 prompt_tokens: tokens,
                 cached_tokens: 0,

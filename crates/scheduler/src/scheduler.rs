@@ -47,6 +47,11 @@ pub struct EndpointInfo {
     pub peer_awaiting_first_token: u32,
     /// Learned prefill rate in tokens/s (`None` until a streamed request has completed).
     pub prefill_tokens_per_sec: Option<f64>,
+    /// Learned prefill rate on long prompts, tokens/s: from first tokens that waited for at least
+    /// 256 tokens of work only, so without the server's fixed cost per request that short
+    /// prompts' samples are mostly made of (`None` until such a streamed request has completed).
+    /// What a long prompt's prefill is extrapolated with.
+    pub bulk_prefill_tokens_per_sec: Option<f64>,
     /// Learned per-request decode rate in tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
     /// Completed requests the prefill rate was learned from.
@@ -378,6 +383,7 @@ impl Scheduler {
         };
         ep.unlearn_from(&mut self.rates);
         ep.prefill.reset();
+        ep.prefill_bulk.reset();
         ep.decode.reset();
         ep.lora.forget_resident();
         true
@@ -394,6 +400,7 @@ impl Scheduler {
             peer_inflight: ep.peer.inflight,
             peer_awaiting_first_token: ep.peer.pending,
             prefill_tokens_per_sec: ep.prefill.get(),
+            bulk_prefill_tokens_per_sec: ep.prefill_bulk.get(),
             decode_tokens_per_sec: ep.decode.get(),
             rate_samples: ep.prefill.samples(),
             picked: ep.picked,
@@ -487,11 +494,10 @@ impl Scheduler {
             f64::from(e.prefill_tokens)
         };
         let ttft = first.saturating_since(e.picked_at).as_secs_f64().max(1e-3);
-        let work = e.queued_tokens + own;
-        // Too little work and the wait is the server's fixed cost per request, not prefill.
-        let prefill = (work >= crate::rates::MIN_PREFILL_SAMPLE_TOKENS).then(|| work / ttft);
-        if let Some(rate) = prefill {
-            ep.learn_prefill(rate, min_alpha, &mut self.rates);
+        let work = (e.queued_tokens + own).max(1.0);
+        ep.learn_prefill(work / ttft, min_alpha, &mut self.rates);
+        if work >= crate::rates::MIN_PREFILL_SAMPLE_TOKENS {
+            ep.prefill_bulk.update(work / ttft, min_alpha);
         }
         let mut decode = None;
         // Decode: tokens after the first, over the time after the first.
@@ -504,11 +510,8 @@ impl Scheduler {
             }
         }
         // For the peer replicas, once a shell exchanges rate samples ([`crate::peers`]).
-        // A sample without a prefill rate is not sent (the exchange's samples all carry one).
-        if let Some(rate) = prefill {
-            let addr = ep.cold.meta.addr;
-            self.peers.learned(addr, rate, decode);
-        }
+        let addr = ep.cold.meta.addr;
+        self.peers.learned(addr, work / ttft, decode);
         true
     }
 

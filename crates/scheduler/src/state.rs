@@ -46,6 +46,11 @@ pub(crate) struct EndpointState {
     pub(crate) inflight_tokens: u64,
     /// Learned prefill rate, tokens/s of work cleared before this pod's first token.
     pub(crate) prefill: LogEwma,
+    /// The same, from first tokens that waited for at least
+    /// [`MIN_PREFILL_SAMPLE_TOKENS`](crate::rates::MIN_PREFILL_SAMPLE_TOKENS) of work only: the
+    /// pod's speed on long prompts without its fixed cost per request, which `prefill` keeps
+    /// (every queued request pays it). Not shared with the pool's typical rate or the peers.
+    pub(crate) prefill_bulk: LogEwma,
     /// Learned per-request decode rate, tokens/s.
     pub(crate) decode: LogEwma,
     /// Its GPU type's speed against the reference, read when it joins ([`crate::gpu`]).
@@ -98,6 +103,7 @@ impl EndpointState {
             since_pending: 0,
             since_pending_tokens: 0,
             prefill: LogEwma::default(),
+            prefill_bulk: LogEwma::default(),
             decode: LogEwma::default(),
             picked: 0,
             scrape: ScrapeState::Ok,

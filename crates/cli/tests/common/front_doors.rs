@@ -259,17 +259,6 @@ pub fn start_ext_proc(command: &'static str, args: &[&str], ports: [u16; 3], dir
     Proc::start(command, &all, dir)
 }
 
-/// The user message of a request in [`FrontDoors::drive`]: a streamed one is long enough (over
-/// 256 prompt tokens) for its first token to teach the pod's prefill rate, which the scheduler
-/// learns from no shorter prompt (`infergate_pod_prefill_tokens_per_second` has a series then).
-fn prompt(tag: &str, stream: bool) -> String {
-    if stream {
-        format!("{tag}: {}", "tell me more about it ".repeat(80))
-    } else {
-        tag.to_owned()
-    }
-}
-
 /// The first answer of an ext_proc stream to a chat completion's headers and `body`, as Envoy
 /// sends them.
 pub async fn ext_proc_answer(envoy: &Envoy, body: &[u8]) -> ProcessingResponse {
@@ -479,7 +468,7 @@ impl FrontDoors {
                 self.front,
                 "POST",
                 "/v1/chat/completions",
-                Some(&chat(m, &prompt(&format!("hello {i}"), stream), stream)),
+                Some(&chat(m, &format!("hello {i}"), stream)),
             )
             .await
             .unwrap();
@@ -491,8 +480,7 @@ impl FrontDoors {
         let envoy = Envoy::connect(self.grpc).await;
         // Three, so that one pod answers twice (its interval is judged).
         for stream in [false, true, false] {
-            let body =
-                serde_json::to_vec(&chat(&model, &prompt("via ext_proc", stream), stream)).unwrap();
+            let body = serde_json::to_vec(&chat(&model, "via ext_proc", stream)).unwrap();
             let f = forward::forward(&envoy, "/v1/chat/completions", &body, 64).await;
             assert_eq!(f.status, 200, "{}", String::from_utf8_lossy(&f.body));
             assert_ne!(f.endpoint, self.dead);

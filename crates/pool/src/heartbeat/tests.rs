@@ -19,6 +19,7 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
         inflight: 0,
         awaiting_first_token: 0,
         prefill_tokens_per_sec: prefill,
+        bulk_prefill_tokens_per_sec: prefill,
         decode_tokens_per_sec: Some(64.0),
         answers: Default::default(),
         failure_percent: None,
@@ -161,4 +162,24 @@ fn an_ejected_pod_is_not_ready_and_not_in_the_estimates() {
     assert_eq!(both.saturation, alone.saturation);
     let none = status("m", &[failing], 0, 0, &LIMITS);
     assert_eq!(none.ready_pods, 0);
+}
+
+#[test]
+fn a_rate_learned_from_short_prompts_is_not_extrapolated_below_the_prior() {
+    let estimate = |prefill: Option<f64>, bulk: Option<f64>| {
+        let p = PodSample {
+            prefill_tokens_per_sec: prefill,
+            bulk_prefill_tokens_per_sec: bulk,
+            ..pod(1, false, 0, 0.0, None)
+        };
+        status("m", &[p], 0, 0, &LIMITS).estimated_ttft_ms.unwrap()
+    };
+    // Seven-token prompts answered in 40 ms by an emulated A10G: 175 tokens/s, mostly the fixed
+    // cost of a step. Extrapolated to 512 tokens that was 2.9 s; the prior gives 128 ms (the pod
+    // takes 165 ms).
+    assert!((estimate(Some(175.0), None) - 128.0).abs() < 1e-9);
+    // Above the prior, it is a better guess than the prior (it can only be too slow).
+    assert!((estimate(Some(5_120.0), None) - 100.0).abs() < 1e-9);
+    // A rate learned on long prompts is used as it is, below the prior too.
+    assert!((estimate(Some(175.0), Some(3_103.0)) - 512.0 / 3.103).abs() < 1e-6);
 }

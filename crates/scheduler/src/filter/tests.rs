@@ -234,7 +234,7 @@ fn forgotten_rates_let_a_restarted_pod_be_picked_again() {
     // Pod 0 teaches a very slow prefill (its last requests before it died), pod 1 a fast one.
     for (pod, ttft_ms) in [(0u32, 2_000u64), (1, 20)] {
         let only = [addr(pod)];
-        let req = RequestContext::new("m", 1_000).with_subset(Some(&only[..]));
+        let req = RequestContext::new("m", 100).with_subset(Some(&only[..]));
         for i in 0..5 {
             let start = t(i * 3_000);
             s.apply_metrics(addr(pod), snapshot(start, 0, 0.0)).unwrap();
@@ -244,7 +244,7 @@ fn forgotten_rates_let_a_restarted_pod_be_picked_again() {
                 start.saturating_add(Duration::from_millis(ttft_ms))
             ));
             let usage = Usage {
-                prompt_tokens: 1_000,
+                prompt_tokens: 100,
                 cached_tokens: 0,
                 output_tokens: 10,
             };

@@ -519,23 +519,28 @@ fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
 }
 
 #[test]
-fn short_prompts_teach_no_prefill_rate() {
+fn short_prompts_teach_no_bulk_prefill_rate() {
     // An emulated A10G (35 ms per prefill step plus 250 us per token) answering five seven-token
-    // prompts in 40 ms: their time to first token is the fixed cost of a step, and read as a rate
-    // (175 tokens/s) it made a 512-token prompt look 2.9 s long instead of 165 ms.
+    // prompts in 40 ms: their time to first token is the fixed cost of a step. The scorer's rate
+    // keeps it (175 tokens/s: each queued request pays it), the bulk rate learns nothing from it:
+    // extrapolated to 512 tokens, 175 tokens/s made a first token the pod gives in 165 ms 2.9 s.
     let mut s = scheduler(SchedulerConfig::default(), 1);
     teach(&mut s, 0, 7, Duration::from_millis(40), 5);
-    assert_eq!(s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec, None);
-    // Nor do they reach the peer replicas.
-    let mut sent = Vec::new();
-    s.take_rate_samples(&mut sent);
-    teach(&mut s, 0, 7, Duration::from_millis(40), 1);
-    s.take_rate_samples(&mut sent);
-    assert!(sent.is_empty(), "{sent:?}");
-    // A prompt long enough for its prefill to dominate teaches the rate.
+    let info = s.endpoint(addr(0)).unwrap();
+    assert!((info.prefill_tokens_per_sec.unwrap() - 175.0).abs() < 1.0);
+    assert_eq!(info.bulk_prefill_tokens_per_sec, None);
+    // A prompt long enough for its prefill to dominate teaches it.
     teach(&mut s, 0, 512, Duration::from_millis(165), 1);
-    let rate = s.endpoint(addr(0)).unwrap().prefill_tokens_per_sec.unwrap();
-    assert!((rate - 512.0 / 0.165).abs() < 1.0, "{rate}");
-    s.take_rate_samples(&mut sent);
-    assert_eq!(sent.len(), 1);
+    let bulk = s
+        .endpoint(addr(0))
+        .unwrap()
+        .bulk_prefill_tokens_per_sec
+        .unwrap();
+    assert!((bulk - 512.0 / 0.165).abs() < 1.0, "{bulk}");
+    // Forgotten with the other rates.
+    assert!(s.forget_learned_rates(addr(0)));
+    assert_eq!(
+        s.endpoint(addr(0)).unwrap().bulk_prefill_tokens_per_sec,
+        None
+    );
 }
