@@ -24,9 +24,10 @@ pub struct Args {
     /// Name of the leader Lease.
     #[arg(long, default_value = "infergate-operator")]
     lease_name: String,
-    /// This replica's identity in the Lease.
-    #[arg(long, env = "POD_NAME", default_value = "infergate-operator")]
-    identity: String,
+    /// This replica's identity in the Lease; it must differ per replica (default: the host
+    /// name, which is the pod's name in Kubernetes, else one made up at start).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
     /// Lease duration in seconds (at least 3); the leader renews every third of it.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..))]
     lease_seconds: u64,
@@ -54,7 +55,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             leader_election: !args.no_leader_election,
             lease_namespace: args.lease_namespace,
             lease_name: args.lease_name,
-            identity: args.identity,
+            identity: args.identity.unwrap_or_else(default_identity),
             lease_duration: Duration::from_secs(args.lease_seconds),
         },
         Some(admin),
@@ -64,12 +65,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An identity for a replica started without `--identity` or `POD_NAME`: the host name (a pod's
+/// own name in Kubernetes), else `infergate-operator-` and a value unlikely to repeat. A fixed
+/// default let two such replicas take each other's Lease renewals for their own, and both lead.
+fn default_identity() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    identity_from(std::env::var("HOSTNAME").ok(), std::process::id(), nanos)
+}
+
+fn identity_from(hostname: Option<String>, pid: u32, nanos: u32) -> String {
+    match hostname.as_deref().map(str::trim) {
+        Some(h) if !h.is_empty() => h.to_owned(),
+        _ => format!("infergate-operator-{pid:x}-{nanos:x}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 
     use clap::Parser as _;
 
+    use super::identity_from;
     use crate::{Cli, Command};
 
     #[test]
@@ -81,5 +100,13 @@ mod tests {
             panic!("not the operator command");
         };
         assert_eq!(args.lease_seconds, 3);
+    }
+
+    #[test]
+    fn replicas_without_an_identity_get_distinct_ones() {
+        assert_eq!(identity_from(Some("op-7c9d-x2".into()), 1, 2), "op-7c9d-x2");
+        let a = identity_from(None, 41, 5);
+        let b = identity_from(Some("  ".into()), 42, 5);
+        assert!(a.starts_with("infergate-operator-") && a != b, "{a} {b}");
     }
 }
