@@ -213,11 +213,18 @@ fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<Vec<ExtraKey>>>) -> Resul
         let k = r.array()?;
         let mut keys = Vec::with_capacity(k.min(8));
         for _ in 0..k {
-            keys.push(match r.peek()? {
-                Kind::Str => ExtraKey::Str(r.str()?.to_owned()),
-                Kind::Int => ExtraKey::Int(r.int()?),
-                _ => ExtraKey::Other(r.raw()?.to_vec()),
-            });
+            // Read whole first, then as a name or a number where it is one: a string that is not
+            // UTF-8, or a negative number, is kept as it came (`Other`, matching nothing) rather
+            // than failing the batch. So what the encoder writes back, which wraps a lone
+            // element in a tuple, decodes again whatever the element was.
+            let raw = r.raw()?;
+            let mut one = Reader::new(raw);
+            let key = match one.peek()? {
+                Kind::Str => one.str().ok().map(|s| ExtraKey::Str(s.to_owned())),
+                Kind::Int => one.int().ok().map(ExtraKey::Int),
+                _ => None,
+            };
+            keys.push(key.unwrap_or_else(|| ExtraKey::Other(raw.to_vec())));
         }
         out.push(Some(keys));
     }

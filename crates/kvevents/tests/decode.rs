@@ -432,3 +432,43 @@ fn extra_keys_round_trip_in_both_encodings() {
     assert!(!bytes.windows(10).any(|w| w == b"extra_keys"));
     assert_eq!(decode_batch(&bytes).unwrap(), plain);
 }
+
+/// Extra keys that are not names or numbers vLLM writes — a lone string that is not UTF-8, a
+/// negative number — are kept as they came, and what the encoder writes back (a lone element
+/// wrapped in a tuple) decodes again. The fuzzer found a lone non-UTF-8 string that decoded,
+/// whose re-encoding did not ("string not UTF-8"): read inside a tuple it was taken for a name.
+#[test]
+fn odd_extra_keys_survive_a_round_trip_through_the_encoder() {
+    fn bad_utf8(w: &mut Writer) {
+        // fixstr of two bytes, 0xff 0xfe: not UTF-8.
+        w.raw(&[0xa2, 0xff, 0xfe]);
+    }
+    fn negative(w: &mut Writer) {
+        w.array(2).int(-5).raw(&[0xa2, 0xff, 0xfe]);
+    }
+    let cases: [(&str, Extra, Extra); 3] = [
+        ("a lone string that is not UTF-8", bad_utf8, no_key),
+        (
+            "a tuple with a negative number and such a string",
+            negative,
+            no_key,
+        ),
+        ("both", bad_utf8, negative),
+    ];
+    for (what, first, second) in cases {
+        let batch = decode_batch(&stored_blocks(false, first, second)).expect(what);
+        for enc in [Encoding::Keyed, Encoding::Positional] {
+            let again = decode_batch(&encode_batch(&batch, enc))
+                .unwrap_or_else(|e| panic!("{what}, {enc:?}: {e}"));
+            assert_eq!(again.events.len(), batch.events.len(), "{what}");
+            // Such keys make their blocks unmatchable, before and after.
+            assert_eq!(matched(&encode_batch(&again, enc), None, None), 0, "{what}");
+        }
+    }
+    // The input the fuzzer saved (fuzz/seeds/kv_events/extra-keys-not-utf8.msgpack).
+    let saved = include_bytes!("../../../fuzz/seeds/kv_events/extra-keys-not-utf8.msgpack");
+    let batch = decode_batch(saved).unwrap();
+    for enc in [Encoding::Keyed, Encoding::Positional] {
+        decode_batch(&encode_batch(&batch, enc)).unwrap();
+    }
+}
