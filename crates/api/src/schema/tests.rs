@@ -416,3 +416,23 @@ fn a_typo_is_told_from_an_unrelated_name() {
     assert_eq!(distance("", "abc"), 3);
     assert!(distance("latency", "queue") > 2);
 }
+
+/// An empty tenant claim would copy nothing into the tenant header, and every client would be
+/// the tenant `default`: the schema refuses it, as the API server would.
+#[test]
+fn an_empty_tenant_claim_is_refused() {
+    let auth = |claim: &str| {
+        let mut doc = with_scheduler("");
+        doc["spec"]["auth"] = json!({"jwt": {"provider": {
+            "issuer": "https://issuer.example.com",
+            "remoteJWKS": {"uri": "https://issuer.example.com/jwks"},
+            "tenantClaim": claim,
+        }}});
+        doc
+    };
+    assert_eq!(violations(&mut auth("org.team")), Vec::<String>::new());
+    assert_refused(
+        &mut auth(""),
+        &["spec.auth.jwt.provider.tenantClaim: must not be empty"],
+    );
+}
