@@ -101,3 +101,26 @@ fn a_bad_value_from_a_variable_names_the_variable() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(!err.contains("environment variable"), "{err}");
 }
+
+/// A Secret name Kubernetes would refuse, from the operator's pull-secret variable (as the
+/// chart sets it): refused at start, before the operator listens or talks to the API server,
+/// naming the variable and the name.
+#[test]
+fn a_bad_pull_secret_from_the_variable_is_refused_at_start() {
+    let o = run(
+        &["operator", "--metrics-addr", "127.0.0.1:0"],
+        &[("INFERGATE_IMAGE_PULL_SECRETS", "regcred,Bad_Name")],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "invalid value 'Bad_Name' for '--image-pull-secret <NAME>': not a Secret name"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("environment variable INFERGATE_IMAGE_PULL_SECRETS"),
+        "{err}"
+    );
+}

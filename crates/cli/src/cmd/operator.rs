@@ -45,7 +45,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(image) = args.image {
         render.image = image;
     }
-    args.pull.apply(&mut render)?;
+    args.pull.apply(&mut render);
     let admin = TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;

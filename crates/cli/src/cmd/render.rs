@@ -49,24 +49,32 @@ pub struct PullArgs {
         long = "image-pull-secret",
         env = "INFERGATE_IMAGE_PULL_SECRETS",
         value_delimiter = ',',
-        value_name = "NAME"
+        value_name = "NAME",
+        value_parser = secret_name
     )]
     pub image_pull_secrets: Vec<String>,
 }
 
 impl PullArgs {
-    /// Sets `opts`' pull policy and Secrets; refuses a Secret name Kubernetes would.
-    pub fn apply(self, opts: &mut RenderOptions) -> anyhow::Result<()> {
-        for name in &self.image_pull_secrets {
-            anyhow::ensure!(
-                is_dns_subdomain(name),
-                "--image-pull-secret: `{name}` is not a Secret name (lowercase letters, digits, \
-                 '-' and '.', starting and ending with a letter or digit, at most 253 characters)"
-            );
-        }
+    /// Sets `opts`' pull policy and Secrets (their names were checked as the flags were read).
+    pub fn apply(self, opts: &mut RenderOptions) {
         opts.image_pull_policy = self.image_pull_policy;
         opts.image_pull_secrets = self.image_pull_secrets;
-        Ok(())
+    }
+}
+
+/// `--image-pull-secret`'s parser: refuses a name Kubernetes would refuse for a Secret, so the
+/// mistake is reported as the flag (or its variable) is read, not by the API server on every
+/// pod the operator creates.
+fn secret_name(name: &str) -> Result<String, String> {
+    if is_dns_subdomain(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(
+            "not a Secret name (lowercase letters, digits, '-' and '.', starting and ending \
+             with a letter or digit, at most 253 characters)"
+                .to_owned(),
+        )
     }
 }
 
@@ -94,7 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(image) = args.image {
         opts.image = image;
     }
-    args.pull.apply(&mut opts)?;
+    args.pull.apply(&mut opts);
     let out = render_documents(&text, &opts, args.namespace.as_deref())?;
     std::io::stdout().lock().write_all(out.as_bytes())?;
     Ok(())

@@ -401,3 +401,67 @@ spec:
         );
     }
 }
+
+/// Secret names as Kubernetes checks them (RFC 1123 subdomains): what `--image-pull-secret`
+/// accepts.
+#[test]
+fn image_pull_secret_names_are_dns_subdomains() {
+    for good in ["regcred", "a", "ecr-pull.v2", "0day", &"a".repeat(253)] {
+        assert!(is_dns_subdomain(good), "{good:?} refused");
+    }
+    for bad in [
+        "",
+        "Regcred",
+        "reg_cred",
+        "-regcred",
+        "regcred-",
+        "reg..cred",
+        ".regcred",
+        "regcred.",
+        "reg.-cred",
+        "reg cred",
+        "régcred",
+        &"a".repeat(254),
+    ] {
+        assert!(!is_dns_subdomain(bad), "{bad:?} accepted");
+    }
+}
+
+/// A name Kubernetes would refuse is refused as the flag is read, naming the flag and the
+/// name, on both commands that take it; the good names before it do not hide it.
+#[test]
+fn a_bad_image_pull_secret_is_refused_naming_the_flag() {
+    use clap::Parser as _;
+    for command in [&["render", "-f", "x.yaml"][..], &["operator"]] {
+        let err = crate::Cli::try_parse_from(
+            ["infergate"]
+                .iter()
+                .chain(command)
+                .chain(&["--image-pull-secret", "regcred,Bad_Name"]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(
+                "invalid value 'Bad_Name' for '--image-pull-secret <NAME>': not a Secret name"
+            ),
+            "{command:?}: {err}"
+        );
+    }
+    let cli = crate::Cli::try_parse_from([
+        "infergate",
+        "render",
+        "-f",
+        "x.yaml",
+        "--image-pull-secret",
+        "regcred,ecr.v2",
+        "--image-pull-secret=third",
+    ])
+    .unwrap();
+    let crate::Command::Render(args) = cli.command else {
+        panic!("not the render command");
+    };
+    let mut opts = RenderOptions::default();
+    args.pull.apply(&mut opts);
+    assert_eq!(opts.image_pull_secrets, ["regcred", "ecr.v2", "third"]);
+}
