@@ -118,12 +118,42 @@ where
     R: Fn() -> T + Send + Sync + 'static,
     T: Into<Readiness>,
 {
-    let metrics = move || {
+    serve_with(listener, encoder(registry), ready, shutdown).await
+}
+
+/// The answer of a [`serve_guarded`] guard that refuses a scrape (`401`, `403`, ...).
+pub type Refusal = Response<String>;
+
+/// As [`serve`], with each `GET` or `HEAD` of `/metrics` first passed to `guard` with the
+/// request's headers: `Ok(())` serves it, `Err(refusal)` answers `refusal` instead. The other
+/// paths are never guarded: the kubelet's probes carry no credentials.
+pub async fn serve_guarded<R, T, G, F>(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    ready: R,
+    guard: G,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    R: Fn() -> T + Send + Sync + 'static,
+    T: Into<Readiness>,
+    G: Fn(&http::HeaderMap) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), Refusal>> + Send + 'static,
+{
+    run(listener, encoder(registry), ready, || None, guard, shutdown).await
+}
+
+fn encoder(registry: Arc<Registry>) -> impl Fn() -> Result<String, std::fmt::Error> {
+    move || {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)
-    };
-    serve_with(listener, metrics, ready, shutdown).await
+    }
+}
+
+/// The guard of the servers whose `/metrics` is open.
+fn open(_: &http::HeaderMap) -> std::future::Ready<Result<(), Refusal>> {
+    std::future::ready(Ok(()))
 }
 
 /// As [`serve`], with `/metrics` answered by `metrics` at each scrape: for a server whose set of
@@ -157,7 +187,26 @@ where
     T: Into<Readiness>,
     H: Fn() -> Option<String> + Send + Sync + 'static,
 {
-    let handlers = Arc::new((metrics, ready, heartbeat));
+    run(listener, metrics, ready, heartbeat, open, shutdown).await
+}
+
+async fn run<M, R, T, H, G, F>(
+    listener: TcpListener,
+    metrics: M,
+    ready: R,
+    heartbeat: H,
+    guard: G,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
+    R: Fn() -> T + Send + Sync + 'static,
+    T: Into<Readiness>,
+    H: Fn() -> Option<String> + Send + Sync + 'static,
+    G: Fn(&http::HeaderMap) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), Refusal>> + Send + 'static,
+{
+    let handlers = Arc::new((metrics, ready, heartbeat, guard));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -175,8 +224,15 @@ where
         let handlers = Arc::clone(&handlers);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let r = respond(&req, &handlers.0, &handlers.1, &handlers.2);
-                async move { Ok::<_, Infallible>(r) }
+                let handlers = Arc::clone(&handlers);
+                async move {
+                    let scrape = req.uri().path() == "/metrics"
+                        && (req.method() == Method::GET || req.method() == Method::HEAD);
+                    if scrape && let Err(refusal) = (handlers.3)(req.headers()).await {
+                        return Ok::<_, Infallible>(refusal.map(|b| Full::new(Bytes::from(b))));
+                    }
+                    Ok(respond(&req, &handlers.0, &handlers.1, &handlers.2))
+                }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             if let Err(e) = builder
