@@ -115,6 +115,28 @@ pub enum Error {
     /// The system's random generator failed (a peer-exchange key could not be drawn).
     #[error("no random bytes for the pickers' peer-exchange key")]
     Random,
+    /// The TokenReview or SubjectAccessReview that checks a scrape of `/metrics` failed.
+    #[error(
+        "the {review} checking a scrape's token failed (the operator's ClusterRole needs create \
+         on {resource}; --metrics-auth=none serves /metrics without the check)"
+    )]
+    MetricsReview {
+        /// `TokenReview` or `SubjectAccessReview`.
+        review: &'static str,
+        /// Its `resource.group`, as RBAC names it.
+        resource: &'static str,
+        /// The API server's answer.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The API server did not answer the review of a scrape's token in time.
+    #[error("the {review} checking a scrape's token got no answer within {seconds} s")]
+    MetricsReviewTimeout {
+        /// `TokenReview` or `SubjectAccessReview`.
+        review: &'static str,
+        /// The time it was given.
+        seconds: u64,
+    },
 }
 
 impl Error {
@@ -137,6 +159,7 @@ impl Error {
             Self::Io(_) => "io",
             Self::Finalizer(_) => "finalizer",
             Self::Random => "random",
+            Self::MetricsReview { .. } | Self::MetricsReviewTimeout { .. } => "metrics_review",
         }
     }
 
@@ -145,7 +168,9 @@ impl Error {
     pub fn report(&self) -> String {
         match self {
             Self::Kube(e) => format!("{self}: {}", kube_detail(e)),
-            Self::Child { source, .. } => format!("{self}: {}", kube_detail(source)),
+            Self::Child { source, .. } | Self::MetricsReview { source, .. } => {
+                format!("{self}: {}", kube_detail(source))
+            }
             other => chain(other),
         }
     }

@@ -12,6 +12,10 @@
 //!   feeds the watch into it.
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease elector so two replicas never both write.
 //! - [`metrics`]: Prometheus counters of reconciles and failures.
+//! - [`metrics_auth`]: who may read `/metrics` (a TokenReview and a SubjectAccessReview per
+//!   token, kept a short while).
+//! - [`rbac`]: every permission the operator's ClusterRole grants and why; the chart's and the
+//!   static manifest's ClusterRole are checked against it.
 //! - [`serve`]: the `infergate operator` process tying these together.
 //! - [`uninstall`]: deleting a release's configs and waiting for the operator to let them go
 //!   (the chart's `pre-delete` hook, `infergate delete-configs`).
@@ -19,6 +23,8 @@
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
+pub mod rbac;
 pub mod reconcile;
 pub mod render;
 pub mod serve;

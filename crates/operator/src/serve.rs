@@ -11,11 +11,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::Error;
 use crate::leader::Elector;
 use crate::metrics::Metrics;
+use crate::metrics_auth::{MetricsAuth, ScrapeAuthorizer};
 use crate::reconcile::{self, Context};
 use crate::render::RenderOptions;
 
@@ -34,14 +35,17 @@ pub struct ServeOptions {
     pub identity: String,
     /// Lease duration; the leader renews every third of it.
     pub lease_duration: Duration,
+    /// Who may read `/metrics` on the admin port.
+    pub metrics_auth: MetricsAuth,
 }
 
 /// Runs the operator until `shutdown` completes (the CLI passes SIGTERM / Ctrl-C), or until
 /// leadership is lost (an error, so the process exits and its pod restarts as a follower).
 ///
 /// On `admin`, when given, `/metrics`, `/healthz` and `/readyz` are served by the admin server
-/// every infergate process shares ([`infergate_pool::admin`]), until `shutdown`. The operator is
-/// ready as soon as it serves: a follower waiting for the Lease is as ready as the leader.
+/// every infergate process shares ([`infergate_pool::admin`]), until `shutdown`; `/metrics` only
+/// to callers `opts.metrics_auth` lets in ([`serve_admin`]). The operator is ready as soon as it
+/// serves: a follower waiting for the Lease is as ready as the leader.
 pub async fn serve(
     opts: ServeOptions,
     admin: Option<TcpListener>,
@@ -61,13 +65,23 @@ pub async fn serve(
     if let Some(listener) = admin {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        if let Ok(addr) = listener.local_addr() {
-            info!(%addr, "serving /metrics, /healthz and /readyz");
-        }
-        let server = admin::serve(listener, Arc::new(registry), || true, shutdown.clone());
+        let addr = listener
+            .local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string());
+        let auth = match opts.metrics_auth {
+            MetricsAuth::Kubernetes => {
+                info!(%addr, "serving /healthz and /readyz, and /metrics to bearer tokens allowed to get it");
+                Some(Arc::new(ScrapeAuthorizer::new(client.clone())))
+            }
+            MetricsAuth::None => {
+                warn!(%addr, "serving /metrics without authentication (--metrics-auth=none)");
+                None
+            }
+        };
+        let server = serve_admin(listener, Arc::new(registry), auth, shutdown.clone());
         tokio::spawn(async move {
             if let Err(e) = server.await {
-                tracing::warn!(error = %e, "admin server stopped");
+                warn!(error = %e, "admin server stopped");
             }
         });
     }
@@ -85,4 +99,21 @@ pub async fn serve(
     );
     info!(lease = %opts.lease_name, identity = %opts.identity, "waiting for leadership");
     elector.lead(controller, opts.lease_duration / 3).await
+}
+
+/// The operator's admin server on `listener` until `shutdown`: `/healthz` and `/readyz` open
+/// (always ready), `/metrics` encoding `registry` for the callers `auth` lets in, or for anyone
+/// without it (`--metrics-auth=none`).
+pub async fn serve_admin(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    auth: Option<Arc<ScrapeAuthorizer>>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    match auth {
+        Some(auth) => {
+            admin::serve_guarded(listener, registry, || true, auth.guard(), shutdown).await
+        }
+        None => admin::serve(listener, registry, || true, shutdown).await,
+    }
 }

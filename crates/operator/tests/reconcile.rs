@@ -1333,3 +1333,119 @@ async fn delete_configs_without_an_operator_times_out_naming_the_configs_left() 
     assert!(err.to_string().contains("inference/fleet"), "{err}");
     assert_eq!(config_deletes(&fake), 1);
 }
+
+/// The `(group, resource, verb)` RBAC checks for a request the fake saw: `resource/sub` for a
+/// subresource; `watch` for a watch, `list` for a collection read.
+fn rbac_of(s: &Seen) -> (String, String, String) {
+    let segs: Vec<&str> = s.path.trim_start_matches('/').split('/').collect();
+    // `/api/v1/...` (core) or `/apis/GROUP/VERSION/...`.
+    let (group, rest) = match segs.first() {
+        Some(&"api") => ("", &segs[2..]),
+        _ => (segs[1], &segs[3..]),
+    };
+    let rest = match rest {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let resource = match rest {
+        [r] | [r, _] => (*r).to_owned(),
+        [r, _, sub] => format!("{r}/{sub}"),
+        other => panic!("unexpected path {other:?} in {}", s.path),
+    };
+    let named = rest.len() > 1;
+    let verb = match (s.method.as_str(), named) {
+        ("GET", _) if s.query.split('&').any(|kv| kv == "watch=true") => "watch",
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("PUT", _) => "update",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        (m, _) => panic!("unexpected method {m}"),
+    };
+    (group.to_owned(), resource, verb.to_owned())
+}
+
+/// A config's whole life under the controller (start-up check, watches, first apply with its
+/// name checks, peer key, status, Events, deletion with the finalizer) makes only calls the
+/// operator's RBAC list grants; and every read it grants (`get`, `list`, `watch`) is one the
+/// operator made here or one the pickers' Roles grant (Kubernetes lets the operator create only
+/// Roles that grant what it holds). A `watch` granted on a kind it never watches fails this.
+#[tokio::test(start_paused = true)]
+async fn a_configs_life_needs_exactly_the_reads_the_cluster_role_grants() {
+    use infergate_operator::rbac::{CLUSTER_RULES, LEADER_RULES, METRICS_AUTH_RULES, grants};
+
+    let (ctx, fake) = setup("multi-model.yaml");
+    infergate_operator::reconcile::preflight(&ctx.client)
+        .await
+        .unwrap();
+    let controller = controller_settled(&ctx).await;
+    children_ready(&fake);
+    ready_reason_becomes(&fake, "Ready").await;
+    fake.edit(CFG, |c| {
+        c["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z")
+    });
+    let start = tokio::time::Instant::now();
+    while fake.get(CFG).is_some() {
+        assert!(start.elapsed() < PROMPTLY, "the config was not let go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    controller.abort();
+
+    let used: BTreeSet<_> = fake.log().iter().map(rbac_of).collect();
+    let all: Vec<_> = [CLUSTER_RULES, METRICS_AUTH_RULES, LEADER_RULES].concat();
+    let granted = grants(&all);
+    let missing: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        missing.is_empty(),
+        "calls the ClusterRole does not grant: {missing:?}"
+    );
+
+    // What the pickers' Roles grant, over every example.
+    let mut for_pickers = BTreeSet::new();
+    for file in common::example_files() {
+        for child in common::children(&common::load(&file)) {
+            if child.resource.kind != "Role" {
+                continue;
+            }
+            for rule in child.object.data["rules"].as_array().unwrap() {
+                let strs = |k: &str| -> Vec<String> {
+                    rule[k]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap().to_owned())
+                        .collect()
+                };
+                for g in strs("apiGroups") {
+                    for r in strs("resources") {
+                        for v in strs("verbs") {
+                            for_pickers.insert((g.clone(), r.clone(), v));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let beyond: Vec<_> = for_pickers.difference(&granted).collect();
+    assert!(
+        beyond.is_empty(),
+        "the pickers' Roles grant what the operator lacks: {beyond:?}"
+    );
+    let reads = |set: &BTreeSet<(String, String, String)>| -> BTreeSet<_> {
+        set.iter()
+            .filter(|(_, _, v)| ["get", "list", "watch"].contains(&v.as_str()))
+            .cloned()
+            .collect()
+    };
+    let needed: BTreeSet<_> = reads(&used).union(&reads(&for_pickers)).cloned().collect();
+    let unused: Vec<_> = reads(&grants(CLUSTER_RULES))
+        .difference(&needed)
+        .cloned()
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "reads granted but never made: {unused:?}"
+    );
+}

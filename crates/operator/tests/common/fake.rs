@@ -58,6 +58,10 @@ struct State {
     faults: Vec<Fault>,
     rv: u64,
     changes: Vec<Change>,
+    /// Bearer tokens a TokenReview authenticates, to their user.
+    tokens: BTreeMap<String, String>,
+    /// Users a SubjectAccessReview allows to `get` the non-resource URL `/metrics`.
+    metrics_readers: Vec<String>,
 }
 
 impl State {
@@ -164,6 +168,21 @@ impl Fake {
         self.state.lock().unwrap().log.clear();
     }
 
+    /// Makes TokenReviews authenticate `token` as `user` (in group `system:authenticated`).
+    pub fn token(&self, token: &str, user: &str) {
+        let mut st = self.state.lock().unwrap();
+        st.tokens.insert(token.to_owned(), user.to_owned());
+    }
+
+    /// Makes SubjectAccessReviews allow `user` to `get` the non-resource URL `/metrics`.
+    pub fn allow_metrics(&self, user: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .metrics_readers
+            .push(user.to_owned());
+    }
+
     /// Answers the next `times` requests with `method` on exactly `path` with status `code`.
     pub fn fail(&self, method: &str, path: &str, code: u16, times: u32) {
         self.state.lock().unwrap().faults.push(Fault {
@@ -211,6 +230,15 @@ impl Fake {
         }
         if method == "GET" && query.split('&').any(|kv| kv == "watch=true") {
             return self.watch(&path, &query).await;
+        }
+        if method == "POST" {
+            match path.as_str() {
+                "/apis/authentication.k8s.io/v1/tokenreviews" => return self.token_review(body),
+                "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
+                    return self.access_review(body);
+                }
+                _ => {}
+            }
         }
         let mut st = self.state.lock().unwrap();
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -389,6 +417,39 @@ impl Fake {
 }
 
 impl Fake {
+    /// A TokenReview: authenticated with the user [`Fake::token`] set, else refused with the
+    /// API server's error for a token it does not know.
+    fn token_review(&self, mut review: Value) -> Response<Body> {
+        let token = review["spec"]["token"].as_str().unwrap_or_default();
+        let user = self.state.lock().unwrap().tokens.get(token).cloned();
+        review["status"] = match user {
+            Some(user) => json!({
+                "authenticated": true,
+                "user": { "username": user, "uid": format!("uid-{user}"),
+                          "groups": ["system:authenticated"] },
+            }),
+            None => json!({ "authenticated": false, "error": "invalid bearer token" }),
+        };
+        ok(&review)
+    }
+
+    /// A SubjectAccessReview: allowed for a user of [`Fake::allow_metrics`] asking to `get`
+    /// `/metrics`, denied with no opinion otherwise (as RBAC answers).
+    fn access_review(&self, mut review: Value) -> Response<Body> {
+        let spec = &review["spec"];
+        let readers = self.state.lock().unwrap().metrics_readers.clone();
+        let allowed = spec["nonResourceAttributes"] == json!({"path": "/metrics", "verb": "get"})
+            && spec["resourceAttributes"].is_null()
+            && readers.iter().any(|r| spec["user"] == r.as_str())
+            && spec["groups"] == json!(["system:authenticated"]);
+        review["status"] = if allowed {
+            json!({ "allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding" })
+        } else {
+            json!({ "allowed": false })
+        };
+        ok(&review)
+    }
+
     /// A watch of the collection `path` (one namespace's, or every namespace's): the changes
     /// after the request's `resourceVersion` that match its label selector, as one body of
     /// JSON lines, sent once there is at least one. The client watches again from the last.
