@@ -60,6 +60,10 @@ pub struct Stored {
     pub extra_keys: Vec<Option<Vec<ExtraKey>>>,
     /// The KV-cache group (hybrid models); `None` is group 0.
     pub group_idx: Option<u32>,
+    /// The attention kind of that group's cache (`full_attention`, `sliding_window`, …), which
+    /// vLLM 0.32 adds to every store (`KVCacheManager.take_events`); `None` when not sent.
+    /// Keyed events only: no release sent it in the positional layout.
+    pub kv_cache_spec_kind: Option<String>,
 }
 
 /// `BlockRemoved`.
@@ -231,6 +235,15 @@ fn extra_keys(r: &mut Reader<'_>, out: &mut Vec<Option<Vec<ExtraKey>>>) -> Resul
     Ok(())
 }
 
+/// `extra_keys`, or `nil` when the event has none (a positional field before a set one).
+fn write_extra_keys_or_nil(w: &mut crate::msgpack::Writer, keys: &[Option<Vec<ExtraKey>>]) {
+    if keys.is_empty() {
+        w.nil();
+    } else {
+        write_extra_keys(w, keys);
+    }
+}
+
 fn write_extra_keys(w: &mut crate::msgpack::Writer, keys: &[Option<Vec<ExtraKey>>]) {
     w.array(keys.len());
     for block in keys {
@@ -371,6 +384,7 @@ fn keyed(r: &mut Reader<'_>) -> Result<Event, DecodeError> {
                 extra_keys(r, &mut s.extra_keys)?;
             }
             "group_idx" => s.group_idx = opt_u32(r)?,
+            "kv_cache_spec_kind" => s.kv_cache_spec_kind = opt_str(r)?,
             _ => r.skip()?,
         }
     }
@@ -422,7 +436,9 @@ impl Encoding {
 }
 
 /// Encodes a batch as vLLM does (the batch itself an array), its events in `encoding`. Engine
-/// hashes are written as integers, vLLM's default.
+/// hashes are written as integers, vLLM's default. Fields with a default in vLLM's classes
+/// (`extra_keys`, `group_idx`, `kv_cache_spec_kind`) are left out when unset, as msgspec's
+/// `omit_defaults` leaves them out (from an array, only when no later field is set).
 pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
     use crate::msgpack::Writer;
     let mut w = Writer::default();
@@ -434,7 +450,9 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
         match (e, encoding) {
             (Event::Stored(s), Encoding::Keyed) => {
                 let extra = !s.extra_keys.is_empty();
-                w.map(8 + usize::from(extra)).str("type").str("BlockStored");
+                let (group, kind) = (s.group_idx.is_some(), s.kv_cache_spec_kind.is_some());
+                let n = 8 + usize::from(extra) + usize::from(group) + usize::from(kind);
+                w.map(n).str("type").str("BlockStored");
                 w.str("block_hashes").array(s.block_hashes.len());
                 for h in &s.block_hashes {
                     w.uint(*h);
@@ -468,12 +486,23 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
                     w.str("extra_keys");
                     write_extra_keys(&mut w, &s.extra_keys);
                 }
+                if let Some(g) = s.group_idx {
+                    w.str("group_idx").uint(u64::from(g));
+                }
+                if let Some(k) = &s.kv_cache_spec_kind {
+                    w.str("kv_cache_spec_kind").str(k);
+                }
             }
             (Event::Stored(s), Encoding::Positional) => {
-                // msgspec leaves trailing fields at their default out of an array: `extra_keys`
-                // only when a block has any.
-                let extra = !s.extra_keys.is_empty();
-                w.array(8 + usize::from(extra))
+                // msgspec leaves trailing fields at their default out of an array: each optional
+                // field only when it or a later one is set. (No release sent this layout with
+                // `kv_cache_spec_kind`, so it is keyed only.)
+                let trailing = if s.group_idx.is_some() {
+                    2
+                } else {
+                    usize::from(!s.extra_keys.is_empty())
+                };
+                w.array(8 + trailing)
                     .str("BlockStored")
                     .array(s.block_hashes.len());
                 for h in &s.block_hashes {
@@ -500,12 +529,17 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
                     Some(n) => w.str(n),
                     None => w.nil(),
                 };
-                if extra {
-                    write_extra_keys(&mut w, &s.extra_keys);
+                if trailing >= 1 {
+                    write_extra_keys_or_nil(&mut w, &s.extra_keys);
+                }
+                if let Some(g) = s.group_idx {
+                    w.uint(u64::from(g));
                 }
             }
             (Event::Removed(r), Encoding::Keyed) => {
-                w.map(3).str("type").str("BlockRemoved");
+                w.map(3 + usize::from(r.group_idx.is_some()))
+                    .str("type")
+                    .str("BlockRemoved");
                 w.str("block_hashes").array(r.block_hashes.len());
                 for h in &r.block_hashes {
                     w.uint(*h);
@@ -515,9 +549,14 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
                     Some(m) => w.str(m),
                     None => w.nil(),
                 };
+                if let Some(g) = r.group_idx {
+                    w.str("group_idx").uint(u64::from(g));
+                }
             }
             (Event::Removed(r), Encoding::Positional) => {
-                w.array(3).str("BlockRemoved").array(r.block_hashes.len());
+                w.array(3 + usize::from(r.group_idx.is_some()))
+                    .str("BlockRemoved")
+                    .array(r.block_hashes.len());
                 for h in &r.block_hashes {
                     w.uint(*h);
                 }
@@ -525,6 +564,9 @@ pub fn encode_batch(batch: &Batch, encoding: Encoding) -> Vec<u8> {
                     Some(m) => w.str(m),
                     None => w.nil(),
                 };
+                if let Some(g) = r.group_idx {
+                    w.uint(u64::from(g));
+                }
             }
             (Event::AllCleared, Encoding::Keyed) => {
                 w.map(1).str("type").str("AllBlocksCleared");

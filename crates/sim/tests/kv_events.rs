@@ -8,8 +8,10 @@
 
 use std::net::SocketAddr;
 
-use infergate_kvevents::event::Encoding;
+use infergate_kvevents::event::{Encoding, Event, decode_batch};
 use infergate_kvevents::index::MatchScratch;
+use infergate_kvevents::msgpack::{Kind, Reader};
+use infergate_kvevents::zmtp::{self, Limits, SocketType};
 use infergate_kvevents::{KvEvents, SubscriberConfig};
 use infergate_sim::tokens::token_ids;
 use infergate_sim::{
@@ -221,6 +223,268 @@ async fn salted_blocks_reach_the_subscriber_under_their_salt_only() {
     eventually("the unsalted stores", || cached(&kv, a, &ids) == full).await;
     assert_eq!(cached_salted(&kv, a, None, Some("tenant-b"), &ids), 0);
     assert_eq!(cached_salted(&kv, a, None, Some("tenant-a"), &ids), full);
+    let _ = tx.send(());
+}
+
+/// A MessagePack value, as the wire comparison below reads it.
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Nil,
+    Bool,
+    Int(u64),
+    Float,
+    Str(String),
+    Bin(usize),
+    Array(Vec<Value>),
+    Map(Vec<(String, Value)>),
+    Ext,
+}
+
+fn read_value(r: &mut Reader<'_>) -> Value {
+    match r.peek().unwrap() {
+        Kind::Nil => {
+            r.nil().unwrap();
+            Value::Nil
+        }
+        Kind::Bool => {
+            r.skip().unwrap();
+            Value::Bool
+        }
+        Kind::Int => Value::Int(r.int().unwrap()),
+        Kind::Float => {
+            r.float().unwrap();
+            Value::Float
+        }
+        Kind::Str => Value::Str(r.str().unwrap().to_owned()),
+        Kind::Bin => Value::Bin(r.bin().unwrap().len()),
+        Kind::Array => Value::Array((0..r.array().unwrap()).map(|_| read_value(r)).collect()),
+        Kind::Map => Value::Map(
+            (0..r.map().unwrap())
+                .map(|_| (r.str().unwrap().to_owned(), read_value(r)))
+                .collect(),
+        ),
+        Kind::Ext => {
+            r.skip().unwrap();
+            Value::Ext
+        }
+    }
+}
+
+/// A whole payload as a value (nothing may follow it).
+fn parse(payload: &[u8]) -> Value {
+    let mut r = Reader::new(payload);
+    let v = read_value(&mut r);
+    assert_eq!(r.remaining(), 0, "bytes after the batch");
+    v
+}
+
+/// `v` with what differs between two engines' stores of the same prompt shape blanked: the
+/// integers of block hashes and token ids (the emulator's tokenizer and hash are its own). Their
+/// kinds and counts stay, as does every other value.
+fn blank_ids(key: &str, v: &Value) -> Value {
+    match (key, v) {
+        ("block_hashes" | "token_ids" | "parent_block_hash", Value::Array(items)) => Value::Array(
+            items
+                .iter()
+                .map(|i| match i {
+                    Value::Int(_) => Value::Int(0),
+                    other => other.clone(),
+                })
+                .collect(),
+        ),
+        ("parent_block_hash", Value::Int(_)) => Value::Int(0),
+        _ => v.clone(),
+    }
+}
+
+/// Asserts that the emulator's event has the real one's fields, in its order, each of the same
+/// MessagePack shape and (but for ids and hashes) value.
+fn assert_event_like(case: &str, emulated: &Value, real: &Value) {
+    let (Value::Map(e), Value::Map(r)) = (emulated, real) else {
+        panic!("{case}: events are maps in vLLM 0.32: emulated {emulated:?}, real {real:?}");
+    };
+    let keys = |m: &[(String, Value)]| m.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(e), keys(r), "{case}: the event's fields, in order");
+    for ((key, ev), (_, rv)) in e.iter().zip(r) {
+        assert_eq!(
+            blank_ids(key, ev),
+            blank_ids(key, rv),
+            "{case}: field {key}"
+        );
+    }
+}
+
+/// Asserts that an emulated batch is shaped as a batch vLLM 0.32 published: the envelope
+/// `[ts, events, data_parallel_rank]`, and each event as the real batch's event of its type.
+/// Returns the event types the emulated batch had.
+fn assert_batch_like(case: &str, emulated: &[u8], real: &[u8]) -> Vec<String> {
+    let (Value::Array(e), Value::Array(r)) = (parse(emulated), parse(real)) else {
+        panic!("{case}: a batch is an array");
+    };
+    assert_eq!(e.len(), r.len(), "{case}: the batch's fields");
+    assert_eq!(
+        (&e[0], &e[2]),
+        (&r[0], &r[2]),
+        "{case}: ts, data_parallel_rank"
+    );
+    let (Value::Array(events), Value::Array(real_events)) = (&e[1], &r[1]) else {
+        panic!("{case}: events are an array");
+    };
+    let type_of = |ev: &Value| match ev {
+        Value::Map(m) => m
+            .iter()
+            .find(|(k, _)| k == "type")
+            .and_then(|(_, t)| match t {
+                Value::Str(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    let mut types = Vec::new();
+    for ev in events {
+        let t = type_of(ev);
+        let like = real_events
+            .iter()
+            .find(|r| type_of(r) == t)
+            .unwrap_or_else(|| panic!("{case}: the real batch has no {t:?} to compare with"));
+        assert_event_like(&format!("{case}, {t}"), ev, like);
+        types.push(t);
+    }
+    types
+}
+
+/// Every batch a pod's replay socket holds, asked for as vLLM's subscribers ask: a `DEALER`
+/// sending `[delimiter, start seq]`, answered `[delimiter, seq, payload]` per batch, then seq −1.
+async fn replayed(replay: SocketAddr) -> Vec<Vec<u8>> {
+    let mut conn = zmtp::connect(&replay.to_string(), SocketType::Dealer, Limits::default())
+        .await
+        .unwrap();
+    conn.send(&[b"", &0u64.to_be_bytes()]).await.unwrap();
+    let mut out = Vec::new();
+    let mut frames = Vec::new();
+    loop {
+        conn.recv(&mut frames).await.unwrap();
+        let [_, seq, payload] = &frames[..] else {
+            panic!("a replayed batch is [delimiter, seq, payload]: {frames:?}");
+        };
+        if seq[..] == (-1i64).to_be_bytes() {
+            return out;
+        }
+        out.push(payload.to_vec());
+    }
+}
+
+/// The emulator's keyed KV events are vLLM 0.32's on the wire, field for field: held against
+/// batches a running vLLM 0.32 published (tests/fixtures/make_kv_fixtures.py), for a salted
+/// prompt, the same salt under a LoRA adapter and no salt — the same block size, block count,
+/// salt and adapter, so everything but the hashes and token ids compares as it is. vLLM sends
+/// `extra_keys` with an entry per block even when no block has keys (a `nil` each), names the
+/// cache group (`group_idx` 0, `kv_cache_spec_kind` `full_attention`) and removes a block per
+/// `BlockRemoved`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_batches_are_shaped_as_vllm_0_32_publishes_them() {
+    // The real engine's cache: 128-token blocks; eight of them here, so that each prompt
+    // evicts blocks of the one before (the real batches remove five blocks before the store).
+    let mut p = h100();
+    p.block_size = 128;
+    p.kv_capacity_tokens = 8 * 128;
+    let mut pod = PodSpec::new("a", &p, EngineKind::Vllm);
+    pod.lora_adapters = vec!["lora-a".into()];
+    pod.max_loras = 1;
+    let (fleet, tx) = serve_publishing(vec![pod], Encoding::Keyed).await;
+    let a = fleet.pods[0].addr;
+    let replay = fleet.pods[0].kv_events.and_then(|(_, r)| r).unwrap();
+    // 650 tokens of the emulator's tokenizer: five full blocks, as the real prompts had.
+    let prompt = "alpha bravo charlie delta echo foxtrot golf hotel india juliet ".repeat(50)
+        [..650 * 4]
+        .to_owned();
+    let salt = "tenant-230494553";
+    let base = p.model.as_str();
+    let cases = [
+        (
+            "salted",
+            base,
+            Some(salt),
+            &include_bytes!("fixtures/vllm-0.32-salted.msgpack")[..],
+        ),
+        (
+            "salted-lora",
+            "lora-a",
+            Some(salt),
+            &include_bytes!("fixtures/vllm-0.32-salted-lora.msgpack")[..],
+        ),
+        (
+            "unsalted",
+            base,
+            None,
+            &include_bytes!("fixtures/vllm-0.32-unsalted.msgpack")[..],
+        ),
+    ];
+    let mut seen = Vec::new();
+    let mut published = 0;
+    for (case, model, salt, real) in cases {
+        let mut body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
+        if let Some(s) = salt {
+            body["cache_salt"] = s.into();
+        }
+        let r =
+            infergate_testkit::try_post(a, "/v1/completions", "application/json", body.to_string())
+                .await
+                .unwrap();
+        assert_eq!(r.status, 200, "{case}: {:?}", r.body);
+        // The batch with this prompt's store (published at its prefill step).
+        let mut batch = None;
+        for _ in 0..100 {
+            let batches = replayed(replay).await;
+            let new = &batches[published.min(batches.len())..];
+            if let Some(b) = new.iter().rev().find(|b| {
+                decode_batch(b)
+                    .unwrap()
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::Stored(_)))
+            }) {
+                batch = Some(b.clone());
+                published = batches.len();
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let batch = batch.unwrap_or_else(|| panic!("{case}: no BlockStored published"));
+        seen.extend(assert_batch_like(case, &batch, real));
+        // And infergate's decoder reads the same store from both.
+        let store = |payload: &[u8]| {
+            decode_batch(payload)
+                .unwrap()
+                .events
+                .into_iter()
+                .find_map(|e| match e {
+                    Event::Stored(s) => Some(s),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let (emulated, vllm) = (store(&batch), store(real));
+        assert_eq!(
+            (
+                &emulated.extra_keys,
+                emulated.group_idx,
+                &emulated.kv_cache_spec_kind,
+                (&emulated.lora_id, &emulated.lora_name),
+            ),
+            (
+                &vllm.extra_keys,
+                vllm.group_idx,
+                &vllm.kv_cache_spec_kind,
+                (&vllm.lora_id, &vllm.lora_name),
+            ),
+            "{case}"
+        );
+    }
+    // Both kinds of event were compared.
+    assert!(seen.iter().any(|t| t == "BlockStored"), "{seen:?}");
+    assert!(seen.iter().any(|t| t == "BlockRemoved"), "{seen:?}");
     let _ = tx.send(());
 }
 

@@ -11,7 +11,15 @@
 //! `BlockStored` carries what vLLM's does: the adapter's `lora_id` and `lora_name`, and per block
 //! the `extra_keys` vLLM mixed into its hash (`generate_block_hash_extra_keys` in
 //! `vllm/v1/core/kv_cache_utils.py`) — the adapter's name in every block of a LoRA request, then
-//! the salt in a salted request's first block; the field is left out when no block has any.
+//! the salt in a salted request's first block.
+//!
+//! The keyed encoding is vLLM 0.32's, field for field (`vllm/distributed/kv_events.py`, checked
+//! against batches a running vLLM 0.32 published, `tests/fixtures/vllm-0.32-*.msgpack`): a
+//! `BlockStored` always has `extra_keys`, one entry per block (`nil` for a block without keys,
+//! as `to_event_extra_keys` builds it), then `group_idx` 0 and `kv_cache_spec_kind`
+//! `full_attention`; each evicted block is a `BlockRemoved` of its own with `group_idx` 0. The
+//! positional encoding is the earlier releases': `extra_keys` only when a block has any, no
+//! group fields.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -129,6 +137,12 @@ pub(crate) struct Adapter {
     pub(crate) name: Arc<str>,
 }
 
+/// The KV-cache group of every block: the emulated models have one full-attention group.
+const GROUP: u32 = 0;
+
+/// vLLM's `KVCacheSpecKind` of that group.
+const FULL_ATTENTION: &str = "full_attention";
+
 /// One pod's publisher and what it needs to describe a block.
 #[derive(Debug)]
 pub(crate) struct Feed {
@@ -243,6 +257,10 @@ impl Feed {
         if events.is_empty() {
             return;
         }
+        // vLLM 0.32 (keyed) lists every block's extra keys and names the cache group; earlier
+        // releases (positional) only the keys, and only when a block has any.
+        let current = self.encoding == Encoding::Keyed;
+        let group = current.then_some(GROUP);
         let mut out: Vec<Event> = Vec::with_capacity(events.len());
         {
             let mut blocks = lock(&self.blocks);
@@ -259,17 +277,22 @@ impl Feed {
                             && s.block_hashes.last().copied() == b.parent
                             && b.parent.is_some()
                         {
-                            // `extra_keys` has an entry per block once any block has one.
+                            // Earlier releases: an entry per block once any block has one.
                             if extra.is_some() && s.extra_keys.is_empty() {
                                 s.extra_keys.resize(s.block_hashes.len(), None);
                             }
-                            if !s.extra_keys.is_empty() {
+                            if current || !s.extra_keys.is_empty() {
                                 s.extra_keys.push(extra);
                             }
                             s.block_hashes.push(hash);
                             s.token_ids.extend_from_slice(&b.ids);
                             continue;
                         }
+                        let extra_keys = if current || extra.is_some() {
+                            vec![extra]
+                        } else {
+                            Vec::new()
+                        };
                         out.push(Event::Stored(Stored {
                             block_hashes: vec![hash],
                             parent: b.parent,
@@ -278,20 +301,18 @@ impl Feed {
                             lora_id: b.lora.as_ref().map(|a| a.id),
                             lora_name: b.lora.map(|a| a.name.to_string()),
                             medium: Some("GPU".into()),
-                            extra_keys: extra.map(|k| vec![Some(k)]).unwrap_or_default(),
-                            ..Default::default()
+                            extra_keys,
+                            group_idx: group,
+                            kv_cache_spec_kind: current.then(|| FULL_ATTENTION.to_owned()),
                         }));
                     }
                     KvEvent::Removed { hash } => {
+                        // vLLM sends an event per evicted block (`_emit_block_removed_events`).
                         blocks.remove(&hash);
-                        if let Some(Event::Removed(r)) = out.last_mut() {
-                            r.block_hashes.push(hash);
-                            continue;
-                        }
                         out.push(Event::Removed(Removed {
                             block_hashes: vec![hash],
                             medium: Some("GPU".into()),
-                            group_idx: None,
+                            group_idx: group,
                         }));
                     }
                     KvEvent::Cleared => out.push(Event::AllCleared),
