@@ -28,6 +28,8 @@
 #      Pod Security Standards' `restricted` profile and has requests, a memory limit, a pinned
 #      tag, a pull policy, probes and (with replicas) a spread across nodes (tests/helm/pod-checks.py);
 #      the operator's command line as rendered (logFormat included) parses with the real binary;
+#      metrics.auth: the review rights, the metrics-reader role, the readers' binding and the
+#      ServiceMonitor's token by default, none of them with `none`, both command lines parsing;
 #      the global router waits for its endpoint's removal before SIGTERM and its grace period
 #      outlasts that and a streamed answer; the leader Role reads and renews only the operator's
 #      own Lease; the default image is this build's; NOTES.txt gives the CRD's upgrade command
@@ -415,6 +417,54 @@ status=0
 run_operator "$work/reused.yaml" >"$work/operator-reused.out" 2>&1 || status=$?
 [ "$status" = 1 ] || fail "without logFormat (helm upgrade --reuse-values) the operator exited $status: $(cat "$work/operator-reused.out")"
 ok "the operator's rendered command line (text and json logs) parses with the real binary and fails (1) only on the connection"
+# /metrics behind a token (metrics.auth): by default the operator checks each scrape with a
+# TokenReview and a SubjectAccessReview, so its ClusterRole may create both, the reader role and
+# the readers' binding exist and the ServiceMonitor sends Prometheus's token; `none` drops all of
+# that. Both command lines parse with the real binary; a bad value is refused by name.
+"$helm" template infergate "$chart" -n infergate-system --set metrics.serviceMonitor.enabled=true \
+  --set 'metrics.readers[0].name=prometheus-k8s' --set 'metrics.readers[0].namespace=monitoring' >"$work/metrics-auth.yaml"
+"$helm" template infergate "$chart" -n infergate-system --set metrics.serviceMonitor.enabled=true \
+  --set metrics.auth=none >"$work/metrics-open.yaml"
+python3 - "$work/metrics-auth.yaml" "$work/metrics-open.yaml" <<'PY' || fail "metrics.auth renders (above)"
+import sys, yaml
+def load(path):
+    return [o for o in yaml.safe_load_all(open(path)) if o]
+def find(objs, kind, name):
+    return [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+def args(objs):
+    return find(objs, "Deployment", "infergate-operator")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+def reviews(objs):
+    role = find(objs, "ClusterRole", "infergate-operator")[0]
+    return sorted((g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", [])
+                  for r in rule.get("resources", []) for v in rule["verbs"]
+                  if r in ("tokenreviews", "subjectaccessreviews"))
+def monitor(objs):
+    return [o for o in objs if o["kind"] == "ServiceMonitor"][0]["spec"]["endpoints"][0]
+token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+on, off = load(sys.argv[1]), load(sys.argv[2])
+assert "--metrics-auth=kubernetes" in args(on), args(on)
+assert reviews(on) == [("authentication.k8s.io", "tokenreviews", "create"),
+                       ("authorization.k8s.io", "subjectaccessreviews", "create")], reviews(on)
+reader = find(on, "ClusterRole", "infergate-operator-metrics-reader")
+assert reader and reader[0]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}], reader
+binding = find(on, "ClusterRoleBinding", "infergate-operator-metrics-reader")
+assert binding and binding[0]["roleRef"]["name"] == "infergate-operator-metrics-reader", binding
+assert binding[0]["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}], binding
+assert monitor(on).get("bearerTokenFile") == token, monitor(on)
+assert "--metrics-auth=none" in args(off), args(off)
+assert reviews(off) == [], reviews(off)
+assert not [o for o in off if "metrics-reader" in o["metadata"]["name"]], "reader role with metrics.auth=none"
+assert "bearerTokenFile" not in monitor(off), monitor(off)
+PY
+for render in metrics-auth metrics-open; do
+  python3 tests/helm/validate.py "$work/$render.yaml" >/dev/null || fail "the $render render does not validate"
+  status=0
+  run_operator "$work/$render.yaml" >"$work/operator-$render.out" 2>&1 || status=$?
+  [ "$status" = 1 ] || fail "the operator's rendered command line ($render) exited $status, expected 1 (no cluster): $(cat "$work/operator-$render.out")"
+done
+expect_fail "/metrics/auth" --set metrics.auth=off
+expect_fail "namespace" --set 'metrics.readers[0].name=prometheus-k8s'
+ok "metrics.auth: the reviews, reader role, readers' binding and ServiceMonitor token by default, none of them with none; both command lines parse"
 # How the routers and pickers pull their image: the operator's rendered environment, given to the
 # real binary's `render` (the operator's own flags and variables), must yield pods that pull as
 # the values say; and the operator starts with it.

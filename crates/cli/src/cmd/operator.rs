@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use infergate_operator::metrics_auth::MetricsAuth;
 use infergate_operator::render::RenderOptions;
 use infergate_operator::serve::{ServeOptions, serve};
 use tokio::net::TcpListener;
@@ -34,6 +35,11 @@ pub struct Args {
     /// Address serving `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: std::net::SocketAddr,
+    /// Who may read `/metrics`: `kubernetes`, a bearer token the API server authenticates (a
+    /// TokenReview) and allows to get the non-resource URL /metrics (a SubjectAccessReview);
+    /// `none`, anyone who reaches the port. `/healthz` and `/readyz` are always open.
+    #[arg(long, value_enum, default_value_t = MetricsAuth::Kubernetes)]
+    metrics_auth: MetricsAuth,
     /// Run without leader election (one replica only, for development).
     #[arg(long)]
     no_leader_election: bool,
@@ -57,6 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             lease_name: args.lease_name,
             identity: args.identity.unwrap_or_else(default_identity),
             lease_duration: Duration::from_secs(args.lease_seconds),
+            metrics_auth: args.metrics_auth,
         },
         Some(admin),
         shutdown_signal(),
@@ -88,6 +95,8 @@ mod tests {
 
     use clap::Parser as _;
 
+    use infergate_operator::metrics_auth::MetricsAuth;
+
     use super::identity_from;
     use crate::{Cli, Command};
 
@@ -100,6 +109,25 @@ mod tests {
             panic!("not the operator command");
         };
         assert_eq!(args.lease_seconds, 3);
+    }
+
+    #[test]
+    fn metrics_are_authenticated_unless_turned_off_by_name() {
+        let parse = |extra: &[&str]| {
+            let cli = Cli::try_parse_from([&["infergate", "operator"], extra].concat()).unwrap();
+            let Command::Operator(args) = cli.command else {
+                panic!("not the operator command");
+            };
+            args.metrics_auth
+        };
+        assert_eq!(parse(&[]), MetricsAuth::Kubernetes);
+        assert_eq!(parse(&["--metrics-auth=none"]), MetricsAuth::None);
+        assert_eq!(
+            parse(&["--metrics-auth=kubernetes"]),
+            MetricsAuth::Kubernetes
+        );
+        let err = Cli::try_parse_from(["infergate", "operator", "--metrics-auth=off"]).unwrap_err();
+        assert!(err.to_string().contains("none"), "{err}");
     }
 
     #[test]
