@@ -51,7 +51,9 @@ def check_service_monitor(obj):
     if not spec.get("selector", {}).get("matchLabels"):
         problems.append("spec.selector.matchLabels is empty")
     for i, ep in enumerate(spec.get("endpoints") or []):
-        unknown = set(ep) - {"port", "path", "interval", "scheme", "scrapeTimeout"}
+        # bearerTokenFile: the scraping Prometheus's own token, for the operator's /metrics
+        # (metrics.auth: kubernetes); a field of monitoring.coreos.com/v1 Endpoint.
+        unknown = set(ep) - {"port", "path", "interval", "scheme", "scrapeTimeout", "bearerTokenFile"}
         if unknown:
             problems.append(f"spec.endpoints[{i}] has unknown fields {sorted(unknown)}")
         if not ep.get("port"):
