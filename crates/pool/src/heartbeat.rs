@@ -6,7 +6,8 @@
 //! {"schema":"infergate.heartbeat/v1","instance":"1764604800123-4242","generation":17,
 //!  "timestampMs":1764604817456,
 //!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"flowQueue":0,"running":9,
-//!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"drainMs":0.0,"newestMetricsAgeMs":41}]}
+//!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"fixedCostMs":35.2,"drainMs":0.0,
+//!             "newestMetricsAgeMs":41}]}
 //! ```
 //!
 //! - `instance` changes when the process restarts and `generation` grows by one with every
@@ -28,6 +29,15 @@
 //!   cache is over the saturation threshold, the time for running requests to free it. Absent
 //!   when no pod is ready. `prefillMs` is the part of it that is the request's own prefill:
 //!   what each further request sent to that pod adds.
+//! - `fixedCostMs` is the part of `prefillMs` that does not grow with the prompt: that pod's
+//!   fixed cost per request (a forward pass, its scheduling step, the HTTP exchange), learned
+//!   from first tokens that waited for 64 tokens of work or fewer, less that work at the bulk
+//!   rate. Once it is learned, the bulk rate is learned without it and every request's prefill
+//!   in the estimates above is the fixed cost plus its tokens at that rate. A poller estimating a request of `n` prompt tokens scales the estimate by
+//!   `(fixedCostMs + (prefillMs − fixedCostMs) · n / 512) / prefillMs` rather than `n / 512`:
+//!   a seven-token prompt's first token takes the fixed cost (35 ms on an emulated A10G), not
+//!   1/73 of a 512-token one's. Absent until a short prompt completed on that pod (a poller
+//!   then scales linearly, as it does with a gateway that predates the field).
 //! - `flowQueue` counts the requests this process holds in the model's flow-control queue (its
 //!   pods saturated). They reach the pods before a request sent now, so `saturation`,
 //!   `estimatedTtftMs` and `drainMs` count them, spread evenly over the ready pods' queues.
@@ -103,6 +113,13 @@ pub struct ModelStatus {
     /// request sent there before the next heartbeat adds to the wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_ms: Option<f64>,
+    /// Of `prefillMs`, the part that does not grow with the prompt, ms: the pod's fixed cost per
+    /// request, learned from short prompts' first tokens (absent until one completed there); the
+    /// estimates count it once for every request, queued or sent. A
+    /// poller scales only the rest of the estimate with a request's prompt; without it (a gateway
+    /// before this field) it scales the whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed_cost_ms: Option<f64>,
     /// Estimated time until a ready pod is back under the saturation thresholds, ms.
     pub drain_ms: f64,
     /// Age of the newest metrics page of any pod, ms (absent before the first page).
@@ -211,6 +228,7 @@ pub fn status(
     let mut running = 0u32;
     let mut best_ttft = f64::INFINITY;
     let mut best_prefill = f64::INFINITY;
+    let mut best_fixed = None;
     let mut best_drain = f64::INFINITY;
     let mut newest: Option<Duration> = None;
     for p in pods {
@@ -246,6 +264,10 @@ pub fn status(
                     .unwrap_or(limits.prefill_prior)
             })
             .max(1.0);
+        // Every request pays the fixed cost once (learned apart from the bulk rate, which then
+        // holds none of it); unknown, it is in the rate (short samples) or left out (the prior).
+        let fixed = p.fixed_cost_secs.filter(|c| c.is_finite() && *c >= 0.0);
+        let fixed_secs = fixed.unwrap_or(0.0);
         let decode = p
             .decode_tokens_per_sec
             .filter(|r| *r > 0.0)
@@ -258,13 +280,16 @@ pub fn status(
         } else {
             0.0
         };
-        let ttft = (waiting + 1.0) * TYPICAL_PROMPT_TOKENS / prefill + kv_secs;
+        let ttft = (waiting + 1.0) * TYPICAL_PROMPT_TOKENS / prefill
+            + (waiting + 1.0) * fixed_secs
+            + kv_secs;
         if ttft < best_ttft {
             best_ttft = ttft;
-            best_prefill = TYPICAL_PROMPT_TOKENS / prefill;
+            best_prefill = TYPICAL_PROMPT_TOKENS / prefill + fixed_secs;
+            best_fixed = fixed;
         }
         let excess = (waiting - limits.queue_depth + 1.0).max(0.0);
-        let drain = excess * TYPICAL_PROMPT_TOKENS / prefill + kv_secs;
+        let drain = excess * TYPICAL_PROMPT_TOKENS / prefill + excess * fixed_secs + kv_secs;
         best_drain = best_drain.min(drain);
     }
     ModelStatus {
@@ -282,6 +307,7 @@ pub fn status(
         inflight: u32::try_from(inflight).unwrap_or(u32::MAX),
         estimated_ttft_ms: (ready > 0).then_some(best_ttft * 1e3),
         prefill_ms: (ready > 0).then_some(best_prefill * 1e3),
+        fixed_cost_ms: best_fixed.filter(|_| ready > 0).map(|c| c * 1e3),
         drain_ms: if best_drain.is_finite() {
             best_drain * 1e3
         } else {

@@ -98,6 +98,9 @@ pub struct PodSample {
     /// Learned prefill rate on long prompts, tokens/s (from first tokens that waited for 256
     /// tokens of work or more), what a long prompt is extrapolated with.
     pub bulk_prefill_tokens_per_sec: Option<f64>,
+    /// Learned fixed cost per request, seconds (from first tokens that waited for 64 tokens of
+    /// work or fewer): what a short prompt's first token takes whatever its length.
+    pub fixed_cost_secs: Option<f64>,
     /// Learned decode rate per request, tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
     /// The answers it gave this front door's requests, by verdict.
@@ -149,6 +152,7 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 awaiting_first_token: info.awaiting_first_token,
                 prefill_tokens_per_sec: info.prefill_tokens_per_sec,
                 bulk_prefill_tokens_per_sec: info.bulk_prefill_tokens_per_sec,
+                fixed_cost_secs: info.fixed_cost_secs,
                 decode_tokens_per_sec: info.decode_tokens_per_sec,
                 answers: info.answers,
                 failure_percent: info.failure_interval.map(|j| j.failure_percent()),

@@ -26,6 +26,25 @@
 /// on seeds 1–3).
 pub(crate) const MIN_PREFILL_SAMPLE_TOKENS: f64 = 256.0;
 
+/// The most work, in tokens, a first token may have waited for to teach an endpoint's fixed cost
+/// per request: the time to first token less the work at the endpoint's bulk rate (the prior
+/// before there is one). Once the fixed cost is learned, bulk samples are taken without it, so the
+/// bulk rate is the pod's speed per token alone (on the emulated A10G, 4,000 tokens/s rather than
+/// the 3,100 a 512-token first token in 165 ms reads as) and a short sample less its work at that
+/// rate is the fixed cost itself (35 ms there); the first samples, taken against a bulk rate that
+/// still held some of it, err low by at most the work's share (64 tokens: 4 ms). The heartbeat
+/// adds it to each request's prefill (its `fixedCostMs`): what a router adds to a short request's
+/// estimate, which the rate alone puts at a few milliseconds.
+pub(crate) const MAX_FIXED_COST_SAMPLE_TOKENS: f64 = 64.0;
+
+/// The least fixed cost a sample teaches, seconds: a geometric mean needs a positive value.
+pub(crate) const MIN_FIXED_COST_SECS: f64 = 1e-4;
+
+/// The least share of a long prompt's time to first token taken as its prefill once the fixed
+/// cost is subtracted: a fixed cost learned under load must not make a bulk sample infinitely
+/// fast.
+pub(crate) const MIN_PREFILL_SHARE: f64 = 0.1;
+
 /// A geometric EWMA of a positive rate.
 #[derive(Copy, Clone, Debug, Default)]
 pub(crate) struct LogEwma {

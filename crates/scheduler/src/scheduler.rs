@@ -50,8 +50,13 @@ pub struct EndpointInfo {
     /// Learned prefill rate on long prompts, tokens/s: from first tokens that waited for at least
     /// 256 tokens of work only, so without the server's fixed cost per request that short
     /// prompts' samples are mostly made of (`None` until such a streamed request has completed).
-    /// What a long prompt's prefill is extrapolated with.
+    /// Once `fixed_cost_secs` is learned, each sample's time is taken without it: the speed per
+    /// token alone. What a long prompt's prefill is extrapolated with.
     pub bulk_prefill_tokens_per_sec: Option<f64>,
+    /// Learned fixed cost per request in seconds: the time to first token of a short prompt
+    /// (at most 64 tokens of work waited for) less its work at the bulk rate (`None` until such a
+    /// streamed request has completed). What a short prompt's estimate starts from.
+    pub fixed_cost_secs: Option<f64>,
     /// Learned per-request decode rate in tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
     /// Completed requests the prefill rate was learned from.
@@ -384,6 +389,7 @@ impl Scheduler {
         ep.unlearn_from(&mut self.rates);
         ep.prefill.reset();
         ep.prefill_bulk.reset();
+        ep.fixed_cost.reset();
         ep.decode.reset();
         ep.lora.forget_resident();
         true
@@ -401,6 +407,7 @@ impl Scheduler {
             peer_awaiting_first_token: ep.peer.pending,
             prefill_tokens_per_sec: ep.prefill.get(),
             bulk_prefill_tokens_per_sec: ep.prefill_bulk.get(),
+            fixed_cost_secs: ep.fixed_cost.get(),
             decode_tokens_per_sec: ep.decode.get(),
             rate_samples: ep.prefill.samples(),
             picked: ep.picked,
@@ -497,7 +504,21 @@ impl Scheduler {
         let work = (e.queued_tokens + own).max(1.0);
         ep.learn_prefill(work / ttft, min_alpha, &mut self.rates);
         if work >= crate::rates::MIN_PREFILL_SAMPLE_TOKENS {
-            ep.prefill_bulk.update(work / ttft, min_alpha);
+            // The work's own time: the fixed cost per request, once learned, is not the pod's
+            // speed (a 2,000-token prompt on the emulated H100 is 20 ms of it in 90).
+            let fixed = ep.fixed_cost.get().unwrap_or(0.0);
+            let prefill = (ttft - fixed).max(ttft * crate::rates::MIN_PREFILL_SHARE);
+            ep.prefill_bulk.update(work / prefill, min_alpha);
+        }
+        if work <= crate::rates::MAX_FIXED_COST_SAMPLE_TOKENS {
+            // Without a bulk rate, the configured prior: the pool's typical rate is learned
+            // from these short samples too, and would take their whole time as prefill.
+            let rate = ep
+                .prefill_bulk
+                .get()
+                .unwrap_or(self.cfg.rates.prefill_tokens_per_sec);
+            let fixed = (ttft - work / rate.max(1.0)).max(crate::rates::MIN_FIXED_COST_SECS);
+            ep.fixed_cost.update(fixed, min_alpha);
         }
         let mut decode = None;
         // Decode: tokens after the first, over the time after the first.

@@ -49,8 +49,13 @@ pub(crate) struct EndpointState {
     /// The same, from first tokens that waited for at least
     /// [`MIN_PREFILL_SAMPLE_TOKENS`](crate::rates::MIN_PREFILL_SAMPLE_TOKENS) of work only: the
     /// pod's speed on long prompts without its fixed cost per request, which `prefill` keeps
-    /// (every queued request pays it). Not shared with the pool's typical rate or the peers.
+    /// (every queued request pays it); once `fixed_cost` is learned, each sample's time is taken
+    /// without it. Not shared with the pool's typical rate or the peers.
     pub(crate) prefill_bulk: LogEwma,
+    /// Its fixed cost per request, seconds, from first tokens that waited for at most
+    /// [`MAX_FIXED_COST_SAMPLE_TOKENS`](crate::rates::MAX_FIXED_COST_SAMPLE_TOKENS) of work:
+    /// what a short prompt's first token takes whatever its length. Not shared either.
+    pub(crate) fixed_cost: LogEwma,
     /// Learned per-request decode rate, tokens/s.
     pub(crate) decode: LogEwma,
     /// Its GPU type's speed against the reference, read when it joins ([`crate::gpu`]).
@@ -104,6 +109,7 @@ impl EndpointState {
             since_pending_tokens: 0,
             prefill: LogEwma::default(),
             prefill_bulk: LogEwma::default(),
+            fixed_cost: LogEwma::default(),
             decode: LogEwma::default(),
             picked: 0,
             scrape: ScrapeState::Ok,

@@ -519,6 +519,27 @@ fn outlier_detection_takes_a_failing_pod_out_and_brings_it_back() {
 }
 
 #[test]
+fn short_prompts_teach_the_fixed_cost_per_request() {
+    // Seven-token prompts answered in 40 ms: before any bulk rate, their time less seven tokens
+    // at the 4,000 tokens/s prior, 38.25 ms.
+    let mut s = scheduler(SchedulerConfig::default(), 1);
+    assert_eq!(s.endpoint(addr(0)).unwrap().fixed_cost_secs, None);
+    teach(&mut s, 0, 7, Duration::from_millis(40), 5);
+    let fixed = s.endpoint(addr(0)).unwrap().fixed_cost_secs.unwrap();
+    assert!((fixed - (0.040 - 7.0 / 4_000.0)).abs() < 1e-9, "{fixed}");
+    // A long prompt teaches the bulk rate, not the fixed cost, and the bulk rate its time
+    // without the fixed cost: the speed per token alone.
+    teach(&mut s, 0, 512, Duration::from_millis(165), 3);
+    let info = s.endpoint(addr(0)).unwrap();
+    assert_eq!(info.fixed_cost_secs, Some(fixed));
+    let bulk = info.bulk_prefill_tokens_per_sec.unwrap();
+    assert!((bulk - 512.0 / (0.165 - fixed)).abs() < 1e-6, "{bulk}");
+    // Forgotten with the rates.
+    assert!(s.forget_learned_rates(addr(0)));
+    assert_eq!(s.endpoint(addr(0)).unwrap().fixed_cost_secs, None);
+}
+
+#[test]
 fn short_prompts_teach_no_bulk_prefill_rate() {
     // An emulated A10G (35 ms per prefill step plus 250 us per token) answering five seven-token
     // prompts in 40 ms: their time to first token is the fixed cost of a step. The scorer's rate
@@ -529,14 +550,15 @@ fn short_prompts_teach_no_bulk_prefill_rate() {
     let info = s.endpoint(addr(0)).unwrap();
     assert!((info.prefill_tokens_per_sec.unwrap() - 175.0).abs() < 1.0);
     assert_eq!(info.bulk_prefill_tokens_per_sec, None);
-    // A prompt long enough for its prefill to dominate teaches it.
+    // A prompt long enough for its prefill to dominate teaches it, its time without the fixed
+    // cost the short ones taught (40 ms less seven tokens at the 4,000 tokens/s prior).
     teach(&mut s, 0, 512, Duration::from_millis(165), 1);
     let bulk = s
         .endpoint(addr(0))
         .unwrap()
         .bulk_prefill_tokens_per_sec
         .unwrap();
-    assert!((bulk - 512.0 / 0.165).abs() < 1.0, "{bulk}");
+    assert!((bulk - 512.0 / (0.165 - 0.03825)).abs() < 1.0, "{bulk}");
     // Forgotten with the other rates.
     assert!(s.forget_learned_rates(addr(0)));
     assert_eq!(
