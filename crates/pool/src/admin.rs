@@ -6,8 +6,9 @@
 //! It is the one admin server of every infergate process: the picker and the BBR
 //! (`infergate_extproc::run`), the standalone gateway (`infergate_proxy`, with `/metrics` merged
 //! over its pools' registries at each scrape) and the operator (`infergate_operator::serve`) call
-//! [`serve`] or [`serve_with`] with their listener, their readiness and their shutdown future.
-//! It lives here because every shell already depends on this crate.
+//! [`serve`] or [`serve_with`] with their listener, their readiness and their shutdown future;
+//! the operator calls [`serve_guarded`], whose guard checks each scrape's bearer token (the
+//! probes stay open). It lives here because every shell already depends on this crate.
 //!
 //! It runs on its own port, apart from the traffic it describes, so that a scrape of the gateway's
 //! metrics never queues behind model requests.
