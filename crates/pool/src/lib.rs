@@ -764,6 +764,26 @@ impl Inflight {
         self.pool.connection_refused(addr);
     }
 
+    /// For a request whose ranked endpoints all failed: the pool's next endpoint from position
+    /// `*from` of its endpoints on that is not among [`Inflight::endpoints`] and was not found
+    /// unreachable (a refused or failed connection, by a scrape or a request, since its last
+    /// good scrape); `*from` moves past it. The pick's filters (metrics age, saturation, LoRA,
+    /// outlier ejection) and `returnedEndpoints` may have left it out: it is a last resort
+    /// before a failure answer. Takes the pool's lock, so it belongs on the failure path only.
+    pub fn next_untried(&self, from: &mut usize) -> Option<SocketAddr> {
+        let ranked = self.decision.endpoints.as_slice();
+        let st = lock(&self.pool.shared.state);
+        let (i, addr) = st
+            .scheduler
+            .endpoints()
+            .map(|m| m.addr)
+            .enumerate()
+            .skip(*from)
+            .find(|(_, a)| !ranked.contains(a) && !st.unreachable.contains(a))?;
+        *from = i + 1;
+        Some(addr)
+    }
+
     /// Records the first generated token (the time to first token). Later calls do nothing.
     pub fn first_token(&mut self) {
         if !self.first_token {

@@ -217,9 +217,12 @@ impl From<RawTimeouts> for Timeouts {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Retries {
-    /// Attempts per request including the first (1 = no retry). Retries happen only on a connect
-    /// failure or a 5xx answer, before any response byte reached the client, and each goes to the
-    /// next endpoint of the pick's ranked list, so there are never more attempts than endpoints.
+    /// Endpoints tried per request, the first included (1 = no other endpoint). Retries happen
+    /// only before any response byte reached the client — on a connect failure, a connection
+    /// closed before the response headers, or a 5xx answer — and each goes to another endpoint:
+    /// the pick's ranked list, then the model's other endpoints not known to be down, so there
+    /// are never more attempts than endpoints. A keep-alive race's second send to the same
+    /// endpoint (see docs/gateway.md, Retries) is not counted here.
     pub max_attempts: u8,
 }
 

@@ -10,9 +10,9 @@
 //! A request's path through the gateway: the body is read (bounded), parsed and routed by its
 //! `model` with `infergate_openai` — the same code as the ext_proc body-based router — then the
 //! model's `infergate_pool::LivePool` picks a ranked list of endpoints. The gateway forwards to
-//! the first, falls back to the next on a connect failure or a 5xx before any byte reached the
-//! client, and streams the answer back frame by frame while reading first-token time and usage on
-//! the side. Every error the gateway answers itself is an `infergate_openai::ApiError`.
+//! the first, falls back to the next on a connect failure, a connection closed before the
+//! response headers, or a 5xx before any byte reached the client, and streams the answer back
+//! frame by frame while reading first-token time and usage on the side. Every error the gateway answers itself is an `infergate_openai::ApiError`.
 //!
 //! Layout:
 //! - [`access_log`] — `accessLog:`, a JSON line per request written by a thread of its own (the

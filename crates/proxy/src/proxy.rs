@@ -4,9 +4,13 @@
 //! Per request the gateway reads the body once (bounded by `limits.maxRequestBodyBytes`), parses
 //! it with the same [`parse_request`] and [`ModelRouter`](infergate_openai::ModelRouter) as the
 //! ext_proc body-based router, takes one pick from the model's pool and forwards the unchanged
-//! bytes. Retries go to the pick's next fallback endpoint and only happen while nothing has been
-//! sent to the client: on a connect failure, or on a 5xx status (whose body is then discarded).
-//! Once response headers are forwarded the request is committed to that endpoint.
+//! bytes. Retries go to the pick's next fallback endpoint (once those are spent, to the model's
+//! other endpoints not known to be down) and only happen while nothing has been sent to the
+//! client: on a connect failure, a connection closed before the response headers (inference
+//! requests are treated as safe to repeat until then), or a 5xx status (whose body is then
+//! discarded). A request written on a pooled connection that the server's keep-alive timer may
+//! have closed under it goes out once more on a new connection to the same endpoint first. Once
+//! response headers are forwarded the request is committed to that endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use infergate_metrics::ClientTls;
 use infergate_openai::{
     ApiError, ApiKind, ModelRewriter, Route, check_content_encoding, check_transfer_encoding,
     parse_request,
@@ -35,7 +40,7 @@ use crate::config::CONCURRENCY_RETRY_AFTER;
 use crate::limits::{BodyRead, BufferCharge, Counters, RequestSlot, read_body};
 use crate::state::{Model, Permit, Slots, State};
 use crate::telemetry::Telemetry;
-use crate::upstream::{SendError, Upstreams};
+use crate::upstream::{Lease, Pooled, SendError, Upstreams};
 
 /// Response header naming the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
@@ -466,8 +471,9 @@ fn upstream_path(kind: ApiKind, uri: &Uri) -> PathAndQuery {
     PathAndQuery::try_from(canonical).unwrap_or(client)
 }
 
-/// Sends the request to the pick's endpoints in rank order until one answers: a connect
-/// failure, or a 5xx while another endpoint remains, moves on (nothing has reached the client
+/// Sends the request to the pick's endpoints in rank order, then to the model's others, until
+/// one answers ([`Plan`]): a connect failure, a connection that closed before the response
+/// headers, or a 5xx while another attempt remains, moves on (nothing has reached the client
 /// yet); the first other answer is streamed back through a [`Tracked`] body.
 async fn forward(
     worker: &Worker,
@@ -526,46 +532,45 @@ async fn forward(
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
 
     let timeouts = &state.config.timeouts;
-    let attempts = usize::from(state.config.retries.max_attempts).min(inflight.endpoints().len());
-    let mut last_error: Option<ApiError> = None;
-    // Whether every attempt so far failed before the request was sent (no connection).
-    let mut unsent = true;
-    for attempt in 0..attempts {
-        let addr = inflight.endpoints().as_slice()[attempt];
-        if attempt > 0 {
+    let tls = model.backend.tls.as_ref();
+    let mut out = Outgoing {
+        method: parts.method,
+        path_and_query,
+        headers,
+        body,
+    };
+    let mut plan = Plan {
+        max_attempts: usize::from(state.config.retries.max_attempts).min(model.endpoints.len()),
+        made: 0,
+        beyond: 0,
+    };
+    let mut tally = Tally {
+        sends: 0,
+        failures: String::new(),
+        unsent: true,
+    };
+    let mut next = plan.next(&inflight);
+    while let Some(addr) = next.take() {
+        if plan.made > 1 {
             model.metrics.retry();
             inflight.reassign(addr);
         }
-        model.metrics.pick(addr);
-        if let Some(n) = note.as_deref_mut() {
-            n.endpoint = Some(addr);
-            n.attempts = u8::try_from(attempt + 1).unwrap_or(u8::MAX);
-        }
         let Some(ep) = model.endpoints.get(&addr) else {
+            next = plan.next(&inflight);
             continue;
         };
-        let last = attempt + 1 == attempts;
-        let mut up = Request::new(Full::new(body.clone()));
-        *up.method_mut() = parts.method.clone();
-        // Origin form (`POST /v1/chat/completions HTTP/1.1`) with the endpoint as `Host`, as an
-        // HTTP/1.1 client sends to a server (RFC 9112 §3.2): a strict server refuses a request
-        // without `Host`.
-        *up.uri_mut() = Uri::from(path_and_query.clone());
-        *up.headers_mut() = if last {
-            std::mem::take(&mut headers)
-        } else {
-            headers.clone()
+        // No later attempt can follow: the headers go with this one rather than a copy.
+        let last = plan.made == plan.max_attempts;
+        let target = Target {
+            addr,
+            host: &ep.header,
+            tls,
+            connect: timeouts.connect,
+            pool_idle: timeouts.pool_idle,
         };
-        up.headers_mut().insert(header::HOST, ep.header.clone());
         let sent = tokio::time::timeout(
             timeouts.first_byte,
-            worker.upstreams.send(
-                addr,
-                model.backend.tls.as_ref(),
-                up,
-                timeouts.connect,
-                timeouts.pool_idle,
-            ),
+            send(worker, &model, target, &mut out, last, &mut tally, note),
         )
         .await;
         let (resp, lease) = match sent {
@@ -587,19 +592,20 @@ async fn forward(
                 } else {
                     inflight.no_answer();
                 }
-                unsent &= err.is_before_send();
-                last_error = Some(ApiError::UpstreamUnavailable {
-                    reason: describe_send_error(&err),
-                });
+                tally.failed(&err);
+                next = plan.next(&inflight);
                 continue;
             }
             Ok(Ok(sent)) => sent,
         };
         inflight.answered(resp.status().as_u16());
         if resp.status().is_server_error() && !last {
+            next = plan.next(&inflight);
+        }
+        if next.is_some() {
             tracing::debug!(endpoint = %addr, status = %resp.status(), "retrying on the next endpoint");
-            unsent = false;
-            last_error = None;
+            tally.unsent = false;
+            tally.note(format_args!("{addr} answered {}", resp.status()));
             continue;
         }
         let status = resp.status();
@@ -644,22 +650,170 @@ async fn forward(
         return with_explanation(r, explanation.as_ref());
     }
     inflight.fail();
-    let e = match last_error {
-        // No endpoint took a connection: the request can be sent again as it is, and the
-        // refused endpoints are out of the candidates by then.
-        Some(ApiError::UpstreamUnavailable { reason }) if unsent => ApiError::UpstreamRefused {
-            reason,
-            retry_after: model.backend.retry_after_min(),
-        },
-        Some(e) => e,
-        None => ApiError::UpstreamUnavailable {
-            reason: "every endpoint tried failed".into(),
-        },
-    };
+    let e = tally.unanswered(&model);
     with_explanation(
         refuse(telemetry, &e, request_id, note),
         explanation.as_ref(),
     )
+}
+
+/// Which endpoints a request's attempts go to, counted against `retries.maxAttempts` (never
+/// more than the model has): the pick's ranked ones, then, when they all failed, the model's
+/// others ([`Inflight::next_untried`]: a lookup under the pool's lock, on the failure path only).
+struct Plan {
+    max_attempts: usize,
+    /// Attempts started.
+    made: usize,
+    /// Where the lookup beyond the ranked list goes on from.
+    beyond: usize,
+}
+
+impl Plan {
+    /// The next attempt's endpoint, counted as made; `None` when no attempt is left.
+    fn next(&mut self, inflight: &Inflight) -> Option<SocketAddr> {
+        if self.made == self.max_attempts {
+            return None;
+        }
+        let ranked = inflight.endpoints().as_slice();
+        let addr = match ranked.get(self.made) {
+            Some(addr) => *addr,
+            None => inflight.next_untried(&mut self.beyond)?,
+        };
+        self.made += 1;
+        Some(addr)
+    }
+}
+
+/// What a request's sends did so far, across its attempts.
+struct Tally {
+    /// Requests sent (a keep-alive race's second send included): the access log's `attempts`.
+    sends: usize,
+    /// What each failed send did, `; ` between them, for the answer when none is left: built
+    /// on the failure path only.
+    failures: String,
+    /// Whether every send so far failed before the request was written (no connection).
+    unsent: bool,
+}
+
+impl Tally {
+    /// Adds what one send did to the failures.
+    fn note(&mut self, what: std::fmt::Arguments<'_>) {
+        use std::fmt::Write as _;
+        if !self.failures.is_empty() {
+            self.failures.push_str("; ");
+        }
+        // Writing to a String cannot fail.
+        let _ = self.failures.write_fmt(what);
+    }
+
+    /// A send failed with `err`.
+    fn failed(&mut self, err: &SendError) {
+        self.unsent &= err.is_before_send();
+        self.note(format_args!("{}", Described(err)));
+    }
+
+    /// The answer when no endpoint tried gave one: 503 `upstream_refused` when nothing was sent
+    /// (every attempt failed to connect: the request can be sent again as it is, and the
+    /// refused endpoints are out of the candidates by then), else 502 `upstream_unavailable`;
+    /// either says what each send did, in order.
+    fn unanswered(self, model: &Model) -> ApiError {
+        if self.failures.is_empty() {
+            ApiError::UpstreamUnavailable {
+                reason: "no endpoint of the model could be tried".into(),
+            }
+        } else if self.unsent {
+            ApiError::UpstreamRefused {
+                reason: self.failures,
+                retry_after: model.backend.retry_after_min(),
+            }
+        } else {
+            ApiError::UpstreamUnavailable {
+                reason: self.failures,
+            }
+        }
+    }
+}
+
+/// The request as it goes upstream, built again for each send.
+struct Outgoing {
+    method: http::Method,
+    path_and_query: PathAndQuery,
+    /// Taken by the last send ([`Outgoing::request`] with `keep` false), copied before.
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Outgoing {
+    /// The request for the endpoint whose `Host` is `host`. With `keep`, the headers are copied
+    /// for a later send; without, they go with this one.
+    fn request(&mut self, host: &HeaderValue, keep: bool) -> Request<Full<Bytes>> {
+        let mut up = Request::new(Full::new(self.body.clone()));
+        *up.method_mut() = self.method.clone();
+        // Origin form (`POST /v1/chat/completions HTTP/1.1`) with the endpoint as `Host`, as an
+        // HTTP/1.1 client sends to a server (RFC 9112 §3.2): a strict server refuses a request
+        // without `Host`.
+        *up.uri_mut() = Uri::from(self.path_and_query.clone());
+        *up.headers_mut() = if keep {
+            self.headers.clone()
+        } else {
+            std::mem::take(&mut self.headers)
+        };
+        up.headers_mut().insert(header::HOST, host.clone());
+        up
+    }
+}
+
+/// Where one attempt goes, and how it connects.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    addr: SocketAddr,
+    /// Its `Host` header.
+    host: &'a HeaderValue,
+    tls: Option<&'a ClientTls>,
+    /// `timeouts.connectMs`.
+    connect: std::time::Duration,
+    /// `timeouts.poolIdleMs`.
+    pool_idle: std::time::Duration,
+}
+
+/// One attempt: sends the request to `to` on a pooled connection (or a new one) and, when a
+/// pooled connection that may have met the server's keep-alive timer ([`Pooled::may_race`])
+/// closed without an answer, once more on a new connection. Each send is a pick of the
+/// endpoint in the metrics and an attempt in the access log; the second is also a retry. With
+/// `last`, the request's headers go with the last send this attempt can make.
+async fn send(
+    worker: &Worker,
+    model: &Model,
+    to: Target<'_>,
+    out: &mut Outgoing,
+    last: bool,
+    tally: &mut Tally,
+    note: &mut Option<Box<Note>>,
+) -> Result<(Response<Incoming>, Lease), SendError> {
+    let mut pooled = worker.upstreams.checkout(to.addr, to.pool_idle, to.tls);
+    let race = pooled.as_ref().is_some_and(Pooled::may_race);
+    loop {
+        tally.sends += 1;
+        model.metrics.pick(to.addr);
+        if let Some(n) = note.as_deref_mut() {
+            n.endpoint = Some(to.addr);
+            n.attempts = u8::try_from(tally.sends).unwrap_or(u8::MAX);
+        }
+        let again = race && pooled.is_some();
+        let up = out.request(to.host, again || !last);
+        let result = worker
+            .upstreams
+            .send(to.addr, to.tls, pooled.take(), up, to.connect)
+            .await;
+        match result {
+            Err(e) if again && e.on_reused() => {
+                tracing::debug!(endpoint = %to.addr, error = %e, "a connection idle in the pool closed without an answer: sending again on a new one");
+                tally.failed(&e);
+                model.metrics.retry();
+            }
+            r => return r,
+        }
+    }
 }
 
 /// [`error_response`] for a request whose note (if any) then names the error.
@@ -687,13 +841,26 @@ fn with_explanation(
     r
 }
 
-fn describe_send_error(err: &SendError) -> String {
-    match err {
-        SendError::Connect { addr, .. } | SendError::ConnectTimeout { addr, .. } => {
-            format!("cannot connect to {addr}")
+/// A send's failure as the client's error message says it: the endpoint and what failed,
+/// without the socket error's detail (in the debug log).
+struct Described<'a>(&'a SendError);
+
+impl std::fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            SendError::Connect { addr, .. } | SendError::ConnectTimeout { addr, .. } => {
+                write!(f, "cannot connect to {addr}")
+            }
+            SendError::Tls { addr, .. } => write!(f, "TLS handshake with {addr} failed"),
+            SendError::Http {
+                addr,
+                reused: false,
+                ..
+            } => write!(f, "{addr} closed the connection before answering"),
+            SendError::Http {
+                addr, reused: true, ..
+            } => write!(f, "{addr} closed a reused connection before answering"),
         }
-        SendError::Tls { addr, .. } => format!("TLS handshake with {addr} failed"),
-        SendError::Http { addr, .. } => format!("{addr} closed the connection before answering"),
     }
 }
 

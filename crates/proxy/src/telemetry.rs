@@ -98,7 +98,7 @@ impl Telemetry {
         );
         r.register(
             "retries",
-            "Attempts repeated on a fallback endpoint after a connect failure or a 5xx",
+            "Requests sent again before any response byte reached the client: on another endpoint after a connect failure, a connection closed before answering or a 5xx, or on a new connection after a keep-alive race",
             t.retries.clone(),
         );
         r.register(

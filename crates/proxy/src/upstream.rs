@@ -11,8 +11,12 @@
 //! warm ones stay warm and the old ones age out at the bottom). They are not polled while idle; a
 //! connection the server closed meanwhile is noticed when it is used (hyper reads the close before
 //! it writes the request, and hands the request back), and the request goes out once more on a new
-//! connection. Each gateway worker has its own [`Upstreams`], so the lock around the stacks is
-//! never contended in the thread-per-core mode.
+//! connection. A close that crosses the request on the wire (the keep-alive race: the server's
+//! idle timer fired as the request went out) is returned as [`SendError::Http`] with `reused`
+//! set; whether to send the request again is the caller's decision (`crate::proxy`, with
+//! [`Pooled::may_race`]), since only the caller can build it again. Each gateway worker has its
+//! own [`Upstreams`], so the lock around the stacks is never contended in the thread-per-core
+//! mode.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -35,6 +39,12 @@ use tokio::time::Instant;
 
 /// Idle connections kept per endpoint and worker; more are closed when they come back.
 const MAX_IDLE_PER_ENDPOINT: usize = 512;
+
+/// A pooled connection idle at least this long may be closed by the server's keep-alive timer
+/// just as a request goes out on it (uvicorn, which serves vLLM's and SGLang's API, closes idle
+/// connections after 5 s; gunicorn after 2 s): see [`Pooled::may_race`]. One that died after a
+/// shorter rest was closed by a server going away, not by its timer.
+pub(crate) const RACE_IDLE: Duration = Duration::from_secs(1);
 
 type Connection = http1::Connection<TokioIo<Stream>, Full<Bytes>>;
 
@@ -76,6 +86,9 @@ pub(crate) enum SendError {
         /// hyper's error, when there is one (`None`: the connection simply ended).
         #[source]
         source: Option<hyper::Error>,
+        /// The request went out on a pooled connection (one that had served earlier requests),
+        /// not on one opened for it.
+        reused: bool,
     },
 }
 
@@ -93,6 +106,29 @@ impl SendError {
             self,
             SendError::Connect { .. } | SendError::ConnectTimeout { .. }
         )
+    }
+
+    /// Whether the request was written on a pooled connection that then closed without an
+    /// answer: the keep-alive race, when that connection [`Pooled::may_race`].
+    pub(crate) fn on_reused(&self) -> bool {
+        matches!(self, SendError::Http { reused: true, .. })
+    }
+}
+
+/// A pooled connection taken for one request ([`Upstreams::checkout`]).
+pub(crate) struct Pooled {
+    conn: Conn,
+    /// How long it sat in the pool.
+    idle: Duration,
+}
+
+impl Pooled {
+    /// Whether it sat idle long enough ([`RACE_IDLE`]) for the server's keep-alive timer to
+    /// close it as the request goes out. A request written on such a connection that closes
+    /// without an answer most likely never reached the server's application, and is sent once
+    /// more on a new connection to the same endpoint.
+    pub(crate) fn may_race(&self) -> bool {
+        self.idle >= RACE_IDLE
     }
 }
 
@@ -139,6 +175,7 @@ impl Conn {
                 .map_err(|e| SendError::Http {
                     addr,
                     source: Some(e),
+                    reused: false,
                 })?;
         Ok(Conn {
             sender,
@@ -216,22 +253,36 @@ pub(crate) struct Upstreams {
 }
 
 impl Upstreams {
-    /// Sends `req` to `addr` (over TLS when `tls` is set) on a pooled connection (or a new one)
-    /// and returns the response headers with the connection, which the caller drives while it
-    /// reads the body.
+    /// Takes the most recently used live connection to `addr` opened with `tls`, if any, for
+    /// [`Upstreams::send`]. Taken before the request is built, so that the caller knows whether
+    /// it [`Pooled::may_race`] (and keeps what it needs to build the request again).
+    pub(crate) fn checkout(
+        &self,
+        addr: SocketAddr,
+        pool_idle: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Option<Pooled> {
+        self.take(addr, pool_idle, tls)
+            .map(|(conn, idle)| Pooled { conn, idle })
+    }
+
+    /// Sends `req` to `addr` (over TLS when `tls` is set) on `pooled` (from
+    /// [`Upstreams::checkout`] for the same endpoint and TLS), or on a new connection, and returns
+    /// the response headers with the connection, which the caller drives while it reads the body.
     ///
     /// A pooled connection that fails before the request could be written (hyper reports it as
-    /// cancelled) is replaced by a new connection once; any other failure is returned.
+    /// cancelled) is replaced by a new connection once; any other failure is returned (on a
+    /// pooled connection, as [`SendError::Http`] with `reused` set).
     pub(crate) async fn send(
         self: &Arc<Self>,
         addr: SocketAddr,
         tls: Option<&ClientTls>,
+        pooled: Option<Pooled>,
         req: Request<Full<Bytes>>,
         connect_timeout: Duration,
-        pool_idle: Duration,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
         let mut req = req;
-        if let Some(conn) = self.take(addr, pool_idle, tls) {
+        if let Some(Pooled { conn, .. }) = pooled {
             match conn.exchange(req).await {
                 Ok((resp, conn)) => return Ok((resp, self.lease(addr, conn))),
                 // The server closed it while idle and hyper noticed only now: a new connection.
@@ -242,6 +293,7 @@ impl Upstreams {
                     return Err(SendError::Http {
                         addr,
                         source: error,
+                        reused: true,
                     });
                 }
             }
@@ -252,6 +304,7 @@ impl Upstreams {
             Err(Failed { error, .. }) => Err(SendError::Http {
                 addr,
                 source: error,
+                reused: false,
             }),
         }
     }
@@ -264,18 +317,22 @@ impl Upstreams {
         }
     }
 
-    /// Takes the most recently used live connection to `addr` opened with `tls`, closing stale
-    /// ones on the way (and ones opened with other TLS settings: the model's changed).
-    fn take(&self, addr: SocketAddr, pool_idle: Duration, tls: Option<&ClientTls>) -> Option<Conn> {
+    /// Takes the most recently used live connection to `addr` opened with `tls`, with how long
+    /// it was idle, closing stale ones on the way (and ones opened with other TLS settings: the
+    /// model's changed).
+    fn take(
+        &self,
+        addr: SocketAddr,
+        pool_idle: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Option<(Conn, Duration)> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let stack = idle.get_mut(&addr)?;
         let now = Instant::now();
         while let Some(conn) = stack.pop_back() {
-            if now.saturating_duration_since(conn.idle_since) <= pool_idle
-                && conn.usable()
-                && conn.tls.as_ref() == tls
-            {
-                return Some(conn);
+            let rested = now.saturating_duration_since(conn.idle_since);
+            if rested <= pool_idle && conn.usable() && conn.tls.as_ref() == tls {
+                return Some((conn, rested));
             }
         }
         None

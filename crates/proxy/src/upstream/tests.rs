@@ -80,7 +80,13 @@ async fn sequential_requests_reuse_one_connection() {
     let up = Arc::new(Upstreams::default());
     for _ in 0..5 {
         let (resp, lease) = up
-            .send(addr, None, request(addr), CONNECT, IDLE)
+            .send(
+                addr,
+                None,
+                up.checkout(addr, IDLE, None),
+                request(addr),
+                CONNECT,
+            )
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
@@ -96,7 +102,13 @@ async fn a_connection_closed_by_the_server_is_not_reused() {
     let up = Arc::new(Upstreams::default());
     for _ in 0..3 {
         let (resp, lease) = up
-            .send(addr, None, request(addr), CONNECT, IDLE)
+            .send(
+                addr,
+                None,
+                up.checkout(addr, IDLE, None),
+                request(addr),
+                CONNECT,
+            )
             .await
             .unwrap();
         assert_eq!(read_all(resp, lease).await, b"hello");
@@ -109,13 +121,25 @@ async fn a_body_not_read_to_the_end_closes_its_connection() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
     let (resp, lease) = up
-        .send(addr, None, request(addr), CONNECT, IDLE)
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
         .await
         .unwrap();
     drop((resp, lease));
     assert_eq!(up.idle(addr), 0);
     let (resp, lease) = up
-        .send(addr, None, request(addr), CONNECT, IDLE)
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
         .await
         .unwrap();
     assert_eq!(read_all(resp, lease).await, b"hello");
@@ -127,13 +151,25 @@ async fn idle_connections_past_the_idle_timeout_are_not_reused() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
     let (resp, lease) = up
-        .send(addr, None, request(addr), CONNECT, IDLE)
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
         .await
         .unwrap();
     read_all(resp, lease).await;
     // An idle timeout of zero: the pooled connection is too old by the time it is taken.
     let (resp, lease) = up
-        .send(addr, None, request(addr), CONNECT, Duration::ZERO)
+        .send(
+            addr,
+            None,
+            up.checkout(addr, Duration::ZERO, None),
+            request(addr),
+            CONNECT,
+        )
         .await
         .unwrap();
     read_all(resp, lease).await;
@@ -147,7 +183,13 @@ async fn a_refused_connection_is_a_connect_error() {
     drop(listener);
     let up = Arc::new(Upstreams::default());
     let err = up
-        .send(addr, None, request(addr), CONNECT, IDLE)
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
         .await
         .err()
         .unwrap();
@@ -184,7 +226,13 @@ async fn a_connection_the_server_closed_while_idle_is_replaced() {
     let up = Arc::new(Upstreams::default());
     for _ in 0..3 {
         let (resp, lease) = up
-            .send(addr, None, request(addr), CONNECT, IDLE)
+            .send(
+                addr,
+                None,
+                up.checkout(addr, IDLE, None),
+                request(addr),
+                CONNECT,
+            )
             .await
             .unwrap();
         assert_eq!(read_all(resp, lease).await, b"hello");
@@ -192,12 +240,91 @@ async fn a_connection_the_server_closed_while_idle_is_replaced() {
     }
 }
 
+/// A server that answers the first request of each connection keep-alive and closes the
+/// connection upon the second without answering: the keep-alive race, as the gateway sees it.
+#[tokio::test]
+async fn a_pooled_connection_closed_after_the_request_was_written_is_reused_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let read = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&read);
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let read = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                for answer in [true, false] {
+                    while !buf.ends_with(b"{}") {
+                        let n = s.read(&mut chunk).await.unwrap();
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    buf.clear();
+                    read.fetch_add(1, Ordering::SeqCst);
+                    if answer {
+                        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+                            .await
+                            .unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let up = Arc::new(Upstreams::default());
+    let (resp, lease) = up
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
+        .await
+        .unwrap();
+    assert_eq!(read_all(resp, lease).await, b"hello");
+    let pooled = up
+        .checkout(addr, IDLE, None)
+        .expect("the connection is pooled");
+    assert!(!pooled.may_race(), "used a moment ago");
+    let err = up
+        .send(addr, None, Some(pooled), request(addr), CONNECT)
+        .await
+        .err()
+        .unwrap();
+    assert!(err.on_reused(), "{err:?}");
+    assert!(!err.is_before_send());
+    assert_eq!(read.load(Ordering::SeqCst), 2, "the request was read");
+    // Without a pooled connection: a new one, answered.
+    let (resp, lease) = up
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
+        .await
+        .unwrap();
+    assert_eq!(read_all(resp, lease).await, b"hello");
+}
+
 #[tokio::test]
 async fn a_sweep_closes_expired_idle_connections_and_forgets_the_endpoint() {
     let (addr, _conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
     let (resp, lease) = up
-        .send(addr, None, request(addr), CONNECT, IDLE)
+        .send(
+            addr,
+            None,
+            up.checkout(addr, IDLE, None),
+            request(addr),
+            CONNECT,
+        )
         .await
         .unwrap();
     read_all(resp, lease).await;
