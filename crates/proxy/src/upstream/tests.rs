@@ -74,21 +74,27 @@ async fn read_all(resp: Response<Incoming>, mut lease: Lease) -> Vec<u8> {
 const CONNECT: Duration = Duration::from_secs(2);
 const IDLE: Duration = Duration::from_secs(60);
 
+/// A request to `addr` on a pooled connection (idle up to [`IDLE`]) or a new one.
+async fn send(
+    up: &Arc<Upstreams>,
+    addr: SocketAddr,
+) -> Result<(Response<Incoming>, Lease), SendError> {
+    up.send(
+        addr,
+        None,
+        up.checkout(addr, IDLE, None),
+        request(addr),
+        CONNECT,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn sequential_requests_reuse_one_connection() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
     for _ in 0..5 {
-        let (resp, lease) = up
-            .send(
-                addr,
-                None,
-                up.checkout(addr, IDLE, None),
-                request(addr),
-                CONNECT,
-            )
-            .await
-            .unwrap();
+        let (resp, lease) = send(&up, addr).await.unwrap();
         assert_eq!(resp.status(), 200);
         assert_eq!(read_all(resp, lease).await, b"hello");
         assert_eq!(up.idle(addr), 1);
@@ -101,16 +107,7 @@ async fn a_connection_closed_by_the_server_is_not_reused() {
     let (addr, conns) = server(true).await;
     let up = Arc::new(Upstreams::default());
     for _ in 0..3 {
-        let (resp, lease) = up
-            .send(
-                addr,
-                None,
-                up.checkout(addr, IDLE, None),
-                request(addr),
-                CONNECT,
-            )
-            .await
-            .unwrap();
+        let (resp, lease) = send(&up, addr).await.unwrap();
         assert_eq!(read_all(resp, lease).await, b"hello");
     }
     assert_eq!(conns.load(Ordering::SeqCst), 3);
@@ -120,28 +117,10 @@ async fn a_connection_closed_by_the_server_is_not_reused() {
 async fn a_body_not_read_to_the_end_closes_its_connection() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .unwrap();
+    let (resp, lease) = send(&up, addr).await.unwrap();
     drop((resp, lease));
     assert_eq!(up.idle(addr), 0);
-    let (resp, lease) = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .unwrap();
+    let (resp, lease) = send(&up, addr).await.unwrap();
     assert_eq!(read_all(resp, lease).await, b"hello");
     assert_eq!(conns.load(Ordering::SeqCst), 2);
 }
@@ -150,16 +129,7 @@ async fn a_body_not_read_to_the_end_closes_its_connection() {
 async fn idle_connections_past_the_idle_timeout_are_not_reused() {
     let (addr, conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .unwrap();
+    let (resp, lease) = send(&up, addr).await.unwrap();
     read_all(resp, lease).await;
     // An idle timeout of zero: the pooled connection is too old by the time it is taken.
     let (resp, lease) = up
@@ -182,81 +152,34 @@ async fn a_refused_connection_is_a_connect_error() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let up = Arc::new(Upstreams::default());
-    let err = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .err()
-        .unwrap();
+    let err = send(&up, addr).await.err().unwrap();
     assert!(matches!(err, SendError::Connect { .. }), "{err}");
 }
 
-#[tokio::test]
-async fn a_connection_the_server_closed_while_idle_is_replaced() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // A raw server: one keep-alive answer per connection, then it closes the socket.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let closed_tx = closed_tx.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.ends_with(b"{}") {
-                    let n = s.read(&mut chunk).await.unwrap();
-                    assert!(n > 0);
-                    buf.extend_from_slice(&chunk[..n]);
-                }
-                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
-                    .await
-                    .unwrap();
-                drop(s);
-                let _ = closed_tx.send(());
-            });
-        }
-    });
-    let up = Arc::new(Upstreams::default());
-    for _ in 0..3 {
-        let (resp, lease) = up
-            .send(
-                addr,
-                None,
-                up.checkout(addr, IDLE, None),
-                request(addr),
-                CONNECT,
-            )
-            .await
-            .unwrap();
-        assert_eq!(read_all(resp, lease).await, b"hello");
-        closed_rx.recv().await.unwrap();
-    }
-}
-
-/// A server that answers the first request of each connection keep-alive and closes the
-/// connection upon the second without answering: the keep-alive race, as the gateway sees it.
-#[tokio::test]
-async fn a_pooled_connection_closed_after_the_request_was_written_is_reused_http() {
+/// A raw server: on each connection it reads one request per entry of `answers` and answers it
+/// (`true`, keep-alive) or not (`false`), then closes the connection. Returns its address, the
+/// requests it read, and a channel told of each connection it closed.
+async fn raw_server(
+    answers: &'static [bool],
+) -> (
+    SocketAddr,
+    Arc<AtomicUsize>,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let read = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&read);
+    let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
             let (mut s, _) = listener.accept().await.unwrap();
-            let read = Arc::clone(&counted);
+            let (read, closed_tx) = (Arc::clone(&counted), closed_tx.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 1024];
-                for answer in [true, false] {
+                for &answer in answers {
                     while !buf.ends_with(b"{}") {
                         let n = s.read(&mut chunk).await.unwrap();
                         if n == 0 {
@@ -272,20 +195,33 @@ async fn a_pooled_connection_closed_after_the_request_was_written_is_reused_http
                             .unwrap();
                     }
                 }
+                drop(s);
+                let _ = closed_tx.send(());
             });
         }
     });
+    (addr, read, closed_rx)
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_is_replaced() {
+    // One keep-alive answer per connection, then the server closes the socket.
+    let (addr, _, mut closed) = raw_server(&[true]).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .unwrap();
+    for _ in 0..3 {
+        let (resp, lease) = send(&up, addr).await.unwrap();
+        assert_eq!(read_all(resp, lease).await, b"hello");
+        closed.recv().await.unwrap();
+    }
+}
+
+/// A server that answers the first request of each connection keep-alive and closes the
+/// connection upon the second without answering: the keep-alive race, as the gateway sees it.
+#[tokio::test]
+async fn a_pooled_connection_closed_after_the_request_was_written_is_reused_http() {
+    let (addr, read, _closed) = raw_server(&[true, false]).await;
+    let up = Arc::new(Upstreams::default());
+    let (resp, lease) = send(&up, addr).await.unwrap();
     assert_eq!(read_all(resp, lease).await, b"hello");
     let pooled = up
         .checkout(addr, IDLE, None)
@@ -299,17 +235,8 @@ async fn a_pooled_connection_closed_after_the_request_was_written_is_reused_http
     assert!(err.on_reused(), "{err:?}");
     assert!(!err.is_before_send());
     assert_eq!(read.load(Ordering::SeqCst), 2, "the request was read");
-    // Without a pooled connection: a new one, answered.
-    let (resp, lease) = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .unwrap();
+    // Nothing pooled any more: a new connection, answered.
+    let (resp, lease) = send(&up, addr).await.unwrap();
     assert_eq!(read_all(resp, lease).await, b"hello");
 }
 
@@ -317,16 +244,7 @@ async fn a_pooled_connection_closed_after_the_request_was_written_is_reused_http
 async fn a_sweep_closes_expired_idle_connections_and_forgets_the_endpoint() {
     let (addr, _conns) = server(false).await;
     let up = Arc::new(Upstreams::default());
-    let (resp, lease) = up
-        .send(
-            addr,
-            None,
-            up.checkout(addr, IDLE, None),
-            request(addr),
-            CONNECT,
-        )
-        .await
-        .unwrap();
+    let (resp, lease) = send(&up, addr).await.unwrap();
     read_all(resp, lease).await;
     assert_eq!(up.idle(addr), 1);
     up.sweep(IDLE);
