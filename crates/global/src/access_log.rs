@@ -53,6 +53,9 @@ pub(crate) struct Record {
     /// The last cluster tried.
     pub(crate) cluster: Option<Arc<Cluster>>,
     pub(crate) clusters_tried: u8,
+    /// The time to first token the router estimated for the last cluster tried, ms (its round
+    /// trip included), when it chose the order: beside `ttft_ms`, how good the estimate was.
+    pub(crate) estimated_ttft_ms: Option<f64>,
     pub(crate) status: Option<u16>,
     pub(crate) error: Option<&'static str>,
     pub(crate) outcome: Outcome,
@@ -81,6 +84,7 @@ impl Record {
             stream: false,
             cluster: None,
             clusters_tried: 0,
+            estimated_ttft_ms: None,
             status: None,
             error: None,
             outcome: Outcome::Router,
@@ -118,6 +122,11 @@ impl Serialize for Record {
             cluster: cluster.map(|c| c.name.as_str()),
             region: cluster.map(|c| c.region.as_str()),
             clusters_tried: self.clusters_tried,
+            // Rounded to the microsecond, as `ttft_ms` is.
+            estimated_ttft_ms: self
+                .estimated_ttft_ms
+                .filter(|v| v.is_finite())
+                .map(|v| (v * 1e3).round() / 1e3),
             measured: Measured::new(self.ttft, self.took, self.usage),
             cost: self.cost,
         }
@@ -139,6 +148,7 @@ struct Line<'a> {
     cluster: Option<&'a str>,
     region: Option<&'a str>,
     clusters_tried: u8,
+    estimated_ttft_ms: Option<f64>,
     #[serde(flatten)]
     measured: Measured,
     cost: Option<f64>,

@@ -60,6 +60,9 @@ pub(crate) struct ModelEntry {
     pub(crate) estimate_ms: Option<f64>,
     /// The heartbeat's typical prefill alone, ms, and its ready pods.
     prefill_ms: Option<f64>,
+    /// Of that, the fixed cost per request, ms (absent from a gateway that predates it, or
+    /// before it learned one).
+    fixed_cost_ms: Option<f64>,
     ready_pods: u32,
     /// Whether it was up at the last tick, and whether it ever was (to count drains and
     /// returns once each).
@@ -73,6 +76,7 @@ impl ModelEntry {
             health,
             estimate_ms: None,
             prefill_ms: None,
+            fixed_cost_ms: None,
             ready_pods: 0,
             up: false,
             seen_up: false,
@@ -96,6 +100,10 @@ pub(crate) struct ClusterState {
     was_ejected: bool,
     /// What its last `/v1/models` fetch gave (`Listed` from the start with `models:`).
     pub(crate) discovery: Discovery,
+    /// Why its last heartbeat failed (or, without `heartbeatUrl`, the `/v1/models` fetch that
+    /// stands for it), in the words of the log; `None` after a good one. A cluster that cannot
+    /// be read now may serve a model no other lists.
+    pub(crate) heartbeat_failure: Option<Arc<str>>,
 }
 
 /// What a cluster's last `/v1/models` fetch (discovery) gave: what the router tells a client
@@ -542,7 +550,8 @@ impl Cluster {
     /// The heartbeat's estimate is for a typical request of
     /// [`TYPICAL_PROMPT_TOKENS`](infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS); it is scaled
     /// to this request's prompt (queue and prefill both grow with the prompts the pods learned
-    /// their rates from). The router's own measurements of streamed answers from the cluster in
+    /// their rates from) by [`prompt_scale`]: the heartbeat's fixed cost per request is paid
+    /// whatever the prompt, the rest grows with it. The router's own measurements of streamed answers from the cluster in
     /// the last few heartbeat intervals, when there are any, win: they see what the heartbeat
     /// cannot (batching, prefix-cache hits, the network, the gateway itself). A cluster that
     /// stops getting traffic because it was slow is judged by its heartbeat again once its
@@ -565,7 +574,7 @@ impl Cluster {
         // Ejected: ordered with the drained clusters; readmitted: ramping.
         let weight = weight.min(st.ejection.weight(now, self.outlier.slow_start));
         let rtt = st.rtt_ms.unwrap_or(0.0);
-        let scale = prompt_tokens.max(1.0) / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
+        let scale = prompt_scale(prompt_tokens, entry.prefill_ms, entry.fixed_cost_ms);
         let heartbeat = entry.estimate_ms.map(|e| e * scale + rtt);
         let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
         let observed = st
@@ -597,6 +606,25 @@ impl Cluster {
     /// The models it serves.
     pub(crate) fn served(&self) -> Vec<String> {
         lock(&self.state).served.clone()
+    }
+
+    /// The models it is routed to for (as [`Cluster::view`] sees them): those its `/v1/models`
+    /// listed (or `models:` names), and those a heartbeat named — a cluster whose list cannot
+    /// be read is still routed to for those, so the router's model list shows them too.
+    pub(crate) fn known_models(&self) -> Vec<String> {
+        let st = lock(&self.state);
+        let mut all: Vec<String> = st.models.keys().cloned().collect();
+        for m in &st.served {
+            if !st.models.contains_key(m) {
+                all.push(m.clone());
+            }
+        }
+        all
+    }
+
+    /// Why its last heartbeat failed, while it does.
+    pub(crate) fn heartbeat_failure(&self) -> Option<Arc<str>> {
+        lock(&self.state).heartbeat_failure.clone()
     }
 
     /// What its last `/v1/models` fetch gave.
@@ -877,6 +905,7 @@ impl Cluster {
     /// Applies a heartbeat fetched in `rtt`.
     fn apply_heartbeat(&self, hb: &Heartbeat, rtt: Duration, at: Instant) {
         let mut st = lock(&self.state);
+        st.heartbeat_failure = None;
         let ms = rtt.as_secs_f64() * 1e3;
         st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
         let any_ready = hb.models.iter().any(|m| m.ready_pods > 0);
@@ -905,6 +934,7 @@ impl Cluster {
             entry.health.observe_ok(at, ready);
             entry.estimate_ms = estimate;
             entry.prefill_ms = status.and_then(|m| m.prefill_ms).filter(|_| ready);
+            entry.fixed_cost_ms = status.and_then(|m| m.fixed_cost_ms).filter(|_| ready);
             entry.ready_pods = status.map_or(0, |m| m.ready_pods);
         }
     }
@@ -912,6 +942,7 @@ impl Cluster {
     /// Applies a `/v1/models` answer used as the heartbeat (no `heartbeatUrl`).
     fn apply_models_as_heartbeat(&self, models: &[String], rtt: Duration, at: Instant) {
         let mut st = lock(&self.state);
+        st.heartbeat_failure = None;
         let ms = rtt.as_secs_f64() * 1e3;
         st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
         for name in models {
@@ -924,11 +955,13 @@ impl Cluster {
         }
     }
 
-    fn fail_all(&self, at: Instant) {
+    /// Its heartbeat fetch failed (`why`): every model counts a failure.
+    fn heartbeat_failed(&self, at: Instant, why: &str) {
         let mut st = lock(&self.state);
         for m in st.models.values_mut() {
             m.health.observe_failure(at);
         }
+        st.heartbeat_failure = Some(Arc::from(why));
     }
 
     fn set_served(&self, models: Vec<String>) {
@@ -958,6 +991,29 @@ impl Cluster {
                 "{chain}: the cluster asks for credentials and the router sends none: set credentials.bearerTokenFile"
             )
         }
+    }
+}
+
+/// How much of the heartbeat's estimate for a typical request
+/// ([`TYPICAL_PROMPT_TOKENS`](infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS) prompt tokens) a
+/// request of `prompt_tokens` takes. With the typical request's own prefill (`prefill_ms`) and
+/// its fixed cost per request (`fixed_cost_ms`), the fixed share is paid whatever the prompt and
+/// the rest grows with it: a seven-token prompt on a pod whose 512-token first token takes
+/// 165 ms, 35 ms of it fixed, takes 22% of it (37 ms), not 1.4% (2 ms). Without the fixed cost
+/// (a gateway that predates `fixedCostMs`, or one that has not learned it), in proportion to the
+/// prompt, as before.
+pub(crate) fn prompt_scale(
+    prompt_tokens: f64,
+    prefill_ms: Option<f64>,
+    fixed_cost_ms: Option<f64>,
+) -> f64 {
+    let linear = prompt_tokens.max(1.0) / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
+    match (prefill_ms, fixed_cost_ms) {
+        (Some(prefill), Some(fixed)) if prefill > 0.0 && fixed.is_finite() => {
+            let share = (fixed / prefill).clamp(0.0, 1.0);
+            share + (1.0 - share) * linear
+        }
+        _ => linear,
     }
 }
 
@@ -1275,7 +1331,7 @@ async fn poll_once(
                             cluster = %cluster.config.name,
                             models_url = %uri,
                             error = %why,
-                            "cannot read the cluster's /v1/models: the router's /v1/models lists only the models last read from it (none before the first read); logged again only after a good read"
+                            "cannot read the cluster's /v1/models: the router's /v1/models lists only the models last read from it (none before the first read) and those its heartbeat names; logged again only after a good read"
                         );
                     } else {
                         tracing::debug!(
@@ -1320,7 +1376,7 @@ async fn poll_once(
         match failure {
             None => runs.failing = false,
             Some(why) => {
-                cluster.fail_all(now());
+                cluster.heartbeat_failed(now(), &why);
                 // Once per run of failures: a wrong URL (never up, so never drained) says
                 // why at once, and a dead cluster does not repeat it every interval.
                 if !std::mem::replace(&mut runs.failing, true) {
@@ -1337,7 +1393,7 @@ async fn poll_once(
 /// and warned of once per run of failures as a failed heartbeat is, naming the URL fetched (a
 /// wrong `url`, never up and so never drained, said nothing at all).
 fn models_failed(cluster: &Cluster, failing: &mut bool, uri: &Uri, why: &str) {
-    cluster.fail_all(now());
+    cluster.heartbeat_failed(now(), why);
     if !std::mem::replace(failing, true) {
         tracing::warn!(cluster = %cluster.config.name, models_url = %uri, error = %why, "/v1/models failed (the cluster has no heartbeatUrl: this fetch is its heartbeat); logged again only after a good one");
     } else {

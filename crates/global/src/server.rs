@@ -580,13 +580,15 @@ fn error_response(e: &ApiError) -> Response<RouterBody> {
     r
 }
 
-/// Every model some cluster serves that `access` allows, sorted: a caller allowed only some
-/// models is not told of the others (as on the gateway).
+/// Every model some cluster is routed to for that `access` allows, sorted: those listed by a
+/// cluster's `/v1/models` (or its `models:`) and those a heartbeat names, as routing sees them
+/// ([`crate::cluster::Cluster::known_models`]). A caller allowed only some models is not told of
+/// the others (as on the gateway).
 fn served_models(state: &State, access: &ModelAccess) -> Vec<String> {
     let mut all: Vec<String> = state
         .clusters
         .iter()
-        .flat_map(|c| c.served())
+        .flat_map(|c| c.known_models())
         .filter(|m| access.allows(m, m))
         .collect();
     all.sort();
@@ -594,22 +596,61 @@ fn served_models(state: &State, access: &ModelAccess) -> Vec<String> {
     all
 }
 
-/// The answer to a request for `model` while no cluster has listed any model (a 503 to retry:
-/// the model may well exist): what the router knows of each cluster's discovery — those whose
-/// `/v1/models` failed, named with why, those not read yet, those that listed none.
-fn no_cluster_reported(state: &State, model: &str) -> ApiError {
-    let (mut failed, mut pending, mut empty) = (Vec::new(), Vec::new(), Vec::new());
+/// The answer to a request for `model`, which no cluster is routed to for: 404
+/// `model_not_found` listing the models the caller may call, unless the model may well exist —
+/// some cluster cannot be read now (its `/v1/models` or its heartbeat failing, or not answered
+/// yet), or none has listed any model. Then a 503 to retry after the next read is due, saying
+/// what the router knows of each cluster that could not be read: those whose `/v1/models`
+/// failed and why, those whose heartbeat failed and why, those not read yet, and (when no
+/// model is known at all) those that listed none.
+fn unknown_model(state: &State, access: &ModelAccess, model: &str) -> ApiError {
+    let known = served_models(state, access);
+    let nothing_known = served_models(state, &ModelAccess::All).is_empty();
+    let heartbeat = &state.config.heartbeat;
+    let (mut failed, mut beats, mut pending, mut empty) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // The soonest read that may change the answer.
+    let mut retry_after: Option<Duration> = None;
+    let mut due = |d: Duration| retry_after = Some(retry_after.map_or(d, |r| r.min(d)));
     for c in &state.clusters {
         let name = &c.config.name;
+        let beat = c.heartbeat_failure();
         match c.discovery() {
-            Discovery::Failed(why) => failed.push(format!("`{name}` ({why})")),
-            Discovery::Pending => pending.push(format!("`{name}`")),
-            Discovery::Listed => empty.push(format!("`{name}`")),
+            Discovery::Failed(why) => {
+                failed.push(format!("`{name}` ({why})"));
+                // Judged by a heartbeat that works, its list is read again at the next
+                // discovery; else at the next poll.
+                due(if c.heartbeat.is_some() && beat.is_none() {
+                    heartbeat.discovery_interval()
+                } else {
+                    heartbeat.interval()
+                });
+            }
+            Discovery::Pending => {
+                pending.push(format!("`{name}`"));
+                due(heartbeat.interval());
+            }
+            Discovery::Listed => match beat {
+                Some(why) => {
+                    beats.push(format!("`{name}` ({why})"));
+                    due(heartbeat.interval());
+                }
+                None => empty.push(format!("`{name}`")),
+            },
         }
     }
+    let Some(retry_after) = retry_after.or(nothing_known.then(|| heartbeat.interval())) else {
+        return ApiError::UnknownModel {
+            model: model.to_owned(),
+            known: known.join(", "),
+        };
+    };
     let mut why = Vec::new();
     if !failed.is_empty() {
         why.push(format!("GET /v1/models failed on {}", failed.join(", ")));
+    }
+    if !beats.is_empty() {
+        why.push(format!("the heartbeat failed on {}", beats.join(", ")));
     }
     if !pending.is_empty() {
         why.push(format!(
@@ -618,12 +659,16 @@ fn no_cluster_reported(state: &State, model: &str) -> ApiError {
             if pending.len() == 1 { "has" } else { "have" }
         ));
     }
-    if !empty.is_empty() {
+    if nothing_known && !empty.is_empty() {
         why.push(format!("{} listed no model", empty.join(", ")));
+    }
+    if !known.is_empty() {
+        why.push(format!("the others serve {}", known.join(", ")));
     }
     ApiError::NoClusterReported {
         model: model.to_owned(),
         why: why.join("; "),
+        retry_after,
     }
 }
 
@@ -638,24 +683,16 @@ fn models_response(state: &State, access: &ModelAccess, head: bool) -> Response<
     json_response(body, head)
 }
 
-/// `GET /v1/models/{id}`: the entry of a model some cluster serves and the caller may call, as
-/// in the list; else 404, listing what the caller may call (503 while no cluster has listed a
-/// model yet, as for a request).
+/// `GET /v1/models/{id}`: the entry of a model some cluster is routed to for and the caller may
+/// call, as in the list; else the answer a request for it gets ([`unknown_model`]).
 fn model_response(
     state: &State,
     access: &ModelAccess,
     id: &str,
     head: bool,
 ) -> Result<Response<RouterBody>, ApiError> {
-    let served = served_models(state, access);
-    if !served.iter().any(|m| m == id) {
-        if served_models(state, &ModelAccess::All).is_empty() {
-            return Err(no_cluster_reported(state, id));
-        }
-        return Err(ApiError::UnknownModel {
-            model: id.to_owned(),
-            known: served.join(", "),
-        });
+    if !served_models(state, access).iter().any(|m| m == id) {
+        return Err(unknown_model(state, access, id));
     }
     let body =
         serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"})
@@ -812,17 +849,9 @@ async fn route_request(
     let Some(reason) = route::order(routing.policy, objective_ms, &mut candidates, || {
         draw(&shared.rng)
     }) else {
-        // No cluster has listed a model yet (none reachable since the start, and no `models:`):
-        // the model may well exist, so a 503 to retry rather than a 404.
-        if served_models(&state, &ModelAccess::All).is_empty() {
-            return Err(no_cluster_reported(&state, model).into());
-        }
-        let known = served_models(&state, &identity.models).join(", ");
-        return Err(ApiError::UnknownModel {
-            model: model.to_owned(),
-            known,
-        }
-        .into());
+        // No cluster is routed to for it. While some cluster cannot be read, it may well
+        // serve it: a 503 to retry rather than a 404.
+        return Err(unknown_model(&state, &identity.models, model).into());
     };
     let stream = parsed.stream;
     drop(parsed);
@@ -856,6 +885,7 @@ async fn route_request(
         if let Some(r) = record.as_deref_mut() {
             r.cluster = Some(Arc::clone(cluster));
             r.clusters_tried = r.clusters_tried.saturating_add(1);
+            r.estimated_ttft_ms = Some(cand.ttft_ms);
         }
         let mut up = Request::new(Full::new(body.clone()));
         *up.method_mut() = Method::POST;

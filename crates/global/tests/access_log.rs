@@ -4,7 +4,8 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    reason = "a failed unwrap is a failed test"
+    clippy::print_stdout,
+    reason = "a failed unwrap is a failed test; the estimate test prints what it measured"
 )]
 
 #[path = "common/clusters.rs"]
@@ -202,6 +203,7 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
         "cluster",
         "region",
         "clusters_tried",
+        "estimated_ttft_ms",
         "ttft_ms",
         "duration_ms",
         "prompt_tokens",
@@ -387,4 +389,81 @@ fn the_path_is_checked_with_the_file() {
         assert_eq!(c.access_log.unwrap().path.to_string(), path);
     }
     assert!(GlobalConfig::from_yaml(base).unwrap().access_log.is_none());
+}
+
+/// A streamed chat request of `content` (numbered `n` first, so that no prefix is cached).
+fn numbered(n: usize, content: &str) -> String {
+    format!(
+        r#"{{"model":"llama","max_tokens":4,"stream":true,"stream_options":{{"include_usage":true}},"messages":[{{"role":"user","content":"request {n}: {content}"}}]}}"#
+    )
+}
+
+/// The router's estimate beside the measured time to first token, for a short and a long
+/// prompt on an emulated A10G and an emulated H100 (one pod each, idle): the short one's first
+/// token is mostly the engine's fixed cost per request, which the heartbeat's `fixedCostMs`
+/// carries; scaled by its length alone, its estimate was a twentieth of it. Prints the table
+/// docs/global.md shows (`cargo test -p infergate-global --test access_log estimate --
+/// --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_estimate_is_near_the_measured_ttft_for_short_and_long_prompts() {
+    const ROUNDS: usize = 3;
+    let short = "Tell me a story.";
+    // About 2,000 prompt tokens.
+    let long = "the lighthouse keeper watched the grey sea roll in ".repeat(160);
+    println!("| pod | prompt | prompt tokens | estimated TTFT | measured TTFT |");
+    println!("|---|---|---|---|---|");
+    for (seed, profile) in [(41, "llama-3.1-8b/a10g"), (42, "llama-3.1-8b/h100")] {
+        let cluster = TestCluster::start("east", profile, 1, seed).await;
+        clusters::wait_ready(cluster.admin).await;
+        // The gateway learns its pod's fixed cost from short prompts and its speed from long
+        // ones, one at a time (nothing queued).
+        for n in 0..10 {
+            for content in [short, long.as_str()] {
+                let (status, ..) = clusters::stream_chat(cluster.http, numbered(n, content))
+                    .await
+                    .unwrap();
+                assert_eq!(status, 200);
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        let yaml = format!(
+            "auth: none\nheartbeat: {{ intervalMs: 100, staleAfterMs: 2000, slowStartMs: 0 }}\naccessLog: {{ path: {} }}\nclusters:\n{}",
+            log.display(),
+            cluster.entry("us-east", 0.5, 2.0),
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        until_up(&router, &["east"]).await;
+        // Each request alone, after the router's own measurement of the one before has aged
+        // out (three heartbeat intervals): the estimate is the heartbeat's.
+        for n in 0..ROUNDS {
+            for content in [short, long.as_str()] {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let (status, ..) =
+                    clusters::stream_chat(router.http_addr(), numbered(100 + n, content))
+                        .await
+                        .unwrap();
+                assert_eq!(status, 200);
+            }
+        }
+        let lines = json_lines(&log, 2 * ROUNDS).await;
+        for (i, prompt) in ["short", "long"].into_iter().enumerate() {
+            let mut ratios = Vec::new();
+            for line in lines.iter().skip(i).step_by(2) {
+                let estimated = line["estimated_ttft_ms"].as_f64().unwrap();
+                let measured = line["ttft_ms"].as_f64().unwrap();
+                println!(
+                    "| {profile} | {prompt} | {} | {estimated:.1} ms | {measured:.1} ms |",
+                    line["prompt_tokens"]
+                );
+                ratios.push(estimated / measured);
+            }
+            ratios.sort_by(f64::total_cmp);
+            let median = ratios[ratios.len() / 2];
+            assert!(
+                (0.5..=2.0).contains(&median),
+                "{profile}, {prompt} prompt: estimated/measured {ratios:?}"
+            );
+        }
+    }
 }

@@ -682,12 +682,171 @@ async fn no_known_model_yet_is_a_503_not_a_404() {
     );
     let r = send(router.http_addr(), "GET", "/v1/models/m", &[]).await;
     assert_eq!(r.status, 503, "{}", r.text());
+    // Retry after the next poll (`intervalMs`, 1 s by default).
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert!(
         r.text()
             .contains("no cluster has reported the model `m` yet"),
         "{}",
         r.text()
     );
+}
+
+/// A "cluster" whose `/v1/models` answers 500 and which answers every other request with a
+/// chat completion: its model list cannot be read, its requests are served.
+async fn unlisting_cluster() -> SocketAddr {
+    scripted_server(std::sync::Arc::new(|head: &str| {
+        if head.starts_with("GET /v1/models") {
+            (
+                500,
+                "application/json",
+                r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#
+                    .to_owned(),
+            )
+        } else {
+            (
+                200,
+                "application/json",
+                infergate_testkit::recorder::CHAT_JSON.to_owned(),
+            )
+        }
+    }))
+    .await
+}
+
+/// Polls `path` until its status is `status` (the router's first reads take a moment).
+async fn until_status(router: &Router, method: &str, path: &str, status: u16) -> Response {
+    let mut r = send(router.http_addr(), method, path, &[]).await;
+    for _ in 0..200 {
+        if r.status == status {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        r = send(router.http_addr(), method, path, &[]).await;
+    }
+    r
+}
+
+/// A model only a heartbeat names (the cluster's `/v1/models` failing) is routed to, so the
+/// model list shows it and `GET /v1/models/{model}` answers it: both left it out, and retrieve
+/// answered 503 "no cluster has reported the model" while chat for it was served.
+#[tokio::test]
+async fn a_model_known_from_a_heartbeat_is_listed_and_retrieved_as_it_is_routed() {
+    let heartbeat = good_heartbeat().await;
+    let cluster = unlisting_cluster().await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 100, staleAfterMs: 1000, discoveryIntervalMs: 5000 }}\nclusters:\n\
+         \x20 - {{ name: a, url: 'http://{cluster}', heartbeatUrl: 'http://{heartbeat}/heartbeat', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    let r = until_status(&router, "POST", "/v1/chat/completions", 200).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send(router.http_addr(), "GET", "/v1/models/m", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["id"], "m", "{v}");
+    let r = send(router.http_addr(), "GET", "/v1/models", &[]).await;
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["data"][0]["id"], "m", "{v}");
+    // Another model may be on that cluster, whose list could not be read: a 503 to retry
+    // when the list is read again (`discoveryIntervalMs`), not a 404.
+    let r = send(router.http_addr(), "GET", "/v1/models/other", &[]).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("5"));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        "no cluster has reported the model `other` yet: GET /v1/models failed on `a` (it answered 500 Internal Server Error); the others serve m",
+        "{v}"
+    );
+}
+
+/// While a cluster cannot be read (its heartbeat or its `/v1/models` failing), a model no other
+/// cluster lists may well be on it: 503 with `Retry-After`, naming the cluster and why, where
+/// it was a 404 `model_not_found` once some other cluster had listed a model. With every
+/// cluster read, an unknown model is still a 404.
+#[tokio::test]
+async fn an_unknown_model_while_a_cluster_cannot_be_read_is_a_503_naming_it() {
+    let good = infergate_testkit::recorder::Recorder::start(&[]).await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let top = "auth: none\nheartbeat: { intervalMs: 100, staleAfterMs: 1000 }\nclusters:\n";
+    let good_entry = format!(
+        "  - {{ name: good, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        good.addr
+    );
+    let cases = [
+        // Its models configured, its heartbeat failing.
+        (
+            format!(
+                "  - {{ name: beat, url: 'http://{closed}', heartbeatUrl: 'http://{closed}/heartbeat', region: r, models: [x], cost: {{ inputPerMillion: 1 }} }}\n"
+            ),
+            "the heartbeat failed on `beat` (",
+            // Its own configured models are known too.
+            "; the others serve m, x",
+        ),
+        // Discovered, its `/v1/models` (its heartbeat) failing.
+        (
+            format!(
+                "  - {{ name: list, url: 'http://{closed}', region: r, cost: {{ inputPerMillion: 1 }} }}\n"
+            ),
+            "GET /v1/models failed on `list` (",
+            "; the others serve m",
+        ),
+    ];
+    for (entry, named, known) in cases {
+        let (router, _stop) = router_with(&format!("{top}{good_entry}{entry}")).await;
+        for (method, path) in [
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/v1/models/other"),
+        ] {
+            // Until the cluster's first read has failed.
+            let mut r = send_other(router.http_addr(), method, path).await;
+            for _ in 0..200 {
+                if r.status == 503 && r.text().contains(named) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                r = send_other(router.http_addr(), method, path).await;
+            }
+            assert_eq!(r.status, 503, "{path}: {}", r.text());
+            assert_eq!(r.header("retry-after"), Some("1"), "{path}");
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(v["error"]["code"], "no_endpoints", "{v}");
+            let text = v["error"]["message"].as_str().unwrap();
+            assert!(
+                text.starts_with(&format!(
+                    "no cluster has reported the model `other` yet: {named}"
+                )),
+                "{text}"
+            );
+            assert!(text.ends_with(known), "{text}");
+        }
+    }
+    // Every cluster read: an unknown model is a 404.
+    let (router, _stop) = router_with(&format!("{top}{good_entry}")).await;
+    let r = send_other(router.http_addr(), "POST", "/v1/chat/completions").await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = send_other(router.http_addr(), "GET", "/v1/models/other").await;
+    assert_eq!(r.status, 404, "{}", r.text());
+}
+
+/// [`send`] for the model `other`.
+async fn send_other(addr: SocketAddr, method: &str, path: &str) -> Response {
+    let body = if method == "POST" {
+        CHAT.replace("\"m\"", "\"other\"")
+    } else {
+        String::new()
+    };
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Bytes::from(body))
+        .unwrap();
+    infergate_testkit::send(addr, req).await.unwrap()
 }
 
 /// `limits.maxBufferedRequestBytes` bounds the request bodies held at once, every connection
@@ -836,9 +995,10 @@ async fn a_discovery_refusing_the_routers_token_is_warned_of_and_counted() {
             page.contains("infergate_global_discoveries_total{cluster=\"locked\",result=\"ok\"} 0"),
             "{page}"
         );
+        // Listed from the heartbeat alone, as it is routed.
         let models = send(router.http_addr(), "GET", "/v1/models", &[]).await;
         assert_eq!(models.status, 200);
-        assert!(models.text().contains(r#""data":[]"#), "{}", models.text());
+        assert!(models.text().contains(r#""id":"m""#), "{}", models.text());
         let text = out.text()[from..].to_owned();
         let warnings: Vec<&str> = text
             .lines()

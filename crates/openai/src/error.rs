@@ -180,15 +180,18 @@ pub enum ApiError {
         timeout: Duration,
     },
     /// The global router: no cluster has reported the requested model yet — none has listed
-    /// any model since the start (discovery under way, or failing). A 503 to retry, not the
-    /// 404 of a model the clusters do not serve.
+    /// any model since the start, or a cluster that may serve it cannot be read now (its
+    /// discovery or heartbeat failing, or under way). A 503 to retry, not the 404 of a model
+    /// the clusters do not serve.
     #[error("no cluster has reported the model `{}` yet: {why}", Echo(model))]
     NoClusterReported {
         /// The requested model.
         model: String,
         /// What the router knows of its clusters' discovery, naming those whose `/v1/models`
-        /// failed and why.
+        /// or heartbeat failed and why.
         why: String,
+        /// When the next read of those clusters is due (`Retry-After`).
+        retry_after: Duration,
     },
     /// The client did not send the whole request body in time (`limits.bodyReadTimeoutMs`).
     #[error(
@@ -639,7 +642,10 @@ impl ApiError {
             | ApiError::QuotaExceeded { retry_after, .. }
             | ApiError::QueueTtlExpired { retry_after, .. }
             | ApiError::QueueFull { retry_after, .. }
-            | ApiError::QueueEvicted { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            | ApiError::QueueEvicted { retry_after, .. }
+            | ApiError::NoClusterReported { retry_after, .. } => {
+                Some(retry_after_secs(*retry_after))
+            }
             _ => None,
         }
     }
@@ -788,6 +794,7 @@ mod tests {
                 ApiError::NoClusterReported {
                     model: "m".into(),
                     why: "discovery is under way".into(),
+                    retry_after: Duration::from_secs(1),
                 },
                 503,
             ),
@@ -868,8 +875,10 @@ mod tests {
         let e = ApiError::NoClusterReported {
             model: "m".into(),
             why: "discovery failed for `east`".into(),
+            retry_after: Duration::from_millis(10_500),
         };
         assert_eq!(json(&e)["error"]["code"], "no_endpoints");
+        assert_eq!(e.retry_after_secs(), Some(11));
         assert_eq!(
             e.to_string(),
             "no cluster has reported the model `m` yet: discovery failed for `east`"

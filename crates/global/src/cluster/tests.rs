@@ -40,6 +40,42 @@ fn a_discovered_model_without_a_good_heartbeat_is_drained_not_unknown() {
     assert_eq!(c.weight("llama", Instant::now()), 0.0);
 }
 
+/// A heartbeat document with one model whose pods take `estimate` ms for a typical request,
+/// all of it its own prefill, `fixed` ms of that fixed (the field left out with `None`, as a
+/// gateway before it leaves it out).
+fn heartbeat(estimate: f64, fixed: Option<f64>) -> Heartbeat {
+    let fixed = fixed.map_or(String::new(), |f| format!(r#","fixedCostMs":{f}"#));
+    serde_json::from_str(&format!(
+        r#"{{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{{"name":"llama","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+        "inflight":0,"estimatedTtftMs":{estimate},"prefillMs":{estimate}{fixed},"drainMs":0.0}}]}}"#
+    ))
+    .expect("a heartbeat document")
+}
+
+#[test]
+fn a_short_prompt_is_estimated_at_the_fixed_cost_a_long_one_by_its_tokens() {
+    let c = cluster(
+        "auth: none\nclusters:\n  - { name: a, url: \"http://127.0.0.1:1\", \
+         heartbeatUrl: \"http://127.0.0.1:2/heartbeat\", region: r, \
+         cost: { inputPerMillion: 1 } }\n",
+    );
+    let at = Instant::now();
+    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").1;
+    // An emulated A10G: 165 ms for 512 tokens, 35 ms of it the fixed cost per request.
+    c.apply_heartbeat(&heartbeat(165.0, Some(35.0)), Duration::ZERO, at);
+    assert!((estimate(7.0) - (35.0 + 130.0 * 7.0 / 512.0)).abs() < 1e-9);
+    assert!((estimate(512.0) - 165.0).abs() < 1e-9);
+    assert!((estimate(4096.0) - (35.0 + 130.0 * 8.0)).abs() < 1e-9);
+    // A gateway that does not publish it: in proportion to the prompt, as before.
+    c.apply_heartbeat(&heartbeat(165.0, None), Duration::ZERO, at);
+    assert!((estimate(7.0) - 165.0 * 7.0 / 512.0).abs() < 1e-9);
+    assert!((estimate(4096.0) - 165.0 * 8.0).abs() < 1e-9);
+    // Never more than the whole of the typical request's prefill.
+    assert!((prompt_scale(7.0, Some(100.0), Some(500.0)) - 1.0).abs() < 1e-12);
+    assert!((prompt_scale(1024.0, Some(0.0), Some(5.0)) - 2.0).abs() < 1e-12);
+}
+
 /// Three clusters up for `llama` (the third also alone serving `solo`), with
 /// `outlierDetection` as given.
 fn fleet(outlier: &str) -> (Vec<Arc<Cluster>>, Telemetry) {
