@@ -159,6 +159,23 @@ pub enum BenchError {
         /// Its output.
         log: PathBuf,
     },
+    /// The model's tokenizer for a live run's prompts could not be loaded or used.
+    #[error("cannot use the tokenizer in {}", dir.display())]
+    Tokenizer {
+        /// Its directory.
+        dir: PathBuf,
+        /// The tokenizer's error.
+        #[source]
+        source: infergate_tokenizer::Error,
+    },
+    /// The model's tokenizer loaded, but live prompts cannot be made with it.
+    #[error("the tokenizer in {} {why}", dir.display())]
+    TokenizerUnfit {
+        /// Its directory.
+        dir: PathBuf,
+        /// What it lacks.
+        why: &'static str,
+    },
     /// A JSON report could not be encoded.
     #[error("cannot encode the JSON report")]
     Json(#[from] serde_json::Error),

@@ -20,6 +20,7 @@
 //! - [`live`] — the live runner: emulated pods on 127.0.0.1 behind the standalone gateway, driven
 //!   over real HTTP with streaming requests;
 //! - [`front`] — external fronts (another router or proxy started as a command) for live runs;
+//! - [`prompt`] — live prompts sized in the model's own tokens (`--tokenizer`);
 //! - [`report`] — results, summary over seeds, verdicts, markdown / JSON / SVG;
 //! - `plan` — the runs of a bench in order, and what an interrupted one did not run (both
 //!   runners);
@@ -32,6 +33,7 @@ pub mod live;
 mod plan;
 pub mod policy;
 pub mod progress;
+pub mod prompt;
 pub mod report;
 pub mod scenario;
 pub mod simulate;

@@ -11,6 +11,11 @@
 //!
 //! A bench can be interrupted ([`run_until`]): the run in progress is stopped with everything
 //! it started, and the report keeps the runs that completed, naming the others.
+//!
+//! Prompts are sized in the emulator's stand-in tokens (4 bytes a token), or, given the model's
+//! tokenizer ([`Fronts::tokenizer`], `--tokenizer`), in its tokens ([`crate::prompt`]); the pods
+//! then serve with that tokenizer, so their `usage.prompt_tokens` (summed per run,
+//! [`RunResult::prompt_tokens`]) and prefill times are the model's.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,8 +32,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use infergate_openai::SseScanner;
 use infergate_proxy::{GatewayConfig, Listeners};
-use infergate_sim::serve::ServedFleet;
 use infergate_sim::serve::kv::KvEventsOptions;
+use infergate_sim::serve::{ServeOptions, ServedFleet};
 use infergate_sim::{Catalog, FleetSpec};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -39,6 +44,7 @@ use crate::front::{Front, RunningFront};
 use crate::plan::{Plan, Ran};
 use crate::policy::RoutePolicy;
 use crate::progress::Progress;
+use crate::prompt::{self, ModelPrompts};
 use crate::report::{FrontLog, LiveGateway, PodInfo, Report, RunResult};
 use crate::scenario::{self, Scenario};
 use crate::simulate::{LoadSeries, floor};
@@ -58,6 +64,8 @@ pub enum Outcome {
         e2e: f64,
         /// Output tokens, from the final `usage` event (else the tokens asked for).
         output_tokens: u32,
+        /// Prompt tokens as the server counted them (the final `usage` event), if it said.
+        prompt_tokens: Option<u32>,
         /// Seconds from the run's start to the end of the answer.
         finished: f64,
     },
@@ -162,13 +170,17 @@ impl GatewayScrape {
     }
 }
 
-/// External fronts to run after the scenario's policies, on every seed.
+/// External fronts to run after the scenario's policies, on every seed, and how every live
+/// run's prompts are sized.
 #[derive(Debug, Clone, Default)]
 pub struct Fronts {
     /// The fronts, in report order.
     pub list: Vec<Front>,
     /// Where each front's output goes ([`Fronts::log_path`]).
     pub log_dir: PathBuf,
+    /// The model's tokenizer (`--tokenizer`): prompts are sized in its tokens and the pods
+    /// serve with it; `None`, the emulator's stand-in (4 bytes a token).
+    pub tokenizer: Option<Arc<ModelPrompts>>,
 }
 
 impl Fronts {
@@ -285,6 +297,13 @@ pub async fn run_until(
     'seeds: for (si, &seed) in scenario.seeds.iter().enumerate() {
         let arrivals = Arc::new(workload::generate(&scenario.workload, seed));
         floors.push(floor(&spec, &arrivals, seed));
+        // Made once per seed, before any run: every target is sent the same text.
+        let prompts: Arc<Vec<Arc<str>>> = Arc::new(
+            arrivals
+                .iter()
+                .map(|a| prompt::text(fronts.tokenizer.as_deref(), a))
+                .collect(),
+        );
         for (ti, &target) in targets.iter().enumerate() {
             let name = target.name();
             let requests = arrivals.len() as u64;
@@ -315,6 +334,8 @@ pub async fn run_until(
                 &spec,
                 target,
                 &arrivals,
+                &prompts,
+                fronts.tokenizer.as_ref().map(|t| t.tokenizer().clone()),
                 seed,
                 si == 0,
                 progress,
@@ -351,6 +372,7 @@ pub async fn run_until(
     let mut report = Report::new(scenario.clone(), "live", pods, runs, floors);
     report.front_logs = logs;
     report.gateway = live_gateway(scenario);
+    report.tokenizer = fronts.tokenizer.as_ref().map(|t| t.dir().to_owned());
     plan.mark(&mut report);
     Ok(report)
 }
@@ -577,6 +599,8 @@ async fn run_one(
     spec: &FleetSpec,
     target: Target<'_>,
     arrivals: &Arc<Vec<Arrival>>,
+    prompts: &Arc<Vec<Arc<str>>>,
+    tokenizer: Option<Arc<infergate_tokenizer::ModelTokenizer>>,
     seed: u64,
     record_load: bool,
     progress: &mut dyn Progress,
@@ -593,10 +617,14 @@ async fn run_one(
         Target::Front(f, _) if f.wants_kv_events() => Some(KvEventsOptions::default()),
         _ => None,
     };
-    let fleet = infergate_sim::serve::serve_fleet_with(
+    let options = ServeOptions {
+        kv_events,
+        tokenizer,
+    };
+    let fleet = infergate_sim::serve::serve_fleet_opts(
         spec,
         |pod| std::net::SocketAddr::from(([127, 0, 0, 1], pod.port)),
-        kv_events.as_ref(),
+        &options,
         stop(fleet_stop_rx),
     )
     .await?;
@@ -696,8 +724,9 @@ async fn run_one(
 
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
     let mut tasks = JoinSet::new();
-    for a in arrivals.iter() {
+    for (a, text) in arrivals.iter().zip(prompts.iter()) {
         let a = a.clone();
+        let text = text.clone();
         let client = client.clone();
         let url = url.clone();
         let model = model.clone();
@@ -708,7 +737,7 @@ async fn run_one(
                 .lora
                 .and_then(|i| adapters.get(usize::from(i)).map(|s| s.as_str()))
                 .unwrap_or(&model);
-            one_request(&client, &url, target, &a, start).await
+            send(&client, &url, target, &a, &text, start).await
         });
     }
     let mut outcomes = Vec::with_capacity(arrivals.len());
@@ -740,6 +769,7 @@ async fn run_one(
 
     let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rejected, mut errors, mut out_tokens, mut last) = (0u64, 0u64, 0u64, 0.0f64);
+    let mut prompt_tokens: Option<u64> = None;
     let mut failures = BTreeMap::new();
     for o in &outcomes {
         match o {
@@ -747,8 +777,12 @@ async fn run_one(
                 ttft: t,
                 e2e: e,
                 output_tokens,
+                prompt_tokens: counted,
                 finished,
             } => {
+                if let Some(n) = counted {
+                    *prompt_tokens.get_or_insert(0) += u64::from(*n);
+                }
                 ttft.push(*t);
                 e2e.push(*e);
                 if *output_tokens > 1 {
@@ -790,6 +824,7 @@ async fn run_one(
         records: None,
         failures,
         attempts: None,
+        prompt_tokens,
     })))
 }
 
@@ -827,9 +862,10 @@ async fn stop_run(
 }
 
 /// Sends arrival `a` to `url` (an OpenAI chat completions URL) as a streamed chat request for
-/// `model` and reads the answer to its end; `start` is the run's start, for
-/// [`Outcome::Done`]'s `finished`. Live mode sends every arrival with it; a load generator of
-/// its own (`crates/bench/examples/outlier.rs`) may too.
+/// `model`, its prompt the stand-in's text ([`workload::prompt_text`]), and reads the answer to
+/// its end; `start` is the run's start, for [`Outcome::Done`]'s `finished`. A load generator of
+/// its own (`crates/bench/examples/outlier.rs`) sends its arrivals with it; live mode sends
+/// each with its prompt made for the run ([`crate::prompt::text`]).
 pub async fn one_request(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
@@ -837,10 +873,21 @@ pub async fn one_request(
     a: &Arrival,
     start: tokio::time::Instant,
 ) -> Outcome {
-    let text = workload::prompt_text(a);
+    send(client, url, model, a, &workload::prompt_text(a), start).await
+}
+
+/// [`one_request`] with the prompt `text`.
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    model: &str,
+    a: &Arrival,
+    text: &str,
+    start: tokio::time::Instant,
+) -> Outcome {
     let body = serde_json::json!({
         "model": model,
-        "messages": [{ "role": "user", "content": &*text }],
+        "messages": [{ "role": "user", "content": text }],
         "max_tokens": a.output_tokens,
         "stream": true,
         "stream_options": { "include_usage": true },
@@ -886,13 +933,15 @@ pub async fn one_request(
     let Some(ttft) = first.or_else(|| scanner.saw_first_token().then_some(e2e)) else {
         return Outcome::Failed(Failure::NoText);
     };
-    let output_tokens = scanner.usage().map_or(a.output_tokens, |u| {
+    let usage = scanner.usage();
+    let output_tokens = usage.map_or(a.output_tokens, |u| {
         u32::try_from(u.completion_tokens).unwrap_or(u32::MAX)
     });
     Outcome::Done {
         ttft,
         e2e,
         output_tokens,
+        prompt_tokens: usage.map(|u| u32::try_from(u.prompt_tokens).unwrap_or(u32::MAX)),
         finished: start.elapsed().as_secs_f64(),
     }
 }

@@ -121,6 +121,11 @@ pub struct RunResult {
     /// failing pods ([`Scenario::has_failing_pods`]); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Attempts>,
+    /// Prompt tokens of the completed requests, as the server counted them (each answer's
+    /// `usage.prompt_tokens`: the pods', in the model's tokens with `--tokenizer`); live runs,
+    /// `None` when no answer said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
 }
 
 /// The attempts of a simulated run's requests, as the gateway makes them: a request a pod fails
@@ -191,6 +196,7 @@ impl RunResult {
             records: None,
             failures: BTreeMap::from([(why, requests)]),
             attempts: None,
+            prompt_tokens: None,
         }
     }
 
@@ -348,6 +354,10 @@ pub struct Report {
     /// What the policies' gateways ran with (live runs of policies; `None` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<LiveGateway>,
+    /// The model tokenizer a live bench sized its prompts with and served its pods with
+    /// (`--tokenizer`); `None`: the emulator's stand-in (4 bytes a token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
     /// Set when the bench was stopped before every run completed (Ctrl-C or SIGTERM, live or
     /// simulated): the report is partial, its figures are over the runs that completed, and
     /// this says which did not.
@@ -517,6 +527,7 @@ impl Report {
             flow: None,
             front_logs: Vec::new(),
             gateway: None,
+            tokenizer: None,
             interrupted: None,
         }
     }

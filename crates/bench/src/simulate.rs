@@ -796,6 +796,7 @@ fn finish(mut sim: Sim<'_>, policy: String, seed: u64, rejected: u64, errors: u6
             _ => std::collections::BTreeMap::new(),
         },
         attempts: sim.attempts.take(),
+        prompt_tokens: None,
     }
 }
 

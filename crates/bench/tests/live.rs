@@ -50,6 +50,75 @@ async fn live_runs_account_for_every_request_through_the_gateway() {
     );
 }
 
+/// `--tokenizer` with the tiny tokenizer: every prompt is sized in its tokens and the pods serve
+/// with it, so the prompt tokens the pods count (`usage.prompt_tokens`, summed per run) are the
+/// tiny tokenizer's count of each chat request — template included — and not the stand-in's
+/// count of the stand-in's text, which a run without it reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_models_tokenizer_sizes_the_prompts_and_counts_their_tokens() {
+    use infergate_bench::prompt::ModelPrompts;
+    use infergate_tokenizer::ChatRequest;
+    let mut scenario = Scenario::from_yaml(TINY, "tiny").unwrap();
+    scenario.policies = vec!["round-robin".parse().unwrap()];
+    scenario.workload.duration_s = 2.0;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny");
+    let prompts = std::sync::Arc::new(ModelPrompts::load(&dir).unwrap());
+    let logs = tempfile::tempdir().unwrap();
+    let mut fronts = Fronts {
+        list: Vec::new(),
+        log_dir: logs.path().to_owned(),
+        tokenizer: None,
+    };
+    let standin = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap();
+    fronts.tokenizer = Some(prompts.clone());
+    let model = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
+        .await
+        .unwrap();
+    // What the tiny tokenizer counts in each arrival's chat request, as vLLM would.
+    let arrivals = infergate_bench::workload::generate(&scenario.workload, 5);
+    let mut ids = Vec::new();
+    let mut expected = 0u64;
+    for a in &arrivals {
+        let text = prompts.text(a);
+        assert_eq!(prompts.count(&text).unwrap(), a.prompt_tokens);
+        let body = serde_json::json!({"messages": [{"role": "user", "content": &*text}]});
+        let request = ChatRequest::from_json(body.to_string().as_bytes()).unwrap();
+        prompts.tokenizer().encode_chat(&request, &mut ids).unwrap();
+        expected += ids.len() as u64;
+    }
+    let (s, m) = (&standin.runs[0], &model.runs[0]);
+    for r in [s, m] {
+        assert_eq!(r.completed, arrivals.len() as u64, "{r:?}");
+    }
+    assert_eq!(m.prompt_tokens, Some(expected));
+    assert_ne!(s.prompt_tokens, Some(expected));
+    assert!(s.prompt_tokens.is_some());
+    assert_eq!(model.tokenizer.as_deref(), Some(dir.as_path()));
+    assert_eq!(standin.tokenizer, None);
+    let page = model.markdown();
+    assert!(
+        page.contains(&format!(
+            "Prompts: sized in the tokens of the model's tokenizer in `{}`",
+            dir.display()
+        )),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(
+            "{:.1} prompt tokens per completed request",
+            expected as f64 / arrivals.len() as f64
+        )),
+        "{page}"
+    );
+    assert!(
+        standin
+            .markdown()
+            .contains("Prompts: sized in the emulator's stand-in tokens")
+    );
+}
+
 fn nginx_present() -> bool {
     ["/usr/sbin/nginx", "/usr/bin/nginx"]
         .iter()
@@ -83,6 +152,7 @@ async fn an_external_front_runs_on_the_same_arrivals_into_the_same_report() {
                 .unwrap(),
         ],
         log_dir: dir.path().to_owned(),
+        tokenizer: None,
     };
     let report = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
         .await
@@ -158,6 +228,7 @@ async fn a_front_that_does_not_start_fails_its_runs_and_the_rest_still_run() {
                 .unwrap(),
         ],
         log_dir: dir.path().to_owned(),
+        tokenizer: None,
     };
     let mut said = Said::default();
     let report = run_with_fronts(&scenario, "tiny", &fronts, &mut said)
@@ -536,6 +607,7 @@ async fn each_scenario_keeps_its_own_front_log() {
         let fronts = Fronts {
             list: vec![format!("f=echo output of {name}; exit 1").parse().unwrap()],
             log_dir: dir.path().to_owned(),
+            tokenizer: None,
         };
         let report = run_with_fronts(&scenario, name, &fronts, &mut Silent)
             .await
@@ -570,6 +642,7 @@ async fn a_front_whose_command_is_missing_is_refused_before_any_run() {
                 .unwrap(),
         ],
         log_dir: dir.path().to_owned(),
+        tokenizer: None,
     };
     let started = std::time::Instant::now();
     let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
@@ -593,6 +666,7 @@ async fn two_fronts_of_one_name_are_refused_before_any_run() {
     let fronts = Fronts {
         list: vec!["a=exit 1".parse().unwrap(), "a=exit 2".parse().unwrap()],
         log_dir: dir.path().to_owned(),
+        tokenizer: None,
     };
     let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
         .await
@@ -611,6 +685,7 @@ async fn a_front_named_like_a_policy_is_refused() {
     let fronts = Fronts {
         list: vec!["infergate=true".parse().unwrap()],
         log_dir: std::env::temp_dir(),
+        tokenizer: None,
     };
     let err = run_with_fronts(&scenario, "tiny", &fronts, &mut Silent)
         .await

@@ -254,6 +254,31 @@ fn gateway(g: &super::LiveGateway) -> String {
     s
 }
 
+/// How a live report's prompts were sized, and the prompt tokens the server counted.
+fn prompts(r: &Report) -> String {
+    let mut s = match &r.tokenizer {
+        Some(dir) => format!(
+            "Prompts: sized in the tokens of the model's tokenizer in `{}` (`--tokenizer`), which the pods tokenize with too.",
+            dir.display()
+        ),
+        None => "Prompts: sized in the emulator's stand-in tokens (4 bytes of text a token; `--tokenizer DIR` sizes them in a model's).".to_owned(),
+    };
+    let (tokens, completed) = r
+        .runs
+        .iter()
+        .filter_map(|x| x.prompt_tokens.map(|t| (t, x.completed)))
+        .fold((0u64, 0u64), |(t, c), (x, y)| (t + x, c + y));
+    if completed > 0 {
+        let _ = write!(
+            s,
+            " The server counted {:.1} prompt tokens per completed request (`usage.prompt_tokens`, chat template included).",
+            tokens as f64 / completed as f64
+        );
+    }
+    s.push('\n');
+    s
+}
+
 /// The whole report page.
 pub(super) fn render(r: &Report) -> String {
     let sc = &r.scenario;
@@ -286,6 +311,9 @@ pub(super) fn render(r: &Report) -> String {
     );
     if let Some(g) = &r.gateway {
         let _ = writeln!(s, "{}", gateway(g));
+    }
+    if r.mode == "live" {
+        let _ = writeln!(s, "{}", prompts(r));
     }
     if let Some(st) = &sc.study {
         let f = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:+.0}%"));

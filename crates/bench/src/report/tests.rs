@@ -32,6 +32,7 @@ fn run(policy: &str, seed: u64, p99: f64, tput: f64) -> RunResult {
         records: None,
         failures: BTreeMap::new(),
         attempts: None,
+        prompt_tokens: None,
     }
 }
 

@@ -78,6 +78,14 @@ pub struct Args {
     /// stderr).
     #[arg(long)]
     requests_csv: bool,
+    /// Live mode: the model's tokenizer directory (tokenizer.json, tokenizer_config.json, and
+    /// chat_template.jinja where present; the format of `infergate sim --tokenizer` and the
+    /// gateway's `precisePrefix.tokenizer`). Prompts are then sized in its tokens — an arrival
+    /// of 500 prompt tokens is 500 tokens of this tokenizer, not 2,000 bytes of the emulator's
+    /// stand-in — and the pods tokenize with it, so their prefill times and the report's prompt
+    /// token counts are the model's. It needs a chat template (live runs send chat requests).
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<PathBuf>,
 }
 
 /// `--load-scale`: finite and above 0 (a factor of 0 leaves no arrivals to compare).
@@ -467,6 +475,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if live && args.requests_csv {
         anyhow::bail!("--requests-csv is for simulated runs (drop --mode live)");
     }
+    if !live && args.tokenizer.is_some() {
+        anyhow::bail!(
+            "--tokenizer sizes live runs' prompts (add --mode live); simulated runs count tokens without text"
+        );
+    }
+    // Loaded before any scenario runs: a wrong directory is found at once, not after minutes.
+    let tokenizer = match &args.tokenizer {
+        Some(dir) => Some(Arc::new(
+            infergate_bench::prompt::ModelPrompts::load(dir)
+                .with_context(|| format!("--tokenizer {}", dir.display()))?,
+        )),
+        None => None,
+    };
     if let Some(p) = args
         .policies
         .iter()
@@ -482,6 +503,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let fronts = infergate_bench::live::Fronts {
         list,
         log_dir: args.out.clone(),
+        tokenizer,
     };
     let paths = files(&args.scenarios)?;
     if paths.is_empty() {
@@ -637,5 +659,47 @@ mod tests {
             e.starts_with("--policies infergate-precise: runs in simulated mode only"),
             "{e}"
         );
+    }
+
+    /// `--tokenizer` is refused naming the flag and the directory, before any run: a
+    /// directory that is not there, one whose tokenizer.json is not a tokenizer, and a
+    /// simulated bench (which sends no text).
+    #[tokio::test]
+    async fn a_bad_tokenizer_is_refused_naming_the_flag() {
+        let out = tempfile::tempdir().unwrap();
+        let file = scenario("shared-prefix-llama-8b.yaml");
+        let bench = |dir: &Path, mode: &str| {
+            let cli = Cli::parse_from([
+                "bench".as_ref(),
+                file.as_os_str(),
+                "--mode".as_ref(),
+                mode.as_ref(),
+                "--tokenizer".as_ref(),
+                dir.as_os_str(),
+                "--out".as_ref(),
+                out.path().as_os_str(),
+            ]);
+            run(cli.args)
+        };
+        let missing = out.path().join("no-such-tokenizer");
+        let e = said(&bench(&missing, "live").await.unwrap_err());
+        assert!(
+            e.starts_with(&format!("--tokenizer {}: ", missing.display())),
+            "{e}"
+        );
+        assert!(e.contains("no-such-tokenizer"), "{e}");
+        let bad = tempfile::tempdir().unwrap();
+        std::fs::write(bad.path().join("tokenizer.json"), "{ not a tokenizer").unwrap();
+        let e = said(&bench(bad.path(), "live").await.unwrap_err());
+        assert!(
+            e.starts_with(&format!("--tokenizer {}: ", bad.path().display()))
+                && e.contains("tokenizer.json"),
+            "{e}"
+        );
+        let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/tiny");
+        let e = said(&bench(&tiny, "simulated").await.unwrap_err());
+        assert!(e.starts_with("--tokenizer sizes live runs' prompts"), "{e}");
+        // Nothing ran.
+        assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
     }
 }
