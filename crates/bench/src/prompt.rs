@@ -5,10 +5,11 @@
 //! exact for the emulator's stand-in tokenizer (4 bytes a token) and nothing else — a real
 //! tokenizer reads its runs of filler letters as far fewer tokens. With the model's tokenizer
 //! ([`ModelPrompts`]) a prompt is built from words that are one token each in that tokenizer
-//! (a space, then letters: a pre-token of its own in byte-level BPE, Metaspace and WordPiece
+//! (a space, then letters: a pre-token of its own in byte-level BPE and SentencePiece
 //! vocabularies alike, so that a word's token does not depend on its neighbours), one word per
 //! token: the arrival's `prompt_tokens` are the prompt's tokens, and its shared prefix the
-//! first `prefix_tokens` of them, as the model counts them. The emulated pods are served with
+//! first `prefix_tokens` of them, as the model counts them (but for a SentencePiece normalizer
+//! that marks the start of a text, which may make the first word two tokens). The emulated pods are served with
 //! the same tokenizer ([`crate::live`]), so they charge and cache those ids as vLLM would.
 
 use std::path::{Path, PathBuf};
@@ -62,7 +63,7 @@ impl ModelPrompts {
         let words = one_token_words(&tokenizer);
         if words.is_empty() {
             return Err(unfit(
-                "has no token that is a space and letters, to build prompts from",
+                "has no token that is a space and letters (Ġword, ▁word), to build prompts from",
             ));
         }
         Ok(ModelPrompts {
@@ -127,22 +128,36 @@ pub fn text(prompts: Option<&ModelPrompts>, a: &Arrival) -> Arc<str> {
     }
 }
 
-/// The vocabulary's tokens that are a space and ASCII letters (at least two) and that encode
-/// back to themselves alone, in id order, at most [`MAX_WORDS`].
+/// The vocabulary's word-start tokens (`Ġword` in byte-level BPE, `▁word` in SentencePiece
+/// vocabularies: a space and at least two ASCII letters) that the tokenizer gives back alone for
+/// the space and letters after other text, in id order, at most [`MAX_WORDS`]. Checked after a
+/// word rather than alone: a SentencePiece normalizer marks the start of a text with a space of
+/// its own, which no word of a prompt but the first meets.
 fn one_token_words(tok: &ModelTokenizer) -> Vec<String> {
+    const ANCHOR: &str = "x";
+    let mut anchor = Vec::new();
+    if tok.encode_completion(ANCHOR, false, &mut anchor).is_err() {
+        return Vec::new();
+    }
     let mut words = Vec::new();
     let mut ids = Vec::new();
     for id in 0..u32::try_from(tok.vocab_size()).unwrap_or(u32::MAX) {
-        let Ok(word) = tok.decode(&[id], true) else {
+        let Some(piece) = tok.token_str(id) else {
             continue;
         };
-        let Some(letters) = word.strip_prefix(' ') else {
+        let Some(letters) = piece.strip_prefix('Ġ').or_else(|| piece.strip_prefix('▁')) else {
             continue;
         };
         if letters.len() < 2 || !letters.bytes().all(|b| b.is_ascii_alphabetic()) {
             continue;
         }
-        if tok.encode_completion(&word, false, &mut ids).is_ok() && ids == [id] {
+        let word = format!(" {letters}");
+        let after = format!("{ANCHOR}{word}");
+        if tok.encode_completion(&after, false, &mut ids).is_ok()
+            && ids.len() == anchor.len() + 1
+            && ids.starts_with(&anchor)
+            && ids.last() == Some(&id)
+        {
             words.push(word);
             if words.len() == MAX_WORDS {
                 break;
@@ -221,6 +236,21 @@ mod tests {
             p.text(&arrival(5, 300, None)),
             p.text(&arrival(6, 300, None))
         );
+    }
+
+    /// A vocabulary laid out as Llama 2's (word-start pieces `▁word`, a normalizer that marks
+    /// the start of the text): words are found too, and a prompt has the arrival's tokens, but
+    /// for the start marker the first word may carry.
+    #[test]
+    fn prompts_are_sized_in_a_sentencepiece_vocabulary_too() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sentencepiece");
+        let p = ModelPrompts::load(&dir).unwrap();
+        assert!(p.words.len() >= 8, "{:?}", p.words);
+        for (id, tokens, group) in [(1, 300, None), (2, 300, Some((7, 120)))] {
+            let a = arrival(id, tokens, group);
+            let n = p.count(&p.text(&a)).unwrap();
+            assert!((tokens..=tokens + 1).contains(&n), "{id}: {n} for {tokens}");
+        }
     }
 
     /// A directory that is not a tokenizer is refused naming it; a tokenizer without a chat
