@@ -22,6 +22,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -73,10 +77,18 @@ pub enum Verdict {
 /// The answer to a scrape that is not let in.
 pub type Refusal = Response<String>;
 
+/// Label set of the refused-scrape counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `no_token` (401), `unauthenticated` (401), `forbidden` (403) or `review_failed` (500).
+    pub reason: &'static str,
+}
+
 /// Checks scrapes of `/metrics` with the API server, keeping each decision a short while.
 pub struct ScrapeAuthorizer {
     client: Client,
     cache: Mutex<Cache>,
+    refused: Family<RefusedLabels, Counter>,
 }
 
 impl ScrapeAuthorizer {
@@ -85,7 +97,27 @@ impl ScrapeAuthorizer {
         Self {
             client,
             cache: Mutex::new(Cache::default()),
+            refused: Family::default(),
         }
+    }
+
+    /// Registers `infergate_operator_metrics_scrapes_refused_total{reason}`: a scraper
+    /// misconfigured (no token, an expired one, no binding) shows there, on the next scrape
+    /// that is let in, rather than only as a target down.
+    pub fn register(&self, registry: &mut Registry) {
+        registry
+            .sub_registry_with_prefix("infergate_operator")
+            .register(
+                "metrics_scrapes_refused",
+                "Scrapes of /metrics refused, by reason",
+                self.refused.clone(),
+            );
+    }
+
+    /// `refusal`, counted under `reason`.
+    fn refuse(&self, reason: &'static str, refusal: Refusal) -> Refusal {
+        self.refused.get_or_create(&RefusedLabels { reason }).inc();
+        refusal
     }
 
     /// Lets a scrape whose `Authorization` header is `authorization` in, or says why not:
@@ -93,19 +125,21 @@ impl ScrapeAuthorizer {
     /// user not allowed to `get` `/metrics`, 500 when the API server could not be asked.
     pub async fn check(&self, authorization: Option<&HeaderValue>) -> Result<(), Refusal> {
         let Some(token) = bearer(authorization) else {
-            return Err(unauthorized(
+            let refusal = unauthorized(
                 "no bearer token: /metrics needs `Authorization: Bearer <token>`, the token of a \
                  ServiceAccount or user allowed to get the non-resource URL /metrics (bind it to \
                  the chart's metrics-reader ClusterRole)",
-            ));
+            );
+            return Err(self.refuse("no_token", refusal));
         };
         match self.verdict(token).await {
             Ok(Verdict::Allowed) => Ok(()),
             Ok(Verdict::Unauthenticated(why)) => {
                 debug!(reason = %why, "scrape refused: token not authenticated");
-                Err(unauthorized(&format!(
+                let refusal = unauthorized(&format!(
                     "the bearer token was not authenticated by the Kubernetes API server: {why}"
-                )))
+                ));
+                Err(self.refuse("unauthenticated", refusal))
             }
             Ok(Verdict::Forbidden { user, reason }) => {
                 debug!(%user, %reason, "scrape refused: not allowed to get /metrics");
@@ -114,20 +148,22 @@ impl ScrapeAuthorizer {
                 } else {
                     format!(" ({reason})")
                 };
-                Err(plain(
+                let refusal = plain(
                     StatusCode::FORBIDDEN,
                     &format!(
                         "{user} is not allowed to get the non-resource URL /metrics{reason}: bind \
                          it to the chart's metrics-reader ClusterRole"
                     ),
-                ))
+                );
+                Err(self.refuse("forbidden", refusal))
             }
             Err(e) => {
                 warn!(error = %e.report(), "cannot check a scrape of /metrics");
-                Err(plain(
+                let refusal = plain(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     &format!("cannot check the token: {e}"),
-                ))
+                );
+                Err(self.refuse("review_failed", refusal))
             }
         }
     }

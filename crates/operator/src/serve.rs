@@ -71,7 +71,9 @@ pub async fn serve(
         let auth = match opts.metrics_auth {
             MetricsAuth::Kubernetes => {
                 info!(%addr, "serving /healthz and /readyz, and /metrics to bearer tokens allowed to get it");
-                Some(Arc::new(ScrapeAuthorizer::new(client.clone())))
+                let auth = ScrapeAuthorizer::new(client.clone());
+                auth.register(&mut registry);
+                Some(Arc::new(auth))
             }
             MetricsAuth::None => {
                 warn!(%addr, "serving /metrics without authentication (--metrics-auth=none)");

@@ -43,7 +43,11 @@ async fn admin(checked: bool) -> (SocketAddr, Fake, tokio::sync::oneshot::Sender
     metrics.register(&mut registry);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let auth = checked.then(|| Arc::new(ScrapeAuthorizer::new(client)));
+    let auth = checked.then(|| {
+        let auth = ScrapeAuthorizer::new(client);
+        auth.register(&mut registry);
+        Arc::new(auth)
+    });
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(serve_admin(listener, Arc::new(registry), auth, async {
         let _ = rx.await;
@@ -139,6 +143,20 @@ async fn metrics_need_a_token_the_api_server_authenticates_and_allows() {
     assert_eq!(scrape(addr, Some("Bearer grafana-token")).await.status, 403);
     assert_eq!(scrape(addr, Some("Bearer forged")).await.status, 401);
     assert_eq!(reviews(&fake), (3, 2), "decisions are remembered");
+    // Each refusal is counted by reason, cached or not.
+    let r = scrape(addr, Some("Bearer prometheus-token")).await;
+    for (reason, n) in [
+        ("no_token", 2.0),
+        ("unauthenticated", 2.0),
+        ("forbidden", 2.0),
+    ] {
+        let got = infergate_testkit::metric(
+            &r.text(),
+            "infergate_operator_metrics_scrapes_refused_total",
+            &[("reason", reason)],
+        );
+        assert_eq!(got, Some(n), "{reason}: {}", r.text());
+    }
 
     // The probes stay open to the kubelet, which sends no token, and ask nothing.
     for path in ["/healthz", "/readyz", "/livez"] {
@@ -185,6 +203,12 @@ async fn a_review_the_api_server_refuses_names_the_permission_and_the_opt_out() 
     // A failure is not remembered: the next scrape asks again and is let in.
     let r = scrape(addr, Some("Bearer prometheus-token")).await;
     assert_eq!(r.status, 200, "{}", r.text());
+    let failed = infergate_testkit::metric(
+        &r.text(),
+        "infergate_operator_metrics_scrapes_refused_total",
+        &[("reason", "review_failed")],
+    );
+    assert_eq!(failed, Some(2.0), "{}", r.text());
 }
 
 #[tokio::test(start_paused = true)]
