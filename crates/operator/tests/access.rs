@@ -4,10 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+#[path = "common/render.rs"]
+mod common;
 #[path = "common/fake.rs"]
 mod fake;
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -271,33 +272,12 @@ fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name} in deploy/operator/operator.yaml"))
 }
 
-/// Every `(group, resource, verb)` of a Role's or ClusterRole's rules.
-fn granted_by(role: &Value) -> BTreeSet<(String, String, String)> {
-    let mut out = BTreeSet::new();
-    for rule in role["rules"].as_array().unwrap() {
-        let strs = |k: &str| -> Vec<String> {
-            rule[k]
-                .as_array()
-                .map(|a| a.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
-                .unwrap_or_default()
-        };
-        for g in strs("apiGroups") {
-            for r in strs("resources") {
-                for v in strs("verbs") {
-                    out.insert((g.clone(), r.clone(), v));
-                }
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn the_static_manifest_grants_exactly_the_rbac_list() {
     let objects = manifest();
     let cluster_role = object(&objects, "ClusterRole", "infergate-operator");
     let want = grants(&[CLUSTER_RULES, METRICS_AUTH_RULES].concat());
-    let have = granted_by(cluster_role);
+    let have = common::granted_by(&cluster_role["rules"]);
     assert_eq!(
         have.difference(&want).collect::<Vec<_>>(),
         Vec::<&(String, String, String)>::new(),
@@ -317,7 +297,7 @@ fn the_static_manifest_grants_exactly_the_rbac_list() {
         }
     }
     let leader = object(&objects, "Role", "infergate-operator-leader");
-    assert_eq!(granted_by(leader), grants(LEADER_RULES));
+    assert_eq!(common::granted_by(&leader["rules"]), grants(LEADER_RULES));
     // What a scraper is bound to: get on /metrics, nothing else.
     let reader = object(&objects, "ClusterRole", "infergate-operator-metrics-reader");
     assert_eq!(

@@ -1406,25 +1406,8 @@ async fn a_configs_life_needs_exactly_the_reads_the_cluster_role_grants() {
     let mut for_pickers = BTreeSet::new();
     for file in common::example_files() {
         for child in common::children(&common::load(&file)) {
-            if child.resource.kind != "Role" {
-                continue;
-            }
-            for rule in child.object.data["rules"].as_array().unwrap() {
-                let strs = |k: &str| -> Vec<String> {
-                    rule[k]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.as_str().unwrap().to_owned())
-                        .collect()
-                };
-                for g in strs("apiGroups") {
-                    for r in strs("resources") {
-                        for v in strs("verbs") {
-                            for_pickers.insert((g.clone(), r.clone(), v));
-                        }
-                    }
-                }
+            if child.resource.kind == "Role" {
+                for_pickers.extend(common::granted_by(&child.object.data["rules"]));
             }
         }
     }

@@ -57,3 +57,26 @@ pub fn opts() -> RenderOptions {
 pub fn children(cfg: &InferenceGatewayConfig) -> Vec<Child> {
     render(cfg, &opts()).unwrap()
 }
+
+/// Every `(group, resource, verb)` the RBAC `rules` (a Role's or ClusterRole's) grant.
+pub fn granted_by(
+    rules: &serde_json::Value,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for rule in rules.as_array().unwrap() {
+        let strs = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
+                .unwrap_or_default()
+        };
+        for g in strs("apiGroups") {
+            for r in strs("resources") {
+                for v in strs("verbs") {
+                    out.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
