@@ -456,7 +456,14 @@ assert reviews(off) == [], reviews(off)
 assert not [o for o in off if "metrics-reader" in o["metadata"]["name"]], "reader role with metrics.auth=none"
 assert "bearerTokenFile" not in monitor(off), monitor(off)
 PY
-for render in metrics-auth metrics-open; do
+# A release made before metrics.auth existed, upgraded with --reuse-values, has no such key: it
+# must render as the default (a check the binary accepts, and the rights it needs).
+"$helm" template infergate "$chart" -n infergate-system --set metrics.auth=null >"$work/metrics-reused.yaml"
+grep -qx -- '            - --metrics-auth=kubernetes' "$work/metrics-reused.yaml" \
+  || fail "without metrics.auth (helm upgrade --reuse-values) the operator is not started with --metrics-auth=kubernetes"
+grep -q 'tokenreviews' "$work/metrics-reused.yaml" \
+  || fail "without metrics.auth (helm upgrade --reuse-values) the ClusterRole cannot create TokenReviews"
+for render in metrics-auth metrics-open metrics-reused; do
   python3 tests/helm/validate.py "$work/$render.yaml" >/dev/null || fail "the $render render does not validate"
   status=0
   run_operator "$work/$render.yaml" >"$work/operator-$render.out" 2>&1 || status=$?

@@ -16,6 +16,11 @@
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* metrics.auth, `kubernetes` for a release made before the key existed (helm upgrade --reuse-values). */}}
+{{- define "infergate.metricsAuth" -}}
+{{- .Values.metrics.auth | default "kubernetes" -}}
+{{- end -}}
+
 {{- define "infergate.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "infergate.fullname" .) .Values.serviceAccount.name -}}
