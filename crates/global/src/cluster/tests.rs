@@ -24,13 +24,13 @@ fn a_served_model_without_a_heartbeat_yet_is_drained_not_unknown() {
     assert!(c.view("other", Instant::now(), 1.0).is_none());
 }
 
+/// One cluster with a heartbeat and no `models:` (its models discovered).
+const DISCOVERING: &str = "auth: none\nclusters:\n  - { name: a, url: \"http://127.0.0.1:1\", \
+     heartbeatUrl: \"http://127.0.0.1:2/heartbeat\", region: r, cost: { inputPerMillion: 1 } }\n";
+
 #[test]
 fn a_discovered_model_without_a_good_heartbeat_is_drained_not_unknown() {
-    let c = cluster(
-        "auth: none\nclusters:\n  - { name: a, url: \"http://127.0.0.1:1\", \
-         heartbeatUrl: \"http://127.0.0.1:2/heartbeat\", region: r, \
-         cost: { inputPerMillion: 1 } }\n",
-    );
+    let c = cluster(DISCOVERING);
     assert!(c.view("llama", Instant::now(), 1.0).is_none());
     c.set_served(vec!["llama".into()]);
     let (weight, _) = c
@@ -55,11 +55,7 @@ fn heartbeat(estimate: f64, fixed: Option<f64>) -> Heartbeat {
 
 #[test]
 fn a_short_prompt_is_estimated_at_the_fixed_cost_a_long_one_by_its_tokens() {
-    let c = cluster(
-        "auth: none\nclusters:\n  - { name: a, url: \"http://127.0.0.1:1\", \
-         heartbeatUrl: \"http://127.0.0.1:2/heartbeat\", region: r, \
-         cost: { inputPerMillion: 1 } }\n",
-    );
+    let c = cluster(DISCOVERING);
     let at = Instant::now();
     let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").1;
     // An emulated A10G: 165 ms for 512 tokens, 35 ms of it the fixed cost per request.
