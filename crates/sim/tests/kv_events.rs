@@ -376,7 +376,7 @@ async fn replayed(replay: SocketAddr) -> Vec<Vec<u8>> {
 }
 
 /// The emulator's keyed KV events are vLLM 0.32's on the wire, field for field: held against
-/// batches a running vLLM 0.32 published (tests/fixtures/make_kv_fixtures.py), for a salted
+/// batches a running vLLM 0.32 published (tests/fixtures/capture_kv_fixtures.py), for a salted
 /// prompt, the same salt under a LoRA adapter and no salt — the same block size, block count,
 /// salt and adapter, so everything but the hashes and token ids compares as it is. vLLM sends
 /// `extra_keys` with an entry per block even when no block has keys (a `nil` each), names the
