@@ -144,7 +144,8 @@ pub enum ApiError {
     /// Every upstream endpoint tried failed before sending a response.
     #[error("the model server could not be reached: {reason}")]
     UpstreamUnavailable {
-        /// What failed (connect error, reset, 5xx before the first byte).
+        /// What failed (connect error, reset, 5xx before the first byte): at the gateway, for
+        /// each endpoint tried, in order; at the global router, for the last cluster tried.
         reason: String,
     },
     /// No endpoint tried accepted a connection (refused, or not within the connect timeout):
@@ -156,7 +157,7 @@ pub enum ApiError {
         retry_after_secs(*retry_after)
     )]
     UpstreamRefused {
-        /// What failed, for the last endpoint tried.
+        /// What failed, for each endpoint tried, in order.
         reason: String,
         /// When to try again (the pool's `retryAfterMinMs`).
         retry_after: Duration,
