@@ -10,7 +10,7 @@
 //!   apiKeys: { file: /etc/infergate/keys.yaml }
 //! admin: 127.0.0.1:9090         # /metrics, /healthz, /readyz
 //! limits: { maxRequestBodyBytes: 4194304, maxConcurrentRequests: 256 }   # the latter per model
-//! timeouts: { connectMs: 2000, firstByteMs: 300000, idleMs: 60000, poolIdleMs: 90000 }
+//! timeouts: { connectMs: 2000, firstByteMs: 300000, idleMs: 60000, poolIdleMs: 4000 }
 //! retries: { maxAttempts: 3 }
 //! models:
 //!   - name: llama-3-8b
@@ -171,9 +171,19 @@ pub struct Timeouts {
     pub first_byte: Duration,
     /// Longest gap between two body chunks of a response; the stream is cut after it.
     pub idle: Duration,
-    /// How long an unused keep-alive upstream connection is kept.
+    /// How long an unused keep-alive upstream connection is kept. Default
+    /// [`DEFAULT_POOL_IDLE`]; it should stay below the model servers' own keep-alive timeout.
     pub pool_idle: Duration,
 }
+
+/// Default `timeouts.poolIdleMs`: 4 s, below the 5 s after which uvicorn — the server of vLLM's
+/// (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 by default) and SGLang's OpenAI APIs — closes an idle
+/// keep-alive connection. The gateway retires a connection before the server's timer can fire,
+/// so a request never goes out on one the server is closing (the keep-alive race, see
+/// `crate::upstream::RACE_IDLE`); the 1 s margin covers the server's timer starting as it sends
+/// the answer's last byte, a little before the gateway has read it. A quieter endpoint pays a new
+/// connection per request, which is what the server's own timeout costs it anyway.
+pub const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(4);
 
 impl Default for Timeouts {
     fn default() -> Self {
@@ -196,7 +206,7 @@ impl Default for RawTimeouts {
             connect_ms: 2_000,
             first_byte_ms: 300_000,
             idle_ms: 60_000,
-            pool_idle_ms: 90_000,
+            pool_idle_ms: u64::try_from(DEFAULT_POOL_IDLE.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }

@@ -41,9 +41,12 @@ use tokio::time::Instant;
 const MAX_IDLE_PER_ENDPOINT: usize = 512;
 
 /// A pooled connection idle at least this long may be closed by the server's keep-alive timer
-/// just as a request goes out on it (uvicorn, which serves vLLM's and SGLang's API, closes idle
-/// connections after 5 s; gunicorn after 2 s): see [`Pooled::may_race`]. One that died after a
-/// shorter rest was closed by a server going away, not by its timer.
+/// just as a request goes out on it: see [`Pooled::may_race`]. One that died after a shorter
+/// rest was closed by a server going away, not by its timer. The default `poolIdleMs`
+/// ([`crate::config::DEFAULT_POOL_IDLE`], 4 s) retires connections before uvicorn's 5 s timer
+/// (vLLM's and SGLang's API servers), so with it the race is left to servers with a shorter
+/// timeout (gunicorn's 2 s) and to a `poolIdleMs` raised past the server's; it must stay below
+/// that default, or no pooled connection would ever get the second send.
 pub(crate) const RACE_IDLE: Duration = Duration::from_secs(1);
 
 type Connection = http1::Connection<TokioIo<Stream>, Full<Bytes>>;

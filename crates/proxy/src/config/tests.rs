@@ -23,6 +23,7 @@ fn a_good_file_parses_with_defaults() {
     assert_eq!(c.retries.max_attempts, 3);
     assert_eq!(c.limits.max_request_body_bytes, DEFAULT_MAX_BODY_BYTES);
     assert_eq!(c.timeouts.connect, Duration::from_secs(2));
+    assert_eq!(c.timeouts.pool_idle, Duration::from_secs(4));
     assert_eq!(c.admin, SocketAddr::from(([127, 0, 0, 1], 9090)));
 }
 

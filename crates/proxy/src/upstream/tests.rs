@@ -253,3 +253,77 @@ async fn a_sweep_closes_expired_idle_connections_and_forgets_the_endpoint() {
     assert_eq!(up.idle(addr), 0);
     assert!(up.idle.lock().unwrap().is_empty());
 }
+
+/// How long uvicorn (vLLM's and SGLang's API server) keeps an idle keep-alive connection open.
+const UVICORN_KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+/// Makes the connections pooled for `addr` look idle for `rested` already.
+fn age(up: &Upstreams, addr: SocketAddr, rested: Duration) {
+    let mut idle = up.idle.lock().unwrap();
+    for conn in idle.get_mut(&addr).unwrap() {
+        conn.idle_since = Instant::now().checked_sub(rested).unwrap();
+    }
+}
+
+/// Under the default `poolIdleMs` a connection that rested almost as long as uvicorn keeps it
+/// (its timer about to fire as the next request goes out) is neither reused nor kept by the
+/// sweep: the gateway retires it first. One that rested long enough to meet a shorter timer
+/// (gunicorn's 2 s) is still reused, and gets the keep-alive race's second send.
+#[tokio::test]
+async fn the_default_pool_retires_a_connection_before_uvicorn_closes_it() {
+    let pool_idle = crate::config::DEFAULT_POOL_IDLE;
+    let (addr, conns) = server(false).await;
+    let up = Arc::new(Upstreams::default());
+    let (resp, lease) = send(&up, addr).await.unwrap();
+    read_all(resp, lease).await;
+    age(&up, addr, Duration::from_secs(2));
+    let pooled = up.checkout(addr, pool_idle, None).expect("young enough");
+    assert!(pooled.may_race());
+    let (resp, lease) = up
+        .send(addr, None, Some(pooled), request(addr), CONNECT)
+        .await
+        .unwrap();
+    read_all(resp, lease).await;
+    assert_eq!(conns.load(Ordering::SeqCst), 1, "reused");
+    let near = UVICORN_KEEP_ALIVE - Duration::from_millis(500);
+    age(&up, addr, near);
+    up.sweep(pool_idle);
+    assert_eq!(up.idle(addr), 0, "the sweep closes it");
+    let (resp, lease) = send(&up, addr).await.unwrap();
+    read_all(resp, lease).await;
+    age(&up, addr, near);
+    assert!(up.checkout(addr, pool_idle, None).is_none());
+    assert!(
+        RACE_IDLE < pool_idle,
+        "no pooled connection would get the second send"
+    );
+}
+
+/// What a connection the pool retired costs the next request: `n` requests on one pooled
+/// connection, then `n` each on a new one, to a loopback server; prints the median of each.
+/// Run: `cargo test -p infergate-proxy --lib -- --ignored --nocapture connect_cost`.
+#[tokio::test]
+#[ignore = "a measurement, not a check"]
+async fn connect_cost() {
+    let n = 2_000;
+    let (addr, _) = server(false).await;
+    let up = Arc::new(Upstreams::default());
+    let median = async |pool_idle: Duration| {
+        let mut took = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = std::time::Instant::now();
+            let pooled = up.checkout(addr, pool_idle, None);
+            let (resp, lease) = up
+                .send(addr, None, pooled, request(addr), CONNECT)
+                .await
+                .unwrap();
+            read_all(resp, lease).await;
+            took.push(t.elapsed());
+        }
+        took.sort();
+        took[n / 2]
+    };
+    let pooled = median(IDLE).await;
+    let fresh = median(Duration::ZERO).await;
+    println!("median request: pooled {pooled:?}, new connection {fresh:?}");
+}
