@@ -213,3 +213,39 @@ fn check_and_start_refuse_an_access_log_they_cannot_open() {
         |body, args| gateway_with(dir.path(), Some(body), args),
     );
 }
+
+/// A `maxHeaderBytes` the gateway cannot honour (below 8 KiB, above 16 MiB) is refused by
+/// `--check` and by the start, naming the field, the value and the bound, before anything is
+/// bound; the bounds themselves pass `--check`.
+#[test]
+fn check_and_start_refuse_a_header_limit_that_cannot_be_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    // `listen` is a port already taken: a start that accepted the file would stop on the bind
+    // (and fail the test) rather than serve forever.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap();
+    let body = |bytes: u64| {
+        format!(
+            "auth: none\nlisten: {listen}\nadmin: 127.0.0.1:0\nlimits: {{ maxHeaderBytes: {bytes} }}\nmodels:\n  - name: m\n    endpoints: [127.0.0.1:9]\n"
+        )
+    };
+    for (bytes, bound) in [
+        (4096, "8192 (8 KiB)"),
+        ((16 << 20) + 1, "16777216 (16 MiB)"),
+    ] {
+        for args in [&["--check"][..], &[]] {
+            let (ok, text) = gateway_with(dir.path(), Some(&body(bytes)), args);
+            assert!(!ok, "{bytes} {args:?} passed: {text}");
+            assert!(
+                text.contains(&format!("`limits.maxHeaderBytes` is {bytes}"))
+                    && text.contains(bound),
+                "{bytes} {args:?}: {text}"
+            );
+            assert_said_once(&printed_chain(&text), &text);
+        }
+    }
+    for bytes in [8192, 16 << 20] {
+        let (ok, text) = gateway_with(dir.path(), Some(&body(bytes)), &["--check"]);
+        assert!(ok, "{bytes}: {text}");
+    }
+}

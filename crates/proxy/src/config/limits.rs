@@ -1,8 +1,9 @@
 //! The `limits:` section: what one client, and all clients together, may make the gateway hold.
 //!
 //! Every limit has a default that is safe on a public port, and every value is either validated
-//! (zero where zero means nothing could be served is refused, naming the field) or clamped to
-//! what the runtime can represent, so no configuration value can make the gateway panic.
+//! (zero where zero means nothing could be served is refused, naming the field, as is a
+//! `maxHeaderBytes` the gateway cannot honour) or clamped to what the runtime can represent
+//! (durations, to a week), so no configuration value can make the gateway panic.
 //!
 //! ```yaml
 //! limits:
@@ -37,11 +38,15 @@ pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 << 20;
 /// Default `maxHeaderBytes`: 64 KiB of request head.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
 
-/// The smallest `maxHeaderBytes` honoured: HTTP/1 needs a read buffer of at least 8 KiB
-/// (hyper's minimum); smaller values are raised to it.
+/// The smallest `maxHeaderBytes` accepted: hyper's HTTP/1 parser reads a request head into a
+/// buffer of at most `maxHeaderBytes`, and refuses (panics on) a buffer below 8 KiB, so a smaller
+/// head limit could not be enforced. A file asking for less is refused.
 pub const MIN_HEADER_BYTES: usize = 8 << 10;
 
-/// The largest `maxHeaderBytes` honoured (HTTP/2 carries the limit in a 32-bit setting).
+/// The largest `maxHeaderBytes` accepted: 16 MiB, the `h2` crate's own ceiling when a peer sets
+/// none. Every connection may hold a head this large while it arrives, so `maxConnections` heads of
+/// more would be a memory bound in name only; no client needs one. A file asking for more is
+/// refused.
 pub const MAX_HEADER_BYTES: usize = 16 << 20;
 
 /// Default `headerReadTimeoutMs`.
@@ -82,7 +87,8 @@ pub struct Limits {
     pub max_buffered_request_bytes: u64,
     /// The largest request head: HTTP/1 request line and headers (answered 431 by the HTTP/1
     /// parser) and the HTTP/2 header list (`SETTINGS_MAX_HEADER_LIST_SIZE`, answered 431).
-    /// Clamped to [`MIN_HEADER_BYTES`]..=[`MAX_HEADER_BYTES`].
+    /// A file's value outside [`MIN_HEADER_BYTES`]..=[`MAX_HEADER_BYTES`] is refused (see
+    /// [`Limits::header_bytes`] for one set in code).
     pub max_header_bytes: usize,
     /// How long a request's head may take to arrive, in milliseconds. HTTP/1: from the moment
     /// the connection waits for a request (also between keep-alive requests) to the end of the
@@ -164,7 +170,9 @@ impl Limits {
         clamped_millis(self.body_read_timeout_ms)
     }
 
-    /// `maxHeaderBytes`, clamped to what both protocols accept.
+    /// `maxHeaderBytes`. A file's value is within [`MIN_HEADER_BYTES`]..=[`MAX_HEADER_BYTES`]
+    /// (refused otherwise); one set in code without validation is clamped to it, since hyper
+    /// panics below the minimum.
     pub fn header_bytes(&self) -> usize {
         self.max_header_bytes
             .clamp(MIN_HEADER_BYTES, MAX_HEADER_BYTES)
@@ -194,6 +202,9 @@ impl Limits {
         if let Some((field, _)) = zero.iter().find(|(_, z)| *z) {
             return Err(format!("`limits.{field}` must be above zero"));
         }
+        if let Some(e) = header_bytes_error(self.max_header_bytes) {
+            return Err(e);
+        }
         if self.max_concurrent_requests == Some(0) {
             return Err(
                 "`limits.maxConcurrentRequests` must be at least 1 (leave it out for no limit)"
@@ -201,6 +212,26 @@ impl Limits {
             );
         }
         Ok(())
+    }
+}
+
+/// Why `maxHeaderBytes` cannot be honoured, if it cannot: outside
+/// [`MIN_HEADER_BYTES`]..=[`MAX_HEADER_BYTES`], each bound with its reason.
+fn header_bytes_error(bytes: usize) -> Option<String> {
+    if bytes < MIN_HEADER_BYTES {
+        Some(format!(
+            "`limits.maxHeaderBytes` is {bytes}, below the least the gateway can enforce, \
+             {MIN_HEADER_BYTES} (8 KiB): the HTTP/1 parser (hyper) reads a request head into a \
+             buffer that cannot be smaller"
+        ))
+    } else if bytes > MAX_HEADER_BYTES {
+        Some(format!(
+            "`limits.maxHeaderBytes` is {bytes}, above the most the gateway accepts, \
+             {MAX_HEADER_BYTES} (16 MiB): every open connection may hold a request head this \
+             large while it arrives"
+        ))
+    } else {
+        None
     }
 }
 

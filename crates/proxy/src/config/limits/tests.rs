@@ -79,12 +79,11 @@ fn absurd_values_are_clamped_not_a_panic() {
     let max = u64::MAX;
     let c = parse(&format!(
         "{{ maxConnections: {max}, maxRequestsInFlight: {max}, maxBufferedRequestBytes: {max}, \
-         maxHeaderBytes: {max}, headerReadTimeoutMs: {max}, bodyReadTimeoutMs: {max}, \
+         headerReadTimeoutMs: {max}, bodyReadTimeoutMs: {max}, \
          http2: {{ keepAliveIntervalMs: {max}, keepAliveTimeoutMs: {max} }} }}"
     ))
     .unwrap();
     let l = &c.limits;
-    assert_eq!(l.header_bytes(), MAX_HEADER_BYTES);
     assert_eq!(l.header_read_timeout(), MAX_DURATION);
     assert_eq!(l.body_read_timeout(), MAX_DURATION);
     assert_eq!(l.http2.keep_alive_interval(), Some(MAX_DURATION));
@@ -100,11 +99,31 @@ fn absurd_values_are_clamped_not_a_panic() {
     .timeouts;
     assert_eq!(t.idle, MAX_DURATION);
     let _ = now + t.idle + t.first_byte + t.connect;
-    assert_eq!(
-        parse("{ maxHeaderBytes: 1 }")
+}
+
+/// A `maxHeaderBytes` the gateway cannot honour is refused, naming the field, the value and the
+/// bound with its reason, where it used to be raised or lowered without a word; the bounds
+/// themselves are accepted.
+#[test]
+fn a_header_limit_outside_what_can_be_enforced_is_refused_naming_the_bound() {
+    for (value, bound, why) in [
+        (0_u64, "8192 (8 KiB)", "HTTP/1 parser"),
+        (1, "8192 (8 KiB)", "HTTP/1 parser"),
+        (8191, "8192 (8 KiB)", "HTTP/1 parser"),
+        ((16 << 20) + 1, "16777216 (16 MiB)", "every open connection"),
+        (u64::MAX, "16777216 (16 MiB)", "every open connection"),
+    ] {
+        let e = parse(&format!("{{ maxHeaderBytes: {value} }}")).unwrap_err();
+        assert!(
+            e.contains(&format!("`limits.maxHeaderBytes` is {value}")),
+            "{value}: {e}"
+        );
+        assert!(e.contains(bound) && e.contains(why), "{value}: {e}");
+    }
+    for ok in [MIN_HEADER_BYTES, MAX_HEADER_BYTES] {
+        let l = parse(&format!("{{ maxHeaderBytes: {ok} }}"))
             .unwrap()
-            .limits
-            .header_bytes(),
-        MIN_HEADER_BYTES
-    );
+            .limits;
+        assert_eq!(l.header_bytes(), ok);
+    }
 }
