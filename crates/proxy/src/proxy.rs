@@ -133,6 +133,13 @@ async fn respond(
     note: &mut Option<Box<Note>>,
 ) -> Result<Response<ResponseBody>, hyper::Error> {
     let telemetry = &worker.shared.telemetry;
+    // Before authentication: a browser's CORS preflight carries no credentials, and the answer
+    // depends on the path alone (`allowed_methods`), so it tells an anonymous caller nothing.
+    if req.method() == http::Method::OPTIONS
+        && let Some(allow) = allowed_methods(req.uri().path())
+    {
+        return Ok(options_response(allow, request_id));
+    }
     // Headers only, before any slot is taken or body byte read (`crate::auth`).
     let identity = match state.auth.authenticate(req.headers()).await {
         Ok(identity) => identity,
@@ -874,6 +881,38 @@ fn models_response(
     head: bool,
 ) -> Response<ResponseBody> {
     json_response(state.models_for(&identity.models), request_id, head)
+}
+
+/// The methods `OPTIONS` on `path` answers with (RFC 9110 §9.3.7): those the path takes, from
+/// the same table that routes requests ([`Route::of`]), and `OPTIONS`; for `OPTIONS *` (the
+/// server as a whole) every method the gateway serves. `None` for a path the gateway does not
+/// serve, which goes on as any other request (authenticated, then 404).
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    if path == "*" {
+        return Some("GET, HEAD, POST, OPTIONS");
+    }
+    match Route::of(http::Method::OPTIONS.as_str(), path) {
+        Err(ApiError::MethodNotAllowed {
+            allowed: "POST", ..
+        }) => Some("POST, OPTIONS"),
+        Err(ApiError::MethodNotAllowed {
+            allowed: "GET, HEAD",
+            ..
+        }) => Some("GET, HEAD, OPTIONS"),
+        _ => None,
+    }
+}
+
+/// `204 No Content` with `Allow`: the answer to `OPTIONS`. No CORS headers: the gateway has no
+/// CORS setting, so a browser's preflight gets no `Access-Control-Allow-Origin` and the browser
+/// keeps its page from calling the API (docs/gateway.md, OPTIONS and CORS).
+fn options_response(allow: &'static str, request_id: HeaderValue) -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::Full(Full::new(Bytes::new())));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    let h = r.headers_mut();
+    h.insert(header::ALLOW, HeaderValue::from_static(allow));
+    h.insert(X_REQUEST_ID.clone(), request_id);
+    r
 }
 
 /// A JSON answer of the gateway's own; for `HEAD` (`head`), the same headers, its length

@@ -647,6 +647,31 @@ async fn the_model_list_and_an_unknown_model_s_404_show_only_what_the_caller_may
     );
 }
 
+/// `OPTIONS` on an API path is answered without credentials (a browser's preflight carries
+/// none, and the answer depends on the path alone); on any other path it is authenticated like
+/// every request, so an anonymous caller learns nothing it could not read in the OpenAI API.
+#[tokio::test]
+async fn options_on_an_api_path_needs_no_credential_and_reveals_nothing() {
+    let k = TestKey::es256("k");
+    let f = start(&[&k], "").await;
+    for (path, allow) in [
+        ("/v1/chat/completions", "POST, OPTIONS"),
+        ("/v1/models/other", "GET, HEAD, OPTIONS"),
+        ("/v1/models/no-such-model", "GET, HEAD, OPTIONS"),
+    ] {
+        let req = http::Request::options(path).body(Bytes::new()).unwrap();
+        let r = infergate_testkit::send(f.addr(), req).await.unwrap();
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{path}: {}", r.text());
+        assert_eq!(r.headers["allow"], allow, "{path}");
+        assert!(r.body.is_empty(), "{path}");
+    }
+    let req = http::Request::options("/v2/whatever")
+        .body(Bytes::new())
+        .unwrap();
+    let r = infergate_testkit::send(f.addr(), req).await.unwrap();
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+}
+
 #[tokio::test]
 async fn api_keys_inline_and_from_a_reloaded_file() {
     let k = TestKey::es256("k");

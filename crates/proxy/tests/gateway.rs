@@ -676,6 +676,88 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     assert_eq!(up.requests(), 0);
 }
 
+/// What `OPTIONS` answers for each request target: 204 with `Allow` (RFC 9110 §9.3.7).
+const OPTIONS_CASES: [(&str, &str); 6] = [
+    ("*", "GET, HEAD, POST, OPTIONS"),
+    ("/v1/chat/completions", "POST, OPTIONS"),
+    ("/v1/embeddings/", "POST, OPTIONS"),
+    ("/v1/models", "GET, HEAD, OPTIONS"),
+    ("/models", "GET, HEAD, OPTIONS"),
+    ("/v1/models/meta-llama/Llama-3.1-8B", "GET, HEAD, OPTIONS"),
+];
+
+/// `OPTIONS *` and `OPTIONS` on a path the gateway serves are answered 204 with the methods the
+/// target takes, over HTTP/1.1 (the asterisk form sent as is) and h2c, a browser's CORS
+/// preflight included: without a CORS setting it gets no `Access-Control-*` header, so the
+/// browser does not let its page call. A path the gateway does not serve stays a 404.
+#[tokio::test]
+async fn options_is_204_naming_the_methods_the_target_takes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start(Behaviour::Ok).await;
+    let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
+    let mut h1 = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    for (target, allow) in OPTIONS_CASES {
+        // One keep-alive connection for every case: a 204 has no body to frame.
+        h1.write_all(
+            format!(
+                "OPTIONS {target} HTTP/1.1\r\nhost: gw\r\norigin: https://app.example\r\n\
+                 access-control-request-method: POST\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            assert_eq!(h1.read(&mut byte).await.unwrap(), 1, "{target}: closed");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 204 "), "{target}: {head}");
+        assert!(head.contains(&format!("\r\nallow: {}\r\n", allow.to_ascii_lowercase())));
+        assert!(head.contains("\r\nx-request-id: "), "{target}: {head}");
+        assert!(!head.contains("access-control-"), "{target}: {head}");
+    }
+    let stream = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for (target, allow) in OPTIONS_CASES {
+        let uri = http::Uri::builder()
+            .scheme("http")
+            .authority(gw.addr().to_string())
+            .path_and_query(target)
+            .build()
+            .unwrap();
+        let req = http::Request::options(uri)
+            .header("origin", "https://app.example")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = h2.send_request(req).await.unwrap();
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        assert_eq!(resp.status(), 204, "{target}");
+        assert_eq!(resp.headers()["allow"], allow, "{target}");
+        assert!(
+            !resp
+                .headers()
+                .keys()
+                .any(|k| k.as_str().starts_with("access-control-")),
+            "{target}"
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.is_empty(), "{target}: {body:?}");
+    }
+    let (s, _, b) = send(gw.addr(), "OPTIONS", "/v2/whatever", "", &[]).await;
+    assert_eq!(s, 404);
+    assert_eq!(json(&b)["error"]["code"], "not_found");
+    assert_eq!(up.requests(), 0);
+}
+
 /// `HEAD /v1/models` is answered as `GET` without the body (RFC 9110 §9.3.2), over HTTP/1.1
 /// and h2c: what a health checker probing the model list sends.
 #[tokio::test]
