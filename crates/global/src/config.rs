@@ -53,7 +53,9 @@ use std::time::Duration;
 use http::Uri;
 use infergate_pool::quota::QuotasSpec;
 use infergate_pool::tenant::{DEFAULT_TENANT, Tenancy, TenancyConfig};
-use infergate_proxy::config::{AccessLogConfig, AuthConfig, Limits, ListenerTls, MAX_DURATION};
+use infergate_proxy::config::{
+    AccessLogConfig, AuthConfig, Limits, ListenerTls, MAX_DURATION, header_bytes_problem,
+};
 use serde::Deserialize;
 
 use crate::error::{ConfigError, OutlierError, OutlierField};
@@ -580,6 +582,11 @@ impl GlobalConfig {
             if zero {
                 return Err(invalid(name.into(), "must be above zero"));
             }
+        }
+        // The gateway's own rule: a head limit outside what can be enforced is refused, not
+        // clamped without a word.
+        if let Some(problem) = header_bytes_problem(l.max_header_bytes) {
+            return Err(invalid("limits.maxHeaderBytes".into(), &problem));
         }
         if hb.stale_after_ms < hb.interval_ms {
             return Err(invalid(

@@ -214,6 +214,14 @@ fn bad_values_name_their_field() {
             "limits.http2.maxConcurrentStreams: must be above zero",
         ),
         (
+            &format!("limits: {{ maxHeaderBytes: 4096 }}\n{CLUSTER}"),
+            "limits.maxHeaderBytes: is 4096, below the least that can be enforced, 8192 (8 KiB)",
+        ),
+        (
+            &format!("limits: {{ maxHeaderBytes: 16777217 }}\n{CLUSTER}"),
+            "limits.maxHeaderBytes: is 16777217, above the most accepted, 16777216 (16 MiB)",
+        ),
+        (
             &format!("timeouts: {{ firstByteMs: 18446744073709551615 }}\n{CLUSTER}"),
             "timeouts.firstByteMs: must be at most 604800000",
         ),

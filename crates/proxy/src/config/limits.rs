@@ -202,8 +202,8 @@ impl Limits {
         if let Some((field, _)) = zero.iter().find(|(_, z)| *z) {
             return Err(format!("`limits.{field}` must be above zero"));
         }
-        if let Some(e) = header_bytes_error(self.max_header_bytes) {
-            return Err(e);
+        if let Some(problem) = header_bytes_problem(self.max_header_bytes) {
+            return Err(format!("`limits.maxHeaderBytes` {problem}"));
         }
         if self.max_concurrent_requests == Some(0) {
             return Err(
@@ -215,20 +215,19 @@ impl Limits {
     }
 }
 
-/// Why `maxHeaderBytes` cannot be honoured, if it cannot: outside
-/// [`MIN_HEADER_BYTES`]..=[`MAX_HEADER_BYTES`], each bound with its reason.
-fn header_bytes_error(bytes: usize) -> Option<String> {
+/// Why a `maxHeaderBytes` of `bytes` cannot be honoured, if it cannot (outside
+/// [`MIN_HEADER_BYTES`]..=[`MAX_HEADER_BYTES`]), each bound with its reason: the words after the
+/// field's name, for the gateway's and the global router's file checks alike.
+pub fn header_bytes_problem(bytes: usize) -> Option<String> {
     if bytes < MIN_HEADER_BYTES {
         Some(format!(
-            "`limits.maxHeaderBytes` is {bytes}, below the least the gateway can enforce, \
-             {MIN_HEADER_BYTES} (8 KiB): the HTTP/1 parser (hyper) reads a request head into a \
-             buffer that cannot be smaller"
+            "is {bytes}, below the least that can be enforced, {MIN_HEADER_BYTES} (8 KiB): the \
+             HTTP/1 parser (hyper) reads a request head into a buffer that cannot be smaller"
         ))
     } else if bytes > MAX_HEADER_BYTES {
         Some(format!(
-            "`limits.maxHeaderBytes` is {bytes}, above the most the gateway accepts, \
-             {MAX_HEADER_BYTES} (16 MiB): every open connection may hold a request head this \
-             large while it arrives"
+            "is {bytes}, above the most accepted, {MAX_HEADER_BYTES} (16 MiB): every open \
+             connection may hold a request head this large while it arrives"
         ))
     } else {
         None
