@@ -700,6 +700,18 @@ fn model_response(
     Ok(json_response(body, head))
 }
 
+/// `204 No Content` with `Allow`: the answer to `OPTIONS` (`x-request-id` is added by
+/// `handle`, as to every answer). No CORS headers: the router has no CORS setting, so a
+/// browser's preflight gets no `Access-Control-Allow-Origin` and the browser keeps its page from
+/// calling the API (docs/global.md).
+fn options_response(allow: &'static str) -> Response<RouterBody> {
+    let mut r = Response::new(RouterBody::Full(Full::new(Bytes::new())));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
 /// A JSON answer; for `HEAD` (`head`) its headers, length included, and no body.
 fn json_response(body: String, head: bool) -> Response<RouterBody> {
     let length = HeaderValue::from(body.len());
@@ -734,6 +746,15 @@ async fn route_request(
     req: Request<Incoming>,
     record: &mut Option<Box<Record>>,
 ) -> Result<Response<RouterBody>, Refused> {
+    // Before authentication: a browser's CORS preflight carries no credentials, and the answer
+    // depends on the path alone (`Route::Options`), so it tells an anonymous caller nothing. An
+    // `OPTIONS` on a path the router does not serve goes on as any other request (authenticated,
+    // then 404).
+    if req.method() == http::Method::OPTIONS
+        && let Ok(Route::Options { allow }) = Route::of(req.method().as_str(), req.uri().path())
+    {
+        return Ok(options_response(allow));
+    }
     let identity = state.auth.authenticate(req.headers()).await?;
     let authenticated = state.auth.is_enabled().then_some(&identity.tenant);
     let tenant = state.tenancy.gateway(authenticated, req.headers()).tenant;
@@ -751,6 +772,8 @@ async fn route_request(
             let id = model_id(req.uri().path()).unwrap_or_default();
             return Ok(model_response(&state, &identity.models, &id, head)?);
         }
+        // Answered above, before authentication; here so that every route has its answer.
+        Route::Options { allow } => return Ok(options_response(allow)),
     };
     check_content_encoding(
         req.headers()

@@ -66,15 +66,17 @@ async fn headers_named_by_connection_are_not_forwarded_either_way() {
 }
 
 /// A path the router serves, asked with another method, is a 405 whose `Allow` header and
-/// message name the method it takes; an unknown path stays a 404.
+/// message name the methods it takes, `OPTIONS` included since the router answers it (RFC 9110
+/// §15.5.6); an unknown path stays a 404.
 #[tokio::test]
 async fn a_wrong_method_is_405_naming_the_allowed_one() {
     let cluster = Recorder::start(&[]).await;
     let (router, _stop) = router(cluster.addr).await;
     for (method, path, allowed) in [
-        ("GET", "/v1/chat/completions", "POST"),
-        ("POST", "/v1/models", "GET, HEAD"),
-        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("GET", "/v1/chat/completions", "POST, OPTIONS"),
+        ("POST", "/v1/models", "GET, HEAD, OPTIONS"),
+        ("DELETE", "/v1/models", "GET, HEAD, OPTIONS"),
+        ("PUT", "/v1/models/m", "GET, HEAD, OPTIONS"),
     ] {
         let r = send(router.http_addr(), method, path, &[]).await;
         assert_eq!(r.status, 405, "{method} {path}: {}", r.text());
@@ -87,6 +89,64 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
     let r = send(router.http_addr(), "POST", "/v2/whatever", &[]).await;
     assert_eq!(r.status, 404);
     assert_eq!(r.header("allow"), None);
+    assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
+}
+
+/// `OPTIONS *` and `OPTIONS` on a path the router serves are answered by the router itself: 204
+/// with the methods the target takes in `Allow` (RFC 9110 §9.3.7) and an `x-request-id`, on one
+/// HTTP/1.1 keep-alive connection (the asterisk form sent as is), a browser's CORS preflight
+/// included: without a CORS setting it gets no `Access-Control-*` header. No cluster hears of
+/// it; a path the router does not serve stays a 404.
+#[tokio::test]
+async fn options_is_204_naming_the_methods_the_target_takes() {
+    let cluster = Recorder::start(&[]).await;
+    let (router, _stop) = router(cluster.addr).await;
+    let mut conn = tokio::net::TcpStream::connect(router.http_addr())
+        .await
+        .unwrap();
+    for (target, allow) in [
+        ("*", "GET, HEAD, POST, OPTIONS"),
+        ("/v1/chat/completions", "POST, OPTIONS"),
+        ("/v1/models", "GET, HEAD, OPTIONS"),
+        ("/v1/models/meta-llama/Llama-3.1-8B", "GET, HEAD, OPTIONS"),
+    ] {
+        // One keep-alive connection for every case: a 204 has no body to frame.
+        let head = infergate_testkit::options_preflight(&mut conn, target).await;
+        assert!(head.starts_with("http/1.1 204 "), "{target}: {head}");
+        let allow = allow.to_ascii_lowercase();
+        assert!(head.contains(&format!("\r\nallow: {allow}\r\n")), "{head}");
+        assert!(head.contains("\r\nx-request-id: "), "{target}: {head}");
+        assert!(!head.contains("access-control-"), "{target}: {head}");
+    }
+    let r = send(router.http_addr(), "OPTIONS", "/v2/whatever", &[]).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
+}
+
+/// With authentication on, `OPTIONS` on a path the router serves needs no credential (a
+/// browser's preflight carries none, and the answer depends on the path alone, the same for
+/// every model name); on any other path it is authenticated like every request.
+#[tokio::test]
+async fn options_needs_no_credential_and_reveals_nothing() {
+    let cluster = Recorder::start(&[]).await;
+    // SHA-256 of `key-m`.
+    let (router, _stop) = router_with(&format!(
+        "auth:\n  apiKeys:\n    keys: [{{ sha256: 289c642a857aceb1b7e6f7ee74a11b4a5fb07f43d1e390a71251d611ebe36cd0, tenant: t, models: [m] }}]\nclusters:\n  - {{ name: a, url: 'http://{}', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n",
+        cluster.addr
+    ))
+    .await;
+    for (path, allow) in [
+        ("/v1/chat/completions", "POST, OPTIONS"),
+        ("/v1/models/m", "GET, HEAD, OPTIONS"),
+        ("/v1/models/no-such-model", "GET, HEAD, OPTIONS"),
+    ] {
+        let r = send(router.http_addr(), "OPTIONS", path, &[]).await;
+        assert_eq!(r.status, 204, "{path}: {}", r.text());
+        assert_eq!(r.header("allow"), Some(allow), "{path}");
+        assert!(r.body.is_empty(), "{path}");
+    }
+    let r = send(router.http_addr(), "OPTIONS", "/v2/whatever", &[]).await;
+    assert_eq!(r.status, 401, "{}", r.text());
     assert!(cluster.heads().is_empty(), "{:?}", cluster.heads());
 }
 

@@ -71,7 +71,22 @@ pub enum Route {
     /// `GET /v1/models/{model}` (or `HEAD`): answer with that model's entry, as OpenAI's
     /// "retrieve model" does ([`model_id`] reads the name from the path).
     Model,
+    /// `OPTIONS` on a path the front door serves, or `OPTIONS *` (the server as a whole): answer
+    /// 204 with `Allow: {allow}` (RFC 9110 §9.3.7). The answer depends on the path alone, so a
+    /// front door gives it before authentication (a browser's CORS preflight carries no
+    /// credentials).
+    Options {
+        /// The methods the target takes, `OPTIONS` included: the `Allow` header's value.
+        allow: &'static str,
+    },
 }
+
+/// The methods an API path takes: the `Allow` of its `OPTIONS` and of its 405.
+const API_METHODS: &str = "POST, OPTIONS";
+/// The methods the model list and a model take.
+const MODELS_METHODS: &str = "GET, HEAD, OPTIONS";
+/// Every method a front door serves somewhere: the `Allow` of `OPTIONS *`.
+const SERVER_METHODS: &str = "GET, HEAD, POST, OPTIONS";
 
 /// The model a `/v1/models/{model}` (or `/models/{model}`) path names, percent-decoded; the
 /// rest of the path is the name, slashes included (`/v1/models/meta-llama/Llama-3.1-8B` names
@@ -92,18 +107,29 @@ pub fn model_id(path: &str) -> Option<std::borrow::Cow<'_, str>> {
 
 impl Route {
     /// Routes a request: an API path takes `POST`, the model list (`/v1/models`, `/v1/models/`,
-    /// `/models`) `GET` and `HEAD` (RFC 9110 §9.3.2: a server answers `HEAD` wherever it answers
-    /// `GET`; the HTTP layer leaves the body out). Another method on one of those is
-    /// [`ApiError::MethodNotAllowed`] naming the ones allowed; any other path is
+    /// `/models`) and a model (`/v1/models/{model}`) `GET` and `HEAD` (RFC 9110 §9.3.2: a server
+    /// answers `HEAD` wherever it answers `GET`; the HTTP layer leaves the body out), and each of
+    /// them `OPTIONS` ([`Route::Options`]), as does `*` (the request target of `OPTIONS *`,
+    /// RFC 9112 §3.2.4). Another method on one of those is [`ApiError::MethodNotAllowed`] naming
+    /// the ones allowed, `OPTIONS` included; any other path (and `*` with another method) is
     /// [`ApiError::NotFound`].
     pub fn of(method: &str, path: &str) -> Result<Route, ApiError> {
         let (route, takes, allowed) = match ApiKind::from_path(path) {
-            Some(kind) => (Route::Api(kind), method == "POST", "POST"),
-            None if matches!(path, "/v1/models" | "/v1/models/" | "/models") => {
-                (Route::Models, matches!(method, "GET" | "HEAD"), "GET, HEAD")
-            }
-            None if model_id(path).is_some() => {
-                (Route::Model, matches!(method, "GET" | "HEAD"), "GET, HEAD")
+            Some(kind) => (Route::Api(kind), method == "POST", API_METHODS),
+            None if matches!(path, "/v1/models" | "/v1/models/" | "/models") => (
+                Route::Models,
+                matches!(method, "GET" | "HEAD"),
+                MODELS_METHODS,
+            ),
+            None if model_id(path).is_some() => (
+                Route::Model,
+                matches!(method, "GET" | "HEAD"),
+                MODELS_METHODS,
+            ),
+            None if path == "*" && method == "OPTIONS" => {
+                return Ok(Route::Options {
+                    allow: SERVER_METHODS,
+                });
             }
             None => {
                 return Err(ApiError::NotFound {
@@ -113,6 +139,8 @@ impl Route {
         };
         if takes {
             Ok(route)
+        } else if method == "OPTIONS" {
+            Ok(Route::Options { allow: allowed })
         } else {
             Err(ApiError::MethodNotAllowed {
                 method: method.to_owned(),
@@ -273,9 +301,10 @@ mod tests {
         assert_eq!(Route::of("HEAD", "/v1/models").ok(), Some(Route::Models));
         assert!(Route::of("HEAD", "/v1/chat/completions").is_err());
         for (method, path, allowed) in [
-            ("GET", "/v1/chat/completions", "POST"),
-            ("POST", "/v1/models", "GET, HEAD"),
-            ("DELETE", "/v1/models/", "GET, HEAD"),
+            ("GET", "/v1/chat/completions", "POST, OPTIONS"),
+            ("POST", "/v1/models", "GET, HEAD, OPTIONS"),
+            ("DELETE", "/v1/models/", "GET, HEAD, OPTIONS"),
+            ("PUT", "/v1/models/llama", "GET, HEAD, OPTIONS"),
         ] {
             let e = Route::of(method, path).unwrap_err();
             assert_eq!((e.status(), e.allow()), (405, Some(allowed)), "{e}");
@@ -283,5 +312,47 @@ mod tests {
         }
         let e = Route::of("POST", "/v2/whatever").unwrap_err();
         assert_eq!((e.status(), e.allow()), (404, None));
+    }
+
+    /// `OPTIONS` names, for each target, the methods its other requests route with (and for
+    /// `*` every one of them), the same list a 405 there names.
+    #[test]
+    fn options_names_the_methods_the_target_takes() {
+        for (path, allow) in [
+            ("*", "GET, HEAD, POST, OPTIONS"),
+            ("/v1/chat/completions", "POST, OPTIONS"),
+            ("/v1/embeddings/?x=1", "POST, OPTIONS"),
+            ("/v1/models", "GET, HEAD, OPTIONS"),
+            ("/models", "GET, HEAD, OPTIONS"),
+            ("/v1/models/meta-llama/Llama-3.1-8B", "GET, HEAD, OPTIONS"),
+        ] {
+            assert_eq!(
+                Route::of("OPTIONS", path).ok(),
+                Some(Route::Options { allow }),
+                "{path}"
+            );
+            if path == "*" {
+                // The asterisk form is for `OPTIONS` alone (RFC 9112 §3.2.4).
+                continue;
+            }
+            let taken: Vec<&str> = allow.split(", ").collect();
+            for method in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"] {
+                match Route::of(method, path) {
+                    Ok(_) => assert!(taken.contains(&method), "{method} {path}"),
+                    Err(e) => {
+                        assert!(!taken.contains(&method), "{method} {path}");
+                        assert_eq!(
+                            (e.status(), e.allow()),
+                            (405, Some(allow)),
+                            "{method} {path}"
+                        );
+                    }
+                }
+            }
+        }
+        for (method, path) in [("OPTIONS", "/v2/whatever"), ("OPTIONS", ""), ("GET", "*")] {
+            let e = Route::of(method, path).unwrap_err();
+            assert_eq!((e.status(), e.allow()), (404, None), "{method} {path}");
+        }
     }
 }

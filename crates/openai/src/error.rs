@@ -93,8 +93,10 @@ pub enum ApiError {
     MethodNotAllowed {
         /// The request's method.
         method: String,
-        /// The method the path takes (`POST` for the APIs, `GET, HEAD` for the model list); the
-        /// response's `Allow` header.
+        /// The methods the path takes (`POST, OPTIONS` for the APIs, `GET, HEAD, OPTIONS` for
+        /// the model list and a model): the response's `Allow` header, which lists every method
+        /// the target supports (RFC 9110 §15.5.6), `OPTIONS` included since the front doors
+        /// answer it ([`crate::Route::Options`]).
         allowed: &'static str,
     },
     /// Admission control shed the request because the pool is saturated.

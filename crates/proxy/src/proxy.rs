@@ -134,9 +134,11 @@ async fn respond(
 ) -> Result<Response<ResponseBody>, hyper::Error> {
     let telemetry = &worker.shared.telemetry;
     // Before authentication: a browser's CORS preflight carries no credentials, and the answer
-    // depends on the path alone (`allowed_methods`), so it tells an anonymous caller nothing.
+    // depends on the path alone (`Route::Options`), so it tells an anonymous caller nothing. An
+    // `OPTIONS` on a path the gateway does not serve goes on as any other request (authenticated,
+    // then 404).
     if req.method() == http::Method::OPTIONS
-        && let Some(allow) = allowed_methods(req.uri().path())
+        && let Ok(Route::Options { allow }) = Route::of(req.method().as_str(), req.uri().path())
     {
         return Ok(options_response(allow, request_id));
     }
@@ -159,6 +161,7 @@ async fn respond(
                 Err(e) => refuse(telemetry, &e, request_id, note),
             });
         }
+        Admission::Options(allow) => return Ok(options_response(allow, request_id)),
         Admission::Refused(e) => return Ok(refuse(telemetry, &e, request_id, note)),
     };
     let routed = match route(state, &admitted, note).await {
@@ -198,6 +201,9 @@ enum Admission {
     /// `GET /v1/models/{id}` (`HEAD` when `true`): that model's entry, when this caller may call
     /// it.
     Model(Identity, bool, String),
+    /// `OPTIONS` on a path the gateway serves: 204 with this `Allow`. `respond` answers it before
+    /// authentication, so it does not come this far; kept so that every route has its answer.
+    Options(&'static str),
     /// Answered with this error.
     Refused(ApiError),
 }
@@ -222,6 +228,7 @@ async fn admit(
             let id = infergate_openai::model_id(req.uri().path()).unwrap_or_default();
             return Ok(Admission::Model(identity, head, id.into_owned()));
         }
+        Ok(Route::Options { allow }) => return Ok(Admission::Options(allow)),
         Err(e) => return Ok(Admission::Refused(e)),
     };
     // A compressed body could be neither routed nor read by a model server: refused before
@@ -881,26 +888,6 @@ fn models_response(
     head: bool,
 ) -> Response<ResponseBody> {
     json_response(state.models_for(&identity.models), request_id, head)
-}
-
-/// The methods `OPTIONS` on `path` answers with (RFC 9110 §9.3.7): those the path takes, from
-/// the same table that routes requests ([`Route::of`]), and `OPTIONS`; for `OPTIONS *` (the
-/// server as a whole) every method the gateway serves. `None` for a path the gateway does not
-/// serve, which goes on as any other request (authenticated, then 404).
-fn allowed_methods(path: &str) -> Option<&'static str> {
-    if path == "*" {
-        return Some("GET, HEAD, POST, OPTIONS");
-    }
-    match Route::of(http::Method::OPTIONS.as_str(), path) {
-        Err(ApiError::MethodNotAllowed {
-            allowed: "POST", ..
-        }) => Some("POST, OPTIONS"),
-        Err(ApiError::MethodNotAllowed {
-            allowed: "GET, HEAD",
-            ..
-        }) => Some("GET, HEAD, OPTIONS"),
-        _ => None,
-    }
 }
 
 /// `204 No Content` with `Allow`: the answer to `OPTIONS`. No CORS headers: the gateway has no

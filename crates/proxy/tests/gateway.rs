@@ -651,15 +651,17 @@ impl futures_util::Stream for ChunkIter {
 }
 
 /// A path the gateway serves, asked with another method, is a 405 whose `Allow` header and
-/// message name the method it takes; an unknown path stays a 404.
+/// message name the methods it takes, `OPTIONS` included since the gateway answers it (RFC 9110
+/// §15.5.6); an unknown path stays a 404.
 #[tokio::test]
 async fn a_wrong_method_is_405_naming_the_allowed_one() {
     let up = Upstream::start(Behaviour::Ok).await;
     let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
     for (method, path, allowed) in [
-        ("GET", "/v1/chat/completions", "POST"),
-        ("POST", "/v1/models", "GET, HEAD"),
-        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("GET", "/v1/chat/completions", "POST, OPTIONS"),
+        ("POST", "/v1/models", "GET, HEAD, OPTIONS"),
+        ("DELETE", "/v1/models", "GET, HEAD, OPTIONS"),
+        ("PUT", "/v1/models/m", "GET, HEAD, OPTIONS"),
     ] {
         let (s, headers, b) = send(gw.addr(), method, path, "{}", &[]).await;
         assert_eq!(s, 405, "{method} {path}");
@@ -692,28 +694,12 @@ const OPTIONS_CASES: [(&str, &str); 6] = [
 /// browser does not let its page call. A path the gateway does not serve stays a 404.
 #[tokio::test]
 async fn options_is_204_naming_the_methods_the_target_takes() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = Upstream::start(Behaviour::Ok).await;
     let gw = start(&yaml(&model("m", "round-robin", &[up.addr]))).await;
     let mut h1 = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
     for (target, allow) in OPTIONS_CASES {
         // One keep-alive connection for every case: a 204 has no body to frame.
-        h1.write_all(
-            format!(
-                "OPTIONS {target} HTTP/1.1\r\nhost: gw\r\norigin: https://app.example\r\n\
-                 access-control-request-method: POST\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            assert_eq!(h1.read(&mut byte).await.unwrap(), 1, "{target}: closed");
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+        let head = infergate_testkit::options_preflight(&mut h1, target).await;
         assert!(head.starts_with("http/1.1 204 "), "{target}: {head}");
         assert!(head.contains(&format!("\r\nallow: {}\r\n", allow.to_ascii_lowercase())));
         assert!(head.contains("\r\nx-request-id: "), "{target}: {head}");

@@ -120,6 +120,33 @@ pub async fn hold_request_slot(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// Sends `OPTIONS target` on `conn`, an HTTP/1.1 connection, as a browser's CORS preflight would
+/// (`origin` and `access-control-request-method: POST`), the request target as is (`*`, the
+/// asterisk form, included), and returns the answer's head lower-cased. For a 204, which has no
+/// body, the head is the whole answer and the connection can carry the next request.
+pub async fn options_preflight(conn: &mut TcpStream, target: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let request = format!(
+        "OPTIONS {target} HTTP/1.1\r\nhost: infergate\r\norigin: https://app.example\r\n\
+         access-control-request-method: POST\r\n\r\n"
+    );
+    conn.write_all(request.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("OPTIONS {target}: {e}"));
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        match conn.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            r => panic!(
+                "OPTIONS {target}: {r:?} after {:?}",
+                String::from_utf8_lossy(&head)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
 /// `GET path` on `addr`. Panics when there is no whole answer within [`TIMEOUT`].
 pub async fn get(addr: SocketAddr, path: &str) -> Response {
     try_get(addr, path)
