@@ -84,7 +84,7 @@ async fn a_wrong_method_is_405_naming_the_allowed_one() {
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["error"]["code"], "method_not_allowed", "{v}");
         let msg = v["error"]["message"].as_str().unwrap();
-        assert!(msg.contains(&format!("use {allowed}")), "{msg}");
+        assert!(msg.contains(&format!("which takes {allowed}")), "{msg}");
     }
     let r = send(router.http_addr(), "POST", "/v2/whatever", &[]).await;
     assert_eq!(r.status, 404);

@@ -308,7 +308,10 @@ mod tests {
         ] {
             let e = Route::of(method, path).unwrap_err();
             assert_eq!((e.status(), e.allow()), (405, Some(allowed)), "{e}");
-            assert!(e.to_string().contains(&format!("use {allowed}")), "{e}");
+            assert!(
+                e.to_string().contains(&format!("which takes {allowed}")),
+                "{e}"
+            );
         }
         let e = Route::of("POST", "/v2/whatever").unwrap_err();
         assert_eq!((e.status(), e.allow()), (404, None));

@@ -89,7 +89,10 @@ pub enum ApiError {
         path: String,
     },
     /// The method is not allowed on this path (a path the gateway serves with another method).
-    #[error("method {} is not allowed on this path: use {allowed}", Echo(method))]
+    #[error(
+        "method {} is not allowed on this path, which takes {allowed}",
+        Echo(method)
+    )]
     MethodNotAllowed {
         /// The request's method.
         method: String,

@@ -8,7 +8,7 @@
 //!
 //! Layout:
 //! - [`api`] — which OpenAI API a request path names, and what a front door does with a
-//!   request by method and path ([`Route`]: 405 and 404 included).
+//!   request by method and path ([`Route`]: 405 and 404 included, and the OPTIONS answer).
 //! - [`request`] — parsing a request body into [`ParsedRequest`] without copying its strings, and
 //!   rewriting its `model` field in place.
 //! - [`rewrite`] — [`ModelRewriter`], the response-path model-name rewriter (chunk by chunk).
