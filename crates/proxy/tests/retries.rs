@@ -146,14 +146,7 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
     };
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
     let path = head.split(' ').nth(1)?.to_owned();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
+    let length = infergate_testkit::content_length(&head);
     while buf.len() < end + length {
         let n = s.read(&mut chunk).await.ok()?;
         if n == 0 {

@@ -19,6 +19,7 @@
 //!   response headers the test chooses.
 //! - [`eventually`] — waits, on wall-clock time, until a condition holds.
 //! - [`metric`] — one sample's value from a Prometheus text page.
+//! - [`content_length`] — a request or response head's `content-length` (0 when absent).
 //! - [`json_lines`] — a JSON-lines file (an access log) once it holds enough lines.
 //! - [`required_tool`] — whether a program from outside the Rust toolchain that a test needs is
 //!   there: in CI its absence fails the test, elsewhere the test says it is skipped.
@@ -397,6 +398,19 @@ pub fn example_configs(sub: &str) -> Vec<std::path::PathBuf> {
     v
 }
 
+/// The `content-length` of an HTTP/1.1 head (`head` up to its blank line; the name in any case),
+/// 0 when absent or not a number: how the raw test servers know where a body ends.
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0)
+}
+
 /// Whether a program from outside the Rust toolchain that a test needs (a Debian package such as
 /// `redis-server` or `nginx-light`) is `present`. In CI (`CI=true`, where `.ci/run` installs
 /// every such program) a missing one fails the test, saying how to install it; elsewhere the test
@@ -432,6 +446,14 @@ mod tests {
         assert_eq!(metric(page, "f_total", &[("model", "a")]), Some(1.0));
         assert_eq!(metric(page, "f_total", &[("odel", "a")]), None);
         assert_eq!(metric(page, "f", &[("model", "a")]), None);
+    }
+
+    #[test]
+    fn content_length_reads_the_header_in_any_case_and_defaults_to_zero() {
+        let head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\nContent-Length:  42\r\n";
+        assert_eq!(content_length(head), 42);
+        assert_eq!(content_length("GET / HTTP/1.1\r\nhost: x"), 0);
+        assert_eq!(content_length("GET / HTTP/1.1\r\ncontent-length: many"), 0);
     }
 
     /// Answers each connection with `answer` after reading its request head, and hands the

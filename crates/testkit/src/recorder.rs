@@ -166,12 +166,7 @@ async fn serve(mut s: TcpStream, answer: Arc<str>, heads: Arc<Mutex<Vec<String>>
             }
         };
         let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        let length = head
-            .split("\r\n")
-            .filter_map(|line| line.split_once(':'))
-            .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
-            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
+        let length = crate::content_length(&head);
         let whole = end + 4 + length;
         while buf.len() < whole {
             match s.read(&mut chunk).await {

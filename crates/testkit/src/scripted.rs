@@ -41,14 +41,7 @@ async fn answer(mut s: TcpStream, script: Script) {
             }
             continue;
         };
-        let length: usize = text[..end]
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse().ok())?
-            })
-            .unwrap_or(0);
+        let length = crate::content_length(&text[..end]);
         if got < end + 4 + length {
             if got == buf.len() {
                 return;
