@@ -72,6 +72,30 @@ fn a_short_prompt_is_estimated_at_the_fixed_cost_a_long_one_by_its_tokens() {
     assert!((prompt_scale(1024.0, Some(0.0), Some(5.0)) - 2.0).abs() < 1e-12);
 }
 
+/// A heartbeat's `fixedCostMs` is another process's word: a negative one counts as none, and a
+/// document whose value is not a number is refused whole, so no estimate is negative or NaN.
+#[test]
+fn a_hostile_fixed_cost_cannot_make_an_estimate_negative_or_nan() {
+    let c = cluster(DISCOVERING);
+    let at = Instant::now();
+    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").1;
+    c.apply_heartbeat(&heartbeat(165.0, Some(-500.0)), Duration::ZERO, at);
+    assert!((estimate(7.0) - 165.0 * 7.0 / 512.0).abs() < 1e-9);
+    assert!((estimate(4096.0) - 165.0 * 8.0).abs() < 1e-9);
+    assert!((prompt_scale(7.0, Some(100.0), Some(f64::NAN)) - 7.0 / 512.0).abs() < 1e-12);
+    assert!((prompt_scale(7.0, Some(100.0), Some(f64::INFINITY)) - 7.0 / 512.0).abs() < 1e-12);
+    let good = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{"name":"llama","pods":1,"readyPods":1,"saturation":0.0,"queue":0,
+        "running":0,"inflight":0,"estimatedTtftMs":165.0,"prefillMs":165.0,
+        "fixedCostMs":35.0,"drainMs":0.0}]}"#;
+    assert!(serde_json::from_str::<Heartbeat>(good).is_ok());
+    let doc = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{"name":"llama","pods":1,"readyPods":1,"saturation":0.0,"queue":0,
+        "running":0,"inflight":0,"estimatedTtftMs":165.0,"prefillMs":165.0,
+        "fixedCostMs":"soon","drainMs":0.0}]}"#;
+    assert!(serde_json::from_str::<Heartbeat>(doc).is_err());
+}
+
 /// Three clusters up for `llama` (the third also alone serving `solo`), with
 /// `outlierDetection` as given.
 fn fleet(outlier: &str) -> (Vec<Arc<Cluster>>, Telemetry) {
