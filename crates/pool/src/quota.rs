@@ -562,13 +562,20 @@ async fn sync_loop(inner: Weak<Inner>, shared: SharedConfig) {
     }
 }
 
-/// Takes a dropped service's replica out of the presence sets (best effort, one round trip), so
-/// the others stop counting it — and assuming its share of the use — at their next round rather
-/// than two presence periods later. Its use stays in the totals until it leaves the window.
+/// The longest a dropped service's replica spends leaving the presence sets: a connect (when
+/// its link is closed) and one round trip, each also bounded by its configured timeout
+/// (200 ms by default). A Redis that does not answer within it leaves the replica to age out.
+pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Takes a dropped service's replica out of the presence sets (one attempt, at most
+/// [`LEAVE_TIMEOUT`]), so the others stop counting it — and assuming its share of the use — at
+/// their next round rather than two presence periods later. Its use stays in the totals until
+/// it leaves the window.
+///
+/// A link closed by a failed round (a timeout, a reset) waits out its backoff before it connects
+/// again, which would skip the attempt and leave the others admitting only their shares for
+/// those two periods: the replica connects afresh instead, once, whatever the backoff.
 async fn leave(redis: &mut Redis, shared: &SharedConfig, id: &str, now: u64) {
-    if !redis.is_connected() {
-        return;
-    }
     let prefix = &shared.key_prefix;
     let period_ms = presence_period_ms(shared);
     let mut p = Pipeline::new();
@@ -576,9 +583,26 @@ async fn leave(redis: &mut Redis, shared: &SharedConfig, id: &str, now: u64) {
     for period in [now / period_ms, (now / period_ms).saturating_sub(1)] {
         p.cmd(&["SREM", format!("{prefix}replicas:{period}").as_str(), id]);
     }
-    if let Err(e) = redis.pipeline(&p).await {
-        tracing::debug!(error = %crate::ErrorChain(&e), "quota replica could not leave the presence sets; it ages out");
-    }
+    let mut fresh;
+    let link = if redis.is_connected() {
+        redis
+    } else {
+        fresh = Redis::new(shared.redis.clone());
+        &mut fresh
+    };
+    let why = match tokio::time::timeout(LEAVE_TIMEOUT, link.pipeline(&p)).await {
+        Ok(Ok(replies)) => match replies.into_iter().find(|v| matches!(v, Value::Error(_))) {
+            Some(Value::Error(message)) => format!("Redis refused it: {message}"),
+            _ => return,
+        },
+        Ok(Err(e)) => crate::ErrorChain(&e).to_string(),
+        Err(_) => format!("no answer within {} ms", LEAVE_TIMEOUT.as_millis()),
+    };
+    tracing::debug!(
+        address = %shared.redis.address,
+        error = why.as_str(),
+        "quota replica could not leave the presence sets; the others count it until it ages out"
+    );
 }
 
 /// A presence period: ten sync intervals, at least a second.

@@ -325,6 +325,119 @@ async fn a_replica_dropped_stops_being_counted_at_once() {
     );
 }
 
+/// A replica shut down right after a round of its that timed out: the failed round closed its
+/// link, and the link's backoff (a minute here) would keep it from connecting again, so it used
+/// to leave nothing and stay counted for two presence periods, meanwhile every other replica
+/// admitting only its share. It connects afresh to leave, and the other replica's first round
+/// after that counts it alone, admitting the whole limit.
+///
+/// By state, not deadlines: A's rounds are stepped, and the test waits (a hang guard only) for
+/// B's id to leave the round times, whose expiry it holds off so that only B's leave can take it
+/// out. On the code that skipped a closed link, B's id stayed until the guard failed the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_link_a_timed_out_round_closed_still_leaves_when_dropped() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let window = Duration::from_secs(2);
+    let mut stepped = config(&redis, "closed:", window, 100);
+    // One background round at start, the next an hour later: the test steps A's rounds, as
+    // those of a replica syncing every 50 ms (presence periods of a second).
+    stepped.redis.as_mut().unwrap().sync_interval = Duration::from_secs(3600);
+    patient(&mut stepped);
+    let a = Quotas::start(stepped, None).unwrap();
+    let mut cfg = a.config().redis.clone().unwrap();
+    cfg.sync_interval = Duration::from_millis(50);
+    let mut ra = Redis::new(cfg.redis.clone());
+    let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
+    infergate_testkit::eventually("A's background round", || a.redis_up()).await;
+    let only_a = members(&mut direct, "closed:").await;
+    assert_eq!(only_a.len(), 1, "{only_a:?}");
+
+    // B syncs in the background every 50 ms through a relay that can hold Redis's answers past
+    // its timeout; after a failed round its link waits a minute before connecting again.
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = answer_holding_relay(redis.addr(), Arc::clone(&slow), Duration::from_secs(3)).await;
+    let mut own = config(&redis, "closed:", window, 100);
+    patient(&mut own);
+    let link = &mut own.redis.as_mut().unwrap().redis;
+    link.address = relay.to_string();
+    link.backoff_min = Duration::from_secs(60);
+    link.backoff_max = Duration::from_secs(60);
+    let b = Quotas::start(own, None).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(a.replicas() == 2 && b.replicas() == 2) {
+        assert!(
+            Instant::now() < deadline,
+            "the replicas never saw each other"
+        );
+        a.sync_now(&mut ra, &cfg).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Past A's first presence period, when its count may only rise; A's rounds since must all
+    // have succeeded, or a new period began with the one after.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(a.sync_now(&mut ra, &cfg).await, "A's round failed");
+    assert_eq!(a.replicas(), 2);
+
+    // One of B's rounds times out (Redis applies it; the answer comes 3 s late): B's link is
+    // closed and in its backoff.
+    slow.store(true, std::sync::atomic::Ordering::Relaxed);
+    infergate_testkit::eventually("B's round timed out", || !b.redis_up()).await;
+    slow.store(false, std::sync::atomic::Ordering::Relaxed);
+    // Only B's leave may take B out of the round times: A runs no round meanwhile, and the set
+    // must not expire (three presence periods after A's last round) before B's id is looked for.
+    let mut p = infergate_pool::redis::Pipeline::new();
+    p.cmd(&["PEXPIRE", "closed:rounds", "600000"]);
+    direct.pipeline(&p).await.unwrap();
+    assert_eq!(members(&mut direct, "closed:").await.len(), 2);
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while members(&mut direct, "closed:").await != only_a {
+        assert!(
+            Instant::now() < deadline,
+            "B, its link closed by a timed-out round, never left the presence sets"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(a.sync_now(&mut ra, &cfg).await, "A's round failed");
+    assert_eq!(
+        a.replicas(),
+        1,
+        "B still counted at A's first round after it left"
+    );
+    let admitted = (0..101)
+        .filter(|_| match a.admit("team-a", 0) {
+            Ok(Some(t)) => {
+                drop(QuotaTicket::commit(t));
+                true
+            }
+            _ => false,
+        })
+        .count();
+    assert_eq!(
+        admitted, 100,
+        "A alone admits the whole limit, not its share"
+    );
+}
+
+/// The replica ids in the round times under `prefix` (`ZRANGE … 0 -1`).
+async fn members(direct: &mut Redis, prefix: &str) -> Vec<Vec<u8>> {
+    use infergate_pool::redis::{Pipeline, Value};
+    let mut p = Pipeline::new();
+    p.cmd(&["ZRANGE", &format!("{prefix}rounds"), "0", "-1"]);
+    match direct.pipeline(&p).await.unwrap().pop() {
+        Some(Value::Array(ids)) => ids
+            .into_iter()
+            .map(|v| match v {
+                Value::Bulk(id) => id,
+                v => panic!("ZRANGE listed {v:?}"),
+            })
+            .collect(),
+        v => panic!("ZRANGE answered {v:?}"),
+    }
+}
+
 /// How many replicas the round times under `prefix` name (`ZCARD`).
 async fn present(direct: &mut Redis, prefix: &str) -> i64 {
     let mut p = infergate_pool::redis::Pipeline::new();

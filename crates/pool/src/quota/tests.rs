@@ -294,3 +294,31 @@ async fn a_sync_round_with_a_malformed_reply_applies_nothing() {
         );
     }
 }
+
+/// Leaving at shutdown is bounded: a Redis that accepts the connection and never answers holds
+/// the leave [`LEAVE_TIMEOUT`], however long the configured timeouts.
+#[tokio::test(start_paused = true)]
+async fn leaving_a_redis_that_never_answers_takes_at_most_the_leave_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    let mut redis = RedisConfig::new(addr.to_string());
+    redis.connect_timeout = Duration::from_secs(30);
+    redis.command_timeout = Duration::from_secs(30);
+    let shared = SharedConfig {
+        redis,
+        key_prefix: String::from("t:"),
+        sync_interval: Duration::from_millis(50),
+    };
+    // A link never connected, as one closed by a failed round: the leave connects afresh.
+    let mut link = Redis::new(shared.redis.clone());
+    let start = tokio::time::Instant::now();
+    leave(&mut link, &shared, "replica-1", 1_800_000_000_250).await;
+    assert_eq!(start.elapsed(), LEAVE_TIMEOUT);
+    silent.abort();
+}
