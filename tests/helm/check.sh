@@ -30,6 +30,10 @@
 #      the operator's command line as rendered (logFormat included) parses with the real binary;
 #      metrics.auth: the review rights, the metrics-reader role, the readers' binding and the
 #      ServiceMonitor's token by default, none of them with `none`, both command lines parsing;
+#      metrics.tls: HTTPS by default (probes `scheme: HTTPS`, the ServiceMonitor `scheme: https`
+#      skipping verification of the self-signed certificate), plain with `auth: none`, a
+#      certificate Secret mounted and verified against its CA, a --reuse-values release without
+#      the key on HTTPS, each command line accepted by the real binary;
 #      the global router waits for its endpoint's removal before SIGTERM and its grace period
 #      outlasts that and a streamed answer; the leader Role reads and renews only the operator's
 #      own Lease; the default image is this build's; NOTES.txt gives the CRD's upgrade command
@@ -455,6 +459,52 @@ assert "--metrics-auth=none" in args(off), args(off)
 assert reviews(off) == [], reviews(off)
 assert not [o for o in off if "metrics-reader" in o["metadata"]["name"]], "reader role with metrics.auth=none"
 assert "bearerTokenFile" not in monitor(off), monitor(off)
+# The token goes over HTTPS: the operator serves it (self-signed, as nothing names a certificate),
+# the kubelet probes it, the ServiceMonitor scrapes it without verifying; `none` stays plain.
+def container(objs):
+    return find(objs, "Deployment", "infergate-operator")[0]["spec"]["template"]["spec"]["containers"][0]
+def pod_annotations(objs):
+    return find(objs, "Deployment", "infergate-operator")[0]["spec"]["template"]["metadata"]["annotations"]
+assert "--metrics-tls=true" in args(on) and not [a for a in args(on) if "cert-file" in a], args(on)
+for probe in ("readinessProbe", "livenessProbe"):
+    assert container(on)[probe]["httpGet"].get("scheme") == "HTTPS", container(on)[probe]
+    assert "scheme" not in container(off)[probe]["httpGet"], container(off)[probe]
+assert monitor(on)["scheme"] == "https" and monitor(on)["tlsConfig"] == {"insecureSkipVerify": True}, monitor(on)
+assert pod_annotations(on)["prometheus.io/scheme"] == "https", pod_annotations(on)
+assert "--metrics-tls=false" in args(off), args(off)
+assert "scheme" not in monitor(off) and "tlsConfig" not in monitor(off), monitor(off)
+assert "prometheus.io/scheme" not in pod_annotations(off), pod_annotations(off)
+PY
+# A certificate from a Secret (cert-manager's): mounted read-only, named by the two flags, and
+# verified by the ServiceMonitor against the Secret's ca.crt (or another Secret's CA) for the
+# Service's name.
+"$helm" template infergate "$chart" -n infergate-system --set metrics.serviceMonitor.enabled=true \
+  --set metrics.tls.certSecret=operator-metrics-tls >"$work/metrics-cert.yaml"
+"$helm" template infergate "$chart" -n infergate-system --set metrics.serviceMonitor.enabled=true \
+  --set metrics.tls.certSecret=operator-metrics-tls --set metrics.tls.caSecret=corp-ca \
+  --set metrics.tls.caKey=root.pem --set metrics.auth=none >"$work/metrics-cert-ca.yaml"
+python3 - "$work/metrics-cert.yaml" "$work/metrics-cert-ca.yaml" <<'PY' || fail "metrics.tls.certSecret renders (above)"
+import sys, yaml
+def deployment(objs):
+    return [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "infergate-operator"][0]
+def monitor(objs):
+    return [o for o in objs if o["kind"] == "ServiceMonitor"][0]["spec"]["endpoints"][0]
+cert, ca = ([o for o in yaml.safe_load_all(open(p)) if o] for p in sys.argv[1:3])
+pod = deployment(cert)["spec"]["template"]["spec"]
+c = pod["containers"][0]
+d = "/etc/infergate/metrics-tls"
+assert {"--metrics-tls=true", f"--metrics-tls-cert-file={d}/tls.crt", f"--metrics-tls-key-file={d}/tls.key"} <= set(c["args"]), c["args"]
+assert c["volumeMounts"] == [{"name": "metrics-tls", "mountPath": d, "readOnly": True}], c["volumeMounts"]
+assert pod["volumes"] == [{"name": "metrics-tls", "secret": {"secretName": "operator-metrics-tls",
+    "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}}], pod["volumes"]
+assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS", c["readinessProbe"]
+want = {"serverName": "infergate-operator-metrics.infergate-system.svc",
+        "ca": {"secret": {"name": "operator-metrics-tls", "key": "ca.crt"}}}
+assert monitor(cert)["scheme"] == "https" and monitor(cert)["tlsConfig"] == want, monitor(cert)
+# A certificate means HTTPS even with auth none; the CA from another Secret.
+assert "--metrics-tls=true" in deployment(ca)["spec"]["template"]["spec"]["containers"][0]["args"]
+assert monitor(ca)["tlsConfig"]["ca"] == {"secret": {"name": "corp-ca", "key": "root.pem"}}, monitor(ca)
+assert "bearerTokenFile" not in monitor(ca), monitor(ca)
 PY
 # A release made before metrics.auth existed, upgraded with --reuse-values, has no such key: it
 # must render as the default (a check the binary accepts, and the rights it needs).
@@ -463,15 +513,35 @@ grep -qx -- '            - --metrics-auth=kubernetes' "$work/metrics-reused.yaml
   || fail "without metrics.auth (helm upgrade --reuse-values) the operator is not started with --metrics-auth=kubernetes"
 grep -q 'tokenreviews' "$work/metrics-reused.yaml" \
   || fail "without metrics.auth (helm upgrade --reuse-values) the ClusterRole cannot create TokenReviews"
-for render in metrics-auth metrics-open metrics-reused; do
+# Nor metrics.tls, before it existed: HTTPS, as the default, probes included.
+"$helm" template infergate "$chart" -n infergate-system --set metrics.auth=null --set metrics.tls=null \
+  >"$work/metrics-tls-reused.yaml"
+grep -qx -- '            - --metrics-tls=true' "$work/metrics-tls-reused.yaml" \
+  || fail "without metrics.tls (helm upgrade --reuse-values) the operator is not started with --metrics-tls=true"
+[ "$(grep -cx '              scheme: HTTPS' "$work/metrics-tls-reused.yaml")" = 2 ] \
+  || fail "without metrics.tls (helm upgrade --reuse-values) the probes do not speak HTTPS"
+for render in metrics-auth metrics-open metrics-reused metrics-tls-reused metrics-cert-ca; do
   python3 tests/helm/validate.py "$work/$render.yaml" >/dev/null || fail "the $render render does not validate"
   status=0
   run_operator "$work/$render.yaml" >"$work/operator-$render.out" 2>&1 || status=$?
   [ "$status" = 1 ] || fail "the operator's rendered command line ($render) exited $status, expected 1 (no cluster): $(cat "$work/operator-$render.out")"
 done
+# The Secret's files are not on this machine: past its flags, the binary stops on reading them,
+# naming the flag and the file (before any cluster call), which it could not with a refused flag.
+status=0
+run_operator "$work/metrics-cert.yaml" >"$work/operator-metrics-cert.out" 2>&1 || status=$?
+[ "$status" = 1 ] || fail "the operator's rendered command line (metrics-cert) exited $status, expected 1: $(cat "$work/operator-metrics-cert.out")"
+grep -qF -- '--metrics-tls-cert-file /etc/infergate/metrics-tls/tls.crt' "$work/operator-metrics-cert.out" \
+  && grep -qF 'cannot read `/etc/infergate/metrics-tls/tls.crt`' "$work/operator-metrics-cert.out" \
+  || fail "the operator did not stop on the missing certificate file, naming it: $(cat "$work/operator-metrics-cert.out")"
 expect_fail "/metrics/auth" --set metrics.auth=off
 expect_fail "namespace" --set 'metrics.readers[0].name=prometheus-k8s'
+expect_fail "/metrics/tls/enabled" --set metrics.tls.enabled=yes
+expect_fail "/metrics/tls/certSecret" --set metrics.tls.certSecret=Not_A_Name
+expect_fail "metrics.tls.certSecret needs metrics.tls.enabled" --set metrics.tls.enabled=false \
+  --set metrics.tls.certSecret=operator-metrics-tls
 ok "metrics.auth: the reviews, reader role, readers' binding and ServiceMonitor token by default, none of them with none; both command lines parse"
+ok "metrics.tls: HTTPS by default (probes, ServiceMonitor skipping verification of the self-signed certificate), plain with auth none, a certificate Secret mounted and verified, --reuse-values on HTTPS; each command line accepted"
 # How the routers and pickers pull their image: the operator's rendered environment, given to the
 # real binary's `render` (the operator's own flags and variables), must yield pods that pull as
 # the values say; and the operator starts with it.

@@ -45,6 +45,27 @@ def to_json_schema(node):
     return out
 
 
+def check_tls_config(tls, where):
+    """The fields of monitoring.coreos.com/v1 TLSConfig the chart writes: a CA from a Secret's
+    key, the name to verify, or no verification."""
+    if tls is None:
+        return []
+    problems = []
+    unknown = set(tls) - {"ca", "serverName", "insecureSkipVerify"}
+    if unknown:
+        problems.append(f"{where} has unknown fields {sorted(unknown)}")
+    if "insecureSkipVerify" in tls and not isinstance(tls["insecureSkipVerify"], bool):
+        problems.append(f"{where}.insecureSkipVerify is not a boolean")
+    if "serverName" in tls and not (isinstance(tls["serverName"], str) and tls["serverName"]):
+        problems.append(f"{where}.serverName is not a name")
+    if "ca" in tls:
+        secret = (tls["ca"] or {}).get("secret") or {}
+        if set(tls["ca"]) != {"secret"} or set(secret) != {"name", "key"} \
+                or not all(isinstance(secret[k], str) and secret[k] for k in ("name", "key")):
+            problems.append(f"{where}.ca is not {{secret: {{name, key}}}}: {tls['ca']}")
+    return problems
+
+
 def check_service_monitor(obj):
     spec = obj.get("spec") or {}
     problems = []
@@ -53,9 +74,14 @@ def check_service_monitor(obj):
     for i, ep in enumerate(spec.get("endpoints") or []):
         # bearerTokenFile: the scraping Prometheus's own token, for the operator's /metrics
         # (metrics.auth: kubernetes); a field of monitoring.coreos.com/v1 Endpoint.
-        unknown = set(ep) - {"port", "path", "interval", "scheme", "scrapeTimeout", "bearerTokenFile"}
+        # tlsConfig: how it verifies the operator's HTTPS metrics port (metrics.tls).
+        unknown = set(ep) - {"port", "path", "interval", "scheme", "scrapeTimeout", "bearerTokenFile",
+                             "tlsConfig"}
         if unknown:
             problems.append(f"spec.endpoints[{i}] has unknown fields {sorted(unknown)}")
+        if ep.get("scheme", "http") not in ("http", "https"):
+            problems.append(f"spec.endpoints[{i}].scheme is {ep['scheme']!r}, not http or https")
+        problems += check_tls_config(ep.get("tlsConfig"), f"spec.endpoints[{i}].tlsConfig")
         if not ep.get("port"):
             problems.append(f"spec.endpoints[{i}].port is missing")
     if not spec.get("endpoints"):

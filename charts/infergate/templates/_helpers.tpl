@@ -21,6 +21,31 @@
 {{- .Values.metrics.auth | default "kubernetes" -}}
 {{- end -}}
 
+{{/*
+"true" when the metrics port serves HTTPS: metrics.tls.enabled when set; else on with a
+certificate Secret or with metrics.auth kubernetes (Prometheus's token must not cross the
+network in clear), off with none. A release upgraded with --reuse-values from before
+metrics.tls has no such map: it gets the default.
+*/}}
+{{- define "infergate.metricsTLS" -}}
+{{- $tls := .Values.metrics.tls | default dict -}}
+{{- if kindIs "bool" $tls.enabled -}}
+{{- if and (not $tls.enabled) $tls.certSecret -}}
+{{- fail "metrics.tls.certSecret needs metrics.tls.enabled: a certificate for a port told to serve plain HTTP (drop one of them)" -}}
+{{- end -}}
+{{- $tls.enabled -}}
+{{- else if $tls.certSecret -}}
+true
+{{- else -}}
+{{- eq (include "infergate.metricsAuth" .) "kubernetes" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the metrics certificate Secret is mounted. */}}
+{{- define "infergate.metricsTLSDir" -}}
+/etc/infergate/metrics-tls
+{{- end -}}
+
 {{- define "infergate.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "infergate.fullname" .) .Values.serviceAccount.name -}}

@@ -137,6 +137,22 @@ pub enum Error {
         /// The time it was given.
         seconds: u64,
     },
+    /// The metrics port's certificate files could not be loaded (or a self-signed one made).
+    #[error("the metrics port's TLS certificate cannot be used ({flags})")]
+    MetricsTls {
+        /// The flags it came from, with their values.
+        flags: String,
+        /// Which file, and what is wrong with it.
+        #[source]
+        source: infergate_pool::tls::TlsError,
+    },
+    /// Certificate files were given for a metrics port told to serve plain HTTP.
+    #[error(
+        "--metrics-tls=false serves plain HTTP, yet --metrics-tls-cert-file and \
+         --metrics-tls-key-file name a certificate: drop --metrics-tls=false to serve HTTPS with \
+         it, or drop the files"
+    )]
+    MetricsTlsConflict,
 }
 
 impl Error {
@@ -160,6 +176,7 @@ impl Error {
             Self::Finalizer(_) => "finalizer",
             Self::Random => "random",
             Self::MetricsReview { .. } | Self::MetricsReviewTimeout { .. } => "metrics_review",
+            Self::MetricsTls { .. } | Self::MetricsTlsConflict => "metrics_tls",
         }
     }
 

@@ -1,6 +1,7 @@
 //! Who may reach what: the admin port's `/metrics` behind a TokenReview and a
-//! SubjectAccessReview (against the fake API server), its probes open, and the ClusterRole of
-//! the static manifest (the chart's default render) granting exactly the operator's RBAC list.
+//! SubjectAccessReview (against the fake API server), its probes open, the port over TLS
+//! ([`tls`]), and the ClusterRole of the static manifest (the chart's default render) granting
+//! exactly the operator's RBAC list.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
@@ -8,6 +9,8 @@
 mod common;
 #[path = "common/fake.rs"]
 mod fake;
+#[path = "access/tls.rs"]
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +24,7 @@ use infergate_operator::rbac::{
     CLUSTER_RULES, LEADER_RULES, METRICS_AUTH_RULES, METRICS_READER, Rule, grants,
 };
 use infergate_operator::serve::serve_admin;
+use infergate_pool::tls::ServerTls;
 use infergate_testkit::Response;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
@@ -34,6 +38,14 @@ const ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews
 /// (authenticated, not allowed), and the operator's admin server asking it (`None`: with
 /// `--metrics-auth=none`).
 async fn admin(checked: bool) -> (SocketAddr, Fake, tokio::sync::oneshot::Sender<()>) {
+    admin_over(checked, None).await
+}
+
+/// [`admin`], over TLS with `tls` (its counters registered, as `serve` registers them).
+async fn admin_over(
+    checked: bool,
+    tls: Option<ServerTls>,
+) -> (SocketAddr, Fake, tokio::sync::oneshot::Sender<()>) {
     let (client, fake) = fake::client();
     fake.token("prometheus-token", PROMETHEUS);
     fake.token("grafana-token", GRAFANA);
@@ -49,10 +61,19 @@ async fn admin(checked: bool) -> (SocketAddr, Fake, tokio::sync::oneshot::Sender
         auth.register(&mut registry);
         Arc::new(auth)
     });
+    if let Some(tls) = &tls {
+        tls.register(&mut registry);
+    }
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_admin(listener, Arc::new(registry), auth, async {
-        let _ = rx.await;
-    }));
+    tokio::spawn(serve_admin(
+        listener,
+        tls,
+        Arc::new(registry),
+        auth,
+        async {
+            let _ = rx.await;
+        },
+    ));
     (addr, fake, tx)
 }
 
@@ -314,6 +335,18 @@ fn the_static_manifest_grants_exactly_the_rbac_list() {
             .any(|a| a == "--metrics-auth=kubernetes"),
         "{args}"
     );
+    // ... over HTTPS, which the probes speak too (the kubelet does not verify the certificate).
+    assert!(
+        args.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--metrics-tls=true"),
+        "{args}"
+    );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["scheme"], "HTTPS", "{probe}");
+    }
 }
 
 /// docs/operator.md's permissions table has one row per rule, as `| group | resources | verbs |`.

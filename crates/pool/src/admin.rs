@@ -8,7 +8,8 @@
 //! over its pools' registries at each scrape) and the operator (`infergate_operator::serve`) call
 //! [`serve`] or [`serve_with`] with their listener, their readiness and their shutdown future;
 //! the operator calls [`serve_guarded`], whose guard checks each scrape's bearer token (the
-//! probes stay open). It lives here because every shell already depends on this crate.
+//! probes stay open), over TLS when given a [`ServerTls`] (so that token never crosses the
+//! network in clear). It lives here because every shell already depends on this crate.
 //!
 //! It runs on its own port, apart from the traffic it describes, so that a scrape of the gateway's
 //! metrics never queues behind model requests.
@@ -27,6 +28,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::readiness::Readiness;
+use crate::tls::{ServerTls, accept_tls};
 
 /// The content type of the Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -128,8 +130,12 @@ pub type Refusal = Response<String>;
 /// As [`serve`], with each `GET` or `HEAD` of `/metrics` first passed to `guard` with the
 /// request's headers: `Ok(())` serves it, `Err(refusal)` answers `refusal` instead. The other
 /// paths are never guarded: the kubelet's probes carry no credentials.
+///
+/// With `tls`, every connection is TLS (HTTP/1.1 or h2 by ALPN), probes included: a client
+/// that does not complete the handshake gets no HTTP answer (logged and counted by `tls`).
 pub async fn serve_guarded<R, T, G, F>(
     listener: TcpListener,
+    tls: Option<ServerTls>,
     registry: Arc<Registry>,
     ready: R,
     guard: G,
@@ -141,7 +147,8 @@ where
     G: Fn(&http::HeaderMap) -> F + Send + Sync + 'static,
     F: Future<Output = Result<(), Refusal>> + Send + 'static,
 {
-    run(listener, encoder(registry), ready, || None, guard, shutdown).await
+    let handlers = (encoder(registry), ready, || None, guard);
+    run(listener, tls, handlers, shutdown).await
 }
 
 fn encoder(registry: Arc<Registry>) -> impl Fn() -> Result<String, std::fmt::Error> {
@@ -188,15 +195,15 @@ where
     T: Into<Readiness>,
     H: Fn() -> Option<String> + Send + Sync + 'static,
 {
-    run(listener, metrics, ready, heartbeat, open, shutdown).await
+    run(listener, None, (metrics, ready, heartbeat, open), shutdown).await
 }
 
+/// The accept loop; `handlers` are the metrics encoder, the readiness, the heartbeat and the
+/// scrape guard.
 async fn run<M, R, T, H, G, F>(
     listener: TcpListener,
-    metrics: M,
-    ready: R,
-    heartbeat: H,
-    guard: G,
+    tls: Option<ServerTls>,
+    handlers: (M, R, H, G),
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
@@ -207,7 +214,7 @@ where
     G: Fn(&http::HeaderMap) -> F + Send + Sync + 'static,
     F: Future<Output = Result<(), Refusal>> + Send + 'static,
 {
-    let handlers = Arc::new((metrics, ready, heartbeat, guard));
+    let handlers = Arc::new(handlers);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -223,7 +230,13 @@ where
             () = &mut shutdown => return Ok(()),
         };
         let handlers = Arc::clone(&handlers);
+        let tls = tls.clone();
         tokio::spawn(async move {
+            // In the connection's task, so that a slow handshake holds up no other client; a
+            // failed one is logged and counted by `accept_tls`.
+            let Ok(stream) = accept_tls(tls.as_ref(), stream).await else {
+                return;
+            };
             let service = service_fn(move |req: Request<Incoming>| {
                 let handlers = Arc::clone(&handlers);
                 async move {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use infergate_operator::metrics_auth::MetricsAuth;
 use infergate_operator::render::RenderOptions;
-use infergate_operator::serve::{ServeOptions, serve};
+use infergate_operator::serve::{MetricsTls, ServeOptions, serve};
 use tokio::net::TcpListener;
 
 use super::shutdown_signal;
@@ -40,6 +40,27 @@ pub struct Args {
     /// `none`, anyone who reaches the port. `/healthz` and `/readyz` are always open.
     #[arg(long, value_enum, default_value_t = MetricsAuth::Kubernetes)]
     metrics_auth: MetricsAuth,
+    /// Serve `--metrics-addr` over HTTPS (`true`) or plain HTTP (`false`). Default: HTTPS with
+    /// `--metrics-auth=kubernetes` (scrapes carry a bearer token), plain with `none`; HTTPS
+    /// whenever `--metrics-tls-cert-file` is given. Without certificate files the certificate is
+    /// self-signed, made at start (scrapers skip verification, as kubelet probes do).
+    #[arg(long, env = "INFERGATE_METRICS_TLS", value_name = "BOOL", num_args = 1, action = clap::ArgAction::Set)]
+    metrics_tls: Option<bool>,
+    /// Serve `--metrics-addr` over HTTPS with this PEM certificate chain (leaf first), reloaded
+    /// when the file changes (a mounted Secret's `tls.crt`); needs `--metrics-tls-key-file`.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_CERT_FILE",
+        requires = "metrics_tls_key_file"
+    )]
+    metrics_tls_cert_file: Option<std::path::PathBuf>,
+    /// The PEM private key of `--metrics-tls-cert-file` (a mounted Secret's `tls.key`).
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_KEY_FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    metrics_tls_key_file: Option<std::path::PathBuf>,
     /// Run without leader election (one replica only, for development).
     #[arg(long)]
     no_leader_election: bool,
@@ -52,6 +73,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         render.image = image;
     }
     args.pull.apply(&mut render);
+    let identity = args.identity.unwrap_or_else(default_identity);
+    let files = args.metrics_tls_cert_file.zip(args.metrics_tls_key_file);
+    let metrics_tls = MetricsTls::choose(
+        args.metrics_auth,
+        args.metrics_tls,
+        files,
+        MetricsTls::self_signed_names(&identity, args.metrics_addr),
+    )?;
     let admin = TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
@@ -61,9 +90,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             leader_election: !args.no_leader_election,
             lease_namespace: args.lease_namespace,
             lease_name: args.lease_name,
-            identity: args.identity.unwrap_or_else(default_identity),
+            identity,
             lease_duration: Duration::from_secs(args.lease_seconds),
             metrics_auth: args.metrics_auth,
+            metrics_tls,
         },
         Some(admin),
         shutdown_signal(),
@@ -128,6 +158,65 @@ mod tests {
         );
         let err = Cli::try_parse_from(["infergate", "operator", "--metrics-auth=off"]).unwrap_err();
         assert!(err.to_string().contains("none"), "{err}");
+    }
+
+    #[test]
+    fn metrics_tls_follows_the_auth_unless_told_and_names_both_files() {
+        use infergate_operator::serve::MetricsTls;
+        use infergate_pool::tls::Certificate;
+        let parse = |extra: &[&str]| {
+            let cli = Cli::try_parse_from([&["infergate", "operator"], extra].concat())?;
+            let Command::Operator(args) = cli.command else {
+                panic!("not the operator command");
+            };
+            let files = args.metrics_tls_cert_file.zip(args.metrics_tls_key_file);
+            Ok::<_, clap::Error>(
+                MetricsTls::choose(args.metrics_auth, args.metrics_tls, files, vec!["n".into()])
+                    .map_err(|e| e.to_string()),
+            )
+        };
+        let self_signed = Ok(MetricsTls::Https(Certificate::SelfSigned {
+            names: vec!["n".into()],
+        }));
+        assert_eq!(parse(&[]).unwrap(), self_signed);
+        assert_eq!(parse(&["--metrics-tls=true"]).unwrap(), self_signed);
+        assert_eq!(
+            parse(&["--metrics-tls", "false"]).unwrap(),
+            Ok(MetricsTls::Plain)
+        );
+        assert_eq!(
+            parse(&["--metrics-auth=none"]).unwrap(),
+            Ok(MetricsTls::Plain)
+        );
+        assert_eq!(
+            parse(&["--metrics-auth=none", "--metrics-tls=true"]).unwrap(),
+            self_signed
+        );
+        let files = [
+            "--metrics-tls-cert-file=/t/tls.crt",
+            "--metrics-tls-key-file=/t/tls.key",
+        ];
+        let from_files = Ok(MetricsTls::Https(Certificate::Files {
+            cert: "/t/tls.crt".into(),
+            key: "/t/tls.key".into(),
+        }));
+        assert_eq!(parse(&files).unwrap(), from_files);
+        assert_eq!(
+            parse(&[&files[..], &["--metrics-auth=none"]].concat()).unwrap(),
+            from_files
+        );
+        let refused = parse(&[&files[..], &["--metrics-tls=false"]].concat()).unwrap();
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("--metrics-tls=false") && e.contains("drop")),
+            "{refused:?}"
+        );
+        // One file without the other, or a value that is not a boolean, is clap's refusal.
+        let err = parse(&files[..1]).unwrap_err();
+        assert!(err.to_string().contains("--metrics-tls-key-file"), "{err}");
+        let err = parse(&["--metrics-tls=yes"]).unwrap_err();
+        assert!(err.to_string().contains("--metrics-tls"), "{err}");
     }
 
     #[test]
