@@ -225,12 +225,18 @@ async fn a_review_the_api_server_refuses_names_the_permission_and_the_opt_out() 
     // A failure is not remembered: the next scrape asks again and is let in.
     let r = scrape(addr, Some("Bearer prometheus-token")).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let failed = infergate_testkit::metric(
-        &r.text(),
+    assert_metric(
+        &r,
         "infergate_operator_metrics_scrapes_refused_total",
         &[("reason", "review_failed")],
+        2.0,
     );
-    assert_eq!(failed, Some(2.0), "{}", r.text());
+}
+
+/// The page `r` carries `family{labels}` at `want`.
+fn assert_metric(r: &Response, family: &str, labels: &[(&str, &str)], want: f64) {
+    let got = infergate_testkit::metric(&r.text(), family, labels);
+    assert_eq!(got, Some(want), "{family}{labels:?}: {}", r.text());
 }
 
 #[tokio::test(start_paused = true)]
@@ -327,23 +333,16 @@ fn the_static_manifest_grants_exactly_the_rbac_list() {
     );
     // The operator's command line asks for the check its ClusterRole allows.
     let deployment = object(&objects, "Deployment", "infergate-operator");
-    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
-    assert!(
-        args.as_array()
-            .unwrap()
-            .iter()
-            .any(|a| a == "--metrics-auth=kubernetes"),
-        "{args}"
-    );
-    // ... over HTTPS, which the probes speak too (the kubelet does not verify the certificate).
-    assert!(
-        args.as_array()
-            .unwrap()
-            .iter()
-            .any(|a| a == "--metrics-tls=true"),
-        "{args}"
-    );
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args.contains(&"--metrics-auth=kubernetes"), "{args:?}");
+    // ... over HTTPS, which the probes speak too (the kubelet does not verify the certificate).
+    assert!(args.contains(&"--metrics-tls=true"), "{args:?}");
     for probe in ["readinessProbe", "livenessProbe"] {
         assert_eq!(container[probe]["httpGet"]["scheme"], "HTTPS", "{probe}");
     }

@@ -13,7 +13,7 @@ use infergate_testkit::Response;
 use infergate_testkit::tls::{Leaf, TestCa, peer_certificate};
 use rustls_pki_types::CertificateDer;
 
-use super::admin_over;
+use super::{admin_over, assert_metric};
 
 /// The certificate files a Secret mount holds, in a scratch directory kept as long as the test.
 struct Files {
@@ -78,12 +78,7 @@ async fn an_https_scrape_with_an_allowed_token_gets_the_page_and_plain_http_gets
     .await
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(
-        r.text()
-            .contains("infergate_operator_reconciliations_total 1"),
-        "{}",
-        r.text()
-    );
+    assert_metric(&r, "infergate_operator_reconciliations_total", &[], 1.0);
     // The port's certificate is watched like every infergate TLS port's.
     let not_after = infergate_testkit::metric(
         &r.text(),
@@ -130,12 +125,12 @@ async fn an_https_scrape_with_an_allowed_token_gets_the_page_and_plain_http_gets
     )
     .await
     .unwrap();
-    let failures = infergate_testkit::metric(
-        &r.text(),
+    assert_metric(
+        &r,
         "infergate_tls_handshake_failures_total",
         &[("reason", "error")],
+        1.0,
     );
-    assert_eq!(failures, Some(1.0), "{}", r.text());
 }
 
 /// A client trusting `cert` itself, as a scraper given the self-signed certificate would.
@@ -222,12 +217,12 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     .await
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    let reloads = infergate_testkit::metric(
-        &r.text(),
+    assert_metric(
+        &r,
         "infergate_tls_certificate_reloads_total",
         &[("result", "ok")],
+        1.0,
     );
-    assert_eq!(reloads, Some(1.0), "{}", r.text());
     let stale = https_get(
         addr,
         "localhost",
