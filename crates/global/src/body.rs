@@ -36,6 +36,9 @@ pub struct Observed {
     pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) watch: ResponseWatch,
     pub(crate) sent_at: Instant,
+    /// The cluster's heartbeat-based estimate of this request's TTFT, ms, which its measured
+    /// TTFT corrects.
+    pub(crate) heartbeat_ttft_ms: f64,
     pub(crate) first_token: bool,
     /// Counted as pending on the cluster until the first token.
     pub(crate) pending: Option<crate::cluster::Pending>,
@@ -102,7 +105,11 @@ impl Body for RouterBody {
                         {
                             o.first_token = true;
                             o.pending = None;
-                            o.cluster.observe_ttft(o.sent_at.elapsed(), &o.telemetry);
+                            o.cluster.observe_ttft(
+                                o.sent_at.elapsed(),
+                                o.heartbeat_ttft_ms,
+                                &o.telemetry,
+                            );
                             if let Some(r) = o.record.as_deref_mut() {
                                 r.first_token();
                             }

@@ -34,6 +34,7 @@ use infergate_pool::tls::unix_now;
 
 use crate::config::{ClusterConfig, GlobalConfig};
 use crate::connect::{self, Clients, Connector, SetupError, SystemRoots};
+use crate::correction::Correction;
 use crate::error::{Error, TokenError};
 use crate::expiry;
 use crate::health::{Health, State};
@@ -45,11 +46,12 @@ use crate::{Client, now};
 /// The largest heartbeat or `/v1/models` answer read.
 const MAX_POLL_BODY: usize = 1 << 20;
 
-/// Weight of a new sample in the smoothed round trip and TTFT.
+/// Weight of a new sample in the smoothed round trip.
 const EWMA_ALPHA: f64 = 0.2;
 
-/// A measured TTFT older than this many heartbeat intervals no longer counts: a cluster that
-/// stopped receiving traffic because it was slow is judged by its heartbeat again.
+/// A measured TTFT older than this many heartbeat intervals no longer corrects the estimate: a
+/// cluster that stopped receiving traffic because it was slow is judged by its heartbeat alone
+/// again.
 const OBSERVED_TTFT_INTERVALS: u32 = 3;
 
 /// What is known of one model on one cluster.
@@ -84,14 +86,28 @@ impl ModelEntry {
     }
 }
 
+/// A cluster as one request sees it ([`Cluster::view`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct View {
+    /// Its share: 1 up, 0–1 ramping, 0 drained or ejected.
+    pub(crate) weight: f64,
+    /// The estimated TTFT, ms: the heartbeat-based one corrected by the router's own recent
+    /// measurements.
+    pub(crate) ttft_ms: f64,
+    /// The heartbeat-based estimate alone (scaled to the prompt, round trip and pending
+    /// requests included), ms: what this request's measured TTFT is compared with.
+    pub(crate) heartbeat_ttft_ms: f64,
+}
+
 /// The mutable part, behind one short lock.
 #[derive(Debug, Default)]
 pub(crate) struct ClusterState {
     pub(crate) models: HashMap<String, ModelEntry>,
     /// Smoothed heartbeat round trip, ms.
     pub(crate) rtt_ms: Option<f64>,
-    /// Smoothed measured TTFT of streamed answers, ms, and when the last sample came.
-    pub(crate) observed_ttft: Option<(f64, Instant)>,
+    /// The router's measured TTFT of streamed answers (and first-byte timeouts) against what
+    /// the heartbeat-based estimate said for each: the correction of the next estimates.
+    pub(crate) correction: Correction,
     /// Discovered (or configured) model names.
     pub(crate) served: Vec<String>,
     /// Its ejections by outlier detection, and whether it was ejected at the last tick (to log
@@ -544,28 +560,29 @@ impl Cluster {
     }
 
     /// What routing needs for `model` at `now`, for a request of `prompt_tokens`: `None` when
-    /// the cluster does not serve it; else the share and the estimated TTFT (ms, round trip
-    /// included).
+    /// the cluster does not serve it; else its share and estimates.
     ///
     /// The heartbeat's estimate is for a typical request of
     /// [`TYPICAL_PROMPT_TOKENS`](infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS); it is scaled
     /// to this request's prompt (queue and prefill both grow with the prompts the pods learned
     /// their rates from) by [`prompt_scale`]: the heartbeat's fixed cost per request is paid
-    /// whatever the prompt, the rest grows with it. The router's own measurements of streamed answers from the cluster in
-    /// the last few heartbeat intervals, when there are any, win: they see what the heartbeat
-    /// cannot (batching, prefix-cache hits, the network, the gateway itself). A cluster that
-    /// stops getting traffic because it was slow is judged by its heartbeat again once its
-    /// measurements have aged out.
-    pub(crate) fn view(&self, model: &str, now: Instant, prompt_tokens: f64) -> Option<(f64, f64)> {
+    /// whatever the prompt, the rest grows with it. The router's own measurements of streamed
+    /// answers from the cluster in the last few heartbeat intervals, when there are any, correct
+    /// it ([`Correction`]): they see what the heartbeat cannot (the network, the gateway itself,
+    /// the queue since the heartbeat), and what they add does not grow with the prompt. A
+    /// cluster that stops getting traffic because it was slow is judged by its heartbeat alone
+    /// again once its measurements have aged out.
+    pub(crate) fn view(&self, model: &str, now: Instant, prompt_tokens: f64) -> Option<View> {
         let st = lock(&self.state);
         let Some(entry) = st.models.get(model) else {
             // Served (configured in `models:` or discovered) but without a good heartbeat yet:
             // drained `unknown`, still a last resort rather than a model nobody serves.
-            return st
-                .served
-                .iter()
-                .any(|m| m == model)
-                .then(|| (0.0, st.rtt_ms.unwrap_or(0.0)));
+            let rtt = st.rtt_ms.unwrap_or(0.0);
+            return st.served.iter().any(|m| m == model).then_some(View {
+                weight: 0.0,
+                ttft_ms: rtt,
+                heartbeat_ttft_ms: rtt,
+            });
         };
         let weight = match entry.health.state(now) {
             State::Up { weight } => weight,
@@ -575,16 +592,9 @@ impl Cluster {
         let weight = weight.min(st.ejection.weight(now, self.outlier.slow_start));
         let rtt = st.rtt_ms.unwrap_or(0.0);
         let scale = prompt_scale(prompt_tokens, entry.prefill_ms, entry.fixed_cost_ms);
-        let heartbeat = entry.estimate_ms.map(|e| e * scale + rtt);
-        let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
-        let observed = st
-            .observed_ttft
-            .filter(|(_, at)| now.saturating_duration_since(*at) <= window)
-            .map(|(v, _)| v);
-        // A fresh measurement wins: the heartbeat's figure is a model (learned per uncached
-        // token, so a prefix-cached workload makes it pessimistic), the measurement is this
-        // router's own requests, network and gateway included.
-        let estimate = observed.or(heartbeat).unwrap_or(rtt);
+        // Without a heartbeat estimate (no `heartbeatUrl`, or no ready pod), the round trip
+        // alone: the correction then carries everything the measurements saw.
+        let heartbeat = entry.estimate_ms.map_or(rtt, |e| e * scale + rtt);
         // Requests sent since then wait their turn too: each adds its prefill on one of the
         // ready pods. Without it, every request between two heartbeats would herd onto the
         // cluster that looked cheapest at the last one.
@@ -592,7 +602,13 @@ impl Cluster {
         let queued = entry.prefill_ms.map_or(0.0, |p| {
             pending / f64::from(entry.ready_pods.max(1)) * p * scale
         });
-        Some((weight, estimate + queued))
+        let heartbeat_ttft_ms = heartbeat + queued;
+        let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
+        Some(View {
+            weight,
+            ttft_ms: st.correction.apply(heartbeat_ttft_ms, now, window),
+            heartbeat_ttft_ms,
+        })
     }
 
     /// Whether some model of it is routed on (up or ramping) at `at`.
@@ -632,9 +648,10 @@ impl Cluster {
         lock(&self.state).discovery.clone()
     }
 
-    /// A streamed answer's first generated token came `ttft` after its request was sent.
-    pub(crate) fn observe_ttft(&self, ttft: Duration, telemetry: &Telemetry) {
-        self.smooth_ttft(ttft);
+    /// A streamed answer's first generated token came `ttft` after its request was sent, whose
+    /// heartbeat-based estimate was `estimated_ms` ([`View::heartbeat_ttft_ms`]).
+    pub(crate) fn observe_ttft(&self, ttft: Duration, estimated_ms: f64, telemetry: &Telemetry) {
+        self.correct(ttft, estimated_ms);
         telemetry
             .ttft
             .get_or_create(&self.label)
@@ -716,32 +733,37 @@ impl Cluster {
         until != 0 && since(self.epoch, at) < until
     }
 
-    /// A routed request had no response headers after `waited` (`timeouts.firstByteMs`). The
-    /// wait counts as a measured TTFT (the answer's first token would have come later still)
-    /// and as a failed heartbeat, as a refused connection does: a cluster whose front door
+    /// A routed request whose heartbeat-based estimate was `estimated_ms` had no response
+    /// headers after `waited` (`timeouts.firstByteMs`). The wait counts as a measured TTFT (the
+    /// answer's first token would have come later still) and as a failed heartbeat, as a refused connection does: a cluster whose front door
     /// stopped answering while its heartbeat stays good is no longer preferred, rather than
     /// every request routed there waiting out its own timeout. The TTFT histogram is left to
     /// answers that came.
     ///
     /// Returns whether its heartbeat had it up before (as [`Cluster::observe_connect_failure`]).
-    pub(crate) fn observe_timeout(&self, waited: Duration, telemetry: &Telemetry) -> bool {
-        self.smooth_ttft(waited);
+    pub(crate) fn observe_timeout(
+        &self,
+        waited: Duration,
+        estimated_ms: f64,
+        telemetry: &Telemetry,
+    ) -> bool {
+        self.correct(waited, estimated_ms);
         self.observe_connect_failure(telemetry)
     }
 
-    fn smooth_ttft(&self, ttft: Duration) {
-        let ms = ttft.as_secs_f64() * 1e3;
+    /// Smooths a measured TTFT (`ttft` after the request was sent, now) into the correction
+    /// of the cluster's estimates.
+    fn correct(&self, ttft: Duration, estimated_ms: f64) {
+        let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
         let at = now();
-        let mut st = lock(&self.state);
-        st.observed_ttft = Some(match st.observed_ttft {
-            Some((v, last))
-                if at.saturating_duration_since(last)
-                    <= self.settings.interval * OBSERVED_TTFT_INTERVALS =>
-            {
-                (v + EWMA_ALPHA * (ms - v), at)
-            }
-            _ => (ms, at),
-        });
+        let sent = at.checked_sub(ttft).unwrap_or(at);
+        lock(&self.state).correction.observe(
+            ttft.as_secs_f64() * 1e3,
+            estimated_ms,
+            sent,
+            at,
+            window,
+        );
     }
 
     /// The cluster answered 401 or 403 to the router's own credentials (its
@@ -899,7 +921,7 @@ impl Cluster {
     /// The current weight of `model`.
     #[cfg(test)]
     pub(crate) fn weight(&self, model: &str, at: Instant) -> f64 {
-        self.view(model, at, 1.0).map_or(0.0, |(w, _)| w)
+        self.view(model, at, 1.0).map_or(0.0, |v| v.weight)
     }
 
     /// Applies a heartbeat fetched in `rtt`.

@@ -21,6 +21,8 @@
 //! - `cluster` — a cluster at run time and the task polling its heartbeat and models;
 //! - `connect` — connections to a cluster: TCP, then TLS for `https://` URLs, and what a
 //!   failed request says about the cluster;
+//! - `correction` — the router's measured TTFT of a cluster, kept as a correction of the
+//!   heartbeat-based estimate of each request (pure, time passed in);
 //! - `rotation` — a cluster's token file, CA bundle and client certificate rotated on disk,
 //!   noticed and applied without a reload, the cluster kept;
 //! - `expiry` — when a cluster's client certificate and CA bundle expire: read at each load,
@@ -46,6 +48,7 @@ mod access_log;
 mod body;
 mod cluster;
 mod connect;
+mod correction;
 mod expiry;
 mod rotation;
 mod server;

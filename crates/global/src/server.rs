@@ -858,12 +858,16 @@ async fn route_request(
     );
     let at = now();
     let mut candidates: Vec<Candidate> = Vec::with_capacity(state.clusters.len());
+    // Each cluster's heartbeat-based estimate for this request, by its index: what the
+    // measured TTFT of the cluster that answers is compared with.
+    let mut heartbeat_ttft_ms = [0.0; MAX_CLUSTERS];
     for (index, c) in state.clusters.iter().enumerate().take(MAX_CLUSTERS) {
-        if let Some((weight, ttft_ms)) = c.view(model, at, prompt) {
+        if let Some(view) = c.view(model, at, prompt) {
+            heartbeat_ttft_ms[index] = view.heartbeat_ttft_ms;
             candidates.push(Candidate {
                 index,
-                weight,
-                ttft_ms,
+                weight: view.weight,
+                ttft_ms: view.ttft_ms,
                 cost: state.prices[index].0 * prompt + state.prices[index].1 * output,
                 region_rank: state.region_ranks[index],
             });
@@ -969,7 +973,11 @@ async fn route_request(
         let clients = cluster.clients();
         match tokio::time::timeout(first_byte, clients.request.request(up)).await {
             Err(_) => {
-                gateway_failure(cluster.observe_timeout(first_byte, &shared.telemetry));
+                gateway_failure(cluster.observe_timeout(
+                    first_byte,
+                    heartbeat_ttft_ms[cand.index],
+                    &shared.telemetry,
+                ));
                 tracing::debug!(cluster = %cluster.config.name, "no response headers within timeouts.firstByteMs");
                 return Err(ApiError::ClusterTimeout {
                     cluster: cluster.config.name.clone(),
@@ -1091,6 +1099,7 @@ async fn route_request(
                     telemetry: Arc::clone(&shared.telemetry),
                     watch: ResponseWatch::new(status.as_u16(), sse, MAX_USAGE_BODY),
                     sent_at,
+                    heartbeat_ttft_ms: heartbeat_ttft_ms[cand.index],
                     first_token: false,
                     pending: Some(pending),
                     quota: quota.take().map(|q| q.commit()),

@@ -398,6 +398,34 @@ fn numbered(n: usize, content: &str) -> String {
     )
 }
 
+/// A short prompt: 14 tokens, numbered.
+const SHORT: &str = "Tell me a story.";
+
+/// A long prompt: about 2,050 tokens, numbered.
+fn long_prompt() -> String {
+    "the lighthouse keeper watched the grey sea roll in ".repeat(160)
+}
+
+/// One cluster of one emulated `profile` pod whose gateway has learned, from [`SHORT`] and long
+/// prompts sent to it directly one at a time on the idle pod, the pod's fixed cost per request
+/// and its speed, as the requests measured after find it (a short prompt sent as a long one's
+/// answer ends waits for the pod's last step: 42 ms on the H100 rather than 23).
+async fn warmed(profile: &str, seed: u64) -> TestCluster {
+    let cluster = TestCluster::start("east", profile, 1, seed).await;
+    clusters::wait_ready(cluster.admin).await;
+    let long = long_prompt();
+    for n in 0..10 {
+        for content in [SHORT, long.as_str()] {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let (status, ..) = clusters::stream_chat(cluster.http, numbered(n, content))
+                .await
+                .unwrap();
+            assert_eq!(status, 200);
+        }
+    }
+    cluster
+}
+
 /// The router's estimate beside the measured time to first token, for a short and a long
 /// prompt on an emulated A10G and an emulated H100 (one pod each, idle): the short one's first
 /// token is mostly the engine's fixed cost per request, which the heartbeat's `fixedCostMs`
@@ -407,27 +435,11 @@ fn numbered(n: usize, content: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_estimate_is_near_the_measured_ttft_for_short_and_long_prompts() {
     const ROUNDS: usize = 3;
-    let short = "Tell me a story.";
-    // About 2,000 prompt tokens.
-    let long = "the lighthouse keeper watched the grey sea roll in ".repeat(160);
+    let long = long_prompt();
     println!("| pod | prompt | prompt tokens | estimated TTFT | measured TTFT |");
     println!("|---|---|---|---|---|");
     for (seed, profile) in [(41, "llama-3.1-8b/a10g"), (42, "llama-3.1-8b/h100")] {
-        let cluster = TestCluster::start("east", profile, 1, seed).await;
-        clusters::wait_ready(cluster.admin).await;
-        // The gateway learns its pod's fixed cost from short prompts and its speed from long
-        // ones, one at a time on an idle pod, as the requests measured below find it (a short
-        // prompt sent as a long one's answer ends waits for the pod's last step: 42 ms on the
-        // H100 rather than 23).
-        for n in 0..10 {
-            for content in [short, long.as_str()] {
-                tokio::time::sleep(Duration::from_millis(150)).await;
-                let (status, ..) = clusters::stream_chat(cluster.http, numbered(n, content))
-                    .await
-                    .unwrap();
-                assert_eq!(status, 200);
-            }
-        }
+        let cluster = warmed(profile, seed).await;
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("access.log");
         let yaml = format!(
@@ -440,7 +452,7 @@ async fn the_estimate_is_near_the_measured_ttft_for_short_and_long_prompts() {
         // Each request alone, after the router's own measurement of the one before has aged
         // out (three heartbeat intervals): the estimate is the heartbeat's.
         for n in 0..ROUNDS {
-            for content in [short, long.as_str()] {
+            for content in [SHORT, long.as_str()] {
                 tokio::time::sleep(Duration::from_millis(400)).await;
                 let (status, ..) =
                     clusters::stream_chat(router.http_addr(), numbered(100 + n, content))
@@ -469,4 +481,142 @@ async fn the_estimate_is_near_the_measured_ttft_for_short_and_long_prompts() {
             );
         }
     }
+}
+
+/// A TCP relay to `upstream` that delivers each chunk a client sends `delay` after it came: a
+/// cluster far away, over a slow WAN, whose heartbeat (fetched from its admin port directly)
+/// does not see the distance. Answers come back at once.
+async fn slow_wan(upstream: SocketAddr, delay: Duration) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+                let read = async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                        if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                            break;
+                        }
+                    }
+                };
+                let write = async move {
+                    while let Some((at, chunk)) = rx.recv().await {
+                        tokio::time::sleep_until(at + delay).await;
+                        if to_server.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_server.shutdown().await;
+                };
+                let back = async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                    let _ = to_client.shutdown().await;
+                };
+                tokio::join!(read, write, back);
+            });
+        }
+    });
+    addr
+}
+
+/// The router's own measured TTFT corrects the heartbeat's estimate for each request's prompt
+/// rather than replacing it. One emulated A10G pod (about 40 ms to a short prompt's first
+/// token, 600 ms to a long one's), reached directly (`near`) and through a WAN that adds 300 ms
+/// the heartbeat does not see (`far`), each through its own router. On each, requests go back
+/// to back (each sent as the one before ends, so the router's measurement of it is fresh): four
+/// short prompts, then four long ones, then a short one. The long prompt after the short ones
+/// is estimated near its own TTFT, not the short ones' (it was estimated at 41 ms, and took
+/// 600), and the short one after the long ones near its own (it was estimated at 600 ms); the
+/// far cluster, whose answers keep coming later than its heartbeat says, is estimated at the
+/// WAN's time more than the near one for both. Prints the table docs/global.md shows (`cargo
+/// test -p infergate-global --test access_log estimate -- --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_measured_ttft_corrects_the_estimate_for_each_prompt_length() {
+    const WAN: Duration = Duration::from_millis(300);
+    let cluster = warmed("llama-3.1-8b/a10g", 43).await;
+    let far = slow_wan(cluster.http, WAN).await;
+    let long = long_prompt();
+    let sequence = [
+        SHORT, SHORT, SHORT, SHORT, &long, &long, &long, &long, SHORT,
+    ];
+    println!("| cluster | request | prompt tokens | estimated TTFT | measured TTFT |");
+    println!("|---|---|---|---|---|");
+    // Per cluster, the estimates of the long prompt after the short ones and of the short
+    // prompt after the long ones.
+    let mut switched = Vec::new();
+    for (i, (name, url)) in [("near", cluster.http), ("far", far)]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        // Heartbeats every second: a measurement counts for 3 s, longer than the next one
+        // takes to come (a pause, then a long prompt's answer through the WAN), so the samples
+        // are smoothed together.
+        let yaml = format!(
+            "auth: none\nheartbeat: {{ intervalMs: 1000, staleAfterMs: 3000, slowStartMs: 0 }}\naccessLog: {{ path: {} }}\nclusters:\n  - {{ name: {name}, url: 'http://{url}', heartbeatUrl: 'http://{}/heartbeat', region: r, cost: {{ inputPerMillion: 1 }} }}\n",
+            log.display(),
+            cluster.admin,
+        );
+        let (router, _stop) = router_with(&yaml).await;
+        until_up(&router, &[name]).await;
+        // Numbered apart from every other request, so that no prefix is cached.
+        let first = 200 + 20 * i;
+        for (n, content) in sequence.iter().enumerate() {
+            // Longer than a heartbeat interval: the heartbeat the request is routed on shows
+            // the pod idle, as it is, rather than busy with the request before.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            let (status, ..) =
+                clusters::stream_chat(router.http_addr(), numbered(first + n, content))
+                    .await
+                    .unwrap();
+            assert_eq!(status, 200);
+        }
+        let lines = json_lines(&log, sequence.len()).await;
+        let mut runs = Vec::new();
+        for (n, line) in lines.iter().enumerate() {
+            let estimated = line["estimated_ttft_ms"].as_f64().unwrap();
+            let measured = line["ttft_ms"].as_f64().unwrap();
+            println!(
+                "| {name} | {} | {} | {estimated:.1} ms | {measured:.1} ms |",
+                n + 1,
+                line["prompt_tokens"]
+            );
+            runs.push((estimated, measured));
+        }
+        // The long prompt after four short ones is estimated nearer the long ones' TTFT than
+        // the short ones' (the old estimate was the short ones' measurement), and the short
+        // one after four long ones nearer the short ones'. Medians: on a shared machine one
+        // request in a few takes 100–300 ms more.
+        let median = |range: std::ops::Range<usize>| {
+            let mut measured: Vec<f64> = runs[range].iter().map(|r| r.1).collect();
+            measured.sort_by(f64::total_cmp);
+            measured[measured.len() / 2]
+        };
+        let (short_ms, long_ms) = (median(0..4), median(4..8));
+        let between = (short_ms + long_ms) / 2.0;
+        let (long_after_short, short_after_long) = (runs[4].0, runs[8].0);
+        assert!(
+            long_after_short > between && short_after_long < between,
+            "{name}: short prompts took {short_ms:.1} ms, long ones {long_ms:.1} ms; the long \
+             one after the short ones was estimated at {long_after_short:.1} ms, the short one \
+             after the long ones at {short_after_long:.1} ms: {runs:?}"
+        );
+        switched.push((runs[4].0, runs[8].0));
+    }
+    let ((near_long, near_short), (far_long, far_short)) = (switched[0], switched[1]);
+    let penalty = WAN.as_secs_f64() * 1e3 / 2.0;
+    assert!(
+        far_long - near_long >= penalty && far_short - near_short >= penalty,
+        "the far cluster's estimates {far_long:.1} ms (long), {far_short:.1} ms (short), the near \
+         one's {near_long:.1} ms, {near_short:.1} ms: the WAN's {WAN:?} is not in both"
+    );
 }

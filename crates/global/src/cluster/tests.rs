@@ -17,10 +17,10 @@ fn a_served_model_without_a_heartbeat_yet_is_drained_not_unknown() {
          heartbeatUrl: \"http://127.0.0.1:2/heartbeat\", region: r, \
          cost: { inputPerMillion: 1 }, models: [llama] }\n",
     );
-    let (weight, _) = c
+    let view = c
         .view("llama", Instant::now(), 1.0)
         .expect("a configured model is a candidate before the first heartbeat");
-    assert_eq!(weight, 0.0);
+    assert_eq!(view.weight, 0.0);
     assert!(c.view("other", Instant::now(), 1.0).is_none());
 }
 
@@ -33,10 +33,10 @@ fn a_discovered_model_without_a_good_heartbeat_is_drained_not_unknown() {
     let c = cluster(DISCOVERING);
     assert!(c.view("llama", Instant::now(), 1.0).is_none());
     c.set_served(vec!["llama".into()]);
-    let (weight, _) = c
+    let view = c
         .view("llama", Instant::now(), 1.0)
         .expect("a discovered model is a candidate");
-    assert_eq!(weight, 0.0);
+    assert_eq!(view.weight, 0.0);
     assert_eq!(c.weight("llama", Instant::now()), 0.0);
 }
 
@@ -57,7 +57,7 @@ fn heartbeat(estimate: f64, fixed: Option<f64>) -> Heartbeat {
 fn a_short_prompt_is_estimated_at_the_fixed_cost_a_long_one_by_its_tokens() {
     let c = cluster(DISCOVERING);
     let at = Instant::now();
-    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").1;
+    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").ttft_ms;
     // An emulated A10G: 165 ms for 512 tokens, 35 ms of it the fixed cost per request.
     c.apply_heartbeat(&heartbeat(165.0, Some(35.0)), Duration::ZERO, at);
     assert!((estimate(7.0) - (35.0 + 130.0 * 7.0 / 512.0)).abs() < 1e-9);
@@ -78,7 +78,7 @@ fn a_short_prompt_is_estimated_at_the_fixed_cost_a_long_one_by_its_tokens() {
 fn a_hostile_fixed_cost_cannot_make_an_estimate_negative_or_nan() {
     let c = cluster(DISCOVERING);
     let at = Instant::now();
-    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").1;
+    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").ttft_ms;
     c.apply_heartbeat(&heartbeat(165.0, Some(-500.0)), Duration::ZERO, at);
     assert!((estimate(7.0) - 165.0 * 7.0 / 512.0).abs() < 1e-9);
     assert!((estimate(4096.0) - 165.0 * 8.0).abs() < 1e-9);
