@@ -1,0 +1,212 @@
+//! Every gateway configuration the documentation shows is one `infergate gateway --check`
+//! accepts: each fenced `yaml` block of the pages a new user follows (README.md,
+//! docs/gateway.md, docs/configuration.md, docs/flow-control.md), run through the real binary.
+//!
+//! A block is a whole gateway file when it has a top-level `models:`; otherwise it is a section
+//! shown on its own (`auth:`, `quotas:`, `flowControl:` with `tenancy:`, `rewrites:`) and is
+//! checked inside the smallest file that can hold it: an API key naming a tenant (so that
+//! per-tenant quotas and rewrites apply) and the models it names. The files a block names under
+//! `/etc/infergate/` (certificates, keys, CA bundles, an API key file) and the tokenizer folder
+//! are swapped for real ones in a temporary folder, since `--check` loads them as a start does.
+//! Blocks that are not gateway files (a `bench` scenario) are recognised by their first key and
+//! listed, so that a new kind of block is not skipped unnoticed.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::path::{Path, PathBuf};
+
+#[path = "common/checked_files.rs"]
+#[allow(dead_code, reason = "only the good files are named here")]
+mod checked_files;
+#[path = "common/printed_error.rs"]
+mod printed_error;
+use checked_files::CheckedFiles;
+
+/// The pages whose YAML blocks are checked, from the repository's root.
+const PAGES: [&str; 4] = [
+    "README.md",
+    "docs/gateway.md",
+    "docs/configuration.md",
+    "docs/flow-control.md",
+];
+
+/// First keys of blocks that are not gateway files, and what they are.
+const NOT_GATEWAY_FILES: [(&str, &str); 1] = [("workload", "a `bench` scenario")];
+
+/// One fenced `yaml` block: the page, the line of its opening fence, its text.
+struct Block {
+    page: &'static str,
+    line: usize,
+    text: String,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The fenced `yaml` blocks of `page`, indented fences included.
+fn yaml_blocks(page: &'static str) -> Vec<Block> {
+    let doc = std::fs::read_to_string(repo().join(page)).unwrap();
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, bool, Vec<&str>)> = None;
+    for (i, line) in doc.lines().enumerate() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut open, fence) {
+            (None, Some(lang)) => open = Some((i + 1, lang.trim() == "yaml", Vec::new())),
+            (Some((start, is_yaml, body)), Some(_)) => {
+                if *is_yaml {
+                    blocks.push(Block {
+                        page,
+                        line: *start,
+                        text: body.join("\n") + "\n",
+                    });
+                }
+                open = None;
+            }
+            (Some((_, _, body)), None) => body.push(line),
+            (None, None) => {}
+        }
+    }
+    assert!(open.is_none(), "{page}: a fence is never closed");
+    blocks
+}
+
+/// The block's top-level keys, in order.
+fn top_keys(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_alphabetic()))
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k))
+        .collect()
+}
+
+/// The block with every path it names under `/etc/infergate/`, and its tokenizer, swapped for
+/// a real file of the same kind in `files`.
+fn with_real_files(text: &str, files: &CheckedFiles, tokenizer: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = match line.find("/etc/infergate/") {
+            Some(at) => {
+                let end = line[at..]
+                    .find(|c: char| c.is_whitespace() || c == ',' || c == '}')
+                    .map_or(line.len(), |n| at + n);
+                let path = &line[at..end];
+                let real = if path.ends_with(".crt") {
+                    &files.cert
+                } else if path.ends_with(".key") {
+                    &files.key
+                } else if path.ends_with(".pem") {
+                    &files.ca
+                } else if path.ends_with(".yaml") {
+                    &files.keys
+                } else {
+                    panic!("no stand-in for `{path}`: add one to with_real_files");
+                };
+                format!("{}{real}{}", &line[..at], &line[end..])
+            }
+            None => line.to_owned(),
+        };
+        let line = match line.split_once("tokenizer: ") {
+            Some((head, tail)) if tail.starts_with('/') => {
+                let rest = tail.find(' ').map_or("", |n| &tail[n..]);
+                format!("{head}tokenizer: {tokenizer}{rest}")
+            }
+            _ => line,
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A whole gateway file holding the section `block` shows: an API key of tenant `team-b` (the
+/// tenant the documented rewrites name) unless the block has its own `auth`, and the models the
+/// block's rewrites target, or one model.
+fn around(block: &str) -> String {
+    let keys = top_keys(block);
+    let mut file = String::new();
+    if !keys.contains(&"auth") {
+        // `printf %s test | sha256sum`
+        file.push_str(
+            "auth:\n  apiKeys:\n    keys:\n      - { sha256: \
+             9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, \
+             tenant: team-b, models: [\"*\"] }\n",
+        );
+    }
+    file.push_str(block);
+    let mut targets: Vec<&str> = block
+        .split("modelRewrite: ")
+        .skip(1)
+        .filter_map(|t| t.split([',', ' ', '}']).next())
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    if targets.is_empty() {
+        targets.push("llama-3-8b");
+    }
+    file.push_str("models:\n");
+    for (i, model) in targets.iter().enumerate() {
+        file.push_str(&format!(
+            "  - name: {model}\n    endpoints: [127.0.0.1:{}]\n",
+            9000 + i
+        ));
+    }
+    file
+}
+
+#[test]
+fn every_gateway_configuration_in_the_docs_passes_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = CheckedFiles::write(dir.path());
+    let tokenizer = repo()
+        .join("crates/tokenizer/tests/fixtures/tiny")
+        .display()
+        .to_string();
+    let mut checked = Vec::new();
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    for block in PAGES.into_iter().flat_map(yaml_blocks) {
+        let at = format!("{}:{}", block.page, block.line);
+        let keys = top_keys(&block.text);
+        let first = keys.first().copied().unwrap_or_default();
+        if let Some((_, what)) = NOT_GATEWAY_FILES.iter().find(|(k, _)| *k == first) {
+            skipped.push(format!("{at} ({what})"));
+            continue;
+        }
+        let text = with_real_files(&block.text, &files, &tokenizer);
+        let body = if keys.contains(&"models") {
+            text
+        } else {
+            around(&text)
+        };
+        let file = dir.path().join(format!("block-{}.yaml", checked.len()));
+        std::fs::write(&file, &body).unwrap();
+        // A documented `passwordEnv` names a variable the operator sets.
+        let (ok, printed) = printed_error::run_with_config(
+            "gateway",
+            &file,
+            &["--check"],
+            &[("REDIS_PASSWORD", "secret")],
+            "INFERGATE_GATEWAY_CONFIG",
+        );
+        if !ok {
+            failures.push(format!("{at}:\n{body}\n--check said:\n{printed}"));
+        }
+        checked.push(at);
+    }
+    eprintln!("checked {checked:?}; not gateway files: {skipped:?}");
+    assert!(
+        failures.is_empty(),
+        "documented configurations refused by --check:\n\n{}",
+        failures.join("\n\n")
+    );
+    // The quick start, the reference, authentication, quotas, rewrites and flow control.
+    assert!(checked.len() >= 6, "checked only {checked:?}");
+    assert!(
+        skipped.len() <= 1,
+        "skipped more than the scenario: {skipped:?}"
+    );
+}
