@@ -3,9 +3,9 @@
 //!
 //! Each cluster that serves the model is a [`Candidate`] with its share (the slow-start weight,
 //! 0 when drained or ejected by outlier detection), its estimated time to first token for this
-//! request (the heartbeat's estimate or the router's own recent measurements, plus the measured
-//! network round trip), the price of this request there, and the rank of its region in
-//! `routing.regionPreference`.
+//! request (the heartbeat's estimate plus the measured network round trip, corrected by the
+//! router's own recent measurements), the price of this request there, and the rank of its
+//! region in `routing.regionPreference`.
 //!
 //! 1. **Tiers.** Up clusters admitted by their share come first: a cluster at full share always
 //!    is, one ramping at weight `w` with probability `w` (one draw each). Up clusters not

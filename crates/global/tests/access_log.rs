@@ -431,7 +431,7 @@ async fn warmed(profile: &str, seed: u64) -> TestCluster {
 /// token is mostly the engine's fixed cost per request, which the heartbeat's `fixedCostMs`
 /// carries; scaled by its length alone, its estimate was a twentieth of it. Prints the table
 /// docs/global.md shows (`cargo test -p infergate-global --test access_log estimate --
-/// --nocapture`).
+/// --nocapture --test-threads=1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_estimate_is_near_the_measured_ttft_for_short_and_long_prompts() {
     const ROUNDS: usize = 3;
@@ -537,7 +537,7 @@ async fn slow_wan(upstream: SocketAddr, delay: Duration) -> SocketAddr {
 /// 600), and the short one after the long ones near its own (it was estimated at 600 ms); the
 /// far cluster, whose answers keep coming later than its heartbeat says, is estimated at the
 /// WAN's time more than the near one for both. Prints the table docs/global.md shows (`cargo
-/// test -p infergate-global --test access_log estimate -- --nocapture`).
+/// test -p infergate-global --test access_log estimate -- --nocapture --test-threads=1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_measured_ttft_corrects_the_estimate_for_each_prompt_length() {
     const WAN: Duration = Duration::from_millis(300);
