@@ -735,10 +735,10 @@ impl Cluster {
 
     /// A routed request whose heartbeat-based estimate was `estimated_ms` had no response
     /// headers after `waited` (`timeouts.firstByteMs`). The wait counts as a measured TTFT (the
-    /// answer's first token would have come later still) and as a failed heartbeat, as a refused connection does: a cluster whose front door
-    /// stopped answering while its heartbeat stays good is no longer preferred, rather than
-    /// every request routed there waiting out its own timeout. The TTFT histogram is left to
-    /// answers that came.
+    /// answer's first token would have come later still) and as a failed heartbeat, as a
+    /// refused connection does: a cluster whose front door stopped answering while its
+    /// heartbeat stays good is no longer preferred, rather than every request routed there
+    /// waiting out its own timeout. The TTFT histogram is left to answers that came.
     ///
     /// Returns whether its heartbeat had it up before (as [`Cluster::observe_connect_failure`]).
     pub(crate) fn observe_timeout(
