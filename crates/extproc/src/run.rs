@@ -249,6 +249,7 @@ pub async fn run_picker(
     let heartbeat_flow = picker.flow.clone();
     let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
     let quotas = picker.quotas.clone();
+    let departing = picker.quotas.clone();
     let admin = infergate_pool::admin::serve_with_heartbeat(
         listeners.metrics,
         move || {
@@ -287,6 +288,11 @@ pub async fn run_picker(
         t.abort();
     }
     live.shutdown();
+    // Out of the replicas sharing the quotas before the process exits, so the others count it
+    // out at their next round (at most `LEAVE_TIMEOUT` and a round's timeouts).
+    if let Some(q) = departing {
+        q.leave().await;
+    }
     admin?;
     health?;
     grpc

@@ -272,6 +272,15 @@ struct Inner {
     metrics: QuotaMetrics,
     /// The metrics' own registry, when started with [`Quotas::start_with_registry`].
     registry: Option<Registry>,
+    /// With Redis: how [`Quotas::leave`] asks the sync task to leave now, and learns it has.
+    departure: Option<Departure>,
+}
+
+/// The sync task's side of [`Quotas::leave`]: `stop` is set to ask it to leave the presence
+/// sets and end; it sets `left` once it has tried (or drops it, ending).
+struct Departure {
+    stop: tokio::sync::watch::Sender<bool>,
+    left: tokio::sync::watch::Receiver<bool>,
 }
 
 const UNKNOWN: u8 = 0;
@@ -401,6 +410,12 @@ impl Quotas {
         };
         metrics.replicas.set(1);
         metrics.redis_up.set(0);
+        let channels = config.redis.is_some().then(|| {
+            let (stop, stop_rx) = tokio::sync::watch::channel(false);
+            let (left_tx, left) = tokio::sync::watch::channel(false);
+            (Departure { stop, left }, (stop_rx, left_tx))
+        });
+        let (departure, task_side) = channels.unzip();
         let inner = Arc::new(Inner {
             configured,
             dynamic: RwLock::new(HashMap::new()),
@@ -415,9 +430,10 @@ impl Quotas {
             metrics,
             config,
             registry,
+            departure,
         });
-        if let Some(shared) = inner.config.redis.clone() {
-            tokio::spawn(sync_loop(Arc::downgrade(&inner), shared));
+        if let (Some(shared), Some((stop, left))) = (inner.config.redis.clone(), task_side) {
+            tokio::spawn(sync_loop(Arc::downgrade(&inner), shared, stop, left));
         }
         Ok(Quotas { inner })
     }
@@ -530,6 +546,32 @@ impl Quotas {
         Some(entry)
     }
 
+    /// Leaves the replicas sharing the quotas through Redis now, for a process that is about to
+    /// exit: the sync task takes this replica out of the presence sets (one attempt, at most
+    /// [`LEAVE_TIMEOUT`]) and ends, so the other replicas count it out at their next round
+    /// instead of two presence periods later. Dropping the last clone does the same at the sync
+    /// task's next tick, which a process whose runtime ends with `main` never reaches.
+    ///
+    /// Returns once the attempt is over; at once without Redis or when the task has already
+    /// ended. Afterwards the service keeps admitting, counting alone on its last-known share.
+    pub async fn leave(&self) {
+        let Some(departure) = &self.inner.departure else {
+            return;
+        };
+        let _ = departure.stop.send(true);
+        let mut left = departure.left.clone();
+        // The task may be in a round (bounded by the link's timeout) before it reads the stop.
+        let round = self
+            .inner
+            .config
+            .redis
+            .as_ref()
+            .map_or(Duration::ZERO, |r| {
+                r.redis.connect_timeout + r.redis.command_timeout
+            });
+        let _ = tokio::time::timeout(LEAVE_TIMEOUT + round, left.wait_for(|done| *done)).await;
+    }
+
     /// One sync round with Redis now (the background task calls it every interval; tests call
     /// it to step). Returns whether Redis answered.
     pub async fn sync_now(&self, redis: &mut Redis, shared: &SharedConfig) -> bool {
@@ -544,7 +586,12 @@ struct Reading {
     epochs: std::ops::RangeInclusive<u64>,
 }
 
-async fn sync_loop(inner: Weak<Inner>, shared: SharedConfig) {
+async fn sync_loop(
+    inner: Weak<Inner>,
+    shared: SharedConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    left: tokio::sync::watch::Sender<bool>,
+) {
     let mut redis = Redis::new(shared.redis.clone());
     let mut tick = tokio::time::interval(shared.sync_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -553,9 +600,14 @@ async fn sync_loop(inner: Weak<Inner>, shared: SharedConfig) {
         None => return,
     };
     loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else {
+        let asked = tokio::select! {
+            _ = tick.tick() => false,
+            // An error: every `Quotas` is gone, which the next upgrade sees.
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        let Some(inner) = inner.upgrade().filter(|_| !asked) else {
             leave(&mut redis, &shared, &id, clock.now_ms()).await;
+            let _ = left.send(true);
             return;
         };
         sync_once(&inner, &mut redis, &shared).await;

@@ -388,6 +388,70 @@ async fn a_replica_dropped_stops_being_counted_at_once() {
     );
 }
 
+/// A process about to exit calls `Quotas::leave`: the replica is out of the presence sets when
+/// the call returns, though its service is still alive (a runtime that ends with `main` never
+/// reaches the sync task's next tick, where dropping the service would have it leave). The other
+/// replica's next round counts it alone, admitting the whole limit; the one that left still
+/// admits, counting alone on its share.
+///
+/// By state, not deadlines: A's rounds are stepped and Redis is read right after the call. On
+/// the code without `leave`, B stayed in the round times while alive, for as long as it lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_told_to_leave_is_out_when_the_call_returns() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let window = Duration::from_secs(2);
+    let a = Quotas::start(stepped(&redis, "told:", window, 100), None).unwrap();
+    let mut own = config(&redis, "told:", window, 100);
+    patient(&mut own);
+    let b = Quotas::start(own, None).unwrap();
+    let mut cfg = a.config().redis.clone().unwrap();
+    cfg.sync_interval = Duration::from_millis(50);
+    let mut ra = Redis::new(cfg.redis.clone());
+    let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
+    infergate_testkit::eventually("A's background round", || a.redis_up()).await;
+    both_counted_and_settled(&a, &b, &mut ra, &cfg).await;
+    // The set must not expire on its own while B's id is looked for: only B's leave takes it out.
+    let mut p = infergate_pool::redis::Pipeline::new();
+    p.cmd(&["PEXPIRE", "told:rounds", "600000"]);
+    direct.pipeline(&p).await.unwrap();
+    assert_eq!(present(&mut direct, "told:").await, 2);
+
+    b.leave().await;
+    assert_eq!(
+        present(&mut direct, "told:").await,
+        1,
+        "B still in the round times after leave() returned"
+    );
+    // A second call, with the task ended, returns at once.
+    tokio::time::timeout(Duration::from_millis(100), b.leave())
+        .await
+        .expect("a second leave() waited");
+    assert!(a.sync_now(&mut ra, &cfg).await, "A's round failed");
+    assert_eq!(
+        a.replicas(),
+        1,
+        "B still counted at A's first round after it left"
+    );
+    let admitted = (0..101).filter(|_| admit_one(&a).is_some()).count();
+    assert_eq!(
+        admitted, 100,
+        "A alone admits the whole limit, not its share"
+    );
+    // B's service stays usable after it left: it counts alone and no longer writes to Redis.
+    assert!(
+        admit_one(&b).is_some(),
+        "B refused its first request after leaving"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        present(&mut direct, "told:").await,
+        1,
+        "B came back after leaving"
+    );
+}
+
 /// A replica shut down right after a round of its that timed out: the failed round closed its
 /// link, and the link's backoff (a minute here) would keep it from connecting again, so it used
 /// to leave nothing and stay counted for two presence periods, meanwhile every other replica

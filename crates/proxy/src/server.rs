@@ -76,11 +76,19 @@ impl Gateway {
     }
 
     /// Waits until the gateway has shut down: the shutdown future completed, the listeners
-    /// stopped accepting, every open connection finished its requests, and their access-log
-    /// lines are written (at most [`access_log::FLUSH_AT_SHUTDOWN`](crate::access_log::FLUSH_AT_SHUTDOWN)).
+    /// stopped accepting, every open connection finished its requests, this replica left those
+    /// sharing `quotas:` through Redis (at most [`LEAVE_TIMEOUT`](infergate_pool::quota::LEAVE_TIMEOUT)
+    /// and one round's timeouts), and the access-log lines are written (at most
+    /// [`access_log::FLUSH_AT_SHUTDOWN`](crate::access_log::FLUSH_AT_SHUTDOWN)).
     pub async fn wait(self) {
         if let Err(e) = self.task.await {
             tracing::error!(error = %e, "gateway task ended abnormally");
+        }
+        // The other replicas count this one out at their next round, not two presence periods
+        // after its runtime has ended.
+        let quotas = self.handle.shared.state.load().quotas.clone();
+        if let Some(q) = quotas {
+            q.leave().await;
         }
         // Every request has ended: its access-log line is written before the process may exit.
         if let Some(log) = self.handle.shared.state.load().access_log.clone() {

@@ -1,0 +1,144 @@
+//! A gateway or picker sharing `quotas:` through a real `redis-server` leaves the replicas'
+//! round times when it exits on SIGTERM, so the others count it out at their next round and
+//! admit the whole limit again, rather than their shares for two presence periods more. (The
+//! process's runtime ends with `main`: a replica that left only when its service was dropped
+//! never did.)
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use infergate_pool::redis::{Pipeline, Redis, RedisConfig};
+use infergate_testkit::redis::RedisServer;
+use tokio::time::Instant;
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The quota fields both front doors take, sharing through `redis` under `prefix`. Rounds
+/// every 200 ms, presence periods of two seconds: a replica that did not leave stays in the
+/// round times for seconds after its process ended.
+fn quota_fields(redis: &RedisServer, prefix: &str) -> String {
+    format!(
+        "default: {{ requestsPerMinute: 600 }}\nredis: {{ address: '{}', keyPrefix: '{prefix}', syncIntervalMs: 200 }}\n",
+        redis.addr()
+    )
+}
+
+/// How many replicas the round times under `prefix` name (`ZCARD`).
+async fn present(direct: &mut Redis, prefix: &str) -> i64 {
+    let mut p = Pipeline::new();
+    p.cmd(&["ZCARD", &format!("{prefix}rounds")]);
+    direct.pipeline(&p).await.unwrap()[0].as_i64().unwrap()
+}
+
+/// Starts `infergate ARGS`, waits until it has joined the round times under `prefix`, stops it
+/// with SIGTERM and returns how many replicas Redis names right after it exited.
+async fn present_after_sigterm(redis: &RedisServer, prefix: &str, args: &[String]) -> i64 {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut direct = Redis::new(RedisConfig::new(redis.addr().to_string()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while present(&mut direct, prefix).await != 1 {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            panic!("{args:?} never joined the round times under {prefix}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The set must not expire on its own meanwhile: only the replica's leave takes it out.
+    let mut p = Pipeline::new();
+    p.cmd(&["PEXPIRE", &format!("{prefix}rounds"), "600000"]);
+    direct.pipeline(&p).await.unwrap();
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{args:?} exited with {status}");
+    present(&mut direct, prefix).await
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_by_sigterm_leaves_the_shared_quotas() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens at the endpoint: the quota service syncs all the same.
+    let quotas = quota_fields(&redis, "gw-leave:").replace('\n', "\n  ");
+    let config = format!(
+        "auth: none\nquotas:\n  {quotas}\nmodels:\n  - name: llama\n    endpoints: [{{ address: '127.0.0.1:9', engine: vllm }}]\n"
+    );
+    let config = write(dir.path(), "gateway.yaml", &config);
+    let args = [
+        "gateway".to_string(),
+        format!("--config={config}"),
+        format!("--listen={}", free_addr()),
+        format!("--admin={}", free_addr()),
+    ];
+    let left = present_after_sigterm(&redis, "gw-leave:", &args).await;
+    assert_eq!(
+        left, 0,
+        "the gateway was still in the round times after it exited"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_picker_stopped_by_sigterm_leaves_the_shared_quotas() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let quotas = write(
+        dir.path(),
+        "quotas.yaml",
+        &quota_fields(&redis, "picker-leave:"),
+    );
+    let endpoints = write(
+        dir.path(),
+        "endpoints.yaml",
+        "endpoints:\n  - { address: '127.0.0.1:9', engine: vllm }\n",
+    );
+    let port = |a: SocketAddr| a.port().to_string();
+    let args = [
+        "picker".to_string(),
+        "--pool-name=llama".to_string(),
+        "--listen-address=127.0.0.1".to_string(),
+        format!("--endpoints-file={endpoints}"),
+        format!("--quotas={quotas}"),
+        format!("--grpc-port={}", port(free_addr())),
+        format!("--grpc-health-port={}", port(free_addr())),
+        format!("--metrics-port={}", port(free_addr())),
+    ];
+    let left = present_after_sigterm(&redis, "picker-leave:", &args).await;
+    assert_eq!(
+        left, 0,
+        "the picker was still in the round times after it exited"
+    );
+}
