@@ -1,4 +1,4 @@
-//! A gateway or picker sharing `quotas:` through a real `redis-server` leaves the replicas'
+//! A gateway, picker or global router sharing `quotas:` through a real `redis-server` leaves the replicas'
 //! round times when it exits on SIGTERM, so the others count it out at their next round and
 //! admit the whole limit again, rather than their shares for two presence periods more. (The
 //! process's runtime ends with `main`: a replica that left only when its service was dropped
@@ -25,12 +25,13 @@ fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
-/// The quota fields both front doors take, sharing through `redis` under `prefix`. Rounds
-/// every 200 ms, presence periods of two seconds: a replica that did not leave stays in the
-/// round times for seconds after its process ended.
+/// The quota fields the front doors take, sharing through `redis` under `prefix`. Rounds every
+/// 5 s (the first at start): a replica that left only at its sync task's next tick after its
+/// service was dropped does not reach it before the process exits, whatever the process does
+/// after its server stopped.
 fn quota_fields(redis: &RedisServer, prefix: &str) -> String {
     format!(
-        "default: {{ requestsPerMinute: 600 }}\nredis: {{ address: '{}', keyPrefix: '{prefix}', syncIntervalMs: 200 }}\n",
+        "default: {{ requestsPerMinute: 600 }}\nredis: {{ address: '{}', keyPrefix: '{prefix}', syncIntervalMs: 5000 }}\n",
         redis.addr()
     )
 }
@@ -140,5 +141,30 @@ async fn a_picker_stopped_by_sigterm_leaves_the_shared_quotas() {
     assert_eq!(
         left, 0,
         "the picker was still in the round times after it exited"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_router_stopped_by_sigterm_leaves_the_shared_quotas() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let quotas = quota_fields(&redis, "global-leave:").replace('\n', "\n  ");
+    // Nothing listens at the cluster's URL: the quota service syncs all the same.
+    let config = format!(
+        "auth: none\nquotas:\n  {quotas}\nclusters:\n  - {{ name: a, url: 'http://127.0.0.1:9', region: r, models: [llama], cost: {{ inputPerMillion: 1 }} }}\n"
+    );
+    let config = write(dir.path(), "global.yaml", &config);
+    let args = [
+        "global".to_string(),
+        format!("--config={config}"),
+        format!("--listen={}", free_addr()),
+        format!("--admin={}", free_addr()),
+    ];
+    let left = present_after_sigterm(&redis, "global-leave:", &args).await;
+    assert_eq!(
+        left, 0,
+        "the router was still in the round times after it exited"
     );
 }

@@ -88,8 +88,17 @@ impl Router {
     /// Waits until the router has stopped: its shutdown future completed, the front door
     /// closed, and every connection open then ended (each is asked to finish: HTTP/1.1
     /// keep-alive off, HTTP/2 GOAWAY; running requests, streams included, complete).
+    ///
+    /// Then it leaves the replicas sharing `quotas:` through Redis (at most
+    /// [`LEAVE_TIMEOUT`](infergate_pool::quota::LEAVE_TIMEOUT) and one round's timeouts), so
+    /// the others count it out at their next round rather than two presence periods after the
+    /// process has exited.
     pub async fn wait(self) {
         let _ = self.task.await;
+        let quotas = self.handle.shared.state.load().quotas.clone();
+        if let Some(q) = quotas {
+            q.leave().await;
+        }
         // Every request has ended: its access-log line is written before the process may exit.
         if let Some(log) = self.handle.shared.state.load().access_log.clone() {
             let _ = tokio::task::spawn_blocking(move || {
