@@ -195,7 +195,7 @@ impl Authenticator {
                                 match first.refresh().await {
                                     Ok(n) => tracing::info!(keys = n, "JWKS loaded"),
                                     Err(e) => tracing::warn!(
-                                        error = %e,
+                                        error = %infergate_pool::ErrorChain(&e),
                                         "JWKS fetch failed; tokens are answered 503 until one \
                                          succeeds"
                                     ),

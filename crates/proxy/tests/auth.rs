@@ -811,3 +811,37 @@ async fn a_jwks_uri_without_https_or_an_unreadable_ca_file_is_refused() {
         "{err}"
     );
 }
+
+/// The first JWKS fetch's failure is logged with its cause, as the later retries' are: it said
+/// only `cannot connect to the JWKS server`, which left the reason (refused, a certificate the
+/// gateway does not trust) to the retry a second later.
+#[tokio::test(flavor = "current_thread")]
+async fn the_first_jwks_fetch_s_failure_is_logged_with_its_cause() {
+    let out = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(out.subscriber(tracing::Level::INFO));
+    let dir = tempfile::tempdir().unwrap();
+    let ca = infergate_testkit::tls::TestCa::new("jwks CA").write_ca(dir.path());
+    // Nothing listens on port 1.
+    let config = GatewayConfig::from_yaml(&format!(
+        "auth:\n  jwt:\n    issuer: i\n    remoteJWKS: {{ uri: \"https://127.0.0.1:1/jwks\", caFile: \"{}\" }}\nmodels:\n  - name: m\n",
+        ca.display()
+    ))
+    .unwrap();
+    let _auth = infergate_proxy::auth::Authenticator::new(&config.auth).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let text = out.text();
+        if let Some(l) = text.lines().find(|l| l.contains("JWKS fetch failed")) {
+            break l.to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed fetch logged: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        line.contains("cannot connect to the JWKS server") && line.contains("refused"),
+        "{line}"
+    );
+}
