@@ -9,24 +9,27 @@
 //! since the heartbeat: none of them grows with the prompt. So the correction is smoothed as a
 //! **difference**, added to the estimate of each new request, whatever its prompt: a cluster
 //! 300 ms away is 300 ms slower for a 14-token prompt and for a 4,000-token one. A ratio would
-//! have turned those 300 ms into ×8 on a 40 ms short prompt, and so into 4.8 s on a 600 ms long
-//! one.
+//! have turned those 300 ms into ×8.5 on a 40 ms short prompt, and so into 5.1 s on a 600 ms
+//! long one.
 //!
-//! A measurement below the estimate (a heartbeat that counts a queue already drained, a heartbeat
-//! round trip on a new connection where requests reuse one, prefix-cache hits the per-token rate
-//! does not know) is a difference too, but it never takes from an estimate more than the
-//! **share** it took from the estimates it was learned on (a smoothed ratio, at most 1): an
-//! over-estimate of 540 ms learned on 600 ms long prompts takes 36 ms from a 40 ms short one,
-//! not all of it. An estimate corrected this way is never negative.
+//! Measurements below their estimates count in the smoothing (they offset an excess), but a
+//! correction never takes time away from an estimate: what makes a heartbeat-based estimate too
+//! high is often particular to its request (a queue the heartbeat still shows that has drained
+//! since, say), and taken from the next requests' estimates it made a loaded cheap cluster look
+//! fast enough for them:
+//! with it, `costAware`'s heavy-load P99 went over the objective (`cargo test -p
+//! infergate-global --test cost -- --nocapture`: 1,731 and 1,734 ms against 1,500; 1,205 ms
+//! without it). So a cluster is never estimated faster than its heartbeat says.
 //!
 //! Samples are bounded (at most [`MAX_SAMPLE_MS`]; an estimate that is not a number is no
-//! sample), so a hostile or broken heartbeat cannot leave a correction that takes dozens of
-//! requests to wear off, nor a NaN. Each sample costs a few floating-point operations under the
+//! sample): a hostile or broken heartbeat's figure leaves no NaN and no negative estimate, and at
+//! worst a correction held at zero for a few dozen samples (from an hour's excess the other way,
+//! 43 samples of +300 ms). Each sample costs a few floating-point operations under the
 //! cluster's lock; applying the correction, a few more: nothing is allocated.
 
 use std::time::{Duration, Instant};
 
-/// Weight of a new sample in the smoothed difference and share.
+/// Weight of a new sample in the smoothed difference.
 const ALPHA: f64 = 0.2;
 
 /// The largest measured TTFT or estimate a sample counts, ms (an hour): beyond it a figure says
@@ -44,8 +47,6 @@ pub(crate) struct Correction {
 struct Smoothed {
     /// Measured minus estimated, ms.
     difference: f64,
-    /// Measured over estimated, at most 1 (only a measurement below its estimate uses it).
-    share: f64,
     at: Instant,
 }
 
@@ -71,29 +72,18 @@ impl Correction {
         let measured = measured_ms.clamp(0.0, MAX_SAMPLE_MS);
         let estimated = estimated_ms.clamp(0.0, MAX_SAMPLE_MS);
         let difference = measured - estimated;
-        // Below its estimate the measurement's share of it; at or above it, 1 (takes nothing).
-        let share = if measured < estimated {
-            measured / estimated
-        } else {
-            1.0
-        };
         self.smoothed = Some(match self.fresh(sent, fresh_for) {
             Some(s) => Smoothed {
                 difference: s.difference + ALPHA * (difference - s.difference),
-                share: s.share + ALPHA * (share - s.share),
                 at,
             },
-            None => Smoothed {
-                difference,
-                share,
-                at,
-            },
+            None => Smoothed { difference, at },
         });
     }
 
-    /// `estimated_ms` (a heartbeat-based estimate for some request) corrected by the samples of
-    /// the last `fresh_for` before `now`; as it is without any. An estimate that is not a
-    /// non-negative number is left as it is.
+    /// `estimated_ms` (a heartbeat-based estimate for some request) plus the smoothed excess of
+    /// the samples of the last `fresh_for` before `now`, when they show one; as it is otherwise.
+    /// An estimate that is not a non-negative number is left as it is.
     pub(crate) fn apply(&self, estimated_ms: f64, now: Instant, fresh_for: Duration) -> f64 {
         let Some(s) = self
             .fresh(now, fresh_for)
@@ -101,11 +91,7 @@ impl Correction {
         else {
             return estimated_ms;
         };
-        if s.difference >= 0.0 {
-            estimated_ms + s.difference
-        } else {
-            (estimated_ms + s.difference).max(estimated_ms * s.share)
-        }
+        estimated_ms + s.difference.max(0.0)
     }
 
     /// The smoothed samples, while the last is at most `fresh_for` old at `now`.
