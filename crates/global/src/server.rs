@@ -652,6 +652,7 @@ fn unknown_model(state: &State, access: &ModelAccess, model: &str) -> ApiError {
         return ApiError::UnknownModel {
             model: model.to_owned(),
             known: known.join(", "),
+            retrieve: false,
         };
     };
     let mut why = Vec::new();
@@ -701,7 +702,7 @@ fn model_response(
     head: bool,
 ) -> Result<Response<RouterBody>, ApiError> {
     if !served_models(state, access).iter().any(|m| m == id) {
-        return Err(unknown_model(state, access, id));
+        return Err(unknown_model(state, access, id).for_retrieve());
     }
     let body =
         serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"})

@@ -147,6 +147,13 @@ async fn kill_return_gray_failure_and_region_down_under_load() {
     let unknown = infergate_testkit::get(front, "/v1/models/gpt-9").await;
     assert_eq!(unknown.status, 404, "{}", unknown.text());
     assert!(unknown.text().contains("llama"), "{}", unknown.text());
+    // A retrieve has no body: nothing about a `model` field to set.
+    assert!(
+        unknown.text().contains("ask for one of the served models")
+            && !unknown.text().contains("`model` field"),
+        "{}",
+        unknown.text()
+    );
 
     let load = Load::start(front, 6, Duration::ZERO, CHAT);
     tokio::time::sleep(Duration::from_secs(1)).await;

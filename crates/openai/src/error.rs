@@ -43,14 +43,18 @@ pub enum ApiError {
     },
     /// No pool serves the requested model.
     #[error(
-        "the model `{}` does not exist here: set the request's `model` field to one of the served models ({known})",
-        Echo(model)
+        "the model `{}` does not exist here: {} one of the served models ({known})",
+        Echo(model),
+        if *retrieve { "ask for" } else { "set the request's `model` field to" }
     )]
     UnknownModel {
         /// The model the request asked for.
         model: String,
         /// The served model names, comma-separated (possibly shortened).
         known: String,
+        /// Asked for by `GET /v1/models/{model}`, which has no body and no `model` field
+        /// ([`ApiError::for_retrieve`]).
+        retrieve: bool,
     },
     /// The body is larger than the configured limit.
     #[error("the request body is larger than the limit of {limit} bytes")]
@@ -618,10 +622,25 @@ impl ApiError {
         }
     }
 
+    /// This error as the answer to `GET /v1/models/{model}`: an unknown model's message says to
+    /// ask for a served model, not to set a `model` field the retrieve has none of, and names no
+    /// `param`. Other errors are unchanged.
+    pub fn for_retrieve(self) -> ApiError {
+        match self {
+            ApiError::UnknownModel { model, known, .. } => ApiError::UnknownModel {
+                model,
+                known,
+                retrieve: true,
+            },
+            other => other,
+        }
+    }
+
     /// The OpenAI error `param`: the request field at fault, if one is.
     fn param(&self) -> Option<&str> {
         match self {
             ApiError::InvalidField { field, .. } => Some(field),
+            ApiError::UnknownModel { retrieve: true, .. } => None,
             ApiError::MissingModel { .. } | ApiError::UnknownModel { .. } => Some("model"),
             _ => None,
         }
@@ -717,6 +736,7 @@ mod tests {
                 ApiError::UnknownModel {
                     model: "x".into(),
                     known: "a, b".into(),
+                    retrieve: false,
                 },
                 404,
             ),
@@ -896,6 +916,7 @@ mod tests {
         let e = ApiError::UnknownModel {
             model: "gpt-9".into(),
             known: "llama".into(),
+            retrieve: false,
         };
         let v = json(&e);
         assert_eq!(v["error"]["param"], "model");
@@ -905,6 +926,29 @@ mod tests {
             msg.contains("gpt-9") && msg.contains("`model` field"),
             "{msg}"
         );
+    }
+
+    /// `GET /v1/models/{model}` has no body: its 404 says to ask for a served model and names
+    /// no `param`, with the same status and code.
+    #[test]
+    fn an_unknown_model_retrieved_names_no_body_field() {
+        let e = ApiError::UnknownModel {
+            model: "gpt-9".into(),
+            known: "llama".into(),
+            retrieve: false,
+        }
+        .for_retrieve();
+        assert_eq!(e.status(), 404);
+        let v = json(&e);
+        assert_eq!(v["error"]["param"], serde_json::Value::Null);
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(
+            v["error"]["message"],
+            "the model `gpt-9` does not exist here: ask for one of the served models (llama)"
+        );
+        // Other errors pass unchanged.
+        let e = ApiError::MissingModel { empty: true }.for_retrieve();
+        assert!(matches!(e, ApiError::MissingModel { empty: true }));
     }
 
     #[test]
@@ -1125,6 +1169,7 @@ mod tests {
         let e = ApiError::UnknownModel {
             model,
             known: "llama".into(),
+            retrieve: false,
         };
         let body = e.to_json();
         assert!(body.len() < 2048, "{} bytes", body.len());

@@ -173,6 +173,7 @@ impl<T> ModelRouter<T> {
         ApiError::UnknownModel {
             model: model.to_owned(),
             known,
+            retrieve: false,
         }
     }
 
@@ -183,6 +184,7 @@ impl<T> ModelRouter<T> {
         self.lookup(model).ok_or_else(|| ApiError::UnknownModel {
             model: model.to_owned(),
             known: self.known.clone(),
+            retrieve: false,
         })
     }
 

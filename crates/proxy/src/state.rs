@@ -374,7 +374,7 @@ impl State {
             .into_iter()
             .find(|(name, root)| *name == id && allowed(name, root))
         else {
-            return Err(self.router.unknown_to(id, allowed));
+            return Err(self.router.unknown_to(id, allowed).for_retrieve());
         };
         let entry = ModelEntry {
             id,

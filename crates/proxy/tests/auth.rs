@@ -631,6 +631,14 @@ async fn the_model_list_and_an_unknown_model_s_404_show_only_what_the_caller_may
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["error"]["code"], "model_not_found", "{body}");
+        // A retrieve has no body: nothing about a `model` field to set.
+        assert_eq!(v["error"]["param"], Value::Null, "{body}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("ask for one of the served models")),
+            "{body}"
+        );
     }
     let (_, body) = retrieve("GET", "/v1/models/other", KEY_A).await;
     assert!(
