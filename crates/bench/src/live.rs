@@ -62,7 +62,7 @@ pub enum Outcome {
         ttft: f64,
         /// Seconds from sending it to the end of the answer.
         e2e: f64,
-        /// Output tokens, from the final `usage` event (else the tokens asked for).
+        /// Output tokens, from the final `usage` event (else the events that carried text).
         output_tokens: u32,
         /// Prompt tokens as the server counted them (the final `usage` event), if it said.
         prompt_tokens: Option<u32>,
@@ -913,7 +913,7 @@ async fn send(
         return Outcome::Failed(Failure::Status(status));
     }
     let mut body = resp.into_body();
-    let mut scanner = SseScanner::new();
+    let mut scanner = SseScanner::counting_text();
     let mut first = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
@@ -934,9 +934,15 @@ async fn send(
         return Outcome::Failed(Failure::NoText);
     };
     let usage = scanner.usage();
-    let output_tokens = usage.map_or(a.output_tokens, |u| {
-        u32::try_from(u.completion_tokens).unwrap_or(u32::MAX)
-    });
+    // Without `usage` (a front that drops it), the events that carried text: one token each as
+    // the engines stream, rather than the tokens asked for, which would credit a front that
+    // cuts answers short with the whole output.
+    let output_tokens = match usage {
+        Some(u) => u32::try_from(u.completion_tokens).unwrap_or(u32::MAX),
+        None => scanner
+            .text_events()
+            .map_or(a.output_tokens, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+    };
     Outcome::Done {
         ttft,
         e2e,
@@ -950,6 +956,55 @@ async fn send(
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    /// A front that streams without `usage` is credited with the tokens it streamed (the
+    /// events that carried text), not the tokens asked for: three of ten here. With `usage`, its
+    /// count. (Before, ten either way without `usage`.)
+    #[tokio::test]
+    async fn without_usage_the_output_is_the_streamed_text_not_the_tokens_asked_for() {
+        let chunk = |t: &str| {
+            format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}}}}]}}\n\n")
+        };
+        let role = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        let cut_short = format!(
+            "{role}{}{}{}data: [DONE]\n\n",
+            chunk("a"),
+            chunk("b"),
+            chunk("c")
+        );
+        let with_usage = format!(
+            "{cut_short}data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":7}}}}\n\n"
+        );
+        let client: Client<HttpConnector, Full<Bytes>> =
+            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let arrival = crate::workload::Arrival {
+            id: 0,
+            at: 0.0,
+            prompt_tokens: 8,
+            prefix_group: None,
+            prefix_tokens: 0,
+            output_tokens: 10,
+            lora: None,
+            priority: Default::default(),
+            tenant: 0,
+        };
+        for (body, want, prompt) in [(cut_short, 3, None), (with_usage, 7, Some(5))] {
+            let front = infergate_testkit::scripted::scripted_server(Arc::new(move |_| {
+                (200, "text/event-stream", body.clone())
+            }))
+            .await;
+            let url = format!("http://{front}/v1/chat/completions");
+            let start = tokio::time::Instant::now();
+            match send(&client, &url, "m", &arrival, "hello", start).await {
+                Outcome::Done {
+                    output_tokens,
+                    prompt_tokens,
+                    ..
+                } => assert_eq!((output_tokens, prompt_tokens), (want, prompt)),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     /// The pods of `spec` as if served on 127.0.0.1 from port 9000 on.
     fn loopback(spec: &FleetSpec) -> Vec<(String, std::net::SocketAddr)> {

@@ -153,12 +153,24 @@ pub struct SseScanner {
     done: bool,
     usage: Option<Usage>,
     events: u64,
+    /// Events carrying generated text, when counted ([`SseScanner::counting_text`]).
+    text_events: Option<u64>,
 }
 
 impl SseScanner {
     /// A scanner at the start of a stream.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A scanner that also counts the events carrying generated text
+    /// ([`SseScanner::text_events`]): each event is then parsed, not only those up to the first
+    /// token, so the proxies' scanners do not count.
+    pub fn counting_text() -> Self {
+        Self {
+            text_events: Some(0),
+            ..Self::default()
+        }
     }
 
     /// Reads the next chunk of the stream. Returns `true` if this chunk carried the stream's first
@@ -206,10 +218,14 @@ impl SseScanner {
             return;
         }
         self.events += 1;
-        if !self.first_token
+        if (!self.first_token || self.text_events.is_some())
             && let Ok(ev) = serde_json::from_slice::<Event<'_>>(data)
+            && ev.carries_text()
         {
-            self.first_token = ev.carries_text();
+            self.first_token = true;
+            if let Some(n) = &mut self.text_events {
+                *n += 1;
+            }
         }
         if contains(data, b"\"usage\"")
             && let Some(u) = extract_usage(data)
@@ -245,6 +261,13 @@ impl SseScanner {
     /// Number of `data:` events seen (not counting `[DONE]`).
     pub fn events(&self) -> u64 {
         self.events
+    }
+
+    /// Number of events that carried generated text, for a scanner made with
+    /// [`SseScanner::counting_text`] (`None` otherwise). vLLM, SGLang and TGI stream one token per
+    /// event, so without `usage` this is the output's length in tokens.
+    pub fn text_events(&self) -> Option<u64> {
+        self.text_events
     }
 
     /// Whether a line longer than [`MAX_SSE_LINE`] was skipped.

@@ -55,6 +55,27 @@ fn stream_in_one_chunk() {
     assert_eq!(s.events(), 4);
 }
 
+/// Counting, the scanner counts the events with text (not the role-only first one nor the
+/// usage-only last one), fed whole or byte by byte; a scanner made with `new` does not count.
+#[test]
+fn a_counting_scanner_counts_the_events_that_carry_text() {
+    let mut s = SseScanner::counting_text();
+    s.feed(STREAM.as_bytes());
+    s.finish();
+    assert_eq!(s.text_events(), Some(2));
+    let mut s = SseScanner::counting_text();
+    for b in STREAM.as_bytes() {
+        s.feed(std::slice::from_ref(b));
+    }
+    s.finish();
+    assert_eq!(s.text_events(), Some(2));
+    assert!(s.saw_first_token());
+    let mut s = SseScanner::new();
+    s.feed(STREAM.as_bytes());
+    assert_eq!(s.text_events(), None);
+    assert!(s.saw_first_token());
+}
+
 #[test]
 fn role_only_chunk_is_not_the_first_token() {
     let mut s = SseScanner::new();
