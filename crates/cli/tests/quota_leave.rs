@@ -85,25 +85,40 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
+/// `infergate COMMAND --config FILE` (the gateway, the global router), the file `auth: none`,
+/// the quota fields under `quotas:` and then `rest`: how many replicas Redis names right after
+/// it exited on SIGTERM.
+async fn file_front_door_after_sigterm(
+    redis: &RedisServer,
+    prefix: &str,
+    command: &str,
+    rest: &str,
+) -> i64 {
+    let dir = tempfile::tempdir().unwrap();
+    let quotas = quota_fields(redis, prefix).replace('\n', "\n  ");
+    let config = write(
+        dir.path(),
+        "config.yaml",
+        &format!("auth: none\nquotas:\n  {quotas}\n{rest}"),
+    );
+    let args = [
+        command.to_string(),
+        format!("--config={config}"),
+        format!("--listen={}", free_addr()),
+        format!("--admin={}", free_addr()),
+    ];
+    present_after_sigterm(redis, prefix, &args).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_stopped_by_sigterm_leaves_the_shared_quotas() {
     let Some(redis) = RedisServer::start_if_installed().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     // Nothing listens at the endpoint: the quota service syncs all the same.
-    let quotas = quota_fields(&redis, "gw-leave:").replace('\n', "\n  ");
-    let config = format!(
-        "auth: none\nquotas:\n  {quotas}\nmodels:\n  - name: llama\n    endpoints: [{{ address: '127.0.0.1:9', engine: vllm }}]\n"
-    );
-    let config = write(dir.path(), "gateway.yaml", &config);
-    let args = [
-        "gateway".to_string(),
-        format!("--config={config}"),
-        format!("--listen={}", free_addr()),
-        format!("--admin={}", free_addr()),
-    ];
-    let left = present_after_sigterm(&redis, "gw-leave:", &args).await;
+    let models =
+        "models:\n  - name: llama\n    endpoints: [{ address: '127.0.0.1:9', engine: vllm }]\n";
+    let left = file_front_door_after_sigterm(&redis, "gw-leave:", "gateway", models).await;
     assert_eq!(
         left, 0,
         "the gateway was still in the round times after it exited"
@@ -149,20 +164,9 @@ async fn a_global_router_stopped_by_sigterm_leaves_the_shared_quotas() {
     let Some(redis) = RedisServer::start_if_installed().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let quotas = quota_fields(&redis, "global-leave:").replace('\n', "\n  ");
     // Nothing listens at the cluster's URL: the quota service syncs all the same.
-    let config = format!(
-        "auth: none\nquotas:\n  {quotas}\nclusters:\n  - {{ name: a, url: 'http://127.0.0.1:9', region: r, models: [llama], cost: {{ inputPerMillion: 1 }} }}\n"
-    );
-    let config = write(dir.path(), "global.yaml", &config);
-    let args = [
-        "global".to_string(),
-        format!("--config={config}"),
-        format!("--listen={}", free_addr()),
-        format!("--admin={}", free_addr()),
-    ];
-    let left = present_after_sigterm(&redis, "global-leave:", &args).await;
+    let clusters = "clusters:\n  - { name: a, url: 'http://127.0.0.1:9', region: r, models: [llama], cost: { inputPerMillion: 1 } }\n";
+    let left = file_front_door_after_sigterm(&redis, "global-leave:", "global", clusters).await;
     assert_eq!(
         left, 0,
         "the router was still in the round times after it exited"
