@@ -210,3 +210,90 @@ fn every_gateway_configuration_in_the_docs_passes_check() {
         "skipped more than the scenario: {skipped:?}"
     );
 }
+
+/// First keys of docs/global.md's blocks that are not global router files, and what they are.
+const NOT_ROUTER_FILES: [(&str, &str); 5] = [
+    ("pods", "an `infergate sim` fleet"),
+    ("models", "a gateway file"),
+    ("tls", "a gateway's `tls:` section"),
+    ("globalRouter", "Helm values"),
+    ("", "a cluster's entry shown alone"),
+];
+
+/// A whole global router file holding the section `block` shows: no authentication, a tenant
+/// header unless the block has its own `tenancy`, and one cluster.
+fn around_router(block: &str) -> String {
+    let keys = top_keys(block);
+    let mut file = String::from("auth: none\n");
+    if !keys.contains(&"tenancy") {
+        file.push_str("tenancy: { tenantHeader: x-tenant }\n");
+    }
+    file.push_str(block);
+    file.push_str(
+        "clusters:\n  - { name: east, url: \"http://127.0.0.1:8180\", region: us-east,\n      \
+         cost: { inputPerMillion: 0.5, outputPerMillion: 1.0 } }\n",
+    );
+    file
+}
+
+/// Every global router configuration docs/global.md shows passes `infergate global --check`:
+/// a block with a top-level `clusters:` as it stands, a section shown alone (`tenancy:` with
+/// `quotas:`) inside the smallest file that holds it. `--no-files`, since the blocks name
+/// certificates, keys, CA bundles and token files that are placeholders (a relative `ca.pem`,
+/// `/etc/infergate/clusters/east-1`): every field and environment variable is still checked.
+#[test]
+fn every_global_router_configuration_in_the_docs_passes_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = Vec::new();
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    for block in yaml_blocks("docs/global.md") {
+        let at = format!("{}:{}", block.page, block.line);
+        let keys: Vec<&str> = top_keys(&block.text)
+            .into_iter()
+            .filter(|k| !k.starts_with('#'))
+            .collect();
+        let first = keys.first().copied().unwrap_or_default();
+        let whole = keys.contains(&"clusters");
+        let section = matches!(first, "tenancy" | "quotas");
+        if !whole && !section {
+            // A gateway file's first key is `listen` or `models`: it is known by its models.
+            let kind = if keys.contains(&"models") {
+                "models"
+            } else {
+                first
+            };
+            let Some((_, what)) = NOT_ROUTER_FILES.iter().find(|(k, _)| *k == kind) else {
+                panic!("{at}: a block of a new kind (first key `{first}`): check it or list it");
+            };
+            skipped.push(format!("{at} ({what})"));
+            continue;
+        }
+        let body = if whole {
+            block.text.clone()
+        } else {
+            around_router(&block.text)
+        };
+        let file = dir.path().join(format!("global-{}.yaml", checked.len()));
+        std::fs::write(&file, &body).unwrap();
+        let (ok, printed) = printed_error::run_with_config(
+            "global",
+            &file,
+            &["--check", "--no-files"],
+            &[("REDIS_PASSWORD", "secret")],
+            "INFERGATE_GLOBAL_CONFIG",
+        );
+        if !ok {
+            failures.push(format!("{at}:\n{body}\n--check said:\n{printed}"));
+        }
+        checked.push(at);
+    }
+    eprintln!("checked {checked:?}; not router files: {skipped:?}");
+    assert!(
+        failures.is_empty(),
+        "documented configurations refused by global --check:\n\n{}",
+        failures.join("\n\n")
+    );
+    // On one machine, the reference, HTTPS to clusters, rate limits.
+    assert!(checked.len() >= 4, "checked only {checked:?}");
+}
