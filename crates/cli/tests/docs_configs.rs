@@ -10,6 +10,10 @@
 //! are swapped for real ones in a temporary folder, since `--check` loads them as a start does.
 //! Blocks that are not gateway files (a `bench` scenario) are recognised by their first key and
 //! listed, so that a new kind of block is not skipped unnoticed.
+//!
+//! The same for the global router's files in docs/global.md (`infergate global --check`) and the
+//! emulated fleets of docs/global.md and docs/simulator.md (`infergate sim --check`). The picker
+//! has no check mode, so docs/extproc.md's endpoints file is not run here.
 
 #![allow(
     clippy::unwrap_used,
@@ -296,4 +300,50 @@ fn every_global_router_configuration_in_the_docs_passes_check() {
     );
     // On one machine, the reference, HTTPS to clusters, rate limits.
     assert!(checked.len() >= 4, "checked only {checked:?}");
+}
+
+/// Every emulated fleet file the docs show (a block whose first key is `seed` or `pods`) passes
+/// `infergate sim --check`: the fleets of docs/global.md's walk on one machine and the reference
+/// file of docs/simulator.md.
+#[test]
+fn every_fleet_file_in_the_docs_passes_sim_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = Vec::new();
+    let mut failures = Vec::new();
+    for block in ["docs/global.md", "docs/simulator.md"]
+        .into_iter()
+        .flat_map(yaml_blocks)
+    {
+        let keys = top_keys(&block.text);
+        if !matches!(keys.first().copied(), Some("seed" | "pods")) {
+            continue;
+        }
+        let at = format!("{}:{}", block.page, block.line);
+        let file = dir.path().join(format!("fleet-{}.yaml", checked.len()));
+        std::fs::write(&file, &block.text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["sim", "--check", "--fleet"])
+            .arg(&file)
+            .env_remove("INFERGATE_SIM_FLEET")
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .expect("the infergate binary runs");
+        let (ok, printed) = printed_error::outcome(&out);
+        if !ok {
+            failures.push(format!(
+                "{at}:\n{}\nsim --check said:\n{printed}",
+                block.text
+            ));
+        }
+        checked.push(at);
+    }
+    eprintln!("checked {checked:?}");
+    assert!(
+        failures.is_empty(),
+        "documented fleet files refused by sim --check:\n\n{}",
+        failures.join("\n\n")
+    );
+    // global.md's east and west fleets, simulator.md's reference file.
+    assert!(checked.len() >= 3, "checked only {checked:?}");
 }
