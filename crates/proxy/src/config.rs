@@ -726,8 +726,9 @@ impl GatewayConfig {
     }
 }
 
-/// For serde_yaml's `duplicate field` error without a position (it gives none for the top-level
-/// mapping), the key and the line (from 1) of its second occurrence at the start of a line.
+/// For serde_yaml's `duplicate field` error of the top-level mapping (which names the mapping's
+/// start, or nothing when it starts the file, rather than the key), the key and the line (from 1)
+/// of its second occurrence at the start of a line.
 /// The parser's error back for any other error, or a file that does not have the key twice at
 /// the start of a line (a flow mapping, JSON on one line). The global router's configuration
 /// uses it too.
@@ -745,10 +746,18 @@ pub fn duplicate_top_level_key(
 /// occurrence at the start of a line.
 fn duplicate_line(e: &serde_yaml::Error, text: &str) -> Option<(String, usize)> {
     let message = e.to_string();
-    // A message with a position ends with it, not with the key's closing backquote.
-    let key = message
-        .strip_prefix("duplicate field `")?
-        .strip_suffix('`')?;
+    // The top-level mapping's error has no position when the mapping starts the file, and the
+    // mapping's start (column 1) when a comment, a blank line or `---` comes first; a nested
+    // mapping starts further right, and its error keeps the parser's own position.
+    let body = match message.rsplit_once(" at line ") {
+        Some((head, at)) => {
+            let line = at.strip_suffix(" column 1")?;
+            line.parse::<usize>().ok()?;
+            head
+        }
+        None => message.as_str(),
+    };
+    let key = body.strip_prefix("duplicate field `")?.strip_suffix('`')?;
     let line = text
         .lines()
         .enumerate()

@@ -68,6 +68,13 @@ fn a_top_level_key_given_twice_names_the_line_of_the_second() {
         e,
         "the top-level key `auth` is given twice, the second time at line 2"
     );
+    // After a leading comment (docs/global.md's file starts with one) the parser names the
+    // mapping's start instead of nothing: the second key is named all the same.
+    let e = err(&format!("# global.yaml\n{text}"));
+    assert_eq!(
+        e,
+        "the top-level key `clusters` is given twice, the second time at line 6"
+    );
     let e = err(&format!(
         "auth: none\nheartbeat: {{ intervalMs: 500, intervalMs: 600 }}\n{CLUSTER}"
     ));

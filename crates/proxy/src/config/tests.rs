@@ -111,6 +111,23 @@ fn a_top_level_key_given_twice_names_the_line_of_the_second() {
     // JSON on one line has no line to name: the parser's message stays.
     let e = GatewayConfig::from_yaml(r#"{"auth": "none", "auth": "none"}"#).unwrap_err();
     assert_eq!(e.to_string(), "duplicate field `auth`");
+    // A file that starts with a comment, a blank line or `---` (the parser then names the
+    // mapping's start, line 2): the second `models` is named all the same. It said
+    // ``duplicate field `models` at line 2 column 1``.
+    for head in ["# gw.yaml\n", "\n", "---\n"] {
+        let e = GatewayConfig::from_yaml(&format!("{head}{text}")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the top-level key `models` is given twice, the second time at line 7",
+            "after {head:?}"
+        );
+    }
+    // A nested block mapping's duplicate keeps the parser's position.
+    let e = err("# gw.yaml\nauth: none\nlimits:\n  maxConnections: 1\n  maxConnections: 2\n");
+    assert!(
+        e.contains("duplicate field `maxConnections` at line 4 column 3"),
+        "{e}"
+    );
 }
 
 #[test]
