@@ -27,7 +27,7 @@ pub const PICKER_HEALTH_PORT: u16 = 9003;
 pub const BBR_GRPC_PORT: u16 = 9004;
 /// Default gRPC health port of the body-based router.
 pub const BBR_HEALTH_PORT: u16 = 9005;
-/// Default metrics port (`/metrics`, `/healthz`, `/readyz`) of both.
+/// Default metrics port of both (`/metrics`, `/healthz`, `/readyz`; the picker also `/heartbeat`).
 pub const METRICS_PORT: u16 = 9090;
 /// Default port of the picker replicas' load exchange (`--peer-port`).
 pub const PEER_PORT: u16 = infergate_pool::peers::DEFAULT_PEER_PORT;
@@ -63,7 +63,8 @@ pub struct PickerArgs {
     /// gRPC health port (`liveness`, `readiness`, and the ext_proc service).
     #[arg(long, default_value_t = PICKER_HEALTH_PORT)]
     pub grpc_health_port: u16,
-    /// Prometheus metrics port (`/metrics`, `/healthz`, `/readyz`).
+    /// Prometheus metrics port (`/metrics`, `/healthz`, `/readyz`, and `/heartbeat`: the pool's
+    /// state as a global router polls it).
     #[arg(long, default_value_t = METRICS_PORT)]
     pub metrics_port: u16,
     /// Largest request body accepted (bytes, at least 1024); larger bodies get 413.
