@@ -195,7 +195,28 @@ where
     T: Into<Readiness>,
     H: Fn() -> Option<String> + Send + Sync + 'static,
 {
-    run(listener, None, (metrics, ready, heartbeat, open), shutdown).await
+    serve_tls_with_heartbeat(listener, None, metrics, ready, heartbeat, shutdown).await
+}
+
+/// As [`serve_with_heartbeat`], every connection TLS when `tls` is given (HTTP/1.1 or h2 by
+/// ALPN), probes included, and with a client CA in `tls` every client must present a
+/// certificate it verifies: the gateway's `adminTls`, for a heartbeat or a scrape that crosses
+/// a network.
+pub async fn serve_tls_with_heartbeat<M, R, T, H>(
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+    metrics: M,
+    ready: R,
+    heartbeat: H,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
+    R: Fn() -> T + Send + Sync + 'static,
+    T: Into<Readiness>,
+    H: Fn() -> Option<String> + Send + Sync + 'static,
+{
+    run(listener, tls, (metrics, ready, heartbeat, open), shutdown).await
 }
 
 /// The accept loop; `handlers` are the metrics encoder, the readiness, the heartbeat and the

@@ -98,6 +98,10 @@ pub struct GatewayConfig {
     /// HTTPS on the front door (`tls: { certFile, keyFile, clientCaFile }`, the last for mutual
     /// TLS); `None` serves plain HTTP.
     pub tls: Option<ListenerTls>,
+    /// HTTPS on the admin port (`adminTls: { certFile, keyFile, clientCaFile }`, the same
+    /// fields as `tls`): `/heartbeat`, `/metrics` and the probes over TLS, for a global router
+    /// or a scraper across a network; `None` serves plain HTTP.
+    pub admin_tls: Option<ListenerTls>,
     /// The served models, each with its endpoints and scheduler.
     pub models: Vec<ModelConfig>,
     /// Model rewrites and canary splits (the Gateway API Inference Extension's
@@ -524,6 +528,8 @@ struct RawGateway {
     auth: Option<AuthConfig>,
     #[serde(default)]
     tls: Option<ListenerTls>,
+    #[serde(default)]
+    admin_tls: Option<ListenerTls>,
     models: Vec<ModelConfig>,
     #[serde(default)]
     rewrites: Vec<RewriteRule>,
@@ -604,6 +610,7 @@ impl TryFrom<RawGateway> for GatewayConfig {
             explain_header: r.explain_header,
             auth,
             tls: r.tls,
+            admin_tls: r.admin_tls,
             models: r.models,
             rewrites: r.rewrites,
             quotas: r.quotas,

@@ -86,6 +86,9 @@ pub enum Error {
     /// The front door's certificate or key could not be loaded.
     #[error("tls: the front door's certFile, keyFile or clientCaFile cannot be used")]
     Tls(#[source] Box<infergate_pool::tls::TlsError>),
+    /// The admin port's certificate or key could not be loaded.
+    #[error("adminTls: the admin port's certFile, keyFile or clientCaFile cannot be used")]
+    AdminTls(#[source] Box<infergate_pool::tls::TlsError>),
     /// The access log could not be opened.
     #[error(transparent)]
     AccessLog(#[from] crate::access_log::AccessLogError),

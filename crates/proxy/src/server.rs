@@ -122,9 +122,12 @@ impl Handle {
         if old.config.listen != config.listen
             || old.config.admin != config.admin
             || old.config.tls != config.tls
+            || old.config.admin_tls != config.admin_tls
         {
             // (The certificate files themselves are reloaded when they change: see `tls`.)
-            tracing::warn!("`listen`, `admin` and `tls` changes take effect only after a restart");
+            tracing::warn!(
+                "`listen`, `admin`, `tls` and `adminTls` changes take effect only after a restart"
+            );
         }
         match State::build(config, Some(&old), &self.shared.telemetry) {
             Ok(state) => {
@@ -274,6 +277,7 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 /// file itself validated, so that a file it calls valid does not stop the gateway at start.
 pub fn check_files(config: &GatewayConfig) -> Result<(), Error> {
     crate::tls::check_listener_tls(config.tls.as_ref())?;
+    crate::tls::check_admin_tls(config.admin_tls.as_ref())?;
     for m in &config.models {
         crate::backend::check_files(m)?;
     }
@@ -292,6 +296,8 @@ struct Control {
     admin_addr: Option<SocketAddr>,
     /// The front door's TLS, when `tls` is configured.
     tls: Option<ServerTls>,
+    /// Whether the admin port serves HTTPS (`adminTls`).
+    admin_https: bool,
 }
 
 impl Control {
@@ -302,6 +308,16 @@ impl Control {
         if let Some(t) = &tls {
             t.register(&mut registry);
         }
+        // Built only with an admin port to serve; its series carry `port="admin"`, in the same
+        // families as the front door's.
+        let admin_tls = match &admin {
+            Some(_) => crate::tls::admin_tls(config.admin_tls.as_ref())?,
+            None => None,
+        };
+        if let Some(t) = &admin_tls {
+            t.register(registry.sub_registry_with_label(("port".into(), "admin".into())));
+        }
+        let admin_https = admin_tls.is_some();
         let seed = config.seed;
         let state = State::build(config, None, &telemetry)?;
         let shared = Arc::new(Shared::new(state, telemetry, seed));
@@ -320,8 +336,9 @@ impl Control {
             let (metrics, ready) = (Arc::clone(&shared), Arc::clone(&shared));
             let heartbeat = Arc::clone(&shared);
             let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
-            tokio::spawn(infergate_pool::admin::serve_with_heartbeat(
+            tokio::spawn(infergate_pool::admin::serve_tls_with_heartbeat(
                 listener,
+                admin_tls,
                 move || crate::admin::encode_metrics(&registry, &metrics),
                 move || ready.state.load().readiness(),
                 move || Some(crate::admin::encode_heartbeat(&heartbeats, &heartbeat)),
@@ -336,6 +353,7 @@ impl Control {
             admin_task,
             admin_addr,
             tls,
+            admin_https,
         })
     }
 
@@ -352,6 +370,7 @@ impl Control {
             admin_task,
             admin_addr,
             tls,
+            admin_https,
             ..
         } = self;
         let task = tokio::spawn(async move {
@@ -369,7 +388,8 @@ impl Control {
         let scheme = if tls.is_some() { "https" } else { "http" };
         match admin_addr {
             Some(admin) => {
-                tracing::info!(addr = %http_addr, scheme, %admin, "gateway serving")
+                let admin_scheme = if admin_https { "https" } else { "http" };
+                tracing::info!(addr = %http_addr, scheme, %admin, admin_scheme, "gateway serving")
             }
             None => tracing::info!(addr = %http_addr, scheme, admin = "off", "gateway serving"),
         }

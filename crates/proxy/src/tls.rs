@@ -28,3 +28,21 @@ pub(crate) fn check_listener_tls(config: Option<&ListenerTls>) -> Result<(), Err
         .map(drop)
         .map_err(|e| Error::Tls(Box::new(e)))
 }
+
+/// The admin port's TLS for `config` (`adminTls`; `None`: plain HTTP), as [`listener_tls`]
+/// builds the front door's. Must run inside a tokio runtime.
+pub(crate) fn admin_tls(config: Option<&ListenerTls>) -> Result<Option<ServerTls>, Error> {
+    config
+        .map(ListenerTls::server_tls)
+        .transpose()
+        .map_err(|e| Error::AdminTls(Box::new(e)))
+}
+
+/// Loads the admin port's files as [`admin_tls`] does, polling nothing.
+pub(crate) fn check_admin_tls(config: Option<&ListenerTls>) -> Result<(), Error> {
+    config
+        .map(ListenerTls::check)
+        .transpose()
+        .map(drop)
+        .map_err(|e| Error::AdminTls(Box::new(e)))
+}

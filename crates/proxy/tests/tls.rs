@@ -639,3 +639,146 @@ fn an_unusable_client_ca_file_stops_the_gateway_at_start() {
     let text = infergate_pool::ErrorChain(&err).to_string();
     assert!(text.contains("missing field `certFile`"), "{text}");
 }
+
+/// curl GET of `url`, trusting `pki`'s CA, presenting `client` when given: its exit code and
+/// its output (the body, then the status).
+async fn curl_get(
+    pki: &Pki,
+    url: String,
+    client: Option<&(PathBuf, PathBuf)>,
+) -> (Option<i32>, String) {
+    let mut args: Vec<String> = vec![
+        "-sS".into(),
+        "--max-time".into(),
+        "20".into(),
+        "--cacert".into(),
+        pki.ca_file.display().to_string(),
+    ];
+    if let Some((cert, key)) = client {
+        args.extend([
+            "--cert".into(),
+            cert.display().to_string(),
+            "--key".into(),
+            key.display().to_string(),
+        ]);
+    }
+    args.extend(["-w".into(), "\n%{http_code}".into(), url]);
+    let out = tokio::task::spawn_blocking(move || run_blocking("curl", args))
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// `adminTls` with a `clientCaFile`: the admin port (`/heartbeat`, `/metrics`, the probes)
+/// speaks HTTPS to curl presenting a certificate of that CA; curl without one, or over plain
+/// HTTP, gets no answer, and the refusal is counted in the TLS families with `port="admin"`.
+/// The front door, plain HTTP here, is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_tls_serves_the_heartbeat_to_clients_of_its_ca_only() {
+    let pki = pki();
+    let routers = TestCa::new("routers ca");
+    let routers_ca = pki.dir.path().join("routers.pem");
+    std::fs::write(&routers_ca, routers.cert_pem()).unwrap();
+    let router_dir = pki.dir.path().join("router");
+    std::fs::create_dir_all(&router_dir).unwrap();
+    let router = routers.issue(&["router"]).write(&router_dir);
+    let a = Upstream::start(Behaviour::Ok).await;
+    let config = GatewayConfig::from_yaml(&format!(
+        "auth: none\nadminTls: {{ certFile: {}, keyFile: {}, clientCaFile: {} }}\nmodels:\n  - name: m\n    scheduler: {{ preset: round-robin }}\n    endpoints: [{}]\n",
+        pki.cert.display(),
+        pki.key.display(),
+        routers_ca.display(),
+        a.addr
+    ))
+    .unwrap();
+    let (gw, stop) = start(config).await;
+    let admin = format!("https://localhost:{}", gw.admin_addr().unwrap().port());
+
+    let (code, out) = curl_get(&pki, format!("{admin}/heartbeat"), Some(&router)).await;
+    assert_eq!(code, Some(0), "{out}");
+    let (body, status) = out.rsplit_once('\n').unwrap();
+    assert_eq!(status, "200", "{out}");
+    let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(doc["schema"], "infergate.heartbeat/v1", "{body}");
+    assert_eq!(doc["models"][0]["name"], "m", "{body}");
+
+    // No client certificate: no answer. Plain HTTP to the TLS port: none either.
+    let (code, out) = curl_get(&pki, format!("{admin}/heartbeat"), None).await;
+    assert!(refused(code), "{code:?} {out}");
+    assert!(!out.contains("infergate.heartbeat"), "{out}");
+    let plain = format!(
+        "http://127.0.0.1:{}/healthz",
+        gw.admin_addr().unwrap().port()
+    );
+    let (code, out) = curl_get(&pki, plain, None).await;
+    assert_ne!(code, Some(0), "{out}");
+    assert!(!out.contains("ok"), "{out}");
+
+    let (code, out) = curl_get(&pki, format!("{admin}/metrics"), Some(&router)).await;
+    assert_eq!(code, Some(0), "{out}");
+    let failures = |reason| {
+        infergate_testkit::metric(
+            &out,
+            "infergate_tls_handshake_failures_total",
+            &[("port", "admin"), ("reason", reason)],
+        )
+    };
+    assert_eq!(failures("client_certificate"), Some(1.0), "{out}");
+    assert!(failures("error").is_some_and(|n| n >= 1.0), "{out}");
+    assert!(
+        infergate_testkit::metric(
+            &out,
+            "infergate_tls_certificate_not_after_timestamp_seconds",
+            &[("port", "admin")],
+        )
+        .is_some_and(|t| t > 1.0e9),
+        "{out}"
+    );
+
+    // The front door still plain HTTP.
+    let front = format!("http://127.0.0.1:{}/v1/models", gw.http_addr().port());
+    let (code, out) = curl_get(&pki, front, None).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.ends_with("\n200"), "{out}");
+    stop.send(()).unwrap();
+    gw.wait().await;
+}
+
+/// An `adminTls` whose files cannot be used stops the gateway at start and fails `--check`,
+/// naming the section and the file.
+#[test]
+fn an_unusable_admin_tls_stops_the_gateway_at_start() {
+    let pki = pki();
+    let missing = pki.dir.path().join("missing.crt");
+    let config = GatewayConfig::from_yaml(&format!(
+        "auth: none\nadminTls: {{ certFile: {}, keyFile: {} }}\nmodels:\n  - name: m\n    endpoints: [127.0.0.1:1]\n",
+        missing.display(),
+        pki.key.display(),
+    ))
+    .unwrap();
+    let named =
+        |text: &str| text.contains("adminTls") && text.contains(&missing.display().to_string());
+    let check = infergate_proxy::check_files(&config).expect_err("--check passed");
+    let text = infergate_pool::ErrorChain(&check).to_string();
+    assert!(named(&text), "{text}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt.block_on(async {
+        let listeners = Listeners {
+            http: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            admin: Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+        };
+        serve(config, listeners, std::future::pending::<()>())
+            .await
+            .err()
+            .expect("started with an unusable adminTls")
+    });
+    let text = infergate_pool::ErrorChain(&err).to_string();
+    assert!(named(&text), "{text}");
+}
