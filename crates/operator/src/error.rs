@@ -92,6 +92,21 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The start-up check may not list the configs in a namespace of `--watch-namespaces`:
+    /// the Role and RoleBinding that grant the operator its rules there are missing or short.
+    #[error(
+        "cannot list InferenceGatewayConfigs in namespace {namespace}: the operator needs `list` \
+         (and `watch`, `patch`) on inferencegatewayconfigs.infergate.dev there, which the Role \
+         and RoleBinding the chart renders in each namespace of watchNamespaces grant; create \
+         them in {namespace} or drop it from --watch-namespaces"
+    )]
+    NamespaceForbidden {
+        /// The namespace.
+        namespace: String,
+        /// The API server's answer (which names the service account).
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// No client could be configured: neither in a pod nor with a kubeconfig.
     // kube's message already holds its causes, each once ("in-cluster: (...), kubeconfig:
     // (...)"); as a `source` they would print again below it.
@@ -167,6 +182,7 @@ impl Error {
             Self::MissingApi { .. } => "missing_api",
             Self::NameTaken { .. } => "name_taken",
             Self::MissingCrd => "missing_crd",
+            Self::NamespaceForbidden { .. } => "forbidden",
             Self::Kube(e) if is_conflict(e) => "conflict",
             Self::Child { source, .. } if is_conflict(source) => "conflict",
             Self::Kube(_) | Self::Child { .. } => "kube",
@@ -185,7 +201,9 @@ impl Error {
     pub fn report(&self) -> String {
         match self {
             Self::Kube(e) => format!("{self}: {}", kube_detail(e)),
-            Self::Child { source, .. } | Self::MetricsReview { source, .. } => {
+            Self::Child { source, .. }
+            | Self::MetricsReview { source, .. }
+            | Self::NamespaceForbidden { source, .. } => {
                 format!("{self}: {}", kube_detail(source))
             }
             other => chain(other),

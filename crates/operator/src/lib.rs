@@ -14,8 +14,10 @@
 //! - [`metrics`]: Prometheus counters of reconciles and failures.
 //! - [`metrics_auth`]: who may read `/metrics` (a TokenReview and a SubjectAccessReview per
 //!   token, kept a short while).
-//! - [`rbac`]: every permission the operator's ClusterRole grants and why; the chart's and the
-//!   static manifest's ClusterRole are checked against it.
+//! - [`rbac`]: every permission the operator holds and why (in a ClusterRole, or with
+//!   `--watch-namespaces` in a Role per namespace); the chart's renders are checked against it.
+//! - [`scope`]: every namespace, or the namespaces `--watch-namespaces` lists: which API paths
+//!   the controller, the start-up check and the uninstall path use.
 //! - [`serve`]: the `infergate operator` process tying these together.
 //! - [`uninstall`]: deleting a release's configs and waiting for the operator to let them go
 //!   (the chart's `pre-delete` hook, `infergate delete-configs`).
@@ -27,6 +29,7 @@ pub mod metrics_auth;
 pub mod rbac;
 pub mod reconcile;
 pub mod render;
+pub mod scope;
 pub mod serve;
 pub mod status;
 pub mod triggers;

@@ -1,9 +1,17 @@
-//! Every permission the operator holds, and why: the chart's ClusterRole and leader Role
+//! Every permission the operator holds, and why: the chart's roles
 //! (charts/infergate/templates/rbac.yaml) grant exactly these, the static manifest
 //! (deploy/operator/operator.yaml) is rendered from the chart, and the operator's tests check
 //! both against this list, every API call of a config's life against it, and that each `list`
 //! and `watch` it grants is one the operator makes or grants its pickers (Kubernetes lets it
 //! create only Roles that grant what it holds itself). docs/operator.md gives the same table.
+//!
+//! Where the rules are granted depends on the [`WatchScope`]: across the cluster, the
+//! ClusterRole holds [`NAMESPACED_RULES`] and, with `--metrics-auth=kubernetes`,
+//! [`METRICS_AUTH_RULES`]; with `--watch-namespaces`, a Role in each watched namespace holds
+//! [`NAMESPACED_RULES`] and the ClusterRole only the reviews, which have no namespace
+//! ([`cluster_role`], [`namespace_role`]). The leader Role is the same in both.
+
+use crate::scope::WatchScope;
 
 /// One RBAC rule: `verbs` on each of `resources` in API group `group` (`""`: the core group).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +35,10 @@ const CHILD: &[&str] = &["get", "list", "create", "patch", "delete"];
 /// whose `watch` the pickers' Role grants.
 const WATCHED_CHILD: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 
-/// The operator's ClusterRole.
-pub const CLUSTER_RULES: &[Rule] = &[
+/// The rules on namespaced resources (the configs, their children, Secrets, Events, Pods):
+/// the ClusterRole's across the cluster, each watched namespace's Role with
+/// `--watch-namespaces`.
+pub const NAMESPACED_RULES: &[Rule] = &[
     Rule {
         group: "infergate.dev",
         resources: &["inferencegatewayconfigs"],
@@ -119,7 +129,8 @@ pub const CLUSTER_RULES: &[Rule] = &[
     },
 ];
 
-/// Added to the ClusterRole with `--metrics-auth=kubernetes` (the chart's `metrics.auth`).
+/// Added to the ClusterRole with `--metrics-auth=kubernetes` (the chart's `metrics.auth`), in
+/// either scope: reviews are cluster-scoped, no Role can grant them.
 pub const METRICS_AUTH_RULES: &[Rule] = &[
     Rule {
         group: "authentication.k8s.io",
@@ -146,6 +157,29 @@ pub const LEADER_RULES: &[Rule] = &[Rule {
 /// What a scraper needs (the chart's `metrics-reader` ClusterRole): `get` on the non-resource
 /// URL `/metrics`.
 pub const METRICS_READER: (&str, &str) = ("/metrics", "get");
+
+/// What the operator's ClusterRole grants in `scope`, with or without the reviews of
+/// `--metrics-auth=kubernetes` (`metrics_auth`). Empty when neither applies: the chart then
+/// renders no ClusterRole for the operator.
+pub fn cluster_role(scope: &WatchScope, metrics_auth: bool) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    if *scope == WatchScope::Cluster {
+        rules.extend_from_slice(NAMESPACED_RULES);
+    }
+    if metrics_auth {
+        rules.extend_from_slice(METRICS_AUTH_RULES);
+    }
+    rules
+}
+
+/// What the operator's Role in each namespace of `scope` grants: [`NAMESPACED_RULES`] with
+/// `--watch-namespaces`, nothing across the cluster (the ClusterRole holds them).
+pub fn namespace_role(scope: &WatchScope) -> Vec<Rule> {
+    match scope {
+        WatchScope::Cluster => Vec::new(),
+        WatchScope::Namespaces(_) => NAMESPACED_RULES.to_vec(),
+    }
+}
 
 /// Every `(group, resource, verb)` that `rules` grant.
 pub fn grants(rules: &[Rule]) -> std::collections::BTreeSet<(String, String, String)> {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt as _, StreamExt};
 use infergate_api::{InferenceGatewayConfig, InferenceGatewayConfigStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -32,6 +32,7 @@ use crate::render::{
     CONFIG_LABEL, Child, MANAGED_BY, PEER_KEY_FILE, RenderOptions, child_kinds, peer_key_secrets,
     render,
 };
+use crate::scope::{WatchScope, api_in, where_};
 use crate::status::{self, ModelServers, Observed};
 use crate::triggers::PodIndex;
 
@@ -750,27 +751,44 @@ fn subset(want: &Value, have: &Value) -> bool {
 }
 
 /// Checks, before the controller starts, that the cluster serves `InferenceGatewayConfig` and
-/// lets this operator list it everywhere. Without it the controller's watch would fail over and
-/// over with nothing above debug level in the log, and the operator would idle, ready.
-pub async fn preflight(client: &Client) -> Result<(), Error> {
-    let configs: Api<InferenceGatewayConfig> = Api::all(client.clone());
-    match configs.list_metadata(&ListParams::default().limit(1)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::MissingCrd),
-        Err(source) => Err(Error::Child {
-            action: "list",
-            child: "InferenceGatewayConfigs in every namespace".to_owned(),
-            source: Box::new(source),
-        }),
+/// lets this operator list it everywhere it works: across every namespace, or in each namespace
+/// of `scope` (through its namespaced path only, as a Role there grants it). Without it the
+/// controller's watch would fail over and over with nothing above debug level in the log, and
+/// the operator would idle, ready. A namespace whose Role is missing is named, with the
+/// permission.
+pub async fn preflight(client: &Client, scope: &WatchScope) -> Result<(), Error> {
+    for ns in scope.targets() {
+        let configs: Api<InferenceGatewayConfig> = api_in(client, ns.as_deref());
+        match configs.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Err(Error::MissingCrd),
+            Err(kube::Error::Api(s)) if s.code == 403 && ns.is_some() => {
+                return Err(Error::NamespaceForbidden {
+                    namespace: ns.unwrap_or_default(),
+                    source: Box::new(kube::Error::Api(s)),
+                });
+            }
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "list",
+                    child: format!("InferenceGatewayConfigs {}", where_(ns.as_deref())),
+                    source: Box::new(source),
+                });
+            }
+        }
     }
+    Ok(())
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs the controller until `shutdown` resolves, over every namespace or over each namespace
+/// of `scope`: one controller per namespace, each watching through that namespace's paths only
+/// (not one controller fed by merged watch streams: each relist of a watch replaces a
+/// controller's whole store of configs, so a relist in one namespace would drop the others').
 ///
 /// Besides the configs it watches what their status depends on, so a change shows at once
 /// rather than at the next timed requeue: the Deployments, Gateways, HTTPRoutes and Envoy
 /// Gateway policies it owns (labelled `app.kubernetes.io/managed-by`, mapped through the owner
-/// reference) and every Pod
+/// reference) and every Pod of the scope
 /// (mapped through the schedulers' `modelSelector`s by a [`PodIndex`]). Pods are watched as
 /// metadata only and nothing of them is stored but the matching pods' names: the status reads
 /// what it needs itself, so an event is only a trigger. No label selector can scope the Pod
@@ -782,9 +800,33 @@ pub async fn preflight(client: &Client) -> Result<(), Error> {
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
+    scope: WatchScope,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let configs: Api<InferenceGatewayConfig> = Api::all(client.clone());
+    let shutdown = shutdown.shared();
+    let controllers = scope
+        .targets()
+        .into_iter()
+        .map(|ns| run_in(client.clone(), ctx.clone(), ns, shutdown.clone()));
+    futures_util::future::join_all(controllers).await;
+}
+
+/// One controller over the configs in `ns`, or across every namespace with `None`: the configs,
+/// their owned children and the Pods all watched through that one path.
+///
+/// A list of namespaces gets one controller each rather than one controller fed by merged
+/// watch streams: the store of configs a controller keeps is replaced whole by every relist of
+/// its watch (kube's reflector swaps in the listed objects), so a relist in one namespace would
+/// drop the configs of the others from a shared store, and the Pod index maps pods against it.
+/// Each namespace has its own queue, store and Pod index; a config is in exactly one of them.
+async fn run_in(
+    client: Client,
+    ctx: Arc<Context>,
+    ns: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ns = ns.as_deref();
+    let configs: Api<InferenceGatewayConfig> = api_in(&client, ns);
     let owned =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
     let controller = Controller::new(configs, watcher::Config::default());
@@ -794,10 +836,11 @@ pub async fn run(
     let pods = {
         let store = store.clone();
         let mut index = PodIndex::default();
+        let scope = where_(ns);
         after_configs_listed(
             listed,
             watcher(
-                Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+                api_in::<PartialObjectMeta<Pod>>(&client, ns),
                 watcher::Config::default(),
             ),
         )
@@ -805,33 +848,34 @@ pub async fn run(
             let refs = match event {
                 Ok(event) => index.apply(event, &store.state()),
                 Err(e) => {
-                    warn!(error = %e, "watching Pods failed; retrying");
+                    warn!(error = %e, scope = %scope, "watching Pods failed; retrying");
                     HashSet::new()
                 }
             };
             futures_util::stream::iter(refs)
         })
     };
+    let scope = where_(ns);
     controller
-        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
+        .owns(api_in::<Deployment>(&client, ns), owned.clone())
         .owns(
-            Api::<gateway_api::gateways::Gateway>::all(client.clone()),
+            api_in::<gateway_api::gateways::Gateway>(&client, ns),
             owned.clone(),
         )
         .owns(
-            Api::<gateway_api::httproutes::HttpRoute>::all(client.clone()),
+            api_in::<gateway_api::httproutes::HttpRoute>(&client, ns),
             owned.clone(),
         )
         .owns(
-            Api::<infergate_api::upstream::EnvoyExtensionPolicy>::all(client.clone()),
+            api_in::<infergate_api::upstream::EnvoyExtensionPolicy>(&client, ns),
             owned.clone(),
         )
         .owns(
-            Api::<infergate_api::upstream::SecurityPolicy>::all(client.clone()),
+            api_in::<infergate_api::upstream::SecurityPolicy>(&client, ns),
             owned.clone(),
         )
         .owns(
-            Api::<infergate_api::upstream::ClientTrafficPolicy>::all(client),
+            api_in::<infergate_api::upstream::ClientTrafficPolicy>(&client, ns),
             owned,
         )
         .reconcile_on(pods)
@@ -844,21 +888,25 @@ pub async fn run(
             error_policy,
             ctx,
         )
-        .for_each(|res| async move {
-            match res {
-                // A failed reconcile is logged by `error_policy`; an object gone meanwhile is
-                // expected.
-                Ok(_)
-                | Err(
-                    kube::runtime::controller::Error::ReconcilerFailed(..)
-                    | kube::runtime::controller::Error::ObjectNotFound(_),
-                ) => {}
-                // A watch that fails (a CRD such as Gateway API's missing, a permission
-                // withdrawn) is retried with backoff; kube logs it at debug only.
-                Err(e) => warn!(
-                    error = %e,
-                    "watching InferenceGatewayConfigs or their Deployments, Gateways, HTTPRoutes and Envoy Gateway policies failed; retrying"
-                ),
+        .for_each(|res| {
+            let scope = scope.clone();
+            async move {
+                match res {
+                    // A failed reconcile is logged by `error_policy`; an object gone meanwhile
+                    // is expected.
+                    Ok(_)
+                    | Err(
+                        kube::runtime::controller::Error::ReconcilerFailed(..)
+                        | kube::runtime::controller::Error::ObjectNotFound(_),
+                    ) => {}
+                    // A watch that fails (a CRD such as Gateway API's missing, a permission
+                    // withdrawn) is retried with backoff; kube logs it at debug only.
+                    Err(e) => warn!(
+                        error = %e,
+                        scope = %scope,
+                        "watching InferenceGatewayConfigs or their Deployments, Gateways, HTTPRoutes and Envoy Gateway policies failed; retrying"
+                    ),
+                }
             }
         })
         .await;

@@ -27,12 +27,15 @@ use crate::metrics::Metrics;
 use crate::metrics_auth::{MetricsAuth, ScrapeAuthorizer};
 use crate::reconcile::{self, Context};
 use crate::render::RenderOptions;
+use crate::scope::WatchScope;
 
 /// Settings of the operator process.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// Render settings (the image the BBR and pickers run).
     pub render: RenderOptions,
+    /// Every namespace, or only those of `--watch-namespaces`.
+    pub scope: WatchScope,
     /// Elect a leader through a Lease; off only for a single replica during development.
     pub leader_election: bool,
     /// Namespace of the Lease (the operator's own namespace).
@@ -147,7 +150,8 @@ pub async fn serve(
     let client = Client::try_default()
         .await
         .map_err(|cause| Error::NoCluster { cause })?;
-    reconcile::preflight(&client).await?;
+    reconcile::preflight(&client, &opts.scope).await?;
+    info!(scope = %opts.scope, "watching InferenceGatewayConfigs");
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -193,7 +197,7 @@ pub async fn serve(
             }
         });
     }
-    let controller = reconcile::run(client.clone(), ctx, shutdown);
+    let controller = reconcile::run(client.clone(), ctx, opts.scope.clone(), shutdown);
     if !opts.leader_election {
         controller.await;
         return Ok(());

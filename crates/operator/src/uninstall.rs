@@ -15,6 +15,8 @@ use kube::{Client, ResourceExt};
 use tokio::time::Instant;
 use tracing::info;
 
+use crate::scope::{WatchScope, api_in, where_};
+
 /// Why [`delete_and_wait`] did not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum UninstallError {
@@ -24,9 +26,10 @@ pub enum UninstallError {
     )]
     NoCluster(#[source] kube::Error),
     /// The API server refused or failed a request.
-    #[error("{action} InferenceGatewayConfigs matching `{selector}` failed")]
+    #[error("{action} failed (InferenceGatewayConfigs matching `{selector}`)")]
     Api {
-        /// What was being done (`listing`, `deleting inference/llama`).
+        /// What was being done (`listing in every namespace`, `listing in namespace inference`,
+        /// `deleting inference/llama`).
         action: String,
         /// The label selector.
         selector: String,
@@ -57,58 +60,53 @@ pub enum UninstallError {
 /// polling every two seconds.
 pub async fn delete_and_wait_in_cluster(
     selector: &str,
+    scope: &WatchScope,
     timeout: Duration,
 ) -> Result<Vec<String>, UninstallError> {
     let client = Client::try_default()
         .await
         .map_err(UninstallError::NoCluster)?;
-    delete_and_wait(client, selector, timeout, Duration::from_secs(2)).await
+    delete_and_wait(client, selector, scope, timeout, Duration::from_secs(2)).await
 }
 
-/// Deletes every `InferenceGatewayConfig` in every namespace that matches the label
-/// `selector`, then waits (polling every `poll`) until none is left or `timeout` has passed.
-/// Returns the `namespace/name` of the configs it deleted. A config already being deleted is
-/// waited for, not deleted again; one that vanishes meanwhile is simply gone.
+/// Deletes every `InferenceGatewayConfig` matching the label `selector` in every namespace, or
+/// only in the namespaces of `scope` (through their namespaced paths: the operator's
+/// `--watch-namespaces`, where a Role in each namespace grants the hook its rights), then waits
+/// (polling every `poll`) until none is left or `timeout` has passed. Returns the
+/// `namespace/name` of the configs it deleted. A config already being deleted is waited for,
+/// not deleted again; one that vanishes meanwhile is simply gone.
 pub async fn delete_and_wait(
     client: Client,
     selector: &str,
+    scope: &WatchScope,
     timeout: Duration,
     poll: Duration,
 ) -> Result<Vec<String>, UninstallError> {
     let deadline = Instant::now() + timeout;
-    let api: Api<InferenceGatewayConfig> = Api::all(client.clone());
     let params = ListParams::default().labels(selector);
-    let api_error = |action: String| {
-        let selector = selector.to_owned();
-        move |source| UninstallError::Api {
-            action,
-            selector,
-            source,
-        }
-    };
-    let found = api
-        .list(&params)
-        .await
-        .map_err(api_error("listing".to_owned()))?;
+    let found = list_configs(&client, scope, &params, selector).await?;
     let mut deleted = Vec::new();
-    for cfg in &found.items {
+    for cfg in &found {
         let (ns, name) = (cfg.namespace().unwrap_or_default(), cfg.name_any());
         if cfg.metadata.deletion_timestamp.is_none() {
             let namespaced: Api<InferenceGatewayConfig> = Api::namespaced(client.clone(), &ns);
             match namespaced.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => info!(config = %format!("{ns}/{name}"), "deleting"),
                 Err(kube::Error::Api(e)) if e.code == 404 => continue,
-                Err(e) => return Err(api_error(format!("deleting {ns}/{name}"))(e)),
+                Err(source) => {
+                    return Err(UninstallError::Api {
+                        action: format!("deleting {ns}/{name}"),
+                        selector: selector.to_owned(),
+                        source,
+                    });
+                }
             }
         }
         deleted.push(format!("{ns}/{name}"));
     }
     loop {
-        let left = api
-            .list(&params)
-            .await
-            .map_err(api_error("listing".to_owned()))?;
-        if left.items.is_empty() {
+        let left = list_configs(&client, scope, &params, selector).await?;
+        if left.is_empty() {
             info!(
                 selector,
                 configs = deleted.len(),
@@ -121,7 +119,6 @@ pub async fn delete_and_wait(
                 selector: selector.to_owned(),
                 timeout,
                 left: left
-                    .items
                     .iter()
                     .map(|c| {
                         format!(
@@ -136,4 +133,27 @@ pub async fn delete_and_wait(
         }
         tokio::time::sleep(poll.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
+}
+
+/// The configs `params` selects in every namespace, or in each namespace of `scope`.
+async fn list_configs(
+    client: &Client,
+    scope: &WatchScope,
+    params: &ListParams,
+    selector: &str,
+) -> Result<Vec<InferenceGatewayConfig>, UninstallError> {
+    let mut items = Vec::new();
+    for ns in scope.targets() {
+        let api: Api<InferenceGatewayConfig> = api_in(client, ns.as_deref());
+        let found = api
+            .list(params)
+            .await
+            .map_err(|source| UninstallError::Api {
+                action: format!("listing {}", where_(ns.as_deref())),
+                selector: selector.to_owned(),
+                source,
+            })?;
+        items.extend(found.items);
+    }
+    Ok(items)
 }

@@ -21,8 +21,9 @@ use fake::Fake;
 use infergate_operator::metrics::Metrics;
 use infergate_operator::metrics_auth::{ALLOWED_TTL, REFUSED_TTL, ScrapeAuthorizer, Verdict};
 use infergate_operator::rbac::{
-    CLUSTER_RULES, LEADER_RULES, METRICS_AUTH_RULES, METRICS_READER, Rule, grants,
+    LEADER_RULES, METRICS_AUTH_RULES, METRICS_READER, NAMESPACED_RULES, Rule, cluster_role, grants,
 };
+use infergate_operator::scope::WatchScope;
 use infergate_operator::serve::serve_admin;
 use infergate_pool::tls::ServerTls;
 use infergate_testkit::Response;
@@ -302,9 +303,9 @@ fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[test]
 fn the_static_manifest_grants_exactly_the_rbac_list() {
     let objects = manifest();
-    let cluster_role = object(&objects, "ClusterRole", "infergate-operator");
-    let want = grants(&[CLUSTER_RULES, METRICS_AUTH_RULES].concat());
-    let have = common::granted_by(&cluster_role["rules"]);
+    let cluster = object(&objects, "ClusterRole", "infergate-operator");
+    let want = grants(&cluster_role(&WatchScope::Cluster, true));
+    let have = common::granted_by(&cluster["rules"]);
     assert_eq!(
         have.difference(&want).collect::<Vec<_>>(),
         Vec::<&(String, String, String)>::new(),
@@ -365,8 +366,9 @@ fn docs_list_every_permission() {
             r.verbs.join(", ")
         )
     };
-    for rule in [CLUSTER_RULES, METRICS_AUTH_RULES, LEADER_RULES].concat() {
+    for rule in [NAMESPACED_RULES, METRICS_AUTH_RULES, LEADER_RULES].concat() {
         let want = row(&rule);
         assert!(doc.contains(&want), "docs/operator.md lacks the row {want}");
     }
 }
+

@@ -19,6 +19,7 @@ use infergate_operator::metrics::Metrics;
 use infergate_operator::reconcile::{
     Context, FIELD_MANAGER, FINALIZER, REQUEUE_NOT_READY, error_policy, ready_event, reconcile, run,
 };
+use infergate_operator::scope::WatchScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
@@ -1006,11 +1007,11 @@ async fn an_operator_started_without_its_crd_says_so_instead_of_idling() {
     // operator would run, ready, doing nothing. The start-up check names what to install.
     let (ctx, fake) = setup("single-model.yaml");
     let all = "/apis/infergate.dev/v1alpha1/inferencegatewayconfigs";
-    infergate_operator::reconcile::preflight(&ctx.client)
+    infergate_operator::reconcile::preflight(&ctx.client, &WatchScope::Cluster)
         .await
         .unwrap();
     fake.fail("GET", all, 404, 1);
-    let err = infergate_operator::reconcile::preflight(&ctx.client)
+    let err = infergate_operator::reconcile::preflight(&ctx.client, &WatchScope::Cluster)
         .await
         .unwrap_err();
     assert_eq!(err.metric_label(), "missing_crd");
@@ -1022,7 +1023,7 @@ async fn an_operator_started_without_its_crd_says_so_instead_of_idling() {
     );
     // A list it may not make is named with the API server's answer.
     fake.fail("GET", all, 403, 1);
-    let err = infergate_operator::reconcile::preflight(&ctx.client)
+    let err = infergate_operator::reconcile::preflight(&ctx.client, &WatchScope::Cluster)
         .await
         .unwrap_err();
     assert!(
@@ -1067,7 +1068,17 @@ fn rollout_progress_is_no_event_and_a_long_message_is_cut_to_an_events_note() {
 /// Runs the controller (`reconcile::run`: the configs and every watch) against the fake until
 /// the test ends.
 fn start_controller(ctx: &Arc<Context>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(ctx.client.clone(), ctx.clone(), std::future::pending()))
+    start_controller_in(ctx, WatchScope::Cluster)
+}
+
+/// [`start_controller`] over `scope`.
+fn start_controller_in(ctx: &Arc<Context>, scope: WatchScope) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run(
+        ctx.client.clone(),
+        ctx.clone(),
+        scope,
+        std::future::pending(),
+    ))
 }
 
 /// Longest wait for a status change caused by a watch: well under the 15 s requeue of a config
@@ -1256,6 +1267,7 @@ async fn delete_release(
     infergate_operator::uninstall::delete_and_wait(
         ctx.client.clone(),
         "app.kubernetes.io/instance=rel",
+        &WatchScope::Cluster,
         timeout,
         Duration::from_secs(1),
     )
@@ -1374,10 +1386,10 @@ fn rbac_of(s: &Seen) -> (String, String, String) {
 /// Roles that grant what it holds). A `watch` granted on a kind it never watches fails this.
 #[tokio::test(start_paused = true)]
 async fn a_configs_life_needs_exactly_the_reads_the_cluster_role_grants() {
-    use infergate_operator::rbac::{CLUSTER_RULES, LEADER_RULES, METRICS_AUTH_RULES, grants};
+    use infergate_operator::rbac::{LEADER_RULES, METRICS_AUTH_RULES, NAMESPACED_RULES, grants};
 
     let (ctx, fake) = setup("multi-model.yaml");
-    infergate_operator::reconcile::preflight(&ctx.client)
+    infergate_operator::reconcile::preflight(&ctx.client, &WatchScope::Cluster)
         .await
         .unwrap();
     let controller = controller_settled(&ctx).await;
@@ -1394,7 +1406,7 @@ async fn a_configs_life_needs_exactly_the_reads_the_cluster_role_grants() {
     controller.abort();
 
     let used: BTreeSet<_> = fake.log().iter().map(rbac_of).collect();
-    let all: Vec<_> = [CLUSTER_RULES, METRICS_AUTH_RULES, LEADER_RULES].concat();
+    let all: Vec<_> = [NAMESPACED_RULES, METRICS_AUTH_RULES, LEADER_RULES].concat();
     let granted = grants(&all);
     let missing: Vec<_> = used.difference(&granted).collect();
     assert!(
@@ -1423,7 +1435,7 @@ async fn a_configs_life_needs_exactly_the_reads_the_cluster_role_grants() {
             .collect()
     };
     let needed: BTreeSet<_> = reads(&used).union(&reads(&for_pickers)).cloned().collect();
-    let unused: Vec<_> = reads(&grants(CLUSTER_RULES))
+    let unused: Vec<_> = reads(&grants(NAMESPACED_RULES))
         .difference(&needed)
         .cloned()
         .collect();
@@ -1431,4 +1443,197 @@ async fn a_configs_life_needs_exactly_the_reads_the_cluster_role_grants() {
         unused.is_empty(),
         "reads granted but never made: {unused:?}"
     );
+}
+
+/// A namespace no `--watch-namespaces` in these tests lists (after `inference` in path order, so
+/// [`config_path`] still finds the watched config).
+const OUTSIDE: &str = "outside";
+
+/// The operator watching namespace `inference` only.
+fn inference_only() -> WatchScope {
+    WatchScope::from_names([NS.to_owned()]).unwrap()
+}
+
+/// Stores a copy of the watched config in [`OUTSIDE`] (labelled `labels`), with a ready model
+/// server of each scheduler there, and returns its path.
+fn config_outside(fake: &Fake, labels: Value) -> String {
+    let mut cfg = fake.get(CFG).unwrap();
+    cfg["metadata"]["namespace"] = json!(OUTSIDE);
+    cfg["metadata"]["labels"] = labels;
+    cfg["metadata"]["uid"] = json!("uid-outside");
+    for field in ["finalizers", "deletionTimestamp"] {
+        cfg["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    cfg.as_object_mut().unwrap().remove("status");
+    for s in cfg["spec"]["schedulers"].as_array().unwrap() {
+        let name = format!("{}-server-0", s["name"].as_str().unwrap());
+        model_pod(fake, OUTSIDE, &name, &s["modelSelector"], true);
+    }
+    let path = CFG.replace("/namespaces/inference/", &format!("/namespaces/{OUTSIDE}/"));
+    fake.put(&path, cfg);
+    path
+}
+
+/// Every request that did not go through namespace `inference`'s own paths, as `METHOD path?query`.
+fn outside_inference(fake: &Fake) -> Vec<String> {
+    fake.log()
+        .iter()
+        .filter(|s| !s.path.contains(&format!("/namespaces/{NS}/")))
+        .map(|s| format!("{} {}?{}", s.method, s.path, s.query))
+        .collect()
+}
+
+/// With `--watch-namespaces=inference` a config there goes through its whole life (start-up
+/// check, watches, first apply, readiness from the watched children, deletion with the
+/// finalizer) through namespace `inference`'s paths only: a config in another namespace, and
+/// its model servers, are never read or written, and nothing asks for a path across namespaces
+/// (which the namespaced Roles would refuse). Every call is one the Role in each watched
+/// namespace grants; the ClusterRole keeps only the reviews.
+#[tokio::test(start_paused = true)]
+async fn a_namespaced_operator_works_only_through_its_namespaces_paths() {
+    use infergate_operator::rbac::{
+        METRICS_AUTH_RULES, NAMESPACED_RULES, cluster_role, grants, namespace_role,
+    };
+
+    let (ctx, fake) = setup("multi-model.yaml");
+    let outside = config_outside(&fake, json!({}));
+    let scope = inference_only();
+    fake.clear_log();
+    infergate_operator::reconcile::preflight(&ctx.client, &scope)
+        .await
+        .unwrap();
+    let controller = start_controller_in(&ctx, scope.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    children_ready(&fake);
+    ready_reason_becomes(&fake, "Ready").await;
+    // A model server going away in the watched namespace still shows at once (its Pod watch),
+    // and one going away outside changes nothing there.
+    fake.delete(&format!(
+        "/api/v1/namespaces/{OUTSIDE}/pods/qwen-7b-server-0"
+    ));
+    let pod = format!("/api/v1/namespaces/{NS}/pods/qwen-7b-server-0");
+    let labels = fake.get(&pod).unwrap()["metadata"]["labels"].clone();
+    fake.delete(&pod);
+    ready_reason_becomes(&fake, "NoModelServers").await;
+    model_pod(&fake, NS, "qwen-7b-server-0", &labels, true);
+    ready_reason_becomes(&fake, "Ready").await;
+    fake.edit(CFG, |c| {
+        c["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z")
+    });
+    let start = tokio::time::Instant::now();
+    while fake.get(CFG).is_some() {
+        assert!(start.elapsed() < PROMPTLY, "the config was not let go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    controller.abort();
+
+    let outside_requests = outside_inference(&fake);
+    assert!(
+        outside_requests.is_empty(),
+        "requests outside namespace {NS}: {outside_requests:#?}"
+    );
+    let untouched = fake.get(&outside).unwrap();
+    assert!(
+        untouched["metadata"]["finalizers"].is_null() && untouched["status"].is_null(),
+        "the config outside the watched namespaces was written: {untouched}"
+    );
+    let children_outside: Vec<String> = fake
+        .paths()
+        .into_iter()
+        .filter(|p| p.contains(&format!("/namespaces/{OUTSIDE}/")))
+        .filter(|p| !p.contains("/pods/") && p != &outside)
+        .collect();
+    assert_eq!(children_outside, Vec::<String>::new());
+
+    let used: BTreeSet<_> = fake.log().iter().map(rbac_of).collect();
+    let role = grants(&namespace_role(&scope));
+    assert_eq!(role, grants(NAMESPACED_RULES));
+    let missing: Vec<_> = used.difference(&role).collect();
+    assert!(
+        missing.is_empty(),
+        "calls the namespace's Role does not grant: {missing:?}"
+    );
+    assert_eq!(
+        grants(&cluster_role(&scope, true)),
+        grants(METRICS_AUTH_RULES),
+        "in namespaced mode the ClusterRole holds the reviews only"
+    );
+    assert!(cluster_role(&scope, false).is_empty());
+}
+
+/// The start-up check of `--watch-namespaces` lists the configs in each namespace through its
+/// own path (never across namespaces) and, refused in one, stops naming that namespace and the
+/// permission the Role there must grant; a 404 there is still the missing CRD.
+#[tokio::test]
+async fn a_namespaced_start_up_check_names_the_namespace_and_the_permission_it_lacks() {
+    let (ctx, fake) = setup("single-model.yaml");
+    let scope = WatchScope::from_names(["team-a".to_owned(), "team-b".to_owned()]).unwrap();
+    let list =
+        |ns: &str| format!("/apis/infergate.dev/v1alpha1/namespaces/{ns}/inferencegatewayconfigs");
+    fake.clear_log();
+    infergate_operator::reconcile::preflight(&ctx.client, &scope)
+        .await
+        .unwrap();
+    let asked: BTreeSet<String> = fake.log().iter().map(|s| s.path.clone()).collect();
+    assert_eq!(asked, BTreeSet::from([list("team-a"), list("team-b")]));
+
+    fake.fail("GET", &list("team-b"), 403, 1);
+    let err = infergate_operator::reconcile::preflight(&ctx.client, &scope)
+        .await
+        .unwrap_err();
+    assert_eq!(err.metric_label(), "forbidden");
+    let report = err.report();
+    for want in [
+        "cannot list InferenceGatewayConfigs in namespace team-b",
+        "`list`",
+        "inferencegatewayconfigs.infergate.dev",
+        "watchNamespaces",
+        "injected failure (HTTP 403 Forbidden)",
+    ] {
+        assert!(report.contains(want), "{want}: {report}");
+    }
+    assert!(!report.contains("team-a"), "{report}");
+
+    fake.fail("GET", &list("team-a"), 404, 1);
+    let err = infergate_operator::reconcile::preflight(&ctx.client, &scope)
+        .await
+        .unwrap_err();
+    assert_eq!(err.metric_label(), "missing_crd");
+    let cluster_wide = "/apis/infergate.dev/v1alpha1/inferencegatewayconfigs";
+    assert!(
+        fake.log().iter().all(|s| s.path != cluster_wide),
+        "a namespaced start-up check listed across namespaces"
+    );
+}
+
+/// `infergate delete-configs --namespaces inference` (the uninstall hook of a namespaced
+/// release) deletes the release's config there and waits for the namespaced operator to let it
+/// go; a config of the same release in a namespace not listed is neither listed nor deleted.
+#[tokio::test(start_paused = true)]
+async fn delete_configs_in_namespaces_reads_and_deletes_only_there() {
+    let (ctx, fake) = created("multi-model.yaml").await;
+    release_configs(&fake);
+    let outside = config_outside(&fake, json!({"app.kubernetes.io/instance": "rel"}));
+    let scope = inference_only();
+    let controller = start_controller_in(&ctx, scope.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fake.clear_log();
+    let deleted = infergate_operator::uninstall::delete_and_wait(
+        ctx.client.clone(),
+        "app.kubernetes.io/instance=rel",
+        &scope,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted, ["inference/fleet"]);
+    assert!(fake.get(CFG).is_none(), "the config is gone");
+    assert!(fake.get(&outside).is_some(), "the config outside is left");
+    let outside_requests = outside_inference(&fake);
+    assert!(
+        outside_requests.is_empty(),
+        "requests outside namespace {NS}: {outside_requests:#?}"
+    );
+    controller.abort();
 }

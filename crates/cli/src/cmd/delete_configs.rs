@@ -8,7 +8,7 @@ use std::time::Duration;
 /// Arguments of `infergate delete-configs`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Label selector of the configs to delete, in every namespace (the chart passes
+    /// Label selector of the configs to delete (the chart passes
     /// `app.kubernetes.io/instance=<release>`). Required: an empty selector would match every
     /// config in the cluster.
     #[arg(long, value_parser = non_empty_selector)]
@@ -17,6 +17,16 @@ pub struct Args {
     /// the list of those left.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_seconds: u64,
+    /// Look for the configs only in these namespaces (comma-separated), each through its own
+    /// namespaced API paths: the operator's `--watch-namespaces`, where the hook is granted its
+    /// rights by a Role in each. Default: every namespace.
+    #[arg(
+        long,
+        value_name = "NAMESPACE,...",
+        value_delimiter = ',',
+        value_parser = super::operator::namespace_name
+    )]
+    namespaces: Vec<String>,
 }
 
 fn non_empty_selector(s: &str) -> Result<String, String> {
@@ -28,8 +38,10 @@ fn non_empty_selector(s: &str) -> Result<String, String> {
 
 /// Runs `infergate delete-configs`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let scope = infergate_operator::scope::WatchScope::from_names(args.namespaces)?;
     let deleted = infergate_operator::uninstall::delete_and_wait_in_cluster(
         &args.selector,
+        &scope,
         Duration::from_secs(args.timeout_seconds),
     )
     .await?;
@@ -86,5 +98,27 @@ mod tests {
         };
         assert_eq!(args.selector, "app.kubernetes.io/instance=infergate");
         assert_eq!(args.timeout_seconds, 120);
+        assert!(args.namespaces.is_empty(), "every namespace by default");
+    }
+
+    #[test]
+    fn namespaces_narrow_the_search_and_a_bad_name_is_refused() {
+        let parse = |ns: &str| {
+            Cli::try_parse_from(["infergate", "delete-configs", "--selector", "a=b", ns]).map(
+                |cli| match cli.command {
+                    Command::DeleteConfigs(args) => args.namespaces,
+                    _ => panic!("not delete-configs"),
+                },
+            )
+        };
+        assert_eq!(
+            parse("--namespaces=team-a,team-b").unwrap(),
+            ["team-a", "team-b"]
+        );
+        for bad in ["--namespaces=", "--namespaces=Team-A"] {
+            let err = parse(bad).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad}: {err}");
+            assert!(err.to_string().contains("--namespaces"), "{bad}: {err}");
+        }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use infergate_operator::metrics_auth::MetricsAuth;
 use infergate_operator::render::RenderOptions;
+use infergate_operator::scope::{WatchScope, check_namespace};
 use infergate_operator::serve::{MetricsTls, ServeOptions, serve};
 use tokio::net::TcpListener;
 
@@ -64,6 +65,26 @@ pub struct Args {
     /// Run without leader election (one replica only, for development).
     #[arg(long)]
     no_leader_election: bool,
+    /// Watch and write only in these namespaces (comma-separated), each through its own
+    /// namespaced API paths, as a Role and RoleBinding in each of them allow (the chart's
+    /// `watchNamespaces`); a config in another namespace is never seen. Default: every
+    /// namespace, as a ClusterRole allows.
+    #[arg(
+        long,
+        env = "INFERGATE_WATCH_NAMESPACES",
+        value_name = "NAMESPACE,...",
+        value_delimiter = ',',
+        value_parser = namespace_name
+    )]
+    watch_namespaces: Vec<String>,
+}
+
+/// A `--watch-namespaces` (or `delete-configs --namespaces`) entry: a namespace's name, checked
+/// at start, since a misspelt one would watch nothing and say nothing.
+pub(crate) fn namespace_name(s: &str) -> Result<String, String> {
+    check_namespace(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// Runs `infergate operator`.
@@ -81,12 +102,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         files,
         MetricsTls::self_signed_names(&identity, args.metrics_addr),
     )?;
+    let scope = WatchScope::from_names(args.watch_namespaces)?;
     let admin = TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
     serve(
         ServeOptions {
             render,
+            scope,
             leader_election: !args.no_leader_election,
             lease_namespace: args.lease_namespace,
             lease_name: args.lease_name,
@@ -217,6 +240,48 @@ mod tests {
         assert!(err.to_string().contains("--metrics-tls-key-file"), "{err}");
         let err = parse(&["--metrics-tls=yes"]).unwrap_err();
         assert!(err.to_string().contains("--metrics-tls"), "{err}");
+    }
+
+    #[test]
+    fn watch_namespaces_take_a_comma_list_and_refuse_a_bad_name() {
+        use infergate_operator::scope::WatchScope;
+        let parse = |extra: &[&str]| {
+            let cli = Cli::try_parse_from([&["infergate", "operator"], extra].concat())?;
+            let Command::Operator(args) = cli.command else {
+                panic!("not the operator command");
+            };
+            Ok::<_, clap::Error>(WatchScope::from_names(args.watch_namespaces).unwrap())
+        };
+        assert_eq!(parse(&[]).unwrap(), WatchScope::Cluster);
+        let two = WatchScope::from_names(["team-a".to_owned(), "team-b".to_owned()]).unwrap();
+        assert_eq!(parse(&["--watch-namespaces=team-a,team-b"]).unwrap(), two);
+        assert_eq!(
+            parse(&[
+                "--watch-namespaces",
+                "team-b",
+                "--watch-namespaces",
+                "team-a"
+            ])
+            .unwrap(),
+            two
+        );
+        for bad in [
+            "--watch-namespaces=",
+            "--watch-namespaces=team-a,,team-b",
+            "--watch-namespaces=Team-A",
+        ] {
+            let err = parse(&[bad]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad}: {err}");
+            assert!(
+                err.to_string().contains("--watch-namespaces"),
+                "{bad}: {err}"
+            );
+        }
+        let err = parse(&["--watch-namespaces=team_a"]).unwrap_err();
+        assert!(
+            err.to_string().contains("`team_a` is not a namespace name"),
+            "{err}"
+        );
     }
 
     #[test]
