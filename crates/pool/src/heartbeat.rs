@@ -6,8 +6,8 @@
 //! {"schema":"infergate.heartbeat/v1","instance":"1764604800123-4242","generation":17,
 //!  "timestampMs":1764604817456,
 //!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"flowQueue":0,"running":9,
-//!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"fixedCostMs":35.2,"drainMs":0.0,
-//!             "newestMetricsAgeMs":41}]}
+//!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"fixedCostMs":35.2,"waitMs":96.4,
+//!             "drainMs":0.0,"newestMetricsAgeMs":41}]}
 //! ```
 //!
 //! - `instance` changes when the process restarts and `generation` grows by one with every
@@ -20,8 +20,8 @@
 //!   saturation thresholds (`max(waiting / queueDepth, kvCache / kvCache threshold)`, capped at
 //!   1); `1` when no pod is ready.
 //! - `estimatedTtftMs` is what a typical request ([`TYPICAL_PROMPT_TOKENS`] prompt tokens) would
-//!   wait for its first token on the best ready pod: its queue and itself prefilled at the pod's
-//!   prefill rate on long prompts (learned from first tokens that waited for 256 tokens of work
+//!   wait for its first token on the best ready pod: its queue (each queued request counted as a
+//!   typical one) and itself prefilled at the pod's prefill rate on long prompts (learned from first tokens that waited for 256 tokens of work
 //!   or more; until then the rate learned from shorter ones where it is above the scheduler's
 //!   prior, else the prior: a short prompt's first token is mostly the server's fixed cost per
 //!   request, and read as a rate it made this estimate twenty times too long after short
@@ -33,19 +33,42 @@
 //!   fixed cost per request (a forward pass, its scheduling step, the HTTP exchange), learned
 //!   from first tokens that waited for 64 tokens of work or fewer, less that work at the bulk
 //!   rate. Once it is learned, the bulk rate is learned without it and every request's prefill
-//!   in the estimates above is the fixed cost plus its tokens at that rate. A poller estimating a request of `n` prompt tokens scales the estimate by
+//!   in the estimates above is the fixed cost plus its tokens at that rate. A poller estimating
+//!   a request of `n` prompt tokens from a document without `waitMs` scales the estimate by
 //!   `(fixedCostMs + (prefillMs − fixedCostMs) · n / 512) / prefillMs` rather than `n / 512`:
 //!   a seven-token prompt's first token takes the fixed cost (35 ms on an emulated A10G), not
 //!   1/73 of a 512-token one's. Absent until a short prompt completed on that pod (a poller
 //!   then scales linearly, as it does with a gateway that predates the field).
+//! - `waitMs` is the rest of the wait in real terms: how long the best pod's queue takes before a
+//!   new request's own prefill starts (each queued request's fixed cost and its prompt tokens at
+//!   the bulk rate), plus the KV-free time. A request of `n` prompt tokens then waits `waitMs`
+//!   plus its own prefill, `fixedCostMs + (prefillMs − fixedCostMs) · n / 512`: only that part
+//!   grows with its prompt. `estimatedTtftMs` counts every queued request as a typical one, and
+//!   scaled whole by a request's prompt it is wrong both ways in a mixed workload (a 4,000-token
+//!   prompt behind 50-token ones saw their queue ×8, a 20-token one behind 4,000-token ones saw
+//!   it shrink to nothing). The queued requests are counted at the prompt tokens this process
+//!   routed them with, where it knows them: its own requests on the pod still without a first
+//!   token (the uncached tokens its in-flight accounting charged the pod with, which the
+//!   scheduler already keeps for its own estimate: the document adds no work per request). Those
+//!   are the queue itself, whatever the mix of the moment; a smoothed mean of recent prompts
+//!   would misjudge exactly the burst of long prompts among short ones. Only the requests it
+//!   cannot see — a scraped queue longer than its own requests there (another gateway's or a
+//!   peer replica's, or its own from before a restart) and the requests held in flow control —
+//!   count at the smoothed mean of the prompts it routed (each pick moves it 2% of the way;
+//!   512 before the first, so with nothing known `waitMs` is `estimatedTtftMs − prefillMs`). The
+//!   best ready pod is the one where `waitMs + prefillMs` is least; every per-pod figure of the
+//!   document is for that pod. Absent when no pod is ready, and from a gateway that predates the
+//!   field (a poller then scales the whole estimate, as before).
 //! - `flowQueue` counts the requests this process holds in the model's flow-control queue (its
 //!   pods saturated). They reach the pods before a request sent now, so `saturation`,
-//!   `estimatedTtftMs` and `drainMs` count them, spread evenly over the ready pods' queues.
+//!   `estimatedTtftMs`, `waitMs` and `drainMs` count them, spread evenly over the ready pods'
+//!   queues.
 //! - `drainMs` is the time until the least loaded ready pod is back under the saturation
 //!   thresholds (`0` while one is under them), the figure the pool's `Retry-After` uses.
 //!
-//! Rendering takes each pool's lock once, briefly (the same copy the per-pod gauges make); it
-//! runs on the admin port, never on the request path.
+//! Rendering takes each pool's lock a few times, briefly (the settings, the same copy the
+//! per-pod gauges make, the requests in flight and the mean prompt); it runs on the admin port,
+//! never on the request path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -120,6 +143,13 @@ pub struct ModelStatus {
     /// before this field) it scales the whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fixed_cost_ms: Option<f64>,
+    /// The wait before a new request's own prefill starts on that pod, ms: its queue at the
+    /// prompt sizes this process routed it with (the smoothed mean for requests it cannot see),
+    /// plus the time to free a full KV cache. A request's time to first token is this plus its
+    /// own prefill; the queue does not grow with its prompt. Absent with no ready pod, and from
+    /// a gateway before this field (a poller then scales `estimatedTtftMs` whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<f64>,
     /// Estimated time until a ready pod is back under the saturation thresholds, ms.
     pub drain_ms: f64,
     /// Age of the newest metrics page of any pod, ms (absent before the first page).
@@ -183,6 +213,7 @@ pub fn model_status(name: &str, pool: &LivePool, flow_queue: usize) -> ModelStat
         kv_cache: cfg.saturation.kv_cache,
         prefill_prior: cfg.rates.prefill_tokens_per_sec,
         decode_prior: cfg.rates.decode_tokens_per_sec,
+        mean_prompt_tokens: pool.mean_prompt_tokens(),
     };
     status(
         name,
@@ -193,7 +224,8 @@ pub fn model_status(name: &str, pool: &LivePool, flow_queue: usize) -> ModelStat
     )
 }
 
-/// The scheduler settings the estimates use.
+/// What the estimates take from the scheduler besides the pods: its settings, and the size of a
+/// queued request it knows nothing else of.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Saturation threshold on the queue.
@@ -204,6 +236,10 @@ pub struct Limits {
     pub prefill_prior: f64,
     /// Per-request decode rate assumed before one is learned, tokens/s.
     pub decode_prior: f64,
+    /// The smoothed mean of the prompt tokens of the requests routed
+    /// ([`LivePool::mean_prompt_tokens`]): the size of a queued request whose own is not known.
+    /// One that is not a number, or negative, counts as [`TYPICAL_PROMPT_TOKENS`].
+    pub mean_prompt_tokens: f64,
 }
 
 /// The status computed from per-pod samples (pure: the tests call it directly). The
@@ -226,7 +262,13 @@ pub fn status(
     let mut load_sum = 0.0;
     let mut queue = 0u32;
     let mut running = 0u32;
+    let mean_prompt = Some(limits.mean_prompt_tokens)
+        .filter(|m| m.is_finite() && *m >= 0.0)
+        .unwrap_or(TYPICAL_PROMPT_TOKENS);
+    // The best pod: the least `wait + own prefill` of a typical request.
+    let mut best = f64::INFINITY;
     let mut best_ttft = f64::INFINITY;
+    let mut best_wait = f64::INFINITY;
     let mut best_prefill = f64::INFINITY;
     let mut best_fixed = None;
     let mut best_drain = f64::INFINITY;
@@ -241,8 +283,15 @@ pub fn status(
             continue;
         }
         ready += 1;
-        let waiting = f64::from(p.waiting.unwrap_or(0).max(p.awaiting_first_token)) + held;
-        queue = queue.saturating_add(p.waiting.unwrap_or(0));
+        let scraped = p.waiting.unwrap_or(0);
+        let waiting = f64::from(scraped.max(p.awaiting_first_token)) + held;
+        // The same queue in tokens: this process's own requests without a first token at the
+        // sizes it routed them with (in the pod's queue or in its prefill step), and those it
+        // cannot see — a scraped queue longer than them, the requests held in flow control — at
+        // the mean prompt.
+        let unseen = f64::from(scraped.saturating_sub(p.awaiting_first_token)) + held;
+        let queued_tokens = p.awaiting_first_token_tokens as f64 + unseen * mean_prompt;
+        queue = queue.saturating_add(scraped);
         running = running.saturating_add(p.running.unwrap_or(0));
         let kv = p.kv_cache_usage.unwrap_or(0.0);
         let kv_load = if limits.kv_cache > 0.0 {
@@ -280,12 +329,18 @@ pub fn status(
         } else {
             0.0
         };
+        // Every queued request counted as a typical one (`estimatedTtftMs`, which older
+        // pollers scale whole), and the queue in real terms (`waitMs`).
         let ttft = (waiting + 1.0) * TYPICAL_PROMPT_TOKENS / prefill
             + (waiting + 1.0) * fixed_secs
             + kv_secs;
-        if ttft < best_ttft {
+        let wait = queued_tokens / prefill + waiting * fixed_secs + kv_secs;
+        let own = TYPICAL_PROMPT_TOKENS / prefill + fixed_secs;
+        if wait + own < best {
+            best = wait + own;
             best_ttft = ttft;
-            best_prefill = TYPICAL_PROMPT_TOKENS / prefill + fixed_secs;
+            best_wait = wait;
+            best_prefill = own;
             best_fixed = fixed;
         }
         let excess = (waiting - limits.queue_depth + 1.0).max(0.0);
@@ -308,6 +363,7 @@ pub fn status(
         estimated_ttft_ms: (ready > 0).then_some(best_ttft * 1e3),
         prefill_ms: (ready > 0).then_some(best_prefill * 1e3),
         fixed_cost_ms: best_fixed.filter(|_| ready > 0).map(|c| c * 1e3),
+        wait_ms: Some(best_wait * 1e3).filter(|w| ready > 0 && w.is_finite()),
         drain_ms: if best_drain.is_finite() {
             best_drain * 1e3
         } else {

@@ -548,6 +548,12 @@ impl LivePool {
         lock(&self.shared.state).scheduler.inflight()
     }
 
+    /// The smoothed mean of the estimated prompt tokens of the requests routed
+    /// ([`Scheduler::mean_prompt_tokens`]).
+    pub fn mean_prompt_tokens(&self) -> f64 {
+        lock(&self.shared.state).scheduler.mean_prompt_tokens()
+    }
+
     /// Raised whenever room may have freed up (an in-flight entry released, a metrics page
     /// applied); flow control waits on it.
     pub fn changes(&self) -> Arc<Changes> {

@@ -93,6 +93,8 @@ pub struct PodSample {
     pub inflight: u32,
     /// Of those, the ones waiting for their first token.
     pub awaiting_first_token: u32,
+    /// Their estimated uncached prompt tokens (the heartbeat's queue in tokens).
+    pub awaiting_first_token_tokens: u64,
     /// Learned prefill rate, tokens/s.
     pub prefill_tokens_per_sec: Option<f64>,
     /// Learned prefill rate on long prompts, tokens/s (from first tokens that waited for 256
@@ -150,6 +152,7 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 lora_max: lora.map(|l| l.max_lora),
                 inflight: info.inflight,
                 awaiting_first_token: info.awaiting_first_token,
+                awaiting_first_token_tokens: info.awaiting_first_token_tokens,
                 prefill_tokens_per_sec: info.prefill_tokens_per_sec,
                 bulk_prefill_tokens_per_sec: info.bulk_prefill_tokens_per_sec,
                 fixed_cost_secs: info.fixed_cost_secs,

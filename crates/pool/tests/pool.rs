@@ -376,6 +376,48 @@ async fn short_prompts_do_not_inflate_the_heartbeats_ttft_estimate() {
     );
 }
 
+/// The heartbeat's `waitMs` counts the requests the pool routed that have no first token yet at
+/// the prompt tokens they were routed with, and a scraped queue longer than them at the mean of
+/// the prompts routed. At the prior 4,000 tokens/s (no fixed cost learned): two held 50-token
+/// prompts wait 25 ms, two 4,000-token ones 2 s more; a request's first token takes it out.
+#[tokio::test]
+async fn the_heartbeats_wait_counts_the_prompts_routed_and_not_yet_answered() {
+    let waiting = Arc::new(AtomicU32::new(0));
+    let a = metrics_server(Arc::clone(&waiting)).await;
+    let pool = LivePool::start(config(), None).unwrap();
+    pool.set_endpoints([meta(a, "a")]).unwrap();
+    wait_ready(&pool).await;
+    wait_scraped(&pool).await;
+    let wait = |pool: &LivePool| {
+        infergate_pool::heartbeat::model_status("m", pool, 0)
+            .wait_ms
+            .unwrap()
+    };
+    let near = |got: f64, want: f64| assert!((got - want).abs() < 1e-6, "{got} ms, not {want}");
+    near(wait(&pool), 0.0);
+    let short: Vec<_> = (0..2)
+        .map(|_| pool.pick(&RequestContext::new("m", 50)).unwrap())
+        .collect();
+    near(wait(&pool), 25.0);
+    let mut long: Vec<_> = (0..2)
+        .map(|_| pool.pick(&RequestContext::new("m", 4_000)).unwrap())
+        .collect();
+    near(wait(&pool), 2_025.0);
+    for g in &mut long {
+        g.first_token();
+    }
+    near(wait(&pool), 25.0);
+    // Five in the pod's queue, two of them this pool's: three more at the mean prompt.
+    waiting.store(5, Ordering::Relaxed);
+    let mean = pool.mean_prompt_tokens();
+    eventually("the scraped queue counted", || {
+        (wait(&pool) - (100.0 + 3.0 * mean) / 4.0).abs() < 1e-6
+    })
+    .await;
+    drop((short, long));
+    pool.shutdown();
+}
+
 #[tokio::test]
 async fn per_pod_gauges_show_lora_adapters_staleness_and_in_flight() {
     let page: Page = Arc::new(|| {

@@ -40,6 +40,9 @@ pub struct EndpointInfo {
     pub inflight: u32,
     /// Of those, the ones waiting for their first token.
     pub awaiting_first_token: u32,
+    /// Their estimated uncached prompt tokens: the prefill work this gateway's requests still
+    /// queue there (what the in-flight accounting charges; the heartbeat counts it).
+    pub awaiting_first_token_tokens: u64,
     /// The peer replicas' requests in flight on it, as they last reported
     /// ([`Scheduler::apply_peer_loads`]).
     pub peer_inflight: u32,
@@ -258,6 +261,13 @@ impl Scheduler {
         self.inflight.len()
     }
 
+    /// The smoothed mean of the estimated prompt tokens of the requests this pool routed (each
+    /// pick moves it 2% of the way to its request's; 512 before the first): the size the pick
+    /// gives a queued request it knows nothing else of.
+    pub fn mean_prompt_tokens(&self) -> f64 {
+        self.rates.mean_prompt
+    }
+
     /// Occupancy and estimated memory of the prefix index.
     pub fn prefix_stats(&self) -> PrefixStats {
         self.prefix.stats()
@@ -403,6 +413,7 @@ impl Scheduler {
             metrics: ep.cold.metrics.clone(),
             inflight: ep.inflight,
             awaiting_first_token: ep.pending,
+            awaiting_first_token_tokens: ep.pending_tokens,
             peer_inflight: ep.peer.inflight,
             peer_awaiting_first_token: ep.peer.pending,
             prefill_tokens_per_sec: ep.prefill.get(),

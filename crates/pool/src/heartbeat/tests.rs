@@ -18,6 +18,7 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
         lora_max: None,
         inflight: 0,
         awaiting_first_token: 0,
+        awaiting_first_token_tokens: 0,
         prefill_tokens_per_sec: prefill,
         bulk_prefill_tokens_per_sec: prefill,
         fixed_cost_secs: None,
@@ -32,6 +33,7 @@ const LIMITS: Limits = Limits {
     kv_cache: 0.8,
     prefill_prior: 4_000.0,
     decode_prior: 40.0,
+    mean_prompt_tokens: 512.0,
 };
 
 #[test]
@@ -234,4 +236,151 @@ fn the_fixed_cost_is_paid_per_request_and_published_for_the_best_pod() {
         ..with(1, 0, Some(0.035))
     };
     assert_eq!(status("m", &[stale], 0, 0, &LIMITS).fixed_cost_ms, None);
+}
+
+/// A pod at 5,120 tokens/s with a fixed cost of 20 ms, `waiting` requests in its scraped queue
+/// and this process's `own` requests on it without a first token, of `tokens` prompt tokens in
+/// all.
+fn queued(port: u16, waiting: u32, own: u32, tokens: u64) -> PodSample {
+    PodSample {
+        awaiting_first_token: own,
+        awaiting_first_token_tokens: tokens,
+        fixed_cost_secs: Some(0.020),
+        ..pod(port, false, waiting, 0.0, Some(5_120.0))
+    }
+}
+
+fn close(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-6)
+}
+
+/// The queue in real terms: four requests of 50 prompt tokens ahead wait 4 × 20 ms of fixed cost
+/// and 200 tokens at 5,120 tokens/s (119 ms); four of 4,000 tokens, 3.2 s. `estimatedTtftMs`
+/// counts both queues as typical requests (600 ms, the 480 ms queue of which a poller scaled
+/// whole by its prompt) and keeps that meaning.
+#[test]
+fn the_wait_counts_queued_requests_at_the_prompt_tokens_they_were_routed_with() {
+    let short = status("m", &[queued(1, 4, 4, 4 * 50)], 0, 0, &LIMITS);
+    assert!(close(short.wait_ms, 4.0 * 20.0 + 200.0 / 5.12), "{short:?}");
+    let long = status("m", &[queued(1, 4, 4, 4 * 4_000)], 0, 0, &LIMITS);
+    assert!(
+        close(long.wait_ms, 4.0 * 20.0 + 16_000.0 / 5.12),
+        "{long:?}"
+    );
+    for s in [&short, &long] {
+        assert!(close(s.estimated_ttft_ms, 5.0 * 120.0), "{s:?}");
+        assert!(close(s.prefill_ms, 120.0), "{s:?}");
+        assert!(close(s.fixed_cost_ms, 20.0), "{s:?}");
+    }
+    // Own requests not yet in the scraped queue (picked since the page, or in their prefill
+    // step) count too.
+    let ahead = status("m", &[queued(1, 0, 2, 2 * 1_000)], 0, 0, &LIMITS);
+    assert!(
+        close(ahead.wait_ms, 2.0 * 20.0 + 2_000.0 / 5.12),
+        "{ahead:?}"
+    );
+    // Idle: nothing to wait for, and the typical estimate is its own prefill.
+    let idle = status("m", &[queued(1, 0, 0, 0)], 0, 0, &LIMITS);
+    assert_eq!(idle.wait_ms, Some(0.0));
+    // In the document, and read back.
+    let json = serde_json::to_string(&long).unwrap();
+    assert!(json.contains(r#""waitMs":3205"#), "{json}");
+    let back: ModelStatus = serde_json::from_str(&json).unwrap();
+    assert!(close(back.wait_ms, 3_205.0), "{json}");
+}
+
+/// Requests the process cannot see — a scraped queue longer than its own requests there, and
+/// those held in flow control — count at the mean prompt of the requests it routed; with
+/// nothing learned (512 tokens) the wait is the typical estimate less its own prefill.
+#[test]
+fn requests_it_cannot_see_count_at_the_mean_prompt() {
+    let short_mean = Limits {
+        mean_prompt_tokens: 64.0,
+        ..LIMITS
+    };
+    // Six waiting, two of them its own (300 tokens): four others of 64 tokens.
+    let s = status("m", &[queued(1, 6, 2, 300)], 0, 0, &short_mean);
+    assert!(
+        close(s.wait_ms, 6.0 * 20.0 + (300.0 + 4.0 * 64.0) / 5.12),
+        "{s:?}"
+    );
+    // Four held in flow control over two idle pods: two ahead on each, at the mean.
+    let pods = [queued(1, 0, 0, 0), queued(2, 0, 0, 0)];
+    let s = status("m", &pods, 0, 4, &short_mean);
+    assert!(close(s.wait_ms, 2.0 * 20.0 + 2.0 * 64.0 / 5.12), "{s:?}");
+    // The mean still at its start: the same as the typical estimate.
+    let s = status("m", &[queued(1, 3, 0, 0)], 0, 0, &LIMITS);
+    let typical = s.estimated_ttft_ms.unwrap() - s.prefill_ms.unwrap();
+    assert!(close(s.wait_ms, typical), "{s:?}");
+}
+
+/// The best pod is the one a typical request reaches first counting the queues in real terms:
+/// two queued 50-token prompts beat one queued 4,000-token prompt, which counted as typical
+/// requests looked shorter; every per-pod figure is that pod's.
+#[test]
+fn the_best_pod_is_chosen_on_the_queue_in_real_terms() {
+    let long_ahead = queued(1, 1, 1, 4_000);
+    let short_ahead = queued(2, 2, 2, 100);
+    let s = status("m", &[long_ahead, short_ahead], 0, 0, &LIMITS);
+    assert!(close(s.wait_ms, 2.0 * 20.0 + 100.0 / 5.12), "{s:?}");
+    assert!(close(s.estimated_ttft_ms, 3.0 * 120.0), "{s:?}");
+}
+
+#[test]
+fn with_no_ready_pod_there_is_no_wait() {
+    let stale = PodSample {
+        stale: true,
+        ..queued(1, 3, 3, 900)
+    };
+    let ejected = PodSample {
+        ejected: true,
+        ..queued(2, 3, 3, 900)
+    };
+    let s = status("m", &[stale, ejected], 0, 5, &LIMITS);
+    assert_eq!((s.ready_pods, s.wait_ms), (0, None));
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(!json.contains("waitMs"), "{json}");
+    assert_eq!(status("m", &[], 0, 0, &LIMITS).wait_ms, None);
+    // A document from a gateway that predates the field reads as none.
+    let old = r#"{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+        "inflight":0,"estimatedTtftMs":100.0,"prefillMs":100.0,"drainMs":0.0}"#;
+    assert_eq!(
+        serde_json::from_str::<ModelStatus>(old).unwrap().wait_ms,
+        None
+    );
+}
+
+/// Values no pool produces, from a broken scrape or settings: the wait stays a finite,
+/// non-negative number of milliseconds.
+#[test]
+fn hostile_values_give_a_finite_wait() {
+    for mean in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0] {
+        let limits = Limits {
+            mean_prompt_tokens: mean,
+            ..LIMITS
+        };
+        // Counted as the typical 512 tokens.
+        let s = status("m", &[queued(1, 3, 0, 0)], 0, 0, &limits);
+        assert!(close(s.wait_ms, 3.0 * 20.0 + 3.0 * 100.0), "{mean}: {s:?}");
+    }
+    let huge = PodSample {
+        fixed_cost_secs: Some(f64::NAN),
+        bulk_prefill_tokens_per_sec: Some(f64::INFINITY),
+        kv_cache_usage: Some(1.0),
+        decode_tokens_per_sec: Some(0.0),
+        ..queued(1, u32::MAX, u32::MAX, u64::MAX)
+    };
+    let zero_rate = PodSample {
+        bulk_prefill_tokens_per_sec: Some(0.0),
+        prefill_tokens_per_sec: Some(f64::NAN),
+        ..queued(2, u32::MAX, 0, u64::MAX)
+    };
+    for p in [huge, zero_rate] {
+        let s = status("m", &[p], usize::MAX, usize::MAX, &LIMITS);
+        let wait = s.wait_ms.unwrap();
+        assert!(wait.is_finite() && wait >= 0.0, "{s:?}");
+        let json = serde_json::to_string(&s).unwrap();
+        let back: ModelStatus = serde_json::from_str(&json).unwrap();
+        assert!(back.wait_ms.is_some_and(f64::is_finite), "{json}");
+    }
 }
