@@ -12,8 +12,10 @@
 //! listed, so that a new kind of block is not skipped unnoticed.
 //!
 //! The same for the global router's files in docs/global.md (`infergate global --check`) and the
-//! emulated fleets of docs/global.md and docs/simulator.md (`infergate sim --check`). The picker
-//! has no check mode, so docs/extproc.md's endpoints file is not run here.
+//! emulated fleets of docs/global.md and docs/simulator.md (`infergate sim --check`), and the
+//! gateway files of docs/global.md (`infergate gateway --check`, their relative certificate files
+//! made real). The picker has no check mode, so docs/extproc.md's endpoints file is not run
+//! here.
 
 #![allow(
     clippy::unwrap_used,
@@ -213,6 +215,87 @@ fn every_gateway_configuration_in_the_docs_passes_check() {
         skipped.len() <= 1,
         "skipped more than the scenario: {skipped:?}"
     );
+}
+
+/// `block` with each relative file a `tls:` section names (`certFile: east.crt`) made real: a
+/// stand-in of the same kind from `files`, copied to that name in `dir`, named by its absolute
+/// path (the docs' walks run from the folder holding the certificates).
+fn with_relative_files(block: &str, files: &CheckedFiles, dir: &Path) -> String {
+    let mut out = String::new();
+    for line in block.lines() {
+        let mut line = line.to_owned();
+        for field in ["certFile: ", "keyFile: ", "clientCaFile: ", "caFile: "] {
+            let Some(at) = line.find(field).map(|n| n + field.len()) else {
+                continue;
+            };
+            let end = line[at..]
+                .find(|c: char| c.is_whitespace() || c == ',' || c == '}')
+                .map_or(line.len(), |n| at + n);
+            let name = line[at..end].to_owned();
+            if name.starts_with('/') {
+                continue;
+            }
+            let stand_in = if name.ends_with(".crt") {
+                &files.cert
+            } else if name.ends_with(".key") {
+                &files.key
+            } else if name.ends_with(".pem") {
+                &files.ca
+            } else {
+                panic!("no stand-in for `{name}`: add one to with_relative_files");
+            };
+            let real = dir.join(&name);
+            std::fs::copy(stand_in, &real).unwrap();
+            line = format!("{}{}{}", &line[..at], real.display(), &line[end..]);
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The gateway files docs/global.md shows (the walk's gateway, the one with HTTPS on its front
+/// door, its `tls:` section with a client CA) pass `infergate gateway --check`, their
+/// relative certificate, key and CA files made real.
+#[test]
+fn every_gateway_file_in_the_global_router_docs_passes_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = CheckedFiles::write(dir.path());
+    let mut checked = Vec::new();
+    let mut failures = Vec::new();
+    for block in yaml_blocks("docs/global.md") {
+        let keys = top_keys(&block.text);
+        let gateway_file = keys.contains(&"models") && !keys.contains(&"clusters");
+        let tls_section = keys == ["tls"];
+        if !gateway_file && !tls_section {
+            continue;
+        }
+        let at = format!("{}:{}", block.page, block.line);
+        let text = with_relative_files(&block.text, &files, dir.path());
+        let body = if gateway_file { text } else { around(&text) };
+        let file = dir.path().join(format!("gateway-{}.yaml", checked.len()));
+        std::fs::write(&file, &body).unwrap();
+        let (ok, printed) = printed_error::run_with_config(
+            "gateway",
+            &file,
+            &["--check"],
+            &[],
+            "INFERGATE_GATEWAY_CONFIG",
+        );
+        if !ok {
+            failures.push(format!("{at}:\n{body}\n--check said:\n{printed}"));
+        }
+        checked.push(at);
+    }
+    eprintln!("checked {checked:?}");
+    assert!(
+        failures.is_empty(),
+        "gateway files of docs/global.md refused by gateway --check:\n\n{}",
+        failures.join("\n\n")
+    );
+    // The walk's gateway (east; west differs only in its addresses), HTTPS on the front door,
+    // the client CA.
+    assert!(checked.len() >= 3, "checked only {checked:?}");
 }
 
 /// First keys of docs/global.md's blocks that are not global router files, and what they are.

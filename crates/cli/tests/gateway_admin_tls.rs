@@ -1,0 +1,231 @@
+//! The gateway's admin port over mutual TLS (`adminTls`), polled by its real consumer: the
+//! `infergate global` binary, whose `heartbeatUrl` is `https://` and whose cluster `tls` trusts the
+//! gateway's CA and presents a client certificate. With the certificate the router reads the
+//! heartbeat and routes a chat to the cluster; a router presenting none never gets a heartbeat
+//! and says why. Both binaries started as a user would, over one emulated vLLM pod.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed unwrap is a failed test"
+)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
+use infergate_testkit::tls::TestCa;
+
+/// A started `infergate` process, killed when dropped; its output in a file.
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    fn start(dir: &Path, what: &str, args: &[&str], config: &Path) -> Running {
+        let log = dir.join(format!("{what}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env_remove("INFERGATE_GATEWAY_CONFIG")
+            .env_remove("INFERGATE_GLOBAL_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Running { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("exited ({status}) with:\n{}", self.log());
+        }
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// One emulated vLLM pod serving `llama`.
+async fn one_pod() -> (ServedFleet, tokio::sync::oneshot::Sender<()>) {
+    let catalog = Catalog::builtin().unwrap();
+    let profile = catalog.get("llama-3.1-8b/a10g").unwrap().clone();
+    let spec = FleetSpec {
+        seed: 4,
+        pods: vec![PodSpec {
+            model: "llama".into(),
+            ..PodSpec::new("pod-0", &profile, EngineKind::Vllm)
+        }],
+    }
+    .finish()
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let fleet = serve_fleet(&spec, async move {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    (fleet, stop)
+}
+
+/// The value of the router's `family{cluster="east"}` sample, when its admin port answers.
+async fn east(admin: SocketAddr, family: &str) -> Option<f64> {
+    let page = infergate_testkit::try_get(admin, "/metrics")
+        .await
+        .ok()?
+        .text();
+    infergate_testkit::metric(&page, family, &[("cluster", "east")])
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_router_reads_the_heartbeat_over_mutual_tls_and_one_without_a_certificate_cannot()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The gateway's admin certificate, for the name the router verifies; the routers' CA and
+    // one router's certificate.
+    let gateways = TestCa::new("gateways ca");
+    let gateways_ca = gateways.write_ca(d);
+    let admin_dir = d.join("admin");
+    std::fs::create_dir_all(&admin_dir).unwrap();
+    let (admin_cert, admin_key) = gateways.issue(&["gateway.test"]).write(&admin_dir);
+    let routers = TestCa::new("routers ca");
+    let routers_ca = d.join("routers-ca.pem");
+    std::fs::write(&routers_ca, routers.cert_pem()).unwrap();
+    let router_dir = d.join("router");
+    std::fs::create_dir_all(&router_dir).unwrap();
+    let (router_cert, router_key) = routers.issue(&["router"]).write(&router_dir);
+
+    let (fleet, _stop_pods) = one_pod().await;
+    let pod = fleet.pods[0].addr;
+    let (front, gw_admin) = (free_addr(), free_addr());
+    let gateway_file = d.join("gateway.yaml");
+    std::fs::write(
+        &gateway_file,
+        format!(
+            "listen: {front}\nadmin: {gw_admin}\nauth: none\nadminTls: {{ certFile: {}, keyFile: {}, clientCaFile: {} }}\nmodels:\n  - {{ name: llama, engine: vllm, endpoints: [{pod}] }}\n",
+            path(&admin_cert),
+            path(&admin_key),
+            path(&routers_ca),
+        ),
+    )
+    .unwrap();
+    let mut gateway = Running::start(d, "gateway", &["gateway"], &gateway_file);
+
+    // A router presenting its certificate, and one presenting none.
+    let router_file = |name: &str, client: Option<(&Path, &Path)>| {
+        let client = client.map_or(String::new(), |(c, k)| {
+            format!(", certFile: {}, keyFile: {}", path(c), path(k))
+        });
+        let (http, admin) = (free_addr(), free_addr());
+        let file = d.join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            format!(
+                "listen: {http}\nadmin: {admin}\nauth: none\nheartbeat: {{ intervalMs: 200, staleAfterMs: 1000, slowStartMs: 0 }}\nclusters:\n  - name: east\n    url: http://{front}\n    heartbeatUrl: https://{gw_admin}/heartbeat\n    region: r\n    cost: {{ inputPerMillion: 1 }}\n    tls: {{ caFile: {}, serverName: gateway.test{client} }}\n",
+                path(&gateways_ca)
+            ),
+        )
+        .unwrap();
+        (file, http, admin)
+    };
+    let (with_file, with_http, with_admin) = router_file("with", Some((&router_cert, &router_key)));
+    let (without_file, _, without_admin) = router_file("without", None);
+    let mut with = Running::start(d, "with", &["global"], &with_file);
+    let mut without = Running::start(d, "without", &["global"], &without_file);
+
+    // The router with a certificate reads the heartbeat and routes on it: a chat is answered
+    // by the pod behind the gateway.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        gateway.assert_running();
+        with.assert_running();
+        let age = east(with_admin, "infergate_global_heartbeat_age_seconds").await;
+        let weight = east(with_admin, "infergate_global_cluster_weight").await;
+        if age.is_some_and(|a| a >= 0.0) && weight.is_some_and(|w| w > 0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat over mutual TLS within 30 s (age {age:?}, weight {weight:?}):\nrouter:\n{}\ngateway:\n{}",
+            with.log(),
+            gateway.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let chat = serde_json::json!({
+        "model": "llama",
+        "messages": [{ "role": "user", "content": "hi" }],
+        "max_tokens": 4,
+    });
+    let r = infergate_testkit::post(
+        with_http,
+        "/v1/chat/completions",
+        "application/json",
+        chat.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{}", r.text());
+
+    // The router without one: by now it has tried for as long, and has never had a heartbeat.
+    without.assert_running();
+    assert_eq!(
+        east(without_admin, "infergate_global_heartbeat_age_seconds").await,
+        Some(-1.0),
+        "{}",
+        without.log()
+    );
+    let log = without.log();
+    assert!(
+        log.contains("heartbeat") && log.contains("east"),
+        "the failed heartbeat is not logged:\n{log}"
+    );
+    // The gateway counted the refused handshakes on its admin port (read over mutual TLS, as
+    // the router reads the heartbeat).
+    let scraper = routers.issue(&["scraper"]);
+    let mut scrape = http::Request::new(bytes::Bytes::new());
+    *scrape.uri_mut() = "/metrics".parse().unwrap();
+    let metrics = infergate_testkit::tls::send_within(
+        gw_admin,
+        "gateway.test",
+        gateways.client_config_presenting(&[b"http/1.1"], Some(&scraper)),
+        scrape,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap()
+    .text();
+    let refused = infergate_testkit::metric(
+        &metrics,
+        "infergate_tls_handshake_failures_total",
+        &[("port", "admin"), ("reason", "client_certificate")],
+    );
+    assert!(refused.is_some_and(|n| n >= 1.0), "{metrics}");
+}
