@@ -36,6 +36,10 @@ pub const PEER_PORT: u16 = infergate_pool::peers::DEFAULT_PEER_PORT;
 /// answer every real request with 413.
 pub const MIN_MAX_BODY_BYTES: usize = 1024;
 
+/// The flags that turn TLS on for the ext_proc port (`--tls-cert-file`, `--tls-self-signed`):
+/// `--tls-client-ca-file` needs one of them.
+const TLS_SERVER: &str = "tls_server";
+
 /// Arguments of `infergate picker`: the Envoy ext_proc endpoint picker for one InferencePool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 pub struct PickerArgs {
@@ -111,7 +115,8 @@ pub struct PickerArgs {
         long,
         env = "INFERGATE_TLS_CERT_FILE",
         requires = "tls_key_file",
-        conflicts_with = "tls_self_signed"
+        conflicts_with = "tls_self_signed",
+        group = TLS_SERVER
     )]
     pub tls_cert_file: Option<PathBuf>,
     /// The PEM private key of `--tls-cert-file`.
@@ -120,8 +125,19 @@ pub struct PickerArgs {
     /// Serve ext_proc over TLS with a certificate generated at start, for a proxy that does not
     /// verify it (Envoy AI Gateway connects to an endpoint picker with TLS and accepts any
     /// certificate).
-    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED")]
+    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED", group = TLS_SERVER)]
     pub tls_self_signed: bool,
+    /// Mutual TLS: a PEM CA bundle every client of the ext_proc port must present a certificate
+    /// chained to (a client without one, or with another CA's, is refused at the handshake),
+    /// reloaded when the file changes. Needs TLS on the port (`--tls-cert-file` or
+    /// `--tls-self-signed`).
+    #[arg(
+        long,
+        env = "INFERGATE_TLS_CLIENT_CA_FILE",
+        value_name = "FILE",
+        requires = TLS_SERVER
+    )]
+    pub tls_client_ca_file: Option<PathBuf>,
     /// Active-active replicas: take part in the exchange of in-flight load with the pool's other
     /// picker replicas, authenticated by the shared key in this file (at least 16 bytes; every
     /// replica holds the same). Listens on `--peer-port` and dials every `--peer`.
@@ -195,6 +211,7 @@ impl PickerArgs {
             tls_cert_file: None,
             tls_key_file: None,
             tls_self_signed: false,
+            tls_client_ca_file: None,
             peer_key_file: None,
             peers: Vec::new(),
             peer_port: None,
@@ -267,7 +284,8 @@ pub struct BbrArgs {
         long,
         env = "INFERGATE_TLS_CERT_FILE",
         requires = "tls_key_file",
-        conflicts_with = "tls_self_signed"
+        conflicts_with = "tls_self_signed",
+        group = TLS_SERVER
     )]
     pub tls_cert_file: Option<PathBuf>,
     /// The PEM private key of `--tls-cert-file`.
@@ -276,8 +294,19 @@ pub struct BbrArgs {
     /// Serve ext_proc over TLS with a certificate generated at start, for a proxy that does not
     /// verify it (Envoy AI Gateway connects to an endpoint picker with TLS and accepts any
     /// certificate).
-    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED")]
+    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED", group = TLS_SERVER)]
     pub tls_self_signed: bool,
+    /// Mutual TLS: a PEM CA bundle every client of the ext_proc port must present a certificate
+    /// chained to (a client without one, or with another CA's, is refused at the handshake),
+    /// reloaded when the file changes. Needs TLS on the port (`--tls-cert-file` or
+    /// `--tls-self-signed`).
+    #[arg(
+        long,
+        env = "INFERGATE_TLS_CLIENT_CA_FILE",
+        value_name = "FILE",
+        requires = TLS_SERVER
+    )]
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 impl BbrArgs {
@@ -293,6 +322,7 @@ impl BbrArgs {
             tls_cert_file: None,
             tls_key_file: None,
             tls_self_signed: false,
+            tls_client_ca_file: None,
         }
     }
 
@@ -480,7 +510,12 @@ mod tests {
         a.threads = 2;
         a.explain_header = true;
         a.tls_self_signed = true;
+        a.tls_client_ca_file = Some("/etc/infergate/client-ca/ca.crt".into());
         let line = command_line("picker", &a).unwrap();
+        assert!(
+            line.contains(&"--tls-client-ca-file=/etc/infergate/client-ca/ca.crt".to_owned()),
+            "{line:?}"
+        );
         assert!(line.contains(&"--explain-header".to_owned()), "{line:?}");
         assert_eq!(line[0], "picker");
         assert!(line.contains(&"--model-rewrite=a=b".to_owned()), "{line:?}");
@@ -518,7 +553,12 @@ mod tests {
         a.grpc_health_port = 0;
         a.tls_cert_file = Some("/etc/infergate/tls/tls.crt".into());
         a.tls_key_file = Some("/etc/infergate/tls/tls.key".into());
+        a.tls_client_ca_file = Some("/etc/infergate/tls/ca.crt".into());
         let line = command_line("bbr", &a).unwrap();
+        assert!(
+            line.contains(&"--tls-client-ca-file=/etc/infergate/tls/ca.crt".to_owned()),
+            "{line:?}"
+        );
         let matches = Bbr::command_for_test().try_get_matches_from(&line).unwrap();
         assert_eq!(BbrArgs::from_arg_matches(&matches).unwrap(), a);
     }
@@ -588,6 +628,54 @@ mod tests {
                 cert: "c.pem".into(),
                 key: "k.pem".into()
             })
+        );
+    }
+
+    /// `--tls-client-ca-file` goes with either way of turning TLS on, and is refused without
+    /// one, naming both, for both processes.
+    #[test]
+    fn a_client_ca_needs_tls_on_the_port() {
+        let err = Picker::try_parse_from(["picker", "--tls-client-ca-file=ca.pem"]).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{err}"
+        );
+        let text = err.render().to_string();
+        assert!(
+            text.contains("--tls-cert-file") && text.contains("--tls-self-signed"),
+            "{text}"
+        );
+        let err =
+            Bbr::try_parse_from(["bbr", "--models=m", "--tls-client-ca-file=ca.pem"]).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{err}"
+        );
+        let a =
+            Picker::try_parse_from(["picker", "--tls-self-signed", "--tls-client-ca-file=ca.pem"])
+                .unwrap()
+                .args;
+        assert_eq!(a.tls_client_ca_file, Some("ca.pem".into()));
+        assert!(matches!(a.tls(), Some(Certificate::SelfSigned { .. })));
+        let b = Bbr::try_parse_from([
+            "bbr",
+            "--models=m",
+            "--tls-cert-file=c.pem",
+            "--tls-key-file=k.pem",
+            "--tls-client-ca-file=ca.pem",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(b.tls_client_ca_file, Some("ca.pem".into()));
+        // Without it, no client certificate is asked for.
+        assert_eq!(
+            Picker::try_parse_from(["picker", "--tls-self-signed"])
+                .unwrap()
+                .args
+                .tls_client_ca_file,
+            None
         );
     }
 

@@ -58,6 +58,15 @@ pub enum Error {
     /// The ext_proc port's certificate could not be loaded or generated.
     #[error("ext_proc TLS")]
     Tls(#[from] infergate_pool::tls::TlsError),
+    /// A client CA bundle was given for a port that does not serve TLS.
+    #[error(
+        "the client CA bundle {path} needs TLS on the ext_proc port (--tls-cert-file and \
+         --tls-key-file, or --tls-self-signed)"
+    )]
+    ClientCaWithoutTls {
+        /// The CA bundle.
+        path: PathBuf,
+    },
     /// A listener failed.
     #[error("server IO failed")]
     Io(#[from] std::io::Error),

@@ -62,12 +62,27 @@ impl std::fmt::Debug for Membership {
 
 /// The ext_proc port's TLS for `certificate` (from `--tls-cert-file`/`--tls-key-file` or
 /// `--tls-self-signed`; `None`: plaintext): ALPN `h2`, files polled every second, handshakes
-/// bounded to 10 s. Must run inside a tokio runtime.
-pub fn ext_proc_tls(certificate: Option<Certificate>) -> Result<Option<ServerTls>, Error> {
-    certificate
-        .map(|c| ServerTls::new(&c, &ServerTlsOptions::new(&ALPN_GRPC)))
-        .transpose()
-        .map_err(Error::from)
+/// bounded to 10 s. With `client_ca` (`--tls-client-ca-file`) the port is mutual TLS: a client
+/// must present a certificate chained to that PEM bundle, which is polled with the certificate
+/// files. A client CA without a certificate is refused: there would be no TLS to ask in. Must
+/// run inside a tokio runtime.
+pub fn ext_proc_tls(
+    certificate: Option<Certificate>,
+    client_ca: Option<&Path>,
+) -> Result<Option<ServerTls>, Error> {
+    let Some(certificate) = certificate else {
+        return match client_ca {
+            Some(path) => Err(Error::ClientCaWithoutTls {
+                path: path.to_owned(),
+            }),
+            None => Ok(None),
+        };
+    };
+    let options = ServerTlsOptions {
+        client_ca: client_ca.map(Path::to_owned),
+        ..ServerTlsOptions::new(&ALPN_GRPC)
+    };
+    Ok(Some(ServerTls::new(&certificate, &options)?))
 }
 
 /// Reads a scheduler configuration file (`preset: infergate`, or explicit weights; every key

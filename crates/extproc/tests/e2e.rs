@@ -907,9 +907,12 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
-    let tls = ext_proc_tls(Some(Certificate::SelfSigned {
-        names: vec!["localhost".into()],
-    }))
+    let tls = ext_proc_tls(
+        Some(Certificate::SelfSigned {
+            names: vec!["localhost".into()],
+        }),
+        None,
+    )
     .unwrap();
     let router = ModelsFile::parse("llama-3-8b: [sql-lora]\n")
         .unwrap()
@@ -1007,4 +1010,103 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
         assert!(tokio::time::Instant::now() < deadline, "{m}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A client configuration that accepts any server certificate (as Envoy AI Gateway's connection
+/// to an endpoint picker does) and presents `leaf` when asked for a client certificate.
+fn accept_any_presenting(
+    leaf: &infergate_testkit::tls::Leaf,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::sign::{CertifiedKey, SingleCertAndKey};
+    let mut config =
+        std::sync::Arc::unwrap_or_clone(infergate_testkit::tls::accept_any_config(&[b"h2"]));
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    let provider = rustls::crypto::ring::default_provider();
+    let pair = CertifiedKey::from_der(vec![leaf.der.clone()], key, &provider).unwrap();
+    config.client_auth_cert_resolver = std::sync::Arc::new(SingleCertAndKey::from(pair));
+    std::sync::Arc::new(config)
+}
+
+/// `--tls-self-signed` with `--tls-client-ca-file` (`ext_proc_tls` of a generated certificate
+/// and a bundle, as `infergate bbr` builds it): a client that verifies nothing of the server but
+/// presents a certificate of the bundle's CA has its request routed; the same client presenting
+/// none is refused at the handshake. A bundle without TLS is refused, naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_port_with_a_client_ca_admits_only_clients_of_that_ca() {
+    use infergate_extproc::bbr::{BbrConfig, ModelsFile};
+    use infergate_extproc::run::{Certificate, ext_proc_tls, run_bbr};
+    use infergate_testkit::tls::{TestCa, accept_any_config, connect};
+    use tokio::io::AsyncReadExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("envoy clients ca");
+    let bundle = ca.write_ca(dir.path());
+    let err = ext_proc_tls(None, Some(&bundle)).unwrap_err();
+    assert!(
+        matches!(err, infergate_extproc::Error::ClientCaWithoutTls { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&bundle.display().to_string()),
+        "{err}"
+    );
+
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let tls = ext_proc_tls(
+        Some(Certificate::SelfSigned {
+            names: vec!["localhost".into()],
+        }),
+        Some(&bundle),
+    )
+    .unwrap();
+    let router = ModelsFile::parse("llama-3-8b: [sql-lora]\n")
+        .unwrap()
+        .router()
+        .unwrap();
+    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(run_bbr(
+        grpc,
+        tls,
+        None,
+        None,
+        BbrConfig::default(),
+        router,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+
+    let leaf = ca.issue(&["envoy"]);
+    let stream = connect(addr, "localhost", accept_any_presenting(&leaf))
+        .await
+        .unwrap();
+    let envoy = Envoy::over(stream, format!("https://{addr}")).await;
+    let mut ex = envoy.open().await;
+    ex.send(request_headers("/v1/chat/completions", &[], false))
+        .await;
+    ex.send(request_body(
+        br#"{"model":"sql-lora","messages":[{"role":"user","content":"hi"}]}"#,
+        true,
+    ))
+    .await;
+    let answer = headers_answer(&ex.next().await);
+    assert_eq!(
+        answer.header(infergate_extproc::wire::BASE_MODEL_HEADER),
+        Some("llama-3-8b")
+    );
+
+    // Without a certificate: the handshake ends on the client's side (TLS 1.3), and its first
+    // read gets the server's alert.
+    let mut refused = connect(addr, "localhost", accept_any_config(&[b"h2"]))
+        .await
+        .unwrap();
+    let mut buf = [0_u8; 9];
+    let err = tokio::time::timeout(Duration::from_secs(10), refused.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains("CertificateRequired"), "{err}");
 }

@@ -24,7 +24,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         0 => None,
         p => Some(bind_port(args.listen_address, "--metrics-port", p).await?),
     };
-    let tls = tls_from_flags(args.tls())?;
+    let tls = tls_from_flags(args.tls(), args.tls_client_ca_file.as_deref())?;
     // The addresses bound, as the picker's start line gives them (`off`: port 0).
     let addr = |l: &Option<tokio::net::TcpListener>| {
         l.as_ref()

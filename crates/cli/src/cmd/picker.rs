@@ -75,7 +75,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .await
         .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
-    let tls = tls_from_flags(args.tls())?;
+    let tls = tls_from_flags(args.tls(), args.tls_client_ca_file.as_deref())?;
     let listeners = PickerListeners {
         grpc: bind_port(args.listen_address, "--grpc-port", args.grpc_port).await?,
         health: bind_port(
@@ -166,9 +166,12 @@ pub(super) async fn bind_port(
     })
 }
 
-/// The ext_proc port's TLS for `certificate`; an error names the flags it came from.
+/// The ext_proc port's TLS for `certificate`, mutual with `client_ca` (`--tls-client-ca-file`);
+/// an error names the flags it came from: the client CA bundle's own when it is the bundle that
+/// cannot be used.
 pub(super) fn tls_from_flags(
     certificate: Option<infergate_extproc::run::Certificate>,
+    client_ca: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<infergate_extproc::run::ServerTls>> {
     use infergate_extproc::run::Certificate;
     let flags = match &certificate {
@@ -178,10 +181,27 @@ pub(super) fn tls_from_flags(
             key.display()
         ),
         Some(Certificate::SelfSigned { .. }) => "--tls-self-signed".to_owned(),
-        None => return Ok(None),
+        // Plaintext; a client CA alone is refused (clap refuses it first on the command line).
+        None => return ext_proc_tls(None, client_ca).context("--tls-client-ca-file"),
     };
-    ext_proc_tls(certificate)
-        .with_context(|| format!("{flags}: the ext_proc port's TLS certificate cannot be used"))
+    if let Some(ca) = client_ca {
+        // Read first, so that an unusable bundle is named by its own flag.
+        infergate_pool::tls::client_verifier(ca).with_context(|| {
+            format!(
+                "--tls-client-ca-file {}: the ext_proc port's client CA bundle cannot be used",
+                ca.display()
+            )
+        })?;
+    }
+    let tls = ext_proc_tls(certificate, client_ca)
+        .with_context(|| format!("{flags}: the ext_proc port's TLS certificate cannot be used"))?;
+    if let Some(ca) = client_ca {
+        tracing::info!(
+            client_ca = %ca.display(),
+            "ext_proc port: mutual TLS, every client must present a certificate of this CA bundle"
+        );
+    }
+    Ok(tls)
 }
 
 /// The load exchange with the other replicas, from `--peer-key-file`, `--peer`, `--peer-port`,

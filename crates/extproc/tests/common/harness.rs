@@ -107,7 +107,10 @@ impl Envoy {
         Envoy::over(stream, format!("https://{addr}")).await
     }
 
-    async fn over<T>(stream: T, origin: String) -> Envoy
+    /// One HTTP/2 connection over `stream`, already open (and through its TLS handshake, if
+    /// any) to the server at `origin`: for a client configured otherwise than the above, such as
+    /// one presenting a client certificate.
+    pub async fn over<T>(stream: T, origin: String) -> Envoy
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
