@@ -214,6 +214,55 @@ async fn two_replicas_sharing_redis_hold_the_configured_rate_within_5_percent() 
     assert!(na > 400 && nb > 400, "{na} / {nb}");
 }
 
+/// A replica alone in using the quota gets all of it, not its share: with another replica
+/// alive but idle, the totals read from Redis show the room the idle one leaves, and the busy
+/// one admits up to the whole limit. (A replica that enforced its share whenever others were
+/// alive, ignoring what Redis says they used, would admit half.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_replica_beside_an_idle_one_gets_the_whole_limit() {
+    let Some(redis) = RedisServer::start_if_installed().await else {
+        return;
+    };
+    // 3,000 per minute over a 2 s window: 100 per window.
+    let window = Duration::from_secs(2);
+    let a = Quotas::start(stepped(&redis, "idle:", window, 100), None).unwrap();
+    let b = Quotas::start(stepped(&redis, "idle:", window, 100), None).unwrap();
+    let (stepper, _) = step_rounds(&a, &b, 1);
+    infergate_testkit::eventually("both replicas see each other", || {
+        a.redis_up() && b.redis_up() && a.replicas() == 2 && b.replicas() == 2
+    })
+    .await;
+    let start_ms = a.clock().now_ms();
+    let until = Instant::now() + Duration::from_secs(6);
+    let mut admitted = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    while Instant::now() < until {
+        tick.tick().await;
+        admitted.extend(admit_one(&a));
+    }
+    stepper.abort();
+    let run = Run {
+        a: admitted,
+        b: Vec::new(),
+        start_ms,
+        end_ms: start_ms + 6_000,
+    };
+    // Still two replicas: the idle one syncs, so it is alive and counted.
+    assert_eq!((a.replicas(), b.replicas()), (2, 2));
+    // From the second window on (the first may hold the ramp of a replica that counts its
+    // unsynced use twice until its rounds show the other idle).
+    let from = run.start_ms.div_ceil(BUCKET_MS) * BUCKET_MS + 2_000;
+    let late = Run {
+        start_ms: from,
+        ..run
+    };
+    let most = late.most_in_a_window(&[&late.a], 2_000, BUCKET_MS);
+    println!(
+        "one busy replica beside an idle one, the most in one 2 s window: {most} admitted (limit 100, share 50)"
+    );
+    assert!((90..=105).contains(&most), "{most}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_run_means_local_counting_and_back_means_shared_again() {
     let Some(mut redis) = RedisServer::start_if_installed().await else {
