@@ -40,6 +40,12 @@
 #      (Helm never upgrades crds/); deploy/operator/operator.yaml's namespace enforces
 #      `restricted`; and docs/install.md's values table names every top-level value of
 #      values.yaml and no key the chart does not have.
+#  11b. watchNamespaces (ci/watch-namespaces-values.yaml): a Role and RoleBinding per namespace with
+#      the default ClusterRole's rules, a ClusterRole with the reviews only (none with
+#      `metrics.auth: none`), crates/operator/tests/rbac/watch-namespaces.yaml equal to the
+#      render (the operator's tests hold that file to crates/operator/src/rbac.rs), the
+#      operator's and the uninstall hook's rendered command lines run by the real binary, bad
+#      namespace names refused.
 #  12. deploy/argocd/infergate.yaml rendered as Argo CD renders it: valid, pods checked, the hook
 #      for its release, its configs through `infergate render`, its name equal to its release.
 # Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
@@ -123,6 +129,11 @@ sed -n '/^# Source:/,$p' deploy/operator/operator.yaml | sed '1s/^/---\n/' >"$wo
 cmp -s <(sed '/^---$/d' "$work/committed.yaml") <(sed '/^---$/d' "$work/default-no-hooks.yaml") \
   || fail "deploy/operator/operator.yaml is not the chart's default render without hooks (run deploy/operator/render.sh; it must render with --no-hooks)"
 ok "deploy/operator/operator.yaml = chart default render without hooks"
+"$helm" template infergate "$chart" -n infergate-system --no-hooks -f "$chart/ci/watch-namespaces-values.yaml" \
+  >"$work/watch-ns-no-hooks.yaml"
+cmp -s <(sed 1d crates/operator/tests/rbac/watch-namespaces.yaml) "$work/watch-ns-no-hooks.yaml" \
+  || fail "crates/operator/tests/rbac/watch-namespaces.yaml is not the chart's render with ci/watch-namespaces-values.yaml (run deploy/operator/render.sh)"
+ok "crates/operator/tests/rbac/watch-namespaces.yaml = chart render with ci/watch-namespaces-values.yaml"
 
 # 5. Bad values: each must fail, naming the problem.
 expect_fail() {
@@ -317,8 +328,10 @@ fi
 grep -q "expected exactly get, list, delete" "$work/hook-broad.out" || fail "uninstall-hook.py's error does not name the verbs: $(cat "$work/hook-broad.out")"
 ok "uninstall-hook.py refuses a hook ClusterRole with one verb more"
 for values in "$chart"/ci/*-values.yaml; do
+  watched=$(python3 -c 'import sys, yaml; print(",".join((yaml.safe_load(open(sys.argv[1])) or {}).get("watchNamespaces") or []))' "$values")
   "$helm" template t "$chart" -n ns1 -f "$values" --set uninstallHook.timeoutSeconds=42 >"$work/hook.yaml"
-  python3 tests/helm/uninstall-hook.py "$work/hook.yaml" --release t --namespace ns1 --timeout 42 >/dev/null \
+  python3 tests/helm/uninstall-hook.py "$work/hook.yaml" --release t --namespace ns1 --timeout 42 \
+    --watch-namespaces "$watched" >/dev/null \
     || fail "the uninstall hook rendered with $values and timeoutSeconds=42 (above)"
 done
 ok "uninstall hook with each ci values file and timeoutSeconds=42: release, namespace, timeout, pull secrets follow"
@@ -421,6 +434,65 @@ status=0
 run_operator "$work/reused.yaml" >"$work/operator-reused.out" 2>&1 || status=$?
 [ "$status" = 1 ] || fail "without logFormat (helm upgrade --reuse-values) the operator exited $status: $(cat "$work/operator-reused.out")"
 ok "the operator's rendered command line (text and json logs) parses with the real binary and fails (1) only on the connection"
+# 11b. watchNamespaces: the operator restricted to a list of namespaces. Its rules move from the
+# ClusterRole to a Role (and RoleBinding to its ServiceAccount) in each namespace, unchanged; the
+# ClusterRole keeps the reviews of metrics.auth kubernetes only, and goes with metrics.auth none.
+"$helm" template infergate "$chart" -n infergate-system -f "$chart/ci/watch-namespaces-values.yaml" >"$work/watch-ns.yaml"
+"$helm" template infergate "$chart" -n infergate-system -f "$chart/ci/watch-namespaces-values.yaml" \
+  --set metrics.auth=none >"$work/watch-ns-open.yaml"
+python3 - "$work/default.yaml" "$work/watch-ns.yaml" "$work/watch-ns-open.yaml" <<'PY' || fail "watchNamespaces RBAC (above)"
+import sys, yaml
+default, ns, open_ = ([o for o in yaml.safe_load_all(open(p)) if o] for p in sys.argv[1:4])
+def rules(o):
+    return sorted((g, r, v) for rule in o["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"])
+def find(objs, kind, name="infergate-operator"):
+    return [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+reviews = {"tokenreviews", "subjectaccessreviews"}
+(cluster,) = find(default, "ClusterRole")
+namespaced = [x for x in rules(cluster) if x[1] not in reviews]
+assert namespaced and len(namespaced) < len(rules(cluster)), rules(cluster)
+roles, bindings = find(ns, "Role"), find(ns, "RoleBinding")
+assert sorted(o["metadata"]["namespace"] for o in roles) == ["team-a", "team-b"], roles
+assert sorted(o["metadata"]["namespace"] for o in bindings) == ["team-a", "team-b"], bindings
+for role in roles:
+    assert rules(role) == namespaced, f"Role in {role['metadata']['namespace']}: {rules(role)}"
+sa = {"kind": "ServiceAccount", "name": "infergate-operator", "namespace": "infergate-system"}
+for b in bindings:
+    assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "infergate-operator"}, b
+    assert b["subjects"] == [sa], b
+(cluster_ns,) = find(ns, "ClusterRole")
+assert {x[1] for x in rules(cluster_ns)} == reviews, f"the namespaced ClusterRole grants {rules(cluster_ns)}"
+(crb,) = find(ns, "ClusterRoleBinding")
+assert crb["subjects"] == [sa], crb
+assert not find(open_, "ClusterRole") and not find(open_, "ClusterRoleBinding"), "metrics.auth none leaves a ClusterRole"
+assert len(find(open_, "Role")) == 2, "metrics.auth none drops the namespaces' Roles"
+# The leader Role stays in the release namespace, unchanged.
+assert find(ns, "Role", "infergate-operator-leader") == find(default, "Role", "infergate-operator-leader")
+dep = find(ns, "Deployment")[0]
+assert "--watch-namespaces=team-a,team-b" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+PY
+for render in watch-ns watch-ns-open; do
+  python3 tests/helm/validate.py "$work/$render.yaml" >/dev/null || fail "the $render render does not validate"
+  status=0
+  run_operator "$work/$render.yaml" >"$work/operator-$render.out" 2>&1 || status=$?
+  [ "$status" = 1 ] || fail "the operator's rendered command line ($render) exited $status, expected 1 (no cluster): $(cat "$work/operator-$render.out")"
+done
+status=0
+run_operator "$work/watch-ns.yaml" --watch-namespaces=Team_A >"$work/operator-watch-bad.out" 2>&1 || status=$?
+[ "$status" = 2 ] && grep -qF '`Team_A` is not a namespace name' "$work/operator-watch-bad.out" \
+  || fail "the binary accepted --watch-namespaces=Team_A (exit $status): $(cat "$work/operator-watch-bad.out")"
+ns_hook_words=()
+mapfile -d '' ns_hook_words < <(python3 tests/helm/uninstall-hook.py "$work/watch-ns.yaml" --release infergate \
+  --namespace infergate-system --timeout 180 --watch-namespaces team-a,team-b) \
+  || fail "the namespaced uninstall hook (above)"
+for ((i = 0; i < ${#ns_hook_words[@]}; i++)); do [ "${ns_hook_words[i]}" = -- ] && break; done
+status=0
+env -i PATH="$PATH" HOME="$work/no-cluster" KUBECONFIG="$work/no-cluster/config" "${ns_hook_words[@]:0:i}" \
+  timeout 60 "$infergate" "${ns_hook_words[@]:i+2}" >"$work/hook-watch-ns.out" 2>&1 || status=$?
+[ "$status" = 1 ] || fail "the namespaced uninstall hook's rendered command line exited $status, expected 1 (no cluster): $(cat "$work/hook-watch-ns.out")"
+expect_fail "/watchNamespaces/0" --set 'watchNamespaces={Team_A}'
+expect_fail "/watchNamespaces" --set 'watchNamespaces={team-a,team-a}'
+ok "watchNamespaces: a Role and RoleBinding per namespace with the ClusterRole's rules, the reviews alone cluster-wide; the operator's and the hook's command lines accepted by the real binary; bad names refused"
 # /metrics behind a token (metrics.auth): by default the operator checks each scrape with a
 # TokenReview and a SubjectAccessReview, so its ClusterRole may create both, the reader role and
 # the readers' binding exist and the ServiceMonitor sends Prometheus's token; `none` drops all of

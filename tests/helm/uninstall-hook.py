@@ -2,12 +2,15 @@
 """Checks the chart's uninstall hook in a render and prints its command line.
 
 Usage: uninstall-hook.py RENDER.yaml --release NAME --namespace NS --timeout SECONDS
+                         [--watch-namespaces A,B]
 
 In RENDER (a `helm template` output with the hook enabled), checks the uninstall hook's objects:
-a ServiceAccount, a ClusterRole, a ClusterRoleBinding and a Job, each a `pre-delete` hook deleted
-before re-creation and on success, the RBAC weighted before the Job; the ClusterRole grants
-exactly get, list, delete on inferencegatewayconfigs.infergate.dev and nothing else; the binding
-ties it to the hook's ServiceAccount, which the Job runs as; the Job tries once
+a ServiceAccount, a ClusterRole, a ClusterRoleBinding and a Job (with --watch-namespaces, the
+chart's watchNamespaces: a Role and a RoleBinding in each of those namespaces instead of the
+ClusterRole and its binding), each a `pre-delete` hook deleted before re-creation and on
+success, the RBAC weighted before the Job; each role grants exactly get, list, delete on
+inferencegatewayconfigs.infergate.dev and nothing else; each binding ties it to the hook's
+ServiceAccount, which the Job runs as; the Job tries once
 (`backoffLimit: 0`, `restartPolicy: Never`), has a deadline a little over the command's timeout
 and a TTL; it runs the operator Deployment's image, pull policy and pull secrets with the same
 hardening (non-root, RuntimeDefault seccomp, read-only root, no privilege escalation, every
@@ -26,7 +29,6 @@ import sys
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HOOK_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"]
 
 
 def entrypoint():
@@ -46,7 +48,12 @@ def main() -> int:
     ap.add_argument("--release", required=True)
     ap.add_argument("--namespace", required=True)
     ap.add_argument("--timeout", type=int, required=True)
+    ap.add_argument("--watch-namespaces", default="")
     args = ap.parse_args()
+    watched = [n for n in args.watch_namespaces.split(",") if n]
+    # The RBAC kinds: one cluster-wide role and binding, or a Role and RoleBinding per namespace.
+    role_kind = "Role" if watched else "ClusterRole"
+    want_kinds = {"ServiceAccount": 1, role_kind: len(watched) or 1, role_kind + "Binding": len(watched) or 1, "Job": 1}
     objs = [o for o in yaml.safe_load_all(pathlib.Path(args.render).read_text()) if o]
     problems = []
 
@@ -64,12 +71,15 @@ def main() -> int:
         where = f"{o['kind']}/{o['metadata']['name']}"
         check(o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "uninstall-hook",
               f"{where} is a hook but not part of the uninstall hook")
-        check(o["kind"] not in by_kind, f"more than one hook {o['kind']}")
-        by_kind[o["kind"]] = o
-    if not check(sorted(by_kind) == sorted(HOOK_KINDS),
-                 f"hook objects are {sorted(by_kind)}, expected {sorted(HOOK_KINDS)}"):
+        by_kind.setdefault(o["kind"], []).append(o)
+    counts = {k: len(v) for k, v in by_kind.items()}
+    if not check(counts == want_kinds, f"hook objects are {counts}, expected {want_kinds}"):
         return report(problems)
-    sa, role, binding, job = (by_kind[k] for k in HOOK_KINDS)
+    (sa,), roles, bindings, (job,) = (by_kind[k] for k in want_kinds)
+    if watched:
+        for kind, objs_of_kind in ((role_kind, roles), (role_kind + "Binding", bindings)):
+            where = sorted(o["metadata"].get("namespace") for o in objs_of_kind)
+            check(where == sorted(watched), f"the hook's {kind}s are in {where}, expected {sorted(watched)}")
     names = {o["metadata"]["name"] for o in hooks}
     check(len(names) == 1, f"the hook's objects have different names: {sorted(names)}")
     name = sa["metadata"]["name"]
@@ -82,30 +92,33 @@ def main() -> int:
         check(policy == ["before-hook-creation", "hook-succeeded"],
               f"{where}: helm.sh/hook-delete-policy is {a.get('helm.sh/hook-delete-policy')!r}")
         try:
-            weights[o["kind"]] = int(a.get("helm.sh/hook-weight", "0"))
+            weights[(where, o["metadata"].get("namespace"))] = int(a.get("helm.sh/hook-weight", "0"))
         except ValueError:
             problems.append(f"{where}: helm.sh/hook-weight {a.get('helm.sh/hook-weight')!r} is not an integer")
-    if len(weights) == 4:
-        for k in HOOK_KINDS[:3]:
-            check(weights[k] < weights["Job"],
-                  f"{k} has hook weight {weights[k]}, not below the Job's {weights['Job']}: it may not exist when the Job starts")
+    job_key = (f"Job/{job['metadata']['name']}", job["metadata"].get("namespace"))
+    if len(weights) == len(hooks):
+        for k, w in weights.items():
+            check(k == job_key or w < weights[job_key],
+                  f"{k[0]} has hook weight {w}, not below the Job's {weights[job_key]}: it may not exist when the Job starts")
     for o in (sa, job):
         check(o["metadata"].get("namespace") == args.namespace,
               f"{o['kind']}/{name} is not in the release namespace {args.namespace}")
 
     # RBAC: exactly get, list, delete on the configs.
-    rules = role.get("rules") or []
-    check(len(rules) == 1, f"ClusterRole/{name} has {len(rules)} rules, expected 1: {rules}")
-    for r in rules:
-        check(r.get("apiGroups") == ["infergate.dev"], f"ClusterRole/{name}: apiGroups {r.get('apiGroups')}")
-        check(r.get("resources") == ["inferencegatewayconfigs"], f"ClusterRole/{name}: resources {r.get('resources')}")
-        check(sorted(r.get("verbs") or []) == ["delete", "get", "list"],
-              f"ClusterRole/{name}: verbs {r.get('verbs')}, expected exactly get, list, delete")
-        check(not (set(r) - {"apiGroups", "resources", "verbs"}), f"ClusterRole/{name}: extra rule fields {sorted(set(r))}")
-    check(binding.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-          f"ClusterRoleBinding/{name}: roleRef {binding.get('roleRef')}")
-    check(binding.get("subjects") == [{"kind": "ServiceAccount", "name": name, "namespace": args.namespace}],
-          f"ClusterRoleBinding/{name}: subjects {binding.get('subjects')}")
+    for role in roles:
+        rules = role.get("rules") or []
+        check(len(rules) == 1, f"{role_kind}/{name} has {len(rules)} rules, expected 1: {rules}")
+        for r in rules:
+            check(r.get("apiGroups") == ["infergate.dev"], f"{role_kind}/{name}: apiGroups {r.get('apiGroups')}")
+            check(r.get("resources") == ["inferencegatewayconfigs"], f"{role_kind}/{name}: resources {r.get('resources')}")
+            check(sorted(r.get("verbs") or []) == ["delete", "get", "list"],
+                  f"{role_kind}/{name}: verbs {r.get('verbs')}, expected exactly get, list, delete")
+            check(not (set(r) - {"apiGroups", "resources", "verbs"}), f"{role_kind}/{name}: extra rule fields {sorted(set(r))}")
+    for binding in bindings:
+        check(binding.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+              f"{role_kind}Binding/{name}: roleRef {binding.get('roleRef')}")
+        check(binding.get("subjects") == [{"kind": "ServiceAccount", "name": name, "namespace": args.namespace}],
+              f"{role_kind}Binding/{name}: subjects {binding.get('subjects')}")
 
     # The Job.
     spec = job["spec"]
@@ -157,6 +170,8 @@ def main() -> int:
     check("command" not in c, f"Job/{name}: sets command {c.get('command')}; the operator's container gives only args")
     want = ["delete-configs", "--selector", f"app.kubernetes.io/instance={args.release}",
             "--timeout-seconds", str(args.timeout)]
+    if watched:
+        want += ["--namespaces", ",".join(watched)]
     check(c.get("args") == want, f"Job/{name}: args {c.get('args')}, expected {want}")
     if problems:
         return report(problems)

@@ -372,3 +372,86 @@ fn docs_list_every_permission() {
     }
 }
 
+/// The chart's render with `watchNamespaces: [team-a, team-b]` (tests/helm/check.sh holds the
+/// file to the chart): the operator's rules in a Role and RoleBinding in each namespace its
+/// command line names, exactly [`namespace_role`]; the ClusterRole left with exactly
+/// [`cluster_role`] of that scope (the reviews); the leader Role unchanged.
+#[test]
+fn the_namespaced_render_grants_the_rbac_list_in_each_watched_namespace_only() {
+    use infergate_operator::rbac::namespace_role;
+
+    let text =
+        std::fs::read_to_string(repo("crates/operator/tests/rbac/watch-namespaces.yaml")).unwrap();
+    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect();
+    let find = |kind: &str, name: &str, ns: Option<&str>| -> Vec<&Value> {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .filter(|o| ns.is_none_or(|ns| o["metadata"]["namespace"] == ns))
+            .collect()
+    };
+    // The scope as the operator reads it from its rendered command line.
+    let deployment = find("Deployment", "infergate-operator", None)[0];
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap();
+    let list = args
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix("--watch-namespaces="))
+        .expect("--watch-namespaces in the operator's arguments");
+    let scope = WatchScope::from_names(list.split(',').map(str::to_owned)).unwrap();
+    assert_eq!(scope.to_string(), "namespaces team-a, team-b");
+
+    let namespaces: Vec<String> = scope.targets().into_iter().flatten().collect();
+    let roles: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Role" && o["metadata"]["name"] == "infergate-operator")
+        .collect();
+    let mut role_namespaces: Vec<&str> = roles
+        .iter()
+        .filter_map(|r| r["metadata"]["namespace"].as_str())
+        .collect();
+    role_namespaces.sort_unstable();
+    assert_eq!(
+        role_namespaces, namespaces,
+        "one Role per watched namespace"
+    );
+    for ns in &namespaces {
+        let role = find("Role", "infergate-operator", Some(ns))[0];
+        assert_eq!(
+            common::granted_by(&role["rules"]),
+            grants(&namespace_role(&scope)),
+            "the Role in {ns}"
+        );
+        let binding = find("RoleBinding", "infergate-operator", Some(ns));
+        assert_eq!(binding.len(), 1, "the RoleBinding in {ns}");
+        assert_eq!(
+            binding[0]["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "infergate-operator"})
+        );
+        assert_eq!(
+            binding[0]["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "infergate-operator", "namespace": "infergate-system"}])
+        );
+    }
+    let cluster_role_obj = find("ClusterRole", "infergate-operator", None)[0];
+    assert_eq!(
+        common::granted_by(&cluster_role_obj["rules"]),
+        grants(&cluster_role(&scope, true)),
+        "the ClusterRole with watchNamespaces"
+    );
+    assert_eq!(
+        grants(&cluster_role(&scope, true)),
+        grants(METRICS_AUTH_RULES)
+    );
+    let leader = find(
+        "Role",
+        "infergate-operator-leader",
+        Some("infergate-system"),
+    )[0];
+    assert_eq!(common::granted_by(&leader["rules"]), grants(LEADER_RULES));
+}
