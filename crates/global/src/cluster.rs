@@ -65,6 +65,10 @@ pub(crate) struct ModelEntry {
     /// Of that, the fixed cost per request, ms (absent from a gateway that predates it, or
     /// before it learned one).
     fixed_cost_ms: Option<f64>,
+    /// The heartbeat's wait before a new request's own prefill, its queue counted at the
+    /// prompts it holds, ms (absent from a gateway that predates it; a negative one, or one that
+    /// is not a number, is ignored: the estimate is then made as without it).
+    wait_ms: Option<f64>,
     ready_pods: u32,
     /// Whether it was up at the last tick, and whether it ever was (to count drains and
     /// returns once each).
@@ -79,6 +83,7 @@ impl ModelEntry {
             estimate_ms: None,
             prefill_ms: None,
             fixed_cost_ms: None,
+            wait_ms: None,
             ready_pods: 0,
             up: false,
             seen_up: false,
@@ -167,6 +172,8 @@ pub(crate) struct Cluster {
     state: Mutex<ClusterState>,
     /// This router's requests sent to the cluster and still without their first token.
     pending: AtomicUsize,
+    /// Their estimated prompt tokens (each at least 1), summed: their turn in real terms.
+    pending_tokens: AtomicU64,
     /// Whether a refusal of the router's credentials was logged since the last answer the
     /// cluster accepted them for (one warning per episode, not one per request).
     refusal_logged: AtomicBool,
@@ -369,6 +376,7 @@ impl Cluster {
             heartbeat,
             state: Mutex::new(state),
             pending: AtomicUsize::new(0),
+            pending_tokens: AtomicU64::new(0),
             refusal_logged: AtomicBool::new(false),
             tls_failure_logged: AtomicBool::new(false),
             tokens: AtomicU64::new(0),
@@ -562,11 +570,14 @@ impl Cluster {
     /// What routing needs for `model` at `now`, for a request of `prompt_tokens`: `None` when
     /// the cluster does not serve it; else its share and estimates.
     ///
-    /// The heartbeat's estimate is for a typical request of
-    /// [`TYPICAL_PROMPT_TOKENS`](infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS); it is scaled
-    /// to this request's prompt (queue and prefill both grow with the prompts the pods learned
-    /// their rates from) by [`prompt_scale`]: the heartbeat's fixed cost per request is paid
-    /// whatever the prompt, the rest grows with it. The router's own measurements of streamed
+    /// With the heartbeat's `waitMs` (the pod's queue in real terms), the estimate is that wait
+    /// plus this request's own prefill, the heartbeat's `prefillMs` for a typical request of
+    /// [`TYPICAL_PROMPT_TOKENS`](infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS) scaled to its
+    /// prompt by [`prompt_scale`] (the fixed cost per request is paid whatever the prompt, the
+    /// rest grows with it): the queue ahead does not grow with this request's prompt. The
+    /// requests this router sent since count at their own prompts too. From a gateway before
+    /// the field, the heartbeat's whole estimate, queue included, is scaled to the prompt, as
+    /// the queue then counts typical requests. The router's own measurements of streamed
     /// answers from the cluster in the last few heartbeat intervals, when there are any, correct
     /// it ([`Correction`]): they see what the heartbeat cannot (the network, the gateway itself,
     /// the queue since the heartbeat), and what they add does not grow with the prompt. A
@@ -592,17 +603,30 @@ impl Cluster {
         let weight = weight.min(st.ejection.weight(now, self.outlier.slow_start));
         let rtt = st.rtt_ms.unwrap_or(0.0);
         let scale = prompt_scale(prompt_tokens, entry.prefill_ms, entry.fixed_cost_ms);
-        // Without a heartbeat estimate (no `heartbeatUrl`, or no ready pod), the round trip
-        // alone: the correction then carries everything the measurements saw.
-        let heartbeat = entry.estimate_ms.map_or(rtt, |e| e * scale + rtt);
-        // Requests sent since then wait their turn too: each adds its prefill on one of the
-        // ready pods. Without it, every request between two heartbeats would herd onto the
-        // cluster that looked cheapest at the last one.
+        // Requests sent since the heartbeat wait their turn too: each adds its prefill on one
+        // of the ready pods. Without it, every request between two heartbeats would herd onto
+        // the cluster that looked cheapest at the last one.
         let pending = self.pending.load(Ordering::Relaxed) as f64;
-        let queued = entry.prefill_ms.map_or(0.0, |p| {
-            pending / f64::from(entry.ready_pods.max(1)) * p * scale
-        });
-        let heartbeat_ttft_ms = heartbeat + queued;
+        let pods = f64::from(entry.ready_pods.max(1));
+        let heartbeat_ttft_ms = match (entry.wait_ms, entry.prefill_ms) {
+            (Some(wait), Some(prefill)) if entry.estimate_ms.is_some() && prefill >= 0.0 => {
+                // Each pending request's own prefill at its prompt: `prompt_scale` is affine in
+                // the prompt, so their sum is the fixed share per request plus the rest at
+                // their summed tokens.
+                let share = fixed_share(prefill, entry.fixed_cost_ms);
+                let tokens = self.pending_tokens.load(Ordering::Relaxed) as f64;
+                let turns = pending * share
+                    + (1.0 - share) * tokens / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
+                wait + prefill * scale + rtt + turns * prefill / pods
+            }
+            _ => {
+                // Without a heartbeat estimate (no `heartbeatUrl`, or no ready pod), the round
+                // trip alone: the correction then carries everything the measurements saw.
+                let heartbeat = entry.estimate_ms.map_or(rtt, |e| e * scale + rtt);
+                let queued = entry.prefill_ms.map_or(0.0, |p| pending / pods * p * scale);
+                heartbeat + queued
+            }
+        };
         let window = self.settings.interval * OBSERVED_TTFT_INTERVALS;
         Some(View {
             weight,
@@ -957,6 +981,9 @@ impl Cluster {
             entry.estimate_ms = estimate;
             entry.prefill_ms = status.and_then(|m| m.prefill_ms).filter(|_| ready);
             entry.fixed_cost_ms = status.and_then(|m| m.fixed_cost_ms).filter(|_| ready);
+            entry.wait_ms = status
+                .and_then(|m| m.wait_ms)
+                .filter(|w| ready && w.is_finite() && *w >= 0.0);
             entry.ready_pods = status.map_or(0, |m| m.ready_pods);
         }
     }
@@ -1030,12 +1057,18 @@ pub(crate) fn prompt_scale(
     fixed_cost_ms: Option<f64>,
 ) -> f64 {
     let linear = prompt_tokens.max(1.0) / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
-    match (prefill_ms, fixed_cost_ms) {
-        (Some(prefill), Some(fixed)) if prefill > 0.0 && fixed.is_finite() => {
-            let share = (fixed / prefill).clamp(0.0, 1.0);
-            share + (1.0 - share) * linear
+    let share = prefill_ms.map_or(0.0, |prefill| fixed_share(prefill, fixed_cost_ms));
+    share + (1.0 - share) * linear
+}
+
+/// The share of a typical request's prefill (`prefill_ms`) that is the fixed cost per request
+/// (`fixed_cost_ms`), 0–1: 0 without one (or with figures that make none).
+fn fixed_share(prefill_ms: f64, fixed_cost_ms: Option<f64>) -> f64 {
+    match fixed_cost_ms {
+        Some(fixed) if prefill_ms > 0.0 && fixed.is_finite() => {
+            (fixed / prefill_ms).clamp(0.0, 1.0)
         }
-        _ => linear,
+        _ => 0.0,
     }
 }
 
@@ -1151,20 +1184,24 @@ fn token_header(bytes: &[u8]) -> Result<HeaderValue, TokenError> {
     Ok(v)
 }
 
-/// One request sent to a cluster and still without its first token (counted while held).
-pub(crate) struct Pending(Arc<Cluster>);
+/// One request sent to a cluster and still without its first token (counted while held), and
+/// its prompt tokens.
+pub(crate) struct Pending(Arc<Cluster>, u64);
 
 impl Cluster {
-    /// Counts a request sent to this cluster until the guard is dropped.
-    pub(crate) fn pending(self: &Arc<Self>) -> Pending {
+    /// Counts a request of `prompt_tokens` sent to this cluster until the guard is dropped.
+    pub(crate) fn pending(self: &Arc<Self>, prompt_tokens: u32) -> Pending {
+        let tokens = u64::from(prompt_tokens.max(1));
         self.pending.fetch_add(1, Ordering::Relaxed);
-        Pending(Arc::clone(self))
+        self.pending_tokens.fetch_add(tokens, Ordering::Relaxed);
+        Pending(Arc::clone(self), tokens)
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         self.0.pending.fetch_sub(1, Ordering::Relaxed);
+        self.0.pending_tokens.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 

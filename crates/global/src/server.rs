@@ -860,7 +860,8 @@ async fn route_request(
     let objective_ms = requested_objective
         .or_else(|| routing.tenant_objectives.get(&*tenant).copied())
         .unwrap_or(routing.ttft_objective_ms) as f64;
-    let prompt = f64::from(parsed.estimated_prompt_tokens());
+    let prompt_tokens = parsed.estimated_prompt_tokens();
+    let prompt = f64::from(prompt_tokens);
     let output = f64::from(
         parsed
             .max_output_tokens
@@ -948,7 +949,7 @@ async fn route_request(
             h.insert(header::AUTHORIZATION, t);
         }
         let sent_at = tokio::time::Instant::now();
-        let pending = cluster.pending();
+        let pending = cluster.pending(prompt_tokens);
         // A failure counts against the cluster only when it was routed on when the order was
         // made (not ejected, not drained: a last resort's failures are expected) and its
         // heartbeat still has it up.

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use clusters::{CHAT, TestCluster, counter, router_with};
 use infergate_global::{GlobalConfig, Router};
 use infergate_testkit::json_lines;
-use scripted::{HeldStream, Scripted, heartbeat, open_stream};
+use scripted::{HeldStream, Scripted, heartbeat, holding_pod, open_stream};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -618,5 +618,112 @@ async fn the_measured_ttft_corrects_the_estimate_for_each_prompt_length() {
         far_long - near_long >= penalty && far_short - near_short >= penalty,
         "the far cluster's estimates {far_long:.1} ms (long), {far_short:.1} ms (short), the near \
          one's {near_long:.1} ms, {near_short:.1} ms: the WAN's {WAN:?} is not in both"
+    );
+}
+
+/// A chat request for the model `m` of `content`, not streamed.
+fn chat_m(content: &str) -> String {
+    serde_json::json!({"model": "m", "messages": [{"role": "user", "content": content}]})
+        .to_string()
+}
+
+/// The heartbeat of `slow`: idle, a typical request's first token in 400 ms, 100 ms of it
+/// fixed; from a gateway before `waitMs`.
+const SLOW_HEARTBEAT: &str = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,
+    "timestampMs":1,"models":[{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,
+    "running":0,"inflight":0,"estimatedTtftMs":400.0,"prefillMs":400.0,"fixedCostMs":100.0,
+    "drainMs":0.0}]}"#;
+
+/// Routes `request` by latency between `q`, a real gateway whose one pod holds the `held`
+/// requests (sent to that gateway directly: routed by it, without a first token), and `slow`,
+/// an idle cluster behind [`SLOW_HEARTBEAT`], once the router has seen `q`'s queue: which
+/// cluster answered, and the router's estimate for the request there.
+async fn route_behind(held: &[String], request: &str) -> (String, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let pod = holding_pod().await;
+    let (gw, _gw_stop) = clusters::ready_gateway(&format!(
+        "auth: none\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{pod}]\n"
+    ))
+    .await;
+    let slow = Scripted::start(200).await;
+    let slow_beat =
+        infergate_testkit::pages::page_server(std::sync::Arc::new(|| SLOW_HEARTBEAT.to_owned()))
+            .await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 2000, slowStartMs: 0 }}\nrouting: {{ policy: latency }}\naccessLog: {{ path: {} }}\nclusters:\n  - {{ name: q, url: 'http://{}', heartbeatUrl: 'http://{}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n{}",
+        log.display(),
+        gw.http_addr(),
+        gw.admin_addr().unwrap(),
+        entry("slow", slow.addr, slow_beat, 1.0),
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["q", "slow"]).await;
+    let holding: Vec<_> = held
+        .iter()
+        .map(|body| {
+            let req = http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Bytes::from(body.clone()))
+                .unwrap();
+            tokio::spawn(infergate_testkit::send(gw.http_addr(), req))
+        })
+        .collect();
+    // The router has `q`'s heartbeat with the held requests queued: its typical estimate (each
+    // queued request a typical one, 128 ms at the prior rate) counts them.
+    let queued = (held.len() as f64 + 0.5) * 0.128;
+    let series = "infergate_global_estimated_ttft_seconds{cluster=\"q\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(&page(&router).await, series) < queued {
+        assert!(Instant::now() < deadline, "q's queue never seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = chat(&router, request, None).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let cluster = answer.header("x-infergate-cluster").unwrap().to_owned();
+    let lines = json_lines(&log, 1).await;
+    let estimate = lines[0]["estimated_ttft_ms"].as_f64().unwrap();
+    for h in holding {
+        h.abort();
+    }
+    (cluster, estimate)
+}
+
+/// A mixed workload: the heartbeat's queue counted at the prompts it holds (`waitMs`), and only
+/// the request's own prefill scaled to its prompt. `q` is a real gateway over one pod holding
+/// four requests, at the scheduler's prior 4,000 tokens/s; `slow` is idle and takes 400 ms to a
+/// typical request's first token (100 ms fixed). A long prompt (about 2,050 tokens) behind four
+/// short ones on `q` waits for about 60 tokens, then its own 0.5 s: `q`. Scaling `q`'s whole
+/// estimate (five typical requests) by its length put it at 2.6 s, behind `slow`'s 1.3 s. A short
+/// prompt behind four long ones on `q` waits for their 8,200 tokens (2 s): `slow` (0.1 s); the
+/// whole estimate scaled down to its 14 tokens put `q` at 18 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_goes_where_the_queue_ahead_of_it_is_shortest_in_tokens() {
+    let long = long_prompt();
+    let held: Vec<String> = (0..4)
+        .map(|n| chat_m(&format!("HOLD {n}: {SHORT}")))
+        .collect();
+    let (cluster, estimate) = route_behind(&held, &chat_m(&format!("request 1: {long}"))).await;
+    println!("long behind four short: {cluster}, estimated {estimate:.1} ms");
+    assert_eq!(
+        cluster, "q",
+        "a long prompt behind short ones went to {cluster}, estimated {estimate:.1} ms"
+    );
+    assert!(
+        (300.0..1_000.0).contains(&estimate),
+        "a long prompt behind short ones estimated at {estimate:.1} ms"
+    );
+    let held: Vec<String> = (0..4)
+        .map(|n| chat_m(&format!("HOLD {n}: {long}")))
+        .collect();
+    let (cluster, estimate) = route_behind(&held, &chat_m(&format!("request 2: {SHORT}"))).await;
+    println!("short behind four long: {cluster}, estimated {estimate:.1} ms");
+    assert_eq!(
+        cluster, "slow",
+        "a short prompt behind long ones went to {cluster}, estimated {estimate:.1} ms"
+    );
+    assert!(
+        estimate < 200.0,
+        "a short prompt on the idle cluster estimated at {estimate:.1} ms"
     );
 }

@@ -96,6 +96,91 @@ fn a_hostile_fixed_cost_cannot_make_an_estimate_negative_or_nan() {
     assert!(serde_json::from_str::<Heartbeat>(doc).is_err());
 }
 
+/// A heartbeat for `llama` on an emulated A10G (165 ms for a typical request's own prefill, 35 ms
+/// of it fixed) behind a queue the gateway counts as `queued` typical requests, `wait` ms in real
+/// terms (the field left out with `None`, as a gateway before it leaves it out).
+fn queued(queued: u32, wait: Option<f64>) -> Heartbeat {
+    let estimate = 165.0 * f64::from(queued + 1);
+    let wait = wait.map_or(String::new(), |w| format!(r#","waitMs":{w}"#));
+    serde_json::from_str(&format!(
+        r#"{{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{{"name":"llama","pods":1,"readyPods":1,"saturation":0.0,"queue":{queued},
+        "running":0,"inflight":0,"estimatedTtftMs":{estimate},"prefillMs":165.0,
+        "fixedCostMs":35.0{wait},"drainMs":0.0}}]}}"#
+    ))
+    .expect("a heartbeat document")
+}
+
+/// A mixed workload: the heartbeat's queue of four is four 50-token prompts (each its fixed
+/// 35 ms and 50 tokens at 130 ms per 512: 190.8 ms in all), or four 4,000-token ones
+/// (4,202.5 ms). With `waitMs` only the request's own prefill grows with its prompt. Before,
+/// the whole typical estimate (five typical requests: 825 ms) was scaled: a 4,096-token prompt
+/// behind the short ones was estimated at 5,375 ms (it takes 1,266), a 20-token one behind the
+/// long ones at 200 ms (it takes 4,243).
+#[test]
+fn only_the_requests_own_prefill_grows_with_its_prompt() {
+    let c = Arc::new(cluster(DISCOVERING));
+    let at = Instant::now();
+    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").ttft_ms;
+    let own = |tokens: f64| 35.0 + 130.0 * tokens / 512.0;
+    let short_queue = 4.0 * own(50.0);
+    c.apply_heartbeat(&queued(4, Some(short_queue)), Duration::ZERO, at);
+    assert!((estimate(4096.0) - (short_queue + own(4096.0))).abs() < 1e-9);
+    assert!((estimate(20.0) - (short_queue + own(20.0))).abs() < 1e-9);
+    let long_queue = 4.0 * own(4_000.0);
+    c.apply_heartbeat(&queued(4, Some(long_queue)), Duration::ZERO, at);
+    assert!((estimate(20.0) - (long_queue + own(20.0))).abs() < 1e-9);
+    assert!(estimate(20.0) > 4_000.0, "{}", estimate(20.0));
+    // The requests sent since count at their own prompts: a 4,000-token one and a 20-token one
+    // ahead add their own prefills, not two of this request's.
+    let sent = [c.pending(4_000), c.pending(20)];
+    let ahead = own(4_000.0) + own(20.0);
+    assert!((estimate(20.0) - (long_queue + ahead + own(20.0))).abs() < 1e-9);
+    drop(sent);
+    assert!((estimate(20.0) - (long_queue + own(20.0))).abs() < 1e-9);
+    // The same queue from a gateway without the field: the whole estimate scaled, as before,
+    // pending requests at this request's prompt.
+    c.apply_heartbeat(&queued(4, None), Duration::ZERO, at);
+    let scale = |tokens: f64| own(tokens) / 165.0;
+    assert!((estimate(20.0) - 825.0 * scale(20.0)).abs() < 1e-9);
+    let sent = [c.pending(4_000), c.pending(20)];
+    assert!((estimate(20.0) - (825.0 + 2.0 * 165.0) * scale(20.0)).abs() < 1e-9);
+    drop(sent);
+}
+
+/// `waitMs` is another process's word: a negative one is ignored (the estimate is made as
+/// without it), a huge one gives a huge but finite estimate, and a document whose value is not
+/// a number is refused whole.
+#[test]
+fn a_hostile_wait_is_ignored_or_bounded() {
+    let c = cluster(DISCOVERING);
+    let at = Instant::now();
+    let estimate = |tokens: f64| c.view("llama", at, tokens).expect("served").ttft_ms;
+    c.apply_heartbeat(&queued(4, Some(-1e9)), Duration::ZERO, at);
+    assert!((estimate(20.0) - 825.0 * (35.0 + 130.0 * 20.0 / 512.0) / 165.0).abs() < 1e-9);
+    c.apply_heartbeat(&queued(4, Some(1e300)), Duration::ZERO, at);
+    let huge = estimate(20.0);
+    assert!(huge.is_finite() && huge >= 1e300, "{huge}");
+    let doc = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{"name":"llama","pods":1,"readyPods":1,"saturation":0.0,"queue":0,
+        "running":0,"inflight":0,"estimatedTtftMs":165.0,"prefillMs":165.0,
+        "waitMs":"soon","drainMs":0.0}]}"#;
+    assert!(serde_json::from_str::<Heartbeat>(doc).is_err());
+    // No ready pod: no wait kept, whatever the document says.
+    let none = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{"name":"llama","pods":1,"readyPods":0,"saturation":1.0,"queue":0,
+        "running":0,"inflight":0,"waitMs":5.0,"drainMs":0.0}]}"#;
+    c.apply_heartbeat(
+        &serde_json::from_str(none).expect("a document"),
+        Duration::ZERO,
+        at,
+    );
+    assert_eq!(
+        lock(&c.state).models.get("llama").map(|m| m.wait_ms),
+        Some(None)
+    );
+}
+
 /// Three clusters up for `llama` (the third also alone serving `solo`), with
 /// `outlierDetection` as given.
 fn fleet(outlier: &str) -> (Vec<Arc<Cluster>>, Telemetry) {

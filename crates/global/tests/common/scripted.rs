@@ -215,3 +215,67 @@ pub async fn finish_stream(client: &mut tokio::net::TcpStream, mut got: Vec<u8>)
         "the chunked answer was cut: {text}"
     );
 }
+
+/// A model server that answers `GET /metrics` with an idle vLLM page and every inference request
+/// with a chat completion, except those whose body holds `HOLD`: it keeps those unanswered, a
+/// queue that does not move while a test looks at it. Request bodies may come with a
+/// `content-length` or chunked.
+pub async fn holding_pod() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf: Vec<u8> = Vec::new();
+                let mut chunk = [0u8; 16 * 1024];
+                loop {
+                    // One whole request (head and body) in `buf`, then its answer.
+                    let end = loop {
+                        if let Some(end) = request_end(&buf) {
+                            break end;
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let request: Vec<u8> = buf.drain(..end).collect();
+                    let text = String::from_utf8_lossy(&request);
+                    if text.contains("HOLD") {
+                        std::future::pending::<()>().await;
+                    }
+                    let (content_type, body) = if text.starts_with("GET /metrics") {
+                        ("text/plain", vllm_page(0))
+                    } else {
+                        ("application/json", CHAT_JSON.to_owned())
+                    };
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if s.write_all(head.as_bytes()).await.is_err()
+                        || s.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Where the first request in `buf` ends, once it is all there.
+fn request_end(buf: &[u8]) -> Option<usize> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    if head.contains("transfer-encoding: chunked") {
+        // The last chunk, its size 0, right after the head or after a chunk's closing CRLF.
+        let from = head_end - 2;
+        let last = buf[from..].windows(7).position(|w| w == b"\r\n0\r\n\r\n")?;
+        return Some(from + last + 7);
+    }
+    let end = head_end + infergate_testkit::content_length(&head);
+    (buf.len() >= end).then_some(end)
+}
