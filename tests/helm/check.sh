@@ -490,6 +490,10 @@ status=0
 env -i PATH="$PATH" HOME="$work/no-cluster" KUBECONFIG="$work/no-cluster/config" "${ns_hook_words[@]:0:i}" \
   timeout 60 "$infergate" "${ns_hook_words[@]:i+2}" >"$work/hook-watch-ns.out" 2>&1 || status=$?
 [ "$status" = 1 ] || fail "the namespaced uninstall hook's rendered command line exited $status, expected 1 (no cluster): $(cat "$work/hook-watch-ns.out")"
+"$helm" install infergate "$chart" -n infergate-system --dry-run=client -f "$chart/ci/watch-namespaces-values.yaml" \
+  >"$work/notes-watch-ns.out" 2>&1 || fail "helm install --dry-run=client with watchNamespaces: $(cat "$work/notes-watch-ns.out")"
+grep -qF "in namespaces team-a, team-b only" "$work/notes-watch-ns.out" \
+  || fail "NOTES.txt does not say the operator watches only watchNamespaces: $(sed -n '/^NOTES:/,$p' "$work/notes-watch-ns.out")"
 expect_fail "/watchNamespaces/0" --set 'watchNamespaces={Team_A}'
 expect_fail "/watchNamespaces" --set 'watchNamespaces={team-a,team-a}'
 ok "watchNamespaces: a Role and RoleBinding per namespace with the ClusterRole's rules, the reviews alone cluster-wide; the operator's and the hook's command lines accepted by the real binary; bad names refused"
