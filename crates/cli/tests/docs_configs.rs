@@ -255,7 +255,7 @@ fn with_relative_files(block: &str, files: &CheckedFiles, dir: &Path) -> String 
 }
 
 /// The gateway files docs/global.md shows (the walk's gateway, the one with HTTPS on its front
-/// door, its `tls:` section with a client CA) pass `infergate gateway --check`, their
+/// door, its `tls:` section with a client CA, an `adminTls:` section) pass `infergate gateway --check`, their
 /// relative certificate, key and CA files made real.
 #[test]
 fn every_gateway_file_in_the_global_router_docs_passes_check() {
@@ -266,7 +266,7 @@ fn every_gateway_file_in_the_global_router_docs_passes_check() {
     for block in yaml_blocks("docs/global.md") {
         let keys = top_keys(&block.text);
         let gateway_file = keys.contains(&"models") && !keys.contains(&"clusters");
-        let tls_section = keys == ["tls"];
+        let tls_section = keys == ["tls"] || keys == ["adminTls"];
         if !gateway_file && !tls_section {
             continue;
         }
@@ -294,15 +294,16 @@ fn every_gateway_file_in_the_global_router_docs_passes_check() {
         failures.join("\n\n")
     );
     // The walk's gateway (east; west differs only in its addresses), HTTPS on the front door,
-    // the client CA.
-    assert!(checked.len() >= 3, "checked only {checked:?}");
+    // the client CA, HTTPS on the admin port.
+    assert!(checked.len() >= 4, "checked only {checked:?}");
 }
 
 /// First keys of docs/global.md's blocks that are not global router files, and what they are.
-const NOT_ROUTER_FILES: [(&str, &str); 5] = [
+const NOT_ROUTER_FILES: [(&str, &str); 6] = [
     ("pods", "an `infergate sim` fleet"),
     ("models", "a gateway file"),
     ("tls", "a gateway's `tls:` section"),
+    ("adminTls", "a gateway's `adminTls:` section"),
     ("globalRouter", "Helm values"),
     ("", "a cluster's entry shown alone"),
 ];

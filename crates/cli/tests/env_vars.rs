@@ -124,3 +124,24 @@ fn a_bad_pull_secret_from_the_variable_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// The operator's namespace list from its variable (as the chart's `watchNamespaces` sets it):
+/// a name Kubernetes would refuse stops the start before the operator listens or talks to the
+/// API server, naming the variable and the name.
+#[test]
+fn a_bad_namespace_from_the_watch_variable_is_refused_at_start() {
+    let o = run(
+        &["operator", "--metrics-addr", "127.0.0.1:0"],
+        &[("INFERGATE_WATCH_NAMESPACES", "inference,Team_A")],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value 'Team_A' for '--watch-namespaces <NAMESPACE,...>'"),
+        "{err}"
+    );
+    assert!(
+        err.contains("environment variable INFERGATE_WATCH_NAMESPACES"),
+        "{err}"
+    );
+}
