@@ -13,6 +13,8 @@
 
 #[path = "../../extproc/tests/common/harness.rs"]
 mod harness;
+#[path = "common/one_pod.rs"]
+mod one_pod;
 #[path = "common/printed_error.rs"]
 mod printed_error;
 
@@ -23,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use harness::{Envoy, Route, headers_answer, request_body, request_headers};
 use infergate_extproc::wire;
-use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
 use infergate_testkit::tls::{Leaf, TestCa, accept_any_config, connect};
+use one_pod::one_pod;
 use printed_error::{assert_said_once, printed_chain};
 use tokio::io::AsyncReadExt as _;
 
@@ -162,28 +164,6 @@ async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut f: im
 const CLIENT_CERTIFICATE_FAILURES: &str =
     "infergate_tls_handshake_failures_total{reason=\"client_certificate\"}";
 
-/// One emulated vLLM pod serving `llama`.
-async fn one_pod() -> (ServedFleet, tokio::sync::oneshot::Sender<()>) {
-    let catalog = Catalog::builtin().unwrap();
-    let profile = catalog.get("llama-3.1-8b/a10g").unwrap().clone();
-    let spec = FleetSpec {
-        seed: 3,
-        pods: vec![PodSpec {
-            model: "llama".into(),
-            ..PodSpec::new("pod-0", &profile, EngineKind::Vllm)
-        }],
-    }
-    .finish()
-    .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let fleet = serve_fleet(&spec, async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    (fleet, stop)
-}
-
 /// `infergate picker` with TLS from `pki`'s files and `--tls-client-ca-file` of its bundle,
 /// over the pod at `pod`; the grpc and metrics ports, and the file its output goes to.
 async fn start_picker(pki: &Pki, pod: SocketAddr) -> (Running, SocketAddr, u16, PathBuf) {
@@ -236,7 +216,7 @@ async fn start_picker(pki: &Pki, pod: SocketAddr) -> (Running, SocketAddr, u16, 
 /// refuses the first, without a restart. The metrics port stays plaintext throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_admits_only_clients_of_its_client_ca_and_follows_a_replaced_bundle() {
-    let (fleet, _stop) = one_pod().await;
+    let (fleet, _stop) = one_pod(3).await;
     let pod = fleet.pods[0].addr;
     let pki = Pki::new();
     let (_picker, grpc, metrics, log) = start_picker(&pki, pod).await;

@@ -10,13 +10,16 @@
     reason = "a failed unwrap is a failed test"
 )]
 
+#[path = "common/one_pod.rs"]
+mod one_pod;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use infergate_sim::{Catalog, EngineKind, FleetSpec, PodSpec, ServedFleet, serve_fleet};
 use infergate_testkit::tls::TestCa;
+use one_pod::one_pod;
 
 /// A started `infergate` process, killed when dropped; its output in a file.
 struct Running {
@@ -67,28 +70,6 @@ fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
-/// One emulated vLLM pod serving `llama`.
-async fn one_pod() -> (ServedFleet, tokio::sync::oneshot::Sender<()>) {
-    let catalog = Catalog::builtin().unwrap();
-    let profile = catalog.get("llama-3.1-8b/a10g").unwrap().clone();
-    let spec = FleetSpec {
-        seed: 4,
-        pods: vec![PodSpec {
-            model: "llama".into(),
-            ..PodSpec::new("pod-0", &profile, EngineKind::Vllm)
-        }],
-    }
-    .finish()
-    .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let fleet = serve_fleet(&spec, async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    (fleet, stop)
-}
-
 /// The value of the router's `family{cluster="east"}` sample, when its admin port answers.
 async fn east(admin: SocketAddr, family: &str) -> Option<f64> {
     let page = infergate_testkit::try_get(admin, "/metrics")
@@ -121,7 +102,7 @@ async fn a_global_router_reads_the_heartbeat_over_mutual_tls_and_one_without_a_c
     std::fs::create_dir_all(&router_dir).unwrap();
     let (router_cert, router_key) = routers.issue(&["router"]).write(&router_dir);
 
-    let (fleet, _stop_pods) = one_pod().await;
+    let (fleet, _stop_pods) = one_pod(4).await;
     let pod = fleet.pods[0].addr;
     let (front, gw_admin) = (free_addr(), free_addr());
     let gateway_file = d.join("gateway.yaml");
