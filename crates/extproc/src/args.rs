@@ -110,7 +110,8 @@ pub struct PickerArgs {
           value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: u16,
     /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
-    /// file changes; needs `--tls-key-file`. The health and metrics ports stay plaintext.
+    /// file changes; needs `--tls-key-file`. The gRPC health port stays plaintext; the metrics
+    /// port has its own `--metrics-tls-*` flags.
     #[arg(
         long,
         env = "INFERGATE_TLS_CERT_FILE",
@@ -138,6 +139,34 @@ pub struct PickerArgs {
         requires = TLS_SERVER
     )]
     pub tls_client_ca_file: Option<PathBuf>,
+    /// Serve the metrics port (`/metrics`, `/healthz`, `/readyz`, `/heartbeat`) over HTTPS with
+    /// this PEM certificate chain (leaf first), reloaded when the file changes; needs
+    /// `--metrics-tls-key-file`. Every connection to the port is then TLS, probes included.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_CERT_FILE",
+        value_name = "FILE",
+        requires = "metrics_tls_key_file"
+    )]
+    pub metrics_tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `--metrics-tls-cert-file`.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_KEY_FILE",
+        value_name = "FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    pub metrics_tls_key_file: Option<PathBuf>,
+    /// Mutual TLS on the metrics port: a PEM CA bundle every client (a global router polling
+    /// `/heartbeat`, Prometheus, a probe) must present a certificate chained to, reloaded when
+    /// the file changes. Needs `--metrics-tls-cert-file`.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_CLIENT_CA_FILE",
+        value_name = "FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    pub metrics_tls_client_ca_file: Option<PathBuf>,
     /// Active-active replicas: take part in the exchange of in-flight load with the pool's other
     /// picker replicas, authenticated by the shared key in this file (at least 16 bytes; every
     /// replica holds the same). Listens on `--peer-port` and dials every `--peer`.
@@ -212,6 +241,9 @@ impl PickerArgs {
             tls_key_file: None,
             tls_self_signed: false,
             tls_client_ca_file: None,
+            metrics_tls_cert_file: None,
+            metrics_tls_key_file: None,
+            metrics_tls_client_ca_file: None,
             peer_key_file: None,
             peers: Vec::new(),
             peer_port: None,
@@ -254,6 +286,15 @@ impl PickerArgs {
             self.listen_address,
         )
     }
+
+    /// The metrics port's certificate files, when HTTPS is asked for there.
+    pub fn metrics_tls(&self) -> Option<MetricsTlsFiles> {
+        metrics_tls_files(
+            self.metrics_tls_cert_file.as_ref(),
+            self.metrics_tls_key_file.as_ref(),
+            self.metrics_tls_client_ca_file.as_ref(),
+        )
+    }
 }
 
 /// Arguments of `infergate bbr`: the Envoy ext_proc body-based router.
@@ -279,7 +320,8 @@ pub struct BbrArgs {
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, value_parser = body_limit)]
     pub max_body_bytes: usize,
     /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
-    /// file changes; needs `--tls-key-file`. The health and metrics ports stay plaintext.
+    /// file changes; needs `--tls-key-file`. The gRPC health port stays plaintext; the metrics
+    /// port has its own `--metrics-tls-*` flags.
     #[arg(
         long,
         env = "INFERGATE_TLS_CERT_FILE",
@@ -307,6 +349,34 @@ pub struct BbrArgs {
         requires = TLS_SERVER
     )]
     pub tls_client_ca_file: Option<PathBuf>,
+    /// Serve the metrics port (`/metrics`, `/healthz`, `/readyz`, `/heartbeat`) over HTTPS with
+    /// this PEM certificate chain (leaf first), reloaded when the file changes; needs
+    /// `--metrics-tls-key-file`. Every connection to the port is then TLS, probes included.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_CERT_FILE",
+        value_name = "FILE",
+        requires = "metrics_tls_key_file"
+    )]
+    pub metrics_tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `--metrics-tls-cert-file`.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_KEY_FILE",
+        value_name = "FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    pub metrics_tls_key_file: Option<PathBuf>,
+    /// Mutual TLS on the metrics port: a PEM CA bundle every client (a global router polling
+    /// `/heartbeat`, Prometheus, a probe) must present a certificate chained to, reloaded when
+    /// the file changes. Needs `--metrics-tls-cert-file`.
+    #[arg(
+        long,
+        env = "INFERGATE_METRICS_TLS_CLIENT_CA_FILE",
+        value_name = "FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    pub metrics_tls_client_ca_file: Option<PathBuf>,
 }
 
 impl BbrArgs {
@@ -323,6 +393,9 @@ impl BbrArgs {
             tls_key_file: None,
             tls_self_signed: false,
             tls_client_ca_file: None,
+            metrics_tls_cert_file: None,
+            metrics_tls_key_file: None,
+            metrics_tls_client_ca_file: None,
         }
     }
 
@@ -333,6 +406,15 @@ impl BbrArgs {
             self.tls_key_file.as_ref(),
             self.tls_self_signed,
             self.listen_address,
+        )
+    }
+
+    /// The metrics port's certificate files, when HTTPS is asked for there.
+    pub fn metrics_tls(&self) -> Option<MetricsTlsFiles> {
+        metrics_tls_files(
+            self.metrics_tls_cert_file.as_ref(),
+            self.metrics_tls_key_file.as_ref(),
+            self.metrics_tls_client_ca_file.as_ref(),
         )
     }
 }
@@ -396,6 +478,33 @@ fn tls_certificate(
         }
         _ => None,
     }
+}
+
+/// The files of the metrics port's TLS (`--metrics-tls-cert-file`, `--metrics-tls-key-file`,
+/// `--metrics-tls-client-ca-file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsTlsFiles {
+    /// The PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Its PEM private key.
+    pub key: PathBuf,
+    /// The PEM CA bundle clients must present a certificate of (`None`: no client
+    /// certificate is asked for).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The metrics port's TLS files, when both certificate files are given (clap requires both,
+/// and the certificate for a client CA).
+fn metrics_tls_files(
+    cert: Option<&PathBuf>,
+    key: Option<&PathBuf>,
+    client_ca: Option<&PathBuf>,
+) -> Option<MetricsTlsFiles> {
+    Some(MetricsTlsFiles {
+        cert: cert?.clone(),
+        key: key?.clone(),
+        client_ca: client_ca.cloned(),
+    })
 }
 
 /// The socket address of `port` on `listen_address` (all interfaces when unset).
@@ -676,6 +785,82 @@ mod tests {
                 .args
                 .tls_client_ca_file,
             None
+        );
+    }
+
+    /// The metrics port's TLS flags go through [`command_line`] and back for both processes,
+    /// are read as one set of files, and a key or a client CA without the certificate is
+    /// refused by the parser naming the certificate's flag.
+    #[test]
+    fn metrics_tls_flags_round_trip_and_need_the_certificate() {
+        let mut p = PickerArgs::new("pool", "ns");
+        let mut b = BbrArgs::new("/etc/infergate/models.yaml");
+        for (cert, key, ca) in [
+            (
+                &mut p.metrics_tls_cert_file,
+                &mut p.metrics_tls_key_file,
+                &mut p.metrics_tls_client_ca_file,
+            ),
+            (
+                &mut b.metrics_tls_cert_file,
+                &mut b.metrics_tls_key_file,
+                &mut b.metrics_tls_client_ca_file,
+            ),
+        ] {
+            *cert = Some("/etc/infergate/metrics-tls/tls.crt".into());
+            *key = Some("/etc/infergate/metrics-tls/tls.key".into());
+            *ca = Some("/etc/infergate/metrics-tls/ca.crt".into());
+        }
+        let expected = MetricsTlsFiles {
+            cert: "/etc/infergate/metrics-tls/tls.crt".into(),
+            key: "/etc/infergate/metrics-tls/tls.key".into(),
+            client_ca: Some("/etc/infergate/metrics-tls/ca.crt".into()),
+        };
+        let line = command_line("picker", &p).unwrap();
+        for flag in [
+            "--metrics-tls-cert-file=/etc/infergate/metrics-tls/tls.crt",
+            "--metrics-tls-key-file=/etc/infergate/metrics-tls/tls.key",
+            "--metrics-tls-client-ca-file=/etc/infergate/metrics-tls/ca.crt",
+        ] {
+            assert!(line.contains(&flag.to_owned()), "{line:?}");
+        }
+        let parsed = Picker::try_parse_from(&line).unwrap().args;
+        assert_eq!(parsed, p);
+        assert_eq!(parsed.metrics_tls(), Some(expected.clone()));
+        // The ext_proc port is untouched by them.
+        assert_eq!(parsed.tls(), None);
+        let line = command_line("bbr", &b).unwrap();
+        let parsed = Bbr::try_parse_from(&line).unwrap().args;
+        assert_eq!(parsed, b);
+        assert_eq!(parsed.metrics_tls(), Some(expected));
+        // Off unless asked for.
+        assert_eq!(PickerArgs::new("p", "n").metrics_tls(), None);
+        for line in [
+            &["picker", "--metrics-tls-client-ca-file=ca.pem"][..],
+            &["picker", "--metrics-tls-key-file=k.pem"],
+            &["bbr", "--models=m", "--metrics-tls-client-ca-file=ca.pem"],
+            &["bbr", "--models=m", "--metrics-tls-key-file=k.pem"],
+        ] {
+            let err = if line[0] == "picker" {
+                Picker::try_parse_from(line).unwrap_err()
+            } else {
+                Bbr::try_parse_from(line).unwrap_err()
+            };
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{line:?}: {err}"
+            );
+            assert!(
+                err.render().to_string().contains("--metrics-tls-cert-file"),
+                "{line:?}: {err}"
+            );
+        }
+        // A certificate without its key is refused naming the key's flag.
+        let err = Picker::try_parse_from(["picker", "--metrics-tls-cert-file=c.pem"]).unwrap_err();
+        assert!(
+            err.render().to_string().contains("--metrics-tls-key-file"),
+            "{err}"
         );
     }
 

@@ -58,6 +58,9 @@ pub enum Error {
     /// The ext_proc port's certificate could not be loaded or generated.
     #[error("ext_proc TLS")]
     Tls(#[from] infergate_pool::tls::TlsError),
+    /// The metrics port's certificate or client CA bundle could not be loaded.
+    #[error("metrics port TLS")]
+    MetricsTls(#[source] infergate_pool::tls::TlsError),
     /// A client CA bundle was given for a port that does not serve TLS.
     #[error(
         "the client CA bundle {path} needs TLS on the ext_proc port (--tls-cert-file and \

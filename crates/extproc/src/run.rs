@@ -10,13 +10,14 @@ use std::time::Duration;
 use futures_util::FutureExt;
 pub use infergate_metrics::ScraperConfig;
 use infergate_openai::ModelRouter;
-use infergate_pool::tls::{ALPN_GRPC, ServerTlsOptions};
+use infergate_pool::tls::{ALPN_GRPC, ALPN_HTTP, ServerTlsOptions};
 pub use infergate_pool::tls::{Certificate, ServerTls};
 pub use infergate_pool::{LivePool, PoolConfig};
 pub use infergate_scheduler::{EndpointMeta, SchedulerConfig};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+use crate::args::MetricsTlsFiles;
 use crate::bbr::{BbrConfig, BodyRouter};
 use crate::error::Error;
 use crate::picker::{EndpointPicker, PickerConfig};
@@ -33,10 +34,13 @@ pub struct PickerListeners {
     pub grpc: TcpListener,
     /// gRPC health (default port 9003).
     pub health: TcpListener,
-    /// Prometheus `/metrics`, `/healthz`, `/readyz` (default port 9090).
+    /// Prometheus `/metrics`, `/healthz`, `/readyz`, `/heartbeat` (default port 9090).
     pub metrics: TcpListener,
-    /// TLS on the ext_proc port (`None`: plaintext h2c). Health and metrics stay plaintext.
+    /// TLS on the ext_proc port (`None`: plaintext h2c). gRPC health stays plaintext.
     pub tls: Option<ServerTls>,
+    /// TLS on the metrics port ([`metrics_tls`]; `None`: plain HTTP). Its series carry
+    /// `port="metrics"`.
+    pub metrics_tls: Option<ServerTls>,
     /// The load exchange with the pool's other picker replicas (`None`: a single picker, or
     /// replicas that do not share; `--peer-key-file`). It binds its own port at start.
     pub peers: Option<infergate_pool::peers::PeerSettings>,
@@ -83,6 +87,30 @@ pub fn ext_proc_tls(
         ..ServerTlsOptions::new(&ALPN_GRPC)
     };
     Ok(Some(ServerTls::new(&certificate, &options)?))
+}
+
+/// The metrics port's TLS for `files` (`--metrics-tls-cert-file`, `--metrics-tls-key-file`,
+/// `--metrics-tls-client-ca-file`): ALPN `h2` and `http/1.1`, files polled every second,
+/// handshakes bounded to 10 s; with a client CA every client, probes included, must present a
+/// certificate chained to it. Must run inside a tokio runtime.
+pub fn metrics_tls(files: &MetricsTlsFiles) -> Result<ServerTls, Error> {
+    let options = ServerTlsOptions {
+        client_ca: files.client_ca.clone(),
+        ..ServerTlsOptions::new(&ALPN_HTTP)
+    };
+    let certificate = Certificate::Files {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+    };
+    ServerTls::new(&certificate, &options).map_err(Error::MetricsTls)
+}
+
+/// Registers `tls`'s series (handshake failures, reloads, the certificate's expiry) with
+/// `port="metrics"`, so that they stay apart from the ext_proc port's, which are unlabelled.
+fn register_metrics_tls(tls: &ServerTls, registry: &mut Registry) {
+    tls.register(
+        registry.sub_registry_with_label((Cow::Borrowed("port"), Cow::Borrowed("metrics"))),
+    );
 }
 
 /// Reads a scheduler configuration file (`preset: infergate`, or explicit weights; every key
@@ -235,6 +263,9 @@ pub async fn run_picker(
     if let Some(tls) = &listeners.tls {
         tls.register(&mut registry);
     }
+    if let Some(tls) = &listeners.metrics_tls {
+        register_metrics_tls(tls, &mut registry);
+    }
     let registry = Arc::new(registry);
     let membership_task = match membership {
         Membership::Static(endpoints) => {
@@ -249,6 +280,7 @@ pub async fn run_picker(
     tracing::info!(
         pool = %picker.pool_name,
         tls = listeners.tls.is_some(),
+        metrics_tls = listeners.metrics_tls.is_some(),
         grpc = %addr(&listeners.grpc),
         health = %addr(&listeners.health),
         metrics = %addr(&listeners.metrics),
@@ -265,8 +297,9 @@ pub async fn run_picker(
     let heartbeats = infergate_pool::heartbeat::Heartbeats::new();
     let quotas = picker.quotas.clone();
     let departing = picker.quotas.clone();
-    let admin = infergate_pool::admin::serve_with_heartbeat(
+    let admin = infergate_pool::admin::serve_tls_with_heartbeat(
         listeners.metrics,
+        listeners.metrics_tls,
         move || {
             use prometheus_client::encoding::text::{encode_eof, encode_registry};
             let mut out = String::new();
@@ -338,12 +371,18 @@ pub async fn report_pods(pool: LivePool, telemetry: PoolTelemetry) {
 }
 
 /// Runs a body-based router until `shutdown` completes: the ext_proc server (over TLS when `tls`
-/// is set), gRPC health (always ready) and, when given, a metrics listener.
+/// is set), gRPC health (always ready) and, when given, a metrics listener (over TLS when
+/// `metrics_tls` is set, its series labelled `port="metrics"`).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one argument per port and per port's TLS, as the flags give them"
+)]
 pub async fn run_bbr(
     grpc: TcpListener,
     tls: Option<ServerTls>,
     health: Option<TcpListener>,
     metrics: Option<TcpListener>,
+    metrics_tls: Option<ServerTls>,
     config: BbrConfig,
     router: ModelRouter<()>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -352,6 +391,9 @@ pub async fn run_bbr(
     let telemetry = BbrTelemetry::register(&mut registry);
     if let Some(tls) = &tls {
         tls.register(&mut registry);
+    }
+    if let Some(tls) = &metrics_tls {
+        register_metrics_tls(tls, &mut registry);
     }
     let registry = Arc::new(registry);
     let shutdown = shutdown.shared();
@@ -363,9 +405,23 @@ pub async fn run_bbr(
     };
     let admin = async {
         match metrics {
-            Some(l) => infergate_pool::admin::serve(l, registry, || true, shutdown.clone())
+            Some(l) => {
+                let encode = move || {
+                    let mut out = String::new();
+                    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+                    Ok(out)
+                };
+                infergate_pool::admin::serve_tls_with_heartbeat(
+                    l,
+                    metrics_tls,
+                    encode,
+                    || true,
+                    || None,
+                    shutdown.clone(),
+                )
                 .await
-                .map_err(Error::from),
+                .map_err(Error::from)
+            }
             None => Ok(()),
         }
     };

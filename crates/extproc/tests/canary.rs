@@ -89,6 +89,7 @@ async fn start(v1: u32, v2: u32) -> Picker {
         health: bind().await,
         metrics: bind().await,
         tls: None,
+        metrics_tls: None,
         peers: None,
     };
     let grpc = listeners.grpc.local_addr().unwrap();

@@ -388,6 +388,7 @@ impl Process {
             health: bind().await,
             metrics: bind().await,
             tls,
+            metrics_tls: None,
             peers: None,
         };
         let grpc = listeners.grpc.local_addr().unwrap();
@@ -924,6 +925,7 @@ async fn the_bbr_routes_over_tls_with_a_self_signed_certificate() {
         tls,
         None,
         Some(metrics),
+        None,
         BbrConfig::default(),
         router,
         async move {
@@ -1070,6 +1072,7 @@ async fn a_self_signed_port_with_a_client_ca_admits_only_clients_of_that_ca() {
     tokio::spawn(run_bbr(
         grpc,
         tls,
+        None,
         None,
         None,
         BbrConfig::default(),

@@ -61,6 +61,7 @@ async fn a_tenant_over_its_quota_is_answered_429_before_the_pick() {
         health: bind().await,
         metrics: bind().await,
         tls: None,
+        metrics_tls: None,
         peers: None,
     };
     let grpc = listeners.grpc.local_addr().unwrap();

@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use infergate_extproc::bbr::{BbrConfig, ModelsFile};
 use infergate_extproc::run::run_bbr;
 
-use super::picker::{bind_port, tls_from_flags};
+use super::picker::{bind_port, metrics_tls_from_flags, tls_from_flags};
 use super::shutdown_signal;
 
 /// Arguments of `infergate bbr` (shared with the operator that renders them).
@@ -25,6 +25,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         p => Some(bind_port(args.listen_address, "--metrics-port", p).await?),
     };
     let tls = tls_from_flags(args.tls(), args.tls_client_ca_file.as_deref())?;
+    let metrics_files = args.metrics_tls();
+    if metrics.is_none() && metrics_files.is_some() {
+        anyhow::bail!(
+            "--metrics-tls-cert-file: the metrics port is off (--metrics-port 0); give it a port \
+             or drop the --metrics-tls-* flags"
+        );
+    }
+    let metrics_tls = metrics_tls_from_flags(metrics_files)?;
     // The addresses bound, as the picker's start line gives them (`off`: port 0).
     let addr = |l: &Option<tokio::net::TcpListener>| {
         l.as_ref()
@@ -33,6 +41,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::info!(
         tls = tls.is_some(),
+        metrics_tls = metrics_tls.is_some(),
         grpc = %grpc.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         health = %addr(&health),
         metrics = %addr(&metrics),
@@ -47,6 +56,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tls,
         health,
         metrics,
+        metrics_tls,
         config,
         router,
         shutdown_signal(),

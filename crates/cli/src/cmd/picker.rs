@@ -7,13 +7,14 @@
 //! multi-thread runtime with N workers. Metric scrapes have a thread of their own either way.
 
 use anyhow::Context as _;
+use infergate_extproc::args::MetricsTlsFiles;
 use infergate_extproc::canary::{RELOAD_INTERVAL, RewriteTable};
 use infergate_extproc::discovery::kubernetes::membership;
 use infergate_extproc::discovery::static_file::EndpointsFile;
 use infergate_extproc::picker::PickerConfig;
 use infergate_extproc::run::{
     Membership, PickerListeners, PoolConfig, SchedulerConfig, ext_proc_tls, load_scheduler_config,
-    run_picker,
+    metrics_tls, run_picker,
 };
 
 use std::time::Duration;
@@ -76,6 +77,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
     let tls = tls_from_flags(args.tls(), args.tls_client_ca_file.as_deref())?;
+    let metrics_tls = metrics_tls_from_flags(args.metrics_tls())?;
     let listeners = PickerListeners {
         grpc: bind_port(args.listen_address, "--grpc-port", args.grpc_port).await?,
         health: bind_port(
@@ -86,6 +88,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .await?,
         metrics: bind_port(args.listen_address, "--metrics-port", args.metrics_port).await?,
         tls,
+        metrics_tls,
         peers: peer_settings(&args)?,
     };
     let mut model_rewrites = std::collections::HashMap::new();
@@ -202,6 +205,44 @@ pub(super) fn tls_from_flags(
         );
     }
     Ok(tls)
+}
+
+/// The metrics port's TLS for `files` (`None`: plain HTTP); an error names the flags it came
+/// from: `--metrics-tls-client-ca-file` when it is the bundle that cannot be used, the
+/// certificate's and key's otherwise.
+pub(super) fn metrics_tls_from_flags(
+    files: Option<MetricsTlsFiles>,
+) -> anyhow::Result<Option<infergate_extproc::run::ServerTls>> {
+    let Some(files) = files else {
+        return Ok(None);
+    };
+    if let Some(ca) = &files.client_ca {
+        // Read first, so that an unusable bundle is named by its own flag.
+        infergate_pool::tls::client_verifier(ca).with_context(|| {
+            format!(
+                "--metrics-tls-client-ca-file {}: the metrics port's client CA bundle cannot be \
+                 used",
+                ca.display()
+            )
+        })?;
+    }
+    let tls = metrics_tls(&files).with_context(|| {
+        format!(
+            "--metrics-tls-cert-file {}, --metrics-tls-key-file {}: the metrics port's TLS \
+             certificate cannot be used",
+            files.cert.display(),
+            files.key.display()
+        )
+    })?;
+    match &files.client_ca {
+        Some(ca) => tracing::info!(
+            client_ca = %ca.display(),
+            "metrics port: mutual TLS, every client (probes included) must present a certificate \
+             of this CA bundle"
+        ),
+        None => tracing::info!(cert = %files.cert.display(), "metrics port: HTTPS"),
+    }
+    Ok(Some(tls))
 }
 
 /// The load exchange with the other replicas, from `--peer-key-file`, `--peer`, `--peer-port`,
