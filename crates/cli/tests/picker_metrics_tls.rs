@@ -150,7 +150,8 @@ impl Pki {
 }
 
 /// `infergate picker` over the pod at `pod`, its metrics port at `metrics` with the TLS flags
-/// of `pki` (mutual: with its client CA).
+/// of `pki` (mutual: with its client CA), its ext_proc port TLS too (self-signed): two TLS
+/// ports whose series share families on one page.
 fn start_picker(pki: &Pki, pod: SocketAddr, metrics: SocketAddr) -> Running {
     let d = pki.dir.path();
     let endpoints = d.join("endpoints.yaml");
@@ -170,6 +171,7 @@ fn start_picker(pki: &Pki, pod: SocketAddr, metrics: SocketAddr) -> Running {
         format!("--metrics-tls-cert-file={}", path(&pki.cert)),
         format!("--metrics-tls-key-file={}", path(&pki.key)),
         format!("--metrics-tls-client-ca-file={}", path(&pki.client_ca)),
+        "--tls-self-signed".to_owned(),
     ];
     Running::start(d, "picker", &args)
 }
@@ -253,6 +255,19 @@ async fn the_global_router_reads_the_picker_s_heartbeat_over_mutual_tls_and_noth
     };
     assert_eq!(counted("client_certificate"), Some(2.0), "{page}");
     assert!(counted("error").is_some_and(|n| n >= 1.0), "{page}");
+    // Both ports' series, each family once on the page (the ext_proc port's unlabelled).
+    for family in [
+        "infergate_tls_handshake_failures",
+        "infergate_tls_certificate_reloads",
+        "infergate_tls_certificate_not_after_timestamp_seconds",
+    ] {
+        let kind = format!("# TYPE {family} ");
+        assert_eq!(page.matches(kind.as_str()).count(), 1, "{family}:\n{page}");
+    }
+    assert!(
+        page.contains("infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 0"),
+        "{page}"
+    );
 
     // The real consumer: `infergate global` polling the picker's heartbeat over mutual TLS.
     let router_dir = d.join("router");

@@ -30,6 +30,8 @@ use tokio::net::TcpListener;
 use crate::readiness::Readiness;
 use crate::tls::{ServerTls, accept_tls};
 
+mod families;
+
 /// The content type of the Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -66,7 +68,7 @@ where
                     "metrics encoding failed\n",
                 );
             };
-            let mut r = Response::new(Full::new(Bytes::from(out)));
+            let mut r = Response::new(Full::new(Bytes::from(merge_families(&out))));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 header::HeaderValue::from_static(METRICS_CONTENT_TYPE),
@@ -104,6 +106,19 @@ where
              gateway and the picker, /heartbeat\n",
         ),
     }
+}
+
+/// `page` (the exposition format) with every metric family once: a family that appears again
+/// further down (from another registry, or the same registry's second TLS port, whose series
+/// carry `port`) keeps its first `# HELP`/`# TYPE`/`# UNIT` and gains the later samples, in
+/// order of first appearance; the page ends with `# EOF`. Every `/metrics` answer of the admin
+/// server goes through it, once per scrape, off the request path.
+pub fn merge_families(page: &str) -> String {
+    let mut merged = families::Families::default();
+    merged.add(page);
+    let mut out = merged.into_text();
+    out.push_str("# EOF\n");
+    out
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` completes, with `/metrics` encoding
