@@ -1027,7 +1027,7 @@ impl Cluster {
     /// Why a `/v1/models` fetch failed, in the words of the log and of the answer to a client
     /// (`ApiError::NoClusterReported`): a 401 or 403 says whose credentials were refused.
     fn discovery_error(&self, e: &FetchError) -> String {
-        let chain = infergate_pool::ErrorChain(e).to_string();
+        let chain = e.explain();
         if !e.refused_credentials() {
             return chain;
         }
@@ -1223,6 +1223,20 @@ pub(crate) enum FetchError {
 }
 
 impl FetchError {
+    /// The failure and its causes, followed, when a TLS setting of the router or the cluster's
+    /// gateway caused it, by what to change (as a request's 502 says): a heartbeat refused for
+    /// want of a client certificate says to set `tls.certFile` and `tls.keyFile`.
+    pub(crate) fn explain(&self) -> String {
+        let chain = infergate_pool::ErrorChain(self).to_string();
+        match self {
+            FetchError::Request(e) => match crate::connect::remedy_of(e) {
+                Some(remedy) => format!("{chain} ({remedy})"),
+                None => chain,
+            },
+            _ => chain,
+        }
+    }
+
     /// Whether the cluster answered 401 or 403: it refuses the router's credentials (its
     /// `credentials.bearerTokenFile`, or none).
     fn refused_credentials(&self) -> bool {
@@ -1430,7 +1444,7 @@ async fn poll_once(
                 }
                 Err(e) => Some(format!("unreadable heartbeat: {e}")),
             },
-            Err(e) => Some(infergate_pool::ErrorChain(&e).to_string()),
+            Err(e) => Some(e.explain()),
         };
         match failure {
             None => runs.failing = false,

@@ -400,6 +400,13 @@ pub(crate) fn failure(e: &hyper_util::client::legacy::Error) -> Failure {
     Failure::Connect { tls: None }
 }
 
+/// What to change when the TLS handshake of a failed request was refused for a reason a
+/// setting causes (see [`remedy`]): for the heartbeat's and `/v1/models`' messages, which name
+/// the failure by its error chain rather than through [`failure`].
+pub(crate) fn remedy_of(e: &hyper_util::client::legacy::Error) -> Option<&'static str> {
+    rustls_error(e).and_then(remedy)
+}
+
 /// The rustls error somewhere in `e`'s causes (an IO error carrying it, or itself).
 fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
     let mut source = Some(e);

@@ -544,6 +544,66 @@ async fn a_cluster_asking_for_a_client_certificate_is_served_only_with_one_of_it
     assert_eq!(refused_client_certificates(&secure).await, 3.0);
 }
 
+/// Waits until the router's 503 for a model no cluster serves says `why` (a failing heartbeat
+/// or `/v1/models` is named there once it has failed), and returns its body.
+async fn until_unknown_model_says(router: std::net::SocketAddr, why: &str) -> String {
+    const OTHER: &str =
+        r#"{"model":"other","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = infergate_testkit::post(router, "/v1/chat/completions", "application/json", OTHER)
+            .await;
+        if r.status == 503 && r.text().contains(why) {
+            return r.text();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never said {why:?}: {}",
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A heartbeat over HTTPS (`heartbeatUrl: https://…`) and a `/v1/models` read refused by a
+/// gateway asking for a client certificate say what to change, as a request's 502 does: before,
+/// their messages ended at rustls' `CertificateRequired` (the heartbeat's warning, the 503's
+/// reasons), leaving out that the cluster's `tls.certFile` and `tls.keyFile` are missing.
+#[tokio::test]
+async fn a_heartbeat_refused_for_want_of_a_client_certificate_says_what_to_set() {
+    let Mutual {
+        dir: _dir,
+        ca_file,
+        secure,
+        ..
+    } = Mutual::start().await;
+    let url = format!("https://{}", secure.http);
+    let remedy = "CertificateRequired (the cluster asks for a client certificate: set the \
+                  cluster's tls.certFile and tls.keyFile)";
+    // The heartbeat alone: the models are named, so only the heartbeat reads the cluster.
+    let heartbeat_entry = format!(
+        "  - {{ name: secure, url: '{url}', heartbeatUrl: '{url}/heartbeat', models: [llama], \
+         region: r, cost: {{ inputPerMillion: 1 }}, tls: {{ caFile: '{}' }} }}\n",
+        ca_file.display()
+    );
+    let (router, _stop) = router_with(&router_yaml(&heartbeat_entry)).await;
+    let body =
+        until_unknown_model_says(router.http_addr(), "the heartbeat failed on `secure`").await;
+    assert!(body.contains(remedy), "{body}");
+
+    // `/v1/models`: the models discovered through the front door.
+    let (router, _stop) = router_with(&router_yaml(&entry(
+        &secure,
+        &url,
+        1.0,
+        &format!(", tls: {{ caFile: '{}' }}", ca_file.display()),
+    )))
+    .await;
+    let body =
+        until_unknown_model_says(router.http_addr(), "GET /v1/models failed on `secure`").await;
+    assert!(body.contains(remedy), "{body}");
+}
+
 /// The router's `tls.certFile` and `tls.keyFile` rotated on disk, the configuration unchanged:
 /// a pair of a CA the cluster does not trust makes the next requests fail (502, `UnknownCA`),
 /// the first pair again serves them, without a restart; a pair whose key is not the
