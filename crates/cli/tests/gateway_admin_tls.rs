@@ -12,63 +12,16 @@
 
 #[path = "common/one_pod.rs"]
 mod one_pod;
+#[path = "common/running.rs"]
+mod running;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use infergate_testkit::tls::TestCa;
 use one_pod::one_pod;
-
-/// A started `infergate` process, killed when dropped; its output in a file.
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn start(dir: &Path, what: &str, args: &[&str], config: &Path) -> Running {
-        let log = dir.join(format!("{what}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-            .args(args)
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .env_remove("INFERGATE_GATEWAY_CONFIG")
-            .env_remove("INFERGATE_GLOBAL_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Running { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("exited ({status}) with:\n{}", self.log());
-        }
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
+use running::{Running, free_addr, path};
 
 /// The value of the router's `family{cluster="east"}` sample, when its admin port answers.
 async fn east(admin: SocketAddr, family: &str) -> Option<f64> {
@@ -77,10 +30,6 @@ async fn east(admin: SocketAddr, family: &str) -> Option<f64> {
         .ok()?
         .text();
     infergate_testkit::metric(&page, family, &[("cluster", "east")])
-}
-
-fn path(p: &Path) -> String {
-    p.display().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,7 +65,11 @@ async fn a_global_router_reads_the_heartbeat_over_mutual_tls_and_one_without_a_c
         ),
     )
     .unwrap();
-    let mut gateway = Running::start(d, "gateway", &["gateway"], &gateway_file);
+    let mut gateway = Running::start(
+        d,
+        "gateway",
+        &["gateway".into(), "--config".into(), path(&gateway_file)],
+    );
 
     // A router presenting its certificate, and one presenting none.
     let router_file = |name: &str, client: Option<(&Path, &Path)>| {
@@ -137,8 +90,9 @@ async fn a_global_router_reads_the_heartbeat_over_mutual_tls_and_one_without_a_c
     };
     let (with_file, with_http, with_admin) = router_file("with", Some((&router_cert, &router_key)));
     let (without_file, _, without_admin) = router_file("without", None);
-    let mut with = Running::start(d, "with", &["global"], &with_file);
-    let mut without = Running::start(d, "without", &["global"], &without_file);
+    let router = |file: &Path| ["global".into(), "--config".into(), path(file)];
+    let mut with = Running::start(d, "with", &router(&with_file));
+    let mut without = Running::start(d, "without", &router(&without_file));
 
     // The router with a certificate reads the heartbeat and routes on it: a chat is answered
     // by the pod behind the gateway.

@@ -16,70 +16,22 @@
 mod one_pod;
 #[path = "common/printed_error.rs"]
 mod printed_error;
+#[path = "common/running.rs"]
+mod running;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use infergate_testkit::Response;
 use infergate_testkit::tls::{Leaf, TestCa};
 use one_pod::one_pod;
 use printed_error::{assert_said_once, printed_chain};
+use running::{Running, free_addr, path};
 
 /// The name the metrics port's certificate is issued for, and the router verifies.
 const SERVER_NAME: &str = "picker.test";
-
-/// A started `infergate` process, killed when dropped; its output in a file.
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn start(dir: &Path, what: &str, args: &[String]) -> Running {
-        let log = dir.join(format!("{what}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("INFERGATE_GLOBAL_CONFIG")
-            .env_remove("INFERGATE_METRICS_TLS_CLIENT_CA_FILE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Running { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("exited ({status}) with:\n{}", self.log());
-        }
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn path(p: &Path) -> String {
-    p.display().to_string()
-}
 
 /// The certificates of a test: the metrics port's own (from `servers`, for [`SERVER_NAME`]),
 /// the client CA the port trusts (`clients`, written to `client_ca`) and one client of it.

@@ -192,31 +192,14 @@ where
     R: Fn() -> T + Send + Sync + 'static,
     T: Into<Readiness>,
 {
-    serve_with_heartbeat(listener, metrics, ready, || None, shutdown).await
+    serve_tls_with_heartbeat(listener, None, metrics, ready, || None, shutdown).await
 }
 
 /// As [`serve_with`], with `/heartbeat` answered by `heartbeat` (the JSON document of
-/// [`crate::heartbeat`]; `None` answers 404).
-pub async fn serve_with_heartbeat<M, R, T, H>(
-    listener: TcpListener,
-    metrics: M,
-    ready: R,
-    heartbeat: H,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()>
-where
-    M: Fn() -> Result<String, std::fmt::Error> + Send + Sync + 'static,
-    R: Fn() -> T + Send + Sync + 'static,
-    T: Into<Readiness>,
-    H: Fn() -> Option<String> + Send + Sync + 'static,
-{
-    serve_tls_with_heartbeat(listener, None, metrics, ready, heartbeat, shutdown).await
-}
-
-/// As [`serve_with_heartbeat`], every connection TLS when `tls` is given (HTTP/1.1 or h2 by
-/// ALPN), probes included, and with a client CA in `tls` every client must present a
-/// certificate it verifies: the gateway's `adminTls`, for a heartbeat or a scrape that crosses
-/// a network.
+/// [`crate::heartbeat`]; `None` answers 404), and every connection TLS when `tls` is given
+/// (HTTP/1.1 or h2 by ALPN), probes included; with a client CA in `tls` every client must
+/// present a certificate it verifies. The gateway's `adminTls` and the picker's and the BBR's
+/// `--metrics-tls-*`, for a heartbeat or a scrape that crosses a network.
 pub async fn serve_tls_with_heartbeat<M, R, T, H>(
     listener: TcpListener,
     tls: Option<ServerTls>,
