@@ -469,9 +469,26 @@ async fn curl_chat(
     base: &str,
     client: Option<&(PathBuf, PathBuf)>,
 ) -> (Option<i32>, String) {
+    let chat = [
+        "-N",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        CHAT_STREAM,
+    ];
+    curl(pki, &chat, format!("{base}/v1/chat/completions"), client).await
+}
+
+/// curl `extra` `url`, trusting `pki`'s CA, presenting `client` when given: its exit code and
+/// its output (the body, then the status).
+async fn curl(
+    pki: &Pki,
+    extra: &[&str],
+    url: String,
+    client: Option<&(PathBuf, PathBuf)>,
+) -> (Option<i32>, String) {
     let mut args: Vec<String> = vec![
         "-sS".into(),
-        "-N".into(),
         "--max-time".into(),
         "20".into(),
         "--cacert".into(),
@@ -485,15 +502,8 @@ async fn curl_chat(
             key.display().to_string(),
         ]);
     }
-    args.extend([
-        "-H".into(),
-        "content-type: application/json".into(),
-        "-d".into(),
-        CHAT_STREAM.into(),
-        "-w".into(),
-        "\n%{http_code}".into(),
-        format!("{base}/v1/chat/completions"),
-    ]);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend(["-w".into(), "\n%{http_code}".into(), url]);
     let out = tokio::task::spawn_blocking(move || run_blocking("curl", args))
         .await
         .unwrap();
@@ -640,42 +650,6 @@ fn an_unusable_client_ca_file_stops_the_gateway_at_start() {
     assert!(text.contains("missing field `certFile`"), "{text}");
 }
 
-/// curl GET of `url`, trusting `pki`'s CA, presenting `client` when given: its exit code and
-/// its output (the body, then the status).
-async fn curl_get(
-    pki: &Pki,
-    url: String,
-    client: Option<&(PathBuf, PathBuf)>,
-) -> (Option<i32>, String) {
-    let mut args: Vec<String> = vec![
-        "-sS".into(),
-        "--max-time".into(),
-        "20".into(),
-        "--cacert".into(),
-        pki.ca_file.display().to_string(),
-    ];
-    if let Some((cert, key)) = client {
-        args.extend([
-            "--cert".into(),
-            cert.display().to_string(),
-            "--key".into(),
-            key.display().to_string(),
-        ]);
-    }
-    args.extend(["-w".into(), "\n%{http_code}".into(), url]);
-    let out = tokio::task::spawn_blocking(move || run_blocking("curl", args))
-        .await
-        .unwrap();
-    (
-        out.status.code(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 /// `adminTls` with a `clientCaFile`: the admin port (`/heartbeat`, `/metrics`, the probes)
 /// speaks HTTPS to curl presenting a certificate of that CA; curl without one, or over plain
 /// HTTP, gets no answer, and the refusal is counted in the TLS families with `port="admin"`.
@@ -701,7 +675,7 @@ async fn admin_tls_serves_the_heartbeat_to_clients_of_its_ca_only() {
     let (gw, stop) = start(config).await;
     let admin = format!("https://localhost:{}", gw.admin_addr().unwrap().port());
 
-    let (code, out) = curl_get(&pki, format!("{admin}/heartbeat"), Some(&router)).await;
+    let (code, out) = curl(&pki, &[], format!("{admin}/heartbeat"), Some(&router)).await;
     assert_eq!(code, Some(0), "{out}");
     let (body, status) = out.rsplit_once('\n').unwrap();
     assert_eq!(status, "200", "{out}");
@@ -710,18 +684,18 @@ async fn admin_tls_serves_the_heartbeat_to_clients_of_its_ca_only() {
     assert_eq!(doc["models"][0]["name"], "m", "{body}");
 
     // No client certificate: no answer. Plain HTTP to the TLS port: none either.
-    let (code, out) = curl_get(&pki, format!("{admin}/heartbeat"), None).await;
+    let (code, out) = curl(&pki, &[], format!("{admin}/heartbeat"), None).await;
     assert!(refused(code), "{code:?} {out}");
     assert!(!out.contains("infergate.heartbeat"), "{out}");
     let plain = format!(
         "http://127.0.0.1:{}/healthz",
         gw.admin_addr().unwrap().port()
     );
-    let (code, out) = curl_get(&pki, plain, None).await;
+    let (code, out) = curl(&pki, &[], plain, None).await;
     assert_ne!(code, Some(0), "{out}");
     assert!(!out.contains("ok"), "{out}");
 
-    let (code, out) = curl_get(&pki, format!("{admin}/metrics"), Some(&router)).await;
+    let (code, out) = curl(&pki, &[], format!("{admin}/metrics"), Some(&router)).await;
     assert_eq!(code, Some(0), "{out}");
     let failures = |reason| {
         infergate_testkit::metric(
@@ -744,7 +718,7 @@ async fn admin_tls_serves_the_heartbeat_to_clients_of_its_ca_only() {
 
     // The front door still plain HTTP.
     let front = format!("http://127.0.0.1:{}/v1/models", gw.http_addr().port());
-    let (code, out) = curl_get(&pki, front, None).await;
+    let (code, out) = curl(&pki, &[], front, None).await;
     assert_eq!(code, Some(0), "{out}");
     assert!(out.ends_with("\n200"), "{out}");
     stop.send(()).unwrap();
