@@ -213,8 +213,12 @@ class Suite:
                 try:
                     took[inst] = self.wait_vllm(inst)
                     break
-                except CheckFailed as e:
-                    if "Address already in use" not in str(e) or attempt == attempts:
+                except CheckFailed:
+                    # The whole log of this start: vLLM's own traceback of the engine core that
+                    # could not bind (a ZMQError for a KV-events socket) comes well before the
+                    # API server's, past the tail the failure quotes.
+                    taken = "Address already in use" in self.procs.tail(f"vllm-{inst}", 100_000)
+                    if not taken or attempt == attempts:
                         raise
                     old = self.addr(inst)
                     self.procs.stop(f"vllm-{inst}")
