@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,19 +23,9 @@ import urllib.request
 import grpc
 
 import extproc_client as xp
+from util import LOCAL, free_port, log
 
-LOCAL = "127.0.0.1"
 REFUSALS = 'infergate_tls_handshake_failures_total{reason="client_certificate"}'
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((LOCAL, 0))
-        return s.getsockname()[1]
 
 
 FAILED = []

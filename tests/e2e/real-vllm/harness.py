@@ -3,7 +3,6 @@ tap also pyzmq and msgspec, which vLLM itself depends on)."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -11,17 +10,7 @@ import time
 
 import httpx
 
-LOCAL = "127.0.0.1"
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((LOCAL, 0))
-        return s.getsockname()[1]
+from util import LOCAL, free_port, log  # noqa: F401 (re-exported: suite.py uses harness.log)
 
 
 class CheckFailed(AssertionError):
