@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 pub use infergate_metrics::ScraperConfig;
 use infergate_openai::ModelRouter;
-use infergate_pool::tls::{ALPN_GRPC, ALPN_HTTP, ServerTlsOptions};
+use infergate_pool::tls::{ALPN_GRPC, ALPN_HTTP, ServerTlsOptions, port};
 pub use infergate_pool::tls::{Certificate, ServerTls};
 pub use infergate_pool::{LivePool, PoolConfig};
 pub use infergate_scheduler::{EndpointMeta, SchedulerConfig};
@@ -84,7 +84,7 @@ pub fn ext_proc_tls(
     };
     let options = ServerTlsOptions {
         client_ca: client_ca.map(Path::to_owned),
-        ..ServerTlsOptions::new(&ALPN_GRPC)
+        ..ServerTlsOptions::new(port::EXT_PROC, &ALPN_GRPC)
     };
     Ok(Some(ServerTls::new(&certificate, &options)?))
 }
@@ -96,7 +96,7 @@ pub fn ext_proc_tls(
 pub fn metrics_tls(files: &MetricsTlsFiles) -> Result<ServerTls, Error> {
     let options = ServerTlsOptions {
         client_ca: files.client_ca.clone(),
-        ..ServerTlsOptions::new(&ALPN_HTTP)
+        ..ServerTlsOptions::new(port::METRICS, &ALPN_HTTP)
     };
     let certificate = Certificate::Files {
         cert: files.cert.clone(),

@@ -831,7 +831,7 @@ async fn the_picker_routes_over_tls_and_serves_a_replaced_certificate() {
     let (cert, key) = first.write(dir.path());
     let options = ServerTlsOptions {
         reload_interval: Duration::from_millis(50),
-        ..ServerTlsOptions::new(&ALPN_GRPC)
+        ..ServerTlsOptions::new(infergate_pool::tls::port::EXT_PROC, &ALPN_GRPC)
     };
     let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
     let p = Process::start_with(2, PickerConfig::default(), Some(tls)).await;

@@ -262,7 +262,9 @@ pub async fn serve(
         None => None,
         Some(t) => {
             // The gateway's front door TLS, `clientCaFile` (mutual TLS) included.
-            let tls = t.server_tls().map_err(|e| Error::Tls(Box::new(e)))?;
+            let tls = t
+                .server_tls(infergate_pool::tls::port::ROUTER)
+                .map_err(|e| Error::Tls(Box::new(e)))?;
             tls.register(&mut registry);
             Some(tls)
         }
@@ -431,12 +433,10 @@ async fn accept_loop(
         tokio::spawn(async move {
             let _permit = permit;
             let _open = open;
-            let stream = match infergate_pool::tls::accept_tls(tls.as_deref(), stream).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(error = %e, "TLS handshake failed");
-                    return;
-                }
+            // A failed handshake is logged and counted by `accept_tls`, a refused client
+            // certificate warned of there (a few times an hour at most).
+            let Ok(stream) = infergate_pool::tls::accept_tls(tls.as_deref(), stream).await else {
+                return;
             };
             let service = service_fn(move |req: Request<Incoming>| {
                 let shared = Arc::clone(&shared);
@@ -949,7 +949,7 @@ async fn route_request(
             h.insert(header::AUTHORIZATION, t);
         }
         let sent_at = tokio::time::Instant::now();
-        let pending = cluster.pending(prompt_tokens);
+        let pending = cluster.pending(model, prompt_tokens);
         // A failure counts against the cluster only when it was routed on when the order was
         // made (not ejected, not drained: a last resort's failures are expected) and its
         // heartbeat still has it up.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use infergate_pool::admin;
-use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions};
+use infergate_pool::tls::{ALPN_HTTP, Certificate, ServerTls, ServerTlsOptions, port};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
@@ -122,9 +122,12 @@ impl MetricsTls {
                 format!("self-signed for {}", names.join(", "))
             }
         };
-        ServerTls::new(certificate, &ServerTlsOptions::new(&ALPN_HTTP))
-            .map(Some)
-            .map_err(|source| Error::MetricsTls { flags, source })
+        ServerTls::new(
+            certificate,
+            &ServerTlsOptions::new(port::METRICS, &ALPN_HTTP),
+        )
+        .map(Some)
+        .map_err(|source| Error::MetricsTls { flags, source })
     }
 }
 

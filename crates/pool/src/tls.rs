@@ -13,11 +13,19 @@
 //! A handshake has a deadline ([`DEFAULT_HANDSHAKE_TIMEOUT`]): a plaintext client, or one that
 //! sends nothing, is closed when its bytes are not a TLS ClientHello or when the deadline passes.
 //! Failures are logged at debug level and counted
-//! (`infergate_tls_handshake_failures_total{reason}`).
+//! (`infergate_tls_handshake_failures_total{reason}`). A connection closed before its first byte
+//! (a TCP liveness probe, a load balancer's health check, a port scanner's connect) is not a
+//! failed handshake: [`accept_tls`] counts it apart
+//! (`infergate_tls_connections_closed_before_handshake_total`) and logs it at debug level only,
+//! so that an alert on the failures is not set off by every probe.
 //!
 //! With [`ServerTlsOptions::client_ca`] the port is mutual TLS: every client must present a
 //! certificate chained to that CA bundle (rustls' `WebPkiClientVerifier`), else its handshake
-//! fails (counted with reason `client_certificate`). The bundle is polled with the certificate
+//! fails (counted with reason `client_certificate`) and a warning names the port
+//! ([`ServerTlsOptions::port`]), the client's address and rustls' reason — at most one line per
+//! [`REFUSAL_LOG_INTERVAL`] per port, carrying the number of refusals it stands for, so that a
+//! client with an expired certificate retrying in a loop is seen at info level without flooding
+//! the log. The bundle is polled with the certificate
 //! files; a new one that loads gives new handshakes a new rustls configuration (an [`ArcSwap`]
 //! of it: the verifier is fixed in a configuration, and a new one also drops the sessions
 //! resumable under the old bundle), one that does not keeps the last good one.
@@ -30,8 +38,9 @@
 //! Only the ring crypto provider is used.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -51,6 +60,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
@@ -62,6 +72,26 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const ALPN_HTTP: [&[u8]; 2] = [b"h2", b"http/1.1"];
 /// ALPN of a gRPC port: HTTP/2 only.
 pub const ALPN_GRPC: [&[u8]; 1] = [b"h2"];
+/// At most one warning per this interval, per port, for clients refused for their certificate
+/// (mutual TLS): the first is logged at once, the next ones summed into the line that ends the
+/// pause.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The names of the ports that serve TLS, as [`ServerTlsOptions::port`] and log lines give them.
+/// `admin` and `metrics` are also the `port` label the series of those ports carry (the others'
+/// series are unlabelled).
+pub mod port {
+    /// The gateway's front door (`tls`).
+    pub const FRONT: &str = "front";
+    /// The global router's port (`tls`).
+    pub const ROUTER: &str = "router";
+    /// The picker's or the BBR's ext_proc port (`--tls-*`).
+    pub const EXT_PROC: &str = "ext_proc";
+    /// The gateway's admin port (`adminTls`).
+    pub const ADMIN: &str = "admin";
+    /// The metrics port of the picker, the BBR (`--metrics-tls-*`) or the operator.
+    pub const METRICS: &str = "metrics";
+}
 
 /// Why a certificate, key or CA bundle could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -173,18 +203,24 @@ pub enum HandshakeError {
     /// to the bundle (or is expired, or not for client authentication).
     #[error("TLS client certificate refused")]
     ClientCertificate(#[source] io::Error),
+    /// The client closed the connection (or reset it) before sending a byte: a TCP probe or a
+    /// port scan, not a failed handshake. Counted apart from the failures.
+    #[error("connection closed before the TLS handshake began")]
+    ClosedBeforeHandshake,
 }
 
 impl HandshakeError {
     /// Every value [`Self::metric_label`] returns.
     pub const METRIC_LABELS: [&'static str; 3] = ["timeout", "error", "client_certificate"];
 
-    /// A short label for the `reason` of the failure counter.
-    pub const fn metric_label(&self) -> &'static str {
+    /// A short label for the `reason` of the failure counter; `None` for
+    /// [`Self::ClosedBeforeHandshake`], which is no failure (it has its own counter).
+    pub const fn metric_label(&self) -> Option<&'static str> {
         match self {
-            HandshakeError::Timeout(_) => "timeout",
-            HandshakeError::Failed(_) => "error",
-            HandshakeError::ClientCertificate(_) => "client_certificate",
+            HandshakeError::Timeout(_) => Some("timeout"),
+            HandshakeError::Failed(_) => Some("error"),
+            HandshakeError::ClientCertificate(_) => Some("client_certificate"),
+            HandshakeError::ClosedBeforeHandshake => None,
         }
     }
 
@@ -230,6 +266,9 @@ pub enum Certificate {
 /// How a [`ServerTls`] serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerTlsOptions {
+    /// The port's name in log lines (one of [`port`]), so that an operator reading a refusal
+    /// knows which port's client CA to look at.
+    pub port: &'static str,
     /// ALPN protocols offered, in order of preference ([`ALPN_HTTP`], [`ALPN_GRPC`]).
     pub alpn: Vec<Vec<u8>>,
     /// How often certificate files are checked for changes.
@@ -242,9 +281,11 @@ pub struct ServerTlsOptions {
 }
 
 impl ServerTlsOptions {
-    /// The defaults with `alpn`: no client certificate.
-    pub fn new(alpn: &[&[u8]]) -> Self {
+    /// The defaults for the port named `port` (one of [`port`]) with `alpn`: no client
+    /// certificate.
+    pub fn new(port: &'static str, alpn: &[&[u8]]) -> Self {
         ServerTlsOptions {
+            port,
             alpn: alpn.iter().map(|p| p.to_vec()).collect(),
             reload_interval: DEFAULT_RELOAD_INTERVAL,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
@@ -266,6 +307,8 @@ struct ResultLabels {
 #[derive(Clone, Default)]
 struct TlsMetrics {
     handshake_failures: Family<ReasonLabels, Counter>,
+    /// Connections closed before their first byte: probes, not failures.
+    closed_before_handshake: Counter,
     reloads: Family<ResultLabels, Counter>,
     /// The served certificate's `notAfter`, Unix seconds (0 when it could not be read).
     not_after: Gauge,
@@ -328,11 +371,18 @@ pub struct ServerTls {
     live: Arc<Live>,
     handshake_timeout: Duration,
     metrics: TlsMetrics,
+    /// The port's name, for its log lines.
+    port: &'static str,
+    /// The port's refused clients since its last warning: one rate limit per port.
+    refusals: Arc<Mutex<Refusals>>,
+    /// The client CA bundle's file, named in a refusal's warning.
+    client_ca: Option<Arc<Path>>,
 }
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerTls")
+            .field("port", &self.port)
             .field("handshake_timeout", &self.handshake_timeout)
             .finish_non_exhaustive()
     }
@@ -408,6 +458,9 @@ impl ServerTls {
             }),
             handshake_timeout: options.handshake_timeout,
             metrics,
+            port: options.port,
+            refusals: Arc::default(),
+            client_ca: options.client_ca.as_deref().map(Arc::from),
         };
         if options.reload_interval.is_zero() || (loaded.is_none() && client_ca.is_none()) {
             return Ok(tls);
@@ -441,6 +494,7 @@ impl ServerTls {
     }
 
     /// Registers `infergate_tls_handshake_failures_total{reason}`,
+    /// `infergate_tls_connections_closed_before_handshake_total`,
     /// `infergate_tls_certificate_reloads_total{result}` and
     /// `infergate_tls_certificate_not_after_timestamp_seconds` in `registry`.
     pub fn register(&self, registry: &mut Registry) {
@@ -461,6 +515,11 @@ impl ServerTls {
             self.metrics.handshake_failures.clone(),
         );
         registry.register(
+            "infergate_tls_connections_closed_before_handshake",
+            "Connections closed (or reset) before sending a byte: TCP probes and port scans, not handshake failures",
+            self.metrics.closed_before_handshake.clone(),
+        );
+        registry.register(
             "infergate_tls_certificate_reloads",
             "Certificate and client CA reloads after the files changed (result: ok, error)",
             self.metrics.reloads.clone(),
@@ -478,30 +537,128 @@ impl ServerTls {
     }
 
     /// Runs the server side of the handshake on `stream` within the handshake timeout. A
-    /// failure is logged at debug level and counted.
+    /// failure is logged at debug level and counted; a refused client certificate is also
+    /// warned of (see [`REFUSAL_LOG_INTERVAL`]).
     pub async fn accept<S>(&self, stream: S) -> Result<TlsStream<S>, HandshakeError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let deadline = Instant::now() + self.handshake_timeout;
+        self.handshake(stream, deadline, None).await
+    }
+
+    /// [`Self::accept`] of an accepted TCP connection, which is first waited on for its first
+    /// byte: one closed (or reset) before sending any is counted in
+    /// `infergate_tls_connections_closed_before_handshake_total`, not as a failure.
+    async fn accept_tcp(&self, stream: TcpStream) -> Result<TlsStream<TcpStream>, HandshakeError> {
+        let deadline = Instant::now() + self.handshake_timeout;
+        let peer = stream.peer_addr().ok();
+        let mut first = [0u8; 1];
+        // Only an end before any byte is told apart: a timeout here is the handshake's (it
+        // fails at once below, with the same deadline), and any other error is met again by
+        // the handshake.
+        let closed = match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+            Ok(Ok(0)) => true,
+            Ok(Err(e)) => e.kind() == io::ErrorKind::ConnectionReset,
+            Ok(Ok(_)) | Err(_) => false,
+        };
+        if closed {
+            self.metrics.closed_before_handshake.inc();
+            tracing::debug!(
+                port = self.port,
+                peer = peer.map(tracing::field::display),
+                "connection closed before the TLS handshake began (a TCP probe?)"
+            );
+            return Err(HandshakeError::ClosedBeforeHandshake);
+        }
+        self.handshake(stream, deadline, peer).await
+    }
+
+    /// The handshake on `stream` until `deadline`, logged and counted; `peer` names the client
+    /// in a refusal's warning.
+    async fn handshake<S>(
+        &self,
+        stream: S,
+        deadline: Instant,
+        peer: Option<SocketAddr>,
+    ) -> Result<TlsStream<S>, HandshakeError>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
         // The configuration in force now: a client CA replaced during the handshake applies
         // from the next one.
         let acceptor = TlsAcceptor::from(self.live.config.load_full());
-        let result =
-            match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
-                Err(_elapsed) => Err(HandshakeError::Timeout(self.handshake_timeout)),
-                Ok(Err(e)) => Err(HandshakeError::failed(e)),
-                Ok(Ok(s)) => Ok(s),
-            };
+        let result = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+            Err(_elapsed) => Err(HandshakeError::Timeout(self.handshake_timeout)),
+            Ok(Err(e)) => Err(HandshakeError::failed(e)),
+            Ok(Ok(s)) => Ok(s),
+        };
         if let Err(e) = &result {
-            tracing::debug!(error = %crate::ErrorChain(e), "TLS handshake failed");
-            self.metrics
-                .handshake_failures
-                .get_or_create(&ReasonLabels {
-                    reason: e.metric_label(),
-                })
-                .inc();
+            tracing::debug!(port = self.port, error = %crate::ErrorChain(e), "TLS handshake failed");
+            if let Some(reason) = e.metric_label() {
+                self.metrics
+                    .handshake_failures
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            }
+            if let HandshakeError::ClientCertificate(_) = e {
+                self.warn_refused(peer, e);
+            }
         }
         result
+    }
+
+    /// Warns that `peer` was refused for its certificate (`error`, rustls' reason in its chain),
+    /// unless this port logged such a line less than [`REFUSAL_LOG_INTERVAL`] ago: a client
+    /// without a certificate retrying in a loop gives one line a minute, not one per attempt.
+    /// Every refusal is counted in `infergate_tls_handshake_failures_total{reason="client_certificate"}`.
+    fn warn_refused(&self, peer: Option<SocketAddr>, error: &HandshakeError) {
+        let logged = self
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(Instant::now());
+        if let Some(refused) = logged {
+            let bundle = self
+                .client_ca
+                .as_deref()
+                .map_or_else(String::new, |p| format!(" `{}`", p.display()));
+            tracing::warn!(
+                port = self.port,
+                peer = peer.map(tracing::field::display),
+                error = %crate::ErrorChain(error),
+                refused,
+                "{} client refused: it presented no certificate, or one that does not chain to \
+                 the port's client CA bundle{bundle} (`refused`: clients refused on this port \
+                 since the last such line; at most one line a minute)",
+                self.port,
+            );
+        }
+    }
+}
+
+/// Clients of one port refused for their certificate since the last warning, and when that
+/// warning was logged.
+#[derive(Debug, Default)]
+struct Refusals {
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Refusals {
+    /// Counts a refusal at `now`. `Some(n)` when it is to be logged — the first ever, or the
+    /// first [`REFUSAL_LOG_INTERVAL`] or more after the last line — with `n` the refusals the
+    /// line stands for (this one and those left unlogged since the last line).
+    fn record(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        if self
+            .last_logged
+            .is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL)
+        {
+            return None;
+        }
+        self.last_logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
     }
 }
 
@@ -509,14 +666,16 @@ impl ServerTls {
 pub type ServerStream = MaybeTls<TlsStream<TcpStream>>;
 
 /// Runs the handshake on an accepted `stream` when `tls` is set; hands it back unchanged when
-/// not.
+/// not. Failures are logged (refusals of a client certificate warned of) and counted by `tls`;
+/// a connection closed before its first byte is [`HandshakeError::ClosedBeforeHandshake`],
+/// counted apart.
 pub async fn accept_tls(
     tls: Option<&ServerTls>,
     stream: TcpStream,
 ) -> Result<ServerStream, HandshakeError> {
     match tls {
         None => Ok(ServerStream::Plain(stream)),
-        Some(tls) => Ok(ServerStream::Tls(Box::new(tls.accept(stream).await?))),
+        Some(tls) => Ok(ServerStream::Tls(Box::new(tls.accept_tcp(stream).await?))),
     }
 }
 

@@ -3,7 +3,7 @@
 //! (`models[].tls`, see `backend` and `upstream`). The machinery is `infergate_pool::tls`,
 //! shared with the picker and the BBR.
 
-use infergate_pool::tls::ServerTls;
+use infergate_pool::tls::{ServerTls, port};
 
 use crate::config::ListenerTls;
 use crate::error::Error;
@@ -13,7 +13,7 @@ use crate::error::Error;
 /// runtime: the certificate files are polled there.
 pub(crate) fn listener_tls(config: Option<&ListenerTls>) -> Result<Option<ServerTls>, Error> {
     config
-        .map(ListenerTls::server_tls)
+        .map(|c| c.server_tls(port::FRONT))
         .transpose()
         .map_err(|e| Error::Tls(Box::new(e)))
 }
@@ -33,7 +33,7 @@ pub(crate) fn check_listener_tls(config: Option<&ListenerTls>) -> Result<(), Err
 /// builds the front door's. Must run inside a tokio runtime.
 pub(crate) fn admin_tls(config: Option<&ListenerTls>) -> Result<Option<ServerTls>, Error> {
     config
-        .map(ListenerTls::server_tls)
+        .map(|c| c.server_tls(port::ADMIN))
         .transpose()
         .map_err(|e| Error::AdminTls(Box::new(e)))
 }

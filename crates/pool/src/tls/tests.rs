@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use infergate_testkit::tls::{Leaf, TestCa, accept_any_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -11,7 +13,7 @@ use super::*;
 fn opts(reload: Duration) -> ServerTlsOptions {
     ServerTlsOptions {
         reload_interval: reload,
-        ..ServerTlsOptions::new(&ALPN_HTTP)
+        ..ServerTlsOptions::new(port::FRONT, &ALPN_HTTP)
     }
 }
 
@@ -37,7 +39,8 @@ async fn serve(
                         let _ = s.shutdown().await;
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(e.metric_label().to_owned()));
+                        let label = e.metric_label().unwrap_or("closed");
+                        let _ = tx.send(Err(label.to_owned()));
                     }
                 }
             });
@@ -324,7 +327,7 @@ async fn a_plaintext_client_is_refused_at_once() {
         &Certificate::SelfSigned {
             names: vec!["localhost".into()],
         },
-        &ServerTlsOptions::new(&ALPN_GRPC),
+        &ServerTlsOptions::new(port::EXT_PROC, &ALPN_GRPC),
     )
     .unwrap();
     let mut registry = Registry::default();
@@ -355,7 +358,7 @@ async fn a_silent_client_is_cut_at_the_handshake_timeout() {
         &Certificate::SelfSigned {
             names: vec!["localhost".into()],
         },
-        &ServerTlsOptions::new(&ALPN_GRPC),
+        &ServerTlsOptions::new(port::EXT_PROC, &ALPN_GRPC),
     )
     .unwrap();
     let (server, _client) = tokio::io::duplex(1024);
@@ -371,7 +374,7 @@ async fn a_self_signed_certificate_carries_its_names() {
         &Certificate::SelfSigned {
             names: vec!["picker.default.svc".into()],
         },
-        &ServerTlsOptions::new(&ALPN_GRPC),
+        &ServerTlsOptions::new(port::EXT_PROC, &ALPN_GRPC),
     )
     .unwrap();
     let (addr, _results) = serve(tls.clone()).await;
@@ -454,4 +457,176 @@ fn a_ca_file_and_server_name_make_a_client() {
         client_tls(&dir.path().join("nope.pem"), None),
         Err(TlsError::Read { .. })
     ));
+}
+
+/// The first refusal is logged at once; the next ones within the interval are not, and are
+/// counted into the first line after it; the interval then runs from that line.
+#[test]
+fn refusals_are_logged_at_most_once_per_interval_with_the_ones_left_out() {
+    let start = Instant::now();
+    let at = |secs: u64| start + Duration::from_secs(secs);
+    let mut r = Refusals::default();
+    assert_eq!(r.record(at(0)), Some(1));
+    assert_eq!(r.record(at(1)), None);
+    assert_eq!(r.record(at(59)), None);
+    assert_eq!(r.record(at(60)), Some(3));
+    assert_eq!(r.record(at(61)), None);
+    assert_eq!(r.record(at(119)), None);
+    assert_eq!(r.record(at(120)), Some(3));
+    assert_eq!(r.record(at(1000)), Some(1));
+}
+
+/// The lines of `log` that contain `what`.
+fn lines_with(log: &infergate_testkit::CapturedLog, what: &str) -> Vec<String> {
+    log.text()
+        .lines()
+        .filter(|l| l.contains(what))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A TCP connect closed (or reset) before its first byte — a liveness probe — is counted in its
+/// own counter, not as a failed handshake, and warned of by nobody; a plaintext client still
+/// is a failure (`error`).
+#[tokio::test]
+async fn a_connection_closed_before_its_first_byte_is_no_handshake_failure() {
+    let log = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(log.subscriber(tracing::Level::INFO));
+    let port = Mutual::start(&TestCa::new("client ca"), Duration::ZERO).await;
+    let mut port = port;
+    // A FIN, then a reset (linger 0), each before any byte.
+    drop(tokio::net::TcpStream::connect(port.addr).await.unwrap());
+    let reset = tokio::net::TcpStream::connect(port.addr).await.unwrap();
+    #[expect(
+        deprecated,
+        reason = "a linger of 0 resets the connection at once; it does not block"
+    )]
+    reset.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(reset);
+    for _ in 0..2 {
+        assert_eq!(port.results.recv().await.unwrap(), Err("closed".to_owned()));
+    }
+    let page = port.page();
+    assert!(
+        page.contains("infergate_tls_connections_closed_before_handshake_total 2"),
+        "{page}"
+    );
+    for reason in HandshakeError::METRIC_LABELS {
+        let failures = format!("infergate_tls_handshake_failures_total{{reason=\"{reason}\"}} 0");
+        assert!(page.contains(&failures), "{page}");
+    }
+    let mut plain = tokio::net::TcpStream::connect(port.addr).await.unwrap();
+    plain.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(port.results.recv().await.unwrap(), Err("error".to_owned()));
+    let page = port.page();
+    assert!(
+        page.contains("infergate_tls_handshake_failures_total{reason=\"error\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("infergate_tls_connections_closed_before_handshake_total 2"),
+        "{page}"
+    );
+    assert!(!log.text().contains("WARN"), "{}", log.text());
+}
+
+/// A burst of clients refused for their certificate gives one warning per port, naming the port,
+/// the client and the bundle; each port has its own rate limit.
+#[tokio::test]
+async fn a_burst_of_refusals_is_warned_of_once_per_port() {
+    let log = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(log.subscriber(tracing::Level::INFO));
+    let client_ca = TestCa::new("client ca");
+    let mut ports = [
+        Mutual::start(&client_ca, Duration::ZERO).await,
+        Mutual::start(&client_ca, Duration::ZERO).await,
+    ];
+    let other = TestCa::new("other ca").issue(&["router"]);
+    for port in &mut ports {
+        for leaf in [None, Some(&other), None, Some(&other), None] {
+            assert!(port.hello(leaf).await.is_err());
+            assert_eq!(
+                port.results.recv().await.unwrap(),
+                Err("client_certificate".to_owned())
+            );
+        }
+    }
+    let lines = lines_with(&log, "client refused");
+    assert_eq!(lines.len(), 2, "{}", log.text());
+    for (line, port) in lines.iter().zip(&ports) {
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("front client refused: "), "{line}");
+        assert!(line.contains("port=\"front\""), "{line}");
+        assert!(line.contains("peer=127.0.0.1:"), "{line}");
+        assert!(line.contains("refused=1"), "{line}");
+        assert!(line.contains(&port.bundle.display().to_string()), "{line}");
+        assert!(
+            port.page().contains(
+                "infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 5"
+            ),
+            "{}",
+            port.page()
+        );
+    }
+}
+
+/// The admin port (`adminTls`, `--metrics-tls-*` with a client CA) warns once of a burst of
+/// refused clients, naming itself, and counts a TCP probe apart from the handshake failures.
+#[tokio::test]
+async fn the_admin_port_warns_once_of_refusals_and_counts_probes_apart() {
+    let log = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(log.subscriber(tracing::Level::INFO));
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca) = (TestCa::new("server ca"), TestCa::new("client ca"));
+    let (cert, key) = server_ca.issue(&["gateway.test"]).write(dir.path());
+    let options = ServerTlsOptions {
+        client_ca: Some(client_ca.write_ca(dir.path())),
+        reload_interval: Duration::ZERO,
+        ..ServerTlsOptions::new(port::ADMIN, &ALPN_HTTP)
+    };
+    let tls = ServerTls::new(&Certificate::Files { cert, key }, &options).unwrap();
+    let mut registry = Registry::default();
+    tls.register(&mut registry);
+    let registry = Arc::new(registry);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let scraped = Arc::clone(&registry);
+    tokio::spawn(crate::admin::serve_tls_with_heartbeat(
+        listener,
+        Some(tls),
+        move || Ok(page(&scraped)),
+        || true,
+        || None,
+        std::future::pending(),
+    ));
+    let counted = |what: &str| page(&registry).contains(what);
+    // A probe: connect, close.
+    drop(tokio::net::TcpStream::connect(addr).await.unwrap());
+    infergate_testkit::eventually("the probe counted", || {
+        counted("infergate_tls_connections_closed_before_handshake_total 1")
+    })
+    .await;
+    assert!(counted(
+        "infergate_tls_handshake_failures_total{reason=\"error\"} 0"
+    ));
+    // A burst of clients without a certificate.
+    for _ in 0..4 {
+        let config = server_ca.client_config_presenting(&[b"http/1.1"], None);
+        if let Ok(mut s) = infergate_testkit::tls::connect(addr, "gateway.test", config).await {
+            let _ = s
+                .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await;
+            let mut got = Vec::new();
+            assert!(s.read_to_end(&mut got).await.is_err() || got.is_empty());
+        }
+    }
+    infergate_testkit::eventually("the refusals counted", || {
+        counted("infergate_tls_handshake_failures_total{reason=\"client_certificate\"} 4")
+    })
+    .await;
+    let lines = lines_with(&log, "client refused");
+    assert_eq!(lines.len(), 1, "{}", log.text());
+    assert!(lines[0].contains("admin client refused: "), "{}", lines[0]);
+    assert!(lines[0].contains("port=\"admin\""), "{}", lines[0]);
+    assert_eq!(log.text().matches("WARN").count(), 1, "{}", log.text());
 }

@@ -38,16 +38,17 @@ pub struct ListenerTls {
 }
 
 impl ListenerTls {
-    /// The front door's TLS: ALPN `h2` then `http/1.1`, the files polled for changes. Must run
-    /// inside a tokio runtime.
-    pub fn server_tls(&self) -> Result<ServerTls, TlsError> {
+    /// The TLS of the port named `port` (one of [`infergate_pool::tls::port`]: the gateway's
+    /// front door or admin port, the global router's port): ALPN `h2` then `http/1.1`, the files
+    /// polled for changes. Must run inside a tokio runtime.
+    pub fn server_tls(&self, port: &'static str) -> Result<ServerTls, TlsError> {
         let certificate = Certificate::Files {
             cert: self.cert_file.clone(),
             key: self.key_file.clone(),
         };
         let options = ServerTlsOptions {
             client_ca: self.client_ca_file.clone(),
-            ..ServerTlsOptions::new(&ALPN_HTTP)
+            ..ServerTlsOptions::new(port, &ALPN_HTTP)
         };
         ServerTls::new(&certificate, &options)
     }
