@@ -109,64 +109,14 @@ pub struct PickerArgs {
     #[arg(long, env = "INFERGATE_PICKER_THREADS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: u16,
-    /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
-    /// file changes; needs `--tls-key-file`. The gRPC health port stays plaintext; the metrics
-    /// port has its own `--metrics-tls-*` flags.
-    #[arg(
-        long,
-        env = "INFERGATE_TLS_CERT_FILE",
-        requires = "tls_key_file",
-        conflicts_with = "tls_self_signed",
-        group = TLS_SERVER
-    )]
-    pub tls_cert_file: Option<PathBuf>,
-    /// The PEM private key of `--tls-cert-file`.
-    #[arg(long, env = "INFERGATE_TLS_KEY_FILE", requires = "tls_cert_file")]
-    pub tls_key_file: Option<PathBuf>,
-    /// Serve ext_proc over TLS with a certificate generated at start, for a proxy that does not
-    /// verify it (Envoy AI Gateway connects to an endpoint picker with TLS and accepts any
-    /// certificate).
-    #[arg(long, env = "INFERGATE_TLS_SELF_SIGNED", group = TLS_SERVER)]
-    pub tls_self_signed: bool,
-    /// Mutual TLS: a PEM CA bundle every client of the ext_proc port must present a certificate
-    /// chained to (a client without one, or with another CA's, is refused at the handshake),
-    /// reloaded when the file changes. Needs TLS on the port (`--tls-cert-file` or
-    /// `--tls-self-signed`).
-    #[arg(
-        long,
-        env = "INFERGATE_TLS_CLIENT_CA_FILE",
-        value_name = "FILE",
-        requires = TLS_SERVER
-    )]
-    pub tls_client_ca_file: Option<PathBuf>,
-    /// Serve the metrics port (`/metrics`, `/healthz`, `/readyz`, `/heartbeat`) over HTTPS with
-    /// this PEM certificate chain (leaf first), reloaded when the file changes; needs
-    /// `--metrics-tls-key-file`. Every connection to the port is then TLS, probes included.
-    #[arg(
-        long,
-        env = "INFERGATE_METRICS_TLS_CERT_FILE",
-        value_name = "FILE",
-        requires = "metrics_tls_key_file"
-    )]
-    pub metrics_tls_cert_file: Option<PathBuf>,
-    /// The PEM private key of `--metrics-tls-cert-file`.
-    #[arg(
-        long,
-        env = "INFERGATE_METRICS_TLS_KEY_FILE",
-        value_name = "FILE",
-        requires = "metrics_tls_cert_file"
-    )]
-    pub metrics_tls_key_file: Option<PathBuf>,
-    /// Mutual TLS on the metrics port: a PEM CA bundle every client (a global router polling
-    /// `/heartbeat`, Prometheus, a probe) must present a certificate chained to, reloaded when
-    /// the file changes. Needs `--metrics-tls-cert-file`.
-    #[arg(
-        long,
-        env = "INFERGATE_METRICS_TLS_CLIENT_CA_FILE",
-        value_name = "FILE",
-        requires = "metrics_tls_cert_file"
-    )]
-    pub metrics_tls_client_ca_file: Option<PathBuf>,
+    /// The ext_proc port's TLS (`--tls-*`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls_flags: ExtProcTlsArgs,
+    /// The metrics port's TLS (`--metrics-tls-*`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub metrics_tls_flags: MetricsTlsArgs,
     /// Active-active replicas: take part in the exchange of in-flight load with the pool's other
     /// picker replicas, authenticated by the shared key in this file (at least 16 bytes; every
     /// replica holds the same). Listens on `--peer-port` and dials every `--peer`.
@@ -237,13 +187,8 @@ impl PickerArgs {
             seed: 0,
             explain_header: false,
             threads: 1,
-            tls_cert_file: None,
-            tls_key_file: None,
-            tls_self_signed: false,
-            tls_client_ca_file: None,
-            metrics_tls_cert_file: None,
-            metrics_tls_key_file: None,
-            metrics_tls_client_ca_file: None,
+            tls_flags: ExtProcTlsArgs::default(),
+            metrics_tls_flags: MetricsTlsArgs::default(),
             peer_key_file: None,
             peers: Vec::new(),
             peer_port: None,
@@ -279,21 +224,12 @@ impl PickerArgs {
 
     /// The ext_proc port's certificate, when TLS is asked for.
     pub fn tls(&self) -> Option<Certificate> {
-        tls_certificate(
-            self.tls_cert_file.as_ref(),
-            self.tls_key_file.as_ref(),
-            self.tls_self_signed,
-            self.listen_address,
-        )
+        self.tls_flags.certificate(self.listen_address)
     }
 
     /// The metrics port's certificate files, when HTTPS is asked for there.
     pub fn metrics_tls(&self) -> Option<MetricsTlsFiles> {
-        metrics_tls_files(
-            self.metrics_tls_cert_file.as_ref(),
-            self.metrics_tls_key_file.as_ref(),
-            self.metrics_tls_client_ca_file.as_ref(),
-        )
+        self.metrics_tls_flags.files()
     }
 }
 
@@ -319,6 +255,48 @@ pub struct BbrArgs {
     /// Largest request body accepted (bytes, at least 1024); larger bodies get 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, value_parser = body_limit)]
     pub max_body_bytes: usize,
+    /// The ext_proc port's TLS (`--tls-*`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls_flags: ExtProcTlsArgs,
+    /// The metrics port's TLS (`--metrics-tls-*`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub metrics_tls_flags: MetricsTlsArgs,
+}
+
+impl BbrArgs {
+    /// The arguments with every default, reading the models file at `models`.
+    pub fn new(models: impl Into<PathBuf>) -> Self {
+        BbrArgs {
+            models: models.into(),
+            listen_address: None,
+            grpc_port: BBR_GRPC_PORT,
+            grpc_health_port: BBR_HEALTH_PORT,
+            metrics_port: METRICS_PORT,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            tls_flags: ExtProcTlsArgs::default(),
+            metrics_tls_flags: MetricsTlsArgs::default(),
+        }
+    }
+
+    /// The ext_proc port's certificate, when TLS is asked for.
+    pub fn tls(&self) -> Option<Certificate> {
+        self.tls_flags.certificate(self.listen_address)
+    }
+
+    /// The metrics port's certificate files, when HTTPS is asked for there.
+    pub fn metrics_tls(&self) -> Option<MetricsTlsFiles> {
+        self.metrics_tls_flags.files()
+    }
+}
+
+/// The flags of the ext_proc port's TLS, the same for `infergate picker` and `infergate bbr`:
+/// one definition, so that their names, environment variables, help and the rules between
+/// them (both files or a self-signed certificate, a client CA only with TLS) cannot drift apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[group(skip)]
+pub struct ExtProcTlsArgs {
     /// Serve ext_proc over TLS with this PEM certificate chain (leaf first), reloaded when the
     /// file changes; needs `--tls-key-file`. The gRPC health port stays plaintext; the metrics
     /// port has its own `--metrics-tls-*` flags.
@@ -349,6 +327,36 @@ pub struct BbrArgs {
         requires = TLS_SERVER
     )]
     pub tls_client_ca_file: Option<PathBuf>,
+}
+
+impl ExtProcTlsArgs {
+    /// The certificate the flags name: the files (clap requires both), or a self-signed one for
+    /// `localhost` and `listen_address` (unless it is every interface); `None` without TLS.
+    pub fn certificate(&self, listen_address: Option<IpAddr>) -> Option<Certificate> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(Certificate::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ if self.tls_self_signed => {
+                let mut names = vec!["localhost".to_owned()];
+                names.extend(
+                    listen_address
+                        .filter(|a| !a.is_unspecified())
+                        .map(|a| a.to_string()),
+                );
+                Some(Certificate::SelfSigned { names })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The flags of the metrics port's TLS, the same for `infergate picker` and `infergate bbr`
+/// (one definition, as [`ExtProcTlsArgs`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[group(skip)]
+pub struct MetricsTlsArgs {
     /// Serve the metrics port (`/metrics`, `/healthz`, `/readyz`, `/heartbeat`) over HTTPS with
     /// this PEM certificate chain (leaf first), reloaded when the file changes; needs
     /// `--metrics-tls-key-file`. Every connection to the port is then TLS, probes included.
@@ -379,43 +387,15 @@ pub struct BbrArgs {
     pub metrics_tls_client_ca_file: Option<PathBuf>,
 }
 
-impl BbrArgs {
-    /// The arguments with every default, reading the models file at `models`.
-    pub fn new(models: impl Into<PathBuf>) -> Self {
-        BbrArgs {
-            models: models.into(),
-            listen_address: None,
-            grpc_port: BBR_GRPC_PORT,
-            grpc_health_port: BBR_HEALTH_PORT,
-            metrics_port: METRICS_PORT,
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            tls_cert_file: None,
-            tls_key_file: None,
-            tls_self_signed: false,
-            tls_client_ca_file: None,
-            metrics_tls_cert_file: None,
-            metrics_tls_key_file: None,
-            metrics_tls_client_ca_file: None,
-        }
-    }
-
-    /// The ext_proc port's certificate, when TLS is asked for.
-    pub fn tls(&self) -> Option<Certificate> {
-        tls_certificate(
-            self.tls_cert_file.as_ref(),
-            self.tls_key_file.as_ref(),
-            self.tls_self_signed,
-            self.listen_address,
-        )
-    }
-
-    /// The metrics port's certificate files, when HTTPS is asked for there.
-    pub fn metrics_tls(&self) -> Option<MetricsTlsFiles> {
-        metrics_tls_files(
-            self.metrics_tls_cert_file.as_ref(),
-            self.metrics_tls_key_file.as_ref(),
-            self.metrics_tls_client_ca_file.as_ref(),
-        )
+impl MetricsTlsArgs {
+    /// The files, when both certificate files are given (clap requires both, and the
+    /// certificate for a client CA).
+    pub fn files(&self) -> Option<MetricsTlsFiles> {
+        Some(MetricsTlsFiles {
+            cert: self.metrics_tls_cert_file.clone()?,
+            key: self.metrics_tls_key_file.clone()?,
+            client_ca: self.metrics_tls_client_ca_file.clone(),
+        })
     }
 }
 
@@ -454,32 +434,6 @@ fn kv_body_limit(value: &str) -> Result<usize, String> {
     Ok(n)
 }
 
-/// The certificate the TLS flags name: the files (clap requires both), or a self-signed one for
-/// `localhost` and the listen address.
-fn tls_certificate(
-    cert: Option<&PathBuf>,
-    key: Option<&PathBuf>,
-    self_signed: bool,
-    listen_address: Option<IpAddr>,
-) -> Option<Certificate> {
-    match (cert, key) {
-        (Some(cert), Some(key)) => Some(Certificate::Files {
-            cert: cert.clone(),
-            key: key.clone(),
-        }),
-        _ if self_signed => {
-            let mut names = vec!["localhost".to_owned()];
-            names.extend(
-                listen_address
-                    .filter(|a| !a.is_unspecified())
-                    .map(|a| a.to_string()),
-            );
-            Some(Certificate::SelfSigned { names })
-        }
-        _ => None,
-    }
-}
-
 /// The files of the metrics port's TLS (`--metrics-tls-cert-file`, `--metrics-tls-key-file`,
 /// `--metrics-tls-client-ca-file`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -491,20 +445,6 @@ pub struct MetricsTlsFiles {
     /// The PEM CA bundle clients must present a certificate of (`None`: no client
     /// certificate is asked for).
     pub client_ca: Option<PathBuf>,
-}
-
-/// The metrics port's TLS files, when both certificate files are given (clap requires both,
-/// and the certificate for a client CA).
-fn metrics_tls_files(
-    cert: Option<&PathBuf>,
-    key: Option<&PathBuf>,
-    client_ca: Option<&PathBuf>,
-) -> Option<MetricsTlsFiles> {
-    Some(MetricsTlsFiles {
-        cert: cert?.clone(),
-        key: key?.clone(),
-        client_ca: client_ca.cloned(),
-    })
 }
 
 /// The socket address of `port` on `listen_address` (all interfaces when unset).
@@ -618,8 +558,8 @@ mod tests {
         a.grpc_port = 19002;
         a.threads = 2;
         a.explain_header = true;
-        a.tls_self_signed = true;
-        a.tls_client_ca_file = Some("/etc/infergate/client-ca/ca.crt".into());
+        a.tls_flags.tls_self_signed = true;
+        a.tls_flags.tls_client_ca_file = Some("/etc/infergate/client-ca/ca.crt".into());
         let line = command_line("picker", &a).unwrap();
         assert!(
             line.contains(&"--tls-client-ca-file=/etc/infergate/client-ca/ca.crt".to_owned()),
@@ -660,9 +600,9 @@ mod tests {
         let mut a = BbrArgs::new("/etc/infergate/models.yaml");
         a.max_body_bytes = 1234;
         a.grpc_health_port = 0;
-        a.tls_cert_file = Some("/etc/infergate/tls/tls.crt".into());
-        a.tls_key_file = Some("/etc/infergate/tls/tls.key".into());
-        a.tls_client_ca_file = Some("/etc/infergate/tls/ca.crt".into());
+        a.tls_flags.tls_cert_file = Some("/etc/infergate/tls/tls.crt".into());
+        a.tls_flags.tls_key_file = Some("/etc/infergate/tls/tls.key".into());
+        a.tls_flags.tls_client_ca_file = Some("/etc/infergate/tls/ca.crt".into());
         let line = command_line("bbr", &a).unwrap();
         assert!(
             line.contains(&"--tls-client-ca-file=/etc/infergate/tls/ca.crt".to_owned()),
@@ -766,7 +706,7 @@ mod tests {
             Picker::try_parse_from(["picker", "--tls-self-signed", "--tls-client-ca-file=ca.pem"])
                 .unwrap()
                 .args;
-        assert_eq!(a.tls_client_ca_file, Some("ca.pem".into()));
+        assert_eq!(a.tls_flags.tls_client_ca_file, Some("ca.pem".into()));
         assert!(matches!(a.tls(), Some(Certificate::SelfSigned { .. })));
         let b = Bbr::try_parse_from([
             "bbr",
@@ -777,12 +717,13 @@ mod tests {
         ])
         .unwrap()
         .args;
-        assert_eq!(b.tls_client_ca_file, Some("ca.pem".into()));
+        assert_eq!(b.tls_flags.tls_client_ca_file, Some("ca.pem".into()));
         // Without it, no client certificate is asked for.
         assert_eq!(
             Picker::try_parse_from(["picker", "--tls-self-signed"])
                 .unwrap()
                 .args
+                .tls_flags
                 .tls_client_ca_file,
             None
         );
@@ -797,14 +738,14 @@ mod tests {
         let mut b = BbrArgs::new("/etc/infergate/models.yaml");
         for (cert, key, ca) in [
             (
-                &mut p.metrics_tls_cert_file,
-                &mut p.metrics_tls_key_file,
-                &mut p.metrics_tls_client_ca_file,
+                &mut p.metrics_tls_flags.metrics_tls_cert_file,
+                &mut p.metrics_tls_flags.metrics_tls_key_file,
+                &mut p.metrics_tls_flags.metrics_tls_client_ca_file,
             ),
             (
-                &mut b.metrics_tls_cert_file,
-                &mut b.metrics_tls_key_file,
-                &mut b.metrics_tls_client_ca_file,
+                &mut b.metrics_tls_flags.metrics_tls_cert_file,
+                &mut b.metrics_tls_flags.metrics_tls_key_file,
+                &mut b.metrics_tls_flags.metrics_tls_client_ca_file,
             ),
         ] {
             *cert = Some("/etc/infergate/metrics-tls/tls.crt".into());

@@ -720,7 +720,7 @@ impl<'a> Renderer<'a> {
         // Envoy AI Gateway connects to the picker over TLS and accepts any certificate (an empty
         // validation context), so the picker must serve TLS; a self-signed certificate generated
         // at start is enough and needs no Secret (docs/operator.md, "TLS").
-        picker.tls_self_signed = true;
+        picker.tls_flags.tls_self_signed = true;
         // Active-active: two or more replicas exchange their in-flight load, finding each other
         // through a headless Service, authenticated by a key from a Secret (docs/operator.md).
         // The replica's name is the pod's (`POD_NAME`, set on every container).

@@ -24,7 +24,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         0 => None,
         p => Some(bind_port(args.listen_address, "--metrics-port", p).await?),
     };
-    let tls = tls_from_flags(args.tls(), args.tls_client_ca_file.as_deref())?;
+    let tls = tls_from_flags(args.tls(), args.tls_flags.tls_client_ca_file.as_deref())?;
     let metrics_files = args.metrics_tls();
     if metrics.is_none() && metrics_files.is_some() {
         anyhow::bail!(

@@ -76,7 +76,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .await
         .context("Kubernetes discovery needs cluster access (or pass --endpoints-file)")?,
     };
-    let tls = tls_from_flags(args.tls(), args.tls_client_ca_file.as_deref())?;
+    let tls = tls_from_flags(args.tls(), args.tls_flags.tls_client_ca_file.as_deref())?;
     let metrics_tls = metrics_tls_from_flags(args.metrics_tls())?;
     let listeners = PickerListeners {
         grpc: bind_port(args.listen_address, "--grpc-port", args.grpc_port).await?,
