@@ -63,8 +63,21 @@
 //!   pods saturated). They reach the pods before a request sent now, so `saturation`,
 //!   `estimatedTtftMs`, `waitMs` and `drainMs` count them, spread evenly over the ready pods'
 //!   queues.
+//! - The prior of a pod that has learned no rate is its cold-start rate as its scheduler has it
+//!   (`EndpointInfo::cold_prefill_tokens_per_sec`, and the decode one for the KV-free time): the
+//!   configured `rates` (per reference GPU) scaled by the pod's GPU type
+//!   (`infergate_scheduler::gpu`). A pool of fresh A10Gs then says a typical prefill takes
+//!   1,013 ms where fresh H100s say 128 ms; with one prior for both, both said 128 ms until
+//!   traffic taught them. (The pool's typical rate, which the scheduler assumes once other pods
+//!   have learned, is not taken: it is learned from every first token, short prompts' included,
+//!   and would undo the guard above.)
 //! - `drainMs` is the time until the least loaded ready pod is back under the saturation
-//!   thresholds (`0` while one is under them), the figure the pool's `Retry-After` uses.
+//!   thresholds (`0` while one is under them): the requests over the queue threshold go through
+//!   their prefill first, timed as `waitMs` times the whole queue (each its fixed cost, and its
+//!   tokens at the bulk rate; which of the queued requests come first is not known, so each
+//!   counts at the queue's mean, as the scheduler's `Retry-After` counts them), plus the KV-free
+//!   time. Counting each as a typical request, it said 600 ms for five 20-token prompts over the
+//!   threshold that take 120 ms. The global router does not read it; it is for operators.
 //!
 //! Rendering takes each pool's lock a few times, briefly (the settings, the same copy the
 //! per-pod gauges make, the requests in flight and the mean prompt); it runs on the admin port,
@@ -150,7 +163,9 @@ pub struct ModelStatus {
     /// a gateway before this field (a poller then scales `estimatedTtftMs` whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<f64>,
-    /// Estimated time until a ready pod is back under the saturation thresholds, ms.
+    /// Estimated time until a ready pod is back under the saturation thresholds, ms: the
+    /// requests over the queue threshold timed as `waitMs` times the queue (in the tokens it
+    /// holds), plus the time to free a full KV cache; 0 while a pod is under them.
     pub drain_ms: f64,
     /// Age of the newest metrics page of any pod, ms (absent before the first page).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -211,8 +226,6 @@ pub fn model_status(name: &str, pool: &LivePool, flow_queue: usize) -> ModelStat
     let limits = Limits {
         queue_depth: f64::from(cfg.saturation.queue_depth.max(1)),
         kv_cache: cfg.saturation.kv_cache,
-        prefill_prior: cfg.rates.prefill_tokens_per_sec,
-        decode_prior: cfg.rates.decode_tokens_per_sec,
         mean_prompt_tokens: pool.mean_prompt_tokens(),
     };
     status(
@@ -225,21 +238,41 @@ pub fn model_status(name: &str, pool: &LivePool, flow_queue: usize) -> ModelStat
 }
 
 /// What the estimates take from the scheduler besides the pods: its settings, and the size of a
-/// queued request it knows nothing else of.
+/// queued request it knows nothing else of. (The rates assumed for a pod that has learned none
+/// are the pod's own, [`PodSample::cold_prefill_tokens_per_sec`]: they depend on its GPU type.)
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Saturation threshold on the queue.
     pub queue_depth: f64,
     /// Saturation threshold on KV-cache use, 0–1.
     pub kv_cache: f64,
-    /// Prefill rate assumed before one is learned, tokens/s.
-    pub prefill_prior: f64,
-    /// Per-request decode rate assumed before one is learned, tokens/s.
-    pub decode_prior: f64,
     /// The smoothed mean of the prompt tokens of the requests routed
     /// ([`LivePool::mean_prompt_tokens`]): the size of a queued request whose own is not known.
     /// One that is not a number, or negative, counts as [`TYPICAL_PROMPT_TOKENS`].
     pub mean_prompt_tokens: f64,
+}
+
+/// A pod's queue as the estimates count it: the requests ahead of a new one, and their prompt
+/// tokens (this process's own at the sizes it routed them with, the others at the mean prompt).
+/// `waitMs` and `drainMs` both time it here, so that they cannot count it differently.
+#[derive(Clone, Copy, Debug)]
+struct Queue {
+    requests: f64,
+    tokens: f64,
+}
+
+impl Queue {
+    /// Seconds for the first `n` of its requests to be prefilled at `rate` tokens/s, each paying
+    /// `fixed_secs` once: their share of its tokens (which of them come first is not known, so
+    /// each counts at its mean), all of them for `n` at least its length.
+    fn secs(&self, n: f64, rate: f64, fixed_secs: f64) -> f64 {
+        let share = if self.requests > n {
+            n / self.requests
+        } else {
+            1.0
+        };
+        share * self.tokens / rate + n * fixed_secs
+    }
 }
 
 /// The status computed from per-pod samples (pure: the tests call it directly). The
@@ -260,7 +293,7 @@ pub fn status(
     };
     let mut ready = 0u32;
     let mut load_sum = 0.0;
-    let mut queue = 0u32;
+    let mut queued = 0u32;
     let mut running = 0u32;
     let mean_prompt = Some(limits.mean_prompt_tokens)
         .filter(|m| m.is_finite() && *m >= 0.0)
@@ -290,8 +323,11 @@ pub fn status(
         // cannot see — a scraped queue longer than them, the requests held in flow control — at
         // the mean prompt.
         let unseen = f64::from(scraped.saturating_sub(p.awaiting_first_token)) + held;
-        let queued_tokens = p.awaiting_first_token_tokens as f64 + unseen * mean_prompt;
-        queue = queue.saturating_add(scraped);
+        let queue = Queue {
+            requests: waiting,
+            tokens: p.awaiting_first_token_tokens as f64 + unseen * mean_prompt,
+        };
+        queued = queued.saturating_add(scraped);
         running = running.saturating_add(p.running.unwrap_or(0));
         let kv = p.kv_cache_usage.unwrap_or(0.0);
         let kv_load = if limits.kv_cache > 0.0 {
@@ -304,13 +340,16 @@ pub fn status(
         // lower bound (each of their samples holds the server's fixed cost per request), so it
         // counts only where it beats the prior: extrapolated to 512 tokens, seven-token prompts
         // answered in 40 ms (175 tokens/s) put 2.9 s on a first token an A10G gives in 165 ms.
+        // The prior is the pod's cold-start rate, scaled by its GPU type: a cold A10G is not
+        // estimated as fast as a cold H100.
+        let prior = p.cold_prefill_tokens_per_sec;
         let prefill = p
             .bulk_prefill_tokens_per_sec
             .filter(|r| *r > 0.0)
             .unwrap_or_else(|| {
                 p.prefill_tokens_per_sec
-                    .filter(|r| *r > limits.prefill_prior)
-                    .unwrap_or(limits.prefill_prior)
+                    .filter(|r| *r > prior)
+                    .unwrap_or(prior)
             })
             .max(1.0);
         // Every request pays the fixed cost once (learned apart from the bulk rate, which then
@@ -320,7 +359,7 @@ pub fn status(
         let decode = p
             .decode_tokens_per_sec
             .filter(|r| *r > 0.0)
-            .unwrap_or(limits.decode_prior)
+            .unwrap_or(p.cold_decode_tokens_per_sec)
             .max(0.01);
         // Time for running requests to free a KV cache over the threshold.
         let kv_secs = if kv >= limits.kv_cache {
@@ -334,7 +373,7 @@ pub fn status(
         let ttft = (waiting + 1.0) * TYPICAL_PROMPT_TOKENS / prefill
             + (waiting + 1.0) * fixed_secs
             + kv_secs;
-        let wait = queued_tokens / prefill + waiting * fixed_secs + kv_secs;
+        let wait = queue.secs(waiting, prefill, fixed_secs) + kv_secs;
         let own = TYPICAL_PROMPT_TOKENS / prefill + fixed_secs;
         if wait + own < best {
             best = wait + own;
@@ -343,8 +382,10 @@ pub fn status(
             best_prefill = own;
             best_fixed = fixed;
         }
+        // The requests over the queue threshold must start before the pod is back under it:
+        // timed as `waitMs` times the whole queue.
         let excess = (waiting - limits.queue_depth + 1.0).max(0.0);
-        let drain = excess * TYPICAL_PROMPT_TOKENS / prefill + excess * fixed_secs + kv_secs;
+        let drain = queue.secs(excess, prefill, fixed_secs) + kv_secs;
         best_drain = best_drain.min(drain);
     }
     ModelStatus {
@@ -356,7 +397,7 @@ pub fn status(
         } else {
             load_sum / f64::from(ready)
         },
-        queue,
+        queue: queued,
         flow_queue: u32::try_from(flow_queue).unwrap_or(u32::MAX),
         running,
         inflight: u32::try_from(inflight).unwrap_or(u32::MAX),

@@ -105,6 +105,11 @@ pub struct PodSample {
     pub fixed_cost_secs: Option<f64>,
     /// Learned decode rate per request, tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
+    /// Its cold-start prefill rate, tokens/s: the scheduler's configured prior scaled by its GPU
+    /// type (`EndpointInfo::cold_prefill_tokens_per_sec`).
+    pub cold_prefill_tokens_per_sec: f64,
+    /// Its cold-start per-request decode rate, tokens/s, the same way.
+    pub cold_decode_tokens_per_sec: f64,
     /// The answers it gave this front door's requests, by verdict.
     pub answers: AnswerCounts,
     /// The failed share of its last `outlierDetection.failurePercentage` interval, percent.
@@ -157,6 +162,8 @@ pub(crate) fn sample(state: &Mutex<State>, clock: Clock, stale_after: Duration) 
                 bulk_prefill_tokens_per_sec: info.bulk_prefill_tokens_per_sec,
                 fixed_cost_secs: info.fixed_cost_secs,
                 decode_tokens_per_sec: info.decode_tokens_per_sec,
+                cold_prefill_tokens_per_sec: info.cold_prefill_tokens_per_sec,
+                cold_decode_tokens_per_sec: info.cold_decode_tokens_per_sec,
                 answers: info.answers,
                 failure_percent: info.failure_interval.map(|j| j.failure_percent()),
             }

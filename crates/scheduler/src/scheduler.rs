@@ -62,6 +62,15 @@ pub struct EndpointInfo {
     pub fixed_cost_secs: Option<f64>,
     /// Learned per-request decode rate in tokens/s.
     pub decode_tokens_per_sec: Option<f64>,
+    /// Its cold-start prefill rate, tokens/s: the configured prior (`rates`, per reference
+    /// GPU) scaled by its GPU type ([`crate::gpu`]), what the scheduler assumes for it while
+    /// nothing is learned in the pool. (Once other endpoints have learned, it assumes their
+    /// typical rate instead; that one is learned from every first token, and short prompts',
+    /// mostly the server's fixed cost, read as rates many times too slow: an estimate that must
+    /// not take them for the pod's speed uses this one.)
+    pub cold_prefill_tokens_per_sec: f64,
+    /// Its cold-start per-request decode rate, tokens/s, the same way.
+    pub cold_decode_tokens_per_sec: f64,
     /// Completed requests the prefill rate was learned from.
     pub rate_samples: u32,
     /// Requests routed to it, ever.
@@ -420,6 +429,10 @@ impl Scheduler {
             bulk_prefill_tokens_per_sec: ep.prefill_bulk.get(),
             fixed_cost_secs: ep.fixed_cost.get(),
             decode_tokens_per_sec: ep.decode.get(),
+            cold_prefill_tokens_per_sec: ep
+                .prefill_at_its_speed(self.cfg.rates.prefill_tokens_per_sec),
+            cold_decode_tokens_per_sec: ep
+                .decode_at_its_speed(self.cfg.rates.decode_tokens_per_sec),
             rate_samples: ep.prefill.samples(),
             picked: ep.picked,
             scrape: ep.scrape,

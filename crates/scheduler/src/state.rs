@@ -148,14 +148,24 @@ impl EndpointState {
     pub(crate) fn prefill_rate(&self, pool: &PoolRates) -> f64 {
         self.prefill
             .get()
-            .unwrap_or_else(|| pool.prefill_prior() / self.speed.inv_prefill)
+            .unwrap_or_else(|| self.prefill_at_its_speed(pool.prefill_prior()))
+    }
+
+    /// A prefill rate of the reference GPU scaled to its GPU.
+    pub(crate) fn prefill_at_its_speed(&self, reference: f64) -> f64 {
+        reference / self.speed.inv_prefill
     }
 
     /// Its learned decode rate, else the pool's typical rate scaled to its GPU.
     pub(crate) fn decode_rate(&self, pool: &PoolRates) -> f64 {
         self.decode
             .get()
-            .unwrap_or_else(|| pool.decode_prior() * self.speed.decode)
+            .unwrap_or_else(|| self.decode_at_its_speed(pool.decode_prior()))
+    }
+
+    /// A per-request decode rate of the reference GPU scaled to its GPU.
+    pub(crate) fn decode_at_its_speed(&self, reference: f64) -> f64 {
+        reference * self.speed.decode
     }
 
     /// Installs a (validated) snapshot and its pre-digested hot fields.

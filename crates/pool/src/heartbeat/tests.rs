@@ -23,6 +23,8 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
         bulk_prefill_tokens_per_sec: prefill,
         fixed_cost_secs: None,
         decode_tokens_per_sec: Some(64.0),
+        cold_prefill_tokens_per_sec: 4_000.0,
+        cold_decode_tokens_per_sec: 40.0,
         answers: Default::default(),
         failure_percent: None,
     }
@@ -31,8 +33,6 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
 const LIMITS: Limits = Limits {
     queue_depth: 4.0,
     kv_cache: 0.8,
-    prefill_prior: 4_000.0,
-    decode_prior: 40.0,
     mean_prompt_tokens: 512.0,
 };
 
@@ -185,6 +185,46 @@ fn a_rate_learned_from_short_prompts_is_not_extrapolated_below_the_prior() {
     assert!((estimate(Some(5_120.0), None) - 100.0).abs() < 1e-9);
     // A rate learned on long prompts is used as it is, below the prior too.
     assert!((estimate(Some(175.0), Some(3_103.0)) - 512.0 / 3.103).abs() < 1e-6);
+}
+
+/// A pod that has learned nothing is estimated at its cold-start rates, which depend on its GPU
+/// type: a cold A10G (125/989 of the 4,000 tokens/s an H100 is assumed at) is
+/// the best pod of none, and its prefill of a typical request takes 1,013 ms, not 128 ms.
+#[test]
+fn a_cold_pod_is_estimated_at_its_own_prior() {
+    let cold = |port: u16, prefill: f64, decode: f64| PodSample {
+        cold_prefill_tokens_per_sec: prefill,
+        cold_decode_tokens_per_sec: decode,
+        ..pod(port, false, 0, 0.0, None)
+    };
+    let a10g = cold(1, 4_000.0 * 125.0 / 989.0, 40.0 * 0.6 / 3.35);
+    let h100 = cold(2, 4_000.0, 40.0);
+    let alone = status("m", std::slice::from_ref(&a10g), 0, 0, &LIMITS);
+    assert!(
+        close(alone.prefill_ms, 512.0 / 4.0 * 989.0 / 125.0),
+        "{alone:?}"
+    );
+    let both = status("m", &[a10g.clone(), h100], 0, 0, &LIMITS);
+    assert!(close(both.prefill_ms, 128.0), "{both:?}");
+    // A rate learned from short prompts still counts only where it beats the pod's prior: 600
+    // tokens/s beats the A10G's 506 (not the H100's 4,000).
+    let short = PodSample {
+        prefill_tokens_per_sec: Some(600.0),
+        ..a10g.clone()
+    };
+    let s = status("m", &[short], 0, 0, &LIMITS);
+    assert!(close(s.prefill_ms, 512.0 / 0.6), "{s:?}");
+    // Its decode prior frees a full KV cache: 0.1 of 128 tokens at 40 × 0.6 / 3.35 tokens/s.
+    let full = PodSample {
+        kv_cache_usage: Some(0.8),
+        decode_tokens_per_sec: None,
+        ..a10g
+    };
+    let s = status("m", &[full], 0, 0, &LIMITS);
+    assert!(
+        close(s.wait_ms, 0.1 * 128.0 / (40.0 * 0.6 / 3.35) * 1e3),
+        "{s:?}"
+    );
 }
 
 /// The fixed cost per request is paid once by every request, queued or sent, and published for
@@ -383,4 +423,35 @@ fn hostile_values_give_a_finite_wait() {
         let back: ModelStatus = serde_json::from_str(&json).unwrap();
         assert!(back.wait_ms.is_some_and(f64::is_finite), "{json}");
     }
+}
+
+/// `drainMs` counts the queue as `waitMs` does, in the tokens it holds: eight own requests of 20
+/// tokens over a queue depth of 4 drain once five of them are through, each its 20 ms of fixed
+/// cost and 20 tokens at 5,120 tokens/s (119.5 ms); eight of 4,000 tokens, 3.99 s. Before, each
+/// counted as a typical request: 600 ms for both.
+#[test]
+fn the_drain_counts_the_queue_in_the_tokens_it_holds() {
+    let short = status("m", &[queued(1, 8, 8, 8 * 20)], 0, 0, &LIMITS);
+    assert!(
+        (short.drain_ms - 5.0 * (20.0 + 20.0 / 5.12)).abs() < 1e-6,
+        "{short:?}"
+    );
+    let long = status("m", &[queued(1, 8, 8, 8 * 4_000)], 0, 0, &LIMITS);
+    assert!(
+        (long.drain_ms - 5.0 * (20.0 + 4_000.0 / 5.12)).abs() < 1e-6,
+        "{long:?}"
+    );
+    // Requests it cannot see count at the mean prompt there too: eight scraped, none its own.
+    let short_mean = Limits {
+        mean_prompt_tokens: 64.0,
+        ..LIMITS
+    };
+    let unseen = status("m", &[queued(1, 8, 0, 0)], 0, 0, &short_mean);
+    assert!(
+        (unseen.drain_ms - 5.0 * (20.0 + 64.0 / 5.12)).abs() < 1e-6,
+        "{unseen:?}"
+    );
+    // Under the queue depth: nothing to drain, whatever the tokens.
+    let under = status("m", &[queued(1, 3, 3, 3 * 4_000)], 0, 0, &LIMITS);
+    assert_eq!(under.drain_ms, 0.0);
 }
