@@ -844,9 +844,13 @@ async fn an_unusable_client_certificate_stops_the_start() {
 }
 
 /// The router's own front door takes the gateway's `tls.clientCaFile`: a client presenting a
-/// certificate of that CA is answered, one presenting none is refused at the handshake.
+/// certificate of that CA is answered, one presenting none is refused at the handshake. Three
+/// refusals give one warning naming the router's port; a TCP probe (connect, close) is counted
+/// apart from the handshake failures and warned of by nobody.
 #[tokio::test]
 async fn the_router_front_door_asks_for_client_certificates_with_client_ca_file() {
+    let log = infergate_testkit::CapturedLog::default();
+    let _log = tracing::subscriber::set_default(log.subscriber(tracing::Level::INFO));
     let dir = tempfile::tempdir().unwrap();
     let (server_ca, client_ca) = (TestCa::new("router server CA"), TestCa::new("clients CA"));
     let (cert, key) = server_ca.issue(&["localhost"]).write(dir.path());
@@ -878,26 +882,60 @@ async fn the_router_front_door_asks_for_client_certificates_with_client_ca_file(
     .await
     .unwrap();
     assert_eq!(admitted.status, 200, "{}", admitted.text());
-    let refused = infergate_testkit::tls::send_within(
-        router.http_addr(),
-        "localhost",
-        server_ca.client_config(&[b"http/1.1"]),
-        models(),
-        Duration::from_secs(10),
-    )
-    .await;
-    assert!(refused.is_err(), "{refused:?}");
-    let page = infergate_testkit::get(router.admin_addr().unwrap(), "/metrics")
-        .await
-        .text();
+    for _ in 0..3 {
+        let refused = infergate_testkit::tls::send_within(
+            router.http_addr(),
+            "localhost",
+            server_ca.client_config(&[b"http/1.1"]),
+            models(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(refused.is_err(), "{refused:?}");
+    }
+    drop(
+        tokio::net::TcpStream::connect(router.http_addr())
+            .await
+            .unwrap(),
+    );
+    let closed = "infergate_tls_connections_closed_before_handshake_total";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        let page = infergate_testkit::get(router.admin_addr().unwrap(), "/metrics")
+            .await
+            .text();
+        if counter(&page, closed) == 1.0 {
+            break page;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(
         counter(
             &page,
             "infergate_tls_handshake_failures_total{reason=\"client_certificate\"}"
         ),
-        1.0,
+        3.0,
         "{page}"
     );
+    assert_eq!(
+        counter(
+            &page,
+            "infergate_tls_handshake_failures_total{reason=\"error\"}"
+        ),
+        0.0,
+        "{page}"
+    );
+    let text = log.text();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("client refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].contains(" WARN "), "{text}");
+    assert!(lines[0].contains("router client refused: "), "{text}");
+    assert!(lines[0].contains("port=\"router\""), "{text}");
+    assert!(lines[0].contains(&bundle.display().to_string()), "{text}");
 }
 
 /// `infergate global --check` gives the warnings the start gives: a cluster's token sent over
