@@ -14,12 +14,19 @@
 //! request without a lock: a rotated `credentials.bearerTokenFile` or `tls.caFile` replaces them
 //! ([`Cluster::check_files`], `crate::rotation`) while everything else about the cluster stays.
 //!
+//! The requests the router sent to the cluster and that have no first token yet are counted
+//! per model ([`Cluster::pending`]), since they queue on that model's pods only: one slot of two
+//! atomics per model the cluster serves, created when a heartbeat, its `/v1/models` or its
+//! `models:` first names the model, and found by name in a map behind an atomic swap — a
+//! request takes no lock and allocates nothing to be counted.
+//!
 //! The router's own requests also feed the cluster's outlier detection ([`crate::outlier`]): its
 //! gateway failures in a row are counted on an atomic (no lock on the request path), and the
 //! rare request that completes a run takes the ejection decision ([`eject`]), which reads every
 //! cluster's ejection to hold `outlierDetection.maxEjectionPercent`.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -170,10 +177,14 @@ pub(crate) struct Cluster {
     /// Its credential files as last read, compared at each check: locked by the check alone.
     files: Mutex<Files>,
     state: Mutex<ClusterState>,
-    /// This router's requests sent to the cluster and still without their first token.
-    pending: AtomicUsize,
-    /// Their estimated prompt tokens (each at least 1), summed: their turn in real terms.
-    pending_tokens: AtomicU64,
+    /// This router's requests sent to the cluster and still without their first token, per
+    /// model: read once per request without a lock, replaced (under the state lock) only when
+    /// a model is named for the first time. Slots are never removed, so a request counted in
+    /// one is taken out of the same one.
+    pending: ArcSwap<HashMap<Arc<str>, Arc<PendingSlot>>>,
+    /// Where a request for a model without a slot is counted (none is served without one being
+    /// made first, so none should be): in no estimate.
+    unlisted: Arc<PendingSlot>,
     /// Whether a refusal of the router's credentials was logged since the last answer the
     /// cluster accepted them for (one warning per episode, not one per request).
     refusal_logged: AtomicBool,
@@ -198,6 +209,14 @@ pub(crate) struct Cluster {
     ejected_until: AtomicU64,
     epoch: Instant,
     outlier: outlier::Settings,
+}
+
+/// The requests this router sent for one model of a cluster and that have no first token yet.
+#[derive(Debug, Default)]
+pub(crate) struct PendingSlot {
+    requests: AtomicUsize,
+    /// Their estimated prompt tokens (each at least 1), summed: their turn in real terms.
+    tokens: AtomicU64,
 }
 
 /// What a cluster's credential files held at the last read (`None`: it names no such file).
@@ -358,9 +377,13 @@ impl Cluster {
             interval: hb.interval(),
         };
         let mut state = ClusterState::default();
+        let mut pending = HashMap::new();
         if let Some(models) = &c.models {
             state.served.clone_from(models);
             state.discovery = Discovery::Listed;
+            for m in models {
+                pending.insert(Arc::from(m.as_str()), Arc::default());
+            }
         }
         Cluster {
             label: ClusterLabel {
@@ -375,8 +398,8 @@ impl Cluster {
             prefix,
             heartbeat,
             state: Mutex::new(state),
-            pending: AtomicUsize::new(0),
-            pending_tokens: AtomicU64::new(0),
+            pending: ArcSwap::from_pointee(pending),
+            unlisted: Arc::default(),
             refusal_logged: AtomicBool::new(false),
             tls_failure_logged: AtomicBool::new(false),
             tokens: AtomicU64::new(0),
@@ -605,8 +628,14 @@ impl Cluster {
         let scale = prompt_scale(prompt_tokens, entry.prefill_ms, entry.fixed_cost_ms);
         // Requests sent since the heartbeat wait their turn too: each adds its prefill on one
         // of the ready pods. Without it, every request between two heartbeats would herd onto
-        // the cluster that looked cheapest at the last one.
-        let pending = self.pending.load(Ordering::Relaxed) as f64;
+        // the cluster that looked cheapest at the last one. Only this model's: another model's
+        // requests queue on other pods.
+        let (pending, tokens) = self.pending.load().get(model).map_or((0.0, 0.0), |s| {
+            (
+                s.requests.load(Ordering::Relaxed) as f64,
+                s.tokens.load(Ordering::Relaxed) as f64,
+            )
+        });
         let pods = f64::from(entry.ready_pods.max(1));
         let heartbeat_ttft_ms = match (entry.wait_ms, entry.prefill_ms) {
             (Some(wait), Some(prefill)) if entry.estimate_ms.is_some() && prefill >= 0.0 => {
@@ -614,7 +643,6 @@ impl Cluster {
                 // the prompt, so their sum is the fixed share per request plus the rest at
                 // their summed tokens.
                 let share = fixed_share(prefill, entry.fixed_cost_ms);
-                let tokens = self.pending_tokens.load(Ordering::Relaxed) as f64;
                 let turns = pending * share
                     + (1.0 - share) * tokens / infergate_pool::heartbeat::TYPICAL_PROMPT_TOKENS;
                 wait + prefill * scale + rtt + turns * prefill / pods
@@ -963,6 +991,7 @@ impl Cluster {
                 names.push(s.clone());
             }
         }
+        self.add_pending_slots(&names);
         for name in names {
             let status = hb.models.iter().find(|m| m.name == name);
             let ready = status.map_or(any_ready, |m| m.ready_pods > 0);
@@ -991,6 +1020,7 @@ impl Cluster {
     /// Applies a `/v1/models` answer used as the heartbeat (no `heartbeatUrl`).
     fn apply_models_as_heartbeat(&self, models: &[String], rtt: Duration, at: Instant) {
         let mut st = lock(&self.state);
+        self.add_pending_slots(models);
         st.heartbeat_failure = None;
         let ms = rtt.as_secs_f64() * 1e3;
         st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
@@ -1004,6 +1034,23 @@ impl Cluster {
         }
     }
 
+    /// Gives each of `models` a slot for its pending requests, if it has none. Called with the
+    /// state lock held, so that two of these never race to replace the map; a request reads
+    /// the map without it. Allocates only when a model is new.
+    fn add_pending_slots(&self, models: &[String]) {
+        let current = self.pending.load();
+        if models.iter().all(|m| current.contains_key(m.as_str())) {
+            return;
+        }
+        let mut next = HashMap::clone(&current);
+        for m in models {
+            if let Entry::Vacant(v) = next.entry(Arc::from(m.as_str())) {
+                v.insert(Arc::default());
+            }
+        }
+        self.pending.store(Arc::new(next));
+    }
+
     /// Its heartbeat fetch failed (`why`): every model counts a failure.
     fn heartbeat_failed(&self, at: Instant, why: &str) {
         let mut st = lock(&self.state);
@@ -1015,6 +1062,7 @@ impl Cluster {
 
     fn set_served(&self, models: Vec<String>) {
         let mut st = lock(&self.state);
+        self.add_pending_slots(&models);
         st.served = models;
         st.discovery = Discovery::Listed;
     }
@@ -1184,24 +1232,31 @@ fn token_header(bytes: &[u8]) -> Result<HeaderValue, TokenError> {
     Ok(v)
 }
 
-/// One request sent to a cluster and still without its first token (counted while held), and
-/// its prompt tokens.
-pub(crate) struct Pending(Arc<Cluster>, u64);
+/// One request sent to a cluster and still without its first token (counted in its model's
+/// slot while held), and its prompt tokens.
+pub(crate) struct Pending(Arc<PendingSlot>, u64);
 
 impl Cluster {
-    /// Counts a request of `prompt_tokens` sent to this cluster until the guard is dropped.
-    pub(crate) fn pending(self: &Arc<Self>, prompt_tokens: u32) -> Pending {
+    /// Counts a request for `model` of `prompt_tokens` sent to this cluster until the guard is
+    /// dropped: in that model's estimates only ([`Cluster::view`]). The model's slot is found
+    /// by name in a map read with one atomic load; no lock, no allocation.
+    pub(crate) fn pending(&self, model: &str, prompt_tokens: u32) -> Pending {
         let tokens = u64::from(prompt_tokens.max(1));
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        self.pending_tokens.fetch_add(tokens, Ordering::Relaxed);
-        Pending(Arc::clone(self), tokens)
+        let slot = self
+            .pending
+            .load()
+            .get(model)
+            .map_or_else(|| Arc::clone(&self.unlisted), Arc::clone);
+        slot.requests.fetch_add(1, Ordering::Relaxed);
+        slot.tokens.fetch_add(tokens, Ordering::Relaxed);
+        Pending(slot, tokens)
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.pending.fetch_sub(1, Ordering::Relaxed);
-        self.0.pending_tokens.fetch_sub(self.1, Ordering::Relaxed);
+        self.0.requests.fetch_sub(1, Ordering::Relaxed);
+        self.0.tokens.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 

@@ -824,7 +824,7 @@ async fn route_request(
         BodyRead::Read(body, held) => (body, held),
         BodyRead::Refused(e) => return Err(e.into()),
     };
-    let parsed = parse_request(kind, &body)?;
+    let mut parsed = parse_request(kind, &body)?;
     let model = parsed.model.as_ref();
     if let Some(r) = record.as_deref_mut() {
         r.model = Some(model.into());
@@ -892,6 +892,8 @@ async fn route_request(
         return Err(unknown_model(&state, &identity.models, model).into());
     };
     let stream = parsed.stream;
+    // The model outlives the rest of the parse: its pending requests are counted per model.
+    let model = std::mem::take(&mut parsed.model);
     drop(parsed);
     let first = &state.clusters[candidates[0].index];
     shared
@@ -949,7 +951,7 @@ async fn route_request(
             h.insert(header::AUTHORIZATION, t);
         }
         let sent_at = tokio::time::Instant::now();
-        let pending = cluster.pending(model, prompt_tokens);
+        let pending = cluster.pending(&model, prompt_tokens);
         // A failure counts against the cluster only when it was routed on when the order was
         // made (not ejected, not drained: a last resort's failures are expected) and its
         // heartbeat still has it up.

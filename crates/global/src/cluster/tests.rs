@@ -133,7 +133,7 @@ fn only_the_requests_own_prefill_grows_with_its_prompt() {
     assert!(estimate(20.0) > 4_000.0, "{}", estimate(20.0));
     // The requests sent since count at their own prompts: a 4,000-token one and a 20-token one
     // ahead add their own prefills, not two of this request's.
-    let sent = [c.pending(4_000), c.pending(20)];
+    let sent = [c.pending("llama", 4_000), c.pending("llama", 20)];
     let ahead = own(4_000.0) + own(20.0);
     assert!((estimate(20.0) - (long_queue + ahead + own(20.0))).abs() < 1e-9);
     drop(sent);
@@ -143,7 +143,7 @@ fn only_the_requests_own_prefill_grows_with_its_prompt() {
     c.apply_heartbeat(&queued(4, None), Duration::ZERO, at);
     let scale = |tokens: f64| own(tokens) / 165.0;
     assert!((estimate(20.0) - 825.0 * scale(20.0)).abs() < 1e-9);
-    let sent = [c.pending(4_000), c.pending(20)];
+    let sent = [c.pending("llama", 4_000), c.pending("llama", 20)];
     assert!((estimate(20.0) - (825.0 + 2.0 * 165.0) * scale(20.0)).abs() < 1e-9);
     drop(sent);
 }
@@ -582,4 +582,56 @@ fn an_expired_client_certificate_is_warned_of_at_start_and_rotation() {
     expired.write(dir.path());
     c.check_files(&telemetry);
     assert_eq!(warnings(), 2, "{}", out.text());
+}
+
+/// A heartbeat for `llama` and `mistral`, each idle on one emulated A10G pod (165 ms for a
+/// typical request's own prefill, 35 ms of it fixed, nothing to wait for).
+fn two_models() -> Heartbeat {
+    let model = |name: &str| {
+        format!(
+            r#"{{"name":"{name}","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+            "inflight":0,"estimatedTtftMs":165.0,"prefillMs":165.0,"fixedCostMs":35.0,
+            "waitMs":0.0,"drainMs":0.0}}"#
+        )
+    };
+    serde_json::from_str(&format!(
+        r#"{{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,"timestampMs":1,
+        "models":[{},{}]}}"#,
+        model("llama"),
+        model("mistral")
+    ))
+    .expect("a heartbeat document")
+}
+
+/// The requests sent to a cluster since its heartbeat wait their turn on their own model's pods
+/// only: two 4,000-token prompts for `llama` add their prefills to `llama`'s estimate and
+/// nothing to `mistral`'s. Before, they were counted per cluster: a 20-token prompt for the idle
+/// `mistral` was estimated at 2,141 ms, not 40 ms.
+#[test]
+fn pending_requests_count_against_their_own_model_only() {
+    let c = Arc::new(cluster(DISCOVERING));
+    let at = Instant::now();
+    let estimate = |model: &str| c.view(model, at, 20.0).expect("served").ttft_ms;
+    let own = |tokens: f64| 35.0 + 130.0 * tokens / 512.0;
+    c.apply_heartbeat(&two_models(), Duration::ZERO, at);
+    assert!((estimate("mistral") - own(20.0)).abs() < 1e-9);
+    let sent = [c.pending("llama", 4_000), c.pending("llama", 4_000)];
+    let ahead = 2.0 * own(4_000.0);
+    assert!(
+        (estimate("llama") - (ahead + own(20.0))).abs() < 1e-9,
+        "{}",
+        estimate("llama")
+    );
+    assert!(
+        (estimate("mistral") - own(20.0)).abs() < 1e-9,
+        "{}",
+        estimate("mistral")
+    );
+    drop(sent);
+    assert!((estimate("llama") - own(20.0)).abs() < 1e-9);
+    // A model the cluster was never said to serve has no slot: counted in no estimate.
+    let stray = c.pending("other", 4_000);
+    assert!((estimate("llama") - own(20.0)).abs() < 1e-9);
+    assert!((estimate("mistral") - own(20.0)).abs() < 1e-9);
+    drop(stray);
 }
