@@ -1,13 +1,15 @@
 //! Every gateway configuration the documentation shows is one `infergate gateway --check`
 //! accepts: each fenced `yaml` block of the pages a new user follows (README.md,
-//! docs/gateway.md, docs/configuration.md, docs/flow-control.md), run through the real binary.
+//! docs/gateway.md, docs/configuration.md, docs/flow-control.md, docs/precise-prefix.md), run
+//! through the real binary.
 //!
 //! A block is a whole gateway file when it has a top-level `models:`; otherwise it is a section
 //! shown on its own (`auth:`, `quotas:`, `flowControl:` with `tenancy:`, `rewrites:`) and is
 //! checked inside the smallest file that can hold it: an API key naming a tenant (so that
 //! per-tenant quotas and rewrites apply) and the models it names. The files a block names under
 //! `/etc/infergate/` (certificates, keys, CA bundles, an API key file) and the tokenizer folder
-//! are swapped for real ones in a temporary folder, since `--check` loads them as a start does.
+//! are swapped for real ones in a temporary folder, since `--check` loads them as a start does;
+//! a relative tokenizer folder is taken from the repository's root, where the docs run it.
 //! Blocks that are not gateway files (a `bench` scenario) are recognised by their first key and
 //! listed, so that a new kind of block is not skipped unnoticed.
 //!
@@ -33,11 +35,12 @@ mod printed_error;
 use checked_files::CheckedFiles;
 
 /// The pages whose YAML blocks are checked, from the repository's root.
-const PAGES: [&str; 4] = [
+const PAGES: [&str; 5] = [
     "README.md",
     "docs/gateway.md",
     "docs/configuration.md",
     "docs/flow-control.md",
+    "docs/precise-prefix.md",
 ];
 
 /// First keys of blocks that are not gateway files, and what they are.
@@ -90,7 +93,8 @@ fn top_keys(text: &str) -> Vec<&str> {
 }
 
 /// The block with every path it names under `/etc/infergate/`, and its tokenizer, swapped for
-/// a real file of the same kind in `files`.
+/// a real file of the same kind in `files`; a relative tokenizer folder (the emulator's walk in
+/// docs/precise-prefix.md, run from the repository's root) is made absolute from the root.
 fn with_real_files(text: &str, files: &CheckedFiles, tokenizer: &str) -> String {
     let mut out = String::new();
     for line in text.lines() {
@@ -119,6 +123,11 @@ fn with_real_files(text: &str, files: &CheckedFiles, tokenizer: &str) -> String 
             Some((head, tail)) if tail.starts_with('/') => {
                 let rest = tail.find(' ').map_or("", |n| &tail[n..]);
                 format!("{head}tokenizer: {tokenizer}{rest}")
+            }
+            Some((head, tail)) if !tail.trim().is_empty() => {
+                let end = tail.find(' ').unwrap_or(tail.len());
+                let from_root = repo().join(&tail[..end]).display().to_string();
+                format!("{head}tokenizer: {from_root}{}", &tail[end..])
             }
             _ => line,
         };
