@@ -145,3 +145,66 @@ fn a_bad_namespace_from_the_watch_variable_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// Every variable `infergate <command> --help` shows (`[env: NAME=]`), over every command the
+/// top-level help lists.
+fn variables_in_help() -> std::collections::BTreeSet<String> {
+    let help = |args: &[&str]| String::from_utf8(run(args, &[]).stdout).unwrap();
+    let top = help(&["--help"]);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        commands.len() >= 10,
+        "commands read from --help: {commands:?}"
+    );
+    let mut names = std::collections::BTreeSet::new();
+    for command in &commands {
+        let text = help(&[command, "--help"]);
+        for rest in text.split("[env: ").skip(1) {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// docs/configuration.md's list of the variables ("The variables are ..." up to "Since a shell
+/// accepts any name") is every variable a flag reads, and only those: a variable the page leaves out is
+/// one a user cannot find without reading each command's help.
+#[test]
+fn the_configuration_page_lists_every_variable_the_flags_read() {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md"),
+    )
+    .unwrap();
+    let list = page
+        .split_once("The variables are ")
+        .and_then(|(_, rest)| rest.split_once("Since a shell accepts any name"))
+        .map(|(list, _)| list)
+        .expect("docs/configuration.md has its list of variables");
+    let documented: std::collections::BTreeSet<String> = list
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|name| name.starts_with(|c: char| c.is_ascii_uppercase()) && *name != "RUST_LOG")
+        .map(str::to_owned)
+        .collect();
+    let read = variables_in_help();
+    let missing: Vec<_> = read.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&read).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "docs/configuration.md, Environment variables: not listed {missing:?}; listed but read by \
+         no flag {unknown:?}"
+    );
+}
