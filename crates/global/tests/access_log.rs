@@ -634,6 +634,36 @@ const SLOW_HEARTBEAT: &str = r#"{"schema":"infergate.heartbeat/v1","instance":"i
     "running":0,"inflight":0,"estimatedTtftMs":400.0,"prefillMs":400.0,"fixedCostMs":100.0,
     "drainMs":0.0}]}"#;
 
+/// A real gateway serving each of `models` on its own [`holding_pod`], once ready; it stops
+/// when the sender is dropped.
+async fn holding_gateway(
+    models: &[&str],
+) -> (infergate_proxy::Gateway, tokio::sync::oneshot::Sender<()>) {
+    let mut yaml = "auth: none\nscrape: { intervalMs: 20 }\nmodels:\n".to_owned();
+    for model in models {
+        let pod = holding_pod().await;
+        yaml.push_str(&format!(
+            "  - name: {model}\n    scheduler: {{ preset: infergate }}\n    endpoints: [{pod}]\n"
+        ));
+    }
+    clusters::ready_gateway(&yaml).await
+}
+
+/// The router's settings up to its `clusters:` list: policy `latency`, heartbeats every 50 ms,
+/// no slow start, the access log in `log`.
+fn by_latency(log: &Path) -> String {
+    format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 2000, slowStartMs: 0 }}\nrouting: {{ policy: latency }}\naccessLog: {{ path: {} }}\nclusters:\n",
+        log.display()
+    )
+}
+
+/// A scripted cluster answering 200, and where its heartbeat, always `beat`, is served.
+async fn scripted_behind(beat: &'static str) -> (Scripted, SocketAddr) {
+    let page = infergate_testkit::pages::page_server(std::sync::Arc::new(|| beat.to_owned()));
+    (Scripted::start(200).await, page.await)
+}
+
 /// Routes `request` by latency between `q`, a real gateway whose one pod holds the `held`
 /// requests (sent to that gateway directly: routed by it, without a first token), and `slow`,
 /// an idle cluster behind [`SLOW_HEARTBEAT`], once the router has seen `q`'s queue: which
@@ -641,18 +671,11 @@ const SLOW_HEARTBEAT: &str = r#"{"schema":"infergate.heartbeat/v1","instance":"i
 async fn route_behind(held: &[String], request: &str) -> (String, f64) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let pod = holding_pod().await;
-    let (gw, _gw_stop) = clusters::ready_gateway(&format!(
-        "auth: none\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: m\n    scheduler: {{ preset: infergate }}\n    endpoints: [{pod}]\n"
-    ))
-    .await;
-    let slow = Scripted::start(200).await;
-    let slow_beat =
-        infergate_testkit::pages::page_server(std::sync::Arc::new(|| SLOW_HEARTBEAT.to_owned()))
-            .await;
+    let (gw, _gw_stop) = holding_gateway(&["m"]).await;
+    let (slow, slow_beat) = scripted_behind(SLOW_HEARTBEAT).await;
     let yaml = format!(
-        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 2000, slowStartMs: 0 }}\nrouting: {{ policy: latency }}\naccessLog: {{ path: {} }}\nclusters:\n  - {{ name: q, url: 'http://{}', heartbeatUrl: 'http://{}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n{}",
-        log.display(),
+        "{}  - {{ name: q, url: 'http://{}', heartbeatUrl: 'http://{}/heartbeat', region: r, models: [m], cost: {{ inputPerMillion: 1 }} }}\n{}",
+        by_latency(&log),
         gw.http_addr(),
         gw.admin_addr().unwrap(),
         entry("slow", slow.addr, slow_beat, 1.0),
@@ -722,4 +745,138 @@ async fn a_prompt_goes_where_the_queue_ahead_of_it_is_shortest_in_tokens() {
     );
     assert!((300.0..1_000.0).contains(&long_ms), "{outcome}");
     assert!(short_ms < 200.0, "{outcome}");
+}
+
+/// A chat request for `model` of `content`, not streamed.
+fn chat_for(model: &str, content: &str) -> String {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": content}]})
+        .to_string()
+}
+
+/// The heartbeat of `far`: `b` alone, idle, a typical request's first token in 400 ms, 100 ms of
+/// it fixed (a short prompt: about 108 ms).
+const FAR_B_HEARTBEAT: &str = r#"{"schema":"infergate.heartbeat/v1","instance":"i","generation":1,
+    "timestampMs":1,"models":[{"name":"b","pods":1,"readyPods":1,"saturation":0.0,"queue":0,
+    "running":0,"inflight":0,"estimatedTtftMs":400.0,"prefillMs":400.0,"fixedCostMs":100.0,
+    "drainMs":0.0}]}"#;
+
+/// What `model`'s entry of the heartbeat at `admin` says of `field` (`None`: absent).
+async fn beat_field(admin: SocketAddr, model: &str, field: &str) -> Option<f64> {
+    let beat: Value =
+        serde_json::from_str(&infergate_testkit::get(admin, "/heartbeat").await.text()).ok()?;
+    beat["models"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == model)
+        .and_then(|m| m[field].as_f64())
+}
+
+/// The router counts the requests it sent and that have no first token yet per model, not per
+/// cluster. `near` is a real gateway serving `a` and `b`, each on its own pod (idle, at the
+/// scheduler's prior 4,000 tokens/s); `far` serves `b` alone, idle, about 108 ms to a short
+/// prompt's first token. Four long prompts for `a` (about 8,200 tokens) are sent through the
+/// router and held on `near`'s `a` pod; then a short prompt for `b`, whose pod on `near` is idle,
+/// goes to `near`. When the cluster's pending requests were added to every model's estimate, it
+/// was estimated behind the 8,200 tokens of `a` (2 s) and went to `far`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_queues_behind_its_own_pending_requests_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let (gw, _gw_stop) = holding_gateway(&["a", "b"]).await;
+    let (far, far_beat) = scripted_behind(FAR_B_HEARTBEAT).await;
+    let yaml = format!(
+        "{}  - {{ name: near, url: 'http://{}', heartbeatUrl: 'http://{}/heartbeat', region: r, models: [a, b], cost: {{ inputPerMillion: 1 }} }}\n  - {{ name: far, url: 'http://{}', heartbeatUrl: 'http://{far_beat}/heartbeat', region: r-far, models: [b], cost: {{ inputPerMillion: 1 }} }}\n",
+        by_latency(&log),
+        gw.http_addr(),
+        gw.admin_addr().unwrap(),
+        far.addr,
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["near", "far"]).await;
+    let long = long_prompt();
+    let holding: Vec<_> = (0..4)
+        .map(|n| {
+            let req = http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Bytes::from(chat_for("a", &format!("HOLD {n}: {long}"))))
+                .unwrap();
+            tokio::spawn(infergate_testkit::send(router.http_addr(), req))
+        })
+        .collect();
+    // The four have reached `near`'s gateway through the router: pending there, for `a`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while beat_field(gw.admin_addr().unwrap(), "a", "inflight").await != Some(4.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the held requests never reached near"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = chat(
+        &router,
+        &chat_for("b", &format!("request 1: {SHORT}")),
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let cluster = answer.header("x-infergate-cluster").unwrap().to_owned();
+    let lines = json_lines(&log, 1).await;
+    let estimate = lines[0]["estimated_ttft_ms"].as_f64().unwrap();
+    println!(
+        "a short prompt for b behind four long ones for a: {cluster}, estimated {estimate:.1} ms"
+    );
+    for h in holding {
+        h.abort();
+    }
+    assert_eq!(
+        cluster, "near",
+        "the short prompt for b went to {cluster}, estimated {estimate:.1} ms"
+    );
+    assert!(estimate < 100.0, "estimated {estimate:.1} ms on near");
+}
+
+/// A cold pool is estimated at its GPU type's speed, as its scheduler assumes it. `a10g` is one
+/// fresh emulated A10G pod (the gateway told its GPU type), cheap; `h100` one fresh H100 pod,
+/// ten times the price. Policy `costAware`, objective 1,000 ms, a long prompt (about 2,050
+/// tokens): neither pod has served a request, so their heartbeats estimate from the scheduler's
+/// cold-start rate. At the scheduler's prior for each GPU (4,000 tokens/s per H100, an A10G
+/// 125/989 of it) the A10G's is over 4 s, the H100's 0.5 s: the request goes to `h100`. When the
+/// heartbeat used the unscaled prior for both, both said 0.5 s and it went to the cheaper `a10g`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_pool_is_judged_at_its_gpu_types_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let a10g = TestCluster::start_on_gpu("a10g", "llama-3.1-8b/a10g", "a10g", 41).await;
+    let h100 = TestCluster::start_on_gpu("h100", "llama-3.1-8b/h100", "h100", 42).await;
+    clusters::wait_ready(a10g.admin).await;
+    clusters::wait_ready(h100.admin).await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 50, staleAfterMs: 2000, slowStartMs: 0 }}\nrouting: {{ policy: costAware, ttftObjectiveMs: 1000 }}\naccessLog: {{ path: {} }}\nclusters:\n{}{}",
+        log.display(),
+        a10g.entry("r", 0.05, 0.1),
+        h100.entry("r", 0.5, 1.0),
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["a10g", "h100"]).await;
+    let (a10g_ms, h100_ms) = (
+        beat_field(a10g.admin, "llama", "prefillMs").await,
+        beat_field(h100.admin, "llama", "prefillMs").await,
+    );
+    println!("cold prefillMs: a10g {a10g_ms:?}, h100 {h100_ms:?}");
+    let answer = chat(&router, &numbered(1, &long_prompt()), None).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let cluster = answer.header("x-infergate-cluster").unwrap().to_owned();
+    let lines = json_lines(&log, 1).await;
+    let estimate = lines[0]["estimated_ttft_ms"].as_f64().unwrap();
+    println!("a long prompt, both pools cold: {cluster}, estimated {estimate:.1} ms");
+    let outcome = format!(
+        "went to {cluster}, estimated {estimate:.1} ms; cold prefillMs a10g {a10g_ms:?}, h100 \
+         {h100_ms:?}"
+    );
+    assert_eq!(cluster, "h100", "{outcome}");
+    let (Some(a10g_ms), Some(h100_ms)) = (a10g_ms, h100_ms) else {
+        panic!("{outcome}");
+    };
+    // 989/125 = 7.9 times slower.
+    assert!(a10g_ms > 5.0 * h100_ms, "{outcome}");
 }

@@ -38,6 +38,23 @@ impl TestCluster {
         seed: u64,
         front: &str,
     ) -> TestCluster {
+        Self::launch(name, profile, pods, seed, front, None).await
+    }
+
+    /// One pod of `profile` whose gateway endpoint declares the GPU type `gpu` (the scheduler
+    /// scales its cold-start rate by it until it learns the pod's own).
+    pub async fn start_on_gpu(name: &str, profile: &str, gpu: &str, seed: u64) -> TestCluster {
+        Self::launch(name, profile, 1, seed, "", Some(gpu)).await
+    }
+
+    async fn launch(
+        name: &str,
+        profile: &str,
+        pods: usize,
+        seed: u64,
+        front: &str,
+        gpu: Option<&str>,
+    ) -> TestCluster {
         let mut spec = format!("seed: {seed}\npods:\n");
         for i in 0..pods {
             spec.push_str(&format!(
@@ -55,8 +72,9 @@ impl TestCluster {
             "{front}auth: none\nmodels:\n  - name: llama\n    scheduler: {{ preset: infergate }}\n    endpoints:\n",
         );
         for (pod, addr) in fleet.addrs() {
+            let gpu = gpu.map_or(String::new(), |g| format!(", gpu: {g}"));
             config.push_str(&format!(
-                "      - {{ address: {addr}, name: {pod}, engine: vllm }}\n"
+                "      - {{ address: {addr}, name: {pod}, engine: vllm{gpu} }}\n"
             ));
         }
         let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
