@@ -155,7 +155,7 @@ pub(crate) struct Upstream {
 
 impl Tracked {
     pub(crate) fn new(up: Upstream) -> Self {
-        Tracked {
+        let mut tracked = Tracked {
             inner: up.body,
             lease: Some(up.lease),
             _permit: up.permit,
@@ -174,7 +174,16 @@ impl Tracked {
             quota: up.quota.map(QuotaTicket::commit),
             flow_charge: up.flow_charge,
             note: up.note,
+        };
+        // An answer without a body (`content-length: 0`) has ended with its head. hyper sends
+        // such a response without polling its body, so it ends here: else the body, dropped
+        // unread, would count as the client leaving (in-flight entry cancelled, access log
+        // `cancelled`, connection closed).
+        if tracked.inner.is_end_stream() {
+            tracked.release();
+            tracked.finish(true);
         }
+        tracked
     }
 
     fn on_data(&mut self, data: &Bytes) {

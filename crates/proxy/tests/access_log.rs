@@ -137,6 +137,41 @@ async fn every_request_gets_one_line_saying_how_it_ended() {
     }
 }
 
+/// An answer without a body (`content-length: 0`) is over when its head is: hyper writes it to
+/// the client without polling the body, which was then dropped unread and logged as the client
+/// leaving (`cancelled`), its in-flight entry cancelled and its connection closed.
+#[tokio::test]
+async fn an_answer_without_a_body_is_logged_as_it_ended_not_as_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let ok = Upstream::start(Behaviour::Empty(200)).await;
+    let missing = Upstream::start(Behaviour::Empty(404)).await;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    for (n, up) in [&ok, &missing].into_iter().enumerate() {
+        let (gw, _stop) = start(&config(&log, &[up.addr])).await;
+        let id = format!("empty-{n}");
+        let (status, _, body) = send(
+            gw.http_addr(),
+            "POST",
+            "/v1/chat/completions",
+            chat,
+            &[("x-request-id", id.as_str())],
+        )
+        .await;
+        assert!(body.is_empty(), "{body:?}");
+        let lines = json_lines(&log, n + 1).await;
+        let line = the(&lines, &id);
+        assert_eq!(line["status"], status.as_u16(), "{line}");
+        let want = if status == 200 {
+            "completed"
+        } else {
+            "refused"
+        };
+        assert_eq!(line["outcome"], want, "{line}");
+    }
+    assert_eq!(missing.requests(), 1);
+}
+
 #[tokio::test]
 async fn a_reload_moves_the_log_and_a_bad_path_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,6 +37,9 @@ pub enum Behaviour {
     Stepped,
     /// Reads the request and never answers.
     Hang,
+    /// This status with no body (`content-length: 0`), as a proxy in front of a model server
+    /// may answer.
+    Empty(u16),
 }
 
 /// What an upstream saw.
@@ -179,6 +182,11 @@ async fn answer(
     let stream = v["stream"].as_bool().unwrap_or(false);
     match behaviour {
         Behaviour::Hang => std::future::pending().await,
+        Behaviour::Empty(status) => {
+            let mut r = Response::new(full(Bytes::new()));
+            *r.status_mut() = StatusCode::from_u16(status).unwrap();
+            r
+        }
         Behaviour::Fail500 | Behaviour::FailEveryOther => {
             let mut r = Response::new(full(r#"{"error":{"message":"engine died"}}"#));
             *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
