@@ -20,175 +20,23 @@ mod forward;
 mod front_doors;
 #[path = "../../extproc/tests/common/harness.rs"]
 mod harness;
+#[path = "common/promql.rs"]
+mod promql;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use front_doors::{FrontDoors, exported, scrape_until};
+use promql::referenced;
 use serde_json::Value;
 
 /// Fewest distinct metric names the dashboard must reference (so the check cannot pass on an
 /// empty or truncated dashboard).
 const MIN_REFERENCED: usize = 10;
 
-/// Identifiers of PromQL (and Grafana's templating functions) that are not metric names. A name
-/// directly followed by `(` is a function and skipped anyway; this list covers the keywords and
-/// aggregations that are followed by something else (`sum by (le) (...)`, `a or b`).
-const NOT_METRICS: &[&str] = &[
-    "abs",
-    "absent",
-    "and",
-    "atan2",
-    "avg",
-    "avg_over_time",
-    "bool",
-    "bottomk",
-    "by",
-    "ceil",
-    "changes",
-    "clamp",
-    "clamp_max",
-    "clamp_min",
-    "count",
-    "count_values",
-    "delta",
-    "deriv",
-    "floor",
-    "group",
-    "group_left",
-    "group_right",
-    "histogram_quantile",
-    "idelta",
-    "ignoring",
-    "increase",
-    "inf",
-    "irate",
-    "label_join",
-    "label_replace",
-    "label_values",
-    "le",
-    "max",
-    "max_over_time",
-    "min",
-    "min_over_time",
-    "nan",
-    "offset",
-    "on",
-    "or",
-    "quantile",
-    "quantile_over_time",
-    "query_result",
-    "rate",
-    "resets",
-    "round",
-    "scalar",
-    "sort",
-    "sort_desc",
-    "stddev",
-    "stdvar",
-    "sum",
-    "sum_over_time",
-    "time",
-    "timestamp",
-    "topk",
-    "unless",
-    "vector",
-    "without",
-];
-
-/// Keywords followed by a parenthesised list of label names.
-const LABEL_LIST_KEYWORDS: &[&str] = &[
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-];
-
 fn dashboard_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/infergate/dashboards/infergate.json")
-}
-
-/// The metric names a PromQL expression references: identifiers outside label matchers, range
-/// selectors, strings and label lists, that are neither keywords nor functions.
-fn referenced(expr: &str) -> BTreeSet<String> {
-    let c: Vec<char> = expr.chars().collect();
-    let ident = |ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':';
-    let skip_ws = |mut i: usize| {
-        while i < c.len() && c[i].is_whitespace() {
-            i += 1;
-        }
-        i
-    };
-    // Index just past the `close` that ends the group opened at `i`, stepping over strings.
-    let skip_group = |mut i: usize, close: char| {
-        i += 1;
-        while i < c.len() && c[i] != close {
-            if matches!(c[i], '"' | '\'' | '`') {
-                let q = c[i];
-                i += 1;
-                while i < c.len() && c[i] != q {
-                    i += if c[i] == '\\' { 2 } else { 1 };
-                }
-            }
-            i += 1;
-        }
-        i + 1
-    };
-    let mut out = BTreeSet::new();
-    let mut i = 0;
-    while i < c.len() {
-        let ch = c[i];
-        if matches!(ch, '"' | '\'' | '`') {
-            i += 1;
-            while i < c.len() && c[i] != ch {
-                i += if c[i] == '\\' { 2 } else { 1 };
-            }
-            i += 1;
-        } else if ch == '{' {
-            i = skip_group(i, '}');
-        } else if ch == '[' {
-            i = skip_group(i, ']');
-        } else if ch == '$' {
-            // A Grafana variable: `$__rate_interval`, `${datasource}`.
-            i += 1;
-            if i < c.len() && c[i] == '{' {
-                i = skip_group(i, '}');
-            }
-            while i < c.len() && ident(c[i]) {
-                i += 1;
-            }
-        } else if ch.is_ascii_digit()
-            || (ch == '.' && c.get(i + 1).is_some_and(char::is_ascii_digit))
-        {
-            // A number or a duration (`0.95`, `1e-3`, `5m`).
-            while i < c.len() && (ident(c[i]) || c[i] == '.') {
-                i += 1;
-            }
-        } else if ch.is_ascii_alphabetic() || ch == '_' || ch == ':' {
-            let start = i;
-            while i < c.len() && ident(c[i]) {
-                i += 1;
-            }
-            let word: String = c[start..i].iter().collect();
-            let next = skip_ws(i);
-            let lower = word.to_ascii_lowercase();
-            if LABEL_LIST_KEYWORDS.contains(&lower.as_str()) {
-                if c.get(next) == Some(&'(') {
-                    i = skip_group(next, ')');
-                }
-            } else if NOT_METRICS.contains(&lower.as_str()) || c.get(next) == Some(&'(') {
-                // A keyword or a function.
-            } else {
-                out.insert(word);
-            }
-        } else {
-            i += 1;
-        }
-    }
-    out
 }
 
 /// Every PromQL expression of the dashboard: each `expr` anywhere (panel targets, rows' nested

@@ -84,15 +84,21 @@ impl Proc {
 
     /// Waits until `GET /readyz` on `admin` answers 200.
     pub async fn wait_ready(&mut self, admin: SocketAddr) {
+        self.wait_answering(admin, "/readyz").await;
+    }
+
+    /// Waits until `GET path` on `admin` answers 200, for [`READY_WITHIN`] (`/metrics` answers
+    /// before `/readyz` does, and without a live pod).
+    pub async fn wait_answering(&mut self, admin: SocketAddr, path: &str) {
         let deadline = Instant::now() + READY_WITHIN;
         loop {
             self.assert_running();
-            if let Ok((200, _)) = http(admin, "GET", "/readyz", None).await {
+            if let Ok((200, _)) = http(admin, "GET", path, None).await {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{} not ready on {admin} within {READY_WITHIN:?}:\n{}",
+                "{} did not answer {path} on {admin} with 200 within {READY_WITHIN:?}:\n{}",
                 self.what,
                 self.log()
             );

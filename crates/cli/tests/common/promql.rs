@@ -1,0 +1,212 @@
+//! Reading PromQL for the checks that hold the chart's dashboard and alerting rules to what the
+//! binaries export: the metric names an expression selects, and the label names its selectors
+//! match on.
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the helpers"
+)]
+
+use std::collections::BTreeSet;
+
+/// Identifiers of PromQL (and Grafana's templating functions) that are not metric names. A name
+/// directly followed by `(` is a function and skipped anyway; this list covers the keywords and
+/// aggregations that are followed by something else (`sum by (le) (...)`, `a or b`).
+pub const NOT_METRICS: &[&str] = &[
+    "abs",
+    "absent",
+    "and",
+    "atan2",
+    "avg",
+    "avg_over_time",
+    "bool",
+    "bottomk",
+    "by",
+    "ceil",
+    "changes",
+    "clamp",
+    "clamp_max",
+    "clamp_min",
+    "count",
+    "count_values",
+    "delta",
+    "deriv",
+    "floor",
+    "group",
+    "group_left",
+    "group_right",
+    "histogram_quantile",
+    "idelta",
+    "ignoring",
+    "increase",
+    "inf",
+    "irate",
+    "label_join",
+    "label_replace",
+    "label_values",
+    "le",
+    "max",
+    "max_over_time",
+    "min",
+    "min_over_time",
+    "nan",
+    "offset",
+    "on",
+    "or",
+    "quantile",
+    "quantile_over_time",
+    "query_result",
+    "rate",
+    "resets",
+    "round",
+    "scalar",
+    "sort",
+    "sort_desc",
+    "stddev",
+    "stdvar",
+    "sum",
+    "sum_over_time",
+    "time",
+    "timestamp",
+    "topk",
+    "unless",
+    "vector",
+    "without",
+];
+
+/// Keywords followed by a parenthesised list of label names.
+pub const LABEL_LIST_KEYWORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
+/// One series selector of an expression: the metric name and the label names its matchers
+/// test (`a{b="x", c=~"y"}` is `a` with `b`, `c`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Selector {
+    /// The metric name.
+    pub name: String,
+    /// The label names of its matchers.
+    pub labels: BTreeSet<String>,
+}
+
+/// The metric names a PromQL expression references: identifiers outside label matchers, range
+/// selectors, strings and label lists, that are neither keywords nor functions.
+pub fn referenced(expr: &str) -> BTreeSet<String> {
+    selectors(expr).into_iter().map(|s| s.name).collect()
+}
+
+/// The selectors of a PromQL expression, in order: each metric name (as [`referenced`] finds
+/// them) with the label names of the matchers that follow it.
+pub fn selectors(expr: &str) -> Vec<Selector> {
+    let c: Vec<char> = expr.chars().collect();
+    let ident = |ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':';
+    let skip_ws = |mut i: usize| {
+        while i < c.len() && c[i].is_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    // Index just past the string quoted by `c[i]`.
+    let skip_string = |mut i: usize| {
+        let q = c[i];
+        i += 1;
+        while i < c.len() && c[i] != q {
+            i += if c[i] == '\\' { 2 } else { 1 };
+        }
+        i + 1
+    };
+    // Index just past the `close` that ends the group opened at `i`, stepping over strings.
+    let skip_group = |mut i: usize, close: char| {
+        i += 1;
+        while i < c.len() && c[i] != close {
+            if matches!(c[i], '"' | '\'' | '`') {
+                i = skip_string(i);
+            } else {
+                i += 1;
+            }
+        }
+        i + 1
+    };
+    // The label names of the matchers in the group opened at `i` (`{a="x", b!~"y"}`).
+    let matcher_labels = |open: usize| {
+        let end = skip_group(open, '}');
+        let mut labels = BTreeSet::new();
+        let mut i = open + 1;
+        while i + 1 < end {
+            if matches!(c[i], '"' | '\'' | '`') {
+                i = skip_string(i);
+            } else if ident(c[i]) {
+                let start = i;
+                while i < end && ident(c[i]) {
+                    i += 1;
+                }
+                let next = skip_ws(i);
+                if matches!(c.get(next), Some('=' | '!')) {
+                    labels.insert(c[start..i].iter().collect::<String>());
+                }
+            } else {
+                i += 1;
+            }
+        }
+        (labels, end)
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < c.len() {
+        let ch = c[i];
+        if matches!(ch, '"' | '\'' | '`') {
+            i = skip_string(i);
+        } else if ch == '{' {
+            i = skip_group(i, '}');
+        } else if ch == '[' {
+            i = skip_group(i, ']');
+        } else if ch == '$' {
+            // A Grafana variable: `$__rate_interval`, `${datasource}`.
+            i += 1;
+            if i < c.len() && c[i] == '{' {
+                i = skip_group(i, '}');
+            }
+            while i < c.len() && ident(c[i]) {
+                i += 1;
+            }
+        } else if ch.is_ascii_digit()
+            || (ch == '.' && c.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
+            // A number or a duration (`0.95`, `1e-3`, `5m`).
+            while i < c.len() && (ident(c[i]) || c[i] == '.') {
+                i += 1;
+            }
+        } else if ch.is_ascii_alphabetic() || ch == '_' || ch == ':' {
+            let start = i;
+            while i < c.len() && ident(c[i]) {
+                i += 1;
+            }
+            let word: String = c[start..i].iter().collect();
+            let next = skip_ws(i);
+            let lower = word.to_ascii_lowercase();
+            if LABEL_LIST_KEYWORDS.contains(&lower.as_str()) {
+                if c.get(next) == Some(&'(') {
+                    i = skip_group(next, ')');
+                }
+            } else if NOT_METRICS.contains(&lower.as_str()) || c.get(next) == Some(&'(') {
+                // A keyword or a function.
+            } else if c.get(next) == Some(&'{') {
+                let (labels, end) = matcher_labels(next);
+                out.push(Selector { name: word, labels });
+                i = end;
+            } else {
+                out.push(Selector {
+                    name: word,
+                    labels: BTreeSet::new(),
+                });
+            }
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
