@@ -6,8 +6,9 @@
 //! mutual TLS with quotas shared through a Redis that is not there (the `tls` and `quota`
 //! families), and the global router over the first gateway and a dead cluster, sent a request
 //! for a model no cluster serves. Every metric name a rule's expression selects must be
-//! exported by one of them, and every label name its matchers test (`{reason="…"}`) must be on
-//! that family's samples. The operator needs a Kubernetes API and is not started: its families
+//! exported by one of them, every label name its matchers test (`{reason="…"}`) must be on
+//! that family's samples, and every label its aggregations keep or drop (`by (pool)`), other
+//! than the scrape's own (`namespace`, `job`, `instance`), on one of the families it selects. The operator needs a Kubernetes API and is not started: its families
 //! are held to their registration in `crates/operator/src/metrics.rs`. The rule file's shape
 //! (severities, annotations, the docs its `runbook_url`s point to) is checked too; what the
 //! expressions compute is `promtool test rules`' part (tests/alerts/).
@@ -32,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use front_doors::{FrontDoors, Proc, chat, http, local, sample_name, scrape_until};
-use promql::{Selector, selectors};
+use promql::{Selector, grouping_labels, selectors};
 use serde_json::json;
 
 /// Fewest alerts the file must hold (so the checks cannot pass on an empty or truncated file).
@@ -40,6 +41,10 @@ const MIN_ALERTS: usize = 15;
 
 /// Where the `runbook_url`s point: the repository's docs.
 const DOCS_URL: &str = "https://github.com/infergate/infergate/blob/main/docs/";
+
+/// Labels the scrape adds to every target (Prometheus' `job` and `instance`, a ServiceMonitor's
+/// `namespace`): aggregations may keep them though no process exports them.
+const TARGET_LABELS: &[&str] = &["namespace", "job", "instance"];
 
 /// The operator's family prefix: not started here (it needs a Kubernetes API).
 const OPERATOR: &str = "infergate_operator_";
@@ -185,6 +190,10 @@ fn the_selector_parser_finds_names_and_matched_labels() {
         ("z".into(), vec!["e".into(), "f".into()]),
     ];
     assert_eq!(got, want);
+    assert_eq!(
+        grouping_labels(r#"sum by (a, b) (x{c="by (z)"}) / max without(d) (y) * on (e) w"#),
+        BTreeSet::from(["a".into(), "b".into(), "d".into()])
+    );
     let page = "# TYPE a counter\na_total{x=\"1,\\\"}\",y=\"2\"} 0\nb 1\n";
     let labels = series_labels(page);
     assert_eq!(labels["a_total"], BTreeSet::from(["x".into(), "y".into()]));
@@ -391,6 +400,22 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
                         have.iter().cloned().collect::<Vec<_>>().join(", ")
                     ));
                 }
+            }
+        }
+    }
+    // Each label an alert's aggregations keep or drop is on one of the families it selects.
+    for r in &rules {
+        let selected: BTreeSet<&String> = selectors(&r.expr)
+            .into_iter()
+            .filter_map(|s| all.get(&s.name))
+            .flatten()
+            .collect();
+        for l in grouping_labels(&r.expr) {
+            if !TARGET_LABELS.contains(&l.as_str()) && !selected.contains(&l) {
+                problems.push(format!(
+                    "{}: groups by `{l}`, a label none of its families has",
+                    r.alert
+                ));
             }
         }
     }

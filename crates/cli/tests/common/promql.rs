@@ -210,3 +210,56 @@ pub fn selectors(expr: &str) -> Vec<Selector> {
     }
     out
 }
+
+/// The label names of an expression's `by (…)` and `without (…)` lists: what its aggregations
+/// keep or drop (a misspelt one silently groups everything together).
+pub fn grouping_labels(expr: &str) -> BTreeSet<String> {
+    // The expression without its strings and matchers, where `by` may be written as data.
+    let mut plain = String::new();
+    let mut chars = expr.chars();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '"' | '\'' | '`' => {
+                let mut escaped = false;
+                for c in chars.by_ref() {
+                    if c == ch && !escaped {
+                        break;
+                    }
+                    escaped = c == '\\' && !escaped;
+                }
+                plain.push(' ');
+            }
+            '{' => {
+                for c in chars.by_ref() {
+                    if c == '}' {
+                        break;
+                    }
+                }
+                plain.push(' ');
+            }
+            c => plain.push(c),
+        }
+    }
+    let mut out = BTreeSet::new();
+    let mut rest = plain.as_str();
+    while let Some(at) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        let len = rest[at..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len() - at);
+        let word = &rest[at..at + len];
+        rest = &rest[at + len..];
+        if matches!(word, "by" | "without")
+            && let Some(list) = rest.trim_start().strip_prefix('(')
+        {
+            let end = list.find(')').unwrap_or(list.len());
+            out.extend(
+                list[..end]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+    }
+    out
+}
