@@ -4,7 +4,7 @@
 //! The real binaries run over emulated vLLM pods: the gateway and the picker
 //! (`common/front_doors.rs`, driven so that counters have series), a second gateway serving
 //! mutual TLS with quotas shared through a Redis that is not there (the `tls` and `quota`
-//! families), and the global router over the first gateway and a dead cluster, sent a request
+//! families), and the global router over the first gateway and dead clusters (one over TLS), sent a request
 //! for a model no cluster serves. Every metric name a rule's expression selects must be
 //! exported by one of them, every label name its matchers test (`{reason="…"}`) must be on
 //! that family's samples, and every label its aggregations keep or drop (`by (pool)`), other
@@ -313,7 +313,8 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
         &dir,
     );
 
-    // The global router over the gateway and a dead cluster (drained at its first heartbeat).
+    // The global router over the gateway and two dead clusters (drained at their first
+    // heartbeat), one reached over TLS (its CA's expiry is exported).
     let (global_front, global_admin) = (local(p[2]), local(p[3]));
     let global_file = dir.join("global.yaml");
     let config = json!({
@@ -335,6 +336,14 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
                 "heartbeatUrl": format!("http://{}/heartbeat", doors.dead),
                 "region": "us-west",
                 "cost": { "inputPerMillion": 0.1, "outputPerMillion": 0.2 },
+            },
+            {
+                "name": "north",
+                "url": format!("https://{}", doors.dead),
+                "heartbeatUrl": format!("http://{}/heartbeat", doors.dead),
+                "region": "us-north",
+                "cost": { "inputPerMillion": 0.1, "outputPerMillion": 0.2 },
+                "tls": { "caFile": ca_file.to_str().unwrap() },
             },
         ],
     });
