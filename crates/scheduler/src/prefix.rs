@@ -17,7 +17,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use xxhash_rust::xxh64::xxh64;
+use xxhash_rust::xxh64::{Xxh64, xxh64};
 
 use crate::config::PrefixConfig;
 
@@ -69,7 +69,9 @@ pub fn hash_blocks(
     out: &mut Vec<u64>,
 ) -> usize {
     let block = block.clamp(1, MAX_BLOCK);
-    let mut buf = [0u8; MAX_BLOCK];
+    // A block that straddles segments is hashed incrementally (same result as hashing it whole):
+    // no block-sized buffer to zero and copy into on every request.
+    let mut partial = Xxh64::new(0);
     let mut fill = 0usize;
     let mut prev = seed;
     let mut n = 0usize;
@@ -88,13 +90,16 @@ pub fn hash_blocks(
                 bytes = rest;
                 continue;
             }
+            if fill == 0 {
+                partial.reset(prev);
+            }
             let take = (block - fill).min(bytes.len());
             let (head, rest) = bytes.split_at(take);
-            buf[fill..fill + take].copy_from_slice(head);
+            partial.update(head);
             fill += take;
             bytes = rest;
             if fill == block {
-                prev = xxh64(&buf[..block], prev);
+                prev = partial.digest();
                 out.push(prev);
                 n += 1;
                 fill = 0;
