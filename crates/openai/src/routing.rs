@@ -107,13 +107,18 @@ impl<T> ModelRouter<T> {
         }
         let mut seen = std::collections::HashSet::new();
         for a in adapters {
-            if a == name || !seen.insert(a.as_str()) {
-                return Err(ModelRouterError::Duplicate {
-                    name: a.clone(),
-                    first: format!("an adapter of `{name}`"),
-                    second: format!("an adapter of `{name}`"),
-                });
-            }
+            let first = if a == name {
+                "a model".to_owned()
+            } else if !seen.insert(a.as_str()) {
+                format!("an adapter of `{name}`")
+            } else {
+                continue;
+            };
+            return Err(ModelRouterError::Duplicate {
+                name: a.clone(),
+                first,
+                second: format!("an adapter of `{name}`"),
+            });
         }
         let target_ix = self.targets.len();
         let base_ix = self.bases.len();
@@ -296,7 +301,19 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("adapter of `llama`"), "{err}");
         assert_eq!(r.add_model(" ", &[], "x"), Err(ModelRouterError::Empty));
-        assert!(r.add_model("m2", &["a".into(), "a".into()], "x").is_err());
+        let err = r
+            .add_model("m2", &["a".into(), "a".into()], "x")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "model name `a` is configured twice (as an adapter of `m2` and as an adapter of `m2`)"
+        );
+        // A model listed as its own adapter: the message says which two uses clash.
+        let err = r.add_model("m3", &["m3".into()], "x").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "model name `m3` is configured twice (as a model and as an adapter of `m3`)"
+        );
         // A failed add leaves the table unchanged.
         assert!(r.resolve("mistral").is_err());
         assert_eq!(r.targets().len(), 2);
