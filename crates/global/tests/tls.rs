@@ -926,16 +926,7 @@ async fn the_router_front_door_asks_for_client_certificates_with_client_ca_file(
         0.0,
         "{page}"
     );
-    let text = log.text();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("client refused"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{text}");
-    assert!(lines[0].contains(" WARN "), "{text}");
-    assert!(lines[0].contains("router client refused: "), "{text}");
-    assert!(lines[0].contains("port=\"router\""), "{text}");
-    assert!(lines[0].contains(&bundle.display().to_string()), "{text}");
+    infergate_testkit::one_refusal_warning(&log.text(), "router", &bundle);
 }
 
 /// `infergate global --check` gives the warnings the start gives: a cluster's token sent over

@@ -368,6 +368,24 @@ impl CapturedLog {
     }
 }
 
+/// Asserts that `text` (a [`CapturedLog`]'s) holds exactly one warning of a client refused for
+/// its certificate on the TLS port named `port` (`front`, `router`, `admin`, ...), naming that
+/// port and the client CA bundle `bundle`: what `infergate_pool::tls` logs once a minute at
+/// most for a burst of refusals. Returns the line.
+pub fn one_refusal_warning<'a>(text: &'a str, port: &str, bundle: &std::path::Path) -> &'a str {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("client refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let line = lines[0];
+    assert!(line.contains(" WARN "), "{text}");
+    assert!(line.contains(&format!("{port} client refused: ")), "{text}");
+    assert!(line.contains(&format!("port=\"{port}\"")), "{text}");
+    assert!(line.contains(&bundle.display().to_string()), "{text}");
+    line
+}
+
 impl std::io::Write for CapturedLog {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0
