@@ -105,14 +105,6 @@ pub fn metrics_tls(files: &MetricsTlsFiles) -> Result<ServerTls, Error> {
     ServerTls::new(&certificate, &options).map_err(Error::MetricsTls)
 }
 
-/// Registers `tls`'s series (handshake failures, reloads, the certificate's expiry) with
-/// `port="metrics"`, so that they stay apart from the ext_proc port's, which are unlabelled.
-fn register_metrics_tls(tls: &ServerTls, registry: &mut Registry) {
-    tls.register(
-        registry.sub_registry_with_label((Cow::Borrowed("port"), Cow::Borrowed("metrics"))),
-    );
-}
-
 /// Reads a scheduler configuration file (`preset: infergate`, or explicit weights; every key
 /// optional).
 pub fn load_scheduler_config(path: &Path) -> Result<SchedulerConfig, Error> {
@@ -264,7 +256,8 @@ pub async fn run_picker(
         tls.register(&mut registry);
     }
     if let Some(tls) = &listeners.metrics_tls {
-        register_metrics_tls(tls, &mut registry);
+        // `port="metrics"`: apart from the ext_proc port's series, which are unlabelled.
+        tls.register_labelled(&mut registry);
     }
     let registry = Arc::new(registry);
     let membership_task = match membership {
@@ -393,7 +386,8 @@ pub async fn run_bbr(
         tls.register(&mut registry);
     }
     if let Some(tls) = &metrics_tls {
-        register_metrics_tls(tls, &mut registry);
+        // `port="metrics"`: apart from the ext_proc port's series, which are unlabelled.
+        tls.register_labelled(&mut registry);
     }
     let registry = Arc::new(registry);
     let shutdown = shutdown.shared();

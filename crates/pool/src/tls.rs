@@ -493,6 +493,12 @@ impl ServerTls {
         Ok(tls)
     }
 
+    /// [`Self::register`] with every series labelled `port=<this port's name>` (`admin`,
+    /// `metrics`): for a port whose series share their families with another TLS port's.
+    pub fn register_labelled(&self, registry: &mut Registry) {
+        self.register(registry.sub_registry_with_label(("port".into(), self.port.into())));
+    }
+
     /// Registers `infergate_tls_handshake_failures_total{reason}`,
     /// `infergate_tls_connections_closed_before_handshake_total`,
     /// `infergate_tls_certificate_reloads_total{result}` and

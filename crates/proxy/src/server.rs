@@ -315,7 +315,7 @@ impl Control {
             None => None,
         };
         if let Some(t) = &admin_tls {
-            t.register(registry.sub_registry_with_label(("port".into(), "admin".into())));
+            t.register_labelled(&mut registry);
         }
         let admin_https = admin_tls.is_some();
         let seed = config.seed;
