@@ -6,11 +6,13 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod cmd;
 mod env_vars;
+mod report;
 
 /// GPU-aware inference gateway for Kubernetes.
 #[derive(Debug, Parser)]
@@ -72,7 +74,22 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Best effort: with stderr gone there is no one to tell.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                report::error_report(&e).as_bytes(),
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses the command line, sets up logging and runs the subcommand.
+fn run() -> anyhow::Result<()> {
     let known_vars = env_vars::known(&Cli::command());
     let args: Vec<OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&args) {

@@ -249,3 +249,29 @@ fn check_and_start_refuse_a_header_limit_that_cannot_be_honoured() {
         assert!(ok, "{bytes}: {text}");
     }
 }
+
+/// `RUST_BACKTRACE` is often set on pods for the sake of panics: a refused start still prints
+/// its reasons alone, not a stack trace of the binary's frames under them.
+#[test]
+fn a_refused_start_prints_no_backtrace_whatever_the_environment_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.yaml");
+    std::fs::write(&file, "bogus: 1\n").unwrap();
+    for (var, value) in [("RUST_BACKTRACE", "1"), ("RUST_LIB_BACKTRACE", "full")] {
+        let (ok, text) = printed_error::run_with_config(
+            "gateway",
+            &file,
+            &[],
+            &[(var, value)],
+            "INFERGATE_GATEWAY_CONFIG",
+        );
+        assert!(!ok, "{text}");
+        assert!(!text.contains("backtrace"), "{var}={value}: {text}");
+        let chain = printed_chain(&text);
+        assert!(
+            chain[0].starts_with("invalid gateway configuration"),
+            "{text}"
+        );
+        assert!(chain[1].starts_with("unknown field `bogus`"), "{text}");
+    }
+}

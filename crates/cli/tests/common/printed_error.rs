@@ -51,7 +51,7 @@ pub fn outcome(out: &std::process::Output) -> (bool, String) {
 
 /// Runs `infergate SUBCOMMAND --config FILE ARGS` with `env` set and `unset` removed (the
 /// subcommand's own config variable, so the file given is the one read), and without a
-/// backtrace: whether it succeeded, and what it printed.
+/// backtrace unless `env` asks for one: whether it succeeded, and what it printed.
 pub fn run_with_config(
     subcommand: &str,
     file: &std::path::Path,
@@ -64,10 +64,10 @@ pub fn run_with_config(
         .arg("--config")
         .arg(file)
         .args(args)
-        .envs(env.iter().copied())
         .env_remove(unset)
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
+        .envs(env.iter().copied())
         .output()
         .expect("the infergate binary runs");
     outcome(&out)
