@@ -307,11 +307,15 @@ pub async fn run_picker(
         move || ready_pool.is_ready(),
         move || {
             let queued = heartbeat_flow.as_ref().map_or(0, |f| f.queued());
-            Some(heartbeats.render(std::iter::once((
-                heartbeat_name.as_str(),
-                &heartbeat_pool,
-                queued,
-            ))))
+            // No adapters: the body-based router in front maps them to the pool's model.
+            Some(
+                heartbeats.render(std::iter::once(infergate_pool::heartbeat::Entry {
+                    name: heartbeat_name.as_str(),
+                    adapters: Vec::new(),
+                    pool: &heartbeat_pool,
+                    flow_queue: queued,
+                })),
+            )
         },
         shutdown.clone(),
     );

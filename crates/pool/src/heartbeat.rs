@@ -7,7 +7,7 @@
 //!  "timestampMs":1764604817456,
 //!  "models":[{"name":"llama","pods":3,"readyPods":2,"saturation":0.25,"queue":4,"flowQueue":0,"running":9,
 //!             "inflight":6,"estimatedTtftMs":310.5,"prefillMs":103.5,"fixedCostMs":35.2,"waitMs":96.4,
-//!             "drainMs":0.0,"newestMetricsAgeMs":41}]}
+//!             "drainMs":0.0,"newestMetricsAgeMs":41,"adapters":["sql-lora"]}]}
 //! ```
 //!
 //! - `instance` changes when the process restarts and `generation` grows by one with every
@@ -78,6 +78,13 @@
 //!   counts at the queue's mean, as the scheduler's `Retry-After` counts them), plus the KV-free
 //!   time. Counting each as a typical request, it said 600 ms for five 20-token prompts over the
 //!   threshold that take 120 ms. The global router does not read it; it is for operators.
+//! - `adapters` names the LoRA adapters served by the entry's pods (a gateway model's
+//!   `loraAdapters`): requests naming one are routed to the same pool, so they queue on the
+//!   same engines as the model's own. A poller that counts the requests it sent since the last
+//!   document (the global router) counts those of every name of the entry against each of them.
+//!   Left out when there are none (a picker's entry, whose adapters the body-based router maps
+//!   before it, has none), and absent from a gateway that predates the field: a poller then
+//!   knows no adapter of the entry.
 //!
 //! Rendering takes each pool's lock a few times, briefly (the settings, the same copy the
 //! per-pod gauges make, the requests in flight and the mean prompt); it runs on the admin port,
@@ -170,6 +177,23 @@ pub struct ModelStatus {
     /// Age of the newest metrics page of any pod, ms (absent before the first page).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub newest_metrics_age_ms: Option<u64>,
+    /// The LoRA adapters served by the same pods (requests naming one are routed to this pool
+    /// and queue on its engines): left out when there are none, and absent from a gateway
+    /// before this field (a poller then knows of no adapter sharing the pods).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
+}
+
+/// One entry of a document as its renderer has it ([`Heartbeats::render`]).
+pub struct Entry<'a> {
+    /// The model (gateway) or pool (picker) name.
+    pub name: &'a str,
+    /// The LoRA adapters its pods serve (a gateway model's `loraAdapters`; none for a picker).
+    pub adapters: Vec<String>,
+    /// Its pool.
+    pub pool: &'a LivePool,
+    /// Requests held in its flow-control queue.
+    pub flow_queue: usize,
 }
 
 /// Renders heartbeat documents for one process: its instance name and generation counter.
@@ -194,13 +218,13 @@ impl Heartbeats {
         }
     }
 
-    /// The document for these `(name, pool, flow-control queue length)` entries, as JSON.
-    pub fn render<'a>(
-        &self,
-        pools: impl Iterator<Item = (&'a str, &'a LivePool, usize)>,
-    ) -> String {
-        let models = pools
-            .map(|(name, pool, queued)| model_status(name, pool, queued))
+    /// The document for these entries, as JSON.
+    pub fn render<'a>(&self, entries: impl Iterator<Item = Entry<'a>>) -> String {
+        let models = entries
+            .map(|e| ModelStatus {
+                adapters: e.adapters,
+                ..model_status(e.name, e.pool, e.flow_queue)
+            })
             .collect();
         let doc = Heartbeat {
             schema: SCHEMA.to_owned(),
@@ -220,7 +244,8 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The status of one pool now, with `flow_queue` requests held in its flow-control queue.
+/// The status of one pool now, with `flow_queue` requests held in its flow-control queue (its
+/// `adapters` left empty: they are the renderer's to name, [`Entry::adapters`]).
 pub fn model_status(name: &str, pool: &LivePool, flow_queue: usize) -> ModelStatus {
     let cfg = pool.scheduler_config();
     let limits = Limits {
@@ -411,6 +436,7 @@ pub fn status(
             0.0
         },
         newest_metrics_age_ms: newest.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        adapters: Vec::new(),
     }
 }
 

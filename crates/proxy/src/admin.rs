@@ -38,14 +38,27 @@ pub(crate) fn encode_metrics(
 }
 
 /// The heartbeat document (`/heartbeat`, `infergate_pool::heartbeat`): one entry per model of
-/// the configuration in force.
+/// the configuration in force, naming the LoRA adapters its pods serve (a global router counts
+/// the requests it sent for any of them against all of them: they queue on the same engines).
 pub(crate) fn encode_heartbeat(
     heartbeats: &infergate_pool::heartbeat::Heartbeats,
     shared: &Shared,
 ) -> String {
     let state = shared.state.load();
+    // Every served name with its base model: a model's adapters are the names whose base it
+    // is, other than itself. Built per document, on the admin port.
+    let names = state.router.models();
     heartbeats.render(state.router.targets().iter().map(|model| {
-        let queued = model.flow.as_ref().map_or(0, |f| f.queued());
-        (&*model.name, &model.backend.pool, queued)
+        let adapters = names
+            .iter()
+            .filter(|(name, base)| *base == &*model.name && *name != &*model.name)
+            .map(|(name, _)| (*name).to_owned())
+            .collect();
+        infergate_pool::heartbeat::Entry {
+            name: &model.name,
+            adapters,
+            pool: &model.backend.pool,
+            flow_queue: model.flow.as_ref().map_or(0, |f| f.queued()),
+        }
     }))
 }

@@ -455,3 +455,28 @@ fn the_drain_counts_the_queue_in_the_tokens_it_holds() {
     let under = status("m", &[queued(1, 3, 3, 3 * 4_000)], 0, 0, &LIMITS);
     assert_eq!(under.drain_ms, 0.0);
 }
+
+/// `adapters` names the LoRA adapters an entry's pods serve, for a poller that counts its own
+/// requests per name: present with some, left out with none, and read as none from a document
+/// that predates it.
+#[test]
+fn adapters_are_published_when_there_are_some() {
+    let s = ModelStatus {
+        adapters: vec!["sql-lora".into()],
+        ..status("m", &[pod(1, false, 0, 0.0, Some(5_120.0))], 0, 0, &LIMITS)
+    };
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(json.contains(r#""adapters":["sql-lora"]"#), "{json}");
+    assert_eq!(serde_json::from_str::<ModelStatus>(&json).unwrap(), s);
+    let none = status("m", &[pod(1, false, 0, 0.0, Some(5_120.0))], 0, 0, &LIMITS);
+    let json = serde_json::to_string(&none).unwrap();
+    assert!(!json.contains("adapters"), "{json}");
+    let old = r#"{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
+        "inflight":0,"estimatedTtftMs":100.0,"prefillMs":100.0,"drainMs":0.0}"#;
+    assert!(
+        serde_json::from_str::<ModelStatus>(old)
+            .unwrap()
+            .adapters
+            .is_empty()
+    );
+}
