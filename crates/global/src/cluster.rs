@@ -15,10 +15,13 @@
 //! ([`Cluster::check_files`], `crate::rotation`) while everything else about the cluster stays.
 //!
 //! The requests the router sent to the cluster and that have no first token yet are counted
-//! per model ([`Cluster::pending`]), since they queue on that model's pods only: one slot of two
-//! atomics per model the cluster serves, created when a heartbeat, its `/v1/models` or its
-//! `models:` first names the model, and found by name in a map behind an atomic swap — a
-//! request takes no lock and allocates nothing to be counted.
+//! per model ([`Cluster::pending`]): one slot of two atomics per model the cluster serves,
+//! created when a heartbeat, its `/v1/models` or its `models:` first names the model, and found
+//! by name in a map behind an atomic swap — a request takes no lock and allocates nothing to be
+//! counted. A model's estimate adds the slots of every model served by the same pods, since its
+//! requests queue there: its own, and, where the heartbeat names them, its LoRA adapters' (or,
+//! for an adapter, its base model's and the other adapters'). Models on other pods are not
+//! counted: their requests queue elsewhere.
 //!
 //! The router's own requests also feed the cluster's outlier detection ([`crate::outlier`]): its
 //! gateway failures in a row are counted on an atomic (no lock on the request path), and the
@@ -77,6 +80,10 @@ pub(crate) struct ModelEntry {
     /// is not a number, is ignored: the estimate is then made as without it).
     wait_ms: Option<f64>,
     ready_pods: u32,
+    /// The pending slots ([`Cluster::pending`]) of every model served by its pods, its own
+    /// included: a model and its LoRA adapters as the heartbeat names them, else itself alone.
+    /// Their requests queue on the same engines, so its estimate counts them all.
+    pods_pending: Arc<[Arc<PendingSlot>]>,
     /// Whether it was up at the last tick, and whether it ever was (to count drains and
     /// returns once each).
     up: bool,
@@ -84,7 +91,7 @@ pub(crate) struct ModelEntry {
 }
 
 impl ModelEntry {
-    fn new(health: Health) -> Self {
+    fn new(health: Health, pods_pending: Arc<[Arc<PendingSlot>]>) -> Self {
         ModelEntry {
             health,
             estimate_ms: None,
@@ -92,6 +99,7 @@ impl ModelEntry {
             fixed_cost_ms: None,
             wait_ms: None,
             ready_pods: 0,
+            pods_pending,
             up: false,
             seen_up: false,
         }
@@ -180,7 +188,8 @@ pub(crate) struct Cluster {
     /// This router's requests sent to the cluster and still without their first token, per
     /// model: read once per request without a lock, replaced (under the state lock) only when
     /// a model is named for the first time. Slots are never removed, so a request counted in
-    /// one is taken out of the same one.
+    /// one is taken out of the same one. Each [`ModelEntry`] holds the slots its estimate
+    /// sums (those of the models on its pods).
     pending: ArcSwap<HashMap<Arc<str>, Arc<PendingSlot>>>,
     /// Where a request for a model without a slot is counted (none is served without one being
     /// made first, so none should be): in no estimate.
@@ -628,14 +637,19 @@ impl Cluster {
         let scale = prompt_scale(prompt_tokens, entry.prefill_ms, entry.fixed_cost_ms);
         // Requests sent since the heartbeat wait their turn too: each adds its prefill on one
         // of the ready pods. Without it, every request between two heartbeats would herd onto
-        // the cluster that looked cheapest at the last one. Only this model's: another model's
-        // requests queue on other pods.
-        let (pending, tokens) = self.pending.load().get(model).map_or((0.0, 0.0), |s| {
-            (
-                s.requests.load(Ordering::Relaxed) as f64,
-                s.tokens.load(Ordering::Relaxed) as f64,
-            )
-        });
+        // the cluster that looked cheapest at the last one. Those of every model served by
+        // this one's pods (its LoRA adapters, or an adapter's base model), each at its own
+        // prompt: they queue on the same engines. Not another model's on other pods.
+        let (pending, tokens) =
+            entry
+                .pods_pending
+                .iter()
+                .fold((0.0, 0.0), |(requests, tokens), s| {
+                    (
+                        requests + s.requests.load(Ordering::Relaxed) as f64,
+                        tokens + s.tokens.load(Ordering::Relaxed) as f64,
+                    )
+                });
         let pods = f64::from(entry.ready_pods.max(1));
         let heartbeat_ttft_ms = match (entry.wait_ms, entry.prefill_ms) {
             (Some(wait), Some(prefill)) if entry.estimate_ms.is_some() && prefill >= 0.0 => {
@@ -983,17 +997,49 @@ impl Cluster {
         let ms = rtt.as_secs_f64() * 1e3;
         st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
         let any_ready = hb.models.iter().any(|m| m.ready_pods > 0);
-        // Models named by the heartbeat, plus those `/v1/models` lists (adapters follow their
-        // cluster's readiness).
+        // The entry whose pods serve each name the heartbeat gives: an entry's own name, and
+        // each of its `adapters` (a name given twice keeps the first entry, a model's own name
+        // before any adapter list: a gateway refuses both, another document is not trusted).
+        let mut pods_of: HashMap<&str, usize> = HashMap::new();
+        for (i, m) in hb.models.iter().enumerate() {
+            pods_of.entry(m.name.as_str()).or_insert(i);
+        }
+        for (i, m) in hb.models.iter().enumerate() {
+            for a in &m.adapters {
+                pods_of.entry(a.as_str()).or_insert(i);
+            }
+        }
+        // Models named by the heartbeat (adapters included), plus those `/v1/models` lists
+        // (an adapter the heartbeat does not name follows its cluster's readiness).
         let mut names: Vec<String> = hb.models.iter().map(|m| m.name.clone()).collect();
+        for n in hb.models.iter().flat_map(|m| &m.adapters) {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
         for s in &st.served {
             if !names.contains(s) {
                 names.push(s.clone());
             }
         }
         self.add_pending_slots(&names);
+        // The pending slots of each entry's pods: those of every name it serves.
+        let slots = self.pending.load();
+        let mut on_pods: Vec<Vec<Arc<PendingSlot>>> = vec![Vec::new(); hb.models.len()];
+        for (name, &i) in &pods_of {
+            if let (Some(group), Some(slot)) = (on_pods.get_mut(i), slots.get(*name)) {
+                group.push(Arc::clone(slot));
+            }
+        }
+        let on_pods: Vec<Arc<[Arc<PendingSlot>]>> = on_pods.into_iter().map(Arc::from).collect();
         for name in names {
-            let status = hb.models.iter().find(|m| m.name == name);
+            // An adapter the heartbeat names has its base model's figures: the same pods.
+            let pods = pods_of.get(name.as_str()).copied();
+            let status = pods.and_then(|i| hb.models.get(i));
+            let pods_pending = pods
+                .and_then(|i| on_pods.get(i))
+                .cloned()
+                .unwrap_or_else(|| own_slot(&slots, &name));
             let ready = status.map_or(any_ready, |m| m.ready_pods > 0);
             let estimate = status
                 .and_then(|m| m.estimated_ttft_ms)
@@ -1005,7 +1051,11 @@ impl Cluster {
                 })
                 .filter(|_| ready);
             let fresh = self.new_health();
-            let entry = st.models.entry(name).or_insert(ModelEntry::new(fresh));
+            let entry = st
+                .models
+                .entry(name)
+                .or_insert_with(|| ModelEntry::new(fresh, Arc::clone(&pods_pending)));
+            entry.pods_pending = pods_pending;
             entry.health.observe_ok(at, ready);
             entry.estimate_ms = estimate;
             entry.prefill_ms = status.and_then(|m| m.prefill_ms).filter(|_| ready);
@@ -1024,12 +1074,13 @@ impl Cluster {
         st.heartbeat_failure = None;
         let ms = rtt.as_secs_f64() * 1e3;
         st.rtt_ms = Some(st.rtt_ms.map_or(ms, |v| v + EWMA_ALPHA * (ms - v)));
+        let slots = self.pending.load();
         for name in models {
             let fresh = self.new_health();
             let entry = st
                 .models
                 .entry(name.clone())
-                .or_insert(ModelEntry::new(fresh));
+                .or_insert_with(|| ModelEntry::new(fresh, own_slot(&slots, name)));
             entry.health.observe_ok(at, true);
         }
     }
@@ -1089,6 +1140,14 @@ impl Cluster {
             )
         }
     }
+}
+
+/// `model`'s own pending slot in `slots`, as the slots of its pods when nothing says which other
+/// models share them (none if it has no slot, which [`Cluster::add_pending_slots`] prevents).
+fn own_slot(slots: &HashMap<Arc<str>, Arc<PendingSlot>>, model: &str) -> Arc<[Arc<PendingSlot>]> {
+    slots
+        .get(model)
+        .map_or_else(|| Arc::from([]), |s| Arc::from([Arc::clone(s)]))
 }
 
 /// How much of the heartbeat's estimate for a typical request
@@ -1238,8 +1297,10 @@ pub(crate) struct Pending(Arc<PendingSlot>, u64);
 
 impl Cluster {
     /// Counts a request for `model` of `prompt_tokens` sent to this cluster until the guard is
-    /// dropped: in that model's estimates only ([`Cluster::view`]). The model's slot is found
-    /// by name in a map read with one atomic load; no lock, no allocation.
+    /// dropped: in the estimates of the models served by its pods ([`Cluster::view`]; the
+    /// model itself, and its base model and their adapters where the heartbeat names them).
+    /// The model's slot is found by name in a map read with one atomic load; no lock, no
+    /// allocation.
     pub(crate) fn pending(&self, model: &str, prompt_tokens: u32) -> Pending {
         let tokens = u64::from(prompt_tokens.max(1));
         let slot = self

@@ -835,6 +835,110 @@ async fn a_model_queues_behind_its_own_pending_requests_only() {
     assert!(estimate < 100.0, "estimated {estimate:.1} ms on near");
 }
 
+/// The heartbeat of `far`: `llama` and `b`, each idle, a typical request's first token in
+/// 400 ms, 100 ms of it fixed (a short prompt: about 105 ms).
+const FAR_LLAMA_B_HEARTBEAT: &str = r#"{"schema":"infergate.heartbeat/v1","instance":"i",
+    "generation":1,"timestampMs":1,"models":[
+    {"name":"llama","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,"inflight":0,
+     "estimatedTtftMs":400.0,"prefillMs":400.0,"fixedCostMs":100.0,"drainMs":0.0},
+    {"name":"b","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,"inflight":0,
+     "estimatedTtftMs":400.0,"prefillMs":400.0,"fixedCostMs":100.0,"drainMs":0.0}]}"#;
+
+/// A LoRA adapter's pending requests count against its base model: they queue on the same
+/// pods. `near` is a real gateway serving `llama`, with the adapter `sql`, on one pod and `b` on
+/// another (idle, at the scheduler's prior 4,000 tokens/s); its `/heartbeat` names `sql` among
+/// `llama`'s `adapters`, and the router reads that field. `far` serves `llama` and `b`, idle,
+/// about 105 ms to a short prompt's first token. The router polls heartbeats once a minute, so
+/// it sees `near` idle throughout: only its own pending requests can tell it otherwise, as
+/// between two heartbeats of a burst. Four long prompts for `sql` (about 8,200 tokens) are sent
+/// through the router and held on `near`'s `llama` pod; then a short prompt for `llama` goes to
+/// `far`, one for `b`, whose pod is idle, to `near`, and one for `sql`, served by `near` alone,
+/// is estimated there behind the four (about 2 s). When each name counted its own requests
+/// only, the one for `llama` went to `near`, estimated idle, to wait behind the adapter's 8,200
+/// tokens (and the adapter, without its base model's figures, counted none of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_model_queues_behind_its_adapters_pending_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let (llama_pod, b_pod) = (holding_pod().await, holding_pod().await);
+    let (gw, _gw_stop) = clusters::ready_gateway(&format!(
+        "auth: none\nscrape: {{ intervalMs: 20 }}\nmodels:\n  - name: llama\n    loraAdapters: [sql]\n    scheduler: {{ preset: infergate }}\n    endpoints: [{llama_pod}]\n  - name: b\n    scheduler: {{ preset: infergate }}\n    endpoints: [{b_pod}]\n"
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    // The field the router reads, as the gateway renders it.
+    let beat: Value =
+        serde_json::from_str(&infergate_testkit::get(admin, "/heartbeat").await.text()).unwrap();
+    let adapters = |model: &str| {
+        beat["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == model)
+            .map(|m| m["adapters"].clone())
+    };
+    assert_eq!(
+        adapters("llama"),
+        Some(serde_json::json!(["sql"])),
+        "{beat}"
+    );
+    assert_eq!(
+        adapters("b"),
+        Some(Value::Null),
+        "no adapter, no field: {beat}"
+    );
+    let (far, far_beat) = scripted_behind(FAR_LLAMA_B_HEARTBEAT).await;
+    let yaml = format!(
+        "auth: none\nheartbeat: {{ intervalMs: 60000, staleAfterMs: 120000, slowStartMs: 0 }}\nrouting: {{ policy: latency }}\naccessLog: {{ path: {} }}\nclusters:\n  - {{ name: near, url: 'http://{}', heartbeatUrl: 'http://{admin}/heartbeat', region: r, models: [llama, sql, b], cost: {{ inputPerMillion: 1 }} }}\n  - {{ name: far, url: 'http://{}', heartbeatUrl: 'http://{far_beat}/heartbeat', region: r-far, models: [llama, b], cost: {{ inputPerMillion: 1 }} }}\n",
+        log.display(),
+        gw.http_addr(),
+        far.addr,
+    );
+    let (router, _stop) = router_with(&yaml).await;
+    until_up(&router, &["near", "far"]).await;
+    let long = long_prompt();
+    let holding: Vec<_> = (0..4)
+        .map(|n| {
+            let req = http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Bytes::from(chat_for("sql", &format!("HOLD {n}: {long}"))))
+                .unwrap();
+            tokio::spawn(infergate_testkit::send(router.http_addr(), req))
+        })
+        .collect();
+    // The four have reached `near`'s `llama` pool through the router: pending there, for `sql`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while beat_field(admin, "llama", "inflight").await != Some(4.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the held requests never reached near"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut routed = Vec::new();
+    for (n, model) in ["llama", "b", "sql"].into_iter().enumerate() {
+        let body = chat_for(model, &format!("request {}: {SHORT}", n + 1));
+        let answer = chat(&router, &body, None).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let cluster = answer.header("x-infergate-cluster").unwrap().to_owned();
+        let lines = json_lines(&log, n + 1).await;
+        let estimate = lines[n]["estimated_ttft_ms"].as_f64().unwrap();
+        println!(
+            "a short prompt for {model} behind four long ones for sql: {cluster}, estimated {estimate:.1} ms"
+        );
+        routed.push((cluster, estimate));
+    }
+    for h in holding {
+        h.abort();
+    }
+    let outcome = format!("{routed:?}");
+    assert_eq!(routed[0].0, "far", "the prompt for llama: {outcome}");
+    assert_eq!(routed[1].0, "near", "the prompt for b: {outcome}");
+    assert!(routed[1].1 < 100.0, "{outcome}");
+    assert_eq!(routed[2].0, "near", "the prompt for sql: {outcome}");
+    assert!(routed[2].1 > 1_500.0, "{outcome}");
+}
+
 /// A cold pool is estimated at its GPU type's speed, as its scheduler assumes it. `a10g` is one
 /// fresh emulated A10G pod (the gateway told its GPU type), cheap; `h100` one fresh H100 pod,
 /// ten times the price. Policy `costAware`, objective 1,000 ms, a long prompt (about 2,050

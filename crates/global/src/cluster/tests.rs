@@ -635,3 +635,94 @@ fn pending_requests_count_against_their_own_model_only() {
     assert!((estimate("mistral") - own(20.0)).abs() < 1e-9);
     drop(stray);
 }
+
+/// [`two_models`] from a gateway that names `llama`'s LoRA adapters `sql` and `chat`: the three
+/// are served by `llama`'s pod.
+fn with_adapters() -> Heartbeat {
+    let mut hb = two_models();
+    for m in &mut hb.models {
+        if m.name == "llama" {
+            m.adapters = vec!["sql".into(), "chat".into()];
+        }
+    }
+    hb
+}
+
+/// A LoRA adapter and its base model are served by the same pods, so the requests sent for one
+/// wait behind those sent for the other: two 4,000-token prompts for the adapter `sql` put a
+/// 20-token prompt for `llama` (or for its other adapter `chat`) at 2,141 ms, not 40 ms, and a
+/// 4,000-token prompt for `llama` puts one for `sql` at 1,091 ms; `mistral`, on its own pod,
+/// stays at 40 ms. Before, each name counted its own requests only (`llama` stayed at 40 ms
+/// behind the adapter's 8,000 tokens), and an adapter had none of its base model's figures (the
+/// least estimate of any model, scaled in proportion: 6 ms).
+#[test]
+fn an_adapters_pending_requests_count_against_its_base_model_and_back() {
+    let c = Arc::new(cluster(DISCOVERING));
+    let at = Instant::now();
+    let estimate = |model: &str| c.view(model, at, 20.0).expect("served").ttft_ms;
+    let own = |tokens: f64| 35.0 + 130.0 * tokens / 512.0;
+    let near = |model: &str, expected: f64| {
+        let got = estimate(model);
+        assert!(
+            (got - expected).abs() < 1e-9,
+            "{model}: {got} ms, not {expected} ms"
+        );
+    };
+    c.set_served(
+        ["llama", "sql", "chat", "mistral"]
+            .map(String::from)
+            .to_vec(),
+    );
+    c.apply_heartbeat(&with_adapters(), Duration::ZERO, at);
+    for model in ["llama", "sql", "chat", "mistral"] {
+        near(model, own(20.0));
+    }
+    let sent = [c.pending("sql", 4_000), c.pending("sql", 4_000)];
+    for model in ["llama", "sql", "chat"] {
+        near(model, 2.0 * own(4_000.0) + own(20.0));
+    }
+    near("mistral", own(20.0));
+    drop(sent);
+    let base = c.pending("llama", 4_000);
+    near("sql", own(4_000.0) + own(20.0));
+    near("mistral", own(20.0));
+    drop(base);
+    for model in ["llama", "sql", "chat", "mistral"] {
+        near(model, own(20.0));
+    }
+}
+
+/// A heartbeat without `adapters` (a gateway before the field, or one whose model has none)
+/// says nothing of which names share pods: each counts its own requests, as before the field.
+/// And a document naming an adapter of two models, or a model as another's adapter (which no
+/// gateway renders), keeps the first word on it: no name is counted twice.
+#[test]
+fn without_adapters_each_name_counts_its_own_pending_requests() {
+    let c = Arc::new(cluster(DISCOVERING));
+    let at = Instant::now();
+    let estimate = |model: &str| c.view(model, at, 20.0).expect("served").ttft_ms;
+    let own = |tokens: f64| 35.0 + 130.0 * tokens / 512.0;
+    c.set_served(["llama", "sql", "mistral"].map(String::from).to_vec());
+    c.apply_heartbeat(&two_models(), Duration::ZERO, at);
+    let sent = c.pending("sql", 4_000);
+    assert!((estimate("llama") - own(20.0)).abs() < 1e-9);
+    drop(sent);
+    // Adapters named once more: the same cluster groups them from the next heartbeat on.
+    c.apply_heartbeat(&with_adapters(), Duration::ZERO, at);
+    let sent = c.pending("sql", 4_000);
+    assert!((estimate("llama") - (own(4_000.0) + own(20.0))).abs() < 1e-9);
+    drop(sent);
+    // `sql` claimed by `mistral` too, and `mistral` by `llama`: each stays where it was first.
+    let mut hostile = with_adapters();
+    hostile.models[0].adapters.push("mistral".into());
+    hostile.models[1].adapters = vec!["sql".into(), "llama".into()];
+    c.apply_heartbeat(&hostile, Duration::ZERO, at);
+    let sent = c.pending("sql", 4_000);
+    assert!((estimate("llama") - (own(4_000.0) + own(20.0))).abs() < 1e-9);
+    assert!((estimate("mistral") - own(20.0)).abs() < 1e-9);
+    drop(sent);
+    let sent = c.pending("mistral", 4_000);
+    assert!((estimate("llama") - own(20.0)).abs() < 1e-9);
+    assert!((estimate("mistral") - (own(4_000.0) + own(20.0))).abs() < 1e-9);
+    drop(sent);
+}
