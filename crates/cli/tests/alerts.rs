@@ -4,14 +4,18 @@
 //! The real binaries run over emulated vLLM pods: the gateway and the picker
 //! (`common/front_doors.rs`, driven so that counters have series), a second gateway serving
 //! mutual TLS with quotas shared through a Redis that is not there (the `tls` and `quota`
-//! families), and the global router over the first gateway and dead clusters (one over TLS), sent a request
-//! for a model no cluster serves. Every metric name a rule's expression selects must be
-//! exported by one of them, every label name its matchers test (`{reason="…"}`) must be on
-//! that family's samples, and every label its aggregations keep or drop (`by (pool)`), other
-//! than the scrape's own (`namespace`, `job`, `instance`), on one of the families it selects. The operator needs a Kubernetes API and is not started: its families
-//! are held to their registration in `crates/operator/src/metrics.rs`. The rule file's shape
-//! (severities, annotations, the docs its `runbook_url`s point to) is checked too; what the
-//! expressions compute is `promtool test rules`' part (tests/alerts/).
+//! families), and the global router over the first gateway and dead clusters (one
+//! over TLS), sent a request for a model no cluster serves. Every metric name a rule's
+//! expression selects must be exported by one of them, every label name its matchers test
+//! (`{reason="…"}`) must be on that family's samples, and every label its aggregations keep or
+//! drop (`by (pool)`), other than the scrape's own (`namespace`, `job`, `instance`), on one of
+//! the families it selects. The operator needs a Kubernetes API and is not started: its
+//! families are held to their registration in `crates/operator/src/metrics.rs`. The rule file's
+//! shape (severities, annotations, the docs its `runbook_url`s point to) is checked too, and so
+//! is every `reason` a rule matches on a `*_rejections_total` family: it must be one that errors
+//! are counted under (`ApiError::metric_label`), since a misspelt one matches no series and the
+//! alert stays silent. What the expressions compute is `promtool test rules`' part
+//! (tests/alerts/).
 
 #![allow(
     clippy::unwrap_used,
@@ -33,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use front_doors::{FrontDoors, Proc, chat, http, local, sample_name, scrape_until};
-use promql::{Selector, grouping_labels, selectors};
+use promql::{Matcher, Selector, grouping_labels, selectors};
 use serde_json::json;
 
 /// Fewest alerts the file must hold (so the checks cannot pass on an empty or truncated file).
@@ -177,12 +181,31 @@ fn operator_families() -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
+/// The `reason` values errors are counted under: the strings `ApiError::metric_label` in
+/// `crates/openai/src/error.rs` returns (the gateway's, the picker's, the body-based router's and
+/// the global router's `*_rejections_total` carry no other).
+fn rejection_reasons() -> BTreeSet<String> {
+    let src = std::fs::read_to_string(repo().join("crates/openai/src/error.rs")).unwrap();
+    let body = src
+        .split("pub fn metric_label(&self) -> &'static str {")
+        .nth(1)
+        .expect("crates/openai/src/error.rs has no ApiError::metric_label")
+        .split("\n    }\n")
+        .next()
+        .unwrap();
+    body.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
 fn the_selector_parser_finds_names_and_matched_labels() {
     let e = r#"sum by (a) (rate(x_total{b="1", c =~ "y|z}"}[5m])) / y unless on (d) z{e!="}", f!~'g'} > 0.5"#;
     let got: Vec<(String, Vec<String>)> = selectors(e)
         .into_iter()
-        .map(|Selector { name, labels }| (name, labels.into_iter().collect()))
+        .map(|Selector { name, labels, .. }| (name, labels.into_iter().collect()))
         .collect();
     let want: Vec<(String, Vec<String>)> = vec![
         ("x_total".into(), vec!["b".into(), "c".into()]),
@@ -190,6 +213,37 @@ fn the_selector_parser_finds_names_and_matched_labels() {
         ("z".into(), vec!["e".into(), "f".into()]),
     ];
     assert_eq!(got, want);
+    let m = |label: &str, op: &str, value: &str| Matcher {
+        label: label.into(),
+        op: op.into(),
+        value: value.into(),
+    };
+    assert_eq!(
+        selectors(e)[0].matchers,
+        vec![m("b", "=", "1"), m("c", "=~", "y|z}")]
+    );
+    assert_eq!(
+        selectors(r#"a{e!="}", f!~'g', h="q\"r"}"#)[0].matchers,
+        vec![m("e", "!=", "}"), m("f", "!~", "g"), m("h", "=", "q\"r")]
+    );
+    let values = |m: Matcher| m.accepted_values();
+    assert_eq!(values(m("r", "=", "x.y")), Some(vec!["x.y".into()]));
+    assert_eq!(
+        values(m("r", "=~", "shed|queue_full")),
+        Some(vec!["shed".into(), "queue_full".into()])
+    );
+    assert_eq!(values(m("r", "=~", "queue_.*")), None);
+    assert_eq!(values(m("r", "!=", "x")), None);
+    let reasons = rejection_reasons();
+    for r in [
+        "shed",
+        "no_endpoints",
+        "unknown_model",
+        "queue_no_endpoints",
+    ] {
+        assert!(reasons.contains(r), "{r} not among {reasons:?}");
+    }
+    assert!(!reasons.contains("model_not_found"), "{reasons:?}");
     assert_eq!(
         grouping_labels(r#"sum by (a, b) (x{c="by (z)"}) / max without(d) (y) * on (e) w"#),
         BTreeSet::from(["a".into(), "b".into(), "d".into()])
@@ -266,6 +320,46 @@ fn the_rule_file_is_well_formed() {
             r.alert
         );
     }
+}
+
+#[test]
+fn every_reason_the_alerts_match_is_one_errors_are_counted_under() {
+    let reasons = rejection_reasons();
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    for r in rules() {
+        for s in selectors(&r.expr) {
+            if !s.name.ends_with("_rejections_total") {
+                continue;
+            }
+            for m in s.matchers.iter().filter(|m| m.label == "reason") {
+                let Some(values) = m.accepted_values() else {
+                    problems.push(format!(
+                        "{}: {}{{reason{}\"{}\"}} is not a list of reasons that can be checked",
+                        r.alert, s.name, m.op, m.value
+                    ));
+                    continue;
+                };
+                for v in values {
+                    checked += 1;
+                    if !reasons.contains(&v) {
+                        problems.push(format!(
+                            "{}: {}{{reason{}\"{}\"}}: no error is counted under `{v}`",
+                            r.alert, s.name, m.op, m.value
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the alerting rules match reasons no error has (ApiError::metric_label in \
+         crates/openai/src/error.rs):\n  {}",
+        problems.join("\n  ")
+    );
+    assert!(checked > 0, "no rule matches a reason");
+    eprintln!("{checked} reasons matched by the rules, each one errors are counted under");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

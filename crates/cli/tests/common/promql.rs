@@ -1,6 +1,6 @@
 //! Reading PromQL for the checks that hold the chart's dashboard and alerting rules to what the
-//! binaries export: the metric names an expression selects, and the label names its selectors
-//! match on.
+//! binaries export: the metric names an expression selects, and the label names (and values)
+//! its selectors match on.
 #![allow(
     dead_code,
     reason = "each test binary uses a different part of the helpers"
@@ -91,6 +91,39 @@ pub struct Selector {
     pub name: String,
     /// The label names of its matchers.
     pub labels: BTreeSet<String>,
+    /// Its matchers, in order.
+    pub matchers: Vec<Matcher>,
+}
+
+/// One label matcher of a selector: `b=~"x|y"` is `b`, `=~`, `x|y`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Matcher {
+    /// The label name.
+    pub label: String,
+    /// `=`, `!=`, `=~` or `!~`.
+    pub op: String,
+    /// The value as written between the quotes, escapes resolved.
+    pub value: String,
+}
+
+impl Matcher {
+    /// The label values this matcher accepts, when it says them one by one: the value of an
+    /// `=`, the alternatives of an `=~` made of names only (`a|b_c`); `None` for a negative
+    /// matcher or a regular expression with anything else in it.
+    pub fn accepted_values(&self) -> Option<Vec<String>> {
+        let plain = |v: &str| {
+            !v.is_empty()
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        };
+        match self.op.as_str() {
+            "=" => Some(vec![self.value.clone()]),
+            "=~" if self.value.split('|').all(plain) => {
+                Some(self.value.split('|').map(str::to_owned).collect())
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The metric names a PromQL expression references: identifiers outside label matchers, range
@@ -131,10 +164,10 @@ pub fn selectors(expr: &str) -> Vec<Selector> {
         }
         i + 1
     };
-    // The label names of the matchers in the group opened at `i` (`{a="x", b!~"y"}`).
-    let matcher_labels = |open: usize| {
+    // The matchers in the group opened at `i` (`{a="x", b!~"y"}`).
+    let matcher_list = |open: usize| {
         let end = skip_group(open, '}');
-        let mut labels = BTreeSet::new();
+        let mut matchers = Vec::new();
         let mut i = open + 1;
         while i + 1 < end {
             if matches!(c[i], '"' | '\'' | '`') {
@@ -144,15 +177,37 @@ pub fn selectors(expr: &str) -> Vec<Selector> {
                 while i < end && ident(c[i]) {
                     i += 1;
                 }
-                let next = skip_ws(i);
-                if matches!(c.get(next), Some('=' | '!')) {
-                    labels.insert(c[start..i].iter().collect::<String>());
+                let label: String = c[start..i].iter().collect();
+                let mut next = skip_ws(i);
+                if !matches!(c.get(next), Some('=' | '!')) {
+                    continue;
                 }
+                let op_start = next;
+                while next < end && matches!(c[next], '=' | '!' | '~') {
+                    next += 1;
+                }
+                let op: String = c[op_start..next].iter().collect();
+                next = skip_ws(next);
+                let mut value = String::new();
+                if next < end && matches!(c[next], '"' | '\'' | '`') {
+                    let q = c[next];
+                    let mut j = next + 1;
+                    while j < end && c[j] != q {
+                        if c[j] == '\\' && q != '`' && j + 1 < end {
+                            j += 1;
+                        }
+                        value.push(c[j]);
+                        j += 1;
+                    }
+                    next = j + 1;
+                }
+                matchers.push(Matcher { label, op, value });
+                i = next;
             } else {
                 i += 1;
             }
         }
-        (labels, end)
+        (matchers, end)
     };
     let mut out = Vec::new();
     let mut i = 0;
@@ -195,13 +250,19 @@ pub fn selectors(expr: &str) -> Vec<Selector> {
             } else if NOT_METRICS.contains(&lower.as_str()) || c.get(next) == Some(&'(') {
                 // A keyword or a function.
             } else if c.get(next) == Some(&'{') {
-                let (labels, end) = matcher_labels(next);
-                out.push(Selector { name: word, labels });
+                let (matchers, end) = matcher_list(next);
+                let labels = matchers.iter().map(|m| m.label.clone()).collect();
+                out.push(Selector {
+                    name: word,
+                    labels,
+                    matchers,
+                });
                 i = end;
             } else {
                 out.push(Selector {
                     name: word,
                     labels: BTreeSet::new(),
+                    matchers: Vec::new(),
                 });
             }
         } else {
