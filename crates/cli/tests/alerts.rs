@@ -2,9 +2,11 @@
 //! families that infergate really exports, with the labels they really carry.
 //!
 //! The real binaries run over emulated vLLM pods: the gateway and the picker
-//! (`common/front_doors.rs`, driven so that counters have series), a second gateway serving
-//! mutual TLS with quotas shared through a Redis that is not there (the `tls` and `quota`
-//! families), and the global router over the first gateway and dead clusters (one
+//! (`common/front_doors.rs`, the picker with `--endpoints-file`, driven so that counters have
+//! series, a refusal of the picker's among them), the body-based router with a `--models` file
+//! (a request routed, one for a model the file does not list), a second gateway serving mutual
+//! TLS with quotas shared through a Redis that is not there (the `tls` and `quota` families, its
+//! sync rounds failing), and the global router over the first gateway and dead clusters (one
 //! over TLS), sent a request for a model no cluster serves. Every metric name a rule's
 //! expression selects must be exported by one of them, every label name its matchers test
 //! (`{reason="…"}`) must be on that family's samples, and every label its aggregations keep or
@@ -36,7 +38,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use front_doors::{FrontDoors, Proc, chat, http, local, sample_name, scrape_until};
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Answer;
+use front_doors::{
+    ADAPTER, FrontDoors, Proc, chat, ext_proc_answer, http, local, sample_name, scrape_until,
+    start_ext_proc,
+};
+use harness::{Envoy, immediate};
 use promql::{Matcher, Selector, grouping_labels, selectors};
 use serde_json::json;
 
@@ -375,9 +382,20 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
         }
     }
 
-    let mut doors = FrontDoors::start(4).await;
+    let mut doors = FrontDoors::start(7).await;
     let p = doors.spare_ports.clone();
     let dir = doors.dir.path().to_owned();
+
+    // The body-based router, for the pods' model and adapter.
+    let (bbr_grpc, bbr_metrics) = (local(p[4]), local(p[6]));
+    let models = dir.join("models.yaml");
+    std::fs::write(&models, format!("{}: [{ADAPTER}]\n", doors.model)).unwrap();
+    let mut bbr = start_ext_proc(
+        "bbr",
+        &["--models", models.to_str().unwrap()],
+        [p[4], p[5], p[6]],
+        &dir,
+    );
 
     // A gateway serving mutual TLS, with quotas shared through a Redis nothing listens on.
     let (tls_front, tls_admin) = (local(p[0]), local(p[1]));
@@ -451,6 +469,19 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
     doors.drive().await;
     tls_gateway.wait_answering(tls_admin, "/metrics").await;
     global.wait_ready(global_admin).await;
+    bbr.wait_ready(bbr_metrics).await;
+    // Through the body-based router: the adapter routed, a model its file does not list refused.
+    let envoy = Envoy::connect(bbr_grpc).await;
+    let routed = serde_json::to_vec(&chat(ADAPTER, "hello", false)).unwrap();
+    let answer = ext_proc_answer(&envoy, &routed).await;
+    assert!(
+        matches!(answer.response, Some(Answer::RequestHeaders(_))),
+        "the body-based router did not route {ADAPTER}: {answer:?}"
+    );
+    let unknown = serde_json::to_vec(&chat("no-such-model", "hello", false)).unwrap();
+    let answer = ext_proc_answer(&envoy, &unknown).await;
+    let status = immediate(&answer).status.as_ref().map_or(0, |s| s.code);
+    assert_eq!(status, 404, "{answer:?}");
     // A model no cluster serves: the router answers it with an error of its own.
     let body = chat("no-such-model", "hello", false);
     let (status, answer) = http(global_front, "POST", "/v1/chat/completions", Some(&body))
@@ -464,6 +495,7 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
     let ports = [
         ("gateway", doors.gateway_admin),
         ("picker", doors.picker_metrics),
+        ("body-based router", bbr_metrics),
         ("tls gateway", tls_admin),
         ("global router", global_admin),
     ];
@@ -487,6 +519,7 @@ async fn every_family_and_label_the_alerts_select_is_exported() {
     })
     .await;
     doors.assert_running();
+    bbr.assert_running();
     tls_gateway.assert_running();
     global.assert_running();
     let all = merged(&pages);
