@@ -23,6 +23,13 @@
 //! for an adapter, its base model's and the other adapters'). Models on other pods are not
 //! counted: their requests queue elsewhere.
 //!
+//! Each slot also holds the handle of its `infergate_global_model_requests{model, cluster}`
+//! counter, made with the slot: a request routed to the cluster first counts there through the
+//! lookup that finds its slot. What the cluster serves, and which of it is routed on now, is
+//! reported to `infergate_global_model_clusters` ([`crate::telemetry::ModelClusters`]) when it
+//! changes: at a tick (a heartbeat, a discovery, a drain or return, the end of an ejection) and
+//! at an ejection.
+//!
 //! The router's own requests also feed the cluster's outlier detection ([`crate::outlier`]): its
 //! gateway failures in a row are counted on an atomic (no lock on the request path), and the
 //! rare request that completes a run takes the ejection decision ([`eject`]), which reads every
@@ -50,7 +57,7 @@ use crate::expiry;
 use crate::health::{Health, State};
 use crate::outlier::{self, Consecutive, Ejection, Trigger, Verdict, Window};
 use crate::rotation::Seen;
-use crate::telemetry::{ClusterLabel, ClusterReason, Telemetry};
+use crate::telemetry::{ClusterLabel, ClusterReason, ModelCluster, Serving, Telemetry};
 use crate::{Client, now};
 
 /// The largest heartbeat or `/v1/models` answer read.
@@ -140,6 +147,9 @@ pub(crate) struct ClusterState {
     /// stands for it), in the words of the log; `None` after a good one. A cluster that cannot
     /// be read now may serve a model no other lists.
     pub(crate) heartbeat_failure: Option<Arc<str>>,
+    /// What it last reported to `infergate_global_model_clusters`: reported again only when
+    /// it changes.
+    reported: Serving,
 }
 
 /// What a cluster's last `/v1/models` fetch (discovery) gave: what the router tells a client
@@ -176,6 +186,15 @@ pub(crate) struct Cluster {
     pub(crate) prefix: String,
     pub(crate) heartbeat: Option<Uri>,
     pub(crate) label: ClusterLabel,
+    /// Its key in `infergate_global_model_clusters` ([`crate::telemetry::ModelClusters`]):
+    /// unique to this cluster, so that a cluster a reload replaced, still ticked by a request
+    /// on the old state, cannot report for its successor.
+    pub(crate) id: u64,
+    /// `infergate_global_model_requests`, whose handles its pending slots hold.
+    model_requests: prometheus_client::metrics::family::Family<
+        ModelCluster,
+        prometheus_client::metrics::counter::Counter,
+    >,
     /// `Authorization` sent to the cluster, from `credentials.bearerTokenFile`; swapped when
     /// the file is rotated, loaded once per request.
     token: ArcSwapOption<HeaderValue>,
@@ -192,7 +211,8 @@ pub(crate) struct Cluster {
     /// sums (those of the models on its pods).
     pending: ArcSwap<HashMap<Arc<str>, Arc<PendingSlot>>>,
     /// Where a request for a model without a slot is counted (none is served without one being
-    /// made first, so none should be): in no estimate.
+    /// made first, so none should be): in no estimate, and in no series (its counter is in no
+    /// family).
     unlisted: Arc<PendingSlot>,
     /// Whether a refusal of the router's credentials was logged since the last answer the
     /// cluster accepted them for (one warning per episode, not one per request).
@@ -226,7 +246,13 @@ pub(crate) struct PendingSlot {
     requests: AtomicUsize,
     /// Their estimated prompt tokens (each at least 1), summed: their turn in real terms.
     tokens: AtomicU64,
+    /// The model's `infergate_global_model_requests{model, cluster}` (a handle on the family's
+    /// counter, so that counting a request is one atomic add).
+    routed: prometheus_client::metrics::counter::Counter,
 }
+
+/// The ids of [`Cluster::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What a cluster's credential files held at the last read (`None`: it names no such file).
 #[derive(Debug, Default)]
@@ -343,6 +369,7 @@ impl Cluster {
         config: &GlobalConfig,
         index: usize,
         system: &mut SystemRoots,
+        telemetry: &Telemetry,
     ) -> Result<Cluster, Error> {
         let Loaded {
             token,
@@ -355,6 +382,7 @@ impl Cluster {
             token,
             Clients::new(connector),
             files,
+            telemetry,
         ))
     }
 
@@ -364,6 +392,7 @@ impl Cluster {
         token: Option<HeaderValue>,
         clients: Clients,
         files: Files,
+        telemetry: &Telemetry,
     ) -> Cluster {
         let c = config.clusters[index].clone();
         // Validated: the URL parses, has an authority and is http or https.
@@ -387,17 +416,22 @@ impl Cluster {
         };
         let mut state = ClusterState::default();
         let mut pending = HashMap::new();
+        let label = ClusterLabel {
+            cluster: Arc::from(c.name.as_str()),
+        };
         if let Some(models) = &c.models {
             state.served.clone_from(models);
             state.discovery = Discovery::Listed;
             for m in models {
-                pending.insert(Arc::from(m.as_str()), Arc::default());
+                let model = Arc::from(m.as_str());
+                let slot = new_slot(&telemetry.model_requests, &model, &label);
+                pending.insert(model, slot);
             }
         }
         Cluster {
-            label: ClusterLabel {
-                cluster: Arc::from(c.name.as_str()),
-            },
+            label,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            model_requests: telemetry.model_requests.clone(),
             token: ArcSwapOption::from_pointee(token),
             clients: ArcSwap::from_pointee(clients),
             files: Mutex::new(files),
@@ -950,6 +984,8 @@ impl Cluster {
                 estimate = Some(estimate.map_or(e, |b: f64| b.min(e)));
             }
         }
+        // Under the state lock, as the ejection reports: two ticks cannot report out of order.
+        self.report_serving(&mut st, at, telemetry);
         drop(st);
         if let Some(reason) = drained {
             tracing::warn!(cluster = %self.config.name, reason = reason.as_str(), "cluster drained");
@@ -1096,10 +1132,68 @@ impl Cluster {
         let mut next = HashMap::clone(&current);
         for m in models {
             if let Entry::Vacant(v) = next.entry(Arc::from(m.as_str())) {
-                v.insert(Arc::default());
+                let slot = new_slot(&self.model_requests, v.key(), &self.label);
+                v.insert(slot);
             }
         }
         self.pending.store(Arc::new(next));
+    }
+
+    /// What it serves at `at`, and which of it is routed on (weight above 0: up or ramping,
+    /// and not ejected), as `infergate_global_model_clusters` counts it.
+    fn serving(&self, st: &ClusterState, at: Instant) -> Serving {
+        let ejection_weight = st.ejection.weight(at, self.outlier.slow_start);
+        let mut serving = Serving {
+            served: st.served.iter().cloned().collect(),
+            routable: std::collections::BTreeSet::new(),
+        };
+        for (name, m) in &st.models {
+            if !serving.served.contains(name) {
+                serving.served.insert(name.clone());
+            }
+            if let State::Up { weight } = m.health.state(at)
+                && weight.min(ejection_weight) > 0.0
+            {
+                serving.routable.insert(name.clone());
+            }
+        }
+        serving
+    }
+
+    /// Reports what it serves to `infergate_global_model_clusters` if that changed since the
+    /// last report. Called with the state lock held. Compared in place first: a tick that
+    /// changes nothing (most of them, and those of a routed request's failed connection)
+    /// allocates nothing.
+    fn report_serving(&self, st: &mut ClusterState, at: Instant, telemetry: &Telemetry) {
+        if self.still_reported(st, at) {
+            return;
+        }
+        let serving = self.serving(st, at);
+        telemetry.model_clusters.update(self.id, &serving);
+        st.reported = serving;
+    }
+
+    /// Whether [`Cluster::serving`] at `at` is what was last reported.
+    fn still_reported(&self, st: &ClusterState, at: Instant) -> bool {
+        let reported = &st.reported;
+        let ejection_weight = st.ejection.weight(at, self.outlier.slow_start);
+        let models_alike = st.models.iter().all(|(name, m)| {
+            let routable = matches!(m.health.state(at), State::Up { weight } if weight.min(ejection_weight) > 0.0);
+            reported.served.contains(name) && reported.routable.contains(name) == routable
+        });
+        models_alike
+            && st.served.iter().all(|m| reported.served.contains(m))
+            && reported.served.iter().all(|m| st.serves(m))
+            && reported.routable.iter().all(|m| st.models.contains_key(m))
+    }
+
+    /// Enters it in `infergate_global_model_clusters`: a state that holds it is in force (a
+    /// fresh cluster, before its poller starts).
+    pub(crate) fn join_model_clusters(&self, telemetry: &Telemetry) {
+        let mut st = lock(&self.state);
+        let serving = self.serving(&st, now());
+        telemetry.model_clusters.join(self.id, serving.clone());
+        st.reported = serving;
     }
 
     /// Its heartbeat fetch failed (`why`): every model counts a failure.
@@ -1140,6 +1234,28 @@ impl Cluster {
             )
         }
     }
+}
+
+/// A pending slot for `model` on the cluster `label`, with its request counter's handle (its
+/// series made now, at 0).
+fn new_slot(
+    family: &prometheus_client::metrics::family::Family<
+        ModelCluster,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    model: &Arc<str>,
+    label: &ClusterLabel,
+) -> Arc<PendingSlot> {
+    let routed = family
+        .get_or_create(&ModelCluster {
+            model: Arc::clone(model),
+            cluster: Arc::clone(&label.cluster),
+        })
+        .clone();
+    Arc::new(PendingSlot {
+        routed,
+        ..PendingSlot::default()
+    })
 }
 
 /// `model`'s own pending slot in `slots`, as the slots of its pods when nothing says which other
@@ -1242,6 +1358,7 @@ pub(crate) fn eject(
         let length = st.ejection.eject(at, &cluster.outlier);
         st.was_ejected = true;
         telemetry.ejected.get_or_create(&cluster.label).set(1);
+        cluster.report_serving(&mut st, at, telemetry);
         (length, st.ejection.streak())
     };
     let until = since(cluster.epoch, at)
@@ -1311,6 +1428,15 @@ impl Cluster {
         slot.requests.fetch_add(1, Ordering::Relaxed);
         slot.tokens.fetch_add(tokens, Ordering::Relaxed);
         Pending(slot, tokens)
+    }
+}
+
+impl Pending {
+    /// Counts the request in `infergate_global_model_requests` under this slot's model and
+    /// cluster: for the cluster chosen first. One atomic add; a request for a model the
+    /// cluster has no slot for is counted in no series.
+    pub(crate) fn count_routed(&self) {
+        self.0.routed.inc();
     }
 }
 

@@ -952,6 +952,10 @@ async fn route_request(
         }
         let sent_at = tokio::time::Instant::now();
         let pending = cluster.pending(&model, prompt_tokens);
+        if n == 0 {
+            // Under the cluster chosen first, through the slot just found: one atomic add.
+            pending.count_routed();
+        }
         // A failure counts against the cluster only when it was routed on when the order was
         // made (not ejected, not drained: a last resort's failures are expected) and its
         // heartbeat still has it up.

@@ -130,7 +130,7 @@ impl State {
                 kept.push(Some(Arc::clone(&p.pollers[at])));
                 continue;
             }
-            let cluster = Arc::new(Cluster::load(&config, i, &mut system_roots)?);
+            let cluster = Arc::new(Cluster::load(&config, i, &mut system_roots, telemetry)?);
             connect::warn_of(c);
             fresh.push(i);
             clusters.push(cluster);
@@ -155,6 +155,8 @@ impl State {
         let hb = &config.heartbeat;
         for i in fresh {
             connect::log_cluster(&config.clusters[i]);
+            // Before its poller: its first report finds it in force.
+            clusters[i].join_model_clusters(telemetry);
             telemetry.credential_files(&clusters[i].label, &clusters[i].rotated_files());
             if config.clusters[i].models.is_none() {
                 telemetry.discovering(&clusters[i].label);
@@ -210,14 +212,21 @@ impl State {
 /// longer has (a request still holding `old` finishes without them: its clusters' state stops
 /// moving, which a running request does not need) and drops their gauges (a replaced cluster's
 /// come back from its new poller's first tick, a removed one's do not; the dates of a
-/// replacement's TLS files are exported again here, for the files it names).
+/// replacement's TLS files are exported again here, for the files it names). The clusters it
+/// dropped leave `infergate_global_model_clusters`, and the models no cluster in force serves
+/// lose their series there.
 pub(crate) fn retire(old: &State, new: &State, telemetry: &Telemetry) {
+    let mut gone = Vec::new();
     for (at, c) in old.clusters.iter().enumerate() {
         if new.clusters.iter().any(|n| Arc::ptr_eq(n, c)) {
             continue;
         }
         old.pollers[at].0.abort();
         telemetry.forget_gauges(&c.label);
+        gone.push((
+            c.id,
+            new.config.clusters.iter().any(|n| n.name == c.config.name),
+        ));
         let name = &c.config.name;
         if let Some(entry) = new.config.clusters.iter().find(|n| n.name == *name) {
             // Its entry unchanged: rebuilt because the settings every cluster is judged by
@@ -243,4 +252,6 @@ pub(crate) fn retire(old: &State, new: &State, telemetry: &Telemetry) {
             tracing::info!(cluster = %c.config.name, "cluster added by the reload");
         }
     }
+    // Their counts go; so do the series of the models no cluster in force serves.
+    telemetry.model_clusters.reloaded(gone);
 }

@@ -6,6 +6,16 @@
 //! `infergate_quota_*` series (per-tenant admitted and rejected counts, Redis state, replicas
 //! seen) are on the same page; a refusal also counts in `infergate_global_rejections` under
 //! `quota_exceeded`.
+//!
+//! Two families are per model: `model` is a name some cluster serves (its `models:`, its
+//! `/v1/models`, a model or adapter its heartbeat names), never a name a client sent and no
+//! cluster serves. `infergate_global_model_clusters` is kept by [`ModelClusters`], updated when
+//! a cluster's models or their routability change (not per request);
+//! `infergate_global_model_requests` is counted through a handle each cluster keeps beside the
+//! model's pending slot (`crate::cluster`), so a request builds no label and takes no lock.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -65,6 +75,19 @@ pub(crate) struct ClusterFile {
     pub(crate) file: &'static str,
 }
 
+/// `model` (a model some cluster serves).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ModelLabel {
+    pub(crate) model: Arc<str>,
+}
+
+/// `model` (a model the cluster serves), `cluster`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ModelCluster {
+    pub(crate) model: Arc<str>,
+    pub(crate) cluster: Arc<str>,
+}
+
 /// `reason` (an `ApiError` metric label).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ReasonLabel {
@@ -102,6 +125,12 @@ pub(crate) struct Telemetry {
     pub(crate) tls_not_after: Family<ClusterFile, Gauge>,
     /// The access log's lines and reopens, by result (`accessLog:`; the gateway's writer).
     pub(crate) access_log: infergate_proxy::access_log::LineCounters,
+    /// Requests routed, by the model asked for and the cluster chosen first. Each cluster
+    /// keeps its models' handles (`crate::cluster`); a series is made when a cluster first
+    /// serves the model, at 0.
+    pub(crate) model_requests: Family<ModelCluster, Counter>,
+    /// The clusters that could take each model's requests now.
+    pub(crate) model_clusters: Arc<ModelClusters>,
 }
 
 /// `result` of a configuration reload (`ok`, `error`).
@@ -140,6 +169,8 @@ impl Telemetry {
             discoveries: Family::default(),
             tls_not_after: Family::default(),
             access_log: infergate_proxy::access_log::LineCounters::default(),
+            model_requests: Family::default(),
+            model_clusters: Arc::default(),
         };
         // Both results exported from the start, at 0 (an alert on errors has a series to read).
         for result in ["ok", "error"] {
@@ -252,6 +283,16 @@ impl Telemetry {
             t.estimated_ttft.clone(),
         );
         r.register(
+            "infergate_global_model_clusters",
+            "The clusters that could take a request for the model now: serving it (models:, /v1/models, or named by a heartbeat) with a routing weight above 0 (not drained, not ejected); 0 while none can, until a reload finds no cluster serving it",
+            t.model_clusters.gauge.clone(),
+        );
+        r.register(
+            "infergate_global_model_requests",
+            "Requests routed, by the model asked for and the cluster chosen first (failovers count under the first); only models some cluster serves",
+            t.model_requests.clone(),
+        );
+        r.register(
             "infergate_global_ttft_seconds",
             "Measured time from sending a streamed request to its first generated token, by cluster",
             t.ttft.clone(),
@@ -359,9 +400,135 @@ impl Telemetry {
     }
 }
 
+/// What one cluster serves, as [`ModelClusters`] counts it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Serving {
+    /// Every model it serves: its `models:` or `/v1/models`, and the models and adapters its
+    /// heartbeats named.
+    pub(crate) served: BTreeSet<String>,
+    /// Of those, the ones routed on now: weight above 0, not drained, not ejected.
+    pub(crate) routable: BTreeSet<String>,
+}
+
+/// `infergate_global_model_clusters`: per model, how many clusters in force could take its
+/// requests now. Each cluster reports what it serves when that changes ([`Self::update`]),
+/// from its tick and its ejection; a reload adds its new clusters ([`Self::join`]) and removes
+/// the ones it dropped ([`Self::reloaded`]). Never on the request path.
+///
+/// A model keeps its series while some cluster in force serves it. One that no cluster serves
+/// any more (its only cluster stopped listing it) stays, at 0, so that an alert on `== 0` sees
+/// it, until a reload: the reload drops the series of every model no cluster then serves
+/// (those only a cluster it replaced served stay, for its replacement to report).
+#[derive(Debug, Default)]
+pub(crate) struct ModelClusters {
+    gauge: Family<ModelLabel, Gauge>,
+    index: Mutex<ModelIndex>,
+}
+
+#[derive(Debug, Default)]
+struct ModelIndex {
+    /// Each cluster in force, by its id (a replaced cluster's successor has another, so a late
+    /// report of the old one changes nothing).
+    clusters: HashMap<u64, Serving>,
+    /// The models with a series.
+    exported: BTreeSet<Arc<str>>,
+}
+
+impl ModelIndex {
+    /// Adds `served` to the exported models.
+    fn export(&mut self, serving: &Serving) {
+        for m in &serving.served {
+            if !self.exported.contains(m.as_str()) {
+                self.exported.insert(Arc::from(m.as_str()));
+            }
+        }
+    }
+
+    /// Sets every exported model's count.
+    fn recount(&self, gauge: &Family<ModelLabel, Gauge>) {
+        for model in &self.exported {
+            let n = self
+                .clusters
+                .values()
+                .filter(|s| s.routable.contains(&**model))
+                .count();
+            gauge
+                .get_or_create(&ModelLabel {
+                    model: Arc::clone(model),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+impl ModelClusters {
+    fn index(&self) -> std::sync::MutexGuard<'_, ModelIndex> {
+        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Cluster `id` is in force (a new state holds it), serving `serving`.
+    pub(crate) fn join(&self, id: u64, serving: Serving) {
+        let mut index = self.index();
+        index.export(&serving);
+        index.clusters.insert(id, serving);
+        index.recount(&self.gauge);
+    }
+
+    /// Cluster `id` now serves `serving`. Nothing for a cluster not in force (one a reload
+    /// dropped, ticked by a request still running on the old state).
+    pub(crate) fn update(&self, id: u64, serving: &Serving) {
+        let mut index = self.index();
+        match index.clusters.get_mut(&id) {
+            Some(s) if *s != *serving => serving.clone_into(s),
+            _ => return,
+        }
+        index.export(serving);
+        index.recount(&self.gauge);
+    }
+
+    /// The model's count, if it has a series.
+    #[cfg(test)]
+    pub(crate) fn count(&self, model: &str) -> Option<i64> {
+        self.index().exported.contains(model).then(|| {
+            self.gauge
+                .get_or_create(&ModelLabel {
+                    model: model.into(),
+                })
+                .get()
+        })
+    }
+
+    /// A reload dropped the clusters `gone` (`true`: a cluster of the same name replaces it):
+    /// their counts go, and so does the series of every model no cluster in force serves, but
+    /// those a replaced cluster served (its successor reports its own soon).
+    pub(crate) fn reloaded(&self, gone: impl IntoIterator<Item = (u64, bool)>) {
+        let mut index = self.index();
+        let mut replaced = BTreeSet::new();
+        for (id, has_successor) in gone {
+            if let Some(s) = index.clusters.remove(&id)
+                && has_successor
+            {
+                replaced.extend(s.served);
+            }
+        }
+        let ModelIndex { clusters, exported } = &mut *index;
+        exported.retain(|m| {
+            let served =
+                replaced.contains(&**m) || clusters.values().any(|s| s.served.contains(&**m));
+            if !served {
+                self.gauge.remove(&ModelLabel {
+                    model: Arc::clone(m),
+                });
+            }
+            served
+        });
+        index.recount(&self.gauge);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{Telemetry, status_class};
+    use super::{ModelClusters, Serving, Telemetry, status_class};
 
     /// The TTFT histogram's help says what is measured: to the first generated token (the
     /// stream's first event, the role, does not count), not to the first body byte.
@@ -398,5 +565,47 @@ mod tests {
         ] {
             assert_eq!(status_class(status), class, "{status}");
         }
+    }
+
+    fn serving(served: &[&str], routable: &[&str]) -> Serving {
+        Serving {
+            served: served.iter().map(|m| (*m).to_owned()).collect(),
+            routable: routable.iter().map(|m| (*m).to_owned()).collect(),
+        }
+    }
+
+    fn count(c: &ModelClusters, model: &str) -> Option<i64> {
+        c.count(model)
+    }
+
+    /// Counts follow each cluster's routable models; a model no cluster serves any more stays
+    /// at 0 until a reload, which drops it unless only a replaced cluster served it; a late
+    /// report of a dropped cluster changes nothing.
+    #[test]
+    fn model_clusters_count_routable_clusters_and_keep_zero_until_a_reload() {
+        let c = ModelClusters::default();
+        c.join(1, serving(&["m", "n"], &["m", "n"]));
+        c.join(2, serving(&["m"], &[]));
+        assert_eq!(count(&c, "m"), Some(1));
+        c.update(2, &serving(&["m"], &["m"]));
+        assert_eq!(count(&c, "m"), Some(2));
+        assert_eq!(count(&c, "n"), Some(1));
+        // Cluster 1 stops listing `n`: no cluster serves it, its series stays at 0.
+        c.update(1, &serving(&["m"], &["m"]));
+        assert_eq!(count(&c, "n"), Some(0));
+        // A reload replacing cluster 2 (no report from its successor yet) and keeping 1: `n`
+        // goes, `m` stays, counted by cluster 1 alone.
+        c.reloaded([(2, true)]);
+        assert_eq!(count(&c, "n"), None);
+        assert_eq!(count(&c, "m"), Some(1));
+        // The dropped cluster ticked by a request on the old state: nothing changes.
+        c.update(2, &serving(&["m", "x"], &["m", "x"]));
+        assert_eq!(count(&c, "m"), Some(1));
+        assert_eq!(count(&c, "x"), None);
+        // A reload removing cluster 1: `m` is served by none in force, its series goes.
+        c.join(3, serving(&["o"], &[]));
+        c.reloaded([(1, false)]);
+        assert_eq!(count(&c, "m"), None);
+        assert_eq!(count(&c, "o"), Some(0));
     }
 }

@@ -5,7 +5,14 @@ use std::sync::Mutex;
 /// The first cluster of `yaml`, its files read.
 fn cluster(yaml: &str) -> Cluster {
     let config = GlobalConfig::from_yaml(yaml).expect("valid configuration");
-    Cluster::load(&config, 0, &mut crate::connect::SystemRoots::new()).expect("usable files")
+    let telemetry = Telemetry::register(&mut prometheus_client::registry::Registry::default());
+    Cluster::load(
+        &config,
+        0,
+        &mut crate::connect::SystemRoots::new(),
+        &telemetry,
+    )
+    .expect("usable files")
 }
 
 #[test]
@@ -195,8 +202,13 @@ fn fleet(outlier: &str) -> (Vec<Arc<Cluster>>, Telemetry) {
     let clusters: Vec<Arc<Cluster>> = (0..3)
         .map(|i| {
             let c = Arc::new(
-                Cluster::load(&config, i, &mut crate::connect::SystemRoots::new())
-                    .expect("no files to read"),
+                Cluster::load(
+                    &config,
+                    i,
+                    &mut crate::connect::SystemRoots::new(),
+                    &telemetry,
+                )
+                .expect("no files to read"),
             );
             let models = c.served();
             c.apply_models_as_heartbeat(&models, Duration::from_millis(1), now());
@@ -236,6 +248,40 @@ fn an_ejected_cluster_has_no_share_until_its_time_is_up_then_ramps() {
         clusters[0].weight("llama", after + Duration::from_secs(30)),
         1.0
     );
+}
+
+/// An ejection takes the cluster out of `infergate_global_model_clusters` at once, for each of
+/// its models; the first tick after it ends (its heartbeat good) counts it again.
+#[test]
+fn an_ejected_cluster_leaves_its_models_counts_until_readmitted() {
+    let (clusters, telemetry) = fleet("{ baseEjectionMs: 60000, maxEjectionPercent: 100 }");
+    for c in &clusters {
+        c.join_model_clusters(&telemetry);
+    }
+    let counts = || {
+        (
+            telemetry.model_clusters.count("llama"),
+            telemetry.model_clusters.count("solo"),
+        )
+    };
+    assert_eq!(counts(), (Some(3), Some(1)));
+    let at = now();
+    eject(
+        &clusters,
+        2,
+        Trigger::Consecutive,
+        &Mutex::new(()),
+        &telemetry,
+    );
+    assert_eq!(counts(), (Some(2), Some(0)));
+    let after = at + Duration::from_secs(61);
+    clusters[2].apply_models_as_heartbeat(
+        &["llama".into(), "solo".into()],
+        Duration::from_millis(1),
+        after,
+    );
+    clusters[2].tick(after, &telemetry);
+    assert_eq!(counts(), (Some(3), Some(1)));
 }
 
 #[test]
