@@ -452,8 +452,9 @@ fn metrics(shared: &PodShared) -> Response<SimBody> {
                 Some(p) => p,
                 None => {
                     let p = shared.render_page();
-                    lock(&shared.pages).frozen = Some(p.clone());
-                    p
+                    // Two scrapes may both have found no page and rendered one each: the first
+                    // kept is the frozen page from then on, for both of them too.
+                    lock(&shared.pages).frozen.get_or_insert(p).clone()
                 }
             }
         }
