@@ -260,6 +260,10 @@ struct ModelList<'a> {
     data: Vec<ModelEntry<'a>>,
 }
 
+/// One `/v1/models` entry, in vLLM's shape as far as the gateway knows it: `root` the base model
+/// (vLLM gives a base model's path there, and an adapter's own path), `parent` an adapter's base
+/// model and null for a base model, as vLLM gives it, so that a client reading vLLM's list reads
+/// the gateway's alike.
 #[derive(Serialize)]
 struct ModelEntry<'a> {
     id: &'a str,
@@ -267,6 +271,21 @@ struct ModelEntry<'a> {
     created: u64,
     owned_by: &'static str,
     root: &'a str,
+    parent: Option<&'a str>,
+}
+
+impl<'a> ModelEntry<'a> {
+    /// The entry of `id`, served by the pods of `root` (itself for a base model).
+    fn new(id: &'a str, root: &'a str) -> Self {
+        ModelEntry {
+            id,
+            object: "model",
+            created: 0,
+            owned_by: "infergate",
+            root,
+            parent: (id != root).then_some(root),
+        }
+    }
 }
 
 fn endpoint_headers(addrs: &[SocketAddr]) -> HashMap<SocketAddr, EndpointHeaders> {
@@ -337,13 +356,7 @@ fn model_list<T>(router: &ModelRouter<T>, visible: impl Fn(&str, &str) -> bool) 
             .models()
             .into_iter()
             .filter(|(id, root)| visible(id, root))
-            .map(|(id, root)| ModelEntry {
-                id,
-                object: "model",
-                created: 0,
-                owned_by: "infergate",
-                root,
-            })
+            .map(|(id, root)| ModelEntry::new(id, root))
             .collect(),
     };
     Bytes::from(serde_json::to_vec(&list).unwrap_or_default())
@@ -376,13 +389,7 @@ impl State {
         else {
             return Err(self.router.unknown_to(id, allowed).for_retrieve());
         };
-        let entry = ModelEntry {
-            id,
-            object: "model",
-            created: 0,
-            owned_by: "infergate",
-            root,
-        };
+        let entry = ModelEntry::new(id, root);
         Ok(Bytes::from(serde_json::to_vec(&entry).unwrap_or_default()))
     }
 

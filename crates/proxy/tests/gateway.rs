@@ -921,6 +921,15 @@ async fn models_are_listed() {
         .collect();
     assert_eq!(ids, ["m", "m-lora", "q", "q-lora"]);
     assert_eq!(v["data"][1]["root"], "m");
+    // vLLM's shape: an adapter's `parent` is its base model, a base model's is null.
+    assert_eq!(v["data"][1]["parent"], "m");
+    assert!(v["data"][0]["parent"].is_null(), "{v}");
+    assert!(v["data"][2]["parent"].is_null(), "{v}");
+    assert_eq!(v["data"][3]["parent"], "q");
+    // The retrieve answers the list's entry.
+    let (status, body) = get(gw.addr(), "/v1/models/q-lora").await;
+    assert_eq!(status, 200);
+    assert_eq!(json(body.as_bytes()), v["data"][3], "{body}");
 }
 
 #[tokio::test]

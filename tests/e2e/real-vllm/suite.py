@@ -513,6 +513,19 @@ retries:
                f"{self.inst_of(raw.headers.get('x-infergate-endpoint'))}")
         models = [m.id for m in client.models.list()]
         expect({"tiny", "lora-a", "lora-b"} <= set(models), f"/v1/models lists {models}")
+        # vLLM's shape for each entry: an adapter's `parent` is its base model, a base model's
+        # is null; the gateway's list must say what the engines' own lists say.
+        listed = {m["id"]: m for m in self.http.get(self.gw("/v1/models")).json()["data"]}
+        engines = {}
+        for k in self.vllm_ports:
+            for m in self.http.get(self.url(k, "/v1/models")).json()["data"]:
+                engines.setdefault(m["id"], m)
+        parents = {i: (listed.get(i, {}).get("parent", "MISSING"),
+                       engines.get(i, {}).get("parent", "MISSING"))
+                   for i in ("tiny", "lora-a", "lora-b")}
+        expect(all(g == e != "MISSING" for g, e in parents.values())
+               and parents["lora-a"][1] == "tiny",
+               f"/v1/models parent (gateway, vLLM): {parents}")
         # errors, as JSON
         try:
             client.chat.completions.create(model="no-such-model",
