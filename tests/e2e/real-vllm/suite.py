@@ -517,7 +517,7 @@ retries:
         # is null; the gateway's list must say what the engines' own lists say.
         listed = {m["id"]: m for m in self.http.get(self.gw("/v1/models")).json()["data"]}
         engines = {}
-        for k in self.vllm_ports:
+        for k in ("A", "B"):
             for m in self.http.get(self.url(k, "/v1/models")).json()["data"]:
                 engines.setdefault(m["id"], m)
         parents = {i: (listed.get(i, {}).get("parent", "MISSING"),
