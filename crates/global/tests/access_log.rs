@@ -771,6 +771,36 @@ async fn beat_field(admin: SocketAddr, model: &str, field: &str) -> Option<f64> 
         .and_then(|m| m[field].as_f64())
 }
 
+/// Sends four long prompts for `model` through `router` and returns their tasks once the
+/// gateway whose admin port is `admin` counts all four in flight in its pool `pool`: the router
+/// has them pending there until they are aborted.
+async fn hold_four_long(
+    router: &Router,
+    model: &str,
+    admin: SocketAddr,
+    pool: &str,
+) -> Vec<tokio::task::JoinHandle<Result<infergate_testkit::Response, infergate_testkit::Error>>> {
+    let long = long_prompt();
+    let holding: Vec<_> = (0..4)
+        .map(|n| {
+            let req = http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Bytes::from(chat_for(model, &format!("HOLD {n}: {long}"))))
+                .unwrap();
+            tokio::spawn(infergate_testkit::send(router.http_addr(), req))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while beat_field(admin, pool, "inflight").await != Some(4.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the held requests for {model} never reached {pool} at {admin}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holding
+}
+
 /// The router counts the requests it sent and that have no first token yet per model, not per
 /// cluster. `near` is a real gateway serving `a` and `b`, each on its own pod (idle, at the
 /// scheduler's prior 4,000 tokens/s); `far` serves `b` alone, idle, about 108 ms to a short
@@ -793,25 +823,8 @@ async fn a_model_queues_behind_its_own_pending_requests_only() {
     );
     let (router, _stop) = router_with(&yaml).await;
     until_up(&router, &["near", "far"]).await;
-    let long = long_prompt();
-    let holding: Vec<_> = (0..4)
-        .map(|n| {
-            let req = http::Request::post("/v1/chat/completions")
-                .header("content-type", "application/json")
-                .body(Bytes::from(chat_for("a", &format!("HOLD {n}: {long}"))))
-                .unwrap();
-            tokio::spawn(infergate_testkit::send(router.http_addr(), req))
-        })
-        .collect();
-    // The four have reached `near`'s gateway through the router: pending there, for `a`.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while beat_field(gw.admin_addr().unwrap(), "a", "inflight").await != Some(4.0) {
-        assert!(
-            Instant::now() < deadline,
-            "the held requests never reached near"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Pending at `near`, for `a`.
+    let holding = hold_four_long(&router, "a", gw.admin_addr().unwrap(), "a").await;
     let answer = chat(
         &router,
         &chat_for("b", &format!("request 1: {SHORT}")),
@@ -896,25 +909,8 @@ async fn a_base_model_queues_behind_its_adapters_pending_requests() {
     );
     let (router, _stop) = router_with(&yaml).await;
     until_up(&router, &["near", "far"]).await;
-    let long = long_prompt();
-    let holding: Vec<_> = (0..4)
-        .map(|n| {
-            let req = http::Request::post("/v1/chat/completions")
-                .header("content-type", "application/json")
-                .body(Bytes::from(chat_for("sql", &format!("HOLD {n}: {long}"))))
-                .unwrap();
-            tokio::spawn(infergate_testkit::send(router.http_addr(), req))
-        })
-        .collect();
-    // The four have reached `near`'s `llama` pool through the router: pending there, for `sql`.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while beat_field(admin, "llama", "inflight").await != Some(4.0) {
-        assert!(
-            Instant::now() < deadline,
-            "the held requests never reached near"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Pending at `near`, for `sql`, in its base model's `llama` pool.
+    let holding = hold_four_long(&router, "sql", admin, "llama").await;
     let mut routed = Vec::new();
     for (n, model) in ["llama", "b", "sql"].into_iter().enumerate() {
         let body = chat_for(model, &format!("request {}: {SHORT}", n + 1));
