@@ -30,6 +30,11 @@ fn pod(port: u16, stale: bool, waiting: u32, kv: f64, prefill: Option<f64>) -> P
     }
 }
 
+/// A model entry as a gateway that predates the optional fields (`fixedCostMs`, `waitMs`,
+/// `adapters`) wrote it.
+const OLDER_ENTRY: &str = r#"{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,
+    "running":0,"inflight":0,"estimatedTtftMs":100.0,"prefillMs":100.0,"drainMs":0.0}"#;
+
 const LIMITS: Limits = Limits {
     queue_depth: 4.0,
     kv_cache: 0.8,
@@ -262,8 +267,7 @@ fn the_fixed_cost_is_paid_per_request_and_published_for_the_best_pod() {
     let json = serde_json::to_string(&s).unwrap();
     assert!(!json.contains("fixedCostMs"), "{json}");
     // A document without the field (an older gateway) reads as not learned.
-    let old = r#"{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-        "inflight":0,"estimatedTtftMs":100.0,"prefillMs":100.0,"drainMs":0.0}"#;
+    let old = OLDER_ENTRY;
     assert_eq!(
         serde_json::from_str::<ModelStatus>(old)
             .unwrap()
@@ -382,8 +386,7 @@ fn with_no_ready_pod_there_is_no_wait() {
     assert!(!json.contains("waitMs"), "{json}");
     assert_eq!(status("m", &[], 0, 0, &LIMITS).wait_ms, None);
     // A document from a gateway that predates the field reads as none.
-    let old = r#"{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-        "inflight":0,"estimatedTtftMs":100.0,"prefillMs":100.0,"drainMs":0.0}"#;
+    let old = OLDER_ENTRY;
     assert_eq!(
         serde_json::from_str::<ModelStatus>(old).unwrap().wait_ms,
         None
@@ -471,12 +474,18 @@ fn adapters_are_published_when_there_are_some() {
     let none = status("m", &[pod(1, false, 0, 0.0, Some(5_120.0))], 0, 0, &LIMITS);
     let json = serde_json::to_string(&none).unwrap();
     assert!(!json.contains("adapters"), "{json}");
-    let old = r#"{"name":"m","pods":1,"readyPods":1,"saturation":0.0,"queue":0,"running":0,
-        "inflight":0,"estimatedTtftMs":100.0,"prefillMs":100.0,"drainMs":0.0}"#;
+    let old = OLDER_ENTRY;
     assert!(
         serde_json::from_str::<ModelStatus>(old)
             .unwrap()
             .adapters
             .is_empty()
     );
+    // A malformed list (a string, a number among the names) is refused, not read as some other
+    // set of adapters: the poller then counts the heartbeat as failed and says why.
+    for bad in [r#""sql""#, r#"["sql", 7]"#, "null"] {
+        let doc = OLDER_ENTRY.replace("}", &format!(r#","adapters":{bad}}}"#));
+        let err = serde_json::from_str::<ModelStatus>(&doc).unwrap_err();
+        assert!(err.to_string().contains("invalid type"), "{bad}: {err}");
+    }
 }
